@@ -1,0 +1,322 @@
+"""The ``arceusd`` command line: parses arguments into config and calls into the daemon or its control API.
+
+Every command that talks to a running daemon goes through the control socket in the state directory
+(:mod:`arceusd.control`); when no daemon runs, it says so in one line and exits non-zero.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from arceusd import __version__
+from arceusd.config import ConfigError, DaemonConfig, load_config
+from arceusd.control import ControlError, NoDaemon, call
+from arceusd.identity import IdentityError, load_or_create_identity
+from arceusd.paths import StatePaths, default_state_dir
+
+EXIT_NO_DAEMON = 3
+
+
+class Context:
+    def __init__(self, state_dir: Path) -> None:
+        self.state_dir = state_dir
+        self.paths = StatePaths(state_dir)
+
+    def call(self, method: str, params: dict[str, Any] | None = None, timeout: float = 10.0) -> Any:
+        try:
+            return call(self.paths.control_socket, method, params, timeout=timeout)
+        except NoDaemon:
+            click.echo(
+                f"arceusd: no daemon is running for {self.state_dir} (start one with `arceusd start`)", err=True
+            )
+            sys.exit(EXIT_NO_DAEMON)
+        except ControlError as exc:
+            raise click.ClickException(str(exc)) from None
+
+
+pass_ctx = click.make_pass_decorator(Context)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="State directory (key, config, sockets, logs). Default: per-platform, or $ARCEUS_STATE_DIR.",
+)
+@click.version_option(__version__, prog_name="arceusd")
+@click.pass_context
+def cli(ctx: click.Context, state_dir: Path | None) -> None:
+    """Arceus: train neural networks together on the computers you already have."""
+    ctx.obj = Context((state_dir or default_state_dir()).expanduser().absolute())
+
+
+def _start_options(fn: Any) -> Any:
+    options = [
+        click.option("--preset", type=click.Choice(["lan", "local"]), default=None, help="Timing preset."),
+        click.option("--host", "listen_host", default=None, help="Address to listen on for peers."),
+        click.option("--port", type=int, default=None, help="Peer port (0 = any free port)."),
+        click.option("--advertise-host", default=None, help="Address peers should use to reach this device."),
+        click.option("--peer", "peers", multiple=True, help="Static seed peer host:port (repeatable)."),
+        click.option("--interface", default=None, help="Network interface for mDNS (default: skip virtual ones)."),
+        click.option("--mdns/--no-mdns", default=None, help="Announce and browse on the LAN with mDNS."),
+        click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default=None),
+        click.option("--log-file", type=click.Path(dir_okay=False, path_type=Path), default=None),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _build_config(state_dir: Path, flags: dict[str, Any]) -> DaemonConfig:
+    overrides = dict(flags)
+    overrides["peers"] = tuple(flags["peers"]) or None
+    try:
+        return load_config(state_dir, overrides)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _forwarded_args(flags: dict[str, Any]) -> list[str]:
+    args: list[str] = []
+    for key, value in flags.items():
+        if value is None or key == "log_file":
+            continue
+        flag = "--" + {"listen_host": "host"}.get(key, key).replace("_", "-")
+        if key == "peers":
+            for peer in value:
+                args += ["--peer", peer]
+        elif key == "mdns":
+            args.append("--mdns" if value else "--no-mdns")
+        else:
+            args += [flag, str(value)]
+    return args
+
+
+@cli.command()
+@click.option("--foreground", is_flag=True, help="Run in this terminal (what the background service runs).")
+@click.option("--detach", is_flag=True, help="Run as a detached process with a pid file (no service manager).")
+@_start_options
+@pass_ctx
+def start(obj: Context, foreground: bool, detach: bool, **flags: Any) -> None:
+    """Start the daemon: as a background service (launchd/systemd), or --foreground / --detach."""
+    if foreground and detach:
+        raise click.UsageError("choose one of --foreground and --detach")
+    config = _build_config(obj.state_dir, flags)
+    if foreground:
+        from arceusd.daemon import run
+
+        sys.exit(run(config))
+    if detach:
+        _start_detached(obj, flags)
+        return
+    from arceusd import service
+
+    obj.paths.ensure()
+    try:
+        manager = service.install(obj.state_dir, obj.paths.log_file, _forwarded_args(flags))
+    except service.NoServiceManager as exc:
+        raise click.ClickException(
+            f"cannot install a background service here: {exc}.\n"
+            "Run the daemon in this terminal with `arceusd start --foreground`, "
+            "or as a detached process with `arceusd start --detach`."
+        ) from None
+    except service.ServiceError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"installed and started the {manager.kind} service ({manager.unit_path})")
+    _wait_ready(obj, timeout=20.0)
+
+
+def _start_detached(obj: Context, flags: dict[str, Any]) -> None:
+    obj.paths.ensure()
+    if _daemon_pid(obj) is not None:
+        raise click.ClickException(f"a daemon is already running for {obj.state_dir} (pid {_daemon_pid(obj)})")
+    log_file = flags.get("log_file") or obj.paths.log_file
+    command = [
+        sys.executable, "-m", "arceusd", "--state-dir", str(obj.state_dir), "start", "--foreground",
+        "--log-file", str(log_file), *_forwarded_args(flags),
+    ]  # fmt: skip
+    with open(log_file, "ab") as log:
+        proc = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, close_fds=True
+        )
+    deadline = time.monotonic() + 20.0
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise click.ClickException(
+                f"the daemon exited at start (code {proc.returncode}); see `arceusd logs` ({log_file})"
+            )
+        try:
+            status = call(obj.paths.control_socket, "status", timeout=2.0)
+        except ControlError:
+            time.sleep(0.1)
+            continue
+        click.echo(f"arceusd started (pid {status['pid']}, peer {status['peer_id']}); logs: {log_file}")
+        return
+    raise click.ClickException(f"the daemon did not become ready within 20 s; see {log_file}")
+
+
+def _wait_ready(obj: Context, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            status = call(obj.paths.control_socket, "status", timeout=2.0)
+        except ControlError:
+            time.sleep(0.2)
+            continue
+        click.echo(f"arceusd is running (peer {status['peer_id']})")
+        return
+    raise click.ClickException(f"the service did not become ready within {timeout:.0f} s; see `arceusd logs`")
+
+
+def _daemon_pid(obj: Context) -> int | None:
+    try:
+        pid = int(obj.paths.pid_file.read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        return pid
+    return pid
+
+
+@cli.command()
+@click.option("--timeout", type=float, default=10.0, show_default=True, help="Seconds to wait for a clean exit.")
+@pass_ctx
+def stop(obj: Context, timeout: float) -> None:
+    """Stop the daemon: the background service, or the foreground/detached process."""
+    from arceusd import service
+
+    stopped = False
+    try:
+        manager = service.uninstall()
+    except service.ServiceError as exc:
+        raise click.ClickException(str(exc)) from None
+    if manager is not None:
+        click.echo(f"stopped and removed the {manager.kind} service")
+        stopped = True
+    pid = _daemon_pid(obj)
+    if pid is not None:
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and _daemon_pid(obj) == pid:
+            time.sleep(0.05)
+        if _daemon_pid(obj) == pid:
+            raise click.ClickException(f"the daemon (pid {pid}) did not stop within {timeout:.0f} s")
+        click.echo(f"stopped arceusd (pid {pid})")
+        stopped = True
+    if not stopped:
+        click.echo(f"arceusd: no daemon is running for {obj.state_dir}", err=True)
+        sys.exit(EXIT_NO_DAEMON)
+
+
+def _fmt_duration(seconds: float) -> str:
+    seconds = int(seconds)
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s" if m else f"{s}s"
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@pass_ctx
+def status(obj: Context, as_json: bool) -> None:
+    """Show the daemon: peer id, version, uptime, addresses, peers and jobs."""
+    result = obj.call("status")
+    if as_json:
+        click.echo(json.dumps(result, indent=2, sort_keys=True))
+        return
+    click.echo(f"arceusd {result['version']}  peer {result['peer_id']}  (fingerprint {result['fingerprint']})")
+    click.echo(f"  up {_fmt_duration(result['uptime_s'])}, pid {result['pid']}, preset {result['preset']}")
+    click.echo(f"  state  {result['state_dir']}")
+    for name, address in sorted(result["addresses"].items()):
+        click.echo(f"  {name:<8} {address}")
+    for line in _status_extras(result):
+        click.echo(line)
+
+
+def _status_extras(result: dict[str, Any]) -> list[str]:
+    """Lines for sections added by services (peers, jobs); each service formats its own section."""
+    lines: list[str] = []
+    peers = result.get("peers")
+    if isinstance(peers, list):
+        lines.append(f"  peers  {len(peers)} known")
+        lines += [f"    {_peer_line(p)}" for p in peers]
+    return lines
+
+
+def _peer_line(peer: dict[str, Any]) -> str:
+    rtt = peer.get("rtt_ms")
+    rtt_text = f"{rtt:.1f} ms" if isinstance(rtt, int | float) else "-"
+    return (
+        f"{peer.get('peer_id', '?')[:12]}  {peer.get('state', '?'):<7} inc {peer.get('incarnation', '?'):<4} "
+        f"rtt {rtt_text:<9} {peer.get('address', '')}  {peer.get('device', '')}"
+    )
+
+
+@cli.command("id")
+@pass_ctx
+def show_id(obj: Context) -> None:
+    """Print this device's peer id (creating the identity key on first use)."""
+    try:
+        identity = load_or_create_identity(obj.state_dir)
+    except IdentityError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(identity.peer_id)
+
+
+@cli.command()
+@click.option("-n", "--lines", type=int, default=50, show_default=True, help="How many lines to show.")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new lines (Ctrl-C to stop).")
+@pass_ctx
+def logs(obj: Context, lines: int, follow: bool) -> None:
+    """Show the tail of the daemon's log file."""
+    from arceusd.logs import tail
+
+    path = obj.paths.log_file
+    if not path.exists():
+        raise click.ClickException(
+            f"no log file at {path} (a --foreground daemon logs to its terminal; the service and --detach log here)"
+        )
+    for line in tail(path, lines):
+        click.echo(line)
+    if follow:
+        with path.open("r", encoding="utf-8", errors="replace") as fh:
+            fh.seek(0, os.SEEK_END)
+            try:
+                while True:
+                    line = fh.readline()
+                    if line:
+                        click.echo(line.rstrip("\n"))
+                    else:
+                        time.sleep(0.25)
+            except KeyboardInterrupt:
+                return
+
+
+@cli.command()
+@click.option("--size", type=click.IntRange(1, 16), default=3, show_default=True, help="How many local daemons.")
+@click.option("--dir", "root", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Where the swarm keeps its state (default: a new temporary directory).")
+@click.option("--seconds", type=float, default=2.0, show_default=True, help="How long to keep the swarm up.")
+def demo(size: int, root: Path | None, seconds: float) -> None:
+    """Start a local swarm of daemons on loopback and run the demo job across them."""
+    from arceusd.demo import run_demo
+
+    run_demo(size, root, seconds)
+
+
+def main() -> None:
+    cli(prog_name="arceusd")

@@ -1,0 +1,141 @@
+"""Daemon configuration: typed, frozen dataclasses with presets, read from TOML and overridden by flags.
+
+Precedence (lowest first): the preset (``lan`` or ``local``), ``<state_dir>/config.toml``, command-line flags.
+Unknown keys and wrong types are errors (:class:`ConfigError`) that name the key and what is allowed: a typo in a
+config file must not be silently ignored.
+
+The ``lan`` preset follows hashicorp/memberlist's DefaultLANConfig timings; ``local`` is for tests and local
+swarms on loopback (tens of milliseconds). Membership timings live in ``arceusd.membership``'s own config; this
+module only chooses the preset by name.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+PRESETS = ("lan", "local")
+DEFAULT_PORT = 47070
+
+
+class ConfigError(Exception):
+    """The configuration is invalid; the message names the key and what is allowed."""
+
+
+@dataclass(frozen=True)
+class DaemonConfig:
+    """Everything a daemon needs to start. ``port`` 0 lets the OS choose a free port."""
+
+    state_dir: Path
+    preset: str = "lan"
+    listen_host: str = "0.0.0.0"
+    port: int = DEFAULT_PORT
+    advertise_host: str | None = None
+    peers: tuple[str, ...] = ()
+    interface: str | None = None
+    mdns: bool = True
+    log_level: str = "info"
+    log_file: Path | None = None
+    worker_threads: int = 1
+    auto_join: bool = False
+
+    def __post_init__(self) -> None:
+        if self.preset not in PRESETS:
+            raise ConfigError(f"preset must be one of {', '.join(PRESETS)}, got {self.preset!r}")
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"port must be in 0..65535, got {self.port}")
+        if self.log_level not in ("debug", "info", "warning", "error"):
+            raise ConfigError(f"log_level must be debug, info, warning or error, got {self.log_level!r}")
+        if self.worker_threads < 1:
+            raise ConfigError(f"worker_threads must be >= 1, got {self.worker_threads}")
+        for peer in self.peers:
+            parse_host_port(peer)
+
+
+def parse_host_port(value: str) -> tuple[str, int]:
+    """Parse ``host:port`` (``[v6]:port`` too); raise :class:`ConfigError` saying what is wrong."""
+    host, sep, port_text = value.rpartition(":")
+    if not sep or not host or not port_text.isdigit():
+        raise ConfigError(f"peer {value!r} is not host:port (for example 192.168.1.20:{DEFAULT_PORT})")
+    port = int(port_text)
+    if not 0 < port <= 65535:
+        raise ConfigError(f"peer {value!r}: port must be in 1..65535")
+    return host.strip("[]"), port
+
+
+def preset(name: str, state_dir: Path) -> DaemonConfig:
+    """The named preset. ``local`` binds loopback, picks a free port and turns mDNS off unless asked."""
+    if name == "lan":
+        return DaemonConfig(state_dir=state_dir, preset="lan")
+    if name == "local":
+        return DaemonConfig(state_dir=state_dir, preset="local", listen_host="127.0.0.1", port=0, mdns=False)
+    raise ConfigError(f"preset must be one of {', '.join(PRESETS)}, got {name!r}")
+
+
+_FILE_KEYS: dict[str, type | tuple[type, ...]] = {
+    "preset": str,
+    "listen_host": str,
+    "port": int,
+    "advertise_host": str,
+    "peers": list,
+    "interface": str,
+    "mdns": bool,
+    "log_level": str,
+    "worker_threads": int,
+    "auto_join": bool,
+}
+
+
+def _check_keys(data: dict[str, Any], source: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        expected = _FILE_KEYS.get(key)
+        if expected is None:
+            raise ConfigError(f"{source}: unknown key {key!r}; allowed keys: {', '.join(sorted(_FILE_KEYS))}")
+        if isinstance(value, bool) and expected is int:
+            raise ConfigError(f"{source}: {key} must be an integer, got a boolean")
+        if not isinstance(value, expected):
+            raise ConfigError(f"{source}: {key} must be {getattr(expected, '__name__', expected)}, got {value!r}")
+        out[key] = tuple(str(p) for p in value) if key == "peers" else value
+    return out
+
+
+def load_config(state_dir: Path, overrides: dict[str, Any] | None = None) -> DaemonConfig:
+    """Preset, then ``config.toml`` in ``state_dir`` (if present), then ``overrides`` (flags; None = not given).
+
+    Error handling: raises :class:`ConfigError` for an unreadable or malformed file, unknown keys, wrong types
+    and invalid values.
+    """
+    overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
+    path = state_dir / "config.toml"
+    file_values: dict[str, Any] = {}
+    if path.exists():
+        try:
+            with path.open("rb") as fh:
+                file_values = _check_keys(tomllib.load(fh), str(path))
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path} is not valid TOML: {exc}") from None
+        except OSError as exc:
+            raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+    preset_name = overrides.get("preset", file_values.get("preset", "lan"))
+    base = preset(str(preset_name), state_dir)
+    merged: dict[str, Any] = {**file_values, **overrides}
+    known = {f.name for f in fields(DaemonConfig)}
+    unknown = set(merged) - known
+    if unknown:
+        raise ConfigError(f"unknown settings: {', '.join(sorted(unknown))}")
+    return replace(base, **merged)
+
+
+def config_summary(config: DaemonConfig) -> dict[str, Any]:
+    """A JSON-friendly view of the config (for ``arceusd status --json``)."""
+    out: dict[str, Any] = {}
+    for f in fields(config):
+        value = getattr(config, f.name)
+        out[f.name] = str(value) if isinstance(value, Path) else list(value) if isinstance(value, tuple) else value
+    return out
+
+
+__all__ = ["DEFAULT_PORT", "ConfigError", "DaemonConfig", "config_summary", "load_config", "parse_host_port", "preset"]

@@ -1,0 +1,111 @@
+"""The daemon: loads identity and config, opens every service in one nursery, and stops cleanly on a signal.
+
+Nothing else lives here. Each service is an ``async def serve_x(node, *, task_status)`` that reports readiness
+through ``nursery.start`` and registers its status section and control methods on the :class:`~arceusd.node.Node`.
+
+Shutdown: SIGTERM or SIGINT (or the ``shutdown`` control method) cancels the nursery; services clean up in their
+``finally`` blocks (shielded, bounded) and the process exits 0 well within 5 s.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+from typing import Any
+
+import trio
+
+from arceusd import __version__
+from arceusd.config import DaemonConfig
+from arceusd.control import ControlError, serve_control
+from arceusd.identity import Identity, IdentityError, load_or_create_identity
+from arceusd.logs import setup_logging
+from arceusd.node import Node
+from arceusd.paths import StatePaths
+
+log = logging.getLogger("arceusd")
+
+EXIT_OK = 0
+EXIT_CONFIG = 2
+
+
+def run(config: DaemonConfig) -> int:
+    """Run a daemon in the foreground until it is asked to stop; return the process exit code."""
+    setup_logging(config.log_level, config.log_file)
+    paths = StatePaths(config.state_dir)
+    try:
+        paths.ensure()
+        identity = load_or_create_identity(config.state_dir)
+    except (IdentityError, OSError) as exc:
+        print(f"arceusd: {exc}", file=sys.stderr)
+        log.error("%s", exc)
+        return EXIT_CONFIG
+    try:
+        return trio.run(_main, config, identity)
+    except ControlError as exc:
+        print(f"arceusd: {exc}", file=sys.stderr)
+        log.error("%s", exc)
+        return EXIT_CONFIG
+
+
+async def _main(config: DaemonConfig, identity: Identity) -> int:
+    node = Node(identity=identity, config=config)
+    paths = node.paths
+    _write_pid_file(paths)
+    try:
+        async with trio.open_nursery() as nursery:
+
+            async def shutdown(_params: dict[str, Any]) -> dict[str, Any]:
+                log.info("shutdown requested over the control socket")
+                nursery.cancel_scope.cancel()
+                return {"stopping": True}
+
+            async def status(_params: dict[str, Any]) -> dict[str, Any]:
+                return node.status()
+
+            node.methods.update({"status": status, "shutdown": shutdown})
+            nursery.start_soon(_stop_on_signal, nursery.cancel_scope)
+            for service in _services():
+                await nursery.start(service, node)
+            await nursery.start(serve_control, paths.control_socket, node.methods)
+            node.addresses["control"] = str(paths.control_socket)
+            log.info(
+                "arceusd %s ready: peer %s, state %s, addresses %s",
+                __version__,
+                identity.peer_id,
+                config.state_dir,
+                node.addresses,
+            )
+    finally:
+        _remove_pid_file(paths)
+    log.info("arceusd stopped")
+    return EXIT_OK
+
+
+def _services() -> list[Any]:
+    """The services a daemon runs, in start order (each ``async def (node, *, task_status)``)."""
+    return []
+
+
+async def _stop_on_signal(cancel_scope: trio.CancelScope) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            log.info("received %s, stopping", signal.Signals(signum).name)
+            cancel_scope.cancel()
+            return
+
+
+def _write_pid_file(paths: StatePaths) -> None:
+    tmp = paths.pid_file.with_name(paths.pid_file.name + ".tmp")
+    tmp.write_text(f"{os.getpid()}\n")
+    os.replace(tmp, paths.pid_file)
+
+
+def _remove_pid_file(paths: StatePaths) -> None:
+    try:
+        if paths.pid_file.read_text().strip() == str(os.getpid()):
+            paths.pid_file.unlink()
+    except (FileNotFoundError, ValueError):
+        pass

@@ -1,0 +1,53 @@
+"""The running node: what every service of one daemon shares (identity, config, clock origin, status sections).
+
+Services register a *status section* (a zero-argument callable returning JSON-friendly data) and control
+methods; ``arceusd status`` shows the union. This keeps :mod:`arceusd.daemon` down to opening services.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from arceusd import __version__
+from arceusd.config import DaemonConfig, config_summary
+from arceusd.control import Handler
+from arceusd.identity import Identity
+from arceusd.paths import StatePaths
+
+
+@dataclass
+class Node:
+    identity: Identity
+    config: DaemonConfig
+    started_monotonic: float = field(default_factory=time.monotonic)
+    boot_id: int = field(default_factory=lambda: int.from_bytes(os.urandom(8), "big") >> 1)
+    addresses: dict[str, str] = field(default_factory=dict)
+    sections: dict[str, Callable[[], Any]] = field(default_factory=dict)
+    methods: dict[str, Handler] = field(default_factory=dict)
+
+    @property
+    def paths(self) -> StatePaths:
+        return StatePaths(self.config.state_dir)
+
+    def uptime(self) -> float:
+        return time.monotonic() - self.started_monotonic
+
+    def status(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "peer_id": self.identity.peer_id,
+            "fingerprint": self.identity.fingerprint,
+            "version": __version__,
+            "pid": os.getpid(),
+            "uptime_s": round(self.uptime(), 3),
+            "state_dir": str(self.config.state_dir),
+            "preset": self.config.preset,
+            "addresses": dict(self.addresses),
+            "config": config_summary(self.config),
+        }
+        for name, section in self.sections.items():
+            out[name] = section()
+        return out
