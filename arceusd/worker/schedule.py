@@ -1,0 +1,255 @@
+"""Pipeline schedules as pure per-stage action lists (GPipe and 1F1B).
+
+A schedule is a tuple of frozen actions for one stage; the engine only executes it. Stage ``s`` of ``S``:
+- the first stage has no ``RecvActivation`` (it reads the owner's inputs) and no ``SendGrad``;
+- the last stage has no ``SendActivation``/``RecvGrad``: it runs ``ComputeLoss(i)`` after
+  ``Forward(i)``, and its ``Backward(i)`` starts from that loss;
+- every list ends with one ``OptimizerStep`` (a barrier across all stages: gradient clipping all-reduces).
+
+Transport contract the schedules rely on: messages between two neighbours arrive in send order, and a send
+may block only while an earlier message in the same direction is still undelivered (each direction buffers
+at least one message). With strict rendezvous sends (buffer 0) 1F1B's steady state deadlocks (a stage sends
+its activation while its successor sends a gradient back), as in every 1F1B implementation that does not
+fuse send/recv pairs. ``simulate`` checks this for any schedule.
+
+1F1B: stage ``s`` runs ``min(S - s - 1, m)`` warm-up forwards, then alternates one forward and one
+backward, then drains the remaining backwards, so at most ``S - s`` micro-batches are stashed at once
+(GPipe stashes all ``m``).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+@dataclass(frozen=True)
+class RecvActivation:
+    micro_batch: int
+
+
+@dataclass(frozen=True)
+class Forward:
+    micro_batch: int
+
+
+@dataclass(frozen=True)
+class SendActivation:
+    micro_batch: int
+
+
+@dataclass(frozen=True)
+class ComputeLoss:
+    micro_batch: int
+
+
+@dataclass(frozen=True)
+class RecvGrad:
+    micro_batch: int
+
+
+@dataclass(frozen=True)
+class Backward:
+    micro_batch: int
+
+
+@dataclass(frozen=True)
+class SendGrad:
+    micro_batch: int
+
+
+@dataclass(frozen=True)
+class OptimizerStep:
+    pass
+
+
+Action = (
+    RecvActivation | Forward | SendActivation | ComputeLoss | RecvGrad | Backward | SendGrad | OptimizerStep
+)
+
+
+class ScheduleKind(StrEnum):
+    GPIPE = "gpipe"
+    ONE_F_ONE_B = "1f1b"
+
+
+def _check(stage: int, num_stages: int, num_micro_batches: int) -> None:
+    if num_stages < 1:
+        raise ValueError(f"num_stages must be >= 1, got {num_stages}")
+    if not 0 <= stage < num_stages:
+        raise ValueError(f"stage {stage} out of range for {num_stages} stages")
+    if num_micro_batches < 1:
+        raise ValueError(f"num_micro_batches must be >= 1, got {num_micro_batches}")
+
+
+def _forward_unit(i: int, stage: int, num_stages: int) -> list[Action]:
+    acts: list[Action] = []
+    if stage > 0:
+        acts.append(RecvActivation(i))
+    acts.append(Forward(i))
+    acts.append(SendActivation(i) if stage < num_stages - 1 else ComputeLoss(i))
+    return acts
+
+
+def _backward_unit(i: int, stage: int, num_stages: int) -> list[Action]:
+    acts: list[Action] = []
+    if stage < num_stages - 1:
+        acts.append(RecvGrad(i))
+    acts.append(Backward(i))
+    if stage > 0:
+        acts.append(SendGrad(i))
+    return acts
+
+
+def gpipe(stage: int, num_stages: int, num_micro_batches: int) -> tuple[Action, ...]:
+    """All forwards, then all backwards (in micro-batch order), then the optimizer step."""
+    _check(stage, num_stages, num_micro_batches)
+    acts: list[Action] = []
+    for i in range(num_micro_batches):
+        acts += _forward_unit(i, stage, num_stages)
+    for i in range(num_micro_batches):
+        acts += _backward_unit(i, stage, num_stages)
+    acts.append(OptimizerStep())
+    return tuple(acts)
+
+
+def one_f_one_b(stage: int, num_stages: int, num_micro_batches: int) -> tuple[Action, ...]:
+    """PipeDream-flush 1F1B: warm-up forwards, steady one-forward-one-backward, drain backwards."""
+    _check(stage, num_stages, num_micro_batches)
+    m = num_micro_batches
+    warmup = min(num_stages - stage - 1, m)
+    acts: list[Action] = []
+    for i in range(warmup):
+        acts += _forward_unit(i, stage, num_stages)
+    for j in range(m - warmup):
+        acts += _forward_unit(warmup + j, stage, num_stages)
+        acts += _backward_unit(j, stage, num_stages)
+    for j in range(m - warmup, m):
+        acts += _backward_unit(j, stage, num_stages)
+    acts.append(OptimizerStep())
+    return tuple(acts)
+
+
+def build_schedule(
+    kind: ScheduleKind | str, stage: int, num_stages: int, num_micro_batches: int
+) -> tuple[Action, ...]:
+    """The action list of ``stage`` for the named schedule (``"gpipe"`` or ``"1f1b"``)."""
+    try:
+        k = ScheduleKind(kind)
+    except ValueError:
+        raise ValueError(f"unknown schedule {kind!r}; expected 'gpipe' or '1f1b'") from None
+    if k is ScheduleKind.GPIPE:
+        return gpipe(stage, num_stages, num_micro_batches)
+    return one_f_one_b(stage, num_stages, num_micro_batches)
+
+
+def max_in_flight(actions: Sequence[Action]) -> int:
+    """Largest number of micro-batches forwarded but not yet backwarded (= activation stashes held) at
+    once."""
+    live = peak = 0
+    for a in actions:
+        if isinstance(a, Forward):
+            live += 1
+            peak = max(peak, live)
+        elif isinstance(a, Backward):
+            live -= 1
+    return peak
+
+
+@dataclass(frozen=True)
+class SimulationResult:
+    finished: bool
+    """True when every stage ran its whole list."""
+    positions: tuple[int, ...]
+    """How many actions each stage completed."""
+    error: str | None = None
+    """Set when a receive found a different micro-batch than it expected (out-of-order schedule)."""
+
+
+def simulate(schedules: Sequence[Sequence[Action]], capacity: int = 1) -> SimulationResult:
+    """Run all stages' lists with blocking send/recv semantics and report whether they all finish.
+
+    Each direction between neighbours is a FIFO holding at most ``capacity`` undelivered messages (0 means
+    rendezvous: a send completes only after the receiver took the message). A receive blocks until a
+    message is
+    there. ``OptimizerStep`` is a barrier across all stages. Pure; the loop is bounded by the total action
+    count.
+    """
+    n = len(schedules)
+    sim = _Sim(schedules, capacity)
+    total = sum(len(s) for s in schedules)
+    for _ in range(3 * total + 1):
+        if all(sim.pos[s] == len(schedules[s]) for s in range(n)):
+            return SimulationResult(True, tuple(sim.pos))
+        progressed = False
+        for s in range(n):
+            if sim.pos[s] == len(schedules[s]):
+                continue
+            outcome = sim.step(s, schedules[s][sim.pos[s]])
+            if isinstance(outcome, str):
+                return SimulationResult(False, tuple(sim.pos), outcome)
+            progressed = progressed or outcome
+        if not progressed:
+            return SimulationResult(False, tuple(sim.pos))
+    return SimulationResult(all(sim.pos[s] == len(schedules[s]) for s in range(n)), tuple(sim.pos))
+
+
+class _Sim:
+    """Mutable state of ``simulate`` (private; the public function stays pure)."""
+
+    def __init__(self, schedules: Sequence[Sequence[Action]], capacity: int) -> None:
+        n = len(schedules)
+        self.schedules = schedules
+        self.capacity = capacity
+        self.pos = [0] * n
+        self.act_q: list[deque[int]] = [deque() for _ in range(n)]  # activations travelling to stage s
+        self.grad_q: list[deque[int]] = [deque() for _ in range(n)]  # gradients travelling to stage s
+        self.offering = [False] * n  # rendezvous: stage s has put its message out and waits for the taker
+
+    def step(self, s: int, a: Action) -> bool | str:
+        """Try ``a`` on stage ``s``: True if anything changed, False if blocked, a message on a schedule
+        error."""
+        n = len(self.schedules)
+        if isinstance(a, SendActivation | SendGrad):
+            dst = s + 1 if isinstance(a, SendActivation) else s - 1
+            if not 0 <= dst < n:
+                return f"stage {s} sends {a} to a stage that does not exist"
+            q = self.act_q[dst] if isinstance(a, SendActivation) else self.grad_q[dst]
+            if self.capacity > 0:
+                if len(q) >= self.capacity:
+                    return False
+                q.append(a.micro_batch)
+                self.pos[s] += 1
+                return True
+            if not self.offering[s]:
+                if q:
+                    return False
+                q.append(a.micro_batch)
+                self.offering[s] = True
+                return True
+            if q:
+                return False
+            self.offering[s] = False
+            self.pos[s] += 1
+            return True
+        if isinstance(a, RecvActivation | RecvGrad):
+            q = self.act_q[s] if isinstance(a, RecvActivation) else self.grad_q[s]
+            if not q:
+                return False
+            if q[0] != a.micro_batch:
+                return f"stage {s} expected {a} but micro-batch {q[0]} arrived first"
+            q.popleft()
+            self.pos[s] += 1
+            return True
+        if isinstance(a, OptimizerStep):
+            at_barrier = all(
+                self.pos[t] == len(self.schedules[t])
+                or isinstance(self.schedules[t][self.pos[t]], OptimizerStep)
+                for t in range(n)
+            )
+            if not at_barrier:
+                return False
+        self.pos[s] += 1
+        return True
