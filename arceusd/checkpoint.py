@@ -1,0 +1,262 @@
+"""Checkpoints: safetensors shards plus a signed manifest, written atomically and verified before use.
+
+Layout under a checkpoint root (one per job): ``step-<S>/<shard>.safetensors`` and ``step-<S>/manifest.json``.
+A step exists only once its manifest is committed: the two-phase protocol is (1) every stage writes its shard(s)
+with :func:`write_shard` and reports ``(name, sha256, size)``, (2) the leader calls :func:`commit_manifest`, which
+signs ``(job, term, epoch, step, shard hashes, extra state)`` with its Ed25519 key. Loading
+(:func:`load_latest`) picks the newest step whose manifest signature verifies against a trusted key and whose
+shards hash correctly, looking in replica roots when a local shard is missing or corrupt. Nothing is unpickled:
+shards are safetensors and the manifest is JSON.
+
+Every write is atomic: temporary file, fsync, rename, fsync of the directory. Only the newest ``keep`` committed
+steps are kept; uncommitted step folders older than the newest committed step are removed with them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+from arceusd.identity import Identity, peer_id_from_public_key, verify_signature
+
+MANIFEST_NAME = "manifest.json"
+DOMAIN = b"arceus/checkpoint-manifest/v1\x00"
+_STEP_DIR = re.compile(r"^step-(\d{10})$")
+_SHARD_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}\.safetensors$")
+
+
+class CheckpointError(Exception):
+    """A checkpoint cannot be written or used; the message says which file and why."""
+
+
+@dataclass(frozen=True)
+class ShardRecord:
+    name: str
+    sha256: str
+    size: int
+
+
+@dataclass(frozen=True)
+class Manifest:
+    job_id: str
+    term: int
+    epoch: int
+    step: int
+    shards: tuple[ShardRecord, ...]
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def canonical(self) -> bytes:
+        body = {
+            "job_id": self.job_id,
+            "term": self.term,
+            "epoch": self.epoch,
+            "step": self.step,
+            "shards": [[s.name, s.sha256, s.size] for s in sorted(self.shards, key=lambda s: s.name)],
+            "extra": self.extra,
+        }
+        return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+
+def step_dir(root: Path, step: int) -> Path:
+    return root / f"step-{step:010d}"
+
+
+def atomic_write(path: Path, data: bytes | memoryview) -> None:
+    """Write ``data`` to ``path`` so that readers see the old file or the whole new one, never a part."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            written = os.write(fd, view)
+            view = view[written:]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_shard(
+    root: Path, step: int, name: str, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None = None
+) -> ShardRecord:
+    """Phase one: write one shard of step ``step`` atomically and return its record for the manifest."""
+    if not _SHARD_NAME.match(name):
+        raise CheckpointError(f"shard name {name!r} must match {_SHARD_NAME.pattern}")
+    cpu = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
+    data = st_save(cpu, metadata=dict(metadata or {}))
+    atomic_write(step_dir(root, step) / name, data)
+    return ShardRecord(name, hashlib.sha256(data).hexdigest(), len(data))
+
+
+def commit_manifest(root: Path, manifest: Manifest, signer: Identity, keep: int = 3) -> Path:
+    """Phase two: check that every listed shard is present and intact, sign and write the manifest, prune.
+
+    Error handling: :class:`CheckpointError` when a shard is missing or does not match its record; nothing is
+    committed then.
+    """
+    directory = step_dir(root, manifest.step)
+    for shard in manifest.shards:
+        _check_shard(directory / shard.name, shard)
+    body = manifest.canonical()
+    envelope = {
+        "manifest": json.loads(body),
+        "signer": signer.public_key_raw.hex(),
+        "signature": signer.sign(DOMAIN + body).hex(),
+    }
+    path = directory / MANIFEST_NAME
+    atomic_write(path, json.dumps(envelope, sort_keys=True, indent=1).encode())
+    prune(root, keep)
+    return path
+
+
+def _check_shard(path: Path, record: ShardRecord) -> bytes:
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise CheckpointError(f"shard {path} cannot be read: {exc.strerror}") from None
+    if len(data) != record.size or hashlib.sha256(data).hexdigest() != record.sha256:
+        raise CheckpointError(f"shard {path} does not match its manifest (size or sha256 differ): corrupt")
+    return data
+
+
+def read_manifest(directory: Path, trusted_signers: Iterable[str]) -> tuple[Manifest, str]:
+    """The verified manifest in ``directory`` and its signer's peer id.
+
+    ``trusted_signers`` are peer ids whose signatures we accept (the job's members).
+    Error handling: :class:`CheckpointError` for a missing, malformed, untrusted or forged manifest.
+    """
+    path = directory / MANIFEST_NAME
+    try:
+        envelope = json.loads(path.read_bytes())
+        raw = envelope["manifest"]
+        signer_pub = bytes.fromhex(envelope["signer"])
+        signature = bytes.fromhex(envelope["signature"])
+        manifest = Manifest(
+            job_id=str(raw["job_id"]),
+            term=int(raw["term"]),
+            epoch=int(raw["epoch"]),
+            step=int(raw["step"]),
+            shards=tuple(ShardRecord(str(n), str(h), int(s)) for n, h, s in raw["shards"]),
+            extra=dict(raw["extra"]),
+        )
+    except FileNotFoundError:
+        raise CheckpointError(f"{path} is missing (step not committed)") from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{path} is malformed: {exc}") from None
+    signer = peer_id_from_public_key(signer_pub) if len(signer_pub) == 32 else "?"
+    if signer not in set(trusted_signers):
+        raise CheckpointError(f"{path} is signed by {signer}, who is not a trusted member of this job")
+    if not verify_signature(signer_pub, signature, DOMAIN + manifest.canonical()):
+        raise CheckpointError(f"{path} has an invalid signature: forged or corrupt")
+    for shard in manifest.shards:
+        if not _SHARD_NAME.match(shard.name):
+            raise CheckpointError(f"{path} names an invalid shard {shard.name!r}")
+    return manifest, signer
+
+
+def committed_steps(root: Path) -> list[int]:
+    if not root.is_dir():
+        return []
+    steps = []
+    for child in root.iterdir():
+        m = _STEP_DIR.match(child.name)
+        if m and (child / MANIFEST_NAME).exists():
+            steps.append(int(m.group(1)))
+    return sorted(steps)
+
+
+def prune(root: Path, keep: int) -> None:
+    """Keep the newest ``keep`` committed steps; drop older ones and stale uncommitted step folders."""
+    steps = committed_steps(root)
+    if not steps:
+        return
+    keep_set = set(steps[-keep:])
+    newest = steps[-1]
+    for child in root.iterdir():
+        m = _STEP_DIR.match(child.name)
+        if not m:
+            continue
+        step = int(m.group(1))
+        if step in keep_set or step > newest:
+            continue
+        shutil.rmtree(child, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class LoadedCheckpoint:
+    manifest: Manifest
+    signer: str
+    shards: dict[str, dict[str, torch.Tensor]]
+    used_replica: bool
+
+
+def load_step(
+    roots: Sequence[Path], step: int, trusted_signers: Iterable[str], wanted: Iterable[str] | None = None
+) -> LoadedCheckpoint:
+    """Load step ``step``: manifest from the first root that has a valid one; each wanted shard from the first
+    root where it hashes correctly (so a corrupt local shard falls back to a replica)."""
+    trusted = list(trusted_signers)
+    errors: list[str] = []
+    for root in roots:
+        try:
+            manifest, signer = read_manifest(step_dir(root, step), trusted)
+        except CheckpointError as exc:
+            errors.append(str(exc))
+            continue
+        names = set(wanted) if wanted is not None else {s.name for s in manifest.shards}
+        records = {s.name: s for s in manifest.shards}
+        missing = names - set(records)
+        if missing:
+            raise CheckpointError(f"step {step} has no shard(s) {sorted(missing)}")
+        shards: dict[str, dict[str, torch.Tensor]] = {}
+        used_replica = False
+        for name in sorted(names):
+            for i, candidate_root in enumerate(roots):
+                try:
+                    data = _check_shard(step_dir(candidate_root, step) / name, records[name])
+                    shards[name] = st_load(data)
+                except (CheckpointError, SafetensorError) as exc:
+                    errors.append(str(exc))
+                    continue
+                used_replica = used_replica or candidate_root != root or i > 0
+                break
+            else:
+                raise CheckpointError(f"no intact copy of shard {name} of step {step}: " + "; ".join(errors[-3:]))
+        return LoadedCheckpoint(manifest, signer, shards, used_replica)
+    raise CheckpointError(f"no valid manifest for step {step}: " + "; ".join(errors))
+
+
+def load_latest(
+    roots: Sequence[Path], trusted_signers: Iterable[str], wanted: Iterable[str] | None = None
+) -> LoadedCheckpoint | None:
+    """The newest step that loads and verifies from any root, or None when there is none."""
+    trusted = list(trusted_signers)
+    steps = sorted({s for root in roots for s in committed_steps(root)}, reverse=True)
+    for step in steps:
+        try:
+            return load_step(roots, step, trusted, wanted)
+        except CheckpointError:
+            continue
+    return None
