@@ -1,0 +1,509 @@
+"""The SWIM + Lifeguard membership state machine: no I/O, no clock, no hidden randomness.
+
+Owns :class:`Membership`. Shape (chosen over a functional ``apply(state, event, now)``): one object per local
+member whose :meth:`Membership.handle` takes an input event and the current time and returns the actions to
+carry out, in order; :meth:`Membership.next_deadline` says when to call ``handle(Tick(), now)`` next. Every
+call first runs whatever timers are due at ``now``, so a late tick is harmless. All randomness comes from the
+seeded ``random.Random`` passed in, so a run is a pure function of (config, seed, inputs, times).
+
+What it does (memberlist's design, timers turned into deadlines):
+
+* Round-robin probing over a shuffled member list (reshuffled after each pass, new members inserted at a
+  random position). A probe sends a ping; after ``probe_timeout`` without an ack it asks ``indirect_checks``
+  random alive members to ping the target (ping-req); at the end of the probe interval without any ack the
+  target is suspected.
+* Lifeguard: probe interval and timeout are scaled by local health (:mod:`.awareness`); intermediaries send a
+  nack when their relay ping times out, and missing nacks count against OUR health, not the target's;
+  suspicion timeouts start long and shrink with independent confirmations (:mod:`.suspicion`).
+* Incarnations and refutation: a suspect/dead/left claim about us at our incarnation or newer makes us bump
+  the incarnation and gossip ALIVE.
+* Gossip: every update we accept is queued (:mod:`.broadcast`) and piggybacked on pings/acks/ping-reqs and
+  sent to ``gossip_nodes`` random members every ``gossip_interval``, each at most
+  ``retransmit_mult*ceil(log10(n+1))`` times.
+* Push/pull: every ``push_pull_interval`` (scaled up above 32 members) a full-state exchange with one random
+  member; a DEAD in a remote state is only taken as SUSPECT (memberlist's rule).
+* Dead and left members stay as tombstones for ``tombstone_ttl`` (see the state table in :mod:`.state`).
+* Leave: LEFT is sent at once to every live member; then the core is silent.
+* Duplicate identity: an ALIVE for our peer id with another address or key is surfaced as
+  :class:`~.events.DuplicateIdentity`, never merged.
+
+Error handling: events are trusted to be authenticated by the driver (ALIVE and LEFT signed by their subject);
+malformed values are the codec's business. Unknown event types raise ``TypeError`` (a driver bug).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from arceusd.membership.awareness import Awareness
+from arceusd.membership.broadcast import BroadcastQueue
+from arceusd.membership.config import MembershipConfig
+from arceusd.membership.events import (
+    PACKET_OVERHEAD,
+    AckReceived,
+    Action,
+    Address,
+    DuplicateIdentity,
+    Event,
+    Gossip,
+    GossipReceived,
+    Join,
+    Leave,
+    MemberChanged,
+    MemberState,
+    NackReceived,
+    PeerId,
+    PingReceived,
+    PingReqReceived,
+    PushPullReceived,
+    SendAck,
+    SendGossip,
+    SendNack,
+    SendPing,
+    SendPingReq,
+    SendPushPull,
+    Tick,
+    Update,
+    UpdateKind,
+    update_size,
+)
+from arceusd.membership.state import Decision, Member, decide, target_state
+from arceusd.membership.suspicion import Suspicion
+
+_LIVE = (MemberState.ALIVE, MemberState.SUSPECT)
+_GONE = (MemberState.DEAD, MemberState.LEFT)
+_KIND_OF = {
+    MemberState.ALIVE: UpdateKind.ALIVE,
+    MemberState.SUSPECT: UpdateKind.SUSPECT,
+    MemberState.DEAD: UpdateKind.DEAD,
+    MemberState.LEFT: UpdateKind.LEFT,
+}
+
+
+@dataclass(slots=True)
+class _Probe:
+    target: PeerId
+    incarnation: int
+    seq: int
+    direct_deadline: float
+    deadline: float
+    indirect_sent: bool = False
+    expected_nacks: int = 0
+    nacks: int = 0
+
+
+@dataclass(slots=True)
+class _Relay:
+    requester: PeerId
+    reply_to: Address
+    requester_seq: int
+    deadline: float
+
+
+class Membership:
+    """One member's view of the cluster. See the module docstring for the driver contract."""
+
+    def __init__(
+        self,
+        config: MembershipConfig,
+        self_id: PeerId,
+        address: Address,
+        public_key: bytes,
+        rng: random.Random,
+        now: float,
+        incarnation: int = 1,
+    ) -> None:
+        if not self_id:
+            raise ValueError("self_id must be a non-empty peer id")
+        if incarnation < 1:
+            raise ValueError("incarnation starts at 1")
+        self.config = config
+        self.self_id = self_id
+        self.address = address
+        self.public_key = public_key
+        self._rng = rng
+        self._members: dict[PeerId, Member] = {
+            self_id: Member(self_id, MemberState.ALIVE, incarnation, address, public_key, now)
+        }
+        self._order: list[PeerId] = []
+        self._index = 0
+        self._probe: _Probe | None = None
+        self._relays: dict[int, _Relay] = {}
+        self._suspicions: dict[PeerId, Suspicion] = {}
+        self._tombstones: list[tuple[float, PeerId, float]] = []
+        self._seq = 0
+        self._queue = BroadcastQueue()
+        self._awareness = Awareness(config.awareness_max_multiplier)
+        self._left = False
+        self._seen_duplicates: set[tuple[Address, bytes, int]] = set()
+        # Stagger the periodic work so members started together do not probe in lockstep.
+        self._next_probe = now + rng.random() * config.probe_interval
+        self._next_gossip = now + rng.random() * config.gossip_interval
+        self._next_push_pull = now + (0.5 + rng.random() * 0.5) * config.push_pull_interval
+        self._queue.push(self._self_alive())
+
+    # ------------------------------------------------------------------------------------------- queries
+    @property
+    def incarnation(self) -> int:
+        return self._members[self.self_id].incarnation
+
+    @property
+    def health_score(self) -> int:
+        return self._awareness.score
+
+    @property
+    def has_left(self) -> bool:
+        return self._left
+
+    @property
+    def members(self) -> Mapping[PeerId, Member]:
+        """Read-only view of the member table, tombstones included (do not mutate the records)."""
+        return MappingProxyType(self._members)
+
+    def state_of(self, peer: PeerId) -> MemberState | None:
+        member = self._members.get(peer)
+        return None if member is None else member.state
+
+    def live_peers(self) -> frozenset[PeerId]:
+        """Members we consider alive or suspect (suspects may just be slow), ourselves included."""
+        return frozenset(p for p, m in self._members.items() if m.state in _LIVE)
+
+    def next_deadline(self) -> float:
+        """The time at which :meth:`handle` should next be called with :class:`Tick` (``inf`` once left)."""
+        if self._left:
+            return math.inf
+        deadline = min(self._next_probe, self._next_gossip, self._next_push_pull)
+        if self._probe is not None:
+            probe = self._probe
+            deadline = min(deadline, probe.deadline if probe.indirect_sent else probe.direct_deadline)
+        for relay in self._relays.values():
+            deadline = min(deadline, relay.deadline)
+        for suspicion in self._suspicions.values():
+            deadline = min(deadline, suspicion.deadline)
+        if self._tombstones:
+            deadline = min(deadline, self._tombstones[0][0])
+        return deadline
+
+    # ------------------------------------------------------------------------------------------- handling
+    def handle(self, event: Event, now: float) -> list[Action]:
+        """Run timers due at ``now``, then ``event``; return the actions to carry out, in order."""
+        actions: list[Action] = []
+        if self._left:
+            return actions
+        self._advance(now, actions)
+        if isinstance(event, Tick):
+            pass
+        elif isinstance(event, PingReceived):
+            self._merge(event.gossip, now, actions)
+            if event.target in ("", self.self_id):
+                actions.append(SendAck(event.sender, event.reply_to, event.seq, self._piggyback()))
+        elif isinstance(event, AckReceived):
+            self._merge(event.gossip, now, actions)
+            self._on_ack(event.seq, actions)
+        elif isinstance(event, NackReceived):
+            if self._probe is not None and self._probe.seq == event.seq:
+                self._probe.nacks += 1
+        elif isinstance(event, PingReqReceived):
+            self._merge(event.gossip, now, actions)
+            seq = self._next_seq()
+            self._relays[seq] = _Relay(
+                event.sender, event.reply_to, event.seq, now + self.config.probe_timeout
+            )
+            actions.append(SendPing(event.target, event.target_address, seq, self._piggyback()))
+        elif isinstance(event, GossipReceived):
+            self._merge(event.gossip, now, actions)
+        elif isinstance(event, PushPullReceived):
+            self._merge_remote_state(event.sender, event.states, now, actions)
+            if not event.is_reply:
+                actions.append(SendPushPull(event.sender, event.reply_to, self._full_state(), True))
+        elif isinstance(event, Join):
+            actions.append(SendPushPull("", event.address, self._full_state(), False))
+        elif isinstance(event, Leave):
+            self._leave(now, actions)
+        else:
+            raise TypeError(f"Membership.handle got {type(event).__name__}, which is not a membership event")
+        return actions
+
+    # ------------------------------------------------------------------------------------------- timers
+    def _advance(self, now: float, actions: list[Action]) -> None:
+        probe = self._probe
+        if probe is not None and not probe.indirect_sent and now >= probe.direct_deadline:
+            self._send_indirect(probe, actions)
+        if probe is not None and now >= probe.deadline:
+            self._probe_failed(probe, now, actions)
+        if now >= self._next_probe:
+            self._start_probe(now, actions)
+        for seq in [s for s, r in self._relays.items() if now >= r.deadline]:
+            relay = self._relays.pop(seq)
+            actions.append(SendNack(relay.requester, relay.reply_to, relay.requester_seq))
+        for peer in [p for p, s in self._suspicions.items() if now >= s.deadline]:
+            suspicion = self._suspicions.pop(peer)
+            dead = Update(UpdateKind.DEAD, peer, suspicion.incarnation, self.self_id)
+            self._apply(dead, now, actions)
+        if now >= self._next_gossip:
+            self._next_gossip = now + self.config.gossip_interval
+            self._gossip(now, actions)
+        if now >= self._next_push_pull:
+            self._next_push_pull = now + self.config.push_pull_interval_for(len(self._members))
+            for partner in self._random_members(1, lambda m: m.state is MemberState.ALIVE):
+                actions.append(SendPushPull(partner.peer, partner.address, self._full_state(), False))
+        while self._tombstones and now >= self._tombstones[0][0]:
+            _, gone, changed_at = heapq.heappop(self._tombstones)
+            member = self._members.get(gone)
+            if member is not None and member.state in _GONE and member.state_change == changed_at:
+                del self._members[gone]
+                actions.append(
+                    MemberChanged(
+                        gone, member.state, None, member.incarnation, member.address, member.public_key
+                    )
+                )
+
+    def _start_probe(self, now: float, actions: list[Action]) -> None:
+        self._next_probe = now + self._awareness.scale(self.config.probe_interval)
+        target = self._next_probe_target()
+        if target is None:
+            return
+        seq = self._next_seq()
+        self._probe = _Probe(
+            target.peer,
+            target.incarnation,
+            seq,
+            direct_deadline=now + self._awareness.scale(self.config.probe_timeout),
+            deadline=self._next_probe,
+        )
+        gossip = self._piggyback()
+        if target.state is MemberState.SUSPECT:  # tell it, so it can refute at once
+            gossip = (Update(UpdateKind.SUSPECT, target.peer, target.incarnation, self.self_id), *gossip)
+        actions.append(SendPing(target.peer, target.address, seq, gossip))
+
+    def _send_indirect(self, probe: _Probe, actions: list[Action]) -> None:
+        probe.indirect_sent = True
+        target = self._members.get(probe.target)
+        if target is None:
+            return
+        helpers = self._random_members(
+            self.config.indirect_checks,
+            lambda m: m.state is MemberState.ALIVE and m.peer != probe.target,
+        )
+        probe.expected_nacks = len(helpers)
+        for helper in helpers:
+            actions.append(
+                SendPingReq(
+                    helper.peer, helper.address, probe.seq, target.peer, target.address, self._piggyback()
+                )
+            )
+
+    def _probe_failed(self, probe: _Probe, now: float, actions: list[Action]) -> None:
+        self._probe = None
+        if probe.expected_nacks > 0:
+            self._awareness.apply_delta(probe.expected_nacks - min(probe.nacks, probe.expected_nacks))
+        else:
+            self._awareness.apply_delta(1)
+        member = self._members.get(probe.target)
+        if member is None or member.state not in _LIVE:
+            return
+        self._apply(Update(UpdateKind.SUSPECT, probe.target, probe.incarnation, self.self_id), now, actions)
+
+    def _on_ack(self, seq: int, actions: list[Action]) -> None:
+        if self._probe is not None and self._probe.seq == seq:
+            self._probe = None
+            self._awareness.apply_delta(-1)
+            return
+        relay = self._relays.pop(seq, None)
+        if relay is not None:
+            actions.append(SendAck(relay.requester, relay.reply_to, relay.requester_seq, self._piggyback()))
+
+    def _gossip(self, now: float, actions: list[Action]) -> None:
+        if not len(self._queue):
+            return
+        dead_window = self.config.gossip_to_the_dead_time
+        targets = self._random_members(
+            self.config.gossip_nodes,
+            lambda m: m.state in _LIVE or now - m.state_change < dead_window,
+        )
+        for member in targets:
+            gossip = self._piggyback()
+            if not gossip:
+                break
+            actions.append(SendGossip(member.peer, member.address, gossip))
+
+    # ------------------------------------------------------------------------------------------- merging
+    def _merge(self, gossip: Gossip, now: float, actions: list[Action]) -> None:
+        for update in gossip:
+            self._apply(update, now, actions)
+
+    def _merge_remote_state(self, sender: PeerId, states: Gossip, now: float, actions: list[Action]) -> None:
+        for update in states:
+            if update.kind in (UpdateKind.DEAD, UpdateKind.SUSPECT):
+                update = Update(UpdateKind.SUSPECT, update.peer, update.incarnation, sender or update.origin)
+            self._apply(update, now, actions)
+
+    def _apply(self, update: Update, now: float, actions: list[Action]) -> None:
+        if update.peer == self.self_id:
+            self._about_self(update, actions)
+            return
+        member = self._members.get(update.peer)
+        decision = decide(
+            None if member is None else member.state,
+            0 if member is None else member.incarnation,
+            update.kind,
+            update.incarnation,
+        )
+        if decision is Decision.IGNORE:
+            return
+        if decision is Decision.CONFIRM:
+            suspicion = self._suspicions.get(update.peer)
+            if suspicion is not None and suspicion.confirm(update.origin):
+                self._queue.push(update)
+            return
+        new_state = target_state(update.kind)
+        if member is None:
+            member = Member(
+                update.peer, new_state, update.incarnation, update.address, update.public_key, now
+            )
+            self._members[update.peer] = member
+            self._insert_in_order(update.peer)
+            previous: MemberState | None = None
+            changed = True
+        else:
+            previous = member.state
+            changed = previous is not new_state
+            if update.kind is UpdateKind.ALIVE and (
+                member.address != update.address or member.public_key != update.public_key
+            ):
+                member.address, member.public_key = update.address, update.public_key
+                changed = True
+            member.state, member.incarnation = new_state, update.incarnation
+            if previous is not new_state:
+                member.state_change = now
+        self._queue.push(update)
+        self._suspicions.pop(update.peer, None)
+        if new_state is MemberState.SUSPECT:
+            n = len(self._members)
+            self._suspicions[update.peer] = Suspicion(
+                update.origin,
+                update.incarnation,
+                self.config.suspicion_confirmations(n),
+                self.config.suspicion_min_timeout(n),
+                self.config.suspicion_max_timeout(n),
+                now,
+            )
+        elif new_state in _GONE:
+            heapq.heappush(
+                self._tombstones, (now + self.config.tombstone_ttl, update.peer, member.state_change)
+            )
+        if changed:
+            actions.append(
+                MemberChanged(
+                    update.peer, previous, new_state, member.incarnation, member.address, member.public_key
+                )
+            )
+
+    def _about_self(self, update: Update, actions: list[Action]) -> None:
+        me = self._members[self.self_id]
+        if update.kind is UpdateKind.ALIVE:
+            if update.address != self.address or update.public_key != self.public_key:
+                key = (update.address, update.public_key, update.incarnation)
+                if key not in self._seen_duplicates:
+                    self._seen_duplicates.add(key)
+                    actions.append(
+                        DuplicateIdentity(
+                            self.self_id,
+                            update.incarnation,
+                            self.address,
+                            self.public_key,
+                            update.address,
+                            update.public_key,
+                        )
+                    )
+                if update.incarnation >= me.incarnation:
+                    self._refute(update.incarnation)
+            elif update.incarnation > me.incarnation:
+                self._refute(update.incarnation)  # an ALIVE from a previous life of ours
+            return
+        if update.incarnation >= me.incarnation:
+            self._refute(update.incarnation)
+
+    def _refute(self, incarnation: int) -> None:
+        me = self._members[self.self_id]
+        me.incarnation = max(me.incarnation, incarnation) + 1
+        self._awareness.apply_delta(1)
+        self._queue.push(self._self_alive())
+
+    def _leave(self, now: float, actions: list[Action]) -> None:
+        me = self._members[self.self_id]
+        me.state, me.state_change = MemberState.LEFT, now
+        left = (Update(UpdateKind.LEFT, self.self_id, me.incarnation, self.self_id),)
+        for member in self._members.values():
+            if member.peer != self.self_id and member.state in _LIVE:
+                actions.append(SendGossip(member.peer, member.address, left))
+        self._left = True
+        self._probe = None
+        self._relays.clear()
+
+    # ------------------------------------------------------------------------------------------- helpers
+    def _self_alive(self) -> Update:
+        me = self._members[self.self_id]
+        return Update(
+            UpdateKind.ALIVE, self.self_id, me.incarnation, self.self_id, self.address, self.public_key
+        )
+
+    def _full_state(self) -> Gossip:
+        out = []
+        for m in self._members.values():
+            if m.state is MemberState.ALIVE or m.peer == self.self_id:
+                out.append(Update(_KIND_OF[m.state], m.peer, m.incarnation, m.peer, m.address, m.public_key))
+            else:
+                out.append(Update(_KIND_OF[m.state], m.peer, m.incarnation, self.self_id))
+        return tuple(out)
+
+    def _piggyback(self) -> Gossip:
+        limit = self.config.retransmit_limit(len(self._members))
+        return self._queue.take(self.config.packet_budget - PACKET_OVERHEAD, limit, update_size)
+
+    def _next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    def _insert_in_order(self, peer: PeerId) -> None:
+        self._order.append(peer)
+        offset = self._rng.randrange(len(self._order))
+        self._order[offset], self._order[-1] = self._order[-1], self._order[offset]
+
+    def _next_probe_target(self) -> Member | None:
+        for _ in range(2 * len(self._members) + 2):
+            if self._index >= len(self._order):
+                self._order = [p for p in self._members if p != self.self_id]
+                self._rng.shuffle(self._order)
+                self._index = 0
+                if not self._order:
+                    return None
+            peer = self._order[self._index]
+            self._index += 1
+            member = self._members.get(peer)
+            if member is not None and member.state in _LIVE:
+                return member
+        return None
+
+    def _random_members(self, k: int, accept: Callable[[Member], bool]) -> list[Member]:
+        chosen: list[Member] = []
+        order = self._order
+        if not order:
+            return chosen
+        seen: set[PeerId] = set()
+        for _ in range(3 * len(order)):
+            if len(chosen) >= k:
+                break
+            peer = order[self._rng.randrange(len(order))]
+            if peer in seen or peer == self.self_id:
+                continue
+            seen.add(peer)
+            member = self._members.get(peer)
+            if member is not None and accept(member):
+                chosen.append(member)
+        return chosen
