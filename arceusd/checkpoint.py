@@ -26,10 +26,10 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load as st_load
-from safetensors.torch import save as st_save
 
 from arceusd.identity import Identity, peer_id_from_public_key, verify_signature
+from arceusd.safetensors_io import load_bytes as st_load
+from arceusd.safetensors_io import save_bytes as st_save
 
 MANIFEST_NAME = "manifest.json"
 DOMAIN = b"arceus/checkpoint-manifest/v1\x00"

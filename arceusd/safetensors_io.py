@@ -1,0 +1,64 @@
+"""Writing safetensors files without numpy (``safetensors.torch.save`` imports numpy, which we don't depend on).
+
+The format is small and fixed: an 8-byte little-endian header length, a JSON header naming each tensor's dtype,
+shape and ``data_offsets``, padded with spaces to 8-byte alignment, then the raw little-endian bytes. Reading goes
+through ``safetensors.torch.load``, the library's own validating parser, so files we write are checked by the
+reference implementation in the tests.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import sys
+from collections.abc import Mapping
+
+import torch
+from safetensors.torch import load as _load
+
+from protocol.tensors import tensor_memoryview
+
+_DTYPES = {
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+}
+
+
+def save_bytes(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None = None) -> bytes:
+    """Serialise ``tensors`` (any device; copied to CPU) into safetensors bytes."""
+    if sys.byteorder != "little":
+        raise RuntimeError("safetensors writing is only implemented for little-endian machines")
+    header: dict[str, object] = {}
+    if metadata:
+        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
+    parts: list[memoryview] = []
+    offset = 0
+    for name in sorted(tensors):
+        t = tensors[name].detach().to("cpu").contiguous()
+        dtype = _DTYPES.get(t.dtype)
+        if dtype is None:
+            raise ValueError(f"tensor {name!r}: dtype {t.dtype} cannot be stored in safetensors here")
+        view = tensor_memoryview(t.view(torch.uint8) if t.dtype == torch.bool else t)
+        header[name] = {"dtype": dtype, "shape": list(t.shape), "data_offsets": [offset, offset + len(view)]}
+        parts.append(view)
+        offset += len(view)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    out = bytearray(struct.pack("<Q", len(text)))
+    out += text
+    for view in parts:
+        out += view
+    return bytes(out)
+
+
+def load_bytes(data: bytes) -> dict[str, torch.Tensor]:
+    """Parse safetensors bytes with the reference parser (no pickle, no numpy on little-endian machines)."""
+    return _load(data)
