@@ -189,6 +189,21 @@ class Membership:
             deadline = min(deadline, self._tombstones[0][0])
         return deadline
 
+    def bootstrap(self, known: Gossip, now: float) -> list[Action]:
+        """Merge a trusted snapshot of ALIVE members (tests, benchmarks, a cached peer list) WITHOUT queueing
+        them for re-gossip, so n members can start converged without n x n broadcasts.
+
+        Returns the MemberChanged actions.
+        """
+        actions: list[Action] = []
+        for update in known:
+            if update.kind is not UpdateKind.ALIVE:
+                raise ValueError(
+                    f"bootstrap takes ALIVE updates only, got {update.kind.value} for {update.peer}"
+                )
+            self._apply(update, now, actions, rebroadcast=False)
+        return actions
+
     # ------------------------------------------------------------------------------------------- handling
     def handle(self, event: Event, now: float) -> list[Action]:
         """Run timers due at ``now``, then ``event``; return the actions to carry out, in order."""
@@ -343,7 +358,7 @@ class Membership:
                 update = Update(UpdateKind.SUSPECT, update.peer, update.incarnation, sender or update.origin)
             self._apply(update, now, actions)
 
-    def _apply(self, update: Update, now: float, actions: list[Action]) -> None:
+    def _apply(self, update: Update, now: float, actions: list[Action], rebroadcast: bool = True) -> None:
         if update.peer == self.self_id:
             self._about_self(update, actions)
             return
@@ -381,7 +396,8 @@ class Membership:
             member.state, member.incarnation = new_state, update.incarnation
             if previous is not new_state:
                 member.state_change = now
-        self._queue.push(update)
+        if rebroadcast:
+            self._queue.push(update)
         self._suspicions.pop(update.peer, None)
         if new_state is MemberState.SUSPECT:
             n = len(self._members)
