@@ -1,0 +1,402 @@
+"""The gRPC transport: a sync grpcio server and channels bridged to trio. The only module that imports grpc.
+
+Design (measured: sync grpcio in threads bridged to trio moves 1.5-1.8 GB/s of 4 MiB messages on loopback):
+
+* One ``grpc.server`` per transport with a ``ThreadPoolExecutor`` of ``max_streams + unary_workers`` threads
+  and ``maximum_concurrent_rpcs`` equal to it (a stream holds a server thread for its lifetime, so an RPC
+  beyond that is refused with RESOURCE_EXHAUSTED instead of queueing forever).
+* Generic bytes handlers (``grpc.method_handlers_generic_handler``, serializers ``None``): no protoc step.
+  Service ``arceus.v1.Peer``: unary ``Call`` (control messages; their authenticity is the signed envelope's
+  job) and bidirectional ``Stream`` (tensors; authenticated here by :mod:`protocol.stream_auth`).
+* Bridging: outgoing messages go through a :class:`~arceusd.transport.queue.FrameQueue` that grpc's own thread
+  iterates (request generator on the client, response generator on the server); incoming messages are pumped
+  by one reader thread per stream into a trio memory channel (``send_nowait`` via ``from_thread.run_sync``,
+  the blocking ``send`` only when the channel is full: back-pressure reaches the sender through HTTP/2 flow
+  control). Server handlers run as trio tasks in the transport's nursery. Unary client calls use
+  ``future()`` with a done-callback that wakes trio (no thread per call); a cancelled trio task cancels the
+  gRPC call, and a cancelled/expired gRPC call cancels the trio handler's scope.
+* Options on both ends: message limits raised to the configured frame size, ``grpc.so_reuseport`` off (two
+  daemons must not share a port silently), proxies off (loopback and LAN peers only).
+
+Addresses are ``"host:port"`` strings. One channel (one HTTP/2 connection) per address is cached and shared by
+its calls and streams.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager, suppress
+from typing import Any
+
+import grpc
+import trio
+
+from arceusd.transport.queue import END, Aborted, FrameQueue
+from arceusd.transport.stream import (
+    Stream,
+    TransportConfig,
+    TransportError,
+    client_handshake,
+    server_handshake,
+)
+from protocol import stream_auth as sa
+from protocol.errors import RemoteProtocolError
+
+SERVICE = "arceus.v1.Peer"
+CALL_METHOD = f"/{SERVICE}/Call"
+STREAM_METHOD = f"/{SERVICE}/Stream"
+
+UnaryHandler = Callable[[bytes], Awaitable[bytes]]
+StreamHandler = Callable[[Stream], Awaitable[None]]
+
+
+def _options(config: TransportConfig) -> list[tuple[str, Any]]:
+    return [
+        ("grpc.max_receive_message_length", config.max_message),
+        ("grpc.max_send_message_length", config.max_message),
+        ("grpc.so_reuseport", 0),
+        ("grpc.enable_http_proxy", 0),
+    ]
+
+
+def _rpc_error(exc: grpc.RpcError) -> TransportError:
+    code = exc.code() if hasattr(exc, "code") else None
+    details = exc.details() if hasattr(exc, "details") else str(exc)
+    name = code.name.lower() if code is not None else "unknown"
+    return TransportError(name, details or name)
+
+
+def _pump(
+    messages: Iterator[bytes], inbox: FrameQueue, token: trio.lowlevel.TrioToken, done: trio.Event
+) -> None:
+    """Reader thread: queue each received message for trio; once trio stops listening, drain and discard."""
+    try:
+        for message in messages:
+            inbox.put_blocking(message)
+        inbox.close()
+    except grpc.RpcError as exc:
+        error = _rpc_error(exc)
+        inbox.abort(error.details, error.code)
+    except Exception as exc:  # grpc raises plain exceptions for some local failures; report, never lose them
+        inbox.abort(f"reading the stream failed: {exc!r}", "internal")
+    finally:
+        with suppress(trio.RunFinishedError):
+            token.run_sync_soon(done.set)
+
+
+class _GrpcConduit:
+    """A gRPC bidirectional call (either end) seen as a Conduit."""
+
+    def __init__(
+        self, outbox: FrameQueue, inbox: FrameQueue, reader_done: trio.Event, cancel: Callable[[], None]
+    ) -> None:
+        self._outbox = outbox
+        self._inbox = inbox
+        self._reader_done = reader_done
+        self._cancel = cancel
+
+    async def wait_space(self) -> None:
+        await self._outbox.wait_space()
+
+    def put_nowait(self, message: bytes) -> None:
+        self._outbox.put_nowait(message)
+
+    async def receive(self) -> bytes:
+        item = await self._inbox.get()
+        if isinstance(item, bytes):
+            return item
+        if isinstance(item, Aborted):
+            raise TransportError(item.code, item.details)
+        raise trio.EndOfChannel
+
+    def finish_sending(self) -> None:
+        self._outbox.close()
+
+    async def wait_peer_done(self) -> None:
+        self._inbox.abort("the receiver closed the stream", "closed")  # the reader now discards the rest
+        await self._reader_done.wait()
+
+    def abort(self, details: str) -> None:
+        self._outbox.abort(details)
+        self._inbox.abort(details, "closed")
+        self._cancel()
+
+
+def _outgoing(outbox: FrameQueue, context: grpc.ServicerContext | None) -> Iterator[bytes]:
+    """The generator grpc iterates in its own thread to send our messages."""
+    while True:
+        item = outbox.get_blocking()
+        if isinstance(item, bytes):
+            yield item
+        elif isinstance(item, Aborted):
+            if context is not None:
+                context.abort(grpc.StatusCode.ABORTED, item.details)
+            return
+        elif item is END:
+            return
+
+
+class GrpcTransport:
+    """A running transport (see :func:`open_transport`). ``rejected`` counts refused peers/frames by
+    reason."""
+
+    def __init__(
+        self,
+        identity: sa.Signer,
+        config: TransportConfig,
+        nursery: trio.Nursery,
+        unary_handler: UnaryHandler,
+        stream_handler: StreamHandler,
+    ) -> None:
+        self.identity = identity
+        self.config = config
+        self.rejected: Counter[str] = Counter()
+        self.failures: Counter[str] = Counter()
+        self.port = 0
+        self.host = ""
+        self._nursery = nursery
+        self._token = trio.lowlevel.current_trio_token()
+        self._unary_handler = unary_handler
+        self._stream_handler = stream_handler
+        self._channels: dict[str, grpc.Channel] = {}
+        self._live_scopes: set[trio.CancelScope] = set()
+        self._closing = False
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    # ------------------------------------------------------------------ client side
+
+    def _channel(self, address: str) -> grpc.Channel:
+        if self._closing:
+            raise TransportError("closed", "the transport is shutting down")
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = grpc.insecure_channel(address, options=_options(self.config))
+            self._channels[address] = channel
+        return channel
+
+    async def call(self, address: str, payload: bytes, timeout: float) -> bytes:
+        """Unary round trip to ``address`` (``host:port``). Raises TransportError on any failure.
+
+        Cancelling the calling task cancels the gRPC call.
+        """
+        stub = self._channel(address).unary_unary(
+            CALL_METHOD, request_serializer=None, response_deserializer=None
+        )
+        future = stub.future(payload, timeout=timeout)
+        done = trio.Event()
+        token = self._token
+
+        def wake(_: object) -> None:
+            with suppress(trio.RunFinishedError):
+                token.run_sync_soon(done.set)
+
+        future.add_done_callback(wake)
+        try:
+            await done.wait()
+        except BaseException:
+            future.cancel()
+            raise
+        try:
+            response: bytes = future.result()
+        except grpc.RpcError as exc:
+            error = _rpc_error(exc)
+            self.failures[error.code] += 1
+            raise error from None
+        except grpc.FutureCancelledError:
+            raise TransportError("cancelled", "the call was cancelled") from None
+        return response
+
+    async def connect_stream(self, address: str, purpose: bytes, expect_peer_id: str | None = None) -> Stream:
+        """Open an authenticated stream to ``address``; the caller must ``aclose()`` it (or use open_stream).
+
+        ``expect_peer_id``: refuse (RemoteProtocolError "unexpected_peer") anyone else answering there.
+        """
+        stub = self._channel(address).stream_stream(
+            STREAM_METHOD, request_serializer=None, response_deserializer=None
+        )
+        outbox = FrameQueue(self.config.queue_frames, self._token)
+        inbox = FrameQueue(self.config.queue_frames, self._token)
+        reader_done = trio.Event()
+        call = stub(_outgoing(outbox, None))
+        conduit = _GrpcConduit(outbox, inbox, reader_done, call.cancel)
+        threading.Thread(
+            target=_pump,
+            args=(call, inbox, self._token, reader_done),
+            name="arceus-stream-reader",
+            daemon=True,
+        ).start()
+        try:
+            return await client_handshake(
+                conduit,
+                self.identity,
+                purpose=purpose,
+                expect_peer_id=expect_peer_id,
+                config=self.config,
+                rejected=self.rejected,
+            )
+        except TransportError as exc:
+            self.failures[exc.code] += 1
+            raise
+
+    @asynccontextmanager
+    async def open_stream(
+        self, address: str, purpose: bytes, expect_peer_id: str | None = None
+    ) -> AsyncIterator[Stream]:
+        """``async with transport.open_stream(addr, b"purpose") as stream:`` - closes it on exit."""
+        stream = await self.connect_stream(address, purpose, expect_peer_id)
+        try:
+            yield stream
+        finally:
+            await stream.aclose()
+
+    # ------------------------------------------------------------------ server side (grpc threads)
+
+    def _unary_rpc(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+        scope = trio.CancelScope()
+        token = self._token
+
+        def on_done() -> None:
+            with suppress(trio.RunFinishedError):
+                token.run_sync_soon(scope.cancel)
+
+        context.add_callback(on_done)
+        try:
+            result = trio.from_thread.run(self._serve_unary, request, scope, trio_token=token)
+        except RemoteProtocolError as exc:
+            self.rejected[exc.reason] += 1
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{exc.reason}: {exc.message}")
+        except (trio.RunFinishedError, trio.Cancelled):
+            context.abort(grpc.StatusCode.UNAVAILABLE, "the peer is shutting down")
+        if result is None:
+            context.abort(grpc.StatusCode.CANCELLED, "the call was cancelled")
+            raise AssertionError("unreachable: context.abort raises")
+        return result
+
+    async def _serve_unary(self, request: bytes, scope: trio.CancelScope) -> bytes | None:
+        self._live_scopes.add(scope)
+        try:
+            with scope:
+                return await self._unary_handler(request)
+            return None
+        finally:
+            self._live_scopes.discard(scope)
+
+    def _stream_rpc(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
+        token = self._token
+        outbox = FrameQueue(self.config.queue_frames, token)
+        inbox = FrameQueue(self.config.queue_frames, token)
+        reader_done = trio.Event()
+        scope = trio.CancelScope()
+
+        def on_done() -> None:
+            outbox.abort("the call ended")
+            with suppress(trio.RunFinishedError):
+                token.run_sync_soon(scope.cancel)
+
+        def cancel() -> None:
+            pass  # ending our response generator (outbox aborted) ends the call with an error status
+
+        conduit = _GrpcConduit(outbox, inbox, reader_done, cancel)
+        context.add_callback(on_done)
+        threading.Thread(
+            target=_pump, args=(requests, inbox, token, reader_done), name="arceus-stream-reader", daemon=True
+        ).start()
+        try:
+            trio.from_thread.run_sync(
+                self._nursery.start_soon, self._serve_stream, conduit, scope, trio_token=token
+            )
+        except trio.RunFinishedError:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "the peer is shutting down")
+        yield from _outgoing(outbox, context)
+
+    async def _serve_stream(self, conduit: _GrpcConduit, scope: trio.CancelScope) -> None:
+        self._live_scopes.add(scope)
+        try:
+            with scope:
+                try:
+                    stream = await server_handshake(
+                        conduit, self.identity, config=self.config, rejected=self.rejected
+                    )
+                except (RemoteProtocolError, TransportError):
+                    return  # counted in rejected (protocol) or the client went away: nothing to serve
+                # A protocol error is counted by the stream and the connection is cut by aclose.
+                async with stream:
+                    with suppress(RemoteProtocolError, TransportError):
+                        await self._stream_handler(stream)
+        finally:
+            self._live_scopes.discard(scope)
+
+    async def _shutdown(self, server: grpc.Server, executor: ThreadPoolExecutor) -> None:
+        self._closing = True
+        stopped = server.stop(grace=None)
+        for scope in list(self._live_scopes):
+            scope.cancel()
+        for channel in self._channels.values():
+            channel.close()
+        self._channels.clear()
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(stopped.wait, 10.0)
+        executor.shutdown(wait=False)
+
+
+@asynccontextmanager
+async def open_transport(
+    identity: sa.Signer,
+    host: str,
+    port: int,
+    *,
+    unary_handler: UnaryHandler,
+    stream_handler: StreamHandler,
+    config: TransportConfig | None = None,
+) -> AsyncIterator[GrpcTransport]:
+    """Serve ``arceus.v1.Peer`` on ``host:port`` (port 0 picks a free one: see ``.port``) and yield the
+    transport.
+
+    ``unary_handler(request) -> response`` answers ``Call``; raising RemoteProtocolError refuses the request
+    (counted, INVALID_ARGUMENT to the caller). ``stream_handler(stream)`` runs once per accepted stream,
+    after the handshake proved the peer; the stream is closed when it returns. Both run as tasks of this
+    transport.
+
+    Error handling: raises OSError when the address cannot be bound. On exit every call and stream is cut.
+    """
+    config = config or TransportConfig()
+    workers = config.max_streams + config.unary_workers
+    executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="arceus-grpc")
+    server = grpc.server(executor, options=_options(config), maximum_concurrent_rpcs=workers)
+    async with trio.open_nursery() as nursery:
+        transport = GrpcTransport(identity, config, nursery, unary_handler, stream_handler)
+        handlers = {
+            "Call": grpc.unary_unary_rpc_method_handler(
+                transport._unary_rpc, request_deserializer=None, response_serializer=None
+            ),
+            "Stream": grpc.stream_stream_rpc_method_handler(
+                transport._stream_rpc, request_deserializer=None, response_serializer=None
+            ),
+        }
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+        try:
+            bound = server.add_insecure_port(f"{host}:{port}")
+        except RuntimeError as exc:
+            executor.shutdown(wait=False)
+            raise OSError(
+                f"cannot listen on {host}:{port}: {exc}; is another daemon using the port?"
+            ) from None
+        if bound == 0:
+            executor.shutdown(wait=False)
+            raise OSError(f"cannot listen on {host}:{port}; is another daemon using the port?")
+        transport.host, transport.port = host, bound
+        server.start()
+        try:
+            yield transport
+        finally:
+            await transport._shutdown(server, executor)
+            nursery.cancel_scope.cancel()
+
+
+__all__ = ["CALL_METHOD", "SERVICE", "STREAM_METHOD", "GrpcTransport", "open_transport"]

@@ -1,0 +1,291 @@
+"""The authenticated stream that callers use, and the handshake drivers; independent of grpc.
+
+This module owns :class:`Stream` (send/receive header+payload frames, authenticated per frame by
+:mod:`protocol.stream_auth`), the client/server handshake drivers over any :class:`Conduit` (a bidirectional
+pipe of whole wire messages: a gRPC bidirectional call, or a pair of in-memory queues for the twin),
+:class:`TransportConfig` and :class:`TransportError`.
+
+Error handling:
+
+* the peer sent something bad (bad signature, stale hello, wrong peer, bad MAC, oversize frame, a stream cut
+  without its CLOSE frame): :class:`protocol.errors.RemoteProtocolError`; the frame is dropped before use, the
+  stream is aborted, and ``reason`` is counted in the transport's ``rejected`` counter;
+* the network failed or the peer refused or vanished: :class:`TransportError` (``code`` says which);
+* the peer closed its side cleanly: ``receive`` raises :class:`trio.EndOfChannel`;
+* our own misuse (frame over our limits, send after close): :class:`protocol.errors.LocalProtocolError` or
+  :class:`trio.ClosedResourceError`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import NoReturn, Protocol
+
+import trio
+
+from protocol import stream_auth as sa
+from protocol.errors import RemoteProtocolError
+
+
+class TransportError(Exception):
+    """A network-level failure: unreachable, timed out, refused, cancelled, aborted by the peer.
+
+    ``code`` is a short identifier (a lowercase gRPC status name such as ``unavailable``,
+    ``deadline_exceeded``,
+    ``aborted``, or ``closed``/``refused``/``rejected``); ``details`` is the human part.
+    """
+
+    def __init__(self, code: str, details: str) -> None:
+        super().__init__(f"{code}: {details}")
+        self.code = code
+        self.details = details
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True)
+class TransportConfig:
+    """Limits and sizes of a transport (the same values should be used on every peer)."""
+
+    limits: sa.Limits = field(default_factory=sa.Limits)
+    #: Streams a server keeps open at once (each holds one gRPC server thread); more are refused.
+    max_streams: int = 32
+    #: Server threads for unary calls, on top of the stream threads.
+    unary_workers: int = 8
+    #: Frames queued per direction before ``send`` waits (back-pressure).
+    queue_frames: int = 4
+    #: Seconds the whole handshake may take.
+    handshake_timeout: float = 10.0
+    #: Seconds ``aclose`` waits for the peer to finish after our CLOSE frame before cutting the call.
+    close_linger: float = 5.0
+    max_skew_ms: int = sa.DEFAULT_MAX_SKEW_MS
+    clock_ms: Callable[[], int] = wall_clock_ms
+    random_bytes: Callable[[int], bytes] = os.urandom
+
+    @property
+    def max_message(self) -> int:
+        """The gRPC message limit this config needs (largest frame plus slack), for both ends."""
+        return self.limits.max_frame + 4096
+
+
+class Conduit(Protocol):
+    """A bidirectional pipe of whole messages (trio side). Implemented for gRPC and in memory."""
+
+    async def wait_space(self) -> None:
+        """Return once put_nowait will succeed; trio.ClosedResourceError when sending is over."""
+
+    def put_nowait(self, message: bytes) -> None: ...
+
+    async def receive(self) -> bytes:
+        """The next message; trio.EndOfChannel at a clean end, TransportError when the pipe broke."""
+
+    def finish_sending(self) -> None:
+        """Send what is queued, then end our direction."""
+
+    async def wait_peer_done(self) -> None:
+        """Return once the peer ended its direction (or the pipe broke)."""
+
+    def abort(self, details: str) -> None:
+        """Cut the pipe now, both directions, dropping what is queued."""
+
+
+class Stream:
+    """One authenticated, ordered stream of (header, payload) frames with a proven peer.
+
+    ``peer_id``/``peer_public_key`` are proven by the handshake; ``purpose`` is what the client asked for.
+    """
+
+    def __init__(
+        self, conduit: Conduit, session: sa.Session, rejected: Counter[str], config: TransportConfig
+    ) -> None:
+        self._conduit = conduit
+        self._session = session
+        self._rejected = rejected
+        self._config = config
+        self._send_lock = trio.Lock()
+        self._receive_lock = trio.Lock()
+        self._closed = False
+        self._peer_closed = False
+        self.peer_id = session.peer_id
+        self.peer_public_key = session.peer_public_key
+        self.purpose = session.purpose
+
+    @property
+    def frames_sent(self) -> int:
+        return self._session.sealer.sequence
+
+    @property
+    def frames_received(self) -> int:
+        return self._session.opener.sequence
+
+    async def send(self, header: bytes, payload: bytes | bytearray | memoryview = b"") -> None:
+        """Queue one frame. Waits while ``queue_frames`` are in flight (back-pressure).
+
+        The payload is copied into the wire message before this returns, so the caller may reuse its buffer.
+        Cancel-safe: if cancelled, the frame was not queued and the stream stays usable.
+        """
+        if self._closed:
+            raise trio.ClosedResourceError("this stream was closed with aclose()")
+        async with self._send_lock:
+            await self._conduit.wait_space()
+            self._conduit.put_nowait(self._session.sealer.seal(header, payload))
+
+    async def receive(self) -> tuple[bytes, memoryview]:
+        """The next (header, payload) frame; payload is a view into the received message (no copy).
+
+        Raises trio.EndOfChannel once the peer closed its side, RemoteProtocolError (counted, stream aborted)
+        for a bad frame, TransportError when the connection failed.
+        """
+        if self._closed:
+            raise trio.ClosedResourceError("this stream was closed with aclose()")
+        async with self._receive_lock:
+            if self._peer_closed:
+                raise trio.EndOfChannel
+            try:
+                message = await self._conduit.receive()
+            except trio.EndOfChannel:
+                self._reject(
+                    RemoteProtocolError("truncated", "the peer ended the stream without its CLOSE frame")
+                )
+            try:
+                frame = self._session.opener.open(message)
+            except RemoteProtocolError as exc:
+                self._reject(exc)
+            if frame.kind == sa.FRAME_CLOSE:
+                self._peer_closed = True
+                raise trio.EndOfChannel
+            return frame.header, frame.payload
+
+    def _reject(self, exc: RemoteProtocolError) -> NoReturn:
+        self._rejected[exc.reason] += 1
+        self._closed = True
+        self._conduit.abort(f"{exc.reason}: {exc.message}")
+        raise exc
+
+    async def send_eof(self) -> None:
+        """Send our CLOSE frame: the peer's ``receive`` raises EndOfChannel; we can still receive."""
+        if self._closed:
+            raise trio.ClosedResourceError("this stream was closed with aclose()")
+        async with self._send_lock:
+            if self._session.sealer.closed:
+                return
+            await self._conduit.wait_space()
+            self._conduit.put_nowait(self._session.sealer.seal(b"", b"", kind=sa.FRAME_CLOSE))
+            self._conduit.finish_sending()
+
+    async def aclose(self) -> None:
+        """Send our CLOSE frame, let the peer finish (at most ``close_linger`` s), then cut the connection.
+
+        Frames the peer sends meanwhile are discarded. Safe to call twice, and when cancelled it still cuts.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            with trio.move_on_after(self._config.close_linger):
+                if not self._session.sealer.closed:
+                    try:
+                        await self._conduit.wait_space()
+                        self._conduit.put_nowait(self._session.sealer.seal(b"", b"", kind=sa.FRAME_CLOSE))
+                        self._conduit.finish_sending()
+                    except trio.ClosedResourceError:
+                        pass
+                await self._conduit.wait_peer_done()
+        finally:
+            self._conduit.abort("stream closed")
+
+    async def __aenter__(self) -> Stream:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+
+async def _send_raw(conduit: Conduit, message: bytes) -> None:
+    try:
+        await conduit.wait_space()
+    except trio.ClosedResourceError:
+        raise TransportError("closed", "the connection closed during the handshake") from None
+    conduit.put_nowait(message)
+
+
+async def _receive_raw(conduit: Conduit, stage: str) -> bytes:
+    try:
+        return await conduit.receive()
+    except trio.EndOfChannel:
+        raise TransportError("refused", f"the peer ended the stream before sending its {stage}") from None
+
+
+async def client_handshake(
+    conduit: Conduit,
+    signer: sa.Signer,
+    *,
+    purpose: bytes,
+    expect_peer_id: str | None,
+    config: TransportConfig,
+    rejected: Counter[str],
+) -> Stream:
+    """Run the client side of the handshake over ``conduit`` and return the Stream (aborts it on failure)."""
+    try:
+        with trio.fail_after(config.handshake_timeout):
+            hs = sa.ClientHandshake(
+                signer,
+                purpose=purpose,
+                expect_peer_id=expect_peer_id,
+                now_ms=config.clock_ms(),
+                random_bytes=config.random_bytes,
+                limits=config.limits,
+                max_skew_ms=config.max_skew_ms,
+            )
+            await _send_raw(conduit, hs.hello)
+            ack = await _receive_raw(conduit, "handshake Ack")
+            try:
+                session, finish = hs.receive_ack(ack, now_ms=config.clock_ms())
+            except RemoteProtocolError as exc:
+                rejected[exc.reason] += 1
+                raise
+            await _send_raw(conduit, finish)
+            return Stream(conduit, session, rejected, config)
+    except trio.TooSlowError:
+        conduit.abort("handshake timed out")
+        raise TransportError("deadline_exceeded", "the stream handshake did not finish in time") from None
+    except BaseException as exc:
+        conduit.abort(f"handshake failed: {exc}")
+        raise
+
+
+async def server_handshake(
+    conduit: Conduit, signer: sa.Signer, *, config: TransportConfig, rejected: Counter[str]
+) -> Stream:
+    """Run the server side of the handshake; raises (and aborts the conduit) when the client fails it."""
+    try:
+        with trio.fail_after(config.handshake_timeout):
+            hello = await _receive_raw(conduit, "Hello")
+            try:
+                hs = sa.ServerHandshake(
+                    signer,
+                    hello,
+                    now_ms=config.clock_ms(),
+                    random_bytes=config.random_bytes,
+                    limits=config.limits,
+                    max_skew_ms=config.max_skew_ms,
+                )
+                await _send_raw(conduit, hs.ack)
+                session = hs.receive_finish(await _receive_raw(conduit, "Finish"))
+            except RemoteProtocolError as exc:
+                rejected[exc.reason] += 1
+                raise
+            return Stream(conduit, session, rejected, config)
+    except trio.TooSlowError:
+        conduit.abort("handshake timed out")
+        raise TransportError("deadline_exceeded", "the client did not finish the handshake in time") from None
+    except BaseException as exc:
+        reason = exc.reason if isinstance(exc, RemoteProtocolError) else type(exc).__name__
+        conduit.abort(f"handshake refused: {reason}")
+        raise
