@@ -61,6 +61,16 @@ class Cursor:
         return cls(epoch=e, step=s)
 
 
+def epoch_steps(size: int, batch_size: int, *, drop_last: bool = True) -> int:
+    """Steps in one :class:`EpochSampler` epoch: ``size // batch_size`` (``ceil`` without ``drop_last``)."""
+    return size // batch_size if drop_last else -(-size // batch_size)
+
+
+def window_epoch_steps(n_tokens: int, block_size: int, batch_size: int) -> int:
+    """Steps in one nominal :class:`WindowSampler` epoch: ``max(1, n_tokens // (batch_size * block_size))``."""
+    return max(1, n_tokens // (batch_size * block_size))
+
+
 class Sampler(Protocol):
     """Random-access batch indices with a resumable cursor."""
 
@@ -108,7 +118,7 @@ class EpochSampler:
         self.batch_size = batch_size
         self.seed = seed
         self.drop_last = drop_last
-        self._steps = size // batch_size if drop_last else -(-size // batch_size)
+        self._steps = epoch_steps(size, batch_size, drop_last=drop_last)
         self._cached: tuple[int, torch.Tensor] | None = None
 
     @property
@@ -145,7 +155,7 @@ class WindowSampler:
         self.block_size = block_size
         self.batch_size = batch_size
         self.seed = seed
-        self._steps = max(1, n_tokens // (batch_size * block_size))
+        self._steps = window_epoch_steps(n_tokens, block_size, batch_size)
 
     @property
     def steps_per_epoch(self) -> int:
