@@ -1,7 +1,8 @@
 """Building a model (or a slice of it) from its declarative config, the reference model, and the loss.
 
 ``build_blocks(config, seed, start, end)`` gives blocks ``[start, end)`` exactly as the full model built
-with the same seed has them; ``build_reference_model`` is the full ``nn.Sequential`` for plain single-process training.
+with the same seed has them; ``build_reference_model`` is the full ``nn.Sequential`` for plain
+single-process training.
 
 Loss: cross-entropy on the last block's output (for a GPT over all positions). ``loss_sum`` returns the *sum*
 of per-element losses so micro-batches can be weighted exactly: the full-batch mean loss equals

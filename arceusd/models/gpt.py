@@ -34,7 +34,7 @@ def causal_attention(qkv: torch.Tensor, n_head: int, dropout: float, training: b
     B, T, three_width = qkv.shape
     width = three_width // 3
     hd = width // n_head
-    q, k, v = qkv.split(width, dim=2)  # each (B, T, nh * hd)
+    q, k, v = qkv.chunk(3, dim=2)  # each (B, T, nh * hd)
     q = q.view(B, T, n_head, hd).transpose(1, 2)  # (B, nh, T, hd)
     k = k.view(B, T, n_head, hd).transpose(1, 2)  # (B, nh, T, hd)
     v = v.view(B, T, n_head, hd).transpose(1, 2)  # (B, nh, T, hd)
@@ -57,7 +57,8 @@ class Embedding(nn.Module):
         if self.block_size < T:
             raise ValueError(f"sequence length {T} exceeds the model's block_size {self.block_size}")
         pos = torch.arange(T, dtype=torch.long, device=idx.device)  # (T,)
-        return self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C) + (T, C) -> (B, T, C)
+        x: torch.Tensor = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C) + (T, C) -> (B, T, C)
+        return x
 
 
 class CausalSelfAttention(nn.Module):
@@ -72,7 +73,8 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         qkv = self.c_attn(x)  # (B, T, C) -> (B, T, 3C)
         y = causal_attention(qkv, self.n_head, self.dropout, self.training)  # (B, T, C)
-        return self.resid_dropout(self.c_proj(y))  # (B, T, C)
+        out: torch.Tensor = self.resid_dropout(self.c_proj(y))  # (B, T, C)
+        return out
 
 
 class MLP(nn.Module):
@@ -85,7 +87,8 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.gelu(self.c_fc(x))  # (B, T, C) -> (B, T, 4C)
-        return self.dropout(self.c_proj(h))  # (B, T, 4C) -> (B, T, C)
+        out: torch.Tensor = self.dropout(self.c_proj(h))  # (B, T, 4C) -> (B, T, C)
+        return out
 
 
 class TransformerBlock(nn.Module):
@@ -100,7 +103,8 @@ class TransformerBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x))  # (B, T, C)
-        return x + self.mlp(self.ln_2(x))  # (B, T, C)
+        out: torch.Tensor = x + self.mlp(self.ln_2(x))  # (B, T, C)
+        return out
 
 
 class Head(nn.Module):
@@ -112,7 +116,8 @@ class Head(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(self.ln_f(x))  # (B, T, C) -> (B, T, V)
+        logits: torch.Tensor = self.lm_head(self.ln_f(x))  # (B, T, C) -> (B, T, V)
+        return logits
 
 
 def gpt_num_blocks(config: GPTConfig) -> int:

@@ -2,7 +2,8 @@
 
 Every block is initialised from its own ``torch.Generator`` seeded by ``(model seed, block index)``. So
 a stage that builds only blocks ``[start, end)`` gets exactly the tensors a single process building the
-whole model with the same seed gets, without ever materialising the other blocks, and without touching torch's global RNG.
+whole model with the same seed gets, without ever materialising the other blocks, and without touching
+torch's global RNG.
 Modules are first created on the ``meta`` device (no allocation, no global RNG draw) and then materialised.
 """
 

@@ -146,8 +146,7 @@ def build_schedule(
 
 
 def max_in_flight(actions: Sequence[Action]) -> int:
-    """Largest number of micro-batches forwarded but not yet backwarded (= activation stashes held) at
-    once."""
+    """Largest number of micro-batches forwarded but not yet backwarded (stashes held) at once."""
     live = peak = 0
     for a in actions:
         if isinstance(a, Forward):
@@ -173,9 +172,8 @@ def simulate(schedules: Sequence[Sequence[Action]], capacity: int = 1) -> Simula
 
     Each direction between neighbours is a FIFO holding at most ``capacity`` undelivered messages (0 means
     rendezvous: a send completes only after the receiver took the message). A receive blocks until a
-    message is
-    there. ``OptimizerStep`` is a barrier across all stages. Pure; the loop is bounded by the total action
-    count.
+    message is there. ``OptimizerStep`` is a barrier across all stages. Pure; the loop is bounded by the
+    total action count.
     """
     n = len(schedules)
     sim = _Sim(schedules, capacity)
@@ -209,8 +207,7 @@ class _Sim:
         self.offering = [False] * n  # rendezvous: stage s has put its message out and waits for the taker
 
     def step(self, s: int, a: Action) -> bool | str:
-        """Try ``a`` on stage ``s``: True if anything changed, False if blocked, a message on a schedule
-        error."""
+        """Try ``a`` on stage ``s``: True if anything changed, False if blocked, text on a bad schedule."""
         n = len(self.schedules)
         if isinstance(a, SendActivation | SendGrad):
             dst = s + 1 if isinstance(a, SendActivation) else s - 1

@@ -1,0 +1,241 @@
+"""``StageEngine``: runs one stage's schedule against ``Links``, holding only its slice and optimizer state.
+
+Per step (``run_step``): the first stage gets the batch's inputs, the last stage its targets (the job owner
+serves them; middle stages get neither). Both are split into micro-batches the same way (``microbatch.py``);
+each micro-batch's loss is ``loss_sum / targets.numel()`` so the accumulated gradient is the full-batch
+gradient. Then the action list from ``schedule.py`` runs; ``OptimizerStep`` clips globally (one
+``allreduce_scalar``, if ``max_grad_norm`` is set), steps the optimizer with the step's learning rate, and
+all-reduces the loss so every stage reports it (a second ``allreduce_scalar``).
+
+Blocking and single-threaded: a trio worker runs ``run_step`` in a thread (``trio.to_thread.run_sync``) and
+implements ``Links`` with ``trio.from_thread.run``. Tensor-parallel ranks of a stage run identical action
+lists; only rank 0 sends. Optional: bf16 autocast for the forward, a ``Compression`` codec pair applied to
+every sent tensor (encode before ``send_*``, decode after ``recv_*``), and the torch device (``"cpu"``,
+``"cuda"``, ``"cuda:1"``, ``"mps"``). With dropout > 0 results differ from a single process (per-process RNG
+streams).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from arceusd.models.build import loss_sum
+from arceusd.worker.links import Links
+from arceusd.worker.microbatch import split_micro_batches
+from arceusd.worker.optim import LRSchedule, OptimizerConfig, SGDConfig, clip_grad_norm_global, make_optimizer
+from arceusd.worker.schedule import (
+    Action,
+    Backward,
+    ComputeLoss,
+    Forward,
+    OptimizerStep,
+    RecvActivation,
+    RecvGrad,
+    ScheduleKind,
+    SendActivation,
+    SendGrad,
+    build_schedule,
+)
+from arceusd.worker.stage import StageModule
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Compression:
+    """A lossy or lossless codec pair for tensors crossing a stage boundary (e.g. fp32 <-> bf16).
+
+    ``encode`` runs on the sender, ``decode`` on the receiver; codecs needing side data pack
+    it into the tensor.
+    """
+
+    encode: Callable[[torch.Tensor], torch.Tensor]
+    decode: Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    stage: int
+    num_stages: int
+    num_micro_batches: int
+    schedule: ScheduleKind = ScheduleKind.ONE_F_ONE_B
+    optimizer: OptimizerConfig = field(default_factory=SGDConfig)
+    lr_schedule: LRSchedule | None = None
+    """Learning rate per step; ``None`` uses the optimizer config's constant ``lr``."""
+    max_grad_norm: float | None = None
+    autocast_bf16: bool = False
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.stage < self.num_stages:
+            raise ValueError(f"stage {self.stage} out of range for {self.num_stages} stages")
+        if self.num_micro_batches < 1:
+            raise ValueError(f"num_micro_batches must be >= 1, got {self.num_micro_batches}")
+        if self.max_grad_norm is not None and self.max_grad_norm <= 0:
+            raise ValueError(f"max_grad_norm must be positive or None, got {self.max_grad_norm}")
+
+
+@dataclass(frozen=True)
+class StepResult:
+    step: int
+    """The step just completed (0-based)."""
+    loss: float
+    """Full-batch mean loss of this step (before the update), identical on every stage."""
+    grad_norm: float | None
+    """Global gradient norm before clipping (``None`` when clipping is off)."""
+    lr: float
+
+
+class StageEngine:
+    """One pipeline stage (or one tensor-parallel rank of it)."""
+
+    def __init__(
+        self,
+        module: StageModule,
+        links: Links,
+        config: EngineConfig,
+        compression: Compression | None = None,
+        loss_fn: LossFn = loss_sum,
+    ) -> None:
+        self.config = config
+        self.device = torch.device(config.device)
+        self.module = module.to(self.device)
+        self.links = links
+        self.compression = compression
+        self.loss_fn = loss_fn
+        self.optimizer = make_optimizer(self.module.named_parameters(), config.optimizer)
+        self.step = 0
+        self.is_first = config.stage == 0
+        self.is_last = config.stage == config.num_stages - 1
+        self.sends = module.rank == 0
+
+    # -- public API ------------------------------------------------------------------------------------------
+
+    def run_step(self, inputs: torch.Tensor | None = None, targets: torch.Tensor | None = None) -> StepResult:
+        """One training step. First stage: pass ``inputs``; last stage: ``targets``; others: nothing."""
+        m = self.config.num_micro_batches
+        if self.is_first != (inputs is not None):
+            raise ValueError(f"stage {self.config.stage}: inputs go to the first stage and only there")
+        if self.is_last != (targets is not None):
+            raise ValueError(f"stage {self.config.stage}: targets go to the last stage and only there")
+        run = _StepState(
+            inputs=split_micro_batches(inputs, m) if inputs is not None else [],
+            targets=split_micro_batches(targets, m) if targets is not None else [],
+            num_targets=targets.numel() if targets is not None else 0,
+        )
+        self.module.train()
+        self.optimizer.zero_grad()
+        actions = build_schedule(self.config.schedule, self.config.stage, self.config.num_stages, m)
+        result: StepResult | None = None
+        for action in actions:
+            result = self._execute(action, run) or result
+        if result is None:
+            raise RuntimeError("schedule ended without an OptimizerStep")  # pragma: no cover - schedule bug
+        return result
+
+    def param_bytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.module.parameters())
+
+    def optimizer_state_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.optimizer.state_tensors().values())
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        """Parameters (``param.<name>``) and optimizer state (``optim.<name>.<buffer>``), for a shard."""
+        out = {f"param.{n}": p.detach() for n, p in self.module.named_parameters()}
+        out.update({f"optim.{k}": v for k, v in self.optimizer.state_tensors().items()})
+        return out
+
+    # -- execution
+    # ---------------------------------------------------------------------------------------------
+
+    def _autocast(self) -> torch.autocast:
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.config.autocast_bf16)
+
+    def _encode(self, t: torch.Tensor) -> torch.Tensor:
+        t = t.detach()
+        return self.compression.encode(t) if self.compression is not None else t
+
+    def _decode(self, t: torch.Tensor) -> torch.Tensor:
+        t = self.compression.decode(t) if self.compression is not None else t
+        return t.to(self.device)
+
+    def _execute(self, action: Action, run: _StepState) -> StepResult | None:
+        if isinstance(action, RecvActivation):
+            x = self._decode(self.links.recv_activation(action.micro_batch))
+            if x.is_floating_point():
+                x.requires_grad_(True)
+            run.received[action.micro_batch] = x
+        elif isinstance(action, Forward):
+            i = action.micro_batch
+            x = run.inputs[i].to(self.device) if self.is_first else run.received.pop(i)
+            with self._autocast():
+                y = self.module(x)
+            run.stash[i] = (x, y)
+        elif isinstance(action, SendActivation):
+            if self.sends:
+                self.links.send_activation(action.micro_batch, self._encode(run.stash[action.micro_batch][1]))
+        elif isinstance(action, ComputeLoss):
+            i = action.micro_batch
+            y = run.stash[i][1]
+            run.losses[i] = self.loss_fn(y, run.targets[i].to(self.device)) / run.num_targets
+        elif isinstance(action, RecvGrad):
+            run.grads[action.micro_batch] = self._decode(self.links.recv_grad(action.micro_batch))
+        elif isinstance(action, Backward):
+            self._backward(action.micro_batch, run)
+        elif isinstance(action, SendGrad):
+            g = run.input_grads.pop(action.micro_batch)
+            if self.sends:
+                self.links.send_grad(action.micro_batch, self._encode(g))
+        elif isinstance(action, OptimizerStep):
+            return self._optimizer_step(run)
+        return None
+
+    def _backward(self, i: int, run: _StepState) -> None:
+        x, y = run.stash.pop(i)
+        if self.is_last:
+            torch.autograd.backward(run.losses[i])
+            run.loss_sum += float(run.losses.pop(i).item())
+        else:
+            g = run.grads.pop(i)
+            torch.autograd.backward(y, g.to(y.dtype))
+        if not self.is_first:
+            if x.grad is None:
+                raise RuntimeError(
+                    f"stage {self.config.stage}: no gradient reached the input of micro-batch {i}"
+                )
+            run.input_grads[i] = x.grad
+
+    def _optimizer_step(self, run: _StepState) -> StepResult:
+        lr = self.config.lr_schedule(self.step) if self.config.lr_schedule else self.config.optimizer.lr
+        grad_norm = None
+        if self.config.max_grad_norm is not None:
+            grad_norm = clip_grad_norm_global(
+                list(self.module.parameters()),
+                self.module.norm_parameters(),
+                self.config.max_grad_norm,
+                self.links.allreduce_scalar,
+            )
+        self.optimizer.step(lr)
+        report = run.loss_sum if (self.is_last and self.sends) else 0.0
+        loss = self.links.allreduce_scalar(report)
+        result = StepResult(step=self.step, loss=loss, grad_norm=grad_norm, lr=lr)
+        self.step += 1
+        return result
+
+
+@dataclass
+class _StepState:
+    """Per-step scratch: micro-batch inputs/targets, stashed activations, pending gradients, losses."""
+
+    inputs: list[torch.Tensor]
+    targets: list[torch.Tensor]
+    num_targets: int
+    received: dict[int, torch.Tensor] = field(default_factory=dict)
+    stash: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    grads: dict[int, torch.Tensor] = field(default_factory=dict)
+    input_grads: dict[int, torch.Tensor] = field(default_factory=dict)
+    losses: dict[int, torch.Tensor] = field(default_factory=dict)
+    loss_sum: float = 0.0

@@ -1,0 +1,219 @@
+"""Optimizers over one stage's own parameters, global gradient clipping, and the LR schedule.
+
+``SGD`` (momentum, dampening, nesterov, weight decay) and ``AdamW`` reproduce ``torch.optim.SGD`` /
+``torch.optim.AdamW`` update rules (single param group); they are written out here so their state is a flat,
+named tensor dict (``state_tensors``) that checkpoints as safetensors and reloads into a re-planned slice.
+
+Global clipping: every stage (and tensor-parallel rank) computes the squared L2 norm of the gradients it owns
+(``local_grad_sq_norm``; replicated tensor-parallel parameters are counted on one rank only), a ``reduce``
+callable sums those across all stages, and ``clip_grads`` scales by ``min(1, max_norm / (total_norm + 1e-6))``
+like ``torch.nn.utils.clip_grad_norm_``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class SGDConfig:
+    lr: float = 0.01
+    momentum: float = 0.9
+    dampening: float = 0.0
+    weight_decay: float = 0.0
+    nesterov: bool = False
+
+
+@dataclass(frozen=True)
+class AdamWConfig:
+    lr: float = 1e-3
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.01
+
+
+OptimizerConfig = SGDConfig | AdamWConfig
+
+
+class StageOptimizer:
+    """Common part: the named parameters this stage owns and the step counter."""
+
+    def __init__(self, named_params: Iterable[tuple[str, nn.Parameter]]) -> None:
+        self.params: dict[str, nn.Parameter] = {n: p for n, p in named_params if p.requires_grad}
+        self.step_count = 0
+
+    def zero_grad(self) -> None:
+        for p in self.params.values():
+            p.grad = None
+
+    def step(self, lr: float) -> None:
+        raise NotImplementedError
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        """Optimizer state as ``{"<param name>.<buffer>": tensor}`` (no step counter: see ``step_count``)."""
+        raise NotImplementedError
+
+
+class SGD(StageOptimizer):
+    """``torch.optim.SGD`` with one param group."""
+
+    def __init__(self, named_params: Iterable[tuple[str, nn.Parameter]], config: SGDConfig) -> None:
+        super().__init__(named_params)
+        if config.nesterov and (config.momentum <= 0 or config.dampening != 0):
+            raise ValueError("nesterov momentum requires momentum > 0 and dampening = 0")
+        self.config = config
+        self.momentum_buffer: dict[str, torch.Tensor] = {}
+
+    @torch.no_grad()
+    def step(self, lr: float) -> None:
+        c = self.config
+        for name, p in self.params.items():
+            if p.grad is None:
+                continue
+            d_p = p.grad
+            if c.weight_decay != 0:
+                d_p = d_p.add(p, alpha=c.weight_decay)
+            if c.momentum != 0:
+                buf = self.momentum_buffer.get(name)
+                if buf is None:
+                    buf = torch.clone(d_p).detach()
+                    self.momentum_buffer[name] = buf
+                else:
+                    buf.mul_(c.momentum).add_(d_p, alpha=1 - c.dampening)
+                d_p = d_p.add(buf, alpha=c.momentum) if c.nesterov else buf
+            p.add_(d_p, alpha=-lr)
+        self.step_count += 1
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        return {f"{n}.momentum_buffer": b for n, b in self.momentum_buffer.items()}
+
+
+class AdamW(StageOptimizer):
+    """``torch.optim.AdamW`` (no amsgrad) with one param group."""
+
+    def __init__(self, named_params: Iterable[tuple[str, nn.Parameter]], config: AdamWConfig) -> None:
+        super().__init__(named_params)
+        self.config = config
+        self.exp_avg: dict[str, torch.Tensor] = {}
+        self.exp_avg_sq: dict[str, torch.Tensor] = {}
+
+    @torch.no_grad()
+    def step(self, lr: float) -> None:
+        c = self.config
+        self.step_count += 1
+        t = self.step_count
+        bias_correction1 = 1 - c.beta1**t
+        bias_correction2 = 1 - c.beta2**t
+        step_size = lr / bias_correction1
+        bias_correction2_sqrt = math.sqrt(bias_correction2)
+        for name, p in self.params.items():
+            if p.grad is None:
+                continue
+            grad = p.grad
+            if name not in self.exp_avg:
+                self.exp_avg[name] = torch.zeros_like(p)
+                self.exp_avg_sq[name] = torch.zeros_like(p)
+            m, v = self.exp_avg[name], self.exp_avg_sq[name]
+            p.mul_(1 - lr * c.weight_decay)
+            m.lerp_(grad, 1 - c.beta1)
+            v.mul_(c.beta2).addcmul_(grad, grad, value=1 - c.beta2)
+            denom = (v.sqrt() / bias_correction2_sqrt).add_(c.eps)
+            p.addcdiv_(m, denom, value=-step_size)
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        out = {f"{n}.exp_avg": t for n, t in self.exp_avg.items()}
+        out.update({f"{n}.exp_avg_sq": t for n, t in self.exp_avg_sq.items()})
+        return out
+
+
+def make_optimizer(
+    named_params: Iterable[tuple[str, nn.Parameter]], config: OptimizerConfig
+) -> StageOptimizer:
+    """The optimizer named by ``config`` over ``named_params``."""
+    if isinstance(config, SGDConfig):
+        return SGD(named_params, config)
+    if isinstance(config, AdamWConfig):
+        return AdamW(named_params, config)
+    raise TypeError(f"unknown optimizer config {type(config).__name__}; expected SGDConfig or AdamWConfig")
+
+
+def local_grad_sq_norm(params: Iterable[torch.Tensor]) -> float:
+    """Sum of squared gradient entries over ``params`` (those without a gradient count as zero)."""
+    total = 0.0
+    for p in params:
+        if p.grad is not None:
+            total += float(torch.linalg.vector_norm(p.grad.detach().float(), 2.0).item()) ** 2
+    return total
+
+
+def clip_grads(params: Sequence[torch.Tensor], total_sq_norm: float, max_norm: float) -> float:
+    """Scale ``params``' gradients so the global norm is at most ``max_norm``; returns the global norm.
+
+    ``total_sq_norm`` is the sum of ``local_grad_sq_norm`` over every stage (the caller's ``reduce``).
+    """
+    if max_norm <= 0:
+        raise ValueError(f"max_norm must be positive, got {max_norm}")
+    total_norm = math.sqrt(total_sq_norm)
+    coef = min(1.0, max_norm / (total_norm + 1e-6))
+    if coef < 1.0:
+        with torch.no_grad():
+            for p in params:
+                if p.grad is not None:
+                    p.grad.mul_(coef)
+    return total_norm
+
+
+def clip_grad_norm_global(
+    params: Sequence[torch.Tensor],
+    norm_params: Iterable[torch.Tensor],
+    max_norm: float,
+    reduce: Callable[[float], float],
+) -> float:
+    """Global clipping across stages: local squared norm of ``norm_params``, ``reduce`` sums it over all
+    stages,
+    then every gradient in ``params`` is scaled. Returns the global norm (before clipping)."""
+    return clip_grads(params, reduce(local_grad_sq_norm(norm_params)), max_norm)
+
+
+@dataclass(frozen=True)
+class LRSchedule:
+    """Linear warm-up then cosine decay to ``min_lr`` (nanoGPT's ``get_lr``), a pure function of the step.
+
+    step < warmup_steps: ``max_lr * (step + 1) / (warmup_steps + 1)``; step > decay_steps: ``min_lr``;
+    in between: cosine from ``max_lr`` down to ``min_lr``. ``warmup_steps = 0, decay_steps = 0`` is constant.
+    """
+
+    max_lr: float
+    min_lr: float = 0.0
+    warmup_steps: int = 0
+    decay_steps: int = 0
+
+    def __post_init__(self) -> None:
+        if self.warmup_steps < 0 or self.decay_steps < 0:
+            raise ValueError("warmup_steps and decay_steps must be >= 0")
+        if self.decay_steps and self.decay_steps <= self.warmup_steps:
+            raise ValueError(
+                f"decay_steps ({self.decay_steps}) must exceed warmup_steps ({self.warmup_steps})"
+            )
+
+    def __call__(self, step: int) -> float:
+        return lr_at(step, self.max_lr, self.min_lr, self.warmup_steps, self.decay_steps)
+
+
+def lr_at(step: int, max_lr: float, min_lr: float, warmup_steps: int, decay_steps: int) -> float:
+    """Learning rate at ``step`` (0-based). See ``LRSchedule``."""
+    if step < warmup_steps:
+        return max_lr * (step + 1) / (warmup_steps + 1)
+    if decay_steps <= warmup_steps:
+        return max_lr
+    if step > decay_steps:
+        return min_lr
+    ratio = (step - warmup_steps) / (decay_steps - warmup_steps)
+    coeff = 0.5 * (1.0 + math.cos(math.pi * ratio))
+    return min_lr + coeff * (max_lr - min_lr)

@@ -1,0 +1,87 @@
+"""A stage's own slice of the model: blocks ``[start, end)``, tensor-parallel sharded where asked.
+
+A worker builds only its blocks (each from ``(seed, index)``; see ``arceusd/models/init.py``). In a
+tensor-parallel stage every ``TransformerBlock`` is built, sharded and dropped one at a time, so at most one
+full block is ever materialised; non-splittable blocks (embedding, head, MLP layers) are replicated on every
+rank. Parameter names are ``"blocks.<global block index>.<name inside the block>"``, stable across re-plans
+(checkpoints).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from arceusd.models.build import build_block, num_blocks
+from arceusd.models.config import GPTConfig, ModelConfig
+from arceusd.models.gpt import TransformerBlock
+from arceusd.worker.collective import Collective
+from arceusd.worker.tensor_parallel import TPSplit, TPTransformerBlock, is_sharded, shard_transformer_block
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """Which blocks this worker holds, and its tensor-parallel split and rank (``split=None``: no TP)."""
+
+    start: int
+    end: int
+    split: TPSplit | None = None
+    rank: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.start < self.end:
+            raise ValueError(f"stage block range [{self.start}, {self.end}) must be non-empty")
+        world = 1 if self.split is None else self.split.world_size
+        if not 0 <= self.rank < world:
+            raise ValueError(f"tensor-parallel rank {self.rank} out of range for {world} rank(s)")
+
+
+class StageModule(nn.Module):
+    """The blocks of one stage, run in order. ``forward`` maps the stage input to the stage output."""
+
+    def __init__(self, blocks: dict[int, nn.Module], rank: int) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleDict({str(i): b for i, b in blocks.items()})
+        self.rank = rank
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks.values():
+            x = block(x)
+        return x
+
+    def norm_parameters(self) -> list[nn.Parameter]:
+        """Parameters whose gradients this rank contributes to the global norm (each counted once
+        job-wide)."""
+        if self.rank == 0:
+            return list(self.parameters())
+        out: list[nn.Parameter] = []
+        for block in self.blocks.values():
+            if isinstance(block, TPTransformerBlock):
+                out += [p for n, p in block.named_parameters() if is_sharded(n)]
+        return out
+
+
+def build_stage(
+    config: ModelConfig, seed: int, spec: StageSpec, group: Collective | None = None
+) -> StageModule:
+    """Build this worker's slice. ``group`` is required when ``spec.split`` is set."""
+    n = num_blocks(config)
+    if spec.end > n:
+        raise ValueError(f"stage block range [{spec.start}, {spec.end}) exceeds the model's {n} blocks")
+    tp: tuple[GPTConfig, TPSplit, Collective] | None = None
+    if spec.split is not None:
+        if not isinstance(config, GPTConfig):
+            raise ValueError("tensor parallelism needs a GPT (an MLP has no splittable blocks)")
+        if group is None:
+            raise ValueError("a tensor-parallel stage needs its group's Collective")
+        spec.split.check(config)
+        tp = (config, spec.split, group)
+    blocks: dict[int, nn.Module] = {}
+    for i in range(spec.start, spec.end):
+        block = build_block(config, i, seed)
+        if tp is not None and isinstance(block, TransformerBlock):
+            block = shard_transformer_block(block, tp[0], tp[1], spec.rank, tp[2])
+        blocks[i] = block
+    return StageModule(blocks, spec.rank)

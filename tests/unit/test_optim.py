@@ -1,0 +1,126 @@
+"""Stage optimizers match torch.optim; global clipping matches clip_grad_norm_; LR schedule shape."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from arceusd.worker.microbatch import micro_batch_sizes, split_micro_batches
+from arceusd.worker.optim import (
+    SGD,
+    AdamW,
+    AdamWConfig,
+    LRSchedule,
+    OptimizerConfig,
+    SGDConfig,
+    clip_grad_norm_global,
+    make_optimizer,
+)
+
+
+def _model(seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 3))
+
+
+def _torch_opt(config: OptimizerConfig, params: list[nn.Parameter]) -> torch.optim.Optimizer:
+    if isinstance(config, SGDConfig):
+        return torch.optim.SGD(
+            params,
+            lr=config.lr,
+            momentum=config.momentum,
+            dampening=config.dampening,
+            weight_decay=config.weight_decay,
+            nesterov=config.nesterov,
+        )
+    return torch.optim.AdamW(
+        params,
+        lr=config.lr,
+        betas=(config.beta1, config.beta2),
+        eps=config.eps,
+        weight_decay=config.weight_decay,
+    )
+
+
+CONFIGS: list[OptimizerConfig] = [
+    SGDConfig(lr=0.1, momentum=0.9),
+    SGDConfig(lr=0.05, momentum=0.8, dampening=0.1, weight_decay=0.01),
+    SGDConfig(lr=0.05, momentum=0.9, nesterov=True, weight_decay=0.02),
+    AdamWConfig(lr=0.01),
+    AdamWConfig(lr=0.003, beta1=0.8, beta2=0.95, eps=1e-6, weight_decay=0.1),
+]
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_optimizer_matches_torch_optim(config: OptimizerConfig) -> None:
+    ours_model, ref_model = _model(0), _model(0)
+    ours = make_optimizer(ours_model.named_parameters(), config)
+    ref = _torch_opt(config, list(ref_model.parameters()))
+    schedule = LRSchedule(max_lr=config.lr, min_lr=config.lr / 10, warmup_steps=2, decay_steps=5)
+    gen = torch.Generator().manual_seed(1)
+    for step in range(6):
+        x, y = torch.randn(8, 6, generator=gen), torch.randn(8, 3, generator=gen)
+        lr = schedule(step)
+        for g in ref.param_groups:
+            g["lr"] = lr
+        ref.zero_grad()
+        ours.zero_grad()
+        ((ref_model(x) - y) ** 2).mean().backward()
+        ((ours_model(x) - y) ** 2).mean().backward()
+        ref.step()
+        ours.step(lr)
+    for a, b in zip(ours_model.parameters(), ref_model.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+    assert ours.step_count == 6
+    state = ours.state_tensors()
+    n_params = len(list(ours_model.parameters()))
+    assert len(state) == (2 * n_params if isinstance(ours, AdamW) else n_params)
+    assert isinstance(ours, SGD | AdamW)
+
+
+def test_global_clipping_over_split_parameters_matches_clip_grad_norm() -> None:
+    for max_norm in (0.05, 1e3):
+        full, split = _model(3), _model(3)
+        x = torch.randn(4, 6, generator=torch.Generator().manual_seed(2))
+        full(x).pow(2).sum().backward()
+        split(x).pow(2).sum().backward()
+        ref_norm = torch.nn.utils.clip_grad_norm_(full.parameters(), max_norm)
+        stages = [list(split[0].parameters()), list(split[2].parameters())]
+        from arceusd.worker.optim import local_grad_sq_norm
+
+        total = sum(local_grad_sq_norm(p) for p in stages)
+        norms = [clip_grad_norm_global(p, p, max_norm, reduce=lambda _x, t=total: t) for p in stages]
+        assert norms[0] == pytest.approx(float(ref_norm), rel=1e-6) and norms[0] == norms[1]
+        for a, b in zip(split.parameters(), full.parameters(), strict=True):
+            assert a.grad is not None and b.grad is not None
+            torch.testing.assert_close(a.grad, b.grad, rtol=1e-6, atol=1e-7)
+
+
+def test_lr_schedule_warmup_peak_cosine_floor() -> None:
+    s = LRSchedule(max_lr=1.0, min_lr=0.1, warmup_steps=4, decay_steps=14)
+    warm = [s(i) for i in range(4)]
+    assert warm == sorted(warm) and warm[-1] < 1.0
+    assert s(4) == pytest.approx(1.0)
+    assert s(9) == pytest.approx(0.1 + 0.5 * 0.9)
+    decay = [s(i) for i in range(4, 15)]
+    assert decay == sorted(decay, reverse=True)
+    assert s(14) == pytest.approx(0.1) and s(100) == 0.1
+    assert LRSchedule(max_lr=0.3)(1000) == 0.3
+    with pytest.raises(ValueError):
+        LRSchedule(max_lr=1.0, warmup_steps=5, decay_steps=5)
+    assert math.isfinite(s(0))
+
+
+def test_micro_batches_cover_batch_and_last_is_smaller() -> None:
+    assert micro_batch_sizes(10, 4) == [3, 3, 2, 2]
+    for b in range(1, 20):
+        for m in range(1, b + 1):
+            sizes = micro_batch_sizes(b, m)
+            assert sum(sizes) == b and min(sizes) >= 1 and len(sizes) == m
+    t = torch.arange(10)
+    assert torch.equal(torch.cat(split_micro_batches(t, 3)), t)
+    with pytest.raises(ValueError):
+        micro_batch_sizes(3, 4)
