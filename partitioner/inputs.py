@@ -1,0 +1,143 @@
+"""Planner inputs: device profiles, the link matrix and training parameters, bundled as ``PlanInputs``.
+
+``PlanInputs.canonical()`` sorts devices by peer id and links by (source, destination), so any permutation
+of the same facts plans (and hashes) identically. Validation raises ``ValueError`` saying which field is
+wrong."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from partitioner.blocks import BlockCost
+
+DEVICE_KINDS = ("cpu", "cuda", "mps")
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    """One member as the planner sees it: measured FLOP/s and the memory it offers to the job."""
+
+    peer_id: str
+    flops_per_s: float
+    memory_bytes: int
+    kind: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if not self.peer_id:
+            raise ValueError("device peer_id must be a non-empty string")
+        if not (math.isfinite(self.flops_per_s) and self.flops_per_s > 0):
+            raise ValueError(f"device {self.peer_id}: flops_per_s must be positive, got {self.flops_per_s}")
+        if self.memory_bytes < 0:
+            raise ValueError(f"device {self.peer_id}: memory_bytes must be >= 0, got {self.memory_bytes}")
+        if self.kind not in DEVICE_KINDS:
+            raise ValueError(f"device {self.peer_id}: kind must be one of {DEVICE_KINDS}, got {self.kind!r}")
+
+
+@dataclass(frozen=True)
+class Link:
+    """A measured one-way link: ``rtt_s`` round-trip time (seconds), ``bandwidth_bytes_per_s``."""
+
+    rtt_s: float
+    bandwidth_bytes_per_s: float
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.rtt_s) and self.rtt_s >= 0):
+            raise ValueError(f"link rtt_s must be a finite number >= 0, got {self.rtt_s}")
+        if not (math.isfinite(self.bandwidth_bytes_per_s) and self.bandwidth_bytes_per_s > 0):
+            raise ValueError(f"link bandwidth must be positive and finite, got {self.bandwidth_bytes_per_s}")
+
+
+@dataclass(frozen=True)
+class LinkMatrix:
+    """Links for ordered pairs of peer ids, kept sorted. A missing pair means the link is unusable."""
+
+    links: tuple[tuple[str, str, Link], ...]
+
+    def __post_init__(self) -> None:
+        seen: set[tuple[str, str]] = set()
+        for src, dst, _ in self.links:
+            if src == dst:
+                raise ValueError(f"link from {src} to itself is not allowed")
+            if (src, dst) in seen:
+                raise ValueError(f"duplicate link {src} -> {dst}")
+            seen.add((src, dst))
+        ordered = tuple(sorted(self.links, key=lambda t: (t[0], t[1])))
+        object.__setattr__(self, "links", ordered)
+
+    @classmethod
+    def from_mapping(cls, mapping: Mapping[tuple[str, str], Link]) -> LinkMatrix:
+        return cls(tuple((src, dst, link) for (src, dst), link in mapping.items()))
+
+    @classmethod
+    def symmetric(cls, pairs: Iterable[tuple[str, str, Link]]) -> LinkMatrix:
+        """Both directions of each given pair with the same figures."""
+        out: dict[tuple[str, str], Link] = {}
+        for a, b, link in pairs:
+            out[(a, b)] = link
+            out[(b, a)] = link
+        return cls.from_mapping(out)
+
+    def as_dict(self) -> dict[tuple[str, str], Link]:
+        return {(src, dst): link for src, dst, link in self.links}
+
+
+@dataclass(frozen=True)
+class TrainingParams:
+    """What the job fixes: global batch (samples per optimizer step) and the micro-batch counts it allows.
+
+    ``wire_bytes_per_element`` / ``compute_bytes_per_element`` scales
+    ``BlockCost.activation_bytes_per_sample`` (given in the compute dtype)
+    to the bytes that cross a stage boundary (e.g. 2/4 with fp16 on the wire).
+    ``max_tensor_parallel`` caps the size of a tensor-parallel group (1 disables tensor parallelism).
+    """
+
+    global_batch_size: int
+    micro_batch_counts: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    wire_bytes_per_element: int = 4
+    compute_bytes_per_element: int = 4
+    max_tensor_parallel: int = 4
+
+    def __post_init__(self) -> None:
+        if self.global_batch_size <= 0:
+            raise ValueError(f"global_batch_size must be positive, got {self.global_batch_size}")
+        counts = tuple(sorted(set(self.micro_batch_counts)))
+        if not counts or any(c <= 0 for c in counts):
+            raise ValueError(f"micro_batch_counts must be positive integers, got {self.micro_batch_counts}")
+        object.__setattr__(self, "micro_batch_counts", counts)
+        if self.wire_bytes_per_element <= 0 or self.compute_bytes_per_element <= 0:
+            raise ValueError("wire_bytes_per_element and compute_bytes_per_element must be positive")
+        if self.max_tensor_parallel < 1:
+            raise ValueError(f"max_tensor_parallel must be >= 1, got {self.max_tensor_parallel}")
+
+    def usable_micro_batch_counts(self) -> tuple[int, ...]:
+        """The allowed counts that divide the global batch evenly (every micro-batch the same size)."""
+        return tuple(m for m in self.micro_batch_counts if self.global_batch_size % m == 0)
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """Everything a plan depends on. Two members with equal canonical inputs compute byte-identical plans."""
+
+    blocks: tuple[BlockCost, ...]
+    devices: tuple[DeviceProfile, ...]
+    links: LinkMatrix
+    training: TrainingParams
+
+    def __post_init__(self) -> None:
+        if not self.blocks:
+            raise ValueError("the model has no blocks to place")
+        ids = [d.peer_id for d in self.devices]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"duplicate device peer ids in {sorted(ids)}")
+        names = [b.name for b in self.blocks]
+        if len(set(names)) != len(names):
+            raise ValueError("block names must be unique")
+
+    def canonical(self) -> PlanInputs:
+        """Devices sorted by peer id; links restricted to listed devices (already sorted by LinkMatrix)."""
+        devices = tuple(sorted(self.devices, key=lambda d: d.peer_id))
+        ids = {d.peer_id for d in devices}
+        links = LinkMatrix(tuple(t for t in self.links.links if t[0] in ids and t[1] in ids))
+        return PlanInputs(self.blocks, devices, links, self.training)

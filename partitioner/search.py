@@ -1,0 +1,266 @@
+"""The planner: dynamic programming over (block suffix, devices used) for each allowed micro-batch count.
+
+For a fixed micro-batch count m the objective is the cost model's step time (m-1) * max_s t_s + sum_s t_s.
+It is not additive, so each DP state keeps a small Pareto set of labels (bottleneck M, sum S, stages k), k
+capped at m because the 1F1B stash of a stage is min(stages from it to the end, m) micro-batches. The DP
+runs backwards over block suffixes, so when a stage is prepended its stash count is known and memory is
+checked exactly (a hard constraint). Labels are pruned against the best complete plan found so far (also
+across micro-batch counts) with an admissible lower bound for the blocks still to place.
+
+Devices used, two modes:
+- exact (n <= ``EXACT_MAX_DEVICES``): the state holds the *set* of devices used by the suffix and the head
+  of its first stage; every subset (of size <= max_tensor_parallel) of the unused devices may form the next
+  stage. This covers every order and every subset of devices, so it finds the optimum of the cost model (the
+  tests check it against ``exhaustive.py``).
+- chain (larger n): devices in the deterministic chain order of ``order.chain_order``; a stage is a run of
+  consecutive devices in that order (a run of 2+ is a tensor-parallel group) and the stages use a contiguous
+  window of the chain, so devices at either end may be left out.
+
+Inputs are canonicalised (devices sorted by peer id) before search, every loop runs in a fixed order and
+ties go to the smaller micro-batch count, then the first found in DP order, so permuted inputs give
+identical plans."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import cast
+
+from partitioner.cost import CostModel, GroupInfo
+from partitioner.inputs import PlanInputs
+from partitioner.order import chain_order
+from partitioner.plan import Plan, PlanError
+
+EXACT_MAX_DEVICES = 6
+CHAIN_MAX_LABELS = 8
+GIB = float(1 << 30)
+
+# label: (bottleneck, sum, stages capped at m, back) with back = (members, j0, j1, parent label) or None
+_Label = tuple[float, float, int, object]
+_Preds = Callable[[int], list[tuple[GroupInfo, int]]]
+
+
+def _set_mode(cm: CostModel, max_tp: int) -> tuple[int, _Preds]:
+    groups: list[tuple[GroupInfo, int]] = []
+    for mask in range(1, 1 << cm.n):
+        members = [i for i in range(cm.n) if mask >> i & 1]
+        if len(members) > max_tp:
+            continue
+        g = cm.group(members)
+        if g is not None:
+            groups.append((g, mask))
+    groups.sort(key=lambda t: (bin(t[1]).count("1"), t[1]))
+    cache: dict[int, list[tuple[GroupInfo, int]]] = {}
+
+    def preds(used: int) -> list[tuple[GroupInfo, int]]:
+        if used not in cache:
+            cache[used] = [(g, used | gm) for g, gm in groups if not gm & used]
+        return cache[used]
+
+    return 0, preds
+
+
+def _chain_mode(cm: CostModel, max_tp: int) -> tuple[int, _Preds]:
+    order = chain_order(cm)
+    n = len(order)
+    runs: dict[tuple[int, int], GroupInfo] = {}
+    for a in range(n):
+        for size in range(1, max_tp + 1):
+            if a + size > n:
+                break
+            g = cm.group(order[a:a + size])
+            if g is not None:
+                runs[(a, size)] = g
+    ending: dict[int, list[tuple[GroupInfo, int]]] = {e: [] for e in range(n + 1)}
+    for (a, size), g in sorted(runs.items()):
+        ending[a + size].append((g, a))
+    everything = [(g, a) for (a, _size), g in sorted(runs.items())]
+    terminal = n + 1  # "nothing placed yet": the last stage may end anywhere in the chain
+
+    def preds(start: int) -> list[tuple[GroupInfo, int]]:
+        return everything if start == terminal else ending[start]
+
+    return terminal, preds
+
+
+def _fit(static: float, stash: float, budget: int, cap: int) -> int:
+    """Most in-flight micro-batches n (<= cap) with static + stash * n <= budget (``evaluate``'s check)."""
+    if static + stash > budget:
+        return 0
+    if stash <= 0:
+        return cap
+    n = min(cap, max(1, int((budget - static) // stash)))
+    bounded = 0
+    while n > 1 and static + stash * n > budget and bounded < 4:
+        n -= 1
+        bounded += 1
+    while n < cap and static + stash * (n + 1) <= budget and bounded < 8:
+        n += 1
+        bounded += 1
+    return n
+
+
+def _search_m(cm: CostModel, m: int, terminal: int, preds: _Preds, incumbent: float,
+              best_speed: float, max_labels: int = 0) -> tuple[float, _Label] | None:
+    """Best (objective, label) for m micro-batches that beats ``incumbent``, or None.
+
+    ``max_labels`` > 0 keeps at most that many labels per state (heuristic, fast); 0 keeps the Pareto set.
+    """
+    n_blocks = len(cm.blocks)
+    b = cm.micro_batch_size(m)
+    lb_rest = [cm.total_flops_pref[j] * b / best_speed for j in range(n_blocks + 1)]
+    states: list[dict[tuple[int, int], list[_Label]]] = [{} for _ in range(n_blocks + 1)]
+    states[n_blocks][(terminal, -1)] = [(0.0, 0.0, 0, None)]
+    best: tuple[float, _Label] | None = None
+    inc = incumbent
+    for j in range(n_blocks, 0, -1):
+        for (ctx, head), labels in states[j].items():
+            for g, nctx in preds(ctx):
+                if head == -1:
+                    bt = 0.0
+                else:
+                    maybe = cm.boundary_s(g.head, head, j, b)
+                    if maybe is None:
+                        continue
+                    bt = maybe
+                size = g.size
+                budgets, speeds = g.budgets, g.speeds
+                fpref, spref, stpref = g.flops_pref, g.static_pref, g.stash_pref
+                for j0 in range(j - 1, -1, -1):
+                    if size > 1 and cm.tp_cap[j0] < size:
+                        break
+                    fit = m  # how many micro-batches of stash every member can hold (capped at m)
+                    comp = 0.0
+                    for k in range(size):
+                        stash = (stpref[k][j] - stpref[k][j0]) * b
+                        fit = _fit(spref[k][j] - spref[k][j0], stash, budgets[k], fit)
+                        c = (fpref[k][j] - fpref[k][j0]) * b / speeds[k]
+                        if c > comp:
+                            comp = c
+                    if fit < 1:
+                        break
+                    t = comp + bt + (cm.allreduce_s(g, j0, j, b) if size > 1 else 0.0)
+                    if m * t >= inc:
+                        break
+                    rest = lb_rest[j0]
+                    target = states[j0].setdefault((nctx, g.head), [])
+                    for label in labels:
+                        kk = label[2] + 1
+                        in_flight = kk if kk < m else m
+                        if in_flight > fit:
+                            continue
+                        big = label[0] if label[0] > t else t
+                        total = label[1] + t
+                        val = (m - 1) * big + total
+                        if val + rest >= inc:
+                            continue
+                        kk = in_flight
+                        dominated = False
+                        for o in target:
+                            if o[0] <= big and o[1] <= total and o[2] <= kk:
+                                dominated = True
+                                break
+                        if dominated:
+                            continue
+                        new: _Label = (big, total, kk, (g.members, j0, j, label))
+                        target[:] = [o for o in target if not (big <= o[0] and total <= o[1] and kk <= o[2])]
+                        target.append(new)
+                        if max_labels and len(target) > max_labels:
+                            # heuristic cap: keep the best objective so far (then fewer stages)
+                            target.sort(key=lambda o: ((m - 1) * o[0] + o[1], o[2]))
+                            del target[max_labels:]
+                        if j0 == 0:
+                            inc = val
+                            best = (val, new)
+        states[j] = {}  # free memory as we go
+    return best
+
+
+def _stages_of(label: _Label) -> list[tuple[tuple[int, ...], int, int]]:
+    out: list[tuple[tuple[int, ...], int, int]] = []
+    back = label[3]
+    steps = 0
+    while back is not None and steps < 1_000_000:
+        members, j0, j1, parent = cast(tuple[tuple[int, ...], int, int, _Label], back)
+        out.append((members, j0, j1))
+        back = parent[3]
+        steps += 1
+    return out
+
+
+def plan(inputs: PlanInputs, exact_max_devices: int = EXACT_MAX_DEVICES) -> Plan:
+    """The best plan for ``inputs`` under the cost model (see ``cost.py``).
+
+    Error handling: raises ``PlanError`` (message says what is missing: memory needed vs offered, the block
+    that fits nowhere, unusable micro-batch counts) when no plan satisfies the constraints.
+    """
+    cm = CostModel(inputs)
+    if cm.n == 0:
+        raise PlanError("no devices to plan over: at least one member must offer a device")
+    counts = cm.training.usable_micro_batch_counts()
+    if not counts:
+        raise PlanError(
+            f"none of the allowed micro-batch counts {list(cm.training.micro_batch_counts)} divides the "
+            f"global batch size {cm.training.global_batch_size}; allow a divisor of it"
+        )
+    any_tp = any(c >= 2 for c in cm.tp_cap)
+    max_tp = min(cm.training.max_tensor_parallel, cm.n) if any_tp else 1
+    exact = cm.n <= exact_max_devices
+    terminal, preds = _set_mode(cm, max_tp) if exact else _chain_mode(cm, max_tp)
+    cap = 0 if exact else CHAIN_MAX_LABELS
+    fastest = sorted(cm.speeds, reverse=True)
+    best_speed = sum(fastest[:max_tp])
+    best_plan: Plan | None = None
+    # Largest micro-batch count first: it usually wins, so its plan gives a tight bound for the others.
+    for m in sorted(counts, reverse=True):
+        bound = math.inf if best_plan is None else best_plan.predicted_step_time_s * (1 + 1e-9)
+        # a quick pass with one label per state gives a good bound, then the full (or capped) pass
+        quick = _search_m(cm, m, terminal, preds, bound, best_speed, max_labels=1)
+        if quick is not None:
+            bound = min(bound, quick[0] * (1 + 1e-12))
+        found = _search_m(cm, m, terminal, preds, bound, best_speed, max_labels=cap) or quick
+        if found is None:
+            continue
+        candidate = cm.evaluate(_stages_of(found[1]), m)
+        if candidate is None:  # cannot happen: the DP checks the same constraints; guard against a bug loudly
+            raise PlanError(f"internal error: DP produced an infeasible placement for m={m}")
+        if best_plan is None or (candidate.predicted_step_time_s, m) <= (
+            best_plan.predicted_step_time_s, best_plan.micro_batches
+        ):
+            best_plan = candidate
+    if best_plan is None:
+        raise PlanError(explain_infeasible(cm, max_tp))
+    return best_plan
+
+
+def explain_infeasible(cm: CostModel, max_tp: int) -> str:
+    """Why nothing fits, in numbers: total memory needed vs offered, or the block that fits on no device."""
+    counts = cm.training.usable_micro_batch_counts()
+    b = cm.micro_batch_size(max(counts)) if counts else cm.training.global_batch_size
+    offered = sum(cm.budgets)
+    need = sum(2 * k.param_bytes + k.optimizer_bytes + k.stash_bytes_per_sample * b for k in cm.blocks)
+    if need > offered:
+        return (
+            f"no plan fits in memory: the model needs {need / GIB:.1f} GiB (weights, gradients, optimizer "
+            f"state and one micro-batch of {b} samples of stashed activations), the members offer "
+            f"{offered / GIB:.1f} GiB in total; add members or memory, or allow more micro-batches"
+        )
+    top = sorted(cm.budgets, reverse=True)
+    for j, blk in enumerate(cm.blocks):
+        need_j = 2 * blk.param_bytes + blk.optimizer_bytes + blk.stash_bytes_per_sample * b
+        width = min(max_tp, cm.tp_cap[j]) if cm.tp_cap[j] >= 2 else 1
+        # tensor parallelism spreads a block roughly evenly; the best group offers about width x its smallest
+        best_group = max(top[k] * (k + 1) for k in range(min(width, len(top))))
+        if need_j > best_group:
+            return (
+                f"block {blk.name!r} (#{j}) fits on no device: it needs {need_j / GIB:.2f} GiB, the largest "
+                f"device offers {top[0] / GIB:.2f} GiB"
+                + (f" and the best tensor-parallel group about {best_group / GIB:.2f} GiB"
+                   if width > 1 else "")
+                + f"; the members offer {offered / GIB:.1f} GiB in total"
+            )
+    return (
+        f"no plan fits: the model needs {need / GIB:.2f} GiB and the members offer {offered / GIB:.2f} GiB "
+        f"in total, but no cut of the blocks into contiguous stages fits every device's memory over the "
+        f"usable links (check that the link matrix connects the members with enough memory)"
+    )
