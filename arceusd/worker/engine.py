@@ -148,6 +148,34 @@ class StageEngine:
         out.update({f"optim.{k}": v for k, v in self.optimizer.state_tensors().items()})
         return out
 
+    def load_state_tensors(self, state: dict[str, torch.Tensor], step: int) -> None:
+        """Restore a shard written from ``state_tensors`` (same slice and split) and resume at ``step``."""
+        params = dict(self.module.named_parameters())
+        optim: dict[str, torch.Tensor] = {}
+        seen = set()
+        with torch.no_grad():
+            for key, tensor in state.items():
+                kind, _, name = key.partition(".")
+                if kind == "param" and name in params:
+                    if tensor.shape != params[name].shape:
+                        raise ValueError(
+                            f"checkpoint tensor {key!r} has shape {tuple(tensor.shape)}, "
+                            f"this stage expects {tuple(params[name].shape)}"
+                        )
+                    params[name].copy_(tensor)
+                    seen.add(name)
+                elif kind == "optim":
+                    optim[name] = tensor
+                else:
+                    raise ValueError(f"checkpoint tensor {key!r} does not belong to this stage")
+        missing = sorted(set(params) - seen)
+        if missing:
+            raise ValueError(
+                f"checkpoint lacks {len(missing)} parameter(s) of this stage, e.g. {missing[0]!r}"
+            )
+        self.optimizer.load_state_tensors(optim, step)
+        self.step = step
+
     # -- execution
     # ---------------------------------------------------------------------------------------------
 

@@ -59,6 +59,25 @@ class StageOptimizer:
         """Optimizer state as ``{"<param name>.<buffer>": tensor}`` (no step counter: see ``step_count``)."""
         raise NotImplementedError
 
+    def buffers(self) -> dict[str, dict[str, torch.Tensor]]:
+        """Buffer kind -> {param name -> tensor}; the live dicts that ``load_state_tensors`` fills."""
+        raise NotImplementedError
+
+    def load_state_tensors(self, state: dict[str, torch.Tensor], step_count: int) -> None:
+        """Restore what ``state_tensors`` returned (e.g. from a checkpoint shard) and the step counter."""
+        kinds = self.buffers()
+        for key, tensor in state.items():
+            name, _, kind = key.rpartition(".")
+            if kind not in kinds or name not in self.params:
+                raise ValueError(f"optimizer state {key!r} does not belong to this stage's parameters")
+            if tensor.shape != self.params[name].shape:
+                raise ValueError(
+                    f"optimizer state {key!r} has shape {tuple(tensor.shape)}, expected "
+                    f"{tuple(self.params[name].shape)}"
+                )
+            kinds[kind][name] = tensor.detach().to(self.params[name].device, self.params[name].dtype).clone()
+        self.step_count = step_count
+
 
 class SGD(StageOptimizer):
     """``torch.optim.SGD`` with one param group."""
@@ -92,6 +111,9 @@ class SGD(StageOptimizer):
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         return {f"{n}.momentum_buffer": b for n, b in self.momentum_buffer.items()}
+
+    def buffers(self) -> dict[str, dict[str, torch.Tensor]]:
+        return {"momentum_buffer": self.momentum_buffer}
 
 
 class AdamW(StageOptimizer):
@@ -130,6 +152,9 @@ class AdamW(StageOptimizer):
         out = {f"{n}.exp_avg": t for n, t in self.exp_avg.items()}
         out.update({f"{n}.exp_avg_sq": t for n, t in self.exp_avg_sq.items()})
         return out
+
+    def buffers(self) -> dict[str, dict[str, torch.Tensor]]:
+        return {"exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq}
 
 
 def make_optimizer(

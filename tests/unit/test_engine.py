@@ -264,3 +264,27 @@ def test_wrong_feeding_is_rejected() -> None:
         engines[0][0].run_step(x, y)
     with pytest.raises(ValueError, match="inputs go to the first stage"):
         engines[1][0].run_step(x, y)
+
+
+@pytest.mark.parametrize("opt_name", list(OPTIMIZERS))
+def test_resume_from_state_tensors_continues_exactly(opt_name: str) -> None:
+    case, opt = CASES["gpt-3-tp"], OPTIMIZERS[opt_name]
+    lr = LRSchedule(max_lr=opt.lr, min_lr=opt.lr / 10, warmup_steps=1, decay_steps=3)
+    batches = _batches(GPT, case.batch)
+    straight = build_engines(case, ScheduleKind.ONE_F_ONE_B, opt, lr, 0.5)
+    straight_results = drive(straight, batches)
+    first = build_engines(case, ScheduleKind.ONE_F_ONE_B, opt, lr, 0.5)
+    drive(first, batches[:2])
+    shards = [[{k: v.clone() for k, v in e.state_tensors().items()} for e in ranks] for ranks in first]
+    resumed = build_engines(case, ScheduleKind.ONE_F_ONE_B, opt, lr, 0.5)
+    for ranks, saved in zip(resumed, shards, strict=True):
+        for e, state in zip(ranks, saved, strict=True):
+            e.load_state_tensors(state, step=2)
+    last = drive(resumed, batches[2:])
+    assert last[0].step == 2 and last[0].loss == straight_results[2].loss
+    for a, b in zip(
+        gathered_params(case, straight).items(), gathered_params(case, resumed).items(), strict=True
+    ):
+        assert a[0] == b[0] and torch.equal(a[1], b[1])
+    with pytest.raises(ValueError, match="does not belong"):
+        resumed[0][0].load_state_tensors({"param.blocks.9.x": torch.zeros(1)}, step=0)
