@@ -21,6 +21,8 @@ Design (Raft's election, with membership doing failure detection):
 * The leader announces ``(term, epoch)`` every ``heartbeat_interval``. Every leader command carries ``(job,
   term, plan epoch)``; :meth:`Election.check_command` rejects other jobs, older terms, older epochs of the
   same term and a different sender than the term's known leader; a newer term is adopted (and persisted).
+  An announce with an older term is answered with a rejecting :class:`SendVoteReply` at our term, which makes
+  a stale leader step down.
 
 Error handling: events for another job or from non-members are ignored (the driver should count them); calling
 :meth:`Election.new_epoch` while not leader raises :class:`ElectionError` (a bug in the caller).
@@ -391,7 +393,12 @@ class Election:
             self._won_round(now, actions)
 
     def _on_announce(self, event: LeaderAnnounced, now: float, actions: list[ElectionAction]) -> None:
-        if event.term < self.term or event.sender == self.self_id:
+        if event.sender == self.self_id:
+            return
+        if event.term < self.term:
+            # A stale leader (e.g. back from a partition): tell it our term so it steps down (Raft's reply to
+            # an old-term AppendEntries). A rejection reply carries exactly that.
+            actions.append(SendVoteReply(event.sender, self.job, self.term, False, False, self.leader or ""))
             return
         if event.term > self.term:
             self._adopt_term(event.term, actions)

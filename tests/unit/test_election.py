@@ -1,0 +1,148 @@
+"""Election core: votes once per term, persists before replying, rejects older terms/epochs, pauses without a
+majority, pre-votes change nothing. Driven directly with a fake clock."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from arceusd.election import (
+    BecameLeader,
+    Election,
+    ElectionError,
+    ElectionState,
+    ElectionTick,
+    LeaderAnnounced,
+    PersistTerm,
+    SendVoteReply,
+    SendVoteRequest,
+    ViewChanged,
+    VoteReplied,
+    VoteRequested,
+    election_local,
+)
+
+MEMBERS = ("a", "b", "c", "d", "e")
+CFG = election_local()
+
+
+def make(me: str, term: int = 0, voted: str | None = None) -> Election:
+    e = Election("job", me, MEMBERS, CFG, random.Random(1), now=0.0, term=term, voted_for=voted)
+    e.handle(ViewChanged(frozenset(MEMBERS)), 0.0)
+    return e
+
+
+def test_not_a_member_is_refused() -> None:
+    with pytest.raises(ElectionError, match="not a member"):
+        Election("job", "z", MEMBERS, CFG, random.Random(0), now=0.0)
+
+
+def test_candidate_is_lowest_live_id_and_waits_one_timeout_before_campaigning() -> None:
+    e = make("a")
+    assert e.candidate() == "a" and e.state is ElectionState.FOLLOWER
+    out = e.handle(ElectionTick(), CFG.election_timeout)
+    reqs = [x for x in out if isinstance(x, SendVoteRequest)]
+    assert {r.to for r in reqs} == set(MEMBERS) - {"a"}
+    assert all(r.pre_vote and r.term == 1 for r in reqs)
+    assert e.term == 0 and not [x for x in out if isinstance(x, PersistTerm)]  # pre-vote changes nothing
+
+
+def _win(e: Election, now: float) -> list[object]:
+    out: list[object] = list(e.handle(ElectionTick(), now))
+    for voter in ("b", "c"):
+        out += e.handle(VoteReplied(voter, "job", e.term, True, True), now)
+    assert e.state is ElectionState.CANDIDATE and e.term == 1
+    assert PersistTerm("job", 1, "a") in out
+    for voter in ("b", "c"):
+        out += e.handle(VoteReplied(voter, "job", 1, True, False), now)
+    return out
+
+
+def test_majority_of_votes_makes_leader_and_not_before() -> None:
+    e = make("a")
+    now = CFG.election_timeout
+    e.handle(ElectionTick(), now)
+    e.handle(VoteReplied("b", "job", 0, True, True), now)
+    e.handle(VoteReplied("c", "job", 0, True, True), now)
+    e.handle(VoteReplied("b", "job", 1, True, False), now)
+    assert e.state is ElectionState.CANDIDATE  # 2 of 5 is not a majority
+    out = e.handle(VoteReplied("c", "job", 1, True, False), now)
+    assert e.state is ElectionState.LEADER and BecameLeader("job", 1) in out
+    assert e.new_epoch() == 1
+
+
+def test_votes_once_per_term_and_persists_before_replying() -> None:
+    e = make("c")
+    e.handle(ViewChanged(frozenset({"b", "c", "d", "e"})), 0.0)  # 'a' is dead in this view; 'b' is candidate
+    out = e.handle(VoteRequested("b", "job", 4, False), 0.0)
+    assert out.index(PersistTerm("job", 4, "b")) < next(
+        i for i, x in enumerate(out) if isinstance(x, SendVoteReply)
+    )
+    assert SendVoteReply("b", "job", 4, True, False, "") in out
+    # another candidate in the same term gets nothing, even if our view now ranks it first
+    e.handle(ViewChanged(frozenset({"a", "b", "c", "d"})), 0.0)
+    out = e.handle(VoteRequested("a", "job", 4, False), 0.0)
+    assert SendVoteReply("a", "job", 4, False, False, "") in out
+    assert e.voted_for == "b"
+    # a restarted peer with the persisted vote behaves the same
+    again = make("c", term=4, voted="b")
+    out = again.handle(VoteRequested("a", "job", 4, False), 0.0)
+    assert SendVoteReply("a", "job", 4, False, False, "") in out
+
+
+def test_older_term_is_rejected_with_our_term() -> None:
+    e = make("c", term=7)
+    out = e.handle(VoteRequested("a", "job", 6, False), 0.0)
+    assert out[-1] == SendVoteReply("a", "job", 7, False, False, "")
+    assert e.term == 7
+
+
+def test_check_command_rejects_older_terms_epochs_other_jobs_and_impostors() -> None:
+    e = make("c", term=3)
+    ok = e.check_command("job", 3, 5, "a", 0.0)
+    assert ok.accepted and e.leader == "a"
+    assert not e.check_command("job", 2, 9, "a", 0.0).accepted
+    assert not e.check_command("job", 3, 4, "a", 0.0).accepted
+    assert not e.check_command("other", 3, 5, "a", 0.0).accepted
+    assert not e.check_command("job", 3, 6, "b", 0.0).accepted
+    newer = e.check_command("job", 4, 0, "b", 0.0)
+    assert newer.accepted and newer.actions[0] == PersistTerm("job", 4, None) and e.term == 4
+    assert not e.check_command("job", 3, 99, "a", 0.0).accepted
+
+
+def test_minority_view_pauses_and_a_leader_steps_down() -> None:
+    e = make("a")
+    _win(e, CFG.election_timeout)
+    assert e.state is ElectionState.LEADER
+    e.handle(ViewChanged(frozenset({"a", "b"})), 1.0)
+    assert e.state is ElectionState.PAUSED and e.leader is None
+    out = e.handle(ElectionTick(), 5.0)
+    assert not [x for x in out if isinstance(x, SendVoteRequest)]  # a minority never campaigns
+    with pytest.raises(ElectionError):
+        e.new_epoch()
+
+
+def test_voters_stick_to_a_live_leader() -> None:
+    e = make("c")
+    e.handle(LeaderAnnounced("b", "job", 2, 0), 0.1)
+    out = e.handle(VoteRequested("a", "job", 3, False), 0.15)
+    assert SendVoteReply("a", "job", 2, False, False, "b") in out and e.term == 2
+
+
+def test_higher_term_announce_deposes_a_leader() -> None:
+    e = make("a")
+    _win(e, CFG.election_timeout)
+    out = e.handle(LeaderAnnounced("b", "job", 2, 0), 1.0)
+    assert e.state is ElectionState.FOLLOWER and e.leader == "b" and PersistTerm("job", 2, None) in out
+
+
+def test_stale_leader_is_told_the_newer_term_and_steps_down() -> None:
+    follower = make("c", term=5)
+    out = follower.handle(LeaderAnnounced("a", "job", 1, 0), 0.1)
+    notice = next(x for x in out if isinstance(x, SendVoteReply))
+    assert (notice.to, notice.term, notice.granted) == ("a", 5, False)
+    leader = make("a")
+    _win(leader, CFG.election_timeout)
+    leader.handle(VoteReplied("c", "job", notice.term, notice.granted, notice.pre_vote, notice.leader), 1.0)
+    assert leader.state is not ElectionState.LEADER and leader.term == 5
