@@ -65,7 +65,8 @@ def check_plan_invariants(p: Plan, inputs: PlanInputs) -> None:
             if len(s.devices) > 1:
                 assert all(sh.heads[i] >= 1 for sh in s.shares if blocks[j].heads)
                 assert all(sh.mlp_columns[i] >= 1 for sh in s.shares if blocks[j].mlp_columns)
-        expect_stash = p.micro_batches if p.schedule == "gpipe" else min(len(p.stages) - s.index, p.micro_batches)
+        in_1f1b = min(len(p.stages) - s.index, p.micro_batches)
+        expect_stash = p.micro_batches if p.schedule == "gpipe" else in_1f1b
         assert s.stash_micro_batches == expect_stash
         if len(s.devices) == 1:  # independent memory recomputation for whole-block stages
             blk = blocks[s.start:s.end]

@@ -21,7 +21,7 @@ TP_CASES = [(11, 4, 3, 2), (12, 4, 4, 2), (13, 3, 5, 3), (14, 5, 3, 2)]
 
 
 @pytest.mark.parametrize("seed,n,layers,max_tp", TP_CASES)
-def test_dp_matches_exhaustive_with_tensor_parallel_groups(seed: int, n: int, layers: int, max_tp: int) -> None:
+def test_dp_matches_exhaustive_with_tensor_parallel(seed: int, n: int, layers: int, max_tp: int) -> None:
     inputs = small_instance(seed, n, layers, max_tp=max_tp, fast_links=True, counts=(1, 2))
     truth = exhaustive_plan(inputs)
     assert truth is not None
