@@ -75,9 +75,7 @@ def _open(path: Path) -> io.BufferedIOBase:
             return gzip.open(path, "rb")
         return path.open("rb")
     except FileNotFoundError:
-        raise DataError(
-            f"{path}: no such file (check the path; relative paths resolve from the job spec)"
-        ) from None
+        raise DataError(f"{path}: no such file") from None
     except IsADirectoryError:
         raise DataError(f"{path}: is a directory, expected an IDX file") from None
     except OSError as e:

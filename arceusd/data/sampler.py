@@ -67,7 +67,7 @@ def epoch_steps(size: int, batch_size: int, *, drop_last: bool = True) -> int:
 
 
 def window_epoch_steps(n_tokens: int, block_size: int, batch_size: int) -> int:
-    """Steps in one nominal :class:`WindowSampler` epoch: ``max(1, n_tokens // (batch_size * block_size))``."""
+    """Steps in one nominal ``WindowSampler`` epoch: ``max(1, n_tokens // (batch_size * block_size))``."""
     return max(1, n_tokens // (batch_size * block_size))
 
 

@@ -109,9 +109,7 @@ def read_text(path: str | Path, *, max_bytes: int = DEFAULT_MAX_TEXT_BYTES) -> s
             raise DataError(f"{p}: {size} bytes, over the limit of {max_bytes} bytes for a text data set")
         raw = p.read_bytes()
     except FileNotFoundError:
-        raise DataError(
-            f"{p}: no such file (check the path; relative paths resolve from the job spec)"
-        ) from None
+        raise DataError(f"{p}: no such file") from None
     except IsADirectoryError:
         raise DataError(f"{p}: is a directory, expected a UTF-8 text file") from None
     except OSError as e:

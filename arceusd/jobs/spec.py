@@ -401,6 +401,11 @@ class _Parser:
                     f"equal, "
                     f"e.g. one of {divisors}",
                 )
+        if isinstance(data, MnistDataSpec) and batch is not None and batch > data.train_count:
+            r.problem(
+                "training.batch_size",
+                f"{batch} exceeds data.train_count = {data.train_count}; allowed: 1..{data.train_count}",
+            )
         if lr is not None and min_lr is not None and min_lr > lr:
             r.problem("training.min_lr", f"{min_lr} is above training.lr = {lr}; allowed: 0..lr")
         steps = self._resolve_steps(t, steps, epochs, batch, data, model, facts)
@@ -547,12 +552,6 @@ class _Parser:
                     f"train_count + holdout_count = {data.train_count + data.holdout_count} exceeds the "
                     f"{facts.count} examples in {facts.images}",
                 )
-            if training is not None and training.batch_size > data.train_count:
-                r.problem(
-                    "training.batch_size",
-                    f"{training.batch_size} exceeds data.train_count = {data.train_count}; "
-                    f"allowed: 1..{data.train_count}",
-                )
         return MLPConfig(layer_sizes=sizes)
 
     def _check_gpt(
@@ -589,13 +588,13 @@ class _Parser:
                     f"model.block_size + 1 "
                     f"= {block + 1}; raise val_fraction, or set training.eval_iters = 0",
                 )
-        elif model.vocab_auto:
+        elif model.vocab_auto and not self.check_files:
             r.problem(
                 "model.vocab_size",
                 "'auto' needs the text file to count characters; give an integer when there is no file",
             )
             return None
-        if any(v is None for v in g.values()):
+        if r.problems or any(v is None for v in g.values()):
             return None
         try:
             return GPTConfig(**g)
