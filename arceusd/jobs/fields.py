@@ -73,7 +73,7 @@ class FieldReader:
 
     def unknown_keys(self, tbl: Mapping[str, Any], allowed: Iterable[str], prefix: str) -> None:
         allowed_sorted = sorted(allowed)
-        for key in sorted(k for k in tbl if k not in allowed_sorted):
+        for key in sorted((k for k in tbl if k not in allowed_sorted), key=str):
             hint = difflib.get_close_matches(str(key), allowed_sorted, n=1)
             did_you_mean = f" (did you mean {hint[0]!r}?)" if hint else ""
             self.problem(

@@ -311,7 +311,8 @@ def test_text_split_too_short(tmp_path: Path) -> None:
     assert info.value.paths() == ["data.val_fraction"]
     assert "validation split has 2 characters" in str(info.value)
     doc["training"]["eval_iters"] = 0
-    assert parse(doc).model.block_size == 8  # type: ignore[union-attr]
+    model = parse(doc).model
+    assert isinstance(model, GPTConfig) and model.block_size == 8
 
 
 def test_without_files_auto_and_text_epochs_need_the_file() -> None:
@@ -388,3 +389,14 @@ def test_lr_schedule() -> None:
     assert all(a >= b for a, b in itertools.pairwise(lrs))
     mid = c.lr_at(5 + 45 // 2)
     assert 1e-4 < mid < c.lr
+
+
+def test_wire_garbage_is_reported_not_crashed() -> None:
+    doc = to_dict(parse(mnist_doc()))
+    doc[7] = "int key"
+    doc["training"] = {"steps": "ten", 1.5: None}
+    doc["data"] = None
+    with pytest.raises(JobSpecError) as info:
+        spec_from_dict(doc)
+    paths = info.value.paths()
+    assert "7" in paths and "data" in paths and "training.steps" in paths and "training.1.5" in paths
