@@ -2,9 +2,9 @@
 
 Usage: ``python bench/transport.py [--quick]``
 
-Each measurement starts a receiver child process (this script with ``--serve MODE``), which prints its port, and
-sends from this process. Bulk: N frames of 4 MiB, timed from the first send until the receiver's reply that it
-got every byte. Figures are ratios against the baselines measured in the same run:
+Each measurement starts a receiver child process (this script with ``--serve MODE``), which prints its port,
+and sends from this process. Bulk: N frames of 4 MiB, timed from the first send until the receiver's reply
+that it got every byte. Figures are ratios against the baselines measured in the same run:
 
 * ``auth/grpc`` - our authenticated stream (handshake + Poly1305 per frame + trio bridge) / raw grpcio bytes
   stream with the same channel options (target >= 0.7);
@@ -226,7 +226,9 @@ def codec_rows(quick: bool) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="short run (256 MiB, 2,000 small messages)")
     parser.add_argument("--serve", choices=["auth", "grpc", "tcp"], help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -91,11 +91,11 @@ class _GrpcConduit:
     """A gRPC bidirectional call (either end) seen as a Conduit."""
 
     def __init__(
-        self, outbox: FrameQueue, inbox: FrameQueue, reader_done: trio.Event, cancel: Callable[[], None]
+        self, outbox: FrameQueue, inbox: FrameQueue, flushed: trio.Event, cancel: Callable[[], None]
     ) -> None:
         self._outbox = outbox
         self._inbox = inbox
-        self._reader_done = reader_done
+        self._flushed = flushed  # client: the call ended (reader done); server: our response generator ended
         self._cancel = cancel
 
     async def wait_space(self) -> None:
@@ -115,9 +115,9 @@ class _GrpcConduit:
     def finish_sending(self) -> None:
         self._outbox.close()
 
-    async def wait_peer_done(self) -> None:
+    async def wait_flushed(self) -> None:
         self._inbox.abort("the receiver closed the stream", "closed")  # the reader now discards the rest
-        await self._reader_done.wait()
+        await self._flushed.wait()
 
     def abort(self, details: str) -> None:
         self._outbox.abort(details)
@@ -292,6 +292,7 @@ class GrpcTransport:
         outbox = FrameQueue(self.config.queue_frames, token)
         inbox = FrameQueue(self.config.queue_frames, token)
         reader_done = trio.Event()
+        generator_done = trio.Event()
         scope = trio.CancelScope()
 
         def on_done() -> None:
@@ -302,7 +303,7 @@ class GrpcTransport:
         def cancel() -> None:
             pass  # ending our response generator (outbox aborted) ends the call with an error status
 
-        conduit = _GrpcConduit(outbox, inbox, reader_done, cancel)
+        conduit = _GrpcConduit(outbox, inbox, generator_done, cancel)
         context.add_callback(on_done)
         threading.Thread(
             target=_pump, args=(requests, inbox, token, reader_done), name="arceus-stream-reader", daemon=True
@@ -313,7 +314,11 @@ class GrpcTransport:
             )
         except trio.RunFinishedError:
             context.abort(grpc.StatusCode.UNAVAILABLE, "the peer is shutting down")
-        yield from _outgoing(outbox, context)
+        try:
+            yield from _outgoing(outbox, context)
+        finally:
+            with suppress(trio.RunFinishedError):
+                token.run_sync_soon(generator_done.set)
 
     async def _serve_stream(self, conduit: _GrpcConduit, scope: trio.CancelScope) -> None:
         self._live_scopes.add(scope)

@@ -31,17 +31,17 @@ from protocol.errors import RemoteProtocolError
 
 
 class _MemoryConduit:
-    def __init__(self, outbox: FrameQueue, inbox: FrameQueue, tamper: Callable[[bytes], bytes]) -> None:
+    def __init__(self, outbox: FrameQueue, inbox: FrameQueue, network: MemoryNetwork) -> None:
         self._outbox = outbox
         self._inbox = inbox
-        self._tamper = tamper
+        self._network = network
         self._peer_done = trio.Event()
 
     async def wait_space(self) -> None:
         await self._outbox.wait_space()
 
     def put_nowait(self, message: bytes) -> None:
-        self._outbox.put_nowait(self._tamper(message))
+        self._outbox.put_nowait(self._network.tamper(message))
 
     async def receive(self) -> bytes:
         item = await self._inbox.get()
@@ -57,8 +57,9 @@ class _MemoryConduit:
     def finish_sending(self) -> None:
         self._outbox.close()
 
-    async def wait_peer_done(self) -> None:
-        # We stop listening: what the peer still sends is dropped (as the gRPC reader discards it).
+    async def wait_flushed(self) -> None:
+        # We stop listening: what the peer still sends is dropped (as the gRPC reader discards it). What we
+        # queued stays in the queue for the peer to read: nothing to wait for.
         self._inbox.abort("the receiver closed the stream")
 
     def abort(self, details: str) -> None:
@@ -165,10 +166,9 @@ class MemoryTransport:
         peer = self._peer(address)
         c2s = FrameQueue(self.config.queue_frames, trio.lowlevel.current_trio_token())
         s2c = FrameQueue(self.config.queue_frames, trio.lowlevel.current_trio_token())
-        tamper = self.network.tamper
-        peer._nursery.start_soon(peer._serve_stream, _MemoryConduit(s2c, c2s, tamper))
+        peer._nursery.start_soon(peer._serve_stream, _MemoryConduit(s2c, c2s, self.network))
         return await client_handshake(
-            _MemoryConduit(c2s, s2c, tamper),
+            _MemoryConduit(c2s, s2c, self.network),
             self.identity,
             purpose=purpose,
             expect_peer_id=expect_peer_id,

@@ -49,7 +49,6 @@ class FrameQueue:
             raise ValueError(f"capacity must be at least 1, got {capacity}")
         self._capacity = capacity
         self._token = token
-        self._trio_thread = threading.get_ident()
         self._cond = threading.Condition(threading.Lock())
         self._items: deque[bytes] = deque()
         self._closed = False
@@ -157,7 +156,7 @@ class FrameQueue:
     def _wake(self, events: list[trio.Event]) -> None:
         if not events:
             return
-        if threading.get_ident() == self._trio_thread:
+        if trio.lowlevel.in_trio_run():
             for event in events:
                 event.set()
             return

@@ -88,8 +88,9 @@ class Conduit(Protocol):
     def finish_sending(self) -> None:
         """Send what is queued, then end our direction."""
 
-    async def wait_peer_done(self) -> None:
-        """Return once the peer ended its direction (or the pipe broke)."""
+    async def wait_flushed(self) -> None:
+        """Stop listening (discard what still arrives) and return once what we queued has left (or the pipe
+        broke), so that cutting the pipe afterwards loses nothing."""
 
     def abort(self, details: str) -> None:
         """Cut the pipe now, both directions, dropping what is queued."""
@@ -180,25 +181,27 @@ class Stream:
             self._conduit.finish_sending()
 
     async def aclose(self) -> None:
-        """Send our CLOSE frame, let the peer finish (at most ``close_linger`` s), then cut the connection.
+        """Send our CLOSE frame and let queued frames leave (at most ``close_linger`` s, else cut the call).
 
         Frames the peer sends meanwhile are discarded. Safe to call twice, and when cancelled it still cuts.
         """
         if self._closed:
             return
         self._closed = True
+        clean = False
         try:
             with trio.move_on_after(self._config.close_linger):
                 if not self._session.sealer.closed:
-                    try:
-                        await self._conduit.wait_space()
-                        self._conduit.put_nowait(self._session.sealer.seal(b"", b"", kind=sa.FRAME_CLOSE))
-                        self._conduit.finish_sending()
-                    except trio.ClosedResourceError:
-                        pass
-                await self._conduit.wait_peer_done()
+                    await self._conduit.wait_space()
+                    self._conduit.put_nowait(self._session.sealer.seal(b"", b"", kind=sa.FRAME_CLOSE))
+                    self._conduit.finish_sending()
+                await self._conduit.wait_flushed()
+                clean = True
+        except trio.ClosedResourceError:
+            pass  # the pipe is already broken: nothing to flush
         finally:
-            self._conduit.abort("stream closed")
+            if not clean:
+                self._conduit.abort("stream closed before its frames were delivered")
 
     async def __aenter__(self) -> Stream:
         return self
