@@ -82,7 +82,14 @@ class Fp16Codec:
     def encode(self, t: torch.Tensor) -> tuple[bytes, list[Buffer]]:
         _require_float(t.dtype, "fp16")
         h = t.to(torch.float16)
-        if bool((torch.isinf(h) & torch.isfinite(t)).any()):
+        # Cheap screen first (a max is ~15x cheaper than the elementwise test); values in (65504, 65520)
+        # still round to 65504, so only then look for finite values that became inf.
+        if (
+            t.dtype != torch.float16
+            and t.numel()
+            and bool(t.abs().max() > 65504.0)
+            and bool((torch.isinf(h) & torch.isfinite(t)).any())
+        ):
             raise LocalProtocolError(
                 "fp16_overflow", "values beyond +-65504 do not fit fp16; use the bf16 codec"
             )
