@@ -148,9 +148,9 @@ def test_planning_16_devices_48_blocks_is_fast() -> None:
     assert len(blocks) == 48
     training = TrainingParams(64, (1, 2, 4, 8, 16, 32, 64))
     inputs = random_inputs(random.Random(7), 16, blocks, training)
-    start = time.perf_counter()
+    start = time.process_time()  # CPU time: other processes on a loaded CI machine do not count
     p = plan(inputs)
-    elapsed = time.perf_counter() - start
+    elapsed = time.process_time() - start
     check_plan_invariants(p, inputs)
     assert elapsed < 1.0, f"planning 16 devices x 48 blocks took {elapsed:.2f} s"
 
