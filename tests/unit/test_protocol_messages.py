@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import tracemalloc
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -197,11 +198,17 @@ BOMBS = {
 @pytest.mark.parametrize("name", sorted(BOMBS))
 def test_decoder_bombs_fail_fast(name: str) -> None:
     payload, reason = BOMBS[name]
+    tracemalloc.start()
     start = time.perf_counter()
-    with pytest.raises(RemoteProtocolError) as exc:
-        codec.decode_as(messages.Ping, payload)
+    try:
+        with pytest.raises(RemoteProtocolError) as exc:
+            codec.decode_as(messages.Ping, payload)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
     assert exc.value.reason == reason
     assert time.perf_counter() - start < 0.5
+    assert peak < 1 << 20  # nothing near the declared 4 GiB (or the 2 MiB input) was allocated
 
 
 def test_nesting_deeper_than_schema_is_wrong_type() -> None:
