@@ -59,14 +59,14 @@ async def _main(config: DaemonConfig, identity: Identity) -> int:
 
             async def shutdown(_params: dict[str, Any]) -> dict[str, Any]:
                 log.info("shutdown requested over the control socket")
-                nursery.cancel_scope.cancel()
+                nursery.start_soon(_graceful_stop, node, nursery.cancel_scope)
                 return {"stopping": True}
 
             async def status(_params: dict[str, Any]) -> dict[str, Any]:
                 return node.status()
 
             node.methods.update({"status": status, "shutdown": shutdown})
-            nursery.start_soon(_stop_on_signal, nursery.cancel_scope)
+            nursery.start_soon(_stop_on_signal, node, nursery.cancel_scope)
             for service in _services():
                 await nursery.start(service, node)
             await nursery.start(serve_control, paths.control_socket, node.methods)
@@ -86,15 +86,28 @@ async def _main(config: DaemonConfig, identity: Identity) -> int:
 
 def _services() -> list[Any]:
     """The services a daemon runs, in start order (each ``async def (node, *, task_status)``)."""
-    return []
+    from arceusd.network import serve_peer_network
+
+    return [serve_peer_network]
 
 
-async def _stop_on_signal(cancel_scope: trio.CancelScope) -> None:
+async def _stop_on_signal(node: Node, cancel_scope: trio.CancelScope) -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async for signum in signals:
             log.info("received %s, stopping", signal.Signals(signum).name)
-            cancel_scope.cancel()
+            await _graceful_stop(node, cancel_scope)
             return
+
+
+async def _graceful_stop(node: Node, cancel_scope: trio.CancelScope) -> None:
+    """Run the services' shutdown hooks (leave the cluster, hand off work), bounded to 3 s, then cancel all."""
+    with trio.move_on_after(3.0):
+        for hook in reversed(node.shutdown_hooks):
+            try:
+                await hook()
+            except Exception:
+                log.exception("a shutdown hook failed; stopping anyway")
+    cancel_scope.cancel()
 
 
 def _write_pid_file(paths: StatePaths) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +28,8 @@ class Node:
     addresses: dict[str, str] = field(default_factory=dict)
     sections: dict[str, Callable[[], Any]] = field(default_factory=dict)
     methods: dict[str, Handler] = field(default_factory=dict)
+    peers: Any = None
+    shutdown_hooks: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
 
     @property
     def paths(self) -> StatePaths:

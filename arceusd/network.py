@@ -1,0 +1,122 @@
+"""The daemon's peer network service: transport + peer service (membership) + discovery, opened together.
+
+Binding: ``listen_host:port``; when the default port is taken (another daemon on this machine) we fall back to a
+free port and say so, because a fixed port is only needed for static seeds. The advertised address is
+``advertise_host`` or, when listening on all interfaces, the first non-virtual IPv4 address.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import trio
+
+from arceusd.config import DEFAULT_PORT
+from arceusd.discovery import Announcement, DiscoveryStatus, candidate_addresses, serve_discovery
+from arceusd.membership.config import MembershipConfig, lan, local
+from arceusd.membership.events import MemberState
+from arceusd.node import Node
+from arceusd.peers import PeerService
+from arceusd.transport import Stream, open_transport
+
+log = logging.getLogger(__name__)
+
+
+def membership_config(preset: str) -> MembershipConfig:
+    return local() if preset == "local" else lan()
+
+
+def device_summary() -> str:
+    """A one-line description of this machine for peers (no torch here: the daemon never imports it)."""
+    cores = os.cpu_count() or 1
+    try:
+        pages, page_size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+        mem = f", {pages * page_size / 2**30:.0f} GiB"
+    except (ValueError, OSError, AttributeError):
+        mem = ""
+    return f"{os.uname().sysname.lower()} {os.uname().machine}, {cores} cores{mem}"
+
+
+def advertised_host(node: Node) -> str:
+    config = node.config
+    if config.advertise_host:
+        return config.advertise_host
+    if config.listen_host not in ("0.0.0.0", "::", ""):
+        return config.listen_host
+    try:
+        addresses = candidate_addresses(config.interface)
+    except Exception:  # noqa: BLE001 - no usable interface: loopback is the honest answer
+        addresses = []
+    return addresses[0] if addresses else "127.0.0.1"
+
+
+async def _refuse_stream(stream: Stream) -> None:
+    log.debug("refused a stream from %s (daemons take no streams yet)", stream.peer_id)
+
+
+async def serve_peer_network(node: Node, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    config = node.config
+    holder: dict[str, PeerService] = {}
+
+    async def on_call(request: bytes) -> bytes:
+        service = holder.get("peers")
+        return await service.handle_call(request) if service is not None else b""
+
+    ports = [config.port] + ([0] if config.port == DEFAULT_PORT else [])
+    for i, port in enumerate(ports):
+        bound = False
+        try:
+            async with open_transport(node.identity, config.listen_host, port, unary_handler=on_call,
+                                      stream_handler=_refuse_stream) as transport:  # fmt: skip
+                bound = True
+                await _run_network(node, transport, holder, task_status)
+            return
+        except OSError:
+            if bound or i == len(ports) - 1:
+                raise
+            log.warning("port %d is taken (another daemon here?); listening on a free port instead", port)
+
+
+async def _run_network(
+    node: Node, transport: Any, holder: dict[str, PeerService], task_status: trio.TaskStatus[None]
+) -> None:
+    config = node.config
+    address = f"{advertised_host(node)}:{transport.port}"
+    mconfig = membership_config(config.preset)
+    peers = PeerService(node.identity, transport, mconfig, address, node.boot_id, device_summary())
+    holder["peers"] = peers
+    node.peers = peers
+    node.addresses["peer"] = address
+    node.sections["peers"] = peers.peers
+    node.sections["membership"] = peers.counters
+    discovery_status = DiscoveryStatus()
+    node.sections["discovery"] = discovery_status.summary
+
+    async def peers_method(_params: dict[str, Any]) -> list[dict[str, Any]]:
+        return peers.peers()
+
+    node.methods["peers"] = peers_method
+    node.shutdown_hooks.append(peers.leave)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(peers.run, tuple(config.peers))
+        if config.mdns:
+            found_send, found_recv = trio.open_memory_channel[Announcement](64)
+
+            async def discovery(task_status: trio.TaskStatus[None]) -> None:
+                await serve_discovery(
+                    peer_id=node.identity.peer_id, port=transport.port, fingerprint=node.identity.fingerprint,
+                    interface=config.interface, found=found_send, status=discovery_status,
+                    task_status=task_status,
+                )  # fmt: skip
+
+            await nursery.start(discovery)
+            nursery.start_soon(_join_announced, peers, found_recv)
+        task_status.started()
+
+
+async def _join_announced(peers: PeerService, found: trio.MemoryReceiveChannel[Announcement]) -> None:
+    async for announcement in found:
+        if peers.membership.state_of(announcement.peer_id) is not MemberState.ALIVE:
+            peers.join(f"{announcement.host}:{announcement.port}")
