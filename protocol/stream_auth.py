@@ -22,8 +22,11 @@ an id is never sent on its own, it is recomputed from the key that signed.
 
 Frames (after the handshake, each direction with its own key)::
 
-    frame = kind (1 byte) || header_len (u32 BE) || header || payload || tag (16 bytes)
+    frame = kind (1 byte) || header_len (u32 BE) || payload_len (u32 BE) || header || payload || tag (16 B)
     tag   = Poly1305(one_time_key_n, frame without tag)
+
+Frames are self-delimiting, so a transport may carry several small frames in one message (batching); the
+lengths are bounds-checked against the limits before the tag is checked, everything else after.
 
 ``one_time_key_n`` is the n-th 32-byte block of a ChaCha20 keystream under the direction key (nonce zero):
 the RFC 8439 construction of one-time Poly1305 keys, with the frame's sequence number ``n`` implicit in the
@@ -78,7 +81,7 @@ DEFAULT_MAX_SKEW_MS = 120_000
 DEFAULT_MAX_HEADER = 64 * 1024
 DEFAULT_MAX_PAYLOAD = 64 * 1024 * 1024
 TAG_BYTES = 16
-FRAME_PREFIX = struct.Struct(">BI")
+FRAME_PREFIX = struct.Struct(">BII")
 # 2**32 frames per direction use 2**31 ChaCha20 blocks (two 32-byte keys per block): the counter never wraps.
 MAX_FRAMES = 2**32
 
@@ -189,7 +192,7 @@ class FrameSealer:
             raise LocalProtocolError(
                 "too_many_frames", "a stream carries at most 2**32 frames; open a new one"
             )
-        prefix = FRAME_PREFIX.pack(kind, len(header))
+        prefix = FRAME_PREFIX.pack(kind, len(header), view.nbytes)
         mac = Poly1305(self._next_key())
         mac.update(prefix)
         mac.update(header)
@@ -220,49 +223,60 @@ class FrameOpener:
         self.failed = False
 
     def open(self, frame: bytes | bytearray | memoryview) -> Frame:
-        """Check the tag of the next frame and split it. Raises RemoteProtocolError (and stays failed)."""
+        """Check and split a message that holds exactly one frame. RemoteProtocolError otherwise."""
+        view = as_bytes_view(frame)
+        result, end = self.open_next(view, 0)
+        if end != view.nbytes:
+            self.failed = True
+            raise RemoteProtocolError("malformed_frame", "bytes after the frame's tag")
+        return result
+
+    def open_next(self, message: memoryview, offset: int) -> tuple[Frame, int]:
+        """Check the frame that starts at ``offset`` of ``message`` (several may share one message).
+
+        Returns the frame and the offset just after it. Raises RemoteProtocolError and stays failed.
+        """
         if self.failed:
             raise RemoteProtocolError(
                 "bad_mac", "the stream already failed authentication; it must be closed"
             )
         try:
-            return self._open(as_bytes_view(frame))
+            return self._open(message, offset)
         except RemoteProtocolError:
             self.failed = True
             raise
 
-    def _open(self, view: memoryview) -> Frame:
+    def _open(self, view: memoryview, start: int) -> tuple[Frame, int]:
         n = view.nbytes
-        if n > self._limits.max_frame:
-            raise RemoteProtocolError(
-                "frame_too_large", f"frame of {n} bytes exceeds the limit of {self._limits.max_frame}"
-            )
-        if n < FRAME_PREFIX.size + TAG_BYTES:
-            raise RemoteProtocolError("malformed_frame", f"frame of {n} bytes is shorter than prefix + tag")
+        if n - start < FRAME_PREFIX.size + TAG_BYTES:
+            raise RemoteProtocolError("malformed_frame", f"{n - start} bytes are too few for a frame")
         if self.sequence >= MAX_FRAMES:
             raise RemoteProtocolError("too_many_frames", "the peer sent more than 2**32 frames on one stream")
-        kind, header_len = FRAME_PREFIX.unpack_from(view, 0)
-        body_end = n - TAG_BYTES
+        kind, header_len, payload_len = FRAME_PREFIX.unpack_from(view, start)
+        if header_len > self._limits.max_header or payload_len > self._limits.max_payload:
+            raise RemoteProtocolError(
+                "frame_too_large",
+                f"frame announces a {header_len}-byte header and {payload_len}-byte payload, over the limits "
+                f"({self._limits.max_header}, {self._limits.max_payload})",
+            )
+        header_start = start + FRAME_PREFIX.size
+        payload_start = header_start + header_len
+        body_end = payload_start + payload_len
+        end = body_end + TAG_BYTES
+        if end > n:
+            raise RemoteProtocolError("malformed_frame", "frame lengths run past the end of the message")
         mac = Poly1305(self._next_key())
         self.sequence += 1
-        mac.update(view[:body_end])
-        if not hmac.compare_digest(mac.finalize(), view[body_end:]):
+        mac.update(view[start:body_end])
+        if not hmac.compare_digest(mac.finalize(), view[body_end:end]):
             raise RemoteProtocolError(
                 "bad_mac",
                 f"frame {self.sequence - 1} failed authentication (altered, replayed, reordered or lost)",
             )
-        # Authentic from here on: the remaining checks catch a peer that misbehaves, not an attacker.
-        start = FRAME_PREFIX.size
-        if kind not in (FRAME_DATA, FRAME_CLOSE) or start + header_len > body_end:
-            raise RemoteProtocolError(
-                "malformed_frame", f"frame kind {kind} / header length {header_len} invalid"
-            )
-        if header_len > self._limits.max_header or body_end - start - header_len > self._limits.max_payload:
-            raise RemoteProtocolError(
-                "frame_too_large", "authenticated frame exceeds the header/payload limits"
-            )
-        header = bytes(view[start : start + header_len])
-        return Frame(kind, header, view[start + header_len : body_end], self.sequence - 1)
+        if kind not in (FRAME_DATA, FRAME_CLOSE):
+            raise RemoteProtocolError("malformed_frame", f"authentic frame of unknown kind {kind}")
+        header = bytes(view[header_start:payload_start])
+        return Frame(kind, header, view[payload_start:body_end], self.sequence - 1), end
 
 
 # ------------------------------------------------------------------------------------------------ handshake

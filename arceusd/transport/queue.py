@@ -2,10 +2,10 @@
 
 This module owns the hand-off of outgoing wire messages. The grpc side consumes from a thread (a request or
 response generator that grpc iterates in its own thread); the in-memory twin consumes from trio. Producers
-never block the trio thread: they ``await wait_space()`` (cancel-safe, no side effect) and then
-``put_nowait`` in the same scheduling step, so a frame is either queued or not, never half-sent. That is what
-lets :class:`~arceusd.transport.stream.Stream` seal a frame (which consumes a sequence number) only once it
-can be queued.
+never block the trio thread: they ``await wait_space()`` (cancel-safe, no side effect) and then ``put_nowait``
+in the same scheduling step, so a frame is either queued or not, never half-sent. That is what lets
+:class:`~arceusd.transport.stream.Stream` seal a frame (which consumes a sequence number) only once it can be
+queued.
 
 The same queue carries incoming messages the other way round: a reader thread ``put_blocking``s what grpc
 delivered and a trio task ``get``s it; trio is woken only when it is actually waiting, so a burst of small
@@ -127,6 +127,27 @@ class FrameQueue:
             waiters, self._space_waiters = self._space_waiters, []
         self._wake(waiters)
         return result
+
+    def get_batch_blocking(self, small: int, max_bytes: int) -> list[bytes] | _End | Aborted:
+        """From a thread: the next item, plus any further queued items while all are under ``small`` bytes
+        and the total stays under ``max_bytes`` (so bursts of small frames travel as one message)."""
+        with self._cond:
+            self._cond.wait_for(self._ready)
+            first = self._take()
+            if not isinstance(first, bytes):
+                return first
+            batch, total = [first], len(first)
+            if total < small:
+                while (
+                    self._items and len(self._items[0]) < small and total + len(self._items[0]) <= max_bytes
+                ):
+                    item = self._items.popleft()
+                    batch.append(item)
+                    total += len(item)
+            self._cond.notify_all()
+            waiters, self._space_waiters = self._space_waiters, []
+        self._wake(waiters)
+        return batch
 
     async def get(self) -> bytes | _End | Aborted:
         """From trio: the next item, END or Aborted."""

@@ -103,7 +103,12 @@ class Stream:
     """
 
     def __init__(
-        self, conduit: Conduit, session: sa.Session, rejected: Counter[str], config: TransportConfig
+        self,
+        conduit: Conduit,
+        session: sa.Session,
+        rejected: Counter[str],
+        config: TransportConfig,
+        pending: bytes = b"",
     ) -> None:
         self._conduit = conduit
         self._session = session
@@ -113,6 +118,9 @@ class Stream:
         self._receive_lock = trio.Lock()
         self._closed = False
         self._peer_closed = False
+        # The message being read (it may hold several batched frames) and where its next frame starts.
+        self._pending = memoryview(pending)
+        self._offset = 0
         self.peer_id = session.peer_id
         self.peer_public_key = session.peer_public_key
         self.purpose = session.purpose
@@ -148,14 +156,16 @@ class Stream:
         async with self._receive_lock:
             if self._peer_closed:
                 raise trio.EndOfChannel
+            if self._offset >= self._pending.nbytes:
+                try:
+                    message = await self._conduit.receive()
+                except trio.EndOfChannel:
+                    self._reject(
+                        RemoteProtocolError("truncated", "the peer ended the stream without its CLOSE frame")
+                    )
+                self._pending, self._offset = memoryview(message), 0
             try:
-                message = await self._conduit.receive()
-            except trio.EndOfChannel:
-                self._reject(
-                    RemoteProtocolError("truncated", "the peer ended the stream without its CLOSE frame")
-                )
-            try:
-                frame = self._session.opener.open(message)
+                frame, self._offset = self._session.opener.open_next(self._pending, self._offset)
             except RemoteProtocolError as exc:
                 self._reject(exc)
             if frame.kind == sa.FRAME_CLOSE:
@@ -280,11 +290,13 @@ async def server_handshake(
                     max_skew_ms=config.max_skew_ms,
                 )
                 await _send_raw(conduit, hs.ack)
-                session = hs.receive_finish(await _receive_raw(conduit, "Finish"))
+                # The client may batch its first frames behind the Finish in one message.
+                message = await _receive_raw(conduit, "Finish")
+                session = hs.receive_finish(message[: sa.FINISH_BYTES])
             except RemoteProtocolError as exc:
                 rejected[exc.reason] += 1
                 raise
-            return Stream(conduit, session, rejected, config)
+            return Stream(conduit, session, rejected, config, pending=message[sa.FINISH_BYTES :])
     except trio.TooSlowError:
         conduit.abort("handshake timed out")
         raise TransportError("deadline_exceeded", "the client did not finish the handshake in time") from None
