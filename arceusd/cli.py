@@ -247,6 +247,21 @@ def status(obj: Context, as_json: bool) -> None:
         click.echo(line)
 
 
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@pass_ctx
+def peers(obj: Context, as_json: bool) -> None:
+    """Show the membership view: each peer's state, incarnation, round-trip time, last heard, device."""
+    result = obj.call("peers")
+    if as_json:
+        click.echo(json.dumps(result, indent=2, sort_keys=True))
+        return
+    if not result:
+        click.echo("no peers known yet (same LAN with mDNS, or --peer host:port seeds)")
+    for peer in result:
+        click.echo(_peer_line(peer))
+
+
 def _status_extras(result: dict[str, Any]) -> list[str]:
     """Lines for sections added by services (peers, jobs); each service formats its own section."""
     lines: list[str] = []
@@ -260,9 +275,11 @@ def _status_extras(result: dict[str, Any]) -> list[str]:
 def _peer_line(peer: dict[str, Any]) -> str:
     rtt = peer.get("rtt_ms")
     rtt_text = f"{rtt:.1f} ms" if isinstance(rtt, int | float) else "-"
+    heard = peer.get("last_heard_s")
+    heard_text = f"{heard:.1f}s ago" if isinstance(heard, int | float) else "never"
     return (
         f"{peer.get('peer_id', '?')[:12]}  {peer.get('state', '?'):<7} inc {peer.get('incarnation', '?'):<4} "
-        f"rtt {rtt_text:<9} {peer.get('address', '')}  {peer.get('device', '')}"
+        f"rtt {rtt_text:<9} heard {heard_text:<10} {peer.get('address', '')}  {peer.get('device', '')}"
     )
 
 

@@ -79,9 +79,17 @@ class LocalSwarm:
     def call(self, i: int, method: str, params: dict[str, Any] | None = None, timeout: float = 10.0) -> Any:
         return call(self.state_dir(i) / "control.sock", method, params, timeout=timeout)
 
+    def signal(self, i: int, sig: signal.Signals) -> None:
+        """Send ``sig`` to daemon ``i`` (tests: SIGKILL, SIGSTOP/SIGCONT)."""
+        self.procs[i].send_signal(sig)
+
+    def wait(self, i: int, timeout: float) -> int:
+        return self.procs[i].wait(timeout=timeout)
+
     def close(self, grace: float = 10.0) -> None:
         for proc in self.procs:
             if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
                 proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + grace
         for proc in self.procs:
