@@ -14,6 +14,7 @@ from typing import Any
 import trio
 
 from arceusd.config import DEFAULT_PORT
+from arceusd.election_driver import install_elections
 from arceusd.discovery import Announcement, DiscoveryStatus, candidate_addresses, serve_discovery
 from arceusd.membership.config import MembershipConfig, lan, local
 from arceusd.membership.events import MemberState
@@ -98,6 +99,7 @@ async def _run_network(
         return peers.peers()
 
     node.methods["peers"] = peers_method
+    install_elections(node, peers)
     node.shutdown_hooks.append(peers.leave)
     async with trio.open_nursery() as nursery:
         await nursery.start(peers.run, tuple(config.peers))
