@@ -1,0 +1,197 @@
+"""Batches by step number: the job owner's worker serves them, stage 0 fetches inputs, the last stage targets.
+
+Owns: the ``data`` stream protocol and the prefetching client.
+
+- :class:`DataServer` (on the owner's worker) wraps the spec's ``BatchSource``. A client opens one stream with
+  purpose ``b"<job>/<term>/data"`` and sends requests, header = JSON ``{"kind": "train"|"eval", "index": k,
+  "part": "inputs"|"targets"}``; each answer is one tensor frame (header = ``protocol.tensors`` frame header,
+  payload = the raw body). Inputs go only to members of stage 0 and targets only to members of the last stage
+  (by proven peer id); anyone else is refused and the stream closed.
+- :class:`DataClient` asks the owner (or, on the owner itself, the server directly) one request at a time.
+- :class:`Prefetcher` runs a task that fetches training steps ``[start, stop)`` into a one-slot channel, so
+  the
+  next step's batch is on hand when the current step ends.
+
+Determinism: step ``k``'s batch is ``BatchSource.batch(k)``, a function of (data, seed, k) only, so a resumed
+run sees the batches of the failure-free run; eval batch ``i`` is the ``i``-th of ``eval_batches()``, the same
+list every time.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+import trio
+
+from arceusd.data.batches import BatchSource
+from arceusd.jobs.spec_types import JobSpec, MnistDataSpec
+from arceusd.transport import Stream
+from arceusd.worker.protocol import WorkerConfig
+from protocol.errors import RemoteProtocolError
+from protocol.tensors import RAW, decoder_for, encode_tensor_parts, read_tensor_header
+
+PARTS = ("inputs", "targets")
+KINDS = ("train", "eval")
+MNIST_EVAL_BATCH = 1000
+"""Eval batch size of MNIST jobs (``open_batch_source``'s default); every worker derives the count from it."""
+
+
+def eval_batch_count(spec: JobSpec) -> int:
+    """How many eval batches the job has (known to every worker from the spec alone)."""
+    if isinstance(spec.data, MnistDataSpec):
+        return math.ceil(spec.data.holdout_count / MNIST_EVAL_BATCH)
+    return spec.training.eval_iters
+
+
+@dataclass(frozen=True)
+class Request:
+    kind: str
+    index: int
+    part: str
+
+    def encode(self) -> bytes:
+        return json.dumps({"kind": self.kind, "index": self.index, "part": self.part}).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> Request:
+        try:
+            d = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise RemoteProtocolError("bad_data_request", "a data request must be a JSON object") from None
+        if not isinstance(d, dict) or set(d) != {"kind", "index", "part"}:
+            raise RemoteProtocolError("bad_data_request", f"a data request has kind, index, part; got {d!r}")
+        kind, index, part = d["kind"], d["index"], d["part"]
+        if kind not in KINDS or part not in PARTS or not isinstance(index, int) or index < 0:
+            raise RemoteProtocolError("bad_data_request", f"bad data request {d!r}")
+        return cls(kind, index, part)
+
+
+class DataServer:
+    """The owner's batch service (see the module docstring)."""
+
+    def __init__(self, source: BatchSource, config: WorkerConfig, total_steps: int) -> None:
+        self.source = source
+        self.total_steps = total_steps
+        self.input_peers = {m.peer_id for m in config.stages[0].members}
+        self.target_peers = {m.peer_id for m in config.stages[-1].members}
+        self.refused: Counter[str] = Counter()
+        self._eval: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+
+    def get(self, request: Request) -> torch.Tensor:
+        """The tensor a request asks for. RemoteProtocolError for an index out of range."""
+        if request.kind == "train":
+            if request.index >= self.total_steps:
+                raise RemoteProtocolError("bad_data_request", f"step {request.index} >= {self.total_steps}")
+            x, y = self.source.batch(request.index)
+        else:
+            if self._eval is None:
+                self._eval = list(self.source.eval_batches())
+            if request.index >= len(self._eval):
+                raise RemoteProtocolError(
+                    "bad_data_request", f"eval batch {request.index} of {len(self._eval)}"
+                )
+            x, y = self._eval[request.index]
+        return x if request.part == "inputs" else y
+
+    async def serve(self, stream: Stream) -> None:
+        """Answer one client's requests until it closes the stream; refuse a peer not entitled to a part."""
+        while True:
+            try:
+                header, _ = await stream.receive()
+            except trio.EndOfChannel:
+                return
+            except Exception as exc:
+                self.refused[type(exc).__name__] += 1
+                return
+            try:
+                request = Request.decode(header)
+                allowed = self.input_peers if request.part == "inputs" else self.target_peers
+                if stream.peer_id not in allowed:
+                    raise RemoteProtocolError(
+                        "not_entitled", f"peer {stream.peer_id} may not fetch {request.part}"
+                    )
+                tensor = self.get(request)
+            except RemoteProtocolError as exc:
+                self.refused[exc.reason] += 1
+                return
+            parts = encode_tensor_parts(tensor.contiguous(), RAW)
+            await stream.send(bytes(parts[0]), memoryview(parts[1]) if len(parts) == 2 else b"")
+
+
+class DataClient:
+    """Fetches inputs/targets from the owner (one request at a time), or locally on the owner."""
+
+    def __init__(
+        self, *, stream: Stream | None = None, local: DataServer | None = None, timeout_s: float
+    ) -> None:
+        if (stream is None) == (local is None):
+            raise ValueError(
+                "a DataClient needs exactly one of stream (remote owner) or local (we are the owner)"
+            )
+        self._stream = stream
+        self._local = local
+        self._lock = trio.Lock()
+        self.timeout_s = timeout_s
+
+    async def fetch(self, kind: str, index: int, part: str) -> torch.Tensor:
+        request = Request(kind, index, part)
+        if self._local is not None:
+            return self._local.get(request).clone()
+        assert self._stream is not None  # for mypy: checked in __init__
+        async with self._lock:
+            with trio.fail_after(self.timeout_s):
+                await self._stream.send(request.encode(), b"")
+                try:
+                    header, payload = await self._stream.receive()
+                except trio.EndOfChannel:
+                    raise RuntimeError(
+                        f"the job owner refused or dropped the data request {request}; see its log"
+                    ) from None
+        head = read_tensor_header(header)
+        if head.body_offset != len(header):
+            raise RemoteProtocolError("bad_tensor_frame", "data frame header length mismatch")
+        return decoder_for(head.codec_id)(head.params, payload, head.dtype, head.shape)
+
+    async def aclose(self) -> None:
+        if self._stream is not None:
+            await self._stream.aclose()
+
+
+Batch = tuple[torch.Tensor | None, torch.Tensor | None]
+
+
+class Prefetcher:
+    """Fetches ``(inputs or None, targets or None)`` of steps ``[start, stop)`` one step ahead."""
+
+    def __init__(self, client: DataClient | None, inputs: bool, targets: bool, start: int, stop: int) -> None:
+        self.client = client
+        self.inputs = inputs
+        self.targets = targets
+        self.start = start
+        self.stop = stop
+        self._send, self._receive = trio.open_memory_channel[tuple[int, Batch]](1)
+
+    async def run(self) -> None:
+        async with self._send:
+            for step in range(self.start, self.stop):
+                await self._send.send((step, await self._fetch("train", step)))
+
+    async def _fetch(self, kind: str, index: int) -> Batch:
+        if self.client is None:
+            return None, None
+        x = await self.client.fetch(kind, index, "inputs") if self.inputs else None
+        y = await self.client.fetch(kind, index, "targets") if self.targets else None
+        return x, y
+
+    async def next(self, step: int) -> Batch:
+        got, batch = await self._receive.receive()
+        if got != step:
+            raise RuntimeError(f"prefetcher delivered step {got}, the loop is at step {step} (a bug)")
+        return batch
+
+    async def eval_batches(self, count: int) -> list[Batch]:
+        return [await self._fetch("eval", i) for i in range(count)]

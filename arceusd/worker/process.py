@@ -1,0 +1,413 @@
+"""The stage-worker process: ``python -m arceusd.worker --config <path.json>``, supervised by the daemon.
+
+Owns: one job's data plane on this device. Start-up: pin threads, load the device identity (its peer id
+must be the config's), validate the spec, build only this worker's slice (``build_stage``) and its engine
+(optionally reloaded from ``resume.tensors_path``), load the data set if this device owns the job, listen on
+the transport and say ``listening``. On ``start`` (every worker's address): open the streams of ``WireFabric``
+(each to the peer id the plan names there: another peer answering is refused), then train steps
+``[resume.step or 0, total_steps)``:
+
+- each step: the next batch from the prefetcher (stage 0: inputs, last stage: targets), ``run_step`` in a
+  worker thread (the engine blocks on the links; the trio loop stays free to move frames), a ``step`` event;
+- after ``c`` completed steps with ``c % checkpoint_interval == 0`` (interval > 0) or ``c == total_steps``:
+  write this worker's shard ``stage{s}-rank{r}.safetensors`` under ``checkpoint_dir/step-<c>/`` (tensors =
+  ``StageEngine.state_tensors()``, safetensors metadata = the slice and its tensor-parallel split, so the
+  daemon can gather a full model), a ``checkpoint`` event, then an evaluation pass through the pipeline
+  (forward only, no grad) and an ``eval`` event; also an eval at multiples of the spec's
+  ``eval_interval_steps``;
+- then ``done`` and exit 0.
+
+``stop`` on stdin (or stdin closing) exits 0 at once; any failure emits ``error`` and exits 1. Gradient norm:
+the engine always clips with ``max_grad_norm = grad_clip`` or ``inf`` when the spec has no clipping (a scale
+of exactly 1), so ``grad_norm`` is always reported. Learning rate: the spec's ``TrainingSpec.lr_at``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+import torch
+import trio
+
+from arceusd.checkpoint import write_shard
+from arceusd.data.batches import BatchSource
+from arceusd.data.sampler import Cursor
+from arceusd.identity import load_or_create_identity
+from arceusd.jobs.source import open_batch_source
+from arceusd.jobs.spec import JobSpec, spec_from_dict
+from arceusd.jobs.spec_types import TrainingSpec
+from arceusd.models.build import loss_sum
+from arceusd.models.config import GPTConfig
+from arceusd.safetensors_io import load_bytes
+from arceusd.transport import Stream, open_transport
+from arceusd.worker.datafeed import Batch, DataClient, DataServer, Prefetcher, eval_batch_count
+from arceusd.worker.engine import EngineConfig, StageEngine
+from arceusd.worker.optim import AdamWConfig, LRSchedule, OptimizerConfig, SGDConfig
+from arceusd.worker.protocol import (
+    CheckpointEvent,
+    DoneEvent,
+    ErrorEvent,
+    EvalEvent,
+    Listening,
+    ShardInfo,
+    StartCommand,
+    StepEvent,
+    StopCommand,
+    WorkerConfig,
+    WorkerProtocolError,
+    parse_command,
+)
+from arceusd.worker.schedule import ScheduleKind
+from arceusd.worker.stage import StageSpec, build_stage
+from arceusd.worker.threads import pin_threads
+from arceusd.worker.wire_links import PHASE_EVAL, PHASE_TRAIN, WireFabric
+from protocol.compression import Bf16Codec, Fp16Codec, Int8BlockCodec, TopKCodec
+from protocol.errors import RemoteProtocolError
+from protocol.tensors import RAW, TensorCodec
+
+
+class WorkerStopped(Exception):
+    """The daemon said ``stop`` (or closed our stdin)."""
+
+
+@dataclass(frozen=True)
+class SpecLR(LRSchedule):
+    """The job spec's learning-rate rule (``TrainingSpec.lr_at``) as the engine's ``LRSchedule``."""
+
+    training: TrainingSpec | None = None
+
+    def __call__(self, step: int) -> float:
+        if self.training is None:
+            return self.max_lr
+        return self.training.lr_at(step)
+
+
+def optimizer_config(t: TrainingSpec) -> OptimizerConfig:
+    if t.optimizer == "sgd":
+        return SGDConfig(lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
+    return AdamWConfig(lr=t.lr, beta1=t.betas[0], beta2=t.betas[1], weight_decay=t.weight_decay)
+
+
+def codec_for(t: TrainingSpec) -> TensorCodec:
+    """The wire codec of activations and gradients named by the spec's ``compression``."""
+    if t.compression == "fp16":
+        return Fp16Codec()
+    if t.compression == "bf16":
+        return Bf16Codec()
+    if t.compression == "int8":
+        return Int8BlockCodec()
+    if t.compression == "topk":
+        return TopKCodec(ratio=t.topk_fraction)
+    return RAW
+
+
+def shard_name(stage: int, rank: int) -> str:
+    return f"stage{stage}-rank{rank}.safetensors"
+
+
+class EventWriter:
+    """Writes one JSON event per line to the daemon and flushes it."""
+
+    def __init__(self, out: TextIO) -> None:
+        self._out = out
+
+    def emit(
+        self, event: Listening | StepEvent | EvalEvent | CheckpointEvent | DoneEvent | ErrorEvent
+    ) -> None:
+        self._out.write(event.to_line() + "\n")
+        self._out.flush()
+
+
+class Worker:
+    """One stage worker (see the module docstring); ``run`` is its whole life."""
+
+    def __init__(self, config: WorkerConfig, events: EventWriter) -> None:
+        self.config = config
+        self.events = events
+        self.spec: JobSpec = spec_from_dict(config.spec)
+        self.stage, self.rank = config.position()
+        self.num_stages = len(config.stages)
+        self.is_first = self.stage == 0
+        self.is_last = self.stage == self.num_stages - 1
+        self.is_owner = config.peer_id == config.owner
+        self.source: BatchSource | None = None
+        self.server: DataServer | None = None
+        self.fabric = WireFabric(config, codec_for(self.spec.training), data_handler=self._serve_data)
+        st = config.stages[self.stage]
+        split = st.split()
+        module = build_stage(
+            self.spec.model,
+            self.spec.seed,
+            StageSpec(st.start, st.end, split, self.rank),
+            self.fabric.collective() if split is not None else None,
+        )
+        t = self.spec.training
+        self.engine = StageEngine(
+            module,
+            self.fabric.links(),
+            EngineConfig(
+                stage=self.stage,
+                num_stages=self.num_stages,
+                num_micro_batches=config.micro_batches,
+                schedule=ScheduleKind(config.schedule),
+                optimizer=optimizer_config(t),
+                lr_schedule=SpecLR(max_lr=t.lr, training=t),
+                max_grad_norm=t.grad_clip if t.grad_clip > 0 else math.inf,
+                autocast_bf16=t.precision == "bf16",
+                device=config.device,
+            ),
+        )
+        self.start_step = 0
+        if config.resume is not None:
+            state = load_bytes(Path(config.resume.tensors_path).read_bytes())
+            self.engine.load_state_tensors(state, config.resume.step)
+            self.start_step = config.resume.step
+        self._data_ready = trio.Event()
+
+    # -- data -----------------------------------------------------------------------------------------------
+
+    def load_data(self) -> None:
+        """On the owner: load the data set and check the resume cursor against it."""
+        if not self.is_owner:
+            return
+        self.source = open_batch_source(self.spec, eval_batch_size=1000)
+        self.server = DataServer(self.source, self.config, self.config.total_steps)
+        resume = self.config.resume
+        if resume is not None and resume.cursor is not None:
+            at = self.source.step_of(Cursor.from_dict(dict(resume.cursor)))
+            if at != resume.step:
+                raise WorkerProtocolError(
+                    f"resume cursor {dict(resume.cursor)} is step {at}, not {resume.step}"
+                )
+
+    async def _serve_data(self, stream: Stream) -> None:
+        await self._data_ready.wait()
+        if self.server is None:
+            self.fabric.refused["not_owner"] += 1
+            return
+        await self.server.serve(stream)
+
+    # -- life -----------------------------------------------------------------------------------------------
+
+    async def run(self, commands: trio.abc.ReceiveStream) -> None:
+        """Listen, wait for ``start``, train, report. Raises WorkerStopped on ``stop``."""
+        identity = load_or_create_identity(Path(self.config.state_dir))
+        if identity.peer_id != self.config.peer_id:
+            raise WorkerProtocolError(
+                f"the identity in {self.config.state_dir} is peer {identity.peer_id}, "
+                f"but the config says this worker is {self.config.peer_id}"
+            )
+        await trio.to_thread.run_sync(self.load_data)
+        self._data_ready.set()
+        async with open_transport(
+            identity,
+            self.config.listen_host,
+            0,
+            unary_handler=_refuse_calls,
+            stream_handler=self.fabric.handle_stream,
+        ) as transport:
+            self.events.emit(Listening(transport.port))
+            async with trio.open_nursery() as nursery:
+                start: list[StartCommand] = []
+                started = trio.Event()
+                nursery.start_soon(_read_commands, commands, start, started)
+                await started.wait()
+                await self.fabric.connect(transport, start[0].addresses)
+                client = None
+                if self.is_first or self.is_last:
+                    if self.is_owner:
+                        client = DataClient(local=self.server, timeout_s=self.config.link_timeout_s)
+                    else:
+                        stream = await transport.connect_stream(
+                            start[0].addresses[self.config.owner],
+                            self.fabric.purpose("data"),
+                            expect_peer_id=self.config.owner,
+                        )
+                        client = DataClient(stream=stream, timeout_s=self.config.link_timeout_s)
+                await self._train(nursery, client)
+                if client is not None:
+                    await client.aclose()
+                await self.fabric.aclose()
+                nursery.cancel_scope.cancel()
+
+    async def _train(self, nursery: trio.Nursery, client: DataClient | None) -> None:
+        cfg, t = self.config, self.spec.training
+        prefetch = Prefetcher(client, self.is_first, self.is_last, self.start_step, cfg.total_steps)
+        nursery.start_soon(prefetch.run)
+        samples = t.batch_size
+        tokens = samples * (self.spec.model.block_size if isinstance(self.spec.model, GPTConfig) else 1)
+        n_eval = eval_batch_count(self.spec)
+        for step in range(self.start_step, cfg.total_steps):
+            x, y = await prefetch.next(step)
+            began = time.perf_counter()
+            self.fabric.phase, self.fabric.step = PHASE_TRAIN, step
+            result = await trio.to_thread.run_sync(self.engine.run_step, x, y, abandon_on_cancel=True)
+            if not (math.isfinite(result.loss) and math.isfinite(result.grad_norm or 0.0)):
+                raise RuntimeError(f"step {step}: loss {result.loss} is not finite; training diverged")
+            self.events.emit(
+                StepEvent(step, result.loss, result.lr, float(result.grad_norm or 0.0), samples, tokens,
+                          time.perf_counter() - began)
+            )  # fmt: skip
+            done = step + 1
+            checkpoint = done == cfg.total_steps or (
+                cfg.checkpoint_interval and done % cfg.checkpoint_interval == 0
+            )
+            evaluate = checkpoint or (t.eval_interval_steps and done % t.eval_interval_steps == 0)
+            if checkpoint:
+                await self._checkpoint(done)
+            if evaluate and n_eval:
+                batches = await prefetch.eval_batches(n_eval)
+                loss, acc = await trio.to_thread.run_sync(
+                    self._evaluate, done, batches, abandon_on_cancel=True
+                )
+                self.events.emit(EvalEvent(done, loss, acc))
+        self.events.emit(DoneEvent(cfg.total_steps))
+
+    async def _checkpoint(self, step: int) -> None:
+        st = self.config.stages[self.stage]
+        split = st.split()
+        metadata = {
+            "job_id": self.config.job_id,
+            "step": str(step),
+            "stage": str(self.stage),
+            "rank": str(self.rank),
+            "start": str(st.start),
+            "end": str(st.end),
+            "tp_heads": ",".join(str(h) for h in split.heads) if split else "",
+            "tp_columns": ",".join(str(c) for c in split.columns) if split else "",
+        }
+        tensors = {k: v.detach().clone() for k, v in self.engine.state_tensors().items()}
+        record = await trio.to_thread.run_sync(
+            write_shard,
+            Path(self.config.checkpoint_dir),
+            step,
+            shard_name(self.stage, self.rank),
+            tensors,
+            metadata,
+        )
+        cursor = self.source.cursor(step).to_dict() if self.source is not None else None
+        self.events.emit(
+            CheckpointEvent(
+                step,
+                ShardInfo(record.name, record.sha256, record.size),
+                cursor,
+                self.engine.param_bytes(),
+                self.engine.optimizer_state_bytes(),
+            )
+        )
+
+    def _evaluate(self, step: int, batches: list[Batch]) -> tuple[float, float | None]:
+        """Forward-only pass of the eval batches through the pipeline (compute thread), all-reduced."""
+        fabric, module = self.fabric, self.engine.module
+        fabric.phase, fabric.step = PHASE_EVAL, step
+        links = self.engine.links
+        loss_total = correct = count = 0.0
+        module.eval()
+        device = self.engine.device
+        autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.engine.config.autocast_bf16)
+        with torch.no_grad(), autocast:
+            for i, (x, y) in enumerate(batches):
+                inp = x.to(device) if self.is_first and x is not None else links.recv_activation(i).to(device)
+                out = module(inp)
+                if not self.is_last:
+                    if self.rank == 0:
+                        links.send_activation(i, out)
+                    continue
+                if y is None:
+                    raise RuntimeError("the last stage got no eval targets (a bug)")
+                y = y.to(device)
+                loss_total += float(loss_sum(out, y))
+                count += y.numel()
+                correct += float((out.argmax(dim=-1) == y).sum())
+        module.train()
+        report = self.is_last and self.rank == 0
+        total_loss = links.allreduce_scalar(loss_total if report else 0.0)
+        total_count = links.allreduce_scalar(count if report else 0.0)
+        total_correct = links.allreduce_scalar(correct if report else 0.0)
+        is_mlp = not isinstance(self.spec.model, GPTConfig)
+        return total_loss / max(total_count, 1.0), (total_correct / max(total_count, 1.0) if is_mlp else None)
+
+
+async def _refuse_calls(request: bytes) -> bytes:
+    raise RemoteProtocolError("no_unary_service", "a stage worker answers no unary calls")
+
+
+async def _read_commands(
+    commands: trio.abc.ReceiveStream, start: list[StartCommand], started: trio.Event
+) -> None:
+    buffer = b""
+    while True:
+        chunk = await commands.receive_some(65536)
+        if not chunk:
+            raise WorkerStopped("stdin closed: the daemon is gone")
+        buffer += chunk
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            if not line.strip():
+                continue
+            command = parse_command(line.decode("utf-8", "replace"))
+            if isinstance(command, StopCommand):
+                raise WorkerStopped("stop command")
+            if started.is_set():
+                raise WorkerProtocolError("a second start command")
+            start.append(command)
+            started.set()
+
+
+async def _main(config: WorkerConfig, events: EventWriter) -> int:
+    commands = trio.lowlevel.FdStream(os.dup(sys.stdin.fileno()))
+    try:
+        worker = Worker(config, events)
+        await worker.run(commands)
+    except BaseException as exc:
+        if _only_stopped(exc):
+            return 0
+        raise
+    return 0
+
+
+def _only_stopped(exc: BaseException) -> bool:
+    if isinstance(exc, WorkerStopped):
+        return True
+    if isinstance(exc, BaseExceptionGroup):
+        _, rest = exc.split(WorkerStopped)
+        return rest is None
+    return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m arceusd.worker", description="Arceus stage worker")
+    parser.add_argument(
+        "--config", required=True, help="path of the worker config JSON written by the daemon"
+    )
+    args = parser.parse_args(argv)
+    events = EventWriter(sys.stdout)
+    code = 1
+    try:
+        config = WorkerConfig.from_json(Path(args.config).read_text())
+        pin_threads(config.threads)
+        code = trio.run(_main, config, events)
+    except BaseException as exc:  # report every failure to the daemon, then exit non-zero
+        message = _describe(exc)
+        print(f"stage worker failed: {message}", file=sys.stderr)
+        with contextlib.suppress(Exception):
+            events.emit(ErrorEvent(message))
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # compute threads may still block in torch; leave at once
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, BaseExceptionGroup):
+        leaves = exc.exceptions
+        return "; ".join(_describe(e) for e in leaves)
+    return f"{type(exc).__name__}: {exc}"

@@ -1,0 +1,424 @@
+"""The daemon <-> stage-worker pipe protocol: the worker's config file, its stdout events, its stdin commands.
+
+Owns: the JSON shapes exchanged between a daemon and the ``python -m arceusd.worker --config <path>`` child it
+supervises, as frozen dataclasses with strict parsers (``WorkerProtocolError`` names the field and what was
+wrong). One JSON object per line on both pipes.
+
+- :class:`WorkerConfig`: the config file (``from_json`` / ``to_json``), incl. the plan's stages (a stage with
+  one member has no tensor parallelism; with several, ``heads``/``columns`` give each rank's split).
+- Events, worker -> daemon (stdout): :class:`Listening`, :class:`StepEvent`, :class:`EvalEvent`,
+  :class:`CheckpointEvent`, :class:`DoneEvent`, :class:`ErrorEvent`; ``event.to_line()`` and
+  :func:`parse_event`.
+- Commands, daemon -> worker (stdin): :class:`StartCommand` (every worker's transport address, sent once all
+  said ``listening``) and :class:`StopCommand` (exit 0 at once); ``to_line()`` and :func:`parse_command`.
+
+Who emits what: every worker emits ``step`` (the loss is all-reduced, so all agree), ``eval`` (the eval loss
+and accuracy are all-reduced too; ``val_accuracy`` is null for text jobs), ``checkpoint`` for its own shard
+(``cursor`` is the sampler cursor on the job owner's worker, null elsewhere; ``param_bytes`` /
+``optimizer_bytes`` are measured from this worker's own tensors) and ``done``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from arceusd.worker.tensor_parallel import TPSplit
+
+SCHEDULES = ("gpipe", "1f1b")
+
+
+class WorkerProtocolError(ValueError):
+    """A config, event or command line does not have the agreed shape; the message names the field."""
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+
+def _get(d: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    if key not in d:
+        raise WorkerProtocolError(f"{where}: missing field {key!r}")
+    value = d[key]
+    ok = isinstance(value, kind) and not (isinstance(value, bool) and bool not in _tuple(kind))
+    if not ok:
+        names = "/".join(k.__name__ for k in _tuple(kind))
+        raise WorkerProtocolError(f"{where}.{key}: expected {names}, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _tuple(kind: type | tuple[type, ...]) -> tuple[type, ...]:
+    return kind if isinstance(kind, tuple) else (kind,)
+
+
+def _int(d: Mapping[str, Any], key: str, where: str, minimum: int = 0) -> int:
+    value = int(_get(d, key, int, where))
+    if value < minimum:
+        raise WorkerProtocolError(f"{where}.{key}: must be >= {minimum}, got {value}")
+    return value
+
+
+def _float(d: Mapping[str, Any], key: str, where: str) -> float:
+    return float(_get(d, key, (int, float), where))
+
+
+def _load_object(text: str, where: str) -> dict[str, Any]:
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise WorkerProtocolError(f"{where}: not valid JSON ({exc})") from None
+    if not isinstance(doc, dict):
+        raise WorkerProtocolError(f"{where}: expected a JSON object, got {type(doc).__name__}")
+    return doc
+
+
+def _line(d: Mapping[str, Any]) -> str:
+    return json.dumps(d, separators=(",", ":"), allow_nan=False)
+
+
+# ---------------------------------------------------------------------------------------------- config
+
+
+@dataclass(frozen=True)
+class MemberConfig:
+    """One device of a stage; ``heads``/``columns`` are its tensor-parallel share (0 without TP)."""
+
+    peer_id: str
+    heads: int = 0
+    columns: int = 0
+
+
+@dataclass(frozen=True)
+class StageConfig:
+    """Blocks ``[start, end)`` held by ``members`` (rank = position in the list)."""
+
+    start: int
+    end: int
+    members: tuple[MemberConfig, ...]
+
+    def split(self) -> TPSplit | None:
+        """The tensor-parallel split, or ``None`` for a one-member stage."""
+        if len(self.members) == 1:
+            return None
+        return TPSplit(tuple(m.heads for m in self.members), tuple(m.columns for m in self.members))
+
+
+@dataclass(frozen=True)
+class ResumeConfig:
+    """Resume at ``step`` from a safetensors file holding exactly this worker's ``state_tensors()``."""
+
+    step: int
+    tensors_path: str
+    cursor: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """Everything a stage worker needs (module docstring); ``spec`` is ``jobs.spec.to_dict``'s."""
+
+    job_id: str
+    term: int
+    epoch: int
+    spec: Mapping[str, Any]
+    stages: tuple[StageConfig, ...]
+    micro_batches: int
+    schedule: str
+    peer_id: str
+    state_dir: str
+    listen_host: str
+    owner: str
+    checkpoint_dir: str
+    checkpoint_interval: int
+    total_steps: int
+    resume: ResumeConfig | None = None
+    threads: int = 1
+    device: str = "cpu"
+    link_timeout_s: float = field(default=120.0)
+    """Seconds a receive may wait for a peer before the worker gives up (a dead peer)."""
+
+    def __post_init__(self) -> None:
+        if self.schedule not in SCHEDULES:
+            raise WorkerProtocolError(f"schedule: expected one of {SCHEDULES}, got {self.schedule!r}")
+        if not self.stages:
+            raise WorkerProtocolError("stages: a plan needs at least one stage")
+        seen: set[str] = set()
+        for s, st in enumerate(self.stages):
+            if not st.members:
+                raise WorkerProtocolError(f"stages[{s}]: a stage needs at least one member")
+            if s and st.start != self.stages[s - 1].end:
+                raise WorkerProtocolError(
+                    f"stages[{s}]: starts at block {st.start}, the previous stage ends at "
+                    f"{self.stages[s - 1].end}"
+                )
+            for m in st.members:
+                if m.peer_id in seen:
+                    raise WorkerProtocolError(f"stages[{s}]: peer {m.peer_id} holds two places in the plan")
+                seen.add(m.peer_id)
+        if self.peer_id not in seen:
+            raise WorkerProtocolError(f"peer_id {self.peer_id} is not a member of any stage of the plan")
+        if self.owner not in seen:
+            raise WorkerProtocolError(
+                f"owner {self.owner} must run a worker of the job (it serves the data); it is in no stage"
+            )
+        if self.total_steps < 1 or self.micro_batches < 1 or self.threads < 1:
+            raise WorkerProtocolError("total_steps, micro_batches and threads must all be >= 1")
+        if self.checkpoint_interval < 0:
+            raise WorkerProtocolError("checkpoint_interval must be >= 0 (0: only at the end)")
+        if self.resume is not None and not 0 <= self.resume.step <= self.total_steps:
+            raise WorkerProtocolError(f"resume.step {self.resume.step} outside 0..total_steps")
+
+    # -- plan queries ---------------------------------------------------------------------------------------
+
+    def workers(self) -> list[tuple[int, int, str]]:
+        """Every worker of the job as ``(stage, rank, peer_id)`` in global order (stage, then rank)."""
+        return [(s, r, m.peer_id) for s, st in enumerate(self.stages) for r, m in enumerate(st.members)]
+
+    def position(self, peer_id: str | None = None) -> tuple[int, int]:
+        """``(stage, rank)`` of ``peer_id`` (default: this worker)."""
+        pid = self.peer_id if peer_id is None else peer_id
+        for s, r, p in self.workers():
+            if p == pid:
+                return s, r
+        raise WorkerProtocolError(f"peer {pid} is not in the plan")
+
+    def peer(self, stage: int, rank: int) -> str:
+        return self.stages[stage].members[rank].peer_id
+
+    # -- JSON ---------------------------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["stages"] = [
+            {"start": st.start, "end": st.end, "members": [asdict(m) for m in st.members]}
+            for st in self.stages
+        ]
+        d["spec"] = dict(self.spec)
+        if self.resume is not None:
+            r = self.resume
+            d["resume"] = {
+                "step": r.step,
+                "tensors_path": r.tensors_path,
+                "cursor": dict(r.cursor) if r.cursor is not None else None,
+            }
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1, sort_keys=True, allow_nan=False)
+
+    @classmethod
+    def from_json(cls, text: str) -> WorkerConfig:
+        return cls.from_dict(_load_object(text, "worker config"))
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> WorkerConfig:
+        w = "worker config"
+        stages = []
+        for i, raw in enumerate(_get(d, "stages", list, w)):
+            if not isinstance(raw, dict):
+                raise WorkerProtocolError(f"{w}.stages[{i}]: expected an object")
+            where = f"{w}.stages[{i}]"
+            members = []
+            for j, m in enumerate(_get(raw, "members", list, where)):
+                if not isinstance(m, dict):
+                    raise WorkerProtocolError(f"{where}.members[{j}]: expected an object")
+                mw = f"{where}.members[{j}]"
+                members.append(
+                    MemberConfig(
+                        _get(m, "peer_id", str, mw), int(m.get("heads", 0)), int(m.get("columns", 0))
+                    )
+                )
+            stages.append(StageConfig(_int(raw, "start", where), _int(raw, "end", where), tuple(members)))
+        resume = None
+        raw_resume = d.get("resume")
+        if raw_resume is not None:
+            if not isinstance(raw_resume, dict):
+                raise WorkerProtocolError(f"{w}.resume: expected an object or null")
+            cursor = raw_resume.get("cursor")
+            if cursor is not None and not isinstance(cursor, dict):
+                raise WorkerProtocolError(f"{w}.resume.cursor: expected an object or null")
+            resume = ResumeConfig(
+                _int(raw_resume, "step", f"{w}.resume"),
+                _get(raw_resume, "tensors_path", str, f"{w}.resume"),
+                cursor,
+            )
+        return cls(
+            job_id=_get(d, "job_id", str, w),
+            term=_int(d, "term", w),
+            epoch=_int(d, "epoch", w),
+            spec=_get(d, "spec", dict, w),
+            stages=tuple(stages),
+            micro_batches=_int(d, "micro_batches", w, 1),
+            schedule=_get(d, "schedule", str, w),
+            peer_id=_get(d, "peer_id", str, w),
+            state_dir=_get(d, "state_dir", str, w),
+            listen_host=_get(d, "listen_host", str, w),
+            owner=_get(d, "owner", str, w),
+            checkpoint_dir=_get(d, "checkpoint_dir", str, w),
+            checkpoint_interval=_int(d, "checkpoint_interval", w),
+            total_steps=_int(d, "total_steps", w, 1),
+            resume=resume,
+            threads=_int(d, "threads", w, 1) if "threads" in d else 1,
+            device=_get(d, "device", str, w) if "device" in d else "cpu",
+            link_timeout_s=_float(d, "link_timeout_s", w) if "link_timeout_s" in d else 120.0,
+        )
+
+
+# ---------------------------------------------------------------------------------------------- events
+
+
+@dataclass(frozen=True)
+class Listening:
+    port: int
+
+    def to_line(self) -> str:
+        return _line({"event": "listening", "port": self.port})
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    step: int
+    loss: float
+    lr: float
+    grad_norm: float
+    samples: int
+    tokens: int
+    seconds: float
+
+    def to_line(self) -> str:
+        return _line({"event": "step", **asdict(self)})
+
+
+@dataclass(frozen=True)
+class EvalEvent:
+    step: int
+    val_loss: float
+    val_accuracy: float | None
+
+    def to_line(self) -> str:
+        return _line({"event": "eval", **asdict(self)})
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    name: str
+    sha256: str
+    size: int
+
+
+@dataclass(frozen=True)
+class CheckpointEvent:
+    step: int
+    shard: ShardInfo
+    cursor: Mapping[str, Any] | None = None
+    param_bytes: int = 0
+    optimizer_bytes: int = 0
+
+    def to_line(self) -> str:
+        return _line(
+            {
+                "event": "checkpoint",
+                "step": self.step,
+                "shard": asdict(self.shard),
+                "cursor": dict(self.cursor) if self.cursor is not None else None,
+                "param_bytes": self.param_bytes,
+                "optimizer_bytes": self.optimizer_bytes,
+            }
+        )
+
+
+@dataclass(frozen=True)
+class DoneEvent:
+    step: int
+
+    def to_line(self) -> str:
+        return _line({"event": "done", "step": self.step})
+
+
+@dataclass(frozen=True)
+class ErrorEvent:
+    message: str
+
+    def to_line(self) -> str:
+        return _line({"event": "error", "message": self.message})
+
+
+Event = Listening | StepEvent | EvalEvent | CheckpointEvent | DoneEvent | ErrorEvent
+
+
+def parse_event(line: str) -> Event:
+    """One stdout line of a worker; ``WorkerProtocolError`` for anything else."""
+    d = _load_object(line, "worker event")
+    kind = _get(d, "event", str, "worker event")
+    w = f"{kind} event"
+    if kind == "listening":
+        return Listening(_int(d, "port", w))
+    if kind == "step":
+        return StepEvent(
+            _int(d, "step", w), _float(d, "loss", w), _float(d, "lr", w), _float(d, "grad_norm", w),
+            _int(d, "samples", w), _int(d, "tokens", w), _float(d, "seconds", w),
+        )  # fmt: skip
+    if kind == "eval":
+        acc = d.get("val_accuracy")
+        if acc is not None and not isinstance(acc, int | float):
+            raise WorkerProtocolError(f"{w}.val_accuracy: expected a number or null")
+        return EvalEvent(_int(d, "step", w), _float(d, "val_loss", w), None if acc is None else float(acc))
+    if kind == "checkpoint":
+        s = _get(d, "shard", dict, w)
+        shard = ShardInfo(_get(s, "name", str, w + ".shard"), _get(s, "sha256", str, w + ".shard"),
+                          _int(s, "size", w + ".shard"))  # fmt: skip
+        cursor = d.get("cursor")
+        if cursor is not None and not isinstance(cursor, dict):
+            raise WorkerProtocolError(f"{w}.cursor: expected an object or null")
+        return CheckpointEvent(
+            _int(d, "step", w), shard, cursor, int(d.get("param_bytes", 0)), int(d.get("optimizer_bytes", 0))
+        )
+    if kind == "done":
+        return DoneEvent(_int(d, "step", w))
+    if kind == "error":
+        return ErrorEvent(_get(d, "message", str, w))
+    raise WorkerProtocolError(f"worker event: unknown event {kind!r}")
+
+
+# ---------------------------------------------------------------------------------------------- commands
+
+
+@dataclass(frozen=True)
+class StartCommand:
+    addresses: Mapping[str, str]
+    """peer id -> ``"host:port"`` of every worker of the job."""
+
+    def to_line(self) -> str:
+        return _line({"cmd": "start", "addresses": dict(self.addresses)})
+
+
+@dataclass(frozen=True)
+class StopCommand:
+    def to_line(self) -> str:
+        return _line({"cmd": "stop"})
+
+
+Command = StartCommand | StopCommand
+
+
+def parse_command(line: str) -> Command:
+    """One stdin line of the daemon; ``WorkerProtocolError`` for anything else."""
+    d = _load_object(line, "daemon command")
+    kind = _get(d, "cmd", str, "daemon command")
+    if kind == "stop":
+        return StopCommand()
+    if kind == "start":
+        addresses = _get(d, "addresses", dict, "start command")
+        for k, v in addresses.items():
+            if not isinstance(v, str) or ":" not in v:
+                raise WorkerProtocolError(f"start command.addresses[{k!r}]: expected 'host:port', got {v!r}")
+        return StartCommand(dict(addresses))
+    raise WorkerProtocolError(f"daemon command: unknown command {kind!r}")
+
+
+def finite(x: float) -> float:
+    """JSON has no NaN/inf: a non-finite loss is reported as a huge sentinel-free error instead (caller)."""
+    if not math.isfinite(x):
+        raise ValueError(f"non-finite value {x}: training diverged")
+    return x

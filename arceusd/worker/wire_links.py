@@ -1,0 +1,373 @@
+"""``Links`` and ``Collective`` over the authenticated transport: stage workers in separate processes.
+
+Owns: the worker-to-worker streams of one job, their routing, framing and the blocking bridge the compute
+thread uses. The compute thread (``StageEngine.run_step`` in ``trio.to_thread.run_sync``) calls the blocking
+methods here; each one hops into trio with ``trio.from_thread.run``, so torch never runs on the event loop and
+the event loop never waits on torch.
+
+Streams: one authenticated transport stream per (kind, sender, receiver), opened by the *sender* with
+``expect_peer_id`` = the peer the plan names for that address, purpose ``b"<job>/<term>/<kind>"``. The
+receiving side routes an incoming stream by (kind, proven peer id) to an unbounded in-order inbox; a stream
+from a peer the plan does not name for that kind (or a second stream for the same route) is refused and counted
+in ``refused``. Kinds:
+
+- ``act``: stage s rank 0 -> every rank of stage s + 1; ``grad``: stage s rank 0 -> every rank of stage s - 1
+  (the engine's contract: only tensor-parallel rank 0 sends; inboxes buffer without bound, so a send never
+  waits for the receiver's compute);
+- ``sum`` / ``sumres``: ``allreduce_scalar`` is a star over worker 0 (stage 0 rank 0), which adds the values
+  in global worker order (stage, then rank) and sends the sum back, so every worker gets the same float;
+- ``tp`` / ``tpres``: a tensor-parallel group's ``all_reduce_sum``, a star over the group's rank 0 adding in
+  rank order (bit-identical results on every rank, like the in-memory collective);
+- ``data``: the owner's batch service (``datafeed.py``), handed to ``data_handler``.
+
+Frames: ``act``/``grad`` headers are ``(phase u8, step u64, micro-batch u32)`` + the tensor frame header of
+``protocol.tensors``; the payload is the frame body (raw: a zero-copy view of the tensor's memory). The
+job's compression codec (``protocol.compression``) applies to ``act``/``grad`` only; tensor-parallel
+all-reduces and scalars are always exact. A receiver checks phase/step/micro-batch/sequence against what it
+expects and raises ``LinkError`` on a mismatch or after ``timeout_s`` without a message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import struct
+from collections import Counter
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Protocol
+
+import torch
+import trio
+
+from arceusd.transport import Stream
+from arceusd.worker.links import LinkError
+from arceusd.worker.protocol import WorkerConfig
+from protocol.tensors import RAW, TensorCodec, decoder_for, encode_tensor_parts, read_tensor_header
+
+PHASE_TRAIN = 0
+PHASE_EVAL = 1
+
+_PIPE = struct.Struct(">BQI")  # phase, step, micro-batch
+_SEQ = struct.Struct(">Q")  # collective call sequence number
+_SCALAR = struct.Struct(">Qd")  # sequence number, value
+
+PIPE_KINDS = ("act", "grad")
+KINDS = ("act", "grad", "sum", "sumres", "tp", "tpres")
+
+_Msg = tuple[bytes, memoryview]
+
+
+class StreamOpener(Protocol):
+    async def connect_stream(
+        self, address: str, purpose: bytes, expect_peer_id: str | None = None
+    ) -> Stream: ...
+
+
+def _encode(t: torch.Tensor, codec: TensorCodec) -> tuple[bytes, bytes | memoryview]:
+    """(tensor frame header, body) of ``t``; the raw body is a view of ``t``'s memory (no copy)."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    if not t.is_floating_point():
+        codec = RAW
+    parts = encode_tensor_parts(t, codec)
+    head = bytes(parts[0])
+    body: bytes | memoryview = memoryview(parts[1]) if len(parts) == 2 else b"".join(parts[1:])
+    return head, body
+
+
+def _decode(tensor_head: bytes, payload: memoryview) -> torch.Tensor:
+    head = read_tensor_header(tensor_head)
+    if head.body_offset != len(tensor_head):
+        raise LinkError(f"tensor header of {len(tensor_head)} bytes declares {head.body_offset}")
+    return decoder_for(head.codec_id)(head.params, payload, head.dtype, head.shape)
+
+
+class WireFabric:
+    """One worker's streams to the other workers of its job (see the module docstring).
+
+    Lifecycle: construct from the config (inboxes exist at once, so early streams from faster peers are
+    accepted), pass :meth:`handle_stream` as the transport's stream handler, :meth:`connect` once the
+    addresses are known, hand :meth:`links` / :meth:`collective` to the engine, :meth:`aclose` at the end.
+    """
+
+    def __init__(
+        self,
+        config: WorkerConfig,
+        codec: TensorCodec = RAW,
+        data_handler: Callable[[Stream], Awaitable[None]] | None = None,
+    ) -> None:
+        self.config = config
+        self.codec = codec
+        self.data_handler = data_handler
+        self.timeout_s = config.link_timeout_s
+        self.stage, self.rank = config.position()
+        self.num_stages = len(config.stages)
+        self.workers = config.workers()
+        self.root = self.workers[0][2]
+        self.is_root = config.peer_id == self.root
+        self.group = [m.peer_id for m in config.stages[self.stage].members]
+        self.refused: Counter[str] = Counter()
+        self._prefix = f"{config.job_id}/{config.term}/".encode()
+        self._outgoing: dict[tuple[str, str], Stream] = {}
+        self._inboxes: dict[
+            tuple[str, str], tuple[trio.MemorySendChannel[_Msg], trio.MemoryReceiveChannel[_Msg]]
+        ]
+        self._inboxes = {key: trio.open_memory_channel[_Msg](math.inf) for key in self._incoming_routes()}
+        self._claimed: set[tuple[str, str]] = set()
+        self.phase = PHASE_TRAIN
+        self.step = 0
+        self._sum_seq = 0
+        self._tp_seq = 0
+
+    def purpose(self, kind: str) -> bytes:
+        return self._prefix + kind.encode()
+
+    # -- routes ---------------------------------------------------------------------------------------------
+
+    def _incoming_routes(self) -> list[tuple[str, str]]:
+        s, r, c = self.stage, self.rank, self.config
+        routes: list[tuple[str, str]] = []
+        if s > 0:
+            routes.append(("act", c.peer(s - 1, 0)))
+        if s < self.num_stages - 1:
+            routes.append(("grad", c.peer(s + 1, 0)))
+        if self.is_root:
+            routes += [("sum", p) for _, _, p in self.workers if p != self.root]
+        else:
+            routes.append(("sumres", self.root))
+        if len(self.group) > 1:
+            if r == 0:
+                routes += [("tp", p) for p in self.group[1:]]
+            else:
+                routes.append(("tpres", self.group[0]))
+        return routes
+
+    def outgoing_routes(self) -> list[tuple[str, str]]:
+        """(kind, receiving peer) of every stream this worker opens."""
+        s, r, c = self.stage, self.rank, self.config
+        routes: list[tuple[str, str]] = []
+        if r == 0 and s < self.num_stages - 1:
+            routes += [("act", m.peer_id) for m in c.stages[s + 1].members]
+        if r == 0 and s > 0:
+            routes += [("grad", m.peer_id) for m in c.stages[s - 1].members]
+        if self.is_root:
+            routes += [("sumres", p) for _, _, p in self.workers if p != self.root]
+        else:
+            routes.append(("sum", self.root))
+        if len(self.group) > 1:
+            if r == 0:
+                routes += [("tpres", p) for p in self.group[1:]]
+            else:
+                routes.append(("tp", self.group[0]))
+        return routes
+
+    # -- trio side ------------------------------------------------------------------------------------------
+
+    async def handle_stream(self, stream: Stream) -> None:
+        """The transport's stream handler: route by purpose and proven peer, or refuse."""
+        purpose = stream.purpose
+        if not purpose.startswith(self._prefix):
+            self.refused["foreign_job"] += 1
+            return
+        kind = purpose[len(self._prefix) :].decode("ascii", "replace")
+        if kind == "data":
+            if self.data_handler is None:
+                self.refused["no_data_service"] += 1
+                return
+            await self.data_handler(stream)
+            return
+        key = (kind, stream.peer_id)
+        if key not in self._inboxes or key in self._claimed:
+            self.refused["unexpected_peer" if kind in KINDS else "unknown_kind"] += 1
+            return
+        self._claimed.add(key)
+        sender = self._inboxes[key][0]
+        try:
+            while True:
+                try:
+                    header, payload = await stream.receive()
+                except trio.EndOfChannel:
+                    return
+                sender.send_nowait((header, payload))
+        except Exception as exc:  # a broken peer: the waiting receive reports it
+            self.refused[type(exc).__name__] += 1
+        finally:
+            sender.close()
+
+    async def connect(self, opener: StreamOpener, addresses: Mapping[str, str]) -> None:
+        """Open every outgoing stream (concurrently). Refuses a peer answering with another id."""
+        missing = sorted({p for _, p in self.outgoing_routes()} - set(addresses))
+        if missing:
+            raise LinkError(f"the start command lacks the address of peer(s) {missing}")
+
+        async def open_one(kind: str, peer: str) -> None:
+            self._outgoing[(kind, peer)] = await opener.connect_stream(
+                addresses[peer], self.purpose(kind), expect_peer_id=peer
+            )
+
+        async with trio.open_nursery() as nursery:
+            for kind, peer in self.outgoing_routes():
+                nursery.start_soon(open_one, kind, peer)
+
+    async def aclose(self) -> None:
+        for stream in list(self._outgoing.values()):
+            with contextlib.suppress(Exception):  # closing at the end: the peer may be gone already
+                await stream.aclose()
+        self._outgoing.clear()
+
+    async def _send(self, kind: str, peers: list[str], header: bytes, body: bytes | memoryview) -> None:
+        for peer in peers:
+            stream = self._outgoing.get((kind, peer))
+            if stream is None:
+                raise LinkError(f"no {kind} stream to peer {peer}: the plan does not route it (a bug)")
+            await stream.send(header, body)
+
+    async def _receive(self, kind: str, peer: str) -> _Msg:
+        inbox = self._inboxes.get((kind, peer))
+        if inbox is None:
+            raise LinkError(f"no {kind} route from peer {peer}: the plan does not route it (a bug)")
+        try:
+            with trio.fail_after(self.timeout_s):
+                return await inbox[1].receive()
+        except trio.TooSlowError:
+            raise LinkError(f"waited {self.timeout_s}s for a {kind} message from peer {peer}") from None
+        except trio.EndOfChannel:
+            raise LinkError(f"peer {peer} closed its {kind} stream (it stopped or failed)") from None
+
+    # -- blocking side (compute thread) ---------------------------------------------------------------------
+
+    def links(self) -> WireLinks:
+        return WireLinks(self)
+
+    def collective(self) -> WireCollective:
+        return WireCollective(self)
+
+    def send_pipe(self, kind: str, micro_batch: int, tensor: torch.Tensor) -> None:
+        s = self.stage
+        if self.rank != 0:
+            raise LinkError(f"stage {s} rank {self.rank} sent a {kind}: only rank 0 of a stage sends")
+        target = s + 1 if kind == "act" else s - 1
+        if not 0 <= target < self.num_stages:
+            raise LinkError(f"stage {s} sent a {kind} to stage {target}, which does not exist")
+        head, body = _encode(tensor, self.codec)
+        header = _PIPE.pack(self.phase, self.step, micro_batch) + head
+        peers = [m.peer_id for m in self.config.stages[target].members]
+        trio.from_thread.run(self._send, kind, peers, header, body)
+
+    def recv_pipe(self, kind: str, micro_batch: int) -> torch.Tensor:
+        source = self.stage - 1 if kind == "act" else self.stage + 1
+        if not 0 <= source < self.num_stages:
+            raise LinkError(f"stage {self.stage} has no neighbour sending it a {kind}")
+        header, payload = trio.from_thread.run(self._receive, kind, self.config.peer(source, 0))
+        if len(header) < _PIPE.size:
+            raise LinkError(f"a {kind} header of {len(header)} bytes is too short")
+        got = _PIPE.unpack_from(header)
+        want = (self.phase, self.step, micro_batch)
+        if got != want:
+            raise LinkError(f"expected {kind} (phase, step, micro-batch) {want}, got {got}")
+        return _decode(header[_PIPE.size :], payload)
+
+    def allreduce_scalar(self, value: float) -> float:
+        seq = self._sum_seq
+        self._sum_seq += 1
+        if len(self.workers) == 1:
+            return float(value)
+        return trio.from_thread.run(self._allreduce_scalar, seq, float(value))
+
+    async def _allreduce_scalar(self, seq: int, value: float) -> float:
+        if not self.is_root:
+            await self._send("sum", [self.root], _SCALAR.pack(seq, value), b"")
+            header, _ = await self._receive("sumres", self.root)
+            got, total = _SCALAR.unpack(header)
+            if got != seq:
+                raise LinkError(f"scalar all-reduce {seq}: worker 0 answered round {got}")
+            return float(total)
+        values = [value]
+        others = [p for _, _, p in self.workers if p != self.root]
+        for peer in others:
+            header, _ = await self._receive("sum", peer)
+            got, v = _SCALAR.unpack(header)
+            if got != seq:
+                raise LinkError(f"scalar all-reduce {seq}: peer {peer} sent round {got}")
+            values.append(v)
+        total = float(sum(values))
+        await self._send("sumres", others, _SCALAR.pack(seq, total), b"")
+        return total
+
+    def all_reduce_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
+        seq = self._tp_seq
+        self._tp_seq += 1
+        if len(self.group) == 1:
+            return tensor.detach().clone()
+        head, body = _encode(tensor, RAW)
+        if self.rank != 0:
+            leader = self.group[0]
+            header, payload = trio.from_thread.run(self._tp_member, seq, leader, _SEQ.pack(seq) + head, body)
+            return _decode(header[_SEQ.size :], payload).to(tensor.device)
+        received = trio.from_thread.run(self._tp_gather, seq)
+        out = tensor.detach().cpu().clone()
+        for t in received:
+            out.add_(t)
+        head, body = _encode(out, RAW)
+        trio.from_thread.run(self._send, "tpres", self.group[1:], _SEQ.pack(seq) + head, body)
+        return out.to(tensor.device)
+
+    async def _tp_member(self, seq: int, leader: str, header: bytes, body: bytes | memoryview) -> _Msg:
+        await self._send("tp", [leader], header, body)
+        reply = await self._receive("tpres", leader)
+        (got,) = _SEQ.unpack_from(reply[0])
+        if got != seq:
+            raise LinkError(f"tensor all-reduce {seq}: rank 0 answered round {got}")
+        return reply
+
+    async def _tp_gather(self, seq: int) -> list[torch.Tensor]:
+        out = []
+        for peer in self.group[1:]:
+            header, payload = await self._receive("tp", peer)
+            (got,) = _SEQ.unpack_from(header)
+            if got != seq:
+                raise LinkError(f"tensor all-reduce {seq}: peer {peer} sent round {got}")
+            out.append(_decode(header[_SEQ.size :], payload))
+        return out
+
+
+class WireLinks:
+    """``Links`` (see ``links.py``) over a :class:`WireFabric`; blocking, for the compute thread."""
+
+    def __init__(self, fabric: WireFabric) -> None:
+        self._fabric = fabric
+
+    def send_activation(self, micro_batch: int, tensor: torch.Tensor) -> None:
+        self._fabric.send_pipe("act", micro_batch, tensor)
+
+    def recv_activation(self, micro_batch: int) -> torch.Tensor:
+        return self._fabric.recv_pipe("act", micro_batch)
+
+    def send_grad(self, micro_batch: int, tensor: torch.Tensor) -> None:
+        self._fabric.send_pipe("grad", micro_batch, tensor)
+
+    def recv_grad(self, micro_batch: int) -> torch.Tensor:
+        return self._fabric.recv_pipe("grad", micro_batch)
+
+    def allreduce_scalar(self, value: float) -> float:
+        return self._fabric.allreduce_scalar(value)
+
+
+class WireCollective:
+    """The stage's tensor-parallel ``Collective`` over a :class:`WireFabric`; blocking, for the compute
+    thread."""
+
+    def __init__(self, fabric: WireFabric) -> None:
+        self._fabric = fabric
+
+    @property
+    def rank(self) -> int:
+        return self._fabric.rank
+
+    @property
+    def world_size(self) -> int:
+        return len(self._fabric.group)
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        return self._fabric.all_reduce_tensor(tensor)
