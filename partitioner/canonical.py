@@ -52,6 +52,7 @@ def inputs_to_dict(inputs: PlanInputs) -> dict[str, Any]:
             "wire_bytes_per_element": t.wire_bytes_per_element,
             "compute_bytes_per_element": t.compute_bytes_per_element,
             "max_tensor_parallel": t.max_tensor_parallel,
+            "use_all_devices": t.use_all_devices,
         },
     }
 

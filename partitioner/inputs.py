@@ -91,6 +91,9 @@ class TrainingParams:
     ``BlockCost.activation_bytes_per_sample`` (given in the compute dtype)
     to the bytes that cross a stage boundary (e.g. 2/4 with fp16 on the wire).
     ``max_tensor_parallel`` caps the size of a tensor-parallel group (1 disables tensor parallelism).
+    ``use_all_devices`` asks for a plan that gives every device work even when fewer would be faster (a job
+    that wants every member to contribute, or to spread memory); honoured exactly up to ``EXACT_MAX_DEVICES``
+    devices, ignored by the heuristic beyond.
     """
 
     global_batch_size: int
@@ -98,6 +101,7 @@ class TrainingParams:
     wire_bytes_per_element: int = 4
     compute_bytes_per_element: int = 4
     max_tensor_parallel: int = 4
+    use_all_devices: bool = False
 
     def __post_init__(self) -> None:
         if self.global_batch_size <= 0:

@@ -101,10 +101,11 @@ def _fit(static: float, stash: float, budget: int, cap: int) -> int:
 
 
 def _search_m(cm: CostModel, m: int, terminal: int, preds: _Preds, incumbent: float,
-              best_speed: float, max_labels: int = 0) -> tuple[float, _Label] | None:
+              best_speed: float, max_labels: int = 0, final_ctx: int | None = None) -> tuple[float, _Label] | None:
     """Best (objective, label) for m micro-batches that beats ``incumbent``, or None.
 
     ``max_labels`` > 0 keeps at most that many labels per state (heuristic, fast); 0 keeps the Pareto set.
+    ``final_ctx`` (set mode): only complete plans whose used-device mask equals it are accepted.
     """
     n_blocks = len(cm.blocks)
     b = cm.micro_batch_size(m)
@@ -169,7 +170,7 @@ def _search_m(cm: CostModel, m: int, terminal: int, preds: _Preds, incumbent: fl
                             # heuristic cap: keep the best objective so far (then fewer stages)
                             target.sort(key=lambda o: ((m - 1) * o[0] + o[1], o[2]))
                             del target[max_labels:]
-                        if j0 == 0:
+                        if j0 == 0 and (final_ctx is None or nctx == final_ctx):
                             inc = val
                             best = (val, new)
         states[j] = {}  # free memory as we go
@@ -208,6 +209,7 @@ def plan(inputs: PlanInputs, exact_max_devices: int = EXACT_MAX_DEVICES) -> Plan
     exact = cm.n <= exact_max_devices
     terminal, preds = _set_mode(cm, max_tp) if exact else _chain_mode(cm, max_tp)
     cap = 0 if exact else CHAIN_MAX_LABELS
+    final_ctx = (1 << cm.n) - 1 if exact and cm.training.use_all_devices else None
     fastest = sorted(cm.speeds, reverse=True)
     best_speed = sum(fastest[:max_tp])
     best_plan: Plan | None = None
@@ -215,10 +217,10 @@ def plan(inputs: PlanInputs, exact_max_devices: int = EXACT_MAX_DEVICES) -> Plan
     for m in sorted(counts, reverse=True):
         bound = math.inf if best_plan is None else best_plan.predicted_step_time_s * (1 + 1e-9)
         # a quick pass with one label per state gives a good bound, then the full (or capped) pass
-        quick = _search_m(cm, m, terminal, preds, bound, best_speed, max_labels=1)
+        quick = _search_m(cm, m, terminal, preds, bound, best_speed, max_labels=1, final_ctx=final_ctx)
         if quick is not None:
             bound = min(bound, quick[0] * (1 + 1e-12))
-        found = _search_m(cm, m, terminal, preds, bound, best_speed, max_labels=cap) or quick
+        found = _search_m(cm, m, terminal, preds, bound, best_speed, max_labels=cap, final_ctx=final_ctx) or quick
         if found is None:
             continue
         candidate = cm.evaluate(_stages_of(found[1]), m)
