@@ -8,8 +8,8 @@ the event loop never waits on torch.
 Streams: one authenticated transport stream per (kind, sender, receiver), opened by the *sender* with
 ``expect_peer_id`` = the peer the plan names for that address, purpose ``b"<job>/<term>/<kind>"``. The
 receiving side routes an incoming stream by (kind, proven peer id) to an unbounded in-order inbox; a stream
-from a peer the plan does not name for that kind (or a second stream for the same route) is refused and counted
-in ``refused``. Kinds:
+from a peer the plan does not name for that kind (or a second stream for the same route) is
+refused and counted in ``refused``. Kinds:
 
 - ``act``: stage s rank 0 -> every rank of stage s + 1; ``grad``: stage s rank 0 -> every rank of stage s - 1
   (the engine's contract: only tensor-parallel rank 0 sends; inboxes buffer without bound, so a send never
@@ -39,9 +39,10 @@ from typing import Protocol
 import torch
 import trio
 
-from arceusd.transport import Stream
+from arceusd.transport import Stream, TransportError
 from arceusd.worker.links import LinkError
 from arceusd.worker.protocol import WorkerConfig
+from protocol.errors import RemoteProtocolError
 from protocol.tensors import RAW, TensorCodec, decoder_for, encode_tensor_parts, read_tensor_header
 
 PHASE_TRAIN = 0
@@ -202,9 +203,15 @@ class WireFabric:
             raise LinkError(f"the start command lacks the address of peer(s) {missing}")
 
         async def open_one(kind: str, peer: str) -> None:
-            self._outgoing[(kind, peer)] = await opener.connect_stream(
-                addresses[peer], self.purpose(kind), expect_peer_id=peer
-            )
+            try:
+                self._outgoing[(kind, peer)] = await opener.connect_stream(
+                    addresses[peer], self.purpose(kind), expect_peer_id=peer
+                )
+            except (TransportError, RemoteProtocolError) as exc:
+                raise LinkError(
+                    f"cannot open the {kind} stream to peer {peer} at {addresses[peer]}: {exc} (a different "
+                    "peer answering there is refused; check the addresses in the start command)"
+                ) from exc
 
         async with trio.open_nursery() as nursery:
             for kind, peer in self.outgoing_routes():
