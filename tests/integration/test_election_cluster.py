@@ -1,4 +1,4 @@
-"""Per-job leader election across 5 real daemons (separate processes, real gRPC on loopback, ``local`` preset).
+"""Per-job leader election across 5 real daemons (separate processes, gRPC on loopback, ``local`` preset).
 
 A job is tracked on every daemon through the debug control method ``track_job`` (the job system will call
 ``node.elections.track`` itself). Checks: exactly one leader that every member agrees on, at one term; after a
@@ -25,7 +25,7 @@ from tests.harness import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 N = 5
-# Generous: a loaded 2-core box runs 5 daemons plus pytest. Detection, then a listening period, pre-vote, vote.
+# Generous: a loaded 2-core box runs 5 daemons and pytest. Detection, a listening period, pre-vote, vote.
 ELECT_BOUND = detection_bound(local(), N) + 6 * election_local().election_timeout + 10.0
 
 
@@ -80,7 +80,9 @@ def test_one_leader_then_failover_with_higher_term_and_stale_commands_refused(sw
     job = track_everywhere(swarm, ids)
     everyone = list(range(N))
 
-    leader, term = wait_for(lambda: agreed_leader(swarm, everyone, job), ELECT_BOUND, 0.1, "one agreed leader")
+    leader, term = wait_for(
+        lambda: agreed_leader(swarm, everyone, job), ELECT_BOUND, 0.1, "one agreed leader"
+    )
     assert leader in ids and term >= 1
     # It stays put: no churn while nothing fails.
     time.sleep(1.0)
@@ -92,22 +94,28 @@ def test_one_leader_then_failover_with_higher_term_and_stale_commands_refused(sw
     swarm.signal(old, signal.SIGKILL)
     t0 = time.monotonic()
     survivors = [i for i in everyone if i != old]
-    new_leader, new_term = wait_for(
-        lambda: (r := agreed_leader(swarm, survivors, job)) and r[0] != leader and r,
-        ELECT_BOUND, 0.05, "survivors elect a new leader",
-    )  # fmt: skip
+
+    def new_one() -> tuple[str, int] | None:
+        found = agreed_leader(swarm, survivors, job)
+        return found if found is not None and found[0] != leader else None
+
+    new_leader, new_term = wait_for(new_one, ELECT_BOUND, 0.05, "survivors elect a new leader")
     failover = time.monotonic() - t0
     assert new_term > term and new_leader != leader
     assert failover < ELECT_BOUND
 
-    # Commands stamped with the old term (or by a non-leader in the new term) are refused; the new leader's pass.
+    # Commands stamped with the old term (or by a non-leader in the new term) are refused; the leader's pass.
     follower = next(i for i in survivors if ids[i] != new_leader)
     stale = swarm.call(follower, "check_command", {"job_id": job, "term": term, "epoch": 0, "sender": leader})
     assert stale["accepted"] is False and "stale term" in stale["reason"]
     usurper = next(ids[i] for i in survivors if ids[i] != new_leader)
-    wrong = swarm.call(follower, "check_command", {"job_id": job, "term": new_term, "epoch": 0, "sender": usurper})
+    wrong = swarm.call(
+        follower, "check_command", {"job_id": job, "term": new_term, "epoch": 0, "sender": usurper}
+    )
     assert wrong["accepted"] is False and "not the leader" in wrong["reason"]
-    ok = swarm.call(follower, "check_command", {"job_id": job, "term": new_term, "epoch": 0, "sender": new_leader})
+    ok = swarm.call(
+        follower, "check_command", {"job_id": job, "term": new_term, "epoch": 0, "sender": new_leader}
+    )
     assert ok["accepted"] is True, ok
 
     # Terms are durable: every survivor's term file holds at least the new term for the job.
@@ -123,11 +131,13 @@ def test_minority_side_pauses_and_recovers(swarm: LocalSwarm) -> None:
     wait_for(lambda: converged(swarm, ids), 30, 0.1, "5 daemons converge")
     job = track_everywhere(swarm, ids)
     everyone = list(range(N))
-    leader, term = wait_for(lambda: agreed_leader(swarm, everyone, job), ELECT_BOUND, 0.1, "one agreed leader")
+    leader, term = wait_for(
+        lambda: agreed_leader(swarm, everyone, job), ELECT_BOUND, 0.1, "one agreed leader"
+    )
 
     # Stop the leader and two more: the 2 left are a minority of 5.
     old = ids.index(leader)
-    stopped = [old] + [i for i in everyone if i != old][:2]
+    stopped = [old, *[i for i in everyone if i != old][:2]]
     minority = [i for i in everyone if i not in stopped]
     for i in stopped:
         swarm.signal(i, signal.SIGSTOP)
