@@ -69,6 +69,7 @@ def _start_options(fn: Any) -> Any:
         click.option("--peer", "peers", multiple=True, help="Static seed peer host:port (repeatable)."),
         click.option("--interface", default=None, help="Network interface for mDNS (default: skip virtual ones)."),
         click.option("--mdns/--no-mdns", default=None, help="Announce and browse on the LAN with mDNS."),
+        click.option("--auto-join/--no-auto-join", default=None, help="Join every announced job automatically."),
         click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default=None),
         click.option("--log-file", type=click.Path(dir_okay=False, path_type=Path), default=None),
     ]
@@ -95,8 +96,9 @@ def _forwarded_args(flags: dict[str, Any]) -> list[str]:
         if key == "peers":
             for peer in value:
                 args += ["--peer", peer]
-        elif key == "mdns":
-            args.append("--mdns" if value else "--no-mdns")
+        elif key in ("mdns", "auto_join"):
+            name = key.replace("_", "-")
+            args.append(f"--{name}" if value else f"--no-{name}")
         else:
             args += [flag, str(value)]
     return args
@@ -230,10 +232,30 @@ def _fmt_duration(seconds: float) -> str:
 
 
 @cli.command()
+@click.argument("job", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--watch", is_flag=True, help="Keep refreshing (Ctrl-C to stop).")
+@click.option("--interval", type=float, default=1.0, show_default=True, help="Seconds between refreshes.")
 @pass_ctx
-def status(obj: Context, as_json: bool) -> None:
-    """Show the daemon: peer id, version, uptime, addresses, peers and jobs."""
+def status(obj: Context, job: str | None, as_json: bool, watch: bool, interval: float) -> None:
+    """Show the daemon (peer id, version, uptime, addresses, peers, jobs), or one JOB in detail."""
+    from arceusd.jobs.view import render_job
+
+    if job is not None:
+        try:
+            while True:
+                result = obj.call("job", {"job_id": job})
+                if as_json:
+                    click.echo(json.dumps(result, indent=2, sort_keys=True))
+                else:
+                    if watch:
+                        click.clear()
+                    click.echo(render_job(result))
+                if not watch or result["state"] in ("done", "failed", "cancelled"):
+                    return
+                time.sleep(interval)
+        except KeyboardInterrupt:
+            return
     result = obj.call("status")
     if as_json:
         click.echo(json.dumps(result, indent=2, sort_keys=True))
@@ -264,12 +286,78 @@ def peers(obj: Context, as_json: bool) -> None:
 
 def _status_extras(result: dict[str, Any]) -> list[str]:
     """Lines for sections added by services (peers, jobs); each service formats its own section."""
+    from arceusd.jobs.view import job_line
+
     lines: list[str] = []
     peers = result.get("peers")
     if isinstance(peers, list):
         lines.append(f"  peers  {len(peers)} known")
         lines += [f"    {_peer_line(p)}" for p in peers]
+    jobs = result.get("jobs")
+    if isinstance(jobs, list):
+        lines.append(f"  jobs   {len(jobs)}")
+        lines += [f"    {job_line(j)}" for j in jobs]
     return lines
+
+
+@cli.command()
+@click.argument("spec", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--members", type=click.IntRange(1, 256), default=1, show_default=True,
+              help="Start once this many devices (this one included) have joined.")
+@click.option("--watch", is_flag=True, help="Follow the job's progress until it ends.")
+@pass_ctx
+def submit(obj: Context, spec: Path, members: int, watch: bool) -> None:
+    """Submit the job SPEC (TOML or JSON): this device becomes its owner and announces it."""
+    from arceusd.jobs.spec import JobSpecError, load_spec
+
+    try:
+        load_spec(spec)  # the same checks the daemon makes, with the same messages, before anything is sent
+    except JobSpecError as exc:
+        raise click.ClickException(str(exc)) from None
+    result = obj.call("submit", {"spec_path": str(spec.absolute()), "min_members": members}, timeout=120.0)
+    click.echo(f"submitted job {result['job_id']} ({result['name']}), spec hash {result['spec_hash'][:16]}")
+    click.echo(f"  waiting for {members} member(s); follow it with `arceusd status {result['job_id'][:8]} --watch`")
+    if watch:
+        ctx = click.get_current_context()
+        ctx.invoke(status, job=result["job_id"], as_json=False, watch=True, interval=1.0)
+
+
+@cli.command()
+@click.argument("job")
+@pass_ctx
+def join(obj: Context, job: str) -> None:
+    """Offer this device to JOB (an id or a unique prefix); the job's owner decides whether to admit it."""
+    result = obj.call("join", {"job_id": job}, timeout=120.0)
+    if result["accepted"]:
+        click.echo(f"joined job {result['job_id']}")
+    else:
+        raise click.ClickException(f"the owner refused: {result['reason']}")
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@pass_ctx
+def jobs(obj: Context, as_json: bool) -> None:
+    """List the jobs this daemon knows (owned, joined or announced)."""
+    from arceusd.jobs.view import job_line
+
+    result = obj.call("jobs")
+    if as_json:
+        click.echo(json.dumps(result, indent=2, sort_keys=True))
+        return
+    if not result:
+        click.echo("no jobs known (submit one with `arceusd submit job.toml`)")
+    for j in result:
+        click.echo(job_line(j))
+
+
+@cli.command()
+@click.argument("job")
+@pass_ctx
+def cancel(obj: Context, job: str) -> None:
+    """Stop JOB everywhere (owner only)."""
+    result = obj.call("cancel", {"job_id": job}, timeout=60.0)
+    click.echo(f"job {result['job_id']} is {result['state']}")
 
 
 def _peer_line(peer: dict[str, Any]) -> str:

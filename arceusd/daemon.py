@@ -86,9 +86,10 @@ async def _main(config: DaemonConfig, identity: Identity) -> int:
 
 def _services() -> list[Any]:
     """The services a daemon runs, in start order (each ``async def (node, *, task_status)``)."""
+    from arceusd.jobs.manager import serve_jobs
     from arceusd.network import serve_peer_network
 
-    return [serve_peer_network]
+    return [serve_peer_network, serve_jobs]
 
 
 async def _stop_on_signal(node: Node, cancel_scope: trio.CancelScope) -> None:

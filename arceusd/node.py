@@ -29,6 +29,8 @@ class Node:
     sections: dict[str, Callable[[], Any]] = field(default_factory=dict)
     methods: dict[str, Handler] = field(default_factory=dict)
     peers: Any = None
+    jobs: Any = None
+    elections: Any = None
     shutdown_hooks: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
 
     @property

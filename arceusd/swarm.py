@@ -33,8 +33,12 @@ def free_ports(count: int) -> list[int]:
 
 
 class LocalSwarm:
-    def __init__(self, root: Path, size: int, extra_args: list[str] | None = None) -> None:
+    def __init__(self, root: Path, size: int, extra_args: list[str] | None = None, preset: str = "local") -> None:
+        """``preset`` sets the timings: ``local`` (tens of ms, for membership tests) or ``lan`` (memberlist's,
+        for swarms that also train: torch workers can starve a small machine's CPU for longer than ``local``
+        tolerates). Either way the swarm stays on loopback with mDNS off."""
         self.root = root
+        self.preset = preset
         self.size = size
         self.extra_args = extra_args or []
         self.ports = free_ports(size)
@@ -55,7 +59,8 @@ class LocalSwarm:
             log = state / "arceusd.log"
             cmd = [
                 sys.executable, "-m", "arceusd", "--state-dir", str(state), "start", "--foreground",
-                "--preset", "local", "--port", str(self.ports[i]), "--log-file", str(log), *seeds, *self.extra_args,
+                "--preset", self.preset, "--host", "127.0.0.1", "--no-mdns", "--port", str(self.ports[i]),
+                "--log-file", str(log), *seeds, *self.extra_args,
             ]  # fmt: skip
             self.procs.append(
                 subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -1,0 +1,154 @@
+"""From a job spec and its members' offers to a verified plan, and from a plan to the workers' stage list.
+
+Pure functions. The leader calls :func:`make_plan`; every member calls :func:`verify_start` on what the leader
+sent, which recomputes the block costs from the spec (never trusting the leader's), checks that its own offer is
+what it reported, and re-runs the partitioner (``partitioner.verify``): a member refuses a plan that does not
+match byte for byte.
+
+Links: round-trip times are the membership layer's measurements where we have them; bandwidth is not measured
+yet, so every link gets :data:`DEFAULT_BANDWIDTH` (stated in the plan inputs, which everyone verifies).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from arceusd.jobs.spec_types import JobSpec
+from arceusd.models.config import GPTConfig
+from arceusd.models.costs import block_costs
+from arceusd.worker.protocol import MemberConfig, StageConfig
+from partitioner import (
+    DeviceProfile,
+    Link,
+    LinkMatrix,
+    Plan,
+    PlanError,
+    PlanInputs,
+    PlanMismatch,
+    TrainingParams,
+    inputs_bytes,
+    inputs_from_dict,
+    plan,
+    plan_bytes,
+    plan_from_bytes,
+    verify,
+)
+
+DEFAULT_RTT_S = 1e-3
+DEFAULT_BANDWIDTH = 100e6  # bytes/s, until links are measured
+
+
+class PlanRefused(Exception):
+    """A member refuses the leader's plan; the message says why."""
+
+
+@dataclass(frozen=True)
+class Offer:
+    """What a member offers a job: its measured speed and the memory it lends."""
+
+    peer_id: str
+    address: str
+    flops_per_s: float
+    memory_bytes: int
+    kind: str = "cpu"
+
+
+def plan_inputs(
+    spec: JobSpec, offers: list[Offer], rtt_s: dict[tuple[str, str], float], use_all_devices: bool = True
+) -> PlanInputs:
+    blocks = tuple(block_costs(spec.model, optimizer=spec.training.optimizer))
+    devices = tuple(DeviceProfile(o.peer_id, o.flops_per_s, o.memory_bytes, o.kind) for o in offers)
+    pairs = []
+    ids = sorted(o.peer_id for o in offers)
+    for i, a in enumerate(ids):
+        for b in ids[i + 1 :]:
+            rtt = rtt_s.get((a, b)) or rtt_s.get((b, a)) or DEFAULT_RTT_S
+            pairs.append((a, b, Link(round(rtt, 6), DEFAULT_BANDWIDTH)))
+    tp = 4 if isinstance(spec.model, GPTConfig) else 1
+    training = TrainingParams(
+        global_batch_size=spec.training.batch_size,
+        micro_batch_counts=(spec.training.micro_batches,),
+        max_tensor_parallel=tp,
+        use_all_devices=use_all_devices,
+    )
+    return PlanInputs(blocks, devices, LinkMatrix.symmetric(pairs), training)
+
+
+def make_plan(spec: JobSpec, offers: list[Offer], rtt_s: dict[tuple[str, str], float]) -> tuple[PlanInputs, Plan]:
+    """The plan over ``offers``: every member gets work if that fits, else the best plan over a subset.
+
+    Error handling: :class:`partitioner.PlanError` (what is missing) when nothing fits.
+    """
+    try:
+        inputs = plan_inputs(spec, offers, rtt_s, use_all_devices=True)
+        return inputs, plan(inputs)
+    except PlanError:
+        inputs = plan_inputs(spec, offers, rtt_s, use_all_devices=False)
+        return inputs, plan(inputs)
+
+
+def encode_start(inputs: PlanInputs, the_plan: Plan) -> tuple[bytes, bytes]:
+    return inputs_bytes(inputs), plan_bytes(the_plan)
+
+
+def verify_start(spec: JobSpec, inputs_data: bytes, plan_data: bytes, own: Offer) -> tuple[PlanInputs, Plan]:
+    """Member side: check the leader's inputs against the spec and our own offer, then recompute the plan."""
+    try:
+        inputs = inputs_from_dict(json.loads(inputs_data))
+        the_plan = plan_from_bytes(plan_data)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise PlanRefused(f"malformed plan or inputs: {exc}") from None
+    expected_blocks = tuple(block_costs(spec.model, optimizer=spec.training.optimizer))
+    if inputs.blocks != expected_blocks:
+        raise PlanRefused("the plan's block costs do not match the job spec's model")
+    if inputs.training.global_batch_size != spec.training.batch_size:
+        raise PlanRefused("the plan's batch size does not match the job spec")
+    mine = [d for d in inputs.devices if d.peer_id == own.peer_id]
+    if mine and (mine[0].flops_per_s != own.flops_per_s or mine[0].memory_bytes != own.memory_bytes):
+        raise PlanRefused("the plan misstates this device's offer")
+    try:
+        verify(the_plan, inputs)
+    except PlanMismatch as exc:
+        raise PlanRefused(f"recomputing the plan gave a different result: {exc}") from None
+    return inputs, the_plan
+
+
+def worker_stages(the_plan: Plan) -> tuple[StageConfig, ...]:
+    """The plan's stages in the worker's terms (a tensor-parallel group's split from its first split block)."""
+    stages = []
+    for stage in the_plan.stages:
+        members = []
+        for share in stage.shares:
+            heads = next((h for h in share.heads if h), 0) if len(stage.shares) > 1 else 0
+            columns = next((c for c in share.mlp_columns if c), 0) if len(stage.shares) > 1 else 0
+            members.append(MemberConfig(share.peer_id, heads, columns))
+        stages.append(StageConfig(stage.start, stage.end, tuple(members)))
+    return tuple(stages)
+
+
+def flops_shares(the_plan: Plan, inputs: PlanInputs) -> dict[str, float]:
+    """Each device's fraction of the model's training FLOPs under the plan (its share of the work)."""
+    total = sum(b.forward_flops_per_sample + b.backward_flops_per_sample for b in inputs.blocks) or 1.0
+    shares: dict[str, float] = {}
+    for stage in the_plan.stages:
+        for share in stage.shares:
+            frac = 0.0
+            for k, block in enumerate(inputs.blocks[stage.start : stage.end]):
+                flops = block.forward_flops_per_sample + block.backward_flops_per_sample
+                if len(stage.shares) == 1:
+                    part = 1.0
+                else:
+                    parts = []
+                    if block.heads:
+                        parts.append(share.heads[k] / block.heads)
+                    if block.mlp_columns:
+                        parts.append(share.mlp_columns[k] / block.mlp_columns)
+                    part = sum(parts) / len(parts) if parts else 1.0 / len(stage.shares)
+                frac += flops * part
+            shares[share.peer_id] = shares.get(share.peer_id, 0.0) + frac / total
+    return shares
+
+
+__all__ = ["Offer", "PlanError", "PlanRefused", "encode_start", "flops_shares", "make_plan", "plan_inputs",
+           "verify_start", "worker_stages"]  # fmt: skip

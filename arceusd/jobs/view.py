@@ -1,0 +1,47 @@
+"""Text rendering of job summaries for the CLI (``arceusd jobs``, ``arceusd status JOB``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _num(value: Any, fmt: str = ".4f") -> str:
+    return format(value, fmt) if isinstance(value, int | float) else "-"
+
+
+def job_line(j: dict[str, Any]) -> str:
+    return (f"{j['job_id'][:12]}  {j['name']:<20} {j['state']:<10} {j['role']:<6} step {j['step']}/{j['total_steps']}"
+            f"  loss {_num(j.get('loss'))}  members {len(j.get('members', []))}")  # fmt: skip
+
+
+def render_job(j: dict[str, Any]) -> str:
+    lines = [
+        f"job {j['job_id']}  ({j['name']}: {j['model']} on {j['data']})",
+        f"  state    {j['state']}  (term {j['term']}, epoch {j['epoch']}, you are {j['role']})",
+        f"  step     {j['step']}/{j['total_steps']}   loss {_num(j.get('loss'))}   lr {_num(j.get('lr'), '.2e')}",
+        f"  eval     loss {_num(j.get('val_loss'))}   accuracy {_num(j.get('val_accuracy'), '.2%')}",
+        f"  speed    {_num(j.get('samples_per_s'), '.1f')} samples/s   {_num(j.get('tokens_per_s'), '.0f')} tokens/s",
+    ]
+    plan = j.get("plan")
+    if plan:
+        lines.append(f"  plan     {plan['schedule']}, {plan['micro_batches']} micro-batches, predicted "
+                     f"{plan['predicted_step_time_s'] * 1000:.1f} ms/step, bubble {plan['bubble_fraction']:.0%}")  # fmt: skip
+        for stage in plan["stages"]:
+            devices = ", ".join(
+                d["peer_id"][:12] + (f" (heads {sum(d['heads'])}, cols {sum(d['mlp_columns'])})"
+                                     if len(stage["devices"]) > 1 else "")
+                for d in stage["devices"]
+            )  # fmt: skip
+            lines.append(f"    stage {stage['index']}: blocks {stage['blocks'][0]}-{stage['blocks'][1] - 1} on {devices}")
+    contributions = j.get("contributions") or []
+    if contributions:
+        lines.append("  contributions")
+        for c in contributions:
+            lines.append(f"    {c['peer_id'][:12]}  {c['share']:.1%} of the work   {c['tflop']:.3f} TFLOP so far")
+    if j.get("committed_step"):
+        lines.append(f"  checkpoint  step {j['committed_step']} committed")
+    if j.get("model_path"):
+        lines.append(f"  model    {j['model_path']}")
+    if j.get("error"):
+        lines.append(f"  note     {j['error']}")
+    return "\n".join(lines)

@@ -1,0 +1,104 @@
+"""Wire messages of the job lifecycle (ids 70-79, append-only). Announce/join use ids 30-32 of
+:mod:`protocol.messages`.
+
+==== ================ ========== =====================================================================
+id   type             max_size   meaning
+==== ================ ========== =====================================================================
+70   PeerAddress      512        (peer id, host:port) pair (nested only)
+71   JobStart         4 MiB      leader -> member: the plan (and its inputs) for (job, term, epoch); start a worker
+72   JobStartReply    4 KiB      member -> leader: plan verified or refused; the worker's transport address
+73   JobGo            64 KiB     leader -> member: every worker's address; begin training
+74   JobStop          4 KiB      leader -> member: stop the job's worker (finished, replanning, cancelled)
+75   JobReport        64 KiB     member -> leader: a worker event (checkpoint shard, done, error), as JSON
+76   JobAck           1 KiB      generic answer
+77   ShardRequest     1 KiB      fetch a chunk of a checkpoint shard of (job, step, name) from ``offset``
+78   ShardData        4 MiB      up to :data:`SHARD_CHUNK` bytes of the shard and its total size
+==== ================ ========== =====================================================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from protocol.messages import message
+
+_ID = {"max_len": 64}
+
+
+@message(70, max_size=512)
+@dataclass(frozen=True)
+class PeerAddress:
+    peer_id: str = field(metadata=_ID)
+    address: str = field(metadata={"max_len": 300})
+
+
+@message(71, max_size=4 * 1024 * 1024)
+@dataclass(frozen=True)
+class JobStart:
+    job_id: str = field(metadata=_ID)
+    term: int
+    epoch: int
+    spec: bytes = field(metadata={"max_len": 1024 * 1024})
+    plan: bytes = field(metadata={"max_len": 1024 * 1024})
+    inputs: bytes = field(metadata={"max_len": 2 * 1024 * 1024})
+    resume_step: int = 0
+
+
+@message(72, max_size=4096)
+@dataclass(frozen=True)
+class JobStartReply:
+    job_id: str = field(metadata=_ID)
+    accepted: bool
+    reason: str = field(default="", metadata={"max_len": 2048})
+    worker_address: str = field(default="", metadata={"max_len": 300})
+
+
+@message(73, max_size=64 * 1024)
+@dataclass(frozen=True)
+class JobGo:
+    job_id: str = field(metadata=_ID)
+    term: int
+    epoch: int
+    addresses: tuple[PeerAddress, ...] = field(metadata={"max_len": 256})
+
+
+@message(74, max_size=4096)
+@dataclass(frozen=True)
+class JobStop:
+    job_id: str = field(metadata=_ID)
+    term: int
+    reason: str = field(default="", metadata={"max_len": 1024})
+
+
+@message(75, max_size=64 * 1024)
+@dataclass(frozen=True)
+class JobReport:
+    job_id: str = field(metadata=_ID)
+    epoch: int
+    event: str = field(metadata={"max_len": 60 * 1024})
+
+
+@message(76, max_size=1024)
+@dataclass(frozen=True)
+class JobAck:
+    ok: bool
+    reason: str = field(default="", metadata={"max_len": 512})
+
+
+@message(77, max_size=1024)
+@dataclass(frozen=True)
+class ShardRequest:
+    job_id: str = field(metadata=_ID)
+    step: int
+    name: str = field(metadata={"max_len": 128})
+    offset: int = 0
+
+
+SHARD_CHUNK = 3 * 1024 * 1024
+
+
+@message(78, max_size=4 * 1024 * 1024)
+@dataclass(frozen=True)
+class ShardData:
+    total: int
+    data: bytes = field(metadata={"max_len": SHARD_CHUNK})
