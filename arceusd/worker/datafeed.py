@@ -141,12 +141,14 @@ class DataClient:
         request = Request(kind, index, part)
         if self._local is not None:
             return self._local.get(request).clone()
-        assert self._stream is not None  # for mypy: checked in __init__
+        stream = self._stream
+        if stream is None:
+            raise RuntimeError("DataClient has neither a stream nor a local server (a bug)")
         async with self._lock:
             with trio.fail_after(self.timeout_s):
-                await self._stream.send(request.encode(), b"")
+                await stream.send(request.encode(), b"")
                 try:
-                    header, payload = await self._stream.receive()
+                    header, payload = await stream.receive()
                 except trio.EndOfChannel:
                     raise RuntimeError(
                         f"the job owner refused or dropped the data request {request}; see its log"

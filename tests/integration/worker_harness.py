@@ -223,6 +223,15 @@ class WorkerJob:
     def run(self, timeout: float = 60.0) -> None:
         """Collect events until every worker said done (AssertionError on an error event) and exited 0."""
         deadline = time.monotonic() + timeout
+        self.run_events(timeout)
+        for w in self.workers:
+            assert w.proc is not None
+            code = w.proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+            assert code == 0, f"worker {w.stage}/{w.rank} exited {code}:\n{w.log()}"
+
+    def run_events(self, timeout: float = 60.0) -> None:
+        """Collect events until every worker said done (AssertionError on an error event or an early end)."""
+        deadline = time.monotonic() + timeout
         for w in self.workers:
             while True:
                 ev = w.next_event(deadline)
@@ -232,10 +241,6 @@ class WorkerJob:
                     raise AssertionError(f"worker {w.stage}/{w.rank} failed: {ev.message}\n{w.log()}")
                 if isinstance(ev, DoneEvent):
                     break
-        for w in self.workers:
-            assert w.proc is not None
-            code = w.proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-            assert code == 0, f"worker {w.stage}/{w.rank} exited {code}:\n{w.log()}"
 
     def stop(self, w: WorkerProc) -> None:
         w.send(StopCommand().to_line())
