@@ -140,27 +140,49 @@ class JobManager:
         self._offer: Any = None
         self._nursery: trio.Nursery | None = None
         self.root = node.paths.jobs_dir
+        self._ready = trio.Event()
+
+    @staticmethod
+    def _preload() -> None:
+        """Import the torch-heavy job modules in a worker thread, so no handler stalls the event loop on them."""
+        import arceusd.checkpoint
+        import arceusd.jobs.export
+        import arceusd.jobs.planning
+        import arceusd.jobs.spec
+        import arceusd.worker.protocol  # noqa: F401
+
+    async def _load_modules(self) -> None:
+        await trio.to_thread.run_sync(self._preload)
+        self._ready.set()
+
+    def _gated(self, handler: Any) -> Any:
+        async def wrapper(*args: Any) -> Any:
+            await self._ready.wait()
+            return await handler(*args)
+
+        return wrapper
 
     # ---------------------------------------------------------------------------------------------- service
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        peers = self.peers
-        peers.register(JobAnnounce, self._on_announce)
-        peers.register(JoinRequest, self._on_join_request)
-        peers.register(JobStart, self._on_start)
-        peers.register(JobGo, self._on_go)
-        peers.register(JobStop, self._on_stop)
-        peers.register(JobReport, self._on_report)
-        peers.register(ShardRequest, self._on_shard_request)
+        peers, gate = self.peers, self._gated
+        peers.register(JobAnnounce, gate(self._on_announce))
+        peers.register(JoinRequest, gate(self._on_join_request))
+        peers.register(JobStart, gate(self._on_start))
+        peers.register(JobGo, gate(self._on_go))
+        peers.register(JobStop, gate(self._on_stop))
+        peers.register(JobReport, gate(self._on_report))
+        peers.register(ShardRequest, gate(self._on_shard_request))
         peers.listeners.append(self._on_member_changed)
         self.node.methods.update({
-            "submit": self._m_submit, "join": self._m_join, "jobs": self._m_jobs, "job": self._m_job,
-            "cancel": self._m_cancel,
+            "submit": gate(self._m_submit), "join": gate(self._m_join), "jobs": self._m_jobs,
+            "job": self._m_job, "cancel": gate(self._m_cancel),
         })  # fmt: skip
         self.node.sections["jobs"] = lambda: [j.summary() for j in self.jobs.values()]
         self.node.shutdown_hooks.append(self._stop_all_workers)
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
+                nursery.start_soon(self._load_modules)
                 task_status.started()
                 await trio.sleep_forever()
         finally:
@@ -350,7 +372,8 @@ class JobManager:
         except (JobSpecError, ValueError) as exc:
             log.warning("ignoring job %s: bad spec: %s", msg.job_id, exc)
             return JobAck(False, "bad spec")
-        owner_address = self.peers.alive_peers().get(msg.owner, "")
+        member = self.peers.membership.members.get(msg.owner)
+        owner_address = member.address if member is not None else ""
         job = Job(msg.job_id, spec, msg.spec, msg.spec_hash.hex(), msg.owner, owner_address, "seen",
                   self.root / msg.job_id, state="announced", total_steps=spec.training.steps)  # fmt: skip
         self.jobs[msg.job_id] = job
@@ -370,6 +393,9 @@ class JobManager:
         if job.role == "owner":
             return {"job_id": job.job_id, "accepted": True, "reason": "this device owns the job"}
         offer = await self.offer()
+        member = self.peers.membership.members.get(job.owner)
+        if member is not None and member.address:
+            job.owner_address = member.address
         host, _, port = offer.address.rpartition(":")
         request = JoinRequest(job.job_id, self.node.identity.peer_id, Address(host, int(port)),
                               offer.memory_bytes, offer.flops_per_s)  # fmt: skip
