@@ -415,12 +415,13 @@ def logs(obj: Context, lines: int, follow: bool) -> None:
 @click.option("--size", type=click.IntRange(1, 16), default=3, show_default=True, help="How many local daemons.")
 @click.option("--dir", "root", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where the swarm keeps its state (default: a new temporary directory).")
-@click.option("--seconds", type=float, default=2.0, show_default=True, help="How long to keep the swarm up.")
-def demo(size: int, root: Path | None, seconds: float) -> None:
-    """Start a local swarm of daemons on loopback and run the demo job across them."""
+@click.option("--steps", type=click.IntRange(10, 100_000), default=300, show_default=True,
+              help="Training steps of the demo job (about 2k tokens each).")
+def demo(size: int, root: Path | None, steps: int) -> None:
+    """A local swarm of daemons on loopback trains a character GPT on Tiny Shakespeare."""
     from arceusd.demo import run_demo
 
-    run_demo(size, root, seconds)
+    run_demo(size, root, steps)
 
 
 def main() -> None:

@@ -1,38 +1,110 @@
-"""``arceusd demo``: the README's main job. Starts a local swarm of daemons and drives a job across them.
+"""``arceusd demo``: the README's main job. A local swarm of daemons trains a character GPT on Tiny Shakespeare.
 
-Until the job pipeline is wired in, the demo forms the swarm and shows every daemon's status; Ctrl-C (or the end
-of the run) stops every child cleanly.
+Three daemons start on loopback (own state directories, each other as seeds, auto-join on); the first one
+submits ``examples/shakespeare-gpt.toml`` (its step count set by ``--steps``) for all three members; the demo
+shows live progress, and at the end loads the exported model into the plain PyTorch GPT, prints a generated
+sample and where the model was saved. Ctrl-C stops every daemon and worker cleanly.
 """
 
 from __future__ import annotations
 
+import json
+import re
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 
+from arceusd.jobs.view import render_job
 from arceusd.swarm import LocalSwarm
 
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "shakespeare-gpt.toml"
 
-def run_demo(size: int, root: Path | None, keep_running: float) -> None:
+
+def demo_spec(directory: Path, steps: int) -> Path:
+    """The example spec with ``steps`` (and a matching checkpoint/eval interval), paths made absolute."""
+    text = EXAMPLE.read_text()
+    data = (EXAMPLE.parent / re.search(r'path = "([^"]+)"', text).group(1)).resolve()  # type: ignore[union-attr]
+    interval = max(10, steps // 4)
+    text = re.sub(r'path = "[^"]+"', f'path = "{data}"', text)
+    text = re.sub(r"(?m)^steps = \d+", f"steps = {steps}", text)
+    text = re.sub(r"(?m)^warmup_steps = \d+", f"warmup_steps = {max(1, min(100, steps // 10))}", text)
+    text = re.sub(r"(?m)^eval_interval_steps = \d+", f"eval_interval_steps = {interval}", text)
+    text = re.sub(r"(?m)^interval_steps = \d+", f"interval_steps = {interval}", text)
+    path = directory / "shakespeare-gpt.toml"
+    path.write_text(text)
+    return path
+
+
+def sample(model_path: Path, length: int = 400, seed: int = 0) -> str:
+    import torch
+    from safetensors.torch import load_file
+
+    from arceusd.models.build import build_reference_model
+    from arceusd.models.config import GPTConfig
+    from arceusd.models.generate import generate
+
+    description = json.loads((model_path.parent / "model.json").read_text())
+    fields = {k: v for k, v in description["model"].items() if k != "type"}
+    config = GPTConfig(**fields)
+    model = build_reference_model(config, seed=0)
+    model.load_state_dict(load_file(str(model_path)), strict=True)
+    vocab: str = description["vocab"]
+    start = torch.tensor([[vocab.index("\n")]])
+    out = generate(model, start, length, config.block_size, generator=torch.Generator().manual_seed(seed))
+    return "".join(vocab[i] for i in out[0].tolist())
+
+
+def run_demo(size: int, root: Path | None, steps: int) -> None:
     base = root or Path(tempfile.mkdtemp(prefix="arceus-demo-"))
-    swarm = LocalSwarm(base, size)
+    base.mkdir(parents=True, exist_ok=True)
+    swarm = LocalSwarm(base, size, ["--auto-join"], preset="lan")
     click.echo(f"starting a local swarm of {size} daemons in {base} ...")
     try:
-        statuses = swarm.start()
-        for i, status in enumerate(statuses):
-            click.echo(f"  node{i}: peer {status['peer_id']}  addresses {status['addresses']}")
-        deadline = time.monotonic() + keep_running
+        for i, status in enumerate(swarm.start()):
+            click.echo(f"  node{i}: peer {status['peer_id']}  at {status['addresses'].get('peer')}")
+        deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
-        for i in range(size):
-            peers = swarm.call(i, "status").get("peers")
-            if isinstance(peers, list):
-                alive = sum(1 for p in peers if p.get("state") == "alive")
-                click.echo(f"  node{i} sees {alive} alive peers")
+            if all(sum(p["state"] == "alive" for p in swarm.call(i, "peers")) == size - 1 for i in range(size)):
+                break
+            time.sleep(0.2)
+        spec = demo_spec(base, steps)
+        result = swarm.call(0, "submit", {"spec_path": str(spec), "min_members": size}, timeout=120)
+        job_id = result["job_id"]
+        click.echo(f"submitted job {job_id}: a character GPT on Tiny Shakespeare, {steps} steps, {size} members")
+        shown_plan = False
+        last_line = ""
+        while True:
+            job: dict[str, Any] = swarm.call(0, "job", {"job_id": job_id})
+            if job["plan"] and not shown_plan:
+                shown_plan = True
+                click.echo("\n".join(line for line in render_job(job).splitlines() if "stage" in line or "plan" in line))
+            line = _progress(job)
+            if line != last_line:
+                click.echo(line)
+                last_line = line
+            if job["state"] in ("done", "failed", "cancelled"):
+                break
+            time.sleep(2.0)
+        if job["state"] != "done":
+            raise click.ClickException(f"the job ended {job['state']}: {job['error']}")
+        click.echo(render_job(job).split("  contributions")[1].join(["  contributions", ""]) if job["contributions"] else "")
+        click.echo(f"model saved to {job['model_path']} (loads into the plain PyTorch GPT of model.json)")
+        click.echo("\n--- a sample from the trained model ---")
+        click.echo(sample(Path(job["model_path"])))
+        click.echo("---")
     except KeyboardInterrupt:
-        click.echo("interrupted; stopping the swarm")
+        click.echo("\ninterrupted; stopping the swarm")
     finally:
         swarm.close()
         click.echo("swarm stopped")
+
+
+def _progress(job: dict[str, Any]) -> str:
+    def num(v: Any, fmt: str) -> str:
+        return format(v, fmt) if isinstance(v, int | float) else "-"
+
+    return (f"  [{job['state']:<8}] step {job['step']:>5}/{job['total_steps']}  loss {num(job['loss'], '.3f')}  "
+            f"val {num(job['val_loss'], '.3f')}  {num(job['tokens_per_s'], '.0f')} tokens/s")  # fmt: skip

@@ -503,7 +503,8 @@ class JobManager:
             async for event in worker.events():
                 kind = event.get("event")
                 if kind == "step":
-                    job.step, job.loss, job.lr = int(event["step"]), float(event["loss"]), float(event["lr"])
+                    # the event names the step index just run; job.step counts completed steps
+                    job.step, job.loss, job.lr = int(event["step"]) + 1, float(event["loss"]), float(event["lr"])
                     job.history.append((job.step, round(job.loss, 5)))
                     now = time.monotonic()
                     if now - last_t >= 1.0:
