@@ -11,7 +11,7 @@ that it got every byte. Figures are ratios against the baselines measured in the
 * ``auth/tcp`` - / a plain TCP socket.
 
 Small messages: sequential round trips per second over the unary ``Call``, and one-way 64-byte authenticated
-frames per second over a stream (target >= 5,000/s). Then, if ``bench/codecs.py`` exists, its ``codec_rows``.
+frames per second over a stream (target >= 5,000/s). Then, if ``bench/wire_codecs.py`` exists, its ``codec_rows``.
 """
 
 from __future__ import annotations
@@ -208,19 +208,19 @@ def bench_tcp(frames: int) -> tuple[float, float]:
 
 
 def codec_rows(quick: bool) -> None:
-    path = ROOT / "bench" / "codecs.py"
+    path = ROOT / "bench" / "wire_codecs.py"
     if not path.exists():
-        print("codecs: bench/codecs.py not present, skipped")
+        print("codecs: bench/wire_codecs.py not present, skipped")
         return
     spec = importlib.util.spec_from_file_location("bench_codecs", path)
     if spec is None or spec.loader is None:
-        print("codecs: cannot load bench/codecs.py, skipped")
+        print("codecs: cannot load bench/wire_codecs.py, skipped")
         return
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     rows = getattr(module, "codec_rows", None)
     if rows is None:
-        print("codecs: bench/codecs.py has no codec_rows(quick), skipped")
+        print("codecs: bench/wire_codecs.py has no codec_rows(quick), skipped")
         return
     for row in rows(quick):
         print(row)
