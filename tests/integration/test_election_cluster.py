@@ -84,9 +84,16 @@ def test_one_leader_then_failover_with_higher_term_and_stale_commands_refused(sw
         lambda: agreed_leader(swarm, everyone, job), ELECT_BOUND, 0.1, "one agreed leader"
     )
     assert leader in ids and term >= 1
-    # It stays put: no churn while nothing fails.
-    time.sleep(1.0)
-    assert agreed_leader(swarm, everyone, job) == (leader, term)
+    # It stays put while nothing fails: no new term and no second leader. (A member may briefly lose sight of
+    # the leader when a loaded box delays probes past the local preset's 50 ms timeout; that is not churn.)
+    deadline = time.monotonic() + 1.5
+    while time.monotonic() < deadline:
+        views = job_views(swarm, everyone, job)
+        assert {v["term"] for v in views.values()} == {term}, f"the term moved without a failure: {views}"
+        assert all(v["leader"] in (leader, None) for v in views.values()), views
+        assert all(v["state"] != "leader" for i, v in views.items() if ids[i] != leader), views
+        time.sleep(0.1)
+    assert wait_for(lambda: agreed_leader(swarm, everyone, job), ELECT_BOUND, 0.1, "agreed") == (leader, term)
     status = swarm.call(0, "status")["elections"]["jobs"][job]
     assert status["term"] == term and status["members"] == sorted(ids)
 
