@@ -122,10 +122,15 @@ async def serve_discovery(
     interface: str | None,
     found: trio.MemorySendChannel[Announcement],
     status: DiscoveryStatus,
+    instance: str = "",
     on_duplicate: Callable[[str], None] | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Announce ourselves and send every valid announcement of another daemon to ``found``, until cancelled."""
+    """Announce ourselves and send every valid announcement of another daemon to ``found``, until cancelled.
+
+    ``instance`` (the boot id) makes the service name unique per run, so two daemons sharing a copied identity
+    never pass zeroconf's name check together and miss each other; they are told apart by the TXT id instead.
+    """
     addresses = candidate_addresses(interface)
     if not addresses:
         raise DiscoveryError(
@@ -152,11 +157,11 @@ async def serve_discovery(
         raise DiscoveryError(f"cannot open mDNS sockets on {addresses}: {exc}; try --interface or --no-mdns") from exc
     info = ServiceInfo(
         SERVICE_TYPE,
-        f"{peer_id}.{SERVICE_TYPE}",
+        f"{peer_id}{'-' + instance if instance else ''}.{SERVICE_TYPE}",
         addresses=[socket.inet_aton(a) for a in addresses],
         port=port,
         properties={"id": peer_id, "port": str(port), "v": str(PROTOCOL_VERSION), "fp": fingerprint},
-        server=f"arceus-{peer_id[:16]}.local.",
+        server=f"arceus-{peer_id[:16]}{'-' + instance if instance else ''}.local.",
     )
     browser: ServiceBrowser | None = None
     try:

@@ -410,8 +410,8 @@ def election_config(preset: str) -> ElectionConfig:
 def install_elections(node: Any, peers: Any) -> JobElections:
     """Attach per-job elections to ``node`` (``node.elections``), its status section and control methods.
 
-    The timer task runs as a trio system task (``install_elections`` is called before the network's nursery
-    opens, and has none to start it in); it is cancelled when the daemon's main task ends.
+    The caller runs ``await nursery.start(elections.run)`` in the network service's nursery, so a failure in
+    the timer task surfaces there instead of crashing the daemon from a system task.
     """
     elections = JobElections(peers, node.paths.terms, election_config(node.config.preset))
     node.elections = elections
@@ -450,5 +450,4 @@ def install_elections(node: Any, peers: Any) -> JobElections:
 
     node.methods.update({"elections": elections_method, "track_job": track_job, "untrack_job": untrack_job,
                          "check_command": check_command})  # fmt: skip
-    trio.lowlevel.spawn_system_task(elections.run, name="elections")
     return elections

@@ -99,10 +99,11 @@ async def _run_network(
         return peers.peers()
 
     node.methods["peers"] = peers_method
-    install_elections(node, peers)
+    elections = install_elections(node, peers)
     node.shutdown_hooks.append(peers.leave)
     async with trio.open_nursery() as nursery:
         await nursery.start(peers.run, tuple(config.peers))
+        await nursery.start(elections.run)
         if config.mdns:
             found_send, found_recv = trio.open_memory_channel[Announcement](64)
 
@@ -110,7 +111,7 @@ async def _run_network(
                 await serve_discovery(
                     peer_id=node.identity.peer_id, port=transport.port, fingerprint=node.identity.fingerprint,
                     interface=config.interface, found=found_send, status=discovery_status,
-                    task_status=task_status,
+                    instance=f"{node.boot_id:x}"[:12], task_status=task_status,
                 )  # fmt: skip
 
             await nursery.start(discovery)
