@@ -28,7 +28,7 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import trio
 
@@ -60,7 +60,7 @@ from arceusd.membership.events import (
 from arceusd.membership.events import UpdateKind as CoreKind
 from arceusd.membership.swim import Membership
 from protocol import codec
-from protocol.envelope import Header, open_message, seal_message
+from protocol.envelope import NO_JOB, Header, open_message, seal_message
 from protocol.errors import ProtocolError, RemoteProtocolError
 from protocol.gossip import (
     GossipUpdate,
@@ -85,11 +85,10 @@ _KIND_TO_WIRE = {CoreKind.ALIVE: UpdateKind.ALIVE, CoreKind.SUSPECT: UpdateKind.
 _KIND_FROM_WIRE = {v: k for k, v in _KIND_TO_WIRE.items()}
 
 
-class UnaryTransport:
+class UnaryTransport(Protocol):
     """What the peer service needs from a transport (the gRPC one and the in-memory twin both fit)."""
 
-    async def call(self, address: str, payload: bytes, timeout: float) -> bytes:
-        raise NotImplementedError
+    async def call(self, address: str, payload: bytes, timeout: float) -> bytes: ...
 
 
 @dataclass
@@ -283,7 +282,7 @@ class PeerService:
         for _attempt in range(2):
             frame = b"E" + seal_message(
                 self.identity, msg, boot_id=self.boot_id, seq=next(self._seq), timestamp_ms=wall_ms(),
-                recipient=peer, **({"job_id": job_id} if job_id else {}), term=term, epoch=epoch,
+                recipient=peer, job_id=job_id or NO_JOB, term=term, epoch=epoch,
             )  # fmt: skip
             self.sent[type(msg).__name__] += 1
             self.bytes_sent += len(frame)
@@ -349,14 +348,14 @@ class PeerService:
         if isinstance(msg, SwimPing):
             return await self._await_reply(("r", sender, msg.seq), PingReceived(sender, "", msg.seq, msg.target, self._core(msg.gossip)), 0.0)
         if isinstance(msg, SwimPingReq):
-            event = PingReqReceived(sender, "", msg.seq, msg.target, msg.target_address, self._core(msg.gossip))
-            return await self._await_reply(("r", sender, msg.seq), event, self.config.probe_timeout * 2)
+            relay = PingReqReceived(sender, "", msg.seq, msg.target, msg.target_address, self._core(msg.gossip))
+            return await self._await_reply(("r", sender, msg.seq), relay, self.config.probe_timeout * 2)
         if isinstance(msg, SwimGossip):
             self.feed(GossipReceived(sender, self._core(msg.gossip)))
             return None
         if isinstance(msg, SwimPushPull):
-            event = PushPullReceived(sender, "", self._core(msg.states), msg.is_reply)
-            return await self._await_reply(("pp", sender, 0), event, 0.0)
+            sync = PushPullReceived(sender, "", self._core(msg.states), msg.is_reply)
+            return await self._await_reply(("pp", sender, 0), sync, 0.0)
         handler = self._handlers.get(type(msg))
         if handler is None:
             self.rejected["no_handler"] += 1

@@ -36,7 +36,13 @@ id   type             max_size   meaning
 30   JobAnnounce      1 MiB      a job exists: owner, spec bytes and their hash
 31   JoinRequest      4 KiB      a device asks to become a member of a job
 32   JoinReply        64 KiB     the job owner's / leader's answer
+50-57 (gossip)                   SWIM driver messages and the peer hello: :mod:`protocol.gossip`
+60-62 (elections)                vote request/reply, leader announce: :mod:`protocol.election_wire`
+70-78 (jobs)                     job start/go/stop/report and shard transfer: :mod:`protocol.job_wire`
 ==== ================ ========== ==========================================================================
+
+Ids 10-15 are superseded by the signed-gossip messages 50-57 (the SWIM driver needs each update's origin and
+signature); they stay reserved, never to be reused.
 """
 
 from __future__ import annotations
