@@ -97,7 +97,8 @@ def test_status_and_peers_cli_show_the_view(swarm: LocalSwarm) -> None:
     peers = json.loads(out.stdout)
     assert {p["peer_id"] for p in peers} == set(ids[1:])
     for p in peers:
-        assert p["state"] == "alive" and p["incarnation"] >= 1 and p["address"].startswith("127.0.0.1:")
+        # 'suspect' is a live state too: starting the CLI process can delay a 50 ms local-preset probe.
+        assert p["state"] in ("alive", "suspect") and p["incarnation"] >= 1 and p["address"].startswith("127.0.0.1:")
         assert p["device"] and p["last_heard_s"] is not None
     human = subprocess.run(
         [sys.executable, "-m", "arceusd", "--state-dir", str(swarm.state_dir(0)), "status"],

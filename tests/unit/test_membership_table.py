@@ -7,6 +7,8 @@ driving the real core with GossipReceived events, not by calling the rule functi
 
 from __future__ import annotations
 
+import dataclasses
+
 import random
 
 import pytest
@@ -118,11 +120,12 @@ def test_rule_function_agrees_with_core(current: MemberState | None, kind: Updat
 
 
 def test_suspect_on_suspect_counts_a_confirmation_and_regossips() -> None:
-    core = Membership(local(), "me", "addr-me", b"key-me", random.Random(0), now=0.0)
+    config = dataclasses.replace(local(), suspicion_mult=3)  # one expected confirmation among 6 members
+    core = Membership(config, "me", "addr-me", b"key-me", random.Random(0), now=0.0)
     others = tuple(Update(UpdateKind.ALIVE, f"o{i}", 1, f"o{i}", f"addr-o{i}", b"k") for i in range(4))
     core.handle(GossipReceived("x", (*others, _update(UpdateKind.ALIVE, BASE))), 0.0)
     core.handle(GossipReceived("x", (_update(UpdateKind.SUSPECT, BASE, origin="first"),)), 0.0)
-    assert core._suspicions[PEER].expected == local().suspicion_confirmations(6) == 1
+    assert core._suspicions[PEER].expected == config.suspicion_confirmations(6) == 1
     before = core._suspicions[PEER].deadline
     core.handle(GossipReceived("x", (_update(UpdateKind.SUSPECT, BASE, origin="second"),)), 0.001)
     assert core._suspicions[PEER].confirmations == 1
