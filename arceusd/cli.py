@@ -274,14 +274,19 @@ def status(obj: Context, job: str | None, as_json: bool, watch: bool, interval: 
 @pass_ctx
 def peers(obj: Context, as_json: bool) -> None:
     """Show the membership view: each peer's state, incarnation, round-trip time, last heard, device."""
-    result = obj.call("peers")
+    _echo_list(obj.call("peers"), as_json, _peer_line,
+               "no peers known yet (same LAN with mDNS, or --peer host:port seeds)")  # fmt: skip
+
+
+def _echo_list(result: list[dict[str, Any]], as_json: bool, line: Any, empty: str) -> None:
+    """Print a list result as JSON, or one formatted line per item (``empty`` when there is none)."""
     if as_json:
         click.echo(json.dumps(result, indent=2, sort_keys=True))
         return
     if not result:
-        click.echo("no peers known yet (same LAN with mDNS, or --peer host:port seeds)")
-    for peer in result:
-        click.echo(_peer_line(peer))
+        click.echo(empty)
+    for item in result:
+        click.echo(line(item))
 
 
 def _status_extras(result: dict[str, Any]) -> list[str]:
@@ -341,14 +346,7 @@ def jobs(obj: Context, as_json: bool) -> None:
     """List the jobs this daemon knows (owned, joined or announced)."""
     from arceusd.jobs.view import job_line
 
-    result = obj.call("jobs")
-    if as_json:
-        click.echo(json.dumps(result, indent=2, sort_keys=True))
-        return
-    if not result:
-        click.echo("no jobs known (submit one with `arceusd submit job.toml`)")
-    for j in result:
-        click.echo(job_line(j))
+    _echo_list(obj.call("jobs"), as_json, job_line, "no jobs known (submit one with `arceusd submit job.toml`)")
 
 
 @cli.command()

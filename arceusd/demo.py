@@ -17,7 +17,7 @@ from typing import Any
 
 import click
 
-from arceusd.jobs.view import render_job
+from arceusd.jobs.view import contribution_lines, render_job
 from arceusd.swarm import LocalSwarm
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "shakespeare-gpt.toml"
@@ -90,7 +90,8 @@ def run_demo(size: int, root: Path | None, steps: int) -> None:
             time.sleep(2.0)
         if job["state"] != "done":
             raise click.ClickException(f"the job ended {job['state']}: {job['error']}")
-        click.echo(render_job(job).split("  contributions")[1].join(["  contributions", ""]) if job["contributions"] else "")
+        for line in contribution_lines(job):
+            click.echo(line)
         click.echo(f"model saved to {job['model_path']} (loads into the plain PyTorch GPT of model.json)")
         click.echo("\n--- a sample from the trained model ---")
         click.echo(sample(Path(job["model_path"])))

@@ -17,7 +17,6 @@ and recompute the plan before starting anything.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -224,7 +223,7 @@ class JobManager:
 
     # ---------------------------------------------------------------------------------------------- control
     async def _m_submit(self, params: dict[str, Any]) -> dict[str, Any]:
-        from arceusd.jobs.spec import JobSpecError, canonical_json, job_id, load_spec, spec_hash, to_dict
+        from arceusd.jobs.spec import JobSpecError, job_id, load_spec, spec_hash, to_dict
 
         path = params.get("spec_path")
         if not isinstance(path, str):
@@ -241,7 +240,6 @@ class JobManager:
         digest = spec_hash(spec)
         jid = job_id(digest, self.node.identity.peer_id, os.urandom(16))
         spec_bytes = json.dumps(to_dict(spec), sort_keys=True).encode()
-        assert canonical_json(spec)
         job = Job(jid, spec, spec_bytes, digest, self.node.identity.peer_id, self.node.addresses.get("peer", ""),
                   "owner", self.root / jid, min_members=min_members,
                   total_steps=spec.training.steps)  # fmt: skip
@@ -425,7 +423,7 @@ class JobManager:
             return JobStartReply(msg.job_id, False, why)
         if job.role != "member":
             return JobStartReply(msg.job_id, False, "this device has not joined the job")
-        if hashlib.sha256(msg.spec).digest() and msg.spec != job.spec_bytes:
+        if msg.spec != job.spec_bytes:
             return JobStartReply(msg.job_id, False, "the spec differs from the announced one")
         try:
             inputs, the_plan = await trio.to_thread.run_sync(verify_start, job.spec, msg.inputs, msg.plan,
@@ -470,11 +468,12 @@ class JobManager:
     @staticmethod
     def _resolved_data(job: Job, data: dict[str, Any]) -> dict[str, Any]:
         """The owner's worker reads the data: give it absolute paths (the spec's are relative to its file)."""
-        base = job.spec.base_dir or Path.cwd()
+        from arceusd.jobs.spec_types import resolve_path
+
         out = dict(data)
         for key in ("dir", "path"):
             if isinstance(out.get(key), str):
-                out[key] = str((base / out[key]).resolve())
+                out[key] = str(resolve_path(out[key], job.spec.base_dir).resolve())
         return out
 
     @staticmethod
@@ -565,7 +564,7 @@ class JobManager:
 
     async def _commit_checkpoint(self, job: Job, step: int) -> None:
         """Copy every shard of ``step`` to the owner, check it, sign the manifest; export at the last step."""
-        from arceusd.checkpoint import Manifest, ShardRecord, commit_manifest, step_dir
+        from arceusd.checkpoint import Manifest, ShardRecord, atomic_write, commit_manifest, step_dir
 
         root = job.directory / "checkpoints"
         records = []
@@ -578,8 +577,6 @@ class JobManager:
                     job.error = f"could not copy shard {name} of step {step} from {peer[:12]}"
                     log.warning("job %s: %s", job.job_id, job.error)
                     return
-                from arceusd.checkpoint import atomic_write
-
                 await trio.to_thread.run_sync(atomic_write, path, data)
             records.append(ShardRecord(name, str(shard["sha256"]), int(shard["size"])))
         manifest = Manifest(job.job_id, job.term, job.epoch, step, tuple(records),

@@ -9,11 +9,11 @@ from pathlib import Path
 
 
 def main() -> None:
-    from arceusd.profile import best_measurement, load_or_measure
+    from arceusd.profile import best_measurement, load_or_measure, to_device_profile
 
-    best = best_measurement(load_or_measure(Path(sys.argv[1])))
-    print(json.dumps({"flops_per_s": float(f"{best.flops_per_s:.6g}"), "memory_bytes": int(best.memory_bytes * 0.8),
-                      "kind": best.kind}))  # fmt: skip
+    device = to_device_profile(best_measurement(load_or_measure(Path(sys.argv[1]))), peer_id="this-device")
+    print(json.dumps({"flops_per_s": float(f"{device.flops_per_s:.6g}"), "memory_bytes": device.memory_bytes,
+                      "kind": device.kind}))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -14,6 +14,16 @@ def job_line(j: dict[str, Any]) -> str:
             f"  loss {_num(j.get('loss'))}  members {len(j.get('members', []))}")  # fmt: skip
 
 
+def contribution_lines(j: dict[str, Any]) -> list[str]:
+    """The ledger: each member's share of the work and what it adds up to."""
+    contributions = j.get("contributions") or []
+    if not contributions:
+        return []
+    return ["  contributions"] + [
+        f"    {c['peer_id'][:12]}  {c['share']:.1%} of the work   {c['tflop']:.3f} TFLOP so far" for c in contributions
+    ]
+
+
 def render_job(j: dict[str, Any]) -> str:
     lines = [
         f"job {j['job_id']}  ({j['name']}: {j['model']} on {j['data']})",
@@ -33,11 +43,7 @@ def render_job(j: dict[str, Any]) -> str:
                 for d in stage["devices"]
             )  # fmt: skip
             lines.append(f"    stage {stage['index']}: blocks {stage['blocks'][0]}-{stage['blocks'][1] - 1} on {devices}")
-    contributions = j.get("contributions") or []
-    if contributions:
-        lines.append("  contributions")
-        for c in contributions:
-            lines.append(f"    {c['peer_id'][:12]}  {c['share']:.1%} of the work   {c['tflop']:.3f} TFLOP so far")
+    lines += contribution_lines(j)
     if j.get("committed_step"):
         lines.append(f"  checkpoint  step {j['committed_step']} committed")
     if j.get("model_path"):

@@ -112,20 +112,19 @@ def test_bad_specs_are_refused_and_nothing_is_announced(tmp_path: Path) -> None:
     s = LocalSwarm(tmp_path / "swarm", 2)
     try:
         s.start()
-        good = (SPECS / "mnist-mlp-3.toml").read_text()
+        mnist_dir = (SPECS / "../../../../shared/data/mnist").resolve()
+        good = (SPECS / "mnist-mlp-3.toml").read_text().replace(
+            'dir = "../../../../shared/data/mnist"', f'dir = "{mnist_dir}"')
         for label, (change, field) in BAD_SPECS.items():
             if change.startswith("[model]"):
                 text = good.split("[model]")[0] + change + "\n[data]" + good.split("[data]")[1]
             elif change.startswith("batch_size"):
                 text = good.replace("batch_size = 256", change)
             else:
-                text = good.replace('dir = "../../../../shared/data/mnist"', change)
-            spec = SPECS.parent / f"_bad_{label.replace(' ', '_')}.toml"
+                text = good.replace(f'dir = "{mnist_dir}"', change)
+            spec = tmp_path / f"bad_{label.replace(' ', '_')}.toml"
             spec.write_text(text)
-            try:
-                proc = cli(s.state_dir(0), "submit", str(spec))
-            finally:
-                spec.unlink()
+            proc = cli(s.state_dir(0), "submit", str(spec))
             assert proc.returncode != 0, label
             assert field in proc.stderr, f"{label}: {proc.stderr}"
         short = tmp_path / "short.txt"
@@ -149,13 +148,12 @@ def test_device_not_admitted_cannot_join(tmp_path: Path) -> None:
         s.start()
         ids = [s.call(i, "status")["peer_id"] for i in range(3)]
         wait_for(lambda: len([p for p in s.call(0, "peers") if p["state"] == "alive"]) == 2, 30, 0.2, "converged")
-        text = (SPECS / "mnist-mlp-3.toml").read_text() + f'\n[admission]\nmode = "allowlist"\npeers = ["{ids[1]}"]\n'
-        spec = SPECS / "_allowlist.toml"
-        spec.write_text(text)
-        try:
-            submitted = cli(s.state_dir(0), "submit", str(spec), "--members", "3")
-        finally:
-            spec.unlink()
+        mnist_dir = (SPECS / "../../../../shared/data/mnist").resolve()
+        text = (SPECS / "mnist-mlp-3.toml").read_text().replace(
+            'dir = "../../../../shared/data/mnist"', f'dir = "{mnist_dir}"')
+        spec = tmp_path / "allowlist.toml"
+        spec.write_text(text + f'\n[admission]\nmode = "allowlist"\npeers = ["{ids[1]}"]\n')
+        submitted = cli(s.state_dir(0), "submit", str(spec), "--members", "3")
         assert submitted.returncode == 0, submitted.stderr
         job_id = submitted.stdout.split()[2]
         wait_for(lambda: any(j["job_id"] == job_id for j in s.call(2, "jobs")), 30, 0.2, "announced")
