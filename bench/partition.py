@@ -6,7 +6,10 @@ as exo does, parameter-proportional as DeepSpeed does) the geometric mean of (ba
 ours), how often the baseline found no memory-feasible placement, our planning time, and the DP's gap to
 exhaustive search on small instances.
 
-    python bench/partition.py [--quick] [--seed N]
+    python bench/partition.py [--quick] [--seed N] [--measured]
+
+``--measured`` also compares predicted with measured step time of real stage workers
+(``bench/partition_measured.py``).
 """
 
 from __future__ import annotations
@@ -27,11 +30,13 @@ from partitioner.exhaustive import exhaustive_plan
 from partitioner.synthetic import gpt_like_blocks, random_inputs
 
 
-def predicted_vs_measured() -> None:
-    """TODO(training engine): run a few steps of each plan with the stage workers on real devices, and print
-    measured / predicted step time per plan (the cost model's calibration). Needs arceusd/worker and a
-    multi-device run; not measurable from the pure planner."""
-    raise NotImplementedError("needs the training engine (arceusd/worker) to measure real step times")
+def predicted_vs_measured(quick: bool) -> int:
+    """Measured / predicted step time of real stage workers per plan (the cost model's calibration): runs
+    ``bench/partition_measured.py`` (workers as processes, devices and links measured in the same run)."""
+    import subprocess
+
+    script = Path(__file__).resolve().parent / "partition_measured.py"
+    return subprocess.run([sys.executable, str(script), *(["--quick"] if quick else [])], check=False).returncode
 
 
 def geo_mean(xs: list[float]) -> float:
@@ -100,8 +105,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="fewer, smaller instances")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--measured", action="store_true",
+                        help="also compare predicted with measured step time of real stage workers")
     args = parser.parse_args()
-    return run(args.quick, args.seed)
+    code = run(args.quick, args.seed)
+    if args.measured:
+        code = code or predicted_vs_measured(args.quick)
+    return code
 
 
 if __name__ == "__main__":
