@@ -27,7 +27,9 @@ from typing import Any
 import torch
 from safetensors import SafetensorError
 
+from arceusd import failpoints
 from arceusd.identity import Identity, peer_id_from_public_key, verify_signature
+from arceusd.safetensors_io import SafetensorsHeaderError, read_metadata
 from arceusd.safetensors_io import load_bytes as st_load
 from arceusd.safetensors_io import save_bytes as st_save
 
@@ -73,7 +75,7 @@ def step_dir(root: Path, step: int) -> Path:
     return root / f"step-{step:010d}"
 
 
-def atomic_write(path: Path, data: bytes | memoryview) -> None:
+def atomic_write(path: Path, data: bytes | memoryview, failpoint: str = "") -> None:
     """Write ``data`` to ``path`` so that readers see the old file or the whole new one, never a part."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -86,6 +88,8 @@ def atomic_write(path: Path, data: bytes | memoryview) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+    if failpoint:
+        failpoints.hit(failpoint)
     os.replace(tmp, path)
     fsync_dir(path.parent)
 
@@ -106,7 +110,7 @@ def write_shard(
         raise CheckpointError(f"shard name {name!r} must match {_SHARD_NAME.pattern}")
     cpu = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
     data = st_save(cpu, metadata=dict(metadata or {}))
-    atomic_write(step_dir(root, step) / name, data)
+    atomic_write(step_dir(root, step) / name, data, failpoint="checkpoint.before-rename")
     return ShardRecord(name, hashlib.sha256(data).hexdigest(), len(data))
 
 
@@ -210,6 +214,8 @@ class LoadedCheckpoint:
     signer: str
     shards: dict[str, dict[str, torch.Tensor]]
     used_replica: bool
+    metadata: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Each shard's safetensors metadata (its stage, rank and split)."""
 
 
 def load_step(
@@ -231,20 +237,22 @@ def load_step(
         if missing:
             raise CheckpointError(f"step {step} has no shard(s) {sorted(missing)}")
         shards: dict[str, dict[str, torch.Tensor]] = {}
+        metadata: dict[str, dict[str, str]] = {}
         used_replica = False
         for name in sorted(names):
             for i, candidate_root in enumerate(roots):
                 try:
                     data = _check_shard(step_dir(candidate_root, step) / name, records[name])
                     shards[name] = st_load(data)
-                except (CheckpointError, SafetensorError) as exc:
+                    metadata[name] = read_metadata(data)
+                except (CheckpointError, SafetensorError, SafetensorsHeaderError) as exc:
                     errors.append(str(exc))
                     continue
                 used_replica = used_replica or candidate_root != root or i > 0
                 break
             else:
                 raise CheckpointError(f"no intact copy of shard {name} of step {step}: " + "; ".join(errors[-3:]))
-        return LoadedCheckpoint(manifest, signer, shards, used_replica)
+        return LoadedCheckpoint(manifest, signer, shards, used_replica, metadata)
     raise CheckpointError(f"no valid manifest for step {step}: " + "; ".join(errors))
 
 

@@ -11,6 +11,7 @@ The server side is trio (:func:`serve_control`); the client side is plain blocki
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -71,10 +72,8 @@ async def serve_control(
     finally:
         with trio.CancelScope(shield=True):
             await listener.aclose()
-        try:
+        with contextlib.suppress(FileNotFoundError):
             path.unlink()
-        except FileNotFoundError:
-            pass
 
 
 async def _serve_one(stream: trio.abc.Stream, handlers: Mapping[str, Handler]) -> None:

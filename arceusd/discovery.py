@@ -17,6 +17,7 @@ Error handling: malformed TXT records are dropped and counted (``rejected``); ze
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import socket
@@ -143,10 +144,8 @@ async def serve_discovery(
 
     def on_change(zeroconf: Zeroconf, service_type: str, name: str, state_change: ServiceStateChange) -> None:
         if state_change in (ServiceStateChange.Added, ServiceStateChange.Updated):
-            try:
+            with contextlib.suppress(trio.WouldBlock, trio.RunFinishedError, trio.ClosedResourceError):
                 trio.from_thread.run_sync(names_send.send_nowait, name, trio_token=token)
-            except (trio.WouldBlock, trio.RunFinishedError, trio.ClosedResourceError):
-                pass
 
     def open_zeroconf() -> Zeroconf:
         return Zeroconf(interfaces=addresses, ip_version=IPVersion.V4Only, use_asyncio=False)

@@ -14,8 +14,8 @@ from typing import Any
 import trio
 
 from arceusd.config import DEFAULT_PORT
-from arceusd.election_driver import install_elections
 from arceusd.discovery import Announcement, DiscoveryStatus, candidate_addresses, serve_discovery
+from arceusd.election_driver import install_elections
 from arceusd.membership.config import MembershipConfig, lan, local
 from arceusd.membership.events import MemberState
 from arceusd.node import Node
@@ -48,7 +48,7 @@ def advertised_host(node: Node) -> str:
         return config.listen_host
     try:
         addresses = candidate_addresses(config.interface)
-    except Exception:  # noqa: BLE001 - no usable interface: loopback is the honest answer
+    except Exception:
         addresses = []
     return addresses[0] if addresses else "127.0.0.1"
 

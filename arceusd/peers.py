@@ -260,7 +260,7 @@ class PeerService:
         request = b"H" + codec.encode(self._own_hello())
         try:
             response = await self.transport.call(address, request, timeout)
-        except Exception as exc:  # noqa: BLE001 - any failure (transport, timeout, bad bytes) = no answer
+        except Exception as exc:
             log.debug("hello to %s failed: %s", address, exc)
             return None
         if response[:1] != b"H":
@@ -288,7 +288,7 @@ class PeerService:
             self.bytes_sent += len(frame)
             try:
                 response = await self.transport.call(address, frame, timeout)
-            except Exception as exc:  # noqa: BLE001 - a lost message; SWIM and callers cope with loss
+            except Exception as exc:
                 log.debug("%s to %s failed: %s", type(msg).__name__, address, exc)
                 return None
             if response[:1] == b"U":

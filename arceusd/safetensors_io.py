@@ -62,3 +62,24 @@ def save_bytes(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] 
 def load_bytes(data: bytes) -> dict[str, torch.Tensor]:
     """Parse safetensors bytes with the reference parser (no pickle, no numpy on little-endian machines)."""
     return _load(data)
+
+
+class SafetensorsHeaderError(ValueError):
+    """The bytes do not start with a valid safetensors header."""
+
+
+def read_metadata(data: bytes) -> dict[str, str]:
+    """The ``__metadata__`` of safetensors bytes (header only; the tensors are not touched)."""
+    if len(data) < 8:
+        raise SafetensorsHeaderError("shorter than a safetensors header")
+    (n,) = struct.unpack("<Q", data[:8])
+    if n > min(len(data) - 8, 1 << 24):
+        raise SafetensorsHeaderError("header length is out of range")
+    try:
+        header = json.loads(data[8 : 8 + n])
+    except ValueError as exc:
+        raise SafetensorsHeaderError(f"header is not JSON: {exc}") from None
+    meta = header.get("__metadata__") or {} if isinstance(header, dict) else {}
+    if not isinstance(meta, dict):
+        raise SafetensorsHeaderError("__metadata__ is not an object")
+    return {str(k): str(v) for k, v in meta.items()}

@@ -7,6 +7,7 @@ children with SIGTERM, then SIGKILL after a grace period.
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -33,7 +34,14 @@ def free_ports(count: int) -> list[int]:
 
 
 class LocalSwarm:
-    def __init__(self, root: Path, size: int, extra_args: list[str] | None = None, preset: str = "local") -> None:
+    def __init__(
+        self,
+        root: Path,
+        size: int,
+        extra_args: list[str] | None = None,
+        preset: str = "local",
+        env: dict[str, str] | None = None,
+    ) -> None:
         """``preset`` sets the timings: ``local`` (tens of ms, for membership tests) or ``lan`` (memberlist's,
         for swarms that also train: torch workers can starve a small machine's CPU for longer than ``local``
         tolerates). Either way the swarm stays on loopback with mDNS off."""
@@ -41,6 +49,7 @@ class LocalSwarm:
         self.preset = preset
         self.size = size
         self.extra_args = extra_args or []
+        self.env = {**os.environ, **(env or {})}
         self.ports = free_ports(size)
         self.procs: list[subprocess.Popen[bytes]] = []
 
@@ -50,22 +59,32 @@ class LocalSwarm:
     def start(self, timeout: float = 60.0) -> list[dict[str, Any]]:
         self.root.mkdir(parents=True, exist_ok=True)
         for i in range(self.size):
-            seeds: list[str] = []
-            for j, port in enumerate(self.ports):
-                if j != i:
-                    seeds += ["--peer", f"127.0.0.1:{port}"]
-            state = self.state_dir(i)
-            state.mkdir(parents=True, exist_ok=True)
-            log = state / "arceusd.log"
-            cmd = [
-                sys.executable, "-m", "arceusd", "--state-dir", str(state), "start", "--foreground",
-                "--preset", self.preset, "--host", "127.0.0.1", "--no-mdns", "--port", str(self.ports[i]),
-                "--log-file", str(log), *seeds, *self.extra_args,
-            ]  # fmt: skip
-            self.procs.append(
-                subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            )
+            self.procs.append(self._spawn(i))
         return [self.wait_ready(i, timeout) for i in range(self.size)]
+
+    def _spawn(self, i: int) -> subprocess.Popen[bytes]:
+        seeds: list[str] = []
+        for j, port in enumerate(self.ports):
+            if j != i:
+                seeds += ["--peer", f"127.0.0.1:{port}"]
+        state = self.state_dir(i)
+        state.mkdir(parents=True, exist_ok=True)
+        log = state / "arceusd.log"
+        cmd = [
+            sys.executable, "-m", "arceusd", "--state-dir", str(state), "start", "--foreground",
+            "--preset", self.preset, "--host", "127.0.0.1", "--no-mdns", "--port", str(self.ports[i]),
+            "--log-file", str(log), *seeds, *self.extra_args,
+        ]  # fmt: skip
+        return subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=self.env
+        )
+
+    def restart(self, i: int, timeout: float = 60.0) -> dict[str, Any]:
+        """Start daemon ``i`` again (after it exited or was killed) with the same state directory and port."""
+        if self.procs[i].poll() is None:
+            raise RuntimeError(f"daemon {i} is still running")
+        self.procs[i] = self._spawn(i)
+        return self.wait_ready(i, timeout)
 
     def wait_ready(self, i: int, timeout: float) -> dict[str, Any]:
         deadline = time.monotonic() + timeout

@@ -13,7 +13,12 @@ id   type             max_size   meaning
 76   JobAck           1 KiB      generic answer
 77   ShardRequest     1 KiB      fetch a chunk of a checkpoint shard of (job, step, name) from ``offset``
 78   ShardData        4 MiB      up to :data:`SHARD_CHUNK` bytes of the shard and its total size
+79   ResumeRequest    1 KiB      member -> leader: a chunk of this member's resume slice for (job, epoch)
 ==== ================ ========== =====================================================================
+
+``JobStart.resume`` (JSON, empty for a fresh start): ``{"step": S, "files": {peer: {"name", "sha256",
+"size"}}}``: the checkpoint step every worker resumes from and each worker's re-sliced state file, which the
+member fetches from the leader with :class:`ResumeRequest` and checks against the hash before using it.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ class JobStart:
     plan: bytes = field(metadata={"max_len": 1024 * 1024})
     inputs: bytes = field(metadata={"max_len": 2 * 1024 * 1024})
     resume_step: int = 0
+    resume: bytes = field(default=b"", metadata={"max_len": 64 * 1024})
 
 
 @message(72, max_size=4096)
@@ -102,3 +108,12 @@ SHARD_CHUNK = 3 * 1024 * 1024
 class ShardData:
     total: int
     data: bytes = field(metadata={"max_len": SHARD_CHUNK})
+
+
+@message(79, max_size=1024)
+@dataclass(frozen=True)
+class ResumeRequest:
+    job_id: str = field(metadata=_ID)
+    epoch: int
+    name: str = field(metadata={"max_len": 128})
+    offset: int = 0

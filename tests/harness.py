@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -134,10 +134,8 @@ class Daemon:
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
-            try:
+            with suppress(ProcessLookupError):
                 self.proc.send_signal(signal.SIGCONT)
-            except ProcessLookupError:
-                pass
             self.proc.kill()
             self.proc.wait(timeout=10)
 

@@ -8,8 +8,6 @@ file with ``model.load_state_dict(safetensors.torch.load_file(path))`` and nothi
 from __future__ import annotations
 
 import json
-import struct
-from collections import defaultdict
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -17,8 +15,9 @@ from typing import Any
 import torch
 
 from arceusd.checkpoint import atomic_write
+from arceusd.jobs.reslice import ResliceError, full_state, parse_shard
 from arceusd.models.config import GPTConfig, MLPConfig
-from arceusd.safetensors_io import load_bytes, save_bytes
+from arceusd.safetensors_io import save_bytes
 
 PARAM_PREFIX = "param.blocks."
 
@@ -27,50 +26,13 @@ class ExportError(Exception):
     """The shards do not make a whole model; the message says what is missing."""
 
 
-def shard_metadata(data: bytes) -> dict[str, str]:
-    """The ``__metadata__`` of safetensors bytes (header only; the tensors are not touched)."""
-    if len(data) < 8:
-        raise ExportError("shard is shorter than a safetensors header")
-    (n,) = struct.unpack("<Q", data[:8])
-    if n > min(len(data) - 8, 1 << 24):
-        raise ExportError("shard header length is out of range")
-    header = json.loads(data[8 : 8 + n])
-    meta = header.get("__metadata__", {})
-    return {str(k): str(v) for k, v in meta.items()}
-
-
 def assemble(config: MLPConfig | GPTConfig, shards: list[bytes]) -> dict[str, torch.Tensor]:
-    """Full-model state dict from every worker's final shard."""
-    from arceusd.worker.tensor_parallel import TPSplit, gather_tensor
-
-    by_stage: dict[int, list[tuple[int, dict[str, str], dict[str, torch.Tensor]]]] = defaultdict(list)
-    for data in shards:
-        meta = shard_metadata(data)
-        by_stage[int(meta["stage"])].append((int(meta["rank"]), meta, load_bytes(data)))
-    state: dict[str, torch.Tensor] = {}
-    for stage in sorted(by_stage):
-        ranks = sorted(by_stage[stage], key=lambda r: r[0])
-        if [r for r, _, _ in ranks] != list(range(len(ranks))):
-            raise ExportError(f"stage {stage}: missing tensor-parallel ranks (have {[r for r, _, _ in ranks]})")
-        meta = ranks[0][1]
-        if len(ranks) == 1:
-            for key, tensor in ranks[0][2].items():
-                if key.startswith(PARAM_PREFIX):
-                    state[key[len(PARAM_PREFIX) :]] = tensor
-            continue
-        if not isinstance(config, GPTConfig):
-            raise ExportError("tensor-parallel shards need a GPT config")
-        split = TPSplit(
-            tuple(int(h) for h in meta["tp_heads"].split(",")),
-            tuple(int(c) for c in meta["tp_columns"].split(",")),
-        )
-        for key in ranks[0][2]:
-            if not key.startswith(PARAM_PREFIX):
-                continue
-            name = key[len(PARAM_PREFIX) :]
-            within = name.split(".", 1)[1]
-            state[name] = gather_tensor(within, [r[2][key] for r in ranks], config, split)
-    return state
+    """Full-model state dict (reference-model names) from every worker's final shard."""
+    try:
+        state = full_state(config, [parse_shard(d) for d in shards], params_only=True)
+    except ResliceError as exc:
+        raise ExportError(str(exc)) from None
+    return {key[len(PARAM_PREFIX) :]: tensor for key, tensor in state.items()}
 
 
 def model_description(config: MLPConfig | GPTConfig, extra: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -1,15 +1,23 @@
 """Jobs in the daemon: submit, announce, join, plan, start workers, follow progress, checkpoint, export.
 
 Roles: the *owner* submitted the job (it holds the data and gets the model); *members* joined it. The job's
-leader coordinates planning, starting and checkpoint commits; today the leader is the owner at term 1 (the
-per-job election in :mod:`arceusd.election_driver` is not yet wired into the job lifecycle, so a job whose owner
-dies stops). Every leader command carries (job, term, epoch) and members refuse older ones.
+leader coordinates planning, starting, checkpoint commits and repartitions. The leader is the owner: the owner
+alone holds the data set and receives the model, so a plan without it cannot train; when the owner is gone the
+members pause (state ``paused``) instead of electing a leader that would have nothing to train on. Each
+repartition starts a new term and plan epoch; every leader command carries (job, term, epoch) and members
+refuse older ones.
 
 Lifecycle (owner): ``waiting`` (announce to every live peer, collect joins until ``min_members``) ->
 ``planning`` (partitioner over the members' offers; no fit -> back to ``waiting`` with the reason) ->
 ``starting`` (every member verifies the plan and starts its worker) -> ``running`` (workers train; checkpoint
 shards are reported, copied to the owner and committed under a signed manifest) -> ``done`` (the model is
-exported on the owner) or ``failed`` / ``paused`` with a message.
+exported on the owner) or ``failed`` with a message.
+
+Recovery: a plan member found dead or leaving (membership), or a worker lost or failing, makes the leader
+``recovering``: stop the old workers, plan over the live members, re-slice the newest verified checkpoint for
+the new plan (:mod:`arceusd.jobs.recovery`), and start again from that step: nothing skipped, nothing applied
+twice. If the live members cannot hold the model the job is ``paused`` and resumes when capacity returns. A device
+that joins a running job gets work at the next committed checkpoint (a rebalance).
 
 Nothing of a job spec is code: members parse the spec with :func:`arceusd.jobs.spec.spec_from_dict` (no files)
 and recompute the plan before starting anything.
@@ -22,13 +30,13 @@ import logging
 import os
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import trio
 
 from arceusd.control import RequestError
+from arceusd.jobs.job import TERMINAL, Job
 from arceusd.jobs.supervisor import WorkerFailed, WorkerProcess
 from arceusd.membership.events import MemberChanged, MemberState
 from arceusd.node import Node
@@ -43,6 +51,7 @@ from protocol.job_wire import (
     JobStartReply,
     JobStop,
     PeerAddress,
+    ResumeRequest,
     ShardData,
     ShardRequest,
 )
@@ -50,85 +59,8 @@ from protocol.messages import Address, JobAnnounce, JoinReply, JoinRequest
 
 log = logging.getLogger(__name__)
 
-
-@dataclass
-class Job:
-    job_id: str
-    spec: Any  # JobSpec (imported lazily: it pulls in torch)
-    spec_bytes: bytes
-    spec_hash: str
-    owner: str
-    owner_address: str
-    role: str
-    directory: Path
-    state: str = "waiting"
-    min_members: int = 1
-    members: dict[str, Any] = field(default_factory=dict)  # peer -> Offer
-    term: int = 1
-    epoch: int = 0
-    plan: Any = None
-    inputs: Any = None
-    shares: dict[str, float] = field(default_factory=dict)
-    step: int = 0
-    total_steps: int = 0
-    loss: float | None = None
-    lr: float | None = None
-    val_loss: float | None = None
-    val_accuracy: float | None = None
-    samples_per_s: float | None = None
-    tokens_per_s: float | None = None
-    history: list[tuple[int, float]] = field(default_factory=list)
-    error: str = ""
-    model_path: str = ""
-    worker: WorkerProcess | None = None
-    reports: dict[int, dict[str, dict[str, Any]]] = field(default_factory=dict)
-    cursors: dict[int, Any] = field(default_factory=dict)
-    committed_step: int = 0
-    created: float = field(default_factory=time.time)
-    finished: trio.Event = field(default_factory=trio.Event)
-
-    def summary(self, full: bool = False) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "job_id": self.job_id, "name": self.spec.name, "owner": self.owner, "role": self.role,
-            "state": self.state, "step": self.step, "total_steps": self.total_steps, "loss": self.loss,
-            "val_loss": self.val_loss, "val_accuracy": self.val_accuracy, "members": sorted(self.members),
-            "error": self.error, "model_path": self.model_path, "spec_hash": self.spec_hash,
-        }  # fmt: skip
-        if full:
-            out.update({
-                "term": self.term, "epoch": self.epoch, "lr": self.lr, "samples_per_s": self.samples_per_s,
-                "tokens_per_s": self.tokens_per_s, "history": self.history[-200:],
-                "committed_step": self.committed_step, "plan": self.plan_summary(),
-                "contributions": self.contributions(),
-                "model": type(self.spec.model).__name__, "data": self.spec.data.kind,
-            })  # fmt: skip
-        return out
-
-    def plan_summary(self) -> dict[str, Any] | None:
-        if self.plan is None:
-            return None
-        return {
-            "schedule": self.plan.schedule, "micro_batches": self.plan.micro_batches,
-            "predicted_step_time_s": self.plan.predicted_step_time_s, "bubble_fraction": self.plan.bubble_fraction,
-            "stages": [
-                {"index": s.index, "blocks": [s.start, s.end],
-                 "devices": [{"peer_id": sh.peer_id, "heads": list(sh.heads), "mlp_columns": list(sh.mlp_columns)}
-                             for sh in s.shares]}
-                for s in self.plan.stages
-            ],
-        }  # fmt: skip
-
-    def contributions(self) -> list[dict[str, Any]]:
-        """The ledger: each member's share of the model's FLOPs under the plan, and the work that adds up to."""
-        if self.inputs is None:
-            return []
-        per_sample = sum(b.forward_flops_per_sample + b.backward_flops_per_sample for b in self.inputs.blocks)
-        batch = self.spec.training.batch_size
-        return [
-            {"peer_id": peer, "share": round(share, 4), "steps": self.step,
-             "tflop": round(share * per_sample * batch * self.step / 1e12, 6)}
-            for peer, share in sorted(self.shares.items())
-        ]  # fmt: skip
+MAX_RESTARTS_PER_CHECKPOINT = 4
+"""Repartitions that resume from the same checkpoint before the job is declared failed."""
 
 
 class JobManager:
@@ -171,6 +103,7 @@ class JobManager:
         peers.register(JobStop, gate(self._on_stop))
         peers.register(JobReport, gate(self._on_report))
         peers.register(ShardRequest, gate(self._on_shard_request))
+        peers.register(ResumeRequest, gate(self._on_resume_request))
         peers.listeners.append(self._on_member_changed)
         self.node.methods.update({
             "submit": gate(self._m_submit), "join": gate(self._m_join), "jobs": self._m_jobs,
@@ -268,70 +201,185 @@ class JobManager:
         await self._finish(job, "cancelled", "cancelled by the owner")
         return {"job_id": job.job_id, "state": job.state}
 
-    # ---------------------------------------------------------------------------------------------- owner
+    # ---------------------------------------------------------------------------------------------- leader
     async def _lead(self, job: Job) -> None:
-        from arceusd.jobs.planning import PlanError, encode_start, flops_shares, make_plan, worker_stages
-
-        announced: set[str] = set()
-        while True:
-            while len(job.members) < job.min_members and job.state == "waiting":
-                for peer, address in self.peers.alive_peers().items():
-                    if peer != self.node.identity.peer_id and peer not in announced:
-                        announced.add(peer)
-                        self._spawn(self._announce, job, peer, address)
-                await trio.sleep(0.3)
-            if job.state != "waiting":
-                return
-            job.state = "planning"
-            rtt = {(self.node.identity.peer_id, p): (i.rtt_ms or 1.0) / 1000 for p, i in self.peers.info.items()}
-            offers = [job.members[p] for p in sorted(job.members)]
-            try:
-                job.inputs, job.plan = await trio.to_thread.run_sync(make_plan, job.spec, offers, rtt)
-            except PlanError as exc:
-                job.state, job.error = "waiting", f"no plan fits yet: {exc}"
-                job.min_members = len(job.members) + 1
-                log.warning("job %s: %s", job.job_id, job.error)
+        """The leader's loop for one job: gather members, plan and start; repartition on failures, departures
+        and joins; stop when the job ends. Every wait is on ``job.wake`` with a short timeout."""
+        while job.state not in TERMINAL:
+            job.wake = trio.Event()
+            if job.state in ("waiting", "paused"):
+                self._announce_to_new_peers(job)
+                if len(job.members) >= job.min_members:
+                    await self._plan_and_start(job)
+                    continue
+            elif job.restart_reason and job.state in ("running", "starting", "recovering"):
+                await self._restart(job)
                 continue
-            if self.node.identity.peer_id not in job.plan.peer_ids:
-                job.state, job.error = "failed", "the plan leaves out the owner, who serves the data"
-                return
-            job.shares = flops_shares(job.plan, job.inputs)
-            job.epoch += 1
-            job.state, job.error = "starting", ""
-            inputs_data, plan_data = encode_start(job.inputs, job.plan)
-            start = JobStart(job.job_id, job.term, job.epoch, job.spec_bytes, plan_data, inputs_data)
-            addresses: dict[str, str] = {}
-            failures: list[str] = []
+            with trio.move_on_after(0.3):
+                await job.wake.wait()
 
-            async def start_one(peer: str) -> None:
-                if peer == self.node.identity.peer_id:
-                    reply = await self._start_worker(job, worker_stages(job.plan), job.plan)
-                else:
-                    offer = job.members[peer]
-                    got = await self.peers.request(offer.address, peer, start, timeout=240.0,
-                                                   job_id=job.job_id, term=job.term, epoch=job.epoch)  # fmt: skip
-                    reply = got if isinstance(got, JobStartReply) else JobStartReply(job.job_id, False, "no answer")
-                if reply.accepted:
-                    addresses[peer] = reply.worker_address
-                else:
-                    failures.append(f"{peer[:12]}: {reply.reason}")
+    def _announce_to_new_peers(self, job: Job) -> None:
+        for peer, address in self.peers.alive_peers().items():
+            if peer != self.node.identity.peer_id and peer not in job.announced:
+                job.announced.add(peer)
+                self._spawn(self._announce, job, peer, address)
 
-            async with trio.open_nursery() as nursery:
-                for peer in job.plan.peer_ids:
-                    nursery.start_soon(start_one, peer)
-            if failures:
-                await self._finish(job, "failed", "members refused or failed to start: " + "; ".join(failures))
-                return
-            go = JobGo(job.job_id, job.term, job.epoch, tuple(PeerAddress(p, a) for p, a in sorted(addresses.items())))
-            for peer in job.plan.peer_ids:
-                if peer == self.node.identity.peer_id:
-                    await self._go(job, go)
-                else:
-                    await self.peers.request(job.members[peer].address, peer, go, timeout=30.0,
-                                             job_id=job.job_id, term=job.term, epoch=job.epoch)  # fmt: skip
-            job.state = "running"
-            log.info("job %s running on %d devices (epoch %d)", job.job_id, len(addresses), job.epoch)
+    def _request_restart(self, job: Job, reason: str) -> None:
+        """Ask the leader loop to repartition ``job`` (the first reason wins until the restart runs)."""
+        if job.role != "owner" or job.state in TERMINAL or job.state in ("waiting", "paused"):
             return
+        if not job.restart_reason:
+            log.warning("job %s: repartitioning: %s", job.job_id, reason)
+            job.restart_reason = reason
+        job.poke()
+
+    async def _restart(self, job: Job) -> None:
+        """Stop the current plan's workers and start a new plan epoch over the live members, resumed from the
+        newest verified checkpoint. A job that keeps failing at the same checkpoint fails after a few tries."""
+        from arceusd.jobs.job import Recovery
+
+        reason, job.restart_reason = job.restart_reason, ""
+        tries = job.restarts_at.get(job.committed_step, 0) + 1
+        job.restarts_at[job.committed_step] = tries
+        if tries > MAX_RESTARTS_PER_CHECKPOINT:
+            await self._finish(job, "failed", f"{reason} (gave up after {tries - 1} repartitions that made no "
+                               f"progress past step {job.committed_step})")  # fmt: skip
+            return
+        job.recoveries.append(Recovery(reason, job.epoch + 1, job.step))
+        job.state, job.error = "recovering", reason
+        job.term += 1
+        old = job.plan.peer_ids if job.plan is not None else ()
+        job.plan, job.reports = None, {}
+        await self._drop_own_worker(job)
+        stop = JobStop(job.job_id, job.term, "replanning")
+        alive = self.peers.alive_peers()
+        for peer in old:
+            if peer != self.node.identity.peer_id and peer in alive and peer in job.members:
+                self._spawn(self._send_stop, job, peer, stop, job.members[peer].address)
+        for peer in list(job.members):
+            if peer != self.node.identity.peer_id and peer not in alive:
+                del job.members[peer]
+        job.rebalance = False
+        await self._plan_and_start(job)
+
+    async def _drop_own_worker(self, job: Job) -> None:
+        worker, job.worker = job.worker, None
+        if worker is not None:
+            await worker.stop(grace=0.5)
+
+    async def _plan_and_start(self, job: Job) -> None:
+        """Plan over ``job.members``, slice the resume checkpoint, start every worker, then send ``go``."""
+        from arceusd.jobs.planning import PlanError, encode_start, flops_shares, make_plan, worker_stages
+        from arceusd.jobs.recovery import prepare_resume
+
+        resuming = job.state == "recovering" or job.committed_step > 0
+        job.state = "planning"
+        me = self.node.identity.peer_id
+        rtt = {(me, p): (i.rtt_ms or 1.0) / 1000 for p, i in self.peers.info.items()}
+        offers = [job.members[p] for p in sorted(job.members)]
+        try:
+            job.inputs, job.plan = await trio.to_thread.run_sync(make_plan, job.spec, offers, rtt)
+        except PlanError as exc:
+            job.state = "paused" if resuming else "waiting"
+            job.error = f"no plan fits the {len(offers)} member(s): {exc}" + (
+                "; paused until more capacity joins" if resuming else "")  # fmt: skip
+            job.min_members = len(job.members) + 1
+            log.warning("job %s: %s", job.job_id, job.error)
+            return
+        if me not in job.plan.peer_ids:
+            await self._finish(job, "failed", "the plan leaves out the owner, who serves the data")
+            return
+        job.shares = flops_shares(job.plan, job.inputs)
+        job.epoch += 1
+        job.state = "starting"
+        stages = worker_stages(job.plan)
+        resume = None
+        if resuming:
+            replicas = await self._repair_checkpoint(job)
+            resume = await trio.to_thread.run_sync(prepare_resume, job.directory, job.spec.model, stages,
+                                                   job.epoch, [me], replicas)  # fmt: skip
+        start_step = resume.step if resume is not None else 0
+        job.resume_files = {p: f.name for p, f in resume.files.items()} if resume is not None else {}
+        job.step = start_step
+        job.history = [h for h in job.history if h[0] <= start_step]
+        if job.recoveries and job.recoveries[-1].epoch == job.epoch:
+            job.recoveries[-1].resumed_step = start_step
+        inputs_data, plan_data = encode_start(job.inputs, job.plan)
+        start = JobStart(job.job_id, job.term, job.epoch, job.spec_bytes, plan_data, inputs_data, start_step,
+                         resume.to_wire() if resume is not None else b"")  # fmt: skip
+        addresses: dict[str, str] = {}
+        failures: list[str] = []
+
+        async def start_one(peer: str) -> None:
+            if peer == me:
+                local = None
+                if resume is not None:
+                    from arceusd.worker.protocol import ResumeConfig
+
+                    local = ResumeConfig(start_step, str(resume.directory / resume.files[me].name), resume.cursor)
+                reply = await self._start_worker(job, stages, job.plan, local)
+            else:
+                got = await self.peers.request(job.members[peer].address, peer, start, timeout=240.0,
+                                               job_id=job.job_id, term=job.term, epoch=job.epoch)  # fmt: skip
+                reply = got if isinstance(got, JobStartReply) else JobStartReply(job.job_id, False, "no answer")
+            if reply.accepted:
+                addresses[peer] = reply.worker_address
+            else:
+                failures.append(f"{peer[:12]}: {reply.reason}")
+
+        epoch = job.epoch
+        async with trio.open_nursery() as nursery:
+            for peer in job.plan.peer_ids:
+                nursery.start_soon(start_one, peer)
+        if job.epoch != epoch or job.state in TERMINAL:
+            return
+        if failures:
+            reason = "members refused or failed to start: " + "; ".join(failures)
+            if resuming or job.restart_reason:
+                job.state = "running"  # let the leader loop take the restart path
+                self._request_restart(job, reason)
+            else:
+                await self._finish(job, "failed", reason)
+            return
+        go = JobGo(job.job_id, job.term, job.epoch, tuple(PeerAddress(p, a) for p, a in sorted(addresses.items())))
+        for peer in job.plan.peer_ids:
+            if peer == me:
+                await self._go(job, go)
+            else:
+                await self.peers.request(job.members[peer].address, peer, go, timeout=30.0,
+                                         job_id=job.job_id, term=job.term, epoch=job.epoch)  # fmt: skip
+        if job.state == "starting":
+            job.state = "running"
+        job.error = ""
+        log.info("job %s running on %d devices (term %d, epoch %d, from step %d)", job.job_id, len(addresses),
+                 job.term, job.epoch, start_step)  # fmt: skip
+
+    async def _repair_checkpoint(self, job: Job) -> list[Path]:
+        """Copy from members every shard of the newest committed step whose local copy is missing or corrupt;
+        return the replica roots to read them from (empty when the local copies are intact)."""
+        from arceusd.checkpoint import atomic_write, step_dir
+        from arceusd.jobs.recovery import corrupt_shards
+
+        root = job.directory / "checkpoints"
+        step, bad = await trio.to_thread.run_sync(corrupt_shards, root, [self.node.identity.peer_id])
+        if not bad:
+            return []
+        replicas = job.directory / "replicas"
+        for record in bad:
+            log.warning("job %s: shard %s of step %d is missing or corrupt here; fetching a replica",
+                        job.job_id, record.name, step)  # fmt: skip
+            for peer in sorted(job.members):
+                if peer == self.node.identity.peer_id:
+                    continue
+                data = await self._fetch_shard(job, peer, step, record.name)
+                if data is not None and _matches(data, record):
+                    await trio.to_thread.run_sync(atomic_write, step_dir(replicas, step) / record.name, data)
+                    break
+            else:
+                log.warning("job %s: no member has an intact copy of %s", job.job_id, record.name)
+        manifest = step_dir(root, step) / "manifest.json"
+        await trio.to_thread.run_sync(atomic_write, step_dir(replicas, step) / "manifest.json", manifest.read_bytes())
+        return [replicas]
 
     async def _announce(self, job: Job, peer: str, address: str) -> None:
         msg = JobAnnounce(job.job_id, job.owner, bytes.fromhex(job.spec_hash), job.spec_bytes)
@@ -348,13 +396,18 @@ class JobManager:
         if not job.spec.admission.admits(msg.peer_id):
             log.info("job %s: refused %s (not admitted)", job.job_id, msg.peer_id)
             return JoinReply(msg.job_id, False, "not admitted by the job's owner")
-        if job.state not in ("waiting",) and msg.peer_id not in job.members:
-            return JoinReply(msg.job_id, False, f"the job is {job.state}; new members join at the next plan")
+        if job.state in TERMINAL:
+            return JoinReply(msg.job_id, False, f"the job is {job.state}")
         if msg.flops_per_s <= 0 or msg.free_memory_bytes <= 0:
             return JoinReply(msg.job_id, False, "the offer must have positive speed and memory")
+        new = msg.peer_id not in job.members
         job.members[msg.peer_id] = Offer(msg.peer_id, f"{msg.address.host}:{msg.address.port}",
                                          msg.flops_per_s, msg.free_memory_bytes)  # fmt: skip
-        log.info("job %s: %s joined (%d members)", job.job_id, msg.peer_id[:12], len(job.members))
+        if new:
+            log.info("job %s: %s joined (%d members)", job.job_id, msg.peer_id[:12], len(job.members))
+            if job.state in ("running", "starting", "recovering", "planning"):
+                job.rebalance = True  # it gets work at the next checkpoint
+            job.poke()
         return JoinReply(msg.job_id, True, "", tuple(sorted(job.members)))
 
     # ---------------------------------------------------------------------------------------------- member
@@ -363,7 +416,10 @@ class JobManager:
 
         if header.sender != msg.owner:
             return JobAck(False, "an announcement must come from the job's owner")
-        if msg.job_id in self.jobs:
+        known = self.jobs.get(msg.job_id)
+        if known is not None:
+            if known.role == "member" and known.state not in TERMINAL:
+                self._spawn(self._auto_join, known)  # the owner lost us (we were declared dead): join again
             return JobAck(True)
         try:
             spec = spec_from_dict(json.loads(msg.spec))
@@ -401,7 +457,9 @@ class JobManager:
         if not isinstance(reply, JoinReply):
             raise RequestError(f"the job's owner {job.owner[:12]} did not answer")
         if reply.accepted:
-            job.role, job.state = "member", "joined"
+            job.role = "member"
+            if job.state in ("announced", "seen", "left"):
+                job.state = "joined"
         return {"job_id": job.job_id, "accepted": reply.accepted, "reason": reply.reason}
 
     def _from_leader(self, header: Header, job: Job | None) -> str:
@@ -415,7 +473,8 @@ class JobManager:
         return ""
 
     async def _on_start(self, header: Header, msg: JobStart) -> JobStartReply:
-        from arceusd.jobs.planning import PlanRefused, verify_start, worker_stages
+        from arceusd.jobs.planning import PlanRefused, flops_shares, verify_start, worker_stages
+        from arceusd.jobs.recovery import ResumeError, ResumePoint
 
         job = self.jobs.get(msg.job_id)
         why = self._from_leader(header, job)
@@ -426,18 +485,67 @@ class JobManager:
         if msg.spec != job.spec_bytes:
             return JobStartReply(msg.job_id, False, "the spec differs from the announced one")
         try:
+            resume = ResumePoint.from_wire(msg.resume)
             inputs, the_plan = await trio.to_thread.run_sync(verify_start, job.spec, msg.inputs, msg.plan,
                                                              await self.offer())  # fmt: skip
-        except PlanRefused as exc:
-            log.warning("job %s: refusing the plan: %s", job.job_id, exc)
-            return JobStartReply(msg.job_id, False, f"plan refused: {exc}")
+        except (PlanRefused, ResumeError) as exc:
+            log.warning("job %s: refusing the start: %s", job.job_id, exc)
+            return JobStartReply(msg.job_id, False, f"start refused: {exc}")
+        if resume is not None and resume.step != msg.resume_step:
+            return JobStartReply(msg.job_id, False, "start refused: the resume step is inconsistent")
+        await self._drop_own_worker(job)  # a newer epoch replaces whatever ran before
         job.term, job.epoch, job.inputs, job.plan = header.term, header.epoch, inputs, the_plan
-        from arceusd.jobs.planning import flops_shares
-
         job.shares = flops_shares(the_plan, inputs)
-        return await self._start_worker(job, worker_stages(the_plan), the_plan)
+        local = None
+        if resume is not None:
+            mine = resume.files.get(self.node.identity.peer_id)
+            if mine is None:
+                return JobStartReply(msg.job_id, False, "start refused: no resume slice for this device")
+            try:
+                local = await self._fetch_resume(job, header.sender, resume.step, mine)
+            except (ResumeError, OSError) as exc:
+                return JobStartReply(msg.job_id, False, f"could not get the resume slice: {exc}")
+        job.step = msg.resume_step
+        return await self._start_worker(job, worker_stages(the_plan), the_plan, local)
 
-    async def _start_worker(self, job: Job, stages: Any, the_plan: Any) -> JobStartReply:
+    async def _fetch_resume(self, job: Job, leader: str, step: int, mine: Any) -> Any:
+        """Download this device's resume slice from the leader, check it, store it; its ResumeConfig."""
+        from arceusd.checkpoint import atomic_write
+        from arceusd.jobs.recovery import ResumeError, check_file, resume_dir
+        from arceusd.worker.protocol import ResumeConfig
+
+        data = await self._download(job, leader, job.owner_address,
+                                    lambda offset: ResumeRequest(job.job_id, job.epoch, mine.name, offset))  # fmt: skip
+        if data is None:
+            raise ResumeError("the leader did not serve it")
+        check_file(data, mine)
+        path = resume_dir(job.directory, job.epoch) / mine.name
+        await trio.to_thread.run_sync(atomic_write, path, data)
+        return ResumeConfig(step, str(path), None)
+
+    async def _download(self, job: Job, peer: str, address: str, request: Any) -> bytes | None:
+        """A file in :data:`SHARD_CHUNK` pieces: ``request(offset)`` is the message for the next piece."""
+        data = bytearray()
+        for _ in range(10_000):
+            reply = await self.peers.request(address, peer, request(len(data)), timeout=60.0, job_id=job.job_id)
+            if not isinstance(reply, ShardData) or reply.total > 1 << 34:
+                return None
+            data += reply.data
+            if len(data) >= reply.total or not reply.data:
+                break
+        return bytes(data)
+
+    async def _on_resume_request(self, header: Header, msg: ResumeRequest) -> ShardData | JobAck:
+        from arceusd.jobs.recovery import resume_dir
+
+        job = self.jobs.get(msg.job_id)
+        if job is None or job.role != "owner":
+            return JobAck(False, "not the leader of that job")
+        if msg.epoch != job.epoch or job.resume_files.get(header.sender) != msg.name:
+            return JobAck(False, "that resume slice is not this device's in the current plan")
+        return _serve_chunk(resume_dir(job.directory, msg.epoch) / msg.name, msg.offset)
+
+    async def _start_worker(self, job: Job, stages: Any, the_plan: Any, resume: Any = None) -> JobStartReply:
         from arceusd.worker.protocol import WorkerConfig
 
         job.directory.mkdir(parents=True, exist_ok=True)
@@ -445,6 +553,7 @@ class JobManager:
         spec_dict = json.loads(job.spec_bytes)
         if job.role == "owner":
             spec_dict["data"] = self._resolved_data(job, spec_dict["data"])
+        offer = await self.offer()
         config = WorkerConfig(
             job_id=job.job_id, term=job.term, epoch=job.epoch, spec=spec_dict, stages=stages,
             micro_batches=the_plan.micro_batches, schedule=self._schedule(job, the_plan),
@@ -452,15 +561,17 @@ class JobManager:
             listen_host=self.node.config.listen_host, owner=job.owner,
             checkpoint_dir=str(job.directory / "checkpoints"),
             checkpoint_interval=job.spec.checkpoint.interval_steps, total_steps=job.total_steps,
-            threads=self.node.config.worker_threads,
+            threads=self.node.config.worker_threads, resume=resume, device=worker_device(offer.kind),
         )  # fmt: skip
         path = job.directory / f"worker-{job.epoch}.json"
         path.write_text(config.to_json())
-        job.worker = WorkerProcess(path, job.directory / "worker.log")
+        worker = WorkerProcess(path, job.directory / "worker.log")
+        job.worker = worker
         try:
-            port = await job.worker.start()
+            port = await worker.start()
         except WorkerFailed as exc:
-            job.state, job.error = "failed", str(exc)
+            if job.worker is worker:
+                job.worker = None
             return JobStartReply(job.job_id, False, str(exc)[-1500:])
         job.state = "starting"
         return JobStartReply(job.job_id, True, "", f"{host}:{port}")
@@ -486,25 +597,31 @@ class JobManager:
         why = self._from_leader(header, job)
         if why or job is None:
             return JobAck(False, why)
+        if header.epoch != job.epoch:
+            return JobAck(False, f"go for epoch {header.epoch}, but this device started epoch {job.epoch}")
         await self._go(job, msg)
         return JobAck(True)
 
     async def _go(self, job: Job, msg: JobGo) -> None:
         if job.worker is None:
             return
-        await job.worker.send({"cmd": "start", "addresses": {a.peer_id: a.address for a in msg.addresses}})
+        try:
+            await job.worker.send({"cmd": "start", "addresses": {a.peer_id: a.address for a in msg.addresses}})
+        except WorkerFailed as exc:
+            log.warning("job %s: the worker is gone before go: %s", job.job_id, exc)
         job.state = "running"
-        self._spawn(self._follow_worker, job, job.worker)
+        self._spawn(self._follow_worker, job, job.worker, job.epoch)
 
-    async def _follow_worker(self, job: Job, worker: WorkerProcess) -> None:
+    async def _follow_worker(self, job: Job, worker: WorkerProcess, epoch: int) -> None:
         last_t, last_step = time.monotonic(), job.step
+        finished = False
         try:
             async for event in worker.events():
+                if job.worker is not worker:
+                    break  # replaced by a newer plan epoch: its events no longer count
                 kind = event.get("event")
                 if kind == "step":
-                    # the event names the step index just run; job.step counts completed steps
-                    job.step, job.loss, job.lr = int(event["step"]) + 1, float(event["loss"]), float(event["lr"])
-                    job.history.append((job.step, round(job.loss, 5)))
+                    self._on_step(job, event)
                     now = time.monotonic()
                     if now - last_t >= 1.0:
                         steps = job.step - last_step
@@ -516,27 +633,42 @@ class JobManager:
                     job.val_loss = float(event["val_loss"])
                     job.val_accuracy = event.get("val_accuracy")
                 elif kind in ("checkpoint", "done", "error"):
-                    event["peer_id"] = self.node.identity.peer_id
-                    if job.role == "owner":
-                        await self._handle_report(job, event)
-                    else:
-                        report = JobReport(job.job_id, job.epoch, json.dumps(event))
-                        await self.peers.request(job.owner_address, job.owner, report, timeout=30.0,
-                                                 job_id=job.job_id, term=job.term, epoch=job.epoch)  # fmt: skip
+                    finished = finished or kind in ("done", "error")
+                    await self._report(job, epoch, event)
         except WorkerFailed as exc:
             job.error = str(exc)
         code = await worker.kill()
-        if code not in (0, None) and job.state == "running":
-            job.state = "failed"
-            job.error = job.error or f"the worker exited with code {code}:\n{worker.log_tail(10)}"
-            log.error("job %s: %s", job.job_id, job.error)
+        if job.worker is not worker or finished or job.state in TERMINAL:
+            return
+        await self._report(job, epoch, {"event": "lost",
+                                        "message": f"the worker exited with code {code}: {worker.log_tail(3)}"})
+
+    def _on_step(self, job: Job, event: dict[str, Any]) -> None:
+        # the event names the step index just run; job.step counts completed steps
+        job.step, job.loss, job.lr = int(event["step"]) + 1, float(event["loss"]), float(event["lr"])
+        job.history.append((job.step, round(job.loss, 5)))
+        job.credit(1)
+        recovery = job.recoveries[-1] if job.recoveries else None
+        if recovery is not None and recovery.first_step_after_s is None and recovery.epoch == job.epoch:
+            recovery.first_step_after_s = round(time.monotonic() - recovery.began, 3)
+            log.info("job %s: training again %.2f s after the failure", job.job_id, recovery.first_step_after_s)
+
+    async def _report(self, job: Job, epoch: int, event: dict[str, Any]) -> None:
+        """A worker event for the leader: handled here on the owner, sent as a JobReport from a member."""
+        event["peer_id"] = self.node.identity.peer_id
+        if job.role == "owner":
+            await self._handle_report(job, event)
+            return
+        report = JobReport(job.job_id, epoch, json.dumps(event))
+        await self.peers.request(job.owner_address, job.owner, report, timeout=30.0,
+                                 job_id=job.job_id, term=job.term, epoch=epoch)  # fmt: skip
 
     async def _on_report(self, header: Header, msg: JobReport) -> JobAck:
         job = self.jobs.get(msg.job_id)
         if job is None or job.role != "owner":
             return JobAck(False, "not the leader of that job")
         if job.plan is None or header.sender not in job.plan.peer_ids or msg.epoch != job.epoch:
-            return JobAck(False, "report from outside the current plan")
+            return JobAck(False, "report from outside the current plan epoch")
         try:
             event = json.loads(msg.event)
         except ValueError:
@@ -550,8 +682,11 @@ class JobManager:
     async def _handle_report(self, job: Job, event: dict[str, Any]) -> None:
         kind = event.get("event")
         peer = str(event["peer_id"])
-        if kind == "error":
-            await self._finish(job, "failed", f"worker on {peer[:12]} failed: {event.get('message')}")
+        if kind in ("error", "lost"):
+            # A worker's failure is usually a neighbour's: a killed process breaks its links. Repartition;
+            # a job that fails again and again at the same checkpoint gives up (_restart).
+            self._request_restart(job, f"worker on {peer[:12]} {'failed' if kind == 'error' else 'was lost'}: "
+                                       f"{str(event.get('message'))[:300]}")  # fmt: skip
         elif kind == "checkpoint":
             step = int(event["step"])
             shard = event.get("shard") or {}
@@ -560,27 +695,28 @@ class JobManager:
                 job.cursors[step] = event["cursor"]
             expected = sum(len(s.shares) for s in job.plan.stages) if job.plan else 0
             if len(job.reports[step]) == expected:
-                self._spawn(self._commit_checkpoint, job, step)
+                self._spawn(self._commit_checkpoint, job, step, job.term, job.epoch)
 
-    async def _commit_checkpoint(self, job: Job, step: int) -> None:
+    async def _commit_checkpoint(self, job: Job, step: int, term: int, epoch: int) -> None:
         """Copy every shard of ``step`` to the owner, check it, sign the manifest; export at the last step."""
         from arceusd.checkpoint import Manifest, ShardRecord, atomic_write, commit_manifest, step_dir
 
         root = job.directory / "checkpoints"
         records = []
-        for peer, shard in sorted(job.reports[step].items()):
-            name = str(shard["name"])
-            path = step_dir(root, step) / name
-            if peer != self.node.identity.peer_id and not path.exists():
-                data = await self._fetch_shard(job, peer, step, name)
+        for peer, shard in sorted(job.reports.get(step, {}).items()):
+            record = ShardRecord(str(shard["name"]), str(shard["sha256"]), int(shard["size"]))
+            path = step_dir(root, step) / record.name
+            if peer != self.node.identity.peer_id and not await trio.to_thread.run_sync(_file_matches, path, record):
+                data = await self._fetch_shard(job, peer, step, record.name)
                 if data is None:
-                    job.error = f"could not copy shard {name} of step {step} from {peer[:12]}"
+                    job.error = f"could not copy shard {record.name} of step {step} from {peer[:12]}"
                     log.warning("job %s: %s", job.job_id, job.error)
                     return
                 await trio.to_thread.run_sync(atomic_write, path, data)
-            records.append(ShardRecord(name, str(shard["sha256"]), int(shard["size"])))
-        manifest = Manifest(job.job_id, job.term, job.epoch, step, tuple(records),
-                            {"cursor": job.cursors.get(step)})  # fmt: skip
+            records.append(record)
+        if job.epoch != epoch:
+            return  # repartitioned meanwhile: the new plan resumes from an earlier step
+        manifest = Manifest(job.job_id, term, epoch, step, tuple(records), {"cursor": job.cursors.get(step)})
         try:
             await trio.to_thread.run_sync(commit_manifest, root, manifest, self.node.identity,
                                           job.spec.checkpoint.keep)  # fmt: skip
@@ -592,36 +728,22 @@ class JobManager:
         log.info("job %s: checkpoint %d committed", job.job_id, step)
         if step >= job.total_steps:
             await self._export(job, step, [step_dir(root, step) / r.name for r in records])
+        elif job.rebalance and job.epoch == epoch:
+            self._request_restart(job, "rebalancing onto the member(s) that joined")
 
     async def _fetch_shard(self, job: Job, peer: str, step: int, name: str) -> bytes | None:
-        address = job.members[peer].address
-        data = bytearray()
-        for _ in range(10_000):
-            reply = await self.peers.request(address, peer, ShardRequest(job.job_id, step, name, len(data)),
-                                             timeout=60.0, job_id=job.job_id)  # fmt: skip
-            if not isinstance(reply, ShardData) or reply.total > 1 << 34:
-                return None
-            data += reply.data
-            if len(data) >= reply.total or not reply.data:
-                break
-        return bytes(data)
+        return await self._download(job, peer, job.members[peer].address,
+                                    lambda offset: ShardRequest(job.job_id, step, name, offset))  # fmt: skip
 
     async def _on_shard_request(self, header: Header, msg: ShardRequest) -> ShardData | JobAck:
+        from arceusd.checkpoint import _SHARD_NAME, step_dir
+
         job = self.jobs.get(msg.job_id)
         if job is None or header.sender != job.owner:
             return JobAck(False, "shards go to the job's owner only")
-        from arceusd.checkpoint import _SHARD_NAME, step_dir
-
         if not _SHARD_NAME.match(msg.name):
             return JobAck(False, "bad shard name")
-        path = step_dir(job.directory / "checkpoints", msg.step) / msg.name
-        try:
-            with path.open("rb") as fh:
-                total = os.fstat(fh.fileno()).st_size
-                fh.seek(msg.offset)
-                return ShardData(total, fh.read(SHARD_CHUNK))
-        except OSError:
-            return JobAck(False, "no such shard")
+        return _serve_chunk(step_dir(job.directory / "checkpoints", msg.step) / msg.name, msg.offset)
 
     async def _export(self, job: Job, step: int, paths: list[Path]) -> None:
         from arceusd.jobs.export import assemble, write_model
@@ -650,34 +772,65 @@ class JobManager:
             stop = JobStop(job.job_id, job.term, state)
             for peer in job.plan.peer_ids:
                 if peer != self.node.identity.peer_id and peer in job.members:
-                    self._spawn(self._send_stop, job, peer, stop)
-        if job.worker is not None:
-            await job.worker.stop(grace=5.0)
+                    self._spawn(self._send_stop, job, peer, stop, job.members[peer].address)
+        await self._drop_own_worker(job)
         job.finished.set()
+        job.poke()
 
-    async def _send_stop(self, job: Job, peer: str, stop: JobStop) -> None:
-        await self.peers.request(job.members[peer].address, peer, stop, timeout=10.0, job_id=job.job_id,
-                                 term=job.term, epoch=job.epoch)  # fmt: skip
+    async def _send_stop(self, job: Job, peer: str, stop: JobStop, address: str) -> None:
+        await self.peers.request(address, peer, stop, timeout=10.0, job_id=job.job_id, term=job.term,
+                                 epoch=job.epoch)  # fmt: skip
 
     async def _on_stop(self, header: Header, msg: JobStop) -> JobAck:
         job = self.jobs.get(msg.job_id)
         if job is None or header.sender != job.owner or header.term < job.term:
             return JobAck(False, "not from this job's leader")
         job.state = msg.reason or "stopped"
-        if job.worker is not None:
-            await job.worker.stop(grace=5.0)
+        await self._drop_own_worker(job)
         return JobAck(True)
 
     def _on_member_changed(self, change: MemberChanged) -> None:
         if change.state not in (MemberState.DEAD, MemberState.LEFT):
             return
         for job in self.jobs.values():
-            if job.role == "owner" and job.state in ("running", "starting") and job.plan is not None:
-                if change.peer in job.plan.peer_ids:
-                    job.state = "paused"
-                    job.error = (f"member {change.peer[:12]} is {change.state.value}; "
-                                 f"the last committed checkpoint is step {job.committed_step}")  # fmt: skip
-                    log.warning("job %s: %s", job.job_id, job.error)
+            if job.role == "owner":
+                job.announced.discard(change.peer)  # announce again if it comes back
+                in_plan = job.plan is not None and change.peer in job.plan.peer_ids
+                if change.peer in job.members and job.state in ("waiting", "paused"):
+                    del job.members[change.peer]
+                if in_plan or job.state == "recovering":
+                    self._request_restart(job, f"member {change.peer[:12]} is {change.state.value}")
+            elif change.peer == job.owner and job.state not in TERMINAL:
+                job.state, job.error = "paused", f"the job's owner {job.owner[:12]} is {change.state.value}"
+                self._spawn(self._drop_own_worker, job)
+
+
+def worker_device(kind: str) -> str:
+    """The torch device a worker trains on, from this device's measured kind (cpu, cuda or mps)."""
+    return kind if kind in ("cuda", "mps") else "cpu"
+
+
+def _serve_chunk(path: Path, offset: int) -> ShardData | JobAck:
+    try:
+        with path.open("rb") as fh:
+            total = os.fstat(fh.fileno()).st_size
+            fh.seek(offset)
+            return ShardData(total, fh.read(SHARD_CHUNK))
+    except OSError:
+        return JobAck(False, "no such file")
+
+
+def _file_matches(path: Path, record: Any) -> bool:
+    try:
+        return _matches(path.read_bytes(), record)
+    except OSError:
+        return False
+
+
+def _matches(data: bytes, record: Any) -> bool:
+    import hashlib
+
+    return bool(len(data) == record.size and hashlib.sha256(data).hexdigest() == record.sha256)
 
 
 async def serve_jobs(node: Node, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -689,4 +842,4 @@ async def serve_jobs(node: Node, *, task_status: trio.TaskStatus[None] = trio.TA
     await manager.run(task_status=task_status)
 
 
-__all__ = ["Job", "JobManager", "serve_jobs"]
+__all__ = ["JobManager", "serve_jobs", "worker_device"]

@@ -10,6 +10,7 @@ raises :class:`WorkerFailed` with the tail of its log.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import subprocess
@@ -34,6 +35,13 @@ class WorkerProcess:
         self.process: trio.Process | None = None
         self.port: int | None = None
         self._buffer = bytearray()
+
+    @property
+    def pid(self) -> int | None:
+        """The worker's process id while it runs."""
+        if self.process is None or self.process.returncode is not None:
+            return None
+        return int(self.process.pid)
 
     async def start(self, timeout: float = 180.0) -> int:
         """Spawn the worker and wait for its ``listening`` event; return its transport port."""
@@ -95,10 +103,8 @@ class WorkerProcess:
         if self.process is None:
             return None
         if self.process.returncode is None:
-            try:
+            with contextlib.suppress(WorkerFailed):
                 await self.send({"cmd": "stop"})
-            except WorkerFailed:
-                pass
             with trio.move_on_after(grace):
                 await self.process.wait()
         return await self.kill()

@@ -8,7 +8,6 @@ driving the real core with GossipReceived events, not by calling the rule functi
 from __future__ import annotations
 
 import dataclasses
-
 import random
 
 import pytest

@@ -1,0 +1,143 @@
+"""One job as this daemon knows it: its spec, role, members, plan, progress, and what it reports to users.
+
+States (owner/leader): ``waiting`` -> ``planning`` -> ``starting`` -> ``running`` -> ``done``; ``recovering``
+while it repartitions after a failure or to rebalance; ``paused`` when the survivors cannot hold the model
+(it resumes when capacity returns); ``failed`` / ``cancelled`` end it. Members mirror what the leader tells them
+(``announced``, ``joined``, ``starting``, ``running``, ``replanning``, ``paused``, ...).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from arceusd.jobs.supervisor import WorkerProcess
+
+TERMINAL = frozenset({"done", "failed", "cancelled"})
+
+
+@dataclass
+class Recovery:
+    """One repartition: why, from which checkpoint step, and how long until training ran again."""
+
+    reason: str
+    epoch: int
+    lost_step: int
+    resumed_step: int = -1
+    began: float = field(default_factory=time.monotonic)
+    first_step_after_s: float | None = None
+
+    def summary(self) -> dict[str, Any]:
+        return {"reason": self.reason, "epoch": self.epoch, "lost_step": self.lost_step,
+                "resumed_step": self.resumed_step, "recomputed_steps": max(0, self.lost_step - self.resumed_step),
+                "first_step_after_s": self.first_step_after_s}  # fmt: skip
+
+
+@dataclass
+class Job:
+    job_id: str
+    spec: Any  # JobSpec (imported lazily: it pulls in torch)
+    spec_bytes: bytes
+    spec_hash: str
+    owner: str
+    owner_address: str
+    role: str
+    directory: Path
+    state: str = "waiting"
+    min_members: int = 1
+    members: dict[str, Any] = field(default_factory=dict)  # peer -> Offer
+    term: int = 1
+    epoch: int = 0
+    plan: Any = None
+    inputs: Any = None
+    shares: dict[str, float] = field(default_factory=dict)
+    step: int = 0
+    total_steps: int = 0
+    loss: float | None = None
+    lr: float | None = None
+    val_loss: float | None = None
+    val_accuracy: float | None = None
+    samples_per_s: float | None = None
+    tokens_per_s: float | None = None
+    history: list[tuple[int, float]] = field(default_factory=list)
+    error: str = ""
+    model_path: str = ""
+    worker: WorkerProcess | None = None
+    reports: dict[int, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    cursors: dict[int, Any] = field(default_factory=dict)
+    committed_step: int = 0
+    created: float = field(default_factory=time.time)
+    finished: trio.Event = field(default_factory=trio.Event)
+    # leader bookkeeping
+    announced: set[str] = field(default_factory=set)
+    wake: trio.Event = field(default_factory=trio.Event)
+    restart_reason: str = ""
+    rebalance: bool = False
+    restarts_at: dict[int, int] = field(default_factory=dict)  # committed step -> restarts that resumed there
+    resume_files: dict[str, str] = field(default_factory=dict)  # peer -> its resume file name (this epoch)
+    recoveries: list[Recovery] = field(default_factory=list)
+    steps_done: dict[str, int] = field(default_factory=dict)  # peer -> training steps it took part in
+    work: dict[str, float] = field(default_factory=dict)  # peer -> sum of its share over those steps
+
+    def poke(self) -> None:
+        """Wake the leader loop (a member changed, a report came, a restart was asked for)."""
+        self.wake.set()
+
+    def summary(self, full: bool = False) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "job_id": self.job_id, "name": self.spec.name, "owner": self.owner, "role": self.role,
+            "state": self.state, "step": self.step, "total_steps": self.total_steps, "loss": self.loss,
+            "val_loss": self.val_loss, "val_accuracy": self.val_accuracy, "members": sorted(self.members),
+            "error": self.error, "model_path": self.model_path, "spec_hash": self.spec_hash,
+        }  # fmt: skip
+        if full:
+            out.update({
+                "term": self.term, "epoch": self.epoch, "lr": self.lr, "samples_per_s": self.samples_per_s,
+                "tokens_per_s": self.tokens_per_s, "history": self.history[-200:],
+                "committed_step": self.committed_step, "plan": self.plan_summary(),
+                "contributions": self.contributions(), "recoveries": [r.summary() for r in self.recoveries],
+                "model": type(self.spec.model).__name__, "data": self.spec.data.kind,
+                "worker_pid": self.worker.pid if self.worker is not None else None,
+            })  # fmt: skip
+        return out
+
+    def plan_summary(self) -> dict[str, Any] | None:
+        if self.plan is None:
+            return None
+        return {
+            "schedule": self.plan.schedule, "micro_batches": self.plan.micro_batches,
+            "predicted_step_time_s": self.plan.predicted_step_time_s, "bubble_fraction": self.plan.bubble_fraction,
+            "stages": [
+                {"index": s.index, "blocks": [s.start, s.end],
+                 "devices": [{"peer_id": sh.peer_id, "heads": list(sh.heads), "mlp_columns": list(sh.mlp_columns)}
+                             for sh in s.shares]}
+                for s in self.plan.stages
+            ],
+        }  # fmt: skip
+
+    def contributions(self) -> list[dict[str, Any]]:
+        """The ledger: each device's share of the model's FLOPs under the plan(s) it worked in, the steps it
+        took part in, and the work that adds up to (shares change when the job is repartitioned)."""
+        if self.inputs is None:
+            return []
+        per_sample = sum(b.forward_flops_per_sample + b.backward_flops_per_sample for b in self.inputs.blocks)
+        batch = self.spec.training.batch_size
+        peers = sorted(set(self.shares) | set(self.work))
+        return [
+            {"peer_id": peer, "share": round(self.shares.get(peer, 0.0), 4), "steps": self.steps_done.get(peer, 0),
+             "tflop": round(self.work.get(peer, 0.0) * per_sample * batch / 1e12, 6)}
+            for peer in peers
+        ]  # fmt: skip
+
+    def credit(self, steps: int) -> None:
+        """Account ``steps`` completed training steps to the current plan's devices, by their share."""
+        for peer, share in self.shares.items():
+            self.work[peer] = self.work.get(peer, 0.0) + share * steps
+            self.steps_done[peer] = self.steps_done.get(peer, 0) + steps
+
+
+__all__ = ["TERMINAL", "Job", "Recovery"]

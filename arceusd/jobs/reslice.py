@@ -1,0 +1,122 @@
+"""Re-slicing a committed checkpoint for a new plan.
+
+A checkpoint holds one shard per worker of the plan that wrote it (``stage{s}-rank{r}.safetensors``, metadata
+``stage``/``rank``/``tp_heads``/``tp_columns``; keys ``param.blocks.<i>.<name>`` and
+``optim.blocks.<i>.<name>.<buffer>``). After a repartition the stages and tensor-parallel splits differ, so the
+leader gathers the shards into the *full* training state (:func:`full_state`: every parameter and optimizer
+buffer of the whole model, tensor-parallel slices concatenated back) and cuts each new worker's slice out of it
+(:func:`slice_state`). Optimizer buffers have their parameter's shape, so they are split exactly like it.
+
+Pure functions over bytes and tensors: no files, no network. Nothing is unpickled (safetensors only).
+
+Error handling: :class:`ResliceError` when the shards do not make a whole model (a missing rank or block).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+
+import torch
+
+from arceusd.models.build import num_blocks
+from arceusd.models.config import GPTConfig, MLPConfig
+from arceusd.safetensors_io import SafetensorsHeaderError, load_bytes, read_metadata
+from arceusd.worker.protocol import StageConfig
+from arceusd.worker.tensor_parallel import TPSplit, gather_tensor, shard_tensor
+
+
+class ResliceError(Exception):
+    """The shards cannot be combined into a whole model; the message says what is missing."""
+
+
+def block_of(key: str) -> tuple[int, str]:
+    """``("param"|"optim").blocks.<i>.<rest>`` -> ``(i, rest)``; ``rest`` keeps an optimizer buffer suffix."""
+    kind, _, tail = key.partition(".")
+    prefix, _, tail = tail.partition(".")
+    index, _, rest = tail.partition(".")
+    if kind not in ("param", "optim") or prefix != "blocks" or not index.isdigit() or not rest:
+        raise ResliceError(f"unexpected tensor name {key!r} in a checkpoint shard")
+    return int(index), rest
+
+
+def _within(key: str) -> str:
+    """The parameter's name inside its block (an optimizer key loses its ``.<buffer>`` suffix)."""
+    _, rest = block_of(key)
+    return rest.rpartition(".")[0] if key.startswith("optim.") else rest
+
+
+Shard = tuple[Mapping[str, str], Mapping[str, torch.Tensor]]
+"""A parsed shard: its safetensors metadata and its tensors."""
+
+
+def parse_shard(data: bytes) -> Shard:
+    """Metadata and tensors of one shard's bytes (the reference safetensors parser; nothing unpickled)."""
+    try:
+        return read_metadata(data), load_bytes(data)
+    except (SafetensorsHeaderError, ValueError) as exc:
+        raise ResliceError(f"a shard is not valid safetensors: {exc}") from None
+
+
+def full_state(
+    config: MLPConfig | GPTConfig, shards: Sequence[Shard], params_only: bool = False
+) -> dict[str, torch.Tensor]:
+    """The whole model's training state (parameters and, unless ``params_only``, optimizer buffers) from every
+    worker's shard of one step, tensor-parallel slices gathered."""
+    by_stage: dict[int, list[tuple[int, Mapping[str, str], Mapping[str, torch.Tensor]]]] = defaultdict(list)
+    for meta, tensors in shards:
+        try:
+            stage, rank = int(meta["stage"]), int(meta["rank"])
+        except (KeyError, ValueError):
+            raise ResliceError("a shard lacks its stage/rank metadata") from None
+        by_stage[stage].append((rank, meta, tensors))
+    state: dict[str, torch.Tensor] = {}
+    for stage in sorted(by_stage):
+        ranks = sorted(by_stage[stage], key=lambda r: r[0])
+        if [r for r, _, _ in ranks] != list(range(len(ranks))):
+            raise ResliceError(f"stage {stage}: missing tensor-parallel ranks (have {[r for r, _, _ in ranks]})")
+        keys = [k for k in ranks[0][2] if not (params_only and k.startswith("optim."))]
+        if len(ranks) == 1:
+            state.update({k: ranks[0][2][k] for k in keys})
+            continue
+        if not isinstance(config, GPTConfig):
+            raise ResliceError("tensor-parallel shards need a GPT config")
+        meta = ranks[0][1]
+        split = TPSplit(
+            tuple(int(h) for h in meta["tp_heads"].split(",")),
+            tuple(int(c) for c in meta["tp_columns"].split(",")),
+        )
+        for key in keys:
+            try:
+                parts = [r[2][key] for r in ranks]
+            except KeyError:
+                raise ResliceError(f"stage {stage}: {key} is missing on some rank") from None
+            state[key] = gather_tensor(_within(key), parts, config, split)
+    present = {block_of(k)[0] for k in state if k.startswith("param.")}
+    missing = sorted(set(range(num_blocks(config))) - present)
+    if missing:
+        raise ResliceError(f"the shards hold no parameters of block(s) {missing}: a stage's shard is missing")
+    return state
+
+
+def slice_state(
+    config: MLPConfig | GPTConfig, full: dict[str, torch.Tensor], stage: StageConfig, rank: int
+) -> dict[str, torch.Tensor]:
+    """Rank ``rank`` of ``stage``'s part of ``full``: the tensors a worker loads with ``load_state_tensors``."""
+    split = stage.split()
+    if split is not None and not isinstance(config, GPTConfig):
+        raise ResliceError("a tensor-parallel stage needs a GPT config")
+    out: dict[str, torch.Tensor] = {}
+    for key, tensor in full.items():
+        index, _ = block_of(key)
+        if not stage.start <= index < stage.end:
+            continue
+        if split is None:
+            out[key] = tensor.clone()
+        else:
+            assert isinstance(config, GPTConfig)
+            out[key] = shard_tensor(_within(key), tensor, config, split, rank)
+    return out
+
+
+__all__ = ["ResliceError", "Shard", "block_of", "full_state", "parse_shard", "slice_state"]

@@ -1,0 +1,191 @@
+"""Fault tolerance with real daemons and workers: a job survives SIGKILLed workers and daemons, a crash in the
+middle of a checkpoint write and a corrupt shard, and ends with exactly the parameters of a failure-free run.
+
+"Failure-free run" is the plain single-process PyTorch loop on the same batches (``reference_run``); the
+distributed engine equals it within 1e-5 (tests/integration/test_worker_exact.py), so a recovered job must too:
+nothing skipped, nothing applied twice. Every wait is bounded; each test has a hard time limit.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from arceusd.swarm import LocalSwarm
+from tests.harness import wait_for
+
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
+pytestmark = [pytest.mark.slow]
+
+SPEC = """
+name = "recovery-mlp"
+seed = 5
+
+[model]
+type = "mlp"
+layer_sizes = [784, 64, 32, 10]
+
+[data]
+kind = "mnist"
+dir = "{mnist}"
+train_count = 4000
+holdout_count = 500
+
+[training]
+steps = {steps}
+batch_size = 64
+micro_batches = 2
+optimizer = "sgd"
+lr = 0.05
+momentum = 0.9
+eval_interval_steps = 0
+
+[checkpoint]
+interval_steps = {interval}
+"""
+
+
+def write_spec(tmp_path: Path, steps: int, interval: int) -> Path:
+    path = tmp_path / "job.toml"
+    path.write_text(SPEC.format(mnist=SHARED / "mnist", steps=steps, interval=interval))
+    return path
+
+
+@pytest.fixture
+def make_swarm(tmp_path: Path) -> Iterator[Callable[..., LocalSwarm]]:
+    swarms: list[LocalSwarm] = []
+
+    def make(env: dict[str, str] | None = None) -> LocalSwarm:
+        s = LocalSwarm(tmp_path / "swarm", 3, ["--auto-join"], preset="local", env=env)
+        swarms.append(s)
+        s.start()
+        wait_for(lambda: all(sum(p["state"] == "alive" for p in s.call(i, "peers")) == 2 for i in range(3)),
+                 30, 0.2, "swarm converged")  # fmt: skip
+        return s
+
+    yield make
+    for s in swarms:
+        s.close()
+
+
+def submit(s: LocalSwarm, spec: Path) -> str:
+    out = subprocess.run([sys.executable, "-m", "arceusd", "--state-dir", str(s.state_dir(0)), "submit", str(spec),
+                          "--members", "3"], capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split()[2]
+
+
+def job_of(s: LocalSwarm, job_id: str) -> dict[str, Any]:
+    result: dict[str, Any] = s.call(0, "job", {"job_id": job_id})
+    return result
+
+
+def wait_step(s: LocalSwarm, job_id: str, step: int, timeout: float) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = job_of(s, job_id)
+        if job["state"] == "running" and job["step"] >= step and job["committed_step"] > 0:
+            return job
+        assert job["state"] not in ("done", "failed", "cancelled"), job
+        time.sleep(0.05)
+    raise AssertionError(f"job did not reach step {step} within {timeout} s")
+
+
+def wait_end(s: LocalSwarm, job_id: str, timeout: float) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = job_of(s, job_id)
+        if job["state"] in ("done", "failed", "cancelled"):
+            return job
+        time.sleep(0.25)
+    raise AssertionError(f"job did not end within {timeout} s: {job_of(s, job_id)}")
+
+
+def index_of(s: LocalSwarm, peer: str) -> int:
+    return next(i for i in range(s.size) if s.call(i, "status")["peer_id"] == peer)
+
+
+def middle_stage_peer(job: dict[str, Any]) -> str:
+    stages = job["plan"]["stages"]
+    assert len(stages) == 3, "three daemons, three blocks: a three-stage pipeline"
+    return str(stages[1]["devices"][0]["peer_id"])
+
+
+def assert_equals_failure_free(job: dict[str, Any], spec: Path) -> None:
+    """The exported model equals the plain loop's parameters after the same number of steps."""
+    from safetensors.torch import load_file
+
+    from arceusd.jobs.spec import load_spec
+    from tests.integration.worker_harness import reference_run
+
+    assert job["state"] == "done", f"job ended {job['state']}: {job['error']}"
+    _, expected = reference_run(load_spec(str(spec)), job["total_steps"])
+    got = load_file(job["model_path"])
+    assert set(got) == set(expected)
+    worst = max(float((got[k] - expected[k]).abs().max()) for k in expected)
+    assert worst <= 1e-5, f"recovered parameters differ from the failure-free run by {worst}"
+
+
+@pytest.mark.timeout(300)
+def test_killed_middle_worker_mid_checkpoint_then_a_corrupt_shard(make_swarm: Any, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, steps=240, interval=20)
+    marker = tmp_path / "killed-once"
+    # The first worker of the swarm to write a checkpoint shard is SIGKILLed after writing its temporary file,
+    # before the rename: that checkpoint is never committed, and the job resumes from the previous one.
+    s = make_swarm({"ARCEUSD_FAILPOINTS": f"checkpoint.before-rename=kill-once:{marker}"})
+    job_id = submit(s, spec)
+    first = wait_step(s, job_id, 45, timeout=120)
+    assert marker.exists(), "the failpoint fired"
+    assert first["recoveries"], "the crash in a checkpoint write caused a repartition"
+    assert first["recoveries"][0]["resumed_step"] == 0, "step 20 was never committed: resume from the start"
+    # Now corrupt every committed copy of a member's shard on the owner, then SIGKILL the middle worker: the
+    # owner must take that shard from the member that wrote it.
+    mid = middle_stage_peer(first)
+    i = index_of(s, mid)
+    owner_root = Path(first_model_dir(s, job_id)) / "checkpoints"
+    corrupted = 0
+    for shard in owner_root.glob("step-*/stage1-rank0.safetensors"):
+        data = bytearray(shard.read_bytes())
+        data[-3] ^= 0xFF
+        shard.write_bytes(bytes(data))
+        corrupted += 1
+    assert corrupted >= 1
+    pid = s.call(i, "job", {"job_id": job_id})["worker_pid"]
+    os.kill(pid, signal.SIGKILL)
+    job = wait_end(s, job_id, timeout=200)
+    assert len(job["recoveries"]) >= 2
+    second = job["recoveries"][1]
+    assert second["resumed_step"] >= 20 and second["recomputed_steps"] <= 2 * 20, second
+    assert any((owner_root.parent / "replicas").glob("step-*/stage1-rank0.safetensors")), "a replica was fetched"
+    assert_equals_failure_free(job, spec)
+
+
+def first_model_dir(s: LocalSwarm, job_id: str) -> str:
+    return str(s.state_dir(0) / "jobs" / job_id)
+
+
+@pytest.mark.timeout(300)
+def test_killed_member_daemon_repartitions_over_the_survivors(make_swarm: Any, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, steps=200, interval=20)
+    s = make_swarm()
+    job_id = submit(s, spec)
+    job = wait_step(s, job_id, 50, timeout=120)
+    victim = middle_stage_peer(job)
+    s.signal(index_of(s, victim), signal.SIGKILL)
+    end = wait_end(s, job_id, timeout=200)
+    placed = {d["peer_id"] for stage in end["plan"]["stages"] for d in stage["devices"]}
+    assert victim not in placed and len(placed) == 2, "the new plan uses the two survivors"
+    assert end["epoch"] >= 2 and end["term"] >= 2
+    recovery = end["recoveries"][0]
+    assert recovery["first_step_after_s"] is not None and recovery["recomputed_steps"] <= 20
+    shares = {c["peer_id"]: c for c in end["contributions"]}
+    assert shares[victim]["steps"] >= 40 and shares[victim]["tflop"] > 0, "the lost device keeps its credit"
+    assert_equals_failure_free(end, spec)
