@@ -340,6 +340,16 @@ def join(obj: Context, job: str) -> None:
 
 
 @cli.command()
+@click.argument("job")
+@pass_ctx
+def leave(obj: Context, job: str) -> None:
+    """Take this device out of JOB now: the leader repartitions over the others at once (no failure detection
+    wait) and resumes from the last checkpoint."""
+    result = obj.call("leave", {"job_id": job}, timeout=60.0)
+    click.echo(f"left job {result['job_id']}" + (f" ({result['reason']})" if result.get("reason") else ""))
+
+
+@cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @pass_ctx
 def jobs(obj: Context, as_json: bool) -> None:

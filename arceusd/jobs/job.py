@@ -82,6 +82,9 @@ class Job:
     recoveries: list[Recovery] = field(default_factory=list)
     steps_done: dict[str, int] = field(default_factory=dict)  # peer -> training steps it took part in
     work: dict[str, float] = field(default_factory=dict)  # peer -> sum of its share over those steps
+    stale_reports: int = 0  # reports refused for an old plan epoch (e.g. from a peer that was declared dead)
+    gather_until: float = 0.0  # after the owner's restart: plan at this time even if not every member is back
+    expected_members: set[str] = field(default_factory=set)
 
     def poke(self) -> None:
         """Wake the leader loop (a member changed, a report came, a restart was asked for)."""
@@ -102,6 +105,7 @@ class Job:
                 "contributions": self.contributions(), "recoveries": [r.summary() for r in self.recoveries],
                 "model": type(self.spec.model).__name__, "data": self.spec.data.kind,
                 "worker_pid": self.worker.pid if self.worker is not None else None,
+                "stale_reports": self.stale_reports,
             })  # fmt: skip
         return out
 

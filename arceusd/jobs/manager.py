@@ -59,6 +59,10 @@ from protocol.messages import Address, JobAnnounce, JoinReply, JoinRequest
 
 log = logging.getLogger(__name__)
 
+OWNER_FILE = "owner.json"
+REJOIN_GRACE_S = 15.0
+"""After the owner restarts, how long it waits for the job's old members to join again before planning."""
+
 MAX_RESTARTS_PER_CHECKPOINT = 4
 """Repartitions that resume from the same checkpoint before the job is declared failed."""
 
@@ -84,7 +88,65 @@ class JobManager:
 
     async def _load_modules(self) -> None:
         await trio.to_thread.run_sync(self._preload)
+        for job in await trio.to_thread.run_sync(self._restore_owned_jobs):
+            self.jobs[job.job_id] = job
+            job.members[self.node.identity.peer_id] = await self.offer()
+            self._spawn(self._lead, job)
+            log.info("job %s (%s): resuming as its owner from step %d (term %d)", job.job_id, job.spec.name,
+                     job.committed_step, job.term)  # fmt: skip
         self._ready.set()
+
+    def _restore_owned_jobs(self) -> list[Job]:
+        """Jobs this device owns that had not ended when it stopped (crash, reboot): they resume from their
+        newest committed checkpoint once members rejoin. A job whose saved state does not verify is skipped
+        with a warning, never half-restored."""
+        from arceusd.checkpoint import committed_steps
+        from arceusd.jobs.spec import JobSpecError, parse_spec, spec_hash
+
+        restored: list[Job] = []
+        if not self.root.is_dir():
+            return restored
+        for directory in sorted(self.root.iterdir()):
+            path = directory / OWNER_FILE
+            if not path.is_file():
+                continue
+            try:
+                saved = json.loads(path.read_bytes())
+                spec_bytes = (directory / "spec.json").read_bytes()
+                spec = parse_spec(json.loads(spec_bytes), base_dir=Path(saved["base_dir"]),
+                                  source=str(directory / "spec.json"))  # fmt: skip
+                if saved["job_id"] != directory.name or spec_hash(spec) != saved["spec_hash"]:
+                    raise ValueError("the saved spec does not match the job's id or hash")
+                if saved["owner"] != self.node.identity.peer_id:
+                    raise ValueError("owned by another identity")
+                if saved["state"] in TERMINAL:
+                    continue
+                committed = committed_steps(directory / "checkpoints")
+                job = Job(saved["job_id"], spec, spec_bytes, saved["spec_hash"], saved["owner"],
+                          self.node.addresses.get("peer", ""), "owner", directory, state="waiting",
+                          min_members=1, term=int(saved["term"]) + 1, epoch=int(saved["epoch"]),
+                          total_steps=spec.training.steps, committed_step=committed[-1] if committed else 0,
+                          step=committed[-1] if committed else 0)  # fmt: skip
+                job.gather_until = time.monotonic() + REJOIN_GRACE_S
+                job.expected_members = set(saved.get("members", [])) - {self.node.identity.peer_id}
+                restored.append(job)
+            except (OSError, ValueError, KeyError, TypeError, JobSpecError) as exc:
+                log.warning("not resuming the job in %s: %s", directory, exc)
+        return restored
+
+    def _persist(self, job: Job) -> None:
+        """The owner's durable record of a job (enough to resume it after this daemon restarts)."""
+        from arceusd.checkpoint import atomic_write
+
+        if job.role != "owner":
+            return
+        record = {"job_id": job.job_id, "owner": job.owner, "spec_hash": job.spec_hash,
+                  "base_dir": str(job.spec.base_dir), "term": job.term, "epoch": job.epoch, "state": job.state,
+                  "members": sorted(job.members), "model_path": job.model_path}  # fmt: skip
+        try:
+            atomic_write(job.directory / OWNER_FILE, json.dumps(record, indent=1).encode())
+        except OSError as exc:
+            log.warning("job %s: cannot save its state: %s", job.job_id, exc)
 
     def _gated(self, handler: Any) -> Any:
         async def wrapper(*args: Any) -> Any:
@@ -106,8 +168,8 @@ class JobManager:
         peers.register(ResumeRequest, gate(self._on_resume_request))
         peers.listeners.append(self._on_member_changed)
         self.node.methods.update({
-            "submit": gate(self._m_submit), "join": gate(self._m_join), "jobs": self._m_jobs,
-            "job": self._m_job, "cancel": gate(self._m_cancel),
+            "submit": gate(self._m_submit), "join": gate(self._m_join), "jobs": gate(self._m_jobs),
+            "job": gate(self._m_job), "cancel": gate(self._m_cancel), "leave": gate(self._m_leave),
         })  # fmt: skip
         self.node.sections["jobs"] = lambda: [j.summary() for j in self.jobs.values()]
         self.node.shutdown_hooks.append(self._stop_all_workers)
@@ -180,6 +242,7 @@ class JobManager:
         (job.directory / "spec.json").write_bytes(spec_bytes)
         self.jobs[jid] = job
         job.members[self.node.identity.peer_id] = await self.offer()
+        self._persist(job)
         self._spawn(self._lead, job)
         log.info("job %s (%s) submitted; waiting for %d member(s)", jid, spec.name, min_members)
         return {"job_id": jid, "spec_hash": digest, "name": spec.name, "directory": str(job.directory)}
@@ -201,6 +264,19 @@ class JobManager:
         await self._finish(job, "cancelled", "cancelled by the owner")
         return {"job_id": job.job_id, "state": job.state}
 
+    async def _m_leave(self, params: dict[str, Any]) -> dict[str, Any]:
+        job = self.find(str(params.get("job_id", "")))
+        if job.role == "owner":
+            raise RequestError("the owner cannot leave its own job (it serves the data); cancel it instead")
+        if job.role != "member":
+            raise RequestError(f"this device is not a member of job {job.job_id[:12]}")
+        await self._drop_own_worker(job)
+        job.role, job.state = "seen", "left"
+        report = JobReport(job.job_id, job.epoch, json.dumps({"event": "leave"}))
+        reply = await self.peers.request(job.owner_address, job.owner, report, timeout=10.0, job_id=job.job_id,
+                                         term=job.term, epoch=job.epoch)  # fmt: skip
+        told = isinstance(reply, JobAck) and reply.ok
+        return {"job_id": job.job_id, "reason": "" if told else "the owner did not answer; it will notice"}
     # ---------------------------------------------------------------------------------------------- leader
     async def _lead(self, job: Job) -> None:
         """The leader's loop for one job: gather members, plan and start; repartition on failures, departures
@@ -209,14 +285,23 @@ class JobManager:
             job.wake = trio.Event()
             if job.state in ("waiting", "paused"):
                 self._announce_to_new_peers(job)
-                if len(job.members) >= job.min_members:
+                if self._enough_members(job):
+                    job.gather_until = 0.0
                     await self._plan_and_start(job)
+                    self._persist(job)
                     continue
             elif job.restart_reason and job.state in ("running", "starting", "recovering"):
                 await self._restart(job)
                 continue
             with trio.move_on_after(0.3):
                 await job.wake.wait()
+
+    @staticmethod
+    def _enough_members(job: Job) -> bool:
+        if job.gather_until:  # resuming after our own restart: wait for the old members, not for long
+            back = job.expected_members <= set(job.members)
+            return back or time.monotonic() >= job.gather_until
+        return len(job.members) >= job.min_members
 
     def _announce_to_new_peers(self, job: Job) -> None:
         for peer, address in self.peers.alive_peers().items():
@@ -261,6 +346,7 @@ class JobManager:
                 del job.members[peer]
         job.rebalance = False
         await self._plan_and_start(job)
+        self._persist(job)
 
     async def _drop_own_worker(self, job: Job) -> None:
         worker, job.worker = job.worker, None
@@ -667,14 +753,22 @@ class JobManager:
         job = self.jobs.get(msg.job_id)
         if job is None or job.role != "owner":
             return JobAck(False, "not the leader of that job")
-        if job.plan is None or header.sender not in job.plan.peer_ids or msg.epoch != job.epoch:
-            return JobAck(False, "report from outside the current plan epoch")
         try:
             event = json.loads(msg.event)
         except ValueError:
             return JobAck(False, "malformed report")
         if not isinstance(event, dict):
             return JobAck(False, "malformed report")
+        if event.get("event") == "leave" and header.sender in job.members:
+            del job.members[header.sender]
+            job.announced.add(header.sender)  # do not invite it straight back
+            log.info("job %s: %s left", job.job_id, header.sender[:12])
+            if job.plan is not None and header.sender in job.plan.peer_ids:
+                self._request_restart(job, f"member {header.sender[:12]} left the job")
+            return JobAck(True)
+        if job.plan is None or header.sender not in job.plan.peer_ids or msg.epoch != job.epoch:
+            job.stale_reports += 1
+            return JobAck(False, f"report from outside the current plan epoch ({msg.epoch}; now {job.epoch})")
         event["peer_id"] = header.sender
         await self._handle_report(job, event)
         return JobAck(True)
@@ -774,6 +868,7 @@ class JobManager:
                 if peer != self.node.identity.peer_id and peer in job.members:
                     self._spawn(self._send_stop, job, peer, stop, job.members[peer].address)
         await self._drop_own_worker(job)
+        self._persist(job)
         job.finished.set()
         job.poke()
 

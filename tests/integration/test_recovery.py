@@ -189,3 +189,71 @@ def test_killed_member_daemon_repartitions_over_the_survivors(make_swarm: Any, t
     shares = {c["peer_id"]: c for c in end["contributions"]}
     assert shares[victim]["steps"] >= 40 and shares[victim]["tflop"] > 0, "the lost device keeps its credit"
     assert_equals_failure_free(end, spec)
+
+
+@pytest.mark.timeout(300)
+def test_killed_owner_resumes_its_job_after_restart(make_swarm: Any, tmp_path: Path) -> None:
+    """The owner leads (it alone has the data); while it is gone the members pause, and when it comes back it
+    re-reads its signed checkpoints, gathers its members again and finishes the job exactly."""
+    spec = write_spec(tmp_path, steps=160, interval=20)
+    s = make_swarm()
+    job_id = submit(s, spec)
+    before = wait_step(s, job_id, 50, timeout=120)
+    s.signal(0, signal.SIGKILL)
+    s.wait(0, timeout=10)
+    wait_for(lambda: all(s.call(i, "job", {"job_id": job_id})["state"] == "paused" for i in (1, 2)),
+             30, 0.2, "members paused while the owner is gone")  # fmt: skip
+    assert all(s.call(i, "job", {"job_id": job_id})["worker_pid"] is None for i in (1, 2)), "workers stopped"
+    s.restart(0)
+    end = wait_end(s, job_id, timeout=200)
+    assert end["term"] > before["term"] and end["epoch"] > before["epoch"]
+    assert len({d["peer_id"] for st in end["plan"]["stages"] for d in st["devices"]}) == 3, "members came back"
+    assert_equals_failure_free(end, spec)
+
+
+@pytest.mark.timeout(300)
+def test_member_declared_dead_comes_back_stale_then_rejoins(make_swarm: Any, tmp_path: Path) -> None:
+    """SIGSTOP a member (daemon and worker) past failure detection: the job repartitions without it. On SIGCONT
+    it refutes its death with a new incarnation; whatever it sends for the old epoch is refused; it joins again
+    and gets work at the next checkpoint (a rebalance). The result is still exact."""
+    spec = write_spec(tmp_path, steps=260, interval=20)
+    s = make_swarm()
+    job_id = submit(s, spec)
+    job = wait_step(s, job_id, 30, timeout=120)
+    victim = middle_stage_peer(job)
+    i = index_of(s, victim)
+    incarnation = next(p["incarnation"] for p in s.call(0, "peers") if p["peer_id"] == victim)
+    worker = s.call(i, "job", {"job_id": job_id})["worker_pid"]
+    os.kill(worker, signal.SIGSTOP)
+    s.signal(i, signal.SIGSTOP)
+    try:
+        wait_for(lambda: len(job_of(s, job_id)["recoveries"]) >= 1 and job_of(s, job_id)["state"] == "running",
+                 60, 0.1, "repartitioned without the stopped member")  # fmt: skip
+    finally:
+        s.signal(i, signal.SIGCONT)
+        os.kill(worker, signal.SIGCONT)
+    wait_for(lambda: any(p["peer_id"] == victim and p["state"] == "alive" and p["incarnation"] > incarnation
+                         for p in s.call(0, "peers")), 30, 0.2, "the member is back with a new incarnation")  # fmt: skip
+    end = wait_end(s, job_id, timeout=200)
+    placed = {d["peer_id"] for st in end["plan"]["stages"] for d in st["devices"]}
+    assert victim in placed, "the returning member was given work again at a checkpoint"
+    assert end["stale_reports"] >= 1, "the stale worker's old-epoch report was refused"
+    assert_equals_failure_free(end, spec)
+
+
+@pytest.mark.timeout(300)
+def test_leave_hands_work_off_without_waiting_for_detection(make_swarm: Any, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, steps=120, interval=20)
+    s = make_swarm()
+    job_id = submit(s, spec)
+    job = wait_step(s, job_id, 30, timeout=120)
+    leaver = middle_stage_peer(job)
+    i = index_of(s, leaver)
+    out = subprocess.run([sys.executable, "-m", "arceusd", "--state-dir", str(s.state_dir(i)), "leave", job_id[:10]],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 0 and "left job" in out.stdout, out.stderr
+    end = wait_end(s, job_id, timeout=200)
+    assert leaver not in {d["peer_id"] for st in end["plan"]["stages"] for d in st["devices"]}
+    assert "left" in end["recoveries"][0]["reason"]
+    assert any(p["peer_id"] == leaver and p["state"] == "alive" for p in s.call(0, "peers")), "no failure involved"
+    assert_equals_failure_free(end, spec)
