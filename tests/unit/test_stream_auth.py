@@ -370,3 +370,31 @@ def test_frames_round_trip_in_order(items: list[tuple[bytes, bytes]]) -> None:
     for i, (header, payload) in enumerate(items):
         got = opener.open(sealer.seal(header, payload))
         assert (got.header, bytes(got.payload), got.sequence) == (header, payload, i)
+
+
+@pytest.mark.parametrize("size", [0, 1, 64 * 1024, 64 * 1024 + 1, 1 << 20])
+def test_frame_tag_is_gmac_of_the_frame_under_its_sequence_number(size: int) -> None:
+    # Reference: AES-256-GCM with an empty plaintext, the frame before the tag as associated data and the
+    # 96-bit nonce 0^32 || n, computed independently of the sealer (both sides of the one-shot/streaming
+    # switch inside FrameSealer, and a payload large enough to take the streaming path).
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    key = bytes(range(32))
+    sealer, new_opener = pair()
+    payload = random.Random(size).randbytes(size)
+    opener = new_opener()
+    for n in range(3):
+        frame = sealer.seal(b"hdr", payload)
+        body, tag = frame[: -sa.TAG_BYTES], frame[-sa.TAG_BYTES :]
+        assert body == sa.FRAME_PREFIX.pack(sa.FRAME_DATA, 3, size) + b"hdr" + payload
+        assert tag == AESGCM(key).encrypt(bytes(4) + n.to_bytes(8, "big"), b"", body)
+        assert bytes(opener.open(frame).payload) == payload
+
+
+def test_large_frame_with_a_flipped_payload_byte_is_rejected() -> None:
+    sealer, new_opener = pair()
+    frame = bytearray(sealer.seal(b"t", bytes(200_000)))
+    frame[sa.FRAME_PREFIX.size + 1 + 123_456] ^= 0x10
+    with pytest.raises(RemoteProtocolError) as err:
+        new_opener().open(bytes(frame))
+    assert err.value.reason == "bad_mac"
