@@ -102,6 +102,22 @@ class Header:
 
 
 def _id_bytes(name: str, value: str) -> bytes:
+    raw = _ID_CACHE.get(value)
+    if raw is not None:
+        return raw
+    raw = _parse_id(name, value)
+    if len(_ID_CACHE) >= _ID_CACHE_MAX:
+        _ID_CACHE.clear()
+    _ID_CACHE[value] = raw
+    return raw
+
+
+_ID_CACHE: dict[str, bytes] = {}
+_ID_CACHE_MAX = 4096
+"""Parsed ids (a sender seals for the same few ids over and over; only valid ids are stored)."""
+
+
+def _parse_id(name: str, value: str) -> bytes:
     try:
         raw = bytes.fromhex(value)
     except ValueError:
@@ -192,8 +208,15 @@ def seal_message(
 
 
 @functools.lru_cache(maxsize=4096)
-def _public_key(raw: bytes) -> Ed25519PublicKey:
-    return Ed25519PublicKey.from_public_bytes(raw)
+def _public_key(raw: bytes) -> tuple[str, Ed25519PublicKey | None]:
+    """The peer id a raw public key hashes to and its key object (None: not a usable Ed25519 key).
+
+    Cached per key, so a busy receiver neither re-hashes nor re-parses its peers' keys per message."""
+    peer_id = hashlib.sha256(raw).digest()[:ID_BYTES].hex()
+    try:
+        return peer_id, Ed25519PublicKey.from_public_bytes(raw)
+    except ValueError:
+        return peer_id, None
 
 
 def peek_header(frame: bytes | bytearray | memoryview) -> Header:
@@ -281,15 +304,16 @@ def open_envelope(
     pub = lookup_key(head.sender)
     if pub is None:
         raise RemoteProtocolError("unknown_sender", f"no public key for peer {head.sender}")
-    if hashlib.sha256(pub).digest()[:ID_BYTES].hex() != head.sender:
+    key_peer_id, key = _public_key(bytes(pub))
+    if key_peer_id != head.sender:
         raise LocalProtocolError(
             "key_mismatch", f"lookup_key returned a key that is not peer {head.sender}'s"
         )
     try:
-        _public_key(pub).verify(
-            bytes(mv[HEADER_LEN : HEADER_LEN + SIG_LEN]), SIGNING_TAG + bytes(mv[:HEADER_LEN])
-        )
-    except (InvalidSignature, ValueError):
+        if key is None:
+            raise InvalidSignature
+        key.verify(bytes(mv[HEADER_LEN : HEADER_LEN + SIG_LEN]), SIGNING_TAG + bytes(mv[:HEADER_LEN]))
+    except InvalidSignature:
         raise RemoteProtocolError(
             "bad_signature", f"signature does not verify for peer {head.sender}"
         ) from None
