@@ -7,7 +7,9 @@ Off unless the environment sets ``ARCEUSD_FAILPOINTS``, a ``;``-separated list o
   atomically, makes it once across every process and restart that shares the path);
 - ``sleep:<seconds>``: pause there.
 
-Places: ``checkpoint.before-rename`` (a checkpoint shard is fully written to its temporary file, not yet renamed).
+Places: ``checkpoint.before-rename`` (a checkpoint shard is fully written to its temporary file, not yet
+renamed); ``worker.step`` (a stage worker is about to run a training step: tests slow training down with
+``sleep`` without changing what it computes).
 """
 
 from __future__ import annotations

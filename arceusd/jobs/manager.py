@@ -189,8 +189,20 @@ class JobManager:
                 await job.worker.stop(grace=2.0)
 
     def _spawn(self, fn: Any, *args: Any) -> None:
+        """Run ``fn(*args)`` in the manager's nursery; a failure is logged (and fails its job when it is the
+        leader loop), never allowed to take the daemon down."""
         assert self._nursery is not None
-        self._nursery.start_soon(fn, *args)
+
+        async def guarded() -> None:
+            try:
+                await fn(*args)
+            except Exception as exc:
+                log.exception("job task %s failed", getattr(fn, "__name__", fn))
+                job = args[0] if args and isinstance(args[0], Job) else None
+                if job is not None and fn == self._lead and job.state not in TERMINAL:
+                    await self._finish(job, "failed", f"internal error in the job's leader: {exc!r}")
+
+        self._nursery.start_soon(guarded)
 
     async def offer(self) -> Any:
         """This device's offer (measured once in a child process, cached on disk for a day)."""
@@ -270,12 +282,12 @@ class JobManager:
             raise RequestError("the owner cannot leave its own job (it serves the data); cancel it instead")
         if job.role != "member":
             raise RequestError(f"this device is not a member of job {job.job_id[:12]}")
-        await self._drop_own_worker(job)
         job.role, job.state = "seen", "left"
         report = JobReport(job.job_id, job.epoch, json.dumps({"event": "leave"}))
         reply = await self.peers.request(job.owner_address, job.owner, report, timeout=10.0, job_id=job.job_id,
                                          term=job.term, epoch=job.epoch)  # fmt: skip
         told = isinstance(reply, JobAck) and reply.ok
+        await self._drop_own_worker(job)  # after the leader knows why our links are about to break
         return {"job_id": job.job_id, "reason": "" if told else "the owner did not answer; it will notice"}
     # ---------------------------------------------------------------------------------------------- leader
     async def _lead(self, job: Job) -> None:
@@ -283,8 +295,8 @@ class JobManager:
         and joins; stop when the job ends. Every wait is on ``job.wake`` with a short timeout."""
         while job.state not in TERMINAL:
             job.wake = trio.Event()
+            self._announce_to_new_peers(job)  # new peers, and old ones back from the dead, may join
             if job.state in ("waiting", "paused"):
-                self._announce_to_new_peers(job)
                 if self._enough_members(job):
                     job.gather_until = 0.0
                     await self._plan_and_start(job)
@@ -395,6 +407,7 @@ class JobManager:
                          resume.to_wire() if resume is not None else b"")  # fmt: skip
         addresses: dict[str, str] = {}
         failures: list[str] = []
+        reach = {o.peer_id: o.address for o in offers}  # as planned: a member may leave meanwhile
 
         async def start_one(peer: str) -> None:
             if peer == me:
@@ -405,7 +418,7 @@ class JobManager:
                     local = ResumeConfig(start_step, str(resume.directory / resume.files[me].name), resume.cursor)
                 reply = await self._start_worker(job, stages, job.plan, local)
             else:
-                got = await self.peers.request(job.members[peer].address, peer, start, timeout=240.0,
+                got = await self.peers.request(reach[peer], peer, start, timeout=240.0,
                                                job_id=job.job_id, term=job.term, epoch=job.epoch)  # fmt: skip
                 reply = got if isinstance(got, JobStartReply) else JobStartReply(job.job_id, False, "no answer")
             if reply.accepted:
@@ -432,7 +445,7 @@ class JobManager:
             if peer == me:
                 await self._go(job, go)
             else:
-                await self.peers.request(job.members[peer].address, peer, go, timeout=30.0,
+                await self.peers.request(reach[peer], peer, go, timeout=30.0,
                                          job_id=job.job_id, term=job.term, epoch=job.epoch)  # fmt: skip
         if job.state == "starting":
             job.state = "running"
@@ -826,7 +839,10 @@ class JobManager:
             self._request_restart(job, "rebalancing onto the member(s) that joined")
 
     async def _fetch_shard(self, job: Job, peer: str, step: int, name: str) -> bytes | None:
-        return await self._download(job, peer, job.members[peer].address,
+        offer = job.members.get(peer)
+        if offer is None:
+            return None
+        return await self._download(job, peer, offer.address,
                                     lambda offset: ShardRequest(job.job_id, step, name, offset))  # fmt: skip
 
     async def _on_shard_request(self, header: Header, msg: ShardRequest) -> ShardData | JobAck:

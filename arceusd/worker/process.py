@@ -37,6 +37,7 @@ from typing import TextIO
 import torch
 import trio
 
+from arceusd import failpoints
 from arceusd.checkpoint import write_shard
 from arceusd.data.batches import BatchSource
 from arceusd.data.sampler import Cursor
@@ -246,6 +247,7 @@ class Worker:
         tokens = samples * (self.spec.model.block_size if isinstance(self.spec.model, GPTConfig) else 1)
         n_eval = eval_batch_count(self.spec)
         for step in range(self.start_step, cfg.total_steps):
+            failpoints.hit("worker.step")
             x, y = await prefetch.next(step)
             began = time.perf_counter()
             self.fabric.phase, self.fabric.step = PHASE_TRAIN, step
