@@ -13,7 +13,7 @@ first send until the receiver's reply that it got every byte; the reply also car
 seconds (all threads) spent on the stream, so ``CPU s/GiB`` is sender + receiver process CPU per GiB moved,
 which is less sensitive to load than wall time.
 
-* ``auth/grpc`` - our authenticated stream (handshake + Poly1305 per frame + trio bridge) / a raw grpcio bytes
+* ``auth/grpc`` - our authenticated stream (handshake + AES-GMAC per frame + trio bridge) / a raw grpcio bytes
   stream with the same channel options; target >= 0.70 (issue #3);
 * ``auth/tcp`` - / a plain TCP socket (for scale: gRPC itself costs a lot).
 
