@@ -29,12 +29,15 @@ class Recovery:
     lost_step: int
     resumed_step: int = -1
     began: float = field(default_factory=time.monotonic)
+    began_at: float = field(default_factory=time.time)  # wall clock, for tools comparing with their own events
     first_step_after_s: float | None = None
 
     def summary(self) -> dict[str, Any]:
         return {"reason": self.reason, "epoch": self.epoch, "lost_step": self.lost_step,
                 "resumed_step": self.resumed_step, "recomputed_steps": max(0, self.lost_step - self.resumed_step),
-                "first_step_after_s": self.first_step_after_s}  # fmt: skip
+                "first_step_after_s": self.first_step_after_s, "began_at": self.began_at,
+                "first_step_at": None if self.first_step_after_s is None
+                else self.began_at + self.first_step_after_s}  # fmt: skip
 
 
 @dataclass
@@ -85,6 +88,12 @@ class Job:
     stale_reports: int = 0  # reports refused for an old plan epoch (e.g. from a peer that was declared dead)
     gather_until: float = 0.0  # after the owner's restart: plan at this time even if not every member is back
     expected_members: set[str] = field(default_factory=set)
+    start_scope: trio.CancelScope | None = None  # while the leader starts a plan's workers
+    cancelled_start_epoch: int = -1
+
+    def start_scope_cancelled(self, epoch: int) -> bool:
+        """Whether the start of plan epoch ``epoch`` was cut short by a restart request."""
+        return self.cancelled_start_epoch == epoch
 
     def poke(self) -> None:
         """Wake the leader loop (a member changed, a report came, a restart was asked for)."""

@@ -328,6 +328,9 @@ class JobManager:
         if not job.restart_reason:
             log.warning("job %s: repartitioning: %s", job.job_id, reason)
             job.restart_reason = reason
+        if job.start_scope is not None:  # a start in progress would wait for a member that is gone
+            job.cancelled_start_epoch = job.epoch
+            job.start_scope.cancel()
         job.poke()
 
     async def _restart(self, job: Job) -> None:
@@ -342,7 +345,12 @@ class JobManager:
             await self._finish(job, "failed", f"{reason} (gave up after {tries - 1} repartitions that made no "
                                f"progress past step {job.committed_step})")  # fmt: skip
             return
-        job.recoveries.append(Recovery(reason, job.epoch + 1, job.step))
+        recovery = Recovery(reason, job.epoch + 1, job.step)
+        previous = job.recoveries[-1] if job.recoveries else None
+        if previous is not None and previous.first_step_after_s is None:  # the same incident, another attempt
+            recovery.began, recovery.began_at = previous.began, previous.began_at
+            recovery.lost_step = previous.lost_step
+        job.recoveries.append(recovery)
         job.state, job.error = "recovering", reason
         job.term += 1
         old = job.plan.peer_ids if job.plan is not None else ()
@@ -353,12 +361,32 @@ class JobManager:
         for peer in old:
             if peer != self.node.identity.peer_id and peer in alive and peer in job.members:
                 self._spawn(self._send_stop, job, peer, stop, job.members[peer].address)
+        reachable = await self._reachable(job, [p for p in job.members if p in alive])
         for peer in list(job.members):
-            if peer != self.node.identity.peer_id and peer not in alive:
+            if peer != self.node.identity.peer_id and peer not in reachable:
+                # dead, left, suspect or not answering right now (membership may not have noticed yet: a
+                # worker's broken link is faster); it is invited back when membership sees it alive
                 del job.members[peer]
+                job.announced.discard(peer)
         job.rebalance = False
         await self._plan_and_start(job)
         self._persist(job)
+
+    async def _reachable(self, job: Job, peers: list[str], timeout: float = 1.0) -> set[str]:
+        """The members among ``peers`` whose daemon answers a handshake within ``timeout`` (and ourselves)."""
+        me = self.node.identity.peer_id
+        answered = {me}
+
+        async def probe(peer: str) -> None:
+            offer = job.members.get(peer)
+            if offer is not None and await self.peers.hello(offer.address, timeout) is not None:
+                answered.add(peer)
+
+        async with trio.open_nursery() as nursery:
+            for peer in peers:
+                if peer != me:
+                    nursery.start_soon(probe, peer)
+        return answered
 
     async def _drop_own_worker(self, job: Job) -> None:
         worker, job.worker = job.worker, None
@@ -427,11 +455,15 @@ class JobManager:
                 failures.append(f"{peer[:12]}: {reply.reason}")
 
         epoch = job.epoch
-        async with trio.open_nursery() as nursery:
-            for peer in job.plan.peer_ids:
-                nursery.start_soon(start_one, peer)
+        with trio.CancelScope() as job.start_scope:
+            async with trio.open_nursery() as nursery:
+                for peer in job.plan.peer_ids:
+                    nursery.start_soon(start_one, peer)
+        job.start_scope = None
         if job.epoch != epoch or job.state in TERMINAL:
             return
+        if job.start_scope_cancelled(epoch):
+            failures.append("a member of the new plan failed while it started")
         if failures:
             reason = "members refused or failed to start: " + "; ".join(failures)
             if resuming or job.restart_reason:

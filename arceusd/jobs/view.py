@@ -35,17 +35,24 @@ def render_job(j: dict[str, Any]) -> str:
     plan = j.get("plan")
     if plan:
         lines.append(f"  plan     {plan['schedule']}, {plan['micro_batches']} micro-batches, predicted "
-                     f"{plan['predicted_step_time_s'] * 1000:.1f} ms/step, bubble {plan['bubble_fraction']:.0%}")  # fmt: skip
+                     f"{plan['predicted_step_time_s'] * 1000:.1f} ms/step, "
+                     f"bubble {plan['bubble_fraction']:.0%}")  # fmt: skip
         for stage in plan["stages"]:
             devices = ", ".join(
                 d["peer_id"][:12] + (f" (heads {sum(d['heads'])}, cols {sum(d['mlp_columns'])})"
                                      if len(stage["devices"]) > 1 else "")
                 for d in stage["devices"]
             )  # fmt: skip
-            lines.append(f"    stage {stage['index']}: blocks {stage['blocks'][0]}-{stage['blocks'][1] - 1} on {devices}")
+            first, last = stage["blocks"][0], stage["blocks"][1] - 1
+            lines.append(f"    stage {stage['index']}: blocks {first}-{last} on {devices}")
     lines += contribution_lines(j)
     if j.get("committed_step"):
         lines.append(f"  checkpoint  step {j['committed_step']} committed")
+    for r in j.get("recoveries") or []:
+        after = r.get("first_step_after_s")
+        timing = f"training again after {after:.1f} s" if isinstance(after, int | float) else "in progress"
+        lines.append(f"  recovery epoch {r['epoch']}: {r['reason'][:80]}; resumed at step {r['resumed_step']} "
+                     f"({r['recomputed_steps']} recomputed), {timing}")  # fmt: skip
     if j.get("model_path"):
         lines.append(f"  model    {j['model_path']}")
     if j.get("error"):
