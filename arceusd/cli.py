@@ -109,7 +109,7 @@ def _forwarded_args(flags: dict[str, Any]) -> list[str]:
 @click.option("--detach", is_flag=True, help="Run as a detached process with a pid file (no service manager).")
 @_start_options
 @pass_ctx
-def start(obj: Context, foreground: bool, detach: bool, **flags: Any) -> None:
+def start(obj: Context, /, foreground: bool, detach: bool, **flags: Any) -> None:
     """Start the daemon: as a background service (launchd/systemd), or --foreground / --detach."""
     if foreground and detach:
         raise click.UsageError("choose one of --foreground and --detach")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import tomllib
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 PRESETS = ("lan", "local")
 DEFAULT_PORT = 47070
@@ -98,7 +98,7 @@ def _check_keys(data: dict[str, Any], source: str) -> dict[str, Any]:
             raise ConfigError(f"{source}: {key} must be an integer, got a boolean")
         if not isinstance(value, expected):
             raise ConfigError(f"{source}: {key} must be {getattr(expected, '__name__', expected)}, got {value!r}")
-        out[key] = tuple(str(p) for p in value) if key == "peers" else value
+        out[key] = tuple(str(p) for p in cast("list[object]", value)) if key == "peers" else value
     return out
 
 

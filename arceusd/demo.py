@@ -80,7 +80,8 @@ def run_demo(size: int, root: Path | None, steps: int) -> None:
             job: dict[str, Any] = swarm.call(0, "job", {"job_id": job_id})
             if job["plan"] and not shown_plan:
                 shown_plan = True
-                click.echo("\n".join(line for line in render_job(job).splitlines() if "stage" in line or "plan" in line))
+                plan_lines = [line for line in render_job(job).splitlines() if "stage" in line or "plan" in line]
+                click.echo("\n".join(plan_lines))
             line = _progress(job)
             if line != last_line:
                 click.echo(line)

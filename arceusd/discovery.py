@@ -18,6 +18,7 @@ Error handling: malformed TXT records are dropped and counted (``rejected``); ze
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import re
 import socket
@@ -181,7 +182,7 @@ async def serve_discovery(
         async with names_recv:
             async for name in names_recv:
                 resolved = await trio.to_thread.run_sync(
-                    lambda n=name: zc.get_service_info(SERVICE_TYPE, n, 3000), abandon_on_cancel=True
+                    functools.partial(zc.get_service_info, SERVICE_TYPE, name, 3000), abandon_on_cancel=True
                 )
                 if resolved is None:
                     continue

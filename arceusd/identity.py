@@ -94,7 +94,9 @@ def load_or_create_identity(state_dir: Path) -> Identity:
     try:
         st = path.stat()
     except OSError as exc:
-        raise IdentityError(f"cannot read the identity key {path}: {exc.strerror}. Check the file and its owner.")
+        raise IdentityError(
+            f"cannot read the identity key {path}: {exc.strerror}. Check the file and its owner."
+        ) from None
     if not stat.S_ISREG(st.st_mode):
         raise IdentityError(f"the identity key {path} is not a regular file. Move it away and start again.")
     if st.st_mode & 0o077:
@@ -105,7 +107,9 @@ def load_or_create_identity(state_dir: Path) -> Identity:
     try:
         data = path.read_bytes()
     except OSError as exc:
-        raise IdentityError(f"cannot read the identity key {path}: {exc.strerror}. Check the file and its owner.")
+        raise IdentityError(
+            f"cannot read the identity key {path}: {exc.strerror}. Check the file and its owner."
+        ) from None
     try:
         key = serialization.load_pem_private_key(data, password=None)
     except (ValueError, TypeError) as exc:

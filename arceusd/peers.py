@@ -151,7 +151,9 @@ class PeerService:
     def now() -> float:
         return trio.current_time()
 
-    async def run(self, seeds: tuple[str, ...] = (), *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(
+        self, seeds: tuple[str, ...] = (), *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         """Drive the core's timers until cancelled; keep contacting ``seeds`` while we know nobody."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
@@ -230,7 +232,8 @@ class PeerService:
     async def _send_action(self, action: Action) -> None:
         if isinstance(action, SendPing):
             t0 = time.monotonic()
-            reply = await self.request(action.address, action.to, SwimPing(action.seq, action.to, self._wire(action.gossip)),
+            ping = SwimPing(action.seq, action.to, self._wire(action.gossip))
+            reply = await self.request(action.address, action.to, ping,
                                        timeout=self.config.probe_timeout * 2)  # fmt: skip
             if isinstance(reply, SwimAck) and reply.seq == action.seq:
                 self.info.setdefault(action.to, PeerInfo()).rtt_ms = (time.monotonic() - t0) * 1000
@@ -346,7 +349,8 @@ class PeerService:
     async def _on_message(self, header: Header, msg: object) -> object | None:
         sender = header.sender
         if isinstance(msg, SwimPing):
-            return await self._await_reply(("r", sender, msg.seq), PingReceived(sender, "", msg.seq, msg.target, self._core(msg.gossip)), 0.0)
+            event = PingReceived(sender, "", msg.seq, msg.target, self._core(msg.gossip))
+            return await self._await_reply(("r", sender, msg.seq), event, 0.0)
         if isinstance(msg, SwimPingReq):
             relay = PingReqReceived(sender, "", msg.seq, msg.target, msg.target_address, self._core(msg.gossip))
             return await self._await_reply(("r", sender, msg.seq), relay, self.config.probe_timeout * 2)

@@ -235,8 +235,11 @@ def test_member_declared_dead_comes_back_stale_then_rejoins(make_swarm: Any, tmp
     finally:
         s.signal(i, signal.SIGCONT)
         os.kill(worker, signal.SIGCONT)
-    wait_for(lambda: any(p["peer_id"] == victim and p["state"] == "alive" and p["incarnation"] > incarnation
-                         for p in s.call(0, "peers")), 30, 0.2, "the member is back with a new incarnation")  # fmt: skip
+    def back() -> bool:
+        return any(p["peer_id"] == victim and p["state"] == "alive" and p["incarnation"] > incarnation
+                   for p in s.call(0, "peers"))  # fmt: skip
+
+    wait_for(back, 30, 0.2, "the member is back with a new incarnation")
     end = wait_end(s, job_id, timeout=240)
     placed = {d["peer_id"] for st in end["plan"]["stages"] for d in st["devices"]}
     assert victim in placed, "the returning member was given work again at a checkpoint"

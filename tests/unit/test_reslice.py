@@ -132,7 +132,7 @@ def test_prepare_resume_writes_one_verified_slice_per_new_worker(tmp_path: Path)
     point = prepare_resume(tmp_path, GPT, new, epoch=2, trusted=[identity.peer_id])
     assert point is not None and point.step == 20 and point.cursor == {"step": 20}
     assert set(point.files) == {m.peer_id for s in new for m in s.members}
-    for s, stage in enumerate(new):
+    for stage in new:
         for r, member in enumerate(stage.members):
             data = (point.directory / point.files[member.peer_id].name).read_bytes()
             check_file(data, point.files[member.peer_id])
