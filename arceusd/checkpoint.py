@@ -22,7 +22,7 @@ import shutil
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from safetensors import SafetensorError
@@ -36,7 +36,8 @@ from arceusd.safetensors_io import save_bytes as st_save
 MANIFEST_NAME = "manifest.json"
 DOMAIN = b"arceus/checkpoint-manifest/v1\x00"
 _STEP_DIR = re.compile(r"^step-(\d{10})$")
-_SHARD_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}\.safetensors$")
+SHARD_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}\.safetensors$")
+"""What a shard (or resume slice) file may be called: a plain file name, no path."""
 
 
 class CheckpointError(Exception):
@@ -106,8 +107,8 @@ def write_shard(
     root: Path, step: int, name: str, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None = None
 ) -> ShardRecord:
     """Phase one: write one shard of step ``step`` atomically and return its record for the manifest."""
-    if not _SHARD_NAME.match(name):
-        raise CheckpointError(f"shard name {name!r} must match {_SHARD_NAME.pattern}")
+    if not SHARD_NAME.match(name):
+        raise CheckpointError(f"shard name {name!r} must match {SHARD_NAME.pattern}")
     cpu = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
     data = st_save(cpu, metadata=dict(metadata or {}))
     atomic_write(step_dir(root, step) / name, data, failpoint="checkpoint.before-rename")
@@ -135,12 +136,34 @@ def commit_manifest(root: Path, manifest: Manifest, signer: Identity, keep: int 
     return path
 
 
+class Described(Protocol):
+    """Anything that states a file's size and sha256 (a shard record, a resume slice)."""
+
+    @property
+    def size(self) -> int: ...
+    @property
+    def sha256(self) -> str: ...
+
+
+def matches(data: bytes, record: Described) -> bool:
+    """Whether ``data`` is exactly the file ``record`` describes (size and sha256)."""
+    return len(data) == record.size and hashlib.sha256(data).hexdigest() == record.sha256
+
+
+def file_matches(path: Path, record: Described) -> bool:
+    """:func:`matches` for a file on disk; False when it cannot be read."""
+    try:
+        return matches(path.read_bytes(), record)
+    except OSError:
+        return False
+
+
 def _check_shard(path: Path, record: ShardRecord) -> bytes:
     try:
         data = path.read_bytes()
     except OSError as exc:
         raise CheckpointError(f"shard {path} cannot be read: {exc.strerror}") from None
-    if len(data) != record.size or hashlib.sha256(data).hexdigest() != record.sha256:
+    if not matches(data, record):
         raise CheckpointError(f"shard {path} does not match its manifest (size or sha256 differ): corrupt")
     return data
 
@@ -175,7 +198,7 @@ def read_manifest(directory: Path, trusted_signers: Iterable[str]) -> tuple[Mani
     if not verify_signature(signer_pub, signature, DOMAIN + manifest.canonical()):
         raise CheckpointError(f"{path} has an invalid signature: forged or corrupt")
     for shard in manifest.shards:
-        if not _SHARD_NAME.match(shard.name):
+        if not SHARD_NAME.match(shard.name):
             raise CheckpointError(f"{path} names an invalid shard {shard.name!r}")
     return manifest, signer
 

@@ -89,11 +89,6 @@ class Job:
     gather_until: float = 0.0  # after the owner's restart: plan at this time even if not every member is back
     expected_members: set[str] = field(default_factory=set)
     start_scope: trio.CancelScope | None = None  # while the leader starts a plan's workers
-    cancelled_start_epoch: int = -1
-
-    def start_scope_cancelled(self, epoch: int) -> bool:
-        """Whether the start of plan epoch ``epoch`` was cut short by a restart request."""
-        return self.cancelled_start_epoch == epoch
 
     def poke(self) -> None:
         """Wake the leader loop (a member changed, a report came, a restart was asked for)."""

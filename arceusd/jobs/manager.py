@@ -329,7 +329,6 @@ class JobManager:
             log.warning("job %s: repartitioning: %s", job.job_id, reason)
             job.restart_reason = reason
         if job.start_scope is not None:  # a start in progress would wait for a member that is gone
-            job.cancelled_start_epoch = job.epoch
             job.start_scope.cancel()
         job.poke()
 
@@ -455,14 +454,15 @@ class JobManager:
                 failures.append(f"{peer[:12]}: {reply.reason}")
 
         epoch = job.epoch
-        with trio.CancelScope() as job.start_scope:
+        with trio.CancelScope() as scope:
+            job.start_scope = scope
             async with trio.open_nursery() as nursery:
                 for peer in job.plan.peer_ids:
                     nursery.start_soon(start_one, peer)
         job.start_scope = None
         if job.epoch != epoch or job.state in TERMINAL:
             return
-        if job.start_scope_cancelled(epoch):
+        if scope.cancelled_caught:
             failures.append("a member of the new plan failed while it started")
         if failures:
             reason = "members refused or failed to start: " + "; ".join(failures)
@@ -488,7 +488,7 @@ class JobManager:
     async def _repair_checkpoint(self, job: Job) -> list[Path]:
         """Copy from members every shard of the newest committed step whose local copy is missing or corrupt;
         return the replica roots to read them from (empty when the local copies are intact)."""
-        from arceusd.checkpoint import atomic_write, step_dir
+        from arceusd.checkpoint import atomic_write, matches, step_dir
         from arceusd.jobs.recovery import corrupt_shards
 
         root = job.directory / "checkpoints"
@@ -503,7 +503,7 @@ class JobManager:
                 if peer == self.node.identity.peer_id:
                     continue
                 data = await self._fetch_shard(job, peer, step, record.name)
-                if data is not None and _matches(data, record):
+                if data is not None and matches(data, record):
                     await trio.to_thread.run_sync(atomic_write, step_dir(replicas, step) / record.name, data)
                     break
             else:
@@ -838,14 +838,14 @@ class JobManager:
 
     async def _commit_checkpoint(self, job: Job, step: int, term: int, epoch: int) -> None:
         """Copy every shard of ``step`` to the owner, check it, sign the manifest; export at the last step."""
-        from arceusd.checkpoint import Manifest, ShardRecord, atomic_write, commit_manifest, step_dir
+        from arceusd.checkpoint import Manifest, ShardRecord, atomic_write, commit_manifest, file_matches, step_dir
 
         root = job.directory / "checkpoints"
         records = []
         for peer, shard in sorted(job.reports.get(step, {}).items()):
             record = ShardRecord(str(shard["name"]), str(shard["sha256"]), int(shard["size"]))
             path = step_dir(root, step) / record.name
-            if peer != self.node.identity.peer_id and not await trio.to_thread.run_sync(_file_matches, path, record):
+            if peer != self.node.identity.peer_id and not await trio.to_thread.run_sync(file_matches, path, record):
                 data = await self._fetch_shard(job, peer, step, record.name)
                 if data is None:
                     job.error = f"could not copy shard {record.name} of step {step} from {peer[:12]}"
@@ -864,6 +864,9 @@ class JobManager:
             log.warning("job %s: %s", job.job_id, job.error)
             return
         job.committed_step = max(job.committed_step, step)
+        for done in [s for s in job.reports if s <= step]:
+            job.reports.pop(done, None)
+            job.cursors.pop(done, None)
         log.info("job %s: checkpoint %d committed", job.job_id, step)
         if step >= job.total_steps:
             await self._export(job, step, [step_dir(root, step) / r.name for r in records])
@@ -878,12 +881,12 @@ class JobManager:
                                     lambda offset: ShardRequest(job.job_id, step, name, offset))  # fmt: skip
 
     async def _on_shard_request(self, header: Header, msg: ShardRequest) -> ShardData | JobAck:
-        from arceusd.checkpoint import _SHARD_NAME, step_dir
+        from arceusd.checkpoint import SHARD_NAME, step_dir
 
         job = self.jobs.get(msg.job_id)
         if job is None or header.sender != job.owner:
             return JobAck(False, "shards go to the job's owner only")
-        if not _SHARD_NAME.match(msg.name):
+        if not SHARD_NAME.match(msg.name):
             return JobAck(False, "bad shard name")
         return _serve_chunk(step_dir(job.directory / "checkpoints", msg.step) / msg.name, msg.offset)
 
@@ -961,19 +964,6 @@ def _serve_chunk(path: Path, offset: int) -> ShardData | JobAck:
             return ShardData(total, fh.read(SHARD_CHUNK))
     except OSError:
         return JobAck(False, "no such file")
-
-
-def _file_matches(path: Path, record: Any) -> bool:
-    try:
-        return _matches(path.read_bytes(), record)
-    except OSError:
-        return False
-
-
-def _matches(data: bytes, record: Any) -> bool:
-    import hashlib
-
-    return bool(len(data) == record.size and hashlib.sha256(data).hexdigest() == record.sha256)
 
 
 async def serve_jobs(node: Node, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

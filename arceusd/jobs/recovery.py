@@ -26,11 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from arceusd.checkpoint import (
+    SHARD_NAME,
     CheckpointError,
     ShardRecord,
     atomic_write,
     committed_steps,
+    file_matches,
     load_latest,
+    matches,
     read_manifest,
     step_dir,
 )
@@ -72,21 +75,15 @@ class ResumePoint:
         try:
             body = json.loads(data)
             step = body["step"]
-            files = {
-                str(p): ResumeFile(str(n), str(h), int(s)) for p, (n, h, s) in dict(body["files"]).items()
-            }
+            files = {str(p): ResumeFile(str(n), str(h), int(s)) for p, (n, h, s) in dict(body["files"]).items()}
         except (ValueError, KeyError, TypeError) as exc:
             raise ResumeError(f"malformed resume description: {exc}") from None
         if not isinstance(step, int) or step < 0:
             raise ResumeError(f"resume step must be a non-negative integer, got {step!r}")
         for f in files.values():
-            if not _SAFE_NAME(f.name) or f.size < 0 or len(f.sha256) != 64:
+            if not SHARD_NAME.match(f.name) or f.size < 0 or len(f.sha256) != 64:
                 raise ResumeError(f"malformed resume file entry {f}")
         return ResumePoint(step, files)
-
-
-def _SAFE_NAME(name: str) -> bool:
-    return name.endswith(".safetensors") and "/" not in name and not name.startswith(".") and len(name) <= 128
 
 
 def resume_dir(job_dir: Path, epoch: int) -> Path:
@@ -106,16 +103,7 @@ def corrupt_shards(root: Path, trusted: Iterable[str]) -> tuple[int, list[ShardR
             manifest, _ = read_manifest(step_dir(root, step), trusted)
         except CheckpointError:
             continue
-        bad = []
-        for record in manifest.shards:
-            try:
-                data = (step_dir(root, step) / record.name).read_bytes()
-            except OSError:
-                bad.append(record)
-                continue
-            if len(data) != record.size or hashlib.sha256(data).hexdigest() != record.sha256:
-                bad.append(record)
-        return step, bad
+        return step, [r for r in manifest.shards if not file_matches(step_dir(root, step) / r.name, r)]
     return 0, []
 
 
@@ -157,7 +145,7 @@ def prepare_resume(
 
 def check_file(data: bytes, expected: ResumeFile) -> None:
     """Member side: the fetched slice must be exactly the one the leader described."""
-    if len(data) != expected.size or hashlib.sha256(data).hexdigest() != expected.sha256:
+    if not matches(data, expected):
         raise ResumeError(f"resume file {expected.name} does not match the leader's description (size or hash)")
 
 

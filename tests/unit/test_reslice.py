@@ -3,7 +3,6 @@ and resume descriptions from the wire are checked before use."""
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,6 @@ from arceusd.checkpoint import Manifest, commit_manifest, write_shard
 from arceusd.identity import Identity
 from arceusd.jobs.recovery import (
     ResumeError,
-    ResumeFile,
     ResumePoint,
     check_file,
     corrupt_shards,
@@ -176,4 +174,3 @@ def test_malformed_resume_descriptions_are_refused(wire: bytes) -> None:
 
 def test_empty_description_is_a_fresh_start() -> None:
     assert ResumePoint.from_wire(b"") is None
-    assert ResumeFile("a", hashlib.sha256(b"").hexdigest(), 0).size == 0
