@@ -221,7 +221,7 @@ class Worker:
                 started = trio.Event()
                 nursery.start_soon(_read_commands, commands, start, started)
                 await started.wait()
-                await self.fabric.connect(transport, start[0].addresses)
+                await self.fabric.connect(transport, start[0].addresses, nursery)
                 client = None
                 if self.is_first or self.is_last:
                     if self.is_owner:

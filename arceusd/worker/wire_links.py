@@ -1,9 +1,13 @@
 """``Links`` and ``Collective`` over the authenticated transport: stage workers in separate processes.
 
-Owns: the worker-to-worker streams of one job, their routing, framing and the blocking bridge the compute
-thread uses. The compute thread (``StageEngine.run_step`` in ``trio.to_thread.run_sync``) calls the blocking
-methods here; each one hops into trio with ``trio.from_thread.run``, so torch never runs on the event loop and
-the event loop never waits on torch.
+Owns: the worker-to-worker streams of one job, their routing and framing, and the calls the compute thread
+makes. The compute thread (``StageEngine.run_step`` in ``trio.to_thread.run_sync``) never waits on the event
+loop: a send queues its frame on the route's ordered, bounded outbox and returns (a trio task per outgoing
+stream sends them in order), a receive pops the route's inbox, which the stream handlers fill
+(``route_queues.py``). So torch never runs on the event loop, the event loop never waits on torch, and the
+sealing (AES-GMAC) and gRPC writes of one micro-batch overlap the compute of the next. A failed send is
+raised on the compute thread at its next link call, and at the latest by ``allreduce_scalar`` (which flushes
+the outboxes; it is the engine's last call of every step).
 
 Streams: one authenticated transport stream per (kind, sender, receiver), opened by the *sender* with
 ``expect_peer_id`` = the peer the plan names for that address, purpose ``b"<job>/<term>/<kind>"``. The
@@ -30,7 +34,6 @@ expects and raises ``LinkError`` on a mismatch or after ``timeout_s`` without a 
 from __future__ import annotations
 
 import contextlib
-import math
 import struct
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
@@ -42,6 +45,7 @@ import trio
 from arceusd.transport import Stream, TransportError
 from arceusd.worker.links import LinkError
 from arceusd.worker.protocol import WorkerConfig
+from arceusd.worker.route_queues import RouteQueues
 from protocol.errors import RemoteProtocolError
 from protocol.tensors import RAW, TensorCodec, decoder_for, encode_tensor_parts, read_tensor_header
 
@@ -54,8 +58,6 @@ _SCALAR = struct.Struct(">Qd")  # sequence number, value
 
 PIPE_KINDS = ("act", "grad")
 KINDS = ("act", "grad", "sum", "sumres", "tp", "tpres")
-
-_Msg = tuple[bytes, memoryview]
 
 
 class StreamOpener(Protocol):
@@ -111,10 +113,7 @@ class WireFabric:
         self.refused: Counter[str] = Counter()
         self._prefix = f"{config.job_id}/{config.term}/".encode()
         self._outgoing: dict[tuple[str, str], Stream] = {}
-        self._inboxes: dict[
-            tuple[str, str], tuple[trio.MemorySendChannel[_Msg], trio.MemoryReceiveChannel[_Msg]]
-        ]
-        self._inboxes = {key: trio.open_memory_channel[_Msg](math.inf) for key in self._incoming_routes()}
+        self.queues = RouteQueues(self._incoming_routes(), self.outgoing_routes(), timeout_s=self.timeout_s)
         self._claimed: set[tuple[str, str]] = set()
         self.phase = PHASE_TRAIN
         self.step = 0
@@ -179,25 +178,28 @@ class WireFabric:
             await self.data_handler(stream)
             return
         key = (kind, stream.peer_id)
-        if key not in self._inboxes or key in self._claimed:
+        if not self.queues.has_inbox(key) or key in self._claimed:
             self.refused["unexpected_peer" if kind in KINDS else "unknown_kind"] += 1
             return
         self._claimed.add(key)
-        sender = self._inboxes[key][0]
+        why = "closed"
         try:
             while True:
                 try:
                     header, payload = await stream.receive()
                 except trio.EndOfChannel:
                     return
-                sender.send_nowait((header, payload))
+                self.queues.deliver(key, (header, payload))
         except Exception as exc:  # a broken peer: the waiting receive reports it
             self.refused[type(exc).__name__] += 1
+            why = f"broke ({type(exc).__name__}: {exc})"
         finally:
-            sender.close()
+            self.queues.end_incoming(key, why)
 
-    async def connect(self, opener: StreamOpener, addresses: Mapping[str, str]) -> None:
-        """Open every outgoing stream (concurrently). Refuses a peer answering with another id."""
+    async def connect(self, opener: StreamOpener, addresses: Mapping[str, str], nursery: trio.Nursery) -> None:
+        """Open every outgoing stream (concurrently) and start its sender task in ``nursery``.
+
+        Refuses a peer answering with another id."""
         missing = sorted({p for _, p in self.outgoing_routes()} - set(addresses))
         if missing:
             raise LinkError(f"the start command lacks the address of peer(s) {missing}")
@@ -213,34 +215,21 @@ class WireFabric:
                     "peer answering there is refused; check the addresses in the start command)"
                 ) from exc
 
-        async with trio.open_nursery() as nursery:
+        async with trio.open_nursery() as opening:
             for kind, peer in self.outgoing_routes():
-                nursery.start_soon(open_one, kind, peer)
+                opening.start_soon(open_one, kind, peer)
+        self.queues.bind(trio.lowlevel.current_trio_token())
+        for route, stream in self._outgoing.items():
+            nursery.start_soon(self.queues.run_sender, route, stream)
 
     async def aclose(self) -> None:
+        """Send what is still queued (at most ``timeout_s``), stop the links, close the streams."""
+        await self.queues.drain_senders(self.timeout_s)
+        self.queues.close("the worker closed its links")
         for stream in list(self._outgoing.values()):
             with contextlib.suppress(Exception):  # closing at the end: the peer may be gone already
                 await stream.aclose()
         self._outgoing.clear()
-
-    async def _send(self, kind: str, peers: list[str], header: bytes, body: bytes | memoryview) -> None:
-        for peer in peers:
-            stream = self._outgoing.get((kind, peer))
-            if stream is None:
-                raise LinkError(f"no {kind} stream to peer {peer}: the plan does not route it (a bug)")
-            await stream.send(header, body)
-
-    async def _receive(self, kind: str, peer: str) -> _Msg:
-        inbox = self._inboxes.get((kind, peer))
-        if inbox is None:
-            raise LinkError(f"no {kind} route from peer {peer}: the plan does not route it (a bug)")
-        try:
-            with trio.fail_after(self.timeout_s):
-                return await inbox[1].receive()
-        except trio.TooSlowError:
-            raise LinkError(f"waited {self.timeout_s}s for a {kind} message from peer {peer}") from None
-        except trio.EndOfChannel:
-            raise LinkError(f"peer {peer} closed its {kind} stream (it stopped or failed)") from None
 
     # -- blocking side (compute thread) ---------------------------------------------------------------------
 
@@ -250,23 +239,29 @@ class WireFabric:
     def collective(self) -> WireCollective:
         return WireCollective(self)
 
+    def _post(self, kind: str, peers: list[str], header: bytes, body: bytes | memoryview) -> None:
+        for peer in peers:
+            self.queues.post((kind, peer), header, body)
+
     def send_pipe(self, kind: str, micro_batch: int, tensor: torch.Tensor) -> None:
+        """Queue ``tensor`` for the neighbouring stage and return at once (the send is asynchronous: do not
+        modify ``tensor`` afterwards). A failed earlier send raises here or at the step's end."""
         s = self.stage
         if self.rank != 0:
             raise LinkError(f"stage {s} rank {self.rank} sent a {kind}: only rank 0 of a stage sends")
         target = s + 1 if kind == "act" else s - 1
         if not 0 <= target < self.num_stages:
             raise LinkError(f"stage {s} sent a {kind} to stage {target}, which does not exist")
+        self.queues.check()
         head, body = _encode(tensor, self.codec)
         header = _PIPE.pack(self.phase, self.step, micro_batch) + head
-        peers = [m.peer_id for m in self.config.stages[target].members]
-        trio.from_thread.run(self._send, kind, peers, header, body)
+        self._post(kind, [m.peer_id for m in self.config.stages[target].members], header, body)
 
     def recv_pipe(self, kind: str, micro_batch: int) -> torch.Tensor:
         source = self.stage - 1 if kind == "act" else self.stage + 1
         if not 0 <= source < self.num_stages:
             raise LinkError(f"stage {self.stage} has no neighbour sending it a {kind}")
-        header, payload = trio.from_thread.run(self._receive, kind, self.config.peer(source, 0))
+        header, payload = self.queues.take((kind, self.config.peer(source, 0)))
         if len(header) < _PIPE.size:
             raise LinkError(f"a {kind} header of {len(header)} bytes is too short")
         got = _PIPE.unpack_from(header)
@@ -275,31 +270,42 @@ class WireFabric:
             raise LinkError(f"expected {kind} (phase, step, micro-batch) {want}, got {got}")
         return _decode(header[_PIPE.size :], payload)
 
+    def flush(self) -> None:
+        """Wait until every queued send was handed to its stream; raise the first failed send."""
+        self.queues.flush()
+
     def allreduce_scalar(self, value: float) -> float:
+        """Sum ``value`` over every worker (a star over worker 0). Also flushes this worker's queued sends
+        before returning, so a failed send of the step is raised here at the latest (the engine's last link
+        call of a step is this one)."""
         seq = self._sum_seq
         self._sum_seq += 1
         if len(self.workers) == 1:
+            self.flush()
             return float(value)
-        return trio.from_thread.run(self._allreduce_scalar, seq, float(value))
-
-    async def _allreduce_scalar(self, seq: int, value: float) -> float:
         if not self.is_root:
-            await self._send("sum", [self.root], _SCALAR.pack(seq, value), b"")
-            header, _ = await self._receive("sumres", self.root)
+            self._post("sum", [self.root], _SCALAR.pack(seq, float(value)), b"")
+            header, _ = self.queues.take(("sumres", self.root))
+            if len(header) != _SCALAR.size:
+                raise LinkError(f"scalar all-reduce {seq}: worker 0 sent a {len(header)}-byte answer")
             got, total = _SCALAR.unpack(header)
             if got != seq:
                 raise LinkError(f"scalar all-reduce {seq}: worker 0 answered round {got}")
+            self.flush()
             return float(total)
-        values = [value]
+        values = [float(value)]
         others = [p for _, _, p in self.workers if p != self.root]
         for peer in others:
-            header, _ = await self._receive("sum", peer)
+            header, _ = self.queues.take(("sum", peer))
+            if len(header) != _SCALAR.size:
+                raise LinkError(f"scalar all-reduce {seq}: peer {peer} sent a {len(header)}-byte value")
             got, v = _SCALAR.unpack(header)
             if got != seq:
                 raise LinkError(f"scalar all-reduce {seq}: peer {peer} sent round {got}")
             values.append(v)
         total = float(sum(values))
-        await self._send("sumres", others, _SCALAR.pack(seq, total), b"")
+        self._post("sumres", others, _SCALAR.pack(seq, total), b"")
+        self.flush()
         return total
 
     def all_reduce_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -310,33 +316,25 @@ class WireFabric:
         head, body = _encode(tensor, RAW)
         if self.rank != 0:
             leader = self.group[0]
-            header, payload = trio.from_thread.run(self._tp_member, seq, leader, _SEQ.pack(seq) + head, body)
+            self._post("tp", [leader], _SEQ.pack(seq) + head, body)
+            header, payload = self.queues.take(("tpres", leader))
+            (got,) = _SEQ.unpack_from(header)
+            if got != seq:
+                raise LinkError(f"tensor all-reduce {seq}: rank 0 answered round {got}")
+            # ``tensor`` may be reused by the caller: its frame must have left before we return.
+            self.flush()
             return _decode(header[_SEQ.size :], payload).to(tensor.device)
-        received = trio.from_thread.run(self._tp_gather, seq)
         out = tensor.detach().cpu().clone()
-        for t in received:
-            out.add_(t)
-        head, body = _encode(out, RAW)
-        trio.from_thread.run(self._send, "tpres", self.group[1:], _SEQ.pack(seq) + head, body)
-        return out.to(tensor.device)
-
-    async def _tp_member(self, seq: int, leader: str, header: bytes, body: bytes | memoryview) -> _Msg:
-        await self._send("tp", [leader], header, body)
-        reply = await self._receive("tpres", leader)
-        (got,) = _SEQ.unpack_from(reply[0])
-        if got != seq:
-            raise LinkError(f"tensor all-reduce {seq}: rank 0 answered round {got}")
-        return reply
-
-    async def _tp_gather(self, seq: int) -> list[torch.Tensor]:
-        out = []
         for peer in self.group[1:]:
-            header, payload = await self._receive("tp", peer)
+            header, payload = self.queues.take(("tp", peer))
             (got,) = _SEQ.unpack_from(header)
             if got != seq:
                 raise LinkError(f"tensor all-reduce {seq}: peer {peer} sent round {got}")
-            out.append(_decode(header[_SEQ.size :], payload))
-        return out
+            out.add_(_decode(header[_SEQ.size :], payload))
+        head, body = _encode(out, RAW)
+        self._post("tpres", self.group[1:], _SEQ.pack(seq) + head, body)
+        self.flush()  # the caller may modify ``out`` in place: its frames must have been sealed first
+        return out.to(tensor.device)
 
 
 class WireLinks:
