@@ -4,7 +4,13 @@ Canonical JSON: ``sort_keys``, no whitespace, ASCII only, no NaN/Infinity; float
 round-trip ``repr`` (identical on every IEEE-754 platform). Inputs are canonicalised first (devices sorted
 by peer id, links sorted), so permuted inputs hash the same. JSON rather than msgpack: the bytes are
 readable in logs and a diff of two plans is a plain text diff; planning messages are small, so size does not
-matter."""
+matter.
+
+Calibration fields (``DeviceProfile.block_efficiency``, ``dispatch_s``, ``optimizer_s_per_param``;
+``Link.message_s``) are written only when they differ from their "uncalibrated" defaults, so inputs without
+calibration keep the bytes (and hash) they had before those fields existed, and inputs from such a peer
+still load. Inputs *with* calibration are refused by a peer that predates it (``DeviceProfile`` gets an
+unknown keyword): it cannot recompute the plan, and says so instead of agreeing to a different one."""
 
 from __future__ import annotations
 
@@ -35,17 +41,41 @@ def _block_to_dict(b: BlockCost) -> dict[str, Any]:
     }
 
 
+_DEVICE_CALIBRATION = (("block_efficiency", 1.0), ("dispatch_s", 0.0), ("optimizer_s_per_param", 0.0))
+
+
+def _device_to_dict(d: DeviceProfile) -> dict[str, Any]:
+    out: dict[str, Any] = {"peer_id": d.peer_id, "flops_per_s": float(d.flops_per_s),
+                           "memory_bytes": d.memory_bytes, "kind": d.kind}  # fmt: skip
+    for name, default in _DEVICE_CALIBRATION:
+        value = float(getattr(d, name))
+        if value != default:
+            out[name] = value
+    return out
+
+
+def _link_to_list(src: str, dst: str, lk: Link) -> list[Any]:
+    out: list[Any] = [src, dst, float(lk.rtt_s), float(lk.bandwidth_bytes_per_s)]
+    if lk.message_s != 0.0:
+        out.append(float(lk.message_s))
+    return out
+
+
+def _link_from_list(item: Any) -> tuple[str, str, Link]:
+    if not isinstance(item, list) or len(item) not in (4, 5):
+        raise ValueError(f"a link is [source, destination, rtt_s, bandwidth(, message_s)], got {item!r}")
+    src, dst, rtt, bw = item[:4]
+    message = float(item[4]) if len(item) == 5 else 0.0
+    return str(src), str(dst), Link(float(rtt), float(bw), message)
+
+
 def inputs_to_dict(inputs: PlanInputs) -> dict[str, Any]:
     c = inputs.canonical()
     t = c.training
     return {
         "blocks": [_block_to_dict(b) for b in c.blocks],
-        "devices": [
-            {"peer_id": d.peer_id, "flops_per_s": float(d.flops_per_s), "memory_bytes": d.memory_bytes,
-             "kind": d.kind}
-            for d in c.devices
-        ],
-        "links": [[s, d, float(lk.rtt_s), float(lk.bandwidth_bytes_per_s)] for s, d, lk in c.links.links],
+        "devices": [_device_to_dict(d) for d in c.devices],
+        "links": [_link_to_list(s, d, lk) for s, d, lk in c.links.links],
         "training": {
             "global_batch_size": t.global_batch_size,
             "micro_batch_counts": list(t.micro_batch_counts),
@@ -61,7 +91,7 @@ def inputs_from_dict(d: dict[str, Any]) -> PlanInputs:
     """Rebuild inputs from ``inputs_to_dict`` output; raises ValueError/KeyError/TypeError if bad."""
     blocks = tuple(BlockCost(**b) for b in d["blocks"])
     devices = tuple(DeviceProfile(**x) for x in d["devices"])
-    links = LinkMatrix(tuple((str(s), str(t), Link(float(r), float(bw))) for s, t, r, bw in d["links"]))
+    links = LinkMatrix(tuple(_link_from_list(item) for item in d["links"]))
     tr = dict(d["training"])
     tr["micro_batch_counts"] = tuple(tr["micro_batch_counts"])
     return PlanInputs(blocks, devices, links, TrainingParams(**tr))
@@ -86,19 +116,23 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         "predicted_step_time_s": plan.predicted_step_time_s,
         "bubble_fraction": plan.bubble_fraction,
         "memory_bytes": [[p, b] for p, b in plan.memory_bytes],
-        "stages": [
-            {
-                "index": s.index, "start": s.start, "end": s.end, "devices": list(s.devices),
-                "shares": [
-                    {"peer_id": sh.peer_id, "heads": list(sh.heads), "mlp_columns": list(sh.mlp_columns)}
-                    for sh in s.shares
-                ],
-                "compute_s": s.compute_s, "allreduce_s": s.allreduce_s, "transfer_s": s.transfer_s,
-                "time_s": s.time_s, "stash_micro_batches": s.stash_micro_batches,
-            }
-            for s in plan.stages
-        ],
+        "stages": [_stage_to_dict(s) for s in plan.stages],
     }
+
+
+def _stage_to_dict(s: Stage) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "index": s.index, "start": s.start, "end": s.end, "devices": list(s.devices),
+        "shares": [
+            {"peer_id": sh.peer_id, "heads": list(sh.heads), "mlp_columns": list(sh.mlp_columns)}
+            for sh in s.shares
+        ],
+        "compute_s": s.compute_s, "allreduce_s": s.allreduce_s, "transfer_s": s.transfer_s,
+        "time_s": s.time_s, "stash_micro_batches": s.stash_micro_batches,
+    }  # fmt: skip
+    if s.optimizer_s != 0.0:  # only calibrated inputs charge it: uncalibrated plans keep their old bytes
+        out["optimizer_s"] = s.optimizer_s
+    return out
 
 
 def plan_from_dict(d: dict[str, Any]) -> Plan:
@@ -115,6 +149,7 @@ def plan_from_dict(d: dict[str, Any]) -> Plan:
             compute_s=float(s["compute_s"]), allreduce_s=float(s["allreduce_s"]),
             transfer_s=float(s["transfer_s"]), time_s=float(s["time_s"]),
             stash_micro_batches=int(s["stash_micro_batches"]),
+            optimizer_s=float(s.get("optimizer_s", 0.0)),
         )
         for s in d["stages"]
     )

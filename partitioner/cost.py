@@ -1,18 +1,28 @@
 """The one cost model every planner here uses (the DP, the exhaustive search and the baselines).
 
-Per micro-batch of ``b`` samples, a stage on group G over blocks [j0, j1) takes
-  compute   = max over members i of  sum_j f_i(j) * (fwd_j + bwd_j) * b / speed_i
-  allreduce = (tensor-parallel groups only) per sub-layer (attention, MLP) one all-reduce forward and one
-              backward of the sub-layer output, ring over the group's worst link:
-              (g-1) * rtt + 2 (g-1)/g * bytes / bandwidth each (in the compute dtype)
-  transfer  = boundary to the next stage, head to head: activation forward (rtt/2 + bytes/bw over a->b)
-              and its gradient backward (over b->a); wire bytes = activation bytes * wire/compute bytes
-where f_i(j) is member i's share of block j (its heads and MLP columns, averaged; 1 for a single device).
-Stage time t_s = compute + allreduce + transfer.
+Each device i has an effective speed v_i = flops_per_s x block_efficiency (what the model's own blocks reach,
+measured against the matmul benchmark), a dispatch cost d_i per block per micro-batch (forward + backward)
+and an optimizer cost o_i per parameter; each link a fixed cost per message on top of rtt/2 + bytes/bw.
+Uncalibrated profiles have efficiency 1 and zero costs, which is the model as it was before calibration.
 
-Step time = (m - 1) * max_s t_s + sum_s t_s. This is the classic (m + S - 1) * max t for equal stages, but
-it does not charge a plan for stages that are faster than the bottleneck: the first micro-batch only has to
-pass through every stage once (fill and drain), after which the bottleneck stage paces the pipeline.
+Per micro-batch of ``b`` samples, a stage on group G over blocks [j0, j1) takes
+  compute   = max over members i of  sum_j f_i(j) * (fwd_j + bwd_j) * b / v_i  +  (j1 - j0) * d_i
+  allreduce = (tensor-parallel groups only) per sub-layer (attention, MLP) one all-reduce forward and one
+              backward of the sub-layer output, over the group's worst link:
+              (g-1) * rtt + 2 (g-1)/g * bytes / bandwidth + 2 (g-1) * message cost each (in the compute dtype;
+              the worker's all-reduce is a star over the group's rank 0, which handles 2 (g-1) messages)
+  transfer  = boundary to the next stage, head to head: activation forward (rtt/2 + bytes/bw + message cost
+              over a->b) and its gradient backward (over b->a); wire bytes = activation bytes * wire/compute
+where f_i(j) is member i's share of block j (its heads and MLP columns, averaged; 1 for a single device).
+Stage time t_s = compute + allreduce + transfer; the stage's optimizer time u_s = max over members i of
+(parameters it holds) * o_i (parameters = param bytes / compute bytes per element).
+
+Step time = (m - 1) * max_s t_s + sum_s t_s + max_s u_s. The first two terms are the pipeline as the worker
+runs it (``arceusd/worker/schedule.py``): the first micro-batch passes through every stage once (fill and
+drain), after which the bottleneck stage paces it; for GPipe this is the exact makespan of the forward and
+backward passes when one stage is the bottleneck of both (backward = 2 x forward per block, so it is), and
+1F1B has the same fill, drain and steady rate. The last term: every schedule ends with one ``OptimizerStep``,
+a barrier (the global gradient-norm all-reduce) after which all stages step their optimizers at once.
 
 Memory (hard) per member: f_i * (2 * params + optimizer) [weights + gradients + optimizer state] plus
 f_i * stash * b * (in-flight micro-batches): GPipe keeps all m, 1F1B keeps min(S - s, m) on stage s. GPipe is
@@ -37,11 +47,15 @@ class GroupInfo:
 
     __slots__ = (
         "ar_bw",
+        "ar_msg",
         "ar_rtt",
         "budgets",
+        "dispatch",
         "flops_pref",
         "head",
         "members",
+        "opt_per_param",
+        "params_pref",
         "shares",
         "size",
         "speed_sum",
@@ -50,7 +64,8 @@ class GroupInfo:
         "static_pref",
     )
 
-    def __init__(self, cm: CostModel, members: tuple[int, ...], ar_rtt: float, ar_bw: float) -> None:
+    def __init__(self, cm: CostModel, members: tuple[int, ...], ar_rtt: float, ar_bw: float,
+                 ar_msg: float = 0.0) -> None:
         self.members = members
         self.head = members[0]
         self.size = len(members)
@@ -59,6 +74,9 @@ class GroupInfo:
         self.budgets = tuple(cm.budgets[i] for i in members)
         self.ar_rtt = ar_rtt
         self.ar_bw = ar_bw
+        self.ar_msg = ar_msg
+        self.dispatch = tuple(cm.dispatch[i] for i in members)
+        self.opt_per_param = tuple(cm.opt_per_param[i] for i in members)
         keys = tuple(cm.ids[i] for i in members)
         n_blocks = len(cm.blocks)
         shares: list[list[tuple[int, int]]] = [[] for _ in members]
@@ -84,16 +102,20 @@ class GroupInfo:
         self.flops_pref: list[list[float]] = []
         self.static_pref: list[list[float]] = []
         self.stash_pref: list[list[float]] = []
+        self.params_pref: list[list[float]] = []
+        per_element = cm.training.compute_bytes_per_element
         for k in range(self.size):
-            fp, sp, st = [0.0], [0.0], [0.0]
+            fp, sp, st, pp = [0.0], [0.0], [0.0], [0.0]
             for j in range(n_blocks):
                 blk, f = cm.blocks[j], fracs[k][j]
                 fp.append(fp[-1] + f * (blk.forward_flops_per_sample + blk.backward_flops_per_sample))
                 sp.append(sp[-1] + f * (2 * blk.param_bytes + blk.optimizer_bytes))
                 st.append(st[-1] + f * blk.stash_bytes_per_sample)
+                pp.append(pp[-1] + f * blk.param_bytes / per_element)
             self.flops_pref.append(fp)
             self.static_pref.append(sp)
             self.stash_pref.append(st)
+            self.params_pref.append(pp)
 
 
 class CostModel:
@@ -105,14 +127,18 @@ class CostModel:
         self.blocks = c.blocks
         self.ids = tuple(d.peer_id for d in c.devices)
         self.index = {p: i for i, p in enumerate(self.ids)}
-        self.speeds = tuple(float(d.flops_per_s) for d in c.devices)
+        # effective speeds: what the model's blocks reach (the benchmark's FLOP/s x the measured efficiency)
+        self.speeds = tuple(float(d.effective_flops_per_s) for d in c.devices)
+        self.dispatch = tuple(float(d.dispatch_s) for d in c.devices)
+        self.opt_per_param = tuple(float(d.optimizer_s_per_param) for d in c.devices)
         self.budgets = tuple(d.memory_bytes for d in c.devices)
         self.n = len(self.ids)
         self.training = c.training
         self.wire_ratio = c.training.wire_bytes_per_element / c.training.compute_bytes_per_element
-        self.links: dict[tuple[int, int], tuple[float, float]] = {}
+        # (rtt, bandwidth, fixed cost per message) by (source, destination) index
+        self.links: dict[tuple[int, int], tuple[float, float, float]] = {}
         for src, dst, lk in c.links.links:
-            self.links[(self.index[src], self.index[dst])] = (lk.rtt_s, lk.bandwidth_bytes_per_s)
+            self.links[(self.index[src], self.index[dst])] = (lk.rtt_s, lk.bandwidth_bytes_per_s, lk.message_s)
         # tensor-parallel capacity of each block: the most devices it can be split over (0: not splittable)
         self.tp_cap = tuple(
             min(x for x in (b.heads, b.mlp_columns) if x > 0) if (b.heads or b.mlp_columns) else 0
@@ -144,7 +170,7 @@ class CostModel:
         if len(key) == 1:
             info = GroupInfo(self, key, 0.0, INF)
         else:
-            worst_rtt, worst_bw = 0.0, INF
+            worst_rtt, worst_bw, worst_msg = 0.0, INF, 0.0
             usable = True
             for a in key:
                 for b in key:
@@ -155,9 +181,10 @@ class CostModel:
                         usable = False
                         break
                     worst_rtt, worst_bw = max(worst_rtt, lk[0]), min(worst_bw, lk[1])
+                    worst_msg = max(worst_msg, lk[2])
                 if not usable:
                     break
-            info = GroupInfo(self, key, worst_rtt, worst_bw) if usable else None
+            info = GroupInfo(self, key, worst_rtt, worst_bw, worst_msg) if usable else None
         self._groups[key] = info
         return info
 
@@ -169,7 +196,14 @@ class CostModel:
         return size == 1 or all(self.tp_cap[j] >= size for j in range(j0, j1))
 
     def compute_s(self, g: GroupInfo, j0: int, j1: int, b: int) -> float:
-        return max((g.flops_pref[k][j1] - g.flops_pref[k][j0]) * b / g.speeds[k] for k in range(g.size))
+        return max(
+            (g.flops_pref[k][j1] - g.flops_pref[k][j0]) * b / g.speeds[k] + (j1 - j0) * g.dispatch[k]
+            for k in range(g.size)
+        )
+
+    def optimizer_s(self, g: GroupInfo, j0: int, j1: int) -> float:
+        """The stage's optimizer step (once per step): its slowest member's parameters x seconds/parameter."""
+        return max((g.params_pref[k][j1] - g.params_pref[k][j0]) * g.opt_per_param[k] for k in range(g.size))
 
     def allreduce_s(self, g: GroupInfo, j0: int, j1: int, b: int) -> float:
         if g.size == 1:
@@ -177,7 +211,7 @@ class CostModel:
         count = self.nsub_pref[j1] - self.nsub_pref[j0]
         nbytes = (self.nsub_act_pref[j1] - self.nsub_act_pref[j0]) * b
         s = g.size
-        return 2 * count * (s - 1) * g.ar_rtt + 4 * (s - 1) / s * nbytes / g.ar_bw
+        return 2 * count * (s - 1) * (g.ar_rtt + 2 * g.ar_msg) + 4 * (s - 1) / s * nbytes / g.ar_bw
 
     def boundary_s(self, a: int, c: int, j1: int, b: int) -> float | None:
         """Activation a->c after block j1-1 plus its gradient c->a; None if either direction is missing."""
@@ -185,7 +219,7 @@ class CostModel:
         if fwd is None or bwd is None:
             return None
         nbytes = self.blocks[j1 - 1].activation_bytes_per_sample * b * self.wire_ratio
-        return fwd[0] / 2 + nbytes / fwd[1] + bwd[0] / 2 + nbytes / bwd[1]
+        return fwd[0] / 2 + nbytes / fwd[1] + fwd[2] + bwd[0] / 2 + nbytes / bwd[1] + bwd[2]
 
     def static_bytes(self, g: GroupInfo, k: int, j0: int, j1: int) -> float:
         return g.static_pref[k][j1] - g.static_pref[k][j0]
@@ -236,6 +270,7 @@ class CostModel:
             groups.append(g)
         n_stages = len(stages)
         parts: list[tuple[float, float, float]] = []
+        optimizer = [self.optimizer_s(g, j0, j1) for g, (_, j0, j1) in zip(groups, stages, strict=True)]
         for s, (g, (_, j0, j1)) in enumerate(zip(groups, stages, strict=True)):
             transfer = 0.0
             if s + 1 < n_stages:
@@ -255,8 +290,9 @@ class CostModel:
                 for s, (g, (_, j0, j1)) in enumerate(zip(groups, stages, strict=True))
             ):
                 return None
-        step = (m - 1) * max(times) + sum(times)
-        bubble = 1.0 - (m * sum(times)) / (n_stages * step) if step > 0 else 0.0
+        pipeline = (m - 1) * max(times) + sum(times)
+        step = pipeline + max(optimizer)
+        bubble = 1.0 - (m * sum(times)) / (n_stages * pipeline) if pipeline > 0 else 0.0
         out_stages: list[Stage] = []
         memory: dict[str, int] = {}
         for s, (g, (_, j0, j1)) in enumerate(zip(groups, stages, strict=True)):
@@ -275,6 +311,7 @@ class CostModel:
             out_stages.append(Stage(
                 index=s, start=j0, end=j1, devices=tuple(self.ids[d] for d in g.members), shares=shares,
                 compute_s=c, allreduce_s=a, transfer_s=t, time_s=times[s], stash_micro_batches=in_flight[s],
+                optimizer_s=optimizer[s],
             ))
         return Plan(
             stages=tuple(out_stages),

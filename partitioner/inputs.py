@@ -13,16 +13,32 @@ from dataclasses import dataclass
 from partitioner.blocks import BlockCost
 
 DEVICE_KINDS = ("cpu", "cuda", "mps")
+MAX_BLOCK_EFFICIENCY = 4.0
+"""A block may beat the square-matmul benchmark (a better kernel at its shape), but not by much more."""
 
 
 @dataclass(frozen=True)
 class DeviceProfile:
-    """One member as the planner sees it: measured FLOP/s and the memory it offers to the job."""
+    """One member as the planner sees it: measured FLOP/s and the memory it offers to the job, plus the
+    calibration that turns the matmul benchmark into the time a stage worker really takes (all measured on
+    the device by ``arceusd.profile``; the defaults mean "no calibration", what profiles older than these
+    fields say):
+
+    - ``block_efficiency``: the fraction of ``flops_per_s`` the model's own blocks reach (forward + backward
+      of a block of the job's shape against the square-matmul benchmark; real blocks are smaller and
+      odd-shaped and add layer norms, softmax, GELU);
+    - ``dispatch_s``: fixed seconds per block per micro-batch, forward + backward (Python and autograd
+      dispatch: what a block of negligible size costs);
+    - ``optimizer_s_per_param``: seconds of the job's optimizer step per parameter this device holds.
+    """
 
     peer_id: str
     flops_per_s: float
     memory_bytes: int
     kind: str = "cpu"
+    block_efficiency: float = 1.0
+    dispatch_s: float = 0.0
+    optimizer_s_per_param: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.peer_id:
@@ -33,20 +49,40 @@ class DeviceProfile:
             raise ValueError(f"device {self.peer_id}: memory_bytes must be >= 0, got {self.memory_bytes}")
         if self.kind not in DEVICE_KINDS:
             raise ValueError(f"device {self.peer_id}: kind must be one of {DEVICE_KINDS}, got {self.kind!r}")
+        if not (math.isfinite(self.block_efficiency) and 0 < self.block_efficiency <= MAX_BLOCK_EFFICIENCY):
+            raise ValueError(
+                f"device {self.peer_id}: block_efficiency must be in (0, {MAX_BLOCK_EFFICIENCY}], got "
+                f"{self.block_efficiency} (the model's FLOP/s over the matmul benchmark's; 1.0 = uncalibrated)"
+            )
+        for name in ("dispatch_s", "optimizer_s_per_param"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"device {self.peer_id}: {name} must be a finite number >= 0, got {value}")
+
+    @property
+    def effective_flops_per_s(self) -> float:
+        """What the model's blocks reach on this device: the benchmark's FLOP/s x ``block_efficiency``."""
+        return self.flops_per_s * self.block_efficiency
 
 
 @dataclass(frozen=True)
 class Link:
-    """A measured one-way link: ``rtt_s`` round-trip time (seconds), ``bandwidth_bytes_per_s``."""
+    """A measured one-way link: ``rtt_s`` round-trip time (seconds), ``bandwidth_bytes_per_s``, and
+    ``message_s``, the fixed cost of one message over it beyond the echo's round trip (tensor framing,
+    authentication, the worker's thread hops, decoding: measured by ``arceusd.profile.measure_link``;
+    0.0 = uncalibrated, what links older than the field say)."""
 
     rtt_s: float
     bandwidth_bytes_per_s: float
+    message_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.rtt_s) and self.rtt_s >= 0):
             raise ValueError(f"link rtt_s must be a finite number >= 0, got {self.rtt_s}")
         if not (math.isfinite(self.bandwidth_bytes_per_s) and self.bandwidth_bytes_per_s > 0):
             raise ValueError(f"link bandwidth must be positive and finite, got {self.bandwidth_bytes_per_s}")
+        if not (math.isfinite(self.message_s) and self.message_s >= 0):
+            raise ValueError(f"link message_s must be a finite number >= 0, got {self.message_s}")
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ def pair_distance(cm: CostModel, a: int, b: int, ref_bytes: float) -> float:
     fwd, bwd = cm.links.get((a, b)), cm.links.get((b, a))
     if fwd is None or bwd is None:
         return math.inf
-    return fwd[0] / 2 + ref_bytes / fwd[1] + bwd[0] / 2 + ref_bytes / bwd[1]
+    return fwd[0] / 2 + ref_bytes / fwd[1] + fwd[2] + bwd[0] / 2 + ref_bytes / bwd[1] + bwd[2]
 
 
 def reference_bytes(cm: CostModel) -> float:

@@ -37,7 +37,8 @@ class DeviceShare:
 @dataclass(frozen=True)
 class Stage:
     """One pipeline stage: blocks [start, end) on ``devices`` (the first one is the stage head, which sends
-    and receives the boundary activations). Times are per micro-batch, forward + backward, in seconds."""
+    and receives the boundary activations). Times are per micro-batch, forward + backward, in seconds, except
+    ``optimizer_s``: the stage's optimizer step, once per training step."""
 
     index: int
     start: int
@@ -49,6 +50,7 @@ class Stage:
     transfer_s: float
     time_s: float
     stash_micro_batches: int
+    optimizer_s: float = 0.0
 
 
 @dataclass(frozen=True)

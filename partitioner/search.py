@@ -1,8 +1,9 @@
 """The planner: dynamic programming over (block suffix, devices used) for each allowed micro-batch count.
 
-For a fixed micro-batch count m the objective is the cost model's step time (m-1) * max_s t_s + sum_s t_s.
-It is not additive, so each DP state keeps a small Pareto set of labels (bottleneck M, sum S, stages k), k
-capped at m because the 1F1B stash of a stage is min(stages from it to the end, m) micro-batches. The DP
+For a fixed micro-batch count m the objective is the cost model's step time
+(m-1) * max_s t_s + sum_s t_s + max_s u_s (u_s: the stage's optimizer step). It is not additive, so each DP
+state keeps a small Pareto set of labels (bottleneck M, sum S, stages k, slowest optimizer step U), k capped
+at m because the 1F1B stash of a stage is min(stages from it to the end, m) micro-batches. The DP
 runs backwards over block suffixes, so when a stage is prepended its stash count is known and memory is
 checked exactly (a hard constraint). Labels are pruned against the best complete plan found so far (also
 across micro-batch counts) with an admissible lower bound for the blocks still to place.
@@ -35,8 +36,9 @@ EXACT_MAX_DEVICES = 6
 CHAIN_MAX_LABELS = 8
 GIB = float(1 << 30)
 
-# label: (bottleneck, sum, stages capped at m, back) with back = (members, j0, j1, parent label) or None
-_Label = tuple[float, float, int, object]
+# label: (bottleneck, sum, stages capped at m, slowest optimizer step, back)
+# with back = (members, j0, j1, parent label) or None
+_Label = tuple[float, float, int, float, object]
 _Preds = Callable[[int], list[tuple[GroupInfo, int]]]
 
 
@@ -111,7 +113,7 @@ def _search_m(cm: CostModel, m: int, terminal: int, preds: _Preds, incumbent: fl
     b = cm.micro_batch_size(m)
     lb_rest = [cm.total_flops_pref[j] * b / best_speed for j in range(n_blocks + 1)]
     states: list[dict[tuple[int, int], list[_Label]]] = [{} for _ in range(n_blocks + 1)]
-    states[n_blocks][(terminal, -1)] = [(0.0, 0.0, 0, None)]
+    states[n_blocks][(terminal, -1)] = [(0.0, 0.0, 0, 0.0, None)]
     best: tuple[float, _Label] | None = None
     inc = incumbent
     for j in range(n_blocks, 0, -1):
@@ -127,6 +129,7 @@ def _search_m(cm: CostModel, m: int, terminal: int, preds: _Preds, incumbent: fl
                 size = g.size
                 budgets, speeds = g.budgets, g.speeds
                 fpref, spref, stpref = g.flops_pref, g.static_pref, g.stash_pref
+                dispatch = g.dispatch
                 for j0 in range(j - 1, -1, -1):
                     if size > 1 and cm.tp_cap[j0] < size:
                         break
@@ -135,7 +138,7 @@ def _search_m(cm: CostModel, m: int, terminal: int, preds: _Preds, incumbent: fl
                     for k in range(size):
                         stash = (stpref[k][j] - stpref[k][j0]) * b
                         fit = _fit(spref[k][j] - spref[k][j0], stash, budgets[k], fit)
-                        c = (fpref[k][j] - fpref[k][j0]) * b / speeds[k]
+                        c = (fpref[k][j] - fpref[k][j0]) * b / speeds[k] + (j - j0) * dispatch[k]
                         if c > comp:
                             comp = c
                     if fit < 1:
@@ -144,6 +147,7 @@ def _search_m(cm: CostModel, m: int, terminal: int, preds: _Preds, incumbent: fl
                     if m * t >= inc:
                         break
                     rest = lb_rest[j0]
+                    opt = cm.optimizer_s(g, j0, j)
                     target = states[j0].setdefault((nctx, g.head), [])
                     for label in labels:
                         kk = label[2] + 1
@@ -152,23 +156,25 @@ def _search_m(cm: CostModel, m: int, terminal: int, preds: _Preds, incumbent: fl
                             continue
                         big = label[0] if label[0] > t else t
                         total = label[1] + t
-                        val = (m - 1) * big + total
+                        slowest = label[3] if label[3] > opt else opt
+                        val = (m - 1) * big + total + slowest
                         if val + rest >= inc:
                             continue
                         kk = in_flight
                         dominated = False
                         for o in target:
-                            if o[0] <= big and o[1] <= total and o[2] <= kk:
+                            if o[0] <= big and o[1] <= total and o[2] <= kk and o[3] <= slowest:
                                 dominated = True
                                 break
                         if dominated:
                             continue
-                        new: _Label = (big, total, kk, (g.members, j0, j, label))
-                        target[:] = [o for o in target if not (big <= o[0] and total <= o[1] and kk <= o[2])]
+                        new: _Label = (big, total, kk, slowest, (g.members, j0, j, label))
+                        target[:] = [o for o in target
+                                     if not (big <= o[0] and total <= o[1] and kk <= o[2] and slowest <= o[3])]
                         target.append(new)
                         if max_labels and len(target) > max_labels:
                             # heuristic cap: keep the best objective so far (then fewer stages)
-                            target.sort(key=lambda o: ((m - 1) * o[0] + o[1], o[2]))
+                            target.sort(key=lambda o: ((m - 1) * o[0] + o[1] + o[3], o[2]))
                             del target[max_labels:]
                         if j0 == 0 and (final_ctx is None or nctx == final_ctx):
                             inc = val
@@ -179,12 +185,12 @@ def _search_m(cm: CostModel, m: int, terminal: int, preds: _Preds, incumbent: fl
 
 def _stages_of(label: _Label) -> list[tuple[tuple[int, ...], int, int]]:
     out: list[tuple[tuple[int, ...], int, int]] = []
-    back = label[3]
+    back = label[4]
     steps = 0
     while back is not None and steps < 1_000_000:
         members, j0, j1, parent = cast(tuple[tuple[int, ...], int, int, _Label], back)
         out.append((members, j0, j1))
-        back = parent[3]
+        back = parent[4]
         steps += 1
     return out
 

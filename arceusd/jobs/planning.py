@@ -7,6 +7,12 @@ match byte for byte.
 
 Links: round-trip times are the membership layer's measurements where we have them; bandwidth is not measured
 yet, so every link gets :data:`DEFAULT_BANDWIDTH` (stated in the plan inputs, which everyone verifies).
+
+Calibration (``arceusd.profile``): an offer may carry what its device measured beyond the matmul benchmark:
+the model blocks' efficiency, the dispatch cost per block, the optimizer's cost per parameter (AdamW and SGD;
+the job's optimizer picks one) and the transport's cost per message. They go into the plan inputs
+(``DeviceProfile`` fields; a link's message cost is the mean of its two ends'), so every member recomputes
+the same plan. An offer without them (the defaults) plans as before calibration existed.
 """
 
 from __future__ import annotations
@@ -45,26 +51,43 @@ class PlanRefused(Exception):
 
 @dataclass(frozen=True)
 class Offer:
-    """What a member offers a job: its measured speed and the memory it lends."""
+    """What a member offers a job: its measured speed and the memory it lends, and the calibration its
+    profile measured (``arceusd.profile.DeviceMeasurement``; defaults: uncalibrated)."""
 
     peer_id: str
     address: str
     flops_per_s: float
     memory_bytes: int
     kind: str = "cpu"
+    block_efficiency: float = 1.0
+    dispatch_s: float = 0.0
+    adamw_s_per_param: float = 0.0
+    sgd_s_per_param: float = 0.0
+    message_s: float = 0.0
+
+    def device_profile(self, optimizer: str) -> DeviceProfile:
+        """The planner's view of this offer for a job trained with ``optimizer`` (``"adamw"`` or ``"sgd"``)."""
+        per_param = {"adamw": self.adamw_s_per_param, "sgd": self.sgd_s_per_param}
+        if optimizer not in per_param:
+            raise ValueError(f"unknown optimizer {optimizer!r}; expected one of {sorted(per_param)}")
+        return DeviceProfile(self.peer_id, self.flops_per_s, self.memory_bytes, self.kind,
+                             block_efficiency=self.block_efficiency, dispatch_s=self.dispatch_s,
+                             optimizer_s_per_param=per_param[optimizer])  # fmt: skip
 
 
 def plan_inputs(
     spec: JobSpec, offers: list[Offer], rtt_s: dict[tuple[str, str], float], use_all_devices: bool = True
 ) -> PlanInputs:
     blocks = tuple(block_costs(spec.model, optimizer=spec.training.optimizer))
-    devices = tuple(DeviceProfile(o.peer_id, o.flops_per_s, o.memory_bytes, o.kind) for o in offers)
+    devices = tuple(o.device_profile(spec.training.optimizer) for o in offers)
+    message = {o.peer_id: o.message_s for o in offers}
     pairs = []
     ids = sorted(o.peer_id for o in offers)
     for i, a in enumerate(ids):
         for b in ids[i + 1 :]:
             rtt = rtt_s.get((a, b)) or rtt_s.get((b, a)) or DEFAULT_RTT_S
-            pairs.append((a, b, Link(round(rtt, 6), DEFAULT_BANDWIDTH)))
+            # a message costs its sender and its receiver: the mean of the two ends' measured per-message cost
+            pairs.append((a, b, Link(round(rtt, 6), DEFAULT_BANDWIDTH, (message[a] + message[b]) / 2)))
     tp = 4 if isinstance(spec.model, GPTConfig) else 1
     training = TrainingParams(
         global_batch_size=spec.training.batch_size,
@@ -105,13 +128,18 @@ def verify_start(spec: JobSpec, inputs_data: bytes, plan_data: bytes, own: Offer
     if inputs.training.global_batch_size != spec.training.batch_size:
         raise PlanRefused("the plan's batch size does not match the job spec")
     mine = [d for d in inputs.devices if d.peer_id == own.peer_id]
-    if mine and (mine[0].flops_per_s != own.flops_per_s or mine[0].memory_bytes != own.memory_bytes):
-        raise PlanRefused("the plan misstates this device's offer")
+    if mine and _offer_facts(mine[0]) != _offer_facts(own.device_profile(spec.training.optimizer)):
+        raise PlanRefused("the plan misstates this device's offer (speed, memory or calibration)")
     try:
         verify(the_plan, inputs)
     except PlanMismatch as exc:
         raise PlanRefused(f"recomputing the plan gave a different result: {exc}") from None
     return inputs, the_plan
+
+
+def _offer_facts(d: DeviceProfile) -> tuple[float, int, float, float, float]:
+    """What a member checks about itself in the leader's inputs (the kind is not carried by a join yet)."""
+    return d.flops_per_s, d.memory_bytes, d.block_efficiency, d.dispatch_s, d.optimizer_s_per_param
 
 
 def worker_stages(the_plan: Plan) -> tuple[StageConfig, ...]:

@@ -27,3 +27,18 @@ def small_instance(seed: int, n_devices: int, n_layer: int, max_tp: int = 2,
         links = LinkMatrix.symmetric([(a, b, fast) for a in ids for b in ids if a < b])
         inputs = dataclasses.replace(inputs, links=links)
     return inputs
+
+
+def calibrated(inputs: PlanInputs, seed: int) -> PlanInputs:
+    """``inputs`` with seeded random calibration on every device (block efficiency 0.3-1.2, dispatch
+    0-2 ms per block, optimizer 0-20 ns per parameter) and link (0-5 ms per message), of the size the
+    profile measures on CPUs: large enough to change plans."""
+    rng = random.Random(seed)
+    devices = tuple(
+        dataclasses.replace(d, block_efficiency=rng.uniform(0.3, 1.2), dispatch_s=rng.uniform(0, 2e-3),
+                            optimizer_s_per_param=rng.uniform(0, 2e-8))
+        for d in inputs.devices
+    )  # fmt: skip
+    links = LinkMatrix(tuple((a, b, dataclasses.replace(lk, message_s=rng.uniform(0, 5e-3)))
+                             for a, b, lk in inputs.links.links))  # fmt: skip
+    return dataclasses.replace(inputs, devices=devices, links=links)

@@ -77,9 +77,10 @@ def check_plan_invariants(p: Plan, inputs: PlanInputs) -> None:
     # memory never exceeded
     for peer, need in p.memory_bytes:
         assert need <= budgets[peer]
-    # step time is consistent with the stage times
+    # step time is consistent with the stage times (plus the slowest stage's optimizer step)
     times = [s.time_s for s in p.stages]
-    assert p.predicted_step_time_s == pytest.approx((p.micro_batches - 1) * max(times) + sum(times))
+    optimizer = max(s.optimizer_s for s in p.stages)
+    assert p.predicted_step_time_s == pytest.approx((p.micro_batches - 1) * max(times) + sum(times) + optimizer)
     assert 0.0 <= p.bubble_fraction < 1.0
 
 

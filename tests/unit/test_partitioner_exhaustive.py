@@ -7,7 +7,7 @@ import pytest
 from partitioner import PlanError, plan
 from partitioner.baselines import BASELINES
 from partitioner.exhaustive import exhaustive_plan
-from tests.unit._partitioner_cases import small_instance
+from tests.unit._partitioner_cases import calibrated, small_instance
 
 # (seed, devices, layers -> blocks = layers + 2, max tensor-parallel group)
 CASES = [
@@ -69,3 +69,19 @@ def test_exact_dp_is_never_worse_than_any_baseline(seed: int) -> None:
         theirs = baseline(inputs)
         if theirs is not None:
             assert ours.predicted_step_time_s <= theirs.predicted_step_time_s * (1 + 1e-9), name
+
+
+@pytest.mark.parametrize("seed,n,layers,max_tp", CASES + TP_CASES)
+def test_dp_matches_exhaustive_with_calibration(seed: int, n: int, layers: int, max_tp: int) -> None:
+    """Measured efficiency, dispatch, optimizer and message costs (the optimizer a 4th label dimension)."""
+    fast = (seed, n, layers, max_tp) in TP_CASES
+    inputs = calibrated(small_instance(seed, n, layers, max_tp=max_tp, fast_links=fast,
+                                       counts=(1, 2) if fast else (1, 2, 4, 8)), seed)  # fmt: skip
+    truth = exhaustive_plan(inputs)
+    if truth is None:
+        with pytest.raises(PlanError):
+            plan(inputs)
+        return
+    ours = plan(inputs)
+    assert ours.predicted_step_time_s <= truth.predicted_step_time_s * 1.02
+    assert ours.predicted_step_time_s >= truth.predicted_step_time_s * (1 - 1e-9)

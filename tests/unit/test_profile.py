@@ -1,18 +1,28 @@
-"""Device and link measurement: meminfo parsing, CPU benchmark, cache, link timing on a fake echo."""
+"""Device and link measurement: meminfo parsing, CPU benchmark, calibration, cache, link timing on a fake
+echo."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import trio
 import trio.testing
 
+from arceusd.models.config import GPTConfig, MLPConfig
+from arceusd.models.costs import block_costs
 from arceusd.profile import (
+    CACHE_VERSION,
+    REFERENCE_MODEL,
+    Calibration,
     DeviceMeasurement,
     best_measurement,
+    block_kinds,
+    calibration_from_timings,
     cpu_free_memory,
     load_or_measure,
+    measure_calibration,
     measure_device,
     measure_link,
     parse_meminfo_available,
@@ -99,5 +109,96 @@ def test_measure_link_rejects_a_corrupting_echo() -> None:
     async def main() -> None:
         with pytest.raises(ValueError, match="different bytes"):
             await measure_link(echo)
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+SMALL_GPT = GPTConfig(n_layer=3, n_head=2, n_embd=32, block_size=16, vocab_size=65)
+
+
+@pytest.mark.parametrize("model", [SMALL_GPT, MLPConfig((784, 64, 10))])
+def test_calibration_reads_back_the_efficiency_and_dispatch_that_made_the_timings(model: GPTConfig | MLPConfig) -> None:
+    """Timings made from a known efficiency and dispatch (the cost model's compute term) give them back."""
+    speed, eff, dispatch, b = 5e10, 0.6, 2e-4, 4
+    costs = block_costs(model)
+    kinds = block_kinds(model)
+    real = [(costs[i].forward_flops_per_sample + costs[i].backward_flops_per_sample) * b / (speed * eff) + dispatch
+            for i, _ in kinds]  # fmt: skip
+    got = calibration_from_timings(model, b, speed, [dispatch] * len(kinds), real, 3e-9, 1e-9)
+    assert got.block_efficiency == pytest.approx(eff, rel=1e-9)
+    assert got.dispatch_s == pytest.approx(dispatch, rel=1e-9)
+    assert (got.adamw_s_per_param, got.sgd_s_per_param) == (3e-9, 1e-9)
+    assert str(b) in got.model
+    # the transformer block counts n_layer times: scaling only its timing moves the efficiency the most
+    if isinstance(model, GPTConfig):
+        slower = [t * (2 if i == 1 else 1) for (i, _), t in zip(kinds, real, strict=True)]
+        assert calibration_from_timings(model, b, speed, [dispatch] * 3, slower, 0, 0).block_efficiency < eff * 0.6
+    with pytest.raises(ValueError, match="one timing per block kind"):
+        calibration_from_timings(model, b, speed, [dispatch], real, 0, 0)
+
+
+def test_calibration_without_readable_compute_stays_uncalibrated() -> None:
+    kinds = block_kinds(SMALL_GPT)
+    got = calibration_from_timings(SMALL_GPT, 4, 5e10, [1e-3] * len(kinds), [1e-3] * len(kinds), 0, 0)
+    assert got.block_efficiency == 1.0 and got.dispatch_s == pytest.approx(1e-3)
+
+
+def test_measured_calibration_on_this_cpu_is_plausible() -> None:
+    flops = measure_device("cpu", size=128, repeats=2).flops_per_s
+    got = measure_calibration("cpu", flops, SMALL_GPT, micro_batch=2, repeats=2)
+    assert 1e-3 <= got.block_efficiency <= 4.0
+    assert 0 < got.dispatch_s < 0.1
+    assert 0 < got.adamw_s_per_param < 1e-5 and 0 < got.sgd_s_per_param < 1e-5
+    with pytest.raises(ValueError, match="stat"):
+        measure_calibration("cpu", flops, SMALL_GPT, stat="mean")
+    with pytest.raises(ValueError, match="positive"):
+        measure_calibration("cpu", 0.0, SMALL_GPT)
+
+
+def test_reference_model_is_a_gpt_with_every_block_kind() -> None:
+    assert [i for i, _ in block_kinds(REFERENCE_MODEL)] == [0, 1, REFERENCE_MODEL.n_layer + 1]
+
+
+def test_profile_carries_its_calibration_to_the_planner() -> None:
+    m = _fake(1e10, 0.0).with_calibration(Calibration(0.7, 2e-4, 2e-9, 5e-10, "gpt"))
+    p = to_device_profile(m, "peer-a")
+    assert (p.block_efficiency, p.dispatch_s, p.optimizer_s_per_param) == (0.7, 2e-4, 2e-9)
+    assert p.effective_flops_per_s == pytest.approx(7e9)
+    assert to_device_profile(m, "peer-a", optimizer="sgd").optimizer_s_per_param == 5e-10
+    with pytest.raises(ValueError, match="optimizer"):
+        to_device_profile(m, "peer-a", optimizer="lion")
+    old = to_device_profile(_fake(1e10, 0.0), "peer-a")  # a profile from before calibration: none
+    assert (old.block_efficiency, old.dispatch_s, old.optimizer_s_per_param) == (1.0, 0.0, 0.0)
+
+
+def test_a_cache_from_before_calibration_is_measured_again(tmp_path: Path) -> None:
+    old = {"version": 1, "measured_at": 100.0, "devices": [
+        {"kind": "cpu", "flops_per_s": 1e9, "memory_bytes": 1 << 30, "threads": 2, "name": "cpu", "measured_at": 100.0}
+    ]}  # fmt: skip
+    (tmp_path / "device_profile.json").write_text(json.dumps(old))
+    fresh = _fake(2e9, 100.0).with_calibration(Calibration(0.8, 1e-4, 1e-9, 1e-10, "gpt"))
+    got = load_or_measure(tmp_path, max_age_s=60, now=110.0, measure=lambda: (fresh,))
+    assert got == (fresh,)
+    assert json.loads((tmp_path / "device_profile.json").read_text())["version"] == CACHE_VERSION
+    assert load_or_measure(tmp_path, max_age_s=60, now=120.0, measure=lambda: ()) == (fresh,)  # cached, kept
+
+
+def test_measure_link_reads_the_busy_time_per_message_under_overlapping_latency() -> None:
+    busy, latency = 4e-4, 5e-3  # each message keeps the (single) endpoint busy; latency overlaps
+
+    async def main() -> None:
+        lock = trio.Lock()
+
+        async def echo(payload: bytes) -> bytes:
+            for _ in range(2):  # request and reply: two messages
+                async with lock:
+                    await trio.sleep(busy)
+                await trio.sleep(latency / 2)
+            return payload
+
+        got = await measure_link(echo, burst=64, in_flight=32)
+        assert got.message_s == pytest.approx(busy, rel=0.15)
+        assert got.rtt_s == pytest.approx(2 * busy + latency, rel=1e-6)
+        assert got.to_link().message_s == got.message_s
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
