@@ -176,7 +176,20 @@ def read_manifest(directory: Path, trusted_signers: Iterable[str]) -> tuple[Mani
     """
     path = directory / MANIFEST_NAME
     try:
-        envelope = json.loads(path.read_bytes())
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise CheckpointError(f"{path} is missing (step not committed)") from None
+    except OSError as exc:
+        raise CheckpointError(f"{path} cannot be read: {exc.strerror}") from None
+    return parse_manifest(data, trusted_signers, str(path))
+
+
+def parse_manifest(data: bytes, trusted_signers: Iterable[str], where: str = "manifest") -> tuple[Manifest, str]:
+    """:func:`read_manifest` for manifest bytes (e.g. a copy that came over the network); ``where`` names them
+    in errors."""
+    path = where
+    try:
+        envelope = json.loads(data)
         raw = envelope["manifest"]
         signer_pub = bytes.fromhex(envelope["signer"])
         signature = bytes.fromhex(envelope["signature"])
@@ -188,9 +201,7 @@ def read_manifest(directory: Path, trusted_signers: Iterable[str]) -> tuple[Mani
             shards=tuple(ShardRecord(str(n), str(h), int(s)) for n, h, s in raw["shards"]),
             extra=dict(raw["extra"]),
         )
-    except FileNotFoundError:
-        raise CheckpointError(f"{path} is missing (step not committed)") from None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError) as exc:
         raise CheckpointError(f"{path} is malformed: {exc}") from None
     signer = peer_id_from_public_key(signer_pub) if len(signer_pub) == 32 else "?"
     if signer not in set(trusted_signers):

@@ -5,7 +5,10 @@ Owns :class:`Election` (one per job this peer is a member of), its config preset
 Design (Raft's election, with membership doing failure detection):
 
 * The job's members are fixed for the life of the object. The membership view (live = alive or suspect) is fed
-  in with :class:`ViewChanged`. The *candidate* is the live member with the lowest peer id (string order).
+  in with :class:`ViewChanged`. The *candidate* is the first live member of ``ranking`` when one is given (a job
+  ranks its current leader first and its standby, which holds the data and the leader's checkpoint shards,
+  second: only they can lead it, and the standby only once the leader is gone from the view); without a ranking
+  it is the live member with the lowest peer id (string order). Members outside the ranking vote, never lead.
 * A side that sees fewer than a majority of the job's members live is PAUSED: it neither campaigns nor leads
   (a leader that loses its majority steps down at once).
 * Only the candidate campaigns, and only when it knows no live leader (announces heard within
@@ -189,10 +192,14 @@ class Election:
         now: float,
         term: int = 0,
         voted_for: PeerId | None = None,
+        ranking: Iterable[PeerId] | None = None,
     ) -> None:
         self.members = frozenset(members)
         if self_id not in self.members:
             raise ElectionError(f"peer {self_id} is not a member of job {job}; only members run its election")
+        self.ranking: tuple[PeerId, ...] | None = tuple(ranking) if ranking is not None else None
+        if self.ranking is not None and (not self.ranking or not set(self.ranking) <= self.members):
+            raise ElectionError(f"job {job}: the ranking must name at least one member and only members")
         if term < 0:
             raise ElectionError("a persisted term is >= 0")
         self.job = job
@@ -219,8 +226,10 @@ class Election:
         return len(self.members) // 2 + 1
 
     def candidate(self) -> PeerId | None:
-        """The best-ranked live member in our view: the lowest peer id."""
+        """The best-ranked live member in our view: the first live one of ``ranking``, else the lowest peer id."""
         live = self._live & self.members
+        if self.ranking is not None:
+            return next((p for p in self.ranking if p in live), None)
         return min(live) if live else None
 
     def next_deadline(self) -> float:

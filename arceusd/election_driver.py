@@ -148,11 +148,12 @@ class JobElections:
         peers.listeners.append(self._on_member_changed)
 
     # ------------------------------------------------------------------------------------------ public API
-    def track(self, job_id: str, members: list[str]) -> None:
-        """Start electing a leader for ``job_id`` among ``members`` (peer ids, this peer included).
+    def track(self, job_id: str, members: list[str], ranking: list[str] | None = None) -> None:
+        """Start electing a leader for ``job_id`` among ``members`` (peer ids, this peer included); only the
+        members in ``ranking`` may lead, the first live one of them first (see :class:`Election`).
 
-        Tracking a job again with the same members is a no-op; with other members it restarts the election
-        at the persisted term (membership of a job changes through a new plan, which re-tracks it).
+        Tracking a job again with the same members and ranking is a no-op; with others it restarts the
+        election at the persisted term (membership of a job changes through a new plan, which re-tracks it).
         """
         if not _HEX_ID.match(job_id):
             raise ValueError(f"job id must be 32 lowercase hex characters, got {job_id!r}")
@@ -163,12 +164,14 @@ class JobElections:
             raise ValueError(f"this peer ({self.self_id}) is not among the members of job {job_id}; "
                              "only members run a job's election")  # fmt: skip
         current = self._elections.get(job_id)
-        if current is not None and current.members == frozenset(members):
+        wanted = tuple(ranking) if ranking is not None else None
+        if current is not None and current.members == frozenset(members) and current.ranking == wanted:
             return
         if current is not None:
             self._remember(current)
         term, vote = self._persisted.get(job_id, (0, None))
-        election = Election(job_id, self.self_id, members, self.config, self._rng, self._now(), term, vote)
+        election = Election(job_id, self.self_id, members, self.config, self._rng, self._now(), term, vote,
+                            ranking=wanted)  # fmt: skip
         self._elections[job_id] = election
         self._leaders.setdefault(job_id, None)
         log.info("tracking the election of job %s with %d members (term %d)", job_id[:12], len(members), term)

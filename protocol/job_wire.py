@@ -1,4 +1,4 @@
-"""Wire messages of the job lifecycle (ids 70-79, append-only). Announce/join use ids 30-32 of
+"""Wire messages of the job lifecycle (ids 70-81, append-only). Announce/join use ids 30-32 of
 :mod:`protocol.messages`.
 
 ==== ================ ========== =====================================================================
@@ -14,7 +14,13 @@ id   type             max_size   meaning
 77   ShardRequest     1 KiB      fetch a chunk of a checkpoint shard of (job, step, name) from ``offset``
 78   ShardData        4 MiB      up to :data:`SHARD_CHUNK` bytes of the shard and its total size
 79   ResumeRequest    1 KiB      member -> leader: a chunk of this member's resume slice for (job, epoch)
+80   StandbySync      64 KiB     leader -> standby: step S is committed (signed manifest); copy the leader's
+                                 own shards of it (and, once, the data files) with ShardRequest/DataRequest
+81   DataRequest      1 KiB      standby -> leader: a chunk of data file ``index`` (of StandbySync.data_files)
 ==== ================ ========== =====================================================================
+
+``JobStart.standby`` names the plan member that stands by to lead if the leader dies (empty: none); the job's
+election ranks the leader first and the standby second (:mod:`arceusd.election`).
 
 ``JobStart.resume`` (JSON, empty for a fresh start): ``{"step": S, "files": {peer: {"name", "sha256",
 "size"}}}``: the checkpoint step every worker resumes from and each worker's re-sliced state file, which the
@@ -48,6 +54,7 @@ class JobStart:
     inputs: bytes = field(metadata={"max_len": 2 * 1024 * 1024})
     resume_step: int = 0
     resume: bytes = field(default=b"", metadata={"max_len": 64 * 1024})
+    standby: str = field(default="", metadata=_ID)
 
 
 @message(72, max_size=4096)
@@ -116,4 +123,22 @@ class ResumeRequest:
     job_id: str = field(metadata=_ID)
     epoch: int
     name: str = field(metadata={"max_len": 128})
+    offset: int = 0
+
+
+@message(80, max_size=64 * 1024)
+@dataclass(frozen=True)
+class StandbySync:
+    job_id: str = field(metadata=_ID)
+    step: int
+    manifest: bytes = field(metadata={"max_len": 48 * 1024})
+    shards: tuple[str, ...] = field(default=(), metadata={"max_len": 64})
+    data_files: tuple[str, ...] = field(default=(), metadata={"max_len": 4})
+
+
+@message(81, max_size=1024)
+@dataclass(frozen=True)
+class DataRequest:
+    job_id: str = field(metadata=_ID)
+    index: int
     offset: int = 0

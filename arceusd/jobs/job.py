@@ -89,6 +89,18 @@ class Job:
     gather_until: float = 0.0  # after the owner's restart: plan at this time even if not every member is back
     expected_members: set[str] = field(default_factory=set)
     start_scope: trio.CancelScope | None = None  # while the leader starts a plan's workers
+    # leadership: the owner leads until it dies; then the plan's standby (elected) takes over
+    leader: str = ""  # peer id of the device this one takes commands from (or itself when it leads)
+    leader_address: str = ""
+    leaders: set[str] = field(default_factory=set)  # everyone who led the job: whose manifests we trust
+    standby: str = ""  # the current plan's standby (holds the data and the leader's shards)
+    standby_data: dict[str, Any] | None = None  # on the standby: the data entry of its checked copy
+    sync_lock: trio.Lock = field(default_factory=trio.Lock)
+
+    def __post_init__(self) -> None:
+        self.leader = self.leader or self.owner
+        self.leader_address = self.leader_address or self.owner_address
+        self.leaders.add(self.owner)
 
     def poke(self) -> None:
         """Wake the leader loop (a member changed, a report came, a restart was asked for)."""
@@ -100,6 +112,7 @@ class Job:
             "state": self.state, "step": self.step, "total_steps": self.total_steps, "loss": self.loss,
             "val_loss": self.val_loss, "val_accuracy": self.val_accuracy, "members": sorted(self.members),
             "error": self.error, "model_path": self.model_path, "spec_hash": self.spec_hash,
+            "leader": self.leader,
         }  # fmt: skip
         if full:
             out.update({
@@ -109,7 +122,8 @@ class Job:
                 "contributions": self.contributions(), "recoveries": [r.summary() for r in self.recoveries],
                 "model": type(self.spec.model).__name__, "data": self.spec.data.kind,
                 "worker_pid": self.worker.pid if self.worker is not None else None,
-                "stale_reports": self.stale_reports,
+                "stale_reports": self.stale_reports, "standby": self.standby,
+                "standby_ready": self.standby_data is not None,
             })  # fmt: skip
         return out
 

@@ -1,11 +1,15 @@
 """Jobs in the daemon: submit, announce, join, plan, start workers, follow progress, checkpoint, export.
 
 Roles: the *owner* submitted the job (it holds the data and gets the model); *members* joined it. The job's
-leader coordinates planning, starting, checkpoint commits and repartitions. The leader is the owner: the owner
-alone holds the data set and receives the model, so a plan without it cannot train; when the owner is gone the
-members pause (state ``paused``) instead of electing a leader that would have nothing to train on. Each
-repartition starts a new term and plan epoch; every leader command carries (job, term, epoch) and members
-refuse older ones.
+*leader* coordinates planning, starting, checkpoint commits and repartitions; it serves the data and signs the
+checkpoints. The owner leads while it lives. Each plan names a *standby* member, which receives the data set
+once and, after every commit, the signed manifest and the leader's own shards (:mod:`arceusd.jobs.standby`).
+The job's election (:mod:`arceusd.election`, the leader ranked first, the standby second) lets the standby win
+a new term once membership declares the leader dead and a majority of the plan agrees; it then leads: gathers
+the survivors' shards, re-slices, and carries on to the end (the model is saved on it). Without a majority, or
+without a standby that holds the data, the members pause until the owner returns. Each repartition starts a
+new term and plan epoch; every leader command carries (job, term, epoch) and members refuse older ones and any
+sender that is neither their leader nor the election's winner of a newer term.
 
 Lifecycle (owner): ``waiting`` (announce to every live peer, collect joins until ``min_members``) ->
 ``planning`` (partitioner over the members' offers; no fit -> back to ``waiting`` with the reason) ->
@@ -44,6 +48,7 @@ from arceusd.peers import PeerService
 from protocol.envelope import Header
 from protocol.job_wire import (
     SHARD_CHUNK,
+    DataRequest,
     JobAck,
     JobGo,
     JobReport,
@@ -54,6 +59,7 @@ from protocol.job_wire import (
     ResumeRequest,
     ShardData,
     ShardRequest,
+    StandbySync,
 )
 from protocol.messages import Address, JobAnnounce, JoinReply, JoinRequest
 
@@ -166,7 +172,11 @@ class JobManager:
         peers.register(JobReport, gate(self._on_report))
         peers.register(ShardRequest, gate(self._on_shard_request))
         peers.register(ResumeRequest, gate(self._on_resume_request))
+        peers.register(StandbySync, gate(self._on_standby_sync))
+        peers.register(DataRequest, gate(self._on_data_request))
         peers.listeners.append(self._on_member_changed)
+        if self.node.elections is not None:
+            self.node.elections.on_leader_change(self._on_leader_change)
         self.node.methods.update({
             "submit": gate(self._m_submit), "join": gate(self._m_join), "jobs": gate(self._m_jobs),
             "job": gate(self._m_job), "cancel": gate(self._m_cancel), "leave": gate(self._m_leave),
@@ -271,8 +281,8 @@ class JobManager:
 
     async def _m_cancel(self, params: dict[str, Any]) -> dict[str, Any]:
         job = self.find(str(params.get("job_id", "")))
-        if job.role != "owner":
-            raise RequestError("only the job's owner can cancel it")
+        if job.role != "owner" and not self._leads(job):
+            raise RequestError("only the job's owner or its leader can cancel it")
         await self._finish(job, "cancelled", "cancelled by the owner")
         return {"job_id": job.job_id, "state": job.state}
 
@@ -282,20 +292,23 @@ class JobManager:
             raise RequestError("the owner cannot leave its own job (it serves the data); cancel it instead")
         if job.role != "member":
             raise RequestError(f"this device is not a member of job {job.job_id[:12]}")
+        if self._leads(job):
+            raise RequestError("this device leads the job now (its owner is gone); cancel it instead")
         job.role, job.state = "seen", "left"
         report = JobReport(job.job_id, job.epoch, json.dumps({"event": "leave"}))
-        reply = await self.peers.request(job.owner_address, job.owner, report, timeout=10.0, job_id=job.job_id,
+        reply = await self.peers.request(job.leader_address, job.leader, report, timeout=10.0, job_id=job.job_id,
                                          term=job.term, epoch=job.epoch)  # fmt: skip
         told = isinstance(reply, JobAck) and reply.ok
         await self._drop_own_worker(job)  # after the leader knows why our links are about to break
-        return {"job_id": job.job_id, "reason": "" if told else "the owner did not answer; it will notice"}
+        return {"job_id": job.job_id, "reason": "" if told else "the leader did not answer; it will notice"}
     # ---------------------------------------------------------------------------------------------- leader
     async def _lead(self, job: Job) -> None:
         """The leader's loop for one job: gather members, plan and start; repartition on failures, departures
         and joins; stop when the job ends. Every wait is on ``job.wake`` with a short timeout."""
-        while job.state not in TERMINAL:
+        while job.state not in TERMINAL and self._leads(job):
             job.wake = trio.Event()
-            self._announce_to_new_peers(job)  # new peers, and old ones back from the dead, may join
+            if job.role == "owner":
+                self._announce_to_new_peers(job)  # new peers, and old ones back from the dead, may join
             if job.state in ("waiting", "paused"):
                 if self._enough_members(job):
                     job.gather_until = 0.0
@@ -323,7 +336,7 @@ class JobManager:
 
     def _request_restart(self, job: Job, reason: str) -> None:
         """Ask the leader loop to repartition ``job`` (the first reason wins until the restart runs)."""
-        if job.role != "owner" or job.state in TERMINAL or job.state in ("waiting", "paused"):
+        if not self._leads(job) or job.state in TERMINAL or job.state in ("waiting", "paused"):
             return
         if not job.restart_reason:
             log.warning("job %s: repartitioning: %s", job.job_id, reason)
@@ -417,12 +430,14 @@ class JobManager:
         job.shares = flops_shares(job.plan, job.inputs)
         job.epoch += 1
         job.state = "starting"
+        job.standby = self._choose_standby(job)
+        self._track(job, list(job.plan.peer_ids), [me, job.standby])
         stages = worker_stages(job.plan)
         resume = None
         if resuming:
             replicas = await self._repair_checkpoint(job)
             resume = await trio.to_thread.run_sync(prepare_resume, job.directory, job.spec.model, stages,
-                                                   job.epoch, [me], replicas)  # fmt: skip
+                                                   job.epoch, sorted(job.leaders), replicas)  # fmt: skip
         start_step = resume.step if resume is not None else 0
         job.resume_files = {p: f.name for p, f in resume.files.items()} if resume is not None else {}
         job.step = start_step
@@ -431,7 +446,7 @@ class JobManager:
             job.recoveries[-1].resumed_step = start_step
         inputs_data, plan_data = encode_start(job.inputs, job.plan)
         start = JobStart(job.job_id, job.term, job.epoch, job.spec_bytes, plan_data, inputs_data, start_step,
-                         resume.to_wire() if resume is not None else b"")  # fmt: skip
+                         resume.to_wire() if resume is not None else b"", job.standby)  # fmt: skip
         addresses: dict[str, str] = {}
         failures: list[str] = []
         reach = {o.peer_id: o.address for o in offers}  # as planned: a member may leave meanwhile
@@ -492,7 +507,7 @@ class JobManager:
         from arceusd.jobs.recovery import corrupt_shards
 
         root = job.directory / "checkpoints"
-        step, bad = await trio.to_thread.run_sync(corrupt_shards, root, [self.node.identity.peer_id])
+        step, bad = await trio.to_thread.run_sync(corrupt_shards, root, sorted(job.leaders))
         if not bad:
             return []
         replicas = job.directory / "replicas"
@@ -568,11 +583,16 @@ class JobManager:
         return JobAck(True)
 
     async def _auto_join(self, job: Job) -> None:
-        try:
-            result = await self.join(job)
-            log.info("auto-join %s: %s", job.job_id, result)
-        except RequestError as exc:
-            log.warning("auto-join %s failed: %s", job.job_id, exc)
+        """Join an announced job; an owner that does not answer yet (e.g. still restoring its jobs after a
+        restart) is asked again a few times, backing off."""
+        for attempt in range(6):
+            try:
+                result = await self.join(job)
+                log.info("auto-join %s: %s", job.job_id, result)
+                return
+            except RequestError as exc:
+                log.warning("auto-join %s failed (attempt %d): %s", job.job_id, attempt + 1, exc)
+            await trio.sleep(min(4.0, 0.5 * 2**attempt))
 
     async def join(self, job: Job) -> dict[str, Any]:
         if job.role == "owner":
@@ -581,6 +601,8 @@ class JobManager:
         member = self.peers.membership.members.get(job.owner)
         if member is not None and member.address:
             job.owner_address = member.address
+            if job.leader == job.owner:
+                job.leader_address = member.address
         host, _, port = offer.address.rpartition(":")
         request = JoinRequest(job.job_id, self.node.identity.peer_id, Address(host, int(port)),
                               offer.memory_bytes, offer.flops_per_s)  # fmt: skip
@@ -593,22 +615,215 @@ class JobManager:
                 job.state = "joined"
         return {"job_id": job.job_id, "accepted": reply.accepted, "reason": reply.reason}
 
-    def _from_leader(self, header: Header, job: Job | None) -> str:
-        """Why a leader command must be refused ('' when it is acceptable)."""
+    async def _check_leader(self, header: Header, job: Job | None, epochs: bool = True) -> str:
+        """Why a leader command must be refused ('' when it is acceptable).
+
+        Acceptable: from our leader, not older than what we have (``epochs=False``: only the term counts); or
+        with a newer term from the peer the job's election made leader (a standby that took over), which then
+        becomes our leader."""
         if job is None:
             return "unknown job"
-        if header.sender != job.owner:
-            return "only the job's leader may command it"
-        if header.term < job.term or (header.term == job.term and header.epoch < job.epoch):
-            return f"stale command (term {header.term} epoch {header.epoch}; we are at {job.term}/{job.epoch})"
-        return ""
+        if header.sender == job.leader:
+            if header.term < job.term or (epochs and header.term == job.term and header.epoch < job.epoch):
+                return f"stale command (term {header.term} epoch {header.epoch}; we are at {job.term}/{job.epoch})"
+            return ""
+        if header.term > job.term and await self._elected(job, header.sender):
+            log.info("job %s: following %s, elected leader (term %d)", job.job_id, header.sender[:12], header.term)
+            self._follow_leader(job, header.sender)
+            job.term = header.term
+            return ""
+        return "only the job's leader may command it"
+
+    def _follow_leader(self, job: Job, peer: str) -> None:
+        member = self.peers.membership.members.get(peer)
+        job.leader = peer
+        job.leader_address = member.address if member is not None else job.leader_address
+        job.leaders.add(peer)
+
+    async def _elected(self, job: Job, peer: str, wait_s: float = 3.0) -> bool:
+        """Whether the job's election has ``peer`` as leader (waiting a little: its announce may still be on its
+        way when its first command arrives)."""
+        elections = self.node.elections
+        if elections is None:
+            return False
+        with trio.move_on_after(wait_s):
+            while True:
+                current = elections.leader(job.job_id)
+                if current is not None and current[0] == peer:
+                    return True
+                await trio.sleep(0.05)
+        return False
+
+    def _leads(self, job: Job) -> bool:
+        return job.leader == self.node.identity.peer_id
+
+    def _track(self, job: Job, members: list[str], ranking: list[str]) -> None:
+        """Elect the job's leader among the plan's members: the leader first, then the standby."""
+        if self.node.elections is None:
+            return
+        try:
+            self.node.elections.track(job.job_id, members, [p for p in ranking if p])
+        except ValueError as exc:
+            log.warning("job %s: cannot track its election: %s", job.job_id, exc)
+
+    def _choose_standby(self, job: Job) -> str:
+        """The plan member that stands by to lead: the one offering the most memory (ties: lowest id)."""
+        me = self.node.identity.peer_id
+        others = [p for p in job.plan.peer_ids if p != me and p in job.members]
+        if not others:
+            return ""
+        return str(min(others, key=lambda p: (-job.members[p].memory_bytes, p)))
+
+    # ---------------------------------------------------------------------------------------------- standby
+    async def _sync_standby(self, job: Job, step: int, mine: tuple[str, ...]) -> None:
+        """Leader: tell the standby that ``step`` is committed (the signed manifest), which of its shards are
+        ours, and the data set's files, so it can lead if we die."""
+        from arceusd.checkpoint import MANIFEST_NAME, step_dir
+        from arceusd.jobs.standby import data_files
+
+        standby = job.standby
+        offer = job.members.get(standby)
+        if not standby or offer is None:
+            return
+        manifest = await trio.to_thread.run_sync((step_dir(job.directory / "checkpoints", step) / MANIFEST_NAME)
+                                                 .read_bytes)  # fmt: skip
+        names = tuple(p.name for p in data_files(self._leader_data(job)))
+        sync = StandbySync(job.job_id, step, manifest, mine, names)
+        reply = await self.peers.request(offer.address, standby, sync, timeout=10.0, job_id=job.job_id,
+                                         term=job.term, epoch=job.epoch)  # fmt: skip
+        if not (isinstance(reply, JobAck) and reply.ok):
+            log.warning("job %s: the standby %s refused checkpoint %d: %s", job.job_id, standby[:12], step,
+                        getattr(reply, "reason", "no answer"))  # fmt: skip
+
+    async def _on_standby_sync(self, header: Header, msg: StandbySync) -> JobAck:
+        from arceusd.checkpoint import CheckpointError, parse_manifest
+        from arceusd.jobs.standby import StandbyError, check_names
+
+        job = self.jobs.get(msg.job_id)
+        why = await self._check_leader(header, job, epochs=False)
+        if why or job is None:
+            return JobAck(False, why)
+        if job.standby != self.node.identity.peer_id:
+            return JobAck(False, "this device is not the job's standby")
+        try:
+            manifest, _ = parse_manifest(msg.manifest, sorted(job.leaders), "the leader's manifest")
+            if manifest.job_id != job.job_id or manifest.step != msg.step:
+                raise CheckpointError("the manifest is for another job or step")
+            if not set(msg.shards) <= {r.name for r in manifest.shards}:
+                raise CheckpointError("the sync names shards the manifest does not list")
+            if job.standby_data is None:
+                check_names(job.spec.data.kind, msg.data_files)
+        except (CheckpointError, StandbyError) as exc:
+            log.warning("job %s: refusing a standby sync: %s", job.job_id, exc)
+            return JobAck(False, f"refused: {exc}")
+        self._spawn(self._standby_copy, job, header.sender, msg, manifest)
+        return JobAck(True)
+
+    async def _standby_copy(self, job: Job, leader: str, msg: StandbySync, manifest: Any) -> None:
+        """Standby: copy the data (once) and the leader's shards of a committed step; each is checked before
+        it is kept; the manifest is written last, so a step is complete here only when all of it is."""
+        from arceusd.checkpoint import MANIFEST_NAME, atomic_write, file_matches, matches, prune, step_dir
+        from arceusd.jobs.standby import DATA_FOLDER, StandbyError, check_copy, copy_entry
+
+        address = job.leader_address
+        async with job.sync_lock:
+            if job.standby_data is None and msg.data_files:
+                for index, name in enumerate(msg.data_files):
+                    data = await self._download(job, leader, address,
+                                                lambda offset, i=index: DataRequest(job.job_id, i, offset))  # fmt: skip
+                    if data is None:
+                        log.warning("job %s: the leader did not serve data file %s", job.job_id, name)
+                        return
+                    await trio.to_thread.run_sync(atomic_write, job.directory / DATA_FOLDER / name, data)
+                entry = copy_entry(job.directory, json.loads(job.spec_bytes)["data"], msg.data_files)
+                try:
+                    await trio.to_thread.run_sync(check_copy, entry, job.spec.data.sha256)
+                except StandbyError as exc:
+                    log.warning("job %s: %s", job.job_id, exc)
+                    return
+                job.standby_data = entry
+                log.info("job %s: holding a checked copy of the data as the standby", job.job_id)
+            root = job.directory / "checkpoints"
+            folder = step_dir(root, msg.step)
+            records = {r.name: r for r in manifest.shards}
+            for name in msg.shards:
+                if await trio.to_thread.run_sync(file_matches, folder / name, records[name]):
+                    continue
+                def shard_request(offset: int, n: str = name) -> ShardRequest:
+                    return ShardRequest(job.job_id, msg.step, n, offset)
+
+                data = await self._download(job, leader, address, shard_request)
+                if data is None or not matches(data, records[name]):
+                    log.warning("job %s: the leader's shard %s of step %d did not arrive intact", job.job_id, name,
+                                msg.step)  # fmt: skip
+                    return
+                await trio.to_thread.run_sync(atomic_write, folder / name, data)
+            await trio.to_thread.run_sync(atomic_write, folder / MANIFEST_NAME, msg.manifest)
+            await trio.to_thread.run_sync(prune, root, job.spec.checkpoint.keep)
+            job.committed_step = max(job.committed_step, msg.step)
+
+    async def _on_data_request(self, header: Header, msg: DataRequest) -> ShardData | JobAck:
+        from arceusd.jobs.standby import data_files
+
+        job = self.jobs.get(msg.job_id)
+        if job is None or not self._leads(job) or header.sender != job.standby:
+            return JobAck(False, "the data goes to the job's standby only")
+        files = data_files(self._leader_data(job))
+        if not 0 <= msg.index < len(files):
+            return JobAck(False, "no such data file")
+        return _serve_chunk(files[msg.index], msg.offset)
+
+    def _on_leader_change(self, job_id: str, leader: tuple[str, int] | None) -> None:
+        """The job's election chose a leader: the standby takes over; a leader that lost steps down."""
+        job = self.jobs.get(job_id)
+        if job is None or leader is None or job.state in TERMINAL:
+            return
+        me, (peer, term) = self.node.identity.peer_id, leader
+        if peer == me and not self._leads(job):
+            if job.standby != me or job.standby_data is None:
+                log.warning("job %s: elected, but this device holds no checked copy of the data; not leading",
+                            job_id)  # fmt: skip
+                return
+            self._spawn(self._take_over, job, term)
+        elif peer != me and self._leads(job):
+            log.warning("job %s: %s was elected leader (term %d); stepping down", job_id, peer[:12], term)
+            self._follow_leader(job, peer)
+            job.state, job.error = "paused", f"{peer[:12]} leads the job now"
+            if job.start_scope is not None:
+                job.start_scope.cancel()
+            self._spawn(self._drop_own_worker, job)
+            job.poke()
+
+    async def _take_over(self, job: Job, election_term: int) -> None:
+        """Standby elected after the leader died: lead the survivors from the newest verified checkpoint."""
+        from arceusd.jobs.recovery import corrupt_shards
+        from arceusd.jobs.standby import offers_from_inputs
+
+        me, old = self.node.identity.peer_id, job.leader
+        if job.inputs is None or job.plan is None:
+            return
+        alive = dict(self.peers.alive_peers())
+        offers = offers_from_inputs(job.inputs, alive)
+        job.members = {p: o for p, o in offers.items() if p in job.plan.peer_ids and p not in (old, me)}
+        job.members[me] = await self.offer()
+        job.leader, job.leader_address = me, self.node.addresses.get("peer", "")
+        job.leaders.add(me)
+        step, _ = await trio.to_thread.run_sync(corrupt_shards, job.directory / "checkpoints", sorted(job.leaders))
+        job.committed_step = step
+        job.min_members, job.gather_until = 1, 0.0
+        job.state = "running"
+        job.restart_reason = ""
+        log.warning("job %s: the leader %s is gone; taking over as its standby (election term %d, from step %d)",
+                    job.job_id, old[:12], election_term, step)  # fmt: skip
+        self._request_restart(job, f"the leader {old[:12]} is gone; its standby {me[:12]} took over")
+        self._spawn(self._lead, job)
 
     async def _on_start(self, header: Header, msg: JobStart) -> JobStartReply:
         from arceusd.jobs.planning import PlanRefused, flops_shares, verify_start, worker_stages
         from arceusd.jobs.recovery import ResumeError, ResumePoint
 
         job = self.jobs.get(msg.job_id)
-        why = self._from_leader(header, job)
+        why = await self._check_leader(header, job)
         if why or job is None:
             return JobStartReply(msg.job_id, False, why)
         if job.role != "member":
@@ -624,9 +839,13 @@ class JobManager:
             return JobStartReply(msg.job_id, False, f"start refused: {exc}")
         if resume is not None and resume.step != msg.resume_step:
             return JobStartReply(msg.job_id, False, "start refused: the resume step is inconsistent")
+        if msg.standby and msg.standby not in the_plan.peer_ids:
+            return JobStartReply(msg.job_id, False, "start refused: the standby is not in the plan")
         await self._drop_own_worker(job)  # a newer epoch replaces whatever ran before
         job.term, job.epoch, job.inputs, job.plan = header.term, header.epoch, inputs, the_plan
         job.shares = flops_shares(the_plan, inputs)
+        job.standby = msg.standby
+        self._track(job, list(the_plan.peer_ids), [header.sender, msg.standby])
         local = None
         if resume is not None:
             mine = resume.files.get(self.node.identity.peer_id)
@@ -645,7 +864,7 @@ class JobManager:
         from arceusd.jobs.recovery import ResumeError, check_file, resume_dir
         from arceusd.worker.protocol import ResumeConfig
 
-        data = await self._download(job, leader, job.owner_address,
+        data = await self._download(job, leader, job.leader_address,
                                     lambda offset: ResumeRequest(job.job_id, job.epoch, mine.name, offset))  # fmt: skip
         if data is None:
             raise ResumeError("the leader did not serve it")
@@ -670,7 +889,7 @@ class JobManager:
         from arceusd.jobs.recovery import resume_dir
 
         job = self.jobs.get(msg.job_id)
-        if job is None or job.role != "owner":
+        if job is None or not self._leads(job):
             return JobAck(False, "not the leader of that job")
         if msg.epoch != job.epoch or job.resume_files.get(header.sender) != msg.name:
             return JobAck(False, "that resume slice is not this device's in the current plan")
@@ -682,14 +901,14 @@ class JobManager:
         job.directory.mkdir(parents=True, exist_ok=True)
         host = self.node.addresses.get("peer", "127.0.0.1:0").rpartition(":")[0]
         spec_dict = json.loads(job.spec_bytes)
-        if job.role == "owner":
-            spec_dict["data"] = self._resolved_data(job, spec_dict["data"])
+        if self._leads(job):
+            spec_dict["data"] = self._leader_data(job)
         offer = await self.offer()
         config = WorkerConfig(
             job_id=job.job_id, term=job.term, epoch=job.epoch, spec=spec_dict, stages=stages,
             micro_batches=the_plan.micro_batches, schedule=self._schedule(job, the_plan),
             peer_id=self.node.identity.peer_id, state_dir=str(self.node.paths.root),
-            listen_host=self.node.config.listen_host, owner=job.owner,
+            listen_host=self.node.config.listen_host, owner=job.leader,
             checkpoint_dir=str(job.directory / "checkpoints"),
             checkpoint_interval=job.spec.checkpoint.interval_steps, total_steps=job.total_steps,
             threads=self.node.config.worker_threads, resume=resume, device=worker_device(offer.kind),
@@ -708,11 +927,16 @@ class JobManager:
         return JobStartReply(job.job_id, True, "", f"{host}:{port}")
 
     @staticmethod
-    def _resolved_data(job: Job, data: dict[str, Any]) -> dict[str, Any]:
-        """The owner's worker reads the data: give it absolute paths (the spec's are relative to its file)."""
+    def _leader_data(job: Job) -> dict[str, Any]:
+        """The data entry of the leader's worker (it serves the batches): on the owner the spec's files with
+        absolute paths (the spec's are relative to its file), on a standby that took over its checked copy."""
         from arceusd.jobs.spec_types import resolve_path
 
-        out = dict(data)
+        if job.role != "owner":
+            if job.standby_data is None:
+                raise RuntimeError("this device leads the job without a checked copy of its data (a bug)")
+            return dict(job.standby_data)
+        out = dict(json.loads(job.spec_bytes)["data"])
         for key in ("dir", "path"):
             if isinstance(out.get(key), str):
                 out[key] = str(resolve_path(out[key], job.spec.base_dir).resolve())
@@ -725,7 +949,7 @@ class JobManager:
 
     async def _on_go(self, header: Header, msg: JobGo) -> JobAck:
         job = self.jobs.get(msg.job_id)
-        why = self._from_leader(header, job)
+        why = await self._check_leader(header, job)
         if why or job is None:
             return JobAck(False, why)
         if header.epoch != job.epoch:
@@ -787,16 +1011,16 @@ class JobManager:
     async def _report(self, job: Job, epoch: int, event: dict[str, Any]) -> None:
         """A worker event for the leader: handled here on the owner, sent as a JobReport from a member."""
         event["peer_id"] = self.node.identity.peer_id
-        if job.role == "owner":
+        if self._leads(job):
             await self._handle_report(job, event)
             return
         report = JobReport(job.job_id, epoch, json.dumps(event))
-        await self.peers.request(job.owner_address, job.owner, report, timeout=30.0,
+        await self.peers.request(job.leader_address, job.leader, report, timeout=30.0,
                                  job_id=job.job_id, term=job.term, epoch=epoch)  # fmt: skip
 
     async def _on_report(self, header: Header, msg: JobReport) -> JobAck:
         job = self.jobs.get(msg.job_id)
-        if job is None or job.role != "owner":
+        if job is None or not self._leads(job):
             return JobAck(False, "not the leader of that job")
         try:
             event = json.loads(msg.event)
@@ -841,9 +1065,11 @@ class JobManager:
         from arceusd.checkpoint import Manifest, ShardRecord, atomic_write, commit_manifest, file_matches, step_dir
 
         root = job.directory / "checkpoints"
-        records = []
+        records, mine = [], []
         for peer, shard in sorted(job.reports.get(step, {}).items()):
             record = ShardRecord(str(shard["name"]), str(shard["sha256"]), int(shard["size"]))
+            if peer == self.node.identity.peer_id:
+                mine.append(record.name)
             path = step_dir(root, step) / record.name
             if peer != self.node.identity.peer_id and not await trio.to_thread.run_sync(file_matches, path, record):
                 data = await self._fetch_shard(job, peer, step, record.name)
@@ -868,6 +1094,8 @@ class JobManager:
             job.reports.pop(done, None)
             job.cursors.pop(done, None)
         log.info("job %s: checkpoint %d committed", job.job_id, step)
+        if job.standby and step < job.total_steps:
+            self._spawn(self._sync_standby, job, step, tuple(mine))
         if step >= job.total_steps:
             await self._export(job, step, [step_dir(root, step) / r.name for r in records])
         elif job.rebalance and job.epoch == epoch:
@@ -884,8 +1112,11 @@ class JobManager:
         from arceusd.checkpoint import SHARD_NAME, step_dir
 
         job = self.jobs.get(msg.job_id)
-        if job is None or header.sender != job.owner:
-            return JobAck(False, "shards go to the job's owner only")
+        if job is None:
+            return JobAck(False, "unknown job")
+        to_standby = self._leads(job) and header.sender == job.standby
+        if not to_standby and header.sender != job.leader and not await self._elected(job, header.sender):
+            return JobAck(False, "shards go to the job's leader (and the leader's to its standby) only")
         if not SHARD_NAME.match(msg.name):
             return JobAck(False, "bad shard name")
         return _serve_chunk(step_dir(job.directory / "checkpoints", msg.step) / msg.name, msg.offset)
@@ -899,7 +1130,7 @@ class JobManager:
             if job.spec.data.kind == "text":
                 from arceusd.data.text import load_text
 
-                extra["vocab"] = "".join(load_text(job.spec.data_path()).vocab.chars)
+                extra["vocab"] = "".join(load_text(Path(self._leader_data(job)["path"])).vocab.chars)
             return write_model(job.directory, job.spec.model, state, extra)
 
         try:
@@ -929,7 +1160,7 @@ class JobManager:
 
     async def _on_stop(self, header: Header, msg: JobStop) -> JobAck:
         job = self.jobs.get(msg.job_id)
-        if job is None or header.sender != job.owner or header.term < job.term:
+        if job is None or await self._check_leader(header, job, epochs=False):
             return JobAck(False, "not from this job's leader")
         job.state = msg.reason or "stopped"
         await self._drop_own_worker(job)
@@ -939,15 +1170,15 @@ class JobManager:
         if change.state not in (MemberState.DEAD, MemberState.LEFT):
             return
         for job in self.jobs.values():
-            if job.role == "owner":
+            if self._leads(job):
                 job.announced.discard(change.peer)  # announce again if it comes back
                 in_plan = job.plan is not None and change.peer in job.plan.peer_ids
                 if change.peer in job.members and job.state in ("waiting", "paused"):
                     del job.members[change.peer]
                 if in_plan or job.state == "recovering":
                     self._request_restart(job, f"member {change.peer[:12]} is {change.state.value}")
-            elif change.peer == job.owner and job.state not in TERMINAL:
-                job.state, job.error = "paused", f"the job's owner {job.owner[:12]} is {change.state.value}"
+            elif change.peer == job.leader and job.state not in TERMINAL:
+                job.state, job.error = "paused", f"the job's leader {job.leader[:12]} is {change.state.value}"
                 self._spawn(self._drop_own_worker, job)
 
 

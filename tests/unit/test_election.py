@@ -146,3 +146,43 @@ def test_stale_leader_is_told_the_newer_term_and_steps_down() -> None:
     _win(leader, CFG.election_timeout)
     leader.handle(VoteReplied("c", "job", notice.term, notice.granted, notice.pre_vote, notice.leader), 1.0)
     assert leader.state is not ElectionState.LEADER and leader.term == 5
+
+
+def ranked(me: str, ranking: tuple[str, ...], live: frozenset[str] = frozenset({"a", "b", "c"})) -> Election:
+    e = Election("job", me, ("a", "b", "c"), CFG, random.Random(2), now=0.0, ranking=ranking)
+    e.handle(ViewChanged(live), 0.0)
+    return e
+
+
+def test_ranking_puts_the_leader_first_and_the_standby_second_whatever_the_ids() -> None:
+    # 'c' leads, 'b' stands by: 'a' (the lowest id) is outside the ranking and never campaigns
+    assert ranked("a", ("c", "b")).candidate() == "c"
+    assert ranked("a", ("c", "b"), frozenset({"a", "b"})).candidate() == "b"
+    assert ranked("a", ("c", "b"), frozenset({"a"})).candidate() is None
+    outsider = ranked("a", ("c", "b"), frozenset({"a", "b"}))
+    assert not [x for x in outsider.handle(ElectionTick(), 10.0) if isinstance(x, SendVoteRequest)]
+
+
+def test_the_standby_campaigns_only_once_the_leader_is_gone_from_the_view() -> None:
+    standby = ranked("b", ("c", "b"))
+    assert not [x for x in standby.handle(ElectionTick(), 10.0) if isinstance(x, SendVoteRequest)]
+    out = standby.handle(ViewChanged(frozenset({"a", "b"})), 10.0)  # membership declared 'c' dead
+    asked = [x for x in out if isinstance(x, SendVoteRequest)]
+    assert {r.to for r in asked} == {"a", "c"} and all(r.pre_vote for r in asked)
+    # the voter grants only when 'c' is gone from ITS view too
+    voter = ranked("a", ("c", "b"))
+    replies = [x for x in voter.handle(VoteRequested("b", "job", 1, True), 10.0) if isinstance(x, SendVoteReply)]
+    assert replies and not replies[0].granted
+    voter.handle(ViewChanged(frozenset({"a", "b"})), 10.0)
+    replies = [x for x in voter.handle(VoteRequested("b", "job", 1, True), 10.0) if isinstance(x, SendVoteReply)]
+    assert replies and replies[0].granted
+    standby.handle(VoteReplied("a", "job", 0, True, True), 10.01)
+    out = standby.handle(VoteReplied("a", "job", 1, True, False), 10.01)
+    assert standby.state is ElectionState.LEADER and BecameLeader("job", 1) in out  # 2 of 3
+
+
+def test_a_ranking_must_name_members_only() -> None:
+    with pytest.raises(ElectionError, match="ranking"):
+        Election("job", "a", ("a", "b"), CFG, random.Random(0), now=0.0, ranking=("a", "z"))
+    with pytest.raises(ElectionError, match="ranking"):
+        Election("job", "a", ("a", "b"), CFG, random.Random(0), now=0.0, ranking=())

@@ -1,0 +1,115 @@
+"""The job's standby: the plan member that can lead the job when its leader dies.
+
+A leader is the only device that holds the data set (it serves the batches) and it signs the checkpoints, so
+survivors without it have nothing to train on. Each plan therefore names a *standby* (``JobStart.standby``):
+after every committed checkpoint the leader sends it a :class:`protocol.job_wire.StandbySync` with the signed
+manifest and the names of the leader's own shards, and, once, the names of the data files. The standby copies
+them (``ShardRequest`` / ``DataRequest``), checks every shard against the manifest and the data against the
+spec's ``data.sha256``, and stores them where a leader keeps them. The job's election ranks the leader first
+and the standby second, so when membership declares the leader dead and a majority of the plan agrees, the
+standby wins the next term, gathers the other survivors' shards, re-slices and carries on
+(:meth:`arceusd.jobs.manager.JobManager._take_over`).
+
+This module owns the file side of that: which files a leader's data set consists of, where the standby keeps
+its copy and what its worker's data entry then says, the check of the copy, and the members' offers rebuilt
+from the plan the standby already verified. File work only; the manager runs it in a thread.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from arceusd.data.mnist import find_mnist_files
+from arceusd.jobs.planning import Offer
+
+DATA_FOLDER = "data"
+DATA_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+"""What a data file copied to the standby may be called: a plain file name, no path, no leading dot."""
+
+
+class StandbyError(ValueError):
+    """A standby sync names files it may not, or a data copy does not match the spec's digest."""
+
+
+def data_files(data: Mapping[str, Any]) -> list[Path]:
+    """The files of a resolved data entry (``{"kind": "text", "path"}`` or ``{"kind": "mnist", "dir", ...}``),
+    in the order a standby copies them: the text file; the MNIST images then labels."""
+    if data.get("kind") == "text":
+        return [Path(str(data["path"]))]
+    folder = Path(str(data["dir"]))
+    images, labels = data.get("images"), data.get("labels")
+    if not images or not labels:
+        found = find_mnist_files(folder)
+        return [found[0], found[1]]
+    return [folder / str(images), folder / str(labels)]
+
+
+def check_names(kind: str, names: Sequence[str]) -> None:
+    """Refuse data file names that are not plain names or whose count does not fit the data kind."""
+    want = 1 if kind == "text" else 2
+    if len(names) != want:
+        raise StandbyError(f"a {kind} data set is {want} file(s); the leader named {len(names)}")
+    for name in names:
+        if not DATA_NAME.match(name):
+            raise StandbyError(f"data file name {name!r} is not a plain file name")
+    if len(set(names)) != len(names):
+        raise StandbyError("the leader named the same data file twice")
+
+
+def copy_entry(job_dir: Path, data: Mapping[str, Any], names: Sequence[str]) -> dict[str, Any]:
+    """The data entry of the standby's copy: the spec's entry with its paths pointing into ``<job>/data``."""
+    folder = job_dir / DATA_FOLDER
+    out = dict(data)
+    if data.get("kind") == "text":
+        out["path"] = str(folder / names[0])
+    else:
+        out.update({"dir": str(folder), "images": names[0], "labels": names[1]})
+    return out
+
+
+def data_digest(data: Mapping[str, Any]) -> str:
+    """The content digest the spec's ``data.sha256`` states, computed from the files of ``data``."""
+    from arceusd.data.text import file_sha256
+    from arceusd.jobs.datafacts import mnist_facts
+
+    files = data_files(data)
+    if data.get("kind") == "text":
+        return file_sha256(files[0])
+    return mnist_facts(files[0].parent, files[0].name, files[1].name).sha256
+
+
+def check_copy(data: Mapping[str, Any], expected_sha256: str | None) -> None:
+    """Raise :class:`StandbyError` unless the copy's digest is the spec's."""
+    if not expected_sha256:
+        raise StandbyError("the spec states no data digest, so a copy cannot be checked")
+    try:
+        got = data_digest(data)
+    except (OSError, ValueError) as exc:
+        raise StandbyError(f"the data copy cannot be read: {exc}") from None
+    if got != expected_sha256:
+        raise StandbyError(f"the data copy's digest is {got}, the spec says {expected_sha256}: refused")
+
+
+def offers_from_inputs(inputs: Any, addresses: Mapping[str, str]) -> dict[str, Offer]:
+    """The members' offers as the verified plan inputs state them, for the peers we know an address of."""
+    return {
+        d.peer_id: Offer(d.peer_id, addresses[d.peer_id], d.flops_per_s, d.memory_bytes, d.kind)
+        for d in inputs.devices
+        if d.peer_id in addresses
+    }
+
+
+__all__ = [
+    "DATA_FOLDER",
+    "DATA_NAME",
+    "StandbyError",
+    "check_copy",
+    "check_names",
+    "copy_entry",
+    "data_digest",
+    "data_files",
+    "offers_from_inputs",
+]

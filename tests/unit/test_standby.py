@@ -1,0 +1,76 @@
+"""The standby's file side: which files make a data set, the checked copy's entry, refusing names and copies
+that do not match the spec, and the offers rebuilt from verified plan inputs."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from arceusd.jobs.datafacts import mnist_facts, text_facts
+from arceusd.jobs.standby import StandbyError, check_copy, check_names, copy_entry, data_files, offers_from_inputs
+from partitioner import DeviceProfile
+
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
+TEXT = SHARED / "tinyshakespeare" / "input.txt"
+
+
+def test_names_must_be_plain_and_fit_the_kind() -> None:
+    check_names("text", ["input.txt"])
+    check_names("mnist", ["images.gz", "labels.gz"])
+    for kind, names in [("text", ["../etc/passwd"]), ("text", [".hidden"]), ("text", ["a/b"]), ("text", []),
+                        ("mnist", ["one"]), ("mnist", ["same", "same"]), ("text", ["x" * 200])]:  # fmt: skip
+        with pytest.raises(StandbyError):
+            check_names(kind, names)
+
+
+def test_a_text_copy_is_checked_against_the_spec_digest(tmp_path: Path) -> None:
+    if not TEXT.is_file():
+        pytest.skip("the bundled Tiny Shakespeare is not there")
+    digest = text_facts(TEXT, 0.1).sha256
+    entry = {"kind": "text", "path": str(TEXT), "val_fraction": 0.1, "sha256": digest}
+    assert data_files(entry) == [TEXT]
+    copy = copy_entry(tmp_path, entry, ["input.txt"])
+    assert Path(copy["path"]) == tmp_path / "data" / "input.txt" and copy["val_fraction"] == 0.1
+    (tmp_path / "data").mkdir()
+    shutil.copy(TEXT, copy["path"])
+    check_copy(copy, digest)
+    with Path(copy["path"]).open("r+b") as fh:  # one flipped byte
+        fh.seek(100)
+        b = fh.read(1)
+        fh.seek(100)
+        fh.write(bytes([b[0] ^ 1]))
+    with pytest.raises(StandbyError, match="digest"):
+        check_copy(copy, digest)
+    with pytest.raises(StandbyError, match="no data digest"):
+        check_copy(copy, None)
+
+
+def test_an_mnist_copy_is_both_files_in_order(tmp_path: Path) -> None:
+    folder = SHARED / "mnist"
+    if not folder.is_dir():
+        pytest.skip("the bundled MNIST is not there")
+    facts = mnist_facts(folder, None, None)
+    entry = {"kind": "mnist", "dir": str(folder), "train_count": 10, "holdout_count": 10, "sha256": facts.sha256}
+    files = data_files(entry)
+    assert [f.name for f in files] == [facts.images, facts.labels]
+    copy = copy_entry(tmp_path, entry, [f.name for f in files])
+    (tmp_path / "data").mkdir()
+    for f in files:
+        shutil.copy(f, tmp_path / "data" / f.name)
+    check_copy(copy, facts.sha256)
+    assert copy["images"] == facts.images and copy["dir"] == str(tmp_path / "data")
+    shutil.copy(files[1], tmp_path / "data" / files[0].name)  # the labels where the images should be
+    with pytest.raises(StandbyError):
+        check_copy(copy, facts.sha256)
+
+
+def test_offers_come_from_the_verified_inputs_for_reachable_peers() -> None:
+    class Inputs:
+        devices = (DeviceProfile("a" * 32, 2e9, 4 << 30, "cpu"), DeviceProfile("b" * 32, 5e9, 8 << 30, "cuda"))
+
+    offers = offers_from_inputs(Inputs(), {"b" * 32: "10.0.0.2:7000"})
+    assert list(offers) == ["b" * 32]
+    o = offers["b" * 32]
+    assert (o.address, o.flops_per_s, o.memory_bytes, o.kind) == ("10.0.0.2:7000", 5e9, 8 << 30, "cuda")
