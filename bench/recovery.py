@@ -2,11 +2,13 @@
 
 Runs a 3-daemon local swarm (real daemons, workers, transport) per timing preset, trains an MLP on MNIST paced
 at about 20 steps/s, SIGKILLs the daemon that holds the middle pipeline stage, and reads the leader's recovery
-record. Prints, per preset: kill -> detected (membership), detected -> first step (replan, re-slice, restart
+record. With ``--victim leader`` it SIGKILLs the leader (the job's owner) instead, once the plan's standby holds
+the data and a committed checkpoint, and reads the record of the standby that the survivors elected. Prints, per
+preset: kill -> detected (membership), detected -> first step (replan, re-slice, restart
 workers), the total against the issue's target, the steps recomputed (at most the checkpoint interval), and the
 total as a ratio of this run's own cold start (submit -> first step), since absolute times drift on a shared box.
 
-    python bench/recovery.py [--quick] [--presets local lan]
+    python bench/recovery.py [--quick] [--presets local lan] [--victim middle|leader]
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ def poll(fn: Any, timeout: float, what: str, every: float = 0.02) -> Any:
     raise TimeoutError(f"timed out waiting for {what}")
 
 
-def one_run(root: Path, preset: str, kill_at: int) -> dict[str, float]:
+def one_run(root: Path, preset: str, kill_at: int, victim_role: str = "middle") -> dict[str, float]:
     spec = root / "job.toml"
     spec.write_text(SPEC.format(mnist=SHARED / "mnist", steps=kill_at + 8 * INTERVAL, interval=INTERVAL))
     swarm = LocalSwarm(root / "swarm", 3, ["--auto-join"], preset=preset,
@@ -75,18 +77,25 @@ def one_run(root: Path, preset: str, kill_at: int) -> dict[str, float]:
                               str(spec), "--members", "3"], capture_output=True, text=True, timeout=120)  # fmt: skip
         job_id = out.stdout.split()[2]
 
-        def job() -> dict[str, Any]:
-            result: dict[str, Any] = swarm.call(0, "job", {"job_id": job_id})
+        def job(i: int = 0) -> dict[str, Any]:
+            result: dict[str, Any] = swarm.call(i, "job", {"job_id": job_id})
             return result
 
         poll(lambda: job()["step"] >= 1, 180, "the first step")
         cold = time.time() - submitted
         first = poll(lambda: (j := job())["step"] >= kill_at and j["committed_step"] > 0 and j, 180, "steps")
-        victim = first["plan"]["stages"][1]["devices"][0]["peer_id"]
-        index = next(i for i in range(3) if swarm.call(i, "status")["peer_id"] == victim)
+        reader = 0
+        if victim_role == "leader":
+            index = 0
+            reader = next(i for i in range(3) if swarm.call(i, "status")["peer_id"] == first["standby"])
+            poll(lambda: (j := job(reader))["standby_ready"] and j["committed_step"] > 0, 60, "the standby's copy")
+        else:
+            victim = first["plan"]["stages"][1]["devices"][0]["peer_id"]
+            index = next(i for i in range(3) if swarm.call(i, "status")["peer_id"] == victim)
         killed = time.time()
         swarm.signal(index, signal.SIGKILL)
-        rec = poll(lambda: (r := job()["recoveries"]) and r[-1]["first_step_at"] and r[-1], 120, "the resumed step")
+        rec = poll(lambda: (r := job(reader)["recoveries"]) and r[-1]["first_step_at"] and r[-1], 120,
+                   "the resumed step")  # fmt: skip
         return {"cold_s": cold, "detect_s": rec["began_at"] - killed, "restart_s": rec["first_step_after_s"],
                 "total_s": rec["first_step_at"] - killed, "recomputed": rec["recomputed_steps"],
                 "lost_step": rec["lost_step"]}  # fmt: skip
@@ -98,16 +107,19 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="one run per preset (default: three)")
     parser.add_argument("--presets", nargs="+", default=["local", "lan"], choices=sorted(TARGET_S))
+    parser.add_argument("--victim", choices=["middle", "leader"], default="middle",
+                        help="whose daemon to SIGKILL: the middle stage's, or the leader's (the standby takes over)")
     args = parser.parse_args()
     runs = 1 if args.quick else 3
-    print(f"recovery after SIGKILL of the middle stage's daemon (3 daemons, MLP on MNIST, checkpoint every "
+    whose = "the middle stage's daemon" if args.victim == "middle" else "the leader's daemon (the owner)"
+    print(f"recovery after SIGKILL of {whose} (3 daemons, MLP on MNIST, checkpoint every "
           f"{INTERVAL} steps); {runs} run(s) per preset")  # fmt: skip
     ok = True
     for preset in args.presets:
         results = []
         for r in range(runs):
             with tempfile.TemporaryDirectory(prefix="arceus-recovery-") as tmp:
-                results.append(one_run(Path(tmp), preset, kill_at=30 + 7 * r))
+                results.append(one_run(Path(tmp), preset, kill_at=30 + 7 * r, victim_role=args.victim))
         for res in results:
             met = res["total_s"] <= TARGET_S[preset] and res["recomputed"] <= INTERVAL
             ok = ok and met
