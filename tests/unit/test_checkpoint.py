@@ -15,6 +15,7 @@ from arceusd.checkpoint import (
     committed_steps,
     load_latest,
     load_step,
+    parse_manifest,
     read_manifest,
     step_dir,
     write_shard,
@@ -56,6 +57,24 @@ def test_untrusted_or_forged_manifest_is_refused(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="invalid signature"):
         read_manifest(step_dir(tmp_path, 1), [leader.peer_id])
     assert load_latest([tmp_path], [leader.peer_id]) is None
+
+
+def test_manifest_bytes_from_the_network_are_checked_like_a_file(tmp_path: Path) -> None:
+    """What a standby receives (StandbySync.manifest) passes the same checks before it is stored."""
+    leader, stranger = Identity.generate(), Identity.generate()
+    _write_step(tmp_path, 3, leader)
+    data = (step_dir(tmp_path, 3) / "manifest.json").read_bytes()
+    manifest, signer = parse_manifest(data, [leader.peer_id], "the leader's manifest")
+    assert manifest.step == 3 and signer == leader.peer_id
+    with pytest.raises(CheckpointError, match="not a trusted member"):
+        parse_manifest(data, [stranger.peer_id])
+    envelope = json.loads(data)
+    envelope["manifest"]["shards"][0][1] = "0" * 64  # a different shard hash under the old signature
+    with pytest.raises(CheckpointError, match="invalid signature"):
+        parse_manifest(json.dumps(envelope).encode(), [leader.peer_id])
+    for junk in (b"", b"{", b"[]", b'{"manifest": {}}', data[:-20]):
+        with pytest.raises(CheckpointError, match="malformed"):
+            parse_manifest(junk, [leader.peer_id])
 
 
 def test_uncommitted_step_is_invisible_and_latest_wins(tmp_path: Path) -> None:
