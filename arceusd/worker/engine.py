@@ -3,9 +3,10 @@
 Per step (``run_step``): the first stage gets the batch's inputs, the last stage its targets (the job owner
 serves them; middle stages get neither). Both are split into micro-batches the same way (``microbatch.py``);
 each micro-batch's loss is ``loss_sum / targets.numel()`` so the accumulated gradient is the full-batch
-gradient. Then the action list from ``schedule.py`` runs; ``OptimizerStep`` clips globally (one
-``allreduce_scalar``, if ``max_grad_norm`` is set), steps the optimizer with the step's learning rate, and
-all-reduces the loss so every stage reports it (a second ``allreduce_scalar``).
+gradient. Then the action list from ``schedule.py`` runs; ``OptimizerStep`` all-reduces the squared gradient
+norm (if ``max_grad_norm`` is set) together with the loss in one ``allreduce_scalars`` exchange (so every
+stage reports the loss, and no stage waits for another's optimizer step), clips globally, and steps the
+optimizer with the step's learning rate.
 
 Blocking and single-threaded: a trio worker runs ``run_step`` in a thread (``trio.to_thread.run_sync``) and
 implements ``Links`` with ``trio.from_thread.run``. Tensor-parallel ranks of a stage run identical action
@@ -239,16 +240,25 @@ class StageEngine:
     def _optimizer_step(self, run: _StepState) -> StepResult:
         lr = self.config.lr_schedule(self.step) if self.config.lr_schedule else self.config.optimizer.lr
         grad_norm = None
+        report = run.loss_sum if (self.is_last and self.sends) else 0.0
         if self.config.max_grad_norm is not None:
+            losses: list[float] = []
+
+            def reduce_with_loss(sq_norm: float) -> float:  # one exchange for the norm and the loss
+                total_sq, loss_total = self.links.allreduce_scalars((sq_norm, report))
+                losses.append(loss_total)
+                return total_sq
+
             grad_norm = clip_grad_norm_global(
                 list(self.module.parameters()),
                 self.module.norm_parameters(),
                 self.config.max_grad_norm,
-                self.links.allreduce_scalar,
+                reduce_with_loss,
             )
+            (loss,) = losses
+        else:
+            (loss,) = self.links.allreduce_scalars((report,))
         self.optimizer.step(lr)
-        report = run.loss_sum if (self.is_last and self.sends) else 0.0
-        loss = self.links.allreduce_scalar(report)
         result = StepResult(step=self.step, loss=loss, grad_norm=grad_norm, lr=lr)
         self.step += 1
         return result

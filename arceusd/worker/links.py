@@ -8,8 +8,12 @@ so the event loop never runs torch). Contract:
 - Per direction, messages arrive in send order; a send may block only while an earlier message in the same
   direction is undelivered (buffer >= 1 per direction, see ``schedule.py``). ``recv_*(i)`` returns the tensor
   for micro-batch ``i`` of the current step; a mismatch is a protocol error.
-- ``allreduce_scalar(x)`` sums ``x`` over every worker of the job (all stages, all ranks); every worker calls
-  it the same number of times per step (gradient clipping, then the loss report).
+- ``allreduce_scalars(xs)`` sums each of ``xs`` over every worker of the job (all stages, all ranks) in one
+  exchange; every worker calls it the same number of times per step with the same number of values (the
+  engine: once, with the squared gradient norm and the loss report). ``allreduce_scalar(x)`` is the one-value
+  form.
+- Sends may be asynchronous: the caller must not modify a tensor after sending it. A failed send is raised
+  at a later link call of the same step at the latest.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ class Links(Protocol):
     def recv_grad(self, micro_batch: int) -> torch.Tensor: ...
 
     def allreduce_scalar(self, value: float) -> float: ...
+
+    def allreduce_scalars(self, values: Sequence[float]) -> list[float]: ...
 
 
 class LinkError(RuntimeError):
@@ -111,3 +117,6 @@ class InMemoryLinks:
 
     def allreduce_scalar(self, value: float) -> float:
         return self._scalar.all_reduce_scalar(value)
+
+    def allreduce_scalars(self, values: Sequence[float]) -> list[float]:
+        return [self._scalar.all_reduce_scalar(v) for v in values]

@@ -331,9 +331,9 @@ class Worker:
                 correct += float((out.argmax(dim=-1) == y).sum())
         module.train()
         report = self.is_last and self.rank == 0
-        total_loss = links.allreduce_scalar(loss_total if report else 0.0)
-        total_count = links.allreduce_scalar(count if report else 0.0)
-        total_correct = links.allreduce_scalar(correct if report else 0.0)
+        total_loss, total_count, total_correct = links.allreduce_scalars(
+            (loss_total, count, correct) if report else (0.0, 0.0, 0.0)
+        )
         is_mlp = not isinstance(self.spec.model, GPTConfig)
         return total_loss / max(total_count, 1.0), (total_correct / max(total_count, 1.0) if is_mlp else None)
 

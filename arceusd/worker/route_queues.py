@@ -19,7 +19,7 @@ loop even when the frame had arrived long before). Here neither waits on the eve
 
 Error handling: a failed send (stream broken, peer gone) records a ``LinkError`` naming the kind and the
 peer; ``post``, ``take`` and ``flush`` raise it on the compute thread at its next call, so no failure is
-swallowed: the engine's last link call of a step (``allreduce_scalar``) flushes. A route whose peer ended its
+swallowed: the engine's last link call of a step (``allreduce_scalars``) flushes. A route whose peer ended its
 stream raises ``LinkError`` from ``take`` once its inbox is empty; waiting longer than ``timeout_s`` (for a
 frame or for room) raises ``LinkError``; after ``close`` every call raises ``LinkError``.
 """

@@ -6,7 +6,7 @@ loop: a send queues its frame on the route's ordered, bounded outbox and returns
 stream sends them in order), a receive pops the route's inbox, which the stream handlers fill
 (``route_queues.py``). So torch never runs on the event loop, the event loop never waits on torch, and the
 sealing (AES-GMAC) and gRPC writes of one micro-batch overlap the compute of the next. A failed send is
-raised on the compute thread at its next link call, and at the latest by ``allreduce_scalar`` (which flushes
+raised on the compute thread at its next link call, and at the latest by ``allreduce_scalars`` (which flushes
 the outboxes; it is the engine's last call of every step).
 
 Streams: one authenticated transport stream per (kind, sender, receiver), opened by the *sender* with
@@ -18,8 +18,9 @@ refused and counted in ``refused``. Kinds:
 - ``act``: stage s rank 0 -> every rank of stage s + 1; ``grad``: stage s rank 0 -> every rank of stage s - 1
   (the engine's contract: only tensor-parallel rank 0 sends; inboxes buffer without bound, so a send never
   waits for the receiver's compute);
-- ``sum`` / ``sumres``: ``allreduce_scalar`` is a star over worker 0 (stage 0 rank 0), which adds the values
-  in global worker order (stage, then rank) and sends the sum back, so every worker gets the same float;
+- ``sum`` / ``sumres``: ``allreduce_scalars`` is a star over worker 0 (stage 0 rank 0), which adds each value
+  in global worker order (stage, then rank) and sends the sums back, so every worker gets the same floats;
+  header ``(round u64, k x f64)`` (k = 1 is the one-scalar frame of earlier versions, byte for byte);
 - ``tp`` / ``tpres``: a tensor-parallel group's ``all_reduce_sum``, a star over the group's rank 0 adding in
   rank order (bit-identical results on every rank, like the in-memory collective);
 - ``data``: the owner's batch service (``datafeed.py``), handed to ``data_handler``.
@@ -36,7 +37,7 @@ from __future__ import annotations
 import contextlib
 import struct
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Protocol
 
 import torch
@@ -54,7 +55,6 @@ PHASE_EVAL = 1
 
 _PIPE = struct.Struct(">BQI")  # phase, step, micro-batch
 _SEQ = struct.Struct(">Q")  # collective call sequence number
-_SCALAR = struct.Struct(">Qd")  # sequence number, value
 
 PIPE_KINDS = ("act", "grad")
 KINDS = ("act", "grad", "sum", "sumres", "tp", "tpres")
@@ -275,38 +275,47 @@ class WireFabric:
         self.queues.flush()
 
     def allreduce_scalar(self, value: float) -> float:
-        """Sum ``value`` over every worker (a star over worker 0). Also flushes this worker's queued sends
-        before returning, so a failed send of the step is raised here at the latest (the engine's last link
-        call of a step is this one)."""
+        return self.allreduce_scalars((value,))[0]
+
+    def allreduce_scalars(self, values: Sequence[float]) -> list[float]:
+        """Sum each of ``values`` over every worker (a star over worker 0, which adds in global worker order);
+        every worker passes the same number of values. Also flushes this worker's queued sends before
+        returning, so a failed send of the step is raised here at the latest (the engine's last link call of
+        a step is this one)."""
         seq = self._sum_seq
         self._sum_seq += 1
+        n = len(values)
+        if n < 1:
+            raise LinkError("allreduce_scalars needs at least one value")
         if len(self.workers) == 1:
             self.flush()
-            return float(value)
+            return [float(v) for v in values]
+        size = _SEQ.size + 8 * n
         if not self.is_root:
-            self._post("sum", [self.root], _SCALAR.pack(seq, float(value)), b"")
+            self._post("sum", [self.root], _SEQ.pack(seq) + struct.pack(f">{n}d", *values), b"")
             header, _ = self.queues.take(("sumres", self.root))
-            if len(header) != _SCALAR.size:
-                raise LinkError(f"scalar all-reduce {seq}: worker 0 sent a {len(header)}-byte answer")
-            got, total = _SCALAR.unpack(header)
+            if len(header) != size:
+                raise LinkError(f"scalar all-reduce {seq}: worker 0 sent {len(header)} bytes, not {size}")
+            (got,) = _SEQ.unpack_from(header)
             if got != seq:
                 raise LinkError(f"scalar all-reduce {seq}: worker 0 answered round {got}")
             self.flush()
-            return float(total)
-        values = [float(value)]
+            return list(struct.unpack_from(f">{n}d", header, _SEQ.size))
+        columns: list[list[float]] = [[float(v)] for v in values]
         others = [p for _, _, p in self.workers if p != self.root]
         for peer in others:
             header, _ = self.queues.take(("sum", peer))
-            if len(header) != _SCALAR.size:
-                raise LinkError(f"scalar all-reduce {seq}: peer {peer} sent a {len(header)}-byte value")
-            got, v = _SCALAR.unpack(header)
+            if len(header) != size:
+                raise LinkError(f"scalar all-reduce {seq}: peer {peer} sent {len(header)} bytes, not {size}")
+            (got,) = _SEQ.unpack_from(header)
             if got != seq:
                 raise LinkError(f"scalar all-reduce {seq}: peer {peer} sent round {got}")
-            values.append(v)
-        total = float(sum(values))
-        self._post("sumres", others, _SCALAR.pack(seq, total), b"")
+            for column, v in zip(columns, struct.unpack_from(f">{n}d", header, _SEQ.size), strict=True):
+                column.append(v)
+        totals = [float(sum(column)) for column in columns]
+        self._post("sumres", others, _SEQ.pack(seq) + struct.pack(f">{n}d", *totals), b"")
         self.flush()
-        return total
+        return totals
 
     def all_reduce_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
         seq = self._tp_seq
@@ -357,6 +366,9 @@ class WireLinks:
 
     def allreduce_scalar(self, value: float) -> float:
         return self._fabric.allreduce_scalar(value)
+
+    def allreduce_scalars(self, values: Sequence[float]) -> list[float]:
+        return self._fabric.allreduce_scalars(values)
 
 
 class WireCollective:

@@ -404,3 +404,23 @@ def test_closing_the_fabric_releases_a_waiting_compute_thread() -> None:
         return outcome[0]
 
     assert "closed" in trio.run(partial(with_fabrics, [(0, 1, None), (1, 3, None)], body, timeout=60.0))
+
+
+def test_allreduce_scalars_sums_each_value_in_worker_order_on_every_worker() -> None:
+    contributions = [[0.1, 1e16, -3.0], [0.2, 1.0, 4.5], [0.3, -1e16, 0.25]]
+
+    async def body(fabrics: list[WireFabric]) -> list[list[float]]:
+        results: dict[int, list[float]] = {}
+
+        def work(i: int) -> None:
+            results[i] = fabrics[i].links().allreduce_scalars(contributions[i])
+
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                for i in range(len(fabrics)):
+                    nursery.start_soon(trio.to_thread.run_sync, work, i)
+        return [results[i] for i in range(len(fabrics))]
+
+    results = trio.run(with_fabrics, [(0, 1, None), (1, 2, None), (2, 3, None)], body)
+    want = [float(sum(c[k] for c in contributions)) for k in range(3)]  # the order matters for 1e16 + 1.0
+    assert results == [want, want, want]
