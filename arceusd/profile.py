@@ -9,12 +9,13 @@ and the cost of one message (a burst of small echoes in flight at once).
 
 Calibration, all measured on the device with the model's own blocks (``arceusd.models``) and the worker's own
 optimizers (``arceusd.worker.optim``), so nothing in it is a constant fitted to one machine:
-- dispatch: forward + backward of each block kind of a *tiny* model of the job's family (negligible FLOPs),
-  per block: the fixed Python/autograd cost every block pays per micro-batch;
-- block efficiency: forward + backward of each block kind of the job's model at its micro-batch size (the
-  last block through the loss, as the worker runs it), weighted by how often the model has it; the FLOPs the
-  cost model counts for them over (time - dispatch), as a fraction of the matmul benchmark's FLOP/s;
-- optimizer: one AdamW and one SGD step over those blocks' parameters, per parameter.
+- dispatch: forward + backward of a chain of blocks of a *tiny* model of the job's family (negligible
+  FLOPs), per block: the fixed Python/autograd cost every block pays per micro-batch;
+- block efficiency: forward + backward of the same chain of the job's model (embedding, a few transformer
+  blocks, head, through the loss: a stage as the worker runs it; ``chain_blocks``) at its micro-batch size;
+  the FLOPs the cost model counts for them over (time - dispatch), as a fraction of the matmul benchmark's
+  FLOP/s;
+- optimizer: one AdamW and one SGD step over the chain's parameters, per parameter.
 Without a job (the daemon's probe) a reference model (:data:`REFERENCE_MODEL`) stands in for it.
 
 This module reads clocks and imports torch; the planner itself does neither. Torch is imported lazily so the
@@ -186,64 +187,54 @@ def measure_device(
     return DeviceMeasurement(kind, flops, memory, torch.get_num_threads(), name, now())
 
 
-def _tiny_like(model: ModelConfig) -> ModelConfig:
-    """A model of the same family with negligible FLOPs: what is left of a block's time is dispatch."""
-    if isinstance(model, GPTConfig):
-        return GPTConfig(n_layer=1, n_head=1, n_embd=4, block_size=2, vocab_size=4)
-    return MLPConfig(tuple(4 for _ in model.layer_sizes))
+MAX_CHAIN_LAYERS = 4
+"""At most this many transformer blocks (MLP: 4 x as many layers) in the calibration's chain."""
 
 
-def block_kinds(model: ModelConfig) -> list[tuple[int, int]]:
-    """(block index, how many blocks of the model are like it): a GPT's embedding, one transformer block
-    (n_layer of them) and head; every layer of an MLP (at most 16, the rest like the widest measured)."""
+def chain_blocks(model: ModelConfig) -> tuple[int, ...]:
+    """The block indices the calibration runs as one stage would: a GPT's embedding, its first
+    ``MAX_CHAIN_LAYERS`` transformer blocks and its head; an MLP's first ``4 x MAX_CHAIN_LAYERS`` layers.
+    Several distinct blocks in a row, not one block over and over: a stage's weights do not all stay in cache
+    between its blocks, and the calibration should pay for that as the stage does."""
     from arceusd.models.build import num_blocks
 
     n = num_blocks(model)
     if isinstance(model, GPTConfig):
-        return [(0, 1), (1, model.n_layer), (n - 1, 1)]
-    return [(i, 1) for i in range(min(n, 16))]
+        return (0, *range(1, 1 + min(model.n_layer, MAX_CHAIN_LAYERS)), n - 1)
+    return tuple(range(min(n, 4 * MAX_CHAIN_LAYERS)))
 
 
-def _block_input(model: ModelConfig, index: int, micro_batch: int, device: str,
-                 gen: torch.Generator) -> torch.Tensor:  # fmt: skip
+def _tiny_like(model: ModelConfig) -> ModelConfig:
+    """A model of the same family and chain length with negligible FLOPs: what is left is dispatch."""
+    if isinstance(model, GPTConfig):
+        return GPTConfig(n_layer=min(model.n_layer, MAX_CHAIN_LAYERS), n_head=1, n_embd=4, block_size=2,
+                         vocab_size=4)  # fmt: skip
+    return MLPConfig(tuple(4 for _ in model.layer_sizes))
+
+
+def _chain_input(model: ModelConfig, micro_batch: int, device: str, gen: torch.Generator) -> torch.Tensor:
     import torch
 
     if isinstance(model, GPTConfig):
-        if index == 0:
-            return torch.randint(0, model.vocab_size, (micro_batch, model.block_size), generator=gen).to(device)
-        x = torch.randn(micro_batch, model.block_size, model.n_embd, generator=gen)
-    else:
-        x = torch.randn(micro_batch, model.layer_sizes[index], generator=gen)
-    return x.to(device).requires_grad_()  # a received activation: its gradient is sent back
+        return torch.randint(0, model.vocab_size, (micro_batch, model.block_size), generator=gen).to(device)
+    return torch.randn(micro_batch, model.layer_sizes[0], generator=gen).to(device)
 
 
-def _time_blocks(model: ModelConfig, kind: str, micro_batch: int, repeats: int, pick: Callable[[list[float]], float],
-                 clock: Callable[[], float]) -> tuple[list[float], list[torch.nn.Parameter]]:  # fmt: skip
-    """Per block kind of ``model``: seconds of one forward + backward at ``micro_batch`` samples (the last
-    block through the loss, the others from a gradient of their output's shape), picked over ``repeats``;
-    and the parameters of the blocks measured (their gradients set)."""
-    import torch
-
-    gen = torch.Generator().manual_seed(0)
-    seconds: list[float] = []
-    params: list[torch.nn.Parameter] = []
-    for index, _count in block_kinds(model):
-        samples, module_params = _time_block(model, index, kind, micro_batch, repeats, gen, clock)
-        seconds.append(pick(samples))
-        params += module_params
-    return seconds, params
-
-
-def _time_block(model: ModelConfig, index: int, kind: str, micro_batch: int, repeats: int, gen: torch.Generator,
+def _time_chain(model: ModelConfig, kind: str, micro_batch: int, repeats: int,
                 clock: Callable[[], float]) -> tuple[list[float], list[torch.nn.Parameter]]:  # fmt: skip
+    """Seconds of one forward + backward of ``chain_blocks(model)`` at ``micro_batch`` samples, as a stage
+    runs it (through the loss when the chain ends with the model's last block, else from a gradient of the
+    output's shape), once per repeat after a warm-up; and the chain's parameters (their gradients set)."""
     import torch
 
     from arceusd.models.build import build_block, loss_sum, num_blocks
 
-    module = build_block(model, index, seed=0).to(kind)
-    x = _block_input(model, index, micro_batch, kind, gen)
+    gen = torch.Generator().manual_seed(0)
+    indices = chain_blocks(model)
+    chain = torch.nn.Sequential(*(build_block(model, i, seed=0) for i in indices)).to(kind)
+    x = _chain_input(model, micro_batch, kind, gen)
     targets: torch.Tensor | None = None
-    if index == num_blocks(model) - 1:
+    if indices[-1] == num_blocks(model) - 1:
         n_out = model.vocab_size if isinstance(model, GPTConfig) else model.layer_sizes[-1]
         shape = (micro_batch, model.block_size) if isinstance(model, GPTConfig) else (micro_batch,)
         targets = torch.randint(0, n_out, shape, generator=gen).to(kind)
@@ -251,10 +242,9 @@ def _time_block(model: ModelConfig, index: int, kind: str, micro_batch: int, rep
 
     def one() -> None:
         nonlocal grad
-        for p in module.parameters():
+        for p in chain.parameters():
             p.grad = None
-        x.grad = None
-        y = module(x)
+        y = chain(x)
         if targets is not None:
             torch.autograd.backward(loss_sum(y, targets))
             return
@@ -270,7 +260,7 @@ def _time_block(model: ModelConfig, index: int, kind: str, micro_batch: int, rep
         one()
         _sync(kind)
         samples.append(clock() - start)
-    return samples, list(module.parameters())
+    return samples, list(chain.parameters())
 
 
 def _optimizer_s_per_param(
@@ -324,34 +314,31 @@ def measure_calibration(
         raise ValueError(f"stat must be one of {sorted(picks)}, got {stat!r}")
     pick = picks[stat]
     with torch.enable_grad():
-        tiny, _ = _time_blocks(_tiny_like(model), kind, 1, repeats, pick, clock)
-        real, params = _time_blocks(model, kind, micro_batch, repeats, pick, clock)
+        tiny, _ = _time_chain(_tiny_like(model), kind, 1, repeats, clock)
+        real, params = _time_chain(model, kind, micro_batch, repeats, clock)
         adamw, sgd = _optimizer_s_per_param(params, kind, repeats, pick, clock)
-    return calibration_from_timings(model, micro_batch, flops_per_s, tiny, real, adamw, sgd)
+    return calibration_from_timings(model, micro_batch, flops_per_s, pick(tiny), pick(real), adamw, sgd)
 
 
-def calibration_from_timings(model: ModelConfig, micro_batch: int, flops_per_s: float, tiny_s: Sequence[float],
-                             real_s: Sequence[float], adamw_s_per_param: float,
+def calibration_from_timings(model: ModelConfig, micro_batch: int, flops_per_s: float, tiny_s: float,
+                             real_s: float, adamw_s_per_param: float,
                              sgd_s_per_param: float) -> Calibration:  # fmt: skip
-    """The calibration from timed blocks, one figure per block kind of ``model`` (``block_kinds``):
-    ``tiny_s`` of the tiny model of its family (dispatch), ``real_s`` of the model itself at ``micro_batch``.
+    """The calibration from a timed forward + backward of ``chain_blocks(model)``: ``tiny_s`` for the tiny
+    model of its family (dispatch), ``real_s`` for the model itself at ``micro_batch`` samples.
 
     Fits the cost model's compute term, (FLOPs x micro_batch) / (flops_per_s x efficiency) + dispatch per
-    block, to the model's blocks weighted as the model has them. Pure (tested with made-up timings)."""
+    block, to the chain. Pure (tested with made-up timings)."""
     from arceusd.models.costs import block_costs
 
-    kinds = block_kinds(model)
-    if len(tiny_s) != len(kinds) or len(real_s) != len(kinds):
-        raise ValueError(f"need one timing per block kind ({len(kinds)}), got {len(tiny_s)} and {len(real_s)}")
-    counts = [c for _, c in kinds]
-    blocks = sum(counts)
-    dispatch = sum(t * c for t, c in zip(tiny_s, counts, strict=True)) / blocks
+    if not (tiny_s >= 0 and real_s >= 0):
+        raise ValueError(f"timings must be >= 0, got {tiny_s} and {real_s}")
+    indices = chain_blocks(model)
+    dispatch = tiny_s / len(indices)
     costs = block_costs(model)
-    flops = sum((costs[i].forward_flops_per_sample + costs[i].backward_flops_per_sample) * micro_batch * c
-                for i, c in kinds)  # fmt: skip
-    busy = sum(t * c for t, c in zip(real_s, counts, strict=True)) - blocks * dispatch
+    flops = sum(costs[i].forward_flops_per_sample + costs[i].backward_flops_per_sample for i in indices)
+    busy = real_s - len(indices) * dispatch
     # compute hidden under dispatch (a model of tiny blocks): no efficiency can be read from it
-    efficiency = flops / (busy * flops_per_s) if busy > 0.1 * blocks * dispatch and busy > 0 else 1.0
+    efficiency = flops * micro_batch / (busy * flops_per_s) if busy > 0.1 * tiny_s and busy > 0 else 1.0
     efficiency = min(max(efficiency, 1e-3), MAX_BLOCK_EFFICIENCY)
     return Calibration(efficiency, dispatch, adamw_s_per_param, sgd_s_per_param, model_label(model, micro_batch))
 

@@ -67,6 +67,8 @@ TARGET = 0.25
 # A small GPT on tiny Shakespeare: ~1 s steps on one core, so a dozen steps fit the --quick budget.
 MODEL = {"n_layer": 4, "n_head": 4, "n_embd": 192, "block": 64}
 BATCH, MICRO = 16, 4
+PROFILE_WINDOW_S = 10.0
+"""How long every device's profiling child measures when they measure together (see ``profile_child``)."""
 
 
 # ---------------------------------------------------------------------------------------------- pure logic
@@ -227,7 +229,7 @@ def _run_child(args: list[str], prefix: Sequence[str] = (), threads: int = 1, ti
     return json.loads(lines[-1])
 
 
-def profile_child(threads: int, stat: str, at: float) -> None:
+def profile_child(threads: int, stat: str, at: float, window_s: float = PROFILE_WINDOW_S) -> None:
     """Print this device's measurement (JSON) with torch pinned to ``threads`` threads, as a worker is,
     calibrated on the job's model at the planned micro-batch size."""
     from arceusd.profile import measure_calibration, measure_device
@@ -236,16 +238,29 @@ def profile_child(threads: int, stat: str, at: float) -> None:
     pin_threads(threads)
     measure_device("cpu", size=64, repeats=1)  # import-time and first-call costs before the common start
     model = _spec(1).model
+    micro_batch = BATCH // MICRO
     _wait_until(at)
-    # the daemon measures once; alone, here the best of 5 calls, so a momentary spike of other load on a shared
-    # box does not misstate the device (one call once read 11 GFLOP/s for a 90 GFLOP/s core); together with
-    # the other devices' children, the median of 15 (what the device gets while the others work)
-    found = sorted((measure_device("cpu") for _ in range(5 if stat == "min" else 15)), key=lambda d: d.flops_per_s)
-    m = found[-1] if stat == "min" else found[len(found) // 2]
-    # the calibration under the same conditions: alone the least disturbed repetition, together the median
-    cal = measure_calibration("cpu", m.flops_per_s, model, BATCH // MICRO, repeats=5 if stat == "min" else 9,
-                              stat=stat)  # fmt: skip
-    print(json.dumps(dataclasses.asdict(m.with_calibration(cal))))
+    if stat == "min":
+        # alone, as a daemon measures (once; here the best of 5 calls, so a momentary spike of other load on
+        # a shared box does not misstate the device: one call once read 11 GFLOP/s for a 90 GFLOP/s core),
+        # then the calibration's least disturbed repetitions against that figure
+        m = max((measure_device("cpu") for _ in range(5)), key=lambda d: d.flops_per_s)
+        cal = measure_calibration("cpu", m.flops_per_s, model, micro_batch, repeats=5, stat="min")
+        print(json.dumps(dataclasses.asdict(m.with_calibration(cal))))
+        return
+    # together with the other devices' children: what the device gets while the others work. Every child
+    # measures in rounds (benchmark, then calibration against it) until the same deadline, so all of them
+    # are busy for the whole window (a fixed count would let a faster child finish early and the others
+    # measure alone); then the median of the rounds.
+    rounds: list[Any] = []
+    deadline = at + window_s
+    while len(rounds) < 3 or (time.time() < deadline and len(rounds) < 100):
+        m = measure_device("cpu")
+        rounds.append(m.with_calibration(measure_calibration("cpu", m.flops_per_s, model, micro_batch, repeats=3,
+                                                             stat="median")))  # fmt: skip
+    fields = ("flops_per_s", "block_efficiency", "dispatch_s", "adamw_s_per_param", "sgd_s_per_param")
+    out = dataclasses.replace(rounds[0], **{f: statistics.median(getattr(r, f) for r in rounds) for f in fields})
+    print(json.dumps(dataclasses.asdict(out)))
 
 
 def link_child() -> None:

@@ -18,8 +18,8 @@ from arceusd.profile import (
     Calibration,
     DeviceMeasurement,
     best_measurement,
-    block_kinds,
     calibration_from_timings,
+    chain_blocks,
     cpu_free_memory,
     load_or_measure,
     measure_calibration,
@@ -116,31 +116,30 @@ def test_measure_link_rejects_a_corrupting_echo() -> None:
 SMALL_GPT = GPTConfig(n_layer=3, n_head=2, n_embd=32, block_size=16, vocab_size=65)
 
 
-@pytest.mark.parametrize("model", [SMALL_GPT, MLPConfig((784, 64, 10))])
+@pytest.mark.parametrize("model", [SMALL_GPT, MLPConfig((784, 64, 10)), GPTConfig(9, 2, 32, 16, 65)])
 def test_calibration_reads_back_the_efficiency_and_dispatch_that_made_the_timings(model: GPTConfig | MLPConfig) -> None:
-    """Timings made from a known efficiency and dispatch (the cost model's compute term) give them back."""
+    """A chain timing made from a known efficiency and dispatch (the cost model's compute term) gives them
+    back."""
     speed, eff, dispatch, b = 5e10, 0.6, 2e-4, 4
     costs = block_costs(model)
-    kinds = block_kinds(model)
-    real = [(costs[i].forward_flops_per_sample + costs[i].backward_flops_per_sample) * b / (speed * eff) + dispatch
-            for i, _ in kinds]  # fmt: skip
-    got = calibration_from_timings(model, b, speed, [dispatch] * len(kinds), real, 3e-9, 1e-9)
+    chain = chain_blocks(model)
+    flops = sum(costs[i].forward_flops_per_sample + costs[i].backward_flops_per_sample for i in chain)
+    real = flops * b / (speed * eff) + dispatch * len(chain)
+    got = calibration_from_timings(model, b, speed, dispatch * len(chain), real, 3e-9, 1e-9)
     assert got.block_efficiency == pytest.approx(eff, rel=1e-9)
     assert got.dispatch_s == pytest.approx(dispatch, rel=1e-9)
     assert (got.adamw_s_per_param, got.sgd_s_per_param) == (3e-9, 1e-9)
-    assert str(b) in got.model
-    # the transformer block counts n_layer times: scaling only its timing moves the efficiency the most
-    if isinstance(model, GPTConfig):
-        slower = [t * (2 if i == 1 else 1) for (i, _), t in zip(kinds, real, strict=True)]
-        assert calibration_from_timings(model, b, speed, [dispatch] * 3, slower, 0, 0).block_efficiency < eff * 0.6
-    with pytest.raises(ValueError, match="one timing per block kind"):
-        calibration_from_timings(model, b, speed, [dispatch], real, 0, 0)
+    assert f"micro_batch={b}" in got.model
+    slower = calibration_from_timings(model, b, speed, dispatch * len(chain), 2 * real, 0, 0)
+    assert slower.block_efficiency < eff / 2
+    with pytest.raises(ValueError, match="timings"):
+        calibration_from_timings(model, b, speed, -1.0, real, 0, 0)
 
 
 def test_calibration_without_readable_compute_stays_uncalibrated() -> None:
-    kinds = block_kinds(SMALL_GPT)
-    got = calibration_from_timings(SMALL_GPT, 4, 5e10, [1e-3] * len(kinds), [1e-3] * len(kinds), 0, 0)
-    assert got.block_efficiency == 1.0 and got.dispatch_s == pytest.approx(1e-3)
+    got = calibration_from_timings(SMALL_GPT, 4, 5e10, 1e-3, 1e-3, 0, 0)
+    assert got.block_efficiency == 1.0
+    assert got.dispatch_s == pytest.approx(1e-3 / len(chain_blocks(SMALL_GPT)))
 
 
 def test_measured_calibration_on_this_cpu_is_plausible() -> None:
@@ -155,8 +154,10 @@ def test_measured_calibration_on_this_cpu_is_plausible() -> None:
         measure_calibration("cpu", 0.0, SMALL_GPT)
 
 
-def test_reference_model_is_a_gpt_with_every_block_kind() -> None:
-    assert [i for i, _ in block_kinds(REFERENCE_MODEL)] == [0, 1, REFERENCE_MODEL.n_layer + 1]
+def test_the_chain_is_a_stage_of_every_block_kind_in_model_order() -> None:
+    assert chain_blocks(REFERENCE_MODEL) == (0, 1, 2, 3, 4, REFERENCE_MODEL.n_layer + 1)
+    assert chain_blocks(GPTConfig(12, 2, 32, 16, 65)) == (0, 1, 2, 3, 4, 13)  # capped, head kept
+    assert chain_blocks(MLPConfig((784, 64, 10))) == (0, 1)
 
 
 def test_profile_carries_its_calibration_to_the_planner() -> None:
