@@ -67,8 +67,9 @@ TARGET = 0.25
 # A small GPT on tiny Shakespeare: ~1 s steps on one core, so a dozen steps fit the --quick budget.
 MODEL = {"n_layer": 4, "n_head": 4, "n_embd": 192, "block": 64}
 BATCH, MICRO = 16, 4
-PROFILE_WINDOW_S = 10.0
-"""How long every device's profiling child measures when they measure together (see ``profile_child``)."""
+MATMUL_WINDOW_S, PROFILE_WINDOW_S = 3.0, 10.0
+"""When devices profile together, every child runs the matmul benchmark until this many seconds after the
+common start, then calibration rounds until the second (see ``profile_child``)."""
 
 
 # ---------------------------------------------------------------------------------------------- pure logic
@@ -248,19 +249,24 @@ def profile_child(threads: int, stat: str, at: float, window_s: float = PROFILE_
         cal = measure_calibration("cpu", m.flops_per_s, model, micro_batch, repeats=5, stat="min")
         print(json.dumps(dataclasses.asdict(m.with_calibration(cal))))
         return
-    # together with the other devices' children: what the device gets while the others work. Every child
-    # measures in rounds (benchmark, then calibration against it) until the same deadline, so all of them
-    # are busy for the whole window (a fixed count would let a faster child finish early and the others
-    # measure alone); then the median of the rounds.
-    rounds: list[Any] = []
-    deadline = at + window_s
-    while len(rounds) < 3 or (time.time() < deadline and len(rounds) < 100):
+    # together with the other devices' children: what the device gets while the others work. Every child runs
+    # the same two phases on the same clock, the benchmark until at + MATMUL_WINDOW_S, then calibration rounds
+    # (against the benchmark's median) until at + PROFILE_WINDOW_S, so each is measured while the others do
+    # the same kind of work (a fixed count would let a faster child finish early and the others measure alone;
+    # a 2-thread device's blocks run 2.8x slower beside another device's blocks than alone, its matmul 1.6x);
+    # then the medians.
+    flops: list[float] = []
+    m = measure_device("cpu")
+    while len(flops) < 3 or (time.time() < at + MATMUL_WINDOW_S and len(flops) < 200):
         m = measure_device("cpu")
-        rounds.append(m.with_calibration(measure_calibration("cpu", m.flops_per_s, model, micro_batch, repeats=3,
-                                                             stat="median")))  # fmt: skip
-    fields = ("flops_per_s", "block_efficiency", "dispatch_s", "adamw_s_per_param", "sgd_s_per_param")
-    out = dataclasses.replace(rounds[0], **{f: statistics.median(getattr(r, f) for r in rounds) for f in fields})
-    print(json.dumps(dataclasses.asdict(out)))
+        flops.append(m.flops_per_s)
+    m = dataclasses.replace(m, flops_per_s=statistics.median(flops))
+    rounds: list[Any] = []
+    while len(rounds) < 3 or (time.time() < at + window_s and len(rounds) < 100):
+        rounds.append(measure_calibration("cpu", m.flops_per_s, model, micro_batch, repeats=3, stat="median"))
+    fields = ("block_efficiency", "dispatch_s", "adamw_s_per_param", "sgd_s_per_param")
+    cal = dataclasses.replace(rounds[0], **{f: statistics.median(getattr(r, f) for r in rounds) for f in fields})
+    print(json.dumps(dataclasses.asdict(m.with_calibration(cal))))
 
 
 def link_child() -> None:
