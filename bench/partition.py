@@ -9,7 +9,10 @@ exhaustive search on small instances.
     python bench/partition.py [--quick] [--seed N] [--measured]
 
 ``--measured`` also compares predicted with measured step time of real stage workers
-(``bench/partition_measured.py``).
+(``bench/partition_measured.py``): devices profiled with the calibration the cost model charges (block
+efficiency, dispatch per block, optimizer per parameter, cost per message; ``arceusd.profile``). The
+synthetic clusters here are uncalibrated (efficiency 1, no fixed costs); ``tests/unit`` checks the DP
+against exhaustive search with calibration too.
 """
 
 from __future__ import annotations
