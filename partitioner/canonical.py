@@ -117,6 +117,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         "bubble_fraction": plan.bubble_fraction,
         "memory_bytes": [[p, b] for p, b in plan.memory_bytes],
         "stages": [_stage_to_dict(s) for s in plan.stages],
+        **({"sync_s": plan.sync_s} if plan.sync_s != 0.0 else {}),
     }
 
 
@@ -163,6 +164,7 @@ def plan_from_dict(d: dict[str, Any]) -> Plan:
         memory_bytes=tuple((str(p), int(b)) for p, b in d["memory_bytes"]),
         inputs_hash=str(d["inputs_hash"]),
         format_version=int(d["format_version"]),
+        sync_s=float(d.get("sync_s", 0.0)),
     )
 
 

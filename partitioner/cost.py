@@ -17,12 +17,16 @@ where f_i(j) is member i's share of block j (its heads and MLP columns, averaged
 Stage time t_s = compute + allreduce + transfer; the stage's optimizer time u_s = max over members i of
 (parameters it holds) * o_i (parameters = param bytes / compute bytes per element).
 
-Step time = (m - 1) * max_s t_s + sum_s t_s + max_s u_s. The first two terms are the pipeline as the worker
-runs it (``arceusd/worker/schedule.py``): the first micro-batch passes through every stage once (fill and
-drain), after which the bottleneck stage paces it; for GPipe this is the exact makespan of the forward and
-backward passes when one stage is the bottleneck of both (backward = 2 x forward per block, so it is), and
-1F1B has the same fill, drain and steady rate. The last term: every schedule ends with one ``OptimizerStep``,
-a barrier (the global gradient-norm all-reduce) after which all stages step their optimizers at once.
+Step time = (m - 1) * max_s t_s + sum_s t_s + max_s u_s + sync. The first two terms are the pipeline as the
+worker runs it (``arceusd/worker/schedule.py``): the first micro-batch passes through every stage once (fill
+and drain), after which the bottleneck stage paces it; for GPipe this is the exact makespan of the forward and
+backward passes when one stage is the bottleneck of both (backward = 2 x forward per block, so it is); for
+1F1B it is an upper bound (1F1B overlaps a stage's fill with later stages' work; simulated, it is never
+slower and at most ~20 % faster on uneven stages). Then every schedule ends with one ``OptimizerStep``: a
+scalar all-reduce (the global gradient norm, a barrier), every stage's optimizer step at once (the slowest
+counts), and a second scalar all-reduce (the loss). Each all-reduce is a star over the first stage's head
+(the worker's ``allreduce_scalar``): sync = 2 x the worst round trip from a worker to it and back (rtt/2 +
+message cost each way); none with a single worker.
 
 Memory (hard) per member: f_i * (2 * params + optimizer) [weights + gradients + optimizer state] plus
 f_i * stash * b * (in-flight micro-batches): GPipe keeps all m, 1F1B keeps min(S - s, m) on stage s. GPipe is
@@ -221,6 +225,19 @@ class CostModel:
         nbytes = self.blocks[j1 - 1].activation_bytes_per_sample * b * self.wire_ratio
         return fwd[0] / 2 + nbytes / fwd[1] + fwd[2] + bwd[0] / 2 + nbytes / bwd[1] + bwd[2]
 
+    def sync_s(self, root: int, members: Sequence[int]) -> float | None:
+        """The step's two scalar all-reduces, each a star over ``root`` (stage 0's head): every other worker
+        sends its value and gets the sum back; None when a worker has no link to or from the root."""
+        worst = 0.0
+        for d in members:
+            if d == root:
+                continue
+            up, down = self.links.get((d, root)), self.links.get((root, d))
+            if up is None or down is None:
+                return None
+            worst = max(worst, up[0] / 2 + up[2] + down[0] / 2 + down[2])
+        return 2 * worst
+
     def static_bytes(self, g: GroupInfo, k: int, j0: int, j1: int) -> float:
         return g.static_pref[k][j1] - g.static_pref[k][j0]
 
@@ -290,8 +307,11 @@ class CostModel:
                 for s, (g, (_, j0, j1)) in enumerate(zip(groups, stages, strict=True))
             ):
                 return None
+        sync = self.sync_s(groups[0].head, [d for g in groups for d in g.members])
+        if sync is None:
+            return None
         pipeline = (m - 1) * max(times) + sum(times)
-        step = pipeline + max(optimizer)
+        step = pipeline + max(optimizer) + sync
         bubble = 1.0 - (m * sum(times)) / (n_stages * pipeline) if pipeline > 0 else 0.0
         out_stages: list[Stage] = []
         memory: dict[str, int] = {}
@@ -322,4 +342,5 @@ class CostModel:
             bubble_fraction=max(0.0, bubble),
             memory_bytes=tuple(sorted(memory.items())),
             inputs_hash=self.hash(),
+            sync_s=sync,
         )

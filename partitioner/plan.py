@@ -66,6 +66,8 @@ class Plan:
     memory_bytes: tuple[tuple[str, int], ...]
     inputs_hash: str
     format_version: int = PLAN_FORMAT_VERSION
+    sync_s: float = 0.0
+    """Per step: the two scalar all-reduces (gradient norm, loss) over the first stage's head."""
 
     @property
     def peer_ids(self) -> tuple[str, ...]:

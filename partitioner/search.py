@@ -1,9 +1,11 @@
 """The planner: dynamic programming over (block suffix, devices used) for each allowed micro-batch count.
 
 For a fixed micro-batch count m the objective is the cost model's step time
-(m-1) * max_s t_s + sum_s t_s + max_s u_s (u_s: the stage's optimizer step). It is not additive, so each DP
-state keeps a small Pareto set of labels (bottleneck M, sum S, stages k, slowest optimizer step U), k capped
-at m because the 1F1B stash of a stage is min(stages from it to the end, m) micro-batches. The DP
+(m-1) * max_s t_s + sum_s t_s + max_s u_s + sync (u_s: the stage's optimizer step; sync: the step's scalar
+all-reduces over the first stage's head, added when a plan is complete: in exact mode every label of a state
+shares its device set, and a complete label its root, so dominance stays exact). It is not additive, so each
+DP state keeps a small Pareto set of labels (bottleneck M, sum S, stages k, slowest optimizer step U), k
+capped at m because the 1F1B stash of a stage is min(stages from it to the end, m) micro-batches. The DP
 runs backwards over block suffixes, so when a stage is prepended its stash count is known and memory is
 checked exactly (a hard constraint). Labels are pruned against the best complete plan found so far (also
 across micro-batch counts) with an admissible lower bound for the blocks still to place.
@@ -177,10 +179,17 @@ def _search_m(cm: CostModel, m: int, terminal: int, preds: _Preds, incumbent: fl
                             target.sort(key=lambda o: ((m - 1) * o[0] + o[1] + o[3], o[2]))
                             del target[max_labels:]
                         if j0 == 0 and (final_ctx is None or nctx == final_ctx):
-                            inc = val
-                            best = (val, new)
+                            sync = cm.sync_s(g.head, _members_of(new))
+                            if sync is not None and val + sync < inc:
+                                inc = val + sync
+                                best = (val + sync, new)
         states[j] = {}  # free memory as we go
     return best
+
+
+def _members_of(label: _Label) -> list[int]:
+    """Every device of the (complete) plan ``label`` stands for."""
+    return [d for members, _, _ in _stages_of(label) for d in members]
 
 
 def _stages_of(label: _Label) -> list[tuple[tuple[int, ...], int, int]]:

@@ -77,10 +77,14 @@ def check_plan_invariants(p: Plan, inputs: PlanInputs) -> None:
     # memory never exceeded
     for peer, need in p.memory_bytes:
         assert need <= budgets[peer]
-    # step time is consistent with the stage times (plus the slowest stage's optimizer step)
+    # step time is consistent with the stage times (plus the slowest stage's optimizer step and the step's
+    # scalar all-reduces, which a single worker skips)
     times = [s.time_s for s in p.stages]
     optimizer = max(s.optimizer_s for s in p.stages)
-    assert p.predicted_step_time_s == pytest.approx((p.micro_batches - 1) * max(times) + sum(times) + optimizer)
+    assert (p.sync_s > 0) == (len(used) > 1 and any(lk.rtt_s or lk.message_s for _, _, lk in inputs.links.links))
+    assert p.predicted_step_time_s == pytest.approx(
+        (p.micro_batches - 1) * max(times) + sum(times) + optimizer + p.sync_s
+    )
     assert 0.0 <= p.bubble_fraction < 1.0
 
 
