@@ -72,6 +72,9 @@ REJOIN_GRACE_S = 15.0
 MAX_RESTARTS_PER_CHECKPOINT = 4
 """Repartitions that resume from the same checkpoint before the job is declared failed."""
 
+HANDED_OVER = "handed over to "
+"""A member's answer to its returning owner's announce, followed by the peer id that leads the job now."""
+
 
 class JobManager:
     def __init__(self, node: Node, peers: PeerService) -> None:
@@ -529,14 +532,58 @@ class JobManager:
 
     async def _announce(self, job: Job, peer: str, address: str) -> None:
         msg = JobAnnounce(job.job_id, job.owner, bytes.fromhex(job.spec_hash), job.spec_bytes)
-        await self.peers.request(address, peer, msg, timeout=10.0, job_id=job.job_id)
+        reply = await self.peers.request(address, peer, msg, timeout=10.0, job_id=job.job_id)
+        if isinstance(reply, JobAck) and not reply.ok and reply.reason.startswith(HANDED_OVER):
+            await self._hand_over(job, reply.reason[len(HANDED_OVER):])
+
+    async def _hand_over(self, job: Job, leader: str) -> None:
+        """Owner, back after its standby took the job over: ask that leader to take this device in as a member
+        (its signed answer confirms it leads). A finished job is recorded as finished there."""
+        me = self.node.identity.peer_id
+        async with job.sync_lock:
+            if not self._leads(job) or job.role != "owner" or leader == me or job.state in TERMINAL:
+                return
+            member = self.peers.membership.members.get(leader)
+            if len(leader) != 32 or member is None or not member.address:
+                log.warning("job %s: a member says %r leads it, who is not a live peer here", job.job_id, leader)
+                return
+            reply = await self._request_join(job, leader, member.address)
+            if reply is None:
+                return
+            if reply.accepted or reply.reason == "the job is done":
+                self._follow_leader(job, leader)
+                if job.start_scope is not None:
+                    job.start_scope.cancel()
+                await self._drop_own_worker(job)
+                job.plan, job.reports, job.restart_reason = None, {}, ""
+            if reply.accepted:
+                job.state = "joined"
+                job.error = f"{leader[:12]} leads the job (its standby took over while this device was away)"
+            elif reply.reason == "the job is done":
+                job.state = "done"
+                job.error = f"the job finished on {leader[:12]}, which took over as its leader; the model is there"
+            else:
+                log.warning("job %s: %s leads it and refused this device: %s", job.job_id, leader[:12],
+                            reply.reason)  # fmt: skip
+                return
+            log.info("job %s: %s", job.job_id, job.error)
+            self._persist(job)
+            job.poke()
+
+    async def _request_join(self, job: Job, leader: str, address: str) -> JoinReply | None:
+        offer = await self.offer()
+        host, _, port = offer.address.rpartition(":")
+        request = JoinRequest(job.job_id, self.node.identity.peer_id, Address(host, int(port)),
+                              offer.memory_bytes, offer.flops_per_s)  # fmt: skip
+        reply = await self.peers.request(address, leader, request, timeout=10.0, job_id=job.job_id)
+        return reply if isinstance(reply, JoinReply) else None
 
     async def _on_join_request(self, header: Header, msg: JoinRequest) -> JoinReply:
         from arceusd.jobs.planning import Offer
 
         job = self.jobs.get(msg.job_id)
-        if job is None or job.role != "owner":
-            return JoinReply(msg.job_id, False, "this device does not own that job")
+        if job is None or not self._leads(job):
+            return JoinReply(msg.job_id, False, "this device does not lead that job")
         if header.sender != msg.peer_id:
             return JoinReply(msg.job_id, False, "a join must come from the joining device itself")
         if not job.spec.admission.admits(msg.peer_id):
@@ -564,6 +611,8 @@ class JobManager:
             return JobAck(False, "an announcement must come from the job's owner")
         known = self.jobs.get(msg.job_id)
         if known is not None:
+            if known.role == "member" and known.leader != msg.owner:
+                return JobAck(False, HANDED_OVER + known.leader)  # the owner is back after its standby took over
             if known.role == "member" and known.state not in TERMINAL:
                 self._spawn(self._auto_join, known)  # the owner lost us (we were declared dead): join again
             return JobAck(True)
@@ -597,18 +646,14 @@ class JobManager:
     async def join(self, job: Job) -> dict[str, Any]:
         if job.role == "owner":
             return {"job_id": job.job_id, "accepted": True, "reason": "this device owns the job"}
-        offer = await self.offer()
-        member = self.peers.membership.members.get(job.owner)
+        member = self.peers.membership.members.get(job.leader)
         if member is not None and member.address:
-            job.owner_address = member.address
+            job.leader_address = member.address
             if job.leader == job.owner:
-                job.leader_address = member.address
-        host, _, port = offer.address.rpartition(":")
-        request = JoinRequest(job.job_id, self.node.identity.peer_id, Address(host, int(port)),
-                              offer.memory_bytes, offer.flops_per_s)  # fmt: skip
-        reply = await self.peers.request(job.owner_address, job.owner, request, timeout=10.0, job_id=job.job_id)
-        if not isinstance(reply, JoinReply):
-            raise RequestError(f"the job's owner {job.owner[:12]} did not answer")
+                job.owner_address = member.address
+        reply = await self._request_join(job, job.leader, job.leader_address)
+        if reply is None:
+            raise RequestError(f"the job's leader {job.leader[:12]} did not answer")
         if reply.accepted:
             job.role = "member"
             if job.state in ("announced", "seen", "left"):
@@ -826,7 +871,7 @@ class JobManager:
         why = await self._check_leader(header, job)
         if why or job is None:
             return JobStartReply(msg.job_id, False, why)
-        if job.role != "member":
+        if job.role not in ("member", "owner"):
             return JobStartReply(msg.job_id, False, "this device has not joined the job")
         if msg.spec != job.spec_bytes:
             return JobStartReply(msg.job_id, False, "the spec differs from the announced one")

@@ -195,9 +195,11 @@ def test_killed_member_daemon_repartitions_over_the_survivors(make_swarm: Any, t
 def test_killed_leader_is_replaced_by_its_elected_standby(make_swarm: Any, tmp_path: Path) -> None:
     """SIGKILL the leader (the owner). The plan's standby holds a checked copy of the data and the leader's
     shards; the survivors elect it (a majority of the plan: 2 of 3), it gathers the other survivor's shards,
-    replans over the two and finishes the job exactly; the model is saved on it."""
-    spec = write_spec(tmp_path, steps=200, interval=20)
-    s = make_swarm()
+    replans over the two and carries on. The owner, restarted, learns from its members who leads now and joins
+    that leader as a member (rebalanced in at the next checkpoint). The job ends exactly, the model on the new
+    leader."""
+    spec = write_spec(tmp_path, steps=240, interval=20)
+    s = make_swarm(env={"ARCEUSD_FAILPOINTS": "worker.step=sleep:0.1"})  # ~10 steps/s: time for the owner's return
     job_id = submit(s, spec)
     owner_view = wait_step(s, job_id, 50, timeout=120)
     standby = str(owner_view["standby"])
@@ -209,17 +211,23 @@ def test_killed_leader_is_replaced_by_its_elected_standby(make_swarm: Any, tmp_p
     before = s.call(k, "job", {"job_id": job_id})
     s.signal(0, signal.SIGKILL)
     s.wait(0, timeout=10)
+    wait_for(lambda: job_of(s, job_id, k)["leader"] == standby and job_of(s, job_id, k)["state"] == "running"
+             and job_of(s, job_id, k)["epoch"] > before["epoch"], 60, 0.1, "the standby leads")  # fmt: skip
+    survivors = {d["peer_id"] for stage in job_of(s, job_id, k)["plan"]["stages"] for d in stage["devices"]}
+    assert survivors == set(owner_view["members"]) - {owner_view["owner"]}, "the new plan uses the two survivors"
+    assert s.call(k, "elections")[job_id]["leader"] == standby, "the job's election made the standby leader"
+    s.restart(0)
     end = wait_end(s, job_id, timeout=200, index=k)
     assert end["leader"] == standby and end["role"] == "member", "the standby leads; the owner is still the owner"
     assert end["term"] > before["term"] and end["epoch"] > before["epoch"]
+    assert owner_view["owner"] in end["members"], "the returning owner joined the new leader"
     placed = {d["peer_id"] for stage in end["plan"]["stages"] for d in stage["devices"]}
-    assert placed == set(owner_view["members"]) - {owner_view["owner"]}, "the new plan uses the two survivors"
+    assert placed == set(owner_view["members"]), "rebalanced: the owner trains again, as a member"
     third = next(i for i in (1, 2) if i != k)
-    other = s.call(third, "job", {"job_id": job_id})
-    assert other["leader"] == standby and other["state"] == "done", "the other survivor followed the new leader"
-    elections = s.call(k, "elections")
-    assert elections[job_id]["leader"] == standby, "the job's election made the standby leader"
-    recovery = end["recoveries"][-1]
+    for i in (0, third):
+        view = wait_for(lambda i=i: (v := job_of(s, job_id, i))["state"] == "done" and v, 30, 0.2, "stopped")
+        assert view["leader"] == standby, "every device follows the elected leader"
+    recovery = end["recoveries"][0]
     assert recovery["first_step_after_s"] is not None and recovery["recomputed_steps"] <= 40
     assert Path(end["model_path"]).is_relative_to(s.state_dir(k)), "the model is saved on the new leader"
     assert_equals_failure_free(end, spec)
