@@ -7,9 +7,10 @@ once and, after every commit, the signed manifest and the leader's own shards (:
 The job's election (:mod:`arceusd.election`, the leader ranked first, the standby second) lets the standby win
 a new term once membership declares the leader dead and a majority of the plan agrees; it then leads: gathers
 the survivors' shards, re-slices, and carries on to the end (the model is saved on it). Without a majority, or
-without a standby that holds the data, the members pause until the owner returns. Each repartition starts a
-new term and plan epoch; every leader command carries (job, term, epoch) and members refuse older ones and any
-sender that is neither their leader nor the election's winner of a newer term.
+without a standby that holds the data, the members pause until the owner returns. An owner that returns after
+its standby took over is told by its members who leads (:data:`HANDED_OVER`) and joins that leader as a member.
+Each repartition starts a new term and plan epoch; every leader command carries (job, term, epoch) and members
+refuse older ones and any sender that is neither their leader nor the election's winner of a newer term.
 
 Lifecycle (owner): ``waiting`` (announce to every live peer, collect joins until ``min_members``) ->
 ``planning`` (partitioner over the members' offers; no fit -> back to ``waiting`` with the reason) ->
