@@ -22,10 +22,11 @@ worker runs it (``arceusd/worker/schedule.py``): the first micro-batch passes th
 and drain), after which the bottleneck stage paces it; for GPipe this is the exact makespan of the forward and
 backward passes when one stage is the bottleneck of both (backward = 2 x forward per block, so it is); for
 1F1B it is an upper bound (1F1B overlaps a stage's fill with later stages' work; simulated, it is never
-slower and at most ~20 % faster on uneven stages). Then every schedule ends with one ``OptimizerStep``: a
-scalar all-reduce (the global gradient norm, a barrier), every stage's optimizer step at once (the slowest
-counts), and a second scalar all-reduce (the loss). Each all-reduce is a star over the first stage's head
-(the worker's ``allreduce_scalar``): sync = 2 x the worst round trip from a worker to it and back (rtt/2 +
+slower and at most ~20 % faster on uneven stages). Then every schedule ends with one ``OptimizerStep``: one
+scalar exchange for the global gradient norm and the loss together (the worker's ``allreduce_scalars``, a
+star over the first stage's head: every other worker sends its values and gets the sums back), then every
+stage's optimizer step at once (the slowest counts; an upper bound, since a later stage's step may overlap
+the first stage's next forwards). sync = the worst round trip from a worker to the head and back (rtt/2 +
 message cost each way); none with a single worker.
 
 Memory (hard) per member: f_i * (2 * params + optimizer) [weights + gradients + optimizer state] plus
@@ -226,8 +227,9 @@ class CostModel:
         return fwd[0] / 2 + nbytes / fwd[1] + fwd[2] + bwd[0] / 2 + nbytes / bwd[1] + bwd[2]
 
     def sync_s(self, root: int, members: Sequence[int]) -> float | None:
-        """The step's two scalar all-reduces, each a star over ``root`` (stage 0's head): every other worker
-        sends its value and gets the sum back; None when a worker has no link to or from the root."""
+        """The step's scalar exchange (gradient norm and loss), a star over ``root`` (stage 0's head): every
+        other worker sends its values and gets the sums back; None when a worker has no link to or from the
+        root."""
         worst = 0.0
         for d in members:
             if d == root:
@@ -236,7 +238,7 @@ class CostModel:
             if up is None or down is None:
                 return None
             worst = max(worst, up[0] / 2 + up[2] + down[0] / 2 + down[2])
-        return 2 * worst
+        return worst
 
     def static_bytes(self, g: GroupInfo, k: int, j0: int, j1: int) -> float:
         return g.static_pref[k][j1] - g.static_pref[k][j0]

@@ -67,7 +67,7 @@ class Plan:
     inputs_hash: str
     format_version: int = PLAN_FORMAT_VERSION
     sync_s: float = 0.0
-    """Per step: the two scalar all-reduces (gradient norm, loss) over the first stage's head."""
+    """Per step: the scalar exchange (gradient norm and loss) over the first stage's head."""
 
     @property
     def peer_ids(self) -> tuple[str, ...]:

@@ -2,7 +2,7 @@
 
 For a fixed micro-batch count m the objective is the cost model's step time
 (m-1) * max_s t_s + sum_s t_s + max_s u_s + sync (u_s: the stage's optimizer step; sync: the step's scalar
-all-reduces over the first stage's head, added when a plan is complete: in exact mode every label of a state
+exchange over the first stage's head, added when a plan is complete: in exact mode every label of a state
 shares its device set, and a complete label its root, so dominance stays exact). It is not additive, so each
 DP state keeps a small Pareto set of labels (bottleneck M, sum S, stages k, slowest optimizer step U), k
 capped at m because the 1F1B stash of a stage is min(stages from it to the end, m) micro-batches. The DP

@@ -78,7 +78,7 @@ def check_plan_invariants(p: Plan, inputs: PlanInputs) -> None:
     for peer, need in p.memory_bytes:
         assert need <= budgets[peer]
     # step time is consistent with the stage times (plus the slowest stage's optimizer step and the step's
-    # scalar all-reduces, which a single worker skips)
+    # scalar exchange, which a single worker skips)
     times = [s.time_s for s in p.stages]
     optimizer = max(s.optimizer_s for s in p.stages)
     assert (p.sync_s > 0) == (len(used) > 1 and any(lk.rtt_s or lk.message_s for _, _, lk in inputs.links.links))

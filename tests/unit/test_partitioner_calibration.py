@@ -114,12 +114,12 @@ def test_message_cost_is_charged_per_boundary_message_per_micro_batch() -> None:
     assert p.stages[0].transfer_s - q.stages[0].transfer_s == pytest.approx(2 * msg, rel=1e-9)
     assert p.stages[1].transfer_s == q.stages[1].transfer_s == 0.0  # the last stage sends nothing onward
     assert p.stages[0].time_s > p.stages[1].time_s
-    # ... and the step's two scalar all-reduces (a message to the root and one back, each)
-    assert p.sync_s - q.sync_s == pytest.approx(2 * 2 * msg, rel=1e-9)
-    assert p.predicted_step_time_s - q.predicted_step_time_s == pytest.approx(M * 2 * msg + 4 * msg, rel=1e-9)
+    # ... and the step's scalar exchange (a message to the root and one back)
+    assert p.sync_s - q.sync_s == pytest.approx(2 * msg, rel=1e-9)
+    assert p.predicted_step_time_s - q.predicted_step_time_s == pytest.approx(M * 2 * msg + 2 * msg, rel=1e-9)
 
 
-def test_the_steps_scalar_all_reduces_are_a_star_over_the_first_stages_head() -> None:
+def test_the_steps_scalar_exchange_is_a_star_over_the_first_stages_head() -> None:
     rtt, msg = 2e-3, 5e-4
     devices = tuple(DeviceProfile(x, 1e10, BIG) for x in "abc")
     far = Link(40e-3, 1e8, msg)  # a <-> c
@@ -128,15 +128,15 @@ def test_the_steps_scalar_all_reduces_are_a_star_over_the_first_stages_head() ->
     cm = CostModel(PlanInputs(BLOCKS, devices, links, TrainingParams(BATCH, (M,), max_tensor_parallel=1)))
     n = len(BLOCKS)
     one = cm.evaluate([((1,), 0, n)], M)
-    assert one is not None and one.sync_s == 0.0  # a single worker does not all-reduce
+    assert one is not None and one.sync_s == 0.0  # a single worker does not exchange
     two = cm.evaluate([((0,), 0, 3), ((1,), 3, n)], M)
-    assert two is not None and two.sync_s == pytest.approx(2 * (rtt + 2 * msg), rel=1e-12)
-    # three stages rooted at a: the worst worker (c, over the far link) paces both all-reduces
+    assert two is not None and two.sync_s == pytest.approx(rtt + 2 * msg, rel=1e-12)
+    # three stages rooted at a: the worst worker (c, over the far link) paces the exchange
     three = cm.evaluate([((0,), 0, 2), ((1,), 2, 4), ((2,), 4, n)], M)
-    assert three is not None and three.sync_s == pytest.approx(2 * (40e-3 + 2 * msg), rel=1e-12)
+    assert three is not None and three.sync_s == pytest.approx(40e-3 + 2 * msg, rel=1e-12)
     times = [s.time_s for s in three.stages]
     assert three.predicted_step_time_s == pytest.approx((M - 1) * max(times) + sum(times) + three.sync_s)
-    # without a link between the root and a worker the worker cannot all-reduce: infeasible
+    # without a link between the root and a worker the worker cannot exchange: infeasible
     cut = CostModel(PlanInputs(BLOCKS, devices, LinkMatrix.symmetric([("a", "b", near), ("b", "c", near)]),
                                TrainingParams(BATCH, (M,), max_tensor_parallel=1)))  # fmt: skip
     assert cut.evaluate([((0,), 0, 2), ((1,), 2, 4), ((2,), 4, n)], M) is None

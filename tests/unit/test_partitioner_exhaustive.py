@@ -13,7 +13,7 @@ from tests.unit._partitioner_cases import calibrated, small_instance
 CASES = [
     (0, 2, 4, 2), (1, 3, 3, 2), (2, 3, 6, 1), (3, 4, 4, 2), (4, 4, 6, 1), (5, 5, 4, 1), (6, 4, 5, 3),
     (7, 6, 3, 1), (8, 2, 10, 2),
-    # deep pipelines stay optimal here even with the step's all-reduces charged over slow links
+    # deep pipelines stay optimal here even with the step's scalar exchange charged over slow links
     (23, 4, 6, 1), (24, 4, 6, 1),
 ]
 

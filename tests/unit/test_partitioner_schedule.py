@@ -1,12 +1,12 @@
 """The cost model's step time against the worker's own schedules, run as a discrete-event simulation.
 
 The worker executes the action lists of ``arceusd/worker/schedule.py`` in order: a stage computes one action at
-a time, a receive waits for its neighbour's send, and ``OptimizerStep`` is a barrier (the global gradient-norm
-all-reduce) after which every stage steps its optimizer. Here those very lists are run with each stage's
-per-micro-batch forward and backward times (backward = 2 x forward, as the block costs have it) and its
-optimizer time from the planner's stages, on links of no cost, and the simulated step is compared with the
-plan's prediction: GPipe (what the planner picks whenever memory allows) must match exactly; 1F1B is never
-slower than predicted (the prediction is an upper bound) and within the issue's 25 %.
+a time, a receive waits for its neighbour's send, and ``OptimizerStep`` is a barrier (one scalar exchange for
+the global gradient norm and the loss) after which every stage steps its optimizer. Here those very lists are
+run with each stage's per-micro-batch forward and backward times (backward = 2 x forward, as the block costs
+have it) and its optimizer time from the planner's stages, on links of no cost, and the simulated step is
+compared with the plan's prediction: GPipe (what the planner picks whenever memory allows) must match
+exactly; 1F1B is never slower than predicted (the prediction is an upper bound) and within the issue's 25 %.
 """
 
 from __future__ import annotations
