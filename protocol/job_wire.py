@@ -14,8 +14,8 @@ id   type             max_size   meaning
 77   ShardRequest     1 KiB      fetch a chunk of a checkpoint shard of (job, step, name) from ``offset``
 78   ShardData        4 MiB      up to :data:`SHARD_CHUNK` bytes of the shard and its total size
 79   ResumeRequest    1 KiB      member -> leader: a chunk of this member's resume slice for (job, epoch)
-80   StandbySync      64 KiB     leader -> standby: step S is committed (signed manifest); copy the leader's
-                                 own shards of it (and, once, the data files) with ShardRequest/DataRequest
+80   StandbySync      64 KiB     leader -> standby: step S is committed (signed manifest); copy the named shards
+                                 of it (and, once, the data files) from the leader with ShardRequest/DataRequest
 81   DataRequest      1 KiB      standby -> leader: a chunk of data file ``index`` (of StandbySync.data_files)
 ==== ================ ========== =====================================================================
 

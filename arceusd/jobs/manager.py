@@ -3,7 +3,7 @@
 Roles: the *owner* submitted the job (it holds the data and gets the model); *members* joined it. The job's
 *leader* coordinates planning, starting, checkpoint commits and repartitions; it serves the data and signs the
 checkpoints. The owner leads while it lives. Each plan names a *standby* member, which receives the data set
-once and, after every commit, the signed manifest and the leader's own shards (:mod:`arceusd.jobs.standby`).
+once and, after every commit, the signed manifest and the other workers' shards (:mod:`arceusd.jobs.standby`).
 The job's election (:mod:`arceusd.election`, the leader ranked first, the standby second) lets the standby win
 a new term once membership declares the leader dead and a majority of the plan agrees; it then leads: gathers
 the survivors' shards, re-slices, and carries on to the end (the model is saved on it). Without a majority, or
@@ -721,9 +721,10 @@ class JobManager:
         return str(min(others, key=lambda p: (-job.members[p].memory_bytes, p)))
 
     # ---------------------------------------------------------------------------------------------- standby
-    async def _sync_standby(self, job: Job, step: int, mine: tuple[str, ...]) -> None:
-        """Leader: tell the standby that ``step`` is committed (the signed manifest), which of its shards are
-        ours, and the data set's files, so it can lead if we die."""
+    async def _sync_standby(self, job: Job, step: int, shards: tuple[str, ...]) -> None:
+        """Leader: tell the standby that ``step`` is committed (the signed manifest), the shards to copy from us
+        (every one but its own: then each shard has three copies, its writer's, ours and the standby's), and the
+        data set's files, so it can lead if we die."""
         from arceusd.checkpoint import MANIFEST_NAME, step_dir
         from arceusd.jobs.standby import data_files
 
@@ -734,7 +735,7 @@ class JobManager:
         manifest = await trio.to_thread.run_sync((step_dir(job.directory / "checkpoints", step) / MANIFEST_NAME)
                                                  .read_bytes)  # fmt: skip
         names = tuple(p.name for p in data_files(self._leader_data(job)))
-        sync = StandbySync(job.job_id, step, manifest, mine, names)
+        sync = StandbySync(job.job_id, step, manifest, shards, names)
         reply = await self.peers.request(offer.address, standby, sync, timeout=10.0, job_id=job.job_id,
                                          term=job.term, epoch=job.epoch)  # fmt: skip
         if not (isinstance(reply, JobAck) and reply.ok):
@@ -1111,11 +1112,11 @@ class JobManager:
         from arceusd.checkpoint import Manifest, ShardRecord, atomic_write, commit_manifest, file_matches, step_dir
 
         root = job.directory / "checkpoints"
-        records, mine = [], []
+        records, for_standby = [], []
         for peer, shard in sorted(job.reports.get(step, {}).items()):
             record = ShardRecord(str(shard["name"]), str(shard["sha256"]), int(shard["size"]))
-            if peer == self.node.identity.peer_id:
-                mine.append(record.name)
+            if peer != job.standby:
+                for_standby.append(record.name)
             path = step_dir(root, step) / record.name
             if peer != self.node.identity.peer_id and not await trio.to_thread.run_sync(file_matches, path, record):
                 data = await self._fetch_shard(job, peer, step, record.name)
@@ -1141,7 +1142,7 @@ class JobManager:
             job.cursors.pop(done, None)
         log.info("job %s: checkpoint %d committed", job.job_id, step)
         if job.standby and step < job.total_steps:
-            self._spawn(self._sync_standby, job, step, tuple(mine))
+            self._spawn(self._sync_standby, job, step, tuple(for_standby))
         if step >= job.total_steps:
             await self._export(job, step, [step_dir(root, step) / r.name for r in records])
         elif job.rebalance and job.epoch == epoch:

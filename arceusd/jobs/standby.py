@@ -3,11 +3,13 @@
 A leader is the only device that holds the data set (it serves the batches) and it signs the checkpoints, so
 survivors without it have nothing to train on. Each plan therefore names a *standby* (``JobStart.standby``):
 after every committed checkpoint the leader sends it a :class:`protocol.job_wire.StandbySync` with the signed
-manifest and the names of the leader's own shards, and, once, the names of the data files. The standby copies
+manifest and the names of every shard but the standby's own (so each shard has three copies: its writer's, the
+leader's and the standby's), and, once, the names of the data files. The standby copies
 them (``ShardRequest`` / ``DataRequest``), checks every shard against the manifest and the data against the
 spec's ``data.sha256``, and stores them where a leader keeps them. The job's election ranks the leader first
 and the standby second, so when membership declares the leader dead and a majority of the plan agrees, the
-standby wins the next term, gathers the other survivors' shards, re-slices and carries on
+standby wins the next term, re-slices its own complete copy (any shard it lacks, it fetches from the survivors)
+and carries on
 (:meth:`arceusd.jobs.manager.JobManager._take_over`).
 
 This module owns the file side of that: which files a leader's data set consists of, where the standby keeps

@@ -209,6 +209,10 @@ def test_killed_leader_is_replaced_by_its_elected_standby(make_swarm: Any, tmp_p
              and s.call(k, "job", {"job_id": job_id})["committed_step"] >= 40, 60, 0.1,
              "the standby holds the data and a committed checkpoint")  # fmt: skip
     before = s.call(k, "job", {"job_id": job_id})
+    from arceusd.jobs.recovery import corrupt_shards
+
+    step, missing = corrupt_shards(s.state_dir(k) / "jobs" / job_id / "checkpoints", [owner_view["owner"]])
+    assert step >= 40 and missing == [], "the standby holds every shard of a signed checkpoint (a third copy)"
     s.signal(0, signal.SIGKILL)
     s.wait(0, timeout=10)
     wait_for(lambda: job_of(s, job_id, k)["leader"] == standby and job_of(s, job_id, k)["state"] == "running"
