@@ -40,6 +40,8 @@ class DaemonConfig:
     log_file: Path | None = None
     worker_threads: int = 1
     auto_join: bool = False
+    lend_memory_mib: int = 0
+    """The most memory this device offers a job, in MiB (0: whatever is free when it is measured)."""
 
     def __post_init__(self) -> None:
         if self.preset not in PRESETS:
@@ -50,6 +52,8 @@ class DaemonConfig:
             raise ConfigError(f"log_level must be debug, info, warning or error, got {self.log_level!r}")
         if self.worker_threads < 1:
             raise ConfigError(f"worker_threads must be >= 1, got {self.worker_threads}")
+        if self.lend_memory_mib < 0:
+            raise ConfigError(f"lend_memory_mib must be >= 0 (0 lends whatever is free), got {self.lend_memory_mib}")
         for peer in self.peers:
             parse_host_port(peer)
 
@@ -85,6 +89,7 @@ _FILE_KEYS: dict[str, type | tuple[type, ...]] = {
     "log_level": str,
     "worker_threads": int,
     "auto_join": bool,
+    "lend_memory_mib": int,
 }
 
 

@@ -219,7 +219,8 @@ class JobManager:
         self._nursery.start_soon(guarded)
 
     async def offer(self) -> Any:
-        """This device's offer (measured once in a child process, cached on disk for a day)."""
+        """This device's offer (measured once in a child process, cached on disk for a day); the memory it lends
+        is capped by ``lend_memory_mib`` when the device's owner set one."""
         from arceusd.jobs.planning import Offer
 
         if self._offer is None:
@@ -230,8 +231,11 @@ class JobManager:
             if result.returncode != 0:
                 raise RequestError(f"measuring this device failed: {result.stderr.decode()[-500:]}")
             m = json.loads(result.stdout.decode().strip().splitlines()[-1])
+            memory = int(m["memory_bytes"])
+            if self.node.config.lend_memory_mib:  # the device's owner caps what a job may use
+                memory = min(memory, self.node.config.lend_memory_mib << 20)
             self._offer = Offer(self.node.identity.peer_id, self.node.addresses.get("peer", ""),
-                                m["flops_per_s"], m["memory_bytes"], m["kind"])  # fmt: skip
+                                m["flops_per_s"], memory, m["kind"])  # fmt: skip
         return self._offer
 
     def find(self, job_ref: str) -> Job:

@@ -74,3 +74,15 @@ def test_identity_refuses_wrong_key_type_and_directories(tmp_path: Path) -> None
     (other / "identity.key").mkdir(parents=True)
     with pytest.raises(IdentityError, match="not a regular file"):
         load_or_create_identity(other)
+
+
+def test_lend_memory_caps_from_file_and_flag_and_refuses_negative(tmp_path: Path) -> None:
+    assert load_config(tmp_path).lend_memory_mib == 0
+    (tmp_path / "config.toml").write_text("lend_memory_mib = 2048\n")
+    assert load_config(tmp_path).lend_memory_mib == 2048
+    assert load_config(tmp_path, {"lend_memory_mib": 512}).lend_memory_mib == 512
+    with pytest.raises(ConfigError, match="lend_memory_mib must be >= 0"):
+        load_config(tmp_path, {"lend_memory_mib": -1})
+    (tmp_path / "config.toml").write_text('lend_memory_mib = "lots"\n')
+    with pytest.raises(ConfigError, match="lend_memory_mib must be int"):
+        load_config(tmp_path)
