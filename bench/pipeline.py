@@ -259,7 +259,7 @@ def main() -> None:
     steps, warmup = (6, 2) if args.quick else (20, 3)
     print(
         f"GPT {MODEL}, batch {BATCH} x {MICRO} micro-batches, {steps} steps ({warmup} warm-up), "
-        "1 thread/process"
+        f"1 thread/process; load average at start {_load()}"
     )
     plain = _run_child(["--plain-child", "--steps", str(steps), "--warmup", str(warmup)], timeout=600)
     print(f"model parameters: {plain['params'] / 1e6:.2f} M")
@@ -284,6 +284,11 @@ def main() -> None:
         if schedule in pippy:
             line += f", (b)/(c) = {r['tokens_per_s'] / pippy[schedule]['tokens_per_s']:.2f} (target >= 1.0)"
         print(line)
+    print(f"load average at the end {_load()} (other work on the machine distorts these figures)")
+
+
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 if __name__ == "__main__":
