@@ -1,0 +1,70 @@
+"""The daemon's planning step with calibrated offers: what goes into the plan inputs, and what a member checks.
+
+``arceusd.jobs.planning`` is pure: these run the leader's ``make_plan`` and the member's ``verify_start`` on a
+spec parsed without data files (the facts a spec from the wire carries)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from arceusd.jobs.planning import Offer, PlanRefused, encode_start, make_plan, plan_inputs, verify_start
+from arceusd.jobs.spec import spec_from_dict
+from arceusd.jobs.spec_types import JobSpec
+from partitioner import inputs_to_dict
+
+GIB = 1 << 30
+
+
+def _spec(optimizer: str) -> JobSpec:
+    return spec_from_dict({
+        "name": "cal", "seed": 1,
+        "model": {"type": "gpt", "n_layer": 4, "n_head": 4, "n_embd": 64, "block_size": 32, "vocab_size": 65},
+        "data": {"kind": "text", "path": "unused.txt", "val_fraction": 0.1},
+        "training": {"steps": 10, "batch_size": 8, "micro_batches": 4, "optimizer": optimizer, "lr": 1e-3},
+    })  # fmt: skip
+
+
+def _offers() -> list[Offer]:
+    return [
+        Offer("a" * 32, "h:1", 1e11, 4 * GIB, block_efficiency=0.7, dispatch_s=3e-4, adamw_s_per_param=2e-9,
+              sgd_s_per_param=5e-10, message_s=4e-4),
+        Offer("b" * 32, "h:2", 5e10, 4 * GIB, block_efficiency=0.8, dispatch_s=2e-4, adamw_s_per_param=3e-9,
+              sgd_s_per_param=6e-10, message_s=2e-4),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("optimizer,per_param", [("adamw", (2e-9, 3e-9)), ("sgd", (5e-10, 6e-10))])
+def test_offers_calibration_enters_the_plan_inputs(optimizer: str, per_param: tuple[float, float]) -> None:
+    inputs = plan_inputs(_spec(optimizer), _offers(), {})
+    a, b = inputs.canonical().devices
+    assert (a.block_efficiency, a.dispatch_s, b.block_efficiency, b.dispatch_s) == (0.7, 3e-4, 0.8, 2e-4)
+    assert (a.optimizer_s_per_param, b.optimizer_s_per_param) == per_param  # the job's optimizer's cost
+    (_, _, ab), (_, _, ba) = inputs.links.links
+    assert ab.message_s == ba.message_s == pytest.approx((4e-4 + 2e-4) / 2)  # each message costs both ends
+
+
+def test_uncalibrated_offers_plan_as_before() -> None:
+    offers = [Offer(o.peer_id, o.address, o.flops_per_s, o.memory_bytes) for o in _offers()]
+    d = inputs_to_dict(plan_inputs(_spec("adamw"), offers, {}))
+    assert all(set(x) == {"peer_id", "flops_per_s", "memory_bytes", "kind"} for x in d["devices"])
+    assert all(len(link) == 4 for link in d["links"])
+
+
+def test_member_verifies_the_plan_and_refuses_a_misstated_calibration() -> None:
+    spec = _spec("adamw")
+    offers = _offers()
+    inputs, the_plan = make_plan(spec, offers, {})
+    data = encode_start(inputs, the_plan)
+    for own in offers:
+        verify_start(spec, *data, own)
+    # the leader lies about a's efficiency (and plans accordingly, so the plan itself is consistent)
+    lied = [dataclasses.replace(offers[0], block_efficiency=1.0), offers[1]]
+    bad_inputs, bad_plan = make_plan(spec, lied, {})
+    with pytest.raises(PlanRefused, match="misstates"):
+        verify_start(spec, *encode_start(bad_inputs, bad_plan), offers[0])
+    verify_start(spec, *encode_start(bad_inputs, bad_plan), offers[1])  # b's own facts are right
+    # a plan from other inputs than the ones sent is refused by the recomputation
+    with pytest.raises(PlanRefused, match="different"):
+        verify_start(spec, data[0], encode_start(bad_inputs, bad_plan)[1], offers[1])
