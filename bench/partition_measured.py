@@ -32,6 +32,12 @@ own kernels at this size, and the prediction with that efficiency folded in.
 
     python bench/partition_measured.py [--quick] [--only NAME ...]
 
+On this 2-core box (load ~2, 2026-11-21) every configuration came within 25 % once the cost model charged the
+measured calibration (measured/predicted 1x1t 1.05-1.12, 2x1t 1.10-1.22, 1t+2t 0.79-0.88, cap 0.98-1.00;
+without it 1.46-1.77). 1t+2t runs 3 compute threads on 2 cores: profiled beside the other device, the
+2-thread device's blocks read 0.2-0.65 of its matmul figure from run to run (its threads wait on each other
+when one is descheduled), more pessimistic than the pipeline, where the two stages partly take turns.
+
 Runs from the project root (it imports the integration tests' harness). The box may be shared and noisy:
 figures are medians (best-of with ``--isolated``), and every ratio is against a prediction made from devices and links
 measured in the same run.
