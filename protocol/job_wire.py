@@ -15,7 +15,8 @@ id   type             max_size   meaning
 78   ShardData        4 MiB      up to :data:`SHARD_CHUNK` bytes of the shard and its total size
 79   ResumeRequest    1 KiB      member -> leader: a chunk of this member's resume slice for (job, epoch)
 80   StandbySync      64 KiB     leader -> standby: step S is committed (signed manifest); copy the named shards
-                                 of it (and, once, the data files) from the leader with ShardRequest/DataRequest
+                                 of it (and, once, the data files) from the leader with ShardRequest/DataRequest;
+                                 ``offers``: the plan members' offers as JSON (what a takeover plans with)
 81   DataRequest      1 KiB      standby -> leader: a chunk of data file ``index`` (of StandbySync.data_files)
 ==== ================ ========== =====================================================================
 
@@ -134,6 +135,7 @@ class StandbySync:
     manifest: bytes = field(metadata={"max_len": 48 * 1024})
     shards: tuple[str, ...] = field(default=(), metadata={"max_len": 64})
     data_files: tuple[str, ...] = field(default=(), metadata={"max_len": 4})
+    offers: bytes = field(default=b"", metadata={"max_len": 12 * 1024})
 
 
 @message(81, max_size=1024)

@@ -378,6 +378,13 @@ class JoinRequest:
     address: Address
     free_memory_bytes: int = 0
     flops_per_s: float = 0.0
+    # the device's measured calibration (arceusd.profile; defaults: uncalibrated)
+    block_efficiency: float = 1.0
+    dispatch_s: float = 0.0
+    adamw_s_per_param: float = 0.0
+    sgd_s_per_param: float = 0.0
+    message_s: float = 0.0
+    kind: str = field(default="cpu", metadata={"max_len": 16})
 
 
 @message(32, max_size=64 * 1024)

@@ -95,6 +95,7 @@ class Job:
     leaders: set[str] = field(default_factory=set)  # everyone who led the job: whose manifests we trust
     standby: str = ""  # the current plan's standby (holds the data and the leader's shards)
     standby_data: dict[str, Any] | None = None  # on the standby: the data entry of its checked copy
+    standby_offers: dict[str, Any] = field(default_factory=dict)  # on the standby: the plan members' offers
     sync_lock: trio.Lock = field(default_factory=trio.Lock)
 
     def __post_init__(self) -> None:

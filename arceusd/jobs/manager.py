@@ -235,7 +235,9 @@ class JobManager:
             if self.node.config.lend_memory_mib:  # the device's owner caps what a job may use
                 memory = min(memory, self.node.config.lend_memory_mib << 20)
             self._offer = Offer(self.node.identity.peer_id, self.node.addresses.get("peer", ""),
-                                m["flops_per_s"], memory, m["kind"])  # fmt: skip
+                                m["flops_per_s"], memory, m["kind"], float(m.get("block_efficiency", 1.0)),
+                                float(m.get("dispatch_s", 0.0)), float(m.get("adamw_s_per_param", 0.0)),
+                                float(m.get("sgd_s_per_param", 0.0)))  # fmt: skip
         return self._offer
 
     def find(self, job_ref: str) -> Job:
@@ -579,7 +581,9 @@ class JobManager:
         offer = await self.offer()
         host, _, port = offer.address.rpartition(":")
         request = JoinRequest(job.job_id, self.node.identity.peer_id, Address(host, int(port)),
-                              offer.memory_bytes, offer.flops_per_s)  # fmt: skip
+                              offer.memory_bytes, offer.flops_per_s, offer.block_efficiency, offer.dispatch_s,
+                              offer.adamw_s_per_param, offer.sgd_s_per_param, offer.message_s,
+                              offer.kind)  # fmt: skip
         reply = await self.peers.request(address, leader, request, timeout=10.0, job_id=job.job_id)
         return reply if isinstance(reply, JoinReply) else None
 
@@ -598,9 +602,17 @@ class JobManager:
             return JoinReply(msg.job_id, False, f"the job is {job.state}")
         if msg.flops_per_s <= 0 or msg.free_memory_bytes <= 0:
             return JoinReply(msg.job_id, False, "the offer must have positive speed and memory")
+        if msg.kind not in ("cpu", "cuda", "mps"):
+            return JoinReply(msg.job_id, False, f"unknown device kind {msg.kind!r} (cpu, cuda or mps)")
+        offer = Offer(msg.peer_id, f"{msg.address.host}:{msg.address.port}", msg.flops_per_s,
+                      msg.free_memory_bytes, msg.kind, msg.block_efficiency, msg.dispatch_s, msg.adamw_s_per_param,
+                      msg.sgd_s_per_param, msg.message_s)  # fmt: skip
+        try:
+            offer.device_profile(job.spec.training.optimizer)  # the planner's own checks on the calibration
+        except ValueError as exc:
+            return JoinReply(msg.job_id, False, f"the offer is not usable: {exc}")
         new = msg.peer_id not in job.members
-        job.members[msg.peer_id] = Offer(msg.peer_id, f"{msg.address.host}:{msg.address.port}",
-                                         msg.flops_per_s, msg.free_memory_bytes)  # fmt: skip
+        job.members[msg.peer_id] = offer
         if new:
             log.info("job %s: %s joined (%d members)", job.job_id, msg.peer_id[:12], len(job.members))
             if job.state in ("running", "starting", "recovering", "planning"):
@@ -730,7 +742,7 @@ class JobManager:
         (every one but its own: then each shard has three copies, its writer's, ours and the standby's), and the
         data set's files, so it can lead if we die."""
         from arceusd.checkpoint import MANIFEST_NAME, step_dir
-        from arceusd.jobs.standby import data_files
+        from arceusd.jobs.standby import data_files, offers_to_wire
 
         standby = job.standby
         offer = job.members.get(standby)
@@ -739,7 +751,8 @@ class JobManager:
         manifest = await trio.to_thread.run_sync((step_dir(job.directory / "checkpoints", step) / MANIFEST_NAME)
                                                  .read_bytes)  # fmt: skip
         names = tuple(p.name for p in data_files(self._leader_data(job)))
-        sync = StandbySync(job.job_id, step, manifest, shards, names)
+        offers = offers_to_wire(job.members[p] for p in sorted(job.members) if job.plan and p in job.plan.peer_ids)
+        sync = StandbySync(job.job_id, step, manifest, shards, names, offers)
         reply = await self.peers.request(offer.address, standby, sync, timeout=10.0, job_id=job.job_id,
                                          term=job.term, epoch=job.epoch)  # fmt: skip
         if not (isinstance(reply, JobAck) and reply.ok):
@@ -748,7 +761,7 @@ class JobManager:
 
     async def _on_standby_sync(self, header: Header, msg: StandbySync) -> JobAck:
         from arceusd.checkpoint import CheckpointError, parse_manifest
-        from arceusd.jobs.standby import StandbyError, check_names
+        from arceusd.jobs.standby import StandbyError, check_names, offers_from_wire
 
         job = self.jobs.get(msg.job_id)
         why = await self._check_leader(header, job, epochs=False)
@@ -764,9 +777,11 @@ class JobManager:
                 raise CheckpointError("the sync names shards the manifest does not list")
             if job.standby_data is None:
                 check_names(job.spec.data.kind, msg.data_files)
+            offers = offers_from_wire(msg.offers, job.plan.peer_ids if job.plan is not None else ())
         except (CheckpointError, StandbyError) as exc:
             log.warning("job %s: refusing a standby sync: %s", job.job_id, exc)
             return JobAck(False, f"refused: {exc}")
+        job.standby_offers = offers
         self._spawn(self._standby_copy, job, header.sender, msg, manifest)
         return JobAck(True)
 
@@ -847,15 +862,16 @@ class JobManager:
 
     async def _take_over(self, job: Job, election_term: int) -> None:
         """Standby elected after the leader died: lead the survivors from the newest verified checkpoint."""
+        from dataclasses import replace
+
         from arceusd.jobs.recovery import corrupt_shards
-        from arceusd.jobs.standby import offers_from_inputs
 
         me, old = self.node.identity.peer_id, job.leader
-        if job.inputs is None or job.plan is None:
+        if job.plan is None:
             return
-        alive = dict(self.peers.alive_peers())
-        offers = offers_from_inputs(job.inputs, alive)
-        job.members = {p: o for p, o in offers.items() if p in job.plan.peer_ids and p not in (old, me)}
+        alive = dict(self.peers.alive_peers())  # the members' offers as the leader last had them, at today's address
+        job.members = {p: replace(o, address=alive[p]) for p, o in job.standby_offers.items()
+                       if p in alive and p in job.plan.peer_ids and p not in (old, me)}  # fmt: skip
         job.members[me] = await self.offer()
         job.leader, job.leader_address = me, self.node.addresses.get("peer", "")
         job.leaders.add(me)

@@ -13,14 +13,18 @@ and carries on
 (:meth:`arceusd.jobs.manager.JobManager._take_over`).
 
 This module owns the file side of that: which files a leader's data set consists of, where the standby keeps
-its copy and what its worker's data entry then says, the check of the copy, and the members' offers rebuilt
-from the plan the standby already verified. File work only; the manager runs it in a thread.
+its copy and what its worker's data entry then says, the check of the copy, and the members' offers (with
+their measured calibration) that the leader hands the standby to plan with if it takes over. File work only;
+the manager runs it in a thread.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -95,13 +99,46 @@ def check_copy(data: Mapping[str, Any], expected_sha256: str | None) -> None:
         raise StandbyError(f"the data copy's digest is {got}, the spec says {expected_sha256}: refused")
 
 
-def offers_from_inputs(inputs: Any, addresses: Mapping[str, str]) -> dict[str, Offer]:
-    """The members' offers as the verified plan inputs state them, for the peers we know an address of."""
-    return {
-        d.peer_id: Offer(d.peer_id, addresses[d.peer_id], d.flops_per_s, d.memory_bytes, d.kind)
-        for d in inputs.devices
-        if d.peer_id in addresses
-    }
+OFFER_FIELDS = {f.name: f.type for f in dataclasses.fields(Offer)}
+
+
+def offers_to_wire(offers: Iterable[Offer]) -> bytes:
+    """The plan members' offers for the standby (what it plans with if it takes over), as JSON."""
+    return json.dumps([dataclasses.asdict(o) for o in offers], sort_keys=True, separators=(",", ":")).encode()
+
+
+def offers_from_wire(data: bytes, members: Iterable[str]) -> dict[str, Offer]:
+    """Parse :func:`offers_to_wire` output; every offer must be a plan member's and plausible, else
+    :class:`StandbyError` saying which field is wrong."""
+    allowed = set(members)
+    try:
+        raw = json.loads(data)
+    except ValueError as exc:
+        raise StandbyError(f"the offers are not JSON: {exc}") from None
+    if not isinstance(raw, list):
+        raise StandbyError("the offers must be a JSON list")
+    out: dict[str, Offer] = {}
+    for item in raw:
+        if not isinstance(item, dict) or set(item) != set(OFFER_FIELDS):
+            raise StandbyError(f"an offer must have exactly the fields {sorted(OFFER_FIELDS)}")
+        for name in ("peer_id", "address", "kind"):
+            if not isinstance(item[name], str):
+                raise StandbyError(f"offer field {name} must be a string")
+        for name in set(OFFER_FIELDS) - {"peer_id", "address", "kind", "memory_bytes"}:
+            value = item[name]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise StandbyError(f"offer field {name} must be a finite number >= 0, got {value!r}")
+        if isinstance(item["memory_bytes"], bool) or not isinstance(item["memory_bytes"], int):
+            raise StandbyError("offer field memory_bytes must be an integer")
+        offer = Offer(**item)
+        if offer.peer_id not in allowed:
+            raise StandbyError(f"an offer names {offer.peer_id[:12]}, who is not in the plan")
+        try:
+            offer.device_profile("adamw")  # the planner's own checks (positive speed and efficiency, ...)
+        except ValueError as exc:
+            raise StandbyError(f"offer of {offer.peer_id[:12]}: {exc}") from None
+        out[offer.peer_id] = offer
+    return out
 
 
 __all__ = [
@@ -113,5 +150,6 @@ __all__ = [
     "copy_entry",
     "data_digest",
     "data_files",
-    "offers_from_inputs",
+    "offers_from_wire",
+    "offers_to_wire",
 ]

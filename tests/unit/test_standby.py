@@ -3,14 +3,23 @@ that do not match the spec, and the offers rebuilt from verified plan inputs."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
 import pytest
 
 from arceusd.jobs.datafacts import mnist_facts, text_facts
-from arceusd.jobs.standby import StandbyError, check_copy, check_names, copy_entry, data_files, offers_from_inputs
-from partitioner import DeviceProfile
+from arceusd.jobs.planning import Offer
+from arceusd.jobs.standby import (
+    StandbyError,
+    check_copy,
+    check_names,
+    copy_entry,
+    data_files,
+    offers_from_wire,
+    offers_to_wire,
+)
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
 TEXT = SHARED / "tinyshakespeare" / "input.txt"
@@ -66,11 +75,21 @@ def test_an_mnist_copy_is_both_files_in_order(tmp_path: Path) -> None:
         check_copy(copy, facts.sha256)
 
 
-def test_offers_come_from_the_verified_inputs_for_reachable_peers() -> None:
-    class Inputs:
-        devices = (DeviceProfile("a" * 32, 2e9, 4 << 30, "cpu"), DeviceProfile("b" * 32, 5e9, 8 << 30, "cuda"))
-
-    offers = offers_from_inputs(Inputs(), {"b" * 32: "10.0.0.2:7000"})
-    assert list(offers) == ["b" * 32]
-    o = offers["b" * 32]
-    assert (o.address, o.flops_per_s, o.memory_bytes, o.kind) == ("10.0.0.2:7000", 5e9, 8 << 30, "cuda")
+def test_offers_travel_with_their_calibration_and_bad_ones_are_refused() -> None:
+    a = Offer("a" * 32, "10.0.0.1:7000", 2e9, 4 << 30, "cpu", 0.7, 2e-4, 2e-9, 5e-10, 1e-3)
+    b = Offer("b" * 32, "10.0.0.2:7000", 5e9, 8 << 30, "cuda")
+    wire = offers_to_wire([a, b])
+    assert offers_from_wire(wire, [a.peer_id, b.peer_id]) == {a.peer_id: a, b.peer_id: b}
+    with pytest.raises(StandbyError, match="not in the plan"):
+        offers_from_wire(wire, [a.peer_id])
+    good = json.loads(wire)
+    for field, value in [("block_efficiency", -1.0), ("dispatch_s", float("nan")), ("flops_per_s", "fast"),
+                         ("memory_bytes", 1.5), ("peer_id", 7), ("adamw_s_per_param", True)]:  # fmt: skip
+        bad = [dict(good[0], **{field: value})]
+        with pytest.raises(StandbyError):
+            offers_from_wire(json.dumps(bad).encode(), [a.peer_id])
+    with pytest.raises(StandbyError, match="exactly the fields"):
+        offers_from_wire(json.dumps([dict(good[0], extra=1)]).encode(), [a.peer_id])
+    for junk in (b"", b"{}", b"[1]"):
+        with pytest.raises(StandbyError):
+            offers_from_wire(junk, [a.peer_id])
