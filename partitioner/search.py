@@ -250,6 +250,13 @@ def plan(inputs: PlanInputs, exact_max_devices: int = EXACT_MAX_DEVICES) -> Plan
     return best_plan
 
 
+def _size(n: float, digits: int = 1) -> str:
+    """Bytes for a person: GiB from 1 GiB up, MiB below (a small model's needs do not read as "0.0 GiB")."""
+    if n >= GIB:
+        return f"{n / GIB:.{digits}f} GiB"
+    return f"{n / (1 << 20):.{digits}f} MiB"
+
+
 def explain_infeasible(cm: CostModel, max_tp: int) -> str:
     """Why nothing fits, in numbers: total memory needed vs offered, or the block that fits on no device."""
     counts = cm.training.usable_micro_batch_counts()
@@ -258,9 +265,9 @@ def explain_infeasible(cm: CostModel, max_tp: int) -> str:
     need = sum(2 * k.param_bytes + k.optimizer_bytes + k.stash_bytes_per_sample * b for k in cm.blocks)
     if need > offered:
         return (
-            f"no plan fits in memory: the model needs {need / GIB:.1f} GiB (weights, gradients, optimizer "
+            f"no plan fits in memory: the model needs {_size(need, 1)} (weights, gradients, optimizer "
             f"state and one micro-batch of {b} samples of stashed activations), the members offer "
-            f"{offered / GIB:.1f} GiB in total; add members or memory, or allow more micro-batches"
+            f"{_size(offered, 1)} in total; add members or memory, or allow more micro-batches"
         )
     top = sorted(cm.budgets, reverse=True)
     for j, blk in enumerate(cm.blocks):
@@ -270,14 +277,14 @@ def explain_infeasible(cm: CostModel, max_tp: int) -> str:
         best_group = max(top[k] * (k + 1) for k in range(min(width, len(top))))
         if need_j > best_group:
             return (
-                f"block {blk.name!r} (#{j}) fits on no device: it needs {need_j / GIB:.2f} GiB, the largest "
-                f"device offers {top[0] / GIB:.2f} GiB"
-                + (f" and the best tensor-parallel group about {best_group / GIB:.2f} GiB"
+                f"block {blk.name!r} (#{j}) fits on no device: it needs {_size(need_j, 2)}, the largest "
+                f"device offers {_size(top[0], 2)}"
+                + (f" and the best tensor-parallel group about {_size(best_group, 2)}"
                    if width > 1 else "")
-                + f"; the members offer {offered / GIB:.1f} GiB in total"
+                + f"; the members offer {_size(offered, 1)} in total"
             )
     return (
-        f"no plan fits: the model needs {need / GIB:.2f} GiB and the members offer {offered / GIB:.2f} GiB "
+        f"no plan fits: the model needs {_size(need, 2)} and the members offer {_size(offered, 2)} "
         f"in total, but no cut of the blocks into contiguous stages fits every device's memory over the "
         f"usable links (check that the link matrix connects the members with enough memory)"
     )

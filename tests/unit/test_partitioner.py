@@ -251,3 +251,10 @@ def test_invalid_device_profiles_are_rejected(field: str, value: object) -> None
     kwargs[field] = value
     with pytest.raises(ValueError, match=field.split("_")[0]):
         DeviceProfile(**kwargs)  # type: ignore[arg-type]
+
+
+def test_a_small_model_that_does_not_fit_is_told_in_mib() -> None:
+    from partitioner.search import _size
+
+    assert _size(16 * (1 << 30)) == "16.0 GiB" and _size(12.5 * (1 << 20)) == "12.5 MiB"
+    assert _size(3 << 20, 2) == "3.00 MiB"
