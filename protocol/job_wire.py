@@ -1,4 +1,4 @@
-"""Wire messages of the job lifecycle (ids 70-81, append-only). Announce/join use ids 30-32 of
+"""Wire messages of the job lifecycle (ids 70-82, append-only). Announce/join use ids 30-32 of
 :mod:`protocol.messages`.
 
 ==== ================ ========== =====================================================================
@@ -18,6 +18,7 @@ id   type             max_size   meaning
                                  of it (and, once, the data files) from the leader with ShardRequest/DataRequest;
                                  ``offers``: the plan members' offers as JSON (what a takeover plans with)
 81   DataRequest      1 KiB      standby -> leader: a chunk of data file ``index`` (of StandbySync.data_files)
+82   LinkEcho         2 MiB+     leader <-> member: echoed unchanged; the leader times it to measure the link
 ==== ================ ========== =====================================================================
 
 ``JobStart.standby`` names the plan member that stands by to lead if the leader dies (empty: none); the job's
@@ -144,3 +145,12 @@ class DataRequest:
     job_id: str = field(metadata=_ID)
     index: int
     offset: int = 0
+
+
+LINK_ECHO_MAX = 2 * 1024 * 1024
+
+
+@message(82, max_size=LINK_ECHO_MAX + 1024)
+@dataclass(frozen=True)
+class LinkEcho:
+    payload: bytes = field(metadata={"max_len": LINK_ECHO_MAX})

@@ -96,6 +96,7 @@ class Job:
     standby: str = ""  # the current plan's standby (holds the data and the leader's shards)
     standby_data: dict[str, Any] | None = None  # on the standby: the data entry of its checked copy
     standby_offers: dict[str, Any] = field(default_factory=dict)  # on the standby: the plan members' offers
+    links: dict[str, dict[str, float]] = field(default_factory=dict)  # leader: its measured link to each member
     sync_lock: trio.Lock = field(default_factory=trio.Lock)
 
     def __post_init__(self) -> None:
@@ -123,7 +124,7 @@ class Job:
                 "contributions": self.contributions(), "recoveries": [r.summary() for r in self.recoveries],
                 "model": type(self.spec.model).__name__, "data": self.spec.data.kind,
                 "worker_pid": self.worker.pid if self.worker is not None else None,
-                "stale_reports": self.stale_reports, "standby": self.standby,
+                "stale_reports": self.stale_reports, "standby": self.standby, "links": self.links,
                 "standby_ready": self.standby_data is not None,
             })  # fmt: skip
         return out

@@ -56,6 +56,7 @@ from protocol.job_wire import (
     JobStart,
     JobStartReply,
     JobStop,
+    LinkEcho,
     PeerAddress,
     ResumeRequest,
     ShardData,
@@ -73,6 +74,10 @@ REJOIN_GRACE_S = 15.0
 MAX_RESTARTS_PER_CHECKPOINT = 4
 """Repartitions that resume from the same checkpoint before the job is declared failed."""
 
+LINK_TTL_S = 600.0
+"""How long a measured link (round trip, bandwidth, per-message cost) is used for plans before it is measured
+again."""
+
 HANDED_OVER = "handed over to "
 """A member's answer to its returning owner's announce, followed by the peer id that leads the job now."""
 
@@ -86,6 +91,7 @@ class JobManager:
         self._nursery: trio.Nursery | None = None
         self.root = node.paths.jobs_dir
         self._ready = trio.Event()
+        self._links: dict[str, tuple[float, Any]] = {}  # peer -> (when measured, partitioner Link)
 
     @staticmethod
     def _preload() -> None:
@@ -178,6 +184,7 @@ class JobManager:
         peers.register(ResumeRequest, gate(self._on_resume_request))
         peers.register(StandbySync, gate(self._on_standby_sync))
         peers.register(DataRequest, gate(self._on_data_request))
+        peers.register(LinkEcho, self._on_link_echo)
         peers.listeners.append(self._on_member_changed)
         if self.node.elections is not None:
             self.node.elections.on_leader_change(self._on_leader_change)
@@ -417,7 +424,14 @@ class JobManager:
 
     async def _plan_and_start(self, job: Job) -> None:
         """Plan over ``job.members``, slice the resume checkpoint, start every worker, then send ``go``."""
-        from arceusd.jobs.planning import PlanError, encode_start, flops_shares, make_plan, worker_stages
+        from arceusd.jobs.planning import (
+            PlanError,
+            encode_start,
+            estimated_links,
+            flops_shares,
+            make_plan,
+            worker_stages,
+        )
         from arceusd.jobs.recovery import prepare_resume
 
         resuming = job.state == "recovering" or job.committed_step > 0
@@ -425,8 +439,12 @@ class JobManager:
         me = self.node.identity.peer_id
         rtt = {(me, p): (i.rtt_ms or 1.0) / 1000 for p, i in self.peers.info.items()}
         offers = [job.members[p] for p in sorted(job.members)]
+        measured = await self._measure_links(job)
+        job.links = {p: {"rtt_ms": round(m.rtt_s * 1e3, 3), "bandwidth_mb_s": round(m.bandwidth_bytes_per_s / 1e6, 2),
+                         "message_ms": round(m.message_s * 1e3, 4)} for p, m in measured.items()}  # fmt: skip
+        links = estimated_links(me, measured, sorted(job.members))
         try:
-            job.inputs, job.plan = await trio.to_thread.run_sync(make_plan, job.spec, offers, rtt)
+            job.inputs, job.plan = await trio.to_thread.run_sync(make_plan, job.spec, offers, rtt, links)
         except PlanError as exc:
             job.state = "paused" if resuming else "waiting"
             job.error = f"no plan fits the {len(offers)} member(s): {exc}" + (
@@ -509,6 +527,45 @@ class JobManager:
         job.error = ""
         log.info("job %s running on %d devices (term %d, epoch %d, from step %d)", job.job_id, len(addresses),
                  job.term, job.epoch, start_step)  # fmt: skip
+
+    async def _measure_links(self, job: Job) -> dict[str, Any]:
+        """Leader: the link to each member, measured over the transport (``arceusd.profile.measure_link``: round
+        trip, bandwidth, per-message cost) one member at a time, reused for :data:`LINK_TTL_S`. A member that
+        does not echo in time keeps the defaults (round trip from membership, nominal bandwidth)."""
+        from arceusd.profile import measure_link
+        from partitioner import Link
+
+        me, now, out = self.node.identity.peer_id, time.monotonic(), {}
+        for peer in sorted(job.members):
+            if peer == me:
+                continue
+            cached = self._links.get(peer)
+            if cached is not None and now - cached[0] < LINK_TTL_S:
+                out[peer] = cached[1]
+                continue
+            address = job.members[peer].address
+
+            async def echo(data: bytes, peer: str = peer, address: str = address) -> bytes:
+                reply = await self.peers.request(address, peer, LinkEcho(data), timeout=10.0)
+                if not isinstance(reply, LinkEcho):
+                    raise ValueError(f"{peer[:12]} did not echo")
+                return reply.payload
+
+            try:
+                with trio.fail_after(20):
+                    m = await measure_link(echo)
+            except (ValueError, trio.TooSlowError) as exc:
+                log.warning("job %s: could not measure the link to %s: %s", job.job_id, peer[:12], exc)
+                continue
+            link = Link(round(m.rtt_s, 6), float(f"{m.bandwidth_bytes_per_s:.4g}"), round(m.message_s, 7))
+            self._links[peer] = (now, link)
+            out[peer] = link
+        return out
+
+    async def _on_link_echo(self, header: Header, msg: LinkEcho) -> LinkEcho | JobAck:
+        if header.sender not in self.peers.membership.members:
+            return JobAck(False, "echoes are for peers in the membership view")
+        return LinkEcho(msg.payload)
 
     async def _repair_checkpoint(self, job: Job) -> list[Path]:
         """Copy from members every shard of the newest committed step whose local copy is missing or corrupt;

@@ -5,8 +5,10 @@ sent, which recomputes the block costs from the spec (never trusting the leader'
 what it reported, and re-runs the partitioner (``partitioner.verify``): a member refuses a plan that does not
 match byte for byte.
 
-Links: round-trip times are the membership layer's measurements where we have them; bandwidth is not measured
-yet, so every link gets :data:`DEFAULT_BANDWIDTH` (stated in the plan inputs, which everyone verifies).
+Links: the leader measures its link to each member over the transport (round trip, bandwidth, per-message cost;
+``arceusd.profile.measure_link`` in the job manager) and estimates a link between two members from their links
+to it (:func:`estimated_links`). Where nothing was measured, the round trip is the membership layer's and the
+bandwidth :data:`DEFAULT_BANDWIDTH`. Whatever was used is stated in the plan inputs, which everyone verifies.
 
 Calibration (``arceusd.profile``): an offer may carry what its device measured beyond the matmul benchmark:
 the model blocks' efficiency, the dispatch cost per block, the optimizer's cost per parameter (AdamW and SGD;
@@ -18,6 +20,7 @@ the same plan. An offer without them (the defaults) plans as before calibration 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from arceusd.jobs.spec_types import JobSpec
@@ -76,8 +79,16 @@ class Offer:
 
 
 def plan_inputs(
-    spec: JobSpec, offers: list[Offer], rtt_s: dict[tuple[str, str], float], use_all_devices: bool = True
+    spec: JobSpec,
+    offers: list[Offer],
+    rtt_s: dict[tuple[str, str], float],
+    use_all_devices: bool = True,
+    measured: Mapping[tuple[str, str], Link] | None = None,
 ) -> PlanInputs:
+    """The planner's inputs: the spec's blocks, the offers' devices, and a link per pair: ``measured`` (round
+    trip, bandwidth and per-message cost over the transport) where given, else the round trip from ``rtt_s``,
+    :data:`DEFAULT_BANDWIDTH` and the mean of the two ends' per-message cost."""
+    measured = measured or {}
     blocks = tuple(block_costs(spec.model, optimizer=spec.training.optimizer))
     devices = tuple(o.device_profile(spec.training.optimizer) for o in offers)
     message = {o.peer_id: o.message_s for o in offers}
@@ -85,6 +96,10 @@ def plan_inputs(
     ids = sorted(o.peer_id for o in offers)
     for i, a in enumerate(ids):
         for b in ids[i + 1 :]:
+            link = measured.get((a, b)) or measured.get((b, a))
+            if link is not None:
+                pairs.append((a, b, link))
+                continue
             rtt = rtt_s.get((a, b)) or rtt_s.get((b, a)) or DEFAULT_RTT_S
             # a message costs its sender and its receiver: the mean of the two ends' measured per-message cost
             pairs.append((a, b, Link(round(rtt, 6), DEFAULT_BANDWIDTH, (message[a] + message[b]) / 2)))
@@ -98,17 +113,39 @@ def plan_inputs(
     return PlanInputs(blocks, devices, LinkMatrix.symmetric(pairs), training)
 
 
-def make_plan(spec: JobSpec, offers: list[Offer], rtt_s: dict[tuple[str, str], float]) -> tuple[PlanInputs, Plan]:
+def make_plan(
+    spec: JobSpec,
+    offers: list[Offer],
+    rtt_s: dict[tuple[str, str], float],
+    measured: Mapping[tuple[str, str], Link] | None = None,
+) -> tuple[PlanInputs, Plan]:
     """The plan over ``offers``: every member gets work if that fits, else the best plan over a subset.
 
     Error handling: :class:`partitioner.PlanError` (what is missing) when nothing fits.
     """
     try:
-        inputs = plan_inputs(spec, offers, rtt_s, use_all_devices=True)
+        inputs = plan_inputs(spec, offers, rtt_s, use_all_devices=True, measured=measured)
         return inputs, plan(inputs)
     except PlanError:
-        inputs = plan_inputs(spec, offers, rtt_s, use_all_devices=False)
+        inputs = plan_inputs(spec, offers, rtt_s, use_all_devices=False, measured=measured)
         return inputs, plan(inputs)
+
+
+def estimated_links(leader: str, measured: Mapping[str, Link], members: Sequence[str]) -> dict[tuple[str, str], Link]:
+    """Links for planning from what the leader measured to each member: its own links as measured, and for two
+    members (which the leader cannot measure) the slower of their links to the leader (round trip and message
+    cost the larger, bandwidth the smaller): on one LAN the leader's view of a member's link is a fair guess."""
+    out: dict[tuple[str, str], Link] = {}
+    for peer, link in measured.items():
+        if peer in members and peer != leader:
+            out[(leader, peer)] = link
+    others = sorted(p for p in members if p != leader and p in measured)
+    for i, a in enumerate(others):
+        for b in others[i + 1 :]:
+            la, lb = measured[a], measured[b]
+            out[(a, b)] = Link(max(la.rtt_s, lb.rtt_s), min(la.bandwidth_bytes_per_s, lb.bandwidth_bytes_per_s),
+                               max(la.message_s, lb.message_s))  # fmt: skip
+    return out
 
 
 def encode_start(inputs: PlanInputs, the_plan: Plan) -> tuple[bytes, bytes]:

@@ -57,6 +57,10 @@ def check_distributed(s: LocalSwarm, job: dict[str, Any]) -> None:
     assert set(placed) == ids and len(placed) == 3, "every daemon holds a part of the model"
     assert {c["peer_id"] for c in job["contributions"]} == ids
     assert abs(sum(c["share"] for c in job["contributions"]) - 1.0) < 1e-3
+    # The leader measured its link to each member over the transport for the plan.
+    links = job["links"]
+    assert set(links) == ids - {job["owner"]}
+    assert all(m["rtt_ms"] > 0 and m["bandwidth_mb_s"] > 0 and m["message_ms"] > 0 for m in links.values())
     # The owner committed a manifest signed with its key for the final step.
     from arceusd.checkpoint import read_manifest, step_dir
 

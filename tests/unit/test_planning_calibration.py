@@ -68,3 +68,23 @@ def test_member_verifies_the_plan_and_refuses_a_misstated_calibration() -> None:
     # a plan from other inputs than the ones sent is refused by the recomputation
     with pytest.raises(PlanRefused, match="different"):
         verify_start(spec, data[0], encode_start(bad_inputs, bad_plan)[1], offers[1])
+
+
+def test_measured_links_replace_the_defaults_and_member_pairs_take_the_slower_leader_link() -> None:
+    from arceusd.jobs.planning import DEFAULT_BANDWIDTH, estimated_links
+    from partitioner import Link
+
+    c = Offer("c" * 32, "h:3", 8e10, 4 * GIB)
+    offers = [*_offers(), c]
+    leader, a, b = c.peer_id, offers[0].peer_id, offers[1].peer_id
+    measured = {a: Link(0.002, 50e6, 3e-4), b: Link(0.004, 20e6, 1e-4)}
+    links = estimated_links(leader, measured, [a, b, leader])
+    assert links[(leader, a)] == measured[a] and links[(leader, b)] == measured[b]
+    assert links[(a, b)] == Link(0.004, 20e6, 3e-4)
+    inputs = plan_inputs(_spec("adamw"), offers, {}, measured=links)
+    got = {(x, y): link for x, y, link in inputs.links.links}
+    assert got[(a, leader)] == measured[a] or got[(leader, a)] == measured[a]
+    assert all(link.bandwidth_bytes_per_s != DEFAULT_BANDWIDTH for link in got.values())
+    # without measurements every link is nominal
+    plain = plan_inputs(_spec("adamw"), offers, {})
+    assert all(link.bandwidth_bytes_per_s == DEFAULT_BANDWIDTH for _, _, link in plain.links.links)
