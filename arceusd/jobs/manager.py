@@ -78,6 +78,9 @@ LINK_TTL_S = 600.0
 """How long a measured link (round trip, bandwidth, per-message cost) is used for plans before it is measured
 again."""
 
+JOB_DONE = "the job is done"
+"""A leader's answer to a join once the job finished (what a returning owner learns the end from)."""
+
 HANDED_OVER = "handed over to "
 """A member's answer to its returning owner's announce, followed by the peer id that leads the job now."""
 
@@ -608,13 +611,13 @@ class JobManager:
             if not self._leads(job) or job.role != "owner" or leader == me or job.state in TERMINAL:
                 return
             member = self.peers.membership.members.get(leader)
-            if len(leader) != 32 or member is None or not member.address:
+            if member is None or not member.address:
                 log.warning("job %s: a member says %r leads it, who is not a live peer here", job.job_id, leader)
                 return
             reply = await self._request_join(job, leader, member.address)
             if reply is None:
                 return
-            if reply.accepted or reply.reason == "the job is done":
+            if reply.accepted or reply.reason == JOB_DONE:
                 self._follow_leader(job, leader)
                 if job.start_scope is not None:
                     job.start_scope.cancel()
@@ -623,7 +626,7 @@ class JobManager:
             if reply.accepted:
                 job.state = "joined"
                 job.error = f"{leader[:12]} leads the job (its standby took over while this device was away)"
-            elif reply.reason == "the job is done":
+            elif reply.reason == JOB_DONE:
                 job.state = "done"
                 job.error = f"the job finished on {leader[:12]}, which took over as its leader; the model is there"
             else:
@@ -656,16 +659,14 @@ class JobManager:
             log.info("job %s: refused %s (not admitted)", job.job_id, msg.peer_id)
             return JoinReply(msg.job_id, False, "not admitted by the job's owner")
         if job.state in TERMINAL:
-            return JoinReply(msg.job_id, False, f"the job is {job.state}")
+            return JoinReply(msg.job_id, False, JOB_DONE if job.state == "done" else f"the job is {job.state}")
         if msg.flops_per_s <= 0 or msg.free_memory_bytes <= 0:
             return JoinReply(msg.job_id, False, "the offer must have positive speed and memory")
-        if msg.kind not in ("cpu", "cuda", "mps"):
-            return JoinReply(msg.job_id, False, f"unknown device kind {msg.kind!r} (cpu, cuda or mps)")
         offer = Offer(msg.peer_id, f"{msg.address.host}:{msg.address.port}", msg.flops_per_s,
                       msg.free_memory_bytes, msg.kind, msg.block_efficiency, msg.dispatch_s, msg.adamw_s_per_param,
                       msg.sgd_s_per_param, msg.message_s)  # fmt: skip
         try:
-            offer.device_profile(job.spec.training.optimizer)  # the planner's own checks on the calibration
+            offer.check()
         except ValueError as exc:
             return JoinReply(msg.job_id, False, f"the offer is not usable: {exc}")
         new = msg.peer_id not in job.members
@@ -846,36 +847,18 @@ class JobManager:
         """Standby: copy the data (once) and the leader's shards of a committed step; each is checked before
         it is kept; the manifest is written last, so a step is complete here only when all of it is."""
         from arceusd.checkpoint import MANIFEST_NAME, atomic_write, file_matches, matches, prune, step_dir
-        from arceusd.jobs.standby import DATA_FOLDER, StandbyError, check_copy, copy_entry
 
-        address = job.leader_address
         async with job.sync_lock:
-            if job.standby_data is None and msg.data_files:
-                for index, name in enumerate(msg.data_files):
-                    data = await self._download(job, leader, address,
-                                                lambda offset, i=index: DataRequest(job.job_id, i, offset))  # fmt: skip
-                    if data is None:
-                        log.warning("job %s: the leader did not serve data file %s", job.job_id, name)
-                        return
-                    await trio.to_thread.run_sync(atomic_write, job.directory / DATA_FOLDER / name, data)
-                entry = copy_entry(job.directory, json.loads(job.spec_bytes)["data"], msg.data_files)
-                try:
-                    await trio.to_thread.run_sync(check_copy, entry, job.spec.data.sha256)
-                except StandbyError as exc:
-                    log.warning("job %s: %s", job.job_id, exc)
-                    return
-                job.standby_data = entry
-                log.info("job %s: holding a checked copy of the data as the standby", job.job_id)
+            if job.standby_data is None and msg.data_files and not await self._copy_data(job, leader, msg.data_files):
+                return
             root = job.directory / "checkpoints"
             folder = step_dir(root, msg.step)
             records = {r.name: r for r in manifest.shards}
             for name in msg.shards:
                 if await trio.to_thread.run_sync(file_matches, folder / name, records[name]):
                     continue
-                def shard_request(offset: int, n: str = name) -> ShardRequest:
-                    return ShardRequest(job.job_id, msg.step, n, offset)
-
-                data = await self._download(job, leader, address, shard_request)
+                data = await self._download(job, leader, job.leader_address,
+                                            lambda offset, n=name: ShardRequest(job.job_id, msg.step, n, offset))
                 if data is None or not matches(data, records[name]):
                     log.warning("job %s: the leader's shard %s of step %d did not arrive intact", job.job_id, name,
                                 msg.step)  # fmt: skip
@@ -884,6 +867,34 @@ class JobManager:
             await trio.to_thread.run_sync(atomic_write, folder / MANIFEST_NAME, msg.manifest)
             await trio.to_thread.run_sync(prune, root, job.spec.checkpoint.keep)
             job.committed_step = max(job.committed_step, msg.step)
+
+    async def _copy_data(self, job: Job, leader: str, names: tuple[str, ...]) -> bool:
+        """Standby: download the leader's data files and check them against the spec's digest; a copy that
+        does not arrive whole or does not match is removed, never kept half-written."""
+        import shutil
+
+        from arceusd.checkpoint import atomic_write
+        from arceusd.jobs.standby import DATA_FOLDER, StandbyError, check_copy, copy_entry
+
+        folder = job.directory / DATA_FOLDER
+        for index, name in enumerate(names):
+            data = await self._download(job, leader, job.leader_address,
+                                        lambda offset, i=index: DataRequest(job.job_id, i, offset))  # fmt: skip
+            if data is None:
+                log.warning("job %s: the leader did not serve data file %s", job.job_id, name)
+                break
+            await trio.to_thread.run_sync(atomic_write, folder / name, data)
+        else:
+            entry = copy_entry(job.directory, json.loads(job.spec_bytes)["data"], names)
+            try:
+                await trio.to_thread.run_sync(check_copy, entry, job.spec.data.sha256)
+                job.standby_data = entry
+                log.info("job %s: holding a checked copy of the data as the standby", job.job_id)
+                return True
+            except StandbyError as exc:
+                log.warning("job %s: %s", job.job_id, exc)
+        await trio.to_thread.run_sync(lambda: shutil.rmtree(folder, ignore_errors=True))
+        return False
 
     async def _on_data_request(self, header: Header, msg: DataRequest) -> ShardData | JobAck:
         from arceusd.jobs.standby import data_files
@@ -926,7 +937,7 @@ class JobManager:
         me, old = self.node.identity.peer_id, job.leader
         if job.plan is None:
             return
-        alive = dict(self.peers.alive_peers())  # the members' offers as the leader last had them, at today's address
+        alive = self.peers.alive_peers()  # the members' offers as the leader last had them, at today's address
         job.members = {p: replace(o, address=alive[p]) for p, o in job.standby_offers.items()
                        if p in alive and p in job.plan.peer_ids and p not in (old, me)}  # fmt: skip
         job.members[me] = await self.offer()

@@ -20,6 +20,7 @@ the same plan. An offer without them (the defaults) plans as before calibration 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -76,6 +77,17 @@ class Offer:
         return DeviceProfile(self.peer_id, self.flops_per_s, self.memory_bytes, self.kind,
                              block_efficiency=self.block_efficiency, dispatch_s=self.dispatch_s,
                              optimizer_s_per_param=per_param[optimizer])  # fmt: skip
+
+    def check(self) -> None:
+        """Raise ``ValueError`` naming the field unless the planner can use this offer (an offer that came
+        over the wire is checked before it is kept): the device profile's own checks for either optimizer, and
+        every cost a finite number >= 0."""
+        for name in ("dispatch_s", "adamw_s_per_param", "sgd_s_per_param", "message_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"offer of {self.peer_id[:12]}: {name} must be a finite number >= 0, got {value!r}")
+        self.device_profile("adamw")
+        self.device_profile("sgd")
 
 
 def plan_inputs(
@@ -175,7 +187,7 @@ def verify_start(spec: JobSpec, inputs_data: bytes, plan_data: bytes, own: Offer
 
 
 def _offer_facts(d: DeviceProfile) -> tuple[float, int, float, float, float]:
-    """What a member checks about itself in the leader's inputs (the kind is not carried by a join yet)."""
+    """What a member checks about itself in the leader's inputs (the kind does not enter the cost model)."""
     return d.flops_per_s, d.memory_bytes, d.block_efficiency, d.dispatch_s, d.optimizer_s_per_param
 
 

@@ -88,3 +88,12 @@ def test_measured_links_replace_the_defaults_and_member_pairs_take_the_slower_le
     # without measurements every link is nominal
     plain = plan_inputs(_spec("adamw"), offers, {})
     assert all(link.bandwidth_bytes_per_s == DEFAULT_BANDWIDTH for _, _, link in plain.links.links)
+
+
+def test_an_offer_from_the_wire_is_checked_field_by_field() -> None:
+    good = _offers()[0]
+    good.check()
+    for field, value in [("message_s", -1e-3), ("dispatch_s", float("nan")), ("sgd_s_per_param", float("inf")),
+                         ("block_efficiency", 0.0), ("flops_per_s", 0.0), ("kind", "tpu")]:  # fmt: skip
+        with pytest.raises(ValueError, match=field if field != "kind" else "kind must be one of"):
+            dataclasses.replace(good, **{field: value}).check()
