@@ -393,11 +393,16 @@ class JobManager:
         for peer in old:
             if peer != self.node.identity.peer_id and peer in alive and peer in job.members:
                 self._spawn(self._send_stop, job, peer, stop, job.members[peer].address)
-        reachable = await self._reachable(job, [p for p in job.members if p in alive])
+        # Ask every member, whatever membership says right now: a worker's broken link is faster than
+        # membership, and a daemon that just restarted can flap between dead and alive for a moment while the
+        # handshake answers (a non-owner leader could not invite it back: only the owner announces jobs).
+        reachable = await self._reachable(job, list(job.members))
+        busy = [p for p in job.members if p not in reachable and p in self.peers.alive_peers()]
+        if busy:  # alive to membership but slow to answer (e.g. just restarted, importing torch): a second chance
+            reachable |= await self._reachable(job, busy, timeout=5.0)
         for peer in list(job.members):
             if peer != self.node.identity.peer_id and peer not in reachable:
-                # dead, left, suspect or not answering right now (membership may not have noticed yet: a
-                # worker's broken link is faster); it is invited back when membership sees it alive
+                # dead, left or not answering; the owner invites it back when membership sees it alive
                 del job.members[peer]
                 job.announced.discard(peer)
         job.rebalance = False

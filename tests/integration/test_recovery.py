@@ -207,7 +207,7 @@ def test_killed_leader_is_replaced_by_its_elected_standby(make_swarm: Any, tmp_p
     that leader as a member (rebalanced in at the next checkpoint). The job ends exactly, the model on the new
     leader."""
     spec = write_spec(tmp_path, steps=240, interval=20)
-    s = make_swarm(env={"ARCEUSD_FAILPOINTS": "worker.step=sleep:0.1"})  # ~10 steps/s: time for the owner's return
+    s = make_swarm(env={"ARCEUSD_FAILPOINTS": "worker.step=sleep:0.15"})  # ~6 steps/s: time for the owner to return
     job_id = submit(s, spec)
     owner_view = wait_step(s, job_id, 50, timeout=120)
     standby = str(owner_view["standby"])
