@@ -393,13 +393,15 @@ class JobManager:
         for peer in old:
             if peer != self.node.identity.peer_id and peer in alive and peer in job.members:
                 self._spawn(self._send_stop, job, peer, stop, job.members[peer].address)
-        # Ask every member, whatever membership says right now: a worker's broken link is faster than
-        # membership, and a daemon that just restarted can flap between dead and alive for a moment while the
-        # handshake answers (a non-owner leader could not invite it back: only the owner announces jobs).
-        reachable = await self._reachable(job, list(job.members))
-        busy = [p for p in job.members if p not in reachable and p in self.peers.alive_peers()]
-        if busy:  # alive to membership but slow to answer (e.g. just restarted, importing torch): a second chance
-            reachable |= await self._reachable(job, busy, timeout=5.0)
+        # The old plan's members are asked with a handshake, whatever membership says right now: a worker's broken
+        # link is faster than membership. A member that joined since (not in the old plan) is kept while
+        # membership sees it live: it asked to join moments ago, and a daemon that just restarted can be too busy
+        # (importing torch) to answer a handshake in time, while a leader that is not the owner could never
+        # invite it back (only the owner announces jobs). If it then fails to start, the next restart drops it.
+        live = {p for p, m in self.peers.membership.members.items()
+                if m.state in (MemberState.ALIVE, MemberState.SUSPECT)}  # fmt: skip
+        reachable = await self._reachable(job, [p for p in job.members if p in old])
+        reachable |= {p for p in job.members if p not in old and p in live}
         for peer in list(job.members):
             if peer != self.node.identity.peer_id and peer not in reachable:
                 # dead, left or not answering; the owner invites it back when membership sees it alive
