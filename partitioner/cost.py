@@ -30,7 +30,9 @@ the first stage's next forwards). sync = the worst round trip from a worker to t
 message cost each way); none with a single worker.
 
 Memory (hard) per member: f_i * (2 * params + optimizer) [weights + gradients + optimizer state] plus
-f_i * stash * b * (in-flight micro-batches): GPipe keeps all m, 1F1B keeps min(S - s, m) on stage s. GPipe is
+f_i * stash * b * (in-flight micro-batches): GPipe keeps all m, 1F1B keeps ``in_flight_1f1b(S - s, m)`` on stage
+s (the worker's 1F1B runs one look-ahead forward on every stage but the last: min(S - s + 1, m), and 1 on the
+last; ``tests/unit/test_schedule.py`` checks this against the worker's schedules). GPipe is
 chosen when it fits (simpler, same predicted time here), else 1F1B, else the placement is infeasible.
 """
 
@@ -45,6 +47,13 @@ from partitioner.plan import DeviceShare, Plan, Stage
 from partitioner.splits import proportional_split
 
 INF = math.inf
+
+
+def in_flight_1f1b(stages_to_end: int, m: int) -> int:
+    """Micro-batches a stage stashes in the worker's 1F1B, given how many stages there are from it to the last
+    (itself included): ``min(k + 1, m)`` for every stage but the last (its look-ahead forward), 1 for the last."""
+    k = stages_to_end
+    return min(k + 1 if k > 1 else k, m)
 
 
 class GroupInfo:
@@ -303,7 +312,7 @@ class CostModel:
         in_flight = [m] * n_stages
         if not all(self.fits(g, j0, j1, b, m) for g, (_, j0, j1) in zip(groups, stages, strict=True)):
             schedule = "1f1b"
-            in_flight = [min(n_stages - s, m) for s in range(n_stages)]
+            in_flight = [in_flight_1f1b(n_stages - s, m) for s in range(n_stages)]
             if not all(
                 self.fits(g, j0, j1, b, in_flight[s])
                 for s, (g, (_, j0, j1)) in enumerate(zip(groups, stages, strict=True))

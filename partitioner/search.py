@@ -5,7 +5,7 @@ For a fixed micro-batch count m the objective is the cost model's step time
 exchange over the first stage's head, added when a plan is complete: in exact mode every label of a state
 shares its device set, and a complete label its root, so dominance stays exact). It is not additive, so each
 DP state keeps a small Pareto set of labels (bottleneck M, sum S, stages k, slowest optimizer step U), k
-capped at m because the 1F1B stash of a stage is min(stages from it to the end, m) micro-batches. The DP
+capped at m because the 1F1B stash of a stage is ``in_flight_1f1b(stages from it to the end, m)`` micro-batches. The DP
 runs backwards over block suffixes, so when a stage is prepended its stash count is known and memory is
 checked exactly (a hard constraint). Labels are pruned against the best complete plan found so far (also
 across micro-batch counts) with an admissible lower bound for the blocks still to place.
@@ -152,9 +152,13 @@ def _search_m(cm: CostModel, m: int, terminal: int, preds: _Preds, incumbent: fl
                     opt = cm.optimizer_s(g, j0, j)
                     target = states[j0].setdefault((nctx, g.head), [])
                     for label in labels:
-                        kk = label[2] + 1
-                        in_flight = kk if kk < m else m
-                        if in_flight > fit:
+                        kk = label[2] + 1  # stages from this one to the end, capped at m
+                        if kk > m:
+                            kk = m
+                        stash_n = kk + 1 if kk > 1 else kk  # in_flight_1f1b(kk, m), inlined (hot loop)
+                        if stash_n > m:
+                            stash_n = m
+                        if stash_n > fit:
                             continue
                         big = label[0] if label[0] > t else t
                         total = label[1] + t
@@ -162,7 +166,6 @@ def _search_m(cm: CostModel, m: int, terminal: int, preds: _Preds, incumbent: fl
                         val = (m - 1) * big + total + slowest
                         if val + rest >= inc:
                             continue
-                        kk = in_flight
                         dominated = False
                         for o in target:
                             if o[0] <= big and o[1] <= total and o[2] <= kk and o[3] <= slowest:

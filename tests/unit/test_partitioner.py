@@ -29,6 +29,7 @@ from partitioner import (
     plan_hash,
     verify,
 )
+from partitioner.cost import in_flight_1f1b
 from partitioner.splits import proportional_split
 from partitioner.synthetic import gpt_like_blocks, random_inputs
 from tests.unit._partitioner_cases import small_instance
@@ -65,7 +66,7 @@ def check_plan_invariants(p: Plan, inputs: PlanInputs) -> None:
             if len(s.devices) > 1:
                 assert all(sh.heads[i] >= 1 for sh in s.shares if blocks[j].heads)
                 assert all(sh.mlp_columns[i] >= 1 for sh in s.shares if blocks[j].mlp_columns)
-        in_1f1b = min(len(p.stages) - s.index, p.micro_batches)
+        in_1f1b = in_flight_1f1b(len(p.stages) - s.index, p.micro_batches)
         expect_stash = p.micro_batches if p.schedule == "gpipe" else in_1f1b
         assert s.stash_micro_batches == expect_stash
         if len(s.devices) == 1:  # independent memory recomputation for whole-block stages

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from arceusd.worker.schedule import (
+    Action,
     Backward,
     ComputeLoss,
     Forward,
@@ -16,8 +17,11 @@ from arceusd.worker.schedule import (
     SendGrad,
     build_schedule,
     max_in_flight,
+    one_f_one_b,
+    one_f_one_b_in_flight,
     simulate,
 )
+from partitioner.cost import in_flight_1f1b
 
 KINDS = [ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B]
 GRID = [(S, m) for S in range(1, 6) for m in range(1, 10)]
@@ -61,9 +65,76 @@ def test_first_and_last_stage_edges(kind: ScheduleKind) -> None:
 def test_1f1b_stash_bounded_by_stages_left_and_gpipe_stashes_all() -> None:
     for S, m in GRID:
         for s in range(S):
-            assert max_in_flight(build_schedule("1f1b", s, S, m)) <= S - s
-            assert max_in_flight(build_schedule("1f1b", s, S, m)) == min(S - s, m)
+            look = 1 if s < S - 1 else 0  # the look-ahead forward, on every stage but the last
+            assert max_in_flight(build_schedule("1f1b", s, S, m)) == min(S - s + look, m)
+            assert max_in_flight(one_f_one_b(s, S, m, lookahead=0)) == min(S - s, m)  # textbook
+            assert max_in_flight(build_schedule("1f1b", s, S, m)) == one_f_one_b_in_flight(s, S, m)
+            # the planner's memory model counts the stashes the worker really holds
+            assert max_in_flight(build_schedule("1f1b", s, S, m)) == in_flight_1f1b(S - s, m)
             assert max_in_flight(build_schedule("gpipe", s, S, m)) == m
+
+
+def test_1f1b_lookahead_keeps_the_backward_order_and_runs_the_next_forward_before_waiting() -> None:
+    for S, m in GRID:
+        for s in range(S):
+            acts = build_schedule("1f1b", s, S, m)
+            backwards = [a.micro_batch for a in acts if isinstance(a, Backward)]
+            assert backwards == list(range(m))  # the accumulated gradients are summed in the same order
+            if s < S - 1 and m > S - s:
+                # before the stage waits for its first gradient it has run one forward more than textbook 1F1B
+                first_wait = acts.index(RecvGrad(0))
+                assert sum(isinstance(a, Forward) for a in acts[:first_wait]) == S - s + 1
+    with pytest.raises(ValueError, match="lookahead"):
+        one_f_one_b(0, 2, 4, lookahead=-1)
+
+
+def test_1f1b_lookahead_shortens_a_two_stage_step_when_messages_take_time() -> None:
+    """Timed replay of the action lists (forward 1, backward 2, each message 0.3): the look-ahead hides the
+    gradient's round trip that textbook 1F1B waits for at every micro-batch."""
+    def makespan(schedules: list[tuple[Action, ...]]) -> float:
+        return _timed(schedules, forward=1.0, backward=2.0, latency=0.3)
+
+    for m in (4, 8):
+        textbook = makespan([one_f_one_b(s, 2, m, lookahead=0) for s in range(2)])
+        ahead = makespan([build_schedule("1f1b", s, 2, m) for s in range(2)])
+        gpipe = makespan([build_schedule("gpipe", s, 2, m) for s in range(2)])
+        assert ahead < textbook - 0.3 * (m - 2)
+        assert ahead <= gpipe + 1e-9
+
+
+def _timed(schedules: list[tuple[Action, ...]], *, forward: float, backward: float, latency: float) -> float:
+    """Makespan of the stages' action lists when every message arrives ``latency`` after it is sent."""
+    n = len(schedules)
+    pos, clock = [0] * n, [0.0] * n
+    arrivals: dict[tuple[str, int, int], float] = {}
+    for _ in range(sum(len(s) for s in schedules) + 1):
+        moved = False
+        for s in range(n):
+            while pos[s] < len(schedules[s]):
+                a = schedules[s][pos[s]]
+                if isinstance(a, RecvActivation | RecvGrad):
+                    key = ("act" if isinstance(a, RecvActivation) else "grad", s, a.micro_batch)
+                    if key not in arrivals:
+                        break
+                    clock[s] = max(clock[s], arrivals[key])
+                elif isinstance(a, Forward):
+                    clock[s] += forward
+                elif isinstance(a, Backward):
+                    clock[s] += backward
+                elif isinstance(a, SendActivation):
+                    arrivals[("act", s + 1, a.micro_batch)] = clock[s] + latency
+                elif isinstance(a, SendGrad):
+                    arrivals[("grad", s - 1, a.micro_batch)] = clock[s] + latency
+                elif isinstance(a, OptimizerStep) and not all(
+                    pos[t] >= len(schedules[t]) - 1 for t in range(n)
+                ):
+                    break
+                pos[s] += 1
+                moved = True
+        if not moved:
+            break
+    assert all(pos[s] == len(schedules[s]) for s in range(n)), "the schedules did not finish"
+    return max(clock)
 
 
 @pytest.mark.parametrize("kind", KINDS)
