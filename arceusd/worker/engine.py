@@ -18,8 +18,9 @@ streams).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -38,6 +39,7 @@ from arceusd.worker.schedule import (
     ScheduleKind,
     SendActivation,
     SendGrad,
+    WeightGrad,
     build_schedule,
 )
 from arceusd.worker.stage import StageModule
@@ -69,6 +71,8 @@ class EngineConfig:
     max_grad_norm: float | None = None
     autocast_bf16: bool = False
     device: str = "cpu"
+    early_last_grad: bool = True
+    """1F1B: send the last micro-batch's input gradient before its weights' gradients (see ``schedule.py``)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.stage < self.num_stages:
@@ -88,6 +92,11 @@ class StepResult:
     grad_norm: float | None
     """Global gradient norm before clipping (``None`` when clipping is off)."""
     lr: float
+    wait_s: float = 0.0
+    """Seconds this stage spent blocked on its links (receiving activations or gradients, the step's scalar
+    exchange): the pipeline's bubble plus any wait for a slower neighbour or a slow link."""
+    optimizer_s: float = 0.0
+    """Seconds of the optimizer step (clipping included)."""
 
 
 class StageEngine:
@@ -129,13 +138,19 @@ class StageEngine:
         )
         self.module.train()
         self.optimizer.zero_grad()
-        actions = build_schedule(self.config.schedule, self.config.stage, self.config.num_stages, m)
+        c = self.config
+        actions = build_schedule(c.schedule, c.stage, c.num_stages, m, early_last_grad=c.early_last_grad)
         result: StepResult | None = None
         for action in actions:
-            result = self._execute(action, run) or result
+            if isinstance(action, RecvActivation | RecvGrad):
+                began = time.perf_counter()
+                self._execute(action, run)
+                run.wait_s += time.perf_counter() - began
+            else:
+                result = self._execute(action, run) or result
         if result is None:
             raise RuntimeError("schedule ended without an OptimizerStep")  # pragma: no cover - schedule bug
-        return result
+        return replace(result, wait_s=result.wait_s + run.wait_s)
 
     def param_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.module.parameters())
@@ -213,7 +228,12 @@ class StageEngine:
         elif isinstance(action, RecvGrad):
             run.grads[action.micro_batch] = self._decode(self.links.recv_grad(action.micro_batch))
         elif isinstance(action, Backward):
-            self._backward(action.micro_batch, run)
+            if action.defer_weights and not self.module.tensor_parallel:
+                self._backward_input(action.micro_batch, run)
+            else:  # a tensor-parallel backward all-reduces: running it twice would double that traffic
+                self._backward(action.micro_batch, run)
+        elif isinstance(action, WeightGrad):
+            self._weight_grad(action.micro_batch, run)
         elif isinstance(action, SendGrad):
             g = run.input_grads.pop(action.micro_batch)
             if self.sends:
@@ -237,15 +257,47 @@ class StageEngine:
                 )
             run.input_grads[i] = x.grad
 
+    def _root(self, i: int, run: _StepState) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Where micro-batch ``i``'s backward starts: its loss (last stage) or its output and the received
+        gradient."""
+        if self.is_last:
+            return run.losses[i], None
+        y = run.stash[i][1]
+        return y, run.grads.pop(i).to(y.dtype)
+
+    def _backward_input(self, i: int, run: _StepState) -> None:
+        """Only the gradient of the stage's input (sent at once); the parameters' wait for ``WeightGrad``."""
+        x, _ = run.stash[i]
+        root, grad = self._root(i, run)
+        (gx,) = torch.autograd.grad(root, x, grad, retain_graph=True)
+        run.deferred[i] = (root, grad)
+        run.input_grads[i] = gx
+        if self.is_last:
+            run.loss_sum += float(run.losses.pop(i).item())
+
+    def _weight_grad(self, i: int, run: _StepState) -> None:
+        """The parameters' gradients of a micro-batch whose backward was deferred (a no-op when it was not)."""
+        if i not in run.deferred:
+            return
+        root, grad = run.deferred.pop(i)
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        torch.autograd.backward(root, grad, inputs=params)
+        run.stash.pop(i)
+
     def _optimizer_step(self, run: _StepState) -> StepResult:
         lr = self.config.lr_schedule(self.step) if self.config.lr_schedule else self.config.optimizer.lr
+        began = time.perf_counter()
+        exchange = 0.0
         grad_norm = None
         report = run.loss_sum if (self.is_last and self.sends) else 0.0
         if self.config.max_grad_norm is not None:
             losses: list[float] = []
 
             def reduce_with_loss(sq_norm: float) -> float:  # one exchange for the norm and the loss
+                nonlocal exchange
+                t0 = time.perf_counter()
                 total_sq, loss_total = self.links.allreduce_scalars((sq_norm, report))
+                exchange = time.perf_counter() - t0
                 losses.append(loss_total)
                 return total_sq
 
@@ -257,9 +309,14 @@ class StageEngine:
             )
             (loss,) = losses
         else:
+            t0 = time.perf_counter()
             (loss,) = self.links.allreduce_scalars((report,))
+            exchange = time.perf_counter() - t0
         self.optimizer.step(lr)
-        result = StepResult(step=self.step, loss=loss, grad_norm=grad_norm, lr=lr)
+        spent = time.perf_counter() - began
+        result = StepResult(
+            step=self.step, loss=loss, grad_norm=grad_norm, lr=lr, wait_s=exchange, optimizer_s=spent - exchange
+        )
         self.step += 1
         return result
 
@@ -276,4 +333,7 @@ class _StepState:
     grads: dict[int, torch.Tensor] = field(default_factory=dict)
     input_grads: dict[int, torch.Tensor] = field(default_factory=dict)
     losses: dict[int, torch.Tensor] = field(default_factory=dict)
+    deferred: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = field(default_factory=dict)
+    """Micro-batches whose parameters' gradients wait for ``WeightGrad``: (backward root, its gradient)."""
     loss_sum: float = 0.0
+    wait_s: float = 0.0

@@ -285,6 +285,9 @@ class StepEvent:
     samples: int
     tokens: int
     seconds: float
+    wait_seconds: float = 0.0
+    """Of ``seconds``, the time the stage waited on its links (bubble and slower neighbours)."""
+    optimizer_seconds: float = 0.0
 
     def to_line(self) -> str:
         return _line({"event": "step", **asdict(self)})
@@ -358,6 +361,8 @@ def parse_event(line: str) -> Event:
         return StepEvent(
             _int(d, "step", w), _float(d, "loss", w), _float(d, "lr", w), _float(d, "grad_norm", w),
             _int(d, "samples", w), _int(d, "tokens", w), _float(d, "seconds", w),
+            _float(d, "wait_seconds", w) if "wait_seconds" in d else 0.0,
+            _float(d, "optimizer_seconds", w) if "optimizer_seconds" in d else 0.0,
         )  # fmt: skip
     if kind == "eval":
         acc = d.get("val_accuracy")

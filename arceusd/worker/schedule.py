@@ -24,6 +24,15 @@ trip on the critical path (simulated with 2 x 5 ms per message on an 8 micro-bat
 micro-batch: 1.64x over one process against 1.75x for GPipe). One more warm-up forward on every stage but
 the last gives the stage the next forward to run while the gradient is in flight, for one more stashed
 micro-batch. The order of the backwards (and so the accumulated gradients, bit for bit) is unchanged.
+
+Early last gradient (1F1B): at the end of a step every stage waits for the gradient of the last micro-batch from the
+stage after it, whose full backward (input and weights) comes first. So on every stage but the first, the last
+micro-batch's ``Backward`` computes only the input's gradient (``defer_weights``), ``SendGrad`` sends it, and
+``WeightGrad`` then computes the parameters' gradients while the previous stage already runs its own
+backward. The engine's ``WeightGrad`` runs the backward again restricted to the parameters (autograd cannot
+resume the first pass), so that stage spends about half a backward more, in time it would otherwise idle; the
+chain of last backwards on the critical path gets that much shorter. Same kernels on the same values, so the
+gradients are the same, bit for bit.
 """
 
 from __future__ import annotations
@@ -62,6 +71,16 @@ class RecvGrad:
 @dataclass(frozen=True)
 class Backward:
     micro_batch: int
+    defer_weights: bool = False
+    """True: compute only the gradient of the stage's input now, so that ``SendGrad`` leaves at once, and the
+    parameters' gradients at the ``WeightGrad`` of the same micro-batch that follows it."""
+
+
+@dataclass(frozen=True)
+class WeightGrad:
+    """The parameters' gradients of a micro-batch whose ``Backward`` deferred them."""
+
+    micro_batch: int
 
 
 @dataclass(frozen=True)
@@ -75,12 +94,22 @@ class OptimizerStep:
 
 
 Action = (
-    RecvActivation | Forward | SendActivation | ComputeLoss | RecvGrad | Backward | SendGrad | OptimizerStep
+    RecvActivation
+    | Forward
+    | SendActivation
+    | ComputeLoss
+    | RecvGrad
+    | Backward
+    | SendGrad
+    | WeightGrad
+    | OptimizerStep
 )
 
 
 #: Extra warm-up forwards of 1F1B on every stage but the last (see the module docstring).
 LOOKAHEAD = 1
+#: Whether 1F1B's last micro-batch sends the input gradient before computing the weights' gradients.
+EARLY_LAST_GRAD = True
 
 
 class ScheduleKind(StrEnum):
@@ -106,18 +135,24 @@ def _forward_unit(i: int, stage: int, num_stages: int) -> list[Action]:
     return acts
 
 
-def _backward_unit(i: int, stage: int, num_stages: int) -> list[Action]:
+def _backward_unit(i: int, stage: int, num_stages: int, early_grad: bool = False) -> list[Action]:
     acts: list[Action] = []
     if stage < num_stages - 1:
         acts.append(RecvGrad(i))
-    acts.append(Backward(i))
+    defer = early_grad and stage > 0
+    acts.append(Backward(i, defer_weights=defer))
     if stage > 0:
         acts.append(SendGrad(i))
+    if defer:
+        acts.append(WeightGrad(i))
     return acts
 
 
 def gpipe(stage: int, num_stages: int, num_micro_batches: int) -> tuple[Action, ...]:
-    """All forwards, then all backwards (in micro-batch order), then the optimizer step."""
+    """All forwards, then all backwards (in micro-batch order), then the optimizer step.
+
+    No early last gradient: in GPipe each stage's backwards trail the next stage's by one, so a stage is still
+    busy with its second-to-last backward when the last gradient arrives; sending it earlier gains nothing."""
     _check(stage, num_stages, num_micro_batches)
     acts: list[Action] = []
     for i in range(num_micro_batches):
@@ -141,7 +176,12 @@ def one_f_one_b_in_flight(stage: int, num_stages: int, num_micro_batches: int, l
 
 
 def one_f_one_b(
-    stage: int, num_stages: int, num_micro_batches: int, lookahead: int = LOOKAHEAD
+    stage: int,
+    num_stages: int,
+    num_micro_batches: int,
+    lookahead: int = LOOKAHEAD,
+    *,
+    early_last_grad: bool = EARLY_LAST_GRAD,
 ) -> tuple[Action, ...]:
     """PipeDream-flush 1F1B with ``lookahead`` extra warm-up forwards (0: the textbook schedule): warm-up
     forwards, steady one-forward-one-backward, drain backwards."""
@@ -155,24 +195,30 @@ def one_f_one_b(
         acts += _forward_unit(i, stage, num_stages)
     for j in range(m - warmup):
         acts += _forward_unit(warmup + j, stage, num_stages)
-        acts += _backward_unit(j, stage, num_stages)
+        acts += _backward_unit(j, stage, num_stages, early_last_grad and j == m - 1)
     for j in range(m - warmup, m):
-        acts += _backward_unit(j, stage, num_stages)
+        acts += _backward_unit(j, stage, num_stages, early_last_grad and j == m - 1)
     acts.append(OptimizerStep())
     return tuple(acts)
 
 
 def build_schedule(
-    kind: ScheduleKind | str, stage: int, num_stages: int, num_micro_batches: int
+    kind: ScheduleKind | str,
+    stage: int,
+    num_stages: int,
+    num_micro_batches: int,
+    *,
+    early_last_grad: bool = EARLY_LAST_GRAD,
 ) -> tuple[Action, ...]:
-    """The action list of ``stage`` for the named schedule (``"gpipe"`` or ``"1f1b"``)."""
+    """The action list of ``stage`` for the named schedule (``"gpipe"`` or ``"1f1b"``); ``early_last_grad``
+    applies to 1F1B."""
     try:
         k = ScheduleKind(kind)
     except ValueError:
         raise ValueError(f"unknown schedule {kind!r}; expected 'gpipe' or '1f1b'") from None
     if k is ScheduleKind.GPIPE:
         return gpipe(stage, num_stages, num_micro_batches)
-    return one_f_one_b(stage, num_stages, num_micro_batches)
+    return one_f_one_b(stage, num_stages, num_micro_batches, early_last_grad=early_last_grad)
 
 
 def max_in_flight(actions: Sequence[Action]) -> int:
@@ -182,8 +228,8 @@ def max_in_flight(actions: Sequence[Action]) -> int:
         if isinstance(a, Forward):
             live += 1
             peak = max(peak, live)
-        elif isinstance(a, Backward):
-            live -= 1
+        elif isinstance(a, WeightGrad) or (isinstance(a, Backward) and not a.defer_weights):
+            live -= 1  # a deferred backward keeps its stash until the weights' gradients
     return peak
 
 

@@ -51,6 +51,11 @@ class StageModule(nn.Module):
             x = block(x)
         return x
 
+    @property
+    def tensor_parallel(self) -> bool:
+        """True when a block of this stage is split across a tensor-parallel group (its backward all-reduces)."""
+        return any(isinstance(b, TPTransformerBlock) for b in self.blocks.values())
+
     def norm_parameters(self) -> list[nn.Parameter]:
         """Parameters whose gradients this rank contributes to the global norm (each counted once
         job-wide)."""

@@ -87,6 +87,7 @@ def build_engines(
     clip: float | None,
     compression: Compression | None = None,
     autocast_bf16: bool = False,
+    early_last_grad: bool = True,
 ) -> list[list[StageEngine]]:
     fabric = InMemoryFabric(
         [1 if split is None else split.world_size for _, _, split in case.layout], timeout_s=20
@@ -108,6 +109,7 @@ def build_engines(
                 lr_schedule=lr,
                 max_grad_norm=clip,
                 autocast_bf16=autocast_bf16,
+                early_last_grad=early_last_grad,
             )
             ranks.append(StageEngine(module, fabric.links(s, r), config, compression))
         engines.append(ranks)
@@ -288,3 +290,21 @@ def test_resume_from_state_tensors_continues_exactly(opt_name: str) -> None:
         assert a[0] == b[0] and torch.equal(a[1], b[1])
     with pytest.raises(ValueError, match="does not belong"):
         resumed[0][0].load_state_tensors({"param.blocks.9.x": torch.zeros(1)}, step=0)
+
+
+@pytest.mark.parametrize("case_name", ["mlp-3", "gpt-3", "gpt-3-tp"])
+def test_early_last_gradient_changes_no_bit(case_name: str) -> None:
+    """1F1B's last micro-batch sends its input gradient first and computes the weights' gradients after: the
+    losses, norms and parameters are bit-identical to the whole backward (a tensor-parallel stage keeps it)."""
+    case, opt = CASES[case_name], OPTIMIZERS["adamw"]
+    lr = LRSchedule(max_lr=opt.lr)
+    runs = []
+    for early in (True, False):
+        engines = build_engines(case, ScheduleKind.ONE_F_ONE_B, opt, lr, 0.5, early_last_grad=early)
+        results = drive(engines, _batches(case.model, case.batch))
+        runs.append(([(r.loss, r.grad_norm) for r in results], gathered_params(case, engines)))
+    (early_results, early_params), (plain_results, plain_params) = runs
+    assert early_results == plain_results
+    assert set(early_params) == set(plain_params)
+    for name, tensor in early_params.items():
+        assert torch.equal(tensor, plain_params[name]), name

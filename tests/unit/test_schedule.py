@@ -15,6 +15,7 @@ from arceusd.worker.schedule import (
     ScheduleKind,
     SendActivation,
     SendGrad,
+    WeightGrad,
     build_schedule,
     max_in_flight,
     one_f_one_b,
@@ -24,6 +25,12 @@ from arceusd.worker.schedule import (
 from partitioner.cost import in_flight_1f1b
 
 KINDS = [ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B]
+
+
+def _backward_at(acts: tuple[Action, ...], i: int) -> int:
+    """Index of micro-batch ``i``'s ``Backward`` (whole, or input-only with the weights deferred)."""
+    (at,) = [k for k, a in enumerate(acts) if isinstance(a, Backward) and a.micro_batch == i]
+    return at
 GRID = [(S, m) for S in range(1, 6) for m in range(1, 10)]
 
 
@@ -36,7 +43,7 @@ def test_every_micro_batch_forwarded_and_backwarded_once_in_order(kind: Schedule
             bwd = [a.micro_batch for a in acts if isinstance(a, Backward)]
             assert sorted(fwd) == list(range(m)) and sorted(bwd) == list(range(m))
             for i in range(m):
-                assert acts.index(Forward(i)) < acts.index(Backward(i))
+                assert acts.index(Forward(i)) < _backward_at(acts, i)
             assert acts[-1] == OptimizerStep() and acts.count(OptimizerStep()) == 1
 
 
@@ -54,12 +61,12 @@ def test_first_and_last_stage_edges(kind: ScheduleKind) -> None:
             for i in range(m):
                 if s > 0:
                     assert acts.index(RecvActivation(i)) < acts.index(Forward(i))
-                    assert acts.index(Backward(i)) < acts.index(SendGrad(i))
+                    assert _backward_at(acts, i) < acts.index(SendGrad(i))
                 if s < S - 1:
                     assert acts.index(Forward(i)) < acts.index(SendActivation(i))
-                    assert acts.index(RecvGrad(i)) < acts.index(Backward(i))
+                    assert acts.index(RecvGrad(i)) < _backward_at(acts, i)
                 else:
-                    assert acts.index(Forward(i)) < acts.index(ComputeLoss(i)) < acts.index(Backward(i))
+                    assert acts.index(Forward(i)) < acts.index(ComputeLoss(i)) < _backward_at(acts, i)
 
 
 def test_1f1b_stash_bounded_by_stages_left_and_gpipe_stashes_all() -> None:
@@ -95,15 +102,24 @@ def test_1f1b_lookahead_shortens_a_two_stage_step_when_messages_take_time() -> N
         return _timed(schedules, forward=1.0, backward=2.0, latency=0.3)
 
     for m in (4, 8):
-        textbook = makespan([one_f_one_b(s, 2, m, lookahead=0) for s in range(2)])
-        ahead = makespan([build_schedule("1f1b", s, 2, m) for s in range(2)])
-        gpipe = makespan([build_schedule("gpipe", s, 2, m) for s in range(2)])
+        textbook = makespan([one_f_one_b(s, 2, m, lookahead=0, early_last_grad=False) for s in range(2)])
+        ahead = makespan([one_f_one_b(s, 2, m, early_last_grad=False) for s in range(2)])
+        gpipe = makespan([build_schedule("gpipe", s, 2, m, early_last_grad=False) for s in range(2)])
         assert ahead < textbook - 0.3 * (m - 2)
         assert ahead <= gpipe + 1e-9
 
 
-def _timed(schedules: list[tuple[Action, ...]], *, forward: float, backward: float, latency: float) -> float:
-    """Makespan of the stages' action lists when every message arrives ``latency`` after it is sent."""
+def _timed(
+    schedules: list[tuple[Action, ...]],
+    *,
+    forward: float,
+    backward: float,
+    latency: float,
+    input_half: float = 0.0,
+) -> float:
+    """Makespan of the stages' action lists when every message arrives ``latency`` after it is sent; a
+    deferred backward costs ``input_half`` and its ``WeightGrad`` the whole ``backward`` (the engine's
+    recompute)."""
     n = len(schedules)
     pos, clock = [0] * n, [0.0] * n
     arrivals: dict[tuple[str, int, int], float] = {}
@@ -120,6 +136,8 @@ def _timed(schedules: list[tuple[Action, ...]], *, forward: float, backward: flo
                 elif isinstance(a, Forward):
                     clock[s] += forward
                 elif isinstance(a, Backward):
+                    clock[s] += input_half if a.defer_weights else backward
+                elif isinstance(a, WeightGrad):
                     clock[s] += backward
                 elif isinstance(a, SendActivation):
                     arrivals[("act", s + 1, a.micro_batch)] = clock[s] + latency
@@ -170,3 +188,32 @@ def test_invalid_arguments_raise() -> None:
         build_schedule("gpipe", 2, 2, 2)
     with pytest.raises(ValueError):
         build_schedule("1f1b", 0, 2, 0)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_last_micro_batch_sends_its_input_gradient_before_the_weights_gradients(kind: ScheduleKind) -> None:
+    for S, m in GRID:
+        for s in range(S):
+            acts = build_schedule(kind, s, S, m)
+            deferred = [a.micro_batch for a in acts if isinstance(a, Backward) and a.defer_weights]
+            weights = [a.micro_batch for a in acts if isinstance(a, WeightGrad)]
+            early = kind is ScheduleKind.ONE_F_ONE_B and s > 0  # the first stage sends no gradient
+            assert deferred == weights == ([m - 1] if early else [])
+            if early:
+                at = _backward_at(acts, m - 1)
+                assert acts[at + 1 : at + 3] == (SendGrad(m - 1), WeightGrad(m - 1))
+            plain = build_schedule(kind, s, S, m, early_last_grad=False)
+            assert not any(isinstance(a, WeightGrad) for a in plain)
+            assert max_in_flight(acts) == max_in_flight(plain)
+
+
+def test_early_last_gradient_shortens_the_1f1b_drain() -> None:
+    """With messages free, each stage's last backward in 1F1B still waits for the next stage's: sending the
+    input gradient before the weights' gradients (input half 1.0 of a backward of 2.0; the engine recomputes
+    the input half for the weights, so a deferred weight pass costs the whole backward) shortens that chain."""
+    for S, m in ((2, 8), (3, 6), (4, 8)):
+        plain = _timed([one_f_one_b(s, S, m, early_last_grad=False) for s in range(S)],
+                       forward=1.0, backward=2.0, latency=0.0)  # fmt: skip
+        early = _timed([one_f_one_b(s, S, m) for s in range(S)], forward=1.0, backward=2.0, latency=0.0,
+                       input_half=1.0)  # fmt: skip
+        assert early <= plain - 0.9, (S, m, early, plain)
