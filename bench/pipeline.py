@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -296,12 +297,10 @@ def main() -> None:
 def _steady(times: list[float], warmup: int) -> float:
     """Seconds of the steady steps: their count times their median. The machines here are shared: another
     tenant's burst stretches a few steps by 20-40 %, and the median keeps those out of every run alike."""
-    steady = sorted(times[warmup:])
+    steady = times[warmup:]
     if not steady:
         raise ValueError(f"no steady steps: {len(times)} steps with {warmup} warm-up")
-    mid = len(steady) // 2
-    median = steady[mid] if len(steady) % 2 else (steady[mid - 1] + steady[mid]) / 2
-    return median * len(steady)
+    return statistics.median(steady) * len(steady)
 
 
 def _load() -> str:

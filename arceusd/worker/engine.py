@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 
@@ -29,6 +29,7 @@ from arceusd.worker.links import Links
 from arceusd.worker.microbatch import split_micro_batches
 from arceusd.worker.optim import LRSchedule, OptimizerConfig, SGDConfig, clip_grad_norm_global, make_optimizer
 from arceusd.worker.schedule import (
+    EARLY_LAST_GRAD,
     Action,
     Backward,
     ComputeLoss,
@@ -71,7 +72,7 @@ class EngineConfig:
     max_grad_norm: float | None = None
     autocast_bf16: bool = False
     device: str = "cpu"
-    early_last_grad: bool = True
+    early_last_grad: bool = EARLY_LAST_GRAD
     """1F1B: send the last micro-batch's input gradient before its weights' gradients (see ``schedule.py``)."""
 
     def __post_init__(self) -> None:
@@ -150,7 +151,7 @@ class StageEngine:
                 result = self._execute(action, run) or result
         if result is None:
             raise RuntimeError("schedule ended without an OptimizerStep")  # pragma: no cover - schedule bug
-        return replace(result, wait_s=result.wait_s + run.wait_s)
+        return result
 
     def param_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.module.parameters())
@@ -243,13 +244,11 @@ class StageEngine:
         return None
 
     def _backward(self, i: int, run: _StepState) -> None:
-        x, y = run.stash.pop(i)
+        root, grad = self._root(i, run)
+        torch.autograd.backward(root, grad)
+        x, _ = run.stash.pop(i)
         if self.is_last:
-            torch.autograd.backward(run.losses[i])
             run.loss_sum += float(run.losses.pop(i).item())
-        else:
-            g = run.grads.pop(i)
-            torch.autograd.backward(y, g.to(y.dtype))
         if not self.is_first:
             if x.grad is None:
                 raise RuntimeError(
@@ -286,18 +285,21 @@ class StageEngine:
 
     def _optimizer_step(self, run: _StepState) -> StepResult:
         lr = self.config.lr_schedule(self.step) if self.config.lr_schedule else self.config.optimizer.lr
-        began = time.perf_counter()
-        exchange = 0.0
+        began, waited = time.perf_counter(), run.wait_s
+
+        def exchange(values: tuple[float, ...]) -> list[float]:  # the step's one scalar all-reduce, timed
+            t0 = time.perf_counter()
+            sums = self.links.allreduce_scalars(values)
+            run.wait_s += time.perf_counter() - t0
+            return sums
+
         grad_norm = None
         report = run.loss_sum if (self.is_last and self.sends) else 0.0
         if self.config.max_grad_norm is not None:
             losses: list[float] = []
 
             def reduce_with_loss(sq_norm: float) -> float:  # one exchange for the norm and the loss
-                nonlocal exchange
-                t0 = time.perf_counter()
-                total_sq, loss_total = self.links.allreduce_scalars((sq_norm, report))
-                exchange = time.perf_counter() - t0
+                total_sq, loss_total = exchange((sq_norm, report))
                 losses.append(loss_total)
                 return total_sq
 
@@ -309,13 +311,11 @@ class StageEngine:
             )
             (loss,) = losses
         else:
-            t0 = time.perf_counter()
-            (loss,) = self.links.allreduce_scalars((report,))
-            exchange = time.perf_counter() - t0
+            (loss,) = exchange((report,))
         self.optimizer.step(lr)
-        spent = time.perf_counter() - began
+        spent = time.perf_counter() - began - (run.wait_s - waited)
         result = StepResult(
-            step=self.step, loss=loss, grad_norm=grad_norm, lr=lr, wait_s=exchange, optimizer_s=spent - exchange
+            step=self.step, loss=loss, grad_norm=grad_norm, lr=lr, wait_s=run.wait_s, optimizer_s=spent
         )
         self.step += 1
         return result

@@ -25,14 +25,20 @@ micro-batch: 1.64x over one process against 1.75x for GPipe). One more warm-up f
 the last gives the stage the next forward to run while the gradient is in flight, for one more stashed
 micro-batch. The order of the backwards (and so the accumulated gradients, bit for bit) is unchanged.
 
-Early last gradient (1F1B): at the end of a step every stage waits for the gradient of the last micro-batch from the
-stage after it, whose full backward (input and weights) comes first. So on every stage but the first, the last
-micro-batch's ``Backward`` computes only the input's gradient (``defer_weights``), ``SendGrad`` sends it, and
-``WeightGrad`` then computes the parameters' gradients while the previous stage already runs its own
-backward. The engine's ``WeightGrad`` runs the backward again restricted to the parameters (autograd cannot
-resume the first pass), so that stage spends about half a backward more, in time it would otherwise idle; the
-chain of last backwards on the critical path gets that much shorter. Same kernels on the same values, so the
-gradients are the same, bit for bit.
+Early last gradient (1F1B, off by default): at the end of a step every stage waits for the gradient of the
+last micro-batch from the stage after it, whose full backward (input and weights) comes first. With
+``early_last_grad``, on every stage but the first, the last micro-batch's ``Backward`` computes only the
+input's gradient (``defer_weights``), ``SendGrad`` sends it, and ``WeightGrad`` then computes the parameters'
+gradients while the previous stage already runs its own backward. Same kernels on the same values, so the
+gradients are the same, bit for bit. The engine's ``WeightGrad`` reruns the backward restricted to the
+parameters (autograd cannot resume the first pass), so the stage spends half a backward more. That pays only
+when the previous stage's last backward covers the weight pass: with two stages, when the first stage's
+backward is longer than half the second's. On the even split of ``bench/pipeline.py`` it shortened a 1F1B step
+by 3-6% (two alternating runs each: 0.525 and 0.502 s against 0.539 and 0.532 s; stage 0's wait fell from 62
+to 25-31 ms); on uneven cuts (``tests/unit/test_partitioner_schedule
+.py``'s random ones) it lengthened some steps by up to 13%. Hence off until the worker knows its neighbours'
+stage times (the plan has them; the start command does not carry them yet) or computes the weights' gradients
+without the rerun (torch's ``pipelining/_backward.py`` keeps the intermediate gradients for that).
 """
 
 from __future__ import annotations
@@ -108,8 +114,9 @@ Action = (
 
 #: Extra warm-up forwards of 1F1B on every stage but the last (see the module docstring).
 LOOKAHEAD = 1
-#: Whether 1F1B's last micro-batch sends the input gradient before computing the weights' gradients.
-EARLY_LAST_GRAD = True
+#: Whether 1F1B's last micro-batch sends the input gradient before computing the weights' gradients (off:
+#: see the module docstring for when it pays).
+EARLY_LAST_GRAD = False
 
 
 class ScheduleKind(StrEnum):

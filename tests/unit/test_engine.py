@@ -308,3 +308,17 @@ def test_early_last_gradient_changes_no_bit(case_name: str) -> None:
     assert set(early_params) == set(plain_params)
     for name, tensor in early_params.items():
         assert torch.equal(tensor, plain_params[name]), name
+
+
+def test_step_results_say_how_long_each_stage_waited_on_its_links() -> None:
+    """Every stage of a pipeline waits at least once per step (the last for its first activation, the others
+    for a gradient): ``wait_s`` counts it, ``optimizer_s`` the optimizer step, both inside the step."""
+    case, opt = CASES["gpt-2"], OPTIMIZERS["adamw"]
+    engines = build_engines(case, ScheduleKind.ONE_F_ONE_B, opt, LRSchedule(max_lr=opt.lr), 0.5)
+    results = drive(engines, _batches(case.model, case.batch))
+    assert all(r.wait_s > 0 and r.optimizer_s > 0 for r in results)
+    alone = build_engines(Case(GPT, [(0, 4, None)], micro_batches=3, batch=5), ScheduleKind.ONE_F_ONE_B, opt,
+                          LRSchedule(max_lr=opt.lr), 0.5)  # fmt: skip
+    solo = drive(alone, _batches(GPT, 5))
+    assert all(r.optimizer_s > 0 for r in solo)
+    assert all(r.wait_s < 0.05 for r in solo)  # one stage never waits for a neighbour

@@ -16,56 +16,21 @@ from collections.abc import Sequence
 
 import pytest
 
-from arceusd.worker.schedule import (
-    Backward,
-    Forward,
-    OptimizerStep,
-    RecvActivation,
-    RecvGrad,
-    SendActivation,
-    SendGrad,
-    build_schedule,
-)
+from arceusd.worker.schedule import build_schedule
 from partitioner import DeviceProfile, Link, LinkMatrix, PlanInputs, TrainingParams
 from partitioner.cost import CostModel
 from partitioner.synthetic import gpt_like_blocks
+from tests.unit._schedule_timing import barrier_time
 
 
 def simulate_step(kind: str, forward: Sequence[float], backward: Sequence[float], optimizer: Sequence[float],
                   m: int) -> float:  # fmt: skip
-    """Wall time of one step of the worker's ``kind`` schedule; every loop is bounded by the action count."""
+    """Wall time of one step of the worker's ``kind`` schedule: every stage to the barrier, then the slowest
+    optimizer step. A deferred backward costs half a backward and its weight pass a whole one, as in the
+    engine."""
     n = len(forward)
-    lists = [build_schedule(kind, s, n, m) for s in range(n)]
-    pos, clock = [0] * n, [0.0] * n
-    sent: dict[tuple[str, int, int], float] = {}  # (kind, receiving stage, micro-batch) -> time it was sent
-    for _ in range(sum(len(x) for x in lists) + 1):
-        moved = False
-        for s in range(n):
-            while pos[s] < len(lists[s]):
-                a = lists[s][pos[s]]
-                if isinstance(a, RecvActivation | RecvGrad):
-                    key = ("act" if isinstance(a, RecvActivation) else "grad", s, a.micro_batch)
-                    if key not in sent:
-                        break
-                    clock[s] = max(clock[s], sent[key])
-                elif isinstance(a, Forward):
-                    clock[s] += forward[s]
-                elif isinstance(a, Backward):
-                    clock[s] += backward[s]
-                elif isinstance(a, SendActivation):
-                    sent[("act", s + 1, a.micro_batch)] = clock[s]
-                elif isinstance(a, SendGrad):
-                    sent[("grad", s - 1, a.micro_batch)] = clock[s]
-                elif isinstance(a, OptimizerStep):
-                    break  # the barrier: handled once every stage is here
-                pos[s] += 1
-                moved = True
-        if not moved:
-            break
-    if not all(isinstance(lists[s][pos[s]], OptimizerStep) for s in range(n)):
-        raise AssertionError(f"the schedule deadlocked at {pos}")
-    barrier = max(clock)
-    return barrier + max(optimizer)
+    schedules = [build_schedule(kind, s, n, m) for s in range(n)]
+    return barrier_time(schedules, forward, backward, input_share=0.5) + max(optimizer)
 
 
 def _stage_times(seed: int, n: int) -> tuple[CostModel, list[tuple[tuple[int, ...], int, int]]]:
