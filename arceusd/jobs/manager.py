@@ -8,7 +8,11 @@ The job's election (:mod:`arceusd.election`, the leader ranked first, the standb
 a new term once membership declares the leader dead and a majority of the plan agrees; it then leads: gathers
 the survivors' shards, re-slices, and carries on to the end (the model is saved on it). Without a majority, or
 without a standby that holds the data, the members pause until the owner returns. An owner that returns after
-its standby took over is told by its members who leads (:data:`HANDED_OVER`) and joins that leader as a member.
+its standby took over is told by its members who leads (:data:`HANDED_OVER`) and joins that leader as a member;
+so is an owner that membership declared dead while it lived (a stall under load): its members refuse its commands
+naming the leader they follow (:mod:`arceusd.jobs.leadership`), and it joins that leader instead of repartitioning
+until the job fails. Either way the leader hands the owner the final checkpoint and the owner exports the model
+too (it is the user's).
 Each repartition starts a new term and plan epoch; every leader command carries (job, term, epoch) and members
 refuse older ones and any sender that is neither their leader nor the election's winner of a newer term.
 
@@ -41,6 +45,7 @@ from typing import Any
 import trio
 
 from arceusd.control import RequestError
+from arceusd.jobs import leadership
 from arceusd.jobs.job import TERMINAL, Job
 from arceusd.jobs.supervisor import WorkerFailed, WorkerProcess
 from arceusd.membership.events import MemberChanged, MemberState
@@ -81,8 +86,9 @@ again."""
 JOB_DONE = "the job is done"
 """A leader's answer to a join once the job finished (what a returning owner learns the end from)."""
 
-HANDED_OVER = "handed over to "
-"""A member's answer to its returning owner's announce, followed by the peer id that leads the job now."""
+HANDED_OVER = leadership.HANDED_OVER
+"""A member's answer to its returning owner's announce (and its refusal of any command from a peer it does not
+follow), followed by the peer id that leads the job now (:func:`arceusd.jobs.leadership.refusal`)."""
 
 
 class JobManager:
@@ -486,7 +492,7 @@ class JobManager:
         start = JobStart(job.job_id, job.term, job.epoch, job.spec_bytes, plan_data, inputs_data, start_step,
                          resume.to_wire() if resume is not None else b"", job.standby)  # fmt: skip
         addresses: dict[str, str] = {}
-        failures: list[str] = []
+        failures: list[tuple[str, str]] = []
         reach = {o.peer_id: o.address for o in offers}  # as planned: a member may leave meanwhile
 
         async def start_one(peer: str) -> None:
@@ -504,7 +510,7 @@ class JobManager:
             if reply.accepted:
                 addresses[peer] = reply.worker_address
             else:
-                failures.append(f"{peer[:12]}: {reply.reason}")
+                failures.append((peer, reply.reason))
 
         epoch = job.epoch
         with trio.CancelScope() as scope:
@@ -513,12 +519,22 @@ class JobManager:
                 for peer in job.plan.peer_ids:
                     nursery.start_soon(start_one, peer)
         job.start_scope = None
-        if job.epoch != epoch or job.state in TERMINAL:
-            return
+        if job.epoch != epoch or job.state in TERMINAL or not self._leads(job):
+            return  # replanned, ended, or handed over (to the leader our members follow) meanwhile
         if scope.cancelled_caught:
-            failures.append("a member of the new plan failed while it started")
-        if failures:
-            reason = "members refused or failed to start: " + "; ".join(failures)
+            failures.append(("", "a member of the new plan failed while it started"))
+        outcome = leadership.start_outcome(me, failures)
+        if isinstance(outcome, leadership.HandOver):
+            # Membership declared us dead meanwhile and the standby took over: its members refuse us and say
+            # so. Commanding again cannot succeed (we would only fail the job); join the new leader instead.
+            log.warning("job %s: the members follow %s now; handing over", job.job_id, outcome.leader[:12])
+            job.state = "running"  # the restart path if the hand-over does not happen
+            await self._hand_over(job, outcome.leader)
+            if self._leads(job):
+                self._request_restart(job, f"members follow {outcome.leader[:12]}, who did not take us in")
+            return
+        if isinstance(outcome, leadership.Restart):
+            reason = outcome.reason
             if resuming or job.restart_reason:
                 job.state = "running"  # let the leader loop take the restart path
                 self._request_restart(job, reason)
@@ -607,8 +623,9 @@ class JobManager:
     async def _announce(self, job: Job, peer: str, address: str) -> None:
         msg = JobAnnounce(job.job_id, job.owner, bytes.fromhex(job.spec_hash), job.spec_bytes)
         reply = await self.peers.request(address, peer, msg, timeout=10.0, job_id=job.job_id)
-        if isinstance(reply, JobAck) and not reply.ok and reply.reason.startswith(HANDED_OVER):
-            await self._hand_over(job, reply.reason[len(HANDED_OVER):])
+        leader = leadership.followed_leader(reply.reason) if isinstance(reply, JobAck) and not reply.ok else None
+        if leader is not None:
+            await self._hand_over(job, leader)
 
     async def _hand_over(self, job: Job, leader: str) -> None:
         """Owner, back after its standby took the job over: ask that leader to take this device in as a member
@@ -626,6 +643,9 @@ class JobManager:
                 return
             if reply.accepted or reply.reason == JOB_DONE:
                 self._follow_leader(job, leader)
+                # Terms and epochs count the leader's commands; ours (raised by our own repartitions while we
+                # still thought we led) say nothing about the new leader's, which must not look stale to us.
+                job.term, job.epoch = 0, 0
                 if job.start_scope is not None:
                     job.start_scope.cancel()
                 await self._drop_own_worker(job)
@@ -747,19 +767,22 @@ class JobManager:
 
         Acceptable: from our leader, not older than what we have (``epochs=False``: only the term counts); or
         with a newer term from the peer the job's election made leader (a standby that took over), which then
-        becomes our leader."""
+        becomes our leader. A refusal because we follow another peer names it (:func:`leadership.refusal`), so
+        a leader that was replaced while membership thought it dead learns whom to join."""
         if job is None:
             return "unknown job"
-        if header.sender == job.leader:
-            if header.term < job.term or (epochs and header.term == job.term and header.epoch < job.epoch):
-                return f"stale command (term {header.term} epoch {header.epoch}; we are at {job.term}/{job.epoch})"
+        verdict = leadership.judge_command(header.sender, header.term, header.epoch, job.leader, job.term,
+                                           job.epoch, epochs)  # fmt: skip
+        if isinstance(verdict, leadership.Accept):
             return ""
-        if header.term > job.term and await self._elected(job, header.sender):
+        if isinstance(verdict, leadership.Refuse):
+            return verdict.reason
+        if await self._elected(job, header.sender):
             log.info("job %s: following %s, elected leader (term %d)", job.job_id, header.sender[:12], header.term)
             self._follow_leader(job, header.sender)
             job.term = header.term
             return ""
-        return "only the job's leader may command it"
+        return leadership.refusal(job.leader, job.term)  # tells a replaced leader whom we follow
 
     def _follow_leader(self, job: Job, peer: str) -> None:
         member = self.peers.membership.members.get(peer)
@@ -823,6 +846,9 @@ class JobManager:
         if not (isinstance(reply, JobAck) and reply.ok):
             log.warning("job %s: the standby %s refused checkpoint %d: %s", job.job_id, standby[:12], step,
                         getattr(reply, "reason", "no answer"))  # fmt: skip
+            leader = leadership.followed_leader(reply.reason) if isinstance(reply, JobAck) else None
+            if leader is not None and leader != self.node.identity.peer_id:
+                await self._hand_over(job, leader)
 
     async def _on_standby_sync(self, header: Header, msg: StandbySync) -> JobAck:
         from arceusd.checkpoint import CheckpointError, parse_manifest
@@ -832,6 +858,8 @@ class JobManager:
         why = await self._check_leader(header, job, epochs=False)
         if why or job is None:
             return JobAck(False, why)
+        if job.role == "owner" and not self._leads(job):
+            return await self._receive_final(job, header.sender, msg)
         if job.standby != self.node.identity.peer_id:
             return JobAck(False, "this device is not the job's standby")
         try:
@@ -849,6 +877,63 @@ class JobManager:
         job.standby_offers = offers
         self._spawn(self._standby_copy, job, header.sender, msg, manifest)
         return JobAck(True)
+
+    async def _sync_owner(self, job: Job, step: int, names: list[str]) -> None:
+        """A leader that is not the job's owner (its standby took over): hand the owner, when it joined this
+        leader, the final checkpoint (the signed manifest and its shards' names) before exporting, so the model
+        lands on the owner's disk as well. The owner copies, checks and exports before it answers; a failure
+        only costs the owner its copy (the model is still saved here)."""
+        from arceusd.checkpoint import MANIFEST_NAME, step_dir
+
+        offer = job.members.get(job.owner)
+        if job.owner == self.node.identity.peer_id or offer is None:
+            return
+        manifest = await trio.to_thread.run_sync((step_dir(job.directory / "checkpoints", step) / MANIFEST_NAME)
+                                                 .read_bytes)  # fmt: skip
+        sync = StandbySync(job.job_id, step, manifest, tuple(names))
+        reply = await self.peers.request(offer.address, job.owner, sync, timeout=60.0, job_id=job.job_id,
+                                         term=job.term, epoch=job.epoch)  # fmt: skip
+        if not (isinstance(reply, JobAck) and reply.ok):
+            log.warning("job %s: the owner %s did not take the final checkpoint: %s", job.job_id, job.owner[:12],
+                        getattr(reply, "reason", "no answer"))  # fmt: skip
+
+    async def _receive_final(self, job: Job, leader: str, msg: StandbySync) -> JobAck:
+        """Owner that handed its job over: copy the final checkpoint from the leader, check every shard against
+        the leader's signed manifest, and export the model here (the answer says whether that worked)."""
+        from arceusd.checkpoint import (
+            MANIFEST_NAME,
+            CheckpointError,
+            atomic_write,
+            file_matches,
+            matches,
+            parse_manifest,
+            step_dir,
+        )
+
+        try:
+            manifest, _ = parse_manifest(msg.manifest, sorted(job.leaders), "the leader's manifest")
+            if manifest.job_id != job.job_id or manifest.step != msg.step or msg.step < job.total_steps:
+                raise CheckpointError("the owner takes the final checkpoint of its own job only")
+            if set(msg.shards) != {r.name for r in manifest.shards}:
+                raise CheckpointError("the sync must name exactly the manifest's shards")
+        except CheckpointError as exc:
+            log.warning("job %s: refusing the final checkpoint: %s", job.job_id, exc)
+            return JobAck(False, f"refused: {exc}")
+        folder = step_dir(job.directory / "checkpoints", msg.step)
+        async with job.sync_lock:
+            for record in manifest.shards:
+                if await trio.to_thread.run_sync(file_matches, folder / record.name, record):
+                    continue  # our own worker's shard
+                data = await self._download(job, leader, job.leader_address,
+                                            lambda offset, n=record.name: ShardRequest(job.job_id, msg.step, n, offset))
+                if data is None or not matches(data, record):
+                    return JobAck(False, f"shard {record.name} of step {msg.step} did not arrive intact")
+                await trio.to_thread.run_sync(atomic_write, folder / record.name, data)
+            await trio.to_thread.run_sync(atomic_write, folder / MANIFEST_NAME, msg.manifest)
+            job.committed_step = max(job.committed_step, msg.step)
+            if job.state not in TERMINAL or job.model_path is None:
+                await self._export(job, msg.step, [folder / r.name for r in manifest.shards])
+        return JobAck(job.model_path is not None, job.error[:400])
 
     async def _standby_copy(self, job: Job, leader: str, msg: StandbySync, manifest: Any) -> None:
         """Standby: copy the data (once) and the leader's shards of a committed step; each is checked before
@@ -1239,6 +1324,7 @@ class JobManager:
         if job.standby and step < job.total_steps:
             self._spawn(self._sync_standby, job, step, tuple(for_standby))
         if step >= job.total_steps:
+            await self._sync_owner(job, step, [r.name for r in records])
             await self._export(job, step, [step_dir(root, step) / r.name for r in records])
         elif job.rebalance and job.epoch == epoch:
             self._request_restart(job, "rebalancing onto the member(s) that joined")
@@ -1256,7 +1342,7 @@ class JobManager:
         job = self.jobs.get(msg.job_id)
         if job is None:
             return JobAck(False, "unknown job")
-        to_standby = self._leads(job) and header.sender == job.standby
+        to_standby = self._leads(job) and header.sender in (job.standby, job.owner)  # the owner: its model
         if not to_standby and header.sender != job.leader and not await self._elected(job, header.sender):
             return JobAck(False, "shards go to the job's leader (and the leader's to its standby) only")
         if not SHARD_NAME.match(msg.name):
@@ -1286,9 +1372,9 @@ class JobManager:
 
     async def _finish(self, job: Job, state: str, error: str) -> None:
         job.state, job.error = state, error
-        if job.plan is not None:
+        if job.plan is not None and self._leads(job):  # a device that does not lead commands nobody
             stop = JobStop(job.job_id, job.term, state)
-            for peer in job.plan.peer_ids:
+            for peer in sorted(set(job.plan.peer_ids) | ({job.owner} & set(job.members))):
                 if peer != self.node.identity.peer_id and peer in job.members:
                     self._spawn(self._send_stop, job, peer, stop, job.members[peer].address)
         await self._drop_own_worker(job)
