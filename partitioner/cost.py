@@ -31,8 +31,9 @@ message cost each way); none with a single worker.
 
 Memory (hard) per member: f_i * (2 * params + optimizer) [weights + gradients + optimizer state] plus
 f_i * stash * b * (in-flight micro-batches): GPipe keeps all m, 1F1B keeps ``in_flight_1f1b(S - s, m)`` on stage
-s (the worker's 1F1B runs one look-ahead forward on every stage but the last: min(S - s + 1, m), and 1 on the
-last; ``tests/unit/test_schedule.py`` checks this against the worker's schedules). GPipe is
+s (the worker's 1F1B runs one look-ahead forward on every stage but the last: min(S - s + 1, m); the last
+stage defers the weights' gradients of its last 2 micro-batches: min(2, m), 1 for a lone stage, counted as 2;
+``tests/unit/test_schedule.py`` checks this against the worker's schedules). GPipe is
 chosen when it fits (simpler, same predicted time here), else 1F1B, else the placement is infeasible.
 """
 
@@ -51,9 +52,10 @@ INF = math.inf
 
 def in_flight_1f1b(stages_to_end: int, m: int) -> int:
     """Micro-batches a stage stashes in the worker's 1F1B, given how many stages there are from it to the last
-    (itself included): ``min(k + 1, m)`` for every stage but the last (its look-ahead forward), 1 for the last."""
-    k = stages_to_end
-    return min(k + 1 if k > 1 else k, m)
+    (itself included): ``min(k + 1, m)`` for every stage but the last (its look-ahead forward), ``min(2, m)`` for
+    the last (two micro-batches deferring their weights' gradients; a lone stage defers none and holds 1, but
+    the planner does not know yet whether the last stage is also the first)."""
+    return min(stages_to_end + 1, m)
 
 
 class GroupInfo:

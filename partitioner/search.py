@@ -155,7 +155,7 @@ def _search_m(cm: CostModel, m: int, terminal: int, preds: _Preds, incumbent: fl
                         kk = label[2] + 1  # stages from this one to the end, capped at m
                         if kk > m:
                             kk = m
-                        stash_n = kk + 1 if kk > 1 else kk  # in_flight_1f1b(kk, m), inlined (hot loop)
+                        stash_n = kk + 1  # in_flight_1f1b(kk, m), inlined (hot loop)
                         if stash_n > m:
                             stash_n = m
                         if stash_n > fit:

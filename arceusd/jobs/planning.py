@@ -192,7 +192,8 @@ def _offer_facts(d: DeviceProfile) -> tuple[float, int, float, float, float]:
 
 
 def worker_stages(the_plan: Plan) -> tuple[StageConfig, ...]:
-    """The plan's stages in the worker's terms (a tensor-parallel group's split from its first split block)."""
+    """The plan's stages in the worker's terms (a tensor-parallel group's split from its first split block, the
+    predicted seconds per micro-batch)."""
     stages = []
     for stage in the_plan.stages:
         members = []
@@ -200,7 +201,7 @@ def worker_stages(the_plan: Plan) -> tuple[StageConfig, ...]:
             heads = next((h for h in share.heads if h), 0) if len(stage.shares) > 1 else 0
             columns = next((c for c in share.mlp_columns if c), 0) if len(stage.shares) > 1 else 0
             members.append(MemberConfig(share.peer_id, heads, columns))
-        stages.append(StageConfig(stage.start, stage.end, tuple(members)))
+        stages.append(StageConfig(stage.start, stage.end, tuple(members), stage.time_s))
     return tuple(stages)
 
 

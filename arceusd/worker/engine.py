@@ -29,7 +29,7 @@ from arceusd.worker.links import Links
 from arceusd.worker.microbatch import split_micro_batches
 from arceusd.worker.optim import LRSchedule, OptimizerConfig, SGDConfig, clip_grad_norm_global, make_optimizer
 from arceusd.worker.schedule import (
-    EARLY_LAST_GRAD,
+    DEFER_WEIGHTS,
     Action,
     Backward,
     ComputeLoss,
@@ -43,6 +43,7 @@ from arceusd.worker.schedule import (
     WeightGrad,
     build_schedule,
 )
+from arceusd.worker.split_backward import PendingWeights, backward_input
 from arceusd.worker.stage import StageModule
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -72,8 +73,8 @@ class EngineConfig:
     max_grad_norm: float | None = None
     autocast_bf16: bool = False
     device: str = "cpu"
-    early_last_grad: bool = EARLY_LAST_GRAD
-    """1F1B: send the last micro-batch's input gradient before its weights' gradients (see ``schedule.py``)."""
+    defer_weights: bool = DEFER_WEIGHTS
+    """Some backwards send the input's gradient before computing the weights' gradients (``schedule.py``)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.stage < self.num_stages:
@@ -139,8 +140,7 @@ class StageEngine:
         )
         self.module.train()
         self.optimizer.zero_grad()
-        c = self.config
-        actions = build_schedule(c.schedule, c.stage, c.num_stages, m, early_last_grad=c.early_last_grad)
+        actions = self._schedule()
         result: StepResult | None = None
         for action in actions:
             if isinstance(action, RecvActivation | RecvGrad):
@@ -152,6 +152,11 @@ class StageEngine:
         if result is None:
             raise RuntimeError("schedule ended without an OptimizerStep")  # pragma: no cover - schedule bug
         return result
+
+    def _schedule(self) -> tuple[Action, ...]:
+        """This stage's action list for one step."""
+        c = self.config
+        return build_schedule(c.schedule, c.stage, c.num_stages, c.num_micro_batches, defer_weights=c.defer_weights)
 
     def param_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.module.parameters())
@@ -268,19 +273,20 @@ class StageEngine:
         """Only the gradient of the stage's input (sent at once); the parameters' wait for ``WeightGrad``."""
         x, _ = run.stash[i]
         root, grad = self._root(i, run)
-        (gx,) = torch.autograd.grad(root, x, grad, retain_graph=True)
-        run.deferred[i] = (root, grad)
+        gx, pending = backward_input(root, grad, x, list(self.module.parameters()))
+        if gx is None:
+            raise RuntimeError(f"stage {self.config.stage}: no gradient reached the input of micro-batch {i}")
+        run.deferred[i] = pending
         run.input_grads[i] = gx
         if self.is_last:
             run.loss_sum += float(run.losses.pop(i).item())
 
     def _weight_grad(self, i: int, run: _StepState) -> None:
         """The parameters' gradients of a micro-batch whose backward was deferred (a no-op when it was not)."""
-        if i not in run.deferred:
+        pending = run.deferred.pop(i, None)
+        if pending is None:
             return
-        root, grad = run.deferred.pop(i)
-        params = [p for p in self.module.parameters() if p.requires_grad]
-        torch.autograd.backward(root, grad, inputs=params)
+        pending.run()
         run.stash.pop(i)
 
     def _optimizer_step(self, run: _StepState) -> StepResult:
@@ -333,7 +339,7 @@ class _StepState:
     grads: dict[int, torch.Tensor] = field(default_factory=dict)
     input_grads: dict[int, torch.Tensor] = field(default_factory=dict)
     losses: dict[int, torch.Tensor] = field(default_factory=dict)
-    deferred: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = field(default_factory=dict)
-    """Micro-batches whose parameters' gradients wait for ``WeightGrad``: (backward root, its gradient)."""
+    deferred: dict[int, PendingWeights] = field(default_factory=dict)
+    """Micro-batches whose parameters' gradients wait for ``WeightGrad``."""
     loss_sum: float = 0.0
     wait_s: float = 0.0

@@ -67,6 +67,7 @@ from arceusd.worker.protocol import (
     parse_command,
 )
 from arceusd.worker.schedule import ScheduleKind
+from arceusd.worker.schedule_timing import deferring_pays
 from arceusd.worker.stage import StageSpec, build_stage
 from arceusd.worker.threads import pin_threads
 from arceusd.worker.wire_links import PHASE_EVAL, PHASE_TRAIN, WireFabric
@@ -89,6 +90,15 @@ class SpecLR(LRSchedule):
         if self.training is None:
             return self.max_lr
         return self.training.lr_at(step)
+
+
+def defer_weights(config: WorkerConfig) -> bool:
+    """Whether this job's backwards defer weights' gradients: where the timed replay of the schedule with the
+    plan's stage times says it pays (equal stages assumed when the start command carries no times)."""
+    times = [st.micro_batch_s for st in config.stages]
+    known = [t for t in times if t is not None]
+    even = [1.0] * len(times)
+    return deferring_pays(config.schedule, known if len(known) == len(times) else even, config.micro_batches)
 
 
 def optimizer_config(t: TrainingSpec) -> OptimizerConfig:
@@ -164,6 +174,7 @@ class Worker:
                 max_grad_norm=t.grad_clip if t.grad_clip > 0 else math.inf,
                 autocast_bf16=t.precision == "bf16",
                 device=config.device,
+                defer_weights=defer_weights(config),
             ),
         )
         self.start_step = 0

@@ -97,6 +97,9 @@ class StageConfig:
     start: int
     end: int
     members: tuple[MemberConfig, ...]
+    micro_batch_s: float | None = None
+    """The plan's predicted seconds per micro-batch (forward and backward) on this stage, when known: the
+    workers replay the schedule with them to decide whether deferring weights' gradients pays."""
 
     def split(self) -> TPSplit | None:
         """The tensor-parallel split, or ``None`` for a one-member stage."""
@@ -191,7 +194,8 @@ class WorkerConfig:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["stages"] = [
-            {"start": st.start, "end": st.end, "members": [asdict(m) for m in st.members]}
+            {"start": st.start, "end": st.end, "members": [asdict(m) for m in st.members],
+             "micro_batch_s": st.micro_batch_s}
             for st in self.stages
         ]
         d["spec"] = dict(self.spec)
@@ -229,7 +233,12 @@ class WorkerConfig:
                         _get(m, "peer_id", str, mw), int(m.get("heads", 0)), int(m.get("columns", 0))
                     )
                 )
-            stages.append(StageConfig(_int(raw, "start", where), _int(raw, "end", where), tuple(members)))
+            timing = raw.get("micro_batch_s")
+            if timing is not None and (not isinstance(timing, int | float) or isinstance(timing, bool)
+                                       or not math.isfinite(timing) or timing < 0):  # fmt: skip
+                raise WorkerProtocolError(f"{where}.micro_batch_s: expected a finite number >= 0 or null")
+            stages.append(StageConfig(_int(raw, "start", where), _int(raw, "end", where), tuple(members),
+                                      None if timing is None else float(timing)))  # fmt: skip
         resume = None
         raw_resume = d.get("resume")
         if raw_resume is not None:

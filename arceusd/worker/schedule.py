@@ -25,20 +25,23 @@ micro-batch: 1.64x over one process against 1.75x for GPipe). One more warm-up f
 the last gives the stage the next forward to run while the gradient is in flight, for one more stashed
 micro-batch. The order of the backwards (and so the accumulated gradients, bit for bit) is unchanged.
 
-Early last gradient (1F1B, off by default): at the end of a step every stage waits for the gradient of the
-last micro-batch from the stage after it, whose full backward (input and weights) comes first. With
-``early_last_grad``, on every stage but the first, the last micro-batch's ``Backward`` computes only the
-input's gradient (``defer_weights``), ``SendGrad`` sends it, and ``WeightGrad`` then computes the parameters'
-gradients while the previous stage already runs its own backward. Same kernels on the same values, so the
-gradients are the same, bit for bit. The engine's ``WeightGrad`` reruns the backward restricted to the
-parameters (autograd cannot resume the first pass), so the stage spends half a backward more. That pays only
-when the previous stage's last backward covers the weight pass: with two stages, when the first stage's
-backward is longer than half the second's. On the even split of ``bench/pipeline.py`` it shortened a 1F1B step
-by 3-6% (two alternating runs each: 0.525 and 0.502 s against 0.539 and 0.532 s; stage 0's wait fell from 62
-to 25-31 ms); on uneven cuts (``tests/unit/test_partitioner_schedule
-.py``'s random ones) it lengthened some steps by up to 13%. Hence off until the worker knows its neighbours'
-stage times (the plan has them; the start command does not carry them yet) or computes the weights' gradients
-without the rerun (torch's ``pipelining/_backward.py`` keeps the intermediate gradients for that).
+Deferred weights (zero-bubble style, on by default): a stage's backward is two halves, the gradient of its
+input (which the previous stage waits for) and its parameters' gradients (which nobody waits for). On every
+stage but the first, a few backwards compute only the input's half (``Backward(defer_weights=True)``),
+``SendGrad`` sends it at once, and their ``WeightGrad``s run, in micro-batch order, after the stage's last
+``SendGrad``, in time the stage would otherwise spend waiting for the optimizer barrier. Which ones
+(:func:`deferred_micro_batches`), chosen with the timed replay in ``tests/unit/test_schedule.py`` over even and
+random uneven stages: in 1F1B the last ``min(s + 1, S - s + 1)`` on stage ``s`` of ``S`` (the drain: the last
+gradient crosses every stage, and stage ``s`` has about ``s`` backwards of others' to wait for; the cap keeps
+a middle stage's stash at its steady size and the last stage's at 2, a bound the planner can use without
+knowing the stage count); in GPipe the first ``s`` (the first
+gradient to cross the stages starts every earlier stage's backwards). The engine splits a backward without
+computing anything twice (``split_backward.py``), but the split costs about 13% of a backward on CPU (the
+weights' half reads its operands cold), so not every backward splits. Measured on ``bench/pipeline.py``'s
+second stage (3 blocks + head, micro-batch 2 x 128, one thread): forward 18.6 ms, backward 37.4 ms, split
+22.7 + 19.7 ms. Same kernels on the same values, accumulated in the same micro-batch order: the results
+equal the unsplit schedule's. A deferred micro-batch keeps its stash until its ``WeightGrad``
+(:func:`max_in_flight` counts it).
 """
 
 from __future__ import annotations
@@ -114,9 +117,8 @@ Action = (
 
 #: Extra warm-up forwards of 1F1B on every stage but the last (see the module docstring).
 LOOKAHEAD = 1
-#: Whether 1F1B's last micro-batch sends the input gradient before computing the weights' gradients (off:
-#: see the module docstring for when it pays).
-EARLY_LAST_GRAD = False
+#: Whether some backwards defer their weights' gradients (see the module docstring).
+DEFER_WEIGHTS = True
 
 
 class ScheduleKind(StrEnum):
@@ -142,32 +144,50 @@ def _forward_unit(i: int, stage: int, num_stages: int) -> list[Action]:
     return acts
 
 
-def _backward_unit(i: int, stage: int, num_stages: int, early_grad: bool = False) -> list[Action]:
+def _backward_unit(i: int, stage: int, num_stages: int, defer: bool = False) -> list[Action]:
     acts: list[Action] = []
     if stage < num_stages - 1:
         acts.append(RecvGrad(i))
-    defer = early_grad and stage > 0
     acts.append(Backward(i, defer_weights=defer))
     if stage > 0:
         acts.append(SendGrad(i))
-    if defer:
-        acts.append(WeightGrad(i))
     return acts
 
 
-def gpipe(stage: int, num_stages: int, num_micro_batches: int) -> tuple[Action, ...]:
-    """All forwards, then all backwards (in micro-batch order), then the optimizer step.
-
-    No early last gradient: in GPipe each stage's backwards trail the next stage's by one, so a stage is still
-    busy with its second-to-last backward when the last gradient arrives; sending it earlier gains nothing."""
+def deferred_micro_batches(kind: ScheduleKind | str, stage: int, num_stages: int, num_micro_batches: int) -> range:
+    """The micro-batches whose backward defers its weights on ``stage`` (none on the first stage, which sends
+    no gradient): in 1F1B the last ``min(stage + 1, num_stages - stage + 1)``, in GPipe the first ``stage``
+    (see the module docstring)."""
     _check(stage, num_stages, num_micro_batches)
+    m = num_micro_batches
+    if ScheduleKind(kind) is ScheduleKind.GPIPE:
+        return range(min(m, stage))
+    if stage == 0:
+        return range(m, m)
+    return range(m - min(m, stage + 1, num_stages - stage + 1), m)
+
+
+def _finish(acts: list[Action], deferred: range) -> tuple[Action, ...]:
+    """The deferred weight passes in micro-batch order, then the optimizer step."""
+    acts += [WeightGrad(i) for i in deferred]
+    acts.append(OptimizerStep())
+    return tuple(acts)
+
+
+def gpipe(
+    stage: int, num_stages: int, num_micro_batches: int, *, defer_weights: bool = DEFER_WEIGHTS
+) -> tuple[Action, ...]:
+    """All forwards, then all backwards (in micro-batch order), the deferred weight passes, then the optimizer
+    step."""
+    _check(stage, num_stages, num_micro_batches)
+    deferred = deferred_micro_batches(ScheduleKind.GPIPE, stage, num_stages, num_micro_batches)
+    deferred = deferred if defer_weights else range(0)
     acts: list[Action] = []
     for i in range(num_micro_batches):
         acts += _forward_unit(i, stage, num_stages)
     for i in range(num_micro_batches):
-        acts += _backward_unit(i, stage, num_stages)
-    acts.append(OptimizerStep())
-    return tuple(acts)
+        acts += _backward_unit(i, stage, num_stages, i in deferred)
+    return _finish(acts, deferred)
 
 
 def one_f_one_b_warmup(stage: int, num_stages: int, num_micro_batches: int, lookahead: int = LOOKAHEAD) -> int:
@@ -177,9 +197,21 @@ def one_f_one_b_warmup(stage: int, num_stages: int, num_micro_batches: int, look
     return min(num_stages - stage - 1 + extra, num_micro_batches)
 
 
-def one_f_one_b_in_flight(stage: int, num_stages: int, num_micro_batches: int, lookahead: int = LOOKAHEAD) -> int:
-    """Micro-batches ``stage`` stashes at once in 1F1B (its warm-up forwards plus the one in steady state)."""
-    return min(one_f_one_b_warmup(stage, num_stages, num_micro_batches, lookahead) + 1, num_micro_batches)
+def one_f_one_b_in_flight(
+    stage: int,
+    num_stages: int,
+    num_micro_batches: int,
+    lookahead: int = LOOKAHEAD,
+    *,
+    defer_weights: bool = DEFER_WEIGHTS,
+) -> int:
+    """Micro-batches ``stage`` stashes at once in 1F1B: its warm-up forwards plus the one in steady state, or,
+    on the last stage, its deferred micro-batches when there are more (a middle stage's deferred ones are held
+    in the drain, when its stash has already shrunk)."""
+    steady = min(one_f_one_b_warmup(stage, num_stages, num_micro_batches, lookahead) + 1, num_micro_batches)
+    if defer_weights and stage == num_stages - 1:
+        return max(steady, len(deferred_micro_batches(ScheduleKind.ONE_F_ONE_B, stage, num_stages, num_micro_batches)))
+    return steady
 
 
 def one_f_one_b(
@@ -188,25 +220,26 @@ def one_f_one_b(
     num_micro_batches: int,
     lookahead: int = LOOKAHEAD,
     *,
-    early_last_grad: bool = EARLY_LAST_GRAD,
+    defer_weights: bool = DEFER_WEIGHTS,
 ) -> tuple[Action, ...]:
     """PipeDream-flush 1F1B with ``lookahead`` extra warm-up forwards (0: the textbook schedule): warm-up
-    forwards, steady one-forward-one-backward, drain backwards."""
+    forwards, steady one-forward-one-backward, drain backwards, the deferred weight passes."""
     _check(stage, num_stages, num_micro_batches)
     if lookahead < 0:
         raise ValueError(f"lookahead must be >= 0, got {lookahead}")
     m = num_micro_batches
     warmup = one_f_one_b_warmup(stage, num_stages, m, lookahead)
+    deferred = deferred_micro_batches(ScheduleKind.ONE_F_ONE_B, stage, num_stages, m)
+    deferred = deferred if defer_weights else range(0)
     acts: list[Action] = []
     for i in range(warmup):
         acts += _forward_unit(i, stage, num_stages)
     for j in range(m - warmup):
         acts += _forward_unit(warmup + j, stage, num_stages)
-        acts += _backward_unit(j, stage, num_stages, early_last_grad and j == m - 1)
+        acts += _backward_unit(j, stage, num_stages, j in deferred)
     for j in range(m - warmup, m):
-        acts += _backward_unit(j, stage, num_stages, early_last_grad and j == m - 1)
-    acts.append(OptimizerStep())
-    return tuple(acts)
+        acts += _backward_unit(j, stage, num_stages, j in deferred)
+    return _finish(acts, deferred)
 
 
 def build_schedule(
@@ -215,17 +248,17 @@ def build_schedule(
     num_stages: int,
     num_micro_batches: int,
     *,
-    early_last_grad: bool = EARLY_LAST_GRAD,
+    defer_weights: bool = DEFER_WEIGHTS,
 ) -> tuple[Action, ...]:
-    """The action list of ``stage`` for the named schedule (``"gpipe"`` or ``"1f1b"``); ``early_last_grad``
-    applies to 1F1B."""
+    """The action list of ``stage`` for the named schedule (``"gpipe"`` or ``"1f1b"``); ``defer_weights``: some
+    backwards defer their weights' gradients (:func:`deferred_micro_batches`)."""
     try:
         k = ScheduleKind(kind)
     except ValueError:
         raise ValueError(f"unknown schedule {kind!r}; expected 'gpipe' or '1f1b'") from None
     if k is ScheduleKind.GPIPE:
-        return gpipe(stage, num_stages, num_micro_batches)
-    return one_f_one_b(stage, num_stages, num_micro_batches, early_last_grad=early_last_grad)
+        return gpipe(stage, num_stages, num_micro_batches, defer_weights=defer_weights)
+    return one_f_one_b(stage, num_stages, num_micro_batches, defer_weights=defer_weights)
 
 
 def max_in_flight(actions: Sequence[Action]) -> int:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from arceusd.worker.schedule import (
@@ -17,13 +19,14 @@ from arceusd.worker.schedule import (
     SendGrad,
     WeightGrad,
     build_schedule,
+    deferred_micro_batches,
     max_in_flight,
     one_f_one_b,
     one_f_one_b_in_flight,
     simulate,
 )
+from arceusd.worker.schedule_timing import SPLIT_COST, barrier_time, deferring_pays
 from partitioner.cost import in_flight_1f1b
-from tests.unit._schedule_timing import barrier_time
 
 KINDS = [ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B]
 
@@ -74,11 +77,16 @@ def test_1f1b_stash_bounded_by_stages_left_and_gpipe_stashes_all() -> None:
     for S, m in GRID:
         for s in range(S):
             look = 1 if s < S - 1 else 0  # the look-ahead forward, on every stage but the last
-            assert max_in_flight(build_schedule("1f1b", s, S, m)) == min(S - s + look, m)
-            assert max_in_flight(one_f_one_b(s, S, m, lookahead=0)) == min(S - s, m)  # textbook
-            assert max_in_flight(build_schedule("1f1b", s, S, m)) == one_f_one_b_in_flight(s, S, m)
-            # the planner's memory model counts the stashes the worker really holds
-            assert max_in_flight(build_schedule("1f1b", s, S, m)) == in_flight_1f1b(S - s, m)
+            plain = one_f_one_b(s, S, m, defer_weights=False)
+            assert max_in_flight(plain) == min(S - s + look, m)
+            assert max_in_flight(one_f_one_b(s, S, m, lookahead=0, defer_weights=False)) == min(S - s, m)  # textbook
+            assert max_in_flight(plain) == one_f_one_b_in_flight(s, S, m, defer_weights=False)
+            acts = build_schedule("1f1b", s, S, m)
+            # deferring weights holds two stashes on the last stage of several, and no more anywhere else
+            assert max_in_flight(acts) == (min(2, m) if s == S - 1 and S > 1 else max_in_flight(plain))
+            assert max_in_flight(acts) == one_f_one_b_in_flight(s, S, m)
+            # the planner's memory model counts the stashes the worker really holds (a lone stage: one more)
+            assert max_in_flight(acts) == in_flight_1f1b(S - s, m) - (1 if S == 1 and m > 1 else 0)
             assert max_in_flight(build_schedule("gpipe", s, S, m)) == m
 
 
@@ -103,9 +111,9 @@ def test_1f1b_lookahead_shortens_a_two_stage_step_when_messages_take_time() -> N
         return barrier_time(schedules, [1.0, 1.0], [2.0, 2.0], latency=0.3)
 
     for m in (4, 8):
-        textbook = makespan([one_f_one_b(s, 2, m, lookahead=0, early_last_grad=False) for s in range(2)])
-        ahead = makespan([one_f_one_b(s, 2, m, early_last_grad=False) for s in range(2)])
-        gpipe = makespan([build_schedule("gpipe", s, 2, m, early_last_grad=False) for s in range(2)])
+        textbook = makespan([one_f_one_b(s, 2, m, lookahead=0, defer_weights=False) for s in range(2)])
+        ahead = makespan([one_f_one_b(s, 2, m, defer_weights=False) for s in range(2)])
+        gpipe = makespan([build_schedule("gpipe", s, 2, m, defer_weights=False) for s in range(2)])
         assert ahead < textbook - 0.3 * (m - 2)
         assert ahead <= gpipe + 1e-9
 
@@ -146,39 +154,64 @@ def test_invalid_arguments_raise() -> None:
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_last_micro_batch_sends_its_input_gradient_before_the_weights_gradients(kind: ScheduleKind) -> None:
+def test_deferred_weights_follow_the_last_gradient_sent_in_micro_batch_order(kind: ScheduleKind) -> None:
     for S, m in GRID:
         for s in range(S):
-            acts = build_schedule(kind, s, S, m, early_last_grad=True)
+            acts = build_schedule(kind, s, S, m)
             deferred = [a.micro_batch for a in acts if isinstance(a, Backward) and a.defer_weights]
             weights = [a.micro_batch for a in acts if isinstance(a, WeightGrad)]
-            early = kind is ScheduleKind.ONE_F_ONE_B and s > 0  # the first stage sends no gradient
-            assert deferred == weights == ([m - 1] if early else [])
-            if early:
-                at = _backward_at(acts, m - 1)
-                assert acts[at + 1 : at + 3] == (SendGrad(m - 1), WeightGrad(m - 1))
-            plain = build_schedule(kind, s, S, m, early_last_grad=False)
+            assert deferred == weights == list(deferred_micro_batches(kind, s, S, m))
+            if s == 0:
+                assert deferred == []  # the first stage sends no gradient: nothing to send early
+            elif kind is ScheduleKind.ONE_F_ONE_B:
+                assert deferred == list(range(m - min(m, s + 1, S - s + 1), m))
+            else:
+                assert deferred == list(range(min(m, s)))
+            if weights:  # every weight pass after the stage's last gradient sent, then the optimizer step
+                last_send = max(k for k, a in enumerate(acts) if isinstance(a, SendGrad))
+                assert acts[last_send + 1 :] == (*[WeightGrad(i) for i in weights], OptimizerStep())
+            plain = build_schedule(kind, s, S, m, defer_weights=False)
             assert not any(isinstance(a, WeightGrad) for a in plain)
-            assert build_schedule(kind, s, S, m) == plain  # off by default
-            assert max_in_flight(acts) == max_in_flight(plain)
+            assert [a for a in acts if not isinstance(a, WeightGrad)] == [
+                Backward(a.micro_batch, a.micro_batch in deferred) if isinstance(a, Backward) else a for a in plain
+            ]
 
 
-def test_early_last_gradient_shortens_the_1f1b_drain() -> None:
-    """With messages free, each stage's last backward in 1F1B still waits for the next stage's: sending the
-    input gradient before the weights' gradients (input half 1.0 of a backward of 2.0; the engine recomputes
-    the input half for the weights, so a deferred weight pass costs the whole backward) shortens that chain."""
-    for S, m in ((2, 8), (3, 6), (4, 8)):
+@pytest.mark.parametrize("kind", KINDS)
+def test_deferred_weights_shorten_even_pipelines(kind: ScheduleKind) -> None:
+    """Timed replay with the measured split costs, forward 1 and backward 2 per stage, 1% message latency:
+    deferring the weights shortens every even pipeline by at least a third of a forward per stage boundary."""
+    for S, m in ((2, 4), (2, 8), (3, 8), (4, 8), (4, 16)):
         fwd, bwd = [1.0] * S, [2.0] * S
-        plain = barrier_time([one_f_one_b(s, S, m, early_last_grad=False) for s in range(S)], fwd, bwd)
-        early = barrier_time([one_f_one_b(s, S, m, early_last_grad=True) for s in range(S)], fwd, bwd,
-                             input_share=0.5)  # fmt: skip
-        assert early <= plain - 0.9, (S, m, early, plain)
+        plain = barrier_time([build_schedule(kind, s, S, m, defer_weights=False) for s in range(S)], fwd, bwd,
+                             latency=0.01)  # fmt: skip
+        split = barrier_time([build_schedule(kind, s, S, m) for s in range(S)], fwd, bwd, latency=0.01,
+                             split=SPLIT_COST)  # fmt: skip
+        assert split <= plain - 0.33 * (S - 1), (kind, S, m, split, plain)
 
 
-def test_early_last_gradient_loses_when_the_previous_backward_is_short() -> None:
-    """Why it is off by default: the engine's weight pass reruns the backward, so when the previous stage's
-    last backward is under half of this stage's, the rerun outlasts it and the step gets longer."""
-    fwd, bwd = [0.25, 1.0], [0.5, 2.0]
-    plain = barrier_time([one_f_one_b(s, 2, 8, early_last_grad=False) for s in range(2)], fwd, bwd)
-    early = barrier_time([one_f_one_b(s, 2, 8, early_last_grad=True) for s in range(2)], fwd, bwd, input_share=0.5)
-    assert early > plain
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_worker_defers_weights_where_the_replay_says_it_pays(kind: ScheduleKind) -> None:
+    """Random uneven stages (2 to 5, 0.3 to 4.5 per micro-batch): the split sometimes lengthens a step (its 13%
+    lands on a bottleneck stage that never waits), so the worker asks ``deferring_pays`` with the plan's stage
+    times. Its choice is never slower than whole backwards, and on average clearly faster."""
+    rng = random.Random(7)
+    chosen, lost = [], 0
+    for _ in range(150):
+        S, m = rng.randint(2, 5), rng.choice([4, 8, 16])
+        times = [rng.uniform(0.3, 4.5) for _ in range(S)]
+        fwd, bwd = [t / 3 for t in times], [2 * t / 3 for t in times]
+
+        def step(defer: bool, S: int = S, m: int = m, fwd: list[float] = fwd, bwd: list[float] = bwd) -> float:
+            return barrier_time([build_schedule(kind, s, S, m, defer_weights=defer) for s in range(S)], fwd, bwd,
+                                split=SPLIT_COST)  # fmt: skip
+
+        whole, split = step(False), step(True)
+        lost += split > whole
+        pick = split if deferring_pays(kind, times, m) else whole
+        assert pick <= whole and (pick == split or split >= 0.99 * whole)
+        chosen.append(pick / whole)
+    if kind is ScheduleKind.ONE_F_ONE_B:
+        assert lost > 0  # the gate is needed: some uneven pipelines lose with the split
+    assert sum(chosen) / len(chosen) < 0.98
+    assert not deferring_pays(kind, [1.0], 8)  # one stage: nothing to overlap
