@@ -39,6 +39,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -900,15 +901,7 @@ class JobManager:
     async def _receive_final(self, job: Job, leader: str, msg: StandbySync) -> JobAck:
         """Owner that handed its job over: copy the final checkpoint from the leader, check every shard against
         the leader's signed manifest, and export the model here (the answer says whether that worked)."""
-        from arceusd.checkpoint import (
-            MANIFEST_NAME,
-            CheckpointError,
-            atomic_write,
-            file_matches,
-            matches,
-            parse_manifest,
-            step_dir,
-        )
+        from arceusd.checkpoint import CheckpointError, parse_manifest, step_dir
 
         try:
             manifest, _ = parse_manifest(msg.manifest, sorted(job.leaders), "the leader's manifest")
@@ -921,15 +914,9 @@ class JobManager:
             return JobAck(False, f"refused: {exc}")
         folder = step_dir(job.directory / "checkpoints", msg.step)
         async with job.sync_lock:
-            for record in manifest.shards:
-                if await trio.to_thread.run_sync(file_matches, folder / record.name, record):
-                    continue  # our own worker's shard
-                data = await self._download(job, leader, job.leader_address,
-                                            lambda offset, n=record.name: ShardRequest(job.job_id, msg.step, n, offset))
-                if data is None or not matches(data, record):
-                    return JobAck(False, f"shard {record.name} of step {msg.step} did not arrive intact")
-                await trio.to_thread.run_sync(atomic_write, folder / record.name, data)
-            await trio.to_thread.run_sync(atomic_write, folder / MANIFEST_NAME, msg.manifest)
+            failed = await self._copy_step(job, leader, msg, {r.name: r for r in manifest.shards})
+            if failed is not None:
+                return JobAck(False, f"shard {failed} of step {msg.step} did not arrive intact")
             job.committed_step = max(job.committed_step, msg.step)
             if job.state not in TERMINAL or job.model_path is None:
                 await self._export(job, msg.step, [folder / r.name for r in manifest.shards])
@@ -938,27 +925,36 @@ class JobManager:
     async def _standby_copy(self, job: Job, leader: str, msg: StandbySync, manifest: Any) -> None:
         """Standby: copy the data (once) and the leader's shards of a committed step; each is checked before
         it is kept; the manifest is written last, so a step is complete here only when all of it is."""
-        from arceusd.checkpoint import MANIFEST_NAME, atomic_write, file_matches, matches, prune, step_dir
+        from arceusd.checkpoint import prune
 
         async with job.sync_lock:
             if job.standby_data is None and msg.data_files and not await self._copy_data(job, leader, msg.data_files):
                 return
-            root = job.directory / "checkpoints"
-            folder = step_dir(root, msg.step)
-            records = {r.name: r for r in manifest.shards}
-            for name in msg.shards:
-                if await trio.to_thread.run_sync(file_matches, folder / name, records[name]):
-                    continue
-                data = await self._download(job, leader, job.leader_address,
-                                            lambda offset, n=name: ShardRequest(job.job_id, msg.step, n, offset))
-                if data is None or not matches(data, records[name]):
-                    log.warning("job %s: the leader's shard %s of step %d did not arrive intact", job.job_id, name,
-                                msg.step)  # fmt: skip
-                    return
-                await trio.to_thread.run_sync(atomic_write, folder / name, data)
-            await trio.to_thread.run_sync(atomic_write, folder / MANIFEST_NAME, msg.manifest)
-            await trio.to_thread.run_sync(prune, root, job.spec.checkpoint.keep)
+            failed = await self._copy_step(job, leader, msg, {r.name: r for r in manifest.shards})
+            if failed is not None:
+                log.warning("job %s: the leader's shard %s of step %d did not arrive intact", job.job_id, failed,
+                            msg.step)  # fmt: skip
+                return
+            await trio.to_thread.run_sync(prune, job.directory / "checkpoints", job.spec.checkpoint.keep)
             job.committed_step = max(job.committed_step, msg.step)
+
+    async def _copy_step(self, job: Job, leader: str, msg: StandbySync, records: Mapping[str, Any]) -> str | None:
+        """Copy the leader's shards ``msg.shards`` of step ``msg.step`` (each checked against its manifest record;
+        one already here and intact is kept), then the manifest, last: the step is complete here only when all
+        of it is. Returns the name of a shard that did not arrive intact (nothing more is written then)."""
+        from arceusd.checkpoint import MANIFEST_NAME, atomic_write, file_matches, matches, step_dir
+
+        folder = step_dir(job.directory / "checkpoints", msg.step)
+        for name in msg.shards:
+            if await trio.to_thread.run_sync(file_matches, folder / name, records[name]):
+                continue
+            data = await self._download(job, leader, job.leader_address,
+                                        lambda offset, n=name: ShardRequest(job.job_id, msg.step, n, offset))
+            if data is None or not matches(data, records[name]):
+                return name
+            await trio.to_thread.run_sync(atomic_write, folder / name, data)
+        await trio.to_thread.run_sync(atomic_write, folder / MANIFEST_NAME, msg.manifest)
+        return None
 
     async def _copy_data(self, job: Job, leader: str, names: tuple[str, ...]) -> bool:
         """Standby: download the leader's data files and check them against the spec's digest; a copy that

@@ -236,7 +236,7 @@ class StageEngine:
         elif isinstance(action, Backward):
             if action.defer_weights and not self.module.tensor_parallel:
                 self._backward_input(action.micro_batch, run)
-            else:  # a tensor-parallel backward all-reduces: running it twice would double that traffic
+            else:  # a tensor-parallel stage runs its backwards whole: the split is untested with its collectives
                 self._backward(action.micro_batch, run)
         elif isinstance(action, WeightGrad):
             self._weight_grad(action.micro_batch, run)
@@ -255,11 +255,7 @@ class StageEngine:
         if self.is_last:
             run.loss_sum += float(run.losses.pop(i).item())
         if not self.is_first:
-            if x.grad is None:
-                raise RuntimeError(
-                    f"stage {self.config.stage}: no gradient reached the input of micro-batch {i}"
-                )
-            run.input_grads[i] = x.grad
+            run.input_grads[i] = self._input_grad(i, x.grad)
 
     def _root(self, i: int, run: _StepState) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Where micro-batch ``i``'s backward starts: its loss (last stage) or its output and the received
@@ -274,12 +270,15 @@ class StageEngine:
         x, _ = run.stash[i]
         root, grad = self._root(i, run)
         gx, pending = backward_input(root, grad, x, list(self.module.parameters()))
-        if gx is None:
-            raise RuntimeError(f"stage {self.config.stage}: no gradient reached the input of micro-batch {i}")
         run.deferred[i] = pending
-        run.input_grads[i] = gx
+        run.input_grads[i] = self._input_grad(i, gx)
         if self.is_last:
             run.loss_sum += float(run.losses.pop(i).item())
+
+    def _input_grad(self, i: int, gx: torch.Tensor | None) -> torch.Tensor:
+        if gx is None:
+            raise RuntimeError(f"stage {self.config.stage}: no gradient reached the input of micro-batch {i}")
+        return gx
 
     def _weight_grad(self, i: int, run: _StepState) -> None:
         """The parameters' gradients of a micro-batch whose backward was deferred (a no-op when it was not)."""

@@ -97,8 +97,8 @@ def defer_weights(config: WorkerConfig) -> bool:
     plan's stage times says it pays (equal stages assumed when the start command carries no times)."""
     times = [st.micro_batch_s for st in config.stages]
     known = [t for t in times if t is not None]
-    even = [1.0] * len(times)
-    return deferring_pays(config.schedule, known if len(known) == len(times) else even, config.micro_batches)
+    return deferring_pays(config.schedule, known if len(known) == len(times) else [1.0] * len(times),
+                          config.micro_batches)  # fmt: skip
 
 
 def optimizer_config(t: TrainingSpec) -> OptimizerConfig:

@@ -233,12 +233,10 @@ class WorkerConfig:
                         _get(m, "peer_id", str, mw), int(m.get("heads", 0)), int(m.get("columns", 0))
                     )
                 )
-            timing = raw.get("micro_batch_s")
-            if timing is not None and (not isinstance(timing, int | float) or isinstance(timing, bool)
-                                       or not math.isfinite(timing) or timing < 0):  # fmt: skip
+            timing = None if raw.get("micro_batch_s") is None else _float(raw, "micro_batch_s", where)
+            if timing is not None and not (math.isfinite(timing) and timing >= 0):
                 raise WorkerProtocolError(f"{where}.micro_batch_s: expected a finite number >= 0 or null")
-            stages.append(StageConfig(_int(raw, "start", where), _int(raw, "end", where), tuple(members),
-                                      None if timing is None else float(timing)))  # fmt: skip
+            stages.append(StageConfig(_int(raw, "start", where), _int(raw, "end", where), tuple(members), timing))
         resume = None
         raw_resume = d.get("resume")
         if raw_resume is not None:

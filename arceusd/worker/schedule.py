@@ -30,18 +30,19 @@ input (which the previous stage waits for) and its parameters' gradients (which 
 stage but the first, a few backwards compute only the input's half (``Backward(defer_weights=True)``),
 ``SendGrad`` sends it at once, and their ``WeightGrad``s run, in micro-batch order, after the stage's last
 ``SendGrad``, in time the stage would otherwise spend waiting for the optimizer barrier. Which ones
-(:func:`deferred_micro_batches`), chosen with the timed replay in ``tests/unit/test_schedule.py`` over even and
+(:func:`deferred_micro_batches`), chosen with the timed replay (``schedule_timing.py``) over even and
 random uneven stages: in 1F1B the last ``min(s + 1, S - s + 1)`` on stage ``s`` of ``S`` (the drain: the last
 gradient crosses every stage, and stage ``s`` has about ``s`` backwards of others' to wait for; the cap keeps
 a middle stage's stash at its steady size and the last stage's at 2, a bound the planner can use without
 knowing the stage count); in GPipe the first ``s`` (the first
 gradient to cross the stages starts every earlier stage's backwards). The engine splits a backward without
 computing anything twice (``split_backward.py``), but the split costs about 13% of a backward on CPU (the
-weights' half reads its operands cold), so not every backward splits. Measured on ``bench/pipeline.py``'s
-second stage (3 blocks + head, micro-batch 2 x 128, one thread): forward 18.6 ms, backward 37.4 ms, split
-22.7 + 19.7 ms. Same kernels on the same values, accumulated in the same micro-batch order: the results
-equal the unsplit schedule's. A deferred micro-batch keeps its stash until its ``WeightGrad``
-(:func:`max_in_flight` counts it).
+weights' half reads its operands cold; measured figures in ``schedule_timing.SPLIT_COST``), so not every
+backward splits, and the worker turns the split on only where ``schedule_timing.deferring_pays`` says it
+shortens the step for the plan's stage times. Same kernels on the same values: in 1F1B, accumulated in the
+same micro-batch order, the results equal the unsplit schedule's bit for bit; in GPipe the deferred first
+micro-batches are added last, so they differ by the rounding of that sum. A deferred micro-batch keeps its
+stash until its ``WeightGrad`` (:func:`max_in_flight` counts it).
 """
 
 from __future__ import annotations
@@ -167,6 +168,10 @@ def deferred_micro_batches(kind: ScheduleKind | str, stage: int, num_stages: int
     return range(m - min(m, stage + 1, num_stages - stage + 1), m)
 
 
+def _deferred(kind: ScheduleKind, stage: int, num_stages: int, num_micro_batches: int, on: bool) -> range:
+    return deferred_micro_batches(kind, stage, num_stages, num_micro_batches) if on else range(0)
+
+
 def _finish(acts: list[Action], deferred: range) -> tuple[Action, ...]:
     """The deferred weight passes in micro-batch order, then the optimizer step."""
     acts += [WeightGrad(i) for i in deferred]
@@ -180,8 +185,7 @@ def gpipe(
     """All forwards, then all backwards (in micro-batch order), the deferred weight passes, then the optimizer
     step."""
     _check(stage, num_stages, num_micro_batches)
-    deferred = deferred_micro_batches(ScheduleKind.GPIPE, stage, num_stages, num_micro_batches)
-    deferred = deferred if defer_weights else range(0)
+    deferred = _deferred(ScheduleKind.GPIPE, stage, num_stages, num_micro_batches, defer_weights)
     acts: list[Action] = []
     for i in range(num_micro_batches):
         acts += _forward_unit(i, stage, num_stages)
@@ -229,8 +233,7 @@ def one_f_one_b(
         raise ValueError(f"lookahead must be >= 0, got {lookahead}")
     m = num_micro_batches
     warmup = one_f_one_b_warmup(stage, num_stages, m, lookahead)
-    deferred = deferred_micro_batches(ScheduleKind.ONE_F_ONE_B, stage, num_stages, m)
-    deferred = deferred if defer_weights else range(0)
+    deferred = _deferred(ScheduleKind.ONE_F_ONE_B, stage, num_stages, m, defer_weights)
     acts: list[Action] = []
     for i in range(warmup):
         acts += _forward_unit(i, stage, num_stages)

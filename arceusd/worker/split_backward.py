@@ -157,7 +157,7 @@ def _groups(param_nodes: Iterable[Node], consumers: dict[Node, list[Node]], inpu
             continue  # not used by this micro-batch's graph
         _, met = _towards_root([pnode], consumers, input_path)
         group = _Group(params={pnode: None}, boundary=list(met))
-        for b in list(met):
+        for b in met:
             other = by_boundary.get(b)
             if other is not None and other is not group:  # shares a boundary node: one group
                 other.params.update(group.params)
