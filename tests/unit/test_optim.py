@@ -81,6 +81,51 @@ def test_optimizer_matches_torch_optim(config: OptimizerConfig) -> None:
     assert isinstance(ours, SGD | AdamW)
 
 
+def _adamw_run(config: AdamWConfig, steps: range, opt: AdamW | None = None, model: nn.Module | None = None
+               ) -> tuple[nn.Module, AdamW]:  # fmt: skip
+    model = model if model is not None else _model(0)
+    opt = opt if opt is not None else AdamW(model.named_parameters(), config)
+    for step in steps:
+        gen = torch.Generator().manual_seed(100 + step)
+        x, y = torch.randn(8, 6, generator=gen), torch.randn(8, 3, generator=gen)
+        opt.zero_grad()
+        ((model(x) - y) ** 2).mean().backward()
+        opt.step(config.lr)
+    return model, opt
+
+
+def test_adamw_uses_the_fused_kernel_and_its_fallback_agrees() -> None:
+    """The stage's AdamW runs torch's fused kernel on CPU; the foreach fallback (older torch, devices without
+    the kernel) gives the same parameters to rounding."""
+    config = AdamWConfig(lr=0.01, weight_decay=0.1)
+    fused_model, fused = _adamw_run(config, range(5))
+    assert fused.fused is True
+    fallback_model = _model(0)
+    fallback = AdamW(fallback_model.named_parameters(), config)
+    fallback.fused = False  # as after a RuntimeError from the fused kernel
+    _adamw_run(config, range(5), fallback, fallback_model)
+    assert fallback.fused is False
+    for a, b in zip(fused_model.parameters(), fallback_model.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
+def test_adamw_resumed_from_its_state_continues_exactly() -> None:
+    """Restoring ``state_tensors`` and the step count (a checkpoint) continues the run bit for bit: the bias
+    corrections read the restored step, not a fresh one."""
+    config = AdamWConfig(lr=0.01)
+    whole, _ = _adamw_run(config, range(6))
+    first, opt = _adamw_run(config, range(3))
+    resumed_model = _model(1)
+    with torch.no_grad():
+        for p, q in zip(resumed_model.parameters(), first.parameters(), strict=True):
+            p.copy_(q)
+    resumed = AdamW(resumed_model.named_parameters(), config)
+    resumed.load_state_tensors(opt.state_tensors(), opt.step_count)
+    _adamw_run(config, range(3, 6), resumed, resumed_model)
+    for a, b in zip(resumed_model.parameters(), whole.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
 def test_global_clipping_over_split_parameters_matches_clip_grad_norm() -> None:
     for max_norm in (0.05, 1e3):
         full, split = _model(3), _model(3)
