@@ -70,6 +70,8 @@ def _start_options(fn: Any) -> Any:
         click.option("--interface", default=None, help="Network interface for mDNS (default: skip virtual ones)."),
         click.option("--mdns/--no-mdns", default=None, help="Announce and browse on the LAN with mDNS."),
         click.option("--auto-join/--no-auto-join", default=None, help="Join every announced job automatically."),
+        click.option("--worker-cpus", default=None, metavar="LIST",
+                     help="Pin this device's stage workers to these cores (Linux), e.g. 0,2-3; \"\" = not pinned."),
         click.option("--lend-memory-mib", type=int, default=None,
                      help="The most memory (MiB) this device offers a job; 0 = whatever is free."),
         click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default=None),

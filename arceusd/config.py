@@ -16,6 +16,8 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, cast
 
+from arceusd.worker.affinity import AffinityError, check_cpus, parse_cpu_list
+
 PRESETS = ("lan", "local")
 DEFAULT_PORT = 47070
 
@@ -39,6 +41,9 @@ class DaemonConfig:
     log_level: str = "info"
     log_file: Path | None = None
     worker_threads: int = 1
+    worker_cpus: tuple[int, ...] = ()
+    """Cores this device's stage workers are pinned to (Linux; ``arceusd.worker.affinity``). Empty: not
+    pinned, the OS schedules them (the default: the device's owner may be using it too)."""
     auto_join: bool = False
     lend_memory_mib: int = 0
     """The most memory this device offers a job, in MiB (0: whatever is free when it is measured)."""
@@ -52,6 +57,10 @@ class DaemonConfig:
             raise ConfigError(f"log_level must be debug, info, warning or error, got {self.log_level!r}")
         if self.worker_threads < 1:
             raise ConfigError(f"worker_threads must be >= 1, got {self.worker_threads}")
+        try:
+            check_cpus(self.worker_cpus, self.worker_threads)
+        except AffinityError as exc:
+            raise ConfigError(f"worker_cpus: {exc}") from None
         if self.lend_memory_mib < 0:
             raise ConfigError(f"lend_memory_mib must be >= 0 (0 lends whatever is free), got {self.lend_memory_mib}")
         for peer in self.peers:
@@ -88,6 +97,7 @@ _FILE_KEYS: dict[str, type | tuple[type, ...]] = {
     "mdns": bool,
     "log_level": str,
     "worker_threads": int,
+    "worker_cpus": (str, list),
     "auto_join": bool,
     "lend_memory_mib": int,
 }
@@ -131,7 +141,22 @@ def load_config(state_dir: Path, overrides: dict[str, Any] | None = None) -> Dae
     unknown = set(merged) - known
     if unknown:
         raise ConfigError(f"unknown settings: {', '.join(sorted(unknown))}")
+    if "worker_cpus" in merged:
+        merged["worker_cpus"] = _cpus(merged["worker_cpus"])
     return replace(base, **merged)
+
+
+def _cpus(value: object) -> tuple[int, ...]:
+    """``worker_cpus`` from a flag or the file: ``"0,2-3"`` or a list of core numbers."""
+    if isinstance(value, str):
+        try:
+            return parse_cpu_list(value)
+        except AffinityError as exc:
+            raise ConfigError(f"worker_cpus: {exc}") from None
+    items = cast("list[object]", value)
+    if not all(isinstance(c, int) and not isinstance(c, bool) for c in items):
+        raise ConfigError(f"worker_cpus must be core numbers (or a string like \"0,2-3\"), got {value!r}")
+    return tuple(cast("list[int]", items))
 
 
 def config_summary(config: DaemonConfig) -> dict[str, Any]:

@@ -60,7 +60,7 @@ def sample(model_path: Path, length: int = 400, seed: int = 0) -> str:
 def run_demo(size: int, root: Path | None, steps: int) -> None:
     base = root or Path(tempfile.mkdtemp(prefix="arceus-demo-"))
     base.mkdir(parents=True, exist_ok=True)
-    swarm = LocalSwarm(base, size, ["--auto-join"], preset="lan")
+    swarm = LocalSwarm(base, size, ["--auto-join"], preset="lan", pin_workers=True)
     click.echo(f"starting a local swarm of {size} daemons in {base} ...")
     try:
         for i, status in enumerate(swarm.start()):

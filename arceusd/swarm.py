@@ -33,6 +33,20 @@ def free_ports(count: int) -> list[int]:
             s.close()
 
 
+def worker_cpu_args(index: int, size: int, cores: list[int]) -> list[str]:
+    """The ``--worker-cpus`` flag of daemon ``index`` of ``size`` on one machine with ``cores``: a core of its
+    own, or no flag when the daemons outnumber the cores (pinned, two workers would share a core while the
+    others idle; unpinned, the OS spreads them)."""
+    if size > len(cores):
+        return []
+    return ["--worker-cpus", str(sorted(cores)[index])]
+
+
+def _usable_cores() -> list[int]:
+    getter = getattr(os, "sched_getaffinity", None)
+    return sorted(getter(0)) if getter is not None else []
+
+
 class LocalSwarm:
     def __init__(
         self,
@@ -41,14 +55,17 @@ class LocalSwarm:
         extra_args: list[str] | None = None,
         preset: str = "local",
         env: dict[str, str] | None = None,
+        pin_workers: bool = False,
     ) -> None:
         """``preset`` sets the timings: ``local`` (tens of ms, for membership tests) or ``lan`` (memberlist's,
         for swarms that also train: torch workers can starve a small machine's CPU for longer than ``local``
-        tolerates). Either way the swarm stays on loopback with mDNS off."""
+        tolerates). Either way the swarm stays on loopback with mDNS off. ``pin_workers``: each daemon's stage
+        worker gets a core of its own (``--worker-cpus``) when there are enough (:func:`worker_cpu_args`)."""
         self.root = root
         self.preset = preset
         self.size = size
         self.extra_args = extra_args or []
+        self.pin_workers = pin_workers
         self.env = {**os.environ, **(env or {})}
         self.ports = free_ports(size)
         self.procs: list[subprocess.Popen[bytes]] = []
@@ -75,6 +92,8 @@ class LocalSwarm:
             "--preset", self.preset, "--host", "127.0.0.1", "--no-mdns", "--port", str(self.ports[i]),
             "--log-file", str(log), *seeds, *self.extra_args,
         ]  # fmt: skip
+        if self.pin_workers:
+            cmd += worker_cpu_args(i, self.size, _usable_cores())
         return subprocess.Popen(
             cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=self.env
         )

@@ -1134,7 +1134,8 @@ class JobManager:
             listen_host=self.node.config.listen_host, owner=job.leader,
             checkpoint_dir=str(job.directory / "checkpoints"),
             checkpoint_interval=job.spec.checkpoint.interval_steps, total_steps=job.total_steps,
-            threads=self.node.config.worker_threads, resume=resume, device=worker_device(offer.kind),
+            threads=self.node.config.worker_threads, cpus=self.node.config.worker_cpus, resume=resume,
+            device=worker_device(offer.kind),
         )  # fmt: skip
         path = job.directory / f"worker-{job.epoch}.json"
         path.write_text(config.to_json())

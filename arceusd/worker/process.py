@@ -1,10 +1,10 @@
 """The stage-worker process: ``python -m arceusd.worker --config <path.json>``, supervised by the daemon.
 
-Owns: one job's data plane on this device. Start-up: pin threads, load the device identity (its peer id
-must be the config's), validate the spec, build only this worker's slice (``build_stage``) and its engine
-(optionally reloaded from ``resume.tensors_path``), load the data set if this device owns the job, listen on
-the transport and say ``listening``. On ``start`` (every worker's address): open the streams of ``WireFabric``
-(each to the peer id the plan names there: another peer answering is refused), then train steps
+Owns: one job's data plane on this device. Start-up: pin its cores (when asked) and threads, load the device
+identity (its peer id must be the config's), validate the spec, build only this worker's slice (``build_stage``)
+and its engine (optionally reloaded from ``resume.tensors_path``), load the data set if this device owns the
+job, listen on the transport and say ``listening``. On ``start`` (every worker's address): open the streams
+of ``WireFabric`` (each to the peer id the plan names there: another peer answering is refused), then train steps
 ``[resume.step or 0, total_steps)``:
 
 - each step: the next batch from the prefetcher (stage 0: inputs, last stage: targets), ``run_step`` in a
@@ -49,6 +49,7 @@ from arceusd.models.build import loss_sum
 from arceusd.models.config import GPTConfig
 from arceusd.safetensors_io import load_bytes
 from arceusd.transport import Stream, open_transport
+from arceusd.worker.affinity import pin_cpus
 from arceusd.worker.datafeed import Batch, DataClient, DataServer, Prefetcher, eval_batch_count
 from arceusd.worker.engine import EngineConfig, StageEngine
 from arceusd.worker.optim import AdamWConfig, LRSchedule, OptimizerConfig, SGDConfig
@@ -406,6 +407,9 @@ def main(argv: list[str] | None = None) -> int:
     code = 1
     try:
         config = WorkerConfig.from_json(Path(args.config).read_text())
+        note = pin_cpus(config.cpus)  # first: the threads started from here on inherit the cores
+        if note is not None:
+            print(f"stage worker: {note}", file=sys.stderr)
         pin_threads(config.threads)
         code = trio.run(_main, config, events)
     except BaseException as exc:  # report every failure to the daemon, then exit non-zero

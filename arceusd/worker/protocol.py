@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from arceusd.worker.affinity import AffinityError, check_cpus
 from arceusd.worker.tensor_parallel import TPSplit
 
 SCHEDULES = ("gpipe", "1f1b")
@@ -62,6 +63,13 @@ def _int(d: Mapping[str, Any], key: str, where: str, minimum: int = 0) -> int:
 
 def _float(d: Mapping[str, Any], key: str, where: str) -> float:
     return float(_get(d, key, (int, float), where))
+
+
+def _cpus(d: Mapping[str, Any], where: str) -> tuple[int, ...]:
+    cpus = _get(d, "cpus", list, where)
+    if not all(isinstance(c, int) and not isinstance(c, bool) for c in cpus):
+        raise WorkerProtocolError(f"{where}.cpus: expected a list of core numbers, got {cpus!r}")
+    return tuple(cpus)
 
 
 def _load_object(text: str, where: str) -> dict[str, Any]:
@@ -140,6 +148,8 @@ class WorkerConfig:
     device: str = "cpu"
     link_timeout_s: float = field(default=120.0)
     """Seconds a receive may wait for a peer before the worker gives up (a dead peer)."""
+    cpus: tuple[int, ...] = ()
+    """Cores the worker is pinned to (``affinity.py``); empty: the OS schedules it."""
 
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULES:
@@ -169,6 +179,10 @@ class WorkerConfig:
             raise WorkerProtocolError("total_steps, micro_batches and threads must all be >= 1")
         if self.checkpoint_interval < 0:
             raise WorkerProtocolError("checkpoint_interval must be >= 0 (0: only at the end)")
+        try:
+            check_cpus(self.cpus, self.threads)
+        except AffinityError as exc:
+            raise WorkerProtocolError(f"cpus: {exc}") from None
         if self.resume is not None and not 0 <= self.resume.step <= self.total_steps:
             raise WorkerProtocolError(f"resume.step {self.resume.step} outside 0..total_steps")
 
@@ -269,6 +283,7 @@ class WorkerConfig:
             threads=_int(d, "threads", w, 1) if "threads" in d else 1,
             device=_get(d, "device", str, w) if "device" in d else "cpu",
             link_timeout_s=_float(d, "link_timeout_s", w) if "link_timeout_s" in d else 120.0,
+            cpus=_cpus(d, w) if "cpus" in d else (),
         )
 
 

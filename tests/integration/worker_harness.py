@@ -153,7 +153,9 @@ class WorkerJob:
         threads: int = 1,
         link_timeout_s: float = 60.0,
         job_id: str = "job-test",
+        cpus: Sequence[tuple[int, ...]] | None = None,
     ) -> None:
+        """``cpus``: the cores of each worker, in worker order (stage, then rank); None: none pinned."""
         self.tmp = tmp
         self.spec = spec
         self.layout = list(layout)
@@ -173,14 +175,14 @@ class WorkerJob:
             stages.append(StageConfig(start, end, tuple(members)))
         owner_pid = next(w.peer_id for w in self.workers if (w.stage, w.rank) == owner)
         self.configs: dict[str, WorkerConfig] = {}
-        for w in self.workers:
+        for i, w in enumerate(self.workers):
             cfg = WorkerConfig(
                 job_id=job_id, term=1, epoch=1, spec=to_dict(spec), stages=tuple(stages),
                 micro_batches=micro_batches or spec.training.micro_batches, schedule=schedule,
                 peer_id=w.peer_id, state_dir=str(w.state_dir), listen_host="127.0.0.1", owner=owner_pid,
                 checkpoint_dir=str(self.checkpoint_dir), checkpoint_interval=checkpoint_interval,
                 total_steps=total_steps or spec.training.steps, threads=threads,
-                link_timeout_s=link_timeout_s,
+                link_timeout_s=link_timeout_s, cpus=cpus[i] if cpus is not None else (),
             )  # fmt: skip
             w.config_path.write_text(cfg.to_json())
             self.configs[w.peer_id] = cfg
