@@ -5,17 +5,20 @@ AdamW, tiny Shakespeare), all measured in this run:
 
   (a) a plain single-process PyTorch loop, 1 thread (the baseline);
   (b) 2 ``python -m arceusd.worker`` processes x 1 thread over the authenticated gRPC transport, GPipe and
-      1F1B, split [embedding + 3 blocks | 3 blocks + head];
+      1F1B, split [embedding + 3 blocks | 3 blocks + head], each worker pinned to its own core
+      (``worker_cpus``; not pinned where the OS cannot, or with fewer than 2 cores);
   (c) ``torch.distributed.pipelining`` (``ScheduleGPipe`` / ``Schedule1F1B``, gloo backend) with the same
       split, micro-batches and threads.
 
 Each run is a separate process (or two), so peak RSS (``ru_maxrss`` of the child) is per process. Tokens/s
 counts the steady-state steps only (the first ``warmup`` steps are dropped), at their median step time (every
 run alike; see ``_steady``); for (b) a step lasts as long as its slowest worker's, and each worker's mean wait
-on its links (the pipeline's bubble) is printed beside it. Prints ratios (b)/(a) (target
->= 1.6 on 2 free cores) and (b)/(c) (target >= 1.0).
+on its links (the pipeline's bubble) is printed beside it. Every run is repeated in rounds (default 3), each
+round running all of them back to back: the machines here are shared, and their speed drifts by 10 % and more
+over minutes, so a ratio is taken between runs of the same round, and the median of the rounds' ratios is
+printed with their range. Prints ratios (b)/(a) (target >= 1.6 on 2 free cores) and (b)/(c) (target >= 1.0).
 
-Usage: ``python bench/pipeline.py [--quick]``. The worker processes are driven by the integration tests'
+Usage: ``python bench/pipeline.py [--quick] [--rounds N]``. The worker processes are driven by the integration tests'
 daemon stand-in (``tests/integration/worker_harness.py``), so this script runs from the project root.
 """
 
@@ -39,6 +42,7 @@ if str(ROOT) not in sys.path:
 
 MODEL = {"n_layer": 6, "n_head": 8, "n_embd": 256, "block_size": 128, "vocab_size": 65}
 BATCH, MICRO = 16, 8
+PLAIN = "(a) plain PyTorch, 1 process"
 SPLIT = 4  # blocks [0, 4) = embedding + 3 transformer blocks; [4, 8) = 3 blocks + head
 
 
@@ -116,6 +120,7 @@ def run_workers(schedule: str, steps: int, warmup: int) -> dict[str, Any]:
             [(0, SPLIT, None), (SPLIT, MODEL["n_layer"] + 2, None)],
             schedule=schedule,
             threads=1,
+            cpus=_worker_cpus(),
         ) as job,
     ):
         job.start()
@@ -129,6 +134,13 @@ def run_workers(schedule: str, steps: int, warmup: int) -> dict[str, Any]:
         waits = [sum(e.wait_seconds for e in w.of(StepEvent)[warmup:]) / (steps - warmup) for w in job.workers]
     tokens = BATCH * MODEL["block_size"] * (steps - warmup)
     return {"tokens_per_s": tokens / _steady(per_step, warmup), "rss_kb": rss, "wait_s": waits}
+
+
+def _worker_cpus() -> list[tuple[int, ...]] | None:
+    """One core per worker (``worker_cpus``, as a daemon on a dedicated machine sets it), when this process
+    may use two; None (not pinned) otherwise."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    return [(cores[0],), (cores[1],)] if len(cores) >= 2 else None
 
 
 # ------------------------------------------------------------------------------------- (c) torch pipelining
@@ -247,7 +259,8 @@ def run_pippy(schedule: str, steps: int, warmup: int) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="few steps (about 2 minutes)")
+    parser.add_argument("--quick", action="store_true", help="few steps, one round (about 1 minute)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of every run (default 3, about 4 minutes)")
     parser.add_argument("--plain-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--pippy-rank", type=int, default=-1, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
@@ -261,37 +274,72 @@ def main() -> None:
     if args.pippy_rank >= 0:
         pippy_child(args.pippy_rank, args.port, args.schedule, args.steps, args.warmup)
         return
-    steps, warmup = (6, 2) if args.quick else (20, 3)
+    steps, warmup, rounds = (6, 2, 1) if args.quick else (20, 3, args.rounds)
     print(
         f"GPT {MODEL}, batch {BATCH} x {MICRO} micro-batches, {steps} steps ({warmup} warm-up), "
-        f"1 thread/process; load average at start {_load()}"
+        f"1 thread/process, {rounds} round(s) of every run; load average at start {_load()}"
     )
-    plain = _run_child(["--plain-child", "--steps", str(steps), "--warmup", str(warmup)], timeout=600)
-    print(f"model parameters: {plain['params'] / 1e6:.2f} M")
-    rows: list[tuple[str, dict[str, Any]]] = [("(a) plain PyTorch, 1 process", plain)]
-    for schedule in ("gpipe", "1f1b"):
-        rows.append((f"(b) arceus workers x2, {schedule}", run_workers(schedule, steps, warmup)))
-    pippy: dict[str, dict[str, Any]] = {}
-    for schedule in ("gpipe", "1f1b"):
-        try:
-            pippy[schedule] = run_pippy(schedule, steps, warmup)
-            rows.append((f"(c) torch pipelining x2, {schedule}", pippy[schedule]))
-        except Exception as exc:  # report why (c) is unusable here and keep the other figures
-            print(f"(c) torch.distributed.pipelining {schedule} unusable here: {exc}")
-    print(f"{'run':40s} {'tokens/s':>10s}  peak RSS per process (MiB)")
-    for name, r in rows:
-        rss = ", ".join(f"{kb / 1024:.0f}" for kb in r["rss_kb"])
-        waits = ", ".join(f"{w * 1000:.0f}" for w in r.get("wait_s", []))
-        note = f"  (waiting on links, ms/step: {waits})" if waits else ""
-        print(f"{name:40s} {r['tokens_per_s']:10.0f}  {rss}{note}")
-    base = plain["tokens_per_s"]
-    for name, r in rows[1:3]:
-        schedule = name.rsplit(" ", 1)[1]
-        line = f"{schedule}: (b)/(a) = {r['tokens_per_s'] / base:.2f} (target >= 1.6)"
-        if schedule in pippy:
-            line += f", (b)/(c) = {r['tokens_per_s'] / pippy[schedule]['tokens_per_s']:.2f} (target >= 1.0)"
-        print(line)
+    results: dict[str, list[dict[str, Any]]] = {}
+    unusable: dict[str, str] = {}
+    for r in range(rounds):
+        for name, run in _runs(steps, warmup):
+            if name in unusable:
+                continue
+            try:
+                results.setdefault(name, []).append(run())
+            except Exception as exc:  # (c) may be unusable here: report why and keep the other figures
+                if not name.startswith("(c)"):
+                    raise
+                unusable[name] = str(exc)
+        done = [f"{_short(n)} {rs[-1]['tokens_per_s']:.0f}" for n, rs in results.items() if len(rs) == r + 1]
+        print(f"round {r + 1}/{rounds}, tokens/s: " + ", ".join(done), flush=True)
+    for name, why in unusable.items():
+        print(f"{name} unusable here: {why}")
+    _report(results, rounds)
     print(f"load average at the end {_load()} (other work on the machine distorts these figures)")
+
+
+def _runs(steps: int, warmup: int) -> list[tuple[str, Any]]:
+    """One round: every run, named, as a thunk (a round runs them back to back, so a ratio is taken between
+    runs minutes apart at most)."""
+    plain_args = ["--plain-child", "--steps", str(steps), "--warmup", str(warmup)]
+    runs: list[tuple[str, Any]] = [(PLAIN, lambda: _run_child(plain_args, timeout=600))]
+    for schedule in ("gpipe", "1f1b"):
+        runs.append((f"(b) arceus workers x2, {schedule}", lambda s=schedule: run_workers(s, steps, warmup)))
+    for schedule in ("gpipe", "1f1b"):
+        runs.append((f"(c) torch pipelining x2, {schedule}", lambda s=schedule: run_pippy(s, steps, warmup)))
+    return runs
+
+
+def _short(name: str) -> str:
+    return name[:3] if name == PLAIN else f"{name[:3]} {name.rsplit(' ', 1)[1]}"
+
+
+def _report(results: dict[str, list[dict[str, Any]]], rounds: int) -> None:
+    """Median tokens/s over the rounds, and the ratios taken within each round (median, then the range)."""
+    print(f"model parameters: {results[PLAIN][0]['params'] / 1e6:.2f} M")
+    print(f"{'run (median of rounds)':40s} {'tokens/s':>10s}  peak RSS per process (MiB)")
+    for name, rs in results.items():
+        rss = ", ".join(f"{max(r['rss_kb'][i] for r in rs) / 1024:.0f}" for i in range(len(rs[0]["rss_kb"])))
+        waits = ", ".join(
+            f"{statistics.median(r['wait_s'][i] for r in rs) * 1000:.0f}" for i in range(len(rs[0].get("wait_s", [])))
+        )
+        note = f"  (waiting on links, ms/step: {waits})" if waits else ""
+        print(f"{name:40s} {statistics.median(r['tokens_per_s'] for r in rs):10.0f}  {rss}{note}")
+    for schedule in ("gpipe", "1f1b"):
+        ours = results[f"(b) arceus workers x2, {schedule}"]
+        line = f"{schedule}: (b)/(a) = {_ratios(ours, results[PLAIN])} (target >= 1.6)"
+        torch_runs = results.get(f"(c) torch pipelining x2, {schedule}", [])
+        if len(torch_runs) == rounds:
+            line += f", (b)/(c) = {_ratios(ours, torch_runs)} (target >= 1.0)"
+        print(line)
+
+
+def _ratios(num: list[dict[str, Any]], den: list[dict[str, Any]]) -> str:
+    """The round-by-round ratios of tokens/s: their median, and their range when there are several."""
+    ratios = [a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(num, den, strict=True)]
+    text = f"{statistics.median(ratios):.2f}"
+    return text + (f" ({min(ratios):.2f}-{max(ratios):.2f} over {len(ratios)} rounds)" if len(ratios) > 1 else "")
 
 
 def _steady(times: list[float], warmup: int) -> float:
