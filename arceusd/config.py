@@ -147,16 +147,14 @@ def load_config(state_dir: Path, overrides: dict[str, Any] | None = None) -> Dae
 
 
 def _cpus(value: object) -> tuple[int, ...]:
-    """``worker_cpus`` from a flag or the file: ``"0,2-3"`` or a list of core numbers."""
-    if isinstance(value, str):
-        try:
-            return parse_cpu_list(value)
-        except AffinityError as exc:
-            raise ConfigError(f"worker_cpus: {exc}") from None
-    items = cast("list[object]", value)
-    if not all(isinstance(c, int) and not isinstance(c, bool) for c in items):
-        raise ConfigError(f"worker_cpus must be core numbers (or a string like \"0,2-3\"), got {value!r}")
-    return tuple(cast("list[int]", items))
+    """``worker_cpus`` from a flag or the file: ``"0,2-3"`` or a list (its entries are checked by
+    ``DaemonConfig.__post_init__``)."""
+    if not isinstance(value, str):
+        return tuple(cast("list[int]", value))
+    try:
+        return parse_cpu_list(value)
+    except AffinityError as exc:
+        raise ConfigError(f"worker_cpus: {exc}") from None
 
 
 def config_summary(config: DaemonConfig) -> dict[str, Any]:

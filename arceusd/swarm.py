@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from arceusd.control import ControlError, call
+from arceusd.worker.affinity import usable_cores
 
 
 def free_ports(count: int) -> list[int]:
@@ -40,11 +41,6 @@ def worker_cpu_args(index: int, size: int, cores: list[int]) -> list[str]:
     if size > len(cores):
         return []
     return ["--worker-cpus", str(sorted(cores)[index])]
-
-
-def _usable_cores() -> list[int]:
-    getter = getattr(os, "sched_getaffinity", None)
-    return sorted(getter(0)) if getter is not None else []
 
 
 class LocalSwarm:
@@ -93,7 +89,7 @@ class LocalSwarm:
             "--log-file", str(log), *seeds, *self.extra_args,
         ]  # fmt: skip
         if self.pin_workers:
-            cmd += worker_cpu_args(i, self.size, _usable_cores())
+            cmd += worker_cpu_args(i, self.size, usable_cores())
         return subprocess.Popen(
             cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=self.env
         )

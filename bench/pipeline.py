@@ -139,7 +139,9 @@ def run_workers(schedule: str, steps: int, warmup: int) -> dict[str, Any]:
 def _worker_cpus() -> list[tuple[int, ...]] | None:
     """One core per worker (``worker_cpus``, as a daemon on a dedicated machine sets it), when this process
     may use two; None (not pinned) otherwise."""
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    from arceusd.worker.affinity import usable_cores
+
+    cores = usable_cores()
     return [(cores[0],), (cores[1],)] if len(cores) >= 2 else None
 
 

@@ -42,14 +42,22 @@ def parse_cpu_list(text: str) -> tuple[int, ...]:
     return tuple(sorted(cpus))
 
 
-def check_cpus(cpus: Iterable[int], threads: int) -> tuple[int, ...]:
-    """``cpus`` sorted and checked for ``threads`` compute threads: distinct cores in range, at least one per
-    thread (fewer would make the threads share cores, the 6x slowdown that thread pinning exists to avoid)."""
-    out = tuple(sorted(cpus))
+def usable_cores() -> list[int]:
+    """The cores this process may run on, sorted; empty where the OS cannot tell (macOS)."""
+    getter = getattr(os, "sched_getaffinity", None)
+    return sorted(getter(0)) if getter is not None else []
+
+
+def check_cpus(cpus: Iterable[object], threads: int) -> tuple[int, ...]:
+    """``cpus`` (from a config file, a flag or a worker config) sorted and checked for ``threads`` compute
+    threads: core numbers in range, each once, at least one per thread (fewer would make the threads share
+    cores, the 6x slowdown that thread pinning exists to avoid)."""
+    items = list(cpus)
+    if not all(isinstance(c, int) and not isinstance(c, bool) and 0 <= c <= MAX_CPU for c in items):
+        raise AffinityError(f"CPU list {items!r}: expected core numbers 0..{MAX_CPU}")
+    out = tuple(sorted(c for c in items if isinstance(c, int)))
     if len(set(out)) != len(out):
         raise AffinityError(f"CPU list {list(out)} names a core twice")
-    if any(not isinstance(c, int) or isinstance(c, bool) or not 0 <= c <= MAX_CPU for c in out):
-        raise AffinityError(f"CPU list {list(out)}: cores are integers 0..{MAX_CPU}")
     if out and len(out) < threads:
         raise AffinityError(
             f"{threads} worker threads on {len(out)} pinned core(s) {list(out)} would share cores: "
@@ -66,14 +74,13 @@ def pin_cpus(cpus: tuple[int, ...]) -> str | None:
     if not cpus:
         return None
     setter = getattr(os, "sched_setaffinity", None)
-    getter = getattr(os, "sched_getaffinity", None)
-    if setter is None or getter is None:
+    available = usable_cores()
+    if setter is None or not available:
         return f"this OS cannot pin a process to cores; worker CPUs {list(cpus)} ignored"
-    available = getter(0)
-    missing = sorted(set(cpus) - available)
+    missing = sorted(set(cpus) - set(available))
     if missing:
         raise AffinityError(
-            f"worker CPUs {missing} are not available to this process (it may use {sorted(available)}); "
+            f"worker CPUs {missing} are not available to this process (it may use {available}); "
             "fix worker_cpus in the daemon's config"
         )
     setter(0, cpus)

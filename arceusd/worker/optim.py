@@ -1,8 +1,9 @@
 """Optimizers over one stage's own parameters, global gradient clipping, and the LR schedule.
 
 ``SGD`` (momentum, dampening, nesterov, weight decay) and ``AdamW`` reproduce ``torch.optim.SGD`` /
-``torch.optim.AdamW`` update rules (single param group); they are written out here so their state is a flat,
-named tensor dict (``state_tensors``) that checkpoints as safetensors and reloads into a re-planned slice.
+``torch.optim.AdamW`` update rules (single param group) while keeping their state as a flat, named tensor dict
+(``state_tensors``) that checkpoints as safetensors and reloads into a re-planned slice: SGD's rule is written
+out here; AdamW hands its tensors to torch's functional ``adamw`` (the fused kernel).
 
 Global clipping: every stage (and tensor-parallel rank) computes the squared L2 norm of the gradients it owns
 (``local_grad_sq_norm``; replicated tensor-parallel parameters are counted on one rank only), a ``reduce``

@@ -65,13 +65,6 @@ def _float(d: Mapping[str, Any], key: str, where: str) -> float:
     return float(_get(d, key, (int, float), where))
 
 
-def _cpus(d: Mapping[str, Any], where: str) -> tuple[int, ...]:
-    cpus = _get(d, "cpus", list, where)
-    if not all(isinstance(c, int) and not isinstance(c, bool) for c in cpus):
-        raise WorkerProtocolError(f"{where}.cpus: expected a list of core numbers, got {cpus!r}")
-    return tuple(cpus)
-
-
 def _load_object(text: str, where: str) -> dict[str, Any]:
     try:
         doc = json.loads(text)
@@ -283,7 +276,7 @@ class WorkerConfig:
             threads=_int(d, "threads", w, 1) if "threads" in d else 1,
             device=_get(d, "device", str, w) if "device" in d else "cpu",
             link_timeout_s=_float(d, "link_timeout_s", w) if "link_timeout_s" in d else 120.0,
-            cpus=_cpus(d, w) if "cpus" in d else (),
+            cpus=tuple(_get(d, "cpus", list, w)) if "cpus" in d else (),  # checked by __post_init__
         )
 
 
