@@ -270,11 +270,11 @@ class JobElections:
                     # The core only returns future deadlines; the floor guards against a spin otherwise.
                     with trio.move_on_at(max(deadline, self._now() + 0.001)):
                         await self._wakeup.wait()
-                    self._wakeup = trio.Event()
                     now = self._now()
                     for job, e in list(self._elections.items()):
                         if e.next_deadline() <= now:
                             self._feed(job, ElectionTick())
+                    self._wakeup = trio.Event()  # after our own feeds, which set it (see PeerService.run)
             finally:
                 self._nursery = None
 

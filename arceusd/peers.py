@@ -160,11 +160,12 @@ class PeerService:
             nursery.start_soon(self._seed_loop, seeds)
             task_status.started()
             while True:
-                deadline = self.membership.next_deadline()
-                with trio.move_on_at(deadline):
+                with trio.move_on_at(self.membership.next_deadline()):
                     await self._wakeup.wait()
-                self._wakeup = trio.Event()
                 self.feed(Tick())
+                # feed() sets the event (an event fed from elsewhere may bring a deadline forward); replace it
+                # only after our own Tick, or the next wait returns at once and the loop spins, using a core.
+                self._wakeup = trio.Event()
 
     async def _seed_loop(self, seeds: tuple[str, ...]) -> None:
         delay = max(0.2, self.config.probe_interval)
