@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from collections.abc import Iterator
@@ -80,6 +81,28 @@ def test_sigstop_shorter_than_suspicion_is_not_declared_dead(swarm: LocalSwarm) 
             assert view.get(ids[2]) in ("alive", "suspect"), f"declared {view.get(ids[2])} after a {pause:.2f}s pause"
         time.sleep(0.1)
     wait_for(lambda: converged(swarm, list(range(N)), ids), 10, 0.1, "back to all alive")
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_idle_daemons_use_a_small_share_of_a_core(swarm: LocalSwarm) -> None:
+    """Five converged daemons doing only membership (local preset: a probe every 100 ms, gossip every 30 ms) use
+    about 5% of a core each. A timer loop that spins (it once did: 40% each, all the two cores could give five)
+    starves the machine's training work and got a 0.3 s SIGSTOP declared dead. CPU time, not wall time, so a
+    loaded machine does not inflate it; the bound is five times the measured figure."""
+    ids = [swarm.call(i, "status")["peer_id"] for i in range(N)]
+    wait_for(lambda: converged(swarm, list(range(N)), ids), 20, 0.1, "converge")
+    for i in range(N):
+        swarm.call(i, "jobs", timeout=60)  # answers once the daemon has imported its torch-heavy modules
+    pids = [proc.pid for proc in swarm.procs]
+    window = 3.0
+    before = [_cpu_seconds(pid) for pid in pids]
+    time.sleep(window)
+    shares = [(_cpu_seconds(pid) - b) / window for pid, b in zip(pids, before, strict=True)]
+    assert max(shares) < 0.25, f"idle daemons used {[f'{s:.0%}' for s in shares]} of a core"
 
 
 def test_status_and_peers_cli_show_the_view(swarm: LocalSwarm) -> None:
