@@ -9,6 +9,7 @@ while it repartitions after a failure or to rebalance; ``paused`` when the survi
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,8 @@ import trio
 from arceusd.jobs.supervisor import WorkerProcess
 
 TERMINAL = frozenset({"done", "failed", "cancelled"})
+STAGE_WINDOW = 20
+"""Steps over which ``arceusd status JOB`` reports this device's measured step time and link waits."""
 
 
 @dataclass
@@ -67,6 +70,8 @@ class Job:
     samples_per_s: float | None = None
     tokens_per_s: float | None = None
     history: list[tuple[int, float]] = field(default_factory=list)
+    # this device's stage over its last steps: (seconds, of which waiting on links), from the worker's step events
+    stage_times: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=STAGE_WINDOW))
     error: str = ""
     model_path: str = ""
     worker: WorkerProcess | None = None
@@ -125,9 +130,20 @@ class Job:
                 "model": type(self.spec.model).__name__, "data": self.spec.data.kind,
                 "worker_pid": self.worker.pid if self.worker is not None else None,
                 "stale_reports": self.stale_reports, "standby": self.standby, "links": self.links,
-                "standby_ready": self.standby_data is not None,
+                "standby_ready": self.standby_data is not None, "stage_timing": self.stage_timing(),
             })  # fmt: skip
         return out
+
+    def stage_timing(self) -> dict[str, float] | None:
+        """This device's stage over its last steps: median step time, and the share of it spent waiting on
+        links (the pipeline's bubble and slower neighbours), to set beside the plan's prediction."""
+        if not self.stage_times:
+            return None
+        seconds = sorted(t for t, _ in self.stage_times)
+        total = sum(seconds)
+        waited = sum(w for _, w in self.stage_times)
+        return {"steps": len(seconds), "step_time_s": seconds[len(seconds) // 2],
+                "wait_fraction": waited / total if total > 0 else 0.0}  # fmt: skip
 
     def plan_summary(self) -> dict[str, Any] | None:
         if self.plan is None:

@@ -1141,6 +1141,7 @@ class JobManager:
         path.write_text(config.to_json())
         worker = WorkerProcess(path, job.directory / "worker.log")
         job.worker = worker
+        job.stage_times.clear()  # a new plan: its stage times are not the old one's
         try:
             port = await worker.start()
         except WorkerFailed as exc:
@@ -1226,6 +1227,7 @@ class JobManager:
         # the event names the step index just run; job.step counts completed steps
         job.step, job.loss, job.lr = int(event["step"]) + 1, float(event["loss"]), float(event["lr"])
         job.history.append((job.step, round(job.loss, 5)))
+        job.stage_times.append((float(event.get("seconds", 0.0)), float(event.get("wait_seconds", 0.0))))
         job.credit(1)
         recovery = job.recoveries[-1] if job.recoveries else None
         if recovery is not None and recovery.first_step_after_s is None and recovery.epoch == job.epoch:

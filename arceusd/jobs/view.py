@@ -45,6 +45,10 @@ def render_job(j: dict[str, Any]) -> str:
             )  # fmt: skip
             first, last = stage["blocks"][0], stage["blocks"][1] - 1
             lines.append(f"    stage {stage['index']}: blocks {first}-{last} on {devices}")
+    timing = j.get("stage_timing")
+    if timing:
+        lines.append(f"  measured {timing['step_time_s'] * 1000:.1f} ms/step on this device (median of the last "
+                     f"{timing['steps']}), {timing['wait_fraction']:.0%} of it waiting on links")  # fmt: skip
     lines += contribution_lines(j)
     if j.get("committed_step"):
         lines.append(f"  checkpoint  step {j['committed_step']} committed")

@@ -57,6 +57,11 @@ def check_distributed(s: LocalSwarm, job: dict[str, Any]) -> None:
     assert set(placed) == ids and len(placed) == 3, "every daemon holds a part of the model"
     assert {c["peer_id"] for c in job["contributions"]} == ids
     assert abs(sum(c["share"] for c in job["contributions"]) - 1.0) < 1e-3
+    # The owner's own stage: measured step time and the share of it spent waiting on links, shown by the CLI.
+    timing = job["stage_timing"]
+    assert timing["steps"] > 0 and timing["step_time_s"] > 0 and 0.0 <= timing["wait_fraction"] < 1.0, timing
+    shown = cli(s.state_dir(0), "status", job["job_id"])
+    assert shown.returncode == 0 and "ms/step on this device" in shown.stdout, shown.stdout + shown.stderr
     # The leader measured its link to each member over the transport for the plan.
     links = job["links"]
     assert set(links) == ids - {job["owner"]}
