@@ -32,6 +32,7 @@ from arceusd.demo import demo_spec
 from arceusd.jobs.source import open_batch_source
 from arceusd.jobs.spec import JobSpec, load_spec
 from arceusd.models.build import build_reference_model, loss_mean
+from arceusd.models.config import GPTConfig
 from arceusd.swarm import LocalSwarm
 
 EVAL_EVERY = 100
@@ -46,6 +47,13 @@ def budget_spec(directory: Path) -> Path:
     text = re.sub(r"(?m)^warmup_steps = \d+", "warmup_steps = 100", text)
     path.write_text(text)
     return path
+
+
+def gpt_of(spec: JobSpec) -> GPTConfig:
+    """The spec's model config; the demo's job is a GPT (tokens per step = batch * block_size)."""
+    if not isinstance(spec.model, GPTConfig):
+        raise ValueError(f"expected the demo's GPT model, got {type(spec.model).__name__}; is the spec the demo's?")
+    return spec.model
 
 
 def run_swarm(spec_path: Path, root: Path, seconds: float) -> dict[str, Any]:
@@ -75,7 +83,7 @@ def run_swarm(spec_path: Path, root: Path, seconds: float) -> dict[str, Any]:
         elapsed = time.monotonic() - began
         swarm.call(0, "cancel", {"job_id": job_id}, timeout=60)
         spec = load_spec(spec_path)
-        tokens = job["step"] * spec.training.batch_size * spec.model.block_size
+        tokens = job["step"] * spec.training.batch_size * gpt_of(spec).block_size
         return {"steps": job["step"], "val_loss": job["val_loss"], "tokens_per_s": tokens / elapsed,
                 "startup_s": (first_step_at or time.monotonic()) - began, "devices": len(job["members"])}  # fmt: skip
     finally:
@@ -117,7 +125,7 @@ def run_plain(spec_path: Path, seconds: float) -> dict[str, Any]:
         if step % EVAL_EVERY == 0:
             val = evaluate(model, spec)
     elapsed = time.monotonic() - began
-    return {"steps": step, "val_loss": val, "tokens_per_s": step * t.batch_size * spec.model.block_size / elapsed}
+    return {"steps": step, "val_loss": val, "tokens_per_s": step * t.batch_size * gpt_of(spec).block_size / elapsed}
 
 
 def main() -> int:

@@ -59,7 +59,7 @@ SWIM_FIRST = math.e / (math.e - 1)
 class BenchSwarm(LocalSwarm):
     """A :class:`LocalSwarm` that can bring a killed daemon back from its state directory."""
 
-    def restart(self, i: int, timeout: float = 60.0) -> None:
+    def restart(self, i: int, timeout: float = 60.0) -> dict[str, Any]:
         if self.procs[i].poll() is None:
             raise RuntimeError(f"daemon {i} is still running; kill it before restarting it")
         seeds: list[str] = []
@@ -75,7 +75,7 @@ class BenchSwarm(LocalSwarm):
         self.procs[i] = subprocess.Popen(
             cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
-        self.wait_ready(i, timeout)
+        return self.wait_ready(i, timeout)
 
 
 # ------------------------------------------------------------------------------------------------ polling

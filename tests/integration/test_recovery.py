@@ -241,7 +241,12 @@ def test_killed_leader_is_replaced_by_its_elected_standby(make_swarm: Any, tmp_p
     assert placed == set(owner_view["members"]), "rebalanced: the owner trains again, as a member"
     third = next(i for i in (1, 2) if i != k)
     for i in (0, third):
-        view = wait_for(lambda i=i: (v := job_of(s, job_id, i))["state"] == "done" and v, 30, 0.2, "stopped")
+
+        def stopped(i: int = i) -> dict[str, Any] | None:
+            v = job_of(s, job_id, i)
+            return v if v["state"] == "done" else None
+
+        view = wait_for(stopped, 30, 0.2, "stopped")
         assert view["leader"] == standby, "every device follows the elected leader"
     recovery = end["recoveries"][0]
     assert recovery["first_step_after_s"] is not None and recovery["recomputed_steps"] <= 40

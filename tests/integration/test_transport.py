@@ -193,7 +193,7 @@ async def test_tampered_frames_are_dropped_and_counted_memory() -> None:
 async def test_bad_peer_hello_is_rejected_grpc() -> None:
     """A client whose Hello is signed by a key that does not match the id it claims never gets a stream."""
     async with grpc_pair() as (server, client, _):
-        real = client.identity
+        real: Identity = client.identity
 
         class Impostor:
             public_key_raw = Identity.generate().public_key_raw

@@ -17,10 +17,10 @@ import random
 
 import pytest
 
-from arceusd.election import ElectionState
+from arceusd.election import Election, ElectionState
 from arceusd.membership import detection_bound, local
 from arceusd.membership.events import Join
-from arceusd.membership.sim import Cluster, NetworkModel, peer_name
+from arceusd.membership.sim import Cluster, NetworkModel, SimNode, peer_name
 
 SCHEDULES = int(os.environ.get("ARCEUS_SIM_SCHEDULES", "40"))
 CHAOS_SECONDS = 2.0
@@ -95,23 +95,29 @@ def check_safety(cluster: Cluster) -> None:
                 assert votes.setdefault(term, voted) == voted, f"{peer} voted twice in term {term}"
 
 
+def election_of(node: SimNode) -> Election:
+    """The election ``node`` runs for the cluster's job (every job member runs one)."""
+    if node.election is None:
+        raise AssertionError(f"{node.peer} runs no election")
+    return node.election
+
+
 def check_liveness(cluster: Cluster) -> None:
-    sides: dict[int, list] = {}
+    sides: dict[int, list[SimNode]] = {}
     for node in cluster.up_nodes():
         sides.setdefault(cluster.group[node.address], []).append(node)
     majority = len(cluster.job_members) // 2 + 1
     for side in sides.values():
-        states = {n.peer: (n.election.state, n.election.term, n.election.leader) for n in side}
+        states = {n.peer: (election_of(n).state, election_of(n).term, election_of(n).leader) for n in side}
         if len(side) >= majority:
-            leaders = [n for n in side if n.election.state is ElectionState.LEADER]
+            leaders = [n for n in side if election_of(n).state is ElectionState.LEADER]
             assert len(leaders) == 1, f"majority side without exactly one leader: {states}"
             leader = leaders[0]
             for node in side:
-                assert node.election.leader == leader.peer and node.election.term == leader.election.term, (
-                    states
-                )
+                view = election_of(node)
+                assert view.leader == leader.peer and view.term == election_of(leader).term, states
         else:
-            assert all(n.election.state is ElectionState.PAUSED for n in side), (
+            assert all(election_of(n).state is ElectionState.PAUSED for n in side), (
                 f"minority not paused: {states}"
             )
 

@@ -6,7 +6,7 @@ Stages run concurrently in threads over the in-memory ``Links`` / ``Collective``
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import pytest
@@ -54,6 +54,11 @@ def _batches(model: ModelConfig, batch: int) -> list[tuple[torch.Tensor, torch.T
     return out
 
 
+def prefixed(name: str) -> Callable[[str], str]:
+    """An ``assert_close`` message that names the parameter ``name``."""
+    return lambda message: f"{name}: {message}"
+
+
 def _torch_optimizer(config: OptimizerConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
     if isinstance(config, SGDConfig):
         return torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
@@ -71,7 +76,7 @@ def reference_run(
             g["lr"] = lr(step)
         optimizer.zero_grad()
         loss = loss_mean(model(x), y)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         if clip is not None:
             norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip)))
         optimizer.step()
@@ -176,7 +181,10 @@ CASES = {
     "gpt-2-tp": Case(GPT, [(0, 2, None), (2, 4, UNEVEN_TP)], micro_batches=3, batch=5),
     "gpt-3-tp": Case(GPT, [(0, 1, None), (1, 3, UNEVEN_TP), (3, 4, None)], micro_batches=3, batch=5),
 }
-OPTIMIZERS = {"sgd": SGDConfig(lr=0.05, momentum=0.9), "adamw": AdamWConfig(lr=3e-3, weight_decay=0.1)}
+OPTIMIZERS: dict[str, OptimizerConfig] = {
+    "sgd": SGDConfig(lr=0.05, momentum=0.9),
+    "adamw": AdamWConfig(lr=3e-3, weight_decay=0.1),
+}
 
 
 @pytest.mark.parametrize("case_name", list(CASES))
@@ -201,7 +209,7 @@ def test_pipeline_equals_plain_training(case_name: str, schedule: ScheduleKind, 
     params = gathered_params(case, engines)
     assert set(params) == set(ref_params)
     for name, p in ref_params.items():
-        torch.testing.assert_close(params[name], p, rtol=0, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+        torch.testing.assert_close(params[name], p, rtol=0, atol=1e-5, msg=prefixed(name))
     # replicated tensor-parallel parameters stayed bit-identical across ranks
     for ranks in engines:
         for e in ranks[1:]:

@@ -392,7 +392,7 @@ def test_lr_schedule() -> None:
 
 
 def test_wire_garbage_is_reported_not_crashed() -> None:
-    doc = to_dict(parse(mnist_doc()))
+    doc: dict[Any, Any] = to_dict(parse(mnist_doc()))
     doc[7] = "int key"
     doc["training"] = {"steps": "ten", 1.5: None}
     doc["data"] = None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import random
+from typing import Any
 
 import pytest
 
@@ -58,7 +59,7 @@ def test_config_rejects_timeout_not_below_interval() -> None:
         MembershipConfig(**{**_fields(local()), "probe_timeout": 0.2})
 
 
-def _fields(cfg: MembershipConfig) -> dict[str, object]:
+def _fields(cfg: MembershipConfig) -> dict[str, Any]:
     return {name: getattr(cfg, name) for name in cfg.__dataclass_fields__}
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -21,9 +22,14 @@ from arceusd.worker.optim import (
 )
 
 
-def _model(seed: int) -> nn.Module:
+def _model(seed: int) -> nn.Sequential:
     torch.manual_seed(seed)
     return nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 3))
+
+
+def _constant(value: float) -> Callable[[float], float]:
+    """A ``reduce`` that ignores the local value and returns ``value`` (the sum over all stages)."""
+    return lambda _local: value
 
 
 def _torch_opt(config: OptimizerConfig, params: list[nn.Parameter]) -> torch.optim.Optimizer:
@@ -137,7 +143,7 @@ def test_global_clipping_over_split_parameters_matches_clip_grad_norm() -> None:
         from arceusd.worker.optim import local_grad_sq_norm
 
         total = sum(local_grad_sq_norm(p) for p in stages)
-        norms = [clip_grad_norm_global(p, p, max_norm, reduce=lambda _x, t=total: t) for p in stages]
+        norms = [clip_grad_norm_global(p, p, max_norm, reduce=_constant(total)) for p in stages]
         assert norms[0] == pytest.approx(float(ref_norm), rel=1e-6) and norms[0] == norms[1]
         for a, b in zip(split.parameters(), full.parameters(), strict=True):
             assert a.grad is not None and b.grad is not None

@@ -6,6 +6,7 @@ spec parsed without data files (the facts a spec from the wire carries)."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
 
@@ -96,4 +97,5 @@ def test_an_offer_from_the_wire_is_checked_field_by_field() -> None:
     for field, value in [("message_s", -1e-3), ("dispatch_s", float("nan")), ("sgd_s_per_param", float("inf")),
                          ("block_efficiency", 0.0), ("flops_per_s", 0.0), ("kind", "tpu")]:  # fmt: skip
         with pytest.raises(ValueError, match=field if field != "kind" else "kind must be one of"):
-            dataclasses.replace(good, **{field: value}).check()
+            bad: dict[str, Any] = {field: value}  # deliberately wrong types/values, as from the wire
+            dataclasses.replace(good, **bad).check()

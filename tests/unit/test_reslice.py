@@ -25,6 +25,7 @@ from arceusd.worker.protocol import MemberConfig, StageConfig
 
 GPT = GPTConfig(n_layer=2, n_head=4, n_embd=16, block_size=8, vocab_size=11)
 MLP = MLPConfig(layer_sizes=(12, 8, 6, 3))
+Relayout = tuple[list[int], dict[int, list[tuple[int, int]]]]  # layout()'s cuts and tp
 
 
 def training_state(config: GPTConfig | MLPConfig) -> dict[str, torch.Tensor]:
@@ -75,7 +76,7 @@ def assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
         (([1, 3], {1: [(2, 32), (2, 32)]}), ([], {0: [(3, 40), (1, 24)]})),  # TP -> different TP over everything
     ],
 )
-def test_gpt_state_survives_any_relayout(old: tuple, new: tuple) -> None:
+def test_gpt_state_survives_any_relayout(old: Relayout, new: Relayout) -> None:
     full = training_state(GPT)
     before = layout(GPT, *old)
     gathered = full_state(GPT, [parse_shard(d) for d in shards_of(GPT, full, before)])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -45,6 +46,11 @@ class CountingCollective:
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         self.calls += 1
         return self.inner.all_reduce_sum(tensor)
+
+
+def prefixed(name: str) -> Callable[[str], str]:
+    """An ``assert_close`` message that names the parameter ``name``."""
+    return lambda message: f"{name}: {message}"
 
 
 def _full_block() -> TransformerBlock:
@@ -113,7 +119,9 @@ def test_tp_block_forward_backward_equals_full_block(split: TPSplit) -> None:
         for n, p in shards[r].named_parameters():
             assert p.grad is not None
             if not is_sharded(n):
-                assert torch.equal(p.grad, dict(shards[0].named_parameters())[n].grad), n
+                lead_grad = dict(shards[0].named_parameters())[n].grad
+                assert lead_grad is not None
+                assert torch.equal(p.grad, lead_grad), n
     grad_shards = [
         TPTransformerBlock(GPT, split.heads[r], split.columns[r], colls[r]) for r in range(split.world_size)
     ]
@@ -127,7 +135,7 @@ def test_tp_block_forward_backward_equals_full_block(split: TPSplit) -> None:
     gathered = dict(gather_transformer_block(grad_shards, GPT, split).named_parameters())
     for n, g in ref_grads.items():
         assert g is not None
-        torch.testing.assert_close(gathered[n], g, rtol=0, atol=1e-5, msg=lambda m, n=n: f"{n}: {m}")
+        torch.testing.assert_close(gathered[n], g, rtol=0, atol=1e-5, msg=prefixed(n))
 
 
 def test_split_validation() -> None:
