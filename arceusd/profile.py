@@ -366,15 +366,19 @@ def load_or_measure(
     max_age_s: float = 24 * 3600.0,
     now: float | None = None,
     measure: Callable[[], Sequence[DeviceMeasurement]] = measure_all,
+    threads: int | None = None,
 ) -> tuple[DeviceMeasurement, ...]:
-    """Cached measurements from ``cache_dir/device_profile.json`` if younger than ``max_age_s``, else measure
-    and write the cache (atomically: temp file + rename). A corrupt or foreign cache is remeasured."""
+    """Cached measurements from ``cache_dir/device_profile.json`` if younger than ``max_age_s`` (and, with
+    ``threads``, taken at that many torch threads), else measure and write the cache (atomically: temp file +
+    rename). A corrupt or foreign cache is remeasured."""
     t = time.time() if now is None else now
     path = Path(cache_dir) / CACHE_FILE
     try:
         data: Any = json.loads(path.read_text())
         if data.get("version") == CACHE_VERSION and 0 <= t - float(data["measured_at"]) <= max_age_s:
-            return tuple(DeviceMeasurement(**d) for d in data["devices"])
+            cached = tuple(DeviceMeasurement(**d) for d in data["devices"])
+            if threads is None or all(d.threads == threads for d in cached):
+                return cached
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         pass
     found = tuple(measure())

@@ -242,7 +242,8 @@ class JobManager:
 
         if self._offer is None:
             result = await trio.run_process(
-                [sys.executable, "-m", "arceusd.jobs.probe", str(self.node.paths.root)],
+                [sys.executable, "-m", "arceusd.jobs.probe", str(self.node.paths.root),
+                 str(self.node.config.worker_threads)],
                 capture_stdout=True, capture_stderr=True, check=False,
             )  # fmt: skip
             if result.returncode != 0:

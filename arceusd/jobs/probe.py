@@ -1,7 +1,11 @@
-"""``python -m arceusd.jobs.probe <cache_dir>``: measure this device (torch, in a child process so the daemon
-never runs torch) and print its offer as one JSON line: ``flops_per_s``, ``memory_bytes`` (80 % of what is free),
-``kind``, and the calibration the planner charges (``block_efficiency``, ``dispatch_s``, ``adamw_s_per_param``,
-``sgd_s_per_param``; see :mod:`arceusd.profile`). Cached for a day."""
+"""``python -m arceusd.jobs.probe <cache_dir> [threads]``: measure this device (torch, in a child process so the
+daemon never runs torch) and print its offer as one JSON line: ``flops_per_s``, ``memory_bytes`` (80 % of what is
+free), ``kind``, and the calibration the planner charges (``block_efficiency``, ``dispatch_s``,
+``adamw_s_per_param``, ``sgd_s_per_param``; see :mod:`arceusd.profile`). Cached for a day.
+
+``threads``: the torch thread count of this device's stage workers (``worker_threads``), so the offer says what a
+worker will do. Measured with every core instead, a device with more cores than its worker uses looks faster than
+it trains, and the planner gives it too many blocks; a cache taken at another thread count is measured again."""
 
 from __future__ import annotations
 
@@ -11,9 +15,20 @@ from pathlib import Path
 
 
 def main() -> None:
+    if len(sys.argv) not in (2, 3):
+        sys.exit("usage: python -m arceusd.jobs.probe CACHE_DIR [THREADS]")
+    threads = None
+    if len(sys.argv) == 3:
+        if not sys.argv[2].isdigit() or int(sys.argv[2]) < 1:
+            sys.exit(f"THREADS must be a whole number >= 1, got {sys.argv[2]!r}")
+        threads = int(sys.argv[2])
+    import torch
+
     from arceusd.profile import best_measurement, load_or_measure, to_device_profile
 
-    m = best_measurement(load_or_measure(Path(sys.argv[1])))
+    if threads is not None:
+        torch.set_num_threads(threads)
+    m = best_measurement(load_or_measure(Path(sys.argv[1]), threads=threads))
     device = to_device_profile(m, peer_id="this-device")
     print(json.dumps({"flops_per_s": float(f"{device.flops_per_s:.6g}"), "memory_bytes": device.memory_bytes,
                       "kind": device.kind, "block_efficiency": m.block_efficiency, "dispatch_s": m.dispatch_s,

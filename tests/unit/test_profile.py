@@ -4,6 +4,7 @@ echo."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -75,6 +76,41 @@ def test_cache_is_reused_until_it_is_too_old(tmp_path: Path) -> None:
     (tmp_path / "device_profile.json").write_text("{not json")
     load_or_measure(tmp_path, max_age_s=60, now=201.0, measure=measure)
     assert len(calls) == 3
+
+
+def test_a_cache_taken_at_another_thread_count_is_measured_again(tmp_path: Path) -> None:
+    calls: list[int] = []
+
+    def measure_at(threads: int) -> Callable[[], tuple[DeviceMeasurement, ...]]:
+        def measure() -> tuple[DeviceMeasurement, ...]:
+            calls.append(threads)
+            return (DeviceMeasurement("cpu", 1e9 * threads, 1 << 30, threads, "cpu", 100.0),)
+
+        return measure
+
+    two = load_or_measure(tmp_path, max_age_s=60, now=100.0, measure=measure_at(2), threads=2)
+    assert load_or_measure(tmp_path, max_age_s=60, now=110.0, measure=measure_at(2), threads=2) == two
+    one = load_or_measure(tmp_path, max_age_s=60, now=120.0, measure=measure_at(1), threads=1)
+    assert calls == [2, 1] and one[0].threads == 1
+    assert load_or_measure(tmp_path, max_age_s=60, now=130.0, measure=measure_at(9)) == one  # any count: cached
+
+
+def test_the_probe_measures_at_the_workers_thread_count(tmp_path: Path) -> None:
+    """The daemon's probe child (``python -m arceusd.jobs.probe DIR THREADS``) measures with the stage
+    workers' torch threads and caches them; a bad count is refused with a message."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    run = [sys.executable, "-m", "arceusd.jobs.probe", str(tmp_path)]
+    done = subprocess.run([*run, "1"], capture_output=True, text=True, timeout=120, cwd=root)
+    assert done.returncode == 0, done.stderr
+    offer = json.loads(done.stdout.strip().splitlines()[-1])
+    assert offer["flops_per_s"] > 0 and offer["kind"] == "cpu"
+    cached = json.loads((tmp_path / "device_profile.json").read_text())
+    assert [d["threads"] for d in cached["devices"]] == [1]
+    bad = subprocess.run([*run, "0"], capture_output=True, text=True, timeout=120, cwd=root)
+    assert bad.returncode != 0 and "THREADS must be a whole number >= 1" in bad.stderr
 
 
 def test_best_measurement_picks_the_fastest() -> None:
