@@ -919,9 +919,9 @@ class JobManager:
             if failed is not None:
                 return JobAck(False, f"shard {failed} of step {msg.step} did not arrive intact")
             job.committed_step = max(job.committed_step, msg.step)
-            if job.state not in TERMINAL or job.model_path is None:
+            if not job.model_path:  # "" until exported (a repeated sync exports once)
                 await self._export(job, msg.step, [folder / r.name for r in manifest.shards])
-        return JobAck(job.model_path is not None, job.error[:400])
+        return JobAck(bool(job.model_path), job.error[:400])
 
     async def _standby_copy(self, job: Job, leader: str, msg: StandbySync, manifest: Any) -> None:
         """Standby: copy the data (once) and the leader's shards of a committed step; each is checked before

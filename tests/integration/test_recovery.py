@@ -251,6 +251,9 @@ def test_killed_leader_is_replaced_by_its_elected_standby(make_swarm: Any, tmp_p
     recovery = end["recoveries"][0]
     assert recovery["first_step_after_s"] is not None and recovery["recomputed_steps"] <= 40
     assert Path(end["model_path"]).is_relative_to(s.state_dir(k)), "the model is saved on the new leader"
+    owner_end = job_of(s, job_id, 0)
+    assert owner_end["model_path"] and Path(owner_end["model_path"]).is_relative_to(s.state_dir(0)), \
+        "the leader handed the owner the final checkpoint and the owner exported the model too"
     assert_equals_failure_free(end, spec)
 
 

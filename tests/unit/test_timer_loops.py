@@ -8,7 +8,6 @@ a real second on the in-memory transport and bound them by the timers' rates.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, cast
 
 import trio
@@ -27,18 +26,20 @@ async def _refuse(stream: Stream) -> None:
     return None
 
 
-def _count_calls(obj: Any, name: str, kind: type, counter: list[int]) -> None:
-    original = getattr(obj, name)
+def _count_ticks(membership: Any) -> list[int]:
+    """Count the Tick events ``membership.handle`` gets (in the returned one-element list)."""
+    count = [0]
+    original = membership.handle
 
-    def counting(event: Any, *args: Any) -> Any:
-        if isinstance(event, kind):
-            counter[0] += 1
-        return original(event, *args)
+    def counting(event: Any, now: float) -> Any:
+        count[0] += isinstance(event, Tick)
+        return original(event, now)
 
-    setattr(obj, name, counting)
+    membership.handle = counting
+    return count
 
 
-def test_peer_service_ticks_at_its_timers_rate_not_in_a_spin(tmp_path: Path) -> None:
+def test_peer_service_ticks_at_its_timers_rate_not_in_a_spin() -> None:
     cfg = local()
     # A probe per interval (direct deadline, probe deadline, next probe), gossip, push/pull: the most ticks a
     # second can need, doubled for events arriving between them.
@@ -60,9 +61,7 @@ def test_peer_service_ticks_at_its_timers_rate_not_in_a_spin(tmp_path: Path) -> 
                 address = transport.address
                 peers = PeerService(identity, cast(UnaryTransport, transport), cfg, address, boot_id=1, seed=i)
                 holder["peers"] = peers
-                count = [0]
-                _count_calls(peers.membership, "handle", Tick, count)
-                ticks.append(count)
+                ticks.append(_count_ticks(peers.membership))
                 services.append(peers)
                 await nursery.start(peers.run, ("10.0.0.0:7000",) if i else ())
             with trio.fail_after(10):
