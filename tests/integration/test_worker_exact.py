@@ -83,3 +83,16 @@ def test_gpt_with_a_tensor_parallel_stage_equals_plain_loop(tmp_path: Path) -> N
         _check_exact(job, spec, steps)
         norms = [e.grad_norm for e in job.workers[0].of(StepEvent)]
         assert all(n > 0 for n in norms)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (none on this machine)")
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_one_worker_on_cuda_and_one_on_cpu_equal_plain_loop(tmp_path: Path, schedule: str) -> None:
+    """A job mixing devices: the first stage's worker trains on CUDA, the second on the CPU."""
+    steps = 3
+    spec = gpt_spec(steps, n_layer=2, n_head=4, n_embd=32, block=16, batch=8, micro=4, optimizer="sgd", lr=0.1,
+                    momentum=0.9, weight_decay=0.0)  # fmt: skip
+    with WorkerJob(tmp_path, spec, [(0, 2, None), (2, 4, None)], schedule=schedule, devices=["cuda", "cpu"]) as job:
+        job.start()
+        job.run(timeout=120)
+        _check_exact(job, spec, steps)

@@ -154,8 +154,10 @@ class WorkerJob:
         link_timeout_s: float = 60.0,
         job_id: str = "job-test",
         cpus: Sequence[tuple[int, ...]] | None = None,
+        devices: Sequence[str] | None = None,
     ) -> None:
-        """``cpus``: the cores of each worker, in worker order (stage, then rank); None: none pinned."""
+        """``cpus``: the cores of each worker, in worker order (stage, then rank); None: none pinned.
+        ``devices``: each worker's torch device in the same order; None: all on the CPU."""
         self.tmp = tmp
         self.spec = spec
         self.layout = list(layout)
@@ -183,6 +185,7 @@ class WorkerJob:
                 checkpoint_dir=str(self.checkpoint_dir), checkpoint_interval=checkpoint_interval,
                 total_steps=total_steps or spec.training.steps, threads=threads,
                 link_timeout_s=link_timeout_s, cpus=cpus[i] if cpus is not None else (),
+                device=devices[i] if devices is not None else "cpu",
             )  # fmt: skip
             w.config_path.write_text(cfg.to_json())
             self.configs[w.peer_id] = cfg

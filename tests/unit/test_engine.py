@@ -93,7 +93,9 @@ def build_engines(
     compression: Compression | None = None,
     autocast_bf16: bool = False,
     defer_weights: bool = True,
+    devices: Sequence[str] | None = None,
 ) -> list[list[StageEngine]]:
+    """``devices``: each stage's torch device (all its ranks alike); None: all on the CPU."""
     fabric = InMemoryFabric(
         [1 if split is None else split.world_size for _, _, split in case.layout], timeout_s=20
     )
@@ -115,6 +117,7 @@ def build_engines(
                 max_grad_norm=clip,
                 autocast_bf16=autocast_bf16,
                 defer_weights=defer_weights,
+                device=devices[s] if devices is not None else "cpu",
             )
             ranks.append(StageEngine(module, fabric.links(s, r), config, compression))
         engines.append(ranks)
@@ -217,6 +220,29 @@ def test_pipeline_equals_plain_training(case_name: str, schedule: ScheduleKind, 
             for n, p in e.module.named_parameters():
                 if p.shape == lead[n].shape and ("ln_" in n or n.endswith("c_proj.bias") or "wte" in n):
                     assert torch.equal(p, lead[n]), n
+
+
+FIRST_STAGE_DEVICE = "cuda"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (none on this machine)")
+@pytest.mark.parametrize("case_name", ["mlp-2", "gpt-2", "gpt-3-tp"])
+@pytest.mark.parametrize("schedule", list(ScheduleKind))
+def test_a_job_mixing_cuda_and_cpu_stages_equals_plain_training(case_name: str, schedule: ScheduleKind) -> None:
+    """The first stage on CUDA, the others on the CPU: activations and gradients cross devices both ways (the
+    links carry whatever device the sender had; the receiver moves them to its own)."""
+    case, opt = CASES[case_name], OPTIMIZERS["sgd"]
+    ref_losses, _, ref_params = reference_run(case, opt, LRSchedule(opt.lr, opt.lr), None)
+    devices = [FIRST_STAGE_DEVICE] + ["cpu"] * (len(case.layout) - 1)
+    engines = build_engines(case, schedule, opt, None, None, devices=devices)
+    assert next(engines[0][0].module.parameters()).device.type == devices[0]
+    results = drive(engines, _batches(case.model, case.batch))
+    torch.testing.assert_close(
+        torch.tensor([r.loss for r in results]), torch.tensor(ref_losses), rtol=0, atol=1e-5
+    )
+    params = gathered_params(case, engines)
+    for name, p in ref_params.items():
+        torch.testing.assert_close(params[name].cpu(), p, rtol=0, atol=1e-5, msg=prefixed(name))
 
 
 def test_each_of_three_stages_holds_at_most_half_of_the_model() -> None:
