@@ -63,12 +63,12 @@ def write_spec(tmp_path: Path, steps: int, interval: int) -> Path:
 def make_swarm(tmp_path: Path) -> Iterator[Callable[..., LocalSwarm]]:
     swarms: list[LocalSwarm] = []
 
-    def make(env: dict[str, str] | None = None) -> LocalSwarm:
-        s = LocalSwarm(tmp_path / "swarm", 3, ["--auto-join"], preset="local", env=env)
+    def make(env: dict[str, str] | None = None, size: int = 3) -> LocalSwarm:
+        s = LocalSwarm(tmp_path / "swarm", size, ["--auto-join"], preset="local", env=env)
         swarms.append(s)
         s.start()
-        wait_for(lambda: all(sum(p["state"] == "alive" for p in s.call(i, "peers")) == 2 for i in range(3)),
-                 30, 0.2, "swarm converged")  # fmt: skip
+        wait_for(lambda: all(sum(p["state"] == "alive" for p in s.call(i, "peers")) == size - 1
+                             for i in range(size)), 30, 0.2, "swarm converged")  # fmt: skip
         return s
 
     yield make
@@ -76,9 +76,9 @@ def make_swarm(tmp_path: Path) -> Iterator[Callable[..., LocalSwarm]]:
         s.close()
 
 
-def submit(s: LocalSwarm, spec: Path) -> str:
+def submit(s: LocalSwarm, spec: Path, members: int = 3) -> str:
     out = subprocess.run([sys.executable, "-m", "arceusd", "--state-dir", str(s.state_dir(0)), "submit", str(spec),
-                          "--members", "3"], capture_output=True, text=True, timeout=120)  # fmt: skip
+                          "--members", str(members)], capture_output=True, text=True, timeout=120)  # fmt: skip
     assert out.returncode == 0, out.stderr
     return out.stdout.split()[2]
 
@@ -337,4 +337,66 @@ def test_leave_hands_work_off_without_waiting_for_detection(make_swarm: Any, tmp
     assert leaver not in {d["peer_id"] for st in end["plan"]["stages"] for d in st["devices"]}
     assert "left" in end["recoveries"][0]["reason"]
     assert any(p["peer_id"] == leaver and p["state"] == "alive" for p in s.call(0, "peers")), "no failure involved"
+    assert_equals_failure_free(end, spec)
+
+
+TP_SPEC = """
+name = "recovery-tp-gpt"
+seed = 9
+
+[model]
+type = "gpt"
+n_layer = 1
+n_head = 4
+n_embd = 64
+block_size = 32
+vocab_size = "auto"
+
+[data]
+kind = "text"
+path = "{text}"
+val_fraction = 0.1
+
+[training]
+steps = {steps}
+batch_size = 8
+micro_batches = 2
+optimizer = "sgd"
+lr = 0.05
+momentum = 0.9
+eval_interval_steps = 0
+
+[checkpoint]
+interval_steps = {interval}
+"""
+
+
+def tensor_parallel_shares(job: dict[str, Any]) -> list[tuple[str, int, int]]:
+    """(peer, heads, MLP columns) of every device of the plan's tensor-parallel stage (there is one)."""
+    (stage,) = [st for st in job["plan"]["stages"] if len(st["devices"]) > 1]
+    return [(d["peer_id"], d["heads"][0], d["mlp_columns"][0]) for d in stage["devices"]]
+
+
+@pytest.mark.timeout(300)
+def test_killed_tensor_parallel_member_regroups_the_split_over_the_rest(make_swarm: Any, tmp_path: Path) -> None:
+    """Five daemons, a one-block GPT (embedding | block | head): every member gets work, and only the
+    transformer block splits, so the plan puts it on three devices (heads and MLP columns split unevenly). SIGKILL
+    one of the three: the survivors' plan splits it over two, and the checkpoint's three tensor-parallel shards
+    are re-sliced into two (recovery.py / reslice.py). The job still ends with the failure-free run's
+    parameters."""
+    spec = tmp_path / "job.toml"
+    spec.write_text(TP_SPEC.format(text=SHARED / "tinyshakespeare" / "input.txt", steps=120, interval=20))
+    s = make_swarm(size=5)
+    job_id = submit(s, spec, members=5)
+    job = wait_step(s, job_id, 30, timeout=150, committed=20)
+    before = tensor_parallel_shares(job)
+    assert len(before) == 3 and len(job["plan"]["stages"]) == 3, job["plan"]
+    assert sum(h for _, h, _ in before) == 4 and sum(c for _, _, c in before) == 4 * 64
+    victim = next(peer for peer, _, _ in before if peer not in (job["owner"], job["standby"]))
+    s.signal(index_of(s, victim), signal.SIGKILL)
+    end = wait_end(s, job_id, timeout=200)
+    after = tensor_parallel_shares(end)
+    assert len(after) == 2 and victim not in {peer for peer, _, _ in after}, end["plan"]
+    assert sum(h for _, h, _ in after) == 4 and sum(c for _, _, c in after) == 4 * 64
+    assert end["recoveries"] and end["recoveries"][0]["resumed_step"] >= 20
     assert_equals_failure_free(end, spec)
