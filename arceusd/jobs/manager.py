@@ -1,18 +1,18 @@
-"""Jobs in the daemon: submit, announce, join, plan, start workers, follow progress, checkpoint, export.
+"""Jobs in the daemon: the lifecycle and leadership of each job this device owns, leads or serves.
 
 Roles: the *owner* submitted the job (it holds the data and gets the model); *members* joined it. The job's
 *leader* coordinates planning, starting, checkpoint commits and repartitions; it serves the data and signs the
 checkpoints. The owner leads while it lives. Each plan names a *standby* member, which receives the data set
-once and, after every commit, the signed manifest and the other workers' shards (:mod:`arceusd.jobs.standby`).
-The job's election (:mod:`arceusd.election`, the leader ranked first, the standby second) lets the standby win
-a new term once membership declares the leader dead and a majority of the plan agrees; it then leads: gathers
-the survivors' shards, re-slices, and carries on to the end (the model is saved on it). Without a majority, or
-without a standby that holds the data, the members pause until the owner returns. An owner that returns after
-its standby took over is told by its members who leads (:data:`HANDED_OVER`) and joins that leader as a member;
-so is an owner that membership declared dead while it lived (a stall under load): its members refuse its commands
-naming the leader they follow (:mod:`arceusd.jobs.leadership`), and it joins that leader instead of repartitioning
-until the job fails. Either way the leader hands the owner the final checkpoint and the owner exports the model
-too (it is the user's).
+once and, after every commit, the signed manifest and the other workers' shards. The job's election
+(:mod:`arceusd.election`, the leader ranked first, the standby second) lets the standby win a new term once
+membership declares the leader dead and a majority of the plan agrees; it then leads (:meth:`JobManager._take_over`):
+gathers the survivors' shards, re-slices, and carries on to the end (the model is saved on it). Without a
+majority, or without a standby that holds the data, the members pause until the owner returns. An owner that
+returns after its standby took over is told by its members who leads (:data:`HANDED_OVER`) and joins that leader
+as a member; so is an owner that membership declared dead while it lived (a stall under load): its members refuse
+its commands naming the leader they follow (:mod:`arceusd.jobs.leadership`), and it joins that leader instead of
+repartitioning until the job fails. Either way the leader hands the owner the final checkpoint and the owner
+exports the model too (it is the user's).
 Each repartition starts a new term and plan epoch; every leader command carries (job, term, epoch) and members
 refuse older ones and any sender that is neither their leader nor the election's winner of a newer term.
 
@@ -30,16 +30,25 @@ that joins a running job gets work at the next committed checkpoint (a rebalance
 
 Nothing of a job spec is code: members parse the spec with :func:`arceusd.jobs.spec.spec_from_dict` (no files)
 and recompute the plan before starting anything.
+
+This module owns that orchestration: the service (:meth:`JobManager.run`, restoring owned jobs after a restart),
+the leader's loop (gather, plan and start, repartition, take over, hand over), announcements and joins, member
+changes, and committing, exporting and finishing. The rest of :class:`JobManager` lives beside it:
+
+- :mod:`arceusd.jobs.manager_base`: the shared state, the manager's nursery, this device's offer, and whom it
+  follows as leader (the check of a leader's command);
+- :mod:`arceusd.jobs.control_methods`: the control-socket methods (``submit``, ``join``, ``jobs``, ``job``,
+  ``cancel``, ``leave``);
+- :mod:`arceusd.jobs.local_worker`: starting and following this device's stage worker, and the workers' reports;
+- :mod:`arceusd.jobs.standby_sync`: the leader's syncs to its standby and to the owner;
+- :mod:`arceusd.jobs.transfers`: serving and fetching files between daemons (shards, resume slices, the data).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
-import sys
 import time
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -47,14 +56,17 @@ import trio
 
 from arceusd.control import RequestError
 from arceusd.jobs import leadership
+from arceusd.jobs.control_methods import ControlMethods
 from arceusd.jobs.job import TERMINAL, Job
-from arceusd.jobs.supervisor import WorkerFailed, WorkerProcess
+from arceusd.jobs.local_worker import LocalWorker, worker_device
+from arceusd.jobs.manager_base import OWNER_FILE
+from arceusd.jobs.standby_sync import StandbySyncing, choose_standby
+from arceusd.jobs.transfers import leader_data
 from arceusd.membership.events import MemberChanged, MemberState
 from arceusd.node import Node
 from arceusd.peers import PeerService
 from protocol.envelope import Header
 from protocol.job_wire import (
-    SHARD_CHUNK,
     DataRequest,
     JobAck,
     JobGo,
@@ -65,7 +77,6 @@ from protocol.job_wire import (
     LinkEcho,
     PeerAddress,
     ResumeRequest,
-    ShardData,
     ShardRequest,
     StandbySync,
 )
@@ -73,7 +84,6 @@ from protocol.messages import Address, JobAnnounce, JoinReply, JoinRequest
 
 log = logging.getLogger(__name__)
 
-OWNER_FILE = "owner.json"
 REJOIN_GRACE_S = 15.0
 """After the owner restarts, how long it waits for the job's old members to join again before planning."""
 
@@ -92,15 +102,12 @@ HANDED_OVER = leadership.HANDED_OVER
 follow), followed by the peer id that leads the job now (:func:`arceusd.jobs.leadership.refusal`)."""
 
 
-class JobManager:
+class JobManager(ControlMethods, LocalWorker, StandbySyncing):
+    """Every job this daemon knows: the service, and the lifecycle of the jobs it owns or leads."""
+
     def __init__(self, node: Node, peers: PeerService) -> None:
-        self.node = node
-        self.peers = peers
-        self.jobs: dict[str, Job] = {}
-        self._offer: Any = None
-        self._nursery: trio.Nursery | None = None
-        self.root = node.paths.jobs_dir
-        self._ready = trio.Event()
+        super().__init__(node, peers)
+        self._ready = trio.Event()  # set once the job modules are imported and owned jobs restored
         self._links: dict[str, tuple[float, Any]] = {}  # peer -> (when measured, partitioner Link)
 
     @staticmethod
@@ -160,20 +167,6 @@ class JobManager:
                 log.warning("not resuming the job in %s: %s", directory, exc)
         return restored
 
-    def _persist(self, job: Job) -> None:
-        """The owner's durable record of a job (enough to resume it after this daemon restarts)."""
-        from arceusd.checkpoint import atomic_write
-
-        if job.role != "owner":
-            return
-        record = {"job_id": job.job_id, "owner": job.owner, "spec_hash": job.spec_hash,
-                  "base_dir": str(job.spec.base_dir), "term": job.term, "epoch": job.epoch, "state": job.state,
-                  "members": sorted(job.members), "model_path": job.model_path}  # fmt: skip
-        try:
-            atomic_write(job.directory / OWNER_FILE, json.dumps(record, indent=1).encode())
-        except OSError as exc:
-            log.warning("job %s: cannot save its state: %s", job.job_id, exc)
-
     def _gated(self, handler: Any) -> Any:
         async def wrapper(*args: Any) -> Any:
             await self._ready.wait()
@@ -190,10 +183,10 @@ class JobManager:
         peers.register(JobGo, gate(self._on_go))
         peers.register(JobStop, gate(self._on_stop))
         peers.register(JobReport, gate(self._on_report))
-        peers.register(ShardRequest, gate(self._on_shard_request))
-        peers.register(ResumeRequest, gate(self._on_resume_request))
+        peers.register(ShardRequest, gate(self.transfers.on_shard_request))
+        peers.register(ResumeRequest, gate(self.transfers.on_resume_request))
         peers.register(StandbySync, gate(self._on_standby_sync))
-        peers.register(DataRequest, gate(self._on_data_request))
+        peers.register(DataRequest, gate(self.transfers.on_data_request))
         peers.register(LinkEcho, self._on_link_echo)
         peers.listeners.append(self._on_member_changed)
         if self.node.elections is not None:
@@ -219,116 +212,6 @@ class JobManager:
             if job.worker is not None:
                 await job.worker.stop(grace=2.0)
 
-    def _spawn(self, fn: Any, *args: Any) -> None:
-        """Run ``fn(*args)`` in the manager's nursery; a failure is logged (and fails its job when it is the
-        leader loop), never allowed to take the daemon down."""
-        assert self._nursery is not None
-
-        async def guarded() -> None:
-            try:
-                await fn(*args)
-            except Exception as exc:
-                log.exception("job task %s failed", getattr(fn, "__name__", fn))
-                job = args[0] if args and isinstance(args[0], Job) else None
-                if job is not None and fn == self._lead and job.state not in TERMINAL:
-                    await self._finish(job, "failed", f"internal error in the job's leader: {exc!r}")
-
-        self._nursery.start_soon(guarded)
-
-    async def offer(self) -> Any:
-        """This device's offer (measured once in a child process, cached on disk for a day); the memory it lends
-        is capped by ``lend_memory_mib`` when the device's owner set one."""
-        from arceusd.jobs.planning import Offer
-
-        if self._offer is None:
-            result = await trio.run_process(
-                [sys.executable, "-m", "arceusd.jobs.probe", str(self.node.paths.root),
-                 str(self.node.config.worker_threads)],
-                capture_stdout=True, capture_stderr=True, check=False,
-            )  # fmt: skip
-            if result.returncode != 0:
-                raise RequestError(f"measuring this device failed: {result.stderr.decode()[-500:]}")
-            m = json.loads(result.stdout.decode().strip().splitlines()[-1])
-            memory = int(m["memory_bytes"])
-            if self.node.config.lend_memory_mib:  # the device's owner caps what a job may use
-                memory = min(memory, self.node.config.lend_memory_mib << 20)
-            self._offer = Offer(self.node.identity.peer_id, self.node.addresses.get("peer", ""),
-                                m["flops_per_s"], memory, m["kind"], float(m.get("block_efficiency", 1.0)),
-                                float(m.get("dispatch_s", 0.0)), float(m.get("adamw_s_per_param", 0.0)),
-                                float(m.get("sgd_s_per_param", 0.0)))  # fmt: skip
-        return self._offer
-
-    def find(self, job_ref: str) -> Job:
-        matches = [j for jid, j in self.jobs.items() if jid.startswith(job_ref)] if job_ref else []
-        if len(matches) != 1:
-            known = ", ".join(sorted(self.jobs)) or "none"
-            raise RequestError(f"no job matches {job_ref!r} (known jobs: {known})" if not matches
-                               else f"{job_ref!r} matches several jobs; give more of the id")  # fmt: skip
-        return matches[0]
-
-    # ---------------------------------------------------------------------------------------------- control
-    async def _m_submit(self, params: dict[str, Any]) -> dict[str, Any]:
-        from arceusd.jobs.spec import JobSpecError, job_id, load_spec, spec_hash, to_dict
-
-        path = params.get("spec_path")
-        if not isinstance(path, str):
-            raise RequestError("submit needs 'spec_path'")
-        min_members = int(params.get("min_members", 1))
-        if min_members < 1:
-            raise RequestError("min_members must be >= 1")
-        try:
-            spec = await trio.to_thread.run_sync(load_spec, path)
-        except JobSpecError as exc:
-            raise RequestError(str(exc)) from None
-        except OSError as exc:
-            raise RequestError(f"cannot read the job spec {path}: {exc.strerror}") from None
-        digest = spec_hash(spec)
-        jid = job_id(digest, self.node.identity.peer_id, os.urandom(16))
-        spec_bytes = json.dumps(to_dict(spec), sort_keys=True).encode()
-        job = Job(jid, spec, spec_bytes, digest, self.node.identity.peer_id, self.node.addresses.get("peer", ""),
-                  "owner", self.root / jid, min_members=min_members,
-                  total_steps=spec.training.steps)  # fmt: skip
-        job.directory.mkdir(parents=True, exist_ok=True)
-        (job.directory / "spec.json").write_bytes(spec_bytes)
-        self.jobs[jid] = job
-        job.members[self.node.identity.peer_id] = await self.offer()
-        self._persist(job)
-        self._spawn(self._lead, job)
-        log.info("job %s (%s) submitted; waiting for %d member(s)", jid, spec.name, min_members)
-        return {"job_id": jid, "spec_hash": digest, "name": spec.name, "directory": str(job.directory)}
-
-    async def _m_join(self, params: dict[str, Any]) -> dict[str, Any]:
-        job = self.find(str(params.get("job_id", "")))
-        return await self.join(job)
-
-    async def _m_jobs(self, _params: dict[str, Any]) -> list[dict[str, Any]]:
-        return [j.summary() for j in sorted(self.jobs.values(), key=lambda j: j.created)]
-
-    async def _m_job(self, params: dict[str, Any]) -> dict[str, Any]:
-        return self.find(str(params.get("job_id", ""))).summary(full=True)
-
-    async def _m_cancel(self, params: dict[str, Any]) -> dict[str, Any]:
-        job = self.find(str(params.get("job_id", "")))
-        if job.role != "owner" and not self._leads(job):
-            raise RequestError("only the job's owner or its leader can cancel it")
-        await self._finish(job, "cancelled", "cancelled by the owner")
-        return {"job_id": job.job_id, "state": job.state}
-
-    async def _m_leave(self, params: dict[str, Any]) -> dict[str, Any]:
-        job = self.find(str(params.get("job_id", "")))
-        if job.role == "owner":
-            raise RequestError("the owner cannot leave its own job (it serves the data); cancel it instead")
-        if job.role != "member":
-            raise RequestError(f"this device is not a member of job {job.job_id[:12]}")
-        if self._leads(job):
-            raise RequestError("this device leads the job now (its owner is gone); cancel it instead")
-        job.role, job.state = "seen", "left"
-        report = JobReport(job.job_id, job.epoch, json.dumps({"event": "leave"}))
-        reply = await self.peers.request(job.leader_address, job.leader, report, timeout=10.0, job_id=job.job_id,
-                                         term=job.term, epoch=job.epoch)  # fmt: skip
-        told = isinstance(reply, JobAck) and reply.ok
-        await self._drop_own_worker(job)  # after the leader knows why our links are about to break
-        return {"job_id": job.job_id, "reason": "" if told else "the leader did not answer; it will notice"}
     # ---------------------------------------------------------------------------------------------- leader
     async def _lead(self, job: Job) -> None:
         """The leader's loop for one job: gather members, plan and start; repartition on failures, departures
@@ -435,11 +318,6 @@ class JobManager:
                     nursery.start_soon(probe, peer)
         return answered
 
-    async def _drop_own_worker(self, job: Job) -> None:
-        worker, job.worker = job.worker, None
-        if worker is not None:
-            await worker.stop(grace=0.5)
-
     async def _plan_and_start(self, job: Job) -> None:
         """Plan over ``job.members``, slice the resume checkpoint, start every worker, then send ``go``."""
         from arceusd.jobs.planning import (
@@ -476,7 +354,7 @@ class JobManager:
         job.shares = flops_shares(job.plan, job.inputs)
         job.epoch += 1
         job.state = "starting"
-        job.standby = self._choose_standby(job)
+        job.standby = choose_standby(job, me)
         self._track(job, list(job.plan.peer_ids), [me, job.standby])
         stages = worker_stages(job.plan)
         resume = None
@@ -612,7 +490,7 @@ class JobManager:
             for peer in sorted(job.members):
                 if peer == self.node.identity.peer_id:
                     continue
-                data = await self._fetch_shard(job, peer, step, record.name)
+                data = await self.transfers.fetch_shard(job, peer, step, record.name)
                 if data is not None and matches(data, record):
                     await trio.to_thread.run_sync(atomic_write, step_dir(replicas, step) / record.name, data)
                     break
@@ -764,238 +642,7 @@ class JobManager:
                 job.state = "joined"
         return {"job_id": job.job_id, "accepted": reply.accepted, "reason": reply.reason}
 
-    async def _check_leader(self, header: Header, job: Job | None, epochs: bool = True) -> str:
-        """Why a leader command must be refused ('' when it is acceptable).
-
-        Acceptable: from our leader, not older than what we have (``epochs=False``: only the term counts); or
-        with a newer term from the peer the job's election made leader (a standby that took over), which then
-        becomes our leader. A refusal because we follow another peer names it (:func:`leadership.refusal`), so
-        a leader that was replaced while membership thought it dead learns whom to join."""
-        if job is None:
-            return "unknown job"
-        verdict = leadership.judge_command(header.sender, header.term, header.epoch, job.leader, job.term,
-                                           job.epoch, epochs)  # fmt: skip
-        if isinstance(verdict, leadership.Accept):
-            return ""
-        if isinstance(verdict, leadership.Refuse):
-            return verdict.reason
-        if await self._elected(job, header.sender):
-            log.info("job %s: following %s, elected leader (term %d)", job.job_id, header.sender[:12], header.term)
-            self._follow_leader(job, header.sender)
-            job.term = header.term
-            return ""
-        return leadership.refusal(job.leader, job.term)  # tells a replaced leader whom we follow
-
-    def _follow_leader(self, job: Job, peer: str) -> None:
-        member = self.peers.membership.members.get(peer)
-        job.leader = peer
-        job.leader_address = member.address if member is not None else job.leader_address
-        job.leaders.add(peer)
-
-    async def _elected(self, job: Job, peer: str, wait_s: float = 3.0) -> bool:
-        """Whether the job's election has ``peer`` as leader (waiting a little: its announce may still be on its
-        way when its first command arrives)."""
-        elections = self.node.elections
-        if elections is None:
-            return False
-        with trio.move_on_after(wait_s):
-            while True:
-                current = elections.leader(job.job_id)
-                if current is not None and current[0] == peer:
-                    return True
-                await trio.sleep(0.05)
-        return False
-
-    def _leads(self, job: Job) -> bool:
-        return job.leader == self.node.identity.peer_id
-
-    def _track(self, job: Job, members: list[str], ranking: list[str]) -> None:
-        """Elect the job's leader among the plan's members: the leader first, then the standby."""
-        if self.node.elections is None:
-            return
-        try:
-            self.node.elections.track(job.job_id, members, [p for p in ranking if p])
-        except ValueError as exc:
-            log.warning("job %s: cannot track its election: %s", job.job_id, exc)
-
-    def _choose_standby(self, job: Job) -> str:
-        """The plan member that stands by to lead: the one offering the most memory (ties: lowest id)."""
-        me = self.node.identity.peer_id
-        others = [p for p in job.plan.peer_ids if p != me and p in job.members]
-        if not others:
-            return ""
-        return str(min(others, key=lambda p: (-job.members[p].memory_bytes, p)))
-
-    # ---------------------------------------------------------------------------------------------- standby
-    async def _sync_standby(self, job: Job, step: int, shards: tuple[str, ...]) -> None:
-        """Leader: tell the standby that ``step`` is committed (the signed manifest), the shards to copy from us
-        (every one but its own: then each shard has three copies, its writer's, ours and the standby's), and the
-        data set's files, so it can lead if we die."""
-        from arceusd.checkpoint import MANIFEST_NAME, step_dir
-        from arceusd.jobs.standby import data_files, offers_to_wire
-
-        standby = job.standby
-        offer = job.members.get(standby)
-        if not standby or offer is None:
-            return
-        manifest = await trio.to_thread.run_sync((step_dir(job.directory / "checkpoints", step) / MANIFEST_NAME)
-                                                 .read_bytes)  # fmt: skip
-        names = tuple(p.name for p in data_files(self._leader_data(job)))
-        offers = offers_to_wire(job.members[p] for p in sorted(job.members) if job.plan and p in job.plan.peer_ids)
-        sync = StandbySync(job.job_id, step, manifest, shards, names, offers)
-        reply = await self.peers.request(offer.address, standby, sync, timeout=10.0, job_id=job.job_id,
-                                         term=job.term, epoch=job.epoch)  # fmt: skip
-        if not (isinstance(reply, JobAck) and reply.ok):
-            log.warning("job %s: the standby %s refused checkpoint %d: %s", job.job_id, standby[:12], step,
-                        getattr(reply, "reason", "no answer"))  # fmt: skip
-            leader = leadership.followed_leader(reply.reason) if isinstance(reply, JobAck) else None
-            if leader is not None and leader != self.node.identity.peer_id:
-                await self._hand_over(job, leader)
-
-    async def _on_standby_sync(self, header: Header, msg: StandbySync) -> JobAck:
-        from arceusd.checkpoint import CheckpointError, parse_manifest
-        from arceusd.jobs.standby import StandbyError, check_names, offers_from_wire
-
-        job = self.jobs.get(msg.job_id)
-        why = await self._check_leader(header, job, epochs=False)
-        if why or job is None:
-            return JobAck(False, why)
-        if job.role == "owner" and not self._leads(job):
-            return await self._receive_final(job, header.sender, msg)
-        if job.standby != self.node.identity.peer_id:
-            return JobAck(False, "this device is not the job's standby")
-        try:
-            manifest, _ = parse_manifest(msg.manifest, sorted(job.leaders), "the leader's manifest")
-            if manifest.job_id != job.job_id or manifest.step != msg.step:
-                raise CheckpointError("the manifest is for another job or step")
-            if not set(msg.shards) <= {r.name for r in manifest.shards}:
-                raise CheckpointError("the sync names shards the manifest does not list")
-            if job.standby_data is None:
-                check_names(job.spec.data.kind, msg.data_files)
-            offers = offers_from_wire(msg.offers, job.plan.peer_ids if job.plan is not None else ())
-        except (CheckpointError, StandbyError) as exc:
-            log.warning("job %s: refusing a standby sync: %s", job.job_id, exc)
-            return JobAck(False, f"refused: {exc}")
-        job.standby_offers = offers
-        self._spawn(self._standby_copy, job, header.sender, msg, manifest)
-        return JobAck(True)
-
-    async def _sync_owner(self, job: Job, step: int, names: list[str]) -> None:
-        """A leader that is not the job's owner (its standby took over): hand the owner, when it joined this
-        leader, the final checkpoint (the signed manifest and its shards' names) before exporting, so the model
-        lands on the owner's disk as well. The owner copies, checks and exports before it answers; a failure
-        only costs the owner its copy (the model is still saved here)."""
-        from arceusd.checkpoint import MANIFEST_NAME, step_dir
-
-        offer = job.members.get(job.owner)
-        if job.owner == self.node.identity.peer_id or offer is None:
-            return
-        manifest = await trio.to_thread.run_sync((step_dir(job.directory / "checkpoints", step) / MANIFEST_NAME)
-                                                 .read_bytes)  # fmt: skip
-        sync = StandbySync(job.job_id, step, manifest, tuple(names))
-        reply = await self.peers.request(offer.address, job.owner, sync, timeout=60.0, job_id=job.job_id,
-                                         term=job.term, epoch=job.epoch)  # fmt: skip
-        if not (isinstance(reply, JobAck) and reply.ok):
-            log.warning("job %s: the owner %s did not take the final checkpoint: %s", job.job_id, job.owner[:12],
-                        getattr(reply, "reason", "no answer"))  # fmt: skip
-
-    async def _receive_final(self, job: Job, leader: str, msg: StandbySync) -> JobAck:
-        """Owner that handed its job over: copy the final checkpoint from the leader, check every shard against
-        the leader's signed manifest, and export the model here (the answer says whether that worked)."""
-        from arceusd.checkpoint import CheckpointError, parse_manifest, step_dir
-
-        try:
-            manifest, _ = parse_manifest(msg.manifest, sorted(job.leaders), "the leader's manifest")
-            if manifest.job_id != job.job_id or manifest.step != msg.step or msg.step < job.total_steps:
-                raise CheckpointError("the owner takes the final checkpoint of its own job only")
-            if set(msg.shards) != {r.name for r in manifest.shards}:
-                raise CheckpointError("the sync must name exactly the manifest's shards")
-        except CheckpointError as exc:
-            log.warning("job %s: refusing the final checkpoint: %s", job.job_id, exc)
-            return JobAck(False, f"refused: {exc}")
-        folder = step_dir(job.directory / "checkpoints", msg.step)
-        async with job.sync_lock:
-            failed = await self._copy_step(job, leader, msg, {r.name: r for r in manifest.shards})
-            if failed is not None:
-                return JobAck(False, f"shard {failed} of step {msg.step} did not arrive intact")
-            job.committed_step = max(job.committed_step, msg.step)
-            if not job.model_path:  # "" until exported (a repeated sync exports once)
-                await self._export(job, msg.step, [folder / r.name for r in manifest.shards])
-        return JobAck(bool(job.model_path), job.error[:400])
-
-    async def _standby_copy(self, job: Job, leader: str, msg: StandbySync, manifest: Any) -> None:
-        """Standby: copy the data (once) and the leader's shards of a committed step; each is checked before
-        it is kept; the manifest is written last, so a step is complete here only when all of it is."""
-        from arceusd.checkpoint import prune
-
-        async with job.sync_lock:
-            if job.standby_data is None and msg.data_files and not await self._copy_data(job, leader, msg.data_files):
-                return
-            failed = await self._copy_step(job, leader, msg, {r.name: r for r in manifest.shards})
-            if failed is not None:
-                log.warning("job %s: the leader's shard %s of step %d did not arrive intact", job.job_id, failed,
-                            msg.step)  # fmt: skip
-                return
-            await trio.to_thread.run_sync(prune, job.directory / "checkpoints", job.spec.checkpoint.keep)
-            job.committed_step = max(job.committed_step, msg.step)
-
-    async def _copy_step(self, job: Job, leader: str, msg: StandbySync, records: Mapping[str, Any]) -> str | None:
-        """Copy the leader's shards ``msg.shards`` of step ``msg.step`` (each checked against its manifest record;
-        one already here and intact is kept), then the manifest, last: the step is complete here only when all
-        of it is. Returns the name of a shard that did not arrive intact (nothing more is written then)."""
-        from arceusd.checkpoint import MANIFEST_NAME, atomic_write, file_matches, matches, step_dir
-
-        folder = step_dir(job.directory / "checkpoints", msg.step)
-        for name in msg.shards:
-            if await trio.to_thread.run_sync(file_matches, folder / name, records[name]):
-                continue
-            data = await self._download(job, leader, job.leader_address,
-                                        lambda offset, n=name: ShardRequest(job.job_id, msg.step, n, offset))
-            if data is None or not matches(data, records[name]):
-                return name
-            await trio.to_thread.run_sync(atomic_write, folder / name, data)
-        await trio.to_thread.run_sync(atomic_write, folder / MANIFEST_NAME, msg.manifest)
-        return None
-
-    async def _copy_data(self, job: Job, leader: str, names: tuple[str, ...]) -> bool:
-        """Standby: download the leader's data files and check them against the spec's digest; a copy that
-        does not arrive whole or does not match is removed, never kept half-written."""
-        import shutil
-
-        from arceusd.checkpoint import atomic_write
-        from arceusd.jobs.standby import DATA_FOLDER, StandbyError, check_copy, copy_entry
-
-        folder = job.directory / DATA_FOLDER
-        for index, name in enumerate(names):
-            data = await self._download(job, leader, job.leader_address,
-                                        lambda offset, i=index: DataRequest(job.job_id, i, offset))  # fmt: skip
-            if data is None:
-                log.warning("job %s: the leader did not serve data file %s", job.job_id, name)
-                break
-            await trio.to_thread.run_sync(atomic_write, folder / name, data)
-        else:
-            entry = copy_entry(job.directory, json.loads(job.spec_bytes)["data"], names)
-            try:
-                await trio.to_thread.run_sync(check_copy, entry, job.spec.data.sha256)
-                job.standby_data = entry
-                log.info("job %s: holding a checked copy of the data as the standby", job.job_id)
-                return True
-            except StandbyError as exc:
-                log.warning("job %s: %s", job.job_id, exc)
-        await trio.to_thread.run_sync(lambda: shutil.rmtree(folder, ignore_errors=True))
-        return False
-
-    async def _on_data_request(self, header: Header, msg: DataRequest) -> ShardData | JobAck:
-        from arceusd.jobs.standby import data_files
-
-        job = self.jobs.get(msg.job_id)
-        if job is None or not self._leads(job) or header.sender != job.standby:
-            return JobAck(False, "the data goes to the job's standby only")
-        files = data_files(self._leader_data(job))
-        if not 0 <= msg.index < len(files):
-            return JobAck(False, "no such data file")
-        return _serve_chunk(files[msg.index], msg.offset)
-
+    # ---------------------------------------------------------------------------------------------- takeover
     def _on_leader_change(self, job_id: str, leader: tuple[str, int] | None) -> None:
         """The job's election chose a leader: the standby takes over; a leader that lost steps down."""
         job = self.jobs.get(job_id)
@@ -1042,251 +689,7 @@ class JobManager:
         self._request_restart(job, f"the leader {old[:12]} is gone; its standby {me[:12]} took over")
         self._spawn(self._lead, job)
 
-    async def _on_start(self, header: Header, msg: JobStart) -> JobStartReply:
-        from arceusd.jobs.planning import PlanRefused, flops_shares, verify_start, worker_stages
-        from arceusd.jobs.recovery import ResumeError, ResumePoint
-
-        job = self.jobs.get(msg.job_id)
-        why = await self._check_leader(header, job)
-        if why or job is None:
-            return JobStartReply(msg.job_id, False, why)
-        if job.role not in ("member", "owner"):
-            return JobStartReply(msg.job_id, False, "this device has not joined the job")
-        if msg.spec != job.spec_bytes:
-            return JobStartReply(msg.job_id, False, "the spec differs from the announced one")
-        try:
-            resume = ResumePoint.from_wire(msg.resume)
-            inputs, the_plan = await trio.to_thread.run_sync(verify_start, job.spec, msg.inputs, msg.plan,
-                                                             await self.offer())  # fmt: skip
-        except (PlanRefused, ResumeError) as exc:
-            log.warning("job %s: refusing the start: %s", job.job_id, exc)
-            return JobStartReply(msg.job_id, False, f"start refused: {exc}")
-        if resume is not None and resume.step != msg.resume_step:
-            return JobStartReply(msg.job_id, False, "start refused: the resume step is inconsistent")
-        if msg.standby and msg.standby not in the_plan.peer_ids:
-            return JobStartReply(msg.job_id, False, "start refused: the standby is not in the plan")
-        await self._drop_own_worker(job)  # a newer epoch replaces whatever ran before
-        job.term, job.epoch, job.inputs, job.plan = header.term, header.epoch, inputs, the_plan
-        job.shares = flops_shares(the_plan, inputs)
-        job.standby = msg.standby
-        self._track(job, list(the_plan.peer_ids), [header.sender, msg.standby])
-        local = None
-        if resume is not None:
-            mine = resume.files.get(self.node.identity.peer_id)
-            if mine is None:
-                return JobStartReply(msg.job_id, False, "start refused: no resume slice for this device")
-            try:
-                local = await self._fetch_resume(job, header.sender, resume.step, mine)
-            except (ResumeError, OSError) as exc:
-                return JobStartReply(msg.job_id, False, f"could not get the resume slice: {exc}")
-        job.step = msg.resume_step
-        return await self._start_worker(job, worker_stages(the_plan), the_plan, local)
-
-    async def _fetch_resume(self, job: Job, leader: str, step: int, mine: Any) -> Any:
-        """Download this device's resume slice from the leader, check it, store it; its ResumeConfig."""
-        from arceusd.checkpoint import atomic_write
-        from arceusd.jobs.recovery import ResumeError, check_file, resume_dir
-        from arceusd.worker.protocol import ResumeConfig
-
-        data = await self._download(job, leader, job.leader_address,
-                                    lambda offset: ResumeRequest(job.job_id, job.epoch, mine.name, offset))  # fmt: skip
-        if data is None:
-            raise ResumeError("the leader did not serve it")
-        check_file(data, mine)
-        path = resume_dir(job.directory, job.epoch) / mine.name
-        await trio.to_thread.run_sync(atomic_write, path, data)
-        return ResumeConfig(step, str(path), None)
-
-    async def _download(self, job: Job, peer: str, address: str, request: Any) -> bytes | None:
-        """A file in :data:`SHARD_CHUNK` pieces: ``request(offset)`` is the message for the next piece."""
-        data = bytearray()
-        for _ in range(10_000):
-            reply = await self.peers.request(address, peer, request(len(data)), timeout=60.0, job_id=job.job_id)
-            if not isinstance(reply, ShardData) or reply.total > 1 << 34:
-                return None
-            data += reply.data
-            if len(data) >= reply.total or not reply.data:
-                break
-        return bytes(data)
-
-    async def _on_resume_request(self, header: Header, msg: ResumeRequest) -> ShardData | JobAck:
-        from arceusd.jobs.recovery import resume_dir
-
-        job = self.jobs.get(msg.job_id)
-        if job is None or not self._leads(job):
-            return JobAck(False, "not the leader of that job")
-        if msg.epoch != job.epoch or job.resume_files.get(header.sender) != msg.name:
-            return JobAck(False, "that resume slice is not this device's in the current plan")
-        return _serve_chunk(resume_dir(job.directory, msg.epoch) / msg.name, msg.offset)
-
-    async def _start_worker(self, job: Job, stages: Any, the_plan: Any, resume: Any = None) -> JobStartReply:
-        from arceusd.worker.protocol import WorkerConfig
-
-        job.directory.mkdir(parents=True, exist_ok=True)
-        host = self.node.addresses.get("peer", "127.0.0.1:0").rpartition(":")[0]
-        spec_dict = json.loads(job.spec_bytes)
-        if self._leads(job):
-            spec_dict["data"] = self._leader_data(job)
-        offer = await self.offer()
-        config = WorkerConfig(
-            job_id=job.job_id, term=job.term, epoch=job.epoch, spec=spec_dict, stages=stages,
-            micro_batches=the_plan.micro_batches, schedule=self._schedule(job, the_plan),
-            peer_id=self.node.identity.peer_id, state_dir=str(self.node.paths.root),
-            listen_host=self.node.config.listen_host, owner=job.leader,
-            checkpoint_dir=str(job.directory / "checkpoints"),
-            checkpoint_interval=job.spec.checkpoint.interval_steps, total_steps=job.total_steps,
-            threads=self.node.config.worker_threads, cpus=self.node.config.worker_cpus, resume=resume,
-            device=worker_device(offer.kind),
-        )  # fmt: skip
-        path = job.directory / f"worker-{job.epoch}.json"
-        path.write_text(config.to_json())
-        worker = WorkerProcess(path, job.directory / "worker.log")
-        job.worker = worker
-        job.stage_times.clear()  # a new plan: its stage times are not the old one's
-        try:
-            port = await worker.start()
-        except WorkerFailed as exc:
-            if job.worker is worker:
-                job.worker = None
-            return JobStartReply(job.job_id, False, str(exc)[-1500:])
-        job.state = "starting"
-        return JobStartReply(job.job_id, True, "", f"{host}:{port}")
-
-    @staticmethod
-    def _leader_data(job: Job) -> dict[str, Any]:
-        """The data entry of the leader's worker (it serves the batches): on the owner the spec's files with
-        absolute paths (the spec's are relative to its file), on a standby that took over its checked copy."""
-        from arceusd.jobs.spec_types import resolve_path
-
-        if job.role != "owner":
-            if job.standby_data is None:
-                raise RuntimeError("this device leads the job without a checked copy of its data (a bug)")
-            return dict(job.standby_data)
-        out = dict(json.loads(job.spec_bytes)["data"])
-        for key in ("dir", "path"):
-            if isinstance(out.get(key), str):
-                out[key] = str(resolve_path(out[key], job.spec.base_dir).resolve())
-        return out
-
-    @staticmethod
-    def _schedule(job: Job, the_plan: Any) -> str:
-        forced = job.spec.training.schedule
-        return str(the_plan.schedule if forced == "auto" else forced)
-
-    async def _on_go(self, header: Header, msg: JobGo) -> JobAck:
-        job = self.jobs.get(msg.job_id)
-        why = await self._check_leader(header, job)
-        if why or job is None:
-            return JobAck(False, why)
-        if header.epoch != job.epoch:
-            return JobAck(False, f"go for epoch {header.epoch}, but this device started epoch {job.epoch}")
-        await self._go(job, msg)
-        return JobAck(True)
-
-    async def _go(self, job: Job, msg: JobGo) -> None:
-        if job.worker is None:
-            return
-        try:
-            await job.worker.send({"cmd": "start", "addresses": {a.peer_id: a.address for a in msg.addresses}})
-        except WorkerFailed as exc:
-            log.warning("job %s: the worker is gone before go: %s", job.job_id, exc)
-        job.state = "running"
-        self._spawn(self._follow_worker, job, job.worker, job.epoch)
-
-    async def _follow_worker(self, job: Job, worker: WorkerProcess, epoch: int) -> None:
-        last_t, last_step = time.monotonic(), job.step
-        finished = False
-        try:
-            async for event in worker.events():
-                if job.worker is not worker:
-                    break  # replaced by a newer plan epoch: its events no longer count
-                kind = event.get("event")
-                if kind == "step":
-                    self._on_step(job, event)
-                    now = time.monotonic()
-                    if now - last_t >= 1.0:
-                        steps = job.step - last_step
-                        job.samples_per_s = steps * job.spec.training.batch_size / (now - last_t)
-                        block = getattr(job.spec.model, "block_size", None)
-                        job.tokens_per_s = job.samples_per_s * block if block else None
-                        last_t, last_step = now, job.step
-                elif kind == "eval":
-                    job.val_loss = float(event["val_loss"])
-                    job.val_accuracy = event.get("val_accuracy")
-                elif kind in ("checkpoint", "done", "error"):
-                    finished = finished or kind in ("done", "error")
-                    await self._report(job, epoch, event)
-        except WorkerFailed as exc:
-            job.error = str(exc)
-        code = await worker.kill()
-        if job.worker is not worker or finished or job.state in TERMINAL:
-            return
-        await self._report(job, epoch, {"event": "lost",
-                                        "message": f"the worker exited with code {code}: {worker.log_tail(3)}"})
-
-    def _on_step(self, job: Job, event: dict[str, Any]) -> None:
-        # the event names the step index just run; job.step counts completed steps
-        job.step, job.loss, job.lr = int(event["step"]) + 1, float(event["loss"]), float(event["lr"])
-        job.history.append((job.step, round(job.loss, 5)))
-        job.stage_times.append((float(event.get("seconds", 0.0)), float(event.get("wait_seconds", 0.0))))
-        job.credit(1)
-        recovery = job.recoveries[-1] if job.recoveries else None
-        if recovery is not None and recovery.first_step_after_s is None and recovery.epoch == job.epoch:
-            recovery.first_step_after_s = round(time.monotonic() - recovery.began, 3)
-            log.info("job %s: training again %.2f s after the failure", job.job_id, recovery.first_step_after_s)
-
-    async def _report(self, job: Job, epoch: int, event: dict[str, Any]) -> None:
-        """A worker event for the leader: handled here on the owner, sent as a JobReport from a member."""
-        event["peer_id"] = self.node.identity.peer_id
-        if self._leads(job):
-            await self._handle_report(job, event)
-            return
-        report = JobReport(job.job_id, epoch, json.dumps(event))
-        await self.peers.request(job.leader_address, job.leader, report, timeout=30.0,
-                                 job_id=job.job_id, term=job.term, epoch=epoch)  # fmt: skip
-
-    async def _on_report(self, header: Header, msg: JobReport) -> JobAck:
-        job = self.jobs.get(msg.job_id)
-        if job is None or not self._leads(job):
-            return JobAck(False, "not the leader of that job")
-        try:
-            event = json.loads(msg.event)
-        except ValueError:
-            return JobAck(False, "malformed report")
-        if not isinstance(event, dict):
-            return JobAck(False, "malformed report")
-        if event.get("event") == "leave" and header.sender in job.members:
-            del job.members[header.sender]
-            job.announced.add(header.sender)  # do not invite it straight back
-            log.info("job %s: %s left", job.job_id, header.sender[:12])
-            if job.plan is not None and header.sender in job.plan.peer_ids:
-                self._request_restart(job, f"member {header.sender[:12]} left the job")
-            return JobAck(True)
-        if job.plan is None or header.sender not in job.plan.peer_ids or msg.epoch != job.epoch:
-            job.stale_reports += 1
-            return JobAck(False, f"report from outside the current plan epoch ({msg.epoch}; now {job.epoch})")
-        event["peer_id"] = header.sender
-        await self._handle_report(job, event)
-        return JobAck(True)
-
-    async def _handle_report(self, job: Job, event: dict[str, Any]) -> None:
-        kind = event.get("event")
-        peer = str(event["peer_id"])
-        if kind in ("error", "lost"):
-            # A worker's failure is usually a neighbour's: a killed process breaks its links. Repartition;
-            # a job that fails again and again at the same checkpoint gives up (_restart).
-            self._request_restart(job, f"worker on {peer[:12]} {'failed' if kind == 'error' else 'was lost'}: "
-                                       f"{str(event.get('message'))[:300]}")  # fmt: skip
-        elif kind == "checkpoint":
-            step = int(event["step"])
-            shard = event.get("shard") or {}
-            job.reports.setdefault(step, {})[peer] = shard
-            if event.get("cursor") is not None:
-                job.cursors[step] = event["cursor"]
-            expected = sum(len(s.shares) for s in job.plan.stages) if job.plan else 0
-            if len(job.reports[step]) == expected:
-                self._spawn(self._commit_checkpoint, job, step, job.term, job.epoch)
-
+    # ---------------------------------------------------------------------------------- checkpoints, the end
     async def _commit_checkpoint(self, job: Job, step: int, term: int, epoch: int) -> None:
         """Copy every shard of ``step`` to the owner, check it, sign the manifest; export at the last step."""
         from arceusd.checkpoint import Manifest, ShardRecord, atomic_write, commit_manifest, file_matches, step_dir
@@ -1299,7 +702,7 @@ class JobManager:
                 for_standby.append(record.name)
             path = step_dir(root, step) / record.name
             if peer != self.node.identity.peer_id and not await trio.to_thread.run_sync(file_matches, path, record):
-                data = await self._fetch_shard(job, peer, step, record.name)
+                data = await self.transfers.fetch_shard(job, peer, step, record.name)
                 if data is None:
                     job.error = f"could not copy shard {record.name} of step {step} from {peer[:12]}"
                     log.warning("job %s: %s", job.job_id, job.error)
@@ -1329,26 +732,6 @@ class JobManager:
         elif job.rebalance and job.epoch == epoch:
             self._request_restart(job, "rebalancing onto the member(s) that joined")
 
-    async def _fetch_shard(self, job: Job, peer: str, step: int, name: str) -> bytes | None:
-        offer = job.members.get(peer)
-        if offer is None:
-            return None
-        return await self._download(job, peer, offer.address,
-                                    lambda offset: ShardRequest(job.job_id, step, name, offset))  # fmt: skip
-
-    async def _on_shard_request(self, header: Header, msg: ShardRequest) -> ShardData | JobAck:
-        from arceusd.checkpoint import SHARD_NAME, step_dir
-
-        job = self.jobs.get(msg.job_id)
-        if job is None:
-            return JobAck(False, "unknown job")
-        to_standby = self._leads(job) and header.sender in (job.standby, job.owner)  # the owner: its model
-        if not to_standby and header.sender != job.leader and not await self._elected(job, header.sender):
-            return JobAck(False, "shards go to the job's leader (and the leader's to its standby) only")
-        if not SHARD_NAME.match(msg.name):
-            return JobAck(False, "bad shard name")
-        return _serve_chunk(step_dir(job.directory / "checkpoints", msg.step) / msg.name, msg.offset)
-
     async def _export(self, job: Job, step: int, paths: list[Path]) -> None:
         from arceusd.jobs.export import assemble, write_model
 
@@ -1358,7 +741,7 @@ class JobManager:
             if job.spec.data.kind == "text":
                 from arceusd.data.text import load_text
 
-                extra["vocab"] = "".join(load_text(Path(self._leader_data(job)["path"])).vocab.chars)
+                extra["vocab"] = "".join(load_text(Path(leader_data(job)["path"])).vocab.chars)
             return write_model(job.directory, job.spec.model, state, extra)
 
         try:
@@ -1410,21 +793,6 @@ class JobManager:
                 self._spawn(self._drop_own_worker, job)
 
 
-def worker_device(kind: str) -> str:
-    """The torch device a worker trains on, from this device's measured kind (cpu, cuda or mps)."""
-    return kind if kind in ("cuda", "mps") else "cpu"
-
-
-def _serve_chunk(path: Path, offset: int) -> ShardData | JobAck:
-    try:
-        with path.open("rb") as fh:
-            total = os.fstat(fh.fileno()).st_size
-            fh.seek(offset)
-            return ShardData(total, fh.read(SHARD_CHUNK))
-    except OSError:
-        return JobAck(False, "no such file")
-
-
 async def serve_jobs(node: Node, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     """Daemon service: the job manager (needs the peer network service started first)."""
     if node.peers is None:
@@ -1434,4 +802,4 @@ async def serve_jobs(node: Node, *, task_status: trio.TaskStatus[None] = trio.TA
     await manager.run(task_status=task_status)
 
 
-__all__ = ["JobManager", "serve_jobs", "worker_device"]
+__all__ = ["HANDED_OVER", "JOB_DONE", "OWNER_FILE", "JobManager", "serve_jobs", "worker_device"]

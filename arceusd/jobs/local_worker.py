@@ -1,0 +1,231 @@
+"""This device's stage worker: start it on the leader's command, let it go, follow its events, report them.
+
+A member answers the leader's :class:`protocol.job_wire.JobStart` by verifying the plan itself, fetching its
+resume slice and starting its worker process (:class:`arceusd.jobs.supervisor.WorkerProcess`), and the
+:class:`protocol.job_wire.JobGo` by handing the worker its neighbours' addresses. From then on it follows the
+worker's events: steps update the job's progress here; checkpoints, the end and failures are reported to the
+leader (handled in place when this device leads). The leader's side of those reports is here too: a failure or
+a departure asks for a repartition, a checkpoint that every stage reported is committed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+import trio
+
+from arceusd.jobs.job import TERMINAL, Job
+from arceusd.jobs.manager_base import ManagerBase
+from arceusd.jobs.supervisor import WorkerFailed, WorkerProcess
+from arceusd.jobs.transfers import leader_data
+from protocol.envelope import Header
+from protocol.job_wire import JobAck, JobGo, JobReport, JobStart, JobStartReply
+
+log = logging.getLogger(__name__)
+
+
+class LocalWorker(ManagerBase):
+    """Starting and following this device's stage worker, and the leader's handling of the workers' reports."""
+
+    async def _on_start(self, header: Header, msg: JobStart) -> JobStartReply:
+        from arceusd.jobs.planning import PlanRefused, flops_shares, verify_start, worker_stages
+        from arceusd.jobs.recovery import ResumeError, ResumePoint
+
+        job = self.jobs.get(msg.job_id)
+        why = await self._check_leader(header, job)
+        if why or job is None:
+            return JobStartReply(msg.job_id, False, why)
+        if job.role not in ("member", "owner"):
+            return JobStartReply(msg.job_id, False, "this device has not joined the job")
+        if msg.spec != job.spec_bytes:
+            return JobStartReply(msg.job_id, False, "the spec differs from the announced one")
+        try:
+            resume = ResumePoint.from_wire(msg.resume)
+            inputs, the_plan = await trio.to_thread.run_sync(verify_start, job.spec, msg.inputs, msg.plan,
+                                                             await self.offer())  # fmt: skip
+        except (PlanRefused, ResumeError) as exc:
+            log.warning("job %s: refusing the start: %s", job.job_id, exc)
+            return JobStartReply(msg.job_id, False, f"start refused: {exc}")
+        if resume is not None and resume.step != msg.resume_step:
+            return JobStartReply(msg.job_id, False, "start refused: the resume step is inconsistent")
+        if msg.standby and msg.standby not in the_plan.peer_ids:
+            return JobStartReply(msg.job_id, False, "start refused: the standby is not in the plan")
+        await self._drop_own_worker(job)  # a newer epoch replaces whatever ran before
+        job.term, job.epoch, job.inputs, job.plan = header.term, header.epoch, inputs, the_plan
+        job.shares = flops_shares(the_plan, inputs)
+        job.standby = msg.standby
+        self._track(job, list(the_plan.peer_ids), [header.sender, msg.standby])
+        local = None
+        if resume is not None:
+            mine = resume.files.get(self.node.identity.peer_id)
+            if mine is None:
+                return JobStartReply(msg.job_id, False, "start refused: no resume slice for this device")
+            try:
+                local = await self.transfers.fetch_resume(job, header.sender, resume.step, mine)
+            except (ResumeError, OSError) as exc:
+                return JobStartReply(msg.job_id, False, f"could not get the resume slice: {exc}")
+        job.step = msg.resume_step
+        return await self._start_worker(job, worker_stages(the_plan), the_plan, local)
+
+    async def _start_worker(self, job: Job, stages: Any, the_plan: Any, resume: Any = None) -> JobStartReply:
+        from arceusd.worker.protocol import WorkerConfig
+
+        job.directory.mkdir(parents=True, exist_ok=True)
+        host = self.node.addresses.get("peer", "127.0.0.1:0").rpartition(":")[0]
+        spec_dict = json.loads(job.spec_bytes)
+        if self._leads(job):
+            spec_dict["data"] = leader_data(job)
+        offer = await self.offer()
+        config = WorkerConfig(
+            job_id=job.job_id, term=job.term, epoch=job.epoch, spec=spec_dict, stages=stages,
+            micro_batches=the_plan.micro_batches, schedule=_schedule(job, the_plan),
+            peer_id=self.node.identity.peer_id, state_dir=str(self.node.paths.root),
+            listen_host=self.node.config.listen_host, owner=job.leader,
+            checkpoint_dir=str(job.directory / "checkpoints"),
+            checkpoint_interval=job.spec.checkpoint.interval_steps, total_steps=job.total_steps,
+            threads=self.node.config.worker_threads, cpus=self.node.config.worker_cpus, resume=resume,
+            device=worker_device(offer.kind),
+        )  # fmt: skip
+        path = job.directory / f"worker-{job.epoch}.json"
+        path.write_text(config.to_json())
+        worker = WorkerProcess(path, job.directory / "worker.log")
+        job.worker = worker
+        job.stage_times.clear()  # a new plan: its stage times are not the old one's
+        try:
+            port = await worker.start()
+        except WorkerFailed as exc:
+            if job.worker is worker:
+                job.worker = None
+            return JobStartReply(job.job_id, False, str(exc)[-1500:])
+        job.state = "starting"
+        return JobStartReply(job.job_id, True, "", f"{host}:{port}")
+
+    async def _on_go(self, header: Header, msg: JobGo) -> JobAck:
+        job = self.jobs.get(msg.job_id)
+        why = await self._check_leader(header, job)
+        if why or job is None:
+            return JobAck(False, why)
+        if header.epoch != job.epoch:
+            return JobAck(False, f"go for epoch {header.epoch}, but this device started epoch {job.epoch}")
+        await self._go(job, msg)
+        return JobAck(True)
+
+    async def _go(self, job: Job, msg: JobGo) -> None:
+        if job.worker is None:
+            return
+        try:
+            await job.worker.send({"cmd": "start", "addresses": {a.peer_id: a.address for a in msg.addresses}})
+        except WorkerFailed as exc:
+            log.warning("job %s: the worker is gone before go: %s", job.job_id, exc)
+        job.state = "running"
+        self._spawn(self._follow_worker, job, job.worker, job.epoch)
+
+    async def _follow_worker(self, job: Job, worker: WorkerProcess, epoch: int) -> None:
+        last_t, last_step = time.monotonic(), job.step
+        finished = False
+        try:
+            async for event in worker.events():
+                if job.worker is not worker:
+                    break  # replaced by a newer plan epoch: its events no longer count
+                kind = event.get("event")
+                if kind == "step":
+                    self._on_step(job, event)
+                    now = time.monotonic()
+                    if now - last_t >= 1.0:
+                        steps = job.step - last_step
+                        job.samples_per_s = steps * job.spec.training.batch_size / (now - last_t)
+                        block = getattr(job.spec.model, "block_size", None)
+                        job.tokens_per_s = job.samples_per_s * block if block else None
+                        last_t, last_step = now, job.step
+                elif kind == "eval":
+                    job.val_loss = float(event["val_loss"])
+                    job.val_accuracy = event.get("val_accuracy")
+                elif kind in ("checkpoint", "done", "error"):
+                    finished = finished or kind in ("done", "error")
+                    await self._report(job, epoch, event)
+        except WorkerFailed as exc:
+            job.error = str(exc)
+        code = await worker.kill()
+        if job.worker is not worker or finished or job.state in TERMINAL:
+            return
+        await self._report(job, epoch, {"event": "lost",
+                                        "message": f"the worker exited with code {code}: {worker.log_tail(3)}"})
+
+    def _on_step(self, job: Job, event: dict[str, Any]) -> None:
+        # the event names the step index just run; job.step counts completed steps
+        job.step, job.loss, job.lr = int(event["step"]) + 1, float(event["loss"]), float(event["lr"])
+        job.history.append((job.step, round(job.loss, 5)))
+        job.stage_times.append((float(event.get("seconds", 0.0)), float(event.get("wait_seconds", 0.0))))
+        job.credit(1)
+        recovery = job.recoveries[-1] if job.recoveries else None
+        if recovery is not None and recovery.first_step_after_s is None and recovery.epoch == job.epoch:
+            recovery.first_step_after_s = round(time.monotonic() - recovery.began, 3)
+            log.info("job %s: training again %.2f s after the failure", job.job_id, recovery.first_step_after_s)
+
+    async def _report(self, job: Job, epoch: int, event: dict[str, Any]) -> None:
+        """A worker event for the leader: handled here on the owner, sent as a JobReport from a member."""
+        event["peer_id"] = self.node.identity.peer_id
+        if self._leads(job):
+            await self._handle_report(job, event)
+            return
+        report = JobReport(job.job_id, epoch, json.dumps(event))
+        await self.peers.request(job.leader_address, job.leader, report, timeout=30.0,
+                                 job_id=job.job_id, term=job.term, epoch=epoch)  # fmt: skip
+
+    async def _on_report(self, header: Header, msg: JobReport) -> JobAck:
+        job = self.jobs.get(msg.job_id)
+        if job is None or not self._leads(job):
+            return JobAck(False, "not the leader of that job")
+        try:
+            event = json.loads(msg.event)
+        except ValueError:
+            return JobAck(False, "malformed report")
+        if not isinstance(event, dict):
+            return JobAck(False, "malformed report")
+        if event.get("event") == "leave" and header.sender in job.members:
+            del job.members[header.sender]
+            job.announced.add(header.sender)  # do not invite it straight back
+            log.info("job %s: %s left", job.job_id, header.sender[:12])
+            if job.plan is not None and header.sender in job.plan.peer_ids:
+                self._request_restart(job, f"member {header.sender[:12]} left the job")
+            return JobAck(True)
+        if job.plan is None or header.sender not in job.plan.peer_ids or msg.epoch != job.epoch:
+            job.stale_reports += 1
+            return JobAck(False, f"report from outside the current plan epoch ({msg.epoch}; now {job.epoch})")
+        event["peer_id"] = header.sender
+        await self._handle_report(job, event)
+        return JobAck(True)
+
+    async def _handle_report(self, job: Job, event: dict[str, Any]) -> None:
+        kind = event.get("event")
+        peer = str(event["peer_id"])
+        if kind in ("error", "lost"):
+            # A worker's failure is usually a neighbour's: a killed process breaks its links. Repartition;
+            # a job that fails again and again at the same checkpoint gives up (_restart).
+            self._request_restart(job, f"worker on {peer[:12]} {'failed' if kind == 'error' else 'was lost'}: "
+                                       f"{str(event.get('message'))[:300]}")  # fmt: skip
+        elif kind == "checkpoint":
+            step = int(event["step"])
+            shard = event.get("shard") or {}
+            job.reports.setdefault(step, {})[peer] = shard
+            if event.get("cursor") is not None:
+                job.cursors[step] = event["cursor"]
+            expected = sum(len(s.shares) for s in job.plan.stages) if job.plan else 0
+            if len(job.reports[step]) == expected:
+                self._spawn(self._commit_checkpoint, job, step, job.term, job.epoch)
+
+
+def worker_device(kind: str) -> str:
+    """The torch device a worker trains on, from this device's measured kind (cpu, cuda or mps)."""
+    return kind if kind in ("cuda", "mps") else "cpu"
+
+
+def _schedule(job: Job, the_plan: Any) -> str:
+    forced = job.spec.training.schedule
+    return str(the_plan.schedule if forced == "auto" else forced)
+
+
+__all__ = ["LocalWorker", "worker_device"]

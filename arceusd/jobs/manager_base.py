@@ -1,0 +1,204 @@
+"""The job manager's shared state, and the helpers every part of it uses.
+
+:class:`ManagerBase` holds what the parts of :class:`arceusd.jobs.manager.JobManager` share: the node and the
+peer network, the jobs by id, this device's offer, the manager's nursery (:meth:`ManagerBase._spawn`), the
+file transfers (:class:`arceusd.jobs.transfers.Transfers`), and the owner's durable record of a job. It also owns
+whom this device follows as a job's leader: the check of a leader's command (:meth:`ManagerBase._check_leader`
+over :mod:`arceusd.jobs.leadership`), the election's answer and tracking.
+
+The parts are mixins over this base, each in its own module: the control-socket methods
+(:mod:`arceusd.jobs.control_methods`), this device's stage worker and the workers' reports
+(:mod:`arceusd.jobs.local_worker`), the standby and owner synchronisation (:mod:`arceusd.jobs.standby_sync`).
+What they call back into the lifecycle (leading, restarting, finishing, committing and exporting checkpoints,
+handing over) is declared here as abstract methods and implemented in :mod:`arceusd.jobs.manager`.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from arceusd.control import RequestError
+from arceusd.jobs import leadership
+from arceusd.jobs.job import TERMINAL, Job
+from arceusd.jobs.transfers import Transfers
+from arceusd.node import Node
+from arceusd.peers import PeerService
+from protocol.envelope import Header
+
+log = logging.getLogger(__name__)
+
+OWNER_FILE = "owner.json"
+
+
+class ManagerBase(abc.ABC):
+    """What every part of the job manager shares: state, the nursery, the offer, and whom this device follows."""
+
+    def __init__(self, node: Node, peers: PeerService) -> None:
+        self.node = node
+        self.peers = peers
+        self.jobs: dict[str, Job] = {}
+        self._offer: Any = None
+        self._nursery: trio.Nursery | None = None  # set by the service while it runs
+        self.root = node.paths.jobs_dir
+        self.transfers = Transfers(peers, self.jobs, node.identity.peer_id, self._elected)
+
+    def _persist(self, job: Job) -> None:
+        """The owner's durable record of a job (enough to resume it after this daemon restarts)."""
+        from arceusd.checkpoint import atomic_write
+
+        if job.role != "owner":
+            return
+        record = {"job_id": job.job_id, "owner": job.owner, "spec_hash": job.spec_hash,
+                  "base_dir": str(job.spec.base_dir), "term": job.term, "epoch": job.epoch, "state": job.state,
+                  "members": sorted(job.members), "model_path": job.model_path}  # fmt: skip
+        try:
+            atomic_write(job.directory / OWNER_FILE, json.dumps(record, indent=1).encode())
+        except OSError as exc:
+            log.warning("job %s: cannot save its state: %s", job.job_id, exc)
+
+    def _spawn(self, fn: Any, *args: Any) -> None:
+        """Run ``fn(*args)`` in the manager's nursery; a failure is logged (and fails its job when it is the
+        leader loop), never allowed to take the daemon down."""
+        assert self._nursery is not None
+
+        async def guarded() -> None:
+            try:
+                await fn(*args)
+            except Exception as exc:
+                log.exception("job task %s failed", getattr(fn, "__name__", fn))
+                job = args[0] if args and isinstance(args[0], Job) else None
+                if job is not None and fn == self._lead and job.state not in TERMINAL:
+                    await self._finish(job, "failed", f"internal error in the job's leader: {exc!r}")
+
+        self._nursery.start_soon(guarded)
+
+    async def offer(self) -> Any:
+        """This device's offer (measured once in a child process, cached on disk for a day); the memory it lends
+        is capped by ``lend_memory_mib`` when the device's owner set one."""
+        from arceusd.jobs.planning import Offer
+
+        if self._offer is None:
+            result = await trio.run_process(
+                [sys.executable, "-m", "arceusd.jobs.probe", str(self.node.paths.root),
+                 str(self.node.config.worker_threads)],
+                capture_stdout=True, capture_stderr=True, check=False,
+            )  # fmt: skip
+            if result.returncode != 0:
+                raise RequestError(f"measuring this device failed: {result.stderr.decode()[-500:]}")
+            m = json.loads(result.stdout.decode().strip().splitlines()[-1])
+            memory = int(m["memory_bytes"])
+            if self.node.config.lend_memory_mib:  # the device's owner caps what a job may use
+                memory = min(memory, self.node.config.lend_memory_mib << 20)
+            self._offer = Offer(self.node.identity.peer_id, self.node.addresses.get("peer", ""),
+                                m["flops_per_s"], memory, m["kind"], float(m.get("block_efficiency", 1.0)),
+                                float(m.get("dispatch_s", 0.0)), float(m.get("adamw_s_per_param", 0.0)),
+                                float(m.get("sgd_s_per_param", 0.0)))  # fmt: skip
+        return self._offer
+
+    def find(self, job_ref: str) -> Job:
+        matches = [j for jid, j in self.jobs.items() if jid.startswith(job_ref)] if job_ref else []
+        if len(matches) != 1:
+            known = ", ".join(sorted(self.jobs)) or "none"
+            raise RequestError(f"no job matches {job_ref!r} (known jobs: {known})" if not matches
+                               else f"{job_ref!r} matches several jobs; give more of the id")  # fmt: skip
+        return matches[0]
+
+    async def _drop_own_worker(self, job: Job) -> None:
+        worker, job.worker = job.worker, None
+        if worker is not None:
+            await worker.stop(grace=0.5)
+
+    # ---------------------------------------------------------------------------------------------- following
+    async def _check_leader(self, header: Header, job: Job | None, epochs: bool = True) -> str:
+        """Why a leader command must be refused ('' when it is acceptable).
+
+        Acceptable: from our leader, not older than what we have (``epochs=False``: only the term counts); or
+        with a newer term from the peer the job's election made leader (a standby that took over), which then
+        becomes our leader. A refusal because we follow another peer names it (:func:`leadership.refusal`), so
+        a leader that was replaced while membership thought it dead learns whom to join."""
+        if job is None:
+            return "unknown job"
+        verdict = leadership.judge_command(header.sender, header.term, header.epoch, job.leader, job.term,
+                                           job.epoch, epochs)  # fmt: skip
+        if isinstance(verdict, leadership.Accept):
+            return ""
+        if isinstance(verdict, leadership.Refuse):
+            return verdict.reason
+        if await self._elected(job, header.sender):
+            log.info("job %s: following %s, elected leader (term %d)", job.job_id, header.sender[:12], header.term)
+            self._follow_leader(job, header.sender)
+            job.term = header.term
+            return ""
+        return leadership.refusal(job.leader, job.term)  # tells a replaced leader whom we follow
+
+    def _follow_leader(self, job: Job, peer: str) -> None:
+        member = self.peers.membership.members.get(peer)
+        job.leader = peer
+        job.leader_address = member.address if member is not None else job.leader_address
+        job.leaders.add(peer)
+
+    async def _elected(self, job: Job, peer: str, wait_s: float = 3.0) -> bool:
+        """Whether the job's election has ``peer`` as leader (waiting a little: its announce may still be on its
+        way when its first command arrives)."""
+        elections = self.node.elections
+        if elections is None:
+            return False
+        with trio.move_on_after(wait_s):
+            while True:
+                current = elections.leader(job.job_id)
+                if current is not None and current[0] == peer:
+                    return True
+                await trio.sleep(0.05)
+        return False
+
+    def _leads(self, job: Job) -> bool:
+        return job.leader == self.node.identity.peer_id
+
+    def _track(self, job: Job, members: list[str], ranking: list[str]) -> None:
+        """Elect the job's leader among the plan's members: the leader first, then the standby."""
+        if self.node.elections is None:
+            return
+        try:
+            self.node.elections.track(job.job_id, members, [p for p in ranking if p])
+        except ValueError as exc:
+            log.warning("job %s: cannot track its election: %s", job.job_id, exc)
+
+    # ---------------------------------------------------------------------------------------------- lifecycle
+    # Implemented by :class:`arceusd.jobs.manager.JobManager`; declared here for the parts that call them.
+    @abc.abstractmethod
+    async def _lead(self, job: Job) -> None:
+        """The leader's loop for one job."""
+
+    @abc.abstractmethod
+    async def _finish(self, job: Job, state: str, error: str) -> None:
+        """End ``job`` in ``state`` (done, failed, cancelled) and tell the members."""
+
+    @abc.abstractmethod
+    async def join(self, job: Job) -> dict[str, Any]:
+        """Ask the job's leader to take this device in as a member."""
+
+    @abc.abstractmethod
+    def _request_restart(self, job: Job, reason: str) -> None:
+        """Ask the leader loop to repartition ``job``."""
+
+    @abc.abstractmethod
+    async def _commit_checkpoint(self, job: Job, step: int, term: int, epoch: int) -> None:
+        """Copy every shard of ``step`` here, check it and sign its manifest."""
+
+    @abc.abstractmethod
+    async def _hand_over(self, job: Job, leader: str) -> None:
+        """Owner: join ``leader``, whom the members follow now, as a member."""
+
+    @abc.abstractmethod
+    async def _export(self, job: Job, step: int, paths: list[Path]) -> None:
+        """Assemble the model from the shards at ``paths`` and finish the job."""
+
+
+__all__ = ["OWNER_FILE", "ManagerBase"]

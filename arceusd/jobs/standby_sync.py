@@ -1,0 +1,153 @@
+"""Keeping a standby ready to lead, and the owner's copy of the final checkpoint.
+
+After every commit the leader sends the plan's standby a :class:`protocol.job_wire.StandbySync`: the signed
+manifest, the shards to copy from the leader and (once) the data set's files, so the standby can lead if the
+leader dies (:mod:`arceusd.jobs.standby` owns the file side). A leader that is not the job's owner (its standby
+took over) sends the owner the final checkpoint the same way, and the owner exports the model too. The bytes
+travel through :class:`arceusd.jobs.transfers.Transfers`; this module owns who sends what when, and what the
+receiver accepts. :func:`choose_standby` picks the plan member that stands by.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import trio
+
+from arceusd.jobs import leadership
+from arceusd.jobs.job import Job
+from arceusd.jobs.manager_base import ManagerBase
+from arceusd.jobs.transfers import leader_data
+from protocol.envelope import Header
+from protocol.job_wire import JobAck, StandbySync
+
+log = logging.getLogger(__name__)
+
+
+class StandbySyncing(ManagerBase):
+    """The leader's syncs to its standby and to the owner, and their receiving ends."""
+
+    async def _sync_standby(self, job: Job, step: int, shards: tuple[str, ...]) -> None:
+        """Leader: tell the standby that ``step`` is committed (the signed manifest), the shards to copy from us
+        (every one but its own: then each shard has three copies, its writer's, ours and the standby's), and the
+        data set's files, so it can lead if we die."""
+        from arceusd.checkpoint import MANIFEST_NAME, step_dir
+        from arceusd.jobs.standby import data_files, offers_to_wire
+
+        standby = job.standby
+        offer = job.members.get(standby)
+        if not standby or offer is None:
+            return
+        manifest = await trio.to_thread.run_sync((step_dir(job.directory / "checkpoints", step) / MANIFEST_NAME)
+                                                 .read_bytes)  # fmt: skip
+        names = tuple(p.name for p in data_files(leader_data(job)))
+        offers = offers_to_wire(job.members[p] for p in sorted(job.members) if job.plan and p in job.plan.peer_ids)
+        sync = StandbySync(job.job_id, step, manifest, shards, names, offers)
+        reply = await self.peers.request(offer.address, standby, sync, timeout=10.0, job_id=job.job_id,
+                                         term=job.term, epoch=job.epoch)  # fmt: skip
+        if not (isinstance(reply, JobAck) and reply.ok):
+            log.warning("job %s: the standby %s refused checkpoint %d: %s", job.job_id, standby[:12], step,
+                        getattr(reply, "reason", "no answer"))  # fmt: skip
+            leader = leadership.followed_leader(reply.reason) if isinstance(reply, JobAck) else None
+            if leader is not None and leader != self.node.identity.peer_id:
+                await self._hand_over(job, leader)
+
+    async def _on_standby_sync(self, header: Header, msg: StandbySync) -> JobAck:
+        from arceusd.checkpoint import CheckpointError, parse_manifest
+        from arceusd.jobs.standby import StandbyError, check_names, offers_from_wire
+
+        job = self.jobs.get(msg.job_id)
+        why = await self._check_leader(header, job, epochs=False)
+        if why or job is None:
+            return JobAck(False, why)
+        if job.role == "owner" and not self._leads(job):
+            return await self._receive_final(job, header.sender, msg)
+        if job.standby != self.node.identity.peer_id:
+            return JobAck(False, "this device is not the job's standby")
+        try:
+            manifest, _ = parse_manifest(msg.manifest, sorted(job.leaders), "the leader's manifest")
+            if manifest.job_id != job.job_id or manifest.step != msg.step:
+                raise CheckpointError("the manifest is for another job or step")
+            if not set(msg.shards) <= {r.name for r in manifest.shards}:
+                raise CheckpointError("the sync names shards the manifest does not list")
+            if job.standby_data is None:
+                check_names(job.spec.data.kind, msg.data_files)
+            offers = offers_from_wire(msg.offers, job.plan.peer_ids if job.plan is not None else ())
+        except (CheckpointError, StandbyError) as exc:
+            log.warning("job %s: refusing a standby sync: %s", job.job_id, exc)
+            return JobAck(False, f"refused: {exc}")
+        job.standby_offers = offers
+        self._spawn(self._standby_copy, job, header.sender, msg, manifest)
+        return JobAck(True)
+
+    async def _sync_owner(self, job: Job, step: int, names: list[str]) -> None:
+        """A leader that is not the job's owner (its standby took over): hand the owner, when it joined this
+        leader, the final checkpoint (the signed manifest and its shards' names) before exporting, so the model
+        lands on the owner's disk as well. The owner copies, checks and exports before it answers; a failure
+        only costs the owner its copy (the model is still saved here)."""
+        from arceusd.checkpoint import MANIFEST_NAME, step_dir
+
+        offer = job.members.get(job.owner)
+        if job.owner == self.node.identity.peer_id or offer is None:
+            return
+        manifest = await trio.to_thread.run_sync((step_dir(job.directory / "checkpoints", step) / MANIFEST_NAME)
+                                                 .read_bytes)  # fmt: skip
+        sync = StandbySync(job.job_id, step, manifest, tuple(names))
+        reply = await self.peers.request(offer.address, job.owner, sync, timeout=60.0, job_id=job.job_id,
+                                         term=job.term, epoch=job.epoch)  # fmt: skip
+        if not (isinstance(reply, JobAck) and reply.ok):
+            log.warning("job %s: the owner %s did not take the final checkpoint: %s", job.job_id, job.owner[:12],
+                        getattr(reply, "reason", "no answer"))  # fmt: skip
+
+    async def _receive_final(self, job: Job, leader: str, msg: StandbySync) -> JobAck:
+        """Owner that handed its job over: copy the final checkpoint from the leader, check every shard against
+        the leader's signed manifest, and export the model here (the answer says whether that worked)."""
+        from arceusd.checkpoint import CheckpointError, parse_manifest, step_dir
+
+        try:
+            manifest, _ = parse_manifest(msg.manifest, sorted(job.leaders), "the leader's manifest")
+            if manifest.job_id != job.job_id or manifest.step != msg.step or msg.step < job.total_steps:
+                raise CheckpointError("the owner takes the final checkpoint of its own job only")
+            if set(msg.shards) != {r.name for r in manifest.shards}:
+                raise CheckpointError("the sync must name exactly the manifest's shards")
+        except CheckpointError as exc:
+            log.warning("job %s: refusing the final checkpoint: %s", job.job_id, exc)
+            return JobAck(False, f"refused: {exc}")
+        folder = step_dir(job.directory / "checkpoints", msg.step)
+        async with job.sync_lock:
+            failed = await self.transfers.copy_step(job, leader, msg, {r.name: r for r in manifest.shards})
+            if failed is not None:
+                return JobAck(False, f"shard {failed} of step {msg.step} did not arrive intact")
+            job.committed_step = max(job.committed_step, msg.step)
+            if not job.model_path:  # "" until exported (a repeated sync exports once)
+                await self._export(job, msg.step, [folder / r.name for r in manifest.shards])
+        return JobAck(bool(job.model_path), job.error[:400])
+
+    async def _standby_copy(self, job: Job, leader: str, msg: StandbySync, manifest: Any) -> None:
+        """Standby: copy the data (once) and the leader's shards of a committed step; each is checked before
+        it is kept; the manifest is written last, so a step is complete here only when all of it is."""
+        from arceusd.checkpoint import prune
+
+        async with job.sync_lock:
+            data_missing = job.standby_data is None and bool(msg.data_files)
+            if data_missing and not await self.transfers.copy_data(job, leader, msg.data_files):
+                return
+            failed = await self.transfers.copy_step(job, leader, msg, {r.name: r for r in manifest.shards})
+            if failed is not None:
+                log.warning("job %s: the leader's shard %s of step %d did not arrive intact", job.job_id, failed,
+                            msg.step)  # fmt: skip
+                return
+            await trio.to_thread.run_sync(prune, job.directory / "checkpoints", job.spec.checkpoint.keep)
+            job.committed_step = max(job.committed_step, msg.step)
+
+
+def choose_standby(job: Job, me: str) -> str:
+    """The plan member that stands by to lead: the one offering the most memory (ties: lowest id)."""
+    others = [p for p in job.plan.peer_ids if p != me and p in job.members]
+    if not others:
+        return ""
+    return str(min(others, key=lambda p: (-job.members[p].memory_bytes, p)))
+
+
+__all__ = ["StandbySyncing", "choose_standby"]

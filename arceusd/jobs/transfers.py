@@ -1,0 +1,192 @@
+"""Files between daemons: chunked serving and fetching of checkpoint shards, resume slices and the data set.
+
+Every file travels the same way: the asker sends a request naming a file and an offset, the holder answers a
+:class:`protocol.job_wire.ShardData` with at most :data:`protocol.job_wire.SHARD_CHUNK` bytes of it and its total
+size (:func:`serve_chunk`), and :meth:`Transfers.download` asks again until it has the whole file. Who may ask for
+what is checked by the holder: a checkpoint shard goes to the job's leader (or an elected newer one) and the
+leader's to its standby and the owner; a resume slice to the plan member it was cut for; the data set to the
+standby only. What arrives is checked before it is kept (against the signed manifest, the resume point, or the
+spec's data digest) and written atomically.
+
+:class:`Transfers` is given exactly what it needs: the peer network to send over, the manager's jobs by id, this
+device's peer id (to know which jobs it leads) and the election check for a leader that took over. The job
+manager (:mod:`arceusd.jobs.manager`) registers its handlers and calls its fetches.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from arceusd.jobs.job import Job
+from arceusd.peers import PeerService
+from protocol.envelope import Header
+from protocol.job_wire import SHARD_CHUNK, DataRequest, JobAck, ResumeRequest, ShardData, ShardRequest, StandbySync
+
+log = logging.getLogger(__name__)
+
+
+class Transfers:
+    """Serves this device's files to the peers entitled to them and fetches files from peers."""
+
+    def __init__(self, peers: PeerService, jobs: Mapping[str, Job], me: str,
+                 elected: Callable[[Job, str], Awaitable[bool]]) -> None:  # fmt: skip
+        self.peers = peers
+        self.jobs = jobs
+        self.me = me
+        self._elected = elected
+
+    def _leads(self, job: Job) -> bool:
+        return job.leader == self.me
+
+    # ---------------------------------------------------------------------------------------------- fetching
+    async def download(self, job: Job, peer: str, address: str, request: Any) -> bytes | None:
+        """A file in :data:`SHARD_CHUNK` pieces: ``request(offset)`` is the message for the next piece."""
+        data = bytearray()
+        for _ in range(10_000):
+            reply = await self.peers.request(address, peer, request(len(data)), timeout=60.0, job_id=job.job_id)
+            if not isinstance(reply, ShardData) or reply.total > 1 << 34:
+                return None
+            data += reply.data
+            if len(data) >= reply.total or not reply.data:
+                break
+        return bytes(data)
+
+    async def fetch_shard(self, job: Job, peer: str, step: int, name: str) -> bytes | None:
+        offer = job.members.get(peer)
+        if offer is None:
+            return None
+        return await self.download(job, peer, offer.address,
+                                    lambda offset: ShardRequest(job.job_id, step, name, offset))  # fmt: skip
+
+    async def fetch_resume(self, job: Job, leader: str, step: int, mine: Any) -> Any:
+        """Download this device's resume slice from the leader, check it, store it; its ResumeConfig."""
+        from arceusd.checkpoint import atomic_write
+        from arceusd.jobs.recovery import ResumeError, check_file, resume_dir
+        from arceusd.worker.protocol import ResumeConfig
+
+        data = await self.download(job, leader, job.leader_address,
+                                    lambda offset: ResumeRequest(job.job_id, job.epoch, mine.name, offset))  # fmt: skip
+        if data is None:
+            raise ResumeError("the leader did not serve it")
+        check_file(data, mine)
+        path = resume_dir(job.directory, job.epoch) / mine.name
+        await trio.to_thread.run_sync(atomic_write, path, data)
+        return ResumeConfig(step, str(path), None)
+
+    async def copy_step(self, job: Job, leader: str, msg: StandbySync, records: Mapping[str, Any]) -> str | None:
+        """Copy the leader's shards ``msg.shards`` of step ``msg.step`` (each checked against its manifest record;
+        one already here and intact is kept), then the manifest, last: the step is complete here only when all
+        of it is. Returns the name of a shard that did not arrive intact (nothing more is written then)."""
+        from arceusd.checkpoint import MANIFEST_NAME, atomic_write, file_matches, matches, step_dir
+
+        folder = step_dir(job.directory / "checkpoints", msg.step)
+        for name in msg.shards:
+            if await trio.to_thread.run_sync(file_matches, folder / name, records[name]):
+                continue
+            data = await self.download(job, leader, job.leader_address,
+                                        lambda offset, n=name: ShardRequest(job.job_id, msg.step, n, offset))
+            if data is None or not matches(data, records[name]):
+                return name
+            await trio.to_thread.run_sync(atomic_write, folder / name, data)
+        await trio.to_thread.run_sync(atomic_write, folder / MANIFEST_NAME, msg.manifest)
+        return None
+
+    async def copy_data(self, job: Job, leader: str, names: tuple[str, ...]) -> bool:
+        """Standby: download the leader's data files and check them against the spec's digest; a copy that
+        does not arrive whole or does not match is removed, never kept half-written."""
+        import shutil
+
+        from arceusd.checkpoint import atomic_write
+        from arceusd.jobs.standby import DATA_FOLDER, StandbyError, check_copy, copy_entry
+
+        folder = job.directory / DATA_FOLDER
+        for index, name in enumerate(names):
+            data = await self.download(job, leader, job.leader_address,
+                                        lambda offset, i=index: DataRequest(job.job_id, i, offset))  # fmt: skip
+            if data is None:
+                log.warning("job %s: the leader did not serve data file %s", job.job_id, name)
+                break
+            await trio.to_thread.run_sync(atomic_write, folder / name, data)
+        else:
+            entry = copy_entry(job.directory, json.loads(job.spec_bytes)["data"], names)
+            try:
+                await trio.to_thread.run_sync(check_copy, entry, job.spec.data.sha256)
+                job.standby_data = entry
+                log.info("job %s: holding a checked copy of the data as the standby", job.job_id)
+                return True
+            except StandbyError as exc:
+                log.warning("job %s: %s", job.job_id, exc)
+        await trio.to_thread.run_sync(lambda: shutil.rmtree(folder, ignore_errors=True))
+        return False
+
+    # ---------------------------------------------------------------------------------------------- serving
+    async def on_shard_request(self, header: Header, msg: ShardRequest) -> ShardData | JobAck:
+        from arceusd.checkpoint import SHARD_NAME, step_dir
+
+        job = self.jobs.get(msg.job_id)
+        if job is None:
+            return JobAck(False, "unknown job")
+        to_standby = self._leads(job) and header.sender in (job.standby, job.owner)  # the owner: its model
+        if not to_standby and header.sender != job.leader and not await self._elected(job, header.sender):
+            return JobAck(False, "shards go to the job's leader (and the leader's to its standby) only")
+        if not SHARD_NAME.match(msg.name):
+            return JobAck(False, "bad shard name")
+        return serve_chunk(step_dir(job.directory / "checkpoints", msg.step) / msg.name, msg.offset)
+
+    async def on_resume_request(self, header: Header, msg: ResumeRequest) -> ShardData | JobAck:
+        from arceusd.jobs.recovery import resume_dir
+
+        job = self.jobs.get(msg.job_id)
+        if job is None or not self._leads(job):
+            return JobAck(False, "not the leader of that job")
+        if msg.epoch != job.epoch or job.resume_files.get(header.sender) != msg.name:
+            return JobAck(False, "that resume slice is not this device's in the current plan")
+        return serve_chunk(resume_dir(job.directory, msg.epoch) / msg.name, msg.offset)
+
+    async def on_data_request(self, header: Header, msg: DataRequest) -> ShardData | JobAck:
+        from arceusd.jobs.standby import data_files
+
+        job = self.jobs.get(msg.job_id)
+        if job is None or not self._leads(job) or header.sender != job.standby:
+            return JobAck(False, "the data goes to the job's standby only")
+        files = data_files(leader_data(job))
+        if not 0 <= msg.index < len(files):
+            return JobAck(False, "no such data file")
+        return serve_chunk(files[msg.index], msg.offset)
+
+
+def leader_data(job: Job) -> dict[str, Any]:
+    """The data entry of the leader's worker (it serves the batches): on the owner the spec's files with
+    absolute paths (the spec's are relative to its file), on a standby that took over its checked copy."""
+    from arceusd.jobs.spec_types import resolve_path
+
+    if job.role != "owner":
+        if job.standby_data is None:
+            raise RuntimeError("this device leads the job without a checked copy of its data (a bug)")
+        return dict(job.standby_data)
+    out = dict(json.loads(job.spec_bytes)["data"])
+    for key in ("dir", "path"):
+        if isinstance(out.get(key), str):
+            out[key] = str(resolve_path(out[key], job.spec.base_dir).resolve())
+    return out
+
+
+def serve_chunk(path: Path, offset: int) -> ShardData | JobAck:
+    """The piece of ``path`` from ``offset`` (at most :data:`SHARD_CHUNK` bytes) with the file's size."""
+    try:
+        with path.open("rb") as fh:
+            total = os.fstat(fh.fileno()).st_size
+            fh.seek(offset)
+            return ShardData(total, fh.read(SHARD_CHUNK))
+    except OSError:
+        return JobAck(False, "no such file")
+
+
+__all__ = ["Transfers", "leader_data", "serve_chunk"]
