@@ -15,7 +15,8 @@ and carries on
 This module owns the file side of that: which files a leader's data set consists of, where the standby keeps
 its copy and what its worker's data entry then says, the check of the copy, and the members' offers (with
 their measured calibration) that the leader hands the standby to plan with if it takes over. File work only;
-the manager runs it in a thread.
+the daemon runs it in a thread: the copying in :mod:`arceusd.jobs.transfers`, the synchronisation that decides
+what is sent in :mod:`arceusd.jobs.standby_sync`.
 """
 
 from __future__ import annotations
