@@ -1,4 +1,16 @@
-"""Jobs: the declarative job spec (``spec``: schema, validation, canonical form, hash, job id).
+"""Jobs in the daemon. Import submodules directly; what each owns:
 
-The job lifecycle state machine lives beside it in this package; import submodules directly.
+- the job spec: ``spec`` (schema, validation, canonical form, hash, job id), ``spec_types`` (its parsed
+  form), ``fields`` (field checks) and ``datafacts`` (what it needs to know of its data files); ``source``
+  (the batches the owner serves from that data);
+- one job's state and its views: ``job`` (the ``Job`` record and ``arceusd status`` JSON), ``view`` (the text);
+- the daemon's job service: ``manager`` (lifecycle and leadership: plan, start, restart, take over, commit,
+  export), over ``manager_base`` (shared state, this device's offer, whom it follows as leader), with
+  ``control_methods`` (the control socket's job commands), ``local_worker`` (this device's stage worker and the
+  workers' reports), ``standby_sync`` (the standby's and the owner's copies) and ``transfers`` (files between
+  daemons);
+- pure or file-level helpers: ``planning`` (offers, plan inputs, plan verification), ``leadership`` (who may
+  command), ``recovery`` and ``reslice`` (checkpoints cut for a new plan), ``standby`` (the standby's files),
+  ``export`` (the final model), ``probe`` (measuring this device in a child process), ``supervisor`` (the
+  worker child process).
 """

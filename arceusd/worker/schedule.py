@@ -31,22 +31,24 @@ stage but the first, a few backwards compute only the input's half (``Backward(d
 ``SendGrad`` sends it at once, and their ``WeightGrad``s run, in micro-batch order, after the stage's last
 ``SendGrad``, in time the stage would otherwise spend waiting for the optimizer barrier. Which ones
 (:func:`deferred_micro_batches`), chosen with the timed replay (``schedule_timing.py``) over even and
-random uneven stages: in 1F1B the last ``min(s + 1, S - s + 1)`` on stage ``s`` of ``S`` (the drain: the last
-gradient crosses every stage, and stage ``s`` has about ``s`` backwards of others' to wait for; the cap keeps
-a middle stage's stash at its steady size and the last stage's at 2, a bound the planner can use without
-knowing the stage count); in GPipe the first ``2 s`` (the first
-gradients to cross the stages start every earlier stage's backwards; with ``s`` instead, a stage a little
-slower than the one before it, as a last stage with the head and the loss is, stays on the critical path for
-the whole backward phase: the replay over random uneven stages is 0.5-1.5% shorter with ``2 s``, even stages
-alike, and ``bench/pipeline.py``'s GPipe step 1.5% shorter; GPipe stashes every micro-batch anyway, so
-holding two a little longer costs no memory). The engine splits a backward without
-computing anything twice (``split_backward.py``), but the split costs about 13% of a backward on CPU (the
-weights' half reads its operands cold; measured figures in ``schedule_timing.SPLIT_COST``), so not every
-backward splits, and the worker turns the split on only where ``schedule_timing.deferring_pays`` says it
-shortens the step for the plan's stage times. Same kernels on the same values: in 1F1B, accumulated in the
-same micro-batch order, the results equal the unsplit schedule's bit for bit; in GPipe the deferred first
-micro-batches are added last, so they differ by the rounding of that sum. A deferred micro-batch keeps its
-stash until its ``WeightGrad`` (:func:`max_in_flight` counts it).
+random uneven stages:
+- in 1F1B the last ``min(s + 1, S - s + 1)`` on stage ``s`` of ``S`` (the drain: the last gradient crosses
+  every stage, and stage ``s`` has about ``s`` backwards of others' to wait for; the cap keeps a middle
+  stage's stash at its steady size and the last stage's at 2, a bound the planner can use without knowing the
+  stage count);
+- in GPipe the first ``2 s`` (the first gradients to cross the stages start every earlier stage's backwards;
+  with only ``s``, a stage a little slower than the one before it, as a last stage with the head and the loss
+  is, stays on the critical path for the whole backward phase: the replay over random uneven stages is
+  0.5-1.5% shorter with ``2 s``, even stages alike, and ``bench/pipeline.py``'s GPipe step 1.5% shorter;
+  GPipe stashes every micro-batch anyway, so holding two a little longer costs no memory).
+
+The engine splits a backward without computing anything twice (``split_backward.py``), but the split costs
+about 13% of a backward on CPU (the weights' half reads its operands cold; measured figures in
+``schedule_timing.SPLIT_COST``), so not every backward splits, and the worker turns the split on only where
+``schedule_timing.deferring_pays`` says it shortens the step for the plan's stage times. Same kernels on the
+same values: in 1F1B, accumulated in the same micro-batch order, the results equal the unsplit schedule's bit
+for bit; in GPipe the deferred first micro-batches are added last, so they differ by the rounding of that sum.
+A deferred micro-batch keeps its stash until its ``WeightGrad`` (:func:`max_in_flight` counts it).
 """
 
 from __future__ import annotations

@@ -25,6 +25,22 @@ from tests.harness import wait_for
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
 pytestmark = [pytest.mark.slow]
 
+TRAINING = """
+[training]
+steps = {steps}
+batch_size = {batch}
+micro_batches = 2
+optimizer = "sgd"
+lr = 0.05
+momentum = 0.9
+eval_interval_steps = 0
+
+[checkpoint]
+interval_steps = {interval}
+"""
+"""Training and checkpoint sections both recovery specs share: SGD with momentum, which the 1e-5 comparison with
+the failure-free run tolerates over these short runs."""
+
 SPEC = """
 name = "recovery-mlp"
 seed = 5
@@ -39,23 +55,12 @@ dir = "{mnist}"
 train_count = 4000
 holdout_count = 500
 
-[training]
-steps = {steps}
-batch_size = 64
-micro_batches = 2
-optimizer = "sgd"
-lr = 0.05
-momentum = 0.9
-eval_interval_steps = 0
-
-[checkpoint]
-interval_steps = {interval}
-"""
+""" + TRAINING
 
 
 def write_spec(tmp_path: Path, steps: int, interval: int) -> Path:
     path = tmp_path / "job.toml"
-    path.write_text(SPEC.format(mnist=SHARED / "mnist", steps=steps, interval=interval))
+    path.write_text(SPEC.format(mnist=SHARED / "mnist", steps=steps, interval=interval, batch=64))
     return path
 
 
@@ -357,18 +362,7 @@ kind = "text"
 path = "{text}"
 val_fraction = 0.1
 
-[training]
-steps = {steps}
-batch_size = 8
-micro_batches = 2
-optimizer = "sgd"
-lr = 0.05
-momentum = 0.9
-eval_interval_steps = 0
-
-[checkpoint]
-interval_steps = {interval}
-"""
+""" + TRAINING
 
 
 def tensor_parallel_shares(job: dict[str, Any]) -> list[tuple[str, int, int]]:
@@ -385,7 +379,7 @@ def test_killed_tensor_parallel_member_regroups_the_split_over_the_rest(make_swa
     are re-sliced into two (recovery.py / reslice.py). The job still ends with the failure-free run's
     parameters."""
     spec = tmp_path / "job.toml"
-    spec.write_text(TP_SPEC.format(text=SHARED / "tinyshakespeare" / "input.txt", steps=120, interval=20))
+    spec.write_text(TP_SPEC.format(text=SHARED / "tinyshakespeare" / "input.txt", steps=120, interval=20, batch=8))
     s = make_swarm(size=5)
     job_id = submit(s, spec, members=5)
     job = wait_step(s, job_id, 30, timeout=150, committed=20)

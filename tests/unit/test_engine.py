@@ -222,9 +222,6 @@ def test_pipeline_equals_plain_training(case_name: str, schedule: ScheduleKind, 
                     assert torch.equal(p, lead[n]), n
 
 
-FIRST_STAGE_DEVICE = "cuda"
-
-
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (none on this machine)")
 @pytest.mark.parametrize("case_name", ["mlp-2", "gpt-2", "gpt-3-tp"])
 @pytest.mark.parametrize("schedule", list(ScheduleKind))
@@ -233,7 +230,7 @@ def test_a_job_mixing_cuda_and_cpu_stages_equals_plain_training(case_name: str, 
     links carry whatever device the sender had; the receiver moves them to its own)."""
     case, opt = CASES[case_name], OPTIMIZERS["sgd"]
     ref_losses, _, ref_params = reference_run(case, opt, LRSchedule(opt.lr, opt.lr), None)
-    devices = [FIRST_STAGE_DEVICE] + ["cpu"] * (len(case.layout) - 1)
+    devices = ["cuda"] + ["cpu"] * (len(case.layout) - 1)
     engines = build_engines(case, schedule, opt, None, None, devices=devices)
     assert next(engines[0][0].module.parameters()).device.type == devices[0]
     results = drive(engines, _batches(case.model, case.batch))
