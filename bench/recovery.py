@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from arceusd.swarm import LocalSwarm
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+SHARED = Path(__file__).resolve().parents[1] / "data"
 TARGET_S = {"local": 5.0, "lan": 15.0}
 INTERVAL = 20
 SPEC = """

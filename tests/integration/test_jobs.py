@@ -92,7 +92,7 @@ def test_mnist_mlp_across_three_daemons_reaches_95_percent(swarm3: LocalSwarm) -
     assert description["model"]["type"] == "mlp"
     model = build_reference_model(MLPConfig(tuple(description["model"]["layer_sizes"])), seed=0)
     model.load_state_dict(load_file(job["model_path"]), strict=True)
-    data = load_mnist(Path(__file__).parents[3] / "shared/data/mnist", train_count=8000, holdout_count=2000)
+    data = load_mnist(Path(__file__).resolve().parents[2] / "data/mnist", train_count=8000, holdout_count=2000)
     with torch.no_grad():
         accuracy = (model(data.holdout_images).argmax(-1) == data.holdout_labels).float().mean().item()
     assert accuracy >= 0.95
@@ -121,9 +121,9 @@ def test_bad_specs_are_refused_and_nothing_is_announced(tmp_path: Path) -> None:
     s = LocalSwarm(tmp_path / "swarm", 2)
     try:
         s.start()
-        mnist_dir = (SPECS / "../../../../shared/data/mnist").resolve()
+        mnist_dir = (SPECS / "../../../data/mnist").resolve()
         good = (SPECS / "mnist-mlp-3.toml").read_text().replace(
-            'dir = "../../../../shared/data/mnist"', f'dir = "{mnist_dir}"')
+            'dir = "../../../data/mnist"', f'dir = "{mnist_dir}"')
         for label, (change, field) in BAD_SPECS.items():
             if change.startswith("[model]"):
                 text = good.split("[model]")[0] + change + "\n[data]" + good.split("[data]")[1]
@@ -139,7 +139,7 @@ def test_bad_specs_are_refused_and_nothing_is_announced(tmp_path: Path) -> None:
         short = tmp_path / "short.txt"
         short.write_text("too short")
         gpt = (SPECS / "tiny-gpt-3.toml").read_text().replace(
-            'path = "../../../../shared/data/tinyshakespeare/input.txt"', f'path = "{short}"')
+            'path = "../../../data/tinyshakespeare/input.txt"', f'path = "{short}"')
         spec = tmp_path / "short-text.toml"
         spec.write_text(gpt)
         proc = cli(s.state_dir(0), "submit", str(spec))
@@ -157,9 +157,9 @@ def test_device_not_admitted_cannot_join(tmp_path: Path) -> None:
         s.start()
         ids = [s.call(i, "status")["peer_id"] for i in range(3)]
         wait_for(lambda: len([p for p in s.call(0, "peers") if p["state"] == "alive"]) == 2, 30, 0.2, "converged")
-        mnist_dir = (SPECS / "../../../../shared/data/mnist").resolve()
+        mnist_dir = (SPECS / "../../../data/mnist").resolve()
         text = (SPECS / "mnist-mlp-3.toml").read_text().replace(
-            'dir = "../../../../shared/data/mnist"', f'dir = "{mnist_dir}"')
+            'dir = "../../../data/mnist"', f'dir = "{mnist_dir}"')
         spec = tmp_path / "allowlist.toml"
         spec.write_text(text + f'\n[admission]\nmode = "allowlist"\npeers = ["{ids[1]}"]\n')
         submitted = cli(s.state_dir(0), "submit", str(spec), "--members", "3")

@@ -22,7 +22,7 @@ import pytest
 from arceusd.swarm import LocalSwarm
 from tests.harness import wait_for
 
-SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
+SHARED = Path(__file__).resolve().parents[2] / "data"
 pytestmark = [pytest.mark.slow]
 
 TRAINING = """

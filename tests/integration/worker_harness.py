@@ -45,7 +45,7 @@ from arceusd.worker.protocol import (
 from arceusd.worker.tensor_parallel import TPSplit, gather_tensor
 
 ROOT = Path(__file__).resolve().parents[2]
-DATA = ROOT.parent / "shared" / "data"
+DATA = ROOT / "data"
 MNIST_DIR = DATA / "mnist"
 SHAKESPEARE = DATA / "tinyshakespeare" / "input.txt"
 

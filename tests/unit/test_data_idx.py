@@ -13,13 +13,11 @@ import torch
 from arceusd.data.errors import DataError, IdxFormatError
 from arceusd.data.idx import read_idx, read_idx_header
 
-DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
+DATA = Path(__file__).resolve().parents[2] / "data"
 IMAGES = DATA / "mnist" / "t10k-images-idx3-ubyte.gz"
 LABELS = DATA / "mnist" / "t10k-labels-idx1-ubyte.gz"
-needs_data = pytest.mark.skipif(not IMAGES.is_file(), reason=f"shared data set missing at {DATA}")
 
 
-@needs_data
 def test_real_images_shape_and_bytes_match_the_raw_file() -> None:
     raw = gzip.decompress(IMAGES.read_bytes())
     images = read_idx(IMAGES, expect_magic=2051)
@@ -32,7 +30,6 @@ def test_real_images_shape_and_bytes_match_the_raw_file() -> None:
     assert int(flat.sum(dtype=torch.int64)) == sum(payload)
 
 
-@needs_data
 def test_real_labels_match_the_raw_file() -> None:
     raw = gzip.decompress(LABELS.read_bytes())
     labels = read_idx(LABELS, expect_magic=2049)
@@ -43,7 +40,6 @@ def test_real_labels_match_the_raw_file() -> None:
     assert torch.bincount(labels.to(torch.int64), minlength=10).tolist() == [counts[c] for c in range(10)]
 
 
-@needs_data
 def test_plain_and_gzip_read_the_same(tmp_path: Path) -> None:
     plain = tmp_path / "labels-no-extension"
     plain.write_bytes(gzip.decompress(LABELS.read_bytes()))
@@ -100,7 +96,6 @@ def test_declared_size_over_limit_is_refused_before_reading(tmp_path: Path) -> N
         read_idx(p, max_bytes=1_000_000)
 
 
-@needs_data
 def test_corrupt_gzip_stream(tmp_path: Path) -> None:
     cut = tmp_path / "cut.gz"
     cut.write_bytes(LABELS.read_bytes()[:2000])
@@ -114,7 +109,6 @@ def test_corrupt_gzip_stream(tmp_path: Path) -> None:
         read_idx(bad)
 
 
-@needs_data
 def test_wrong_kind_of_file_is_named() -> None:
     with pytest.raises(IdxFormatError, match="IDX magic is 2049, expected 2051"):
         read_idx(LABELS, expect_magic=2051)

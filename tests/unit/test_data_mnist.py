@@ -14,9 +14,8 @@ from arceusd.data.errors import DataError
 from arceusd.data.idx import read_idx
 from arceusd.data.mnist import find_mnist_files, load_mnist, read_mnist_info, split_order
 
-DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
+DATA = Path(__file__).resolve().parents[2] / "data"
 MNIST = DATA / "mnist"
-pytestmark = pytest.mark.skipif(not MNIST.is_dir(), reason=f"shared data set missing at {DATA}")
 
 
 def test_file_order_split_normalised_and_flattened() -> None:

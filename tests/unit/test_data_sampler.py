@@ -26,7 +26,7 @@ from arceusd.data.sampler import (
 )
 from arceusd.data.text import CharVocab, TextData, load_text
 
-DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
+DATA = Path(__file__).resolve().parents[2] / "data"
 
 
 def _uninterrupted(sampler: Sampler, total: int) -> list[list[int]]:
@@ -186,7 +186,6 @@ def test_text_batches_windows_eval_and_resume() -> None:
         TextBatches(TextData(vocab, ids[:800], ids[800:805]), block_size=12, batch_size=4, seed=0)
 
 
-@pytest.mark.skipif(not (DATA / "tinyshakespeare" / "input.txt").is_file(), reason="shared data set missing")
 def test_text_batches_on_tiny_shakespeare() -> None:
     d = load_text(DATA / "tinyshakespeare" / "input.txt")
     src = TextBatches(d, block_size=64, batch_size=12, seed=0)

@@ -12,12 +12,10 @@ from hypothesis import strategies as st
 from arceusd.data.errors import DataError
 from arceusd.data.text import CharVocab, context_windows, load_text, read_text, split_point, window_count
 
-DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
+DATA = Path(__file__).resolve().parents[2] / "data"
 SHAKESPEARE = DATA / "tinyshakespeare" / "input.txt"
-needs_data = pytest.mark.skipif(not SHAKESPEARE.is_file(), reason=f"shared data set missing at {DATA}")
 
 
-@needs_data
 def test_tiny_shakespeare_vocabulary_and_split() -> None:
     text = SHAKESPEARE.read_text(encoding="utf-8")
     d = load_text(SHAKESPEARE, val_fraction=0.1)

@@ -27,9 +27,8 @@ from arceusd.models.config import GPTConfig, MLPConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
-DATA = (ROOT / ".." / "shared" / "data").resolve()
+DATA = (ROOT / "data").resolve()
 SHAKESPEARE = DATA / "tinyshakespeare" / "input.txt"
-pytestmark = pytest.mark.skipif(not DATA.is_dir(), reason=f"shared data set missing at {DATA}")
 
 
 def mnist_doc() -> dict[str, Any]:

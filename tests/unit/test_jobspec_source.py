@@ -16,8 +16,7 @@ from arceusd.jobs.spec import load_spec, spec_from_dict, to_dict
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
-DATA = (ROOT / ".." / "shared" / "data").resolve()
-pytestmark = pytest.mark.skipif(not DATA.is_dir(), reason=f"shared data set missing at {DATA}")
+DATA = (ROOT / "data").resolve()
 
 
 def test_mnist_example_source() -> None:

@@ -21,7 +21,7 @@ from arceusd.jobs.standby import (
     offers_to_wire,
 )
 
-SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
+SHARED = Path(__file__).resolve().parents[2] / "data"
 TEXT = SHARED / "tinyshakespeare" / "input.txt"
 
 
