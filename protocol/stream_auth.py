@@ -255,6 +255,27 @@ class FrameOpener:
             raise RemoteProtocolError("malformed_frame", "bytes after the frame's tag")
         return result
 
+    def frame_length(self, message: memoryview, offset: int) -> int | None:
+        """The wire length of the frame that starts at ``offset`` (prefix, header, payload and tag), or None
+        when fewer bytes than its prefix are there. The announced lengths are checked against the limits
+        first (RemoteProtocolError ``frame_too_large``, and the opener stays failed), so a transport that
+        reassembles a frame from several messages never allocates more than the limits allow."""
+        if self.failed:
+            raise RemoteProtocolError(
+                "bad_mac", "the stream already failed authentication; it must be closed"
+            )
+        if message.nbytes - offset < FRAME_PREFIX.size:
+            return None
+        _, header_len, payload_len = FRAME_PREFIX.unpack_from(message, offset)
+        if header_len > self._limits.max_header or payload_len > self._limits.max_payload:
+            self.failed = True
+            raise RemoteProtocolError(
+                "frame_too_large",
+                f"frame announces a {header_len}-byte header and {payload_len}-byte payload, over the limits "
+                f"({self._limits.max_header}, {self._limits.max_payload})",
+            )
+        return int(FRAME_PREFIX.size + header_len + payload_len + TAG_BYTES)
+
     def open_next(self, message: memoryview, offset: int) -> tuple[Frame, int]:
         """Check the frame that starts at ``offset`` of ``message`` (several may share one message).
 

@@ -2,9 +2,17 @@
 
 Design (measured: sync grpcio in threads bridged to trio moves 1.5-1.8 GB/s of 4 MiB messages on loopback):
 
-* One ``grpc.server`` per transport with a ``ThreadPoolExecutor`` of ``max_streams + unary_workers`` threads
-  and ``maximum_concurrent_rpcs`` equal to it (a stream holds a server thread for its lifetime, so an RPC
-  beyond that is refused with RESOURCE_EXHAUSTED instead of queueing forever).
+* One ``grpc.server`` per transport with a ``ThreadPoolExecutor`` of ``max_streams + max_calls + 4``
+  threads and ``maximum_concurrent_rpcs`` equal to it (a stream holds a server thread for its lifetime, so an
+  RPC beyond that is refused with RESOURCE_EXHAUSTED instead of queueing forever). Inside that, streams and
+  unary calls have their own slots, bounded per source and rate-limited (:mod:`arceusd.transport.admission`):
+  a stream over its share is refused before it holds a thread, so streams can never starve calls, and a
+  stream whose handshake does not progress is cut after ``accept_timeout`` (2 s).
+* Message size: every wire message, both ends, is capped at ``TransportConfig.max_message``, the size of one
+  signed control message (4 MiB + 64 KiB). gRPC refuses a larger unary call before buffering it (measured: 40
+  concurrent 60 MB calls held the server at +19 MB instead of +820 MB), so a stranger cannot make us buffer
+  a stream frame's worth per call. A stream frame larger than that leaves in several messages and is
+  reassembled by :class:`~arceusd.transport.stream.Stream` against the stream's own frame limits.
 * Generic bytes handlers (``grpc.method_handlers_generic_handler``, serializers ``None``): no protoc step.
   Service ``arceus.v1.Peer``: unary ``Call`` (control messages; their authenticity is the signed envelope's
   job) and bidirectional ``Stream`` (tensors; authenticated here by :mod:`protocol.stream_auth`).
@@ -15,7 +23,7 @@ Design (measured: sync grpcio in threads bridged to trio moves 1.5-1.8 GB/s of 4
   control). Server handlers run as trio tasks in the transport's nursery. Unary client calls use
   ``future()`` with a done-callback that wakes trio (no thread per call); a cancelled trio task cancels the
   gRPC call, and a cancelled/expired gRPC call cancels the trio handler's scope.
-* Options on both ends: message limits raised to the configured frame size, ``grpc.so_reuseport`` off (two
+* Options on both ends: message limits at ``max_message``, ``grpc.so_reuseport`` off (two
   daemons must not share a port silently), proxies off (loopback and LAN peers only).
 
 Addresses are ``"host:port"`` strings. One channel (one HTTP/2 connection) per address is cached and shared by
@@ -25,6 +33,7 @@ its calls and streams.
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -34,6 +43,7 @@ from typing import Any
 import grpc
 import trio
 
+from arceusd.transport.admission import Admission, host_of
 from arceusd.transport.queue import Aborted, FrameQueue
 from arceusd.transport.stream import (
     Stream,
@@ -130,18 +140,35 @@ class _GrpcConduit:
         self._cancel()
 
 
-def _outgoing(outbox: FrameQueue, context: grpc.ServicerContext | None) -> Iterator[bytes]:
-    """The generator grpc iterates in its own thread to send our messages (small frames batched)."""
+def _outgoing(outbox: FrameQueue, context: grpc.ServicerContext | None, limit: int) -> Iterator[bytes]:
+    """The generator grpc iterates in its own thread to send our messages (small frames batched, a frame
+    over ``limit`` bytes split into messages of at most ``limit``)."""
     while True:
         batch = outbox.get_batch_blocking(_SMALL_FRAME, _MAX_BATCH)
         if isinstance(batch, list):
-            yield batch[0] if len(batch) == 1 else b"".join(batch)
+            message = batch[0] if len(batch) == 1 else b"".join(batch)
+            if len(message) <= limit:
+                yield message
+            else:
+                view = memoryview(message)
+                for start in range(0, len(message), limit):
+                    yield bytes(view[start : start + limit])
         elif isinstance(batch, Aborted):
             if context is not None:
                 context.abort(grpc.StatusCode.ABORTED, batch.details)
             return
         else:
             return
+
+
+class _StreamSlot:
+    """One server stream's admission state (shared by grpc's thread and the trio task; under the lock)."""
+
+    def __init__(self, host: str) -> None:
+        self.host = host
+        self.peer_id = ""
+        self.pending = True
+        self.released = False
 
 
 class GrpcTransport:
@@ -169,6 +196,19 @@ class GrpcTransport:
         self._channels: dict[str, grpc.Channel] = {}
         self._live_scopes: set[trio.CancelScope] = set()
         self._closing = False
+        self._lock = threading.Lock()  # guards admission and the counters, touched from grpc's threads
+        self.admission = Admission(config.admission)
+
+    def counters(self) -> dict[str, Any]:
+        """Refused peers and frames by reason, our failed outgoing calls by code, and the slots in use."""
+        with self._lock:
+            return {"rejected": dict(self.rejected), "failures": dict(self.failures),
+                    **self.admission.snapshot()}  # fmt: skip
+
+    def _refuse(self, context: grpc.ServicerContext, reason: str) -> None:
+        with self._lock:
+            self.rejected[reason] += 1
+        context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{reason}: too many calls or streams from you now")
 
     @property
     def address(self) -> str:
@@ -228,7 +268,7 @@ class GrpcTransport:
         outbox = FrameQueue(self.config.queue_frames, self._token)
         inbox = FrameQueue(self.config.queue_frames, self._token)
         reader_done = trio.Event()
-        call = stub(_outgoing(outbox, None))
+        call = stub(_outgoing(outbox, None, self.config.max_message))
         conduit = _GrpcConduit(outbox, inbox, reader_done, call.cancel)
         threading.Thread(
             target=_pump,
@@ -263,6 +303,18 @@ class GrpcTransport:
     # ------------------------------------------------------------------ server side (grpc threads)
 
     def _unary_rpc(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+        host = host_of(context.peer())
+        with self._lock:
+            refused = self.admission.admit_call(host, time.monotonic())
+        if refused is not None:
+            self._refuse(context, refused)
+        try:
+            return self._serve_unary_in_thread(request, context)
+        finally:
+            with self._lock:
+                self.admission.release_call(host)
+
+    def _serve_unary_in_thread(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         scope = trio.CancelScope()
         token = self._token
 
@@ -274,7 +326,8 @@ class GrpcTransport:
         try:
             result = trio.from_thread.run(self._serve_unary, request, scope, trio_token=token)
         except RemoteProtocolError as exc:
-            self.rejected[exc.reason] += 1
+            with self._lock:
+                self.rejected[exc.reason] += 1
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{exc.reason}: {exc.message}")
         except (trio.RunFinishedError, trio.Cancelled):
             context.abort(grpc.StatusCode.UNAVAILABLE, "the peer is shutting down")
@@ -293,6 +346,25 @@ class GrpcTransport:
             self._live_scopes.discard(scope)
 
     def _stream_rpc(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
+        host = host_of(context.peer())
+        with self._lock:
+            refused = self.admission.admit_stream(host, time.monotonic())
+        if refused is not None:
+            self._refuse(context, refused)
+        slot = _StreamSlot(host)
+
+        def release() -> None:
+            with self._lock:
+                if not slot.released:
+                    slot.released = True
+                    self.admission.release_stream(host, slot.peer_id, pending=slot.pending)
+
+        context.add_callback(release)
+        return self._stream_messages(requests, context, slot)
+
+    def _stream_messages(
+        self, requests: Iterator[bytes], context: grpc.ServicerContext, slot: _StreamSlot
+    ) -> Iterator[bytes]:
         token = self._token
         outbox = FrameQueue(self.config.queue_frames, token)
         inbox = FrameQueue(self.config.queue_frames, token)
@@ -315,17 +387,30 @@ class GrpcTransport:
         ).start()
         try:
             trio.from_thread.run_sync(
-                self._nursery.start_soon, self._serve_stream, conduit, scope, trio_token=token
+                self._nursery.start_soon, self._serve_stream, conduit, scope, slot, trio_token=token
             )
         except trio.RunFinishedError:
             context.abort(grpc.StatusCode.UNAVAILABLE, "the peer is shutting down")
         try:
-            yield from _outgoing(outbox, context)
+            yield from _outgoing(outbox, context, self.config.max_message)
         finally:
             with suppress(trio.RunFinishedError):
                 token.run_sync_soon(generator_done.set)
 
-    async def _serve_stream(self, conduit: _GrpcConduit, scope: trio.CancelScope) -> None:
+    def _handshake_done(self, slot: _StreamSlot, peer_id: str) -> str | None:
+        """Move the stream's slot from 'in its handshake' to the proven peer (refused over its share)."""
+        with self._lock:
+            if slot.released or not slot.pending:
+                return None
+            slot.pending = False
+            refused = self.admission.handshake_done(slot.host, peer_id)
+            if refused is None:
+                slot.peer_id = peer_id
+            else:
+                self.rejected[refused] += 1
+            return refused
+
+    async def _serve_stream(self, conduit: _GrpcConduit, scope: trio.CancelScope, slot: _StreamSlot) -> None:
         self._live_scopes.add(scope)
         try:
             with scope:
@@ -334,7 +419,11 @@ class GrpcTransport:
                         conduit, self.identity, config=self.config, rejected=self.rejected
                     )
                 except (RemoteProtocolError, TransportError):
+                    self._handshake_done(slot, "")
                     return  # counted in rejected (protocol) or the client went away: nothing to serve
+                if self._handshake_done(slot, stream.peer_id) is not None:
+                    conduit.abort("too many streams from this peer")
+                    return
                 # A protocol error is counted by the stream and the connection is cut by aclose.
                 async with stream:
                     with suppress(RemoteProtocolError, TransportError):
@@ -376,7 +465,7 @@ async def open_transport(
     Error handling: raises OSError when the address cannot be bound. On exit every call and stream is cut.
     """
     config = config or TransportConfig()
-    workers = config.max_streams + config.unary_workers
+    workers = config.admission.max_streams + config.admission.max_calls + 4
     executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="arceus-grpc")
     server = grpc.server(executor, options=_options(config), maximum_concurrent_rpcs=workers)
     async with trio.open_nursery() as nursery:

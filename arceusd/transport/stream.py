@@ -27,8 +27,13 @@ from typing import NoReturn, Protocol
 
 import trio
 
+from arceusd.transport.admission import AdmissionConfig
 from protocol import stream_auth as sa
 from protocol.errors import RemoteProtocolError
+from protocol.limits import MAX_MESSAGE_SIZE
+
+#: A signed control message's largest wire size: the biggest message plus room for its envelope.
+MAX_CONTROL_MESSAGE = MAX_MESSAGE_SIZE + 64 * 1024
 
 
 class TransportError(Exception):
@@ -54,25 +59,25 @@ class TransportConfig:
     """Limits and sizes of a transport (the same values should be used on every peer)."""
 
     limits: sa.Limits = field(default_factory=sa.Limits)
-    #: Streams a server keeps open at once (each holds one gRPC server thread); more are refused.
-    max_streams: int = 32
-    #: Server threads for unary calls, on top of the stream threads.
-    unary_workers: int = 8
+    #: Slots and rate limits of the server side (streams apart from unary calls; per source; per peer).
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     #: Frames queued per direction before ``send`` waits (back-pressure).
     queue_frames: int = 4
-    #: Seconds the whole handshake may take.
+    #: Seconds the whole handshake may take on the client side.
     handshake_timeout: float = 10.0
+    #: Seconds the server waits for each step of a client's handshake (its Hello, then its Finish): a stream
+    #: that does not progress is closed, and its slot freed, this soon.
+    accept_timeout: float = 2.0
     #: Seconds ``aclose`` waits for the peer to finish after our CLOSE frame before cutting the call.
     close_linger: float = 5.0
     max_skew_ms: int = sa.DEFAULT_MAX_SKEW_MS
     clock_ms: Callable[[], int] = wall_clock_ms
     random_bytes: Callable[[int], bytes] = os.urandom
-
-    @property
-    def max_message(self) -> int:
-        """The gRPC message limit this config needs (largest frame plus slack), for both ends."""
-        return self.limits.max_frame + 4096
-
+    #: The largest wire message (a unary call, or one message of a stream), both ends. A unary call carries
+    #: one signed control message (at most ``protocol.limits.MAX_MESSAGE_SIZE`` plus its envelope); a stream
+    #: frame larger than this travels in several messages and is reassembled (see :class:`Stream`), so a
+    #: stream's frame limit never raises what an unauthenticated call may make us buffer.
+    max_message: int = MAX_CONTROL_MESSAGE
 
 class Conduit(Protocol):
     """A bidirectional pipe of whole messages (trio side). Implemented for gRPC and in memory."""
@@ -121,6 +126,9 @@ class Stream:
         # The message being read (it may hold several batched frames) and where its next frame starts.
         self._pending = memoryview(pending)
         self._offset = 0
+        # A frame that spans several wire messages, while it is being put together, and its bytes so far.
+        self._assembly: bytearray | None = None
+        self._filled = 0
         self.peer_id = session.peer_id
         self.peer_public_key = session.peer_public_key
         self.purpose = session.purpose
@@ -156,22 +164,60 @@ class Stream:
         async with self._receive_lock:
             if self._peer_closed:
                 raise trio.EndOfChannel
-            if self._offset >= self._pending.nbytes:
-                try:
-                    message = await self._conduit.receive()
-                except trio.EndOfChannel:
-                    self._reject(
-                        RemoteProtocolError("truncated", "the peer ended the stream without its CLOSE frame")
-                    )
-                self._pending, self._offset = memoryview(message), 0
             try:
-                frame, self._offset = self._session.opener.open_next(self._pending, self._offset)
+                view, start = await self._next_frame()
+                frame, end = self._session.opener.open_next(view, start)
             except RemoteProtocolError as exc:
                 self._reject(exc)
+            if view is self._pending:
+                self._offset = end
             if frame.kind == sa.FRAME_CLOSE:
                 self._peer_closed = True
                 raise trio.EndOfChannel
             return frame.header, frame.payload
+
+    async def _message(self) -> memoryview:
+        try:
+            return memoryview(await self._conduit.receive())
+        except trio.EndOfChannel:
+            raise RemoteProtocolError(
+                "truncated", "the peer ended the stream without its CLOSE frame"
+            ) from None
+
+    async def _next_frame(self) -> tuple[memoryview, int]:
+        """A buffer and the offset of the next whole frame in it.
+
+        Usually that is the current message (several small frames may share one). A frame larger than one
+        wire message arrives in several: its length is read from its prefix and checked against the limits
+        (the opener refuses ``frame_too_large`` before anything is allocated), then the pieces are copied
+        into one buffer of exactly that size; what follows the frame in the last piece stays pending. The
+        partial frame is kept on the stream, so a cancelled ``receive`` loses nothing.
+        """
+        opener = self._session.opener
+        while self._assembly is None:
+            if self._offset >= self._pending.nbytes:
+                self._pending, self._offset = await self._message(), 0
+            have = self._pending.nbytes - self._offset
+            need = opener.frame_length(self._pending, self._offset)
+            if need is not None and need <= have:
+                return self._pending, self._offset
+            if need is None:  # fewer bytes than a frame prefix (a peer that splits frames oddly): join
+                head = bytes(self._pending[self._offset :]) + bytes(await self._message())
+                self._pending, self._offset = memoryview(head), 0
+                continue
+            self._assembly = bytearray(need)
+            self._assembly[:have] = self._pending[self._offset :]
+            self._filled = have
+            self._pending, self._offset = memoryview(b""), 0
+        buffer = self._assembly
+        while self._filled < len(buffer):
+            message = await self._message()
+            take = min(message.nbytes, len(buffer) - self._filled)
+            buffer[self._filled : self._filled + take] = message[:take]
+            self._filled += take
+            self._pending, self._offset = message[take:], 0
+        self._assembly = None
+        return memoryview(buffer), 0
 
     def _reject(self, exc: RemoteProtocolError) -> NoReturn:
         self._rejected[exc.reason] += 1
@@ -276,28 +322,34 @@ async def client_handshake(
 async def server_handshake(
     conduit: Conduit, signer: sa.Signer, *, config: TransportConfig, rejected: Counter[str]
 ) -> Stream:
-    """Run the server side of the handshake; raises (and aborts the conduit) when the client fails it."""
+    """Run the server side of the handshake; raises (and aborts the conduit) when the client fails it.
+
+    Each step must progress within ``config.accept_timeout`` (the Hello after the call arrived, the Finish
+    after our Ack), so a silent stream gives its slot back within seconds.
+    """
     try:
-        with trio.fail_after(config.handshake_timeout):
+        with trio.fail_after(config.accept_timeout):
             hello = await _receive_raw(conduit, "Hello")
-            try:
-                hs = sa.ServerHandshake(
-                    signer,
-                    hello,
-                    now_ms=config.clock_ms(),
-                    random_bytes=config.random_bytes,
-                    limits=config.limits,
-                    max_skew_ms=config.max_skew_ms,
-                )
+        try:
+            hs = sa.ServerHandshake(
+                signer,
+                hello,
+                now_ms=config.clock_ms(),
+                random_bytes=config.random_bytes,
+                limits=config.limits,
+                max_skew_ms=config.max_skew_ms,
+            )
+            with trio.fail_after(config.accept_timeout):
                 await _send_raw(conduit, hs.ack)
                 # The client may batch its first frames behind the Finish in one message.
                 message = await _receive_raw(conduit, "Finish")
-                session = hs.receive_finish(message[: sa.FINISH_BYTES])
-            except RemoteProtocolError as exc:
-                rejected[exc.reason] += 1
-                raise
-            return Stream(conduit, session, rejected, config, pending=message[sa.FINISH_BYTES :])
+            session = hs.receive_finish(message[: sa.FINISH_BYTES])
+        except RemoteProtocolError as exc:
+            rejected[exc.reason] += 1
+            raise
+        return Stream(conduit, session, rejected, config, pending=message[sa.FINISH_BYTES :])
     except trio.TooSlowError:
+        rejected["handshake_timeout"] += 1
         conduit.abort("handshake timed out")
         raise TransportError("deadline_exceeded", "the client did not finish the handshake in time") from None
     except BaseException as exc:

@@ -6,8 +6,9 @@ import functools
 import hashlib
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -96,8 +97,13 @@ async def test_unary_round_trip_and_refusal(pair: Opener) -> None:
     async with pair() as (server, client, _):
         assert server.port > 0
         assert await client.call(server.address, b"hello", 5) == b"echo:hello"
-        big = bytes(range(256)) * (8 * 1024 * 1024 // 256)  # 8 MiB: over grpc's 4 MiB default
+        # A unary call carries one control message: up to max_message (4 MiB + 64 KiB) it passes, beyond
+        # that it is refused (a stream's frame limit does not apply to calls).
+        big = bytes(range(256)) * (server.config.max_message // 256 - 1)
         assert await client.call(server.address, big, 20) == b"echo:" + big
+        with pytest.raises(TransportError) as err:
+            await client.call(server.address, bytes(server.config.max_message + 1), 20)
+        assert err.value.code == "resource_exhausted"
         with pytest.raises(TransportError) as err:
             await client.call(server.address, b"bad", 5)
         assert err.value.code == "invalid_argument"
@@ -113,7 +119,7 @@ async def test_stream_round_trip(pair: Opener) -> None:
         ) as s:
             assert s.peer_id == server_id.peer_id
             payloads = [bytes([i]) * (i * 1000 + 1) for i in range(20)]
-            big = memoryview(bytearray(range(256)) * (5 * 1024 * 1024 // 256))
+            big = memoryview(bytearray(range(256)) * (13 * 1024 * 1024 // 256))  # 4 wire messages
 
             async def sender() -> None:
                 # Sending and receiving concurrently: with bounded queues a peer that echoes while we only
@@ -268,3 +274,50 @@ def test_two_processes_stream_one_gib_with_matching_sha256(tmp_path: Path) -> No
     finally:
         receiver.kill()
         receiver.wait(timeout=10)
+
+
+@trio_test
+async def test_silent_streams_cannot_take_call_slots_grpc() -> None:
+    """48 raw gRPC streams that never send a byte (more than every server slot) leave unary calls working;
+    the server cuts each within accept_timeout and gives its slot back, counting why."""
+    import grpc
+
+    from arceusd.transport import STREAM_METHOD
+
+    config = TransportConfig(accept_timeout=1.0)
+    async with grpc_pair(config) as (server, client, _):
+        channels = [grpc.insecure_channel(server.address) for _ in range(6)]
+        calls = []
+        stop = threading.Event()
+        try:
+            for i in range(48):
+                stub = channels[i % len(channels)].stream_stream(STREAM_METHOD)
+                calls.append(stub(_silent(stop), timeout=30))
+            await trio.sleep(0.5)
+            for _ in range(20):  # every call answers while the streams sit there
+                with trio.fail_after(1):
+                    assert await client.call(server.address, b"x", 5) == b"echo:x"
+            counters = server.counters()
+            assert counters["streams"] <= server.config.admission.max_pending_per_host
+            assert counters["rejected"].get("host_handshakes_full", 0) >= 48 - 8
+            with trio.fail_after(5):
+                while server.counters()["streams"] > 0:
+                    await trio.sleep(0.05)
+            assert server.rejected["handshake_timeout"] >= 1
+            # A real stream works again once the silent ones are gone.
+            async with client.open_stream(server.address, b"p") as s:
+                await s.send(b"h", b"after")
+                _, payload = await s.receive()
+                assert bytes(payload) == b"after"
+        finally:
+            stop.set()
+            for call in calls:
+                call.cancel()
+            for channel in channels:
+                channel.close()
+
+
+def _silent(stop: threading.Event) -> Iterator[bytes]:
+    """A request iterator that sends nothing until ``stop`` is set."""
+    stop.wait(30)
+    yield from ()
