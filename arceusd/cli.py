@@ -22,6 +22,7 @@ from arceusd.config import ConfigError, DaemonConfig, load_config
 from arceusd.control import ControlError, NoDaemon, call
 from arceusd.identity import IdentityError, load_or_create_identity
 from arceusd.paths import StatePaths, default_state_dir
+from arceusd.text_safety import safe_text, safe_tree
 
 EXIT_NO_DAEMON = 3
 
@@ -254,7 +255,7 @@ def status(obj: Context, job: str | None, as_json: bool, watch: bool, interval: 
                 else:
                     if watch:
                         click.clear()
-                    click.echo(render_job(result))
+                    click.echo(render_job(safe_tree(result)))
                 if not watch or result["state"] in ("done", "failed", "cancelled"):
                     return
                 time.sleep(interval)
@@ -264,6 +265,7 @@ def status(obj: Context, job: str | None, as_json: bool, watch: bool, interval: 
     if as_json:
         click.echo(json.dumps(result, indent=2, sort_keys=True))
         return
+    result = safe_tree(result)  # every string a peer may have chosen, escaped for the terminal
     click.echo(f"arceusd {result['version']}  peer {result['peer_id']}  (fingerprint {result['fingerprint']})")
     click.echo(f"  up {_fmt_duration(result['uptime_s'])}, pid {result['pid']}, preset {result['preset']}")
     click.echo(f"  state  {result['state_dir']}")
@@ -289,7 +291,7 @@ def _echo_list(result: list[dict[str, Any]], as_json: bool, line: Any, empty: st
         return
     if not result:
         click.echo(empty)
-    for item in result:
+    for item in safe_tree(result):  # remote strings (device, names, addresses) escaped for the terminal
         click.echo(line(item))
 
 
@@ -407,8 +409,8 @@ def logs(obj: Context, lines: int, follow: bool) -> None:
         raise click.ClickException(
             f"no log file at {path} (a --foreground daemon logs to its terminal; the service and --detach log here)"
         )
-    for line in tail(path, lines):
-        click.echo(line)
+    for line in tail(path, lines):  # log lines quote remote strings (job names, reasons): escaped
+        click.echo(safe_text(line, None))
     if follow:
         with path.open("r", encoding="utf-8", errors="replace") as fh:
             fh.seek(0, os.SEEK_END)
@@ -416,7 +418,7 @@ def logs(obj: Context, lines: int, follow: bool) -> None:
                 while True:
                     line = fh.readline()
                     if line:
-                        click.echo(line.rstrip("\n"))
+                        click.echo(safe_text(line.rstrip("\n"), None))
                     else:
                         time.sleep(0.25)
             except KeyboardInterrupt:

@@ -92,6 +92,7 @@ async def _run_network(
     node.addresses["peer"] = address
     node.sections["peers"] = peers.peers
     node.sections["membership"] = peers.counters
+    node.sections["transport"] = transport.counters  # refused calls/streams/frames by reason, slots in use
     discovery_status = DiscoveryStatus()
     node.sections["discovery"] = discovery_status.summary
 

@@ -54,6 +54,7 @@ from typing import Any
 
 import trio
 
+from arceusd.announce_guard import AnnounceGuard
 from arceusd.control import RequestError
 from arceusd.jobs import leadership
 from arceusd.jobs.control_methods import ControlMethods
@@ -109,6 +110,7 @@ class JobManager(ControlMethods, LocalWorker, StandbySyncing):
         super().__init__(node, peers)
         self._ready = trio.Event()  # set once the job modules are imported and owned jobs restored
         self._links: dict[str, tuple[float, Any]] = {}  # peer -> (when measured, partitioner Link)
+        self.announced = AnnounceGuard()  # bounds and validates what strangers announce
 
     @staticmethod
     def _preload() -> None:
@@ -196,6 +198,7 @@ class JobManager(ControlMethods, LocalWorker, StandbySyncing):
             "job": gate(self._m_job), "cancel": gate(self._m_cancel), "leave": gate(self._m_leave),
         })  # fmt: skip
         self.node.sections["jobs"] = lambda: [j.summary() for j in self.jobs.values()]
+        self.node.sections["announcements"] = self.announced.summary
         self.node.shutdown_hooks.append(self._stop_all_workers)
         try:
             async with trio.open_nursery() as nursery:
@@ -587,8 +590,11 @@ class JobManager(ControlMethods, LocalWorker, StandbySyncing):
 
     # ---------------------------------------------------------------------------------------------- member
     async def _on_announce(self, header: Header, msg: JobAnnounce) -> JobAck:
-        from arceusd.jobs.spec import JobSpecError, spec_from_dict
+        from arceusd.jobs.spec import JobSpecError, spec_from_dict, spec_hash
 
+        refused = self.announced.admit(header.sender, msg, known=msg.job_id in self.jobs, now=time.monotonic())
+        if refused is not None:
+            return JobAck(False, refused)
         if header.sender != msg.owner:
             return JobAck(False, "an announcement must come from the job's owner")
         known = self.jobs.get(msg.job_id)
@@ -602,12 +608,18 @@ class JobManager(ControlMethods, LocalWorker, StandbySyncing):
             spec = spec_from_dict(json.loads(msg.spec))
         except (JobSpecError, ValueError) as exc:
             log.warning("ignoring job %s: bad spec: %s", msg.job_id, exc)
-            return JobAck(False, "bad spec")
+            return JobAck(False, self.announced.refuse("bad_spec"))
+        if spec_hash(spec) != msg.spec_hash.hex():
+            return JobAck(False, self.announced.refuse("spec_hash_mismatch"))
         member = self.peers.membership.members.get(msg.owner)
         owner_address = member.address if member is not None else ""
         job = Job(msg.job_id, spec, msg.spec, msg.spec_hash.hex(), msg.owner, owner_address, "seen",
                   self.root / msg.job_id, state="announced", total_steps=spec.training.steps)  # fmt: skip
         self.jobs[msg.job_id] = job
+        for old in self.announced.added(msg.job_id, msg.owner):
+            stale = self.jobs.get(old)
+            if stale is not None and stale.role == "seen" and stale.state == "announced":
+                del self.jobs[old]
         log.info("job %s (%s) announced by %s", msg.job_id, spec.name, msg.owner[:12])
         if self.node.config.auto_join:
             self._spawn(self._auto_join, job)
