@@ -1,0 +1,13 @@
+"""The marketplace: what a device-hour costs, when a device lends, which jobs it qualifies for, and the
+signed record of who worked for whom.
+
+Modules, one concern each:
+- ``pricing``: price per device-hour from measured FLOP/s and demand; the cloud price table and comparison.
+- ``policy``: the device owner's terms (``[policy]`` in config.toml) and their pure evaluation.
+- ``probes``: what the machine says now (idle time, power, battery, the owner's CPU use), read from /proc,
+  /sys, loginctl, pmset and ioreg output; a folder with the same files stands in for the machine in tests.
+- ``needs``: what a job asks of its devices (the spec's ``[needs]``) and the pure match against an offer.
+- ``quote``: the estimate for a job (time, cost, the cloud's cost for the same FLOPs).
+- ``receipts``: signed per-device receipts for committed work, bounded by the plan.
+- ``ledger``: the append-only, hash-chained file of receipts in the state directory.
+"""
