@@ -440,3 +440,8 @@ def demo(size: int, root: Path | None, steps: int) -> None:
 
 def main() -> None:
     cli(prog_name="arceusd")
+
+
+from arceusd.market.commands import register as _register_market  # noqa: E402  (its commands use Context)
+
+_register_market(cli)

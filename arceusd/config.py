@@ -100,7 +100,10 @@ _FILE_KEYS: dict[str, type | tuple[type, ...]] = {
     "worker_cpus": (str, list),
     "auto_join": bool,
     "lend_memory_mib": int,
+    "policy": dict,
 }
+"""``[policy]`` is the device owner's lending policy, read by ``arceusd.market.policy_file``, not a daemon
+setting."""
 
 
 def _check_keys(data: dict[str, Any], source: str) -> dict[str, Any]:
@@ -130,6 +133,7 @@ def load_config(state_dir: Path, overrides: dict[str, Any] | None = None) -> Dae
         try:
             with path.open("rb") as fh:
                 file_values = _check_keys(tomllib.load(fh), str(path))
+            file_values.pop("policy", None)
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{path} is not valid TOML: {exc}") from None
         except OSError as exc:

@@ -1,0 +1,180 @@
+"""The device owner's terms (``[policy]`` in config.toml) and their pure evaluation.
+
+Owns: :class:`Policy` (when to lend, caps, the lowest price accepted, which jobs), its checks, and the pure
+functions that decide from a probe :class:`~arceusd.market.probes.Snapshot`:
+- :func:`lend_reasons`: why this device should not lend right now (empty: it may);
+- :func:`evaluate`: (policy, snapshot, job, price) -> :class:`Decision` (accept, or every reason why not).
+
+The device lends while every condition holds: idle at least ``idle_minutes`` (no input), on mains power when
+``require_ac``, the battery at or above ``min_battery_percent`` (a machine without a battery passes), the
+owner's own CPU use (everything but Arceus) at most ``max_owner_cpu_percent``, and the local hour inside
+``hours`` (``[start, end)``, wrapping past midnight; empty: any hour). A condition the probes cannot see
+(``None`` in the snapshot) passes: a server with no login session and no battery is idle and on mains.
+When a condition that held stops holding while the device works for a job, the owner is back
+(:func:`owner_back`) and the device leaves its jobs.
+
+Reading and writing the ``[policy]`` table lives in ``arceusd.market.policy_file``; probing the machine in
+``arceusd.market.probes``.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import re
+from dataclasses import dataclass, field
+
+from arceusd.market.probes import Snapshot
+
+_PEER_ID = re.compile(r"^[0-9a-f]{32}$")
+
+
+class PolicyError(ValueError):
+    """A policy value is out of range; the message names the key and what is allowed."""
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The owner's terms. Zero caps mean "no cap"; an empty ``owners`` accepts every job owner."""
+
+    lend: bool = True
+    """Master switch: False lends to no job whatever else holds."""
+    idle_minutes: float = 5.0
+    require_ac: bool = True
+    min_battery_percent: float = 50.0
+    max_owner_cpu_percent: float = 25.0
+    hours: tuple[int, ...] = ()
+    """``(start, end)`` local hours, end exclusive, may wrap (``(22, 7)``); ``()`` = any hour."""
+    max_cores: int = 0
+    max_memory_mib: int = 0
+    gpu: bool = True
+    """Whether a job may use this device's GPU (CUDA/MPS)."""
+    min_price_per_hour: float = 0.0
+    owners: tuple[str, ...] = ()
+    """Peer ids of the job owners this device works for (empty: anyone)."""
+    max_model_params: int = 0
+    """The largest model (parameters) this device trains a part of (0: any)."""
+    probe_root: str = ""
+    """Read the machine from this folder instead of ``/`` (a fake /proc, /sys and command outputs; tests)."""
+
+    def __post_init__(self) -> None:
+        def bad(key: str, allowed: str, value: object) -> PolicyError:
+            return PolicyError(f"policy.{key}: {allowed}, got {value!r}")
+
+        for key in ("idle_minutes", "min_battery_percent", "max_owner_cpu_percent", "min_price_per_hour"):
+            v = getattr(self, key)
+            if not (isinstance(v, int | float) and not isinstance(v, bool)) or not math.isfinite(v) or v < 0:
+                raise bad(key, "must be a number >= 0", v)
+        if self.min_battery_percent > 100 or self.max_owner_cpu_percent > 100:
+            raise PolicyError("policy: percentages must be in 0..100")
+        if self.hours and (len(self.hours) != 2 or not all(isinstance(h, int) and 0 <= h <= 24 for h in self.hours)):
+            raise bad("hours", "must be [start, end] with hours in 0..24, or [] for any hour", list(self.hours))
+        for key in ("max_cores", "max_memory_mib", "max_model_params"):
+            v = getattr(self, key)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise bad(key, "must be an integer >= 0 (0 = no cap)", v)
+        for owner in self.owners:
+            if not isinstance(owner, str) or not _PEER_ID.match(owner):
+                raise bad("owners", "must be peer ids (32 lowercase hex characters)", owner)
+
+
+DEFAULT_POLICY = Policy()
+ANY_TIME = Policy(idle_minutes=0, require_ac=False, min_battery_percent=0, max_owner_cpu_percent=100)
+"""Lends whenever the machine is up (what ``auto_join`` did before policies)."""
+
+
+class Reason(enum.Enum):
+    """Why a device does not lend or does not take a job (the value is the short text shown to owners)."""
+
+    OFF = "lending is off (policy.lend = false)"
+    NOT_IDLE = "the owner used this machine recently"
+    ON_BATTERY = "not on mains power"
+    LOW_BATTERY = "battery below the policy's minimum"
+    OWNER_CPU = "the owner's own CPU use is above the policy's maximum"
+    HOURS = "outside the policy's hours"
+    OWNER_NOT_ALLOWED = "the job's owner is not in policy.owners"
+    MODEL_TOO_LARGE = "the model is larger than policy.max_model_params"
+    PRICE_TOO_LOW = "the job pays less than policy.min_price_per_hour"
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """One reason with the figures behind it (``detail``: "idle 40 s < 300 s")."""
+
+    reason: Reason
+    detail: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.reason.value} ({self.detail})" if self.detail else self.reason.value
+
+
+@dataclass(frozen=True)
+class JobFacts:
+    """What the policy looks at in a job: its owner, its model's size, the price it pays this device."""
+
+    owner: str
+    model_params: int
+    price_per_hour: float
+
+
+@dataclass(frozen=True)
+class Decision:
+    refusals: tuple[Refusal, ...] = field(default=())
+
+    @property
+    def accept(self) -> bool:
+        return not self.refusals
+
+    def __str__(self) -> str:
+        return "accept" if self.accept else "; ".join(str(r) for r in self.refusals)
+
+
+def in_hours(hours: tuple[int, ...], hour: int) -> bool:
+    """Whether ``hour`` (0..23) lies in ``[start, end)``; wraps past midnight; ``()`` or start == end: always."""
+    if not hours or hours[0] == hours[1]:
+        return True
+    start, end = hours
+    return start <= hour < end if start < end else (hour >= start or hour < end)
+
+
+def lend_reasons(policy: Policy, snap: Snapshot) -> tuple[Refusal, ...]:
+    """Every condition of ``policy`` the machine fails now (empty: it may lend)."""
+    out: list[Refusal] = []
+    if not policy.lend:
+        out.append(Refusal(Reason.OFF))
+    need_idle = policy.idle_minutes * 60.0
+    if snap.idle_s is not None and snap.idle_s < need_idle:
+        out.append(Refusal(Reason.NOT_IDLE, f"idle {snap.idle_s:.0f} s < {need_idle:.0f} s"))
+    if policy.require_ac and snap.on_ac is False:
+        out.append(Refusal(Reason.ON_BATTERY))
+    battery = snap.battery_percent
+    if battery is not None and snap.on_ac is not True and battery < policy.min_battery_percent:
+        out.append(Refusal(Reason.LOW_BATTERY, f"{snap.battery_percent:.0f}% < {policy.min_battery_percent:.0f}%"))
+    if snap.owner_cpu_percent is not None and snap.owner_cpu_percent > policy.max_owner_cpu_percent:
+        out.append(Refusal(Reason.OWNER_CPU, f"{snap.owner_cpu_percent:.0f}% > {policy.max_owner_cpu_percent:.0f}%"))
+    if not in_hours(policy.hours, snap.local_hour):
+        out.append(Refusal(Reason.HOURS, f"hour {snap.local_hour} not in {policy.hours[0]}-{policy.hours[1]}"))
+    return tuple(out)
+
+
+def job_reasons(policy: Policy, job: JobFacts) -> tuple[Refusal, ...]:
+    """Whether ``policy`` takes this job at all, machine state aside."""
+    out: list[Refusal] = []
+    if policy.owners and job.owner not in policy.owners:
+        out.append(Refusal(Reason.OWNER_NOT_ALLOWED, job.owner[:12]))
+    if policy.max_model_params and job.model_params > policy.max_model_params:
+        out.append(Refusal(Reason.MODEL_TOO_LARGE, f"{job.model_params:,} > {policy.max_model_params:,}"))
+    if job.price_per_hour < policy.min_price_per_hour:
+        out.append(Refusal(Reason.PRICE_TOO_LOW,
+                           f"${job.price_per_hour:.4f}/h < ${policy.min_price_per_hour:.4f}/h"))  # fmt: skip
+    return tuple(out)
+
+
+def evaluate(policy: Policy, snap: Snapshot, job: JobFacts) -> Decision:
+    """Accept, or every reason not to: the machine's state first, then the job's terms."""
+    return Decision(lend_reasons(policy, snap) + job_reasons(policy, job))
+
+
+def owner_back(policy: Policy, snap: Snapshot) -> bool:
+    """The owner needs the machine back: a lending condition (other than the price or the job) fails now."""
+    return bool(lend_reasons(policy, snap))
