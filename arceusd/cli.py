@@ -316,15 +316,20 @@ def _status_extras(result: dict[str, Any]) -> list[str]:
 @click.option("--members", type=click.IntRange(1, 256), default=1, show_default=True,
               help="Start once this many devices (this one included) have joined.")
 @click.option("--watch", is_flag=True, help="Follow the job's progress until it ends.")
+@click.option("--quote", is_flag=True, help="Print the estimate (time, cost, the cloud's cost) and announce nothing.")
 @pass_ctx
-def submit(obj: Context, spec: Path, members: int, watch: bool) -> None:
+def submit(obj: Context, spec: Path, members: int, watch: bool, quote: bool) -> None:
     """Submit the job SPEC (TOML or JSON): this device becomes its owner and announces it."""
     from arceusd.jobs.spec import JobSpecError, load_spec
 
     try:
-        load_spec(spec)  # the same checks the daemon makes, with the same messages, before anything is sent
+        parsed = load_spec(spec)  # the same checks the daemon makes, with the same messages, before anything is sent
     except JobSpecError as exc:
         raise click.ClickException(str(exc)) from None
+    if quote:
+        from arceusd.market.commands import print_quote
+
+        return print_quote(obj, parsed, members)
     result = obj.call("submit", {"spec_path": str(spec.absolute()), "min_members": members}, timeout=120.0)
     click.echo(f"submitted job {result['job_id']} ({result['name']}), spec hash {result['spec_hash'][:16]}")
     click.echo(f"  waiting for {members} member(s); follow it with `arceusd status {result['job_id'][:8]} --watch`")

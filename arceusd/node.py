@@ -31,6 +31,7 @@ class Node:
     peers: Any = None
     jobs: Any = None
     elections: Any = None
+    market: Any = None
     shutdown_hooks: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
 
     @property

@@ -17,6 +17,8 @@ Schema (TOML; JSON with the same nesting is accepted, chosen by a ``.json`` suff
               eval_iters
     [checkpoint] interval_steps, keep
     [admission]  mode = "open" | "allowlist", peers = [peer ids] (allowlist only)
+    [needs]      memory_total_mib, memory_per_device_mib, device_kinds (["cpu", "cuda", "mps"]), min_members,
+                 max_members, deadline_hours, max_price_per_hour, budget_usd (all optional; see NeedsSpec)
 
 Validation collects every problem and raises one :class:`JobSpecError` with one line per problem (field path,
 what was wrong, what is allowed). With ``check_files`` the data are inspected: paths resolve relative to the
@@ -51,6 +53,7 @@ from arceusd.jobs.fields import FieldReader, SpecProblem
 from arceusd.jobs.spec_types import (
     ADMISSION_MODES,
     COMPRESSIONS,
+    DEVICE_KINDS,
     LR_DECAYS,
     OPTIMIZERS,
     PRECISIONS,
@@ -61,6 +64,7 @@ from arceusd.jobs.spec_types import (
     DataSpec,
     JobSpec,
     MnistDataSpec,
+    NeedsSpec,
     TextDataSpec,
     TrainingSpec,
     resolve_path,
@@ -98,7 +102,7 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 _HEX64_RE = re.compile(r"^[0-9a-f]{64}$")
 _PEER_ID_RE = re.compile(r"^[0-9a-f]{32}$")
 
-TOP_KEYS = ("spec_version", "name", "seed", "model", "data", "training", "checkpoint", "admission")
+TOP_KEYS = ("spec_version", "name", "seed", "model", "data", "training", "checkpoint", "admission", "needs")
 MLP_KEYS = ("type", "layer_sizes")
 GPT_KEYS = ("type", "n_layer", "n_head", "n_embd", "block_size", "vocab_size", "dropout", "bias")
 MNIST_KEYS = (
@@ -121,6 +125,12 @@ TRAINING_KEYS = (
 )  # fmt: skip
 CHECKPOINT_KEYS = ("interval_steps", "keep")
 ADMISSION_KEYS = ("mode", "peers")
+NEEDS_KEYS = (
+    "memory_total_mib", "memory_per_device_mib", "device_kinds", "min_members", "max_members", "deadline_hours",
+    "max_price_per_hour", "budget_usd",
+)  # fmt: skip
+MAX_MEMORY_MIB = 1 << 30
+MAX_MEMBERS = 256
 
 
 class JobSpecError(ValueError):
@@ -225,10 +235,11 @@ class _Parser:
         training = self._training(data, model, facts)
         checkpoint = self._checkpoint()
         admission = self._admission()
+        needs = self._needs()
         model_cfg = self._cross_check(model, data, facts, training)
         if r.problems or name is None or seed is None or data is None or model_cfg is None:
             return None
-        if training is None or checkpoint is None or admission is None:
+        if training is None or checkpoint is None or admission is None or needs is None:
             return None
         data = _with_facts(data, facts)
         return JobSpec(
@@ -239,6 +250,7 @@ class _Parser:
             training=training,
             checkpoint=checkpoint,
             admission=admission,
+            needs=needs,
             base_dir=self.base_dir,
         )
 
@@ -503,6 +515,36 @@ class _Parser:
             return None
         return AdmissionSpec(mode="allowlist", peers=tuple(sorted(peers)))
 
+    # -- [needs]
+    def _needs(self) -> NeedsSpec | None:
+        r = self.r
+        t = r.table(self.doc, "needs", "", required=False)
+        if t is None:
+            return NeedsSpec() if "needs" not in self.doc else None
+        r.unknown_keys(t, NEEDS_KEYS, "needs")
+        total = r.integer(t, "memory_total_mib", "needs", 0, lo=0, hi=MAX_MEMORY_MIB)
+        per_device = r.integer(t, "memory_per_device_mib", "needs", 0, lo=0, hi=MAX_MEMORY_MIB)
+        lo = r.integer(t, "min_members", "needs", 1, lo=1, hi=MAX_MEMBERS)
+        hi = r.integer(t, "max_members", "needs", 0, lo=0, hi=MAX_MEMBERS)
+        deadline = r.number(t, "deadline_hours", "needs", 0.0, lo=0.0, hi=24.0 * 366)
+        price = r.number(t, "max_price_per_hour", "needs", 0.0, lo=0.0, hi=1e4)
+        budget = r.number(t, "budget_usd", "needs", 0.0, lo=0.0, hi=1e9)
+        kinds = t.get("device_kinds", [])
+        if not isinstance(kinds, list) or not all(k in DEVICE_KINDS for k in kinds) or len(set(kinds)) != len(kinds):
+            r.problem("needs.device_kinds",
+                      f"got {kinds!r}; allowed: a list of distinct kinds from {', '.join(DEVICE_KINDS)}")  # fmt: skip
+            return None
+        if lo is not None and hi is not None and hi and hi < lo:
+            r.problem("needs.max_members", f"must be >= min_members ({lo}) or 0 (no maximum), got {hi}")
+            return None
+        if None in (total, per_device, lo, hi, deadline, price, budget):
+            return None
+        return NeedsSpec(
+            memory_total_mib=total or 0, memory_per_device_mib=per_device or 0,
+            device_kinds=tuple(sorted(kinds, key=DEVICE_KINDS.index)), min_members=lo or 1, max_members=hi or 0,
+            deadline_hours=deadline or 0.0, max_price_per_hour=price or 0.0, budget_usd=budget or 0.0,
+        )  # fmt: skip
+
     # -- cross-section checks; builds the model config
     def _cross_check(
         self,
@@ -657,7 +699,7 @@ def to_dict(spec: JobSpec) -> dict[str, Any]:
     admission: dict[str, Any] = {"mode": spec.admission.mode}
     if spec.admission.mode == "allowlist":
         admission["peers"] = list(spec.admission.peers)
-    return {
+    out: dict[str, Any] = {
         "spec_version": SPEC_VERSION,
         "name": spec.name,
         "seed": spec.seed,
@@ -667,6 +709,15 @@ def to_dict(spec: JobSpec) -> dict[str, Any]:
         "checkpoint": {"interval_steps": spec.checkpoint.interval_steps, "keep": spec.checkpoint.keep},
         "admission": admission,
     }
+    if spec.needs != NeedsSpec():  # a spec without needs keeps the hash it had before [needs] existed
+        n = spec.needs
+        out["needs"] = {
+            "memory_total_mib": n.memory_total_mib, "memory_per_device_mib": n.memory_per_device_mib,
+            "device_kinds": list(n.device_kinds), "min_members": n.min_members, "max_members": n.max_members,
+            "deadline_hours": n.deadline_hours, "max_price_per_hour": n.max_price_per_hour,
+            "budget_usd": n.budget_usd,
+        }  # fmt: skip
+    return out
 
 
 def canonical_json(spec: JobSpec) -> bytes:

@@ -122,6 +122,26 @@ class AdmissionSpec:
         return self.mode == "open" or peer_id in self.peers
 
 
+DeviceKind = Literal["cpu", "cuda", "mps"]
+DEVICE_KINDS: tuple[DeviceKind, ...] = ("cpu", "cuda", "mps")
+
+
+@dataclass(frozen=True)
+class NeedsSpec:
+    """What the job asks of its devices (``[needs]``; matched by ``arceusd.market.needs``). Zero / empty means
+    "not stated". ``deadline_hours``: the job should end within that long of its start; ``max_price_per_hour``:
+    the most it pays a device per hour; ``budget_usd``: the most it pays in all."""
+
+    memory_total_mib: int = 0
+    memory_per_device_mib: int = 0
+    device_kinds: tuple[DeviceKind, ...] = ()
+    min_members: int = 1
+    max_members: int = 0
+    deadline_hours: float = 0.0
+    max_price_per_hour: float = 0.0
+    budget_usd: float = 0.0
+
+
 @dataclass(frozen=True)
 class JobSpec:
     """A validated job spec. ``base_dir`` (where relative data paths resolve) is local, not part of the spec's
@@ -134,6 +154,7 @@ class JobSpec:
     training: TrainingSpec
     checkpoint: CheckpointSpec = CheckpointSpec()
     admission: AdmissionSpec = AdmissionSpec()
+    needs: NeedsSpec = NeedsSpec()
     base_dir: Path | None = field(default=None, compare=False)
 
     def data_path(self) -> Path:

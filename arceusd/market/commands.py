@@ -11,10 +11,11 @@ import json
 import os
 import time
 from dataclasses import asdict
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
+from arceusd.control import ControlError, call
 from arceusd.market.policy import PolicyError, lend_reasons
 from arceusd.market.policy_file import load_policy, save_policy, set_values
 from arceusd.market.probes import Snapshot, probe_for
@@ -69,8 +70,68 @@ def policy_command(obj: Context, assignments: tuple[str, ...], as_json: bool) ->
 
 def register(group: click.Group) -> None:
     """Add the marketplace's commands to the ``arceusd`` group."""
-    for command in (policy_command,):
+    for command in (policy_command, market_command):
         group.add_command(command)
 
 
 __all__ = ["register"]
+
+
+def _device(obj: Context) -> tuple[float, float, str]:
+    """(FLOP/s, block efficiency, where from) of this device: its measured profile when cached, else the
+    typical laptop's."""
+    from arceusd.market.pricing import TYPICAL_LAPTOP_FLOPS
+    from arceusd.profile import CACHE_FILE
+
+    try:
+        data = json.loads((obj.state_dir / CACHE_FILE).read_text())
+        best = max(data["devices"], key=lambda d: float(d["flops_per_s"]))
+        return float(best["flops_per_s"]), float(best.get("block_efficiency", 1.0)), "this device's measured profile"
+    except (OSError, ValueError, KeyError, TypeError):
+        return TYPICAL_LAPTOP_FLOPS, 1.0, "a typical laptop (this device is not measured yet: start the daemon)"
+
+
+def print_quote(obj: Context, spec: Any, members: int) -> None:
+    """``arceusd submit --quote``: the estimate for ``spec`` on ``members`` devices like this one."""
+    from arceusd.market.pricing import CLOUD_PRICES_AS_OF, CLOUD_PRICES_SOURCE, NEUTRAL, Demand
+    from arceusd.market.quote import job_flops, quote, quote_lines
+
+    n = max(members, spec.needs.min_members)
+    flops_per_s, efficiency, source = _device(obj)
+    demand = NEUTRAL
+    try:
+        listing = call(obj.paths.control_socket, "market", timeout=5.0)
+        demand = Demand(int(listing["demand"]["jobs_wanting"]) + 1, int(listing["demand"]["idle_devices"]))
+    except (ControlError, KeyError, TypeError, ValueError):
+        pass
+    q = quote(job_flops(spec), n, flops_per_s, efficiency, demand, spec.needs.budget_usd, spec.needs.deadline_hours)
+    click.echo(f"quote for {spec.name} (not announced): {n} device(s) like {source}; demand "
+               f"{demand.jobs_wanting} job(s) wanting, {demand.idle_devices} idle device(s)")  # fmt: skip
+    for line in quote_lines(q):
+        click.echo(f"  {line}")
+    click.echo(f"  cloud prices: on-demand list prices as of {CLOUD_PRICES_AS_OF} ({CLOUD_PRICES_SOURCE})")
+
+
+def _market_line(row: dict[str, Any]) -> str:
+    cap = f"max ${row['max_price_per_hour']:.4f}/h" if row["max_price_per_hour"] else "no max price"
+    head = (f"{row['job_id'][:12]}  {row['name']:<16} {row['state']:<10} members {row['members']}"
+            f"{'/' + str(row['max_members']) if row['max_members'] else ''}  ${row['price_per_hour']:.4f}/h ({cap})")
+    return head + ("  qualifies" if row["qualifies"] else "  does not qualify: " + "; ".join(row["reasons"]))
+
+
+@click.command("market")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_obj
+def market_command(obj: Context, as_json: bool) -> None:
+    """List announced jobs, this device's price for each, and whether it qualifies (and if not, why)."""
+    result = obj.call("market", timeout=60.0)
+    if as_json:
+        click.echo(json.dumps(result, indent=2, sort_keys=True))
+        return
+    d = result["device"]
+    click.echo(f"this device: {d['kind']}, {d['flops_per_s'] / 1e9:.1f} GFLOP/s, lends {d['memory_bytes'] >> 20} MiB;"
+               f" demand {result['demand']['jobs_wanting']} job(s) wanting, {result['demand']['idle_devices']} idle")
+    if not result["jobs"]:
+        click.echo("no announced jobs")
+    for row in result["jobs"]:
+        click.echo(_market_line(row))

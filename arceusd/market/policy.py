@@ -35,14 +35,15 @@ class PolicyError(ValueError):
 
 @dataclass(frozen=True)
 class Policy:
-    """The owner's terms. Zero caps mean "no cap"; an empty ``owners`` accepts every job owner."""
+    """The owner's terms. Zero caps mean "no cap"; an empty ``owners`` accepts every job owner. The defaults
+    lend whenever the machine is up (:data:`LAPTOP` is the suggested laptop policy)."""
 
     lend: bool = True
     """Master switch: False lends to no job whatever else holds."""
-    idle_minutes: float = 5.0
-    require_ac: bool = True
-    min_battery_percent: float = 50.0
-    max_owner_cpu_percent: float = 25.0
+    idle_minutes: float = 0.0
+    require_ac: bool = False
+    min_battery_percent: float = 0.0
+    max_owner_cpu_percent: float = 100.0
     hours: tuple[int, ...] = ()
     """``(start, end)`` local hours, end exclusive, may wrap (``(22, 7)``); ``()`` = any hour."""
     max_cores: int = 0
@@ -79,8 +80,10 @@ class Policy:
 
 
 DEFAULT_POLICY = Policy()
-ANY_TIME = Policy(idle_minutes=0, require_ac=False, min_battery_percent=0, max_owner_cpu_percent=100)
-"""Lends whenever the machine is up (what ``auto_join`` did before policies)."""
+"""Lends whenever the machine is up (what ``auto_join`` did before policies): the owner opts in to conditions."""
+LAPTOP = Policy(idle_minutes=5.0, require_ac=True, min_battery_percent=50.0, max_owner_cpu_percent=25.0)
+"""The terms the README suggests for a laptop: idle 5 minutes, plugged in, battery at least half, the owner's
+own CPU use at most a quarter."""
 
 
 class Reason(enum.Enum):

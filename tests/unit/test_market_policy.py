@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,8 @@ from hypothesis import strategies as st
 
 from arceusd.config import load_config
 from arceusd.market.policy import (
-    ANY_TIME,
+    DEFAULT_POLICY,
+    LAPTOP,
     JobFacts,
     Policy,
     PolicyError,
@@ -53,7 +55,7 @@ def test_an_idle_plugged_machine_lends() -> None:
 
 def test_every_failed_condition_is_named() -> None:
     busy = Snapshot(idle_s=20.0, on_ac=False, battery_percent=30.0, owner_cpu_percent=80.0, local_hour=14)
-    policy = Policy(hours=(22, 7), owners=("cd" * 16,), max_model_params=1000, min_price_per_hour=1.0)
+    policy = replace(LAPTOP, hours=(22, 7), owners=("cd" * 16,), max_model_params=1000, min_price_per_hour=1.0)
     assert reasons(policy, busy) == {Reason.NOT_IDLE, Reason.ON_BATTERY, Reason.LOW_BATTERY, Reason.OWNER_CPU,
                                      Reason.HOURS, Reason.OWNER_NOT_ALLOWED, Reason.MODEL_TOO_LARGE,
                                      Reason.PRICE_TOO_LOW}  # fmt: skip
@@ -68,8 +70,8 @@ def test_unknown_conditions_pass_and_the_switch_stops_everything() -> None:
 
 
 def test_a_plugged_machine_lends_whatever_its_battery() -> None:
-    assert evaluate(Policy(), Snapshot(3600.0, True, 10.0, 0.0, 2), JOB).accept
-    assert reasons(Policy(require_ac=False), Snapshot(3600.0, False, 10.0, 0.0, 2)) == {Reason.LOW_BATTERY}
+    assert evaluate(LAPTOP, Snapshot(3600.0, True, 10.0, 0.0, 2), JOB).accept
+    assert reasons(replace(LAPTOP, require_ac=False), Snapshot(3600.0, False, 10.0, 0.0, 2)) == {Reason.LOW_BATTERY}
 
 
 def test_hours_wrap_past_midnight() -> None:
@@ -80,10 +82,10 @@ def test_hours_wrap_past_midnight() -> None:
 
 
 def test_owner_back() -> None:
-    assert not owner_back(Policy(), IDLE)
-    assert owner_back(Policy(), Snapshot(0.5, True, 90.0, 3.0, 2))
-    assert owner_back(Policy(), Snapshot(3600.0, False, 90.0, 3.0, 2))  # unplugged
-    assert not owner_back(ANY_TIME, Snapshot(0.0, False, 5.0, 100.0, 2))
+    assert not owner_back(LAPTOP, IDLE)
+    assert owner_back(LAPTOP, Snapshot(0.5, True, 90.0, 3.0, 2))
+    assert owner_back(LAPTOP, Snapshot(3600.0, False, 90.0, 3.0, 2))  # unplugged
+    assert not owner_back(DEFAULT_POLICY, Snapshot(0.0, False, 5.0, 100.0, 2))
 
 
 @pytest.mark.parametrize("kwargs, key", [
@@ -219,7 +221,7 @@ def test_unplugging_is_seen(tmp_path: Path) -> None:
     root = fake_root(tmp_path, mains="0", capacity="40")
     snap = LinuxProbe(root, FolderCommands(root)).snapshot(time.time())
     assert snap.on_ac is False and snap.battery_percent == 40.0
-    assert owner_back(Policy(idle_minutes=0), snap)
+    assert owner_back(replace(LAPTOP, idle_minutes=0), snap)
 
 
 def test_mac_probe_reads_command_outputs(tmp_path: Path) -> None:

@@ -1,0 +1,125 @@
+"""Matching a device's offer against a job's needs and the owner's policy: pure.
+
+Owns: :class:`DeviceOffer` (what this device brings: kind, memory it lends, measured FLOP/s), :class:`JobNeeds`
+(a job's ``[needs]`` plus its owner, model size and current members: what the match looks at), the asking price
+(:func:`asking_price`: the market price, raised to the policy's lowest), and :func:`match`:
+(offer, policy, snapshot, job, demand) -> :class:`Match` (qualifies, or every reason why not).
+
+A device qualifies for a job when its policy accepts the job now (``arceusd.market.policy.evaluate``), its
+asking price is at most the job's highest (``max_price_per_hour``; 0 = none stated), its kind is one the job
+takes (a GPU the policy keeps back counts as a CPU), it lends at least ``memory_per_device_mib``, and the job
+still needs devices (fewer members than ``max_members``). A job that states no needs takes any device.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from arceusd.market.policy import JobFacts, Policy, Refusal, evaluate
+from arceusd.market.pricing import NEUTRAL, Demand, price_per_hour
+from arceusd.market.probes import Snapshot
+
+
+@dataclass(frozen=True)
+class DeviceOffer:
+    peer_id: str
+    kind: str
+    memory_bytes: int
+    flops_per_s: float
+
+
+@dataclass(frozen=True)
+class JobNeeds:
+    """The match's view of a job (``from_spec`` builds it from a parsed spec)."""
+
+    job_id: str
+    owner: str
+    model_params: int
+    members: int
+    memory_per_device_mib: int = 0
+    device_kinds: tuple[str, ...] = ()
+    max_members: int = 0
+    max_price_per_hour: float = 0.0
+
+    @classmethod
+    def from_spec(cls, job_id: str, owner: str, spec: object, members: int) -> JobNeeds:
+        from arceusd.jobs.spec_types import JobSpec
+        from arceusd.models.costs import block_costs
+
+        assert isinstance(spec, JobSpec)
+        params = sum(c.param_bytes for c in block_costs(spec.model)) // 4
+        n = spec.needs
+        return cls(job_id, owner, params, members, n.memory_per_device_mib, tuple(n.device_kinds), n.max_members,
+                   n.max_price_per_hour)  # fmt: skip
+
+
+class Unfit(enum.Enum):
+    """Why a job does not take this device (besides the policy's reasons)."""
+
+    PRICE_ABOVE_MAX = "this device asks more than the job's highest price"
+    KIND = "the job does not take this kind of device"
+    MEMORY = "this device lends less memory than the job needs per device"
+    FULL = "the job has all the members it wants"
+    ALREADY = "this device is already a member"
+
+
+@dataclass(frozen=True)
+class Misfit:
+    unfit: Unfit
+    detail: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.unfit.value} ({self.detail})" if self.detail else self.unfit.value
+
+
+@dataclass(frozen=True)
+class Match:
+    price_per_hour: float
+    reasons: tuple[Refusal | Misfit, ...] = field(default=())
+
+    @property
+    def qualifies(self) -> bool:
+        return not self.reasons
+
+    def why_not(self) -> str:
+        return "; ".join(str(r) for r in self.reasons)
+
+
+def demand_in_view(jobs: list[JobNeeds], alive_devices: int, busy_devices: int) -> Demand:
+    """Announced jobs that still want devices, against the alive devices in the membership view that work for
+    no known job."""
+    wanting = sum(1 for j in jobs if not j.max_members or j.members < j.max_members)
+    return Demand(wanting, max(0, alive_devices - busy_devices))
+
+
+def asking_price(offer: DeviceOffer, policy: Policy, demand: Demand = NEUTRAL) -> float:
+    """Dollars per hour this device asks: the market price for its FLOP/s, never below the policy's lowest."""
+    return max(price_per_hour(offer.flops_per_s, demand), policy.min_price_per_hour)
+
+
+def effective_kind(offer: DeviceOffer, policy: Policy) -> str:
+    return offer.kind if policy.gpu or offer.kind == "cpu" else "cpu"
+
+
+def match(offer: DeviceOffer, policy: Policy, snap: Snapshot, job: JobNeeds, demand: Demand = NEUTRAL,
+          member: bool = False) -> Match:  # fmt: skip
+    """Whether this device qualifies for ``job`` now, at its asking price, and every reason it does not."""
+    price = asking_price(offer, policy, demand)
+    facts = JobFacts(job.owner, job.model_params, price)
+    reasons: list[Refusal | Misfit] = list(evaluate(policy, snap, facts).refusals)
+    if job.max_price_per_hour and price > job.max_price_per_hour:
+        reasons.append(Misfit(Unfit.PRICE_ABOVE_MAX, f"${price:.4f}/h > ${job.max_price_per_hour:.4f}/h"))
+    kind = effective_kind(offer, policy)
+    if job.device_kinds and kind not in job.device_kinds:
+        reasons.append(Misfit(Unfit.KIND, f"{kind} not in {', '.join(job.device_kinds)}"))
+    lends_mib = offer.memory_bytes >> 20
+    if policy.max_memory_mib:
+        lends_mib = min(lends_mib, policy.max_memory_mib)
+    if job.memory_per_device_mib and lends_mib < job.memory_per_device_mib:
+        reasons.append(Misfit(Unfit.MEMORY, f"{lends_mib} MiB < {job.memory_per_device_mib} MiB"))
+    if member:
+        reasons.append(Misfit(Unfit.ALREADY))
+    elif job.max_members and job.members >= job.max_members:
+        reasons.append(Misfit(Unfit.FULL, f"{job.members} of {job.max_members}"))
+    return Match(price, tuple(reasons))

@@ -1,0 +1,81 @@
+"""The estimate for a job before it is announced: how long, what it costs, and what the cloud charges for the
+same FLOPs. Pure.
+
+Work: the spec's model costs (``arceusd.models.costs.block_costs``: forward + backward FLOPs per sample) x
+``batch_size`` x ``steps``. Time: that work over the members' FLOP/s, each taken at its measured block
+efficiency (the share of the matmul benchmark a stage really gets; ``arceusd.profile``), assuming a perfect
+pipeline (so the time is a lower bound and the cost with it). Cost: each member's hours x its price
+(``arceusd.market.pricing``). Cloud: the same FLOPs at each table GPU's float32 peak, at its list price.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from arceusd.market.pricing import CLOUD_GPUS, NEUTRAL, Demand, price_per_hour
+
+
+@dataclass(frozen=True)
+class CloudCost:
+    name: str
+    instance: str
+    hours: float
+    usd: float
+
+
+@dataclass(frozen=True)
+class Quote:
+    flops: float
+    members: int
+    flops_per_s: float
+    hours: float
+    usd: float
+    price_per_device_hour: float
+    cloud: tuple[CloudCost, ...]
+    within_budget: bool
+    within_deadline: bool
+
+
+def job_flops(spec: object) -> float:
+    """Training FLOPs of a parsed job spec (forward + backward, every step)."""
+    from arceusd.jobs.spec_types import JobSpec
+    from arceusd.models.costs import block_costs
+
+    assert isinstance(spec, JobSpec)
+    per_sample = sum(c.forward_flops_per_sample + c.backward_flops_per_sample for c in block_costs(spec.model))
+    return per_sample * spec.training.batch_size * spec.training.steps
+
+
+def quote(flops: float, members: int, device_flops_per_s: float, efficiency: float = 1.0,
+          demand: Demand = NEUTRAL, budget_usd: float = 0.0, deadline_hours: float = 0.0) -> Quote:  # fmt: skip
+    """The estimate for ``flops`` of work on ``members`` devices like this one (``device_flops_per_s`` each)."""
+    if members < 1:
+        raise ValueError(f"members must be >= 1, got {members}")
+    effective = max(device_flops_per_s * min(max(efficiency, 0.0), 1.0), 1.0)
+    hours = flops / (effective * members) / 3600.0
+    price = price_per_hour(device_flops_per_s, demand)
+    usd = hours * members * price
+    cloud = tuple(CloudCost(g.name, g.instance, *g.cost_for(flops)) for g in CLOUD_GPUS)
+    return Quote(flops, members, device_flops_per_s, hours, usd, price, cloud,
+                 within_budget=not budget_usd or usd <= budget_usd,
+                 within_deadline=not deadline_hours or hours <= deadline_hours)  # fmt: skip
+
+
+def quote_lines(q: Quote) -> list[str]:
+    """The quote for people."""
+    lines = [
+        f"work      {q.flops:.3g} FLOPs",
+        f"devices   {q.members} x {q.flops_per_s / 1e9:.1f} GFLOP/s at ${q.price_per_device_hour:.4f} per device-hour",
+        f"time      {_hours(q.hours)} (a lower bound: a perfect pipeline)",
+        f"cost      ${q.usd:.4f}" + ("" if q.within_budget else "  (over the budget in [needs])"),
+    ]
+    if not q.within_deadline:
+        lines.append("deadline  the estimate is past needs.deadline_hours")
+    for c in q.cloud:
+        lines.append(f"cloud     ${c.usd:.4f} on {c.name} ({c.instance}, {_hours(c.hours)} at its fp32 peak)")
+    return lines
+
+
+def _hours(h: float) -> str:
+    s = h * 3600.0
+    return f"{s:.1f} s" if s < 120 else f"{s / 60:.1f} min" if s < 7200 else f"{h:.2f} h"
