@@ -11,6 +11,7 @@ import json
 import os
 import time
 from dataclasses import asdict
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -70,7 +71,7 @@ def policy_command(obj: Context, assignments: tuple[str, ...], as_json: bool) ->
 
 def register(group: click.Group) -> None:
     """Add the marketplace's commands to the ``arceusd`` group."""
-    for command in (policy_command, market_command):
+    for command in (policy_command, market_command, earnings_command, bill_command, verify_ledger_command):
         group.add_command(command)
 
 
@@ -135,3 +136,78 @@ def market_command(obj: Context, as_json: bool) -> None:
         click.echo("no announced jobs")
     for row in result["jobs"]:
         click.echo(_market_line(row))
+
+
+def _ledger_entries(obj: Context) -> list[Any]:
+    from arceusd.market.ledger import LEDGER_FILE, verify_file
+
+    path = obj.state_dir / LEDGER_FILE
+    if not path.exists():
+        return []
+    verified = verify_file(path)
+    if not verified.ok:
+        raise click.ClickException(f"the ledger {path} does not verify: {verified.error}. "
+                                   "It was changed outside Arceus; run `arceusd verify-ledger` on it and keep a copy.")
+    return verified.entries
+
+
+@click.command("earnings")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_obj
+def earnings_command(obj: Context, as_json: bool) -> None:
+    """What this device earned: its countersigned receipts by job, by day and in total, in dollars."""
+    from arceusd.identity import IdentityError, load_or_create_identity
+    from arceusd.market.ledger import earnings
+
+    try:
+        me = load_or_create_identity(obj.state_dir).peer_id
+    except IdentityError as exc:
+        raise click.ClickException(str(exc)) from None
+    result = earnings(_ledger_entries(obj), me)
+    if as_json:
+        click.echo(json.dumps(result, indent=2, sort_keys=True))
+        return
+    click.echo(f"earned ${result['total_usd']:.4f} for {result['device_hours']:.3f} device-hours "
+               f"({result['flops']:.3g} FLOPs, {result['receipts']} receipt(s))")  # fmt: skip
+    for job, usd in result["by_job"].items():
+        click.echo(f"  job {job[:12]}  ${usd:.4f}")
+    for day, usd in result["by_day"].items():
+        click.echo(f"  day {day}  ${usd:.4f}")
+
+
+@click.command("bill")
+@click.argument("job")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_obj
+def bill_command(obj: Context, job: str, as_json: bool) -> None:
+    """What JOB (an id or a unique prefix) costs its owner: the devices' countersigned receipts."""
+    from arceusd.market.ledger import bill
+
+    entries = _ledger_entries(obj)
+    ids = sorted({s.receipt.job_id for s in entries if s.receipt.job_id.startswith(job)})
+    if len(ids) != 1:
+        raise click.ClickException(f"no receipts for a job {job!r} in this ledger" if not ids
+                                   else f"{job!r} matches several jobs; give more of the id")  # fmt: skip
+    result = bill(entries, ids[0])
+    if as_json:
+        click.echo(json.dumps(result, indent=2, sort_keys=True))
+        return
+    click.echo(f"job {ids[0]}: ${result['total_usd']:.4f} for {result['device_hours']:.3f} device-hours")
+    for device, usd in result["by_device"].items():
+        click.echo(f"  {device[:12]}  ${usd:.4f}")
+    if result["unaccepted_receipts"]:
+        click.echo(f"  ({result['unaccepted_receipts']} receipt(s) not countersigned by their device: not owed)")
+
+
+@click.command("verify-ledger")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.pass_obj
+def verify_ledger_command(obj: Context, file: Path) -> None:
+    """Check a ledger FILE: its hash chain, and every receipt's signatures against the keys it names."""
+    from arceusd.market.ledger import verify_file
+
+    verified = verify_file(file)
+    if not verified.ok:
+        raise click.ClickException(f"{file}: {verified.error} ({len(verified.entries)} line(s) before it verify)")
+    signers = {s.receipt.leader for s in verified.entries} | {s.receipt.device for s in verified.entries}
+    click.echo(f"{file}: {len(verified.entries)} receipt(s) verify, chain intact, {len(signers)} signer(s)")
