@@ -75,6 +75,7 @@ class Job:
     error: str = ""
     model_path: str = ""
     worker: WorkerProcess | None = None
+    went: tuple[int, WorkerProcess] | None = None  # the epoch and worker that this device's last go started
     reports: dict[int, dict[str, dict[str, Any]]] = field(default_factory=dict)
     cursors: dict[int, Any] = field(default_factory=dict)
     committed_step: int = 0

@@ -114,8 +114,11 @@ class LocalWorker(ManagerBase):
         return JobAck(True)
 
     async def _go(self, job: Job, msg: JobGo) -> None:
-        if job.worker is None:
+        """Let this device's worker start (once per plan epoch: a ``go`` sent again after a lost answer is a
+        no-op)."""
+        if job.worker is None or job.went == (job.epoch, job.worker):
             return
+        job.went = (job.epoch, job.worker)
         try:
             await job.worker.send({"cmd": "start", "addresses": {a.peer_id: a.address for a in msg.addresses}})
         except WorkerFailed as exc:

@@ -56,7 +56,7 @@ import trio
 
 from arceusd.announce_guard import AnnounceGuard
 from arceusd.control import RequestError
-from arceusd.jobs import leadership
+from arceusd.jobs import leadership, lifecycle
 from arceusd.jobs.control_methods import ControlMethods
 from arceusd.jobs.job import TERMINAL, Job
 from arceusd.jobs.local_worker import LocalWorker, worker_device
@@ -425,17 +425,48 @@ class JobManager(ControlMethods, LocalWorker, StandbySyncing):
                 await self._finish(job, "failed", reason)
             return
         go = JobGo(job.job_id, job.term, job.epoch, tuple(PeerAddress(p, a) for p, a in sorted(addresses.items())))
-        for peer in job.plan.peer_ids:
-            if peer == me:
-                await self._go(job, go)
-            else:
-                await self.peers.request(reach[peer], peer, go, timeout=30.0,
-                                         job_id=job.job_id, term=job.term, epoch=job.epoch)  # fmt: skip
+        pending, attempt = list(job.plan.peer_ids), 0
+        while True:
+            attempt += 1
+            unacknowledged = await self._send_go(job, go, pending, reach)
+            if job.epoch != epoch or job.state in TERMINAL or not self._leads(job):
+                return
+            decided = lifecycle.after_go(unacknowledged, attempt)
+            if isinstance(decided, lifecycle.ResendGo):
+                log.warning("job %s: go not acknowledged by %s; sending it again", job.job_id,
+                            ", ".join(p[:12] for p in decided.peers))  # fmt: skip
+                pending = list(decided.peers)
+                continue
+            if isinstance(decided, lifecycle.RestartPlan):
+                job.state = "running"  # the leader loop's restart path
+                self._request_restart(job, decided.reason)
+                return
+            break
         if job.state == "starting":
             job.state = "running"
         job.error = ""
         log.info("job %s running on %d devices (term %d, epoch %d, from step %d)", job.job_id, len(addresses),
                  job.term, job.epoch, start_step)  # fmt: skip
+
+    async def _send_go(self, job: Job, go: JobGo, peers: list[str], reach: dict[str, str]) -> dict[str, str]:
+        """Send ``go`` to ``peers`` in plan order (as before); the ones that did not acknowledge it, with why."""
+        me = self.node.identity.peer_id
+        unacknowledged: dict[str, str] = {}
+
+        async def one(peer: str) -> None:
+            if peer == me:
+                await self._go(job, go)
+                return
+            reply = await self.peers.request(reach[peer], peer, go, timeout=30.0,
+                                             job_id=job.job_id, term=job.term, epoch=job.epoch)  # fmt: skip
+            if not isinstance(reply, JobAck):
+                unacknowledged[peer] = "no answer"
+            elif not reply.ok:
+                unacknowledged[peer] = reply.reason or "refused"
+
+        for peer in peers:
+            await one(peer)
+        return unacknowledged
 
     async def _measure_links(self, job: Job) -> dict[str, Any]:
         """Leader: the link to each member, measured over the transport (``arceusd.profile.measure_link``: round
@@ -538,6 +569,7 @@ class JobManager(ControlMethods, LocalWorker, StandbySyncing):
                 job.error = f"{leader[:12]} leads the job (its standby took over while this device was away)"
             elif reply.reason == JOB_DONE:
                 job.state = "done"
+                self._untrack(job)
                 job.error = f"the job finished on {leader[:12]}, which took over as its leader; the model is there"
             else:
                 log.warning("job %s: %s leads it and refused this device: %s", job.job_id, leader[:12],
@@ -703,8 +735,29 @@ class JobManager(ControlMethods, LocalWorker, StandbySyncing):
 
     # ---------------------------------------------------------------------------------- checkpoints, the end
     async def _commit_checkpoint(self, job: Job, step: int, term: int, epoch: int) -> None:
-        """Copy every shard of ``step`` to the owner, check it, sign the manifest; export at the last step."""
-        from arceusd.checkpoint import Manifest, ShardRecord, atomic_write, commit_manifest, file_matches, step_dir
+        """Commit ``step`` (:meth:`_commit_once`); a failure of the final checkpoint is retried, then fails the
+        job (:func:`arceusd.jobs.lifecycle.after_commit_failure`); an earlier one is superseded by the next."""
+        attempt = 0
+        while True:
+            error = await self._commit_once(job, step, term, epoch)
+            if error is None or job.epoch != epoch or job.state in TERMINAL or not self._leads(job):
+                return
+            attempt += 1
+            decision = lifecycle.after_commit_failure(step, job.total_steps, attempt, error)
+            log.warning("job %s: checkpoint %d not committed (attempt %d): %s", job.job_id, step, attempt, error)
+            if isinstance(decision, lifecycle.RetryCommit):
+                await trio.sleep(decision.delay_s)
+            elif isinstance(decision, lifecycle.FailJob):
+                await self._finish(job, "failed", decision.error)
+                return
+            else:
+                job.error = decision.error
+                return
+
+    async def _commit_once(self, job: Job, step: int, term: int, epoch: int) -> str | None:
+        """Copy every shard of ``step`` to the owner, check it, sign the manifest; export at the last step.
+        Returns why it failed, or None (committed, or moot: repartitioned meanwhile)."""
+        from arceusd.checkpoint import Manifest, ShardRecord, atomic_write, file_matches, step_dir
 
         root = job.directory / "checkpoints"
         records, for_standby = [], []
@@ -716,21 +769,16 @@ class JobManager(ControlMethods, LocalWorker, StandbySyncing):
             if peer != self.node.identity.peer_id and not await trio.to_thread.run_sync(file_matches, path, record):
                 data = await self.transfers.fetch_shard(job, peer, step, record.name)
                 if data is None:
-                    job.error = f"could not copy shard {record.name} of step {step} from {peer[:12]}"
-                    log.warning("job %s: %s", job.job_id, job.error)
-                    return
+                    return f"could not copy shard {record.name} of step {step} from {peer[:12]}"
                 await trio.to_thread.run_sync(atomic_write, path, data)
             records.append(record)
         if job.epoch != epoch:
-            return  # repartitioned meanwhile: the new plan resumes from an earlier step
+            return None  # repartitioned meanwhile: the new plan resumes from an earlier step
         manifest = Manifest(job.job_id, term, epoch, step, tuple(records), {"cursor": job.cursors.get(step)})
         try:
-            await trio.to_thread.run_sync(commit_manifest, root, manifest, self.node.identity,
-                                          job.spec.checkpoint.keep)  # fmt: skip
+            await trio.to_thread.run_sync(self._commit_manifest, root, manifest, job.spec.checkpoint.keep)
         except Exception as exc:  # CheckpointError: a shard that does not match its report
-            job.error = f"checkpoint {step} not committed: {exc}"
-            log.warning("job %s: %s", job.job_id, job.error)
-            return
+            return f"checkpoint {step} not committed: {exc}"
         job.committed_step = max(job.committed_step, step)
         for done in [s for s in job.reports if s <= step]:
             job.reports.pop(done, None)
@@ -743,6 +791,13 @@ class JobManager(ControlMethods, LocalWorker, StandbySyncing):
             await self._export(job, step, [step_dir(root, step) / r.name for r in records])
         elif job.rebalance and job.epoch == epoch:
             self._request_restart(job, "rebalancing onto the member(s) that joined")
+        return None
+
+    def _commit_manifest(self, root: Path, manifest: Any, keep: int) -> None:
+        """Check the shards against ``manifest`` and sign it (a thread: file reads and hashing)."""
+        from arceusd.checkpoint import commit_manifest
+
+        commit_manifest(root, manifest, self.node.identity, keep)
 
     async def _export(self, job: Job, step: int, paths: list[Path]) -> None:
         from arceusd.jobs.export import assemble, write_model
@@ -766,16 +821,26 @@ class JobManager(ControlMethods, LocalWorker, StandbySyncing):
         await self._finish(job, "done", "")
 
     async def _finish(self, job: Job, state: str, error: str) -> None:
+        """End ``job``: tell the members (a leader), stop our worker, and leave the job's election once the
+        members were told (leaving first would let them elect a standby for a job that is over)."""
         job.state, job.error = state, error
+        stops: list[tuple[str, str]] = []
         if job.plan is not None and self._leads(job):  # a device that does not lead commands nobody
-            stop = JobStop(job.job_id, job.term, state)
-            for peer in sorted(set(job.plan.peer_ids) | ({job.owner} & set(job.members))):
-                if peer != self.node.identity.peer_id and peer in job.members:
-                    self._spawn(self._send_stop, job, peer, stop, job.members[peer].address)
+            stops = [(peer, job.members[peer].address)
+                     for peer in sorted(set(job.plan.peer_ids) | ({job.owner} & set(job.members)))
+                     if peer != self.node.identity.peer_id and peer in job.members]  # fmt: skip
+        self._spawn(self._stop_members_then_untrack, job, JobStop(job.job_id, job.term, state), stops)
         await self._drop_own_worker(job)
         self._persist(job)
         job.finished.set()
         job.poke()
+
+    async def _stop_members_then_untrack(self, job: Job, stop: JobStop, stops: list[tuple[str, str]]) -> None:
+        async with trio.open_nursery() as nursery:
+            for peer, address in stops:
+                nursery.start_soon(self._send_stop, job, peer, stop, address)
+        if lifecycle.ends_election(job.state):
+            self._untrack(job)
 
     async def _send_stop(self, job: Job, peer: str, stop: JobStop, address: str) -> None:
         await self.peers.request(address, peer, stop, timeout=10.0, job_id=job.job_id, term=job.term,
@@ -787,6 +852,8 @@ class JobManager(ControlMethods, LocalWorker, StandbySyncing):
             return JobAck(False, "not from this job's leader")
         job.state = msg.reason or "stopped"
         await self._drop_own_worker(job)
+        if lifecycle.ends_election(job.state):
+            self._untrack(job)
         return JobAck(True)
 
     def _on_member_changed(self, change: MemberChanged) -> None:

@@ -170,6 +170,12 @@ class ManagerBase(abc.ABC):
         except ValueError as exc:
             log.warning("job %s: cannot track its election: %s", job.job_id, exc)
 
+    def _untrack(self, job: Job) -> None:
+        """The job is over here: stop taking part in its election (no more heartbeats, votes or takeovers)."""
+        if self.node.elections is not None and job.job_id in self.node.elections.jobs():
+            self.node.elections.untrack(job.job_id)
+            log.info("job %s: %s; left its election", job.job_id, job.state)
+
     # ---------------------------------------------------------------------------------------------- lifecycle
     # Implemented by :class:`arceusd.jobs.manager.JobManager`; declared here for the parts that call them.
     @abc.abstractmethod

@@ -1,0 +1,203 @@
+"""The leader's decisions at a job's edges (arceusd.jobs.lifecycle), and the manager carrying them out.
+
+The manager tests drive a real :class:`JobManager` in trio with a mock clock; only its boundaries are fakes (the
+node's identity and elections, a peer service that records what it sends, a shard fetch that fails, a worker
+that records its commands).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from arceusd.jobs import lifecycle
+from arceusd.jobs.job import Job
+from arceusd.jobs.manager import JobManager
+from protocol.job_wire import JobAck, JobGo, PeerAddress
+
+ME, OTHER = "a" * 32, "b" * 32
+JOB = "c" * 32
+
+
+# ------------------------------------------------------------------------------------------------ pure
+def test_a_failed_intermediate_commit_keeps_running() -> None:
+    assert lifecycle.after_commit_failure(20, 100, 1, "x") == lifecycle.KeepRunning("x")
+
+
+def test_a_failed_final_commit_is_retried_then_fails_the_job() -> None:
+    decisions = [lifecycle.after_commit_failure(100, 100, a, "no shard")
+                 for a in range(1, lifecycle.FINAL_COMMIT_ATTEMPTS + 1)]  # fmt: skip
+    assert all(isinstance(d, lifecycle.RetryCommit) for d in decisions[:-1])
+    last = decisions[-1]
+    assert isinstance(last, lifecycle.FailJob)
+    assert "final checkpoint (step 100)" in last.error and "no shard" in last.error
+    with pytest.raises(ValueError):
+        lifecycle.after_commit_failure(100, 100, 0, "x")
+
+
+def test_go_is_resent_then_the_plan_restarts() -> None:
+    assert lifecycle.after_go({}, 1) == lifecycle.GoAcknowledged()
+    assert lifecycle.after_go({OTHER: "no answer"}, 1) == lifecycle.ResendGo((OTHER,))
+    restart = lifecycle.after_go({OTHER: "no answer"}, lifecycle.GO_ATTEMPTS)
+    assert isinstance(restart, lifecycle.RestartPlan) and OTHER[:12] in restart.reason
+
+
+def test_only_an_ended_job_leaves_its_election() -> None:
+    assert all(lifecycle.ends_election(s) for s in ("done", "failed", "cancelled"))
+    assert not any(lifecycle.ends_election(s) for s in ("running", "paused", "replanning", "recovering"))
+
+
+# ------------------------------------------------------------------------------------------------ manager
+class FakeElections:
+    def __init__(self) -> None:
+        self.tracked = {JOB}
+        self.untracked: list[str] = []
+
+    def jobs(self) -> list[str]:
+        return sorted(self.tracked)
+
+    def untrack(self, job_id: str) -> None:
+        self.tracked.discard(job_id)
+        self.untracked.append(job_id)
+
+
+class FakePeers:
+    def __init__(self, answer: Any = None) -> None:
+        self.sent: list[tuple[str, Any]] = []
+        self.answer = answer
+        self.membership = SimpleNamespace(members={})
+
+    async def request(self, address: str, peer: str, msg: Any, **_: Any) -> Any:
+        self.sent.append((peer, msg))
+        return self.answer
+
+
+def manager(tmp_path: Path, peers: FakePeers) -> tuple[JobManager, FakeElections]:
+    elections = FakeElections()
+    node = SimpleNamespace(paths=SimpleNamespace(jobs_dir=tmp_path), identity=SimpleNamespace(peer_id=ME),
+                           elections=elections, addresses={"peer": "127.0.0.1:1"})  # fmt: skip
+    return JobManager(node, peers), elections  # type: ignore[arg-type]
+
+
+def leading_job(tmp_path: Path, total_steps: int = 100) -> Job:
+    spec = SimpleNamespace(checkpoint=SimpleNamespace(keep=2), name="t")
+    job = Job(JOB, spec, b"{}", "0" * 64, ME, "127.0.0.1:1", "member", tmp_path / JOB, state="running",
+              total_steps=total_steps)  # fmt: skip
+    job.members[OTHER] = SimpleNamespace(address="127.0.0.1:2")
+    return job
+
+
+def run_with_nursery(mgr: JobManager, fn: Any) -> None:
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            mgr._nursery = nursery
+            await fn()
+            await trio.sleep(60)  # let spawned tasks (stops, untrack) finish under the mock clock
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_a_final_checkpoint_that_cannot_be_copied_fails_the_job_after_retries(tmp_path: Path) -> None:
+    mgr, elections = manager(tmp_path, FakePeers())
+    job = leading_job(tmp_path)
+    job.reports[100] = {OTHER: {"name": "shard-1.pt", "sha256": "0" * 64, "size": 3}}
+    fetches: list[int] = []
+
+    async def fetch_shard(*_: Any) -> None:
+        fetches.append(1)
+        return None
+
+    mgr.transfers.fetch_shard = fetch_shard  # type: ignore[method-assign]
+    run_with_nursery(mgr, lambda: mgr._commit_checkpoint(job, 100, job.term, job.epoch))
+    assert len(fetches) == lifecycle.FINAL_COMMIT_ATTEMPTS
+    assert job.state == "failed" and "final checkpoint (step 100)" in job.error and "shard-1.pt" in job.error
+    assert job.finished.is_set()
+    assert elections.untracked == [JOB], "an ended job leaves its election"
+
+
+def test_a_failed_intermediate_commit_is_not_retried_and_the_job_runs_on(tmp_path: Path) -> None:
+    mgr, elections = manager(tmp_path, FakePeers())
+    job = leading_job(tmp_path)
+    job.reports[20] = {OTHER: {"name": "shard-1.pt", "sha256": "0" * 64, "size": 3}}
+
+    async def fetch_shard(*_: Any) -> None:
+        return None
+
+    mgr.transfers.fetch_shard = fetch_shard  # type: ignore[method-assign]
+    run_with_nursery(mgr, lambda: mgr._commit_checkpoint(job, 20, job.term, job.epoch))
+    assert job.state == "running" and "shard-1.pt" in job.error
+    assert elections.untracked == []
+
+
+def test_cancel_stops_members_then_leaves_the_election(tmp_path: Path) -> None:
+    peers = FakePeers(JobAck(True))
+    mgr, elections = manager(tmp_path, peers)
+    job = leading_job(tmp_path)
+    job.plan = SimpleNamespace(peer_ids=(ME, OTHER))
+    run_with_nursery(mgr, lambda: mgr._finish(job, "cancelled", "cancelled by the owner"))
+    assert [(p, type(m).__name__, m.reason) for p, m in peers.sent] == [(OTHER, "JobStop", "cancelled")]
+    assert elections.untracked == [JOB]
+
+
+class FakeWorker:
+    pid = 1
+
+    def __init__(self) -> None:
+        self.commands: list[dict[str, Any]] = []
+
+    async def send(self, command: dict[str, Any]) -> None:
+        self.commands.append(command)
+
+    async def events(self) -> Any:
+        await trio.sleep_forever()
+        yield {}
+
+    async def kill(self) -> int:
+        return 0
+
+    async def stop(self, grace: float) -> None:
+        return None
+
+
+def test_a_go_sent_again_after_a_lost_answer_starts_the_worker_once(tmp_path: Path) -> None:
+    mgr, _ = manager(tmp_path, FakePeers())
+    job = leading_job(tmp_path)
+    job.epoch = 3
+    worker = FakeWorker()
+    job.worker = worker  # type: ignore[assignment]
+    go = JobGo(JOB, 1, 3, (PeerAddress(OTHER, "127.0.0.1:9"),))
+
+    async def twice() -> None:
+        await mgr._go(job, go)
+        await mgr._go(job, go)
+
+    run_with_nursery(mgr, twice)
+    assert worker.commands == [{"cmd": "start", "addresses": {OTHER: "127.0.0.1:9"}}]
+    assert job.state == "running"
+
+
+def test_a_member_that_never_acknowledges_go_gets_it_again_then_the_plan_restarts(tmp_path: Path) -> None:
+    peers = FakePeers(None)  # the answer is lost every time
+    mgr, _ = manager(tmp_path, peers)
+    job = leading_job(tmp_path)
+    go = JobGo(JOB, 1, 0, ())
+
+    async def rounds() -> None:
+        attempt, pending = 0, [OTHER]
+        while True:
+            attempt += 1
+            missing = await mgr._send_go(job, go, pending, {OTHER: "127.0.0.1:2"})
+            decided = lifecycle.after_go(missing, attempt)
+            if not isinstance(decided, lifecycle.ResendGo):
+                assert isinstance(decided, lifecycle.RestartPlan) and "no answer" in decided.reason
+                return
+            pending = list(decided.peers)
+
+    run_with_nursery(mgr, rounds)
+    assert [p for p, _ in peers.sent] == [OTHER] * lifecycle.GO_ATTEMPTS
