@@ -113,7 +113,7 @@ def test_a_final_checkpoint_that_cannot_be_copied_fails_the_job_after_retries(tm
         fetches.append(1)
         return None
 
-    mgr.transfers.fetch_shard = fetch_shard  # type: ignore[method-assign]
+    mgr.transfers.fetch_shard = fetch_shard  # type: ignore[method-assign,assignment]
     run_with_nursery(mgr, lambda: mgr._commit_checkpoint(job, 100, job.term, job.epoch))
     assert len(fetches) == lifecycle.FINAL_COMMIT_ATTEMPTS
     assert job.state == "failed" and "final checkpoint (step 100)" in job.error and "shard-1.pt" in job.error
@@ -129,7 +129,7 @@ def test_a_failed_intermediate_commit_is_not_retried_and_the_job_runs_on(tmp_pat
     async def fetch_shard(*_: Any) -> None:
         return None
 
-    mgr.transfers.fetch_shard = fetch_shard  # type: ignore[method-assign]
+    mgr.transfers.fetch_shard = fetch_shard  # type: ignore[method-assign,assignment]
     run_with_nursery(mgr, lambda: mgr._commit_checkpoint(job, 20, job.term, job.epoch))
     assert job.state == "running" and "shard-1.pt" in job.error
     assert elections.untracked == []
