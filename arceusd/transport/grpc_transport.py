@@ -270,12 +270,14 @@ class GrpcTransport:
         reader_done = trio.Event()
         call = stub(_outgoing(outbox, None, self.config.max_message))
         conduit = _GrpcConduit(outbox, inbox, reader_done, call.cancel)
-        threading.Thread(
-            target=_pump,
-            args=(call, inbox, self._token, reader_done),
-            name="arceus-stream-reader",
-            daemon=True,
-        ).start()
+
+        def read() -> None:
+            _pump(call, inbox, self._token, reader_done)
+            # The server ended the call (its response stream is over): nothing we queue can leave any more, so
+            # a sender waiting for space fails now instead of waiting forever on a call that is gone.
+            outbox.abort("the peer ended the stream")
+
+        threading.Thread(target=read, name="arceus-stream-reader", daemon=True).start()
         try:
             return await client_handshake(
                 conduit,
