@@ -20,6 +20,7 @@ from arceusd.control import ControlError, call
 from arceusd.market.policy import PolicyError, lend_reasons
 from arceusd.market.policy_file import load_policy, save_policy, set_values
 from arceusd.market.probes import Snapshot, probe_for
+from arceusd.text_safety import safe_tree
 
 if TYPE_CHECKING:
     from arceusd.cli import Context
@@ -129,6 +130,7 @@ def market_command(obj: Context, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(result, indent=2, sort_keys=True))
         return
+    result = safe_tree(result)  # announced jobs' names and reasons come from strangers: escaped
     d = result["device"]
     click.echo(f"this device: {d['kind']}, {d['flops_per_s'] / 1e9:.1f} GFLOP/s, lends {d['memory_bytes'] >> 20} MiB;"
                f" demand {result['demand']['jobs_wanting']} job(s) wanting, {result['demand']['idle_devices']} idle")
@@ -167,6 +169,7 @@ def earnings_command(obj: Context, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(result, indent=2, sort_keys=True))
         return
+    result = safe_tree(result)  # receipts' ids come from the network: escaped
     click.echo(f"earned ${result['total_usd']:.4f} for {result['device_hours']:.3f} device-hours "
                f"({result['flops']:.3g} FLOPs, {result['receipts']} receipt(s))")  # fmt: skip
     for job, usd in result["by_job"].items():
@@ -192,6 +195,7 @@ def bill_command(obj: Context, job: str, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(result, indent=2, sort_keys=True))
         return
+    result, ids = safe_tree(result), safe_tree(ids)  # receipts' ids come from the network: escaped
     click.echo(f"job {ids[0]}: ${result['total_usd']:.4f} for {result['device_hours']:.3f} device-hours")
     for device, usd in result["by_device"].items():
         click.echo(f"  {device[:12]}  ${usd:.4f}")
