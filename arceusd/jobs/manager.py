@@ -63,6 +63,7 @@ from arceusd.jobs.local_worker import LocalWorker, worker_device
 from arceusd.jobs.manager_base import OWNER_FILE
 from arceusd.jobs.standby_sync import StandbySyncing, choose_standby
 from arceusd.jobs.transfers import leader_data
+from arceusd.market.hooks import may_auto_join, on_commit
 from arceusd.membership.events import MemberChanged, MemberState
 from arceusd.node import Node
 from arceusd.peers import PeerService
@@ -659,7 +660,10 @@ class JobManager(ControlMethods, LocalWorker, StandbySyncing):
 
     async def _auto_join(self, job: Job) -> None:
         """Join an announced job; an owner that does not answer yet (e.g. still restoring its jobs after a
-        restart) is asked again a few times, backing off."""
+        restart) is asked again a few times, backing off. The device's policy and the job's needs decide first
+        (``arceusd.market``)."""
+        if not await may_auto_join(self.node, job):
+            return
         for attempt in range(6):
             try:
                 result = await self.join(job)
@@ -779,6 +783,7 @@ class JobManager(ControlMethods, LocalWorker, StandbySyncing):
             await trio.to_thread.run_sync(self._commit_manifest, root, manifest, job.spec.checkpoint.keep)
         except Exception as exc:  # CheckpointError: a shard that does not match its report
             return f"checkpoint {step} not committed: {exc}"
+        on_commit(self.node, job, step, term, epoch)  # receipts for the devices' work (arceusd.market)
         job.committed_step = max(job.committed_step, step)
         for done in [s for s in job.reports if s <= step]:
             job.reports.pop(done, None)

@@ -1,10 +1,21 @@
-"""The daemon's market service: keeps the machine's latest probe reading and answers ``market`` and ``quote``.
+"""The daemon's market service: the machine's latest probe reading, the ledger, and the market's part in jobs.
 
-I/O only: it samples the probe (``arceusd.market.probes``) once a second in a thread, reloads the policy from
-config.toml on each question (so ``arceusd policy --set`` takes effect without a restart), and reads the jobs
-this daemon knows through the job manager's read-only attributes (``node.jobs.jobs``, ``node.jobs.offer()``)
-and the membership view (``node.peers.alive_peers()``). Every decision is a pure call into
-``arceusd.market.needs`` / ``policy`` / ``pricing``.
+I/O only; every decision is a pure call into ``arceusd.market.needs`` / ``policy`` / ``pricing`` /
+``receipts``. It:
+- samples the probe (``arceusd.market.probes``) every :data:`SAMPLE_S` in a thread and reloads the policy from
+  config.toml (``arceusd policy --set`` takes effect without a restart);
+- answers ``market`` (announced jobs, this device's price, whether it qualifies and why not);
+- gates automatic joins (``hooks.may_auto_join``) and, with ``auto_join``, offers this device again to the jobs
+  it was kept from or left once the policy and the job's needs hold;
+- when the owner comes back (a lending condition fails), leaves every job it works in as a member through the
+  ``leave`` control method, so the leader repartitions at once;
+- opens and verifies the ledger at start (a ledger that does not verify is reported in ``status`` and the log
+  and receives nothing), issues receipts at the leader's committed checkpoints (``hooks.on_commit``), sends
+  each to its device to countersign (:class:`~protocol.market_wire.ReceiptOffer`) and countersigns the ones
+  it receives after checking them against its own worker's record.
+It reads the jobs through the job manager's plain attributes (``node.jobs.jobs``: a job's spec, owner,
+leader, members, plan, shares, step, epoch) and its public ``offer()``; it changes jobs only through the
+control methods ``join`` and ``leave``.
 """
 
 from __future__ import annotations
@@ -18,16 +29,33 @@ from typing import Any
 import trio
 
 from arceusd.control import RequestError
+from arceusd.market.ledger import Ledger, LedgerError
 from arceusd.market.needs import DeviceOffer, JobNeeds, demand_in_view, match
-from arceusd.market.policy import Policy, PolicyError
+from arceusd.market.policy import Policy, PolicyError, owner_back
 from arceusd.market.policy_file import load_policy
-from arceusd.market.pricing import Demand
+from arceusd.market.pricing import Demand, price_per_hour
 from arceusd.market.probes import Probe, Snapshot, probe_for
+from arceusd.market.receipts import (
+    Commit,
+    DeviceRecord,
+    LeaderBook,
+    ReceiptError,
+    SignedReceipt,
+    countersign,
+    decode,
+    device_check,
+    sign_leader,
+)
 from arceusd.node import Node
+from protocol.market_wire import ReceiptOffer, ReceiptReply
 
 log = logging.getLogger(__name__)
 
-SAMPLE_S = 1.0
+SAMPLE_S = 0.5
+"""How often the machine is read: the owner's return is noticed within this, and the leave follows at once."""
+REOFFER_S = 5.0
+"""The least time between two automatic offers of this device to one job."""
+RECEIPT_TIMEOUT_S = 10.0
 TERMINAL = frozenset({"done", "failed", "cancelled"})
 
 
@@ -51,6 +79,17 @@ class Market:
         self.policy = self._load()
         self.probe: Probe = probe_for(self.policy.probe_root, own_pids=lambda: own_pids(node))
         self.snapshot: Snapshot = Snapshot(None, None, None, None, time.localtime().tm_hour)
+        self.ledger = Ledger.open(node.paths.root)
+        if not self.ledger.verified.ok:
+            log.error("the ledger %s does not verify: %s; no receipt is added to it until it is looked at "
+                      "(arceusd verify-ledger %s)", self.ledger.path, self.ledger.verified.error, self.ledger.path)
+        self.books: dict[str, LeaderBook] = {}
+        self.since: dict[str, float] = {}  # job -> when this device was first seen working in it (wall clock)
+        self.running_since: dict[str, float] = {}  # job -> when it was first seen running (wall clock)
+        self.deferred: dict[str, float] = {}  # jobs kept from or left by the market -> when last offered
+        self.left_for_owner: list[dict[str, Any]] = []
+        self.reoffers: list[dict[str, Any]] = []
+        self.nursery: trio.Nursery | None = None
 
     def _load(self) -> Policy:
         try:
@@ -110,8 +149,200 @@ class Market:
         return {"device": asdict(offer), "machine": asdict(self.snapshot), "demand": asdict(demand), "jobs": rows}
 
 
+    # --- joining and leaving -------------------------------------------------------------------------------
+    async def admit(self, job: Any) -> bool:
+        """Whether this device joins ``job`` automatically now; if not, it is offered again later."""
+        policy = self.policy
+        try:
+            offer = await self.offer()  # measured once (the join measures it anyway), then cached
+        except RequestError as exc:
+            log.warning("not joining job %s: %s", job.job_id[:12], exc)
+            self.deferred[job.job_id] = time.monotonic()
+            return False
+        try:
+            needs = JobNeeds.from_spec(job.job_id, job.owner, job.spec, len(job.members))
+        except (AssertionError, ValueError, TypeError):
+            return True
+        jobs = self.job_needs()
+        m = match(offer, policy, self.snapshot, needs, self.demand(jobs))
+        if not m.qualifies:
+            self.deferred[job.job_id] = time.monotonic()
+            log.info("not joining job %s: %s", job.job_id[:12], m.why_not())
+        return m.qualifies
+
+    async def reoffer(self) -> None:
+        """With ``auto_join``: join the jobs this device was kept from or left, once they qualify."""
+        if not self.node.config.auto_join or not self.deferred or "join" not in self.node.methods:
+            return
+        now = time.monotonic()
+        for job, _needs in self.job_needs():
+            last = self.deferred.get(job.job_id)
+            if last is None or now - last < REOFFER_S or job.role != "seen" or job.state not in ("announced", "left"):
+                continue
+            if not await self.admit(job):
+                continue
+            self.deferred.pop(job.job_id, None)
+            try:
+                result = await self.node.methods["join"]({"job_id": job.job_id})
+                log.info("offered this device again to job %s: %s", job.job_id[:12], result)
+                self.reoffers.append({"job_id": job.job_id, "at": time.time(), "accepted": bool(result["accepted"]),
+                                      "reason": str(result.get("reason", ""))})  # fmt: skip
+            except RequestError as exc:
+                self.deferred[job.job_id] = now
+                log.warning("offering this device again to job %s failed: %s", job.job_id[:12], exc)
+
+    async def owner_is_back(self) -> None:
+        """Leave every job this device works in as a member (the leader repartitions at once)."""
+        if "leave" not in self.node.methods:
+            return
+        for job in list(getattr(self.node.jobs, "jobs", {}).values()):
+            if job.role != "member" or job.state in TERMINAL or job.leader == self.node.identity.peer_id:
+                continue
+            began = time.monotonic()
+            try:
+                await self.node.methods["leave"]({"job_id": job.job_id})
+            except RequestError as exc:
+                log.warning("the owner is back but leaving job %s failed: %s", job.job_id[:12], exc)
+                continue
+            self.deferred[job.job_id] = time.monotonic()
+            self.left_for_owner.append({"job_id": job.job_id, "at": time.time(),
+                                        "seconds": round(time.monotonic() - began, 3)})  # fmt: skip
+            log.warning("the owner is back: left job %s in %.2f s", job.job_id[:12], time.monotonic() - began)
+
+    async def tick(self) -> None:
+        await self.sample()
+        self.reload()
+        for job in getattr(self.node.jobs, "jobs", {}).values():
+            if job.role in ("member", "owner") and job.job_id not in self.since:
+                self.since[job.job_id] = time.time()
+            if job.state == "running" and job.job_id not in self.running_since:
+                self.running_since[job.job_id] = time.time()
+        if owner_back(self.policy, self.snapshot):
+            await self.owner_is_back()
+        else:
+            await self.reoffer()
+
+    # --- receipts --------------------------------------------------------------------------------------------
+    def on_commit(self, job: Any, step: int, term: int, epoch: int) -> None:
+        """The leader committed ``step``: issue its receipts now (from the job as it is), send them later."""
+        me = self.node.identity.peer_id
+        book = self.books.get(job.job_id)
+        if book is None:
+            book = self.books[job.job_id] = LeaderBook()
+            book.start(int(job.committed_step), self.running_since.get(job.job_id, job.created))
+        try:
+            commit = self._commit(job, step, term, epoch)
+        except (AttributeError, TypeError, ValueError) as exc:
+            log.warning("job %s: no receipts for step %d: %s", job.job_id[:12], step, exc)
+            return
+        receipts = book.issue(me, commit)
+        if receipts and self.nursery is not None:
+            addresses = {p: getattr(o, "address", "") for p, o in job.members.items()}
+            self.nursery.start_soon(self._settle, job, [sign_leader(self.node.identity, r) for r in receipts],
+                                    addresses)  # fmt: skip
+
+    def _commit(self, job: Any, step: int, term: int, epoch: int) -> Commit:
+        blocks = job.inputs.blocks
+        per_sample = sum(b.forward_flops_per_sample + b.backward_flops_per_sample for b in blocks)
+        cap = float(job.spec.needs.max_price_per_hour)
+        demand = self.demand(self.job_needs())
+        prices = {}
+        for peer, offer in job.members.items():
+            price = price_per_hour(float(offer.flops_per_s), demand)
+            prices[peer] = min(price, cap) if cap else price
+        return Commit(job.job_id, job.owner, term, epoch, step, time.time(), frozenset(job.reports.get(step, {})),
+                      dict(job.shares), per_sample * job.spec.training.batch_size,
+                      float(job.plan.predicted_step_time_s), prices)  # fmt: skip
+
+    async def _settle(self, job: Any, signed: list[SignedReceipt], addresses: dict[str, str]) -> None:
+        me = self.node.identity.peer_id
+        for s in signed:
+            r = s.receipt
+            final = s
+            if r.device == me:
+                why = self._check(s)
+                if not why:
+                    final = countersign(self.node.identity, s)
+            else:
+                reply = await self.node.peers.request(addresses.get(r.device, ""), r.device,
+                                                      ReceiptOffer(decode_body(s), s.leader_key, s.leader_sig),
+                                                      RECEIPT_TIMEOUT_S, job_id=r.job_id, term=r.term,
+                                                      epoch=r.epoch)  # fmt: skip
+                if isinstance(reply, ReceiptReply) and reply.device_sig:
+                    candidate = SignedReceipt(r, s.leader_key, s.leader_sig, reply.device_key, reply.device_sig)
+                    try:
+                        candidate.verify()
+                        final = candidate
+                    except ReceiptError as exc:
+                        log.warning("job %s: %s's countersignature is invalid: %s", r.job_id[:12], r.device[:12], exc)
+                else:
+                    refused = reply.reason if isinstance(reply, ReceiptReply) else "no answer"
+                    log.warning("job %s: %s did not countersign steps %d..%d: %s", r.job_id[:12], r.device[:12],
+                                r.step_from, r.step_to, refused)  # fmt: skip
+            self._append(final)
+
+    def _append(self, s: SignedReceipt) -> None:
+        try:
+            self.ledger.append(s)
+        except LedgerError as exc:
+            log.error("receipt for job %s not kept: %s", s.receipt.job_id[:12], exc)
+
+    def _check(self, s: SignedReceipt) -> list[str]:
+        """This device's own record of the job against the receipt (``receipts.device_check``)."""
+        r = s.receipt
+        try:
+            s.verify(require_device=False)
+        except ReceiptError as exc:
+            return [str(exc)]
+        job = getattr(self.node.jobs, "jobs", {}).get(r.job_id)
+        if job is None:
+            return ["this device knows no such job"]
+        if r.leader != job.leader and r.leader not in job.leaders:
+            return ["the receipt's leader does not lead this job"]
+        if r.owner != job.owner:
+            return ["the receipt names another owner"]
+        from arceusd.models.costs import block_costs
+
+        per_sample = sum(c.forward_flops_per_sample + c.backward_flops_per_sample for c in block_costs(job.spec.model))
+        record = DeviceRecord(r.job_id, self.node.identity.peer_id, int(job.epoch), int(job.step),
+                              self.since.get(r.job_id, job.created), per_sample * job.spec.training.batch_size,
+                              self.policy.min_price_per_hour)  # fmt: skip
+        return device_check(r, record, time.time())
+
+    async def on_receipt(self, header: Any, msg: ReceiptOffer) -> ReceiptReply:
+        me = self.node.identity
+        try:
+            receipt = decode(msg.body)
+        except ReceiptError as exc:
+            return ReceiptReply(me.public_key_raw, b"", str(exc)[:300])
+        if header.sender != receipt.leader:
+            return ReceiptReply(me.public_key_raw, b"", "a receipt must come from its leader")
+        signed = SignedReceipt(receipt, msg.leader_key, msg.leader_sig)
+        why = self._check(signed)
+        if why:
+            log.warning("job %s: not countersigning steps %d..%d: %s", receipt.job_id[:12], receipt.step_from,
+                        receipt.step_to, "; ".join(why))  # fmt: skip
+            return ReceiptReply(me.public_key_raw, b"", "; ".join(why)[:300])
+        both = countersign(me, signed)
+        self._append(both)
+        return ReceiptReply(me.public_key_raw, both.device_sig)
+
+    def status(self) -> dict[str, Any]:
+        return {"ledger": {"path": str(self.ledger.path), "ok": self.ledger.verified.ok,
+                           "error": self.ledger.verified.error, "receipts": len(self.ledger.entries)},
+                "machine": asdict(self.snapshot), "owner_back": owner_back(self.policy, self.snapshot),
+                "left_for_owner": self.left_for_owner[-20:], "reoffers": self.reoffers[-20:],
+                "deferred": sorted(self.deferred)}  # fmt: skip
+
+
+def decode_body(s: SignedReceipt) -> bytes:
+    from arceusd.market.receipts import encode
+
+    return encode(s.receipt)
+
+
 async def serve_market(node: Node, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-    """Sample the machine every second and answer ``market``."""
+    """Read the machine every :data:`SAMPLE_S`, act on the owner's return, answer ``market``, settle receipts."""
     market = Market(node)
     node.market = market
 
@@ -121,8 +352,16 @@ async def serve_market(node: Node, *, task_status: trio.TaskStatus[None] = trio.
         return await market.listing()
 
     node.methods["market"] = m_market
+    node.sections["market"] = market.status
+    if node.peers is not None:
+        node.peers.register(ReceiptOffer, market.on_receipt)
     await market.sample()
-    task_status.started()
-    while True:
-        await trio.sleep(SAMPLE_S)
-        await market.sample()
+    async with trio.open_nursery() as nursery:
+        market.nursery = nursery
+        task_status.started()
+        while True:
+            await trio.sleep(SAMPLE_S)
+            try:
+                await market.tick()
+            except Exception:  # the market must never take the daemon down
+                log.exception("market tick failed")
