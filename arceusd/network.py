@@ -93,6 +93,7 @@ async def _run_network(
     node.sections["peers"] = peers.peers
     node.sections["membership"] = peers.counters
     node.sections["transport"] = transport.counters  # refused calls/streams/frames by reason, slots in use
+    node.sections["dropped"] = lambda: {"membership": peers.drops(), "transport": dict(transport.rejected)}
     discovery_status = DiscoveryStatus()
     node.sections["discovery"] = discovery_status.summary
 

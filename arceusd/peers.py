@@ -14,6 +14,12 @@ Unary framing on the transport's ``Call``: ``H`` + PeerHello, ``E`` + envelope; 
 PingReq, the reply PushPull) travel as the call's response: the core emits them as ``Send*`` actions, which the
 driver hands to the waiting inbound call instead of opening a new one.
 
+Peers are strangers: the keyring holds the keys of table members plus at most ``MAX_UNVERIFIED_KEYS`` keys of
+peers that only said hello (least recently used evicted; a member's key is never evicted); membership messages
+are rate-limited per authenticated sender (:mod:`.membership.ratelimit`); a send that fails for any reason is
+logged and counted, never fatal; the core's own drops (:mod:`.membership.guard`) and ours are counted and shown
+under ``dropped`` in ``arceusd status --json``.
+
 Other services (election, jobs) register message handlers with :meth:`PeerService.register` and send with
 :meth:`PeerService.request`; they all share the keyring, replay window and counters.
 """
@@ -58,6 +64,7 @@ from arceusd.membership.events import (
     Update,
 )
 from arceusd.membership.events import UpdateKind as CoreKind
+from arceusd.membership.ratelimit import RateLimiter
 from arceusd.membership.swim import Membership
 from protocol import codec
 from protocol.envelope import NO_JOB, Header, open_message, seal_message
@@ -80,6 +87,8 @@ log = logging.getLogger(__name__)
 M = TypeVar("M")
 MessageHandler = Callable[[Header, Any], Awaitable[object | None]]
 HELLO_MAX_SKEW_MS = 10 * 60 * 1000
+MAX_UNVERIFIED_KEYS = 256
+_SWIM_MESSAGES = (SwimPing, SwimPingReq, SwimGossip, SwimPushPull)
 _KIND_TO_WIRE = {CoreKind.ALIVE: UpdateKind.ALIVE, CoreKind.SUSPECT: UpdateKind.SUSPECT,
                  CoreKind.DEAD: UpdateKind.DEAD, CoreKind.LEFT: UpdateKind.LEFT}  # fmt: skip
 _KIND_FROM_WIRE = {v: k for k, v in _KIND_TO_WIRE.items()}
@@ -142,7 +151,14 @@ class PeerService:
         self._replay = ReplayGuard()
         self._wakeup = trio.Event()
         self._nursery: trio.Nursery | None = None
-        self._hello_addresses: dict[str, str] = {}
+        self._hello_addresses: OrderedDict[str, str] = OrderedDict()
+        self._unverified: OrderedDict[str, None] = OrderedDict()  # keyring entries of non-members, LRU
+        self.dropped: Counter[str] = Counter()
+        self.send_failures: Counter[str] = Counter()
+        # Honest peers send us at most a few messages per gossip and probe interval; allow five of each per
+        # second (at least 50 a second), two seconds of it in a burst.
+        rate = max(50.0, 5 / config.gossip_interval + 5 / config.probe_interval)
+        self._limiter = RateLimiter(rate, 2 * rate)
         rng = random.Random(seed if seed is not None else int.from_bytes(os.urandom(8), "big"))
         self.membership = Membership(config, identity.peer_id, address, identity.public_key_raw, rng, self.now())
 
@@ -188,7 +204,7 @@ class PeerService:
             async with trio.open_nursery() as nursery:
                 for action in actions:
                     if isinstance(action, SendGossip | SendPing | SendPushPull):
-                        nursery.start_soon(self._send_action, action)
+                        nursery.start_soon(self._guarded_send, action)
 
     def feed(self, event: Event) -> None:
         """Hand ``event`` to the core and carry out its actions."""
@@ -202,6 +218,9 @@ class PeerService:
             log.info("peer %s is now %s (incarnation %d)", action.peer[:12], state, action.incarnation)
             if action.state is MemberState.ALIVE and action.public_key:
                 self.keyring.setdefault(action.peer, action.public_key)
+                self._unverified.pop(action.peer, None)
+            elif action.state is None and action.peer in self.keyring:
+                self._note_unverified(action.peer)  # forgotten: its key becomes evictable
             for listener in self.listeners:
                 listener(action)
             return
@@ -221,7 +240,7 @@ class PeerService:
             self._fill(("pp", action.to, 0), action)
             return
         assert self._nursery is not None, "PeerService.run must be running before messages flow"
-        self._nursery.start_soon(self._send_action, action)
+        self._nursery.start_soon(self._guarded_send, action)
 
     def _fill(self, key: tuple[str, str, int], value: object) -> None:
         slot = self._replies.get(key)
@@ -230,6 +249,14 @@ class PeerService:
             slot.event.set()
 
     # ------------------------------------------------------------------------------------------ outbound
+    async def _guarded_send(self, action: Action) -> None:
+        """Carry out one send; whatever goes wrong is logged and counted, never fatal to the membership nursery."""
+        try:
+            await self._send_action(action)
+        except Exception as exc:
+            self.send_failures[type(action).__name__] += 1
+            log.warning("sending %s failed: %s: %s", type(action).__name__, type(exc).__name__, exc)
+
     async def _send_action(self, action: Action) -> None:
         if isinstance(action, SendPing):
             t0 = time.monotonic()
@@ -273,6 +300,9 @@ class PeerService:
         hello = self._accept_hello(response[1:])
         if hello is not None:
             self._hello_addresses[address] = hello.peer_id
+            self._hello_addresses.move_to_end(address)
+            while len(self._hello_addresses) > MAX_UNVERIFIED_KEYS:
+                self._hello_addresses.popitem(last=False)
         return hello
 
     async def request(self, address: str, peer: str | None, msg: object, timeout: float, *,
@@ -330,13 +360,21 @@ class PeerService:
             self.rejected[exc.reason] += 1
             log.debug("rejected a message: %s", exc)
             return b""
+        if isinstance(msg, _SWIM_MESSAGES) and not self._limiter.allow(header.sender, self.now()):
+            self.dropped["rate_limited"] += 1
+            return b""
         answer = await self._on_message(header, msg)
         if answer is None:
             return b""
-        return b"E" + seal_message(
-            self.identity, answer, boot_id=self.boot_id, seq=next(self._seq), timestamp_ms=wall_ms(),
-            recipient=header.sender, job_id=header.job_id, term=header.term, epoch=header.epoch,
-        )  # fmt: skip
+        try:
+            return b"E" + seal_message(
+                self.identity, answer, boot_id=self.boot_id, seq=next(self._seq), timestamp_ms=wall_ms(),
+                recipient=header.sender, job_id=header.job_id, term=header.term, epoch=header.epoch,
+            )  # fmt: skip
+        except Exception as exc:  # an answer we cannot encode is our bug; the caller gets no answer, we go on
+            self.send_failures[type(answer).__name__] += 1
+            log.warning("could not encode a %s answer: %s", type(answer).__name__, exc)
+            return b""
 
     def _open(self, frame: bytes) -> tuple[Header, object]:
         header, msg = open_message(
@@ -417,10 +455,23 @@ class PeerService:
                     self.duplicates.append(message)
                     log.error("%s", message)
             return None
-        self.keyring[hello.peer_id] = hello.public_key
+        if self.keyring.get(hello.peer_id) != hello.public_key:
+            self.keyring[hello.peer_id] = hello.public_key
+        if self.membership.state_of(hello.peer_id) is None:
+            self._note_unverified(hello.peer_id)
         info = self.info.setdefault(hello.peer_id, PeerInfo())
         info.device, info.boot_id = hello.device, hello.boot_id
         return hello
+
+    def _note_unverified(self, peer: str) -> None:
+        """``peer``'s key is in the keyring but it is not a member: keep at most MAX_UNVERIFIED_KEYS such keys."""
+        self._unverified[peer] = None
+        self._unverified.move_to_end(peer)
+        while len(self._unverified) > MAX_UNVERIFIED_KEYS:
+            old, _ = self._unverified.popitem(last=False)
+            if self.membership.state_of(old) is None and old != self.identity.peer_id:
+                self.keyring.pop(old, None)
+                self.info.pop(old, None)
 
     # ------------------------------------------------------------------------------------------ gossip
     def _wire(self, updates: tuple[Update, ...]) -> tuple[GossipUpdate, ...]:
@@ -489,6 +540,15 @@ class PeerService:
     def alive_peers(self) -> dict[str, str]:
         """peer id -> address of every member we consider alive (ourselves included)."""
         return {p: m.address for p, m in self.membership.members.items() if m.state is MemberState.ALIVE}
+
+    def drops(self) -> dict[str, int]:
+        """Every message or update we dropped, by reason (the ``dropped.membership`` section of ``status``)."""
+        out: Counter[str] = Counter()
+        out.update(self.rejected)
+        out.update(self.dropped)
+        out.update(self.membership.dropped)
+        out.update({f"send_failed_{k}": v for k, v in self.send_failures.items()})
+        return dict(sorted(out.items()))
 
     def counters(self) -> dict[str, Any]:
         return {"rejected": dict(self.rejected), "sent": dict(self.sent), "bytes_sent": self.bytes_sent,

@@ -35,6 +35,12 @@ class MembershipConfig:
     tombstone_ttl: float
     awareness_max_multiplier: int
     packet_budget: int = 1400
+    # Bounds on members (see swim.Membership): the table, members per address host, and members learned from
+    # someone else that wait for their own first message (pending), in total and per source.
+    max_members: int = 1024
+    max_members_per_host: int = 64
+    max_pending: int = 256
+    max_pending_per_source: int = 64
 
     def __post_init__(self) -> None:
         if self.probe_interval <= 0 or self.probe_timeout <= 0:
@@ -55,6 +61,8 @@ class MembershipConfig:
             raise ValueError(
                 "tombstone_ttl must be >= gossip_to_the_dead_time, or dead members could resurrect"
             )
+        if min(self.max_members, self.max_members_per_host, self.max_pending, self.max_pending_per_source) < 1:
+            raise ValueError("max_members, max_members_per_host, max_pending and max_pending_per_source must be >= 1")
         if self.packet_budget < 200:
             raise ValueError("packet_budget must be >= 200 bytes")
 

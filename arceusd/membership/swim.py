@@ -26,9 +26,21 @@ What it does (memberlist's design, timers turned into deadlines):
 * Leave: LEFT is sent at once to every live member; then the core is silent.
 * Duplicate identity: an ALIVE for our peer id with another address or key is surfaced as
   :class:`~.events.DuplicateIdentity`, never merged.
+* A full-state sync carries gone members (dead or left) as a DEAD claim by the sender: LEFT is only ever made
+  by its subject, and a restarted member must hear that it is held gone, so that it refutes at once instead of
+  waiting for the tombstone to expire (a stopped-and-started daemon is then back as fast as a crashed one).
 
-Error handling: events are trusted to be authenticated by the driver (ALIVE and LEFT signed by their subject);
-malformed values are the codec's business. Unknown event types raise ``TypeError`` (a driver bug).
+Peers are strangers (see :mod:`.guard` for the rules): every update from the network passes
+:func:`~.guard.check_update` (who may claim what, incarnation range and window) and drops are counted in
+:attr:`Membership.dropped`. A member new to us joins the table only when its first message reaches us directly
+(its push/pull, ping, ack or gossip: the driver authenticated the sender); one we only heard of from someone
+else waits as *pending*, is pinged, and joins when it answers. Pending members are bounded per source
+(``max_pending_per_source``) and in total (``max_pending``); the table is bounded in total (``max_members``,
+evicting only tombstones, never a live member) and per address host (``max_members_per_host``). So a stranger
+that sends thousands of self-signed ALIVEs costs a bounded table of pings and displaces nobody.
+
+Error handling: events are trusted to be authenticated by the driver (ALIVE and LEFT signed by their subject,
+``sender`` the key that sealed the message). Unknown event types raise ``TypeError`` (a driver bug).
 """
 
 from __future__ import annotations
@@ -36,6 +48,7 @@ from __future__ import annotations
 import heapq
 import math
 import random
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -72,6 +85,7 @@ from arceusd.membership.events import (
     UpdateKind,
     update_size,
 )
+from arceusd.membership.guard import Drop, check_update, host_of, refuted_incarnation
 from arceusd.membership.state import Decision, Member, decide, target_state
 from arceusd.membership.suspicion import Suspicion
 
@@ -95,6 +109,17 @@ class _Probe:
     indirect_sent: bool = False
     expected_nacks: int = 0
     nacks: int = 0
+
+
+@dataclass(slots=True)
+class _Pending:
+    """A member we heard of from ``source`` and pinged; it joins the table when it answers by itself."""
+
+    update: Update
+    source: PeerId
+    deadline: float
+    pings_left: int
+    next_ping: float
 
 
 @dataclass(slots=True)
@@ -141,6 +166,8 @@ class Membership:
         self._awareness = Awareness(config.awareness_max_multiplier)
         self._left = False
         self._seen_duplicates: set[tuple[Address, bytes, int]] = set()
+        self._pending: dict[PeerId, _Pending] = {}
+        self.dropped: Counter[str] = Counter()
         # Stagger the periodic work so members started together do not probe in lockstep.
         self._next_probe = now + rng.random() * config.probe_interval
         self._next_gossip = now + rng.random() * config.gossip_interval
@@ -187,7 +214,14 @@ class Membership:
             deadline = min(deadline, suspicion.deadline)
         if self._tombstones:
             deadline = min(deadline, self._tombstones[0][0])
+        for pending in self._pending.values():
+            deadline = min(deadline, pending.next_ping, pending.deadline)
         return deadline
+
+    @property
+    def pending(self) -> frozenset[PeerId]:
+        """Members we heard of from others and wait to hear from directly (not in the table yet)."""
+        return frozenset(self._pending)
 
     def bootstrap(self, known: Gossip, now: float) -> list[Action]:
         """Merge a trusted snapshot of ALIVE members (tests, benchmarks, a cached peer list) WITHOUT queueing
@@ -211,27 +245,30 @@ class Membership:
         if self._left:
             return actions
         self._advance(now, actions)
+        sender = getattr(event, "sender", None)
+        if sender is not None and sender in self._pending:
+            self._verified(sender, now, actions)
         if isinstance(event, Tick):
             pass
         elif isinstance(event, PingReceived):
-            self._merge(event.gossip, now, actions)
+            self._merge(event.sender, event.gossip, now, actions)
             if event.target in ("", self.self_id):
                 actions.append(SendAck(event.sender, event.reply_to, event.seq, self._piggyback()))
         elif isinstance(event, AckReceived):
-            self._merge(event.gossip, now, actions)
+            self._merge(event.sender, event.gossip, now, actions)
             self._on_ack(event.seq, actions)
         elif isinstance(event, NackReceived):
             if self._probe is not None and self._probe.seq == event.seq:
                 self._probe.nacks += 1
         elif isinstance(event, PingReqReceived):
-            self._merge(event.gossip, now, actions)
+            self._merge(event.sender, event.gossip, now, actions)
             seq = self._next_seq()
             self._relays[seq] = _Relay(
                 event.sender, event.reply_to, event.seq, now + self.config.probe_timeout
             )
             actions.append(SendPing(event.target, event.target_address, seq, self._piggyback()))
         elif isinstance(event, GossipReceived):
-            self._merge(event.gossip, now, actions)
+            self._merge(event.sender, event.gossip, now, actions)
         elif isinstance(event, PushPullReceived):
             self._merge_remote_state(event.sender, event.states, now, actions)
             if not event.is_reply:
@@ -267,6 +304,7 @@ class Membership:
             self._next_push_pull = now + self.config.push_pull_interval_for(len(self._members))
             for partner in self._random_members(1, lambda m: m.state is MemberState.ALIVE):
                 actions.append(SendPushPull(partner.peer, partner.address, self._full_state(), False))
+        self._advance_pending(now, actions)
         while self._tombstones and now >= self._tombstones[0][0]:
             _, gone, changed_at = heapq.heappop(self._tombstones)
             member = self._members.get(gone)
@@ -348,15 +386,87 @@ class Membership:
             actions.append(SendGossip(member.peer, member.address, gossip))
 
     # ------------------------------------------------------------------------------------------- merging
-    def _merge(self, gossip: Gossip, now: float, actions: list[Action]) -> None:
+    def _merge(self, sender: PeerId, gossip: Gossip, now: float, actions: list[Action]) -> None:
         for update in gossip:
-            self._apply(update, now, actions)
+            self._receive(sender, update, now, actions)
 
     def _merge_remote_state(self, sender: PeerId, states: Gossip, now: float, actions: list[Action]) -> None:
-        for update in states:
+        # ALIVEs first: the sender's own ALIVE makes it a member before its claims about others are judged.
+        for update in sorted(states, key=lambda u: u.kind is not UpdateKind.ALIVE):
             if update.kind in (UpdateKind.DEAD, UpdateKind.SUSPECT):
                 update = Update(UpdateKind.SUSPECT, update.peer, update.incarnation, sender or update.origin)
-            self._apply(update, now, actions)
+            self._receive(sender, update, now, actions)
+
+    def _receive(self, sender: PeerId, update: Update, now: float, actions: list[Action]) -> None:
+        """An update from the network: check it (:mod:`.guard`), hold new members pending, then apply."""
+        member = self._members.get(update.peer)
+        origin = self._members.get(update.origin)
+        origin_is_member = update.origin == self.self_id or (origin is not None and origin.state in _LIVE)
+        drop = check_update(update, None if member is None else member.incarnation, origin_is_member)
+        if drop is None and member is None and update.kind is UpdateKind.ALIVE:
+            if sender != update.peer:
+                self._hold_pending(sender, update, now, actions)
+                return
+            self._pending.pop(update.peer, None)
+            drop = self._admit(update, now, actions)
+        if drop is not None:
+            self.dropped[drop.value] += 1
+            return
+        self._apply(update, now, actions)
+
+    # ------------------------------------------------------------------------------------------- admission
+    def _hold_pending(self, source: PeerId, update: Update, now: float, actions: list[Action]) -> None:
+        pending = self._pending.get(update.peer)
+        if pending is not None:
+            if update.incarnation > pending.update.incarnation:
+                pending.update = update
+            return
+        if len(self._pending) >= self.config.max_pending:
+            self.dropped[Drop.PENDING_TOTAL.value] += 1
+            return
+        if sum(1 for p in self._pending.values() if p.source == source) >= self.config.max_pending_per_source:
+            self.dropped[Drop.PENDING_PER_SOURCE.value] += 1
+            return
+        interval = self.config.probe_interval
+        self._pending[update.peer] = _Pending(update, source, now + 4 * interval, 3, now)
+        self._advance_pending(now, actions)
+
+    def _advance_pending(self, now: float, actions: list[Action]) -> None:
+        for peer in [p for p, pending in self._pending.items() if now >= pending.deadline]:
+            del self._pending[peer]
+        for pending in self._pending.values():
+            if now >= pending.next_ping and pending.pings_left > 0:
+                pending.pings_left -= 1
+                pending.next_ping = now + self.config.probe_interval if pending.pings_left else math.inf
+                u = pending.update
+                actions.append(SendPing(u.peer, u.address, self._next_seq(), self._piggyback()))
+
+    def _verified(self, peer: PeerId, now: float, actions: list[Action]) -> None:
+        """``peer`` (pending) reached us directly: it holds its key and answers at an address."""
+        update = self._pending.pop(peer).update
+        drop = self._admit(update, now, actions)
+        if drop is not None:
+            self.dropped[drop.value] += 1
+            return
+        self._apply(update, now, actions)
+
+    def _admit(self, update: Update, now: float, actions: list[Action]) -> Drop | None:
+        """Room in the table for a new member: per host, then in total (evicting the oldest tombstone)."""
+        host = host_of(update.address)
+        same_host = sum(1 for m in self._members.values() if m.state in _LIVE and host_of(m.address) == host)
+        if same_host >= self.config.max_members_per_host:
+            return Drop.PER_HOST
+        if len(self._members) < self.config.max_members:
+            return None
+        gone = [m for m in self._members.values() if m.state in _GONE]
+        if not gone:
+            return Drop.TABLE_FULL
+        oldest = min(gone, key=lambda m: m.state_change)
+        del self._members[oldest.peer]
+        actions.append(
+            MemberChanged(oldest.peer, oldest.state, None, oldest.incarnation, oldest.address, oldest.public_key)
+        )
+        return None
 
     def _apply(self, update: Update, now: float, actions: list[Action], rebroadcast: bool = True) -> None:
         if update.peer == self.self_id:
@@ -447,7 +557,7 @@ class Membership:
 
     def _refute(self, incarnation: int) -> None:
         me = self._members[self.self_id]
-        me.incarnation = max(me.incarnation, incarnation) + 1
+        me.incarnation = refuted_incarnation(me.incarnation, incarnation)
         self._awareness.apply_delta(1)
         self._queue.push(self._self_alive())
 
@@ -474,8 +584,9 @@ class Membership:
         for m in self._members.values():
             if m.state is MemberState.ALIVE or m.peer == self.self_id:
                 out.append(Update(_KIND_OF[m.state], m.peer, m.incarnation, m.peer, m.address, m.public_key))
-            else:
-                out.append(Update(_KIND_OF[m.state], m.peer, m.incarnation, self.self_id))
+            else:  # gone members travel as our DEAD claim (see the module docstring)
+                kind = UpdateKind.SUSPECT if m.state is MemberState.SUSPECT else UpdateKind.DEAD
+                out.append(Update(kind, m.peer, m.incarnation, self.self_id))
         return tuple(out)
 
     def _piggyback(self) -> Gossip:

@@ -222,6 +222,7 @@ def test_stale_alive_cannot_resurrect_a_dead_member_until_the_tombstone_expires(
     core = Membership(cfg, "me", "addr-me", b"k", random.Random(0), now=0.0)
     alive = Update(UpdateKind.ALIVE, "x", 3, "x", "addr-x", b"kx")
     core.handle(GossipReceived("x", (alive,)), 0.0)
+    core.handle(GossipReceived("y", (Update(UpdateKind.ALIVE, "y", 1, "y", "addr-y", b"ky"),)), 0.0)
     core.handle(GossipReceived("y", (Update(UpdateKind.DEAD, "x", 3, "y"),)), 0.1)
     core.handle(GossipReceived("z", (alive,)), 0.2)
     assert core.state_of("x") is MemberState.DEAD

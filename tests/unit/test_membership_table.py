@@ -2,7 +2,9 @@
 lower/equal/higher.
 
 The expected table below is written from memberlist's state.go (aliveNode/suspectNode/deadNode) and checked by
-driving the real core with GossipReceived events, not by calling the rule function alone.
+driving the real core with GossipReceived events, not by calling the rule function alone. The accusers are
+members (SUSPECT/DEAD from a non-member are dropped, see test_membership_guard.py) and the target's own updates
+come from the target itself (a member heard of only through someone else waits pending until it answers).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import random
 
 import pytest
 
-from arceusd.membership import Membership, local
+from arceusd.membership import Membership, MembershipConfig, local
 from arceusd.membership.events import GossipReceived, MemberState, Update, UpdateKind
 from arceusd.membership.state import Decision, decide
 
@@ -78,12 +80,28 @@ def _update(kind: UpdateKind, incarnation: int, origin: str = "accuser") -> Upda
     return Update(kind, PEER, incarnation, origin)
 
 
+ACCUSERS = ("x", "accuser", "first", "second")
+
+
+def _new_core(incarnation: int = 1, config: MembershipConfig | None = None) -> Membership:
+    core = Membership(config or local(), "me", "addr-me", b"key-me", random.Random(0), now=0.0,
+                      incarnation=incarnation)  # fmt: skip
+    core.bootstrap(tuple(Update(UpdateKind.ALIVE, p, 1, p, f"addr-{p}", b"k") for p in ACCUSERS), 0.0)
+    return core
+
+
+def _from(update: Update) -> str:
+    """The sender that carries ``update``: the subject for its own ALIVE/LEFT, another member otherwise."""
+    return update.peer if update.kind in (UpdateKind.ALIVE, UpdateKind.LEFT) else "x"
+
+
 def _core_in(state: MemberState | None) -> Membership:
-    core = Membership(local(), "me", "addr-me", b"key-me", random.Random(0), now=0.0)
+    core = _new_core()
     if state is not None:
-        core.handle(GossipReceived("x", (_update(UpdateKind.ALIVE, BASE),)), 0.0)
+        core.handle(GossipReceived(PEER, (_update(UpdateKind.ALIVE, BASE),)), 0.0)
         for kind in SETUP[state]:
-            core.handle(GossipReceived("x", (_update(kind, BASE, origin="first"),)), 0.0)
+            u = _update(kind, BASE, origin="first")
+            core.handle(GossipReceived(_from(u), (u,)), 0.0)
     assert core.state_of(PEER) is state
     return core
 
@@ -96,7 +114,8 @@ def test_table_is_complete() -> None:
 def test_cell(current: MemberState | None, kind: UpdateKind, rel: int) -> None:
     core = _core_in(current)
     incarnation = BASE + rel
-    actions = core.handle(GossipReceived("x", (_update(kind, incarnation),)), 0.001)
+    u = _update(kind, incarnation)
+    actions = core.handle(GossipReceived(_from(u), (u,)), 0.001)
     expected = EXPECTED[(current, kind, rel)]
     assert core.state_of(PEER) is expected
     member = core.members.get(PEER)
@@ -120,9 +139,8 @@ def test_rule_function_agrees_with_core(current: MemberState | None, kind: Updat
 
 def test_suspect_on_suspect_counts_a_confirmation_and_regossips() -> None:
     config = dataclasses.replace(local(), suspicion_mult=3)  # one expected confirmation among 6 members
-    core = Membership(config, "me", "addr-me", b"key-me", random.Random(0), now=0.0)
-    others = tuple(Update(UpdateKind.ALIVE, f"o{i}", 1, f"o{i}", f"addr-o{i}", b"k") for i in range(4))
-    core.handle(GossipReceived("x", (*others, _update(UpdateKind.ALIVE, BASE))), 0.0)
+    core = _new_core(config=config)
+    core.handle(GossipReceived(PEER, (_update(UpdateKind.ALIVE, BASE),)), 0.0)
     core.handle(GossipReceived("x", (_update(UpdateKind.SUSPECT, BASE, origin="first"),)), 0.0)
     assert core._suspicions[PEER].expected == config.suspicion_confirmations(6) == 1
     before = core._suspicions[PEER].deadline
@@ -138,10 +156,13 @@ def test_suspect_on_suspect_counts_a_confirmation_and_regossips() -> None:
 @pytest.mark.parametrize("kind", [UpdateKind.SUSPECT, UpdateKind.DEAD, UpdateKind.LEFT])
 @pytest.mark.parametrize("rel", [LOWER, EQUAL, HIGHER])
 def test_claims_about_self_are_refuted_unless_stale(kind: UpdateKind, rel: int) -> None:
-    core = Membership(local(), "me", "addr-me", b"key-me", random.Random(0), now=0.0, incarnation=BASE)
+    core = _new_core(incarnation=BASE)
     claim = Update(kind, "me", BASE + rel, "accuser")
     core.handle(GossipReceived("accuser", (claim,)), 0.0)
-    if rel == LOWER:
+    if kind is UpdateKind.LEFT:  # only we may say we left: a LEFT about us made by another is dropped
+        assert core.incarnation == BASE
+        assert core.dropped["alive_or_left_not_from_subject"] == 1
+    elif rel == LOWER:
         assert core.incarnation == BASE
     else:
         assert core.incarnation == BASE + rel + 1
