@@ -194,6 +194,23 @@ class FrameSealer:
         self, header: bytes, payload: bytes | bytearray | memoryview, *, kind: int = FRAME_DATA
     ) -> bytes:
         """The wire bytes of one frame. Raises LocalProtocolError when over the limits or after CLOSE."""
+        wire = self._seal(header, payload, kind, split=False)
+        assert isinstance(wire, bytes)
+        return wire
+
+    def seal_parts(
+        self, header: bytes, payload: bytes | bytearray | memoryview, *, kind: int = FRAME_DATA
+    ) -> tuple[bytes, memoryview, bytes]:
+        """The same frame as :meth:`seal` as three parts whose concatenation is its wire bytes: prefix and
+        header, the payload (a view of the caller's buffer, not copied) and the tag. For a transport that
+        cuts a large frame into several messages: it copies each byte once, into its message."""
+        parts = self._seal(header, payload, kind, split=True)
+        assert isinstance(parts, tuple)
+        return parts
+
+    def _seal(
+        self, header: bytes, payload: bytes | bytearray | memoryview, kind: int, *, split: bool
+    ) -> bytes | tuple[bytes, memoryview, bytes]:
         if self.closed:
             raise LocalProtocolError("stream_closed", "cannot send on a stream after its CLOSE frame")
         if kind not in (FRAME_DATA, FRAME_CLOSE):
@@ -215,6 +232,12 @@ class FrameSealer:
                 "too_many_frames", "a stream carries at most 2**32 frames; open a new one"
             )
         prefix = FRAME_PREFIX.pack(kind, len(header), view.nbytes)
+        if split:
+            tag = self._mac.tag_parts(self.sequence, (prefix, header, view))
+            self.sequence += 1
+            if kind == FRAME_CLOSE:
+                self.closed = True
+            return prefix + header, view, tag
         if view.nbytes <= _ONE_SHOT_PAYLOAD:
             body = b"".join((prefix, header, view))
             wire = body + self._mac.tag(self.sequence, body)

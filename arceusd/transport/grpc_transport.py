@@ -106,8 +106,14 @@ class _GrpcConduit:
     """A gRPC bidirectional call (either end) seen as a Conduit."""
 
     def __init__(
-        self, outbox: FrameQueue, inbox: FrameQueue, flushed: trio.Event, cancel: Callable[[], None]
+        self,
+        outbox: FrameQueue,
+        inbox: FrameQueue,
+        flushed: trio.Event,
+        cancel: Callable[[], None],
+        max_message: int,
     ) -> None:
+        self.max_message: int | None = max_message
         self._outbox = outbox
         self._inbox = inbox
         self._flushed = flushed  # client: the call ended (reader done); server: our response generator ended
@@ -116,7 +122,7 @@ class _GrpcConduit:
     async def wait_space(self) -> None:
         await self._outbox.wait_space()
 
-    def put_nowait(self, message: bytes) -> None:
+    def put_nowait(self, message: bytes | tuple[bytes, ...]) -> None:
         self._outbox.put_nowait(message)
 
     async def receive(self) -> bytes:
@@ -145,7 +151,9 @@ def _outgoing(outbox: FrameQueue, context: grpc.ServicerContext | None, limit: i
     over ``limit`` bytes split into messages of at most ``limit``)."""
     while True:
         batch = outbox.get_batch_blocking(_SMALL_FRAME, _MAX_BATCH)
-        if isinstance(batch, list):
+        if isinstance(batch, tuple):  # a frame the stream already cut into messages of at most ``limit``
+            yield from batch
+        elif isinstance(batch, list):
             message = batch[0] if len(batch) == 1 else b"".join(batch)
             if len(message) <= limit:
                 yield message
@@ -269,7 +277,7 @@ class GrpcTransport:
         inbox = FrameQueue(self.config.queue_frames, self._token)
         reader_done = trio.Event()
         call = stub(_outgoing(outbox, None, self.config.max_message))
-        conduit = _GrpcConduit(outbox, inbox, reader_done, call.cancel)
+        conduit = _GrpcConduit(outbox, inbox, reader_done, call.cancel, self.config.max_message)
 
         def read() -> None:
             _pump(call, inbox, self._token, reader_done)
@@ -382,7 +390,7 @@ class GrpcTransport:
         def cancel() -> None:
             pass  # ending our response generator (outbox aborted) ends the call with an error status
 
-        conduit = _GrpcConduit(outbox, inbox, generator_done, cancel)
+        conduit = _GrpcConduit(outbox, inbox, generator_done, cancel, self.config.max_message)
         context.add_callback(on_done)
         threading.Thread(
             target=_pump, args=(requests, inbox, token, reader_done), name="arceus-stream-reader", daemon=True

@@ -40,8 +40,11 @@ class _MemoryConduit:
     async def wait_space(self) -> None:
         await self._outbox.wait_space()
 
-    def put_nowait(self, message: bytes) -> None:
-        self._outbox.put_nowait(self._network.tamper(message))
+    max_message: int | None = None  # whole frames, however large
+
+    def put_nowait(self, message: bytes | tuple[bytes, ...]) -> None:
+        whole = message if isinstance(message, bytes) else b"".join(message)
+        self._outbox.put_nowait(self._network.tamper(whole))
 
     async def receive(self) -> bytes:
         item = await self._inbox.get()

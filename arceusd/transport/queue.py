@@ -41,8 +41,13 @@ class Aborted:
     code: str = "aborted"
 
 
+#: One queued item: a wire message, or a frame cut into consecutive messages (sent one after another, never
+#: batched with others; it counts as one item against the capacity).
+Item = bytes | tuple[bytes, ...]
+
+
 class FrameQueue:
-    """Bounded FIFO of ``bytes``; producers are trio tasks, the single consumer a thread or a trio task."""
+    """Bounded FIFO of :data:`Item`; producers are trio tasks, the single consumer a thread or a trio task."""
 
     def __init__(self, capacity: int, token: trio.lowlevel.TrioToken) -> None:
         if capacity < 1:
@@ -50,7 +55,7 @@ class FrameQueue:
         self._capacity = capacity
         self._token = token
         self._cond = threading.Condition(threading.Lock())
-        self._items: deque[bytes] = deque()
+        self._items: deque[Item] = deque()
         self._closed = False
         self._aborted: Aborted | None = None
         self._space_waiters: list[trio.Event] = []
@@ -70,7 +75,7 @@ class FrameQueue:
                 self._space_waiters.append(event)
             await event.wait()
 
-    def put_nowait(self, item: bytes) -> None:
+    def put_nowait(self, item: Item) -> None:
         """Queue ``item``; call only right after ``wait_space`` returned (no await in between)."""
         with self._cond:
             if self._closed or self._aborted is not None:
@@ -117,7 +122,7 @@ class FrameQueue:
 
     # ------------------------------------------------------------------ consumer side
 
-    def get_blocking(self, timeout: float | None = None) -> bytes | _End | Aborted | None:
+    def get_blocking(self, timeout: float | None = None) -> Item | _End | Aborted | None:
         """From a thread: the next item, END, Aborted, or None when ``timeout`` passed first."""
         with self._cond:
             if not self._cond.wait_for(self._ready, timeout):
@@ -128,20 +133,24 @@ class FrameQueue:
         self._wake(waiters)
         return result
 
-    def get_batch_blocking(self, small: int, max_bytes: int) -> list[bytes] | _End | Aborted:
+    def get_batch_blocking(self, small: int, max_bytes: int) -> list[bytes] | tuple[bytes, ...] | _End | Aborted:
         """From a thread: the next item, plus any further queued items while all are under ``small`` bytes
-        and the total stays under ``max_bytes`` (so bursts of small frames travel as one message)."""
+        and the total stays under ``max_bytes`` (so bursts of small frames travel as one message). A split
+        frame (a tuple) comes alone, as it is."""
         with self._cond:
             self._cond.wait_for(self._ready)
             first = self._take()
-            if not isinstance(first, bytes):
+            if isinstance(first, tuple):
+                batch: list[bytes] | tuple[bytes, ...] = first
+            elif not isinstance(first, bytes):
                 return first
-            batch, total = [first], len(first)
-            if total < small:
-                while (
-                    self._items and len(self._items[0]) < small and total + len(self._items[0]) <= max_bytes
-                ):
-                    item = self._items.popleft()
+            else:
+                batch, total = [first], len(first)
+                while total < small and self._items:
+                    item = self._items[0]
+                    if not isinstance(item, bytes) or len(item) >= small or total + len(item) > max_bytes:
+                        break
+                    self._items.popleft()
                     batch.append(item)
                     total += len(item)
             self._cond.notify_all()
@@ -149,7 +158,7 @@ class FrameQueue:
         self._wake(waiters)
         return batch
 
-    async def get(self) -> bytes | _End | Aborted:
+    async def get(self) -> Item | _End | Aborted:
         """From trio: the next item, END or Aborted."""
         while True:
             with self._cond:
@@ -167,7 +176,7 @@ class FrameQueue:
     def _ready(self) -> bool:
         return bool(self._items) or self._closed or self._aborted is not None
 
-    def _take(self) -> bytes | _End | Aborted:
+    def _take(self) -> Item | _End | Aborted:
         if self._aborted is not None:
             return self._aborted
         if self._items:

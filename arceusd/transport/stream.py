@@ -79,13 +79,41 @@ class TransportConfig:
     #: stream's frame limit never raises what an unauthenticated call may make us buffer.
     max_message: int = MAX_CONTROL_MESSAGE
 
+#: What a conduit queues: one wire message, or one frame already cut into consecutive messages.
+Outgoing = bytes | tuple[bytes, ...]
+
+
+def split_parts(parts: tuple[bytes | memoryview, ...], limit: int) -> tuple[bytes, ...]:
+    """Cut the concatenation of ``parts`` into messages of at most ``limit`` bytes, copying each byte once."""
+    messages: list[bytes] = []
+    pending: list[bytes | memoryview] = []
+    room = limit
+    for part in parts:
+        view = memoryview(part)
+        while view.nbytes:
+            take = min(room, view.nbytes)
+            pending.append(view[:take])
+            view, room = view[take:], room - take
+            if room == 0:
+                messages.append(b"".join(pending))
+                pending, room = [], limit
+    if pending:
+        messages.append(b"".join(pending))
+    return tuple(messages)
+
+
 class Conduit(Protocol):
-    """A bidirectional pipe of whole messages (trio side). Implemented for gRPC and in memory."""
+    """A bidirectional pipe of whole messages (trio side). Implemented for gRPC and in memory.
+
+    ``max_message``: the largest message the pipe carries (None: no limit); a frame over it is queued as a
+    tuple of messages that the receiving :class:`Stream` puts back together."""
+
+    max_message: int | None
 
     async def wait_space(self) -> None:
         """Return once put_nowait will succeed; trio.ClosedResourceError when sending is over."""
 
-    def put_nowait(self, message: bytes) -> None: ...
+    def put_nowait(self, message: Outgoing) -> None: ...
 
     async def receive(self) -> bytes:
         """The next message; trio.EndOfChannel at a clean end, TransportError when the pipe broke."""
@@ -151,7 +179,12 @@ class Stream:
             raise trio.ClosedResourceError("this stream was closed with aclose()")
         async with self._send_lock:
             await self._conduit.wait_space()
-            self._conduit.put_nowait(self._session.sealer.seal(header, payload))
+            sealer, limit = self._session.sealer, self._conduit.max_message
+            size = sa.FRAME_PREFIX.size + len(header) + memoryview(payload).nbytes + sa.TAG_BYTES
+            if limit is not None and size > limit:
+                self._conduit.put_nowait(split_parts(sealer.seal_parts(header, payload), limit))
+            else:
+                self._conduit.put_nowait(sealer.seal(header, payload))
 
     async def receive(self) -> tuple[bytes, memoryview]:
         """The next (header, payload) frame; payload is a view into the received message (no copy).

@@ -11,13 +11,15 @@ import pytest
 import trio
 
 from arceusd.identity import Identity
-from arceusd.transport.stream import Stream, TransportConfig
+from arceusd.transport.stream import Stream, TransportConfig, split_parts
 from protocol import stream_auth as sa
 from protocol.errors import RemoteProtocolError
 
 
 class ListConduit:
     """Delivers a fixed list of messages, then a clean end."""
+
+    max_message: int | None = None
 
     def __init__(self, messages: list[bytes]) -> None:
         self.messages = list(messages)
@@ -26,7 +28,7 @@ class ListConduit:
     async def wait_space(self) -> None:
         return None
 
-    def put_nowait(self, message: bytes) -> None:
+    def put_nowait(self, message: bytes | tuple[bytes, ...]) -> None:
         return None
 
     async def receive(self) -> bytes:
@@ -56,6 +58,16 @@ def sessions(limits: sa.Limits, server_limits: sa.Limits | None = None) -> tuple
 
 def receiver(messages: list[bytes], session: sa.Session, rejected: Counter[str]) -> Stream:
     return Stream(ListConduit(messages), session, rejected, TransportConfig())
+
+
+def test_split_parts_copies_into_messages_of_at_most_the_limit() -> None:
+    parts = (b"head", memoryview(bytes(range(256)) * 40), b"tag-16-bytes....")
+    whole = b"".join(bytes(p) for p in parts)
+    for limit in (1, 7, 100, 4096, len(whole) - 1, len(whole), len(whole) + 5):
+        messages = split_parts(parts, limit)
+        assert b"".join(messages) == whole
+        assert all(0 < len(m) <= limit for m in messages)
+        assert len(messages) == -(-len(whole) // limit)
 
 
 @pytest.mark.parametrize("seed", range(20))
