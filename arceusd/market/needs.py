@@ -1,14 +1,18 @@
 """Matching a device's offer against a job's needs and the owner's policy: pure.
 
-Owns: :class:`DeviceOffer` (what this device brings: kind, memory it lends, measured FLOP/s), :class:`JobNeeds`
-(a job's ``[needs]`` plus its owner, model size and current members: what the match looks at), the asking price
-(:func:`asking_price`: the market price, raised to the policy's lowest), and :func:`match`:
-(offer, policy, snapshot, job, demand) -> :class:`Match` (qualifies, or every reason why not).
+Owns: :class:`DeviceOffer` (what this device brings: kind, memory it lends, measured FLOP/s, its workers' thread
+count), :class:`JobNeeds` (a job's ``[needs]`` plus its owner, model size and current members: what the match
+looks at), the price a job pays a device (:func:`pay`: the market price for the device's FLOP/s, at most the
+job's highest) and :func:`match`: (offer, policy, snapshot, job, demand) -> :class:`Match` (qualifies, or every
+reason why not).
 
-A device qualifies for a job when its policy accepts the job now (``arceusd.market.policy.evaluate``), its
-asking price is at most the job's highest (``max_price_per_hour``; 0 = none stated), its kind is one the job
-takes (a GPU the policy keeps back counts as a CPU), it lends at least ``memory_per_device_mib``, and the job
-still needs devices (fewer members than ``max_members``). A job that states no needs takes any device.
+A device qualifies for a job when its policy accepts the job now (``arceusd.market.policy.evaluate``, which
+refuses a pay below the policy's lowest price: so a device whose lowest price is above the job's highest never
+joins), its kind is one the job takes (a GPU the policy keeps back counts as a CPU), it lends at least
+``memory_per_device_mib``, its workers use no more threads than the policy's ``max_cores``, and the job still
+needs devices (fewer members than ``max_members``). A job that states no needs takes any device. The leader pays
+by the same rule (``arceusd.market.receipts``), so what a device was matched at is what its receipts say, up to
+the difference between the two devices' views of the demand.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ class DeviceOffer:
     kind: str
     memory_bytes: int
     flops_per_s: float
+    threads: int = 1
 
 
 @dataclass(frozen=True)
@@ -57,11 +62,11 @@ class JobNeeds:
 class Unfit(enum.Enum):
     """Why a job does not take this device (besides the policy's reasons)."""
 
-    PRICE_ABOVE_MAX = "this device asks more than the job's highest price"
     KIND = "the job does not take this kind of device"
     MEMORY = "this device lends less memory than the job needs per device"
     FULL = "the job has all the members it wants"
     ALREADY = "this device is already a member"
+    CORES = "this device's workers use more threads than policy.max_cores"
 
 
 @dataclass(frozen=True)
@@ -93,9 +98,11 @@ def demand_in_view(jobs: list[JobNeeds], alive_devices: int, busy_devices: int) 
     return Demand(wanting, max(0, alive_devices - busy_devices))
 
 
-def asking_price(offer: DeviceOffer, policy: Policy, demand: Demand = NEUTRAL) -> float:
-    """Dollars per hour this device asks: the market price for its FLOP/s, never below the policy's lowest."""
-    return max(price_per_hour(offer.flops_per_s, demand), policy.min_price_per_hour)
+def pay(flops_per_s: float, max_price_per_hour: float, demand: Demand = NEUTRAL) -> float:
+    """Dollars per hour a job pays a device: the market price for its FLOP/s, at most the job's highest (0 =
+    none stated)."""
+    market = price_per_hour(flops_per_s, demand)
+    return min(market, max_price_per_hour) if max_price_per_hour else market
 
 
 def effective_kind(offer: DeviceOffer, policy: Policy) -> str:
@@ -105,11 +112,11 @@ def effective_kind(offer: DeviceOffer, policy: Policy) -> str:
 def match(offer: DeviceOffer, policy: Policy, snap: Snapshot, job: JobNeeds, demand: Demand = NEUTRAL,
           member: bool = False) -> Match:  # fmt: skip
     """Whether this device qualifies for ``job`` now, at its asking price, and every reason it does not."""
-    price = asking_price(offer, policy, demand)
+    price = pay(offer.flops_per_s, job.max_price_per_hour, demand)
     facts = JobFacts(job.owner, job.model_params, price)
     reasons: list[Refusal | Misfit] = list(evaluate(policy, snap, facts).refusals)
-    if job.max_price_per_hour and price > job.max_price_per_hour:
-        reasons.append(Misfit(Unfit.PRICE_ABOVE_MAX, f"${price:.4f}/h > ${job.max_price_per_hour:.4f}/h"))
+    if policy.max_cores and offer.threads > policy.max_cores:
+        reasons.append(Misfit(Unfit.CORES, f"{offer.threads} > {policy.max_cores}"))
     kind = effective_kind(offer, policy)
     if job.device_kinds and kind not in job.device_kinds:
         reasons.append(Misfit(Unfit.KIND, f"{kind} not in {', '.join(job.device_kinds)}"))

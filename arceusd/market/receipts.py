@@ -19,7 +19,8 @@ Work is measured by the leader and bounded by the plan, never taken from the dev
 - FLOPs = steps x the device's share of the model's FLOPs under the plan x the FLOPs of one step;
 - device-seconds = the leader's own clock between the commits, at most :data:`PLAN_SLACK` x the plan's
   predicted step time per step;
-- the price is the leader's market price for the device's measured FLOP/s, at most the job's highest.
+- the price is the market price for the device's measured FLOP/s in the leader's view, at most the job's
+  highest (``arceusd.market.needs.pay``: the rule the device was matched by).
 """
 
 from __future__ import annotations

@@ -30,10 +30,10 @@ import trio
 
 from arceusd.control import RequestError
 from arceusd.market.ledger import Ledger, LedgerError
-from arceusd.market.needs import DeviceOffer, JobNeeds, demand_in_view, match
+from arceusd.market.needs import DeviceOffer, JobNeeds, demand_in_view, match, pay
 from arceusd.market.policy import Policy, PolicyError, owner_back
 from arceusd.market.policy_file import load_policy
-from arceusd.market.pricing import Demand, price_per_hour
+from arceusd.market.pricing import Demand
 from arceusd.market.probes import Probe, Snapshot, probe_for
 from arceusd.market.receipts import (
     Commit,
@@ -129,7 +129,8 @@ class Market:
 
     async def offer(self) -> DeviceOffer:
         o = await self.node.jobs.offer()
-        return DeviceOffer(self.node.identity.peer_id, o.kind, int(o.memory_bytes), float(o.flops_per_s))
+        return DeviceOffer(self.node.identity.peer_id, o.kind, int(o.memory_bytes), float(o.flops_per_s),
+                           self.node.config.worker_threads)
 
     async def listing(self) -> dict[str, Any]:
         policy = self.reload()
@@ -246,10 +247,7 @@ class Market:
         per_sample = sum(b.forward_flops_per_sample + b.backward_flops_per_sample for b in blocks)
         cap = float(job.spec.needs.max_price_per_hour)
         demand = self.demand(self.job_needs())
-        prices = {}
-        for peer, offer in job.members.items():
-            price = price_per_hour(float(offer.flops_per_s), demand)
-            prices[peer] = min(price, cap) if cap else price
+        prices = {peer: pay(float(offer.flops_per_s), cap, demand) for peer, offer in job.members.items()}
         return Commit(job.job_id, job.owner, term, epoch, step, time.time(), frozenset(job.reports.get(step, {})),
                       dict(job.shares), per_sample * job.spec.training.batch_size,
                       float(job.plan.predicted_step_time_s), prices)  # fmt: skip

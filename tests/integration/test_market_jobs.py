@@ -67,7 +67,7 @@ def test_price_gate_bill_equals_earnings_and_a_tampered_ledger_is_found(swarm: L
         return rows[0] if rows and not rows[0]["qualifies"] else None
 
     row = wait_for(refused, 60, 0.5, "the dear device lists the job")
-    assert any("asks more than the job's highest price" in r and "$50.0000/h > $5.0000/h" in r
+    assert any("the job pays less than policy.min_price_per_hour" in r and "/h < $50.0000/h" in r
                for r in row["reasons"]), row
     end = wait_end(swarm, job_id, timeout=240)
     assert end["state"] == "done", end

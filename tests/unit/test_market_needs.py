@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from arceusd.jobs.spec import parse_spec
-from arceusd.market.needs import DeviceOffer, JobNeeds, Unfit, asking_price, demand_in_view, match
+from arceusd.market.needs import DeviceOffer, JobNeeds, Unfit, demand_in_view, match, pay
 from arceusd.market.policy import LAPTOP, Policy, Reason
 from arceusd.market.pricing import CLOUD_GPUS, TYPICAL_LAPTOP_FLOPS, Demand, price_per_hour
 from arceusd.market.probes import Snapshot
@@ -37,9 +37,11 @@ def test_a_job_without_needs_takes_an_idle_device_at_the_market_price() -> None:
 
 def test_a_device_whose_lowest_price_is_above_the_jobs_highest_does_not_qualify() -> None:
     m = match(LAPTOP_DEVICE, Policy(min_price_per_hour=0.50), IDLE, job(max_price_per_hour=0.40))
-    assert not m.qualifies and unfits(m) == {Unfit.PRICE_ABOVE_MAX}
-    assert "$0.5000/h > $0.4000/h" in m.why_not()
-    assert match(LAPTOP_DEVICE, Policy(min_price_per_hour=0.35), IDLE, job(max_price_per_hour=0.40)).qualifies
+    assert not m.qualifies and unfits(m) == {Reason.PRICE_TOO_LOW}
+    assert "$0.3000/h < $0.5000/h" in m.why_not()  # the market price, under the job's highest, under the floor
+    m = match(LAPTOP_DEVICE, Policy(min_price_per_hour=0.25), IDLE, job(max_price_per_hour=0.27))
+    assert m.qualifies and m.price_per_hour == 0.27  # the job's highest caps what it pays
+    assert not match(LAPTOP_DEVICE, Policy(min_price_per_hour=0.28), IDLE, job(max_price_per_hour=0.27)).qualifies
 
 
 def test_kind_memory_and_fullness() -> None:
@@ -59,12 +61,22 @@ def test_policy_reasons_come_through() -> None:
 
 
 @given(st.floats(0, 2), st.floats(0, 2), st.floats(1e9, 1e14))
-def test_asking_price_is_never_below_the_floor(floor: float, cap: float, flops: float) -> None:
+def test_a_device_joins_only_at_a_pay_between_its_floor_and_the_jobs_highest(floor: float, cap: float,
+                                                                             flops: float) -> None:  # fmt: skip
     offer = DeviceOffer("aa" * 16, "cpu", 1 << 30, flops)
-    price = asking_price(offer, Policy(min_price_per_hour=floor))
-    assert price >= floor and price >= price_per_hour(flops)
     m = match(offer, Policy(min_price_per_hour=floor), IDLE, job(max_price_per_hour=cap))
-    assert (Unfit.PRICE_ABOVE_MAX in unfits(m)) == (cap > 0 and price > cap)
+    assert m.price_per_hour == pay(flops, cap) <= price_per_hour(flops)
+    assert m.qualifies == (m.price_per_hour >= floor)
+    if m.qualifies and cap:
+        assert floor <= m.price_per_hour <= cap
+    if cap and floor > cap:
+        assert not m.qualifies
+
+
+def test_max_cores() -> None:
+    four = DeviceOffer("aa" * 16, "cpu", 1 << 30, 1e11, threads=4)
+    assert unfits(match(four, Policy(max_cores=2), IDLE, job())) == {Unfit.CORES}
+    assert match(four, Policy(max_cores=4), IDLE, job()).qualifies
 
 
 def test_demand_counts_jobs_that_want_devices_against_idle_ones() -> None:
