@@ -93,7 +93,8 @@ async def _run_network(
     node.sections["peers"] = peers.peers
     node.sections["membership"] = peers.counters
     node.sections["transport"] = transport.counters  # refused calls/streams/frames by reason, slots in use
-    node.sections["dropped"] = lambda: {"membership": peers.drops(), "transport": dict(transport.rejected)}
+    # transport.counters() copies under the transport's lock (grpc's threads count refusals concurrently)
+    node.sections["dropped"] = lambda: {"membership": peers.drops(), "transport": transport.counters()["rejected"]}
     discovery_status = DiscoveryStatus()
     node.sections["discovery"] = discovery_status.summary
 
