@@ -14,6 +14,11 @@ lists; only rank 0 sends. Optional: bf16 autocast for the forward, a ``Compressi
 every sent tensor (encode before ``send_*``, decode after ``recv_*``), and the torch device (``"cpu"``,
 ``"cuda"``, ``"cuda:1"``, ``"mps"``). With dropout > 0 results differ from a single process (per-process RNG
 streams).
+
+Replicas (``replicas.py``): with a ``ReplicaSync`` the stage is one replica's copy of its stage. In all-reduce
+mode its gradients and loss report are averaged with the other replicas' before clipping (so the loss, the norm
+and the update are the global batch's); in DiLoCo mode every ``h``-th optimizer step is followed by the outer
+step. The step's scalar exchange stays inside the replica's own pipeline.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from arceusd.models.build import loss_sum
 from arceusd.worker.links import Links
 from arceusd.worker.microbatch import split_micro_batches
 from arceusd.worker.optim import LRSchedule, OptimizerConfig, SGDConfig, clip_grad_norm_global, make_optimizer
+from arceusd.worker.replicas import ReplicaSync, SyncMode
 from arceusd.worker.schedule import (
     DEFER_WEIGHTS,
     Action,
@@ -111,6 +117,7 @@ class StageEngine:
         config: EngineConfig,
         compression: Compression | None = None,
         loss_fn: LossFn = loss_sum,
+        replicas: ReplicaSync | None = None,
     ) -> None:
         self.config = config
         self.device = torch.device(config.device)
@@ -123,6 +130,9 @@ class StageEngine:
         self.is_first = config.stage == 0
         self.is_last = config.stage == config.num_stages - 1
         self.sends = module.rank == 0
+        self.replicas = replicas
+        if replicas is not None and replicas.mode is SyncMode.DILOCO:
+            replicas.start(list(self.module.parameters()))
 
     # -- public API ------------------------------------------------------------------------------------------
 
@@ -197,6 +207,8 @@ class StageEngine:
             )
         self.optimizer.load_state_tensors(optim, step)
         self.step = step
+        if self.replicas is not None and self.replicas.mode is SyncMode.DILOCO:
+            self.replicas.start(list(self.module.parameters()))  # the loaded parameters are the new anchor
 
     # -- execution
     # ---------------------------------------------------------------------------------------------
@@ -300,6 +312,10 @@ class StageEngine:
 
         grad_norm = None
         report = run.loss_sum if (self.is_last and self.sends) else 0.0
+        if self.replicas is not None and self.replicas.mode is SyncMode.ALLREDUCE:
+            began_sync = time.perf_counter()
+            report = self.replicas.average_grads(list(self.module.parameters()), report)
+            run.wait_s += time.perf_counter() - began_sync
         if self.config.max_grad_norm is not None:
             losses: list[float] = []
 
@@ -318,6 +334,8 @@ class StageEngine:
         else:
             (loss,) = exchange((report,))
         self.optimizer.step(lr)
+        if self.replicas is not None:
+            self.replicas.after_step(list(self.module.parameters()), self.step + 1)
         spent = time.perf_counter() - began - (run.wait_s - waited)
         result = StepResult(
             step=self.step, loss=loss, grad_norm=grad_norm, lr=lr, wait_s=run.wait_s, optimizer_s=spent

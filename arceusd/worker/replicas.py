@@ -1,0 +1,203 @@
+"""Data-parallel replicas of a pipeline: how one stage keeps in step with the same stage of the other replicas.
+
+Each replica is a whole pipeline fed its own share of the global batch; the same stage of every replica forms a
+ring (``ring.py``). Two modes (``SyncMode``):
+- ``ALLREDUCE`` (fast links): before every optimizer step the stage's gradients, plus the step's loss report,
+  are averaged over the ring, in buckets of about ``bucket_bytes``. With equal shares of the batch this is the
+  computation of one process on the whole global batch (the tests check it within 1e-5). Clipping and the
+  step's scalar exchange run afterwards inside each replica, on gradients that are now the same everywhere.
+- ``DILOCO`` (slow links; Douillard et al. 2023, "DiLoCo"): each replica takes ``h`` local steps of its own
+  optimizer (AdamW in the paper), then the replicas average their pseudo-gradients (anchor - current
+  parameters), compressed with a ``protocol.compression`` codec, and apply an outer Nesterov step to the
+  anchor (the paper's defaults: outer lr 0.7, momentum 0.9); every replica resumes from the new anchor. The
+  inner optimizer's state stays local. Bytes between replicas: one model per ``h`` steps (times the codec's
+  ratio) instead of one per step.
+
+The arithmetic (``pseudo_gradient``, ``outer_nesterov_step_``, ``bucket_ranges``) is plain functions with unit
+tests; ``ReplicaSync`` only moves tensors through a ``RingLink``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from arceusd.worker.ring import RingLink, ring_allreduce_
+from protocol.compression import Bf16Codec, Fp16Codec, Int8BlockCodec
+from protocol.tensors import RAW, TensorCodec
+
+DEFAULT_BUCKET_BYTES = 4 << 20
+
+
+class SyncMode(enum.Enum):
+    ALLREDUCE = "allreduce"
+    DILOCO = "diloco"
+
+
+class ReplicaCodec(enum.Enum):
+    """Codec of the pseudo-gradients DiLoCo exchanges (``protocol.compression``)."""
+
+    RAW = "raw"
+    FP16 = "fp16"
+    BF16 = "bf16"
+    INT8 = "int8"
+
+    def codec(self) -> TensorCodec:
+        if self is ReplicaCodec.FP16:
+            return Fp16Codec()
+        if self is ReplicaCodec.BF16:
+            return Bf16Codec()
+        if self is ReplicaCodec.INT8:
+            return Int8BlockCodec()
+        return RAW
+
+
+@dataclass(frozen=True)
+class DiLoCoConfig:
+    """DiLoCo's outer loop. Defaults are the paper's (H = 500 there; small jobs want fewer)."""
+
+    h: int = 50
+    """Inner (local) steps between two synchronisations."""
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
+    codec: ReplicaCodec = ReplicaCodec.INT8
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.h <= 1_000_000:
+            raise ValueError(f"DiLoCo h must be in 1..1000000 inner steps, got {self.h}")
+        if not 0 < self.outer_lr <= 10:
+            raise ValueError(f"DiLoCo outer_lr must be in (0, 10], got {self.outer_lr}")
+        if not 0 <= self.outer_momentum < 1:
+            raise ValueError(f"DiLoCo outer_momentum must be in [0, 1), got {self.outer_momentum}")
+
+
+@dataclass(frozen=True)
+class ReplicaConfig:
+    """How this stage syncs with its peers in the other replicas (``replicas`` = ring size R)."""
+
+    replicas: int
+    mode: SyncMode = SyncMode.ALLREDUCE
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    diloco: DiLoCoConfig = field(default_factory=DiLoCoConfig)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.replicas <= 1024:
+            raise ValueError(f"replicas must be in 1..1024, got {self.replicas}")
+        if self.bucket_bytes < 4:
+            raise ValueError(f"bucket_bytes must be >= 4, got {self.bucket_bytes}")
+
+
+# -- pure arithmetic -----------------------------------------------------------------------------------------
+
+
+def bucket_ranges(numel: int, itemsize: int, bucket_bytes: int) -> tuple[tuple[int, int], ...]:
+    """[start, end) element ranges of at most ``bucket_bytes`` each (at least one element) covering ``numel``."""
+    per = max(1, bucket_bytes // max(1, itemsize))
+    return tuple((a, min(a + per, numel)) for a in range(0, numel, per))
+
+
+def pseudo_gradient(anchor: torch.Tensor, current: torch.Tensor) -> torch.Tensor:
+    """DiLoCo's outer gradient of one replica: where its inner steps moved away from the anchor (anchor -
+    current), so an outer SGD step with lr 1 and no momentum lands on the replicas' average."""
+    return anchor - current
+
+
+def outer_nesterov_step_(
+    anchor: torch.Tensor, momentum: torch.Tensor, grad: torch.Tensor, lr: float, mu: float
+) -> None:
+    """``torch.optim.SGD(nesterov=True, momentum=mu, dampening=0)``'s update of ``anchor`` with ``grad``, in
+    place (momentum buffer starts at zero: the first step's buffer is ``grad``, as torch's is)."""
+    momentum.mul_(mu).add_(grad)
+    anchor.sub_(grad.add(momentum, alpha=mu), alpha=lr)
+
+
+def flatten(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """One float32 CPU vector of ``tensors`` in order (the ring's unit)."""
+    if not tensors:
+        return torch.zeros(0)
+    return torch.cat([t.detach().reshape(-1).to("cpu", torch.float32) for t in tensors])
+
+
+# -- the stage's sync ----------------------------------------------------------------------------------------
+
+
+class ReplicaSync:
+    """One stage's sync with the same stage of the other replicas, over ``link`` (a ring of R ranks)."""
+
+    def __init__(self, config: ReplicaConfig, link: RingLink) -> None:
+        if link.world_size != config.replicas:
+            raise ValueError(f"ring of {link.world_size} for {config.replicas} replicas")
+        self.config = config
+        self.link = link
+        self._anchor: list[torch.Tensor] = []
+        self._momentum: list[torch.Tensor] = []
+        self.outer_steps = 0
+
+    @property
+    def mode(self) -> SyncMode:
+        return self.config.mode
+
+    def average_grads(self, params: Sequence[nn.Parameter], report: float) -> float:
+        """ALLREDUCE mode, before the optimizer step: average every parameter's gradient (a missing one counts
+        as zero) and ``report`` (the stage's loss report) over the replicas; returns the averaged report."""
+        world = self.config.replicas
+        if world == 1:
+            return report
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        flat = torch.cat([flatten(grads), torch.tensor([report], dtype=torch.float32)])
+        for a, b in bucket_ranges(flat.numel(), flat.element_size(), self.config.bucket_bytes):
+            bucket = flat[a:b].clone()
+            ring_allreduce_(bucket, self.link)
+            flat[a:b] = bucket
+        flat.div_(world)
+        with torch.no_grad():
+            for p, g in zip(params, _split(flat, grads), strict=True):
+                p.grad = g.view_as(p).to(p.device, p.dtype)
+        return float(flat[-1])
+
+    def after_step(self, params: Sequence[nn.Parameter], steps_done: int) -> bool:
+        """DILOCO mode, after each inner step (``steps_done`` counted from 1): every ``h`` steps the outer
+        step. Returns whether one ran. The first call records the anchor (the common start)."""
+        if self.config.mode is not SyncMode.DILOCO:
+            return False
+        if not self._anchor:
+            raise RuntimeError("DiLoCo: call start(params) before the first step")
+        if steps_done % self.config.diloco.h:
+            return False
+        self._outer_step(params)
+        return True
+
+    def start(self, params: Sequence[nn.Parameter]) -> None:
+        """Record the parameters every replica starts from (identical: same seed or same checkpoint)."""
+        self._anchor = [p.detach().to("cpu", torch.float32).clone() for p in params]
+        self._momentum = [torch.zeros_like(a) for a in self._anchor]
+
+    def _outer_step(self, params: Sequence[nn.Parameter]) -> None:
+        cfg = self.config.diloco
+        world = self.config.replicas
+        current = [p.detach().to("cpu", torch.float32) for p in params]
+        flat = flatten([pseudo_gradient(a, c) for a, c in zip(self._anchor, current, strict=True)])
+        codec = cfg.codec.codec()
+        for a, b in bucket_ranges(flat.numel(), flat.element_size(), self.config.bucket_bytes):
+            bucket = flat[a:b].clone()
+            ring_allreduce_(bucket, self.link, codec)
+            flat[a:b] = bucket
+        flat.div_(world)
+        with torch.no_grad():
+            for anchor, mom, g, p in zip(self._anchor, self._momentum, _split(flat, self._anchor), params,
+                                         strict=True):
+                outer_nesterov_step_(anchor, mom, g.view_as(anchor), cfg.outer_lr, cfg.outer_momentum)
+                p.copy_(anchor.to(p.device, p.dtype))
+        self.outer_steps += 1
+
+
+def _split(flat: torch.Tensor, like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    out, offset = [], 0
+    for t in like:
+        out.append(flat[offset:offset + t.numel()])
+        offset += t.numel()
+    return out
