@@ -22,16 +22,15 @@ import shutil
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import torch
 from safetensors import SafetensorError
 
 from arceusd import failpoints
 from arceusd.identity import Identity, peer_id_from_public_key, verify_signature
-from arceusd.safetensors_io import SafetensorsHeaderError, read_metadata
-from arceusd.safetensors_io import load_bytes as st_load
-from arceusd.safetensors_io import save_bytes as st_save
+
+if TYPE_CHECKING:  # torch is loaded by the functions that read or write tensors (workers, child processes):
+    import torch  # the daemon uses the manifests and files only, and never imports torch
 
 MANIFEST_NAME = "manifest.json"
 DOMAIN = b"arceus/checkpoint-manifest/v1\x00"
@@ -109,6 +108,8 @@ def write_shard(
     """Phase one: write one shard of step ``step`` atomically and return its record for the manifest."""
     if not SHARD_NAME.match(name):
         raise CheckpointError(f"shard name {name!r} must match {SHARD_NAME.pattern}")
+    from arceusd.safetensors_io import save_bytes as st_save
+
     cpu = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
     data = st_save(cpu, metadata=dict(metadata or {}))
     atomic_write(step_dir(root, step) / name, data, failpoint="checkpoint.before-rename")
@@ -257,6 +258,9 @@ def load_step(
 ) -> LoadedCheckpoint:
     """Load step ``step``: manifest from the first root that has a valid one; each wanted shard from the first
     root where it hashes correctly (so a corrupt local shard falls back to a replica)."""
+    from arceusd.safetensors_io import SafetensorsHeaderError, read_metadata
+    from arceusd.safetensors_io import load_bytes as st_load
+
     trusted = list(trusted_signers)
     errors: list[str] = []
     for root in roots:

@@ -2,11 +2,15 @@
 
 Services register a *status section* (a zero-argument callable returning JSON-friendly data) and control
 methods; ``arceusd status`` shows the union. This keeps :mod:`arceusd.daemon` down to opening services.
+
+Every node answers the ``modules`` control method: the top-level packages loaded in the daemon's process (the
+daemon never imports torch: its tensor work runs in child processes; a test holds it to that).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -33,6 +37,15 @@ class Node:
     elections: Any = None
     market: Any = None
     shutdown_hooks: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.methods.setdefault("modules", self._m_modules)
+
+    @staticmethod
+    async def _m_modules(_params: dict[str, Any]) -> dict[str, Any]:
+        """The top-level packages this process has imported (``torch`` must never be among them)."""
+        return {"packages": sorted({name.partition(".")[0] for name in list(sys.modules)}),
+                "count": len(sys.modules)}  # fmt: skip
 
     @property
     def paths(self) -> StatePaths:

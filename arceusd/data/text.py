@@ -10,7 +10,6 @@ rest validate (a contiguous tail, so no window straddles both). Windows: ``x = d
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,9 +17,10 @@ from pathlib import Path
 import torch
 
 from arceusd.data.errors import DataError
-
-#: Refuse text files above this size by default (256 MiB); a character model on more is out of scope here.
-DEFAULT_MAX_TEXT_BYTES = 256 << 20
+from arceusd.data.text_files import DEFAULT_MAX_TEXT_BYTES as DEFAULT_MAX_TEXT_BYTES
+from arceusd.data.text_files import file_sha256 as file_sha256
+from arceusd.data.text_files import read_text as read_text
+from arceusd.data.text_files import split_point as split_point
 
 
 @dataclass(frozen=True)
@@ -91,45 +91,6 @@ class TextData:
     vocab: CharVocab
     train: torch.Tensor
     val: torch.Tensor
-
-
-def split_point(length: int, val_fraction: float) -> int:
-    """Index where validation starts: ``int(length * (1 - val_fraction))`` (nanoGPT's 90/10 for 0.1)."""
-    if not 0.0 <= val_fraction < 1.0:
-        raise DataError(f"val_fraction must be in [0, 1), got {val_fraction}")
-    return int(length * (1.0 - val_fraction))
-
-
-def read_text(path: str | Path, *, max_bytes: int = DEFAULT_MAX_TEXT_BYTES) -> str:
-    """Read a UTF-8 text file with clear errors (missing, too large, not UTF-8, empty)."""
-    p = Path(path)
-    try:
-        size = p.stat().st_size
-        if size > max_bytes:
-            raise DataError(f"{p}: {size} bytes, over the limit of {max_bytes} bytes for a text data set")
-        raw = p.read_bytes()
-    except FileNotFoundError:
-        raise DataError(f"{p}: no such file") from None
-    except IsADirectoryError:
-        raise DataError(f"{p}: is a directory, expected a UTF-8 text file") from None
-    except OSError as e:
-        raise DataError(f"{p}: cannot read: {e.strerror or e}") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise DataError(f"{p}: not valid UTF-8 at byte {e.start}: {e.reason}") from None
-    if not text:
-        raise DataError(f"{p}: the text file is empty")
-    return text
-
-
-def file_sha256(path: str | Path) -> str:
-    """Hex sha256 of a file's bytes (streamed)."""
-    h = hashlib.sha256()
-    with Path(path).open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def load_text(

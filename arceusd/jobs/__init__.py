@@ -12,5 +12,7 @@
 - pure or file-level helpers: ``planning`` (offers, plan inputs, plan verification), ``leadership`` (who may
   command), ``recovery`` and ``reslice`` (checkpoints cut for a new plan), ``standby`` (the standby's files),
   ``export`` (the final model), ``probe`` (measuring this device in a child process), ``supervisor`` (the
-  worker child process).
+  worker child process), ``filework`` (re-slicing and export in a child process: the daemon never imports
+  torch), ``lifecycle`` (the leader's pure decisions on a failed commit, an unacknowledged ``go``, an ended
+  election).
 """

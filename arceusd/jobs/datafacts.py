@@ -13,8 +13,8 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from arceusd.data.mnist import find_mnist_files, read_mnist_info
-from arceusd.data.text import file_sha256, read_text, split_point
+from arceusd.data.mnist_files import find_mnist_files, read_mnist_info
+from arceusd.data.text_files import file_sha256, read_text, split_point
 
 
 @dataclass(frozen=True)

@@ -56,7 +56,7 @@ import trio
 
 from arceusd.announce_guard import AnnounceGuard
 from arceusd.control import RequestError
-from arceusd.jobs import leadership, lifecycle
+from arceusd.jobs import filework, leadership, lifecycle
 from arceusd.jobs.control_methods import ControlMethods
 from arceusd.jobs.job import TERMINAL, Job
 from arceusd.jobs.local_worker import LocalWorker, worker_device
@@ -113,17 +113,9 @@ class JobManager(ControlMethods, LocalWorker, StandbySyncing):
         self._links: dict[str, tuple[float, Any]] = {}  # peer -> (when measured, partitioner Link)
         self.announced = AnnounceGuard()  # bounds and validates what strangers announce
 
-    @staticmethod
-    def _preload() -> None:
-        """Import the torch-heavy job modules in a worker thread, so no handler stalls the event loop on them."""
-        import arceusd.checkpoint
-        import arceusd.jobs.export
-        import arceusd.jobs.planning
-        import arceusd.jobs.spec
-        import arceusd.worker.protocol  # noqa: F401
-
     async def _load_modules(self) -> None:
-        await trio.to_thread.run_sync(self._preload)
+        """Restore the jobs this device owns. The job modules are torch-free (tensor work runs in child
+        processes, :mod:`arceusd.jobs.filework`), so nothing here stalls the event loop on an import."""
         for job in await trio.to_thread.run_sync(self._restore_owned_jobs):
             self.jobs[job.job_id] = job
             job.members[self.node.identity.peer_id] = await self.offer()
@@ -332,8 +324,6 @@ class JobManager(ControlMethods, LocalWorker, StandbySyncing):
             make_plan,
             worker_stages,
         )
-        from arceusd.jobs.recovery import prepare_resume
-
         resuming = job.state == "recovering" or job.committed_step > 0
         job.state = "planning"
         me = self.node.identity.peer_id
@@ -361,18 +351,18 @@ class JobManager(ControlMethods, LocalWorker, StandbySyncing):
         job.standby = choose_standby(job, me)
         self._track(job, list(job.plan.peer_ids), [me, job.standby])
         stages = worker_stages(job.plan)
+        inputs_data, plan_data = encode_start(job.inputs, job.plan)
         resume = None
         if resuming:
             replicas = await self._repair_checkpoint(job)
-            resume = await trio.to_thread.run_sync(prepare_resume, job.directory, job.spec.model, stages,
-                                                   job.epoch, sorted(job.leaders), replicas)  # fmt: skip
+            resume = await filework.prepare_resume(job.directory, job.spec_bytes, plan_data, job.epoch,
+                                                   sorted(job.leaders), replicas)  # fmt: skip
         start_step = resume.step if resume is not None else 0
         job.resume_files = {p: f.name for p, f in resume.files.items()} if resume is not None else {}
         job.step = start_step
         job.history = [h for h in job.history if h[0] <= start_step]
         if job.recoveries and job.recoveries[-1].epoch == job.epoch:
             job.recoveries[-1].resumed_step = start_step
-        inputs_data, plan_data = encode_start(job.inputs, job.plan)
         start = JobStart(job.job_id, job.term, job.epoch, job.spec_bytes, plan_data, inputs_data, start_step,
                          resume.to_wire() if resume is not None else b"", job.standby)  # fmt: skip
         addresses: dict[str, str] = {}
@@ -805,19 +795,10 @@ class JobManager(ControlMethods, LocalWorker, StandbySyncing):
         commit_manifest(root, manifest, self.node.identity, keep)
 
     async def _export(self, job: Job, step: int, paths: list[Path]) -> None:
-        from arceusd.jobs.export import assemble, write_model
-
-        def work() -> Path:
-            state = assemble(job.spec.model, [p.read_bytes() for p in paths])
-            extra: dict[str, Any] = {"job_id": job.job_id, "step": step, "name": job.spec.name}
-            if job.spec.data.kind == "text":
-                from arceusd.data.text import load_text
-
-                extra["vocab"] = "".join(load_text(Path(leader_data(job)["path"])).vocab.chars)
-            return write_model(job.directory, job.spec.model, state, extra)
-
+        """Assemble the model from the shards at ``paths`` (in a child process) and finish the job."""
+        vocab = str(leader_data(job)["path"]) if job.spec.data.kind == "text" else None
         try:
-            path = await trio.to_thread.run_sync(work)
+            path = await filework.export_model(job.directory, job.spec_bytes, job.job_id, step, paths, vocab)
         except Exception as exc:
             await self._finish(job, "failed", f"exporting the model failed: {exc}")
             return

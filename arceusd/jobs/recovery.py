@@ -37,9 +37,7 @@ from arceusd.checkpoint import (
     read_manifest,
     step_dir,
 )
-from arceusd.jobs.reslice import full_state, slice_state
 from arceusd.models.config import GPTConfig, MLPConfig
-from arceusd.safetensors_io import save_bytes
 from arceusd.worker.protocol import StageConfig
 
 
@@ -120,6 +118,9 @@ def prepare_resume(
     Error handling: :class:`arceusd.jobs.reslice.ResliceError` when the checkpoint's shards do not make a whole
     model (cannot happen for a manifest we committed ourselves, short of a bug).
     """
+    from arceusd.jobs.reslice import full_state, slice_state  # torch: run in a child (arceusd.jobs.filework)
+    from arceusd.safetensors_io import save_bytes
+
     loaded = load_latest([job_dir / "checkpoints", *replica_roots], trusted)
     if loaded is None:
         return None

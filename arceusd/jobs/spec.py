@@ -46,8 +46,8 @@ from pathlib import Path
 from typing import Any
 
 from arceusd.data.errors import DataError
-from arceusd.data.mnist import DEFAULT_MEAN, DEFAULT_STD, NUM_CLASSES
-from arceusd.data.sampler import epoch_steps, window_epoch_steps
+from arceusd.data.mnist_files import DEFAULT_MEAN, DEFAULT_STD, NUM_CLASSES
+from arceusd.data.steps import epoch_steps, window_epoch_steps
 from arceusd.jobs.datafacts import MnistFacts, TextFacts, mnist_facts, text_facts
 from arceusd.jobs.fields import FieldReader, SpecProblem
 from arceusd.jobs.spec_types import (

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from arceusd.worker.affinity import AffinityError, check_cpus
-from arceusd.worker.tensor_parallel import TPSplit
+from arceusd.worker.tp_split import TPSplit
 
 SCHEDULES = ("gpipe", "1f1b")
 

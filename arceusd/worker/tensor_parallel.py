@@ -21,7 +21,6 @@ Parameter names of a ``TPTransformerBlock`` equal those of ``TransformerBlock``,
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
@@ -32,40 +31,7 @@ from arceusd.models.config import GPTConfig
 from arceusd.models.gpt import TransformerBlock, causal_attention
 from arceusd.models.init import materialize
 from arceusd.worker.collective import Collective
-
-
-@dataclass(frozen=True)
-class TPSplit:
-    """Heads and MLP hidden columns per rank (uneven allowed, each >= 1)."""
-
-    heads: tuple[int, ...]
-    columns: tuple[int, ...]
-
-    def __post_init__(self) -> None:
-        if not self.heads or len(self.heads) != len(self.columns):
-            raise ValueError(f"heads {self.heads} and columns {self.columns} must name the same ranks (>= 1)")
-        if min(self.heads) < 1 or min(self.columns) < 1:
-            raise ValueError(f"every rank needs >= 1 head and >= 1 column, got {self.heads} / {self.columns}")
-
-    @property
-    def world_size(self) -> int:
-        return len(self.heads)
-
-    def check(self, config: GPTConfig) -> None:
-        if sum(self.heads) != config.n_head:
-            raise ValueError(f"heads per rank {self.heads} must add up to n_head = {config.n_head}")
-        if sum(self.columns) != 4 * config.n_embd:
-            raise ValueError(
-                f"columns per rank {self.columns} must add up to 4 * n_embd = {4 * config.n_embd}"
-            )
-
-    def head_range(self, rank: int) -> tuple[int, int]:
-        start = sum(self.heads[:rank])
-        return start, start + self.heads[rank]
-
-    def column_range(self, rank: int) -> tuple[int, int]:
-        start = sum(self.columns[:rank])
-        return start, start + self.columns[rank]
+from arceusd.worker.tp_split import TPSplit as TPSplit
 
 
 def even_split(config: GPTConfig, world_size: int) -> TPSplit:

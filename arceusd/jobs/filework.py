@@ -1,0 +1,132 @@
+"""The daemon's tensor work, run in a child process: re-slicing a checkpoint for a new plan, exporting the model.
+
+The daemon never imports torch (it would stall the event loop for seconds and make peers suspect a healthy
+daemon); what needs tensors runs as ``python -m arceusd.jobs.filework TASK`` with a JSON request on stdin and
+one JSON line on stdout, the way the worker and the probe run. Owns both sides:
+
+- the daemon's side (:func:`prepare_resume`, :func:`export_model`): trio starts the child and parses its answer;
+  a child that fails raises :class:`FileworkError` with the last of its message;
+- the child's side (:func:`main`): ``resume`` runs :func:`arceusd.jobs.recovery.prepare_resume` over the plan's
+  stages, ``export`` assembles the shards into the model (:mod:`arceusd.jobs.export`).
+
+Everything the child gets comes from this daemon (its own spec bytes, plan, files); it parses the spec again
+with :func:`arceusd.jobs.spec.spec_from_dict` and the plan with the partitioner's decoder.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from arceusd.jobs.recovery import ResumeFile, ResumePoint
+
+TASKS = ("resume", "export")
+
+
+class FileworkError(RuntimeError):
+    """The child process failed; the message says what it reported."""
+
+
+# ------------------------------------------------------------------------------------------------ the daemon
+async def _run(task: str, request: dict[str, Any]) -> dict[str, Any]:
+    import trio
+
+    result = await trio.run_process([sys.executable, "-m", "arceusd.jobs.filework", task],
+                                    stdin=json.dumps(request).encode(), capture_stdout=True,
+                                    capture_stderr=True, check=False)  # fmt: skip
+    lines = result.stdout.decode(errors="replace").strip().splitlines()
+    try:
+        answer = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict):
+        raise FileworkError(f"{task} in a child process failed (exit {result.returncode}): "
+                            f"{result.stderr.decode(errors='replace')[-800:]}")  # fmt: skip
+    if result.returncode != 0 or "error" in answer:
+        raise FileworkError(f"{task} failed: {answer.get('error', 'no reason given')}")
+    return answer
+
+
+async def prepare_resume(job_dir: Path, spec_bytes: bytes, plan_data: bytes, epoch: int, trusted: Sequence[str],
+                         replicas: Sequence[Path]) -> ResumePoint | None:  # fmt: skip
+    """Slice the newest verified checkpoint of ``job_dir`` for the plan (in a child process); None when no
+    checkpoint verifies (start fresh)."""
+    answer = await _run("resume", {
+        "job_dir": str(job_dir), "spec": spec_bytes.decode(), "plan": base64.b64encode(plan_data).decode(),
+        "epoch": epoch, "trusted": list(trusted), "replicas": [str(r) for r in replicas],
+    })  # fmt: skip
+    body = answer.get("resume")
+    if body is None:
+        return None
+    files = {str(p): ResumeFile(str(n), str(h), int(s)) for p, (n, h, s) in body["files"].items()}
+    cursor = body.get("cursor")
+    return ResumePoint(int(body["step"]), files, cursor if isinstance(cursor, dict) else None,
+                       Path(body["directory"]))  # fmt: skip
+
+
+async def export_model(job_dir: Path, spec_bytes: bytes, job_id: str, step: int, paths: Sequence[Path],
+                       vocab_path: str | None) -> Path:  # fmt: skip
+    """Assemble the model from the shards at ``paths`` and write it into ``job_dir`` (in a child process)."""
+    answer = await _run("export", {
+        "job_dir": str(job_dir), "spec": spec_bytes.decode(), "job_id": job_id, "step": step,
+        "paths": [str(p) for p in paths], "vocab_path": vocab_path,
+    })  # fmt: skip
+    return Path(answer["model_path"])
+
+
+# ------------------------------------------------------------------------------------------------ the child
+def _resume(request: dict[str, Any]) -> dict[str, Any]:
+    from arceusd.jobs import recovery
+    from arceusd.jobs.planning import worker_stages
+    from arceusd.jobs.spec import spec_from_dict
+    from partitioner import plan_from_bytes
+
+    spec = spec_from_dict(json.loads(request["spec"]))
+    stages = worker_stages(plan_from_bytes(base64.b64decode(request["plan"])))
+    point = recovery.prepare_resume(Path(request["job_dir"]), spec.model, stages, int(request["epoch"]),
+                                    [str(t) for t in request["trusted"]],
+                                    [Path(r) for r in request["replicas"]])  # fmt: skip
+    if point is None:
+        return {"resume": None}
+    return {"resume": {"step": point.step, "cursor": point.cursor, "directory": str(point.directory),
+                       "files": {p: [f.name, f.sha256, f.size] for p, f in point.files.items()}}}  # fmt: skip
+
+
+def _export(request: dict[str, Any]) -> dict[str, Any]:
+    from arceusd.jobs.export import assemble, write_model
+    from arceusd.jobs.spec import spec_from_dict
+
+    spec = spec_from_dict(json.loads(request["spec"]))
+    state = assemble(spec.model, [Path(p).read_bytes() for p in request["paths"]])
+    extra: dict[str, Any] = {"job_id": request["job_id"], "step": int(request["step"]), "name": spec.name}
+    if request.get("vocab_path"):
+        from arceusd.data.text import load_text
+
+        extra["vocab"] = "".join(load_text(Path(request["vocab_path"])).vocab.chars)
+    return {"model_path": str(write_model(Path(request["job_dir"]), spec.model, state, extra))}
+
+
+def main() -> None:
+    if len(sys.argv) != 2 or sys.argv[1] not in TASKS:
+        sys.exit(f"usage: python -m arceusd.jobs.filework {{{','.join(TASKS)}}} < request.json")
+    try:
+        request = json.loads(sys.stdin.read())
+        answer = _resume(request) if sys.argv[1] == "resume" else _export(request)
+    except Exception as exc:  # one line for the daemon's log; the traceback goes to stderr
+        import traceback
+
+        traceback.print_exc()
+        print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}))
+        sys.exit(1)
+    print(json.dumps(answer))
+
+
+if __name__ == "__main__":
+    main()
+
+
+__all__ = ["FileworkError", "export_model", "main", "prepare_resume"]
