@@ -20,6 +20,7 @@ demo: $(STAMP)
 	$(BIN)/arceusd demo
 
 test: $(STAMP)
+	-@.ci/chromium
 	$(BIN)/python -m pytest -q
 
 test-fast: $(STAMP)

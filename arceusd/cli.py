@@ -246,6 +246,13 @@ def status(obj: Context, job: str | None, as_json: bool, watch: bool, interval: 
     """Show the daemon (peer id, version, uptime, addresses, peers, jobs), or one JOB in detail."""
     from arceusd.jobs.view import render_job
 
+    if watch and not as_json:  # the rich live view (arceusd.dashboard.watch)
+        from arceusd.dashboard.watch import watch as live_view
+
+        try:
+            return live_view(obj.call, job, interval)
+        except KeyboardInterrupt:
+            return
     if job is not None:
         try:
             while True:
@@ -450,3 +457,6 @@ def main() -> None:
 from arceusd.market.commands import register as _register_market  # noqa: E402  (its commands use Context)
 
 _register_market(cli)
+from arceusd.dashboard.commands import register as _register_dashboard  # noqa: E402
+
+_register_dashboard(cli)

@@ -47,6 +47,10 @@ class DaemonConfig:
     auto_join: bool = False
     lend_memory_mib: int = 0
     """The most memory this device offers a job, in MiB (0: whatever is free when it is measured)."""
+    dashboard_host: str = "127.0.0.1"
+    """Where ``arceusd dashboard`` serves the web dashboard; loopback unless the owner asks otherwise."""
+    dashboard_port: int = 0
+    """The dashboard's port (0: any free port; the ``dashboard`` control method says which)."""
 
     def __post_init__(self) -> None:
         if self.preset not in PRESETS:
@@ -61,6 +65,8 @@ class DaemonConfig:
             check_cpus(self.worker_cpus, self.worker_threads)
         except AffinityError as exc:
             raise ConfigError(f"worker_cpus: {exc}") from None
+        if not 0 <= self.dashboard_port <= 65535:
+            raise ConfigError(f"dashboard_port must be in 0..65535, got {self.dashboard_port}")
         if self.lend_memory_mib < 0:
             raise ConfigError(f"lend_memory_mib must be >= 0 (0 lends whatever is free), got {self.lend_memory_mib}")
         for peer in self.peers:
@@ -100,6 +106,8 @@ _FILE_KEYS: dict[str, type | tuple[type, ...]] = {
     "worker_cpus": (str, list),
     "auto_join": bool,
     "lend_memory_mib": int,
+    "dashboard_host": str,
+    "dashboard_port": int,
     "policy": dict,
 }
 """``[policy]`` is the device owner's lending policy, read by ``arceusd.market.policy_file``, not a daemon

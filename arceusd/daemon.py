@@ -86,11 +86,12 @@ async def _main(config: DaemonConfig, identity: Identity) -> int:
 
 def _services() -> list[Any]:
     """The services a daemon runs, in start order (each ``async def (node, *, task_status)``)."""
+    from arceusd.dashboard.service import serve_dashboard
     from arceusd.jobs.manager import serve_jobs
     from arceusd.market.service import serve_market
     from arceusd.network import serve_peer_network
 
-    return [serve_peer_network, serve_jobs, serve_market]
+    return [serve_peer_network, serve_jobs, serve_market, serve_dashboard]
 
 
 async def _stop_on_signal(node: Node, cancel_scope: trio.CancelScope) -> None:

@@ -1,0 +1,209 @@
+"""``arceusd status --watch``: a live terminal view drawn with rich (tables, progress bars with an ETA).
+
+Pure rendering (:func:`render_status`, :func:`render_job`: the control methods' JSON in, a rich renderable out)
+and a thin loop (:func:`watch`) that asks the daemon every ``interval`` seconds and redraws in place. Every string
+from the daemon goes through :func:`arceusd.text_safety.safe_tree` and into a ``rich.text.Text`` (never rich
+markup), so a stranger's device or job name can neither drive the terminal nor style the view.
+
+The ETA comes from :class:`Rate`: the steps per second over the last :data:`RATE_WINDOW_S` seconds of samples.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.panel import Panel
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
+
+from arceusd.text_safety import safe_tree
+
+RATE_WINDOW_S = 30.0
+TERMINAL = ("done", "failed", "cancelled")
+
+
+@dataclass
+class Rate:
+    """Steps per second per job from (time, step) samples over a sliding window; the ETA from it."""
+
+    window_s: float = RATE_WINDOW_S
+    samples: dict[str, deque[tuple[float, int]]] = field(default_factory=dict)
+
+    def add(self, job_id: str, now: float, step: int) -> None:
+        q = self.samples.setdefault(job_id, deque(maxlen=512))
+        if q and step < q[-1][1]:  # resumed from an earlier checkpoint: the old rate no longer applies
+            q.clear()
+        q.append((now, step))
+        while len(q) > 2 and now - q[0][0] > self.window_s:
+            q.popleft()
+
+    def per_s(self, job_id: str) -> float | None:
+        q = self.samples.get(job_id)
+        if not q or len(q) < 2 or q[-1][0] <= q[0][0] or q[-1][1] <= q[0][1]:
+            return None
+        return (q[-1][1] - q[0][1]) / (q[-1][0] - q[0][0])
+
+    def eta_s(self, job_id: str, step: int, total: int) -> float | None:
+        rate = self.per_s(job_id)
+        return None if rate is None or total <= 0 else max(0.0, (total - step) / rate)
+
+
+def fmt_eta(seconds: float | None) -> str:
+    if seconds is None:
+        return "ETA -"
+    s = int(seconds)
+    h, rem = divmod(s, 3600)
+    m, s = divmod(rem, 60)
+    return f"ETA {h}h{m:02d}m" if h else f"ETA {m}m{s:02d}s" if m else f"ETA {s}s"
+
+
+def _t(value: Any, style: str = "") -> Text:
+    return Text("-" if value is None else str(value), style=style)
+
+
+def _num(value: Any, fmt: str) -> Text:
+    return Text(format(value, fmt) if isinstance(value, int | float) and not isinstance(value, bool) else "-")
+
+
+STATE_STYLE = {"alive": "green", "running": "green", "done": "green", "suspect": "yellow", "recovering": "yellow",
+               "paused": "yellow", "dead": "red", "failed": "red", "cancelled": "red"}  # fmt: skip
+
+
+def progress_line(job: dict[str, Any], rate: Rate) -> Table:
+    """A job's progress bar with steps, percent, speed and ETA."""
+    step, total = int(job.get("step") or 0), int(job.get("total_steps") or 0)
+    per_s = rate.per_s(str(job.get("job_id")))
+    grid = Table.grid(padding=(0, 1))
+    grid.add_row(
+        ProgressBar(total=max(total, 1), completed=min(step, max(total, 1)), width=40),
+        Text(f"{step}/{total}"),
+        Text(f"{100 * step / total:5.1f}%" if total else "  -  "),
+        Text(f"{per_s:.2f} steps/s" if per_s else "- steps/s"),
+        Text(fmt_eta(rate.eta_s(str(job.get("job_id")), step, total)), style="cyan"),
+    )
+    return grid
+
+
+def render_job(job: dict[str, Any], rate: Rate) -> RenderableType:
+    """One job in detail: progress, figures, the plan, contributions and recoveries."""
+    job = safe_tree(job)
+    state = str(job.get("state"))
+    head = Text.assemble((str(job.get("name")), "bold"), "  ", (str(job.get("job_id", ""))[:12], "dim"), "  ",
+                         (state, STATE_STYLE.get(state, "")))  # fmt: skip
+    figures = Table.grid(padding=(0, 2))
+    figures.add_row(Text("loss", style="dim"), _num(job.get("loss"), ".4f"), Text("val", style="dim"),
+                    _num(job.get("val_loss"), ".4f"), Text("tokens/s", style="dim"),
+                    _num(job.get("tokens_per_s"), ".0f"), Text("lr", style="dim"), _num(job.get("lr"), ".2e"))
+    figures.add_row(Text("epoch", style="dim"), _t(job.get("epoch")), Text("leader", style="dim"),
+                    _t(str(job.get("leader", ""))[:12]), Text("standby", style="dim"),
+                    _t(str(job.get("standby") or "-")[:12]), Text("checkpoint", style="dim"),
+                    _t(job.get("committed_step")))  # fmt: skip
+    parts: list[RenderableType] = [head, progress_line(job, rate), figures]
+    plan = job.get("plan")
+    if isinstance(plan, dict):
+        table = Table(title=Text(f"plan: {plan.get('schedule')}, {plan.get('micro_batches')} micro-batches, "
+                                 f"predicted {1000 * float(plan.get('predicted_step_time_s') or 0):.1f} ms/step"),
+                      expand=False)  # fmt: skip
+        for col in ("stage", "blocks", "device", "heads", "MLP columns"):
+            table.add_column(col)
+        for stage in plan.get("stages", []):
+            for d in stage.get("devices", []):
+                split = len(stage.get("devices", [])) > 1
+                table.add_row(_t(stage.get("index")), _t(stage.get("blocks")), _t(str(d.get("peer_id"))[:12]),
+                              _t(d.get("heads") if split else "all"), _t(d.get("mlp_columns") if split else "all"))
+        parts.append(table)
+    timing = job.get("stage_timing")
+    if isinstance(timing, dict):
+        step_s = float(timing.get("step_time_s") or 0)
+        wait = float(timing.get("wait_fraction") or 0)
+        parts.append(Text(f"this device: {1000 * step_s:.1f} ms/step, {100 * wait:.0f}% waiting on links"))
+    contributions = job.get("contributions") or []
+    if contributions:
+        table = Table(title=Text("contributions"))
+        for col in ("device", "share", "steps", "TFLOP"):
+            table.add_column(col)
+        for c in contributions:
+            table.add_row(_t(str(c.get("peer_id"))[:12]), _num(c.get("share"), ".3f"), _t(c.get("steps")),
+                          _num(c.get("tflop"), ".4f"))  # fmt: skip
+        parts.append(table)
+    for r in job.get("recoveries") or []:
+        parts.append(Text(f"recovery: {r.get('reason')} (lost step {r.get('lost_step')}, resumed from "
+                          f"{r.get('resumed_step')})", style="yellow"))  # fmt: skip
+    if job.get("error"):
+        parts.append(Text(str(job["error"]), style="red"))
+    return Panel(Group(*parts), title="arceusd status", border_style="blue")
+
+
+def render_status(status: dict[str, Any], rate: Rate) -> RenderableType:
+    """The daemon: itself, its peers (state, incarnation, round trip) and its jobs with progress bars."""
+    status = safe_tree(status)
+    uptime = int(float(status.get("uptime_s") or 0))
+    head = Text.assemble(("arceusd ", "bold"), str(status.get("version")), "  peer ",
+                         (str(status.get("peer_id")), "bold"), f"  up {uptime} s  preset {status.get('preset')}")
+    parts: list[RenderableType] = [head]
+    peers = status.get("peers") or []
+    table = Table(title=Text(f"peers ({len(peers)})"), expand=False)
+    for col in ("peer", "state", "inc", "round trip", "heard", "address", "device"):
+        table.add_column(col)
+    for p in peers:
+        state = str(p.get("state"))
+        table.add_row(_t(str(p.get("peer_id"))[:12]), _t(state, STATE_STYLE.get(state, "")), _t(p.get("incarnation")),
+                      Text(f"{p['rtt_ms']:.2f} ms" if isinstance(p.get("rtt_ms"), int | float) else "-"),
+                      Text(f"{p['last_heard_s']:.1f}s ago" if isinstance(p.get("last_heard_s"), int | float)
+                           else "never"),
+                      _t(p.get("address")), _t(p.get("device")))  # fmt: skip
+    parts.append(table)
+    jobs = status.get("jobs") or []
+    jt = Table(title=Text(f"jobs ({len(jobs)})"), expand=False)
+    for col in ("job", "name", "state", "role", "loss", "progress"):
+        jt.add_column(col)
+    for j in jobs:
+        state = str(j.get("state"))
+        jt.add_row(_t(str(j.get("job_id"))[:12]), _t(j.get("name")), _t(state, STATE_STYLE.get(state, "")),
+                   _t(j.get("role")), _num(j.get("loss"), ".4f"), progress_line(j, rate))  # fmt: skip
+    parts.append(jt)
+    return Panel(Group(*parts), title="arceusd status", border_style="blue")
+
+
+def watch(call: Callable[[str, dict[str, Any] | None], Any], job: str | None, interval: float,
+          console: Console | None = None, rounds: int | None = None) -> None:
+    """Redraw the daemon's status (or one job's) every ``interval`` seconds until Ctrl-C or the job ends
+    (``rounds`` bounds the redraws, for tests). Piped (not a terminal), each drawing follows the last."""
+    console = console or Console()
+    if not console.is_terminal:
+        _loop(call, job, interval, rounds, console.print)
+        return
+    with Live(console=console, auto_refresh=False) as live:
+        _loop(call, job, interval, rounds, lambda r: live.update(r, refresh=True))
+
+
+def _loop(call: Callable[[str, dict[str, Any] | None], Any], job: str | None, interval: float,
+          rounds: int | None, draw: Callable[[RenderableType], None]) -> None:
+    rate = Rate()
+    done = 0
+    while rounds is None or done < rounds:
+        now = time.monotonic()
+        if job is not None:
+            result = call("job", {"job_id": job})
+            rate.add(str(result.get("job_id")), now, int(result.get("step") or 0))
+            draw(render_job(result, rate))
+            if result.get("state") in TERMINAL:
+                return
+        else:
+            result = call("status", None)
+            for j in result.get("jobs") or []:
+                rate.add(str(j.get("job_id")), now, int(j.get("step") or 0))
+            draw(render_status(result, rate))
+        done += 1
+        if rounds is None or done < rounds:
+            time.sleep(interval)
+
+
+__all__ = ["Rate", "fmt_eta", "render_job", "render_status", "watch"]

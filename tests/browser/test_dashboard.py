@@ -1,0 +1,182 @@
+"""The dashboard end to end: two real daemons train a job, a real headless Chromium (Debian's, driven by
+Playwright) watches it through ``arceusd dashboard``'s URL.
+
+What fails here when the feature breaks: the token check (403 without it), live updates (a new step drawn
+without a reload within 2 s), the plan drawing (every device named), the loss curve (its points are those of
+``status JOB --json``'s history, read back from the SVG's coordinates), and every page drawing at all (a
+screenshot of each under the test's temporary folder).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from arceusd.swarm import LocalSwarm
+from tests.harness import wait_for
+
+CHROMIUM = "/usr/bin/chromium"
+SPEC = Path(__file__).parent / "specs" / "mnist-dashboard.toml"
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
+
+sync_api = pytest.importorskip("playwright.sync_api", reason="pip install -e '.[dev]' installs Playwright")
+if not os.path.exists(CHROMIUM):
+    pytest.skip("Debian's chromium is not installed (apt-get install chromium; .ci/run does)", allow_module_level=True)
+
+
+def cli(state_dir: Path, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "arceusd", "--state-dir", str(state_dir), *args],
+                          capture_output=True, text=True, timeout=timeout, env={**os.environ, "CI": "1"})  # fmt: skip
+
+
+class Setup:
+    def __init__(self, swarm: LocalSwarm, job_id: str, url: str, shots: Path) -> None:
+        self.swarm, self.job_id, self.url, self.shots = swarm, job_id, url, shots
+
+    def job(self) -> dict[str, Any]:
+        done = cli(self.swarm.state_dir(0), "status", self.job_id, "--json")
+        assert done.returncode == 0, done.stderr
+        result: dict[str, Any] = json.loads(done.stdout)
+        return result
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
+    root = tmp_path_factory.mktemp("dashboard")
+    swarm = LocalSwarm(root, 2, ["--auto-join"], preset="lan")
+    try:
+        swarm.start()
+        wait_for(lambda: all(any(p["state"] == "alive" for p in swarm.call(i, "peers")) for i in range(2)),
+                 30, 0.2, "swarm converged")  # fmt: skip
+        submitted = cli(swarm.state_dir(0), "submit", str(SPEC), "--members", "2")
+        assert submitted.returncode == 0, submitted.stderr
+        job_id = submitted.stdout.split()[2]
+        shown = cli(swarm.state_dir(0), "dashboard", "--no-open")
+        assert shown.returncode == 0, shown.stderr
+        url = shown.stdout.strip()
+        assert url.startswith("http://127.0.0.1:") and len(url.rstrip("/").rsplit("/", 1)[1]) >= 24, url
+        wait_for(lambda: swarm.call(0, "job", {"job_id": job_id})["step"] >= 20 or None, 180, 0.5, "training steps")
+        yield Setup(swarm, job_id, url, root / "screenshots")
+    finally:
+        swarm.close()
+
+
+@pytest.fixture(scope="module")
+def browser(setup: Setup) -> Iterator[Any]:
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def _status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_a_request_without_the_token_is_refused(setup: Setup) -> None:
+    origin = setup.url.split("/", 3)
+    base = f"{origin[0]}//{origin[2]}"
+    token = setup.url.rstrip("/").rsplit("/", 1)[1]
+    assert _status(setup.url) == 200
+    assert _status(setup.url + "api/swarm") == 200
+    for path in ("/", "/api/swarm", f"/job/{setup.job_id}", "/static/app.js", "/events/swarm",
+                 "/" + token[:-1] + "/api/swarm", "/" + token.upper() + "/api/swarm", f"/x/{token}/api/swarm"):
+        assert _status(base + path) == 403, path
+
+
+def test_a_new_step_appears_without_a_reload_within_2s(setup: Setup, browser: Any) -> None:
+    page = browser.new_page()
+    page.goto(setup.url + f"job/{setup.job_id}")
+    page.wait_for_selector("#train-curve")
+    page.evaluate("window.__sameDocument = true")
+    first = page.inner_text("#step")
+    t0 = time.monotonic()
+    page.wait_for_function("(first) => document.querySelector('#step') && "
+                           "document.querySelector('#step').textContent !== first", arg=first, timeout=2000)
+    assert time.monotonic() - t0 < 2.0
+    assert page.evaluate("window.__sameDocument === true"), "the page was reloaded"
+    assert page.evaluate("performance.getEntriesByType('navigation').length") == 1
+    assert int(page.inner_text("#step").split("/")[0]) > int(first.split("/")[0])
+    page.close()
+
+
+def test_the_plan_drawing_names_every_device(setup: Setup, browser: Any) -> None:
+    page = browser.new_page()
+    page.goto(setup.url + f"job/{setup.job_id}")
+    page.wait_for_selector("#plan")
+    job = setup.job()
+    placed = {d["peer_id"] for s in job["plan"]["stages"] for d in s["devices"]}
+    members = {setup.swarm.call(i, "status")["peer_id"] for i in range(2)}
+    assert placed == members
+    names = page.eval_on_selector_all("#plan .device-name", "els => els.map(e => e.textContent)")
+    assert sorted(names) == sorted(p[:12] for p in placed)
+    # the job's name comes from its submitter: shown as text, never parsed as HTML
+    assert page.inner_text("h1").startswith('dashboard <test> & "quotes"')
+    assert page.evaluate("document.querySelectorAll('main test').length") == 0
+    page.close()
+
+
+def _curve(page: Any) -> list[tuple[float, float]]:
+    """The drawn training curve read back as (step, loss), inverting the chart's scales."""
+    box = page.eval_on_selector("#loss-chart", "e => Object.fromEntries([...e.attributes].map(a => [a.name, a.value]))")
+    x0, x1, y0, y1 = (float(box[k]) for k in ("data-x0", "data-x1", "data-y0", "data-y1"))
+    left, right, top, bottom = (float(box[k]) for k in ("data-left", "data-right", "data-top", "data-bottom"))
+    points = page.get_attribute("#train-curve", "points").split()
+    out = []
+    for pair in points:
+        px, py = (float(v) for v in pair.split(","))
+        out.append((x0 + (px - left) / (right - left) * (x1 - x0), y1 - (py - top) / (bottom - top) * (y1 - y0)))
+    return out
+
+
+def test_the_curve_has_the_points_of_status_json_history(setup: Setup, browser: Any) -> None:
+    cancelled = cli(setup.swarm.state_dir(0), "cancel", setup.job_id)  # freeze the history to compare it whole
+    assert cancelled.returncode == 0, cancelled.stderr
+    job = setup.job()
+    history = job["history"]
+    assert len(history) >= 20
+    page = browser.new_page()
+    page.goto(setup.url + f"job/{setup.job_id}")
+    page.wait_for_selector("#train-curve")
+    drawn = _curve(page)
+    y_span = max(p[1] for p in history) - min(p[1] for p in history) or 1.0
+    assert len(drawn) == len(history)
+    for (step, loss), (x, y) in zip(history, drawn, strict=True):
+        assert round(x) == step and abs(y - loss) < 1e-3 * y_span, (step, loss, x, y)
+    page.close()
+    # the terminal's live view draws the same job: its plan, progress and ETA (one round: the job has ended)
+    watched = cli(setup.swarm.state_dir(0), "status", setup.job_id, "--watch")
+    assert watched.returncode == 0, watched.stderr
+    assert "ETA" in watched.stdout and all(d["peer_id"][:12] in watched.stdout
+                                           for s in job["plan"]["stages"] for d in s["devices"])  # fmt: skip
+
+
+def test_a_screenshot_of_every_page(setup: Setup, browser: Any) -> None:
+    setup.shots.mkdir(parents=True, exist_ok=True)
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    for name, path, ready in (("swarm", "", "#swarm-map"), ("job", f"job/{setup.job_id}", "#plan"),
+                              ("owner", "owner", "#earnings, .kv"), ("market", "market", "section")):
+        page.goto(setup.url + path)
+        page.wait_for_selector(ready)
+        page.wait_for_timeout(300)
+        shot = setup.shots / f"{name}.png"
+        page.screenshot(path=str(shot), full_page=True)
+        assert shot.stat().st_size > 10_000, name
+    page.close()
+    assert sorted(p.name for p in setup.shots.iterdir()) == ["job.png", "market.png", "owner.png", "swarm.png"]
