@@ -29,7 +29,7 @@ function setAttrs(node, attrs) {
 }
 
 function append(node, children) {
-  for (const c of children.flat()) {
+  for (const c of children.flat(Infinity)) {
     if (c === null || c === undefined || c === false) continue;
     node.appendChild(c instanceof Node ? c : document.createTextNode(String(c)));
   }
@@ -78,7 +78,7 @@ function connect(view, query, render) {
 // ---- the swarm -----------------------------------------------------------------------------------------------
 function swarmMap(me, peers) {
   const W = 520, H = 360, cx = W / 2, cy = H / 2, R = 130;
-  const g = sv("svg", { viewBox: `0 0 ${W} ${H}`, id: "swarm-map", role: "img" });
+  const g = sv("svg", { viewBox: `0 0 ${W} ${H}`, width: W, id: "swarm-map", role: "img" });
   const n = Math.max(peers.length, 1);
   const spots = peers.map((p, i) => {
     const a = (2 * Math.PI * i) / n - Math.PI / 2;
@@ -89,12 +89,12 @@ function swarmMap(me, peers) {
     const rtt = typeof p.rtt_ms === "number" ? p.rtt_ms.toFixed(1) + " ms" : "–";
     g.appendChild(sv("text", { x: (cx + x) / 2 + 4, y: (cy + y) / 2 - 4, class: "small" }, rtt));
   }
-  g.appendChild(sv("circle", { cx, cy, r: 26, class: "node self" }));
+  g.appendChild(sv("circle", { cx, cy, r: 42, class: "node self" }));
   g.appendChild(sv("text", { x: cx, y: cy + 4, "text-anchor": "middle" }, short(me)));
   for (const [p, x, y] of spots) {
-    g.appendChild(sv("circle", { cx: x, cy: y, r: 22, class: "node" }, sv("title", {}, String(p.device || ""))));
+    g.appendChild(sv("circle", { cx: x, cy: y, r: 40, class: "node" }, sv("title", {}, String(p.device || ""))));
     g.appendChild(sv("text", { x, y: y + 4, "text-anchor": "middle", class: "peer-name" }, short(p.peer_id)));
-    g.appendChild(sv("text", { x, y: y + 36, "text-anchor": "middle", class: "small " + stateCls(p.state) }, String(p.state)));
+    g.appendChild(sv("text", { x, y: y + 54, "text-anchor": "middle", class: "small " + stateCls(p.state) }, String(p.state)));
   }
   if (!peers.length) g.appendChild(sv("text", { x: cx, y: cy + 50, "text-anchor": "middle", class: "small" }, "no peers yet"));
   return g;
@@ -128,7 +128,7 @@ function lossChart(job) {
   const train = (job.history || []).filter((p) => typeof p[1] === "number");
   const val = (job.val_history || []).filter((p) => typeof p[1] === "number");
   const all = train.concat(val);
-  const g = sv("svg", { viewBox: `0 0 ${W} ${H}`, id: "loss-chart", role: "img" });
+  const g = sv("svg", { viewBox: `0 0 ${W} ${H}`, width: W, id: "loss-chart", role: "img" });
   if (!all.length) {
     g.appendChild(sv("text", { x: W / 2, y: H / 2, "text-anchor": "middle", class: "small" }, "no steps yet"));
     return g;
@@ -148,7 +148,7 @@ function lossChart(job) {
   }
   for (let i = 0; i <= 5; i++) {
     const s = Math.round(x0 + ((x1 - x0) * i) / 5);
-    g.appendChild(sv("text", { x: X(s), y: H - B + 16, "text-anchor": "middle", class: "small" }, String(s)));
+    g.appendChild(sv("text", { x: X(s), y: H - B + 16, "text-anchor": i === 5 ? "end" : "middle", class: "small" }, String(s)));
   }
   g.appendChild(sv("line", { x1: L, x2: W - Rm, y1: H - B, y2: H - B, class: "axis" }));
   for (const r of job.recoveries || []) {
@@ -182,7 +182,7 @@ function planDrawing(job, me) {
   const stages = plan.stages;
   const rows = Math.max(1, ...stages.map((s) => (s.devices || []).length));
   const CW = 170, RH = 58, W = Math.max(520, stages.length * (CW + 16) + 16), H = 44 + rows * (RH + 8);
-  const g = sv("svg", { viewBox: `0 0 ${W} ${H}`, id: "plan", role: "img" });
+  const g = sv("svg", { viewBox: `0 0 ${W} ${H}`, width: W, id: "plan", role: "img" });
   stages.forEach((s, i) => {
     const x = 8 + i * (CW + 16);
     g.appendChild(sv("rect", { x, y: 4, width: CW, height: H - 8, rx: 6, class: "stage" }));
@@ -207,8 +207,8 @@ function stageTiming(job) {
   const plan = job.plan || {};
   const t = job.stage_timing;
   const W = 520, H = 120, L = 150, maxS = Math.max(plan.predicted_step_time_s || 0, t ? t.step_time_s : 0, 1e-6);
-  const X = (s) => ((W - L - 20) * s) / maxS;
-  const g = sv("svg", { viewBox: `0 0 ${W} ${H}`, id: "stage-timing", role: "img" });
+  const X = (s) => ((W - L - 210) * s) / maxS;
+  const g = sv("svg", { viewBox: `0 0 ${W} ${H}`, width: W, id: "stage-timing", role: "img" });
   g.appendChild(sv("text", { x: 0, y: 26 }, "predicted (plan)"));
   g.appendChild(sv("rect", { x: L, y: 14, height: 16, width: X(plan.predicted_step_time_s || 0), class: "predicted" }));
   g.appendChild(sv("text", { x: L + X(plan.predicted_step_time_s || 0) + 4, y: 26, class: "small" },
