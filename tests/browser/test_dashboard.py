@@ -113,6 +113,11 @@ def test_a_new_step_appears_without_a_reload_within_2s(setup: Setup, browser: An
     assert page.evaluate("window.__sameDocument === true"), "the page was reloaded"
     assert page.evaluate("performance.getEntriesByType('navigation').length") == 1
     assert int(page.inner_text("#step").split("/")[0]) > int(first.split("/")[0])
+    # the daemon's loop stays responsive while it streams the page and trains
+    t0 = time.monotonic()
+    for _ in range(5):
+        setup.swarm.call(0, "status")
+    assert (time.monotonic() - t0) / 5 < 0.5
     page.close()
 
 

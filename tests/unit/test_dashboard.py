@@ -187,3 +187,20 @@ def test_rate_restarts_after_a_resume_and_eta_formats() -> None:
     rate.add("j", 3.0, 60)
     assert rate.per_s("j") == 10.0 and rate.eta_s("j", 60, 100) == 4.0
     assert fmt_eta(None) == "ETA -" and fmt_eta(3725) == "ETA 1h02m"
+
+
+def test_the_dashboard_config_keys(tmp_path: Path) -> None:
+    import pytest
+
+    from arceusd.config import ConfigError, load_config
+
+    assert (load_config(tmp_path).dashboard_host, load_config(tmp_path).dashboard_port) == ("127.0.0.1", 0)
+    (tmp_path / "config.toml").write_text('dashboard_host = "0.0.0.0"\ndashboard_port = 8765\n')
+    config = load_config(tmp_path)
+    assert (config.dashboard_host, config.dashboard_port) == ("0.0.0.0", 8765)
+    (tmp_path / "config.toml").write_text("dashboard_port = 70000\n")
+    with pytest.raises(ConfigError, match=r"dashboard_port must be in 0\.\.65535"):
+        load_config(tmp_path)
+    (tmp_path / "config.toml").write_text('dashboard_port = "80"\n')
+    with pytest.raises(ConfigError, match="dashboard_port must be int"):
+        load_config(tmp_path)
