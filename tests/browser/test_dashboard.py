@@ -118,6 +118,7 @@ def test_a_new_step_appears_without_a_reload_within_2s(setup: Setup, browser: An
     for _ in range(5):
         setup.swarm.call(0, "status")
     assert (time.monotonic() - t0) / 5 < 0.5
+    assert "torch" not in setup.swarm.call(0, "modules")["packages"], "serving the dashboard loaded torch"
     page.close()
 
 
