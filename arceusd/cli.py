@@ -32,6 +32,11 @@ class Context:
         self.state_dir = state_dir
         self.paths = StatePaths(state_dir)
 
+    def use_state_dir(self, state_dir: Path) -> None:
+        """``--state-dir`` given after the subcommand (``arceusd status --state-dir DIR``) wins."""
+        self.state_dir = state_dir.expanduser().absolute()
+        self.paths = StatePaths(self.state_dir)
+
     def call(self, method: str, params: dict[str, Any] | None = None, timeout: float = 10.0) -> Any:
         try:
             return call(self.paths.control_socket, method, params, timeout=timeout)
@@ -46,14 +51,32 @@ class Context:
 
 pass_ctx = click.make_pass_decorator(Context)
 
+STATE_DIR_HELP = "State directory (key, config, sockets, logs). Default: per-platform, or $ARCEUS_STATE_DIR."
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option(
-    "--state-dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="State directory (key, config, sockets, logs). Default: per-platform, or $ARCEUS_STATE_DIR.",
-)
+
+def _late_state_dir(ctx: click.Context, _param: click.Parameter, value: Path | None) -> None:
+    if value is not None:
+        ctx.ensure_object(Context).use_state_dir(value)  # the group's Context, shared by its subcommands
+
+
+def _state_dir_option(expose: bool) -> click.Option:
+    return click.Option(
+        ["--state-dir"], type=click.Path(file_okay=False, path_type=Path), default=None, help=STATE_DIR_HELP,
+        expose_value=expose, is_eager=not expose, callback=None if expose else _late_state_dir,
+    )  # fmt: skip
+
+
+class StateDirGroup(click.Group):
+    """A group whose every subcommand also takes ``--state-dir``, so it works before or after the command name."""
+
+    def add_command(self, cmd: click.Command, name: str | None = None) -> None:
+        if not any(isinstance(p, click.Option) and "--state-dir" in p.opts for p in cmd.params):
+            cmd.params.append(_state_dir_option(expose=False))
+        super().add_command(cmd, name)
+
+
+@click.group(cls=StateDirGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None, help=STATE_DIR_HELP)
 @click.version_option(__version__, prog_name="arceusd")
 @click.pass_context
 def cli(ctx: click.Context, state_dir: Path | None) -> None:
@@ -451,7 +474,21 @@ def demo(size: int, root: Path | None, steps: int) -> None:
 
 
 def main() -> None:
-    cli(prog_name="arceusd")
+    """The ``arceusd`` entry point: any failure is one line on stderr and a non-zero exit, a traceback only at
+    ``--log-level debug`` (:mod:`arceusd.failures`)."""
+    from arceusd.failures import debug_requested, one_line
+
+    debug = debug_requested(sys.argv[1:])
+    if not debug:
+        os.environ.setdefault("GRPC_VERBOSITY", "NONE")  # grpc's C core would print a taken port's bind error too
+    try:
+        cli(prog_name="arceusd")
+    except Exception as exc:  # click handled usage errors and ClickException already; this is everything else
+        if debug:
+            raise
+        message, code = one_line(exc)
+        click.echo(f"arceusd: {message}", err=True)
+        sys.exit(code)
 
 
 from arceusd.market.commands import register as _register_market  # noqa: E402  (its commands use Context)

@@ -19,7 +19,8 @@ import trio
 
 from arceusd import __version__
 from arceusd.config import DaemonConfig
-from arceusd.control import ControlError, serve_control
+from arceusd.control import serve_control
+from arceusd.failures import one_line
 from arceusd.identity import Identity, IdentityError, load_or_create_identity
 from arceusd.logs import setup_logging
 from arceusd.node import Node
@@ -32,22 +33,48 @@ EXIT_CONFIG = 2
 
 
 def run(config: DaemonConfig) -> int:
-    """Run a daemon in the foreground until it is asked to stop; return the process exit code."""
+    """Run a daemon in the foreground until it is asked to stop; return the process exit code.
+
+    Error handling: a start-up failure (state directory, key, taken port, interface, control socket) is one line
+    on stderr and in the log, and exit code 2; anything unexpected is one line and 1. At ``log_level = debug``
+    the exception propagates with its traceback.
+    """
     setup_logging(config.log_level, config.log_file)
     paths = StatePaths(config.state_dir)
     try:
         paths.ensure()
+        _check_writable(paths)
         identity = load_or_create_identity(config.state_dir)
-    except (IdentityError, OSError) as exc:
-        print(f"arceusd: {exc}", file=sys.stderr)
-        log.error("%s", exc)
-        return EXIT_CONFIG
+    except IdentityError as exc:
+        return _fail(f"{exc}", EXIT_CONFIG, config.log_file is not None)
+    except OSError as exc:
+        return _fail(
+            f"cannot use the state directory {config.state_dir}: {(exc.strerror or str(exc)).lower()}; "
+            "choose a writable one with --state-dir DIR (or $ARCEUS_STATE_DIR)",
+            EXIT_CONFIG,
+            config.log_file is not None,
+        )
     try:
         return trio.run(_main, config, identity)
-    except ControlError as exc:
-        print(f"arceusd: {exc}", file=sys.stderr)
-        log.error("%s", exc)
-        return EXIT_CONFIG
+    except Exception as exc:
+        if config.log_level == "debug":
+            raise
+        message, code = one_line(exc)
+        return _fail(message, code, config.log_file is not None)
+
+
+def _fail(message: str, code: int, to_log: bool) -> int:
+    print(f"arceusd: {message}", file=sys.stderr)
+    if to_log:  # without a log file the log is this same stderr: one line, not two
+        log.error("%s", message)
+    return code
+
+
+def _check_writable(paths: StatePaths) -> None:
+    """Fail now, with the state directory's name, rather than later on the first file a service writes."""
+    probe = paths.root / f".write-test-{os.getpid()}"
+    probe.write_bytes(b"")
+    probe.unlink()
 
 
 async def _main(config: DaemonConfig, identity: Identity) -> int:

@@ -6,7 +6,8 @@ calls run in trio worker threads. An announcement is only a *hint*: it yields a 
 address, port) that the membership driver must confirm with a signed handshake before the peer enters the view.
 
 Interfaces: by default every IPv4 address of every interface except loopback and virtual bridges (docker, veth,
-virbr, ...), which would otherwise leak announcements into containers; ``--interface NAME`` picks one.
+virbr, ...), which would otherwise leak announcements into containers; ``--interface NAME`` picks one, loopback
+included (``--interface lo``: daemons on one machine find each other over 127.0.0.1 and advertise it).
 
 Duplicate identities (a copied state directory): a name clash at registration, or an announcement carrying our own
 peer id from another address, is reported (``duplicates`` in the status) and never merged.
@@ -77,11 +78,13 @@ def candidate_addresses(interface: str | None) -> list[str]:
         if interface is None and name.startswith(VIRTUAL_PREFIXES):
             continue
         for ip in adapter.ips:
-            if isinstance(ip.ip, str) and not ip.ip.startswith("127."):
+            # loopback only when named: `--interface lo` is a one-machine swarm; by default it is skipped
+            if isinstance(ip.ip, str) and (interface is not None or not ip.ip.startswith("127.")):
                 found.append(ip.ip)
     if interface is not None and not found:
         raise DiscoveryError(
-            f"interface {interface!r} has no IPv4 address (interfaces here: {', '.join(sorted(set(names)))})"
+            f"interface {interface!r} has no IPv4 address (interfaces here: {', '.join(sorted(set(names)))}); "
+            "name one of those with --interface, or use --no-mdns with --peer host:port seeds"
         )
     return sorted(set(found))
 

@@ -1,7 +1,9 @@
 """The daemon's peer network service: transport + peer service (membership) + discovery, opened together.
 
 Binding: ``listen_host:port``; when the default port is taken (another daemon on this machine) we fall back to a
-free port and say so, because a fixed port is only needed for static seeds. The advertised address is
+free port, log it and advertise that one (mDNS and ``arceusd status`` show it), because a fixed port is only
+needed for static seeds. A port given explicitly (``--port N``, ``port`` in config.toml) that is taken stops the
+start with one line naming the port and the fix (:class:`~arceusd.failures.StartupError`). The advertised address is
 ``advertise_host`` or, when listening on all interfaces, the first non-virtual IPv4 address.
 """
 
@@ -16,6 +18,7 @@ import trio
 from arceusd.config import DEFAULT_PORT
 from arceusd.discovery import Announcement, DiscoveryStatus, candidate_addresses, serve_discovery
 from arceusd.election_driver import install_elections
+from arceusd.failures import StartupError, leaves
 from arceusd.membership.config import MembershipConfig, lan, local
 from arceusd.membership.events import MemberState
 from arceusd.node import Node
@@ -74,10 +77,24 @@ async def serve_peer_network(node: Node, *, task_status: trio.TaskStatus[None] =
                 bound = True
                 await _run_network(node, transport, holder, task_status)
             return
-        except OSError:
-            if bound or i == len(ports) - 1:
+        except (OSError, BaseExceptionGroup) as exc:  # trio wraps the transport's bind error in a group
+            if bound or not _is_bind_error(exc):
                 raise
+            if i == len(ports) - 1:
+                raise StartupError(_port_taken(config.listen_host, port)) from exc
             log.warning("port %d is taken (another daemon here?); listening on a free port instead", port)
+
+
+def _is_bind_error(exc: BaseException) -> bool:
+    found = leaves(exc)
+    return bool(found) and all(isinstance(e, OSError) for e in found)
+
+
+def _port_taken(host: str, port: int) -> str:
+    return (
+        f"cannot listen on {host}:{port}: the port is taken (another daemon on this machine?); "
+        "choose another with --port N, or any free port with --port 0 (or `port = 0` in config.toml)"
+    )
 
 
 async def _run_network(
