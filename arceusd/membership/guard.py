@@ -6,7 +6,8 @@ table (:mod:`.state`) sees it. The driver has already checked signatures; these 
 
 * **Origin.** ALIVE and LEFT are made only by their subject (``origin == peer``). SUSPECT and DEAD are made by
   a member about another member (SWIM: any member may suspect): the origin is not the subject, and it is
-  ourselves or a member we hold as alive or suspect. A key that only said hello is not a member.
+  ourselves or a member in our table (tombstones included: a member that was verified once). A key that only
+  said hello, or a member still pending, is not a member.
 * **Incarnation range.** Incarnations are ``0 .. MAX_INCARNATION``; a SUSPECT/DEAD/LEFT claim must be below
   ``MAX_INCARNATION`` so the subject can always refute it with ``claim + 1`` without leaving the range (the
   wire and the codec carry 64-bit unsigned integers; 2**62 keeps every refutation far inside).
@@ -49,7 +50,7 @@ def check_update(
     """``None`` when ``update`` may be applied; otherwise why not.
 
     ``known_incarnation``: our record of the subject (None if unknown); ``origin_is_member``: the origin is
-    ourselves or a member we hold as alive or suspect.
+    ourselves or a member in our table.
     """
     kind = update.kind
     if kind in (UpdateKind.ALIVE, UpdateKind.LEFT):

@@ -7,6 +7,12 @@ each core's
 ``next_deadline()``, feeds the membership view to the election, and carries out ``PersistTerm``. Everything
 is a function of the seed: no clock, no threads.
 
+Life cycle of a simulated daemon: :meth:`Cluster.stop` (graceful leave, like ``arceusd stop``),
+:meth:`Cluster.crash` (SIGKILL), :meth:`Cluster.restart` (a new process, same identity: also the start of a
+stopped member), :meth:`Cluster.pause` / :meth:`Cluster.resume` (SIGSTOP / SIGCONT: messages to it are lost, its
+timers fire late on resume), and :meth:`Cluster.rejoin_isolated` (the daemon's seed loop: a member that knows
+nobody alive contacts a running one again).
+
 Records what the invariants and figures need: first time each observer marked a peer suspect/dead/left, every
 ``BecameLeader`` per (job, term), every peer's persisted terms (in order), message and byte counts (size model
 from :mod:`.events`).
@@ -41,6 +47,7 @@ class SimNode:
     election: el.Election | None
     up: bool = True
     wake_at: float = float("inf")
+    last_join: float = float("-inf")
     persisted: tuple[int, ev.PeerId | None] = (0, None)
 
 
@@ -138,13 +145,43 @@ class Cluster:
     def crash(self, peer: ev.PeerId) -> None:
         self.nodes[self.address_of[peer]].up = False
 
+    def stop(self, peer: ev.PeerId) -> None:
+        """Graceful stop: LEFT goes out to every live member, then the process is gone."""
+        node = self.nodes[self.address_of[peer]]
+        self.inject(node, ev.Leave())
+        node.up = False
+
+    def pause(self, peer: ev.PeerId) -> None:
+        """SIGSTOP: the process neither handles messages (they are lost) nor runs timers until resumed."""
+        self.nodes[self.address_of[peer]].up = False
+
+    def resume(self, peer: ev.PeerId) -> None:
+        """SIGCONT: timers that fell due meanwhile run at once."""
+        node = self.nodes[self.address_of[peer]]
+        node.up = True
+        node.wake_at = float("inf")
+        self._reschedule(node)
+
+    def rejoin_isolated(self, retry_after: float = 0.2) -> None:
+        """The daemon's seed loop: a running member that holds nobody else live contacts a running one."""
+        running = [n for n in self.nodes.values() if n.up]
+        for node in running:
+            if len(node.membership.live_peers()) > 1 or self.now - node.last_join < retry_after:
+                continue
+            seeds = [n.address for n in running if n is not node]
+            if seeds:
+                node.last_join = self.now
+                self.inject(node, ev.Join(self.rng.choice(seeds)))
+
     def restart(self, peer: ev.PeerId) -> SimNode:
-        """A fresh process with the same identity and persisted election state; joins via a random up peer."""
-        address = self.address_of[peer]
-        del self.nodes[address]
+        """A fresh process with the same identity and persisted election state; joins via a random up peer.
+        A peer never seen before starts here for the first time."""
+        address = self.address_of.get(peer, f"addr-{peer}")
+        self.nodes.pop(address, None)
         node = self.add_node(peer, address)
         seeds = [n.address for n in self.nodes.values() if n.up and n is not node]
         if seeds:
+            node.last_join = self.now
             self.inject(node, ev.Join(self.rng.choice(seeds)))
         self._reschedule(node)
         return node

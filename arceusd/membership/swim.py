@@ -16,7 +16,9 @@ What it does (memberlist's design, timers turned into deadlines):
   nack when their relay ping times out, and missing nacks count against OUR health, not the target's;
   suspicion timeouts start long and shrink with independent confirmations (:mod:`.suspicion`).
 * Incarnations and refutation: a suspect/dead/left claim about us at our incarnation or newer makes us bump
-  the incarnation and gossip ALIVE.
+  the incarnation and gossip ALIVE, and send it straight back to the member that told us. A member we hold
+  dead or left that talks to us (it restarted, or resumed after a pause) is told so, at most once a probe
+  interval, so it refutes at once.
 * Gossip: every update we accept is queued (:mod:`.broadcast`) and piggybacked on pings/acks/ping-reqs and
   sent to ``gossip_nodes`` random members every ``gossip_interval``, each at most
   ``retransmit_mult*ceil(log10(n+1))`` times.
@@ -167,6 +169,7 @@ class Membership:
         self._left = False
         self._seen_duplicates: set[tuple[Address, bytes, int]] = set()
         self._pending: dict[PeerId, _Pending] = {}
+        self._told: dict[PeerId, float] = {}  # when we last told a gone member it is held gone
         self.dropped: Counter[str] = Counter()
         # Stagger the periodic work so members started together do not probe in lockstep.
         self._next_probe = now + rng.random() * config.probe_interval
@@ -248,6 +251,8 @@ class Membership:
         sender = getattr(event, "sender", None)
         if sender is not None and sender in self._pending:
             self._verified(sender, now, actions)
+        elif sender is not None:
+            self._tell_if_gone(sender, now, actions)
         if isinstance(event, Tick):
             pass
         elif isinstance(event, PingReceived):
@@ -310,6 +315,7 @@ class Membership:
             member = self._members.get(gone)
             if member is not None and member.state in _GONE and member.state_change == changed_at:
                 del self._members[gone]
+                self._told.pop(gone, None)
                 actions.append(
                     MemberChanged(
                         gone, member.state, None, member.incarnation, member.address, member.public_key
@@ -393,7 +399,7 @@ class Membership:
     def _merge_remote_state(self, sender: PeerId, states: Gossip, now: float, actions: list[Action]) -> None:
         # ALIVEs first: the sender's own ALIVE makes it a member before its claims about others are judged.
         for update in sorted(states, key=lambda u: u.kind is not UpdateKind.ALIVE):
-            if update.kind in (UpdateKind.DEAD, UpdateKind.SUSPECT):
+            if update.kind in (UpdateKind.DEAD, UpdateKind.SUSPECT) and update.peer != self.self_id:
                 update = Update(UpdateKind.SUSPECT, update.peer, update.incarnation, sender or update.origin)
             self._receive(sender, update, now, actions)
 
@@ -401,7 +407,7 @@ class Membership:
         """An update from the network: check it (:mod:`.guard`), hold new members pending, then apply."""
         member = self._members.get(update.peer)
         origin = self._members.get(update.origin)
-        origin_is_member = update.origin == self.self_id or (origin is not None and origin.state in _LIVE)
+        origin_is_member = update.origin == self.self_id or origin is not None
         drop = check_update(update, None if member is None else member.incarnation, origin_is_member)
         if drop is None and member is None and update.kind is UpdateKind.ALIVE:
             if sender != update.peer:
@@ -412,7 +418,45 @@ class Membership:
         if drop is not None:
             self.dropped[drop.value] += 1
             return
+        before = self.incarnation
         self._apply(update, now, actions)
+        if self.incarnation != before:
+            self._announce_refutation(sender, update.kind, actions)
+        elif update.peer == self.self_id and update.kind is UpdateKind.DEAD:
+            # held dead at an incarnation we already refuted: the teller missed our ALIVE, so give it to it
+            told_by = self._members.get(sender)
+            if told_by is not None and sender != self.self_id:
+                actions.append(SendGossip(sender, told_by.address, (self._self_alive(),)))
+
+    def _announce_refutation(self, sender: PeerId, kind: UpdateKind, actions: list[Action]) -> None:
+        """We just refuted a claim ``sender`` passed us. A suspicion: answer the sender at once (gossip spreads
+        it further). Held dead or left (we restarted, or resumed after a pause): every member may hold us gone,
+        and gossip to the gone stops after a few transmissions, so tell each member we know directly, once,
+        as a leaving member does."""
+        alive = (self._self_alive(),)
+        if kind is UpdateKind.SUSPECT:
+            told_by = self._members.get(sender)
+            if told_by is not None and sender != self.self_id:
+                actions.append(SendGossip(sender, told_by.address, alive))
+            return
+        for member in self._members.values():
+            if member.peer != self.self_id and member.state is not MemberState.LEFT:
+                actions.append(SendGossip(member.peer, member.address, alive))
+        for peer, pending in self._pending.items():
+            actions.append(SendGossip(peer, pending.update.address, alive))
+
+    def _tell_if_gone(self, sender: PeerId, now: float, actions: list[Action]) -> None:
+        """A member we hold dead or left is talking to us: it runs (restarted, or resumed after a pause) at an
+        incarnation we hold gone. Tell it, so it refutes now instead of at its next push/pull (at most once a
+        probe interval per member)."""
+        member = self._members.get(sender)
+        if member is None or member.state not in _GONE:
+            return
+        if now - self._told.get(sender, -math.inf) < self.config.probe_interval:
+            return
+        self._told[sender] = now
+        claim = Update(UpdateKind.DEAD, sender, member.incarnation, self.self_id)
+        actions.append(SendGossip(sender, member.address, (claim,)))
 
     # ------------------------------------------------------------------------------------------- admission
     def _hold_pending(self, source: PeerId, update: Update, now: float, actions: list[Action]) -> None:
@@ -463,6 +507,7 @@ class Membership:
             return Drop.TABLE_FULL
         oldest = min(gone, key=lambda m: m.state_change)
         del self._members[oldest.peer]
+        self._told.pop(oldest.peer, None)
         actions.append(
             MemberChanged(oldest.peer, oldest.state, None, oldest.incarnation, oldest.address, oldest.public_key)
         )
