@@ -1,8 +1,9 @@
 """Recovery benchmark: from SIGKILL of a member daemon to the first training step after the job resumed.
 
 Runs a 3-daemon local swarm (real daemons, workers, transport) per timing preset, trains an MLP on MNIST paced
-at about 20 steps/s, SIGKILLs the daemon that holds the middle pipeline stage, and reads the leader's recovery
-record. With ``--victim leader`` it SIGKILLs the leader (the job's owner) instead, once the plan's standby holds
+at about 20 steps/s, SIGKILLs the daemon that holds the middle pipeline stage (another member when the owner
+holds it: the owner is never the victim here), and reads the leader's recovery record. With ``--victim leader``
+it SIGKILLs the leader (the job's owner) instead, once the plan's standby holds
 the data and a committed checkpoint, and reads the record of the standby that the survivors elected. Prints, per
 preset: kill -> detected (membership), detected -> first step (replan, re-slice, restart
 workers), the total against the issue's target, the steps recomputed (at most the checkpoint interval), and the
@@ -26,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from arceusd.swarm import LocalSwarm
 
-SHARED = Path(__file__).resolve().parents[1] / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"  # the repository's own data sets
 TARGET_S = {"local": 5.0, "lan": 15.0}
 INTERVAL = 20
 SPEC = """
@@ -63,9 +64,23 @@ def poll(fn: Any, timeout: float, what: str, every: float = 0.02) -> Any:
     raise TimeoutError(f"timed out waiting for {what}")
 
 
+def pick_victim(plan: dict[str, Any], owner: str, standby: str | None) -> str:
+    """The member to SIGKILL: the middle stage's device when that is not the owner (plans follow measured links
+    and may put the owner there), else another plan device that is neither the owner nor, if possible, the
+    standby."""
+    stages = plan["stages"]
+    middle = [d["peer_id"] for d in stages[len(stages) // 2]["devices"]]
+    devices = [d["peer_id"] for stage in stages for d in stage["devices"]]
+    for candidates in (middle, [p for p in devices if p != standby], devices):
+        for peer in candidates:
+            if peer != owner:
+                return str(peer)
+    raise ValueError("the plan has no device but the owner's: nothing to kill but the leader (use --victim leader)")
+
+
 def one_run(root: Path, preset: str, kill_at: int, victim_role: str = "middle") -> dict[str, float]:
     spec = root / "job.toml"
-    spec.write_text(SPEC.format(mnist=SHARED / "mnist", steps=kill_at + 8 * INTERVAL, interval=INTERVAL))
+    spec.write_text(SPEC.format(mnist=DATA / "mnist", steps=kill_at + 8 * INTERVAL, interval=INTERVAL))
     swarm = LocalSwarm(root / "swarm", 3, ["--auto-join"], preset=preset,
                        env={"ARCEUSD_FAILPOINTS": "worker.step=sleep:0.05"})  # fmt: skip
     try:
@@ -90,7 +105,8 @@ def one_run(root: Path, preset: str, kill_at: int, victim_role: str = "middle") 
             reader = next(i for i in range(3) if swarm.call(i, "status")["peer_id"] == first["standby"])
             poll(lambda: (j := job(reader))["standby_ready"] and j["committed_step"] > 0, 60, "the standby's copy")
         else:
-            victim = first["plan"]["stages"][1]["devices"][0]["peer_id"]
+            owner = swarm.call(0, "status")["peer_id"]
+            victim = pick_victim(first["plan"], owner, first.get("standby"))
             index = next(i for i in range(3) if swarm.call(i, "status")["peer_id"] == victim)
         killed = time.time()
         swarm.signal(index, signal.SIGKILL)
@@ -111,7 +127,8 @@ def main() -> int:
                         help="whose daemon to SIGKILL: the middle stage's, or the leader's (the standby takes over)")
     args = parser.parse_args()
     runs = 1 if args.quick else 3
-    whose = "the middle stage's daemon" if args.victim == "middle" else "the leader's daemon (the owner)"
+    whose = ("a member's daemon (the middle stage's, never the owner's)" if args.victim == "middle"
+             else "the leader's daemon (the owner)")  # fmt: skip
     print(f"recovery after SIGKILL of {whose} (3 daemons, MLP on MNIST, checkpoint every "
           f"{INTERVAL} steps); {runs} run(s) per preset")  # fmt: skip
     ok = True
