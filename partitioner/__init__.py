@@ -18,6 +18,7 @@ from partitioner.canonical import (
 )
 from partitioner.inputs import DeviceProfile, Link, LinkMatrix, PlanInputs, TrainingParams
 from partitioner.plan import DeviceShare, Plan, PlanError, PlanMismatch, Stage
+from partitioner.replicas import ReplicaPlan, ReplicaSyncMode, plan_replicas
 from partitioner.search import plan
 from partitioner.verify import verify
 
@@ -31,6 +32,8 @@ __all__ = [
     "PlanError",
     "PlanInputs",
     "PlanMismatch",
+    "ReplicaPlan",
+    "ReplicaSyncMode",
     "Stage",
     "TrainingParams",
     "inputs_bytes",
@@ -42,6 +45,7 @@ __all__ = [
     "plan_from_bytes",
     "plan_from_dict",
     "plan_hash",
+    "plan_replicas",
     "plan_to_dict",
     "verify",
 ]

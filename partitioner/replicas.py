@@ -1,0 +1,205 @@
+"""Scaling out: R data-parallel replicas of an S-stage pipeline, and how the replicas keep in sync.
+
+``plan_replicas(inputs)`` returns a ``ReplicaPlan``: R pipelines (each a ``Plan`` over its own devices, fed
+global_batch / R samples per step), all cut at the same block boundaries with the same tensor-parallel shares
+(stage s of every replica holds the same slice, so the same stage of all replicas forms one ring), and the sync
+mode. R = 1 is today's ``Plan`` (``plan.replicas == (search.plan(...),)`` when that wins; its bytes are
+unchanged).
+
+Candidates, in a fixed order (deterministic: every member recomputes the leader's choice):
+- today's plan over all devices (``search.plan``) and every single device alone (the floor the issue asks for:
+  never slower than the best member that can hold the model);
+- for k = 1..n of the fastest devices (effective FLOP/s, then peer id) and every R dividing k (and the global
+  batch), the k devices dealt into R groups in snake order (0, 1, .., R-1, R-1, .., 0, ..: equal-sized,
+  speed-balanced groups). Replica 0 is planned by ``search.plan`` on its group; replica r takes the same stages
+  on its group's devices of the same speed rank (``CostModel.evaluate``; infeasible -> no candidate).
+Sync cost per step, over the ring of the replicas' stage devices (stage rings run in parallel, the slowest
+counts; each is 2 (R - 1) / R of the stage's fp32 parameters over the ring's slowest link, plus 2 (R - 1)
+hops of rtt/2 + message cost):
+- ``ALLREDUCE``: every step, after the slowest replica's step (no overlap counted: an upper bound);
+- ``DILOCO``: once per ``h`` steps with int8 pseudo-gradients (1 + 4/256 bytes per value), amortised.
+DiLoCo is not the same computation (its loss per token is a little worse), so it is chosen only when it is
+predicted at least ``DILOCO_MIN_GAIN`` times faster than all-reduce. The winner has the least predicted step
+time for the same global batch (= the most tokens/s); ties go to fewer replicas, then fewer devices, then the
+earlier candidate.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, replace
+
+from partitioner.cost import CostModel
+from partitioner.inputs import PlanInputs
+from partitioner.plan import Plan, PlanError
+from partitioner.search import plan as plan_pipeline
+
+DEFAULT_DILOCO_H = 50
+DILOCO_MIN_GAIN = 1.5
+INT8_BYTES_PER_VALUE = 1 + 4 / 256
+FP32_BYTES = 4
+
+
+class ReplicaSyncMode(enum.Enum):
+    NONE = "none"
+    ALLREDUCE = "allreduce"
+    DILOCO = "diloco"
+
+
+@dataclass(frozen=True)
+class ReplicaPlan:
+    """R pipelines with identical stage cuts and how they sync. ``predicted_step_time_s`` is per step of the
+    whole global batch (the slowest replica plus the sync, amortised over ``diloco_h`` steps for DiLoCo)."""
+
+    replicas: tuple[Plan, ...]
+    sync_mode: ReplicaSyncMode
+    sync_s: float
+    """Seconds of one synchronisation (a step's all-reduce, or one DiLoCo outer exchange)."""
+    diloco_h: int
+    predicted_step_time_s: float
+
+    @property
+    def peer_ids(self) -> tuple[str, ...]:
+        return tuple(p for r in self.replicas for p in r.peer_ids)
+
+    def replica_of(self, peer_id: str) -> int | None:
+        for i, r in enumerate(self.replicas):
+            if peer_id in r.peer_ids:
+                return i
+        return None
+
+
+def plan_replicas(inputs: PlanInputs, diloco_h: int = DEFAULT_DILOCO_H) -> ReplicaPlan:
+    """The fastest predicted plan of R replicas x S stages (see the module docstring).
+
+    Error handling: raises ``PlanError`` when not even today's plan exists (its message says why)."""
+    if diloco_h < 1:
+        raise ValueError(f"diloco_h must be >= 1, got {diloco_h}")
+    inputs = inputs.canonical()
+    best: tuple[tuple[float, int, int], ReplicaPlan] | None = None
+
+    def consider(candidate: ReplicaPlan | None) -> None:
+        nonlocal best
+        if candidate is None:
+            return
+        key = (candidate.predicted_step_time_s * (1 + 1e-9), len(candidate.replicas), len(candidate.peer_ids))
+        if best is None or key < best[0]:
+            best = (key, candidate)
+
+    error: PlanError | None = None
+    try:
+        consider(_single(plan_pipeline(inputs), diloco_h))
+    except PlanError as exc:
+        error = exc
+    for d in inputs.devices:
+        consider(_single(_try_plan(_subset(inputs, (d.peer_id,), inputs.training.global_batch_size)), diloco_h))
+    ranked = sorted(inputs.devices, key=lambda d: (-d.effective_flops_per_s, d.peer_id))
+    gb = inputs.training.global_batch_size
+    for k in range(2, len(ranked) + 1):
+        for r in range(2, k + 1):
+            if k % r or gb % r:
+                continue
+            groups = _snake([d.peer_id for d in ranked[:k]], r)
+            consider(_replicated(inputs, groups, diloco_h))
+    if best is None:
+        raise error or PlanError("no plan fits on any device or group of devices")
+    return best[1]
+
+
+def _single(p: Plan | None, h: int) -> ReplicaPlan | None:
+    if p is None:
+        return None
+    return ReplicaPlan((p,), ReplicaSyncMode.NONE, 0.0, h, p.predicted_step_time_s)
+
+
+def _try_plan(inputs: PlanInputs) -> Plan | None:
+    try:
+        return plan_pipeline(inputs)
+    except PlanError:
+        return None
+
+
+def _subset(inputs: PlanInputs, peers: tuple[str, ...], batch: int) -> PlanInputs:
+    keep = set(peers)
+    return PlanInputs(
+        blocks=inputs.blocks,
+        devices=tuple(d for d in inputs.devices if d.peer_id in keep),
+        links=type(inputs.links)(tuple(t for t in inputs.links.links if t[0] in keep and t[1] in keep)),
+        training=replace(inputs.training, global_batch_size=batch, use_all_devices=False),
+    )
+
+
+def _snake(peers: list[str], r: int) -> list[tuple[str, ...]]:
+    groups: list[list[str]] = [[] for _ in range(r)]
+    for i, p in enumerate(peers):
+        lap, pos = divmod(i, r)
+        groups[pos if lap % 2 == 0 else r - 1 - pos].append(p)
+    return [tuple(g) for g in groups]
+
+
+def _replicated(inputs: PlanInputs, groups: list[tuple[str, ...]], h: int) -> ReplicaPlan | None:
+    r = len(groups)
+    batch = inputs.training.global_batch_size // r
+    first = _try_plan(_subset(inputs, groups[0], batch))
+    if first is None:
+        return None
+    plans = [first]
+    for g in groups[1:]:
+        sub = _subset(inputs, g, batch)
+        cm = CostModel(sub)
+        index = {d.peer_id: i for i, d in enumerate(sub.devices)}
+        rank_of = {p: i for i, p in enumerate(groups[0])}
+        stages = [
+            (tuple(index[g[rank_of[p]]] for p in s.devices), s.start, s.end) for s in first.stages
+        ]
+        other = cm.evaluate(stages, first.micro_batches)
+        if other is None or not _same_slices(first, other):
+            return None
+        plans.append(other)
+    ring = _ring_s(inputs, plans)
+    if ring is None:
+        return None
+    slowest = max(p.predicted_step_time_s for p in plans)
+    allreduce = ReplicaPlan(tuple(plans), ReplicaSyncMode.ALLREDUCE, ring, h, slowest + ring)
+    diloco_sync = ring * INT8_BYTES_PER_VALUE / FP32_BYTES
+    diloco = ReplicaPlan(tuple(plans), ReplicaSyncMode.DILOCO, diloco_sync, h, slowest + diloco_sync / h)
+    if diloco.predicted_step_time_s * DILOCO_MIN_GAIN <= allreduce.predicted_step_time_s:
+        return diloco
+    return allreduce
+
+
+def _same_slices(a: Plan, b: Plan) -> bool:
+    """Stage s of both plans holds the same blocks split the same way (same parameter shapes on each rank)."""
+    if len(a.stages) != len(b.stages):
+        return False
+    for sa, sb in zip(a.stages, b.stages, strict=True):
+        if (sa.start, sa.end) != (sb.start, sb.end) or len(sa.shares) != len(sb.shares):
+            return False
+        for x, y in zip(sa.shares, sb.shares, strict=True):
+            if (x.heads, x.mlp_columns) != (y.heads, y.mlp_columns):
+                return False
+    return True
+
+
+def _ring_s(inputs: PlanInputs, plans: list[Plan]) -> float | None:
+    """One all-reduce of every stage's fp32 parameters over the rings of its ranks (parallel; the slowest
+    counts); None when a ring lacks a link."""
+    links = inputs.links.as_dict()
+    r = len(plans)
+    worst = 0.0
+    for s, stage in enumerate(plans[0].stages):
+        params = sum(b.param_bytes for b in inputs.blocks[stage.start:stage.end])
+        values = params / inputs.training.compute_bytes_per_element
+        for rank in range(len(stage.devices)):
+            ring = [p.stages[s].devices[rank] for p in plans]
+            slowest_bw, hop = float("inf"), 0.0
+            for i in range(r):
+                link = links.get((ring[i], ring[(i + 1) % r]))
+                if link is None:
+                    return None
+                slowest_bw = min(slowest_bw, link.bandwidth_bytes_per_s)
+                hop = max(hop, link.rtt_s / 2 + link.message_s)
+            share = values / len(stage.devices)
+            t = 2 * (r - 1) / r * share * FP32_BYTES / slowest_bw + 2 * (r - 1) * hop
+            worst = max(worst, t)
+    return worst

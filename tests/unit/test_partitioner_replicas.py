@@ -1,0 +1,95 @@
+"""The replica planner: never predicted slower than the best single device, replicas when they pay, DiLoCo or
+fewer replicas over a slow link, deterministic under permutation."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from partitioner.inputs import DeviceProfile, Link, LinkMatrix, PlanInputs, TrainingParams
+from partitioner.plan import PlanError
+from partitioner.replicas import ReplicaSyncMode, plan_replicas
+from partitioner.search import plan
+from partitioner.synthetic import gpt_like_blocks, random_inputs
+
+GIB = 1 << 30
+SMALL = gpt_like_blocks(2, 64, 4, 32, 65)  # ~0.2 M parameters
+
+
+def _best_single_s(inputs: PlanInputs) -> float | None:
+    best = None
+    for d in inputs.devices:
+        sub = dataclasses.replace(
+            inputs, devices=(d,), links=LinkMatrix(()),
+            training=dataclasses.replace(inputs.training, use_all_devices=False),
+        )
+        try:
+            t = plan(sub).predicted_step_time_s
+        except PlanError:
+            continue
+        best = t if best is None else min(best, t)
+    return best
+
+
+def _equal(n: int, link: Link, flops: float = 1e10, memory: int = 4 * GIB, batch: int = 64) -> PlanInputs:
+    devices = tuple(DeviceProfile(f"dev{i}", flops, memory) for i in range(n))
+    ids = [d.peer_id for d in devices]
+    links = LinkMatrix.symmetric([(a, b, link) for a in ids for b in ids if a < b])
+    return PlanInputs(SMALL, devices, links, TrainingParams(batch, (1, 2, 4)))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 2**31), st.integers(1, 5), st.sampled_from([8, 12, 16]))
+def test_never_predicted_slower_than_the_best_single_device(seed: int, n: int, batch: int) -> None:
+    blocks = gpt_like_blocks(2, 128, 4, 64, 512)
+    inputs = random_inputs(random.Random(seed), n, blocks, TrainingParams(batch, (1, 2, 4)),
+                           mem_range_gib=(0.005, 0.05))
+    single = _best_single_s(inputs)
+    try:
+        chosen = plan_replicas(inputs)
+    except PlanError:
+        assert single is None
+        return
+    if single is not None:
+        assert chosen.predicted_step_time_s <= single * (1 + 1e-9)
+    assert len(set(chosen.peer_ids)) == len(chosen.peer_ids)  # no device twice
+    stages = [tuple((s.start, s.end) for s in r.stages) for r in chosen.replicas]
+    assert all(s == stages[0] for s in stages)  # every replica cut alike
+    assert sum(r.micro_batches * r.micro_batch_size for r in chosen.replicas) == batch
+
+
+def test_many_equal_devices_on_fast_links_and_a_small_model_replicate() -> None:
+    inputs = _equal(4, Link(1e-4, 1.25e8))  # 1 Gbit/s, 0.1 ms
+    chosen = plan_replicas(inputs)
+    assert len(chosen.replicas) >= 2
+    assert chosen.sync_mode is ReplicaSyncMode.ALLREDUCE
+    single = _best_single_s(inputs)
+    assert single is not None and chosen.predicted_step_time_s < single / 1.5
+    assert chosen.predicted_step_time_s < plan(inputs).predicted_step_time_s
+
+
+def test_a_slow_link_between_replicas_gives_diloco_or_fewer_replicas() -> None:
+    fast = plan_replicas(_equal(2, Link(1e-4, 1.25e8)))
+    slow_inputs = _equal(2, Link(2e-2, 6.25e5))  # 5 Mbit/s, 20 ms
+    slow = plan_replicas(slow_inputs)
+    assert len(fast.replicas) == 2 and fast.sync_mode is ReplicaSyncMode.ALLREDUCE
+    assert slow.sync_mode is ReplicaSyncMode.DILOCO or len(slow.replicas) < 2
+    single = _best_single_s(slow_inputs)
+    assert single is not None and slow.predicted_step_time_s <= single
+
+
+def test_a_slow_device_is_left_out() -> None:
+    inputs = _equal(3, Link(1e-4, 1.25e8))
+    slow = dataclasses.replace(inputs.devices[2], flops_per_s=1e8)
+    inputs = dataclasses.replace(inputs, devices=(*inputs.devices[:2], slow))
+    chosen = plan_replicas(inputs)
+    assert "dev2" not in chosen.peer_ids and len(chosen.replicas) == 2
+
+
+def test_the_same_facts_in_any_order_give_the_same_plan() -> None:
+    inputs = _equal(4, Link(1e-4, 1.25e8))
+    shuffled = dataclasses.replace(inputs, devices=tuple(reversed(inputs.devices)))
+    assert plan_replicas(inputs) == plan_replicas(shuffled)
