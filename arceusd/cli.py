@@ -461,10 +461,11 @@ def logs(obj: Context, lines: int, follow: bool) -> None:
 
 
 @cli.command()
-@click.option("--size", type=click.IntRange(1, 16), default=3, show_default=True, help="How many local daemons.")
+@click.option("--size", type=click.IntRange(1, 16), default=2, show_default=True,
+              help="How many local daemons (2 on a 2-core machine: each has a core; more only add overhead).")
 @click.option("--dir", "root", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where the swarm keeps its state (default: a new temporary directory).")
-@click.option("--steps", type=click.IntRange(10, 100_000), default=300, show_default=True,
+@click.option("--steps", type=click.IntRange(10, 100_000), default=1000, show_default=True,
               help="Training steps of the demo job (about 2k tokens each).")
 def demo(size: int, root: Path | None, steps: int) -> None:
     """A local swarm of daemons on loopback trains a character GPT on Tiny Shakespeare."""

@@ -1,9 +1,10 @@
 """``arceusd demo``: the README's main job. A local swarm of daemons trains a character GPT on Tiny Shakespeare.
 
-Three daemons start on loopback (own state directories, each other as seeds, auto-join on); the first one
-submits ``examples/shakespeare-gpt.toml`` (its step count set by ``--steps``) for all three members; the demo
-shows live progress, and at the end loads the exported model into the plain PyTorch GPT, prints a generated
-sample and where the model was saved. Ctrl-C stops every daemon and worker cleanly.
+Two daemons (``--size``) start on loopback (own state directories, each other as seeds, auto-join on, each
+daemon's stage worker pinned to its own core); the first one submits ``examples/shakespeare-gpt.toml`` (its step
+count set by ``--steps``, 1,000 by default) for all of them; the demo shows the plan, a progress bar with an ETA
+(a line per change when the output is not a terminal), and at the end loads the exported model into the plain
+PyTorch GPT, prints a generated sample and where the model was saved. Ctrl-C stops every daemon and worker cleanly.
 """
 
 from __future__ import annotations
@@ -74,21 +75,7 @@ def run_demo(size: int, root: Path | None, steps: int) -> None:
         result = swarm.call(0, "submit", {"spec_path": str(spec), "min_members": size}, timeout=120)
         job_id = result["job_id"]
         click.echo(f"submitted job {job_id}: a character GPT on Tiny Shakespeare, {steps} steps, {size} members")
-        shown_plan = False
-        last_line = ""
-        while True:
-            job: dict[str, Any] = swarm.call(0, "job", {"job_id": job_id})
-            if job["plan"] and not shown_plan:
-                shown_plan = True
-                plan_lines = [line for line in render_job(job).splitlines() if "stage" in line or "plan" in line]
-                click.echo("\n".join(plan_lines))
-            line = _progress(job)
-            if line != last_line:
-                click.echo(line)
-                last_line = line
-            if job["state"] in ("done", "failed", "cancelled"):
-                break
-            time.sleep(2.0)
+        job = _follow(swarm, job_id)
         if job["state"] != "done":
             raise click.ClickException(f"the job ended {job['state']}: {job['error']}")
         for line in contribution_lines(job):
@@ -102,6 +89,64 @@ def run_demo(size: int, root: Path | None, steps: int) -> None:
     finally:
         swarm.close()
         click.echo("swarm stopped")
+
+
+def _follow(swarm: LocalSwarm, job_id: str) -> dict[str, Any]:
+    """Show the plan once, then the job's progress until it ends: a progress bar with an ETA in a terminal (rich),
+    a line per change otherwise (a log, a pipe). Returns the job's final record."""
+    import sys
+
+    shown_plan = False
+    last_line = ""
+    tty = sys.stdout.isatty()
+    progress = None
+    task: Any = None
+    try:
+        while True:
+            job: dict[str, Any] = swarm.call(0, "job", {"job_id": job_id})
+            if job["plan"] and not shown_plan:
+                shown_plan = True
+                plan_lines = [line for line in render_job(job).splitlines() if "stage" in line or "plan" in line]
+                click.echo("\n".join(plan_lines))
+                if tty:
+                    progress = _progress_bar()
+                    progress.start()
+                    task = progress.add_task("training", total=job["total_steps"] or None, stats="")
+            if progress is not None:
+                progress.update(task, completed=job["step"], total=job["total_steps"] or None, stats=_stats(job))
+            elif not tty:
+                line = _progress(job)
+                if line != last_line:
+                    click.echo(line)
+                    last_line = line
+            if job["state"] in ("done", "failed", "cancelled"):
+                return job
+            time.sleep(1.0 if progress is not None else 2.0)
+    finally:
+        if progress is not None:
+            progress.stop()
+
+
+def _progress_bar(console: Any = None) -> Any:
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
+
+    return Progress(
+        TextColumn("  step"), MofNCompleteColumn(), BarColumn(bar_width=16), TextColumn("ETA"),
+        TimeRemainingColumn(compact=True), TextColumn("{task.fields[stats]}"), console=console,
+    )  # fmt: skip
+
+
+def _stats(job: dict[str, Any]) -> str:
+    def num(v: Any, fmt: str) -> str:
+        return format(v, fmt) if isinstance(v, int | float) else "-"
+
+    return f"loss {num(job['loss'], '.2f')} val {num(job['val_loss'], '.2f')} {num(job['tokens_per_s'], '.0f')} tok/s"
 
 
 def _progress(job: dict[str, Any]) -> str:
