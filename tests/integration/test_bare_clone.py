@@ -1,5 +1,5 @@
 """A newcomer's machine: this checkout ``git clone``d into an empty temporary folder (nothing beside it, so no
-``../shared`` and no sibling checkout), and the demo run there with a short ``--steps``. It must train, save the
+shared data folder and no sibling checkout), and the demo run there with a short ``--steps``. It must train, save the
 model and print a sample. The current interpreter runs it with PYTHONPATH at the clone (the clone's own code, not
 this checkout's)."""
 
