@@ -156,8 +156,8 @@ def start(obj: Context, /, foreground: bool, detach: bool, **flags: Any) -> None
         manager = service.install(obj.state_dir, obj.paths.log_file, _forwarded_args(flags))
     except service.NoServiceManager as exc:
         raise click.ClickException(
-            f"cannot install a background service here: {exc}.\n"
-            "Run the daemon in this terminal with `arceusd start --foreground`, "
+            f"cannot install a background service here: {exc}; "
+            "run the daemon in this terminal with `arceusd start --foreground`, "
             "or as a detached process with `arceusd start --detach`."
         ) from None
     except service.ServiceError as exc:
@@ -483,13 +483,28 @@ def main() -> None:
     if not debug:
         os.environ.setdefault("GRPC_VERBOSITY", "NONE")  # grpc's C core would print a taken port's bind error too
     try:
-        cli(prog_name="arceusd")
-    except Exception as exc:  # click handled usage errors and ClickException already; this is everything else
+        code = cli.main(prog_name="arceusd", standalone_mode=False)
+    except click.UsageError as exc:  # a mistyped command or option: what was wrong, and where the help is
+        where = exc.ctx.command_path if exc.ctx is not None else "arceusd"
+        click.echo(f"arceusd: {_flat(exc.format_message()).rstrip('.')}; see `{where} --help`", err=True)
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:  # one line; a job spec's problems are listed one per line under it
+        click.echo(f"arceusd: {exc.format_message()}", err=True)
+        sys.exit(exc.exit_code)
+    except click.Abort:
+        click.echo("arceusd: interrupted", err=True)
+        sys.exit(130)
+    except Exception as exc:  # everything else: one line, the traceback only at --log-level debug
         if debug:
             raise
         message, code = one_line(exc)
         click.echo(f"arceusd: {message}", err=True)
         sys.exit(code)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())
 
 
 from arceusd.market.commands import register as _register_market  # noqa: E402  (its commands use Context)

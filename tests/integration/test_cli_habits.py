@@ -154,3 +154,11 @@ def test_no_numpy_warning_reaches_the_user(tmp_path: Path) -> None:
         wait_for(lambda: "ready" in d.output(), 30, what="daemon ready")
         time.sleep(8)  # the device profile (a torch worker) runs right after start
         assert "NumPy" not in d.output() and "UserWarning" not in d.output(), d.output()
+
+
+def test_usage_mistakes_are_one_line_pointing_at_help(tmp_path: Path) -> None:
+    assert_one_line_failure(arceusd("status", "--bogus"), "--bogus", "arceusd status --help")
+    assert_one_line_failure(arceusd("frob"), "frob", "arceusd --help")
+    assert_one_line_failure(arceusd("submit", str(tmp_path / "none.toml")), "none.toml", "arceusd submit --help")
+    ok = arceusd("--help")
+    assert ok.returncode == 0 and "Usage:" in ok.stdout
