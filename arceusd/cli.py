@@ -182,9 +182,11 @@ def _start_detached(obj: Context, flags: dict[str, Any]) -> None:
     deadline = time.monotonic() + 20.0
     while time.monotonic() < deadline:
         if proc.poll() is not None:
+            reason = _last_failure(Path(log_file))
             raise click.ClickException(
-                f"the daemon exited at start (code {proc.returncode}); see `arceusd logs` ({log_file})"
-            )
+                f"the daemon exited at start: {reason}" if reason
+                else f"the daemon exited at start (code {proc.returncode}); see `arceusd logs` ({log_file})"
+            )  # fmt: skip
         try:
             status = call(obj.paths.control_socket, "status", timeout=2.0)
         except ControlError:
@@ -193,6 +195,18 @@ def _start_detached(obj: Context, flags: dict[str, Any]) -> None:
         click.echo(f"arceusd started (pid {status['pid']}, peer {status['peer_id']}); logs: {log_file}")
         return
     raise click.ClickException(f"the daemon did not become ready within 20 s; see {log_file}")
+
+
+def _last_failure(log_file: Path) -> str | None:
+    """The one-line reason a detached daemon printed when it failed at start (its stderr goes to the log)."""
+    from arceusd.logs import tail
+
+    try:
+        lines = tail(log_file, 20)
+    except OSError:
+        return None
+    reasons = [line.removeprefix("arceusd: ") for line in lines if line.startswith("arceusd: ")]
+    return safe_text(reasons[-1], None) if reasons else None
 
 
 def _wait_ready(obj: Context, timeout: float) -> None:

@@ -87,6 +87,8 @@ def test_explicit_taken_port_is_one_line_naming_the_port_and_the_fix(tmp_path: P
         proc = arceusd(*argv)
         err = assert_one_line_failure(proc, str(port), "--port 0", "config.toml")
         assert proc.returncode == 2, err
+        detached = arceusd(*[a if a != "--foreground" else "--detach" for a in argv])
+        assert_one_line_failure(detached, "exited at start", str(port), "--port 0")
         debug = arceusd(*argv, "--log-level", "debug")
         assert debug.returncode != 0 and "Traceback" in debug.stderr
 
