@@ -167,12 +167,16 @@ class Timeline:
         self.seen = time.monotonic()
         step, val = job.get("step"), job.get("val_loss")
         if isinstance(step, int) and isinstance(val, int | float) and _finite(val):
-            point = (step, float(val))
-            if not self.val or (point != self.val[-1] and step >= self.val[-1][0]):
-                self.val.append(point)
+            self._validation(step, float(val))
         committed = job.get("committed_step")
         if isinstance(committed, int) and committed > 0 and (not self.checkpoints or committed > self.checkpoints[-1]):
             self.checkpoints.append(committed)
+
+
+    def _validation(self, step: int, val: float) -> None:
+        """A new evaluation: the value changed (the job JSON holds only the latest), drawn at the step seen."""
+        if not self.val or (val != self.val[-1][1] and step >= self.val[-1][0]):
+            self.val.append((step, val))
 
 
 class Timelines:

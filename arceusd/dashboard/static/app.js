@@ -133,7 +133,9 @@ function lossChart(job) {
     g.appendChild(sv("text", { x: W / 2, y: H / 2, "text-anchor": "middle", class: "small" }, "no steps yet"));
     return g;
   }
-  const x0 = 0, x1 = Math.max(job.total_steps || 0, ...all.map((p) => p[0]), 1);
+  // the steps drawn (status JOB --json keeps the latest 200): the chart spans them, not the whole job
+  const x0 = Math.min(...all.map((p) => p[0])), x1 = Math.max(x0 + 1, ...all.map((p) => p[0]));
+  const inside = (s) => typeof s === "number" && s >= x0 && s <= x1;
   let y0 = Math.min(...all.map((p) => p[1])), y1 = Math.max(...all.map((p) => p[1]));
   if (y1 - y0 < 1e-9) { y0 -= 0.5; y1 += 0.5; }
   const pad = (y1 - y0) * 0.05; y0 -= pad; y1 += pad;
@@ -152,13 +154,13 @@ function lossChart(job) {
   }
   g.appendChild(sv("line", { x1: L, x2: W - Rm, y1: H - B, y2: H - B, class: "axis" }));
   for (const r of job.recoveries || []) {
-    if (typeof r.lost_step !== "number") continue;
-    const from = typeof r.resumed_step === "number" && r.resumed_step >= 0 ? r.resumed_step : r.lost_step;
+    if (!inside(r.lost_step)) continue;
+    const from = Math.max(x0, typeof r.resumed_step === "number" && r.resumed_step >= 0 ? r.resumed_step : r.lost_step);
     g.appendChild(sv("rect", { x: X(from), y: T, width: Math.max(1, X(r.lost_step) - X(from)), height: H - T - B, class: "recovered" }));
     g.appendChild(sv("line", { x1: X(r.lost_step), x2: X(r.lost_step), y1: T, y2: H - B, class: "recovery" },
       sv("title", {}, `recovery at step ${r.lost_step}: ${String(r.reason)}; resumed from ${r.resumed_step}`)));
   }
-  for (const c of job.checkpoints || []) {
+  for (const c of (job.checkpoints || []).filter(inside)) {
     g.appendChild(sv("line", { x1: X(c), x2: X(c), y1: T, y2: H - B, class: "ckpt" }, sv("title", {}, `checkpoint ${c}`)));
   }
   if (train.length) {
