@@ -134,9 +134,11 @@ function lossChart(job) {
     return g;
   }
   // the steps drawn (status JOB --json keeps the latest 200): the chart spans them, not the whole job
-  const x0 = Math.min(...all.map((p) => p[0])), x1 = Math.max(x0 + 1, ...all.map((p) => p[0]));
+  const span = (train.length ? train : all).map((p) => p[0]);
+  const x0 = Math.min(...span), x1 = Math.max(x0 + 1, ...span);
   const inside = (s) => typeof s === "number" && s >= x0 && s <= x1;
-  let y0 = Math.min(...all.map((p) => p[1])), y1 = Math.max(...all.map((p) => p[1]));
+  const shown = train.concat(val.filter((p) => inside(p[0])));
+  let y0 = Math.min(...shown.map((p) => p[1])), y1 = Math.max(...shown.map((p) => p[1]));
   if (y1 - y0 < 1e-9) { y0 -= 0.5; y1 += 0.5; }
   const pad = (y1 - y0) * 0.05; y0 -= pad; y1 += pad;
   const X = (s) => L + ((s - x0) / (x1 - x0)) * (W - L - Rm);
@@ -167,7 +169,7 @@ function lossChart(job) {
     const pts = train.map((p) => X(p[0]).toFixed(2) + "," + Y(p[1]).toFixed(2)).join(" ");
     g.appendChild(sv("polyline", { points: pts, class: "train", id: "train-curve", "data-count": train.length }));
   }
-  for (const p of val) g.appendChild(sv("circle", { cx: X(p[0]), cy: Y(p[1]), r: 3, class: "val" }, sv("title", {}, `validation ${p[1]} at ${p[0]}`)));
+  for (const p of val.filter((v) => inside(v[0]))) g.appendChild(sv("circle", { cx: X(p[0]), cy: Y(p[1]), r: 3, class: "val" }, sv("title", {}, `validation ${p[1]} at ${p[0]}`)));
   g.appendChild(sv("text", { x: W - Rm, y: T + 10, "text-anchor": "end", class: "small" },
     "— train  ● validation  ┆ checkpoint  │ recovery"));
   return g;
@@ -253,7 +255,7 @@ function renderJob(job, me) {
     ["committed checkpoint", String(job.committed_step ?? "–")], ["model", `${job.model} on ${job.data}`],
   ]), bar, job.error ? el("p", { class: "no" }, String(job.error)) : null));
   const fill = bar.firstChild; fill.style.width = fill.dataset.pct + "%";
-  main.append(section(`Loss (${job.history_points} steps recorded, ${(job.history || []).length} drawn)`, "", lossChart(job)));
+  main.append(section(`Loss (${job.history_points} points of history, ${(job.history || []).length} drawn)`, "", lossChart(job)));
   main.append(section("The plan: stages across devices", "wide", planDrawing(job, me),
     el("p", { class: "muted" }, job.plan ? `${job.plan.schedule}, ${job.plan.micro_batches} micro-batches` : "")));
   main.append(section("Compute against waiting", "", stageTiming(job)));
