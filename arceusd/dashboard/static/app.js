@@ -94,7 +94,7 @@ function swarmMap(me, peers) {
   for (const [p, x, y] of spots) {
     g.appendChild(sv("circle", { cx: x, cy: y, r: 40, class: "node" }, sv("title", {}, String(p.device || ""))));
     g.appendChild(sv("text", { x, y: y + 4, "text-anchor": "middle", class: "peer-name" }, short(p.peer_id)));
-    g.appendChild(sv("text", { x, y: y + 54, "text-anchor": "middle", class: "small " + stateCls(p.state) }, String(p.state)));
+    g.appendChild(sv("text", { x, y: y + 20, "text-anchor": "middle", class: "small " + stateCls(p.state) }, String(p.state)));
   }
   if (!peers.length) g.appendChild(sv("text", { x: cx, y: cy + 50, "text-anchor": "middle", class: "small" }, "no peers yet"));
   return g;
