@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from arceusd.swarm import LocalSwarm
+from arceusd.swarm import LocalSwarm, free_ports
 from tests.harness import wait_for
 
 CHROMIUM = "/usr/bin/chromium"
@@ -54,8 +54,12 @@ class Setup:
 def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     root = tmp_path_factory.mktemp("dashboard")
     swarm = LocalSwarm(root, 2, ["--auto-join"], preset="lan")
+    port = free_ports(1)[0]  # daemon 0's owner chose the dashboard's port in config.toml; daemon 1 takes any
+    swarm.state_dir(0).mkdir(parents=True)
+    (swarm.state_dir(0) / "config.toml").write_text(f"dashboard_port = {port}\n")
     try:
         swarm.start()
+        assert swarm.call(0, "status")["dashboard"] == {"running": False, "host": "127.0.0.1", "port": None}
         wait_for(lambda: all(any(p["state"] == "alive" for p in swarm.call(i, "peers")) for i in range(2)),
                  30, 0.2, "swarm converged")  # fmt: skip
         submitted = cli(swarm.state_dir(0), "submit", str(SPEC), "--members", "2")
@@ -64,7 +68,10 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
         shown = cli(swarm.state_dir(0), "dashboard", "--no-open")
         assert shown.returncode == 0, shown.stderr
         url = shown.stdout.strip()
-        assert url.startswith("http://127.0.0.1:") and len(url.rstrip("/").rsplit("/", 1)[1]) >= 24, url
+        assert url.startswith(f"http://127.0.0.1:{port}/") and len(url.rstrip("/").rsplit("/", 1)[1]) >= 24, url
+        assert swarm.call(0, "status")["dashboard"] == {"running": True, "host": "127.0.0.1", "port": port}
+        other = json.loads(cli(swarm.state_dir(1), "dashboard", "--json").stdout)
+        assert other["port"] not in (0, port) and other["url"].split("/")[-2] != url.split("/")[-2], "own token"
         wait_for(lambda: swarm.call(0, "job", {"job_id": job_id})["step"] >= 20 or None, 180, 0.5, "training steps")
         yield Setup(swarm, job_id, url, root / "screenshots")
     finally:
