@@ -12,6 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from arceusd.worker.collective import InMemoryAllReduce
 from arceusd.worker.engine import EngineConfig, StageEngine, StepResult
 from arceusd.worker.links import InMemoryFabric
 from arceusd.worker.optim import LRSchedule
@@ -159,50 +160,56 @@ def test_a_frame_of_the_wrong_size_is_refused() -> None:
 def build_replicas(
     case: Case, replicas: int, schedule: ScheduleKind, config: ReplicaConfig, opt_name: str,
     lr: LRSchedule | None, clip: float | None,
-) -> tuple[list[list[StageEngine]], list[InMemoryRing]]:
-    """``replicas`` pipelines of ``case.layout`` (no tensor parallelism); stage s of every replica on one ring."""
-    rings = [InMemoryRing(replicas, timeout_s=20) for _ in case.layout]
+) -> tuple[list[list[list[StageEngine]]], list[InMemoryRing]]:
+    """``replicas`` pipelines of ``case.layout``; tensor-parallel rank k of stage s of every replica on one
+    ring. Returns engines[replica][stage][rank] and the rings."""
+    widths = [1 if split is None else split.world_size for _, _, split in case.layout]
+    rings = {(s, k): InMemoryRing(replicas, timeout_s=20) for s, w in enumerate(widths) for k in range(w)}
     pipelines = []
     for rep in range(replicas):
-        fabric = InMemoryFabric([1] * len(case.layout), timeout_s=20)
+        fabric = InMemoryFabric(widths, timeout_s=20)
         stages = []
         for s, (start, end, split) in enumerate(case.layout):
-            assert split is None
-            module = build_stage(case.model, SEED, StageSpec(start, end, None, 0), None)
-            engine_config = EngineConfig(
-                stage=s, num_stages=len(case.layout), num_micro_batches=case.micro_batches, schedule=schedule,
-                optimizer=OPTIMIZERS[opt_name], lr_schedule=lr, max_grad_norm=clip,
-            )
-            sync = ReplicaSync(config, rings[s].link(rep))
-            stages.append(StageEngine(module, fabric.links(s, 0), engine_config, replicas=sync))
+            group = InMemoryAllReduce(widths[s], timeout_s=20) if split is not None else None
+            ranks = []
+            for k in range(widths[s]):
+                module = build_stage(case.model, SEED, StageSpec(start, end, split, k),
+                                     group.rank_view(k) if group else None)
+                engine_config = EngineConfig(
+                    stage=s, num_stages=len(case.layout), num_micro_batches=case.micro_batches,
+                    schedule=schedule, optimizer=OPTIMIZERS[opt_name], lr_schedule=lr, max_grad_norm=clip,
+                )
+                sync = ReplicaSync(config, rings[(s, k)].link(rep))
+                ranks.append(StageEngine(module, fabric.links(s, k), engine_config, replicas=sync))
+            stages.append(ranks)
         pipelines.append(stages)
-    return pipelines, rings
+    return pipelines, list(rings.values())
 
 
 def drive_replicas(
-    pipelines: list[list[StageEngine]], batches: list[tuple[torch.Tensor, torch.Tensor]]
+    pipelines: list[list[list[StageEngine]]], batches: list[tuple[torch.Tensor, torch.Tensor]]
 ) -> list[list[StepResult]]:
-    """Every stage of every replica in its own thread; replica r gets the r-th equal share of each batch.
-    Returns each replica's stage-0 results."""
+    """Every rank of every stage of every replica in its own thread; replica r gets the r-th equal share of
+    each batch. Returns each replica's stage-0 rank-0 results."""
     replicas, last = len(pipelines), len(pipelines[0]) - 1
-    results: dict[tuple[int, int], list[StepResult]] = {}
-    workers = [(r, s) for r in range(replicas) for s in range(last + 1)]
+    results: dict[tuple[int, int, int], list[StepResult]] = {}
+    workers = [(r, s, k) for r in range(replicas) for s in range(last + 1) for k in range(len(pipelines[r][s]))]
 
     def work(i: int) -> None:
-        r, s = workers[i]
+        r, s, k = workers[i]
         out = []
         for x, y in batches:
             xs, ys = x.chunk(replicas)[r], y.chunk(replicas)[r]
-            out.append(pipelines[r][s].run_step(xs if s == 0 else None, ys if s == last else None))
-        results[(r, s)] = out
+            out.append(pipelines[r][s][k].run_step(xs if s == 0 else None, ys if s == last else None))
+        results[(r, s, k)] = out
 
     _run_threads(len(workers), work)
-    for (r, _), out in results.items():
-        assert [o.loss for o in out] == [o.loss for o in results[(r, 0)]]
-    return [results[(r, 0)] for r in range(replicas)]
+    for (r, _, _), out in results.items():
+        assert [o.loss for o in out] == [o.loss for o in results[(r, 0, 0)]]
+    return [results[(r, 0, 0)] for r in range(replicas)]
 
 
-@pytest.mark.parametrize("case_name", ["mlp-2", "gpt-2"])
+@pytest.mark.parametrize("case_name", ["mlp-2", "gpt-2", "gpt-2-tp"])
 @pytest.mark.parametrize("schedule", list(ScheduleKind))
 @pytest.mark.parametrize("opt_name", list(OPTIMIZERS))
 def test_two_replicas_of_two_stages_equal_one_process(case_name: str, schedule: ScheduleKind, opt_name: str) -> None:
@@ -224,10 +231,10 @@ def test_two_replicas_of_two_stages_equal_one_process(case_name: str, schedule: 
         )
     assert max(ref_norms) > clip
     for rep in range(2):
-        params = gathered_params(case, [[e] for e in pipelines[rep]])
+        params = gathered_params(case, pipelines[rep])
         for name, p in ref_params.items():
             torch.testing.assert_close(params[name], p, rtol=0, atol=1e-5, msg=prefixed(f"replica {rep} {name}"))
-    first, second = (gathered_params(case, [[e] for e in p]) for p in pipelines)
+    first, second = (gathered_params(case, p) for p in pipelines)
     assert all(torch.equal(first[n], second[n]) for n in first)  # the replicas never drift apart
     assert all(ring.frames_sent > 0 for ring in rings)
 
@@ -237,11 +244,11 @@ def test_diloco_syncs_every_h_steps_and_leaves_replicas_identical() -> None:
     config = ReplicaConfig(replicas=2, mode=SyncMode.DILOCO, diloco=DiLoCoConfig(h=2, codec=ReplicaCodec.INT8))
     pipelines, rings = build_replicas(case, 2, ScheduleKind.ONE_F_ONE_B, config, "adamw", None, None)
     batches = _batches(case.model, case.batch)[:2]  # two steps: one outer step at the end
-    before = {n: p.clone() for n, p in gathered_params(case, [[e] for e in pipelines[0]]).items()}
+    before = {n: p.clone() for n, p in gathered_params(case, pipelines[0]).items()}
     per_replica = drive_replicas(pipelines, batches)
     assert per_replica[0][0].loss != per_replica[1][0].loss  # each replica trains on its own share
-    first, second = (gathered_params(case, [[e] for e in p]) for p in pipelines)
+    first, second = (gathered_params(case, p) for p in pipelines)
     assert all(torch.equal(first[n], second[n]) for n in first)
     assert any(not torch.equal(first[n], before[n]) for n in first)
-    assert all(e.replicas is not None and e.replicas.outer_steps == 1 for p in pipelines for e in p)
+    assert all(e.replicas is not None and e.replicas.outer_steps == 1 for p in pipelines for st_ in p for e in st_)
     assert all(ring.frames_sent == 2 * 2 * 1 for ring in rings)  # one bucket, 2 ranks x 2 steps
