@@ -33,7 +33,7 @@ from arceusd.models.build import loss_sum
 from arceusd.worker.links import Links
 from arceusd.worker.microbatch import split_micro_batches
 from arceusd.worker.optim import LRSchedule, OptimizerConfig, SGDConfig, clip_grad_norm_global, make_optimizer
-from arceusd.worker.replicas import ReplicaSync, SyncMode
+from arceusd.worker.replicas import OUTER_ANCHOR, OUTER_MOMENTUM, ReplicaSync, SyncMode
 from arceusd.worker.schedule import (
     DEFER_WEIGHTS,
     Action,
@@ -178,12 +178,16 @@ class StageEngine:
         """Parameters (``param.<name>``) and optimizer state (``optim.<name>.<buffer>``), for a shard."""
         out = {f"param.{n}": p.detach() for n, p in self.module.named_parameters()}
         out.update({f"optim.{k}": v for k, v in self.optimizer.state_tensors().items()})
+        if self.replicas is not None:
+            names = [n for n, _ in self.module.named_parameters()]
+            out.update({f"optim.{k}": v for k, v in self.replicas.outer_state(names).items()})
         return out
 
     def load_state_tensors(self, state: dict[str, torch.Tensor], step: int) -> None:
         """Restore a shard written from ``state_tensors`` (same slice and split) and resume at ``step``."""
         params = dict(self.module.named_parameters())
         optim: dict[str, torch.Tensor] = {}
+        outer: dict[str, torch.Tensor] = {}
         seen = set()
         with torch.no_grad():
             for key, tensor in state.items():
@@ -196,6 +200,8 @@ class StageEngine:
                         )
                     params[name].copy_(tensor)
                     seen.add(name)
+                elif kind == "optim" and name.endswith((f".{OUTER_ANCHOR}", f".{OUTER_MOMENTUM}")):
+                    outer[name] = tensor
                 elif kind == "optim":
                     optim[name] = tensor
                 else:
@@ -208,7 +214,10 @@ class StageEngine:
         self.optimizer.load_state_tensors(optim, step)
         self.step = step
         if self.replicas is not None and self.replicas.mode is SyncMode.DILOCO:
-            self.replicas.start(list(self.module.parameters()))  # the loaded parameters are the new anchor
+            names, values = zip(*self.module.named_parameters(), strict=True)
+            self.replicas.load_outer_state(list(values), list(names), outer)
+        elif outer:
+            raise ValueError("checkpoint holds DiLoCo state but this stage does not run DiLoCo")
 
     # -- execution
     # ---------------------------------------------------------------------------------------------

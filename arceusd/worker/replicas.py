@@ -13,6 +13,9 @@ ring (``ring.py``). Two modes (``SyncMode``):
   inner optimizer's state stays local. Bytes between replicas: one model per ``h`` steps (times the codec's
   ratio) instead of one per step.
 
+Checkpoints: DiLoCo's anchor and outer momentum travel in the stage's shard as optimizer buffers
+(``optim.<param>.outer_anchor`` / ``.outer_momentum``), so shards stay in the format re-slicing reads.
+
 The arithmetic (``pseudo_gradient``, ``outer_nesterov_step_``, ``bucket_ranges``) is plain functions with unit
 tests; ``ReplicaSync`` only moves tensors through a ``RingLink``.
 """
@@ -31,6 +34,8 @@ from protocol.compression import Bf16Codec, Fp16Codec, Int8BlockCodec
 from protocol.tensors import RAW, TensorCodec
 
 DEFAULT_BUCKET_BYTES = 4 << 20
+OUTER_ANCHOR = "outer_anchor"
+OUTER_MOMENTUM = "outer_momentum"
 
 
 class SyncMode(enum.Enum):
@@ -175,6 +180,34 @@ class ReplicaSync:
         """Record the parameters every replica starts from (identical: same seed or same checkpoint)."""
         self._anchor = [p.detach().to("cpu", torch.float32).clone() for p in params]
         self._momentum = [torch.zeros_like(a) for a in self._anchor]
+
+    def outer_state(self, names: Sequence[str]) -> dict[str, torch.Tensor]:
+        """DiLoCo's anchor and outer momentum as optimizer-like buffers of the named parameters
+        (``<name>.outer_anchor``, ``<name>.outer_momentum``), for a checkpoint shard; empty in other modes."""
+        if self.config.mode is not SyncMode.DILOCO or not self._anchor:
+            return {}
+        out: dict[str, torch.Tensor] = {}
+        for name, anchor, mom in zip(names, self._anchor, self._momentum, strict=True):
+            out[f"{name}.{OUTER_ANCHOR}"] = anchor
+            out[f"{name}.{OUTER_MOMENTUM}"] = mom
+        return out
+
+    def load_outer_state(
+        self, params: Sequence[nn.Parameter], names: Sequence[str], state: dict[str, torch.Tensor]
+    ) -> None:
+        """Restore what ``outer_state`` wrote; without it (an older shard) the parameters become the anchor and
+        the momentum restarts at zero."""
+        self.start(params)
+        if not state:
+            return
+        for i, (name, p) in enumerate(zip(names, params, strict=True)):
+            for kind, target in ((OUTER_ANCHOR, self._anchor), (OUTER_MOMENTUM, self._momentum)):
+                t = state.get(f"{name}.{kind}")
+                if t is None:
+                    raise ValueError(f"checkpoint lacks DiLoCo's {kind} of {name!r}")
+                if t.shape != p.shape:
+                    raise ValueError(f"DiLoCo {kind} of {name!r} has shape {tuple(t.shape)}, expected {tuple(p.shape)}")
+                target[i] = t.detach().to("cpu", torch.float32).clone()
 
     def _outer_step(self, params: Sequence[nn.Parameter]) -> None:
         cfg = self.config.diloco
