@@ -18,6 +18,8 @@ counts; each is 2 (R - 1) / R of the stage's fp32 parameters over the ring's slo
 hops of rtt/2 + message cost):
 - ``ALLREDUCE``: every step, after the slowest replica's step (no overlap counted: an upper bound);
 - ``DILOCO``: once per ``h`` steps with int8 pseudo-gradients (1 + 4/256 bytes per value), amortised.
+With ``use_all_devices`` only candidates that give every device work count (today's plan, and the groupings
+of all n devices whose replicas use every member), and the single-device floor does not apply.
 DiLoCo is not the same computation (its loss per token is a little worse), so it is chosen only when it is
 predicted at least ``DILOCO_MIN_GAIN`` times faster than all-reduce. The winner has the least predicted step
 time for the same global batch (= the most tokens/s); ties go to fewer replicas, then fewer devices, then the
@@ -91,16 +93,19 @@ def plan_replicas(inputs: PlanInputs, diloco_h: int = DEFAULT_DILOCO_H) -> Repli
         consider(_single(plan_pipeline(inputs), diloco_h))
     except PlanError as exc:
         error = exc
-    for d in inputs.devices:
+    every = inputs.training.use_all_devices  # the job wants every device busy: only plans that use them all
+    for d in () if every else inputs.devices:
         consider(_single(_try_plan(_subset(inputs, (d.peer_id,), inputs.training.global_batch_size)), diloco_h))
     ranked = sorted(inputs.devices, key=lambda d: (-d.effective_flops_per_s, d.peer_id))
     gb = inputs.training.global_batch_size
-    for k in range(2, len(ranked) + 1):
+    for k in range(len(ranked) if every else 2, len(ranked) + 1):
         for r in range(2, k + 1):
             if k % r or gb % r:
                 continue
             groups = _snake([d.peer_id for d in ranked[:k]], r)
-            consider(_replicated(inputs, groups, diloco_h))
+            candidate = _replicated(inputs, groups, diloco_h)
+            if candidate is None or not every or len(candidate.peer_ids) == k:
+                consider(candidate)
     if best is None:
         raise error or PlanError("no plan fits on any device or group of devices")
     return best[1]
