@@ -225,7 +225,7 @@ def _wait_ready(obj: Context, timeout: float) -> None:
 def _daemon_pid(obj: Context) -> int | None:
     try:
         pid = int(obj.paths.pid_file.read_text().strip())
-    except (FileNotFoundError, ValueError):
+    except (FileNotFoundError, NotADirectoryError, ValueError):
         return None
     try:
         os.kill(pid, 0)

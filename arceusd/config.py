@@ -123,7 +123,9 @@ def _check_keys(data: dict[str, Any], source: str) -> dict[str, Any]:
         if isinstance(value, bool) and expected is int:
             raise ConfigError(f"{source}: {key} must be an integer, got a boolean")
         if not isinstance(value, expected):
-            raise ConfigError(f"{source}: {key} must be {getattr(expected, '__name__', expected)}, got {value!r}")
+            raise ConfigError(
+                f"{source}: {key} must be {getattr(expected, '__name__', expected)}, got {value!r}; fix that line"
+            )
         out[key] = tuple(str(p) for p in cast("list[object]", value)) if key == "peers" else value
     return out
 
@@ -143,7 +145,9 @@ def load_config(state_dir: Path, overrides: dict[str, Any] | None = None) -> Dae
                 file_values = _check_keys(tomllib.load(fh), str(path))
             file_values.pop("policy", None)
         except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{path} is not valid TOML: {exc}") from None
+            raise ConfigError(
+                f"{path} is not valid TOML: {exc}; fix that line (or move the file away to start with the defaults)"
+            ) from None
         except OSError as exc:
             raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
     preset_name = overrides.get("preset", file_values.get("preset", "lan"))

@@ -144,7 +144,7 @@ def call(path: Path, method: str, params: dict[str, Any] | None = None, timeout:
     try:
         try:
             s.connect(str(path))
-        except (FileNotFoundError, ConnectionRefusedError):
+        except (FileNotFoundError, NotADirectoryError, ConnectionRefusedError):  # no such socket: nobody runs
             raise NoDaemon(f"no daemon is running for state directory {path.parent}") from None
         s.sendall(json.dumps({"method": method, "params": params or {}}).encode() + b"\n")
         buf = bytearray()

@@ -121,6 +121,10 @@ def test_unwritable_state_directory_is_one_line(tmp_path: Path) -> None:
     proc = arceusd("start", "--foreground", "--preset", "local", "--state-dir", str(state))
     assert_one_line_failure(proc, str(state), "--state-dir")
     assert_one_line_failure(arceusd("id", "--state-dir", str(state)), str(state))
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    for command in ("status", "jobs", "peers", "stop"):  # a state directory that cannot exist has no daemon
+        assert_one_line_failure(arceusd(command, "--state-dir", str(blocker / "s")), "no daemon is running")
 
 
 def test_corrupt_config_toml_is_one_line(tmp_path: Path) -> None:
@@ -128,7 +132,9 @@ def test_corrupt_config_toml_is_one_line(tmp_path: Path) -> None:
     state.mkdir()
     (state / "config.toml").write_text("port = = 3\n")
     proc = arceusd("start", "--foreground", "--state-dir", str(state))
-    assert_one_line_failure(proc, "config.toml", "not valid TOML")
+    assert_one_line_failure(proc, "config.toml", "not valid TOML", "fix that line")
+    (state / "config.toml").write_text('port = "x"\n')
+    assert_one_line_failure(arceusd("start", "--foreground", "--state-dir", str(state)), "port must be int", "fix")
     (state / "config.toml").write_text("prot = 3\n")
     assert_one_line_failure(arceusd("start", "--foreground", "--state-dir", str(state)), "unknown key 'prot'")
 
