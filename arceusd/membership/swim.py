@@ -482,8 +482,10 @@ class Membership:
             if now >= pending.next_ping and pending.pings_left > 0:
                 pending.pings_left -= 1
                 pending.next_ping = now + self.config.probe_interval if pending.pings_left else math.inf
+                # the ping introduces us (our own ALIVE, from us: it may not know us either) without spending
+                # the broadcast queue's transmissions on a burst of verification pings
                 u = pending.update
-                actions.append(SendPing(u.peer, u.address, self._next_seq(), self._piggyback()))
+                actions.append(SendPing(u.peer, u.address, self._next_seq(), (self._self_alive(),)))
 
     def _verified(self, peer: PeerId, now: float, actions: list[Action]) -> None:
         """``peer`` (pending) reached us directly: it holds its key and answers at an address."""
