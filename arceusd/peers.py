@@ -87,6 +87,8 @@ log = logging.getLogger(__name__)
 M = TypeVar("M")
 MessageHandler = Callable[[Header, Any], Awaitable[object | None]]
 HELLO_MAX_SKEW_MS = 10 * 60 * 1000
+#: Non-membership messages (jobs, elections) handled per authenticated sender per second (twice that in a burst).
+OTHER_RATE = 500.0
 MAX_UNVERIFIED_KEYS = 256
 _SWIM_MESSAGES = (SwimPing, SwimPingReq, SwimGossip, SwimPushPull)
 _KIND_TO_WIRE = {CoreKind.ALIVE: UpdateKind.ALIVE, CoreKind.SUSPECT: UpdateKind.SUSPECT,
@@ -159,6 +161,9 @@ class PeerService:
         # second (at least 50 a second), two seconds of it in a burst.
         rate = max(50.0, 5 / config.gossip_interval + 5 / config.probe_interval)
         self._limiter = RateLimiter(rate, 2 * rate)
+        # Every other message (jobs, elections) per authenticated sender: a member's reports, shard chunks and
+        # echoes stay far below this; one key cannot make us handle more (the transport bounds each source).
+        self._other_limiter = RateLimiter(OTHER_RATE, 2 * OTHER_RATE)
         rng = random.Random(seed if seed is not None else int.from_bytes(os.urandom(8), "big"))
         self.membership = Membership(config, identity.peer_id, address, identity.public_key_raw, rng, self.now())
 
@@ -362,6 +367,9 @@ class PeerService:
             return b""
         if isinstance(msg, _SWIM_MESSAGES) and not self._limiter.allow(header.sender, self.now()):
             self.dropped["rate_limited"] += 1
+            return b""
+        if not isinstance(msg, _SWIM_MESSAGES) and not self._other_limiter.allow(header.sender, self.now()):
+            self.dropped["rate_limited_other"] += 1
             return b""
         answer = await self._on_message(header, msg)
         if answer is None:
