@@ -3,13 +3,18 @@ shared data folder and no sibling checkout), and the demo run there with a short
 model and print a sample. The current interpreter runs it with PYTHONPATH at the clone (the clone's own code, not
 this checkout's), and an audit hook (``sys.addaudithook``, installed in every process of the run through a
 ``sitecustomize`` module: the demo, its daemons, their workers) records every file opened inside this checkout or
-in a folder beside it; there must be none."""
+in a folder beside it; there must be none. And the demo as a person at a terminal sees it (a pseudo-terminal):
+rich's progress bar with the steps done and an ETA."""
 
 from __future__ import annotations
 
 import os
+import pty
+import re
+import select
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -79,3 +84,43 @@ def test_demo_runs_in_a_bare_clone(tmp_path: Path) -> None:
         [sys.executable, "-c", "import arceusd; print(arceusd.__file__)"], cwd=clone, env=env, capture_output=True,
         text=True, timeout=60,
     ).stdout  # fmt: skip
+
+
+def run_in_terminal(command: list[str], env: dict[str, str], timeout: float) -> tuple[int, str]:
+    """Run ``command`` with a pseudo-terminal as its stdout and stderr (what a person at a terminal sees)."""
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, env=env, cwd=ROOT)
+    os.close(slave)
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 1.0)
+            if ready:
+                try:
+                    data = os.read(master, 65536)
+                except OSError:  # EIO: every writer closed the terminal
+                    break
+                if not data:
+                    break
+                chunks.append(data)
+            elif proc.poll() is not None:
+                break
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        code = proc.wait(timeout=30)
+        os.close(master)
+    return code, b"".join(chunks).decode("utf-8", errors="replace")
+
+
+def test_demo_in_a_terminal_shows_a_progress_bar_with_an_eta(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "ARCEUS_STATE_DIR"}
+    env.update(PYTHONPATH=str(ROOT), COLUMNS="120", TERM="xterm")
+    code, out = run_in_terminal(
+        [sys.executable, "-m", "arceusd", "demo", "--steps", "30", "--dir", str(tmp_path / "swarm")], env, 360
+    )
+    assert code == 0, out[-4000:]
+    assert "ETA" in out and re.search(r"\b\d+/30\b", out), out[-4000:]  # rich's bar: steps done of 30, the ETA
+    assert "30/30" in out and "tok/s" in out, out[-4000:]
+    assert "a sample from the trained model" in out and "Traceback" not in out and "NumPy" not in out, out[-4000:]
