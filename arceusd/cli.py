@@ -358,7 +358,7 @@ def _status_extras(result: dict[str, Any]) -> list[str]:
 @cli.command()
 @click.argument("spec", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--members", type=click.IntRange(1, 256), default=1, show_default=True,
-              help="Start once this many devices (this one included) have joined.")
+              help="Start once this many devices (this one included) have joined (at least [needs] min_members).")
 @click.option("--watch", is_flag=True, help="Follow the job's progress until it ends.")
 @click.option("--quote", is_flag=True, help="Print the estimate (time, cost, the cloud's cost) and announce nothing.")
 @pass_ctx
@@ -370,6 +370,7 @@ def submit(obj: Context, spec: Path, members: int, watch: bool, quote: bool) -> 
         parsed = load_spec(spec)  # the same checks the daemon makes, with the same messages, before anything is sent
     except JobSpecError as exc:
         raise click.ClickException(str(exc)) from None
+    members = max(members, parsed.needs.min_members)  # [needs] min_members, when the spec states one
     if quote:
         from arceusd.market.commands import print_quote
 

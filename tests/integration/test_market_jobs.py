@@ -132,7 +132,8 @@ def test_owner_back_leaves_within_2s_and_the_job_ends_as_the_failure_free_run(sw
     left = wait_for(lambda: swarm.call(2, "status")["market"]["left_for_owner"] or None, 10, 0.05, "left")
     assert left[0]["job_id"] == job_id
     assert left[0]["at"] - unplugged <= 2.0, f"left {left[0]['at'] - unplugged:.2f} s after the owner came back"
-    assert job_of(swarm, job_id, 2)["state"] == "left"
+    worked = job_of(swarm, job_id, 2)
+    assert worked["state"] == "left"
     wait_for(lambda: me not in job_of(swarm, job_id)["members"] or None, 10, 0.1, "the leader let it go")
 
     time.sleep(1.0)
@@ -146,3 +147,10 @@ def test_owner_back_leaves_within_2s_and_the_job_ends_as_the_failure_free_run(sw
     end = wait_end(swarm, job_id, timeout=240)
     assert any("left" in r["reason"] for r in end["recoveries"]), end["recoveries"]
     assert_equals_failure_free(end, spec)
+    # its receipts cover only steps its own worker ran: none past the step it had reached when it left
+    from arceusd.market.ledger import verify_file
+
+    kept = verify_file(swarm.state_dir(2) / "ledger.jsonl")
+    assert kept.ok and kept.entries and all(e.countersigned for e in kept.entries)
+    assert max(e.receipt.step_to for e in kept.entries) <= worked["step"]
+    assert sum(e.receipt.steps for e in kept.entries) <= worked["step"]
