@@ -130,7 +130,7 @@ def local() -> MembershipConfig:
         gossip_interval=0.03,
         gossip_nodes=3,
         gossip_to_the_dead_time=1.0,
-        tombstone_ttl=5.0,
+        tombstone_ttl=15.0,  # memberlist local: dead kept 15 s, so a member back within it refutes
         awareness_max_multiplier=8,
     )
 

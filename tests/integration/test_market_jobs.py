@@ -147,10 +147,18 @@ def test_owner_back_leaves_within_2s_and_the_job_ends_as_the_failure_free_run(sw
     end = wait_end(swarm, job_id, timeout=240)
     assert any("left" in r["reason"] for r in end["recoveries"]), end["recoveries"]
     assert_equals_failure_free(end, spec)
-    # its receipts cover only steps its own worker ran: none past the step it had reached when it left
+    # its receipts cover only steps its own worker ran: none for the steps while it was away
     from arceusd.market.ledger import verify_file
 
     kept = verify_file(swarm.state_dir(2) / "ledger.jsonl")
     assert kept.ok and kept.entries and all(e.countersigned for e in kept.entries)
-    assert max(e.receipt.step_to for e in kept.entries) <= worked["step"]
-    assert sum(e.receipt.steps for e in kept.entries) <= worked["step"]
+    # Steps ``(step_from, step_to]``: none spans its absence. Taken back, it is paid again only from a plan that
+    # began after it left; refused, nothing past the step it had reached.
+    left_at = worked["step"]
+    assert all(e.receipt.step_to <= left_at or e.receipt.step_from >= left_at for e in kept.entries), kept.entries
+    before = [e.receipt for e in kept.entries if e.receipt.step_to <= left_at]
+    after = [e.receipt for e in kept.entries if e.receipt.step_to > left_at]
+    assert sum(r.steps for r in before) <= left_at
+    if after:
+        assert offers[0]["accepted"], after
+        assert sum(r.steps for r in after) <= end["step"] - min(r.step_from for r in after)
