@@ -9,14 +9,16 @@ current \\ update   ALIVE                  SUSPECT                DEAD          
 unknown           apply (new member)     ignore                 ignore              ignore
 alive             apply if i > j         apply if i >= j        apply if i >= j     apply if i >= j
 suspect           apply if i > j         confirm if i >= j      apply if i >= j     apply if i >= j
-dead              apply if i > j         ignore                 ignore              ignore
+dead              apply if i > j         ignore                 ignore              apply if i >= j
 left              apply if i > j         ignore                 ignore              ignore
 ================  =====================  =====================  ==================  ==================
 
 "confirm" leaves the member suspect and counts an independent confirmation toward shortening the suspicion.
 Dead and left members stay in the table as tombstones for ``tombstone_ttl`` so an ALIVE with an old
 incarnation cannot bring them back; only a strictly higher incarnation (the member really restarted or
-refuted) does. Updates about the local member are not decided here (see ``swim.Membership._about_self``).
+refuted) does. A dead member's own LEFT at its incarnation or newer still applies: it is signed by the subject
+and says more than an accuser's DEAD (a full-state sync can bring our DEAD claim before the subject's LEFT
+arrives). Updates about the local member are not decided here (see ``swim.Membership._about_self``).
 """
 
 from __future__ import annotations
@@ -63,6 +65,8 @@ def decide(
         return Decision.APPLY if kind is UpdateKind.ALIVE else Decision.IGNORE
     if kind is UpdateKind.ALIVE:
         return Decision.APPLY if incarnation > current_incarnation else Decision.IGNORE
+    if current is MemberState.DEAD and kind is UpdateKind.LEFT:
+        return Decision.APPLY if incarnation >= current_incarnation else Decision.IGNORE
     if current in (MemberState.DEAD, MemberState.LEFT):
         return Decision.IGNORE
     if incarnation < current_incarnation:

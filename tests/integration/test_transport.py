@@ -321,3 +321,26 @@ def _silent(stop: threading.Event) -> Iterator[bytes]:
     """A request iterator that sends nothing until ``stop`` is set."""
     stop.wait(30)
     yield from ()
+
+
+@trio_test
+async def test_a_peer_that_starts_listening_is_reached_within_moments_grpc() -> None:
+    """A daemon that dialled a peer before it listened (peers start together, or one restarts) reaches it as
+    soon as it listens: the channel's reconnect backoff is short (``RECONNECT_BACKOFF_MS``). With gRPC's
+    default (1 s, growing) every call in that second failed at once: probes suspected a healthy peer and a
+    leave on SIGTERM never went out (CI: test_restarted_daemon_is_alive_everywhere_within_the_join_time)."""
+    from arceusd.swarm import free_ports
+
+    port = free_ports(1)[0]
+    address = f"127.0.0.1:{port}"
+    async with open_transport(Identity.generate(), "127.0.0.1", 0, unary_handler=echo_call,
+                              stream_handler=echo_stream) as client:  # fmt: skip
+        with pytest.raises(TransportError) as err:
+            await client.call(address, b"early", 2)  # nobody listens there yet: refused
+        assert err.value.code == "unavailable"
+        async with open_transport(Identity.generate(), "127.0.0.1", port, unary_handler=echo_call,
+                                  stream_handler=echo_stream):  # fmt: skip
+            await trio.sleep(0.3)  # past the 100 ms first backoff, well inside gRPC's default 1 s
+            began = time.monotonic()
+            assert await client.call(address, b"late", 2) == b"echo:late"
+            assert time.monotonic() - began < 1.0

@@ -62,6 +62,9 @@ for gone in (D, L):
         EXPECTED[(gone, UpdateKind.ALIVE, rel)] = A if rel == HIGHER else gone
         for kind in (UpdateKind.SUSPECT, UpdateKind.DEAD, UpdateKind.LEFT):
             EXPECTED[(gone, kind, rel)] = gone
+# the subject's own LEFT beats an accuser's DEAD at the same incarnation (a push-pull can bring the DEAD first)
+EXPECTED[(D, UpdateKind.LEFT, EQUAL)] = L
+EXPECTED[(D, UpdateKind.LEFT, HIGHER)] = L
 
 # incarnation the member holds afterwards: the update's when applied, BASE when ignored/confirmed
 SETUP = {
