@@ -28,13 +28,20 @@ EXIT_NO_DAEMON = 3
 
 
 class Context:
-    def __init__(self, state_dir: Path) -> None:
+    def __init__(self, state_dir: Path, explicit: bool = False) -> None:
         self.state_dir = state_dir
         self.paths = StatePaths(state_dir)
+        self.explicit = explicit  # given as ``arceusd --state-dir DIR ...`` (before the command's name)
 
     def use_state_dir(self, state_dir: Path) -> None:
-        """``--state-dir`` given after the subcommand (``arceusd status --state-dir DIR``) wins."""
-        self.state_dir = state_dir.expanduser().absolute()
+        """``--state-dir`` given after the subcommand (``arceusd status --state-dir DIR``); given before it too,
+        the two must name the same folder (a silent winner would act on a daemon the user did not mean)."""
+        chosen = state_dir.expanduser().absolute()
+        if self.explicit and chosen != self.state_dir:
+            raise click.UsageError(
+                f"--state-dir is given twice with different folders ({self.state_dir} and {chosen}); give it once"
+            )
+        self.state_dir = chosen
         self.paths = StatePaths(self.state_dir)
 
     def call(self, method: str, params: dict[str, Any] | None = None, timeout: float = 10.0) -> Any:
@@ -81,7 +88,7 @@ class StateDirGroup(click.Group):
 @click.pass_context
 def cli(ctx: click.Context, state_dir: Path | None) -> None:
     """Arceus: train neural networks together on the computers you already have."""
-    ctx.obj = Context((state_dir or default_state_dir()).expanduser().absolute())
+    ctx.obj = Context((state_dir or default_state_dir()).expanduser().absolute(), explicit=state_dir is not None)
 
 
 def _start_options(fn: Any) -> Any:

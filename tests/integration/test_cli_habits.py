@@ -49,11 +49,13 @@ def test_state_dir_before_or_after_the_command(tmp_path: Path) -> None:
     assert after.returncode == 0 and before.returncode == 0, (after.stderr, before.stderr)
     assert after.stdout.strip() == before.stdout.strip() and len(after.stdout.strip()) == 32
     assert (state / "identity.key").exists()
-    # after the command wins over before it, like any option given later
+    # before and after naming different folders: refused, naming both (a silent winner acts on the wrong daemon)
     other = tmp_path / "other"
     both = arceusd("--state-dir", str(other), "status", "--state-dir", str(state))
-    assert_one_line_failure(both, "no daemon is running", str(state))
-    assert both.returncode == 3
+    assert_one_line_failure(both, "--state-dir is given twice", str(other), str(state), "give it once")
+    assert both.returncode == 2 and not other.exists()
+    same = arceusd("--state-dir", str(state), "id", "--state-dir", str(state))
+    assert same.returncode == 0 and same.stdout == after.stdout
     with daemons(tmp_path, 1) as (d,):
         for argv in (("status", "--json", "--state-dir", str(d.state_dir)),
                      ("--state-dir", str(d.state_dir), "status", "--json"),
