@@ -8,6 +8,7 @@ the ``arceusd`` entry point prints it and exits non-zero, and re-raises instead 
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Sequence
 
 EXIT_FAILURE = 1
@@ -54,9 +55,29 @@ def one_line(exc: BaseException) -> tuple[str, int]:
     )
 
 
+_OS_ADVICE = {
+    errno.ENOSPC: "free some disk space and start again",
+    errno.EDQUOT: "free some disk space and start again",
+    errno.EACCES: "check the permissions of the state directory (--state-dir) and its files",
+    errno.EPERM: "check the permissions of the state directory (--state-dir) and its files",
+    errno.EROFS: "choose a writable state directory (--state-dir)",
+    errno.EMFILE: "raise the open-files limit (ulimit -n) and start again",
+    errno.ENFILE: "close some programs (the system is out of file handles) and start again",
+    errno.EADDRINUSE: "choose another port (--port N, or --port 0 for any free one)",
+    errno.EADDRNOTAVAIL: "choose an address this machine has (--host, --advertise-host)",
+    errno.ENOMEM: "close some programs or lower lend_memory_mib, then start again",
+}
+"""What to do about an operating-system error that names no file (its bare text, ``[Errno 28] No space left on
+device``, says what went wrong but not what to do)."""
+
+
 def _describe(exc: BaseException) -> str:
-    if isinstance(exc, OSError) and not isinstance(exc, StartupError) and exc.strerror and exc.filename:
-        return f"{exc.filename}: {exc.strerror.lower()}"
+    if isinstance(exc, OSError) and not isinstance(exc, StartupError) and exc.strerror:
+        what = exc.strerror.lower()
+        if exc.filename:
+            return f"{exc.filename}: {what}"
+        advice = _OS_ADVICE.get(exc.errno or 0, "run it again with --log-level debug to see where it happened")
+        return f"{what}; {advice}"
     return _flat(str(exc)) or type(exc).__name__
 
 

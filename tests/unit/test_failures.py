@@ -22,3 +22,18 @@ def test_anything_else_is_one_line_pointing_at_debug() -> None:
 def test_debug_requested() -> None:
     assert debug_requested(["start", "--log-level", "debug"]) and debug_requested(["--log-level=debug"])
     assert not debug_requested(["start", "--log-level", "info"]) and not debug_requested(["--log-level"])
+
+
+def test_an_os_error_without_a_file_says_what_to_do() -> None:
+    """``[Errno 28] No space left on device`` alone names no fix: the line adds what to do, without the errno."""
+    import errno
+    import os
+
+    line, code = one_line(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
+    assert line == "no space left on device; free some disk space and start again" and code == 2
+    line, _ = one_line(OSError(errno.EMFILE, os.strerror(errno.EMFILE)))
+    assert "[Errno" not in line and "ulimit -n" in line
+    line, _ = one_line(OSError(errno.ECONNRESET, os.strerror(errno.ECONNRESET)))
+    assert line.startswith("connection reset by peer; ") and "--log-level debug" in line
+    line, _ = one_line(PermissionError(errno.EACCES, "Permission denied", "/x/identity.key"))
+    assert line == "/x/identity.key: permission denied"
