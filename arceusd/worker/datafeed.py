@@ -6,7 +6,10 @@ Owns: the ``data`` stream protocol and the prefetching client.
   purpose ``b"<job>/<term>/data"`` and sends requests, header = JSON ``{"kind": "train"|"eval", "index": k,
   "part": "inputs"|"targets"}``; each answer is one tensor frame (header = ``protocol.tensors`` frame header,
   payload = the raw body). Inputs go only to members of stage 0 and targets only to members of the last stage
-  (by proven peer id); anyone else is refused and the stream closed.
+  (by proven peer id); anyone else is refused and the stream closed. With data-parallel replicas
+  (``config.replicas``) the members of stage 0 / the last stage of every replica are served, and a training
+  request from replica r gets the r-th of R equal shares of the step's batch (dim 0), chosen by the proven
+  peer id, so the replicas together train on exactly the global batch; eval batches go whole to every replica.
 - :class:`DataClient` asks the owner (or, on the owner itself, the server directly) one request at a time.
 - :class:`Prefetcher` runs a task that fetches training steps ``[start, stop)`` into a one-slot channel, so
   the
@@ -76,29 +79,61 @@ class DataServer:
     def __init__(self, source: BatchSource, config: WorkerConfig, total_steps: int) -> None:
         self.source = source
         self.total_steps = total_steps
-        self.input_peers = {m.peer_id for m in config.stages[0].members}
-        self.target_peers = {m.peer_id for m in config.stages[-1].members}
+        self.config = config
+        self.input_peers = set(config.stage_members(0))
+        self.target_peers = set(config.stage_members(len(config.stages) - 1))
         self.refused: Counter[str] = Counter()
         self._eval: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        self.finished: set[str] = set()
+        """Peers whose data stream ended (they fetched all they needed)."""
+        self._changed = trio.Event()
 
-    def get(self, request: Request) -> torch.Tensor:
-        """The tensor a request asks for. RemoteProtocolError for an index out of range."""
+    def remote_clients(self) -> set[str]:
+        """Every peer that fetches from this server over a stream (all but the owner itself)."""
+        return (self.input_peers | self.target_peers) - {self.config.owner}
+
+    async def wait_clients_done(self, timeout_s: float) -> set[str]:
+        """Wait until every remote client closed its data stream (at most ``timeout_s``); returns the ones that
+        did not. With replicas the owner's pipeline ends before the other replicas fetched their last eval
+        batches, so the owner must not leave first."""
+        with trio.move_on_after(timeout_s):
+            while not self.remote_clients() <= self.finished:
+                await self._changed.wait()
+        return self.remote_clients() - self.finished
+
+    def get(self, request: Request, peer_id: str | None = None) -> torch.Tensor:
+        """The tensor a request asks for: with replicas, ``peer_id``'s replica's share of a training batch
+        (default: this worker's replica). RemoteProtocolError for an index out of range."""
         if request.kind == "train":
             if request.index >= self.total_steps:
                 raise RemoteProtocolError("bad_data_request", f"step {request.index} >= {self.total_steps}")
             x, y = self.source.batch(request.index)
-        else:
-            if self._eval is None:
-                self._eval = list(self.source.eval_batches())
-            if request.index >= len(self._eval):
+            whole = x if request.part == "inputs" else y
+            count = self.config.replica_count()
+            if count == 1:
+                return whole
+            if whole.shape[0] % count:
                 raise RemoteProtocolError(
-                    "bad_data_request", f"eval batch {request.index} of {len(self._eval)}"
+                    "bad_data_request", f"a batch of {whole.shape[0]} does not split into {count} equal shares"
                 )
-            x, y = self._eval[request.index]
+            return whole.chunk(count)[self.config.replica_of(peer_id)]
+        if self._eval is None:
+            self._eval = list(self.source.eval_batches())
+        if request.index >= len(self._eval):
+            raise RemoteProtocolError("bad_data_request", f"eval batch {request.index} of {len(self._eval)}")
+        x, y = self._eval[request.index]
         return x if request.part == "inputs" else y
 
     async def serve(self, stream: Stream) -> None:
         """Answer one client's requests until it closes the stream; refuse a peer not entitled to a part."""
+        try:
+            await self._serve(stream)
+        finally:
+            self.finished.add(stream.peer_id)
+            self._changed.set()
+            self._changed = trio.Event()
+
+    async def _serve(self, stream: Stream) -> None:
         while True:
             try:
                 header, _ = await stream.receive()
@@ -114,7 +149,7 @@ class DataServer:
                     raise RemoteProtocolError(
                         "not_entitled", f"peer {stream.peer_id} may not fetch {request.part}"
                     )
-                tensor = self.get(request)
+                tensor = self.get(request, stream.peer_id)
             except RemoteProtocolError as exc:
                 self.refused[exc.reason] += 1
                 return

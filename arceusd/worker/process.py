@@ -17,6 +17,12 @@ of ``WireFabric`` (each to the peer id the plan names there: another peer answer
   ``eval_interval_steps``;
 - then ``done`` and exit 0.
 
+Data-parallel replicas (``config.replicas``): the worker is one replica's copy of its stage; its engine gets a
+``ReplicaSync`` over the ``ring`` streams of ``WireFabric`` (all-reduce of the gradients every step, or DiLoCo's
+outer step every ``diloco_h`` steps), its data share is the replica's 1/R of each batch, ``step`` events carry
+the bytes it sent to its ring, and only replica 0 writes checkpoint shards (all-reduce keeps the replicas
+bit-identical; DiLoCo's shards carry the common anchor).
+
 ``stop`` on stdin (or stdin closing) exits 0 at once; any failure emits ``error`` and exits 1. Gradient norm:
 the engine always clips with ``max_grad_norm = grad_clip`` or ``inf`` when the spec has no clipping (a scale
 of exactly 1), so ``grad_norm`` is always reported. Learning rate: the spec's ``TrainingSpec.lr_at``.
@@ -59,6 +65,7 @@ from arceusd.worker.protocol import (
     ErrorEvent,
     EvalEvent,
     Listening,
+    ReplicaSyncConfig,
     ShardInfo,
     StartCommand,
     StepEvent,
@@ -67,6 +74,7 @@ from arceusd.worker.protocol import (
     WorkerProtocolError,
     parse_command,
 )
+from arceusd.worker.replicas import DiLoCoConfig, ReplicaCodec, ReplicaConfig, ReplicaSync, SyncMode
 from arceusd.worker.schedule import ScheduleKind
 from arceusd.worker.schedule_timing import deferring_pays
 from arceusd.worker.stage import StageSpec, build_stage
@@ -121,6 +129,16 @@ def codec_for(t: TrainingSpec) -> TensorCodec:
     return RAW
 
 
+def replica_config(count: int, sync: ReplicaSyncConfig) -> ReplicaConfig:
+    """The engine's ``ReplicaConfig`` from the worker config's ``replica_sync``."""
+    return ReplicaConfig(
+        replicas=count,
+        mode=SyncMode.DILOCO if sync.mode == "diloco" else SyncMode.ALLREDUCE,
+        bucket_bytes=sync.bucket_bytes,
+        diloco=DiLoCoConfig(sync.diloco_h, sync.outer_lr, sync.outer_momentum, ReplicaCodec(sync.codec)),
+    )
+
+
 def shard_name(stage: int, rank: int) -> str:
     return f"stage{stage}-rank{rank}.safetensors"
 
@@ -162,6 +180,16 @@ class Worker:
             self.fabric.collective() if split is not None else None,
         )
         t = self.spec.training
+        self.replica = config.replica_of()
+        replicas = None
+        if config.replica_count() > 1 and config.replica_sync is not None:
+            if t.batch_size % (config.replica_count() * config.micro_batches):
+                raise WorkerProtocolError(
+                    f"batch_size {t.batch_size} does not split into {config.replica_count()} replicas x "
+                    f"{config.micro_batches} micro-batches"
+                )
+            replicas = ReplicaSync(replica_config(config.replica_count(), config.replica_sync),
+                                   self.fabric.ring_link())  # fmt: skip
         self.engine = StageEngine(
             module,
             self.fabric.links(),
@@ -177,6 +205,7 @@ class Worker:
                 device=config.device,
                 defer_weights=defer_weights(config),
             ),
+            replicas=replicas,
         )
         self.start_step = 0
         if config.resume is not None:
@@ -248,6 +277,10 @@ class Worker:
                 await self._train(nursery, client)
                 if client is not None:
                     await client.aclose()
+                if self.server is not None and self.config.replica_count() > 1:
+                    left = await self.server.wait_clients_done(self.config.link_timeout_s)
+                    if left:
+                        print(f"stage worker: replicas {sorted(left)} did not finish fetching data", file=sys.stderr)
                 await self.fabric.aclose()
                 nursery.cancel_scope.cancel()
 
@@ -255,7 +288,7 @@ class Worker:
         cfg, t = self.config, self.spec.training
         prefetch = Prefetcher(client, self.is_first, self.is_last, self.start_step, cfg.total_steps)
         nursery.start_soon(prefetch.run)
-        samples = t.batch_size
+        samples = t.batch_size // cfg.replica_count()  # this replica's share of the global batch
         tokens = samples * (self.spec.model.block_size if isinstance(self.spec.model, GPTConfig) else 1)
         n_eval = eval_batch_count(self.spec)
         for step in range(self.start_step, cfg.total_steps):
@@ -268,14 +301,14 @@ class Worker:
                 raise RuntimeError(f"step {step}: loss {result.loss} is not finite; training diverged")
             self.events.emit(
                 StepEvent(step, result.loss, result.lr, float(result.grad_norm or 0.0), samples, tokens,
-                          time.perf_counter() - began, result.wait_s, result.optimizer_s)
+                          time.perf_counter() - began, result.wait_s, result.optimizer_s, self.fabric.ring_bytes)
             )  # fmt: skip
             done = step + 1
             checkpoint = done == cfg.total_steps or (
                 cfg.checkpoint_interval and done % cfg.checkpoint_interval == 0
             )
             evaluate = checkpoint or (t.eval_interval_steps and done % t.eval_interval_steps == 0)
-            if checkpoint:
+            if checkpoint and self.replica == 0:  # replicas hold the same stage state: replica 0's is the shard
                 await self._checkpoint(done)
             if evaluate and n_eval:
                 batches = await prefetch.eval_batches(n_eval)

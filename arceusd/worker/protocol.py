@@ -30,6 +30,11 @@ from arceusd.worker.affinity import AffinityError, check_cpus
 from arceusd.worker.tp_split import TPSplit
 
 SCHEDULES = ("gpipe", "1f1b")
+REPLICA_MODES = ("allreduce", "diloco")
+"""``ReplicaSyncConfig.mode``: gradients averaged every step, or DiLoCo's outer step every ``diloco_h`` steps."""
+REPLICA_CODECS = ("raw", "fp16", "bf16", "int8")
+"""Codecs of DiLoCo's pseudo-gradients (``arceusd.worker.replicas.ReplicaCodec``)."""
+MAX_REPLICAS = 1024
 
 
 class WorkerProtocolError(ValueError):
@@ -110,6 +115,45 @@ class StageConfig:
 
 
 @dataclass(frozen=True)
+class ReplicaSyncConfig:
+    """How the same stage of the job's replicas keeps in sync (``arceusd.worker.replicas``)."""
+
+    mode: str = "allreduce"
+    bucket_bytes: int = 4 << 20
+    diloco_h: int = 50
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
+    codec: str = "int8"
+
+    def __post_init__(self) -> None:
+        if self.mode not in REPLICA_MODES:
+            raise WorkerProtocolError(f"replica_sync.mode: expected one of {REPLICA_MODES}, got {self.mode!r}")
+        if self.codec not in REPLICA_CODECS:
+            raise WorkerProtocolError(f"replica_sync.codec: expected one of {REPLICA_CODECS}, got {self.codec!r}")
+        if not 4 <= self.bucket_bytes <= 1 << 30:
+            raise WorkerProtocolError(f"replica_sync.bucket_bytes: must be in 4..2**30, got {self.bucket_bytes}")
+        if not 1 <= self.diloco_h <= 1_000_000:
+            raise WorkerProtocolError(f"replica_sync.diloco_h: must be in 1..1000000, got {self.diloco_h}")
+        if not (math.isfinite(self.outer_lr) and 0 < self.outer_lr <= 10):
+            raise WorkerProtocolError(f"replica_sync.outer_lr: must be in (0, 10], got {self.outer_lr}")
+        if not (math.isfinite(self.outer_momentum) and 0 <= self.outer_momentum < 1):
+            raise WorkerProtocolError(
+                f"replica_sync.outer_momentum: must be in [0, 1), got {self.outer_momentum}"
+            )
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], where: str) -> ReplicaSyncConfig:
+        return cls(
+            mode=_get(d, "mode", str, where),
+            bucket_bytes=_int(d, "bucket_bytes", where, 4),
+            diloco_h=_int(d, "diloco_h", where, 1),
+            outer_lr=_float(d, "outer_lr", where),
+            outer_momentum=_float(d, "outer_momentum", where),
+            codec=_get(d, "codec", str, where),
+        )
+
+
+@dataclass(frozen=True)
 class ResumeConfig:
     """Resume at ``step`` from a safetensors file holding exactly this worker's ``state_tensors()``."""
 
@@ -143,6 +187,12 @@ class WorkerConfig:
     """Seconds a receive may wait for a peer before the worker gives up (a dead peer)."""
     cpus: tuple[int, ...] = ()
     """Cores the worker is pinned to (``affinity.py``); empty: the OS schedules it."""
+    replicas: tuple[tuple[StageConfig, ...], ...] = ()
+    """Data-parallel replicas: every replica's stages (``stages`` is this worker's own replica, one of them),
+    all cut at the same blocks with the same tensor-parallel shares; empty: one pipeline. Replica r trains on
+    the r-th equal share of each global batch."""
+    replica_sync: ReplicaSyncConfig | None = None
+    """How the replicas keep in sync; required with ``replicas``."""
 
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULES:
@@ -164,6 +214,8 @@ class WorkerConfig:
                 seen.add(m.peer_id)
         if self.peer_id not in seen:
             raise WorkerProtocolError(f"peer_id {self.peer_id} is not a member of any stage of the plan")
+        if self.replicas:
+            seen = self._check_replicas()
         if self.owner not in seen:
             raise WorkerProtocolError(
                 f"owner {self.owner} must run a worker of the job (it serves the data); it is in no stage"
@@ -179,7 +231,55 @@ class WorkerConfig:
         if self.resume is not None and not 0 <= self.resume.step <= self.total_steps:
             raise WorkerProtocolError(f"resume.step {self.resume.step} outside 0..total_steps")
 
+    def _check_replicas(self) -> set[str]:
+        """Validate ``replicas``; returns every peer of every replica."""
+        if not 2 <= len(self.replicas) <= MAX_REPLICAS:
+            raise WorkerProtocolError(f"replicas: 2..{MAX_REPLICAS} replicas (or none), got {len(self.replicas)}")
+        if self.replica_sync is None:
+            raise WorkerProtocolError("replica_sync: required when the plan has replicas")
+        if self.stages not in self.replicas:
+            raise WorkerProtocolError("replicas: this worker's own stages are not one of the replicas")
+        shape = [(st.start, st.end, [(m.heads, m.columns) for m in st.members]) for st in self.stages]
+        every: set[str] = set()
+        for i, rep in enumerate(self.replicas):
+            if [(st.start, st.end, [(m.heads, m.columns) for m in st.members]) for st in rep] != shape:
+                raise WorkerProtocolError(
+                    f"replicas[{i}]: cut differently from this worker's replica (every replica needs the same "
+                    "blocks and tensor-parallel shares per stage)"
+                )
+            for st in rep:
+                for m in st.members:
+                    if m.peer_id in every:
+                        raise WorkerProtocolError(f"replicas[{i}]: peer {m.peer_id} holds two places")
+                    every.add(m.peer_id)
+        return every
+
     # -- plan queries ---------------------------------------------------------------------------------------
+
+    def replica_count(self) -> int:
+        return max(1, len(self.replicas))
+
+    def replica_of(self, peer_id: str | None = None) -> int:
+        """Index of the replica ``peer_id`` (default: this worker) works in (0 without replicas)."""
+        pid = self.peer_id if peer_id is None else peer_id
+        for i, rep in enumerate(self.replicas):
+            if any(m.peer_id == pid for st in rep for m in st.members):
+                return i
+        if not self.replicas and any(m.peer_id == pid for st in self.stages for m in st.members):
+            return 0
+        raise WorkerProtocolError(f"peer {pid} is in no replica of the plan")
+
+    def ring(self) -> tuple[str, ...]:
+        """This worker's ring: the peer at its (stage, rank) in every replica, in replica order."""
+        if not self.replicas:
+            return (self.peer_id,)
+        s, r = self.position()
+        return tuple(rep[s].members[r].peer_id for rep in self.replicas)
+
+    def stage_members(self, stage: int) -> list[str]:
+        """Every peer holding ``stage`` in any replica (the ones the owner serves inputs/targets to)."""
+        reps = self.replicas or (self.stages,)
+        return [m.peer_id for rep in reps for m in rep[stage].members]
 
     def workers(self) -> list[tuple[int, int, str]]:
         """Every worker of the job as ``(stage, rank, peer_id)`` in global order (stage, then rank)."""
@@ -200,12 +300,10 @@ class WorkerConfig:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        d["stages"] = [
-            {"start": st.start, "end": st.end, "members": [asdict(m) for m in st.members],
-             "micro_batch_s": st.micro_batch_s}
-            for st in self.stages
-        ]
+        d["stages"] = [_stage_dict(st) for st in self.stages]
         d["spec"] = dict(self.spec)
+        d["replicas"] = [[_stage_dict(st) for st in rep] for rep in self.replicas]
+        d["replica_sync"] = asdict(self.replica_sync) if self.replica_sync is not None else None
         if self.resume is not None:
             r = self.resume
             d["resume"] = {
@@ -225,25 +323,19 @@ class WorkerConfig:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> WorkerConfig:
         w = "worker config"
-        stages = []
-        for i, raw in enumerate(_get(d, "stages", list, w)):
-            if not isinstance(raw, dict):
-                raise WorkerProtocolError(f"{w}.stages[{i}]: expected an object")
-            where = f"{w}.stages[{i}]"
-            members = []
-            for j, m in enumerate(_get(raw, "members", list, where)):
-                if not isinstance(m, dict):
-                    raise WorkerProtocolError(f"{where}.members[{j}]: expected an object")
-                mw = f"{where}.members[{j}]"
-                members.append(
-                    MemberConfig(
-                        _get(m, "peer_id", str, mw), int(m.get("heads", 0)), int(m.get("columns", 0))
-                    )
-                )
-            timing = None if raw.get("micro_batch_s") is None else _float(raw, "micro_batch_s", where)
-            if timing is not None and not (math.isfinite(timing) and timing >= 0):
-                raise WorkerProtocolError(f"{where}.micro_batch_s: expected a finite number >= 0 or null")
-            stages.append(StageConfig(_int(raw, "start", where), _int(raw, "end", where), tuple(members), timing))
+        stages = _parse_stages(_get(d, "stages", list, w), f"{w}.stages")
+        replicas: list[tuple[StageConfig, ...]] = []
+        raw_replicas = d.get("replicas") or []
+        if not isinstance(raw_replicas, list) or len(raw_replicas) > MAX_REPLICAS:
+            raise WorkerProtocolError(f"{w}.replicas: expected a list of at most {MAX_REPLICAS} stage lists")
+        for i, rep in enumerate(raw_replicas):
+            if not isinstance(rep, list):
+                raise WorkerProtocolError(f"{w}.replicas[{i}]: expected a list of stages")
+            replicas.append(tuple(_parse_stages(rep, f"{w}.replicas[{i}]")))
+        raw_sync = d.get("replica_sync")
+        if raw_sync is not None and not isinstance(raw_sync, dict):
+            raise WorkerProtocolError(f"{w}.replica_sync: expected an object or null")
+        sync = ReplicaSyncConfig.from_dict(raw_sync, f"{w}.replica_sync") if raw_sync is not None else None
         resume = None
         raw_resume = d.get("resume")
         if raw_resume is not None:
@@ -277,7 +369,35 @@ class WorkerConfig:
             device=_get(d, "device", str, w) if "device" in d else "cpu",
             link_timeout_s=_float(d, "link_timeout_s", w) if "link_timeout_s" in d else 120.0,
             cpus=tuple(_get(d, "cpus", list, w)) if "cpus" in d else (),  # checked by __post_init__
+            replicas=tuple(replicas),
+            replica_sync=sync,
         )
+
+
+def _stage_dict(st: StageConfig) -> dict[str, Any]:
+    return {"start": st.start, "end": st.end, "members": [asdict(m) for m in st.members],
+            "micro_batch_s": st.micro_batch_s}  # fmt: skip
+
+
+def _parse_stages(raw_stages: list[Any], where_all: str) -> list[StageConfig]:
+    stages = []
+    for i, raw in enumerate(raw_stages):
+        if not isinstance(raw, dict):
+            raise WorkerProtocolError(f"{where_all}[{i}]: expected an object")
+        where = f"{where_all}[{i}]"
+        members = []
+        for j, m in enumerate(_get(raw, "members", list, where)):
+            if not isinstance(m, dict):
+                raise WorkerProtocolError(f"{where}.members[{j}]: expected an object")
+            mw = f"{where}.members[{j}]"
+            members.append(
+                MemberConfig(_get(m, "peer_id", str, mw), int(m.get("heads", 0)), int(m.get("columns", 0)))
+            )
+        timing = None if raw.get("micro_batch_s") is None else _float(raw, "micro_batch_s", where)
+        if timing is not None and not (math.isfinite(timing) and timing >= 0):
+            raise WorkerProtocolError(f"{where}.micro_batch_s: expected a finite number >= 0 or null")
+        stages.append(StageConfig(_int(raw, "start", where), _int(raw, "end", where), tuple(members), timing))
+    return stages
 
 
 # ---------------------------------------------------------------------------------------------- events
@@ -303,6 +423,8 @@ class StepEvent:
     wait_seconds: float = 0.0
     """Of ``seconds``, the time the stage waited on its links (bubble and slower neighbours)."""
     optimizer_seconds: float = 0.0
+    ring_bytes: int = 0
+    """Bytes this worker has sent to its replica ring so far (frames handed to the authenticated stream)."""
 
     def to_line(self) -> str:
         return _line({"event": "step", **asdict(self)})
@@ -378,6 +500,7 @@ def parse_event(line: str) -> Event:
             _int(d, "samples", w), _int(d, "tokens", w), _float(d, "seconds", w),
             _float(d, "wait_seconds", w) if "wait_seconds" in d else 0.0,
             _float(d, "optimizer_seconds", w) if "optimizer_seconds" in d else 0.0,
+            _int(d, "ring_bytes", w) if "ring_bytes" in d else 0,
         )  # fmt: skip
     if kind == "eval":
         acc = d.get("val_accuracy")

@@ -23,7 +23,12 @@ refused and counted in ``refused``. Kinds:
   header ``(round u64, k x f64)`` (k = 1 is the one-scalar frame of earlier versions, byte for byte);
 - ``tp`` / ``tpres``: a tensor-parallel group's ``all_reduce_sum``, a star over the group's rank 0 adding in
   rank order (bit-identical results on every rank, like the in-memory collective);
-- ``data``: the owner's batch service (``datafeed.py``), handed to ``data_handler``.
+- ``data``: the owner's batch service (``datafeed.py``), handed to ``data_handler``;
+- ``ring``: data-parallel replicas (``config.replicas``): this worker -> the worker at the same (stage, rank)
+  of the next replica (replica order, modulo R). :meth:`WireFabric.ring_link` is the ``ring.RingLink`` that
+  ``replicas.ReplicaSync`` all-reduces gradient buckets (or DiLoCo's compressed pseudo-gradients) over; header
+  ``round u64``, payload one ``protocol.tensors`` frame (checked by ``ring.py`` against the chunk expected);
+  ``ring_bytes`` counts what this worker handed to its ring stream.
 
 Frames: ``act``/``grad`` headers are ``(phase u8, step u64, micro-batch u32)`` + the tensor frame header of
 ``protocol.tensors``; the payload is the frame body (raw: a zero-copy view of the tensor's memory). The
@@ -57,7 +62,7 @@ _PIPE = struct.Struct(">BQI")  # phase, step, micro-batch
 _SEQ = struct.Struct(">Q")  # collective call sequence number
 
 PIPE_KINDS = ("act", "grad")
-KINDS = ("act", "grad", "sum", "sumres", "tp", "tpres")
+KINDS = ("act", "grad", "sum", "sumres", "tp", "tpres", "ring")
 
 
 class StreamOpener(Protocol):
@@ -113,6 +118,12 @@ class WireFabric:
         self.refused: Counter[str] = Counter()
         self._prefix = f"{config.job_id}/{config.term}/".encode()
         self._outgoing: dict[tuple[str, str], Stream] = {}
+        self.ring = config.ring()
+        self.ring_rank = self.ring.index(config.peer_id)
+        self.ring_bytes = 0
+        self.ring_frames = 0
+        self._ring_sent = 0
+        self._ring_received = 0
         self.queues = RouteQueues(self._incoming_routes(), self.outgoing_routes(), timeout_s=self.timeout_s)
         self._claimed: set[tuple[str, str]] = set()
         self.phase = PHASE_TRAIN
@@ -141,6 +152,8 @@ class WireFabric:
                 routes += [("tp", p) for p in self.group[1:]]
             else:
                 routes.append(("tpres", self.group[0]))
+        if len(self.ring) > 1:
+            routes.append(("ring", self.ring[(self.ring_rank - 1) % len(self.ring)]))
         return routes
 
     def outgoing_routes(self) -> list[tuple[str, str]]:
@@ -160,6 +173,8 @@ class WireFabric:
                 routes += [("tpres", p) for p in self.group[1:]]
             else:
                 routes.append(("tp", self.group[0]))
+        if len(self.ring) > 1:
+            routes.append(("ring", self.ring[(self.ring_rank + 1) % len(self.ring)]))
         return routes
 
     # -- trio side ------------------------------------------------------------------------------------------
@@ -238,6 +253,34 @@ class WireFabric:
 
     def collective(self) -> WireCollective:
         return WireCollective(self)
+
+    def ring_link(self) -> WireRingLink:
+        return WireRingLink(self)
+
+    def send_ring(self, frame: bytes) -> None:
+        """Queue one ring frame for the next replica's worker (asynchronous; counted in ``ring_bytes``)."""
+        if len(self.ring) < 2:
+            raise LinkError("this worker has no replica ring (the plan has one replica)")
+        header = _SEQ.pack(self._ring_sent)
+        self._ring_sent += 1
+        self.queues.check()
+        self._post("ring", [self.ring[(self.ring_rank + 1) % len(self.ring)]], header, frame)
+        self.ring_bytes += len(header) + len(frame)
+        self.ring_frames += 1
+
+    def recv_ring(self) -> bytes:
+        """The previous replica's next ring frame (its tensor frame, checked for order here)."""
+        if len(self.ring) < 2:
+            raise LinkError("this worker has no replica ring (the plan has one replica)")
+        prev = self.ring[(self.ring_rank - 1) % len(self.ring)]
+        header, payload = self.queues.take(("ring", prev))
+        if len(header) != _SEQ.size:
+            raise LinkError(f"a ring header from peer {prev} has {len(header)} bytes, not {_SEQ.size}")
+        (got,) = _SEQ.unpack_from(header)
+        if got != self._ring_received:
+            raise LinkError(f"ring frame {self._ring_received} expected from peer {prev}, got frame {got}")
+        self._ring_received += 1
+        return bytes(payload)
 
     def _post(self, kind: str, peers: list[str], header: bytes, body: bytes | memoryview) -> None:
         for peer in peers:
@@ -369,6 +412,27 @@ class WireLinks:
 
     def allreduce_scalars(self, values: Sequence[float]) -> list[float]:
         return self._fabric.allreduce_scalars(values)
+
+
+class WireRingLink:
+    """``ring.RingLink`` over a :class:`WireFabric`'s ``ring`` streams; blocking, for the compute thread."""
+
+    def __init__(self, fabric: WireFabric) -> None:
+        self._fabric = fabric
+
+    @property
+    def rank(self) -> int:
+        return self._fabric.ring_rank
+
+    @property
+    def world_size(self) -> int:
+        return len(self._fabric.ring)
+
+    def send_next(self, frame: bytes) -> None:
+        self._fabric.send_ring(frame)
+
+    def recv_prev(self) -> bytes:
+        return self._fabric.recv_ring()
 
 
 class WireCollective:

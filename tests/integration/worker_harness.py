@@ -36,6 +36,7 @@ from arceusd.worker.protocol import (
     Event,
     Listening,
     MemberConfig,
+    ReplicaSyncConfig,
     StageConfig,
     StartCommand,
     StopCommand,
@@ -101,6 +102,7 @@ class WorkerProc:
     events: list[Event] = field(default_factory=list)
     inbox: queue.Queue[Event | None] = field(default_factory=queue.Queue)
     port: int = 0
+    replica: int = 0
 
     def _read(self) -> None:
         assert self.proc is not None and self.proc.stdout is not None
@@ -155,31 +157,40 @@ class WorkerJob:
         job_id: str = "job-test",
         cpus: Sequence[tuple[int, ...]] | None = None,
         devices: Sequence[str] | None = None,
+        replicas: int = 1,
+        replica_sync: ReplicaSyncConfig | None = None,
     ) -> None:
-        """``cpus``: the cores of each worker, in worker order (stage, then rank); None: none pinned.
-        ``devices``: each worker's torch device in the same order; None: all on the CPU."""
+        """``cpus``: the cores of each worker, in worker order (replica, stage, then rank); None: none pinned.
+        ``devices``: each worker's torch device in the same order; None: all on the CPU. ``replicas`` > 1:
+        that many copies of the layout, synced as ``replica_sync`` says (default: all-reduce); ``owner`` is a
+        (stage, rank) of replica 0."""
         self.tmp = tmp
         self.spec = spec
         self.layout = list(layout)
         self.checkpoint_dir = tmp / "checkpoints"
         self.workers: list[WorkerProc] = []
-        stages = []
-        for s, (start, end, split) in enumerate(self.layout):
-            members = []
-            for r in range(1 if split is None else split.world_size):
-                state = tmp / f"state-{s}-{r}"
-                pid = load_or_create_identity(state).peer_id
-                self.workers.append(
-                    WorkerProc(pid, s, r, state, tmp / f"worker-{s}-{r}.json", tmp / f"worker-{s}-{r}.log")
-                )
-                heads, cols = (split.heads[r], split.columns[r]) if split is not None else (0, 0)
-                members.append(MemberConfig(pid, heads, cols))
-            stages.append(StageConfig(start, end, tuple(members)))
-        owner_pid = next(w.peer_id for w in self.workers if (w.stage, w.rank) == owner)
+        all_stages: list[tuple[StageConfig, ...]] = []
+        for rep in range(replicas):
+            stages = []
+            for s, (start, end, split) in enumerate(self.layout):
+                members = []
+                for r in range(1 if split is None else split.world_size):
+                    tag = f"{s}-{r}" if replicas == 1 else f"{rep}-{s}-{r}"
+                    state = tmp / f"state-{tag}"
+                    pid = load_or_create_identity(state).peer_id
+                    config_path, log_path = tmp / f"worker-{tag}.json", tmp / f"worker-{tag}.log"
+                    self.workers.append(WorkerProc(pid, s, r, state, config_path, log_path, replica=rep))
+                    heads, cols = (split.heads[r], split.columns[r]) if split is not None else (0, 0)
+                    members.append(MemberConfig(pid, heads, cols))
+                stages.append(StageConfig(start, end, tuple(members)))
+            all_stages.append(tuple(stages))
+        owner_pid = next(w.peer_id for w in self.workers if (w.replica, w.stage, w.rank) == (0, *owner))
+        sync = (replica_sync or ReplicaSyncConfig()) if replicas > 1 else None
         self.configs: dict[str, WorkerConfig] = {}
         for i, w in enumerate(self.workers):
             cfg = WorkerConfig(
-                job_id=job_id, term=1, epoch=1, spec=to_dict(spec), stages=tuple(stages),
+                job_id=job_id, term=1, epoch=1, spec=to_dict(spec), stages=all_stages[w.replica],
+                replicas=tuple(all_stages) if replicas > 1 else (), replica_sync=sync,
                 micro_batches=micro_batches or spec.training.micro_batches, schedule=schedule,
                 peer_id=w.peer_id, state_dir=str(w.state_dir), listen_host="127.0.0.1", owner=owner_pid,
                 checkpoint_dir=str(self.checkpoint_dir), checkpoint_interval=checkpoint_interval,
