@@ -21,7 +21,12 @@ hops of rtt/2 + message cost):
 With ``use_all_devices`` only candidates that give every device work count (today's plan, and the groupings
 of all n devices whose replicas use every member), and the single-device floor does not apply.
 DiLoCo is not the same computation (its loss per token is a little worse), so it is chosen only when it is
-predicted at least ``DILOCO_MIN_GAIN`` times faster than all-reduce. The winner has the least predicted step
+predicted at least ``DILOCO_MIN_GAIN`` times faster than all-reduce.
+
+The job spec may fix what ``"auto"`` leaves to this search (``training.replicas`` / ``training.sync``):
+``replicas = R`` keeps only candidates of exactly R replicas (R = 1: today's plan, unchanged), ``sync`` keeps
+only that mode for the replicated candidates. A fixed R is what the user asked for, so the single-device floor
+does not apply to it. The winner has the least predicted step
 time for the same global batch (= the most tokens/s); ties go to fewer replicas, then fewer devices, then the
 earlier candidate.
 """
@@ -71,13 +76,30 @@ class ReplicaPlan:
         return None
 
 
-def plan_replicas(inputs: PlanInputs, diloco_h: int = DEFAULT_DILOCO_H) -> ReplicaPlan:
-    """The fastest predicted plan of R replicas x S stages (see the module docstring).
+def plan_replicas(
+    inputs: PlanInputs,
+    diloco_h: int = DEFAULT_DILOCO_H,
+    *,
+    replicas: int | None = None,
+    sync: ReplicaSyncMode | None = None,
+) -> ReplicaPlan:
+    """The fastest predicted plan of R replicas x S stages (see the module docstring); ``replicas`` /
+    ``sync``: the spec's fixed choices (None: ``"auto"``).
 
-    Error handling: raises ``PlanError`` when not even today's plan exists (its message says why)."""
+    Error handling: raises ``PlanError`` when not even today's plan exists, or no plan of the fixed number of
+    replicas fits (its message says why)."""
     if diloco_h < 1:
         raise ValueError(f"diloco_h must be >= 1, got {diloco_h}")
+    if replicas is not None and replicas < 1:
+        raise ValueError(f"replicas must be >= 1 or None (auto), got {replicas}")
+    if sync is ReplicaSyncMode.NONE:
+        raise ValueError("sync must be ALLREDUCE, DILOCO or None (auto); NONE is what one pipeline gets")
     inputs = inputs.canonical()
+    if replicas == 1:
+        today = plan_pipeline(inputs)
+        return ReplicaPlan((today,), ReplicaSyncMode.NONE, 0.0, diloco_h, today.predicted_step_time_s)
+    if replicas is not None:
+        return _fixed(inputs, replicas, diloco_h, sync)
     best: tuple[tuple[float, int, int], ReplicaPlan] | None = None
 
     def consider(candidate: ReplicaPlan | None) -> None:
@@ -103,11 +125,38 @@ def plan_replicas(inputs: PlanInputs, diloco_h: int = DEFAULT_DILOCO_H) -> Repli
             if k % r or gb % r:
                 continue
             groups = _snake([d.peer_id for d in ranked[:k]], r)
-            candidate = _replicated(inputs, groups, diloco_h)
+            candidate = _replicated(inputs, groups, diloco_h, sync)
             if candidate is None or not every or len(candidate.peer_ids) == k:
                 consider(candidate)
     if best is None:
         raise error or PlanError("no plan fits on any device or group of devices")
+    return best[1]
+
+
+def _fixed(inputs: PlanInputs, r: int, h: int, sync: ReplicaSyncMode | None) -> ReplicaPlan:
+    """The fastest plan of exactly ``r`` replicas (the spec fixed R)."""
+    gb = inputs.training.global_batch_size
+    if gb % r:
+        raise PlanError(f"the global batch of {gb} does not split into {r} replicas")
+    ranked = sorted(inputs.devices, key=lambda d: (-d.effective_flops_per_s, d.peer_id))
+    if len(ranked) < r:
+        raise PlanError(f"{r} replicas need at least {r} devices; {len(ranked)} offered")
+    every = inputs.training.use_all_devices
+    best: tuple[tuple[float, int], ReplicaPlan] | None = None
+    for k in range(len(ranked) if every else r, len(ranked) + 1, 1):
+        if k % r:
+            continue
+        candidate = _replicated(inputs, _snake([d.peer_id for d in ranked[:k]], r), h, sync)
+        if candidate is None or (every and len(candidate.peer_ids) != k):
+            continue
+        key = (candidate.predicted_step_time_s * (1 + 1e-9), len(candidate.peer_ids))
+        if best is None or key < best[0]:
+            best = (key, candidate)
+    if best is None:
+        raise PlanError(
+            f"no plan of {r} replicas fits these devices (each replica needs devices that can hold the model "
+            "together, cut alike); lower training.replicas or set it to 'auto'"
+        )
     return best[1]
 
 
@@ -142,7 +191,9 @@ def _snake(peers: list[str], r: int) -> list[tuple[str, ...]]:
     return [tuple(g) for g in groups]
 
 
-def _replicated(inputs: PlanInputs, groups: list[tuple[str, ...]], h: int) -> ReplicaPlan | None:
+def _replicated(
+    inputs: PlanInputs, groups: list[tuple[str, ...]], h: int, sync: ReplicaSyncMode | None = None
+) -> ReplicaPlan | None:
     r = len(groups)
     batch = inputs.training.global_batch_size // r
     first = _try_plan(_subset(inputs, groups[0], batch))
@@ -168,6 +219,8 @@ def _replicated(inputs: PlanInputs, groups: list[tuple[str, ...]], h: int) -> Re
     allreduce = ReplicaPlan(tuple(plans), ReplicaSyncMode.ALLREDUCE, ring, h, slowest + ring)
     diloco_sync = ring * INT8_BYTES_PER_VALUE / FP32_BYTES
     diloco = ReplicaPlan(tuple(plans), ReplicaSyncMode.DILOCO, diloco_sync, h, slowest + diloco_sync / h)
+    if sync is not None:
+        return diloco if sync is ReplicaSyncMode.DILOCO else allreduce
     if diloco.predicted_step_time_s * DILOCO_MIN_GAIN <= allreduce.predicted_step_time_s:
         return diloco
     return allreduce

@@ -15,6 +15,11 @@ the model blocks' efficiency, the dispatch cost per block, the optimizer's cost 
 the job's optimizer picks one) and the transport's cost per message. They go into the plan inputs
 (``DeviceProfile`` fields; a link's message cost is the mean of its two ends'), so every member recomputes
 the same plan. An offer without them (the defaults) plans as before calibration existed.
+
+Replicas (``training.replicas`` / ``sync`` / ``diloco`` of the spec): :func:`make_replica_plan` asks
+``partitioner.plan_replicas`` for R data-parallel pipelines (R and the sync mode fixed by the spec or chosen for
+the most tokens/s); :func:`worker_replicas` and :func:`replica_sync_config` turn its answer into the workers'
+``WorkerConfig.replicas`` / ``replica_sync``.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from dataclasses import dataclass
 from arceusd.jobs.spec_types import JobSpec
 from arceusd.models.config import GPTConfig
 from arceusd.models.costs import block_costs
-from arceusd.worker.protocol import MemberConfig, StageConfig
+from arceusd.worker.protocol import MemberConfig, ReplicaSyncConfig, StageConfig
 from partitioner import (
     DeviceProfile,
     Link,
@@ -36,12 +41,15 @@ from partitioner import (
     PlanError,
     PlanInputs,
     PlanMismatch,
+    ReplicaPlan,
+    ReplicaSyncMode,
     TrainingParams,
     inputs_bytes,
     inputs_from_dict,
     plan,
     plan_bytes,
     plan_from_bytes,
+    plan_replicas,
     verify,
 )
 
@@ -143,6 +151,50 @@ def make_plan(
         return inputs, plan(inputs)
 
 
+SYNC_MODES: dict[str, ReplicaSyncMode | None] = {
+    "auto": None,
+    "every_step": ReplicaSyncMode.ALLREDUCE,
+    "diloco": ReplicaSyncMode.DILOCO,
+}
+"""The spec's ``training.sync`` as the planner's constraint (None: the planner chooses)."""
+
+
+def make_replica_plan(
+    spec: JobSpec,
+    offers: list[Offer],
+    rtt_s: dict[tuple[str, str], float],
+    measured: Mapping[tuple[str, str], Link] | None = None,
+) -> tuple[PlanInputs, ReplicaPlan]:
+    """R data-parallel pipelines over ``offers`` as the spec asks (``training.replicas`` a number, or "auto":
+    the most tokens/s predicted, never slower than the best single member that holds the model; a device that
+    would slow the job is left out). DiLoCo's H is ``training.diloco.inner_steps``, at most the run's steps.
+
+    Error handling: :class:`partitioner.PlanError` (what is missing) when nothing fits."""
+    t = spec.training
+    inputs = plan_inputs(spec, offers, rtt_s, use_all_devices=False, measured=measured)
+    fixed = None if t.replicas == "auto" else int(t.replicas)
+    h = max(1, min(t.diloco.inner_steps, t.steps))
+    return inputs, plan_replicas(inputs, h, replicas=fixed, sync=SYNC_MODES[t.sync])
+
+
+def worker_replicas(replica_plan: ReplicaPlan) -> tuple[tuple[StageConfig, ...], ...]:
+    """Every replica's stages for ``WorkerConfig.replicas`` (empty for one pipeline)."""
+    if len(replica_plan.replicas) == 1:
+        return ()
+    return tuple(worker_stages(p) for p in replica_plan.replicas)
+
+
+def replica_sync_config(spec: JobSpec, replica_plan: ReplicaPlan) -> ReplicaSyncConfig | None:
+    """``WorkerConfig.replica_sync`` for the plan (None for one pipeline)."""
+    if len(replica_plan.replicas) == 1:
+        return None
+    d = spec.training.diloco
+    codec = "raw" if d.compression == "none" else d.compression
+    mode = "diloco" if replica_plan.sync_mode is ReplicaSyncMode.DILOCO else "allreduce"
+    return ReplicaSyncConfig(mode=mode, diloco_h=replica_plan.diloco_h, outer_lr=d.outer_lr,
+                             outer_momentum=d.outer_momentum, codec=codec)  # fmt: skip
+
+
 def estimated_links(leader: str, measured: Mapping[str, Link], members: Sequence[str]) -> dict[tuple[str, str], Link]:
     """Links for planning from what the leader measured to each member: its own links as measured, and for two
     members (which the leader cannot measure) the slower of their links to the leader (round trip and message
@@ -228,5 +280,5 @@ def flops_shares(the_plan: Plan, inputs: PlanInputs) -> dict[str, float]:
     return shares
 
 
-__all__ = ["Offer", "PlanError", "PlanRefused", "encode_start", "flops_shares", "make_plan", "plan_inputs",
-           "verify_start", "worker_stages"]  # fmt: skip
+__all__ = ["Offer", "PlanError", "PlanRefused", "encode_start", "flops_shares", "make_plan", "make_replica_plan",
+           "plan_inputs", "replica_sync_config", "verify_start", "worker_replicas", "worker_stages"]  # fmt: skip

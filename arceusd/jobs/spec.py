@@ -14,7 +14,8 @@ Schema (TOML; JSON with the same nesting is accepted, chosen by a ``.json`` suff
     [training] steps | epochs, batch_size, micro_batches, optimizer ("sgd" | "adamw"), lr, weight_decay,
               momentum (sgd only), betas (adamw only), warmup_steps, lr_decay ("none" | "cosine"), min_lr,
               grad_clip, precision, compression, topk_fraction (topk only), schedule, eval_interval_steps,
-              eval_iters
+              eval_iters, replicas (int or "auto"; default 1), sync ("auto" | "every_step" | "diloco")
+    [training.diloco] inner_steps (500), outer_lr (0.7), outer_momentum (0.9), compression ("int8")
     [checkpoint] interval_steps, keep
     [admission]  mode = "open" | "allowlist", peers = [peer ids] (allowlist only)
     [needs]      memory_total_mib, memory_per_device_mib, device_kinds (["cpu", "cuda", "mps"]), min_members,
@@ -54,14 +55,18 @@ from arceusd.jobs.spec_types import (
     ADMISSION_MODES,
     COMPRESSIONS,
     DEVICE_KINDS,
+    DILOCO_COMPRESSIONS,
     LR_DECAYS,
+    MAX_REPLICAS,
     OPTIMIZERS,
     PRECISIONS,
+    REPLICA_SYNCS,
     SCHEDULES,
     SPEC_VERSION,
     AdmissionSpec,
     CheckpointSpec,
     DataSpec,
+    DiLoCoSpec,
     JobSpec,
     MnistDataSpec,
     NeedsSpec,
@@ -121,8 +126,9 @@ TEXT_KEYS = ("kind", "path", "val_fraction", "sha256")
 TRAINING_KEYS = (
     "steps", "epochs", "batch_size", "micro_batches", "optimizer", "lr", "weight_decay", "momentum", "betas",
     "warmup_steps", "lr_decay", "min_lr", "grad_clip", "precision", "compression", "topk_fraction",
-    "schedule", "eval_interval_steps", "eval_iters",
+    "schedule", "eval_interval_steps", "eval_iters", "replicas", "sync", "diloco",
 )  # fmt: skip
+DILOCO_KEYS = ("inner_steps", "outer_lr", "outer_momentum", "compression")
 CHECKPOINT_KEYS = ("interval_steps", "keep")
 ADMISSION_KEYS = ("mode", "peers")
 NEEDS_KEYS = (
@@ -398,6 +404,20 @@ class _Parser:
         schedule = r.choice(t, "schedule", p, SCHEDULES, "auto")
         eval_interval = r.integer(t, "eval_interval_steps", p, 0, lo=0, hi=MAX_STEPS)
         eval_iters = r.integer(t, "eval_iters", p, 20, lo=0, hi=100_000)
+        replicas = self._replicas(t)
+        sync = r.choice(t, "sync", p, REPLICA_SYNCS, "auto")
+        diloco = self._diloco(t)
+        if replicas == 1 and sync == "diloco":
+            r.problem("training.sync", "'diloco' needs training.replicas >= 2 or 'auto'; one pipeline has no peer")
+        if "diloco" in t and sync == "every_step":
+            r.problem("training.diloco", "applies only with training.sync = 'diloco' or 'auto'")
+        share = replicas * micro if isinstance(replicas, int) and replicas > 1 and micro is not None else None
+        if share is not None and batch is not None and batch % share:
+            r.problem(
+                "training.replicas",
+                f"training.batch_size = {batch} does not split into {replicas} replicas x {micro} "
+                f"micro-batches; batch_size must be a multiple of {share}",
+            )
 
         if batch is not None and micro is not None:
             if micro > batch:
@@ -430,11 +450,43 @@ class _Parser:
             "weight_decay": weight_decay, "momentum": momentum, "betas": betas, "warmup_steps": warmup,
             "lr_decay": decay, "min_lr": min_lr, "grad_clip": grad_clip, "precision": precision,
             "compression": compression, "topk_fraction": topk, "schedule": schedule,
-            "eval_interval_steps": eval_interval, "eval_iters": eval_iters,
+            "eval_interval_steps": eval_interval, "eval_iters": eval_iters, "replicas": replicas, "sync": sync,
+            "diloco": diloco,
         }  # fmt: skip
+        given = t.get("diloco")
+        inner_given = isinstance(given, dict) and "inner_steps" in given
+        if inner_given and steps is not None and diloco is not None and diloco.inner_steps > steps:
+            r.problem(
+                "training.diloco.inner_steps",
+                f"{diloco.inner_steps} exceeds the run's {steps} steps: the replicas would never sync; "
+                f"allowed: 1..{steps}",
+            )
         if any(v is None for v in kw.values()):
             return None
         return TrainingSpec(epochs=epochs, **kw)
+
+    def _replicas(self, t: Mapping[str, Any]) -> int | str | None:
+        value = t.get("replicas", 1)
+        if value == "auto":
+            return "auto"
+        if isinstance(value, str):
+            self.r.problem("training.replicas", f"got {value!r}; allowed: an integer 1..{MAX_REPLICAS} or 'auto'")
+            return None
+        return self.r.integer(t, "replicas", "training", 1, lo=1, hi=MAX_REPLICAS)
+
+    def _diloco(self, t: Mapping[str, Any]) -> DiLoCoSpec | None:
+        r, p = self.r, "training.diloco"
+        tbl = r.table(t, "diloco", "training", required=False)
+        if tbl is None:
+            return None if "diloco" in t else DiLoCoSpec()
+        r.unknown_keys(tbl, DILOCO_KEYS, p)
+        inner = r.integer(tbl, "inner_steps", p, 500, lo=1, hi=MAX_STEPS)
+        outer_lr = r.number(tbl, "outer_lr", p, 0.7, lo=0.0, lo_open=True, hi=10.0)
+        momentum = r.number(tbl, "outer_momentum", p, 0.9, lo=0.0, hi=1.0, hi_open=True)
+        compression = r.choice(tbl, "compression", p, DILOCO_COMPRESSIONS, "int8")
+        if inner is None or outer_lr is None or momentum is None or compression is None:
+            return None
+        return DiLoCoSpec(inner, outer_lr, momentum, compression)  # type: ignore[arg-type]
 
     def _resolve_steps(
         self,
@@ -696,6 +748,15 @@ def to_dict(spec: JobSpec) -> dict[str, Any]:
         training["betas"] = list(t.betas)
     if t.compression == "topk":
         training["topk_fraction"] = t.topk_fraction
+    # the replica keys only when set: a spec without them keeps the hash it had before they existed
+    if t.replicas != 1:
+        training["replicas"] = t.replicas
+    if t.sync != "auto":
+        training["sync"] = t.sync
+    if t.diloco != DiLoCoSpec():
+        dl = t.diloco
+        training["diloco"] = {"inner_steps": dl.inner_steps, "outer_lr": dl.outer_lr,
+                              "outer_momentum": dl.outer_momentum, "compression": dl.compression}  # fmt: skip
     admission: dict[str, Any] = {"mode": spec.admission.mode}
     if spec.admission.mode == "allowlist":
         admission["peers"] = list(spec.admission.peers)

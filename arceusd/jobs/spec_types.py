@@ -22,6 +22,8 @@ Precision = Literal["fp32", "bf16"]
 Compression = Literal["none", "fp16", "bf16", "int8", "topk"]
 Schedule = Literal["auto", "gpipe", "1f1b"]
 AdmissionMode = Literal["open", "allowlist"]
+ReplicaSync = Literal["auto", "every_step", "diloco"]
+DiLoCoCompression = Literal["none", "fp16", "bf16", "int8"]
 
 OPTIMIZERS: tuple[Optimizer, ...] = ("sgd", "adamw")
 LR_DECAYS: tuple[LrDecay, ...] = ("none", "cosine")
@@ -29,6 +31,9 @@ PRECISIONS: tuple[Precision, ...] = ("fp32", "bf16")
 COMPRESSIONS: tuple[Compression, ...] = ("none", "fp16", "bf16", "int8", "topk")
 SCHEDULES: tuple[Schedule, ...] = ("auto", "gpipe", "1f1b")
 ADMISSION_MODES: tuple[AdmissionMode, ...] = ("open", "allowlist")
+REPLICA_SYNCS: tuple[ReplicaSync, ...] = ("auto", "every_step", "diloco")
+DILOCO_COMPRESSIONS: tuple[DiLoCoCompression, ...] = ("none", "fp16", "bf16", "int8")
+MAX_REPLICAS = 256
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,17 @@ DataSpec = MnistDataSpec | TextDataSpec
 
 
 @dataclass(frozen=True)
+class DiLoCoSpec:
+    """DiLoCo's outer loop (Douillard et al. 2023; the paper's defaults): every ``inner_steps`` local steps the
+    replicas average their pseudo-gradients (sent with ``compression``) and take an outer Nesterov step."""
+
+    inner_steps: int = 500
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
+    compression: DiLoCoCompression = "int8"
+
+
+@dataclass(frozen=True)
 class TrainingSpec:
     """Optimisation and execution settings.
 
@@ -86,6 +102,14 @@ class TrainingSpec:
     schedule: Schedule = "auto"
     eval_interval_steps: int = 0
     eval_iters: int = 20
+    replicas: int | Literal["auto"] = 1
+    """Data-parallel copies of the pipeline: a number, or ``"auto"`` (the planner picks R for the most
+    tokens/s, never predicted slower than the best single member). 1: one pipeline (today's plans)."""
+    sync: ReplicaSync = "auto"
+    """How replicas keep in sync: gradients averaged ``every_step`` (the same computation as one process),
+    ``diloco`` (``diloco.inner_steps`` local steps between outer steps; for slow links), or ``auto`` (the
+    planner picks from the measured links)."""
+    diloco: DiLoCoSpec = DiLoCoSpec()
 
     @property
     def micro_batch_size(self) -> int:

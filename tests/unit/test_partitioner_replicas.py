@@ -107,3 +107,65 @@ def test_use_all_devices_keeps_every_device_busy() -> None:
     inputs = dataclasses.replace(inputs, devices=(*inputs.devices[:2], slow),
                                  training=dataclasses.replace(inputs.training, use_all_devices=True))
     assert sorted(plan_replicas(inputs).peer_ids) == ["dev0", "dev1", "dev2"]
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 2**31), st.integers(2, 5), st.sampled_from([2, 3]),
+       st.sampled_from([None, ReplicaSyncMode.ALLREDUCE, ReplicaSyncMode.DILOCO]), st.booleans())  # fmt: skip
+def test_the_specs_fixed_replicas_and_sync_are_honoured(
+    seed: int, n: int, r: int, sync: ReplicaSyncMode | None, fast: bool
+) -> None:
+    """``replicas = R`` gives exactly R pipelines cut alike (or a PlanError saying it does not fit), ``sync``
+    that mode; ``replicas = 1`` is today's plan, unchanged."""
+    blocks = gpt_like_blocks(2, 128, 4, 64, 512)
+    inputs = random_inputs(random.Random(seed), n, blocks, TrainingParams(12, (1, 2)), mem_range_gib=(0.02, 0.05))
+    if fast:
+        ids = [d.peer_id for d in inputs.devices]
+        links = LinkMatrix.symmetric([(a, b, Link(1e-4, 1.25e9)) for a in ids for b in ids if a < b])
+        inputs = dataclasses.replace(inputs, links=links)
+    try:
+        one = plan_replicas(inputs, replicas=1)
+    except PlanError:
+        one = None
+    if one is not None:
+        assert one.replicas == (plan(inputs),) and one.sync_mode is ReplicaSyncMode.NONE
+    try:
+        chosen = plan_replicas(inputs, 10, replicas=r, sync=sync)
+    except PlanError as exc:
+        assert str(exc)  # says why
+        return
+    assert len(chosen.replicas) == r
+    assert chosen.sync_mode is (sync or chosen.sync_mode) and chosen.sync_mode is not ReplicaSyncMode.NONE
+    stages = [tuple((s.start, s.end) for s in p.stages) for p in chosen.replicas]
+    assert all(s == stages[0] for s in stages)
+    assert sum(p.micro_batches * p.micro_batch_size for p in chosen.replicas) == 12
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 2**31), st.integers(1, 4), st.sampled_from([None, ReplicaSyncMode.ALLREDUCE,
+                                                                   ReplicaSyncMode.DILOCO]))  # fmt: skip
+def test_auto_replicas_with_a_fixed_sync_still_never_lose_to_one_device(
+    seed: int, n: int, sync: ReplicaSyncMode | None
+) -> None:
+    blocks = gpt_like_blocks(2, 128, 4, 64, 512)
+    inputs = random_inputs(random.Random(seed), n, blocks, TrainingParams(8, (1, 2)), mem_range_gib=(0.005, 0.05))
+    single = _best_single_s(inputs)
+    try:
+        chosen = plan_replicas(inputs, sync=sync)
+    except PlanError:
+        assert single is None
+        return
+    if single is not None:
+        assert chosen.predicted_step_time_s <= single * (1 + 1e-9)
+    if len(chosen.replicas) > 1 and sync is not None:
+        assert chosen.sync_mode is sync
+
+
+def test_fixed_replicas_that_cannot_fit_say_so() -> None:
+    inputs = _equal(2, Link(1e-4, 1.25e8), batch=48)
+    try:
+        plan_replicas(inputs, replicas=3)
+    except PlanError as exc:
+        assert "3 replicas need at least 3 devices" in str(exc)
+    else:
+        raise AssertionError("3 replicas on 2 devices were planned")

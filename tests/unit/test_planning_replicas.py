@@ -1,0 +1,82 @@
+"""The job layer's replica planning: the spec's replica keys reach the planner, and its answer becomes the
+workers' replica layout and sync settings."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from arceusd.jobs.planning import Offer, make_replica_plan, replica_sync_config, worker_replicas
+from arceusd.jobs.spec import parse_spec
+from arceusd.jobs.spec_types import JobSpec
+from arceusd.worker.protocol import MemberConfig, ReplicaSyncConfig, WorkerConfig
+from partitioner import Link, ReplicaSyncMode
+from tests.unit.test_jobspec import ROOT, mnist_doc
+
+GIB = 1 << 30
+
+
+def _spec(**training: Any) -> JobSpec:
+    d = mnist_doc()
+    d["training"] = {"steps": 200, "batch_size": 64, "micro_batches": 2, "optimizer": "sgd", "lr": 0.1,
+                     **training}  # fmt: skip
+    return parse_spec(d, base_dir=ROOT, check_files=False)
+
+
+def _offers(n: int) -> list[Offer]:
+    return [Offer(f"{i:032x}", f"127.0.0.1:{9000 + i}", 1e10, 4 * GIB) for i in range(n)]
+
+
+def _links(n: int, link: Link) -> dict[tuple[str, str], Link]:
+    ids = [f"{i:032x}" for i in range(n)]
+    return {(a, b): link for a in ids for b in ids if a < b}
+
+
+FAST = Link(1e-4, 1.25e8)
+SLOW = Link(2e-2, 6.25e5)
+
+
+def test_one_replica_is_todays_plan_and_needs_no_layout() -> None:
+    _, plan = make_replica_plan(_spec(), _offers(4), {}, _links(4, FAST))
+    assert len(plan.replicas) == 1 and plan.sync_mode is ReplicaSyncMode.NONE
+    assert worker_replicas(plan) == () and replica_sync_config(_spec(), plan) is None
+
+
+def test_auto_replicas_on_fast_links_become_the_workers_layout() -> None:
+    spec = _spec(replicas="auto")
+    _, plan = make_replica_plan(spec, _offers(4), {}, _links(4, FAST))
+    assert len(plan.replicas) >= 2  # (a tiny MLP: the planner picks DiLoCo, its sync outweighs 0.2 ms steps)
+    layout = worker_replicas(plan)
+    sync = replica_sync_config(spec, plan)
+    mode = "diloco" if plan.sync_mode is ReplicaSyncMode.DILOCO else "allreduce"
+    assert sync == ReplicaSyncConfig(mode=mode, diloco_h=200, outer_lr=0.7, outer_momentum=0.9, codec="int8")
+    first = layout[0][0].members[0].peer_id
+    config = WorkerConfig(
+        job_id="j", term=1, epoch=1, spec={}, stages=layout[0], micro_batches=2, schedule="1f1b", peer_id=first,
+        state_dir="/x", listen_host="127.0.0.1", owner=first, checkpoint_dir="/x", checkpoint_interval=0,
+        total_steps=1, replicas=layout, replica_sync=sync,
+    )  # fmt: skip
+    assert config.replica_count() == len(plan.replicas)
+    assert all(isinstance(m, MemberConfig) for rep in layout for st in rep for m in st.members)
+
+
+@pytest.mark.parametrize("sync", ["every_step", "diloco"])
+def test_fixed_replicas_and_sync_are_what_the_spec_says(sync: str) -> None:
+    spec = _spec(replicas=2, sync=sync, diloco={"inner_steps": 20, "compression": "none"})  \
+        if sync == "diloco" else _spec(replicas=2, sync=sync)  # fmt: skip
+    _, plan = make_replica_plan(spec, _offers(3), {}, _links(3, SLOW))
+    assert len(plan.replicas) == 2
+    config = replica_sync_config(spec, plan)
+    assert config is not None
+    assert config.mode == ("diloco" if sync == "diloco" else "allreduce")
+    if sync == "diloco":
+        assert (config.diloco_h, config.codec) == (20, "raw")
+
+
+def test_auto_on_a_slow_link_never_predicts_slower_than_one_device() -> None:
+    spec = _spec(replicas="auto", diloco={"inner_steps": 50})
+    _, plan = make_replica_plan(spec, _offers(2), {}, _links(2, SLOW))
+    _, alone = make_replica_plan(spec, _offers(1), {}, {})
+    assert plan.predicted_step_time_s <= alone.predicted_step_time_s * (1 + 1e-9)
+    assert plan.sync_mode is not ReplicaSyncMode.ALLREDUCE  # all-reduce over 5 Mbit/s never pays here
