@@ -13,7 +13,8 @@ serialised link per direction). Runs, all in this process and this run:
 A GPT of 2 layers, width 128, context 64 on Tiny Shakespeare, global batch 32, AdamW. Prints tokens/s and the
 ratio against (a). On a 2-core machine shared with others the ratios are noisy: run it under the shared lock.
 
-Usage: ``python bench/replicas.py [--steps N] [--slow-mbit M]`` from the project root.
+Usage: ``python bench/replicas.py [--steps N] [--slow-mbit M] [--quick]`` from the project root (``--quick``: 4
+steps of a tiny model, CI's bench smoke).
 """
 
 from __future__ import annotations
@@ -91,10 +92,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=101)
     parser.add_argument("--slow-mbit", type=float, default=50.0)
+    parser.add_argument("--quick", action="store_true", help="4 steps of a tiny model (CI's bench smoke)")
     args = parser.parse_args()
+    if args.quick:
+        args.steps = 4
     torch.set_num_threads(1)
     data = load_text(ROOT / "data" / "tinyshakespeare" / "input.txt")
-    model = GPTConfig(n_layer=2, n_head=4, n_embd=128, block_size=64, vocab_size=data.vocab.size)
+    width = 32 if args.quick else 128
+    model = GPTConfig(n_layer=2, n_head=4, n_embd=width, block_size=64, vocab_size=data.vocab.size)
     gen = torch.Generator().manual_seed(3)
     hi = data.train.numel() - model.block_size - 1
     batches = [context_windows(data.train, torch.randint(0, hi, (GLOBAL_BATCH,), generator=gen), model.block_size)
