@@ -3,11 +3,24 @@ adds its one-way delay in each direction, and paces to its rate when given one."
 
 from __future__ import annotations
 
+import importlib.util
 import socket
+import sys
 import threading
 import time
+from pathlib import Path
+from types import ModuleType
 
-from bench.swarm_netns import _accept
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_swarm_netns", ROOT / "bench" / "swarm_netns.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
 
 
 def _echo_server() -> socket.socket:
@@ -30,7 +43,7 @@ def _forwarder(target: socket.socket, delay_s: float, rate: float) -> int:
     lst.bind(("127.0.0.1", 0))
     lst.listen(4)
     host, port = target.getsockname()
-    threading.Thread(target=_accept, args=(lst, (host, port), delay_s, rate), daemon=True).start()
+    threading.Thread(target=_bench()._accept, args=(lst, (host, port), delay_s, rate), daemon=True).start()
     return int(lst.getsockname()[1])
 
 
