@@ -133,6 +133,8 @@ class StageEngine:
         self.replicas = replicas
         if replicas is not None and replicas.mode is SyncMode.DILOCO:
             replicas.start(list(self.module.parameters()))
+        if replicas is not None and replicas.mode is SyncMode.ALLREDUCE:  # overlap the all-reduce with backward
+            replicas.attach(list(self.module.parameters()), config.num_micro_batches)
 
     # -- public API ------------------------------------------------------------------------------------------
 

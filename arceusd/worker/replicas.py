@@ -3,7 +3,13 @@
 Each replica is a whole pipeline fed its own share of the global batch; the same stage of every replica forms a
 ring (``ring.py``). Two modes (``SyncMode``):
 - ``ALLREDUCE`` (fast links): before every optimizer step the stage's gradients, plus the step's loss report,
-  are averaged over the ring, in buckets of about ``bucket_bytes``. With equal shares of the batch this is the
+  are averaged over the ring, in buckets of about ``bucket_bytes``. Overlapped with the backward once the
+  engine calls ``attach``: buckets hold the parameters in reverse order (the order the backward finishes them),
+  a parameter is final when its post-accumulate-grad hook has run once per micro-batch, and a communication
+  thread all-reduces each bucket as soon as it and every bucket before it are final (the same bucket order on
+  every replica, so the ring rounds match); the last bucket (the first parameters) carries the loss report and
+  leaves at the optimizer step, which waits for every bucket and writes the averages into ``.grad`` on the
+  compute thread. With equal shares of the batch this is the
   computation of one process on the whole global batch (the tests check it within 1e-5). Clipping and the
   step's scalar exchange run afterwards inside each replica, on gradients that are now the same everywhere.
 - ``DILOCO`` (slow links; Douillard et al. 2023, "DiLoCo"): each replica takes ``h`` local steps of its own
@@ -23,17 +29,21 @@ tests; ``ReplicaSync`` only moves tensors through a ``RingLink``.
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+import queue
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
-from arceusd.worker.ring import RingLink, ring_allreduce_
+from arceusd.worker.ring import RingError, RingLink, ring_allreduce_
 from protocol.compression import Bf16Codec, Fp16Codec, Int8BlockCodec
 from protocol.tensors import RAW, TensorCodec
 
 DEFAULT_BUCKET_BYTES = 4 << 20
+FINISH_TIMEOUT_S = 3600.0
+"""The optimizer step's bound on waiting for the overlapped all-reduce (each ring receive has its own)."""
 OUTER_ANCHOR = "outer_anchor"
 OUTER_MOMENTUM = "outer_momentum"
 
@@ -141,10 +151,22 @@ class ReplicaSync:
         self._anchor: list[torch.Tensor] = []
         self._momentum: list[torch.Tensor] = []
         self.outer_steps = 0
+        self._overlap: _Overlap | None = None
+
+    def attach(self, params: Sequence[nn.Parameter], micro_batches: int) -> None:
+        """ALLREDUCE mode: all-reduce buckets during the backward (module docstring); ``micro_batches``: how many
+        backwards accumulate into each gradient per step. A no-op in other modes or for one replica."""
+        if self.config.mode is SyncMode.ALLREDUCE and self.config.replicas > 1 and self._overlap is None:
+            self._overlap = _Overlap(self, list(params), micro_batches)
 
     @property
     def mode(self) -> SyncMode:
         return self.config.mode
+
+    @property
+    def overlapped_buckets(self) -> int:
+        """Buckets all-reduced during a backward so far (0 without ``attach``)."""
+        return self._overlap.early if self._overlap is not None else 0
 
     def average_grads(self, params: Sequence[nn.Parameter], report: float) -> float:
         """ALLREDUCE mode, before the optimizer step: average every parameter's gradient (a missing one counts
@@ -152,6 +174,8 @@ class ReplicaSync:
         world = self.config.replicas
         if world == 1:
             return report
+        if self._overlap is not None:
+            return self._overlap.finish(report)
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
         flat = torch.cat([flatten(grads), torch.tensor([report], dtype=torch.float32)])
         for a, b in bucket_ranges(flat.numel(), flat.element_size(), self.config.bucket_bytes):
@@ -226,6 +250,115 @@ class ReplicaSync:
                 outer_nesterov_step_(anchor, mom, g.view_as(anchor), cfg.outer_lr, cfg.outer_momentum)
                 p.copy_(anchor.to(p.device, p.dtype))
         self.outer_steps += 1
+
+
+class _Overlap:
+    """The all-reduce of one stage's gradient buckets during the backward (``ReplicaSync.attach``)."""
+
+    def __init__(self, sync: ReplicaSync, params: list[nn.Parameter], micro_batches: int) -> None:
+        if micro_batches < 1:
+            raise ValueError(f"micro_batches must be >= 1, got {micro_batches}")
+        self.sync = sync
+        self.params = params
+        self.micro_batches = micro_batches
+        self.buckets: list[list[int]] = [[]]
+        size = 0
+        for i in reversed(range(len(params))):
+            nbytes = params[i].numel() * 4
+            if self.buckets[-1] and size + nbytes > sync.config.bucket_bytes:
+                self.buckets.append([])
+                size = 0
+            self.buckets[-1].append(i)
+            size += nbytes
+        self.bucket_of = {i: b for b, members in enumerate(self.buckets) for i in members}
+        self.count = [0] * len(params)
+        self.pending = [len(m) for m in self.buckets]
+        self.next = 0
+        self.early = 0
+        """Buckets that left during a backward (before the optimizer step), over all steps so far."""
+        self.error: str | None = None
+        self._todo: queue.Queue[tuple[int, torch.Tensor] | None] = queue.Queue()
+        self._done: queue.Queue[tuple[int, torch.Tensor] | BaseException] = queue.Queue()
+        self.handles = [p.register_post_accumulate_grad_hook(self._hook(i))  # type: ignore[no-untyped-call]
+                        for i, p in enumerate(params)]  # fmt: skip
+        self._thread = threading.Thread(target=self._communicate, name="replica-allreduce", daemon=True)
+        self._thread.start()
+
+    def _hook(self, i: int) -> Callable[[torch.Tensor], None]:
+        def hook(_: torch.Tensor) -> None:
+            self.count[i] += 1
+            if self.count[i] > self.micro_batches:
+                self.error = f"parameter {i} got a gradient after it was sent to the other replicas"
+            elif self.count[i] == self.micro_batches:
+                self.pending[self.bucket_of[i]] -= 1
+                while self.next < len(self.buckets) - 1 and self.pending[self.next] == 0:
+                    self._send(self.next, None)
+                    self.early += 1
+
+        return hook
+
+    def _send(self, b: int, report: float | None) -> None:
+        members = self.buckets[b]
+        grads = [self.params[i].grad for i in members]
+        flat = flatten([g if g is not None else torch.zeros_like(self.params[i]) for g, i in zip(grads, members,
+                                                                                               strict=True)])
+        if report is not None:
+            flat = torch.cat([flat, torch.tensor([report], dtype=torch.float32)])
+        self._todo.put((b, flat))
+        self.next = b + 1
+
+    def _communicate(self) -> None:
+        """The communication thread: all-reduce the buckets in order (bucket_bytes pieces each)."""
+        while True:
+            item = self._todo.get()
+            if item is None:
+                return
+            b, flat = item
+            try:
+                for a, e in bucket_ranges(flat.numel(), flat.element_size(), self.sync.config.bucket_bytes):
+                    piece = flat[a:e].clone()
+                    ring_allreduce_(piece, self.sync.link)
+                    flat[a:e] = piece
+                flat.div_(self.sync.config.replicas)
+                self._done.put((b, flat))
+            except BaseException as exc:  # raised on the compute thread by finish()
+                self._done.put(exc)
+                return
+
+    def finish(self, report: float) -> float:
+        """At the optimizer step: send what is left (the last bucket with ``report``), wait for every bucket,
+        write the averages into ``.grad``; returns the averaged report. Resets for the next step."""
+        if self.error is not None:
+            raise RuntimeError(self.error)
+        last = len(self.buckets) - 1
+        for b in range(self.next, last):
+            self._send(b, None)
+        self._send(last, report)
+        results: dict[int, torch.Tensor] = {}
+        while len(results) < len(self.buckets):  # a ring wait times out on its own (RingError / LinkError)
+            try:
+                got = self._done.get(timeout=FINISH_TIMEOUT_S)
+            except queue.Empty:
+                raise RingError("the replicas' gradient all-reduce did not finish in time") from None
+            if isinstance(got, BaseException):
+                raise got
+            results[got[0]] = got[1]
+        averaged = 0.0
+        with torch.no_grad():
+            for b, members in enumerate(self.buckets):
+                flat = results[b]
+                if b == last:
+                    averaged = float(flat[-1])
+                    flat = flat[:-1]
+                offset = 0
+                for i in members:
+                    p = self.params[i]
+                    p.grad = flat[offset:offset + p.numel()].view_as(p).to(p.device, p.dtype)
+                    offset += p.numel()
+        self.count = [0] * len(self.params)
+        self.pending = [len(m) for m in self.buckets]
+        self.next = 0
+        return averaged
 
 
 def _split(flat: torch.Tensor, like: Sequence[torch.Tensor]) -> list[torch.Tensor]:

@@ -13,8 +13,9 @@ This is the graph surgery of ``torch/distributed/pipelining/_backward.py`` (``st
 releases.
 
 Same kernels on the same values, so the parameters' gradients equal one ``torch.autograd.backward``'s; they
-accumulate into ``.grad`` like it. A stage whose input needs no gradient (the first stage: token ids) has no
-first half: its whole backward is the second.
+accumulate into ``.grad`` like it, and the parameters' post-accumulate-grad hooks then run as autograd's would
+(data-parallel replicas start all-reducing a bucket from them, ``replicas.py``). A stage whose input needs no
+gradient (the first stage: token ids) has no first half: its whole backward is the second.
 """
 
 from __future__ import annotations
@@ -146,6 +147,15 @@ class PendingWeights:
                     param.grad = dw
                 else:
                     param.grad += dw
+                _post_accumulate(param)
+
+
+def _post_accumulate(param: torch.nn.Parameter) -> None:
+    """Run ``param``'s post-accumulate-grad hooks, as autograd does after accumulating into ``.grad`` (torch
+    keeps them in ``_post_accumulate_grad_hooks``; absent when none was registered)."""
+    hooks = getattr(param, "_post_accumulate_grad_hooks", None)
+    for hook in list(hooks.values()) if hooks else ():
+        hook(param)
 
 
 def _groups(param_nodes: Iterable[Node], consumers: dict[Node, list[Node]], input_path: dict[Node, None]

@@ -237,6 +237,8 @@ def test_two_replicas_of_two_stages_equal_one_process(case_name: str, schedule: 
     first, second = (gathered_params(case, p) for p in pipelines)
     assert all(torch.equal(first[n], second[n]) for n in first)  # the replicas never drift apart
     assert all(ring.frames_sent > 0 for ring in rings)
+    # the all-reduce overlaps the backward: buckets leave before the optimizer step
+    assert all(e.replicas is not None and e.replicas.overlapped_buckets > 0 for p in pipelines for s in p for e in s)
 
 
 def test_diloco_syncs_every_h_steps_and_leaves_replicas_identical() -> None:
