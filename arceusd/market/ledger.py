@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from arceusd.market.collect import unique
 from arceusd.market.receipts import ReceiptError, SignedReceipt, decode, encode
 
 LEDGER_FILE = "ledger.jsonl"
@@ -170,7 +171,9 @@ def _day(t: float) -> str:
 
 
 def earnings(entries: Iterable[SignedReceipt], me: str) -> dict[str, Any]:
-    """What ``me`` earned: countersigned receipts for ``me``, by job, by day (UTC) and in total, in dollars."""
+    """What ``me`` earned: countersigned receipts for ``me``, by job, by day (UTC) and in total, in dollars (each
+    receipt once: ``collect.unique``)."""
+    entries = unique(entries)
     by_job: dict[str, float] = defaultdict(float)
     by_day: dict[str, float] = defaultdict(float)
     seconds = flops = 0.0
@@ -191,7 +194,9 @@ def earnings(entries: Iterable[SignedReceipt], me: str) -> dict[str, Any]:
 
 def bill(entries: Iterable[SignedReceipt], job_id: str) -> dict[str, Any]:
     """What the job's owner owes: its countersigned receipts by device (receipts a device did not countersign
-    are listed apart and not owed)."""
+    are listed apart and not owed). Each receipt counts once (``collect.unique``): the owner's ledger can hold
+    the leader's copy and the device's countersigned one."""
+    entries = unique(entries)
     by_device: dict[str, float] = defaultdict(float)
     unaccepted = 0
     seconds = 0.0

@@ -12,7 +12,10 @@ I/O only; every decision is a pure call into ``arceusd.market.needs`` / ``policy
 - opens and verifies the ledger at start (a ledger that does not verify is reported in ``status`` and the log
   and receives nothing), issues receipts at the leader's committed checkpoints (``hooks.on_commit``), sends
   each to its device to countersign (:class:`~protocol.market_wire.ReceiptOffer`) and countersigns the ones
-  it receives after checking them against its own worker's record.
+  it receives after checking them against its own worker's record;
+- as a job's owner, once the job ended, asks the job's leaders and devices for the receipts they keep for it and
+  keeps the ones its ledger lacks (``arceusd.market.collect``: after a standby took the job over, that leader
+  signed them), so ``arceusd bill`` is complete; as a keeper, answers those requests from the job's owner only.
 It reads the jobs through the job manager's plain attributes (``node.jobs.jobs``: a job's spec, owner,
 leader, members, plan, shares, step, epoch) and its public ``offer()``; it changes jobs only through the
 control methods ``join`` and ``leave``.
@@ -29,6 +32,7 @@ from typing import Any
 import trio
 
 from arceusd.control import RequestError
+from arceusd.market.collect import MAX_PAGES_PER_PEER, MAX_PEERS, ROUNDS_S, accept, kept_for, new_ones, page
 from arceusd.market.ledger import Ledger, LedgerError
 from arceusd.market.needs import DeviceOffer, JobNeeds, demand_in_view, match, pay
 from arceusd.market.policy import Policy, PolicyError, owner_back
@@ -47,7 +51,7 @@ from arceusd.market.receipts import (
     sign_leader,
 )
 from arceusd.node import Node
-from protocol.market_wire import ReceiptOffer, ReceiptReply
+from protocol.market_wire import ReceiptBatch, ReceiptOffer, ReceiptReply, ReceiptsRequest
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +94,8 @@ class Market:
         self.left_for_owner: list[dict[str, Any]] = []
         self.reoffers: list[dict[str, Any]] = []
         self.nursery: trio.Nursery | None = None
+        self.collecting: set[str] = set()  # owned jobs whose receipts are being (or were) collected
+        self.collected: dict[str, dict[str, int]] = {}  # job -> {"kept": n, "refused": n}: for status
 
     def _load(self) -> Policy:
         try:
@@ -218,6 +224,7 @@ class Market:
                 self.since[job.job_id] = time.time()
             if job.state == "running" and job.job_id not in self.running_since:
                 self.running_since[job.job_id] = time.time()
+        self.collect_ended_jobs()
         if owner_back(self.policy, self.snapshot):
             await self.owner_is_back()
         else:
@@ -325,12 +332,78 @@ class Market:
         self._append(both)
         return ReceiptReply(me.public_key_raw, both.device_sig)
 
+    # --- the owner's copy of its jobs' receipts ------------------------------------------------------------------
+    def collect_ended_jobs(self) -> None:
+        """Start collecting the receipts of every job this device owns that has ended (once per job)."""
+        me = self.node.identity.peer_id
+        for job in list(getattr(self.node.jobs, "jobs", {}).values()):
+            if job.owner == me and job.state in TERMINAL and job.job_id not in self.collecting and self.nursery:
+                self.collecting.add(job.job_id)
+                self.nursery.start_soon(self.collect, job)
+
+    async def collect(self, job: Any) -> None:
+        """Rounds at :data:`collect.ROUNDS_S` after the end: ask the job's leaders, then its devices."""
+        began = trio.current_time()
+        for at in ROUNDS_S:
+            await trio.sleep_until(began + at)
+            try:
+                await self._collect_round(job)
+            except Exception:  # the market must never take the daemon down
+                log.exception("job %s: collecting receipts failed", job.job_id[:12])
+
+    async def _collect_round(self, job: Any) -> None:
+        me = self.node.identity.peer_id
+        leaders = set(job.leaders) | {job.owner}
+        asked: set[str] = {me}
+        for phase in ("leaders", "devices"):
+            known = [s for s in self.ledger.entries if s.receipt.job_id == job.job_id]
+            if phase == "leaders":
+                peers = sorted(leaders - asked)
+            else:
+                peers = sorted(({s.receipt.device for s in known} | set(job.members)) - asked)
+            for peer in peers[: max(0, MAX_PEERS - len(asked) + 1)]:
+                asked.add(peer)
+                got = await self._fetch_receipts(job, peer, leaders)
+                have = [s for s in self.ledger.entries if s.receipt.job_id == job.job_id]
+                for s in new_ones(have, got):
+                    self._append(s)
+                    self.collected.setdefault(job.job_id, {"kept": 0, "refused": 0})["kept"] += 1
+
+    async def _fetch_receipts(self, job: Any, peer: str, leaders: set[str]) -> list[SignedReceipt]:
+        """Every receipt ``peer`` keeps for the job (pages, bounded), each checked (``collect.accept``)."""
+        member = self.node.peers.membership.members.get(peer)
+        offer = job.members.get(peer)
+        address = member.address if member is not None and member.address else getattr(offer, "address", "")
+        if not address:
+            return []
+        out: list[SignedReceipt] = []
+        start = 0
+        for _ in range(MAX_PAGES_PER_PEER):
+            reply = await self.node.peers.request(address, peer, ReceiptsRequest(job.job_id, start), RECEIPT_TIMEOUT_S,
+                                                  job_id=job.job_id)  # fmt: skip
+            if not isinstance(reply, ReceiptBatch) or reply.job_id != job.job_id:
+                break
+            for entry in reply.entries:
+                try:
+                    out.append(accept(entry, job.job_id, self.node.identity.peer_id, leaders))
+                except ReceiptError as exc:
+                    self.collected.setdefault(job.job_id, {"kept": 0, "refused": 0})["refused"] += 1
+                    log.warning("job %s: not keeping a receipt from %s: %s", job.job_id[:12], peer[:12], exc)
+            if not reply.more or not reply.entries:
+                break
+            start += len(reply.entries)
+        return out
+
+    async def on_receipts_request(self, header: Any, msg: ReceiptsRequest) -> ReceiptBatch:
+        """The receipts this device keeps for the job, for the job's owner only (the one whose receipts they are)."""
+        return page(kept_for(self.ledger.entries, msg.job_id, header.sender), msg.job_id, msg.start)
+
     def status(self) -> dict[str, Any]:
         return {"ledger": {"path": str(self.ledger.path), "ok": self.ledger.verified.ok,
                            "error": self.ledger.verified.error, "receipts": len(self.ledger.entries)},
                 "machine": asdict(self.snapshot), "owner_back": owner_back(self.policy, self.snapshot),
                 "left_for_owner": self.left_for_owner[-20:], "reoffers": self.reoffers[-20:],
-                "deferred": sorted(self.deferred)}  # fmt: skip
+                "deferred": sorted(self.deferred), "collected": self.collected}  # fmt: skip
 
 
 def decode_body(s: SignedReceipt) -> bytes:
@@ -353,6 +426,7 @@ async def serve_market(node: Node, *, task_status: trio.TaskStatus[None] = trio.
     node.sections["market"] = market.status
     if node.peers is not None:
         node.peers.register(ReceiptOffer, market.on_receipt)
+        node.peers.register(ReceiptsRequest, market.on_receipts_request)
     await market.sample()
     async with trio.open_nursery() as nursery:
         market.nursery = nursery

@@ -162,3 +162,62 @@ def test_owner_back_leaves_within_2s_and_the_job_ends_as_the_failure_free_run(sw
     if after:
         assert offers[0]["accepted"], after
         assert sum(r.steps for r in after) <= end["step"] - min(r.step_from for r in after)
+
+
+def bill_and_earnings(s: LocalSwarm, job_id: str) -> tuple[dict[str, Any], list[float]]:
+    bill = json.loads(cli(s.state_dir(0), "bill", job_id, "--json").stdout)
+    earned = [json.loads(cli(s.state_dir(i), "earnings", "--json").stdout)["by_job"].get(job_id, 0.0)
+              for i in range(s.size)]  # fmt: skip
+    return bill, earned
+
+
+@pytest.mark.timeout(400)
+def test_after_a_standby_took_over_the_owners_bill_still_equals_the_devices_earnings(tmp_path: Path) -> None:
+    """SIGKILL the owner (the leader) mid-job: its standby takes over and signs the rest of the receipts. The owner,
+    restarted, joins that leader; once the job ended it collects the receipts the leader and the devices keep, and
+    its bill equals the sum of the three devices' earnings for the job, the new leader's receipts included."""
+    import signal
+
+    from arceusd.market.ledger import verify_file
+    from tests.integration.test_recovery import index_of
+
+    s = LocalSwarm(tmp_path / "swarm", 3, ["--auto-join"], preset="local",
+                   env={"ARCEUSD_FAILPOINTS": "worker.step=sleep:0.15"})  # fmt: skip
+    try:
+        start(s, {})
+        spec = write_spec(tmp_path, steps=240, interval=20)
+        job_id = submit(s, spec, members=3)
+        owner_view = wait_step(s, job_id, 50, timeout=120)
+        standby = str(owner_view["standby"])
+        k = index_of(s, standby)
+        wait_for(lambda: s.call(k, "job", {"job_id": job_id})["standby_ready"]
+                 and s.call(k, "job", {"job_id": job_id})["committed_step"] >= 40, 60, 0.1,
+                 "the standby holds the data and a committed checkpoint")  # fmt: skip
+        s.signal(0, signal.SIGKILL)
+        s.wait(0, timeout=10)
+        wait_for(lambda: job_of(s, job_id, k)["leader"] == standby and job_of(s, job_id, k)["state"] == "running",
+                 60, 0.1, "the standby leads")  # fmt: skip
+        s.restart(0)
+        end = wait_end(s, job_id, timeout=240, index=k)
+        assert end["state"] == "done" and end["leader"] == standby, end
+        wait_for(lambda: job_of(s, job_id, 0)["state"] == "done" or None, 60, 0.2, "the owner has the end")
+
+        def settled() -> tuple[dict[str, Any], list[float]] | None:
+            bill, earned = bill_and_earnings(s, job_id)
+            ok = bill.get("total_usd", 0) > 0 and abs(bill["total_usd"] - sum(earned)) <= 1e-12
+            return (bill, earned) if ok else None
+
+        try:
+            bill, earned = wait_for(settled, 60, 1.0, "the owner's bill equals the devices' earnings")
+        except AssertionError:
+            raise AssertionError(f"bill and earnings differ: {bill_and_earnings(s, job_id)}") from None
+        assert all(e > 0 for e in earned), earned
+        kept = verify_file(s.state_dir(0) / "ledger.jsonl")
+        assert kept.ok, kept.error
+        by_new_leader = [e for e in kept.entries if e.receipt.job_id == job_id and e.receipt.leader == standby]
+        assert by_new_leader and all(e.countersigned for e in by_new_leader), "the new leader's receipts reached it"
+        assert max(e.receipt.step_to for e in by_new_leader) == 240, "up to the final checkpoint"
+        assert set(bill["by_device"]) == {s.call(i, "status")["peer_id"] for i in range(3)}
+        assert s.call(0, "status")["market"]["collected"][job_id]["refused"] == 0
+    finally:
+        s.close()
