@@ -158,7 +158,9 @@ def test_planning_16_devices_48_blocks_is_fast() -> None:
     p = plan(inputs)
     elapsed = time.process_time() - start
     check_plan_invariants(p, inputs)
-    assert elapsed < 1.0, f"planning 16 devices x 48 blocks took {elapsed:.2f} s"
+    # 0.87-0.97 s of CPU here with the machine's two cores oversubscribed (contention inflates CPU time too);
+    # the bound is a wide margin over that, to catch a planner that became slower by a factor, not noise
+    assert elapsed < 3.0, f"planning 16 devices x 48 blocks took {elapsed:.2f} s of CPU"
 
 
 def _dev(pid: str, flops: float, mem: int) -> DeviceProfile:
