@@ -16,9 +16,9 @@ from typing import Any
 
 import trio
 
+from arceusd.jobs.core.states import TERMINAL
 from arceusd.jobs.supervisor import WorkerProcess
 
-TERMINAL = frozenset({"done", "failed", "cancelled"})
 STAGE_WINDOW = 20
 """Steps over which ``arceusd status JOB`` reports this device's measured step time and link waits."""
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from arceusd.jobs.core.states import TERMINAL
+
 FINAL_COMMIT_ATTEMPTS = 3
 """How many times the leader tries to commit the final checkpoint before the job fails."""
 
@@ -24,7 +26,7 @@ COMMIT_RETRY_S = (1.0, 3.0)
 GO_ATTEMPTS = 2
 """How many times ``go`` is sent to a member that did not acknowledge it before the plan is restarted."""
 
-TERMINAL_STATES = frozenset({"done", "failed", "cancelled"})
+TERMINAL_STATES = TERMINAL
 
 
 @dataclass(frozen=True, slots=True)

@@ -58,6 +58,7 @@ from arceusd.announce_guard import AnnounceGuard
 from arceusd.control import RequestError
 from arceusd.jobs import filework, leadership, lifecycle
 from arceusd.jobs.control_methods import ControlMethods
+from arceusd.jobs.core import MAX_RESTARTS_PER_CHECKPOINT
 from arceusd.jobs.job import TERMINAL, Job
 from arceusd.jobs.local_worker import LocalWorker, worker_device
 from arceusd.jobs.manager_base import OWNER_FILE
@@ -88,9 +89,6 @@ log = logging.getLogger(__name__)
 
 REJOIN_GRACE_S = 15.0
 """After the owner restarts, how long it waits for the job's old members to join again before planning."""
-
-MAX_RESTARTS_PER_CHECKPOINT = 4
-"""Repartitions that resume from the same checkpoint before the job is declared failed."""
 
 LINK_TTL_S = 600.0
 """How long a measured link (round trip, bandwidth, per-message cost) is used for plans before it is measured

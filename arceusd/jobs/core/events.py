@@ -1,0 +1,239 @@
+"""What happens to a job, as the job core (:class:`arceusd.jobs.core.machine.JobCore`) is told it.
+
+The driver (:class:`arceusd.jobs.manager.JobManager`) turns messages, membership changes, worker events, timers
+and the results of the actions it carried out into these; each is a frozen value, so a test writes a job's life
+as a list of them. Peers are peer ids (hex strings); stamps are the ``(term, epoch)`` of the plan an event is
+about: the core drops results of an older plan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from arceusd.jobs.core.states import Stamp
+
+
+# ------------------------------------------------------------------------------------------------ membership
+@dataclass(frozen=True, slots=True)
+class MemberJoined:
+    """Leader: ``peer`` asked to join and its offer is usable."""
+
+    peer: str
+
+
+@dataclass(frozen=True, slots=True)
+class MemberDead:
+    """Membership declared ``peer`` dead, or saw it leave the network (``how``: ``dead`` or ``left``)."""
+
+    peer: str
+    how: str = "dead"
+
+
+@dataclass(frozen=True, slots=True)
+class MemberLeft:
+    """Leader: ``peer`` left this job (``arceusd leave``), telling us so."""
+
+    peer: str
+
+
+@dataclass(frozen=True, slots=True)
+class MembersReachable:
+    """Leader, while it repartitions: the old plan's members whose daemon answered (and members that joined
+    since and are live); everyone else is dropped from the job until it comes back."""
+
+    stamp: Stamp
+    peers: frozenset[str]
+
+
+# ------------------------------------------------------------------------------------------------ planning
+@dataclass(frozen=True, slots=True)
+class PlanFound:
+    """Leader: the partitioner placed the model on ``peers`` (plan order); ``shards`` checkpoint shards are
+    expected per checkpoint; ``standby`` stands by to lead ('' for none)."""
+
+    peers: tuple[str, ...]
+    shards: int
+    standby: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class NoPlanFits:
+    """Leader: no plan fits the members' offers (``reason`` says why)."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class StartAnswered:
+    """Leader: every member of plan ``stamp`` answered its start (or the start was cut short); ``refusals``
+    are ``(peer, why)`` of the ones that refused or failed (peer '' for the start being cut short)."""
+
+    stamp: Stamp
+    refusals: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class GoAnswered:
+    """Leader: a round of ``go`` for plan ``stamp`` ended; ``unacknowledged`` maps peer -> why (refused, or no
+    answer)."""
+
+    stamp: Stamp
+    unacknowledged: Mapping[str, str] = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------------------------------------ reports
+@dataclass(frozen=True, slots=True)
+class ShardReport:
+    """One worker's checkpoint shard: its file name, SHA-256 (hex) and size in bytes."""
+
+    name: str
+    sha256: str
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointReported:
+    """Leader: ``peer``'s worker of plan ``stamp`` wrote its shard of checkpoint ``step``."""
+
+    stamp: Stamp
+    peer: str
+    step: int
+    shard: ShardReport
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerFailed:
+    """Leader: ``peer``'s worker of plan ``stamp`` failed (``lost``: exited without saying why)."""
+
+    stamp: Stamp
+    peer: str
+    message: str
+    lost: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class CommitDone:
+    """Leader: checkpoint ``step`` of plan ``stamp`` is committed under a signed manifest."""
+
+    stamp: Stamp
+    step: int
+
+
+@dataclass(frozen=True, slots=True)
+class CommitFailed:
+    """Leader: committing checkpoint ``step`` of plan ``stamp`` failed with ``error``."""
+
+    stamp: Stamp
+    step: int
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class ExportDone:
+    """The model is saved at ``path``."""
+
+    path: str
+
+
+@dataclass(frozen=True, slots=True)
+class ExportFailed:
+    error: str
+
+
+# ------------------------------------------------------------------------------------------------ commands
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """Time passed (the gather deadline after the owner's restart is judged on the ``now`` given with it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    """The owner (or the leader) cancels the job."""
+
+    reason: str = "cancelled by the owner"
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerStarted:
+    """Member: this device's worker for plan ``stamp`` started (it waits for ``go``)."""
+
+    stamp: Stamp
+
+
+@dataclass(frozen=True, slots=True)
+class GoReceived:
+    """Member: the leader's ``go`` for plan ``stamp``."""
+
+    stamp: Stamp
+
+
+@dataclass(frozen=True, slots=True)
+class StopReceived:
+    """Member: the leader stopped the plan (``reason``: ``replanning``, or the state the job ended in)."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderGone:
+    """Member: membership declared the leader dead or gone (``how``)."""
+
+    how: str = "dead"
+
+
+# ------------------------------------------------------------------------------------------------ leadership
+@dataclass(frozen=True, slots=True)
+class TakeoverElected:
+    """The job's election made this device leader at ``term`` (``holds_data``: it has a checked copy of the
+    data, i.e. it is the plan's standby)."""
+
+    term: int
+    holds_data: bool
+
+
+@dataclass(frozen=True, slots=True)
+class TakeoverReady:
+    """The standby gathered what it leads with: the surviving ``members`` and its newest intact checkpoint."""
+
+    members: frozenset[str]
+    committed_step: int
+
+
+@dataclass(frozen=True, slots=True)
+class OtherElected:
+    """The job's election made ``peer`` leader at ``term``: a leader steps down."""
+
+    peer: str
+    term: int
+
+
+@dataclass(frozen=True, slots=True)
+class FollowsOther:
+    """Owner: a member answered that it follows ``leader`` (the owner was replaced while away or stalled)."""
+
+    leader: str
+
+
+@dataclass(frozen=True, slots=True)
+class HandOverAnswered:
+    """Owner: ``leader`` answered our join (``accepted``), or said the job is done (``done``)."""
+
+    leader: str
+    accepted: bool
+    done: bool = False
+
+
+Event = (
+    MemberJoined | MemberDead | MemberLeft | MembersReachable | PlanFound | NoPlanFits | StartAnswered | GoAnswered
+    | CheckpointReported | WorkerFailed | CommitDone | CommitFailed | ExportDone | ExportFailed | Tick | Cancel
+    | WorkerStarted | GoReceived | StopReceived | LeaderGone | TakeoverElected | TakeoverReady | OtherElected
+    | FollowsOther | HandOverAnswered
+)  # fmt: skip
+
+__all__ = [
+    "Cancel", "CheckpointReported", "CommitDone", "CommitFailed", "Event", "ExportDone", "ExportFailed",
+    "FollowsOther", "GoAnswered", "GoReceived", "HandOverAnswered", "LeaderGone", "MemberDead", "MemberJoined",
+    "MemberLeft", "MembersReachable", "NoPlanFits", "OtherElected", "PlanFound", "ShardReport", "StartAnswered",
+    "StopReceived", "TakeoverElected", "TakeoverReady", "Tick", "WorkerFailed", "WorkerStarted",
+]  # fmt: skip

@@ -1,0 +1,425 @@
+"""The job core: one job's lifecycle as a pure state machine (no I/O, no trio, no clock but the ``now`` it is
+given), in the style of :mod:`arceusd.membership.swim` and :mod:`arceusd.election`.
+
+:class:`JobCore` holds what this device knows of one job (state, stamp, leader, committed step) and, while it
+leads, the leader's own state (:class:`LeaderState`: members, plan, reports, restarts, commit and ``go``
+attempts). :meth:`JobCore.handle` takes an event (:mod:`arceusd.jobs.core.events`) and returns the actions
+(:mod:`arceusd.jobs.core.actions`) for the driver to carry out; every transition is decided here. Results of an
+older plan (a stamp that is not the current one) are dropped, and a job in a terminal state takes no event.
+
+The decisions at a job's edges come from :mod:`arceusd.jobs.lifecycle` (a failed final commit is retried, then
+fails the job; a lost ``go`` is resent, then the plan restarts; an ended job leaves its election) and
+:mod:`arceusd.jobs.leadership` (whom a member obeys; a member that follows someone else makes the owner hand
+over). The restart limit is :data:`MAX_RESTARTS_PER_CHECKPOINT`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from arceusd.jobs import leadership, lifecycle
+from arceusd.jobs.core import actions as a
+from arceusd.jobs.core import events as e
+from arceusd.jobs.core.states import LEADING_STATES, TERMINAL, JobState, Role, Stamp
+
+MAX_RESTARTS_PER_CHECKPOINT = 4
+"""Repartitions that resume from the same checkpoint before the job is declared failed."""
+
+FIRST_STAMP = Stamp(1, 0)
+"""A new job's stamp: term 1, no plan yet."""
+
+REBALANCE_REASON = "rebalancing onto the member(s) that joined"
+
+
+@dataclass
+class LeaderState:
+    """What only the job's leader keeps."""
+
+    members: set[str] = field(default_factory=set)
+    min_members: int = 1
+    plan: tuple[str, ...] = ()  # the current plan's members, in plan order ('' when none)
+    shards: int = 0  # checkpoint shards per checkpoint under the plan
+    standby: str = ""
+    resuming: bool = False
+    reports: dict[int, dict[str, e.ShardReport]] = field(default_factory=dict)
+    restart_reason: str = ""
+    rebalance: bool = False
+    restarts_at: dict[int, int] = field(default_factory=dict)  # committed step -> restarts that resumed there
+    commit_attempts: dict[int, int] = field(default_factory=dict)  # step -> failed attempts
+    go_attempts: int = 0
+    gather_until: float = 0.0  # after the owner's restart: plan at this time even if not every member is back
+    expected: frozenset[str] = frozenset()
+    stale_reports: int = 0
+
+
+@dataclass
+class JobCore:
+    """One job as this device knows it. ``me``: this device's peer id. Build a leader with :meth:`owned`."""
+
+    me: str
+    owner: str
+    total_steps: int
+    role: Role = Role.SEEN
+    state: JobState = JobState.ANNOUNCED
+    stamp: Stamp = FIRST_STAMP
+    leader: str = ""
+    committed_step: int = 0
+    error: str = ""
+    leaders: set[str] = field(default_factory=set)
+    lead: LeaderState | None = None
+    went: int = -1  # the epoch this device's worker was let go in (a repeated go is a no-op)
+
+    def __post_init__(self) -> None:
+        self.leader = self.leader or self.owner
+        self.leaders.add(self.owner)
+
+    @classmethod
+    def owned(
+        cls, me: str, total_steps: int, *, min_members: int = 1, stamp: Stamp = FIRST_STAMP, committed_step: int = 0,
+        gather_until: float = 0.0, expected: frozenset[str] = frozenset(),
+    ) -> JobCore:  # fmt: skip
+        """A job this device submitted (or restored after its restart: ``gather_until`` waits for ``expected``)."""
+        core = cls(me, me, total_steps, Role.OWNER, JobState.WAITING, stamp, me, committed_step)
+        core.lead = LeaderState({me}, min_members, gather_until=gather_until, expected=expected - {me})
+        return core
+
+    # ------------------------------------------------------------------------------------------ queries
+    @property
+    def leads(self) -> bool:
+        return self.leader == self.me and self.lead is not None
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL
+
+    def judge(self, sender: str, stamp: Stamp, *, epochs: bool = True) -> leadership.Verdict:
+        """A member's verdict on a leader command stamped ``stamp`` (:func:`leadership.judge_command`)."""
+        return leadership.judge_command(sender, stamp.term, stamp.epoch, self.leader, self.stamp.term,
+                                        self.stamp.epoch, epochs)  # fmt: skip
+
+    def follow(self, leader: str, stamp: Stamp | None = None) -> None:
+        """Follow ``leader`` (the election made it leader, or we joined it); a leader that follows another
+        stops leading."""
+        self.leader = leader
+        self.leaders.add(leader)
+        if stamp is not None:
+            self.stamp = stamp
+        if leader != self.me:
+            self.lead = None if self.role != Role.OWNER else self.lead
+
+    # ------------------------------------------------------------------------------------------ events
+    def handle(self, event: e.Event, now: float) -> list[a.Action]:
+        """Feed one event that happened at ``now``; the actions to carry out, in order."""
+        if self.terminal:
+            return [a.Refuse(f"the job is {self.state.value}")] if isinstance(event, e.GoReceived) else []
+        if isinstance(event, e.Cancel):
+            return self._finish(JobState.CANCELLED, event.reason)
+        if isinstance(event, (e.GoReceived, e.StopReceived, e.WorkerStarted, e.LeaderGone)):
+            return self._as_member(event)
+        if isinstance(event, (e.TakeoverElected, e.TakeoverReady, e.OtherElected, e.FollowsOther,
+                              e.HandOverAnswered)):  # fmt: skip
+            return self._leadership(event)
+        if not self.leads:
+            return []
+        return self._as_leader(event, now)
+
+    # ------------------------------------------------------------------------------------------ member
+    def _as_member(self, event: e.Event) -> list[a.Action]:
+        if isinstance(event, e.WorkerStarted):
+            if event.stamp == self.stamp:
+                self.state = JobState.STARTING
+            return []
+        if isinstance(event, e.GoReceived):
+            if event.stamp.epoch != self.stamp.epoch:
+                return [a.Refuse(f"go for epoch {event.stamp.epoch}, but this device started epoch "
+                                 f"{self.stamp.epoch}")]  # fmt: skip
+            if self.went == self.stamp.epoch:
+                return []  # a go sent again after a lost answer
+            self.went = self.stamp.epoch
+            self.state = JobState.RUNNING
+            return [a.LetWorkerGo(self.stamp)]
+        if isinstance(event, e.StopReceived):
+            try:
+                self.state = JobState(event.reason) if event.reason else JobState.STOPPED
+            except ValueError:
+                self.state = JobState.STOPPED
+            out: list[a.Action] = [a.StopWorkers(self.stamp, (), self.state.value)]
+            return out + ([a.UntrackElection()] if self.terminal else [])
+        if isinstance(event, e.LeaderGone) and not self.leads:
+            self.state = JobState.PAUSED
+            self.error = f"the job's leader {self.leader[:12]} is {event.how}"
+            return [a.StopWorkers(self.stamp, (), "paused"), a.Pause(self.error)]
+        return []
+
+    # ------------------------------------------------------------------------------------------ leadership
+    def _leadership(self, event: e.Event) -> list[a.Action]:
+        if isinstance(event, e.TakeoverElected):
+            if self.leads:
+                return []
+            if not event.holds_data:
+                return []  # only the standby, which holds the data, can lead
+            return [a.PrepareTakeover(self.leader)]
+        if isinstance(event, e.TakeoverReady):
+            if self.leads:
+                return []
+            old = self.leader
+            self.leader = self.me
+            self.leaders.add(self.me)
+            self.committed_step = event.committed_step
+            self.state = JobState.RUNNING
+            self.lead = LeaderState(set(event.members) | {self.me}, 1)
+            return self._request_restart(f"the leader {old[:12]} is gone; its standby {self.me[:12]} took over")
+        if isinstance(event, e.OtherElected):
+            if event.peer == self.me or not self.leads:
+                return []
+            self.leader = event.peer
+            self.leaders.add(event.peer)
+            self.state, self.error = JobState.PAUSED, f"{event.peer[:12]} leads the job now"
+            self.lead = None if self.role != Role.OWNER else self.lead
+            return [a.CancelStart(), a.StopWorkers(self.stamp, (), "paused"), a.Pause(self.error)]
+        if isinstance(event, e.FollowsOther):
+            if not self.leads or self.role != Role.OWNER or event.leader == self.me:
+                return []
+            return [a.HandOver(event.leader)]
+        if isinstance(event, e.HandOverAnswered):
+            if not self.leads or self.role != Role.OWNER:
+                return []
+            if not (event.accepted or event.done):
+                return self._request_restart(f"members follow {event.leader[:12]}, who did not take us in")
+            self.leader = event.leader
+            self.leaders.add(event.leader)
+            # Terms and epochs count the leader's commands; ours say nothing about the new leader's.
+            self.stamp = Stamp(0, 0)
+            self.lead = None
+            out: list[a.Action] = [a.CancelStart(), a.StopWorkers(self.stamp, (), "joined")]
+            if event.done:
+                self.state = JobState.DONE
+                self.error = (f"the job finished on {event.leader[:12]}, which took over as its leader; the model "
+                              "is there")  # fmt: skip
+                return [*out, a.UntrackElection(), a.Persist()]
+            self.state = JobState.JOINED
+            self.error = f"{event.leader[:12]} leads the job (its standby took over while this device was away)"
+            return [*out, a.Persist()]
+        return []
+
+    # ------------------------------------------------------------------------------------------ leader
+    def _as_leader(self, event: e.Event, now: float) -> list[a.Action]:
+        lead = self.lead
+        assert lead is not None
+        if isinstance(event, e.MemberJoined):
+            new = event.peer not in lead.members
+            lead.members.add(event.peer)
+            if new and self.state in LEADING_STATES:
+                lead.rebalance = True  # it gets work at the next checkpoint
+            return self._maybe_plan(now)
+        if isinstance(event, e.Tick):
+            return self._maybe_plan(now)
+        if isinstance(event, (e.MemberDead, e.MemberLeft)):
+            how = "left the job" if isinstance(event, e.MemberLeft) else f"is {event.how}"
+            in_plan = event.peer in lead.plan
+            if isinstance(event, e.MemberLeft) or self.state in (
+                JobState.WAITING,
+                JobState.PAUSED,
+                JobState.RECOVERING,
+            ):
+                lead.members.discard(event.peer)
+            if in_plan or self.state == JobState.RECOVERING:
+                return self._request_restart(f"member {event.peer[:12]} {how}")
+            return []
+        if isinstance(event, e.MembersReachable):
+            if event.stamp != self.stamp or self.state != JobState.RECOVERING:
+                return []
+            lead.members = {p for p in lead.members if p in event.peers or p == self.me}
+            return self._plan()
+        if isinstance(event, e.PlanFound):
+            return self._plan_found(event)
+        if isinstance(event, e.NoPlanFits):
+            if self.state != JobState.PLANNING:
+                return []
+            resuming = lead.resuming
+            self.state = JobState.PAUSED if resuming else JobState.WAITING
+            self.error = f"no plan fits the {len(lead.members)} member(s): {event.reason}" + (
+                "; paused until more capacity joins" if resuming else "")  # fmt: skip
+            lead.min_members = len(lead.members) + 1
+            return [a.Pause(self.error), a.Persist()] if resuming else [a.Persist()]
+        if isinstance(event, e.StartAnswered):
+            return self._start_answered(event)
+        if isinstance(event, e.GoAnswered):
+            return self._go_answered(event)
+        if isinstance(event, e.WorkerFailed):
+            if event.stamp != self.stamp:
+                lead.stale_reports += 1
+                return [a.Refuse(self._stale(event.stamp))]
+            verb = "was lost" if event.lost else "failed"
+            return self._request_restart(f"worker on {event.peer[:12]} {verb}: {event.message[:300]}")
+        if isinstance(event, e.CheckpointReported):
+            return self._checkpoint(event)
+        if isinstance(event, e.CommitDone):
+            return self._commit_done(event)
+        if isinstance(event, e.CommitFailed):
+            return self._commit_failed(event)
+        if isinstance(event, e.ExportDone):
+            return self._finish(JobState.DONE, "")
+        if isinstance(event, e.ExportFailed):
+            return self._finish(JobState.FAILED, f"exporting the model failed: {event.error}")
+        return []
+
+    def _stale(self, stamp: Stamp) -> str:
+        return f"report from outside the current plan epoch ({stamp.epoch}; now {self.stamp.epoch})"
+
+    def _enough(self, now: float) -> bool:
+        lead = self.lead
+        assert lead is not None
+        if lead.gather_until:  # resuming after our own restart: wait for the old members, not for long
+            return lead.expected <= lead.members or now >= lead.gather_until
+        return len(lead.members) >= lead.min_members
+
+    def _maybe_plan(self, now: float) -> list[a.Action]:
+        out: list[a.Action] = [a.Announce()] if self.role == Role.OWNER else []
+        if self.state in (JobState.WAITING, JobState.PAUSED) and self._enough(now):
+            assert self.lead is not None
+            self.lead.gather_until = 0.0
+            if self.state == JobState.PAUSED:
+                out.append(a.Resume())
+            return out + self._plan()
+        return out
+
+    def _plan(self) -> list[a.Action]:
+        lead = self.lead
+        assert lead is not None
+        lead.resuming = self.state in (JobState.RECOVERING, JobState.PAUSED) or self.committed_step > 0
+        self.state = JobState.PLANNING
+        return [a.Plan(frozenset(lead.members), lead.resuming)]
+
+    def _plan_found(self, event: e.PlanFound) -> list[a.Action]:
+        lead = self.lead
+        assert lead is not None
+        if self.state != JobState.PLANNING:
+            return []
+        if self.me not in event.peers:
+            return self._finish(JobState.FAILED, "the plan leaves out the leader, who serves the data")
+        self.stamp = self.stamp.next_epoch()
+        self.state = JobState.STARTING
+        lead.plan, lead.shards, lead.standby = event.peers, event.shards, event.standby
+        lead.reports, lead.go_attempts, lead.restart_reason = {}, 0, ""
+        ranking = (self.me, event.standby) if event.standby else (self.me,)
+        return [a.TrackElection(event.peers, ranking), a.SendStart(self.stamp, event.peers, lead.resuming)]
+
+    def _start_answered(self, event: e.StartAnswered) -> list[a.Action]:
+        lead = self.lead
+        assert lead is not None
+        if event.stamp != self.stamp or self.state != JobState.STARTING:
+            return []
+        outcome = leadership.start_outcome(self.me, event.refusals)
+        if isinstance(outcome, leadership.HandOver):
+            self.state = JobState.RUNNING  # the restart path if the hand-over does not happen
+            return [a.HandOver(outcome.leader)] if self.role == Role.OWNER else self._request_restart(
+                f"members follow {outcome.leader[:12]}")  # fmt: skip
+        if isinstance(outcome, leadership.Restart):
+            if lead.resuming or lead.restart_reason:
+                self.state = JobState.RUNNING
+                return self._request_restart(outcome.reason)
+            return self._finish(JobState.FAILED, outcome.reason)
+        lead.go_attempts = 1
+        return [a.SendGo(self.stamp, lead.plan)]
+
+    def _go_answered(self, event: e.GoAnswered) -> list[a.Action]:
+        lead = self.lead
+        assert lead is not None
+        if event.stamp != self.stamp or self.state != JobState.STARTING:
+            return []
+        decided = lifecycle.after_go(event.unacknowledged, lead.go_attempts)
+        if isinstance(decided, lifecycle.ResendGo):
+            lead.go_attempts += 1
+            return [a.SendGo(self.stamp, decided.peers)]
+        if isinstance(decided, lifecycle.RestartPlan):
+            self.state = JobState.RUNNING
+            return self._request_restart(decided.reason)
+        self.state, self.error = JobState.RUNNING, ""
+        return [a.Persist()]
+
+    def _checkpoint(self, event: e.CheckpointReported) -> list[a.Action]:
+        lead = self.lead
+        assert lead is not None
+        if event.stamp != self.stamp or event.peer not in lead.plan:
+            lead.stale_reports += 1
+            return [a.Refuse(self._stale(event.stamp))]
+        if event.step <= self.committed_step or event.step > self.total_steps:
+            return [a.Refuse(f"checkpoint {event.step} is not after the committed step {self.committed_step} "
+                             f"and within the job's {self.total_steps} steps")]  # fmt: skip
+        reports = lead.reports.setdefault(event.step, {})
+        complete_before = len(reports) >= lead.shards
+        reports[event.peer] = event.shard
+        if len(reports) >= lead.shards and not complete_before:
+            return [a.Commit(self.stamp, event.step, dict(reports))]
+        return []
+
+    def _commit_done(self, event: e.CommitDone) -> list[a.Action]:
+        lead = self.lead
+        assert lead is not None
+        if event.stamp != self.stamp:
+            return []
+        self.committed_step = max(self.committed_step, event.step)
+        for done in [s for s in lead.reports if s <= event.step]:
+            del lead.reports[done]
+        lead.commit_attempts.pop(event.step, None)
+        if event.step >= self.total_steps:
+            return [a.Export(event.step)]
+        out: list[a.Action] = [a.SyncStandby(event.step)] if lead.standby else []
+        if lead.rebalance:
+            out += self._request_restart(REBALANCE_REASON)
+        return out
+
+    def _commit_failed(self, event: e.CommitFailed) -> list[a.Action]:
+        lead = self.lead
+        assert lead is not None
+        if event.stamp != self.stamp:
+            return []
+        attempt = lead.commit_attempts.get(event.step, 0) + 1
+        lead.commit_attempts[event.step] = attempt
+        decided = lifecycle.after_commit_failure(event.step, self.total_steps, attempt, event.error)
+        if isinstance(decided, lifecycle.RetryCommit):
+            shards = lead.reports.get(event.step, {})
+            return [a.Commit(self.stamp, event.step, dict(shards), decided.delay_s)]
+        if isinstance(decided, lifecycle.FailJob):
+            return self._finish(JobState.FAILED, decided.error)
+        self.error = decided.error
+        return []
+
+    def _request_restart(self, reason: str) -> list[a.Action]:
+        """Repartition: stop the plan's workers and plan again over the members that still answer, from the
+        newest committed checkpoint; a job that keeps failing at the same checkpoint fails."""
+        lead = self.lead
+        if lead is None or self.terminal or self.state in (JobState.WAITING, JobState.PAUSED):
+            return []
+        if self.state == JobState.RECOVERING:
+            return []  # already repartitioning (the first reason wins): the members that answer are planned over
+        lead.restart_reason = reason
+        tries = lead.restarts_at.get(self.committed_step, 0) + 1
+        lead.restarts_at[self.committed_step] = tries
+        if tries > MAX_RESTARTS_PER_CHECKPOINT:
+            return [a.CancelStart(), *self._finish(JobState.FAILED, f"{reason} (gave up after {tries - 1} "
+                    f"repartitions that made no progress past step {self.committed_step})")]  # fmt: skip
+        old = lead.plan
+        self.state, self.error = JobState.RECOVERING, reason
+        self.stamp = self.stamp.next_term()
+        lead.plan, lead.reports, lead.rebalance = (), {}, False
+        others = tuple(p for p in old if p != self.me and p in lead.members)
+        return [a.CancelStart(), a.StartRecovery(reason, self.stamp.epoch + 1),
+                a.StopWorkers(self.stamp, others, JobState.REPLANNING.value),
+                a.CheckReachable(self.stamp, others)]  # fmt: skip
+
+    def _finish(self, state: JobState, error: str) -> list[a.Action]:
+        """End the job: tell the plan's members (and the owner) when we lead, then leave the election."""
+        peers: tuple[str, ...] = ()
+        if self.lead is not None and self.leads:
+            told = set(self.lead.plan) | ({self.owner} & self.lead.members)
+            peers = tuple(sorted(p for p in told if p != self.me and p in self.lead.members))
+        self.state, self.error = state, error
+        out: list[a.Action] = [a.StopWorkers(self.stamp, peers, state.value), a.Finish(state, error)]
+        if lifecycle.ends_election(state):
+            out.append(a.UntrackElection())
+        return [*out, a.Persist()]
+
+
+__all__ = ["MAX_RESTARTS_PER_CHECKPOINT", "REBALANCE_REASON", "JobCore", "LeaderState"]

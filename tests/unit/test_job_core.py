@@ -1,0 +1,322 @@
+"""The job core (arceusd.jobs.core): every lifecycle path on the pure state machine, no I/O, no trio.
+
+Each test writes a job's life as events and checks the state and the actions the driver would carry out.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TypeVar, cast
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from arceusd.jobs import lifecycle
+from arceusd.jobs.core import MAX_RESTARTS_PER_CHECKPOINT, TERMINAL, JobCore, JobState, Role, Stamp
+from arceusd.jobs.core import actions as a
+from arceusd.jobs.core import events as e
+from arceusd.jobs.leadership import Accept, AskElection, Refuse, refusal
+
+ME, B, C = "a" * 32, "b" * 32, "c" * 32
+SHARD = e.ShardReport("s.pt", "0" * 64, 10)
+
+
+T = TypeVar("T")
+
+
+def state(core: JobCore) -> JobState:
+    """The core's state, read through a call (so the type checker does not narrow it between events)."""
+    return core.state
+
+
+def kinds(actions: list[a.Action]) -> list[type]:
+    return [type(x) for x in actions]
+
+
+def find(actions: list[a.Action], kind: type[T]) -> list[T]:
+    return [x for x in actions if isinstance(x, kind)]
+
+
+def running(total: int = 100, members: tuple[str, ...] = (ME, B), min_members: int = 2) -> JobCore:
+    """An owner whose plan over ``members`` runs (one shard per member)."""
+    core = JobCore.owned(ME, total, min_members=min_members)
+    for peer in members[1:]:
+        out = core.handle(e.MemberJoined(peer), 0.0)
+    assert state(core) == JobState.PLANNING and find(out, a.Plan) == [a.Plan(frozenset(members), False)]
+    out = core.handle(e.PlanFound(members, len(members), members[1] if len(members) > 1 else ""), 0.0)
+    assert state(core) == JobState.STARTING and core.stamp == Stamp(1, 1)
+    assert find(out, a.SendStart) == [a.SendStart(Stamp(1, 1), members, False)]
+    out = core.handle(e.StartAnswered(core.stamp), 0.0)
+    assert out == [a.SendGo(Stamp(1, 1), members)]
+    out = core.handle(e.GoAnswered(core.stamp), 0.0)
+    assert state(core) == JobState.RUNNING and core.error == ""
+    return core
+
+
+def checkpoint(core: JobCore, step: int, peers: tuple[str, ...] = (ME, B)) -> list[a.Action]:
+    out: list[a.Action] = []
+    for peer in peers:
+        out += core.handle(e.CheckpointReported(core.stamp, peer, step, SHARD), 0.0)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ values
+def test_states_keep_the_strings_users_see() -> None:
+    assert json.dumps({"state": JobState.RUNNING, "role": Role.OWNER}) == '{"state": "running", "role": "owner"}'
+    assert f"{JobState.PAUSED}" == "paused" and JobState("paused") is JobState.PAUSED
+    assert {s.value for s in TERMINAL} == {"done", "failed", "cancelled"}
+
+
+def test_stamps_order_by_term_then_epoch() -> None:
+    assert Stamp(1, 5) < Stamp(2, 0) and Stamp(2, 1).older_than(Stamp(2, 2))
+    assert not Stamp(2, 1).older_than(Stamp(2, 2), epochs=False) and Stamp(1, 9).older_than(Stamp(2, 0))
+    assert Stamp(1, 1).next_term() == Stamp(2, 1) and Stamp(2, 1).next_epoch() == Stamp(2, 2)
+
+
+# ------------------------------------------------------------------------------------------------ the happy path
+def test_a_job_runs_commits_exports_and_ends_leaving_its_election() -> None:
+    core = running(total=20)
+    out = checkpoint(core, 10)
+    assert find(out, a.Commit) == [a.Commit(Stamp(1, 1), 10, {ME: SHARD, B: SHARD})]
+    out = core.handle(e.CommitDone(core.stamp, 10), 0.0)
+    assert core.committed_step == 10 and out == [a.SyncStandby(10)]
+    checkpoint(core, 20)
+    assert core.handle(e.CommitDone(core.stamp, 20), 0.0) == [a.Export(20)]
+    out = core.handle(e.ExportDone("/m.safetensors"), 0.0)
+    assert state(core) == JobState.DONE
+    assert kinds(out) == [a.StopWorkers, a.Finish, a.UntrackElection, a.Persist]
+    assert find(out, a.StopWorkers) == [a.StopWorkers(Stamp(1, 1), (B,), "done")]
+
+
+def test_cancel_stops_the_members_and_leaves_the_election() -> None:
+    core = running()
+    out = core.handle(e.Cancel(), 0.0)
+    assert state(core) == JobState.CANCELLED and core.error == "cancelled by the owner"
+    assert a.UntrackElection() in out and find(out, a.StopWorkers)[0].peers == (B,)
+
+
+# ------------------------------------------------------------------------------------------------ failures
+def test_a_lost_worker_repartitions_then_the_job_gives_up_after_the_restart_limit() -> None:
+    core = running()
+    for attempt in range(1, MAX_RESTARTS_PER_CHECKPOINT + 1):
+        before = core.stamp
+        out = core.handle(e.WorkerFailed(core.stamp, B, "broken pipe", lost=True), 0.0)
+        assert state(core) == JobState.RECOVERING and core.stamp == before.next_term(), attempt
+        assert find(out, a.StopWorkers) == [a.StopWorkers(core.stamp, (B,), "replanning")]
+        out = core.handle(e.MembersReachable(core.stamp, frozenset({ME, B})), 0.0)
+        assert find(out, a.Plan) == [a.Plan(frozenset({ME, B}), True)]
+        core.handle(e.PlanFound((ME, B), 2, B), 0.0)
+        assert find(core.handle(e.StartAnswered(core.stamp), 0.0), a.SendGo)
+        core.handle(e.GoAnswered(core.stamp), 0.0)
+        assert state(core) == JobState.RUNNING
+    out = core.handle(e.WorkerFailed(core.stamp, B, "broken pipe"), 0.0)
+    assert state(core) == JobState.FAILED and "gave up after 4 repartitions" in core.error
+    assert a.UntrackElection() in out
+
+
+def test_progress_resets_the_restart_limit() -> None:
+    core = running()
+    for _ in range(MAX_RESTARTS_PER_CHECKPOINT):
+        core.handle(e.WorkerFailed(core.stamp, B, "x"), 0.0)
+        core.handle(e.MembersReachable(core.stamp, frozenset({ME, B})), 0.0)
+        core.handle(e.PlanFound((ME, B), 2, B), 0.0)
+        core.handle(e.StartAnswered(core.stamp), 0.0)
+        core.handle(e.GoAnswered(core.stamp), 0.0)
+    checkpoint(core, 10)
+    core.handle(e.CommitDone(core.stamp, 10), 0.0)
+    core.handle(e.WorkerFailed(core.stamp, B, "x"), 0.0)
+    assert state(core) == JobState.RECOVERING
+
+
+def test_pause_when_no_plan_fits_and_resume_when_capacity_returns() -> None:
+    core = running()
+    core.handle(e.MemberDead(B), 0.0)
+    out = core.handle(e.MembersReachable(core.stamp, frozenset({ME})), 0.0)
+    assert find(out, a.Plan) == [a.Plan(frozenset({ME}), True)]
+    out = core.handle(e.NoPlanFits("the model needs 2 GiB"), 0.0)
+    assert state(core) == JobState.PAUSED and "paused until more capacity joins" in core.error
+    assert find(out, a.Pause)
+    assert not find(core.handle(e.Tick(), 5.0), a.Plan)  # still one member: stays paused
+    out = core.handle(e.MemberJoined(C), 6.0)
+    assert kinds(out) == [a.Announce, a.Resume, a.Plan] and state(core) == JobState.PLANNING
+    core.handle(e.PlanFound((ME, C), 2, C), 6.0)
+    core.handle(e.StartAnswered(core.stamp), 6.0)
+    core.handle(e.GoAnswered(core.stamp), 6.0)
+    assert state(core) == JobState.RUNNING
+
+
+def test_a_failed_final_commit_is_retried_then_fails_with_a_clear_error() -> None:
+    core = running(total=10)
+    checkpoint(core, 10)
+    for attempt in range(1, lifecycle.FINAL_COMMIT_ATTEMPTS):
+        out = core.handle(e.CommitFailed(core.stamp, 10, "no shard from b"), 0.0)
+        assert out == [a.Commit(core.stamp, 10, {ME: SHARD, B: SHARD}, lifecycle.COMMIT_RETRY_S[attempt - 1])]
+        assert state(core) == JobState.RUNNING
+    out = core.handle(e.CommitFailed(core.stamp, 10, "no shard from b"), 0.0)
+    assert state(core) == JobState.FAILED
+    assert "final checkpoint (step 10)" in core.error and "no shard from b" in core.error
+    assert a.UntrackElection() in out
+
+
+def test_a_failed_intermediate_commit_keeps_running_and_the_next_one_counts() -> None:
+    core = running(total=20)
+    checkpoint(core, 10)
+    assert core.handle(e.CommitFailed(core.stamp, 10, "slow"), 0.0) == []
+    assert state(core) == JobState.RUNNING and core.error == "slow"
+    checkpoint(core, 20)
+    assert core.handle(e.CommitDone(core.stamp, 20), 0.0) == [a.Export(20)]
+
+
+def test_a_lost_go_is_resent_then_the_plan_restarts() -> None:
+    core = JobCore.owned(ME, 100, min_members=2)
+    core.handle(e.MemberJoined(B), 0.0)
+    core.handle(e.PlanFound((ME, B), 2, B), 0.0)
+    core.handle(e.StartAnswered(core.stamp), 0.0)
+    out = core.handle(e.GoAnswered(core.stamp, {B: "no answer"}), 0.0)
+    assert out == [a.SendGo(core.stamp, (B,))] and state(core) == JobState.STARTING
+    out = core.handle(e.GoAnswered(core.stamp, {B: "no answer"}), 0.0)
+    assert state(core) == JobState.RECOVERING and "go not acknowledged" in core.error
+    assert find(out, a.CheckReachable)
+
+
+def test_a_member_takes_go_once_per_epoch_and_refuses_another_epoch() -> None:
+    member = JobCore(B, ME, 100, Role.MEMBER, JobState.JOINED, Stamp(1, 1))
+    member.handle(e.WorkerStarted(Stamp(1, 1)), 0.0)
+    assert state(member) == JobState.STARTING
+    assert member.handle(e.GoReceived(Stamp(1, 1)), 0.0) == [a.LetWorkerGo(Stamp(1, 1))]
+    assert member.handle(e.GoReceived(Stamp(1, 1)), 0.0) == []  # resent after a lost answer: a no-op
+    assert isinstance(member.handle(e.GoReceived(Stamp(1, 0)), 0.0)[0], a.Refuse)
+
+
+def test_a_first_start_that_fails_fails_the_job() -> None:
+    core = JobCore.owned(ME, 100, min_members=2)
+    core.handle(e.MemberJoined(B), 0.0)
+    core.handle(e.PlanFound((ME, B), 2, B), 0.0)
+    core.handle(e.StartAnswered(core.stamp, ((B, "out of memory"),)), 0.0)
+    assert state(core) == JobState.FAILED and "out of memory" in core.error
+
+
+# ------------------------------------------------------------------------------------------------ leadership
+def test_the_owner_hands_over_when_its_members_follow_the_standby() -> None:
+    core = running()
+    core.handle(e.WorkerFailed(core.stamp, B, "x"), 0.0)
+    core.handle(e.MembersReachable(core.stamp, frozenset({ME, B})), 0.0)
+    core.handle(e.PlanFound((ME, B), 2, B), 0.0)
+    out = core.handle(e.StartAnswered(core.stamp, ((B, refusal(C, 3)),)), 0.0)
+    assert out == [a.HandOver(C)]
+    out = core.handle(e.HandOverAnswered(C, accepted=True), 0.0)
+    assert core.leader == C and not core.leads and state(core) == JobState.JOINED and core.stamp == Stamp(0, 0)
+    assert a.CancelStart() in out and a.Persist() in out
+    assert isinstance(core.judge(C, Stamp(3, 1)), Accept)  # the new leader's commands are not stale to us
+
+
+def test_an_owner_back_after_the_end_records_the_job_done_and_leaves_the_election() -> None:
+    core = running()
+    core.handle(e.FollowsOther(C), 0.0)
+    out = core.handle(e.HandOverAnswered(C, accepted=False, done=True), 0.0)
+    assert state(core) == JobState.DONE and a.UntrackElection() in out
+
+
+def test_the_standby_takes_over_when_elected_and_leads_from_its_checkpoint() -> None:
+    standby = JobCore(B, ME, 100, Role.MEMBER, JobState.RUNNING, Stamp(2, 3))
+    assert standby.handle(e.TakeoverElected(3, holds_data=False), 0.0) == []  # no data: cannot lead
+    assert standby.handle(e.TakeoverElected(3, holds_data=True), 0.0) == [a.PrepareTakeover(ME)]
+    out = standby.handle(e.TakeoverReady(frozenset({C}), committed_step=40), 0.0)
+    assert standby.leads and standby.committed_step == 40 and state(standby) == JobState.RECOVERING
+    assert standby.stamp == Stamp(3, 3) and "took over" in standby.error
+    assert find(out, a.CheckReachable)
+    out = standby.handle(e.MembersReachable(standby.stamp, frozenset({C})), 0.0)
+    assert find(out, a.Plan) == [a.Plan(frozenset({B, C}), True)]
+
+
+def test_a_leader_steps_down_when_another_is_elected() -> None:
+    core = running()
+    out = core.handle(e.OtherElected(B, 5), 0.0)
+    assert state(core) == JobState.PAUSED and core.leader == B and not core.leads and find(out, a.Pause)
+
+
+def test_a_member_pauses_when_its_leader_dies_and_ends_on_stop() -> None:
+    member = JobCore(B, ME, 100, Role.MEMBER, JobState.RUNNING, Stamp(1, 1))
+    out = member.handle(e.LeaderGone("dead"), 0.0)
+    assert state(member) == JobState.PAUSED and find(out, a.Pause)
+    out = member.handle(e.StopReceived("done"), 0.0)
+    assert state(member) == JobState.DONE and a.UntrackElection() in out
+
+
+def test_stale_stamps_are_refused() -> None:
+    core = running()
+    old = core.stamp
+    core.handle(e.WorkerFailed(core.stamp, B, "x"), 0.0)
+    out = core.handle(e.CheckpointReported(old, B, 10, SHARD), 0.0)
+    assert isinstance(out[0], a.Refuse) and "outside the current plan epoch" in out[0].reason
+    assert core.lead is not None and core.lead.stale_reports == 1
+    assert core.handle(e.CommitDone(old, 10), 0.0) == [] and core.committed_step == 0
+    member = JobCore(B, ME, 100, Role.MEMBER, JobState.RUNNING, Stamp(2, 4))
+    assert isinstance(member.judge(ME, Stamp(2, 3)), Refuse)
+    assert isinstance(member.judge(ME, Stamp(2, 3), epochs=False), Accept)
+    assert isinstance(member.judge(C, Stamp(3, 0)), AskElection)
+    assert isinstance(member.judge(C, Stamp(2, 9)), Refuse)
+
+
+def test_the_owner_restored_after_its_restart_waits_for_its_members_not_for_long() -> None:
+    core = JobCore.owned(ME, 100, stamp=Stamp(3, 2), committed_step=40, gather_until=15.0,
+                         expected=frozenset({B, C}))  # fmt: skip
+    assert not find(core.handle(e.Tick(), 1.0), a.Plan)
+    assert not find(core.handle(e.MemberJoined(B), 2.0), a.Plan)
+    assert find(core.handle(e.Tick(), 15.0), a.Plan) == [a.Plan(frozenset({ME, B}), True)]
+
+
+# ------------------------------------------------------------------------------------------------ properties
+PEERS = (ME, B, C)
+EVENTS = st.one_of(
+    st.builds(e.MemberJoined, st.sampled_from(PEERS[1:])),
+    st.builds(e.MemberDead, st.sampled_from(PEERS[1:])),
+    st.builds(e.MemberLeft, st.sampled_from(PEERS[1:])),
+    st.builds(e.PlanFound, st.sampled_from([(ME, B), (ME, C), (ME, B, C), (B,)]), st.integers(1, 3),
+              st.sampled_from(["", B])),
+    st.builds(e.NoPlanFits, st.just("too small")),
+    st.just("start"), st.just("start-refused"), st.just("go"), st.just("go-lost"), st.just("checkpoint"),
+    st.just("commit"), st.just("commit-failed"), st.just("worker-failed"), st.just("reachable"),
+    st.builds(e.ExportDone, st.just("/m")), st.builds(e.ExportFailed, st.just("disk full")),
+    st.just(e.Tick()), st.just(e.Cancel()), st.builds(e.FollowsOther, st.just(C)),
+    st.builds(e.HandOverAnswered, st.just(C), st.booleans(), st.booleans()),
+    st.builds(e.OtherElected, st.sampled_from(PEERS), st.integers(1, 9)),
+)  # fmt: skip
+
+
+def concrete(core: JobCore, raw: object, step: int) -> e.Event:
+    """Events that carry the current stamp (the interesting ones; stale ones are tested above)."""
+    if not isinstance(raw, str):
+        return cast(e.Event, raw)
+    s = core.stamp
+    made: dict[str, e.Event] = {
+        "start": e.StartAnswered(s), "start-refused": e.StartAnswered(s, ((B, "no"),)),
+        "go": e.GoAnswered(s), "go-lost": e.GoAnswered(s, {B: "no answer"}),
+        "checkpoint": e.CheckpointReported(s, B, step, SHARD), "commit": e.CommitDone(s, step),
+        "commit-failed": e.CommitFailed(s, step, "x"), "worker-failed": e.WorkerFailed(s, B, "x"),
+        "reachable": e.MembersReachable(s, frozenset(PEERS)),
+    }  # fmt: skip
+    return made[raw]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(EVENTS, max_size=60), st.integers(1, 40))
+def test_random_lives_never_leave_an_end_nor_go_back_in_stamp(raw: list[object], total: int) -> None:
+    core = JobCore.owned(ME, total, min_members=2)
+    ended: JobState | None = None
+    step = 0
+    for n, item in enumerate(raw):
+        step = min(total, step + 5)
+        before = core.stamp
+        out = core.handle(concrete(core, item, step), float(n))
+        if ended is not None:
+            assert state(core) == ended and out in ([], [a.Refuse(f"the job is {ended.value}")])
+        if core.state in TERMINAL:
+            ended = ended or core.state
+        finishes = find(out, a.Finish)
+        assert len(finishes) <= 1 and (not finishes or core.state in TERMINAL)
+        if core.leader != C:  # a hand-over resets the stamp to count the new leader's commands
+            assert not core.stamp.older_than(before), (before, core.stamp)
+        assert core.committed_step <= total
+        if state(core) == JobState.RUNNING and core.leads:
+            assert core.lead is not None and core.lead.plan, "a leader runs a plan"
