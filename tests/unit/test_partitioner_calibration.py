@@ -221,4 +221,5 @@ def test_calibrated_16_devices_48_blocks_is_fast() -> None:
     p = plan(inputs)
     elapsed = time.process_time() - start
     assert max(s.optimizer_s for s in p.stages) > 0
-    assert elapsed < 1.0, f"planning 16 calibrated devices x 48 blocks took {elapsed:.2f} s"
+    # a wide margin (see test_partitioner's twin: about 0.9 s of CPU on the oversubscribed 2-core machine)
+    assert elapsed < 3.0, f"planning 16 calibrated devices x 48 blocks took {elapsed:.2f} s of CPU"
