@@ -64,7 +64,7 @@ from arceusd.jobs.local_worker import LocalWorker, worker_device
 from arceusd.jobs.manager_base import OWNER_FILE
 from arceusd.jobs.standby_sync import StandbySyncing, choose_standby
 from arceusd.jobs.transfers import leader_data
-from arceusd.market.hooks import may_auto_join, on_commit
+from arceusd.market.hooks import enough_memory, join_refusal, may_auto_join, on_commit
 from arceusd.membership.events import MemberChanged, MemberState
 from arceusd.node import Node
 from arceusd.peers import PeerService
@@ -231,7 +231,7 @@ class JobManager(ControlMethods, LocalWorker, StandbySyncing):
         if job.gather_until:  # resuming after our own restart: wait for the old members, not for long
             back = job.expected_members <= set(job.members)
             return back or time.monotonic() >= job.gather_until
-        return len(job.members) >= job.min_members
+        return len(job.members) >= job.min_members and enough_memory(job)  # needs.memory_total_mib (market)
 
     def _announce_to_new_peers(self, job: Job) -> None:
         for peer, address in self.peers.alive_peers().items():
@@ -600,6 +600,9 @@ class JobManager(ControlMethods, LocalWorker, StandbySyncing):
             offer.check()
         except ValueError as exc:
             return JoinReply(msg.job_id, False, f"the offer is not usable: {exc}")
+        refused = join_refusal(self.node, job, offer)  # the job's needs and budget (arceusd.market)
+        if refused is not None:
+            return JoinReply(msg.job_id, False, refused[:1000])
         new = msg.peer_id not in job.members
         job.members[msg.peer_id] = offer
         if new:
@@ -771,7 +774,7 @@ class JobManager(ControlMethods, LocalWorker, StandbySyncing):
             await trio.to_thread.run_sync(self._commit_manifest, root, manifest, job.spec.checkpoint.keep)
         except Exception as exc:  # CheckpointError: a shard that does not match its report
             return f"checkpoint {step} not committed: {exc}"
-        on_commit(self.node, job, step, term, epoch)  # receipts for the devices' work (arceusd.market)
+        stop = on_commit(self.node, job, step, term, epoch)  # receipts; a reason when the budget is spent (market)
         job.committed_step = max(job.committed_step, step)
         for done in [s for s in job.reports if s <= step]:
             job.reports.pop(done, None)
@@ -782,6 +785,8 @@ class JobManager(ControlMethods, LocalWorker, StandbySyncing):
         if step >= job.total_steps:
             await self._sync_owner(job, step, [r.name for r in records])
             await self._export(job, step, [step_dir(root, step) / r.name for r in records])
+        elif stop is not None:
+            await self._finish(job, "failed", stop)
         elif job.rebalance and job.epoch == epoch:
             self._request_restart(job, "rebalancing onto the member(s) that joined")
         return None

@@ -7,7 +7,11 @@ Modules, one concern each:
 - ``probes``: what the machine says now (idle time, power, battery, the owner's CPU use), read from /proc,
   /sys, loginctl, pmset and ioreg output; a folder with the same files stands in for the machine in tests.
 - ``needs``: what a job asks of its devices (the spec's ``[needs]``) and the pure match against an offer.
-- ``quote``: the estimate for a job (time, cost, the cloud's cost for the same FLOPs).
+- ``quote``: the estimate for a job (time, cost, the cloud's cost for the same FLOPs; what of the budget and
+  deadline it cannot meet).
+- ``admission``: the leader's side of the needs: whom it admits, when the members hold the total memory, when the
+  budget stops a running job.
 - ``receipts``: signed per-device receipts for committed work, bounded by the plan.
 - ``ledger``: the append-only, hash-chained file of receipts in the state directory.
+- ``collect``: the job owner's copy of every receipt for its job (from its leaders and devices, checked).
 """

@@ -79,36 +79,46 @@ def register(group: click.Group) -> None:
 __all__ = ["register"]
 
 
-def _device(obj: Context) -> tuple[float, float, str]:
-    """(FLOP/s, block efficiency, where from) of this device: its measured profile when cached, else the
-    typical laptop's."""
+def _device(obj: Context) -> tuple[float, float, int, str]:
+    """(FLOP/s, block efficiency, free memory in bytes (0: unknown), where from) of this device: its measured
+    profile when cached, else the typical laptop's."""
     from arceusd.market.pricing import TYPICAL_LAPTOP_FLOPS
     from arceusd.profile import CACHE_FILE
 
     try:
         data = json.loads((obj.state_dir / CACHE_FILE).read_text())
         best = max(data["devices"], key=lambda d: float(d["flops_per_s"]))
-        return float(best["flops_per_s"]), float(best.get("block_efficiency", 1.0)), "this device's measured profile"
+        return (float(best["flops_per_s"]), float(best.get("block_efficiency", 1.0)),
+                int(best.get("memory_bytes", 0)), "this device's measured profile")  # fmt: skip
     except (OSError, ValueError, KeyError, TypeError):
-        return TYPICAL_LAPTOP_FLOPS, 1.0, "a typical laptop (this device is not measured yet: start the daemon)"
+        return TYPICAL_LAPTOP_FLOPS, 1.0, 0, "a typical laptop (this device is not measured yet: start the daemon)"
 
 
 def print_quote(obj: Context, spec: Any, members: int) -> None:
-    """``arceusd submit --quote``: the estimate for ``spec`` on ``members`` devices like this one."""
+    """``arceusd submit --quote``: the estimate for ``spec`` on ``members`` devices like this one (more when
+    ``needs.memory_total_mib`` takes more of them), and what in ``[needs]`` it cannot meet."""
+    from arceusd.market.admission import devices_for_memory
     from arceusd.market.pricing import CLOUD_PRICES_AS_OF, CLOUD_PRICES_SOURCE, NEUTRAL, Demand
     from arceusd.market.quote import job_flops, quote, quote_lines
 
-    n = max(members, spec.needs.min_members)
-    flops_per_s, efficiency, source = _device(obj)
+    flops_per_s, efficiency, memory_bytes, source = _device(obj)
+    needs = spec.needs
+    lends_mib = memory_bytes >> 20 or needs.memory_per_device_mib
+    for_memory = devices_for_memory(needs.memory_total_mib, lends_mib) if lends_mib else 1
+    n = max(members, needs.min_members, for_memory)
     demand = NEUTRAL
     try:
         listing = call(obj.paths.control_socket, "market", timeout=5.0)
         demand = Demand(int(listing["demand"]["jobs_wanting"]) + 1, int(listing["demand"]["idle_devices"]))
     except (ControlError, KeyError, TypeError, ValueError):
         pass
-    q = quote(job_flops(spec), n, flops_per_s, efficiency, demand, spec.needs.budget_usd, spec.needs.deadline_hours)
+    q = quote(job_flops(spec), n, flops_per_s, efficiency, demand, needs.budget_usd, needs.deadline_hours,
+              needs.max_price_per_hour)  # fmt: skip
     click.echo(f"quote for {spec.name} (not announced): {n} device(s) like {source}; demand "
                f"{demand.jobs_wanting} job(s) wanting, {demand.idle_devices} idle device(s)")  # fmt: skip
+    if needs.memory_total_mib and lends_mib:
+        click.echo(f"  memory    needs.memory_total_mib {needs.memory_total_mib} MiB: {for_memory} device(s) of "
+                   f"{lends_mib} MiB hold it")  # fmt: skip
     for line in quote_lines(q):
         click.echo(f"  {line}")
     click.echo(f"  cloud prices: on-demand list prices as of {CLOUD_PRICES_AS_OF} ({CLOUD_PRICES_SOURCE})")
@@ -118,7 +128,8 @@ def _market_line(row: dict[str, Any]) -> str:
     cap = f"max ${row['max_price_per_hour']:.4f}/h" if row["max_price_per_hour"] else "no max price"
     head = (f"{row['job_id'][:12]}  {row['name']:<16} {row['state']:<10} members {row['members']}"
             f"{'/' + str(row['max_members']) if row['max_members'] else ''}  ${row['price_per_hour']:.4f}/h ({cap})")
-    return head + ("  qualifies" if row["qualifies"] else "  does not qualify: " + "; ".join(row["reasons"]))
+    head += "  qualifies" if row["qualifies"] else "  does not qualify: " + "; ".join(row["reasons"])
+    return head + "".join(f"\n    warning: {w}" for w in row.get("warnings", []))
 
 
 @click.command("market")

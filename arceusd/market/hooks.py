@@ -2,9 +2,13 @@
 
 - :func:`may_auto_join`: before an automatic join; False keeps this device out of the job (the policy or the
   job's needs refuse it; the market service offers it again when they hold).
-- :func:`on_commit`: the leader committed a checkpoint; receipts for it are issued (in the background).
+- :func:`on_commit`: the leader committed a checkpoint; receipts for it are issued (in the background); returns
+  why the job stops there (its budget is spent: ``arceusd.market.admission.budget_stop``), or None.
+- :func:`join_refusal`: the leader, before it admits a device: why not (the job's needs, its budget), or None.
+- :func:`enough_memory`: the leader, before it plans: whether the members lend ``needs.memory_total_mib``
+  (if not, the job's ``error`` says so while it waits).
 
-Both do nothing when the market service is not running (``node.market`` is None).
+They do nothing when the market service is not running (``node.market`` is None); ``enough_memory`` needs no service.
 """
 
 from __future__ import annotations
@@ -17,9 +21,24 @@ async def may_auto_join(node: Any, job: Any) -> bool:
     return True if market is None else bool(await market.admit(job))
 
 
-def on_commit(node: Any, job: Any, step: int, term: int, epoch: int) -> None:
+def on_commit(node: Any, job: Any, step: int, term: int, epoch: int) -> str | None:
     """Call after the manifest of ``step`` is committed, while ``job.reports[step]`` still holds the devices'
-    shard reports and ``job.committed_step`` is still the previous commit."""
+    shard reports and ``job.committed_step`` is still the previous commit. A reason: fail the job with it."""
     market = getattr(node, "market", None)
-    if market is not None:
-        market.on_commit(job, step, term, epoch)
+    return None if market is None else market.on_commit(job, step, term, epoch)
+
+
+def join_refusal(node: Any, job: Any, offer: Any) -> str | None:
+    """Call before the leader admits ``offer`` (a checked ``planning.Offer``); a reason: refuse the join with it."""
+    market = getattr(node, "market", None)
+    return None if market is None else market.join_refusal(job, offer)
+
+
+def enough_memory(job: Any) -> bool:
+    """Whether the members lend the job's ``needs.memory_total_mib`` between them (sets ``job.error`` if not)."""
+    from arceusd.market.admission import memory_shortfall
+
+    short = memory_shortfall(int(job.spec.needs.memory_total_mib), (int(o.memory_bytes) for o in job.members.values()))
+    if short is not None:
+        job.error = short
+    return short is None

@@ -34,31 +34,57 @@ class Quote:
     cloud: tuple[CloudCost, ...]
     within_budget: bool
     within_deadline: bool
+    budget_usd: float = 0.0
+    deadline_hours: float = 0.0
+
+    def problems(self) -> list[str]:
+        """What in ``[needs]`` this estimate cannot meet, for people (empty: everything it states)."""
+        out = []
+        if not self.within_budget:
+            out.append(f"the budget cannot be met: about ${self.usd:.6f}, over needs.budget_usd "
+                       f"${self.budget_usd:.6f}")  # fmt: skip
+        if not self.within_deadline:
+            out.append(f"the deadline cannot be met: about {_hours(self.hours)} on {self.members} device(s), past "
+                       f"needs.deadline_hours {self.deadline_hours:g} h")  # fmt: skip
+        return out
 
 
-def job_flops(spec: object) -> float:
-    """Training FLOPs of a parsed job spec (forward + backward, every step)."""
+def step_flops(spec: object) -> float:
+    """Training FLOPs of one step of a parsed job spec (forward + backward over the batch)."""
     from arceusd.jobs.spec_types import JobSpec
     from arceusd.models.costs import block_costs
 
     assert isinstance(spec, JobSpec)
     per_sample = sum(c.forward_flops_per_sample + c.backward_flops_per_sample for c in block_costs(spec.model))
-    return per_sample * spec.training.batch_size * spec.training.steps
+    return float(per_sample * spec.training.batch_size)
+
+
+def job_flops(spec: object) -> float:
+    """Training FLOPs of a parsed job spec (forward + backward, every step)."""
+    from arceusd.jobs.spec_types import JobSpec
+
+    assert isinstance(spec, JobSpec)
+    return step_flops(spec) * spec.training.steps
 
 
 def quote(flops: float, members: int, device_flops_per_s: float, efficiency: float = 1.0,
-          demand: Demand = NEUTRAL, budget_usd: float = 0.0, deadline_hours: float = 0.0) -> Quote:  # fmt: skip
-    """The estimate for ``flops`` of work on ``members`` devices like this one (``device_flops_per_s`` each)."""
+          demand: Demand = NEUTRAL, budget_usd: float = 0.0, deadline_hours: float = 0.0,
+          max_price_per_hour: float = 0.0) -> Quote:  # fmt: skip
+    """The estimate for ``flops`` of work on ``members`` devices like this one (``device_flops_per_s`` each), each
+    paid the market price, at most ``max_price_per_hour`` (0: none), as the job's leader pays it."""
     if members < 1:
         raise ValueError(f"members must be >= 1, got {members}")
     effective = max(device_flops_per_s * min(max(efficiency, 0.0), 1.0), 1.0)
     hours = flops / (effective * members) / 3600.0
     price = price_per_hour(device_flops_per_s, demand)
+    if max_price_per_hour:
+        price = min(price, max_price_per_hour)
     usd = hours * members * price
     cloud = tuple(CloudCost(g.name, g.instance, *g.cost_for(flops)) for g in CLOUD_GPUS)
     return Quote(flops, members, device_flops_per_s, hours, usd, price, cloud,
                  within_budget=not budget_usd or usd <= budget_usd,
-                 within_deadline=not deadline_hours or hours <= deadline_hours)  # fmt: skip
+                 within_deadline=not deadline_hours or hours <= deadline_hours, budget_usd=budget_usd,
+                 deadline_hours=deadline_hours)  # fmt: skip
 
 
 def quote_lines(q: Quote) -> list[str]:
@@ -67,10 +93,9 @@ def quote_lines(q: Quote) -> list[str]:
         f"work      {q.flops:.3g} FLOPs",
         f"devices   {q.members} x {q.flops_per_s / 1e9:.1f} GFLOP/s at ${q.price_per_device_hour:.4f} per device-hour",
         f"time      {_hours(q.hours)} (a lower bound: a perfect pipeline)",
-        f"cost      ${q.usd:.4f}" + ("" if q.within_budget else "  (over the budget in [needs])"),
+        f"cost      ${q.usd:.4f}" + (f" (needs.budget_usd ${q.budget_usd:.4f})" if q.budget_usd else ""),
     ]
-    if not q.within_deadline:
-        lines.append("deadline  the estimate is past needs.deadline_hours")
+    lines += [f"warning   {p}" for p in q.problems()]
     for c in q.cloud:
         lines.append(f"cloud     ${c.usd:.4f} on {c.name} ({c.instance}, {_hours(c.hours)} at its fp32 peak)")
     return lines

@@ -199,11 +199,26 @@ class LeaderBook:
     epoch: int = -1
     base: tuple[int, float] = (0, 0.0)
     last: tuple[int, float] = (0, 0.0)
+    first: int = 0
+    """The step the leader began from."""
+    spent_usd: float = 0.0
+    """What the receipts this book issued add up to (countersigned or not)."""
 
     def start(self, step: int, at: float) -> None:
         """The job's last committed step before the leader began (0 for a fresh job)."""
         self.last = (step, at)
         self.base = (step, at)
+        self.first = step
+
+    def per_step_usd(self) -> float:
+        """Dollars per step of progress since the leader began (0 before its first commit)."""
+        steps = self.last[0] - self.first
+        return self.spent_usd / steps if steps > 0 else 0.0
+
+    def spent_estimate(self) -> float:
+        """What the job has cost: this book's receipts, and the steps before it began at the rate it measures (a
+        leader that took over, or an owner restarted, does not hold every earlier leader's receipts)."""
+        return self.spent_usd + self.per_step_usd() * self.first
 
     def issue(self, leader: str, c: Commit) -> list[Receipt]:
         """The receipts this commit owes (see the module docstring); updates the book."""
@@ -223,6 +238,7 @@ class LeaderBook:
             out.append(Receipt(c.job_id, c.owner, leader, device, c.term, c.epoch, from_step, c.step, seconds,
                                steps * share * c.flops_per_step, c.prices[device], c.at))  # fmt: skip
             self.paid_to[device] = (c.step, c.at)
+            self.spent_usd += out[-1].usd
         if c.step > self.last[0]:
             self.last = (c.step, c.at)
         return out

@@ -18,7 +18,9 @@ I/O only; every decision is a pure call into ``arceusd.market.needs`` / ``policy
   signed them), so ``arceusd bill`` is complete; as a keeper, answers those requests from the job's owner only.
 It reads the jobs through the job manager's plain attributes (``node.jobs.jobs``: a job's spec, owner,
 leader, members, plan, shares, step, epoch) and its public ``offer()``; it changes jobs only through the
-control methods ``join`` and ``leave``.
+control methods ``join`` and ``leave``, and through the hooks' answers (``arceusd.market.hooks``): a leader's
+join refused for the job's needs or budget (a waiting job's ``error`` then says why), and a job stopped at a
+checkpoint once its budget is spent (``arceusd.market.admission``).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from typing import Any
 import trio
 
 from arceusd.control import RequestError
+from arceusd.market.admission import Member, Spend, budget_stop, devices_for_memory, join_refusal, projected_usd
 from arceusd.market.collect import MAX_PAGES_PER_PEER, MAX_PEERS, ROUNDS_S, accept, kept_for, new_ones, page
 from arceusd.market.ledger import Ledger, LedgerError
 from arceusd.market.needs import DeviceOffer, JobNeeds, demand_in_view, match, pay
@@ -39,6 +42,7 @@ from arceusd.market.policy import Policy, PolicyError, owner_back
 from arceusd.market.policy_file import load_policy
 from arceusd.market.pricing import Demand
 from arceusd.market.probes import Probe, Snapshot, probe_for
+from arceusd.market.quote import quote, step_flops
 from arceusd.market.receipts import (
     Commit,
     DeviceRecord,
@@ -92,6 +96,7 @@ class Market:
         self.running_since: dict[str, float] = {}  # job -> when it was first seen running (wall clock)
         self.deferred: dict[str, float] = {}  # jobs kept from or left by the market -> when last offered
         self.left_for_owner: list[dict[str, Any]] = []
+        self.refused_joins: list[dict[str, Any]] = []  # the leader's latest refusals (needs, budget)
         self.reoffers: list[dict[str, Any]] = []
         self.nursery: trio.Nursery | None = None
         self.collecting: set[str] = set()  # owned jobs whose receipts are being (or were) collected
@@ -141,6 +146,7 @@ class Market:
     async def listing(self) -> dict[str, Any]:
         policy = self.reload()
         offer = await self.offer()
+        efficiency = float((await self.node.jobs.offer()).block_efficiency)
         jobs = self.job_needs()
         demand = self.demand(jobs)
         me = self.node.identity.peer_id
@@ -148,13 +154,38 @@ class Market:
         for job, needs in jobs:
             if job.owner == me:
                 continue
-            m = match(offer, policy, self.snapshot, needs, demand, member=me in job.members)
+            member = me in job.members
+            m = match(offer, policy, self.snapshot, needs, demand, member=member)
             rows.append({"job_id": job.job_id, "name": job.spec.name, "owner": job.owner, "state": job.state,
                          "members": needs.members, "max_members": needs.max_members,
                          "max_price_per_hour": needs.max_price_per_hour, "price_per_hour": m.price_per_hour,
-                         "qualifies": m.qualifies, "reasons": [str(r) for r in m.reasons]})  # fmt: skip
+                         "qualifies": m.qualifies, "reasons": [str(r) for r in m.reasons],
+                         "warnings": self.outlook(job, offer, efficiency, demand, member)})  # fmt: skip
         return {"device": asdict(offer), "machine": asdict(self.snapshot), "demand": asdict(demand), "jobs": rows}
 
+
+    @staticmethod
+    def outlook(job: Any, offer: DeviceOffer, efficiency: float, demand: Demand, member: bool) -> list[str]:
+        """What of the job's budget and deadline cannot be met: the rest of the job on its members and this
+        device, each like this one (enough of them for ``memory_total_mib``), as ``submit --quote`` estimates."""
+        n = job.spec.needs
+        if not n.budget_usd and not n.deadline_hours:
+            return []
+        steps = max(0, int(job.total_steps) - int(job.step))
+        count = max(len(job.members) + (0 if member else 1), n.min_members,
+                    devices_for_memory(n.memory_total_mib, offer.memory_bytes >> 20))  # fmt: skip
+        q = quote(steps * step_flops(job.spec), count, offer.flops_per_s, efficiency, demand, n.budget_usd, 0.0,
+                  n.max_price_per_hour)  # fmt: skip
+        out = [] if q.within_budget else [
+            f"the budget cannot be met: about ${q.usd:.6f} for the remaining {steps} step(s) on {count} device(s) "
+            f"like this one, over needs.budget_usd ${n.budget_usd:.6f}"]  # fmt: skip
+        if n.deadline_hours:
+            left = n.deadline_hours - max(0.0, time.time() - float(job.created)) / 3600.0
+            if q.hours > left:
+                out.append(f"the deadline cannot be met: about {q.hours * 60:.1f} min for the remaining {steps} "
+                           f"step(s), {max(left, 0.0) * 60:.1f} min left of needs.deadline_hours "
+                           f"{n.deadline_hours:g}")  # fmt: skip
+        return out
 
     # --- joining and leaving -------------------------------------------------------------------------------
     async def admit(self, job: Any) -> bool:
@@ -231,8 +262,9 @@ class Market:
             await self.reoffer()
 
     # --- receipts --------------------------------------------------------------------------------------------
-    def on_commit(self, job: Any, step: int, term: int, epoch: int) -> None:
-        """The leader committed ``step``: issue its receipts now (from the job as it is), send them later."""
+    def on_commit(self, job: Any, step: int, term: int, epoch: int) -> str | None:
+        """The leader committed ``step``: issue its receipts now (from the job as it is), send them later; why the
+        job stops at this checkpoint (its budget: ``admission.budget_stop``), or None."""
         me = self.node.identity.peer_id
         book = self.books.get(job.job_id)
         if book is None:
@@ -242,12 +274,46 @@ class Market:
             commit = self._commit(job, step, term, epoch)
         except (AttributeError, TypeError, ValueError) as exc:
             log.warning("job %s: no receipts for step %d: %s", job.job_id[:12], step, exc)
-            return
+            return None
         receipts = book.issue(me, commit)
         if receipts and self.nursery is not None:
             addresses = {p: getattr(o, "address", "") for p, o in job.members.items()}
             self.nursery.start_soon(self._settle, job, [sign_leader(self.node.identity, r) for r in receipts],
                                     addresses)  # fmt: skip
+        stop = budget_stop(float(job.spec.needs.budget_usd), self.spend(job), step, int(job.total_steps),
+                           int(job.spec.checkpoint.interval_steps))  # fmt: skip
+        if stop is not None:
+            log.warning("job %s: %s", job.job_id[:12], stop)
+        return stop
+
+    def spend(self, job: Any) -> Spend:
+        """What this leader counts the job has cost so far, and per step (``LeaderBook``)."""
+        book = self.books.get(job.job_id)
+        return Spend() if book is None else Spend(book.spent_estimate(), book.per_step_usd())
+
+    def join_refusal(self, job: Any, offer: Any) -> str | None:
+        """The leader: why it does not admit ``offer`` as a new member (``admission.join_refusal``)."""
+        if offer.peer_id in job.members:
+            return None  # a member joining again (after a restart, or the owner back) keeps its place
+        n = job.spec.needs
+        demand = self.demand(self.job_needs())
+        cap = float(n.max_price_per_hour)
+        members = [Member(float(o.flops_per_s), float(o.block_efficiency), pay(float(o.flops_per_s), cap, demand))
+                   for o in [*job.members.values(), offer]]  # fmt: skip
+        remaining = max(0, int(job.total_steps) - int(job.committed_step))
+        _, usd = projected_usd(remaining * step_flops(job.spec), members)
+        why = join_refusal(members=len(job.members), max_members=int(n.max_members), kinds=tuple(n.device_kinds),
+                           kind=str(offer.kind), lends_mib=int(offer.memory_bytes) >> 20,
+                           per_device_mib=int(n.memory_per_device_mib), budget_usd=float(n.budget_usd),
+                           spend=self.spend(job), remaining_steps=remaining, remaining_usd=usd)  # fmt: skip
+        if why is not None:
+            log.info("job %s: not admitting %s: %s", job.job_id[:12], offer.peer_id[:12], why)
+            self.refused_joins.append({"job_id": job.job_id, "peer_id": offer.peer_id, "at": time.time(),
+                                       "reason": why})  # fmt: skip
+            del self.refused_joins[:-20]
+            if job.state == "waiting":
+                job.error = f"not admitting {offer.peer_id[:12]}: {why}"
+        return why
 
     def _commit(self, job: Any, step: int, term: int, epoch: int) -> Commit:
         blocks = job.inputs.blocks
@@ -403,7 +469,8 @@ class Market:
                            "error": self.ledger.verified.error, "receipts": len(self.ledger.entries)},
                 "machine": asdict(self.snapshot), "owner_back": owner_back(self.policy, self.snapshot),
                 "left_for_owner": self.left_for_owner[-20:], "reoffers": self.reoffers[-20:],
-                "deferred": sorted(self.deferred), "collected": self.collected}  # fmt: skip
+                "deferred": sorted(self.deferred), "collected": self.collected,
+                "refused_joins": self.refused_joins}  # fmt: skip
 
 
 def decode_body(s: SignedReceipt) -> bytes:

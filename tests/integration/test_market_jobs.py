@@ -221,3 +221,69 @@ def test_after_a_standby_took_over_the_owners_bill_still_equals_the_devices_earn
         assert s.call(0, "status")["market"]["collected"][job_id]["refused"] == 0
     finally:
         s.close()
+
+
+@pytest.mark.timeout(300)
+def test_needs_the_leader_enforces_budget_and_total_memory(swarm: LocalSwarm, tmp_path: Path) -> None:
+    """A budget that cannot pay for the job: the quote and every device's ``market`` say so, and the leader admits
+    no device (the job waits, saying why). A total memory the members cannot lend: the leader does not plan."""
+    start(swarm, {})
+    spec = write_spec(tmp_path, steps=200, interval=20)
+    base = spec.read_text()
+    spec.write_text(base + "\n[needs]\nbudget_usd = 1e-12\n")
+    quoted = cli(swarm.state_dir(0), "submit", str(spec), "--members", "3", "--quote")
+    assert quoted.returncode == 0 and "warning   the budget cannot be met: about $" in quoted.stdout, quoted.stdout
+    job_id = submit(swarm, spec, members=3)
+
+    def refused_everywhere() -> dict[str, Any] | None:
+        refusals = swarm.call(0, "status")["market"]["refused_joins"]
+        return job_of(swarm, job_id) if {r["peer_id"] for r in refusals if r["job_id"] == job_id} == {
+            swarm.call(i, "status")["peer_id"] for i in (1, 2)} else None  # fmt: skip
+
+    waiting = wait_for(refused_everywhere, 60, 0.5, "the leader refused both devices")
+    assert waiting["state"] == "waiting" and list(waiting["members"]) == [waiting["owner"]], waiting
+    assert "not admitting" in waiting["error"] and "exceed needs.budget_usd $0.000000" in waiting["error"], waiting
+    row = next(r for r in swarm.call(1, "market", timeout=60)["jobs"] if r["job_id"] == job_id)
+    assert any(w.startswith("the budget cannot be met: about $") for w in row["warnings"]), row
+    listed = cli(swarm.state_dir(1), "market")
+    assert "warning: the budget cannot be met" in listed.stdout, listed.stdout
+    assert cli(swarm.state_dir(0), "cancel", job_id).returncode == 0
+
+    spec.write_text(base + "\n[needs]\nmemory_total_mib = 100000000\n")
+    big = submit(swarm, spec, members=1)
+    wait_for(lambda: "needs.memory_total_mib" in job_of(swarm, big)["error"] or None, 30, 0.2, "the owner says why")
+    time.sleep(3.0)
+    held = job_of(swarm, big)
+    assert held["state"] == "waiting" and held["plan"] is None, "three devices cannot lend 100 TB: no plan"
+    assert "waiting for members: they lend" in held["error"] and "of the 100000000 MiB" in held["error"], held
+
+
+@pytest.mark.timeout(400)
+def test_a_running_job_stops_when_its_budget_is_spent(swarm: LocalSwarm, tmp_path: Path) -> None:
+    """A budget the quote's estimate fits but the real run does not: the leader stops the job at the checkpoint
+    after which the next interval would overspend (state ``failed``, saying so), and the owner's bill stays within
+    the budget (the first checkpoint aside, which is paid before any cost is measured)."""
+    start(swarm, {})
+    budget = 2e-5
+    spec = write_spec(tmp_path, steps=400, interval=10)
+    spec.write_text(spec.read_text() + f"\n[needs]\nbudget_usd = {budget}\n")
+    job_id = submit(swarm, spec, members=3)
+    end = wait_end(swarm, job_id, timeout=300)
+    assert end["state"] == "failed" and end["error"].startswith(f"stopped at step {end['committed_step']} of 400: "
+                                                                "the budget is spent"), end  # fmt: skip
+    assert 10 <= end["committed_step"] < 400
+    from arceusd.market.collect import unique
+    from arceusd.market.ledger import verify_file
+
+    def paid() -> list[Any] | None:
+        kept = verify_file(swarm.state_dir(0) / "ledger.jsonl")
+        receipts = [e.receipt for e in unique(kept.entries) if e.receipt.job_id == job_id]
+        return receipts if receipts and max(r.step_to for r in receipts) == end["committed_step"] else None
+
+    receipts = wait_for(paid, 30, 0.5, "the last checkpoint's receipts")
+    first = min(r.step_to for r in receipts)
+    first_cost = sum(r.usd for r in receipts if r.step_to == first)
+    total = sum(r.usd for r in receipts)
+    print(f"budget ${budget}, stopped at step {end['committed_step']}, paid ${total:.8f} "
+          f"(first checkpoint ${first_cost:.8f})")
+    assert total <= max(budget, first_cost) * (1 + 1e-9), (total, budget, first_cost)

@@ -105,7 +105,11 @@ def test_quote_figures() -> None:
     assert not q.within_budget and not q.within_deadline
     assert [c.name for c in q.cloud] == [g.name for g in CLOUD_GPUS]
     text = "\n".join(quote_lines(q))
-    assert "over the budget" in text and "past needs.deadline_hours" in text and "H100" in text
+    assert "the budget cannot be met: about $" in text and "over needs.budget_usd $0.010000" in text
+    assert "the deadline cannot be met: about 60.0 min on 2 device(s), past needs.deadline_hours 0.5 h" in text
+    assert "H100" in text
+    capped = quote(3.6e15, 2, 1e12, efficiency=0.5, max_price_per_hour=0.001)
+    assert capped.price_per_device_hour == 0.001 and capped.usd == pytest.approx(0.002) and not capped.problems()
     with pytest.raises(ValueError):
         quote(1.0, 0, 1e12)
 
