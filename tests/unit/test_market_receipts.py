@@ -121,6 +121,10 @@ def test_no_receipt_for_steps_a_device_did_not_work() -> None:
     assert len(book.issue(LEADER.peer_id, commit(60, 30.0, {DEV_B.peer_id}, epoch=2))) == 0  # nothing twice
     later = book.issue(LEADER.peer_id, commit(70, 40.0, {DEV_A.peer_id}, epoch=2))
     assert [(r.step_from, r.step_to) for r in later] == [(50, 70)]
+    # a device the plan gives no work (share 0) gets nothing, whatever it reported
+    idle = book.issue(LEADER.peer_id, commit(80, 50.0, {DEV_A.peer_id, DEV_B.peer_id}, epoch=2,
+                                             shares={DEV_A.peer_id: 0.0, DEV_B.peer_id: 1.0}))  # fmt: skip
+    assert [r.device for r in idle] == [DEV_B.peer_id]
 
 
 @given(st.lists(st.tuples(st.integers(1, 30), st.booleans(), st.booleans(), st.booleans()), max_size=30))
