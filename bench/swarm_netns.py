@@ -15,7 +15,8 @@ Runs, all in this invocation (the same machine state), printed as tokens/s and t
   (d) slow link, 2-stage pipeline, raw activations ("plain");
   (e) slow link, 2-stage pipeline, int8 activations and gradients ("compressed");
   (f) slow link, 2 replicas all-reduced every step;
-  (g) slow link, 2 replicas with DiLoCo (int8 pseudo-gradients every H steps).
+  (g) slow link, 2 replicas with DiLoCo (int8 pseudo-gradients every H steps);
+  (h) slow link, 2 replicas all-reduced every step with int8 gradients ("compressed" replicas).
 Tokens/s counts the global batch's tokens of every step after the first (start-up and the first step's
 warm-up excluded): (steps - 1) x batch x context / (arrival of the last step's events - the first's).
 
@@ -200,10 +201,11 @@ class Run:
     slow: bool = False
     compression: str = "none"
     sync: str = "allreduce"
+    grad_codec: str = "raw"
 
 
 def run_one(run: Run, spec: JobSpec, devices: list[Device], tmp: Path, steps: int, diloco_h: int,
-            netns: bool, timeout_s: float) -> float:  # fmt: skip
+            netns: bool, timeout_s: float, bucket_bytes: int) -> float:  # fmt: skip
     """Tokens/s of ``run`` (see the module docstring)."""
     from arceusd.models.build import num_blocks
 
@@ -221,7 +223,8 @@ def run_one(run: Run, spec: JobSpec, devices: list[Device], tmp: Path, steps: in
     if run.replicas > 1:
         reps = tuple((StageConfig(0, blocks, (MemberConfig(ids[r]),)),) for r in range(run.replicas))
         own = {ids[r]: reps[r] for r in range(run.replicas)}
-        sync = ReplicaSyncConfig(mode=run.sync, diloco_h=diloco_h, codec="int8")
+        sync = ReplicaSyncConfig(mode=run.sync, diloco_h=diloco_h, codec="int8", grad_codec=run.grad_codec,
+                                 bucket_bytes=bucket_bytes)  # fmt: skip
     else:
         cuts = [round(blocks * i / run.devices) for i in range(run.devices + 1)]
         stages = tuple(StageConfig(cuts[i], cuts[i + 1], (MemberConfig(ids[i]),)) for i in range(run.devices))
@@ -328,6 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--diloco-h", type=int, default=10)
     parser.add_argument("--batch", type=int, default=32, help="global batch (a multiple of 8)")
     parser.add_argument("--width", type=int, default=128, help="the GPT's width (a multiple of 4)")
+    parser.add_argument("--bucket-kib", type=int, default=4096, help="the replicas' all-reduce bucket size")
     parser.add_argument("--quick", action="store_true", help="a few steps of a tiny model (CI's bench smoke)")
     parser.add_argument("--no-netns", action="store_true", help="loopback only, the forwarder shapes")
     parser.add_argument("--only", default="", help="comma-separated run letters, e.g. a,b,g")
@@ -364,6 +368,8 @@ def main(argv: list[str] | None = None) -> int:
         ("e", Run("(e) slow 50 Mbit/s 20 ms: pipeline, int8", 2, slow=True, compression="int8")),
         ("f", Run("(f) slow 50 Mbit/s 20 ms: 2 replicas, all-reduce", 2, replicas=2, slow=True)),
         ("g", Run(f"(g) slow 50 Mbit/s 20 ms: 2 replicas, DiLoCo H={h}", 2, replicas=2, slow=True, sync="diloco")),
+        ("h", Run("(h) slow 50 Mbit/s 20 ms: 2 replicas, all-reduce int8", 2, replicas=2, slow=True,
+                  grad_codec="int8")),
     ]
     chosen = set(args.only.split(",")) if args.only else {k for k, _ in runs}
     chosen.add("a")  # every ratio is against (a) of this run
@@ -377,11 +383,11 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             with shaped_devices(netns, bit_s) as devices:
                 for key, run in todo:
-                    tps = run_one(run, spec, devices, Path(tmp), steps, h, netns, timeout_s)
+                    tps = run_one(run, spec, devices, Path(tmp), steps, h, netns, timeout_s, args.bucket_kib * 1024)
                     results[key] = tps
                     base = results["a"]
                     print(f"{run.name:52s} {tps:9.0f} tokens/s  {tps / base:5.2f}x", flush=True)
-    slow_best = max((results[k] for k in "defg" if k in results), default=None)
+    slow_best = max((results[k] for k in "defgh" if k in results), default=None)
     if "b" in results:
         print(f"fast link, best of two devices: {max(results[k] for k in 'bc' if k in results) / results['a']:.2f}x "
               "(target >= 1.6x)")  # fmt: skip

@@ -191,8 +191,11 @@ def replica_sync_config(spec: JobSpec, replica_plan: ReplicaPlan) -> ReplicaSync
     d = spec.training.diloco
     codec = "raw" if d.compression == "none" else d.compression
     mode = "diloco" if replica_plan.sync_mode is ReplicaSyncMode.DILOCO else "allreduce"
+    # the job's wire compression applies to the gradient all-reduce too (top-k has no ring form: exact there)
+    compression = spec.training.compression
+    grad_codec = compression if compression in ("fp16", "bf16", "int8") else "raw"
     return ReplicaSyncConfig(mode=mode, diloco_h=replica_plan.diloco_h, outer_lr=d.outer_lr,
-                             outer_momentum=d.outer_momentum, codec=codec)  # fmt: skip
+                             outer_momentum=d.outer_momentum, codec=codec, grad_codec=grad_codec)  # fmt: skip
 
 
 def estimated_links(leader: str, measured: Mapping[str, Link], members: Sequence[str]) -> dict[tuple[str, str], Link]:

@@ -108,7 +108,8 @@ class TrainingSpec:
     sync: ReplicaSync = "auto"
     """How replicas keep in sync: gradients averaged ``every_step`` (the same computation as one process),
     ``diloco`` (``diloco.inner_steps`` local steps between outer steps; for slow links), or ``auto`` (the
-    planner picks from the measured links)."""
+    planner picks from the measured links). ``compression`` (fp16, bf16, int8) also compresses the every-step
+    gradient all-reduce (replicas stay identical; no longer exactly one process's computation)."""
     diloco: DiLoCoSpec = DiLoCoSpec()
 
     @property

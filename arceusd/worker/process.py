@@ -129,13 +129,16 @@ def codec_for(t: TrainingSpec) -> TensorCodec:
     return RAW
 
 
-def replica_config(count: int, sync: ReplicaSyncConfig) -> ReplicaConfig:
-    """The engine's ``ReplicaConfig`` from the worker config's ``replica_sync``."""
+def replica_config(count: int, sync: ReplicaSyncConfig, one_core: bool = False) -> ReplicaConfig:
+    """The engine's ``ReplicaConfig`` from the worker config's ``replica_sync``; ``one_core``: the worker is
+    pinned to one CPU core (no overlap of the all-reduce with the backward: it would only share that core)."""
     return ReplicaConfig(
         replicas=count,
+        overlap=not one_core,
         mode=SyncMode.DILOCO if sync.mode == "diloco" else SyncMode.ALLREDUCE,
         bucket_bytes=sync.bucket_bytes,
         diloco=DiLoCoConfig(sync.diloco_h, sync.outer_lr, sync.outer_momentum, ReplicaCodec(sync.codec)),
+        grad_codec=ReplicaCodec(sync.grad_codec),
     )
 
 
@@ -188,7 +191,8 @@ class Worker:
                     f"batch_size {t.batch_size} does not split into {config.replica_count()} replicas x "
                     f"{config.micro_batches} micro-batches"
                 )
-            replicas = ReplicaSync(replica_config(config.replica_count(), config.replica_sync),
+            one_core = config.device == "cpu" and len(config.cpus) == 1
+            replicas = ReplicaSync(replica_config(config.replica_count(), config.replica_sync, one_core),
                                    self.fabric.ring_link())  # fmt: skip
         self.engine = StageEngine(
             module,

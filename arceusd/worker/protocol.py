@@ -124,12 +124,16 @@ class ReplicaSyncConfig:
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
     codec: str = "int8"
+    """DiLoCo's pseudo-gradient codec."""
+    grad_codec: str = "raw"
+    """All-reduce mode: the gradient buckets' codec (raw: exact)."""
 
     def __post_init__(self) -> None:
         if self.mode not in REPLICA_MODES:
             raise WorkerProtocolError(f"replica_sync.mode: expected one of {REPLICA_MODES}, got {self.mode!r}")
-        if self.codec not in REPLICA_CODECS:
-            raise WorkerProtocolError(f"replica_sync.codec: expected one of {REPLICA_CODECS}, got {self.codec!r}")
+        for name, value in (("codec", self.codec), ("grad_codec", self.grad_codec)):
+            if value not in REPLICA_CODECS:
+                raise WorkerProtocolError(f"replica_sync.{name}: expected one of {REPLICA_CODECS}, got {value!r}")
         if not 4 <= self.bucket_bytes <= 1 << 30:
             raise WorkerProtocolError(f"replica_sync.bucket_bytes: must be in 4..2**30, got {self.bucket_bytes}")
         if not 1 <= self.diloco_h <= 1_000_000:
@@ -150,6 +154,7 @@ class ReplicaSyncConfig:
             outer_lr=_float(d, "outer_lr", where),
             outer_momentum=_float(d, "outer_momentum", where),
             codec=_get(d, "codec", str, where),
+            grad_codec=_get(d, "grad_codec", str, where) if "grad_codec" in d else "raw",
         )
 
 

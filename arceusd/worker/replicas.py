@@ -98,6 +98,14 @@ class ReplicaConfig:
     mode: SyncMode = SyncMode.ALLREDUCE
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
     diloco: DiLoCoConfig = field(default_factory=DiLoCoConfig)
+    overlap: bool = True
+    """ALLREDUCE mode: all-reduce buckets during the backward (``attach``). Off for a worker pinned to one CPU
+    core: there the communication thread only takes the core from the backward (bench/swarm_netns.py, 256 KiB
+    buckets so that they overlap: 0.92x / 0.81x of one device against 1.22x / 1.20x with the whole model in
+    one bucket after the backward)."""
+    grad_codec: ReplicaCodec = ReplicaCodec.RAW
+    """ALLREDUCE mode: the codec of the gradient buckets on the ring (RAW: exact, the same computation as one
+    process; a lossy one still leaves every replica with the same bits, ``ring.py``)."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.replicas <= 1024:
@@ -156,7 +164,8 @@ class ReplicaSync:
     def attach(self, params: Sequence[nn.Parameter], micro_batches: int) -> None:
         """ALLREDUCE mode: all-reduce buckets during the backward (module docstring); ``micro_batches``: how many
         backwards accumulate into each gradient per step. A no-op in other modes or for one replica."""
-        if self.config.mode is SyncMode.ALLREDUCE and self.config.replicas > 1 and self._overlap is None:
+        allreduce = self.config.mode is SyncMode.ALLREDUCE and self.config.overlap
+        if allreduce and self.config.replicas > 1 and self._overlap is None:
             self._overlap = _Overlap(self, list(params), micro_batches)
 
     @property
@@ -178,9 +187,10 @@ class ReplicaSync:
             return self._overlap.finish(report)
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
         flat = torch.cat([flatten(grads), torch.tensor([report], dtype=torch.float32)])
+        codec = self.config.grad_codec.codec()
         for a, b in bucket_ranges(flat.numel(), flat.element_size(), self.config.bucket_bytes):
             bucket = flat[a:b].clone()
-            ring_allreduce_(bucket, self.link)
+            ring_allreduce_(bucket, self.link, codec)
             flat[a:b] = bucket
         flat.div_(world)
         with torch.no_grad():
@@ -315,9 +325,10 @@ class _Overlap:
                 return
             b, flat = item
             try:
+                codec = self.sync.config.grad_codec.codec()
                 for a, e in bucket_ranges(flat.numel(), flat.element_size(), self.sync.config.bucket_bytes):
                     piece = flat[a:e].clone()
-                    ring_allreduce_(piece, self.sync.link)
+                    ring_allreduce_(piece, self.sync.link, codec)
                     flat[a:e] = piece
                 flat.div_(self.sync.config.replicas)
                 self._done.put((b, flat))

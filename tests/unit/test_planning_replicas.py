@@ -80,3 +80,12 @@ def test_auto_on_a_slow_link_never_predicts_slower_than_one_device() -> None:
     _, alone = make_replica_plan(spec, _offers(1), {}, {})
     assert plan.predicted_step_time_s <= alone.predicted_step_time_s * (1 + 1e-9)
     assert plan.sync_mode is not ReplicaSyncMode.ALLREDUCE  # all-reduce over 5 Mbit/s never pays here
+
+
+def test_the_jobs_compression_compresses_the_gradient_allreduce() -> None:
+    spec = _spec(replicas=2, sync="every_step", compression="int8")
+    _, plan = make_replica_plan(spec, _offers(2), {}, _links(2, FAST))
+    config = replica_sync_config(spec, plan)
+    assert config is not None and (config.mode, config.grad_codec) == ("allreduce", "int8")
+    plain = replica_sync_config(_spec(replicas=2, sync="every_step"), plan)
+    assert plain is not None and plain.grad_codec == "raw"

@@ -241,6 +241,39 @@ def test_two_replicas_of_two_stages_equal_one_process(case_name: str, schedule: 
     assert all(e.replicas is not None and e.replicas.overlapped_buckets > 0 for p in pipelines for s in p for e in s)
 
 
+def test_without_overlap_the_allreduce_runs_at_the_step_and_is_as_exact() -> None:
+    case = Case(CASES["gpt-2"].model, CASES["gpt-2"].layout, micro_batches=2, batch=6)
+    opt = OPTIMIZERS["sgd"]
+    lr = LRSchedule(max_lr=opt.lr, min_lr=opt.lr, warmup_steps=0, decay_steps=1)
+    ref_losses, _, ref_params = reference_run(case, opt, lr, None)
+    config = ReplicaConfig(replicas=2, bucket_bytes=1000, overlap=False)
+    pipelines, _ = build_replicas(case, 2, ScheduleKind.ONE_F_ONE_B, config, "sgd", lr, None)
+    per_replica = drive_replicas(pipelines, _batches(case.model, case.batch))
+    for results in per_replica:
+        torch.testing.assert_close(torch.tensor([r.loss for r in results]), torch.tensor(ref_losses), rtol=0, atol=1e-5)
+    params = gathered_params(case, pipelines[0])
+    for name, p in ref_params.items():
+        torch.testing.assert_close(params[name], p, rtol=0, atol=1e-5)
+    assert all(e.replicas is not None and e.replicas.overlapped_buckets == 0 for p in pipelines for s in p for e in s)
+
+
+def test_compressed_gradient_allreduce_keeps_replicas_identical_with_a_quarter_of_the_bytes() -> None:
+    case = Case(CASES["mlp-2"].model, CASES["mlp-2"].layout, micro_batches=2, batch=8)
+    runs = {}
+    for codec in (ReplicaCodec.RAW, ReplicaCodec.INT8):
+        config = ReplicaConfig(replicas=2, bucket_bytes=1 << 20, grad_codec=codec)
+        pipelines, rings = build_replicas(case, 2, ScheduleKind.ONE_F_ONE_B, config, "sgd", None, None)
+        drive_replicas(pipelines, _batches(case.model, case.batch)[:2])
+        first, second = (gathered_params(case, p) for p in pipelines)
+        assert all(torch.equal(first[n], second[n]) for n in first)  # lossy, yet the same bits everywhere
+        runs[codec] = (first, sum(r.bytes_sent for r in rings))
+    (raw, raw_bytes), (int8, int8_bytes) = runs[ReplicaCodec.RAW], runs[ReplicaCodec.INT8]
+    assert int8_bytes < 0.3 * raw_bytes
+    assert any(not torch.equal(raw[n], int8[n]) for n in raw)  # the codec was used
+    for n in raw:
+        torch.testing.assert_close(int8[n], raw[n], rtol=0, atol=0.05)
+
+
 def test_diloco_syncs_every_h_steps_and_leaves_replicas_identical() -> None:
     case = Case(CASES["mlp-2"].model, CASES["mlp-2"].layout, micro_batches=2, batch=8)
     config = ReplicaConfig(replicas=2, mode=SyncMode.DILOCO, diloco=DiLoCoConfig(h=2, codec=ReplicaCodec.INT8))
