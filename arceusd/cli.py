@@ -300,7 +300,8 @@ def status(obj: Context, job: str | None, as_json: bool, watch: bool, interval: 
     if job is not None:
         try:
             while True:
-                result = obj.call("job", {"job_id": job})
+                # --json carries every loss point (machines read the curve); the text view needs the recent ones
+                result = obj.call("job", {"job_id": job, "history": "all"} if as_json else {"job_id": job})
                 if as_json:
                     click.echo(json.dumps(result, indent=2, sort_keys=True))
                 else:

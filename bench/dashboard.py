@@ -1,8 +1,8 @@
 """Dashboard page load for a job with 10,000 steps of history (the issue's bound: under 300 ms).
 
 The dashboard's app (``arceusd.dashboard.app``) is served by hypercorn on trio in this process, over a synthetic
-snapshot provider: a job whose history holds 10,000 steps (the daemon's ``status JOB --json`` keeps the last 200;
-the provider is how a longer history reaches the page, without a test-only path in the daemon). Over real HTTP on
+snapshot provider: a job whose history holds 10,000 steps (the daemon keeps a job's whole curve and the
+dashboard asks for all of it; the provider makes a 10,000-step job without training one). Over real HTTP on
 loopback it times, per round:
 
 - baseline: fetching one static asset (``static/style.css``), the cheapest thing the server answers;

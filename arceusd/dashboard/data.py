@@ -71,7 +71,7 @@ class NodeSnapshots:
         if handler is None:
             return None
         try:
-            result: dict[str, Any] = await handler({"job_id": job_id})
+            result: dict[str, Any] = await handler({"job_id": job_id, "history": "all"})  # downsampled below
         except RequestError:
             return None
         return result

@@ -63,7 +63,10 @@ class ControlMethods(ManagerBase):
         return [j.summary() for j in sorted(self.jobs.values(), key=lambda j: j.created)]
 
     async def _m_job(self, params: dict[str, Any]) -> dict[str, Any]:
-        return self.find(str(params.get("job_id", ""))).summary(full=True)
+        history = params.get("history")
+        if history not in (None, "all"):
+            raise RequestError('history must be "all" (every loss point) or left out (the last 200)')
+        return self.find(str(params.get("job_id", ""))).summary(full=True, whole_history=history == "all")
 
     async def _m_cancel(self, params: dict[str, Any]) -> dict[str, Any]:
         job = self.find(str(params.get("job_id", "")))

@@ -19,6 +19,14 @@ import trio
 from arceusd.jobs.core.states import TERMINAL
 from arceusd.jobs.supervisor import WorkerProcess
 
+HISTORY_TAIL = 200
+"""Loss points the control method ``job`` answers by default (the text views draw from these); with
+``history: "all"`` it answers every point (``arceusd status JOB --json`` and the dashboard ask for that)."""
+
+MAX_HISTORY = 100_000
+"""Loss points a job keeps. Past it, every other point of the history is dropped: the whole curve stays, at half
+the resolution (a 1,000,000-step job keeps between 50,000 and 100,000 points, a few MB)."""
+
 STAGE_WINDOW = 20
 """Steps over which ``arceusd status JOB`` reports this device's measured step time and link waits."""
 
@@ -114,7 +122,13 @@ class Job:
         """Wake the leader loop (a member changed, a report came, a restart was asked for)."""
         self.wake.set()
 
-    def summary(self, full: bool = False) -> dict[str, Any]:
+    def record_loss(self, step: int, loss: float) -> None:
+        """Add a point to the loss history, halving the resolution once it holds :data:`MAX_HISTORY` points."""
+        self.history.append((step, round(loss, 5)))
+        if len(self.history) > MAX_HISTORY:
+            self.history = self.history[::-2][::-1]  # every other point, counted back from the newest
+
+    def summary(self, full: bool = False, whole_history: bool = False) -> dict[str, Any]:
         out: dict[str, Any] = {
             "job_id": self.job_id, "name": self.spec.name, "owner": self.owner, "role": self.role,
             "state": self.state, "step": self.step, "total_steps": self.total_steps, "loss": self.loss,
@@ -123,9 +137,10 @@ class Job:
             "leader": self.leader,
         }  # fmt: skip
         if full:
+            history = list(self.history) if whole_history else self.history[-HISTORY_TAIL:]
             out.update({
                 "term": self.term, "epoch": self.epoch, "lr": self.lr, "samples_per_s": self.samples_per_s,
-                "tokens_per_s": self.tokens_per_s, "history": self.history[-200:],
+                "tokens_per_s": self.tokens_per_s, "history": history,
                 "committed_step": self.committed_step, "plan": self.plan_summary(),
                 "contributions": self.contributions(), "recoveries": [r.summary() for r in self.recoveries],
                 "model": type(self.spec.model).__name__, "data": self.spec.data.kind,

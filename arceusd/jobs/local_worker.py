@@ -160,7 +160,7 @@ class LocalWorker(ManagerBase):
     def _on_step(self, job: Job, event: dict[str, Any]) -> None:
         # the event names the step index just run; job.step counts completed steps
         job.step, job.loss, job.lr = int(event["step"]) + 1, float(event["loss"]), float(event["lr"])
-        job.history.append((job.step, round(job.loss, 5)))
+        job.record_loss(job.step, job.loss)
         job.stage_times.append((float(event.get("seconds", 0.0)), float(event.get("wait_seconds", 0.0))))
         job.credit(1)
         recovery = job.recoveries[-1] if job.recoveries else None

@@ -44,3 +44,31 @@ def test_only_the_last_steps_count(tmp_path: Path) -> None:
     timing = job.stage_timing()
     assert timing is not None and timing["steps"] == STAGE_WINDOW
     assert timing["step_time_s"] == 0.5 and timing["wait_fraction"] == pytest.approx(0.2)
+
+
+def test_status_shows_the_tail_and_the_dashboard_gets_the_whole_curve(tmp_path: Path) -> None:
+    """``status JOB --json`` carries the last HISTORY_TAIL points; ``whole_history`` (the control method's
+    ``history: "all"``, which the dashboard asks for) carries every one, so a 1,000-step curve is drawn whole."""
+    from arceusd.jobs.job import HISTORY_TAIL
+
+    job = _job(tmp_path)
+    for step in range(1, 1001):
+        job.record_loss(step, 5.0 - step / 1000)
+    tail = job.summary(full=True)["history"]
+    assert len(tail) == HISTORY_TAIL and tail[0][0] == 1001 - HISTORY_TAIL and tail[-1] == (1000, 4.0)
+    whole = job.summary(full=True, whole_history=True)["history"]
+    assert [s for s, _ in whole] == list(range(1, 1001))
+
+
+def test_a_long_history_keeps_the_whole_curve_at_a_bounded_size(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from arceusd.jobs import job as job_module
+
+    monkeypatch.setattr(job_module, "MAX_HISTORY", 100)
+    job = _job(tmp_path)
+    for step in range(1, 1001):
+        job.record_loss(step, 1.0)
+    steps = [s for s, _ in job.history]
+    assert len(steps) <= 100 and steps[-1] == 1000 and steps[0] <= 16  # bounded; still from the start to now
+    assert steps == sorted(set(steps))
