@@ -61,7 +61,10 @@ def daemon_status_s(timeout: float = 30.0) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="one run of each (make bench's smoke)")
     args = parser.parse_args()
+    if args.quick:
+        args.runs = 1
     bare = [bare_python_s() for _ in range(args.runs)]
     daemon = [daemon_status_s() for _ in range(args.runs)]
     b, d = statistics.median(bare), statistics.median(daemon)
