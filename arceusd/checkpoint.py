@@ -39,6 +39,12 @@ SHARD_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}\.safetensors$")
 """What a shard (or resume slice) file may be called: a plain file name, no path."""
 
 
+def shard_file_name(stage: int, rank: int) -> str:
+    """The file name of the shard that the device at ``(stage, rank)`` of a plan writes: derived from the plan
+    on every side (the worker that writes it, the leader that copies it), never taken from a report."""
+    return f"stage{int(stage)}-rank{int(rank)}.safetensors"
+
+
 class CheckpointError(Exception):
     """A checkpoint cannot be written or used; the message says which file and why."""
 
@@ -124,6 +130,8 @@ def commit_manifest(root: Path, manifest: Manifest, signer: Identity, keep: int 
     """
     directory = step_dir(root, manifest.step)
     for shard in manifest.shards:
+        if not SHARD_NAME.match(shard.name):  # a name is a file in the step's folder, never a path
+            raise CheckpointError(f"shard name {shard.name[:80]!r} must match {SHARD_NAME.pattern}; not committed")
         _check_shard(directory / shard.name, shard)
     body = manifest.canonical()
     envelope = {

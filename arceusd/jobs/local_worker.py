@@ -17,6 +17,7 @@ from typing import Any
 
 import trio
 
+from arceusd.jobs import shard_checks
 from arceusd.jobs.job import TERMINAL, Job
 from arceusd.jobs.manager_base import ManagerBase
 from arceusd.jobs.supervisor import WorkerFailed, WorkerProcess
@@ -211,8 +212,11 @@ class LocalWorker(ManagerBase):
             self._request_restart(job, f"worker on {peer[:12]} {'failed' if kind == 'error' else 'was lost'}: "
                                        f"{str(event.get('message'))[:300]}")  # fmt: skip
         elif kind == "checkpoint":
-            step = int(event["step"])
-            shard = event.get("shard") or {}
+            try:  # the name from the plan, the size within its bound (issue #19)
+                step, shard = shard_checks.check_checkpoint_report(job, peer, event)
+            except shard_checks.ReportRefused as refused:
+                self._request_restart(job, shard_checks.exclude(job, peer, refused))
+                return
             job.reports.setdefault(step, {})[peer] = shard
             if event.get("cursor") is not None:
                 job.cursors[step] = event["cursor"]

@@ -56,7 +56,8 @@ import trio
 
 from arceusd.announce_guard import AnnounceGuard
 from arceusd.control import RequestError
-from arceusd.jobs import filework, leadership, lifecycle
+from arceusd.jobs import filework, leadership, lifecycle, shard_checks
+from arceusd.jobs.claims import check_offer_bounds, stop_state
 from arceusd.jobs.control_methods import ControlMethods
 from arceusd.jobs.core import MAX_RESTARTS_PER_CHECKPOINT
 from arceusd.jobs.job import TERMINAL, Job
@@ -513,7 +514,7 @@ class JobManager(ControlMethods, LocalWorker, StandbySyncing):
             for peer in sorted(job.members):
                 if peer == self.node.identity.peer_id:
                     continue
-                data = await self.transfers.fetch_shard(job, peer, step, record.name)
+                data = await self.transfers.fetch_shard(job, peer, step, record)
                 if data is not None and matches(data, record):
                     await trio.to_thread.run_sync(atomic_write, step_dir(replicas, step) / record.name, data)
                     break
@@ -593,6 +594,9 @@ class JobManager(ControlMethods, LocalWorker, StandbySyncing):
             return JoinReply(msg.job_id, False, JOB_DONE if job.state == "done" else f"the job is {job.state}")
         if msg.flops_per_s <= 0 or msg.free_memory_bytes <= 0:
             return JoinReply(msg.job_id, False, "the offer must have positive speed and memory")
+        why = check_offer_bounds(msg.free_memory_bytes, msg.flops_per_s) or job.excluded.get(msg.peer_id)
+        if why:  # a physically implausible offer, or a member excluded for a bad report (issue #19)
+            return JoinReply(msg.job_id, False, f"refused: {why}")
         offer = Offer(msg.peer_id, f"{msg.address.host}:{msg.address.port}", msg.flops_per_s,
                       msg.free_memory_bytes, msg.kind, msg.block_efficiency, msg.dispatch_s, msg.adamw_s_per_param,
                       msg.sgd_s_per_param, msg.message_s)  # fmt: skip
@@ -762,13 +766,18 @@ class JobManager(ControlMethods, LocalWorker, StandbySyncing):
                 for_standby.append(record.name)
             path = step_dir(root, step) / record.name
             if peer != self.node.identity.peer_id and not await trio.to_thread.run_sync(file_matches, path, record):
-                data = await self.transfers.fetch_shard(job, peer, step, record.name)
+                data = await self.transfers.fetch_shard(job, peer, step, record)
                 if data is None:
                     return f"could not copy shard {record.name} of step {step} from {peer[:12]}"
                 await trio.to_thread.run_sync(atomic_write, path, data)
             records.append(record)
         if job.epoch != epoch:
             return None  # repartitioned meanwhile: the new plan resumes from an earlier step
+        refused = await shard_checks.check_contents(job, step_dir(root, step), step, self.node.identity.peer_id)
+        if refused is not None and job.epoch == epoch:  # a non-finite or misshapen shard: never committed
+            self._request_restart(job, refused)
+        if refused is not None or job.epoch != epoch:
+            return None
         manifest = Manifest(job.job_id, term, epoch, step, tuple(records), {"cursor": job.cursors.get(step)})
         try:
             await trio.to_thread.run_sync(self._commit_manifest, root, manifest, job.spec.checkpoint.keep)
@@ -839,7 +848,7 @@ class JobManager(ControlMethods, LocalWorker, StandbySyncing):
         job = self.jobs.get(msg.job_id)
         if job is None or await self._check_leader(header, job, epochs=False):
             return JobAck(False, "not from this job's leader")
-        job.state = msg.reason or "stopped"
+        job.state = stop_state(msg.reason)  # a known state only, never the sender's text (issue #19)
         await self._drop_own_worker(job)
         if lifecycle.ends_election(job.state):
             self._untrack(job)

@@ -20,7 +20,7 @@ import logging
 import os
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
@@ -30,6 +30,18 @@ from protocol.envelope import Header
 from protocol.job_wire import SHARD_CHUNK, DataRequest, JobAck, ResumeRequest, ShardData, ShardRequest, StandbySync
 
 log = logging.getLogger(__name__)
+
+MAX_DATA_FILE = 1 << 34
+"""A data file the standby copies is checked against the spec's digest once whole; this bounds it until then."""
+
+
+class Described(Protocol):
+    """A file as this device knows it before fetching it: its name and size (a shard record, a resume slice)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def size(self) -> int: ...
 
 
 class Transfers:
@@ -46,24 +58,35 @@ class Transfers:
         return job.leader == self.me
 
     # ---------------------------------------------------------------------------------------------- fetching
-    async def download(self, job: Job, peer: str, address: str, request: Any) -> bytes | None:
-        """A file in :data:`SHARD_CHUNK` pieces: ``request(offset)`` is the message for the next piece."""
+    async def download(self, job: Job, peer: str, address: str, request: Any, limit: int) -> bytes | None:
+        """A file of at most ``limit`` bytes in :data:`SHARD_CHUNK` pieces: ``request(offset)`` is the message for
+        the next piece. ``limit`` comes from what this device signed or computed (a manifest record, the plan's
+        share, a resume record), never from the sender: a larger total is refused before the first byte is kept."""
         data = bytearray()
         for _ in range(10_000):
             reply = await self.peers.request(address, peer, request(len(data)), timeout=60.0, job_id=job.job_id)
-            if not isinstance(reply, ShardData) or reply.total > 1 << 34:
+            if not isinstance(reply, ShardData) or not 0 <= reply.total <= limit:
+                if isinstance(reply, ShardData):
+                    log.warning("job %s: %s offered %d bytes where at most %d are expected; refused",
+                                job.job_id, peer[:12], reply.total, limit)  # fmt: skip
                 return None
             data += reply.data
+            if len(data) > limit:
+                return None
             if len(data) >= reply.total or not reply.data:
                 break
         return bytes(data)
 
-    async def fetch_shard(self, job: Job, peer: str, step: int, name: str) -> bytes | None:
+    async def fetch_shard(self, job: Job, peer: str, step: int, record: Described) -> bytes | None:
+        """Shard ``record`` (its name derived from the plan or signed in a manifest; at most its size) of
+        ``step`` from ``peer``."""
         offer = job.members.get(peer)
         if offer is None:
             return None
+        name = record.name
         return await self.download(job, peer, offer.address,
-                                    lambda offset: ShardRequest(job.job_id, step, name, offset))  # fmt: skip
+                                    lambda offset: ShardRequest(job.job_id, step, name, offset),
+                                    record.size)  # fmt: skip
 
     async def fetch_resume(self, job: Job, leader: str, step: int, mine: Any) -> Any:
         """Download this device's resume slice from the leader, check it, store it; its ResumeConfig."""
@@ -72,7 +95,8 @@ class Transfers:
         from arceusd.worker.protocol import ResumeConfig
 
         data = await self.download(job, leader, job.leader_address,
-                                    lambda offset: ResumeRequest(job.job_id, job.epoch, mine.name, offset))  # fmt: skip
+                                    lambda offset: ResumeRequest(job.job_id, job.epoch, mine.name, offset),
+                                    int(mine.size))  # fmt: skip
         if data is None:
             raise ResumeError("the leader did not serve it")
         check_file(data, mine)
@@ -91,7 +115,8 @@ class Transfers:
             if await trio.to_thread.run_sync(file_matches, folder / name, records[name]):
                 continue
             data = await self.download(job, leader, job.leader_address,
-                                        lambda offset, n=name: ShardRequest(job.job_id, msg.step, n, offset))
+                                        lambda offset, n=name: ShardRequest(job.job_id, msg.step, n, offset),
+                                        records[name].size)
             if data is None or not matches(data, records[name]):
                 return name
             await trio.to_thread.run_sync(atomic_write, folder / name, data)
@@ -109,7 +134,8 @@ class Transfers:
         folder = job.directory / DATA_FOLDER
         for index, name in enumerate(names):
             data = await self.download(job, leader, job.leader_address,
-                                        lambda offset, i=index: DataRequest(job.job_id, i, offset))  # fmt: skip
+                                        lambda offset, i=index: DataRequest(job.job_id, i, offset),
+                                        MAX_DATA_FILE)  # fmt: skip
             if data is None:
                 log.warning("job %s: the leader did not serve data file %s", job.job_id, name)
                 break

@@ -44,7 +44,7 @@ import torch
 import trio
 
 from arceusd import failpoints
-from arceusd.checkpoint import write_shard
+from arceusd.checkpoint import shard_file_name, write_shard
 from arceusd.data.batches import BatchSource
 from arceusd.data.sampler import Cursor
 from arceusd.identity import load_or_create_identity
@@ -143,7 +143,7 @@ def replica_config(count: int, sync: ReplicaSyncConfig, one_core: bool = False) 
 
 
 def shard_name(stage: int, rank: int) -> str:
-    return f"stage{stage}-rank{rank}.safetensors"
+    return shard_file_name(stage, rank)
 
 
 class EventWriter:

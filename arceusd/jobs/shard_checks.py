@@ -1,0 +1,169 @@
+"""What the leader takes from a member's checkpoint report, and what it does with a member whose report or shard
+fails (issue #19 items 1, 3 and 4).
+
+A member reports a shard as ``(name, sha256, size)``. None of it becomes a path or a download bound as sent:
+
+- the file name is derived here from the plan: the reporter's stage and rank (:func:`expected_shard_name`, the
+  same :func:`arceusd.checkpoint.shard_file_name` its worker writes under); a report naming another file (a path,
+  another stage's shard) is refused;
+- the size must be at most what the plan implies for that share (:func:`shard_size_bound`: its stage's blocks'
+  parameter and optimizer bytes from the planner's inputs, computed on this device, with a margin for the file's
+  header), so a claim of 16 GiB is refused before any byte is downloaded; the download is then bounded by that
+  checked size (:meth:`arceusd.jobs.transfers.Transfers.fetch_shard`);
+- the digest is a sha256 in hex, the step one of the job's.
+
+A refused report is dropped and counted under its :class:`ReportProblem` (``refused_reports`` in ``arceusd status
+JOB``); its sender is excluded from the job (:func:`exclude`: named under ``excluded``, out of the members, not let
+back in), and the leader repartitions from the last good checkpoint. The same happens to a member whose committed
+shard holds non-finite values or tensors of the wrong shape (:func:`arceusd.jobs.filework.check_shards`).
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from arceusd.checkpoint import ShardRecord, shard_file_name
+from arceusd.jobs.job import Job
+
+SIZE_MARGIN = 2
+"""A shard holds its share's parameters and optimizer state (what the planner's inputs count), plus a little."""
+HEADER_ALLOWANCE = 1 << 20
+"""Bytes allowed beyond that for the safetensors header, metadata and small scalar state."""
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+MAX_EXCLUDED_REASON = 300
+
+
+class ReportProblem(enum.Enum):
+    """Why a member's checkpoint report (or the shard it names) was refused: the counter key in ``status``."""
+
+    MALFORMED = "malformed"
+    NOT_IN_PLAN = "not_in_plan"
+    STEP = "step"
+    NAME = "shard_name"
+    SIZE = "shard_size"
+    DIGEST = "shard_digest"
+    CONTENT = "shard_content"
+
+
+class ReportRefused(Exception):
+    """A report or shard the leader does not take; ``problem`` is the counter key, the message says why."""
+
+    def __init__(self, problem: ReportProblem, detail: str) -> None:
+        super().__init__(detail)
+        self.problem = problem
+
+
+def plan_position(plan: Any, peer: str) -> tuple[int, int] | None:
+    """``(stage, rank)`` of ``peer`` in ``plan`` (the order the workers use), or None when it holds no share."""
+    for s, stage in enumerate(plan.stages):
+        for r, share in enumerate(stage.shares):
+            if share.peer_id == peer:
+                return s, r
+    return None
+
+
+def expected_shard_name(plan: Any, peer: str) -> str | None:
+    """The file name ``peer``'s worker writes its shard under in ``plan``."""
+    position = plan_position(plan, peer)
+    return None if position is None else shard_file_name(*position)
+
+
+def shard_size_bound(plan: Any, inputs: Any, peer: str) -> int | None:
+    """The most bytes ``peer``'s shard may have under ``plan``: its stage's blocks' parameter and optimizer bytes
+    (the planner's inputs, computed here from the spec) times :data:`SIZE_MARGIN`, plus :data:`HEADER_ALLOWANCE`.
+    A tensor-parallel share holds part of that; a whole stage is the bound for each."""
+    position = plan_position(plan, peer)
+    if position is None or inputs is None:
+        return None
+    stage = plan.stages[position[0]]
+    state = sum(b.param_bytes + b.optimizer_bytes for b in inputs.blocks[stage.start : stage.end])
+    return int(state) * SIZE_MARGIN + HEADER_ALLOWANCE
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def check_checkpoint_report(job: Job, peer: str, event: Mapping[str, Any]) -> tuple[int, dict[str, Any]]:
+    """The step and the shard record (name derived from the plan, size and digest checked) of a checkpoint
+    report from ``peer``; :class:`ReportRefused` names what is wrong."""
+    if job.plan is None:
+        raise ReportRefused(ReportProblem.NOT_IN_PLAN, "no plan is running")
+    name = expected_shard_name(job.plan, peer)
+    bound = shard_size_bound(job.plan, job.inputs, peer)
+    if name is None or bound is None:
+        raise ReportRefused(ReportProblem.NOT_IN_PLAN, f"{peer[:12]} holds no share of the current plan")
+    step = _int(event.get("step"))
+    if step is None or not 0 < step <= job.total_steps:
+        raise ReportRefused(ReportProblem.STEP, f"checkpoint step {str(event.get('step'))[:40]!r} is not one of "
+                                                f"the job's steps 1..{job.total_steps}")  # fmt: skip
+    shard = event.get("shard")
+    if not isinstance(shard, Mapping):
+        raise ReportRefused(ReportProblem.MALFORMED, "a checkpoint report without its shard record")
+    if shard.get("name") != name:
+        raise ReportRefused(ReportProblem.NAME, f"shard named {str(shard.get('name'))[:80]!r}; its place in the "
+                                                f"plan writes {name!r}")  # fmt: skip
+    size = _int(shard.get("size"))
+    if size is None or not 0 < size <= bound:
+        raise ReportRefused(ReportProblem.SIZE, f"shard size {str(shard.get('size'))[:40]} is outside 1..{bound} "
+                                                f"bytes, what its share of the plan holds")  # fmt: skip
+    digest = shard.get("sha256")
+    if not isinstance(digest, str) or _SHA256.fullmatch(digest) is None:
+        raise ReportRefused(ReportProblem.DIGEST, "the shard's sha256 is not 64 lowercase hex characters")
+    return step, {"name": name, "sha256": digest, "size": size}
+
+
+def record_of(shard: Mapping[str, Any]) -> ShardRecord:
+    """The record of a checked report (:func:`check_checkpoint_report`)."""
+    return ShardRecord(str(shard["name"]), str(shard["sha256"]), int(shard["size"]))
+
+
+def exclude(job: Job, peer: str, refused: ReportRefused) -> str:
+    """Count ``refused``, name ``peer`` as excluded from ``job`` and take it out of the members (it is not let
+    back in: :func:`is_excluded`); returns the reason to repartition with."""
+    problem = refused.problem.value
+    job.refused_reports[problem] = job.refused_reports.get(problem, 0) + 1
+    why = f"member {peer} excluded: {refused}"[:MAX_EXCLUDED_REASON]
+    job.excluded.setdefault(peer, why)
+    job.members.pop(peer, None)
+    job.announced.add(peer)  # never invited back
+    return why
+
+
+def is_excluded(job: Job, peer: str) -> bool:
+    return peer in job.excluded
+
+
+async def check_contents(job: Job, folder: Path, step: int, me: str) -> str | None:
+    """Read every shard of ``step`` (copied into ``folder``) in a child process for finite values and the
+    shapes of its writer's place in the plan (:func:`arceusd.jobs.filework.check_shards`); exclude each member
+    whose shard fails. Returns the reason to repartition from the last good checkpoint, or None when all pass."""
+    from arceusd.jobs import filework
+    from arceusd.jobs.planning import encode_start
+
+    if job.plan is None:
+        return None
+    _, plan_data = encode_start(job.inputs, job.plan)
+    shards = [(peer, folder / str(shard["name"])) for peer, shard in sorted(job.reports.get(step, {}).items())]
+    bad = await filework.check_shards(job.spec_bytes, plan_data, shards)
+    reasons = []
+    for peer, why in sorted(bad.items()):
+        refused = ReportRefused(ReportProblem.CONTENT, f"checkpoint {step}: {why}")
+        if peer == me:  # this device's own worker: no one to exclude; the restarts are bounded
+            job.refused_reports[ReportProblem.CONTENT.value] = job.refused_reports.get(ReportProblem.CONTENT.value,
+                                                                                       0) + 1  # fmt: skip
+            reasons.append(f"this device's own shard failed its check: {refused}")
+        else:
+            reasons.append(exclude(job, peer, refused))
+    return "; ".join(reasons)[:MAX_EXCLUDED_REASON * 2] if reasons else None
+
+
+__all__ = [
+    "HEADER_ALLOWANCE", "SIZE_MARGIN", "ReportProblem", "ReportRefused", "check_checkpoint_report", "check_contents",
+    "exclude",
+    "expected_shard_name", "is_excluded", "plan_position", "record_of", "shard_size_bound",
+]  # fmt: skip

@@ -1,0 +1,119 @@
+"""A hostile job member: a real ``arceusd`` daemon in its own process (its own identity key, the real transport,
+protocol and stage worker) whose job side lies, as an admitted member of a stranger's job can.
+
+``python -m tests.adversarial.hostile_job`` takes the daemon's own command line; ``ARCEUS_HOSTILE`` names the lie
+(``ARCEUS_HOSTILE_ARG`` its argument) and ``ARCEUS_HOSTILE_AFTER`` the checkpoint step from which it lies (0:
+from the first). Attacks (issue #19 items 1, 3, 4 and 5):
+
+* ``path``: checkpoint reports name the shard ``ARCEUS_HOSTILE_ARG`` (an absolute path outside the job), and the
+  member serves its real shard under any name it is asked for;
+* ``mismatch``: reports name stage 0's shard (the leader's own file, when the leader holds stage 0);
+* ``huge``: reports claim a 16 GiB shard and serve a 16 GiB total of zeros for any shard asked for;
+* ``nan``: the member overwrites every float32 tensor of its shard with NaN (a valid safetensors file, its
+  sha256 and size reported truthfully), as a member that poisons the model would;
+* ``claims``: the member offers 2^50 bytes of memory and 10^20 FLOP/s.
+
+Lies happen on the member's side only (its reports and serving); the daemon it attacks runs the real code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+HUGE = 16 << 30
+ATTACKS = ("path", "mismatch", "huge", "nan", "claims")
+
+
+def poison(path: Path) -> tuple[str, int]:
+    """Overwrite every F32 tensor of the safetensors file at ``path`` with NaN; its new sha256 and size."""
+    data = bytearray(path.read_bytes())
+    (header_len,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + header_len])
+    base = 8 + header_len
+    nan = struct.pack("<f", float("nan"))
+    for key, entry in header.items():
+        if key == "__metadata__" or entry.get("dtype") != "F32":
+            continue
+        begin, end = entry["data_offsets"]
+        data[base + begin : base + end] = nan * ((end - begin) // 4)
+    path.write_bytes(bytes(data))
+    return hashlib.sha256(data).hexdigest(), len(data)
+
+
+def install(attack: str, arg: str, after: int) -> None:
+    from arceusd.jobs import manager as manager_module
+    from arceusd.jobs.local_worker import LocalWorker
+    from arceusd.jobs.transfers import Transfers, serve_chunk
+    from protocol.job_wire import ShardData
+
+    real_report = LocalWorker._report
+    real_serve = Transfers.on_shard_request
+    real_names: dict[int, str] = {}
+
+    async def report(self: Any, job: Any, epoch: int, event: dict[str, Any]) -> None:
+        if event.get("event") == "checkpoint" and not self._leads(job) and int(event["step"]) >= after:
+            shard = dict(event["shard"])
+            step = int(event["step"])
+            real_names[step] = shard["name"]
+            if attack == "path":
+                shard["name"] = arg
+            elif attack == "mismatch":
+                shard["name"] = "stage0-rank0.safetensors"
+            elif attack == "huge":
+                shard["size"] = HUGE
+            elif attack == "nan":
+                from arceusd.checkpoint import step_dir
+
+                path = step_dir(job.directory / "checkpoints", step) / shard["name"]
+                shard["sha256"], shard["size"] = poison(path)
+            event = {**event, "shard": shard}
+            print(f"hostile: {attack} at step {step}", file=sys.stderr, flush=True)
+        await real_report(self, job, epoch, event)
+
+    async def serve(self: Any, header: Any, msg: Any) -> Any:
+        if attack == "huge" and msg.step >= after:
+            return ShardData(HUGE, b"\0" * min(1 << 20, HUGE - msg.offset))
+        if attack in ("path", "mismatch") and msg.step in real_names:
+            from arceusd.checkpoint import step_dir
+
+            job = self.jobs.get(msg.job_id)
+            if job is not None:
+                return serve_chunk(step_dir(job.directory / "checkpoints", msg.step) / real_names[msg.step],
+                                   msg.offset)  # fmt: skip
+        return await real_serve(self, header, msg)
+
+    LocalWorker._report = report  # type: ignore[method-assign]
+    Transfers.on_shard_request = serve  # type: ignore[method-assign]
+    if attack == "claims":
+        real_offer = manager_module.JobManager.offer
+
+        async def offer(self: Any) -> Any:
+            return replace(await real_offer(self), memory_bytes=1 << 50, flops_per_s=1e20)
+
+        manager_module.JobManager.offer = offer  # type: ignore[method-assign]
+
+
+def main() -> None:
+    attack = os.environ.get("ARCEUS_HOSTILE", "")
+    if attack not in ATTACKS:
+        sys.exit(f"ARCEUS_HOSTILE must be one of {ATTACKS}, got {attack!r}")
+    install(attack, os.environ.get("ARCEUS_HOSTILE_ARG", ""), int(os.environ.get("ARCEUS_HOSTILE_AFTER", "0")))
+    from arceusd.cli import main as arceusd_main
+
+    sys.argv = ["arceusd", *sys.argv[1:]]
+    arceusd_main()
+
+
+if __name__ == "__main__":
+    main()

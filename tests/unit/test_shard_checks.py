@@ -1,0 +1,144 @@
+"""Issue #19 job items, unit level: a checkpoint report's name is the plan's and its size within the plan's bound
+(arceusd/jobs/shard_checks.py), a download is bounded by what this device knows (transfers), offers within
+physical bounds and a JobStop sets known states only (arceusd/jobs/claims.py), and the child-process check
+(filework ``check``) finds a NaN shard and a misshapen one."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+import trio
+
+from arceusd.checkpoint import CheckpointError, Manifest, ShardRecord, commit_manifest, shard_file_name
+from arceusd.identity import Identity
+from arceusd.jobs import claims, shard_checks
+from arceusd.jobs.job import Job
+from arceusd.jobs.transfers import Transfers
+from protocol.job_wire import ShardData
+
+PEERS = ("a" * 32, "b" * 32, "c" * 32)
+
+
+def block(param_bytes: int) -> Any:
+    return SimpleNamespace(param_bytes=param_bytes, optimizer_bytes=param_bytes)
+
+
+def fake_job() -> Job:
+    stages = tuple(SimpleNamespace(start=i, end=i + 1, shares=(SimpleNamespace(peer_id=p),)) for i, p in
+                   enumerate(PEERS))  # fmt: skip
+    job = cast(Job, SimpleNamespace(plan=SimpleNamespace(stages=stages), total_steps=100, refused_reports={},
+                                    excluded={}, members={p: object() for p in PEERS}, announced=set(),
+                                    inputs=SimpleNamespace(blocks=(block(1000), block(4000), block(10)))))  # fmt: skip
+    return job
+
+
+def report(name: str, size: int = 500, step: int = 20, sha: str = "0" * 64) -> dict[str, Any]:
+    return {"event": "checkpoint", "step": step, "shard": {"name": name, "sha256": sha, "size": size}}
+
+
+def test_the_shard_name_comes_from_the_plan() -> None:
+    job = fake_job()
+    assert shard_checks.expected_shard_name(job.plan, PEERS[1]) == shard_file_name(1, 0) == "stage1-rank0.safetensors"
+    step, shard = shard_checks.check_checkpoint_report(job, PEERS[1], report("stage1-rank0.safetensors"))
+    assert (step, shard["name"], shard["size"]) == (20, "stage1-rank0.safetensors", 500)
+    for bad in ("/root/.ssh/authorized_keys", "../../x.safetensors", "stage0-rank0.safetensors", "", None):
+        with pytest.raises(shard_checks.ReportRefused) as info:
+            shard_checks.check_checkpoint_report(job, PEERS[1], report(cast(str, bad)))
+        assert info.value.problem is shard_checks.ReportProblem.NAME
+
+
+def test_sizes_are_bounded_by_the_plans_share_and_a_16_gib_claim_is_refused() -> None:
+    job = fake_job()
+    bound = shard_checks.shard_size_bound(job.plan, job.inputs, PEERS[0])
+    assert bound == 2 * 2000 + shard_checks.HEADER_ALLOWANCE
+    shard_checks.check_checkpoint_report(job, PEERS[0], report("stage0-rank0.safetensors", size=bound))
+    for size in (bound + 1, 16 << 30, 0, -1, True, "12"):
+        with pytest.raises(shard_checks.ReportRefused) as info:
+            shard_checks.check_checkpoint_report(job, PEERS[0], report("stage0-rank0.safetensors", cast(int, size)))
+        assert info.value.problem is shard_checks.ReportProblem.SIZE
+
+
+def test_other_bad_reports_are_refused_and_exclusion_counts_and_names() -> None:
+    job = fake_job()
+    name = "stage2-rank0.safetensors"
+    cases = [(report(name, sha="Z" * 64), "shard_digest"), (report(name, step=0), "step"),
+             (report(name, step=101), "step"), ({"event": "checkpoint", "step": 20}, "malformed")]  # fmt: skip
+    for event, problem in cases:
+        with pytest.raises(shard_checks.ReportRefused) as info:
+            shard_checks.check_checkpoint_report(job, PEERS[2], event)
+        assert info.value.problem.value == problem
+    with pytest.raises(shard_checks.ReportRefused) as info:
+        shard_checks.check_checkpoint_report(job, "d" * 32, report(name))
+    why = shard_checks.exclude(job, PEERS[2], info.value)
+    assert PEERS[2] in why and PEERS[2] in job.excluded and PEERS[2] not in job.members
+    assert job.refused_reports == {"not_in_plan": 1} and PEERS[2] in job.announced
+
+
+def test_a_download_is_bounded_by_the_known_size_not_the_senders_total() -> None:
+    calls = []
+
+    class Peers:
+        async def request(self, *args: Any, **kwargs: Any) -> ShardData:
+            calls.append(args)
+            return ShardData(16 << 30, b"\0" * 1024)
+
+    job = cast(Job, SimpleNamespace(job_id="j" * 32, members={PEERS[0]: SimpleNamespace(address="x:1")}))
+    transfers = Transfers(cast(Any, Peers()), {}, PEERS[1], cast(Any, None))
+    record = ShardRecord("stage0-rank0.safetensors", "0" * 64, 4096)
+    assert trio.run(transfers.fetch_shard, job, PEERS[0], 20, record) is None
+    assert len(calls) == 1, "refused at the first answer, before asking for more"
+
+
+def test_commit_manifest_refuses_a_path_as_a_shard_name(tmp_path: Path) -> None:
+    outside = tmp_path / "outside.safetensors"
+    outside.write_bytes(b"x")
+    record = ShardRecord(str(outside), hashlib.sha256(b"x").hexdigest(), 1)
+    with pytest.raises(CheckpointError, match="must match"):
+        commit_manifest(tmp_path / "ckpt", Manifest("j", 1, 1, 20, (record,)), Identity.generate())
+    assert not (tmp_path / "ckpt" / "step-0000000020" / "manifest.json").exists()
+
+
+def test_offers_within_physical_bounds_and_stop_states() -> None:
+    assert claims.check_offer_bounds(8 << 30, 1e12) is None
+    assert "memory" in str(claims.check_offer_bounds(1 << 50, 1e12))
+    assert "speed" in str(claims.check_offer_bounds(8 << 30, 1e20))
+    assert "speed" in str(claims.check_offer_bounds(8 << 30, float("nan")))
+    assert [claims.stop_state(r) for r in ("done", "replanning", "\x1b[2Jpwned", "", "failed")] == [
+        "done", "replanning", "stopped", "stopped", "failed"]  # fmt: skip
+
+
+def test_the_child_check_finds_a_nan_shard_and_a_misshapen_one(tmp_path: Path) -> None:
+    from arceusd.checkpoint import write_shard
+    from arceusd.jobs import filework
+    from arceusd.jobs.planning import Offer, encode_start, make_plan
+    from arceusd.jobs.spec import load_spec, to_dict
+    from arceusd.models.build import build_reference_model
+    from tests.adversarial.hostile_job import poison
+    from tests.integration.test_recovery import write_spec
+
+    spec = load_spec(str(write_spec(tmp_path, steps=10, interval=5)))
+    offers = [Offer(p, "127.0.0.1:1", 1e10, 1 << 30) for p in PEERS[:2]]
+    inputs, the_plan = make_plan(spec, offers, {})
+    _, plan_data = encode_start(inputs, the_plan)
+    spec_bytes = json.dumps(to_dict(spec), sort_keys=True).encode()
+    reference = {f"param.blocks.{k}": v for k, v in build_reference_model(spec.model, 0).state_dict().items()}
+    paths = []
+    for s, stage in enumerate(the_plan.stages):
+        tensors = {k: v for k, v in reference.items() if stage.start <= int(k.split(".")[2]) < stage.end}
+        paths.append((stage.shares[0].peer_id, tmp_path / "ckpt" / f"s{s}.safetensors"))
+        write_shard(tmp_path, 0, "x.safetensors", tensors)  # the writer's format
+        paths[-1][1].parent.mkdir(exist_ok=True)
+        (tmp_path / "step-0000000000" / "x.safetensors").rename(paths[-1][1])
+    good = trio.run(filework.check_shards, spec_bytes, plan_data, paths)
+    assert good == {}, good
+    poison(paths[0][1])
+    bad = trio.run(filework.check_shards, spec_bytes, plan_data, paths)
+    assert list(bad) == [paths[0][0]] and "non-finite" in bad[paths[0][0]]
+    paths[1][1].write_bytes(paths[0][1].read_bytes())  # another stage's tensors
+    bad = trio.run(filework.check_shards, spec_bytes, plan_data, paths)
+    assert "names or shapes" in bad[paths[1][0]], bad
