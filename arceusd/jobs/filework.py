@@ -115,7 +115,7 @@ def _check(request: dict[str, Any]) -> dict[str, Any]:
     the_plan = plan_from_bytes(base64.b64decode(request["plan"]))
     stages = worker_stages(the_plan)
     with torch.no_grad():  # shapes only (the values are the seed's, never used)
-        reference = build_reference_model(spec.model, 0).state_dict()
+        reference = {k: v.detach() for k, v in build_reference_model(spec.model, 0).named_parameters()}
     full = {f"param.blocks.{k}": v for k, v in reference.items()}
     bad: dict[str, str] = {}
     for peer, path in request["shards"]:

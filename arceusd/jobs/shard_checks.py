@@ -159,7 +159,7 @@ async def check_contents(job: Job, folder: Path, step: int, me: str) -> str | No
             reasons.append(f"this device's own shard failed its check: {refused}")
         else:
             reasons.append(exclude(job, peer, refused))
-    return "; ".join(reasons)[:MAX_EXCLUDED_REASON * 2] if reasons else None
+    return "; ".join(reasons)[: MAX_EXCLUDED_REASON * 2] if reasons else None
 
 
 __all__ = [
