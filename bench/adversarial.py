@@ -10,6 +10,11 @@ status latency (median and max) without and with the attack, and the ratios with
 run. Attacks: 48 silent streams (item 8), 40 unauthenticated 60 MiB calls (item 9), a JobAnnounce flood of
 300 KiB specs from 100 keys (item 6), a member with a hostile device string (item 10), mutated handshakes and
 stream frames.
+
+``--jobs`` measures the job attacks instead (items 1, 3 and 4: ``tests/adversarial/hostile_job.py``, a real daemon
+as a member of a 3-daemon MLP training job whose reports and shards lie from checkpoint step 40 on): per attack
+a fresh swarm trains the job; the owner's peak RSS and ``status`` latency over the whole job, the job's wall time
+and its end (state, who was excluded), beside the same job with an honest member (``none``).
 """
 
 from __future__ import annotations
@@ -18,7 +23,9 @@ import argparse
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -58,10 +65,54 @@ def _row(name: str, b: Report, a: Report, took: float) -> str:
     return f"{name:<20} {rss}   {p50}   {top}  {took:5.1f} s{failures}"
 
 
+def _converged(s: Any) -> bool:
+    return all(sum(p["state"] == "alive" for p in s.call(i, "peers")) == 2 for i in range(3))
+
+
+def job_attacks(quick: bool) -> int:
+    """The job attacks, each against a fresh 3-daemon swarm training the same job (see the module docstring)."""
+    from types import SimpleNamespace
+    from typing import cast
+
+    from tests.adversarial.hostile_job import HostileSwarm
+    from tests.harness import Daemon, wait_for
+    from tests.integration.test_recovery import submit, wait_end, write_spec
+
+    steps = 60 if quick else 100
+    base: Report | None = None
+    print(f"{'attack':<10} {'RSS MiB':>8} {'ratio':>6} {'status p50 ms':>14} {'max ms':>8} {'job s':>6}  end")
+    for attack in ("none", "path", "huge", "nan"):
+        with tempfile.TemporaryDirectory(prefix="arceus-adv-job-") as tmp:
+            spec = write_spec(Path(tmp), steps=steps, interval=20)
+            outside = Path(tmp) / "outside" / "x.safetensors"
+            s = HostileSwarm(Path(tmp) / "swarm", attack, str(outside), after=40)
+            try:
+                s.start()
+                wait_for(partial(_converged, s), 30, 0.2, "swarm converged")
+                owner = cast(Daemon, SimpleNamespace(pid=s.procs[0].pid, state_dir=s.state_dir(0), proc=s.procs[0]))
+                began = time.monotonic()
+                with Watch(owner) as w:
+                    job_id = submit(s, spec)
+                    end = wait_end(s, job_id, timeout=300)
+                took = time.monotonic() - began
+            finally:
+                s.close()
+            base = base or w.report
+            excluded = ",".join(p[:8] for p in end.get("excluded", {}))
+            print(f"{attack:<10} {w.report.peak_rss_mib:8.1f} {_ratio(w.report.peak_rss_mib, base.peak_rss_mib)} "
+                  f"{(_p50(w.report) or 0) * 1e3:14.2f} {w.report.status_max_s * 1e3:8.2f} {took:6.1f}  "
+                  f"{end['state']} excluded={excluded or '-'} refused={end.get('refused_reports')} "
+                  f"escaped={outside.exists()}", flush=True)  # fmt: skip
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description="peak RSS and status latency of a daemon under each attack")
     parser.add_argument("--quick", action="store_true", help="shorter attacks (make bench)")
+    parser.add_argument("--jobs", action="store_true", help="the job attacks (a hostile member of a training job)")
     args = parser.parse_args()
+    if args.jobs:
+        return job_attacks(args.quick)
     with tempfile.TemporaryDirectory(prefix="arceus-adv-") as tmp:
         daemon = start_daemon(Path(tmp), "victim", "--no-auto-join")
         try:

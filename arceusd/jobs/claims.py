@@ -4,10 +4,12 @@
   bytes or 10^20 FLOP/s is refused at the join, before it can make the member the standby or win it the model;
 - a leader's ``JobStop`` reason (:func:`stop_state`): one of the states this daemon knows, never the sender's
   text;
-- a member's measured speed (:func:`measured_factor`, :func:`discounted`): the leader keeps each member's step
-  times as its checkpoint reports carry them (the worker's own compute seconds per step, with the plan's
-  prediction beside them) and discounts, in the next plan, a member that runs far slower than it claimed;
-  the standby is chosen among members that were measured (:func:`measured`).
+- a member's measured speed (:func:`own_step_times`, :func:`record_step_time`): the leader keeps each member's
+  step times as its checkpoint reports carry them (the worker's own compute seconds per step, with the plan's
+  prediction beside them; ``measured_step_s`` in ``arceusd status JOB``), and chooses the standby among members
+  that were measured when there are any (:func:`arceusd.jobs.standby_sync.choose_standby`).
+  :func:`discounted` is how a member measured far slower than it claimed would be given less work; it is not
+  applied yet: the members check their own offer in the leader's plan inputs and would refuse a discounted one.
 """
 
 from __future__ import annotations
@@ -51,6 +53,20 @@ def record_step_time(times: dict[str, tuple[float, float]], peer: str, event: Ma
         times[peer] = (float(got), float(predicted))
 
 
+def own_step_times(job: Any, me: str) -> dict[str, float]:
+    """What this device's checkpoint report carries about its speed: the median compute seconds of its last
+    steps (step time less link waits, from its worker's step events) and what the plan predicted for them (its
+    stage's compute per micro-batch times the micro-batches, plus its optimizer step); empty when unknown."""
+    if job.plan is None or not job.stage_times:
+        return {}
+    stage = next((st for st in job.plan.stages if any(s.peer_id == me for s in st.shares)), None)
+    if stage is None:
+        return {}
+    compute = sorted(max(0.0, total - wait) for total, wait in job.stage_times)
+    predicted = stage.compute_s * job.plan.micro_batches + stage.optimizer_s
+    return {"step_s": compute[len(compute) // 2], "predicted_s": predicted} if predicted > 0 else {}
+
+
 def measured(times: Mapping[str, tuple[float, float]], peer: str) -> bool:
     return peer in times
 
@@ -69,4 +85,4 @@ def discounted(offer: Any, times: Mapping[str, tuple[float, float]]) -> Any:
 
 
 __all__ = ["MAX_OFFER_FLOPS", "MAX_OFFER_MEMORY", "SLOW_FACTOR", "STOP_STATES", "check_offer_bounds", "discounted",
-           "measured", "measured_factor", "record_step_time", "stop_state"]  # fmt: skip
+           "measured", "measured_factor", "own_step_times", "record_step_time", "stop_state"]  # fmt: skip

@@ -102,6 +102,7 @@ class Job:
     stale_reports: int = 0  # reports refused for an old plan epoch (e.g. from a peer that was declared dead)
     refused_reports: dict[str, int] = field(default_factory=dict)  # jobs.shard_checks.ReportProblem -> count
     excluded: dict[str, str] = field(default_factory=dict)  # peer -> why the leader excluded it (shard_checks)
+    measured: dict[str, tuple[float, float]] = field(default_factory=dict)  # peer -> (step s, predicted s): claims
     gather_until: float = 0.0  # after the owner's restart: plan at this time even if not every member is back
     expected_members: set[str] = field(default_factory=set)
     start_scope: trio.CancelScope | None = None  # while the leader starts a plan's workers
@@ -149,6 +150,7 @@ class Job:
                 "worker_pid": self.worker.pid if self.worker is not None else None,
                 "stale_reports": self.stale_reports, "standby": self.standby, "links": self.links,
                 "refused_reports": dict(self.refused_reports), "excluded": dict(self.excluded),
+                "measured_step_s": {p: list(t) for p, t in self.measured.items()},
                 "standby_ready": self.standby_data is not None, "stage_timing": self.stage_timing(),
             })  # fmt: skip
         return out

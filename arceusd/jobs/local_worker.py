@@ -17,7 +17,7 @@ from typing import Any
 
 import trio
 
-from arceusd.jobs import shard_checks
+from arceusd.jobs import claims, shard_checks
 from arceusd.jobs.job import TERMINAL, Job
 from arceusd.jobs.manager_base import ManagerBase
 from arceusd.jobs.supervisor import WorkerFailed, WorkerProcess
@@ -172,6 +172,8 @@ class LocalWorker(ManagerBase):
     async def _report(self, job: Job, epoch: int, event: dict[str, Any]) -> None:
         """A worker event for the leader: handled here on the owner, sent as a JobReport from a member."""
         event["peer_id"] = self.node.identity.peer_id
+        if event.get("event") == "checkpoint":  # this device's measured speed beside the plan's (issue #19)
+            event.update(claims.own_step_times(job, self.node.identity.peer_id))
         if self._leads(job):
             await self._handle_report(job, event)
             return
@@ -218,6 +220,7 @@ class LocalWorker(ManagerBase):
                 self._request_restart(job, shard_checks.exclude(job, peer, refused))
                 return
             job.reports.setdefault(step, {})[peer] = shard
+            claims.record_step_time(job.measured, peer, event)
             if event.get("cursor") is not None:
                 job.cursors[step] = event["cursor"]
             expected = sum(len(s.shares) for s in job.plan.stages) if job.plan else 0

@@ -13,6 +13,8 @@ from the first). Attacks (issue #19 items 1, 3, 4 and 5):
   sha256 and size reported truthfully), as a member that poisons the model would;
 * ``claims``: the member offers 2^50 bytes of memory and 10^20 FLOP/s.
 
+:class:`HostileSwarm` is a :class:`arceusd.swarm.LocalSwarm` whose daemon :data:`HOSTILE` runs this module.
+
 Lies happen on the member's side only (its reports and serving); the daemon it attacks runs the real code.
 """
 
@@ -22,6 +24,7 @@ import hashlib
 import json
 import os
 import struct
+import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -31,8 +34,11 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from arceusd.swarm import LocalSwarm  # noqa: E402
+
 HUGE = 16 << 30
-ATTACKS = ("path", "mismatch", "huge", "nan", "claims")
+ATTACKS = ("none", "path", "mismatch", "huge", "nan", "claims")
+"""``none``: an honest member (a baseline run through the same module)."""
 
 
 def poison(path: Path) -> tuple[str, int]:
@@ -104,11 +110,39 @@ def install(attack: str, arg: str, after: int) -> None:
         manager_module.JobManager.offer = offer  # type: ignore[method-assign]
 
 
+HOSTILE = 2
+"""The hostile daemon's index in a :class:`HostileSwarm`: a member (index 0 owns and leads the job)."""
+
+
+class HostileSwarm(LocalSwarm):
+    """Three daemons on loopback; daemon :data:`HOSTILE` runs this module with ``attack`` from checkpoint step
+    ``after`` on."""
+
+    def __init__(self, root: Path, attack: str, arg: str = "", after: int = 0) -> None:
+        super().__init__(root, 3, ["--auto-join"], preset="local")
+        self.hostile_env = {**self.env, "ARCEUS_HOSTILE": attack, "ARCEUS_HOSTILE_ARG": arg,
+                            "ARCEUS_HOSTILE_AFTER": str(after)}  # fmt: skip
+
+    def _spawn(self, i: int) -> subprocess.Popen[bytes]:
+        if i != HOSTILE:
+            return super()._spawn(i)
+        seeds = [a for j, port in enumerate(self.ports) if j != i for a in ("--peer", f"127.0.0.1:{port}")]
+        state = self.state_dir(i)
+        state.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "tests.adversarial.hostile_job", "--state-dir", str(state), "start",
+               "--foreground", "--preset", self.preset, "--host", "127.0.0.1", "--no-mdns", "--port",
+               str(self.ports[i]), "--log-file", str(state / "arceusd.log"), *seeds, *self.extra_args]  # fmt: skip
+        return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=(state.parent / "hostile.stderr").open("ab"), env=self.hostile_env,
+                                cwd=ROOT)  # fmt: skip
+
+
 def main() -> None:
     attack = os.environ.get("ARCEUS_HOSTILE", "")
     if attack not in ATTACKS:
         sys.exit(f"ARCEUS_HOSTILE must be one of {ATTACKS}, got {attack!r}")
-    install(attack, os.environ.get("ARCEUS_HOSTILE_ARG", ""), int(os.environ.get("ARCEUS_HOSTILE_AFTER", "0")))
+    if attack != "none":
+        install(attack, os.environ.get("ARCEUS_HOSTILE_ARG", ""), int(os.environ.get("ARCEUS_HOSTILE_AFTER", "0")))
     from arceusd.cli import main as arceusd_main
 
     sys.argv = ["arceusd", *sys.argv[1:]]

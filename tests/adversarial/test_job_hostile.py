@@ -7,8 +7,6 @@ checkpoint over the two honest devices and ends ``done`` with exactly the failur
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,37 +16,14 @@ from typing import Any, cast
 import pytest
 
 from arceusd.swarm import LocalSwarm
+from tests.adversarial.hostile_job import HOSTILE, HostileSwarm
 from tests.adversarial.victim import Report, Watch, assert_healthy
 from tests.harness import Daemon, wait_for
 from tests.integration.test_recovery import assert_equals_failure_free, job_of, submit, wait_end, write_spec
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
-HOSTILE = 2
-"""The hostile daemon's index: a member (index 0 owns and leads the job)."""
 ATTACK_FROM_STEP = 40
 """The first checkpoint step the hostile member lies about (step 20 commits honestly)."""
-
-
-class HostileSwarm(LocalSwarm):
-    """A LocalSwarm whose daemon :data:`HOSTILE` runs tests.adversarial.hostile_job with ``attack``."""
-
-    def __init__(self, root: Path, attack: str, arg: str = "", after: int = ATTACK_FROM_STEP) -> None:
-        super().__init__(root, 3, ["--auto-join"], preset="local")
-        self.hostile_env = {**self.env, "ARCEUS_HOSTILE": attack, "ARCEUS_HOSTILE_ARG": arg,
-                            "ARCEUS_HOSTILE_AFTER": str(after)}  # fmt: skip
-
-    def _spawn(self, i: int) -> subprocess.Popen[bytes]:
-        if i != HOSTILE:
-            return super()._spawn(i)
-        seeds = [a for j, port in enumerate(self.ports) if j != i for a in ("--peer", f"127.0.0.1:{port}")]
-        state = self.state_dir(i)
-        state.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "tests.adversarial.hostile_job", "--state-dir", str(state), "start",
-               "--foreground", "--preset", self.preset, "--host", "127.0.0.1", "--no-mdns", "--port",
-               str(self.ports[i]), "--log-file", str(state / "arceusd.log"), *seeds, *self.extra_args]  # fmt: skip
-        return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=(state.parent / "hostile.stderr").open("ab"), env=self.hostile_env,
-                                cwd=Path(__file__).resolve().parents[2])  # fmt: skip
 
 
 @pytest.fixture
@@ -56,7 +31,7 @@ def swarm_of(tmp_path: Path) -> Iterator[Any]:
     made: list[LocalSwarm] = []
 
     def make(attack: str, arg: str = "") -> LocalSwarm:
-        s = HostileSwarm(tmp_path / "swarm", attack, arg)
+        s = HostileSwarm(tmp_path / "swarm", attack, arg, after=ATTACK_FROM_STEP)
         made.append(s)
         s.start()
         wait_for(lambda: all(sum(p["state"] == "alive" for p in s.call(i, "peers")) == 2 for i in range(3)),

@@ -142,3 +142,26 @@ def test_the_child_check_finds_a_nan_shard_and_a_misshapen_one(tmp_path: Path) -
     paths[1][1].write_bytes(paths[0][1].read_bytes())  # another stage's tensors
     bad = trio.run(filework.check_shards, spec_bytes, plan_data, paths)
     assert "names or shapes" in bad[paths[1][0]], bad
+
+
+def test_step_times_are_reported_kept_and_the_standby_is_chosen_among_measured_members() -> None:
+    from collections import deque
+
+    from arceusd.jobs.standby_sync import choose_standby
+
+    stage = SimpleNamespace(shares=(SimpleNamespace(peer_id=PEERS[1]),), compute_s=0.01, optimizer_s=0.002)
+    plan = SimpleNamespace(stages=(stage,), micro_batches=4, peer_ids=PEERS)
+    job = SimpleNamespace(plan=plan, stage_times=deque([(0.05, 0.01), (0.5, 0.0), (0.06, 0.02)]))
+    own = claims.own_step_times(job, PEERS[1])
+    assert own == {"step_s": 0.04, "predicted_s": pytest.approx(0.042)}
+    times: dict[str, tuple[float, float]] = {}
+    claims.record_step_time(times, PEERS[1], own)
+    for bad in ({"step_s": float("nan"), "predicted_s": 1.0}, {"step_s": True, "predicted_s": 1.0}, {}):
+        claims.record_step_time(times, PEERS[2], bad)
+    assert set(times) == {PEERS[1]}
+    big = SimpleNamespace(memory_bytes=1 << 40)
+    members = {PEERS[0]: big, PEERS[1]: SimpleNamespace(memory_bytes=1 << 30), PEERS[2]: big}
+    standby_job = cast(Job, SimpleNamespace(plan=plan, members=members, measured={}))
+    assert choose_standby(standby_job, PEERS[0]) == PEERS[2]  # nobody measured yet: the largest offer
+    standby_job.measured = times
+    assert choose_standby(standby_job, PEERS[0]) == PEERS[1]  # the measured member, not the larger claim
