@@ -1,0 +1,81 @@
+"""Issue #19's soak: about two minutes of attacks interleaved against a 3-daemon training job.
+
+One member of the job is hostile (tests/adversarial/hostile_job.py: its shards hold NaN from checkpoint step 40
+on); meanwhile strangers attack the job's owner from their own processes, one after another in a loop
+(tests/adversarial/hostile_peer.py: silent streams, 60 MiB unauthenticated calls, a JobAnnounce flood, frame fuzz;
+tests/adversarial/hostile_member.py: overflowing membership claims, a gossip flood). Asserted: no honest daemon
+exits, the owner's ``status`` answers within 1 s with its memory bounded all along, nothing is written outside
+the swarm's folders, the NaN member is named in ``status`` (``excluded``) and the job resumed from the last good
+checkpoint and ends ``done`` with exactly the failure-free run's model (1e-5).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
+
+import pytest
+
+from tests.adversarial.hostile_job import HOSTILE, HostileSwarm
+from tests.adversarial.victim import Watch, assert_healthy
+from tests.harness import ROOT, Daemon, wait_for
+from tests.integration.test_recovery import assert_equals_failure_free, submit, write_spec
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+SOAK_S = 120.0
+
+
+def attacks(target: str, victim: str) -> list[list[str]]:
+    peer = [sys.executable, "-m", "tests.adversarial.hostile_peer"]
+    member = [sys.executable, "-m", "tests.adversarial.hostile_member"]
+    return [
+        [*peer, "silent-streams", "--target", target, "--count", "48", "--seconds", "4"],
+        [*member, "overflow", "--target", target, "--victim", victim],
+        [*peer, "big-calls", "--target", target, "--count", "20", "--mib", "60"],
+        [*member, "flood", "--target", target, "--count", "1000"],
+        [*peer, "announce-flood", "--target", target, "--count", "300", "--identities", "30", "--spec-kib", "300"],
+        [*peer, "frame-fuzz", "--target", target, "--frames", "500", "--hellos", "30", "--batch", "50"],
+    ]
+
+
+def test_two_minutes_of_interleaved_attacks_against_a_training_job(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, steps=160, interval=20)
+    s = HostileSwarm(tmp_path / "swarm", "nan", after=40)
+    try:
+        s.start()
+        wait_for(lambda: all(sum(p["state"] == "alive" for p in s.call(i, "peers")) == 2 for i in range(3)),
+                 30, 0.2, "swarm converged")  # fmt: skip
+        hostile_peer = s.call(HOSTILE, "status")["peer_id"]
+        target = s.call(0, "status")["addresses"]["peer"]
+        owner = cast(Daemon, SimpleNamespace(pid=s.procs[0].pid, state_dir=s.state_dir(0), proc=s.procs[0]))
+        with Watch(owner) as base_watch:
+            time.sleep(1.5)
+        ran: list[int] = []
+        with Watch(owner) as watch:
+            job_id = submit(s, spec)
+            began = time.monotonic()
+            plan = attacks(target, s.call(1, "status")["peer_id"])
+            while time.monotonic() - began < SOAK_S or s.call(0, "job", {"job_id": job_id})["state"] not in (
+                "done", "failed", "cancelled"):  # fmt: skip
+                assert time.monotonic() - began < 360, "the job did not end within 6 minutes under attack"
+                if time.monotonic() - began < SOAK_S:
+                    cmd = plan[len(ran) % len(plan)]
+                    ran.append(subprocess.run(cmd, cwd=ROOT, capture_output=True, timeout=120).returncode)
+                else:
+                    time.sleep(0.5)
+        end = s.call(0, "job", {"job_id": job_id})
+        assert len(ran) >= len(plan), f"only {len(ran)} attacks ran"
+        assert_healthy(watch.report, base_watch.report, rss_extra_mib=400)
+        assert all(p.poll() is None for i, p in enumerate(s.procs)), "a daemon exited under the soak"
+        assert hostile_peer in end["excluded"], end["excluded"]
+        named = [r for r in end["recoveries"] if hostile_peer in r["reason"]]
+        assert named and named[0]["resumed_step"] == 20, end["recoveries"]
+        assert_equals_failure_free(end, spec)
+        escaped = [p for p in tmp_path.rglob("*") if p.is_file() and s.root not in p.parents and p.name != "job.toml"]
+        assert escaped == [], escaped
+    finally:
+        s.close()
