@@ -7,7 +7,7 @@ from the first). Attacks (issue #19 items 1, 3, 4 and 5):
 
 * ``path``: checkpoint reports name the shard ``ARCEUS_HOSTILE_ARG`` (an absolute path outside the job), and the
   member serves its real shard under any name it is asked for;
-* ``mismatch``: reports name stage 0's shard (the leader's own file, when the leader holds stage 0);
+* ``mismatch``: reports name another stage's shard (stage 0's, or stage 1's when it holds stage 0);
 * ``huge``: reports claim a 16 GiB shard and serve a 16 GiB total of zeros for any shard asked for;
 * ``nan``: the member overwrites every float32 tensor of its shard with NaN (a valid safetensors file, its
   sha256 and size reported truthfully), as a member that poisons the model would;
@@ -75,7 +75,8 @@ def install(attack: str, arg: str, after: int) -> None:
             if attack == "path":
                 shard["name"] = arg
             elif attack == "mismatch":
-                shard["name"] = "stage0-rank0.safetensors"
+                own, first = shard["name"], "stage0-rank0.safetensors"
+                shard["name"] = first if own != first else "stage1-rank0.safetensors"  # another stage's file
             elif attack == "huge":
                 shard["size"] = HUGE
             elif attack == "nan":
