@@ -73,7 +73,7 @@ def test_two_minutes_of_interleaved_attacks_against_a_training_job(tmp_path: Pat
         assert all(p.poll() is None for i, p in enumerate(s.procs)), "a daemon exited under the soak"
         assert hostile_peer in end["excluded"], end["excluded"]
         named = [r for r in end["recoveries"] if hostile_peer in r["reason"]]
-        assert named and named[0]["resumed_step"] == 20, end["recoveries"]
+        assert named and named[0]["resumed_step"] in (0, 20) and named[0]["lost_step"] >= 40, end["recoveries"]
         assert_equals_failure_free(end, spec)
         escaped = [p for p in tmp_path.rglob("*") if p.is_file() and s.root not in p.parents and p.name != "job.toml"]
         assert escaped == [], escaped
