@@ -98,6 +98,7 @@ async def _main(config: DaemonConfig, identity: Identity) -> int:
                 await nursery.start(service, node)
             await nursery.start(serve_control, paths.control_socket, node.methods)
             node.addresses["control"] = str(paths.control_socket)
+            node.started.set()  # the peer service joins the cluster now (PeerService.activate)
             log.info(
                 "arceusd %s ready: peer %s, state %s, addresses %s",
                 __version__,

@@ -103,7 +103,8 @@ async def _run_network(
     config = node.config
     address = f"{advertised_host(node)}:{transport.port}"
     mconfig = membership_config(config.preset)
-    peers = PeerService(node.identity, transport, mconfig, address, node.boot_id, device_summary())
+    # Not a member until the daemon has started every service (see PeerService.activate).
+    peers = PeerService(node.identity, transport, mconfig, address, node.boot_id, device_summary(), active=False)
     holder["peers"] = peers
     node.peers = peers
     node.addresses["peer"] = address
@@ -123,6 +124,12 @@ async def _run_network(
     node.shutdown_hooks.append(peers.leave)
     async with trio.open_nursery() as nursery:
         await nursery.start(peers.run, tuple(config.peers))
+
+        async def activate_when_started() -> None:
+            await node.started.wait()
+            peers.activate()
+
+        nursery.start_soon(activate_when_started)
         await nursery.start(elections.run)
         if config.mdns:
             found_send, found_recv = trio.open_memory_channel[Announcement](64)

@@ -16,6 +16,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import trio
+
 from arceusd import __version__
 from arceusd.config import DaemonConfig, config_summary
 from arceusd.control import Handler
@@ -37,6 +39,7 @@ class Node:
     elections: Any = None
     market: Any = None
     shutdown_hooks: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    started: trio.Event = field(default_factory=trio.Event)  # set once every service is started
 
     def __post_init__(self) -> None:
         self.methods.setdefault("modules", self._m_modules)

@@ -27,7 +27,10 @@ Design (measured: sync grpcio in threads bridged to trio moves 1.5-1.8 GB/s of 4
   daemons must not share a port silently), proxies off (loopback and LAN peers only).
 
 Addresses are ``"host:port"`` strings. One channel (one HTTP/2 connection) per address is cached and shared by
-its calls and streams.
+its calls and streams. A call that fails ``unavailable`` (the connection failed or broke) retires the address's
+channel: the next call dials afresh, and the old channel is closed once its last call or stream ended. Channels
+keep their own subchannels (``grpc.use_local_subchannel_pool``), so a fresh channel really dials instead of
+inheriting the old one's reconnect backoff (see :data:`RECONNECT_BACKOFF_MS`).
 """
 
 from __future__ import annotations
@@ -74,7 +77,14 @@ RECONNECT_BACKOFF_MS = (100, 1000)
 during the backoff every call on the channel fails at once: a daemon that dialled a peer a moment before that
 peer listened could not reach it for a second (its probes failed, so it suspected the peer, and its leave on
 ``SIGTERM`` never went out). With 100 ms the channel retries before the next probe; with at most 1 s, a peer
-that is back is reached within a second."""
+that is back is reached within a second.
+
+Even 100 ms is too long for a peer's first contact: peers that start together dial each other's seeds before
+they listen, and gRPC shares one subchannel (and its backoff) among all channels to an address. Measured with
+five ``local`` daemons: a peer learned of 0.2 s after the last refused dial still failed its gossip and its first
+probe at once (``unavailable``, "Connection refused", while it listened), and was suspected. So a call that fails
+``unavailable`` retires its channel (the next call dials a fresh one, with its own subchannel); the backoff
+only paces gRPC's own background reconnects of a channel nobody calls through."""
 
 
 def _options(config: TransportConfig) -> list[tuple[str, Any]]:
@@ -87,6 +97,7 @@ def _options(config: TransportConfig) -> list[tuple[str, Any]]:
         ("grpc.initial_reconnect_backoff_ms", first_ms),
         ("grpc.min_reconnect_backoff_ms", first_ms),
         ("grpc.max_reconnect_backoff_ms", longest_ms),
+        ("grpc.use_local_subchannel_pool", 1),
     ]
 
 
@@ -182,6 +193,15 @@ def _outgoing(outbox: FrameQueue, context: grpc.ServicerContext | None, limit: i
             return
 
 
+class _Channel:
+    """A cached channel to one address and the calls and streams in flight on it (trio's thread only)."""
+
+    def __init__(self, channel: grpc.Channel) -> None:
+        self.channel = channel
+        self.in_flight = 0
+        self.retired = False
+
+
 class _StreamSlot:
     """One server stream's admission state (shared by grpc's thread and the trio task; under the lock)."""
 
@@ -214,7 +234,8 @@ class GrpcTransport:
         self._token = trio.lowlevel.current_trio_token()
         self._unary_handler = unary_handler
         self._stream_handler = stream_handler
-        self._channels: dict[str, grpc.Channel] = {}
+        self._channels: dict[str, _Channel] = {}
+        self._retired: set[_Channel] = set()
         self._live_scopes: set[trio.CancelScope] = set()
         self._closing = False
         self._lock = threading.Lock()  # guards admission and the counters, touched from grpc's threads
@@ -237,66 +258,92 @@ class GrpcTransport:
 
     # ------------------------------------------------------------------ client side
 
-    def _channel(self, address: str) -> grpc.Channel:
+    def _acquire(self, address: str) -> _Channel:
+        """The address's channel (dialled on first use), counted in flight until :meth:`_release`."""
         if self._closing:
             raise TransportError("closed", "the transport is shutting down")
-        channel = self._channels.get(address)
-        if channel is None:
-            channel = grpc.insecure_channel(address, options=_options(self.config))
-            self._channels[address] = channel
-        return channel
+        entry = self._channels.get(address)
+        if entry is None:
+            entry = _Channel(grpc.insecure_channel(address, options=_options(self.config)))
+            self._channels[address] = entry
+        entry.in_flight += 1
+        return entry
+
+    def _release(self, address: str, entry: _Channel, error: TransportError | None) -> None:
+        """One call or stream on ``entry`` ended (``error``: how it failed). A failed connection (``unavailable``)
+        retires the channel, so the next call dials afresh; a retired channel closes after its last call."""
+        entry.in_flight -= 1
+        if error is not None and error.code == "unavailable" and not entry.retired:
+            entry.retired = True
+            if self._channels.get(address) is entry:
+                del self._channels[address]
+            self._retired.add(entry)
+        if entry.retired and entry.in_flight <= 0:
+            self._retired.discard(entry)
+            entry.channel.close()
 
     async def call(self, address: str, payload: bytes, timeout: float) -> bytes:
         """Unary round trip to ``address`` (``host:port``). Raises TransportError on any failure.
 
         Cancelling the calling task cancels the gRPC call.
         """
-        stub = self._channel(address).unary_unary(
-            CALL_METHOD, request_serializer=None, response_deserializer=None
-        )
-        future = stub.future(payload, timeout=timeout)
-        done = trio.Event()
-        token = self._token
-
-        def wake(_: object) -> None:
-            with suppress(trio.RunFinishedError):
-                token.run_sync_soon(done.set)
-
-        future.add_done_callback(wake)
+        entry = self._acquire(address)
+        error: TransportError | None = None
         try:
-            await done.wait()
-        except BaseException:
-            future.cancel()
-            raise
-        try:
-            response: bytes = future.result()
-        except grpc.RpcError as exc:
-            error = _rpc_error(exc)
-            self.failures[error.code] += 1
-            raise error from None
-        except grpc.FutureCancelledError:
-            raise TransportError("cancelled", "the call was cancelled") from None
-        return response
+            stub = entry.channel.unary_unary(CALL_METHOD, request_serializer=None, response_deserializer=None)
+            future = stub.future(payload, timeout=timeout)
+            done = trio.Event()
+            token = self._token
+
+            def wake(_: object) -> None:
+                with suppress(trio.RunFinishedError):
+                    token.run_sync_soon(done.set)
+
+            future.add_done_callback(wake)
+            try:
+                await done.wait()
+            except BaseException:
+                future.cancel()
+                raise
+            try:
+                response: bytes = future.result()
+            except grpc.RpcError as exc:
+                error = _rpc_error(exc)
+                self.failures[error.code] += 1
+                raise error from None
+            except grpc.FutureCancelledError:
+                raise TransportError("cancelled", "the call was cancelled") from None
+            return response
+        finally:
+            self._release(address, entry, error)
 
     async def connect_stream(self, address: str, purpose: bytes, expect_peer_id: str | None = None) -> Stream:
         """Open an authenticated stream to ``address``; the caller must ``aclose()`` it (or use open_stream).
 
         ``expect_peer_id``: refuse (RemoteProtocolError "unexpected_peer") anyone else answering there.
         """
-        stub = self._channel(address).stream_stream(
-            STREAM_METHOD, request_serializer=None, response_deserializer=None
-        )
-        outbox = FrameQueue(self.config.queue_frames, self._token)
-        inbox = FrameQueue(self.config.queue_frames, self._token)
-        reader_done = trio.Event()
-        call = stub(_outgoing(outbox, None, self.config.max_message))
+        entry = self._acquire(address)
+        try:
+            stub = entry.channel.stream_stream(STREAM_METHOD, request_serializer=None, response_deserializer=None)
+            outbox = FrameQueue(self.config.queue_frames, self._token)
+            inbox = FrameQueue(self.config.queue_frames, self._token)
+            reader_done = trio.Event()
+            call = stub(_outgoing(outbox, None, self.config.max_message))
+        except BaseException:
+            self._release(address, entry, None)
+            raise
         conduit = _GrpcConduit(outbox, inbox, reader_done, call.cancel, self.config.max_message)
+        token = self._token
 
         def read() -> None:
-            _pump(call, inbox, self._token, reader_done)
+            _pump(call, inbox, token, reader_done)
             # The server ended the call (its response stream is over): nothing we queue can leave any more, so
             # a sender waiting for space fails now instead of waiting forever on a call that is gone.
             outbox.abort("the peer ended the stream")
+            code = call.code() if call.done() else None  # done: code() does not block
+            error = TransportError("unavailable", "") if code is grpc.StatusCode.UNAVAILABLE else None
+            with suppress(trio.RunFinishedError):
+                token.run_sync_soon(self._release, address, entry, error)
 
         threading.Thread(target=read, name="arceus-stream-reader", daemon=True).start()
         try:
@@ -459,9 +506,10 @@ class GrpcTransport:
         stopped = server.stop(grace=None)
         for scope in list(self._live_scopes):
             scope.cancel()
-        for channel in self._channels.values():
-            channel.close()
+        for entry in [*self._channels.values(), *self._retired]:
+            entry.channel.close()
         self._channels.clear()
+        self._retired.clear()
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(stopped.wait, 10.0)
         executor.shutdown(wait=False)

@@ -344,3 +344,25 @@ async def test_a_peer_that_starts_listening_is_reached_within_moments_grpc() -> 
             began = time.monotonic()
             assert await client.call(address, b"late", 2) == b"echo:late"
             assert time.monotonic() - began < 1.0
+
+
+@trio_test
+async def test_a_call_right_after_a_refused_one_dials_afresh_grpc() -> None:
+    """A call that failed ``unavailable`` retires its channel: the next call dials a fresh one at once instead of
+    failing fast for the old channel's reconnect backoff (gRPC shares one subchannel, and its backoff, among the
+    channels to an address unless each keeps its own). Daemons started together dial each other's seeds before
+    they listen; a peer's first probe right after it listened failed this way, and the peer was suspected."""
+    from arceusd.swarm import free_ports
+
+    port = free_ports(1)[0]
+    address = f"127.0.0.1:{port}"
+    async with open_transport(Identity.generate(), "127.0.0.1", 0, unary_handler=echo_call,
+                              stream_handler=echo_stream) as client:  # fmt: skip
+        for _ in range(3):  # refused a few times: the old channel's backoff grows
+            with pytest.raises(TransportError) as err:
+                await client.call(address, b"early", 2)
+            assert err.value.code == "unavailable"
+        async with open_transport(Identity.generate(), "127.0.0.1", port, unary_handler=echo_call,
+                                  stream_handler=echo_stream):  # fmt: skip
+            assert await client.call(address, b"now", 2) == b"echo:now"  # no wait: a fresh channel dials
+        assert not client._retired, "retired channels are closed once their calls ended"

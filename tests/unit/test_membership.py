@@ -108,6 +108,8 @@ def test_probe_escalates_to_indirect_then_suspects_with_nack_accounting() -> Non
     core = Membership(cfg, "me", "addr-me", b"k", random.Random(3), now=0.0)
     peers = tuple(Update(UpdateKind.ALIVE, f"o{i}", 1, f"o{i}", f"addr-o{i}", b"k") for i in range(5))
     core.bootstrap(peers, 0.0)
+    for p in peers:  # each answered a ping of ours before: no first-contact stretch (tested below)
+        core.handle(AckReceived(p.peer, 0), 0.0)
     t = core.next_deadline()
     ping = None
     for _ in range(20):  # bounded: find the first probe
@@ -126,6 +128,50 @@ def test_probe_escalates_to_indirect_then_suspects_with_nack_accounting() -> Non
     actions = core.handle(Tick(), start + cfg.probe_interval)
     assert core.state_of(ping.to) is MemberState.SUSPECT
     assert core.health_score == cfg.indirect_checks  # no nack came back from anyone: we are suspect ourselves
+
+
+def _first_probe(core: Membership, t: float) -> tuple[SendPing, float]:
+    for _ in range(50):  # bounded
+        pings = [a for a in core.handle(Tick(), t) if isinstance(a, SendPing)]
+        if pings:
+            return pings[0], t
+        t = core.next_deadline()
+    raise AssertionError("no probe")
+
+
+def test_a_member_that_never_answered_us_is_probed_with_the_largest_stretch() -> None:
+    """First contact: the ping sets up a connection (and maybe a handshake) to a member that has often just
+    started, so it gets awareness_max_multiplier times the timeout and interval; once it answered, the preset's
+    own timings apply; held dead and back, it is a first contact again."""
+    cfg = local()
+    stretch = cfg.awareness_max_multiplier
+    core = Membership(cfg, "me", "addr-me", b"k", random.Random(5), now=0.0)
+    core.bootstrap((Update(UpdateKind.ALIVE, "o", 1, "o", "addr-o", b"k"),), 0.0)
+    ping, start = _first_probe(core, core.next_deadline())
+    # no ping-req and no suspicion at the preset's timings
+    assert not [a for a in core.handle(Tick(), start + 2 * cfg.probe_timeout) if isinstance(a, SendPingReq)]
+    core.handle(Tick(), start + 2 * cfg.probe_interval)
+    assert core.state_of("o") is MemberState.ALIVE
+    silent = Membership(cfg, "me", "addr-me", b"k", random.Random(5), now=0.0)  # a first contact that never answers
+    silent.bootstrap((Update(UpdateKind.ALIVE, "o", 1, "o", "addr-o", b"k"),), 0.0)
+    _, began = _first_probe(silent, silent.next_deadline())
+    silent.handle(Tick(), began + stretch * cfg.probe_interval)
+    assert silent.state_of("o") is MemberState.SUSPECT
+    core.handle(AckReceived("o", ping.seq), start + 0.3)  # a slow first answer (300 ms) is fine
+    assert core.state_of("o") is MemberState.ALIVE and core.health_score == 0
+    # answered once: the next probe fails at the preset's interval
+    ping, start = _first_probe(core, core.next_deadline())
+    core.handle(Tick(), start + cfg.probe_interval)
+    assert core.state_of("o") is MemberState.SUSPECT
+    # held dead, then back: first contact again
+    back = start + cfg.suspicion_max_timeout(2) + 1.0
+    core.handle(Tick(), back)
+    assert core.state_of("o") is MemberState.DEAD
+    core.handle(GossipReceived("o", (Update(UpdateKind.ALIVE, "o", 2, "o", "addr-o", b"k"),)), back)
+    assert core.state_of("o") is MemberState.ALIVE
+    ping, start = _first_probe(core, back)
+    core.handle(Tick(), start + 2 * cfg.probe_interval)
+    assert core.state_of("o") is MemberState.ALIVE
 
 
 def test_relay_acks_or_nacks_for_the_requester() -> None:
