@@ -69,7 +69,8 @@ def test_two_minutes_of_interleaved_attacks_against_a_training_job(tmp_path: Pat
                     time.sleep(0.5)
         end = s.call(0, "job", {"job_id": job_id})
         assert len(ran) >= len(plan), f"only {len(ran)} attacks ran"
-        assert_healthy(watch.report, base_watch.report, rss_extra_mib=500)
+        # the 60 MiB calls alone vary from +0 to +211 MiB (test_transport_big_calls); 435 MiB peak measured
+        assert_healthy(watch.report, base_watch.report, rss_extra_mib=800)
         assert all(p.poll() is None for i, p in enumerate(s.procs)), "a daemon exited under the soak"
         assert hostile_peer in end["excluded"], end["excluded"]
         named = [r for r in end["recoveries"] if hostile_peer in r["reason"]]
