@@ -7,9 +7,10 @@ one JSON line on stdout, the way the worker and the probe run. Owns both sides:
 - the daemon's side (:func:`prepare_resume`, :func:`export_model`): trio starts the child and parses its answer;
   a child that fails raises :class:`FileworkError` with the last of its message;
 - the child's side (:func:`main`): ``resume`` runs :func:`arceusd.jobs.recovery.prepare_resume` over the plan's
-  stages, ``export`` assembles the shards into the model (:mod:`arceusd.jobs.export`), ``check`` reads committed
-  shards for finite values and the shapes their place in the plan implies (:func:`check_shards`). A resume slice
-  and an exported model that hold a non-finite value are refused (issue #19: never ``done`` with a broken model).
+  stages, ``export`` assembles the shards into the model (:mod:`arceusd.jobs.export`), ``shapes`` computes once per
+  plan the parameter shapes each place in it implies (:func:`plan_shapes`), which the leader checks every
+  committed shard against (:mod:`arceusd.jobs.shard_scan`, in the daemon, without torch). A resume slice and an
+  exported model that hold a non-finite value are refused (issue #19: never ``done`` with a broken model).
 
 Everything the child gets comes from this daemon (its own spec bytes, plan, files); it parses the spec again
 with :func:`arceusd.jobs.spec.spec_from_dict` and the plan with the partitioner's decoder.
@@ -26,7 +27,7 @@ from typing import Any
 
 from arceusd.jobs.recovery import ResumeFile, ResumePoint
 
-TASKS = ("resume", "export", "check")
+TASKS = ("resume", "export", "shapes")
 
 
 class FileworkError(RuntimeError):
@@ -80,15 +81,14 @@ async def export_model(job_dir: Path, spec_bytes: bytes, job_id: str, step: int,
     return Path(answer["model_path"])
 
 
-async def check_shards(spec_bytes: bytes, plan_data: bytes, shards: Sequence[tuple[str, Path]]) -> dict[str, str]:
-    """Which of ``shards`` (``(peer, path)``, each the shard of ``peer``'s place in the plan) hold a non-finite
-    value or tensors of other names or shapes than that place implies: peer -> why (in a child process)."""
-    answer = await _run("check", {"spec": spec_bytes.decode(), "plan": base64.b64encode(plan_data).decode(),
-                                  "shards": [[peer, str(path)] for peer, path in shards]})  # fmt: skip
-    bad = answer.get("bad")
-    if not isinstance(bad, dict):
-        raise FileworkError("check: no verdict in the child's answer")
-    return {str(k): str(v) for k, v in bad.items()}
+async def plan_shapes(spec_bytes: bytes, plan_data: bytes) -> dict[str, dict[str, tuple[int, ...]]]:
+    """The parameter names and shapes each device's place in the plan implies: peer -> name -> shape (in a child
+    process: the reference model's shapes, sliced the way the workers slice them)."""
+    answer = await _run("shapes", {"spec": spec_bytes.decode(), "plan": base64.b64encode(plan_data).decode()})
+    shapes = answer.get("shapes")
+    if not isinstance(shapes, dict):
+        raise FileworkError("shapes: no shapes in the child's answer")
+    return {str(peer): {str(k): tuple(int(d) for d in v) for k, v in names.items()} for peer, names in shapes.items()}
 
 
 # ------------------------------------------------------------------------------------------------ the child
@@ -102,44 +102,26 @@ def _non_finite(tensors: Any) -> str | None:
     return None
 
 
-def _check(request: dict[str, Any]) -> dict[str, Any]:
+def _shapes(request: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     from arceusd.jobs.planning import worker_stages
-    from arceusd.jobs.reslice import ResliceError, parse_shard, slice_state
+    from arceusd.jobs.reslice import slice_state
     from arceusd.jobs.spec import spec_from_dict
     from arceusd.models.build import build_reference_model
     from partitioner import plan_from_bytes
 
     spec = spec_from_dict(json.loads(request["spec"]))
-    the_plan = plan_from_bytes(base64.b64decode(request["plan"]))
-    stages = worker_stages(the_plan)
+    stages = worker_stages(plan_from_bytes(base64.b64decode(request["plan"])))
     with torch.no_grad():  # shapes only (the values are the seed's, never used)
         reference = {k: v.detach() for k, v in build_reference_model(spec.model, 0).named_parameters()}
     full = {f"param.blocks.{k}": v for k, v in reference.items()}
-    bad: dict[str, str] = {}
-    for peer, path in request["shards"]:
-        position = next(((s, r) for s, stage in enumerate(stages) for r, m in enumerate(stage.members)
-                         if m.peer_id == peer), None)  # fmt: skip
-        if position is None:
-            bad[peer] = "holds no place in the plan"
-            continue
-        try:
-            _, tensors = parse_shard(Path(path).read_bytes())
-            expected = {k: tuple(v.shape) for k, v in slice_state(spec.model, full, stages[position[0]],
-                                                                  position[1]).items()}  # fmt: skip
-        except (OSError, ResliceError, ValueError) as exc:
-            bad[peer] = f"its shard cannot be read: {exc}"
-            continue
-        got = {k: tuple(v.shape) for k, v in tensors.items() if k.startswith("param.")}
-        if got != expected:
-            wrong = sorted(set(got) ^ set(expected)) or sorted(k for k in got if got[k] != expected[k])
-            bad[peer] = f"its shard's parameters are not its stage's (names or shapes differ: {wrong[:3]})"
-            continue
-        where = _non_finite(tensors)
-        if where is not None:
-            bad[peer] = f"its shard holds non-finite values ({where})"
-    return {"bad": bad}
+    shapes: dict[str, dict[str, list[int]]] = {}
+    for stage in stages:
+        for rank, member in enumerate(stage.members):
+            sliced = slice_state(spec.model, full, stage, rank)
+            shapes[member.peer_id] = {k: list(v.shape) for k, v in sliced.items()}
+    return {"shapes": shapes}
 
 
 def _resume(request: dict[str, Any]) -> dict[str, Any]:
@@ -186,7 +168,7 @@ def main() -> None:
         sys.exit(f"usage: python -m arceusd.jobs.filework {{{','.join(TASKS)}}} < request.json")
     try:
         request = json.loads(sys.stdin.read())
-        task = {"resume": _resume, "export": _export, "check": _check}[sys.argv[1]]
+        task = {"resume": _resume, "export": _export, "shapes": _shapes}[sys.argv[1]]
         answer = task(request)
     except Exception as exc:  # one line for the daemon's log; the traceback goes to stderr
         import traceback
@@ -201,4 +183,4 @@ if __name__ == "__main__":
     main()
 
 
-__all__ = ["FileworkError", "check_shards", "export_model", "main", "prepare_resume"]
+__all__ = ["FileworkError", "export_model", "main", "plan_shapes", "prepare_resume"]

@@ -102,6 +102,7 @@ class Job:
     stale_reports: int = 0  # reports refused for an old plan epoch (e.g. from a peer that was declared dead)
     refused_reports: dict[str, int] = field(default_factory=dict)  # jobs.shard_checks.ReportProblem -> count
     excluded: dict[str, str] = field(default_factory=dict)  # peer -> why the leader excluded it (shard_checks)
+    shard_shapes: dict[int, dict[str, dict[str, tuple[int, ...]]]] = field(default_factory=dict)  # epoch -> plan's
     measured: dict[str, tuple[float, float]] = field(default_factory=dict)  # peer -> (step s, predicted s): claims
     gather_until: float = 0.0  # after the owner's restart: plan at this time even if not every member is back
     expected_members: set[str] = field(default_factory=set)
@@ -115,6 +116,7 @@ class Job:
     standby_offers: dict[str, Any] = field(default_factory=dict)  # on the standby: the plan members' offers
     links: dict[str, dict[str, float]] = field(default_factory=dict)  # leader: its measured link to each member
     sync_lock: trio.Lock = field(default_factory=trio.Lock)
+    commit_lock: trio.Lock = field(default_factory=trio.Lock)  # the leader commits one checkpoint at a time
 
     def __post_init__(self) -> None:
         self.leader = self.leader or self.owner

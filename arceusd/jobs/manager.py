@@ -736,8 +736,14 @@ class JobManager(ControlMethods, LocalWorker, StandbySyncing):
     async def _commit_checkpoint(self, job: Job, step: int, term: int, epoch: int) -> None:
         """Commit ``step`` (:meth:`_commit_once`); a failure of the final checkpoint is retried, then fails the
         job (:func:`arceusd.jobs.lifecycle.after_commit_failure`); an earlier one is superseded by the next."""
+        async with job.commit_lock:  # one at a time, in step order (trio's lock is fair): receipts chain
+            await self._commit_in_turn(job, step, term, epoch)
+
+    async def _commit_in_turn(self, job: Job, step: int, term: int, epoch: int) -> None:
         attempt = 0
         while True:
+            if job.epoch != epoch or job.state in TERMINAL or not self._leads(job):
+                return  # repartitioned meanwhile, or the job ended while this one waited (e.g. its budget is spent)
             error = await self._commit_once(job, step, term, epoch)
             if error is None or job.epoch != epoch or job.state in TERMINAL or not self._leads(job):
                 return
@@ -773,7 +779,10 @@ class JobManager(ControlMethods, LocalWorker, StandbySyncing):
             records.append(record)
         if job.epoch != epoch:
             return None  # repartitioned meanwhile: the new plan resumes from an earlier step
-        refused = await shard_checks.check_contents(job, step_dir(root, step), step, self.node.identity.peer_id)
+        try:
+            refused = await shard_checks.check_contents(job, step_dir(root, step), step, self.node.identity.peer_id)
+        except (OSError, filework.FileworkError) as exc:  # this device's trouble: nobody is excluded for it
+            return f"checkpoint {step} not checked: {exc}"
         if refused is not None and job.epoch == epoch:  # a non-finite or misshapen shard: never committed
             self._request_restart(job, refused)
         if refused is not None or job.epoch != epoch:

@@ -15,7 +15,7 @@ A member reports a shard as ``(name, sha256, size)``. None of it becomes a path 
 A refused report is dropped and counted under its :class:`ReportProblem` (``refused_reports`` in ``arceusd status
 JOB``); its sender is excluded from the job (:func:`exclude`: named under ``excluded``, out of the members, not let
 back in), and the leader repartitions from the last good checkpoint. The same happens to a member whose committed
-shard holds non-finite values or tensors of the wrong shape (:func:`arceusd.jobs.filework.check_shards`).
+shard holds non-finite values or tensors of the wrong shape (:func:`arceusd.jobs.shard_scan.scan_shard`).
 """
 
 from __future__ import annotations
@@ -139,19 +139,38 @@ def is_excluded(job: Job, peer: str) -> bool:
 
 
 async def check_contents(job: Job, folder: Path, step: int, me: str) -> str | None:
-    """Read every shard of ``step`` (copied into ``folder``) in a child process for finite values and the
-    shapes of its writer's place in the plan (:func:`arceusd.jobs.filework.check_shards`); exclude each member
-    whose shard fails. Returns the reason to repartition from the last good checkpoint, or None when all pass."""
+    """Check every shard of ``step`` (copied into ``folder``) for finite values and the shapes of its writer's
+    place in the plan (:func:`arceusd.jobs.shard_scan.scan_shard`, in a thread; the shapes are computed once per
+    plan epoch in a child process, :func:`arceusd.jobs.filework.plan_shapes`); exclude each member whose shard
+    fails. Returns the reason to repartition from the last good checkpoint, or None when all pass.
+
+    Error handling: :class:`OSError` when a copied shard cannot be read here and
+    :class:`arceusd.jobs.filework.FileworkError` when the shapes could not be computed: this device's trouble,
+    not the member's, so nobody is excluded and the commit fails (the next checkpoint supersedes it)."""
+    import trio
+
     from arceusd.jobs import filework
     from arceusd.jobs.planning import encode_start
+    from arceusd.jobs.shard_scan import ShardScanError, scan_shard
 
     if job.plan is None:
         return None
-    _, plan_data = encode_start(job.inputs, job.plan)
-    shards = [(peer, folder / str(shard["name"])) for peer, shard in sorted(job.reports.get(step, {}).items())]
-    bad = await filework.check_shards(job.spec_bytes, plan_data, shards)
+    epoch = job.epoch
+    shapes = job.shard_shapes.get(epoch)
+    if shapes is None:
+        _, plan_data = encode_start(job.inputs, job.plan)
+        shapes = await filework.plan_shapes(job.spec_bytes, plan_data)
+        job.shard_shapes = {epoch: shapes}  # only the current plan's
     reasons = []
-    for peer, why in sorted(bad.items()):
+    for peer, shard in sorted(job.reports.get(step, {}).items()):
+        expected = shapes.get(peer)
+        try:
+            if expected is None:
+                raise ShardScanError("holds no place in the plan")
+            await trio.to_thread.run_sync(scan_shard, folder / str(shard["name"]), expected)
+            continue
+        except ShardScanError as exc:
+            why = str(exc)
         refused = ReportRefused(ReportProblem.CONTENT, f"checkpoint {step}: {why}")
         if peer == me:  # this device's own worker: no one to exclude; the restarts are bounded
             job.refused_reports[ReportProblem.CONTENT.value] = job.refused_reports.get(ReportProblem.CONTENT.value,

@@ -1,7 +1,7 @@
 """Issue #19 job items, unit level: a checkpoint report's name is the plan's and its size within the plan's bound
 (arceusd/jobs/shard_checks.py), a download is bounded by what this device knows (transfers), offers within
-physical bounds and a JobStop sets known states only (arceusd/jobs/claims.py), and the child-process check
-(filework ``check``) finds a NaN shard and a misshapen one."""
+physical bounds and a JobStop sets known states only (arceusd/jobs/claims.py), and the shapes a plan implies
+(filework ``shapes``, a child process) with the daemon's scan (shard_scan) find a NaN shard and a misshapen one."""
 
 from __future__ import annotations
 
@@ -112,10 +112,11 @@ def test_offers_within_physical_bounds_and_stop_states() -> None:
         "done", "replanning", "stopped", "stopped", "failed"]  # fmt: skip
 
 
-def test_the_child_check_finds_a_nan_shard_and_a_misshapen_one(tmp_path: Path) -> None:
+def test_the_plans_shapes_and_the_scan_find_a_nan_shard_and_a_misshapen_one(tmp_path: Path) -> None:
     from arceusd.checkpoint import write_shard
     from arceusd.jobs import filework
     from arceusd.jobs.planning import Offer, encode_start, make_plan
+    from arceusd.jobs.shard_scan import ShardScanError, scan_shard
     from arceusd.jobs.spec import load_spec, to_dict
     from arceusd.models.build import build_reference_model
     from tests.adversarial.hostile_job import poison
@@ -134,14 +135,16 @@ def test_the_child_check_finds_a_nan_shard_and_a_misshapen_one(tmp_path: Path) -
         write_shard(tmp_path, 0, "x.safetensors", tensors)  # the writer's format
         paths[-1][1].parent.mkdir(exist_ok=True)
         (tmp_path / "step-0000000000" / "x.safetensors").rename(paths[-1][1])
-    good = trio.run(filework.check_shards, spec_bytes, plan_data, paths)
-    assert good == {}, good
+    shapes = trio.run(filework.plan_shapes, spec_bytes, plan_data)
+    assert sorted(shapes) == sorted(p for p, _ in paths)
+    for peer, path in paths:
+        scan_shard(path, shapes[peer])  # the workers' format passes
     poison(paths[0][1])
-    bad = trio.run(filework.check_shards, spec_bytes, plan_data, paths)
-    assert list(bad) == [paths[0][0]] and "non-finite" in bad[paths[0][0]]
+    with pytest.raises(ShardScanError, match="non-finite"):
+        scan_shard(paths[0][1], shapes[paths[0][0]])
     paths[1][1].write_bytes(paths[0][1].read_bytes())  # another stage's tensors
-    bad = trio.run(filework.check_shards, spec_bytes, plan_data, paths)
-    assert "names or shapes" in bad[paths[1][0]], bad
+    with pytest.raises(ShardScanError, match="names or shapes"):
+        scan_shard(paths[1][1], shapes[paths[1][0]])
 
 
 def test_step_times_are_reported_kept_and_the_standby_is_chosen_among_measured_members() -> None:

@@ -1,0 +1,119 @@
+"""Checking a committed checkpoint shard inside the daemon, without torch: its safetensors header and its values.
+
+The leader checks every shard of a checkpoint before it signs the manifest (issue #19): the parameters must be
+exactly the names and shapes the writer's place in the plan implies, and no floating-point value may be a NaN or
+an infinity. The expected shapes depend only on the spec and the plan, so they are computed once per plan in a
+child process that has torch (:func:`arceusd.jobs.filework.plan_shapes`); the per-commit scan here reads the
+header itself and tests the values' exponent bits with numpy, in a worker thread, chunk by chunk through a
+memory map (memory stays bounded whatever the shard's size). A torch child per commit used to cost 2-4 s of CPU,
+so commits fell behind the workers of a fast job.
+
+Everything here reads a file the leader already bounded (its size came from the plan, its digest matched the
+member's report); the header is still parsed as untrusted input: lengths, offsets, dtypes and shapes are
+checked against the file before any value is read.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import mmap
+import struct
+from collections.abc import Mapping
+from pathlib import Path
+
+Shapes = Mapping[str, tuple[int, ...]]
+"""Parameter name (``param.blocks.<i>.<name>``) -> shape."""
+
+ITEM_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
+"""The safetensors dtypes a shard may hold, and their sizes."""
+
+_EXPONENT = {"F64": ("<u8", 0x7FF0000000000000), "F32": ("<u4", 0x7F800000), "F16": ("<u2", 0x7C00),
+             "BF16": ("<u2", 0x7F80)}  # fmt: skip
+"""A float is a NaN or an infinity exactly when all its exponent bits are set."""
+
+MAX_HEADER = 1 << 24
+CHUNK_BYTES = 1 << 24
+"""Values are tested this many bytes at a time (the temporary arrays stay this small)."""
+
+
+class ShardScanError(ValueError):
+    """The shard is not what its place in the plan implies; the message says what is wrong."""
+
+
+def _entries(header: object, body: int) -> dict[str, tuple[str, tuple[int, ...], int, int]]:
+    """name -> (dtype, shape, begin, end) of a parsed header, each checked against the body's ``body`` bytes."""
+    if not isinstance(header, dict):
+        raise ShardScanError("its safetensors header is not an object")
+    out: dict[str, tuple[str, tuple[int, ...], int, int]] = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        if not isinstance(entry, dict):
+            raise ShardScanError(f"tensor {name[:80]!r} has no description")
+        dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+        if dtype not in ITEM_BYTES:
+            raise ShardScanError(f"tensor {name[:80]!r} has an unknown dtype {str(dtype)[:20]!r}")
+        if (not isinstance(shape, list) or len(shape) > 8
+                or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):  # fmt: skip
+            raise ShardScanError(f"tensor {name[:80]!r} has a malformed shape")
+        if (not isinstance(offsets, list) or len(offsets) != 2
+                or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)):  # fmt: skip
+            raise ShardScanError(f"tensor {name[:80]!r} has malformed data offsets")
+        begin, end = offsets
+        if not 0 <= begin <= end <= body or end - begin != math.prod(shape) * ITEM_BYTES[str(dtype)]:
+            raise ShardScanError(f"tensor {name[:80]!r} does not fit the file (offsets {begin}..{end})")
+        out[str(name)] = (str(dtype), tuple(shape), begin, end)
+    return out
+
+
+def _non_finite(view: memoryview, dtype: str) -> bool:
+    """Whether the little-endian floats in ``view`` hold a NaN or an infinity."""
+    import numpy as np
+
+    code, mask = _EXPONENT[dtype]
+    item = ITEM_BYTES[dtype]
+    step = CHUNK_BYTES - CHUNK_BYTES % item
+    for at in range(0, len(view), step):
+        bits = np.frombuffer(view[at : at + step], dtype=code)
+        if bool(np.any((bits & np.array(mask, dtype=code)) == mask)):
+            return True
+    return False
+
+
+def scan_shard(path: Path, expected: Shapes) -> None:
+    """Check the shard at ``path``: its ``param.*`` tensors are exactly ``expected`` (names and shapes), every
+    tensor lies within the file, and no floating-point value is a NaN or an infinity. :class:`ShardScanError`
+    says what is wrong; :class:`OSError` when the file cannot be read."""
+    with path.open("rb") as fh:
+        size = fh.seek(0, 2)
+        if size < 8:
+            raise ShardScanError("it is shorter than a safetensors header")
+        fh.seek(0)
+        (n,) = struct.unpack("<Q", fh.read(8))
+        if n > min(size - 8, MAX_HEADER):
+            raise ShardScanError("its safetensors header length is out of range")
+        try:
+            header = json.loads(fh.read(n))
+        except ValueError:
+            raise ShardScanError("its safetensors header is not JSON") from None
+        entries = _entries(header, size - 8 - n)
+        got = {k: shape for k, (_, shape, _, _) in entries.items() if k.startswith("param.")}
+        want = {k: tuple(v) for k, v in expected.items()}
+        if got != want:
+            wrong = sorted(set(got) ^ set(want)) or sorted(k for k in got if got[k] != want[k])
+            raise ShardScanError(f"its shard's parameters are not its stage's (names or shapes differ: {wrong[:3]})")
+        floats = [(k, e) for k, e in sorted(entries.items()) if e[0] in _EXPONENT and e[3] > e[2]]
+        if not floats:
+            return
+        with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            data = memoryview(mapped)
+            try:
+                for name, (dtype, _, begin, end) in floats:
+                    if _non_finite(data[8 + n + begin : 8 + n + end], dtype):
+                        raise ShardScanError(f"its shard holds non-finite values ({name})")
+            finally:
+                data.release()
+
+
+__all__ = ["ITEM_BYTES", "Shapes", "ShardScanError", "scan_shard"]
