@@ -152,15 +152,23 @@ def test_owner_back_leaves_within_2s_and_the_job_ends_as_the_failure_free_run(sw
 
     kept = verify_file(swarm.state_dir(2) / "ledger.jsonl")
     assert kept.ok and kept.entries and all(e.countersigned for e in kept.entries)
-    # Steps ``(step_from, step_to]``: none spans its absence. Taken back, it is paid again only from a plan that
-    # began after it left; refused, nothing past the step it had reached.
+    # Paid only for plans it was in: the plans before it left, up to the step its worker had reached, and, taken
+    # back, plans that began after it offered itself again (steps recomputed there are work it did again). Refused,
+    # nothing after it left. Step ranges alone cannot say this: a plan that takes it back resumes from the newest
+    # checkpoint, which may lie before the step it had reached.
     left_at = worked["step"]
-    assert all(e.receipt.step_to <= left_at or e.receipt.step_from >= left_at for e in kept.entries), kept.entries
-    before = [e.receipt for e in kept.entries if e.receipt.step_to <= left_at]
-    after = [e.receipt for e in kept.entries if e.receipt.step_to > left_at]
+    left_epoch = min(r["epoch"] for r in end["recoveries"] if "left" in r["reason"])
+
+    def plan_began(epoch: int) -> float:  # the restart that started this plan epoch (or the one before it)
+        return max((r["began_at"] for r in end["recoveries"] if r["epoch"] <= epoch), default=0.0)
+
+    before = [e.receipt for e in kept.entries if e.receipt.epoch < left_epoch]
+    after = [e.receipt for e in kept.entries if e.receipt.epoch >= left_epoch]
+    assert before and all(r.step_to <= left_at for r in before), (left_at, before)
     assert sum(r.steps for r in before) <= left_at
     if after:
         assert offers[0]["accepted"], after
+        assert all(plan_began(r.epoch) >= offers[0]["at"] for r in after), (offers, end["recoveries"], after)
         assert sum(r.steps for r in after) <= end["step"] - min(r.step_from for r in after)
 
 
