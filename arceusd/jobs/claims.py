@@ -7,9 +7,16 @@
 - a member's measured speed (:func:`own_step_times`, :func:`record_step_time`): the leader keeps each member's
   step times as its checkpoint reports carry them (the worker's own compute seconds per step, with the plan's
   prediction beside them; ``measured_step_s`` in ``arceusd status JOB``), and chooses the standby among members
-  that were measured when there are any (:func:`arceusd.jobs.standby_sync.choose_standby`).
-  :func:`discounted` is how a member measured far slower than it claimed would be given less work; it is not
-  applied yet: the members check their own offer in the leader's plan inputs and would refuse a discounted one.
+  that were measured when there are any (:func:`arceusd.jobs.standby_sync.choose_standby`);
+- a member's offered speed against that measure (:func:`overclaim`, :func:`discounted`): a member that ran more
+  than :data:`RELATIVE_SLOW` times slower than its offer predicts, relative to how the other members ran against
+  theirs (so a machine that slows everyone does not count), and by at least :data:`MIN_EXCESS_S` a step, has its
+  speed divided by that factor and the leader plans again from the last checkpoint (once per member and job). A
+  member accepts a plan that rates it slower than it offered, never faster
+  (:func:`arceusd.jobs.planning.verify_start`).
+
+What stays open: the step times are the member's worker's own figures; a member that lies about its speed *and*
+its step times is caught only by the pipeline running slower than planned for everyone.
 """
 
 from __future__ import annotations
@@ -23,8 +30,14 @@ MAX_OFFER_MEMORY = 1 << 44
 """16 TiB: more memory than any one machine lends a job today; an offer above it is refused."""
 MAX_OFFER_FLOPS = 1e17
 """FLOP/s: about fifty of today's fastest accelerators; one device claiming more is refused."""
-SLOW_FACTOR = 2.0
-"""A member measured more than this many times slower than the plan predicted is discounted."""
+RELATIVE_SLOW = 6.0
+"""A member measured this many times slower against its offer than the others against theirs is discounted (wide:
+two busy cores alone make honest members run up to about twice their prediction, all of them alike)."""
+MIN_EXCESS_S = 0.05
+"""...and only when it ran at least this many seconds per step over its prediction: a stage of a few
+milliseconds is all overheads (Python, scheduling), whose ratio to the prediction says nothing about an offer."""
+MAX_DISCOUNT = 1000.0
+"""The most a member's offered speed is divided by; a plan may rate a member this much slower than it offered."""
 STOP_STATES = frozenset({"done", "failed", "cancelled", "replanning"})
 """What a leader's JobStop may set a member's job to."""
 
@@ -71,18 +84,35 @@ def measured(times: Mapping[str, tuple[float, float]], peer: str) -> bool:
     return peer in times
 
 
-def measured_factor(times: Mapping[str, tuple[float, float]], peer: str) -> float:
+def measured_factor(times: Mapping[str, tuple[float, ...]], peer: str) -> float:
     """How much slower than predicted ``peer`` ran (1.0 when unmeasured or not slower)."""
     got = times.get(peer)
     return 1.0 if got is None else max(1.0, got[0] / got[1])
 
 
-def discounted(offer: Any, times: Mapping[str, tuple[float, float]]) -> Any:
-    """``offer`` with its speed divided by how much slower it was measured than predicted, when that is more
-    than :data:`SLOW_FACTOR` (the next plan gives it less work)."""
-    factor = measured_factor(times, offer.peer_id)
-    return offer if factor <= SLOW_FACTOR else replace(offer, flops_per_s=offer.flops_per_s / factor)
+def overclaim(times: Mapping[str, tuple[float, ...]], peer: str) -> float | None:
+    """How many times slower than its offer ``peer`` ran, relative to how much slower than planned the other
+    measured members ran together (their seconds over their predicted seconds; at least 1.0: a member is never
+    judged against others that ran faster than planned), when that is more
+    than :data:`RELATIVE_SLOW` and it ran :data:`MIN_EXCESS_S` over its prediction; None otherwise, and while no
+    other member was measured."""
+    got = times.get(peer)
+    others = [t for p, t in times.items() if p != peer]
+    if got is None or not others or got[0] - got[1] < MIN_EXCESS_S:
+        return None
+    # the rest of the pipeline as a whole (time-weighted): a tiny stage's overheads do not set the bar
+    rest = sum(t[0] for t in others) / sum(t[1] for t in others)
+    factor = (got[0] / got[1]) / max(1.0, rest)
+    return factor if factor > RELATIVE_SLOW else None
 
 
-__all__ = ["MAX_OFFER_FLOPS", "MAX_OFFER_MEMORY", "SLOW_FACTOR", "STOP_STATES", "check_offer_bounds", "discounted",
-           "measured", "measured_factor", "own_step_times", "record_step_time", "stop_state"]  # fmt: skip
+def discounted(offer: Any, factor: float) -> Any:
+    """``offer`` with its speed divided by ``factor`` (at most :data:`MAX_DISCOUNT`; the next plan gives it less
+    work)."""
+    factor = min(MAX_DISCOUNT, factor)
+    return offer if factor <= 1.0 else replace(offer, flops_per_s=offer.flops_per_s / factor)
+
+
+__all__ = ["MAX_DISCOUNT", "MAX_OFFER_FLOPS", "MAX_OFFER_MEMORY", "MIN_EXCESS_S", "RELATIVE_SLOW", "STOP_STATES",
+           "check_offer_bounds", "discounted", "measured", "measured_factor", "overclaim", "own_step_times",
+           "record_step_time", "stop_state"]  # fmt: skip

@@ -104,6 +104,7 @@ class Job:
     excluded: dict[str, str] = field(default_factory=dict)  # peer -> why the leader excluded it (shard_checks)
     shard_shapes: dict[int, dict[str, dict[str, tuple[int, ...]]]] = field(default_factory=dict)  # epoch -> plan's
     measured: dict[str, tuple[float, float]] = field(default_factory=dict)  # peer -> (step s, predicted s): claims
+    discounts: dict[str, float] = field(default_factory=dict)  # peer -> its offered speed is divided by (claims)
     gather_until: float = 0.0  # after the owner's restart: plan at this time even if not every member is back
     expected_members: set[str] = field(default_factory=set)
     start_scope: trio.CancelScope | None = None  # while the leader starts a plan's workers
@@ -153,6 +154,7 @@ class Job:
                 "stale_reports": self.stale_reports, "standby": self.standby, "links": self.links,
                 "refused_reports": dict(self.refused_reports), "excluded": dict(self.excluded),
                 "measured_step_s": {p: list(t) for p, t in self.measured.items()},
+                "discounted": {p: round(f, 2) for p, f in self.discounts.items()},
                 "standby_ready": self.standby_data is not None, "stage_timing": self.stage_timing(),
             })  # fmt: skip
         return out
@@ -171,12 +173,14 @@ class Job:
     def plan_summary(self) -> dict[str, Any] | None:
         if self.plan is None:
             return None
+        planned = {} if self.inputs is None else {d.peer_id: d.flops_per_s for d in self.inputs.devices}
         return {
             "schedule": self.plan.schedule, "micro_batches": self.plan.micro_batches,
             "predicted_step_time_s": self.plan.predicted_step_time_s, "bubble_fraction": self.plan.bubble_fraction,
             "stages": [
                 {"index": s.index, "blocks": [s.start, s.end],
-                 "devices": [{"peer_id": sh.peer_id, "heads": list(sh.heads), "mlp_columns": list(sh.mlp_columns)}
+                 "devices": [{"peer_id": sh.peer_id, "heads": list(sh.heads), "mlp_columns": list(sh.mlp_columns),
+                              "flops_per_s": planned.get(sh.peer_id)}  # the speed planned with (claims.discounted)
                              for sh in s.shares]}
                 for s in self.plan.stages
             ],

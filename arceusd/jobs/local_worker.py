@@ -221,6 +221,15 @@ class LocalWorker(ManagerBase):
                 return
             job.reports.setdefault(step, {})[peer] = shard
             claims.record_step_time(job.measured, peer, event)
+            factor = claims.overclaim(job.measured, peer) if peer not in job.discounts else None
+            if factor is not None:  # once per member: planned again at the speed it showed (issue #19)
+                job.discounts[peer] = factor
+                log.warning("job %s: %s ran %.1fx slower than its offer; planning again at its measured speed",
+                            job.job_id, peer[:12], factor)  # fmt: skip
+                self._request_restart(job, f"member {peer[:12]} ran {factor:.1f}x slower than its offer "
+                                           "(measured against the other members); planning again at its measured "
+                                           "speed")  # fmt: skip
+                return
             if event.get("cursor") is not None:
                 job.cursors[step] = event["cursor"]
             expected = sum(len(s.shares) for s in job.plan.stages) if job.plan else 0

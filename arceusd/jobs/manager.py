@@ -56,7 +56,7 @@ import trio
 
 from arceusd.announce_guard import AnnounceGuard
 from arceusd.control import RequestError
-from arceusd.jobs import filework, leadership, lifecycle, shard_checks
+from arceusd.jobs import claims, filework, leadership, lifecycle, shard_checks
 from arceusd.jobs.claims import check_offer_bounds, stop_state
 from arceusd.jobs.control_methods import ControlMethods
 from arceusd.jobs.core import MAX_RESTARTS_PER_CHECKPOINT
@@ -327,7 +327,8 @@ class JobManager(ControlMethods, LocalWorker, StandbySyncing):
         job.state = "planning"
         me = self.node.identity.peer_id
         rtt = {(me, p): (i.rtt_ms or 1.0) / 1000 for p, i in self.peers.info.items()}
-        offers = [job.members[p] for p in sorted(job.members)]
+        # a member measured far slower than it offered is planned at its measured speed (issue #19)
+        offers = [claims.discounted(job.members[p], job.discounts.get(p, 1.0)) for p in sorted(job.members)]
         measured = await self._measure_links(job)
         job.links = {p: {"rtt_ms": round(m.rtt_s * 1e3, 3), "bandwidth_mb_s": round(m.bandwidth_bytes_per_s / 1e6, 2),
                          "message_ms": round(m.message_s * 1e3, 4)} for p, m in measured.items()}  # fmt: skip
@@ -742,10 +743,10 @@ class JobManager(ControlMethods, LocalWorker, StandbySyncing):
     async def _commit_in_turn(self, job: Job, step: int, term: int, epoch: int) -> None:
         attempt = 0
         while True:
-            if job.epoch != epoch or job.state in TERMINAL or not self._leads(job):
+            if self._commit_moot(job, epoch):
                 return  # repartitioned meanwhile, or the job ended while this one waited (e.g. its budget is spent)
             error = await self._commit_once(job, step, term, epoch)
-            if error is None or job.epoch != epoch or job.state in TERMINAL or not self._leads(job):
+            if error is None or self._commit_moot(job, epoch):
                 return
             attempt += 1
             decision = lifecycle.after_commit_failure(step, job.total_steps, attempt, error)
@@ -758,6 +759,12 @@ class JobManager(ControlMethods, LocalWorker, StandbySyncing):
             else:
                 job.error = decision.error
                 return
+
+    def _commit_moot(self, job: Job, epoch: int) -> bool:
+        """Whether a commit of plan ``epoch`` no longer counts: a repartition was asked for (a member failed, was
+        excluded or left: the new plan resumes from the last commit before it) or ran, or the job ended."""
+        return (job.epoch != epoch or job.plan is None or bool(job.restart_reason) or job.state in TERMINAL
+                or not self._leads(job))  # fmt: skip
 
     async def _commit_once(self, job: Job, step: int, term: int, epoch: int) -> str | None:
         """Copy every shard of ``step`` to the owner, check it, sign the manifest; export at the last step.
@@ -777,16 +784,18 @@ class JobManager(ControlMethods, LocalWorker, StandbySyncing):
                     return f"could not copy shard {record.name} of step {step} from {peer[:12]}"
                 await trio.to_thread.run_sync(atomic_write, path, data)
             records.append(record)
-        if job.epoch != epoch:
-            return None  # repartitioned meanwhile: the new plan resumes from an earlier step
+        if self._commit_moot(job, epoch):
+            return None  # the new plan resumes from an earlier step
+        if job.plan is None or len(records) != sum(len(st.shares) for st in job.plan.stages):
+            return f"checkpoint {step} has {len(records)} shard(s), not one per place in the plan"  # never committed
         try:
             refused = await shard_checks.check_contents(job, step_dir(root, step), step, self.node.identity.peer_id)
-        except (OSError, filework.FileworkError) as exc:  # this device's trouble: nobody is excluded for it
+        except (OSError, RuntimeError) as exc:  # this device's trouble (FileworkError too): nobody is excluded
             return f"checkpoint {step} not checked: {exc}"
-        if refused is not None and job.epoch == epoch:  # a non-finite or misshapen shard: never committed
+        if refused is not None and not self._commit_moot(job, epoch):  # a non-finite or misshapen shard
             self._request_restart(job, refused)
-        if refused is not None or job.epoch != epoch:
-            return None
+        if refused is not None or self._commit_moot(job, epoch):
+            return None  # never committed
         manifest = Manifest(job.job_id, term, epoch, step, tuple(records), {"cursor": job.cursors.get(step)})
         try:
             await trio.to_thread.run_sync(self._commit_manifest, root, manifest, job.spec.checkpoint.keep)

@@ -29,6 +29,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from arceusd.jobs.claims import MAX_DISCOUNT
 from arceusd.jobs.spec_types import JobSpec
 from arceusd.models.config import GPTConfig
 from arceusd.models.costs import block_costs
@@ -232,7 +233,7 @@ def verify_start(spec: JobSpec, inputs_data: bytes, plan_data: bytes, own: Offer
     if inputs.training.global_batch_size != spec.training.batch_size:
         raise PlanRefused("the plan's batch size does not match the job spec")
     mine = [d for d in inputs.devices if d.peer_id == own.peer_id]
-    if mine and _offer_facts(mine[0]) != _offer_facts(own.device_profile(spec.training.optimizer)):
+    if mine and not _states_offer(mine[0], own.device_profile(spec.training.optimizer)):
         raise PlanRefused("the plan misstates this device's offer (speed, memory or calibration)")
     try:
         verify(the_plan, inputs)
@@ -241,9 +242,18 @@ def verify_start(spec: JobSpec, inputs_data: bytes, plan_data: bytes, own: Offer
     return inputs, the_plan
 
 
-def _offer_facts(d: DeviceProfile) -> tuple[float, int, float, float, float]:
-    """What a member checks about itself in the leader's inputs (the kind does not enter the cost model)."""
-    return d.flops_per_s, d.memory_bytes, d.block_efficiency, d.dispatch_s, d.optimizer_s_per_param
+def _offer_facts(d: DeviceProfile) -> tuple[int, float, float, float]:
+    """What a member checks about itself in the leader's inputs besides its speed (the kind does not enter the
+    cost model)."""
+    return d.memory_bytes, d.block_efficiency, d.dispatch_s, d.optimizer_s_per_param
+
+
+def _states_offer(stated: DeviceProfile, own: DeviceProfile) -> bool:
+    """Whether the leader's inputs state this device's offer: its memory and calibration as offered, its speed
+    as offered or slower by at most :data:`arceusd.jobs.claims.MAX_DISCOUNT` (the leader measured it slower:
+    :func:`arceusd.jobs.claims.discounted`), never faster."""
+    speed_ok = own.flops_per_s / MAX_DISCOUNT * (1 - 1e-9) <= stated.flops_per_s <= own.flops_per_s
+    return speed_ok and _offer_facts(stated) == _offer_facts(own)
 
 
 def worker_stages(the_plan: Plan) -> tuple[StageConfig, ...]:

@@ -145,7 +145,8 @@ async def check_contents(job: Job, folder: Path, step: int, me: str) -> str | No
     fails. Returns the reason to repartition from the last good checkpoint, or None when all pass.
 
     Error handling: :class:`OSError` when a copied shard cannot be read here and
-    :class:`arceusd.jobs.filework.FileworkError` when the shapes could not be computed: this device's trouble,
+    :class:`arceusd.jobs.filework.FileworkError` when the shapes could not be computed (a :class:`RuntimeError`,
+    as is no running plan): this device's trouble,
     not the member's, so nobody is excluded and the commit fails (the next checkpoint supersedes it)."""
     import trio
 
@@ -154,7 +155,7 @@ async def check_contents(job: Job, folder: Path, step: int, me: str) -> str | No
     from arceusd.jobs.shard_scan import ShardScanError, scan_shard
 
     if job.plan is None:
-        return None
+        raise RuntimeError("no plan is running to check the shards against")
     epoch = job.epoch
     shapes = job.shard_shapes.get(epoch)
     if shapes is None:

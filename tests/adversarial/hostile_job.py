@@ -11,7 +11,9 @@ from the first). Attacks (issue #19 items 1, 3, 4 and 5):
 * ``huge``: reports claim a 16 GiB shard and serve a 16 GiB total of zeros for any shard asked for;
 * ``nan``: the member overwrites every float32 tensor of its shard with NaN (a valid safetensors file, its
   sha256 and size reported truthfully), as a member that poisons the model would;
-* ``claims``: the member offers 2^50 bytes of memory and 10^20 FLOP/s.
+* ``claims``: the member offers 2^50 bytes of memory and 10^20 FLOP/s;
+* ``overclaim``: the member offers ``ARCEUS_HOSTILE_ARG`` times its measured speed (within physical bounds), so
+  the plan gives it more work than it can do in time.
 
 :class:`HostileSwarm` is a :class:`arceusd.swarm.LocalSwarm` whose daemon :data:`HOSTILE` runs this module.
 
@@ -37,7 +39,7 @@ if str(ROOT) not in sys.path:
 from arceusd.swarm import LocalSwarm  # noqa: E402
 
 HUGE = 16 << 30
-ATTACKS = ("none", "path", "mismatch", "huge", "nan", "claims")
+ATTACKS = ("none", "path", "mismatch", "huge", "nan", "claims", "overclaim")
 """``none``: an honest member (a baseline run through the same module)."""
 
 
@@ -102,11 +104,14 @@ def install(attack: str, arg: str, after: int) -> None:
 
     LocalWorker._report = report  # type: ignore[method-assign]
     Transfers.on_shard_request = serve  # type: ignore[method-assign]
-    if attack == "claims":
+    if attack in ("claims", "overclaim"):
         real_offer = manager_module.JobManager.offer
 
         async def offer(self: Any) -> Any:
-            return replace(await real_offer(self), memory_bytes=1 << 50, flops_per_s=1e20)
+            honest = await real_offer(self)
+            if attack == "overclaim":
+                return replace(honest, flops_per_s=honest.flops_per_s * float(arg))
+            return replace(honest, memory_bytes=1 << 50, flops_per_s=1e20)
 
         manager_module.JobManager.offer = offer  # type: ignore[method-assign]
 

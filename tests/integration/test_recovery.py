@@ -131,8 +131,9 @@ def member_stage_peer(job: dict[str, Any]) -> str:
     raise AssertionError("every stage is on the owner")
 
 
-def assert_equals_failure_free(job: dict[str, Any], spec: Path) -> None:
-    """The exported model equals the plain loop's parameters after the same number of steps."""
+def assert_equals_failure_free(job: dict[str, Any], spec: Path, tolerance: float = 1e-5) -> None:
+    """The exported model equals the plain loop's parameters after the same number of steps (within
+    ``tolerance``: float rounding in other matmul splits, which grows with the layers' width)."""
     from safetensors.torch import load_file
 
     from arceusd.jobs.spec import load_spec
@@ -143,7 +144,7 @@ def assert_equals_failure_free(job: dict[str, Any], spec: Path) -> None:
     got = load_file(job["model_path"])
     assert set(got) == set(expected)
     worst = max(float((got[k] - expected[k]).abs().max()) for k in expected)
-    assert worst <= 1e-5, f"recovered parameters differ from the failure-free run by {worst}"
+    assert worst <= tolerance, f"recovered parameters differ from the failure-free run by {worst}"
 
 
 @pytest.mark.timeout(300)

@@ -89,6 +89,8 @@ def leading_job(tmp_path: Path, total_steps: int = 100) -> Job:
     job = Job(JOB, spec, b"{}", "0" * 64, ME, "127.0.0.1:1", "member", tmp_path / JOB, state="running",
               total_steps=total_steps)  # fmt: skip
     job.members[OTHER] = SimpleNamespace(address="127.0.0.1:2")
+    # a running plan whose one place is OTHER's (a commit without a running plan is moot)
+    job.plan = SimpleNamespace(peer_ids=(OTHER,), stages=(SimpleNamespace(shares=(SimpleNamespace(peer_id=OTHER),)),))
     return job
 
 
@@ -201,3 +203,24 @@ def test_a_member_that_never_acknowledges_go_gets_it_again_then_the_plan_restart
 
     run_with_nursery(mgr, rounds)
     assert [p for p, _ in peers.sent] == [OTHER] * lifecycle.GO_ATTEMPTS
+
+
+def test_a_commit_waiting_while_a_repartition_is_asked_for_does_nothing(tmp_path: Path) -> None:
+    """A checkpoint whose commit waited its turn (commits run one at a time) while a member failed or was excluded
+    must not be committed: the new plan resumes from the last commit before the failure (CI on 6ca1187 committed
+    steps after an exclusion, and an empty manifest once the restart had cleared the reports)."""
+    mgr, _ = manager(tmp_path, FakePeers())
+    job = leading_job(tmp_path)
+    job.reports[40] = {OTHER: {"name": "shard-1.pt", "sha256": "0" * 64, "size": 3}}
+    fetches: list[int] = []
+
+    async def fetch_shard(*_: Any) -> None:
+        fetches.append(1)
+        return None
+
+    mgr.transfers.fetch_shard = fetch_shard  # type: ignore[method-assign,assignment]
+    job.restart_reason = "member x excluded"
+    run_with_nursery(mgr, lambda: mgr._commit_checkpoint(job, 40, job.term, job.epoch))
+    job.restart_reason, job.plan = "", None  # the restart ran: no plan until the next one
+    run_with_nursery(mgr, lambda: mgr._commit_checkpoint(job, 40, job.term, job.epoch))
+    assert fetches == [] and job.committed_step == 0 and job.error == ""

@@ -99,3 +99,44 @@ def test_an_offer_from_the_wire_is_checked_field_by_field() -> None:
         with pytest.raises(ValueError, match=field if field != "kind" else "kind must be one of"):
             bad: dict[str, Any] = {field: value}  # deliberately wrong types/values, as from the wire
             dataclasses.replace(good, **bad).check()
+
+
+def test_a_member_accepts_a_plan_rating_it_slower_than_it_offered_never_faster() -> None:
+    from arceusd.jobs import claims
+
+    spec = _spec("adamw")
+    offers = _offers()
+    slower = [claims.discounted(offers[0], 6.0), offers[1]]  # the leader measured a 6x slower than it offered
+    assert slower[0].flops_per_s == pytest.approx(offers[0].flops_per_s / 6)
+    verify_start(spec, *encode_start(*make_plan(spec, slower, {})), offers[0])
+    faster = [dataclasses.replace(offers[0], flops_per_s=offers[0].flops_per_s * 2), offers[1]]
+    with pytest.raises(PlanRefused, match="misstates"):
+        verify_start(spec, *encode_start(*make_plan(spec, faster, {})), offers[0])
+    beyond = [dataclasses.replace(offers[0], flops_per_s=offers[0].flops_per_s / (claims.MAX_DISCOUNT * 2)),
+              offers[1]]  # fmt: skip
+    with pytest.raises(PlanRefused, match="misstates"):
+        verify_start(spec, *encode_start(*make_plan(spec, beyond, {})), offers[0])
+
+
+def test_overclaim_is_judged_against_the_other_members_not_the_machine() -> None:
+    from arceusd.jobs import claims
+
+    # everyone 2-3x slower than planned (a busy machine): nobody overclaimed
+    busy = {"a": (0.30, 0.10), "b": (0.25, 0.10), "c": (0.20, 0.10)}
+    assert all(claims.overclaim(busy, p) is None for p in busy)
+    # c ran 22x its prediction while the others ran 2.5-3x theirs (2.75x together): 8x relative to them
+    liar = {**busy, "c": (2.2, 0.10)}
+    assert claims.overclaim(liar, "c") == pytest.approx(8.0)
+    # a tiny stage's overheads (20x its 2 ms) do not set the bar: the rest ran 2.2x as a whole
+    tiny = {"a": (0.04, 0.002), "b": (0.6, 0.3), "c": (2.0, 0.1)}
+    assert claims.overclaim(tiny, "c") == pytest.approx(20 / (0.64 / 0.302))
+    assert claims.overclaim(liar, "a") is None and claims.overclaim(liar, "b") is None
+    # others faster than planned do not make an honest member look slow
+    fast_others = {"a": (0.02, 0.10), "b": (0.03, 0.10), "c": (0.55, 0.10)}
+    assert claims.overclaim(fast_others, "c") is None
+    # a stage of a few milliseconds: 20x its prediction is overheads, not a lie
+    assert claims.overclaim({**busy, "c": (0.004, 0.0002)}, "c") is None
+    assert claims.overclaim({"c": (9.0, 0.1)}, "c") is None  # nobody to compare with
+    offer = Offer("d" * 32, "h:4", 1e10, GIB)
+    assert claims.discounted(offer, 1.0) is offer
+    assert claims.discounted(offer, 1e9).flops_per_s == pytest.approx(1e10 / claims.MAX_DISCOUNT)  # bounded
