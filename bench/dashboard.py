@@ -54,6 +54,9 @@ def synthetic_job(steps: int, seed: int = 0) -> dict[str, Any]:
         "stale_reports": 0, "standby": PEERS[1], "standby_ready": True, "links": {
             p: {"rtt_ms": 0.3, "bandwidth_mb_s": 900.0, "message_ms": 0.4} for p in PEERS[1:]},
         "stage_timing": {"steps": 20, "step_time_s": 0.128, "wait_fraction": 0.17},
+        "stage_times": {p: {"compute_s": 0.09 + 0.01 * i, "wait_s": 0.03 - 0.005 * i, "predicted_s": 0.1}
+                        for i, p in enumerate(PEERS)},
+        "checkpoints": [{"step": s, "at": time.time() - (steps - s) * 0.1} for s in range(500, steps + 1, 500)],
         "plan": {"schedule": "1f1b", "micro_batches": 4, "predicted_step_time_s": 0.12, "bubble_fraction": 0.2,
                  "stages": [{"index": 0, "blocks": [0, 2], "devices": [shares[0]]},
                             {"index": 1, "blocks": [2, 3], "devices": [

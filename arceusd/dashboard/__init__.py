@@ -7,7 +7,7 @@ behind a random per-run token. Every asset ships in this package (``static/``); 
 host. Modules:
 
 - :mod:`arceusd.dashboard.data`: the snapshot provider (the same JSON the control methods answer) and the
-  pure views the pages draw (history downsampling, the validation/checkpoint timeline);
+  pure views the pages draw (history downsampling, the validation timeline);
 - :mod:`arceusd.dashboard.app`: the starlette app (token check, pages, JSON endpoints, server-sent events);
 - :mod:`arceusd.dashboard.service`: the daemon side (the ``dashboard`` control method, the server's lifetime);
 - :mod:`arceusd.dashboard.commands`: the ``arceusd dashboard`` command;

@@ -7,8 +7,9 @@ JSON the control methods give the CLI (``status --json``, ``status JOB --json``,
 
 The views are plain functions: :func:`downsample` bounds a loss history for drawing (every point when there are
 few, the first, last, lowest and highest of each bucket when there are many), and :class:`Timeline` keeps what
-the job JSON shows only as a current value (validation loss, the committed checkpoint step) as points over time,
-bounded, for as long as the dashboard watches the job.
+the job JSON shows only as a current value (the validation loss) as points over time, bounded, for as long as the
+dashboard watches the job. Committed checkpoints and recoveries are in the job's own record (``checkpoints`` and
+``recoveries`` of ``status JOB --json``), so a page opened late still draws every one of them.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ log = logging.getLogger(__name__)
 MAX_POINTS = 2000
 """Default bound on the loss points one answer carries (a 10,000-step history is drawn from at most this)."""
 TIMELINE_POINTS = 2000
-"""Validation points and checkpoint steps kept per job."""
+"""Validation points kept per job."""
 
 
 class Snapshots(Protocol):
@@ -157,10 +158,9 @@ def _finite(value: object) -> bool:
 
 @dataclass
 class Timeline:
-    """Validation losses and committed checkpoint steps as the dashboard saw them change (bounded)."""
+    """Validation losses as the dashboard saw them change (bounded)."""
 
     val: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=TIMELINE_POINTS))
-    checkpoints: deque[int] = field(default_factory=lambda: deque(maxlen=TIMELINE_POINTS))
     seen: float = field(default_factory=time.monotonic)
 
     def observe(self, job: dict[str, Any]) -> None:
@@ -168,10 +168,6 @@ class Timeline:
         step, val = job.get("step"), job.get("val_loss")
         if isinstance(step, int) and isinstance(val, int | float) and _finite(val):
             self._validation(step, float(val))
-        committed = job.get("committed_step")
-        if isinstance(committed, int) and committed > 0 and (not self.checkpoints or committed > self.checkpoints[-1]):
-            self.checkpoints.append(committed)
-
 
     def _validation(self, step: int, val: float) -> None:
         """A new evaluation: the value changed (the job JSON holds only the latest), drawn at the step seen."""
@@ -198,13 +194,19 @@ class Timelines:
 
 
 def job_view(job: dict[str, Any], timeline: Timeline, max_points: int = MAX_POINTS) -> dict[str, Any]:
-    """The job page's data: the job JSON with its history bounded for drawing, and the timeline."""
+    """The job page's data: the job JSON with its history bounded for drawing, the validation points, and the
+    job record's committed checkpoints (``{"step", "at"}``, those whose step is an integer)."""
     history = job.get("history") or []
     out = dict(job)
     out["history"] = downsample(history, max_points)
     out["history_points"] = len(history)
     out["val_history"] = [list(p) for p in timeline.val]
-    out["checkpoints"] = list(timeline.checkpoints)
+    checkpoints = job.get("checkpoints")
+    out["checkpoints"] = [
+        {"step": c["step"], "at": c.get("at") if _finite(c.get("at")) else None}
+        for c in (checkpoints if isinstance(checkpoints, list) else [])
+        if isinstance(c, dict) and isinstance(c.get("step"), int) and not isinstance(c.get("step"), bool)
+    ]
     return out
 
 

@@ -72,6 +72,12 @@ def _num(value: Any, fmt: str) -> Text:
     return Text(format(value, fmt) if isinstance(value, int | float) and not isinstance(value, bool) else "-")
 
 
+def _ms(seconds: Any) -> str:
+    """Seconds as milliseconds, or ``-`` when unmeasured."""
+    ok = isinstance(seconds, int | float) and not isinstance(seconds, bool)
+    return f"{1000 * seconds:.1f}" if ok else "-"
+
+
 STATE_STYLE = {"alive": "green", "running": "green", "done": "green", "suspect": "yellow", "recovering": "yellow",
                "paused": "yellow", "dead": "red", "failed": "red", "cancelled": "red"}  # fmt: skip
 
@@ -111,13 +117,19 @@ def render_job(job: dict[str, Any], rate: Rate) -> RenderableType:
         table = Table(title=Text(f"plan: {plan.get('schedule')}, {plan.get('micro_batches')} micro-batches, "
                                  f"predicted {1000 * float(plan.get('predicted_step_time_s') or 0):.1f} ms/step"),
                       expand=False)  # fmt: skip
-        for col in ("stage", "blocks", "device", "heads", "MLP columns"):
-            table.add_column(col)
+        for col in ("stage", "blocks", "device", "heads", "MLP columns", "compute / wait ms"):
+            table.add_column(col, no_wrap=col in ("device", "compute / wait ms"),
+                             min_width=12 if col == "device" else None)  # fmt: skip
+        times = job.get("stage_times")
+        times = times if isinstance(times, dict) else {}
         for stage in plan.get("stages", []):
             for d in stage.get("devices", []):
                 split = len(stage.get("devices", [])) > 1
+                t = times.get(str(d.get("peer_id")))
+                t = t if isinstance(t, dict) else {}
                 table.add_row(_t(stage.get("index")), _t(stage.get("blocks")), _t(str(d.get("peer_id"))[:12]),
-                              _t(d.get("heads") if split else "all"), _t(d.get("mlp_columns") if split else "all"))
+                              _t(d.get("heads") if split else "all"), _t(d.get("mlp_columns") if split else "all"),
+                              Text(f"{_ms(t.get('compute_s'))} / {_ms(t.get('wait_s'))}"))  # fmt: skip
         parts.append(table)
     timing = job.get("stage_timing")
     if isinstance(timing, dict):

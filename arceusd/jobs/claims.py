@@ -62,8 +62,25 @@ def record_step_time(times: dict[str, tuple[float, float]], peer: str, event: Ma
     got, predicted = event.get("step_s"), event.get("predicted_s")
     if not (isinstance(got, int | float) and isinstance(predicted, int | float)) or isinstance(got, bool):
         return
-    if math.isfinite(got) and math.isfinite(predicted) and 0 < got < 1e6 and 0 < predicted < 1e6:
+    if math.isfinite(got) and math.isfinite(predicted) and 0 < got < MAX_REPORTED_S and 0 < predicted < MAX_REPORTED_S:
         times[peer] = (float(got), float(predicted))
+
+
+MAX_REPORTED_S = 1e6
+"""Seconds per step a report may claim (compute or waiting); a larger, negative or non-finite one is not kept."""
+
+
+def record_wait_time(waits: dict[str, float], peer: str, event: Mapping[str, Any]) -> None:
+    """Keep ``peer``'s median link-wait seconds per step from a checkpoint report (``wait_s``: finite,
+    0 <= wait < :data:`MAX_REPORTED_S`), so every device's compute is set beside its waiting (``stage_times`` in
+    ``arceusd status JOB``, the dashboard's plan). A report without a valid one forgets the previous value, so the
+    wait shown is always from the same report as the compute (a report without it still counts as a report)."""
+    wait = event.get("wait_s")
+    if isinstance(wait, int | float) and not isinstance(wait, bool) and math.isfinite(wait) \
+            and 0 <= wait < MAX_REPORTED_S:  # fmt: skip
+        waits[peer] = float(wait)
+    else:
+        waits.pop(peer, None)
 
 
 def own_step_times(job: Any, me: str) -> dict[str, float]:
@@ -76,8 +93,11 @@ def own_step_times(job: Any, me: str) -> dict[str, float]:
     if stage is None:
         return {}
     compute = sorted(max(0.0, total - wait) for total, wait in job.stage_times)
+    waits = sorted(max(0.0, wait) for _, wait in job.stage_times)
     predicted = stage.compute_s * job.plan.micro_batches + stage.optimizer_s
-    return {"step_s": compute[len(compute) // 2], "predicted_s": predicted} if predicted > 0 else {}
+    if predicted <= 0:
+        return {}
+    return {"step_s": compute[len(compute) // 2], "wait_s": waits[len(waits) // 2], "predicted_s": predicted}
 
 
 def measured(times: Mapping[str, tuple[float, float]], peer: str) -> bool:

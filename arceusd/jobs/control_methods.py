@@ -66,7 +66,9 @@ class ControlMethods(ManagerBase):
         history = params.get("history")
         if history not in (None, "all"):
             raise RequestError('history must be "all" (every loss point) or left out (the last 200)')
-        return self.find(str(params.get("job_id", ""))).summary(full=True, whole_history=history == "all")
+        return self.find(str(params.get("job_id", ""))).summary(
+            full=True, whole_history=history == "all", me=self.node.identity.peer_id
+        )
 
     async def _m_cancel(self, params: dict[str, Any]) -> dict[str, Any]:
         job = self.find(str(params.get("job_id", "")))

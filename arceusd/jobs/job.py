@@ -16,6 +16,7 @@ from typing import Any
 
 import trio
 
+from arceusd.jobs import claims
 from arceusd.jobs.core.states import TERMINAL
 from arceusd.jobs.supervisor import WorkerProcess
 
@@ -29,6 +30,9 @@ the resolution (a 1,000,000-step job keeps between 50,000 and 100,000 points, a 
 
 STAGE_WINDOW = 20
 """Steps over which ``arceusd status JOB`` reports this device's measured step time and link waits."""
+
+MAX_CHECKPOINTS = 1000
+"""Committed checkpoints a leader's job record keeps (step, wall clock): the newest ones, for the timeline."""
 
 
 @dataclass
@@ -87,6 +91,8 @@ class Job:
     reports: dict[int, dict[str, dict[str, Any]]] = field(default_factory=dict)
     cursors: dict[int, Any] = field(default_factory=dict)
     committed_step: int = 0
+    checkpoints: list[tuple[int, float]] = field(default_factory=list)  # leader: committed (step, unix time)
+    waits: dict[str, float] = field(default_factory=dict)  # peer -> median link-wait seconds per step (its report)
     created: float = field(default_factory=time.time)
     finished: trio.Event = field(default_factory=trio.Event)
     # leader bookkeeping
@@ -134,7 +140,18 @@ class Job:
         if len(self.history) > MAX_HISTORY:
             self.history = self.history[::-2][::-1]  # every other point, counted back from the newest
 
-    def summary(self, full: bool = False, whole_history: bool = False) -> dict[str, Any]:
+    def record_checkpoint(self, step: int, at: float | None = None) -> None:
+        """The leader committed checkpoint ``step``: keep it (and when) for the timeline, the newest
+        :data:`MAX_CHECKPOINTS` of them; a step not above the last one kept is not recorded twice."""
+        if self.checkpoints and step <= self.checkpoints[-1][0]:
+            return
+        self.checkpoints.append((step, time.time() if at is None else at))
+        if len(self.checkpoints) > MAX_CHECKPOINTS:
+            del self.checkpoints[: len(self.checkpoints) - MAX_CHECKPOINTS]
+
+    def summary(self, full: bool = False, whole_history: bool = False, me: str = "") -> dict[str, Any]:
+        """What ``arceusd status`` shows; ``full`` for ``status JOB`` (``me``: this device, whose stage times
+        come from its own worker's steps rather than from its last checkpoint report)."""
         out: dict[str, Any] = {
             "job_id": self.job_id, "name": self.spec.name, "owner": self.owner, "role": self.role,
             "state": self.state, "step": self.step, "total_steps": self.total_steps, "loss": self.loss,
@@ -156,6 +173,8 @@ class Job:
                 "measured_step_s": {p: list(t) for p, t in self.measured.items()},
                 "discounted": {p: round(f, 2) for p, f in self.discounts.items()},
                 "standby_ready": self.standby_data is not None, "stage_timing": self.stage_timing(),
+                "stage_times": self.stage_times_by_device(me),
+                "checkpoints": [{"step": s, "at": round(t, 3)} for s, t in self.checkpoints],
             })  # fmt: skip
         return out
 
@@ -169,6 +188,19 @@ class Job:
         waited = sum(w for _, w in self.stage_times)
         return {"steps": len(seconds), "step_time_s": seconds[len(seconds) // 2],
                 "wait_fraction": waited / total if total > 0 else 0.0}  # fmt: skip
+
+    def stage_times_by_device(self, me: str = "") -> dict[str, dict[str, float | None]]:
+        """Each device's measured compute and link-wait seconds per step (medians) beside the plan's prediction:
+        the members' from their last checkpoint reports (the leader keeps them), this device's (``me``) from its
+        own worker's last steps. ``wait_s`` is None for a report that did not carry it."""
+        out: dict[str, dict[str, float | None]] = {
+            peer: {"compute_s": got, "wait_s": self.waits.get(peer), "predicted_s": predicted}
+            for peer, (got, predicted) in sorted(self.measured.items())
+        }
+        own = claims.own_step_times(self, me) if me else {}
+        if own:
+            out[me] = {"compute_s": own["step_s"], "wait_s": own.get("wait_s"), "predicted_s": own["predicted_s"]}
+        return out
 
     def plan_summary(self) -> dict[str, Any] | None:
         if self.plan is None:

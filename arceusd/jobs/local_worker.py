@@ -220,6 +220,7 @@ class LocalWorker(ManagerBase):
                 self._request_restart(job, shard_checks.exclude(job, peer, refused))
                 return
             job.reports.setdefault(step, {})[peer] = shard
+            claims.record_wait_time(job.waits, peer, event)
             claims.record_step_time(job.measured, peer, event)
             factor = claims.overclaim(job.measured, peer) if peer not in job.discounts else None
             if factor is not None:  # once per member: planned again at the speed it showed (issue #19)

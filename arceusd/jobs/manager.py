@@ -803,6 +803,7 @@ class JobManager(ControlMethods, LocalWorker, StandbySyncing):
             return f"checkpoint {step} not committed: {exc}"
         stop = on_commit(self.node, job, step, term, epoch)  # receipts; a reason when the budget is spent (market)
         job.committed_step = max(job.committed_step, step)
+        job.record_checkpoint(step)
         for done in [s for s in job.reports if s <= step]:
             job.reports.pop(done, None)
             job.cursors.pop(done, None)

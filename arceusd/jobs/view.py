@@ -9,6 +9,10 @@ def _num(value: Any, fmt: str = ".4f") -> str:
     return format(value, fmt) if isinstance(value, int | float) else "-"
 
 
+def _ms(seconds: Any) -> str:
+    return f"{seconds * 1000:.1f} ms" if isinstance(seconds, int | float) else "-"
+
+
 def job_line(j: dict[str, Any]) -> str:
     return (f"{j['job_id'][:12]}  {j['name']:<20} {j['state']:<10} {j['role']:<6} step {j['step']}/{j['total_steps']}"
             f"  loss {_num(j.get('loss'))}  members {len(j.get('members', []))}")  # fmt: skip
@@ -45,6 +49,14 @@ def render_job(j: dict[str, Any]) -> str:
             )  # fmt: skip
             first, last = stage["blocks"][0], stage["blocks"][1] - 1
             lines.append(f"    stage {stage['index']}: blocks {first}-{last} on {devices}")
+        times = j.get("stage_times") or {}
+        for stage in plan["stages"]:
+            for d in stage["devices"]:
+                t = times.get(d["peer_id"])
+                if t:
+                    lines.append(f"    {d['peer_id'][:12]} (stage {stage['index']}): {_ms(t.get('compute_s'))} "
+                                 f"compute, {_ms(t.get('wait_s'))} waiting per step "
+                                 f"(plan: {_ms(t.get('predicted_s'))} compute)")  # fmt: skip
     timing = j.get("stage_timing")
     if timing:
         lines.append(f"  measured {timing['step_time_s'] * 1000:.1f} ms/step on this device (median of the last "

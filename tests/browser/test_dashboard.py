@@ -2,9 +2,10 @@
 Playwright) watches it through ``arceusd dashboard``'s URL.
 
 What fails here when the feature breaks: the token check (403 without it), live updates (a new step drawn
-without a reload within 2 s), the plan drawing (every device named), the loss curve (its points are those of
-``status JOB --json``'s history, read back from the SVG's coordinates), and every page drawing at all (a
-screenshot of each under the test's temporary folder).
+without a reload within 2 s), the plan drawing (every device named, each with its measured compute and waiting),
+the loss curve (its points are those of ``status JOB --json``'s history, read back from the SVG's coordinates),
+the timeline (a mark for each checkpoint of the job's record, those committed before the page opened too), and
+every page drawing at all (a screenshot of each under the test's temporary folder).
 """
 
 from __future__ import annotations
@@ -143,6 +144,61 @@ def test_the_plan_drawing_names_every_device(setup: Setup, browser: Any) -> None
     page.close()
 
 
+def _checkpoint_marks(page: Any) -> list[int]:
+    """The steps of the checkpoint marks on the loss chart's timeline."""
+    marks = page.eval_on_selector_all("#loss-chart line.ckpt", "els => els.map(e => e.getAttribute('data-step'))")
+    return [int(m) for m in marks]
+
+
+def _timings(page: Any) -> dict[str, dict[str, Any]]:
+    """Each device's compute/wait figure in the plan drawing, by its full peer id."""
+    rows = page.eval_on_selector_all("#plan .timing", "els => els.map(e => [e.getAttribute('data-peer'), "
+                                     "e.getAttribute('data-compute-s'), e.getAttribute('data-wait-s'), "
+                                     "e.querySelectorAll('rect.compute').length, e.textContent])")  # fmt: skip
+    return {r[0]: {"compute_s": r[1], "wait_s": r[2], "bars": r[3], "text": r[4]} for r in rows}
+
+
+def test_the_timeline_has_every_recorded_checkpoint_and_the_plan_every_devices_compute_and_wait(
+    setup: Setup, browser: Any
+) -> None:
+    """Checkpoints committed while no page was open are drawn (they come from the job's record, not from what
+    the dashboard saw), and every device of the plan shows its measured compute against its waiting."""
+
+    def ready() -> dict[str, Any] | None:
+        job = setup.job()
+        placed = {d["peer_id"] for s in job["plan"]["stages"] for d in s["devices"]}
+        times = job.get("stage_times") or {}
+        measured = all(isinstance((times.get(p) or {}).get("wait_s"), float) for p in placed)
+        return job if len(job["checkpoints"]) >= 2 and measured else None
+
+    before = wait_for(ready, 240, 1.0, "two checkpoints committed and every device measured")
+    placed = {d["peer_id"] for s in before["plan"]["stages"] for d in s["devices"]}
+    assert [c["step"] for c in before["checkpoints"]] == sorted({c["step"] for c in before["checkpoints"]})
+    assert all(c["step"] % 100 == 0 and c["at"] > time.time() - 600 for c in before["checkpoints"])
+    page = browser.new_page()
+    page.goto(setup.url + f"job/{setup.job_id}")
+    page.wait_for_selector("#loss-chart line.ckpt", state="attached")
+    marks, timings = _checkpoint_marks(page), _timings(page)
+    after = setup.job()
+    page.close()
+    assert {c["step"] for c in before["checkpoints"]} <= set(marks), (before["checkpoints"], marks)
+    assert set(marks) <= {c["step"] for c in after["checkpoints"]}
+    assert set(timings) == placed, (timings, placed)
+    for peer, drawn in timings.items():
+        seen = [(j["stage_times"][peer]["compute_s"], j["stage_times"][peer]["wait_s"]) for j in (before, after)]
+        assert drawn["compute_s"] is not None and drawn["wait_s"] is not None, (peer, drawn)
+        got = (float(drawn["compute_s"]), float(drawn["wait_s"]))
+        # live figures move with each step (this device) or report (the others): the same quantity, not a copy
+        # (they are compared exactly once the job is stopped, below)
+        for g, v in ((got[0], [c for c, _ in seen]), (got[1], [w for _, w in seen])):
+            assert min(v) / 4 <= g <= max(v) * 4 + 1e-3, (peer, got, seen)
+        assert got[0] > 0 and drawn["bars"] == 1 and "compute" in str(drawn["text"]) and "wait" in str(drawn["text"])
+    # the terminal's view shows them too
+    shown = cli(setup.swarm.state_dir(0), "status", setup.job_id)
+    assert shown.returncode == 0, shown.stderr
+    assert all(f"{p[:12]} (stage" in shown.stdout and "waiting per step" in shown.stdout for p in placed), shown.stdout
+
+
 def _curve(page: Any) -> list[tuple[float, float]]:
     """The drawn training curve read back as (step, loss), inverting the chart's scales."""
     box = page.eval_on_selector("#loss-chart", "e => Object.fromEntries([...e.attributes].map(a => [a.name, a.value]))")
@@ -170,12 +226,23 @@ def test_the_curve_has_the_points_of_status_json_history(setup: Setup, browser: 
     assert len(drawn) == len(history)
     for (step, loss), (x, y) in zip(history, drawn, strict=True):
         assert round(x) == step and abs(y - loss) < 1e-3 * y_span, (step, loss, x, y)
+    # every checkpoint of the job's record, and no other, is marked on the timeline
+    assert job["checkpoints"] and sorted(_checkpoint_marks(page)) == [c["step"] for c in job["checkpoints"]]
+    # every device of the plan: the compute and waiting drawn are those of the job's record
+    timings = _timings(page)
+    placed = {d["peer_id"] for s in job["plan"]["stages"] for d in s["devices"]}
+    assert set(timings) == placed and set(job["stage_times"]) == placed
+    for peer, t in job["stage_times"].items():
+        assert float(timings[peer]["compute_s"]) == t["compute_s"] and float(timings[peer]["wait_s"]) == t["wait_s"]
     page.close()
     # the terminal's live view draws the same job: its plan, progress and ETA (one round: the job has ended)
     watched = cli(setup.swarm.state_dir(0), "status", setup.job_id, "--watch")
     assert watched.returncode == 0, watched.stderr
     assert "ETA" in watched.stdout and all(d["peer_id"][:12] in watched.stdout
                                            for s in job["plan"]["stages"] for d in s["devices"])  # fmt: skip
+    for peer, t in job["stage_times"].items():  # each device's row: its compute / wait in ms
+        row = next(line for line in watched.stdout.splitlines() if peer[:12] in line)
+        assert f"{t['compute_s'] * 1000:.1f} / {t['wait_s'] * 1000:.1f}" in row, (row, t)
 
 
 def test_a_screenshot_of_every_page(setup: Setup, browser: Any) -> None:

@@ -60,14 +60,17 @@ def test_downsample_drops_non_finite_losses() -> None:
     assert downsample([[1, 1.0], [2, float("nan")], [3, float("inf")], [4, 0.5]], 10) == [[1.0, 1.0], [4.0, 0.5]]
 
 
-def test_timeline_records_validation_and_checkpoints_as_they_change() -> None:
+def test_timeline_records_validation_as_it_changes_and_checkpoints_come_from_the_job_record() -> None:
     line = Timeline()
-    for step, val, committed in ((10, None, 0), (100, 2.0, 100), (150, 2.0, 100), (200, 1.5, 200), (200, 1.5, 200)):
-        line.observe({"step": step, "val_loss": val, "committed_step": committed})
+    for step, val in ((10, None), (100, 2.0), (150, 2.0), (200, 1.5), (200, 1.5)):
+        line.observe({"step": step, "val_loss": val, "committed_step": 0})
     assert list(line.val) == [(100, 2.0), (200, 1.5)]
-    assert list(line.checkpoints) == [100, 200]
-    view = job_view({"job_id": "j", "history": [[1, 2.0]]}, line)
+    # the page opened late: the job record's checkpoints are drawn, whatever this dashboard saw change
+    record = [{"step": 100, "at": 1.7e9}, {"step": 200, "at": 1.7e9 + 60}, {"step": "x", "at": 0}, {"step": True}, 3]
+    view = job_view({"job_id": "j", "history": [[1, 2.0]], "committed_step": 200, "checkpoints": record}, line)
     assert view["val_history"] == [[100, 2.0], [200, 1.5]] and view["history_points"] == 1
+    assert view["checkpoints"] == [{"step": 100, "at": 1.7e9}, {"step": 200, "at": 1.7e9 + 60}]
+    assert job_view({"job_id": "j", "checkpoints": "junk"}, Timeline())["checkpoints"] == []
 
 
 def _serve(check: Callable[[str, Any], None], steps: int = 300) -> None:
@@ -170,6 +173,9 @@ def test_the_terminal_view_draws_the_job_with_a_progress_bar_and_eta() -> None:
     assert "ETA 1m40s" in text and "300/2300" in text and "20.00 steps/s" in text
     assert all(p[:12] in text for p in PEERS)
     assert "0–3" not in text and "[0, 3]" in text  # the split stage's heads
+    for i, p in enumerate(PEERS):  # every device's row: its measured compute / wait per step
+        row = next(line for line in text.splitlines() if p[:12] in line and "[" in line)
+        assert f"{(0.09 + 0.01 * i) * 1000:.1f} / {(0.03 - 0.005 * i) * 1000:.1f}" in row, row
 
 
 def test_the_terminal_view_of_the_daemon_lists_peers_and_jobs() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -72,3 +73,73 @@ def test_a_long_history_keeps_the_whole_curve_at_a_bounded_size(
     steps = [s for s, _ in job.history]
     assert len(steps) <= 100 and steps[-1] == 1000 and steps[0] <= 16  # bounded; still from the start to now
     assert steps == sorted(set(steps))
+
+
+def test_the_leader_keeps_its_committed_checkpoints_bounded_newest_last(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The timeline's checkpoints come from the job's record (``checkpoints`` in ``status JOB --json``): each
+    commit once, with its wall-clock time, the newest MAX_CHECKPOINTS kept."""
+    from arceusd.jobs import job as job_module
+
+    job = _job(tmp_path)
+    job.record_checkpoint(100, at=1000.0)
+    job.record_checkpoint(100, at=1001.0)  # the same commit seen twice: once in the record
+    job.record_checkpoint(50, at=1002.0)  # an older step after a newer one: not recorded
+    job.record_checkpoint(200)
+    shown = job.summary(full=True)["checkpoints"]
+    assert [c["step"] for c in shown] == [100, 200] and shown[0]["at"] == 1000.0
+    assert abs(shown[1]["at"] - time.time()) < 60
+    monkeypatch.setattr(job_module, "MAX_CHECKPOINTS", 10)
+    for step in range(300, 5300, 100):
+        job.record_checkpoint(step, at=float(step))
+    assert [s for s, _ in job.checkpoints] == list(range(4300, 5300, 100))  # the newest 10, oldest first
+    assert job.checkpoints[-1] == (5200, 5200.0)
+    assert "checkpoints" not in job.summary()  # the short view (status, jobs) stays short
+
+
+def test_a_reports_wait_is_kept_only_when_finite_and_within_bounds() -> None:
+    from arceusd.jobs import claims
+
+    waits: dict[str, float] = {}
+    claims.record_wait_time(waits, "a", {"wait_s": 0.25})
+    claims.record_wait_time(waits, "b", {"wait_s": 0})
+    assert waits == {"a": 0.25, "b": 0.0}
+    for bad in (float("nan"), float("inf"), -0.1, 1e6, True, "0.1", None):
+        claims.record_wait_time(waits, "a", {"wait_s": bad})
+        assert "a" not in waits, bad  # a bad (or missing) wait is not kept, nor the previous one shown beside it
+        claims.record_wait_time(waits, "a", {"wait_s": 0.25})
+    claims.record_wait_time(waits, "b", {"step_s": 0.1, "predicted_s": 0.1})  # a report without it
+    assert waits == {"a": 0.25}
+    times: dict[str, tuple[float, float]] = {}
+    claims.record_step_time(times, "b", {"step_s": 0.1, "predicted_s": 0.2})  # ... still counts as a report
+    assert times == {"b": (0.1, 0.2)}
+
+
+def test_stage_times_cover_every_measured_device_and_this_device_from_its_own_steps(tmp_path: Path) -> None:
+    from arceusd.jobs import claims
+
+    me, other, third = "aa" * 16, "bb" * 16, "cc" * 16
+    job = _job(tmp_path)
+    stages = [SimpleNamespace(index=i, start=i, end=i + 1, compute_s=0.01, optimizer_s=0.002,
+                              shares=(SimpleNamespace(peer_id=p, heads=(), mlp_columns=()),))
+              for i, p in enumerate((me, other, third))]  # fmt: skip
+    job.plan = SimpleNamespace(stages=stages, micro_batches=4, schedule="1f1b", predicted_step_time_s=0.1,
+                               bubble_fraction=0.2, peer_ids=(me, other, third))  # fmt: skip
+    for peer, report in ((me, {"step_s": 9.0, "wait_s": 9.0, "predicted_s": 1.0}),
+                         (other, {"step_s": 0.03, "wait_s": 0.012, "predicted_s": 0.042}),
+                         (third, {"step_s": 0.05, "predicted_s": 0.042, "wait_s": -1})):  # fmt: skip
+        claims.record_step_time(job.measured, peer, report)
+        claims.record_wait_time(job.waits, peer, report)
+    for seconds, waited in [(0.05, 0.01), (0.5, 0.0), (0.06, 0.02)]:
+        job.stage_times.append((seconds, waited))
+    shown = job.summary(full=True, me=me)
+    assert shown["stage_times"] == {
+        me: {"compute_s": 0.04, "wait_s": 0.01, "predicted_s": pytest.approx(0.042)},  # its own steps, not 9 s
+        other: {"compute_s": 0.03, "wait_s": 0.012, "predicted_s": 0.042},
+        third: {"compute_s": 0.05, "wait_s": None, "predicted_s": 0.042},
+    }
+    assert shown["measured_step_s"][other] == [0.03, 0.042]  # the older key still answers
+    text = render_job({**shown, "model": "mlp", "data": "mnist"})
+    assert f"{other[:12]} (stage 1): 30.0 ms compute, 12.0 ms waiting per step (plan: 42.0 ms compute)" in text
+    assert f"{third[:12]} (stage 2): 50.0 ms compute, - waiting" in text

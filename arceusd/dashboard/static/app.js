@@ -159,11 +159,14 @@ function lossChart(job) {
     if (!inside(r.lost_step)) continue;
     const from = Math.max(x0, typeof r.resumed_step === "number" && r.resumed_step >= 0 ? r.resumed_step : r.lost_step);
     g.appendChild(sv("rect", { x: X(from), y: T, width: Math.max(1, X(r.lost_step) - X(from)), height: H - T - B, class: "recovered" }));
-    g.appendChild(sv("line", { x1: X(r.lost_step), x2: X(r.lost_step), y1: T, y2: H - B, class: "recovery" },
+    g.appendChild(sv("line", { x1: X(r.lost_step), x2: X(r.lost_step), y1: T, y2: H - B, class: "recovery", "data-step": r.lost_step },
       sv("title", {}, `recovery at step ${r.lost_step}: ${String(r.reason)}; resumed from ${r.resumed_step}`)));
   }
-  for (const c of (job.checkpoints || []).filter(inside)) {
-    g.appendChild(sv("line", { x1: X(c), x2: X(c), y1: T, y2: H - B, class: "ckpt" }, sv("title", {}, `checkpoint ${c}`)));
+  // committed checkpoints from the job's record ({step, at}): every one, also those committed before the page opened
+  for (const c of (job.checkpoints || []).filter((c) => c && inside(c.step))) {
+    const when = typeof c.at === "number" && isFinite(c.at) ? " at " + new Date(c.at * 1000).toISOString().slice(11, 19) + " UTC" : "";
+    g.appendChild(sv("line", { x1: X(c.step), x2: X(c.step), y1: T, y2: H - B, class: "ckpt", "data-step": c.step },
+      sv("title", {}, `checkpoint ${c.step} committed${when}`)));
   }
   if (train.length) {
     const pts = train.map((p) => X(p[0]).toFixed(2) + "," + Y(p[1]).toFixed(2)).join(" ");
@@ -185,7 +188,11 @@ function planDrawing(job, me) {
   if (!plan || !Array.isArray(plan.stages)) return el("p", { class: "muted" }, "no plan yet");
   const stages = plan.stages;
   const rows = Math.max(1, ...stages.map((s) => (s.devices || []).length));
-  const CW = 170, RH = 58, W = Math.max(520, stages.length * (CW + 16) + 16), H = 44 + rows * (RH + 8);
+  const CW = 190, RH = 86, W = Math.max(520, stages.length * (CW + 16) + 16), H = 44 + rows * (RH + 8);
+  // every device's measured compute against its waiting per step (the leader's record), on one scale
+  const times = job.stage_times || {};
+  const span = Math.max(1e-9, plan.predicted_step_time_s || 0, ...Object.values(times).map((t) =>
+    Math.max((t.compute_s || 0) + (t.wait_s || 0), t.predicted_s || 0)));
   const g = sv("svg", { viewBox: `0 0 ${W} ${H}`, width: W, id: "plan", role: "img" });
   stages.forEach((s, i) => {
     const x = 8 + i * (CW + 16);
@@ -202,14 +209,39 @@ function planDrawing(job, me) {
       g.appendChild(sv("text", { x: x + 14, y: y + 17, class: "device-name" }, short(d.peer_id)));
       g.appendChild(sv("text", { x: x + 14, y: y + 32, class: "small" }, tags.join(" · ")));
       if (split) g.appendChild(sv("text", { x: x + 14, y: y + 47, class: "small" }, `heads ${range(d.heads)} · MLP ${range(d.mlp_columns)}`));
+      g.appendChild(timingBar(times[d.peer_id], d.peer_id, x + 14, y + 52, CW - 28, span));
     });
   });
   return g;
 }
 
-function stageTiming(job) {
+function timingBar(t, peer, x, y, width, span) {
+  // one device's median compute and link-wait seconds per step: a bar of each, the plan's prediction as a tick
+  const g = sv("g", { class: "timing", "data-peer": peer });
+  if (!t || typeof t.compute_s !== "number") {
+    g.appendChild(sv("text", { x, y: y + 12, class: "small muted" }, "not measured yet (reports at checkpoints)"));
+    return g;
+  }
+  const wait = typeof t.wait_s === "number" ? t.wait_s : 0, W = (s) => (width * Math.max(0, s)) / span;
+  setAttrs(g, { "data-compute-s": t.compute_s, "data-wait-s": typeof t.wait_s === "number" ? t.wait_s : "" });
+  g.appendChild(sv("text", { x, y: y + 11, class: "small timing-label" },
+    `compute ${ms(t.compute_s)} · wait ${typeof t.wait_s === "number" ? ms(t.wait_s) : "–"}`));
+  g.appendChild(sv("rect", { x, y: y + 16, height: 10, width: W(t.compute_s), class: "compute" }));
+  g.appendChild(sv("rect", { x: x + W(t.compute_s), y: y + 16, height: 10, width: W(wait), class: "wait" }));
+  if (typeof t.predicted_s === "number") {
+    g.appendChild(sv("line", { x1: x + W(t.predicted_s), x2: x + W(t.predicted_s), y1: y + 13, y2: y + 29, class: "predicted-tick" },
+      sv("title", {}, `predicted compute ${ms(t.predicted_s)}`)));
+  }
+  g.appendChild(sv("title", {}, `${String(peer)}: ${ms(t.compute_s)} compute, ${ms(t.wait_s)} waiting per step (medians)` +
+    `; plan predicted ${ms(t.predicted_s)} compute`));
+  return g;
+}
+
+function stageTiming(job, me) {
   const plan = job.plan || {};
-  const t = job.stage_timing;
+  const own = (job.stage_times || {})[me];  // the same medians the plan drawing shows for this device
+  const t = own && typeof own.compute_s === "number" && typeof own.wait_s === "number" && own.compute_s + own.wait_s > 0
+    ? { step_time_s: own.compute_s + own.wait_s, wait_fraction: own.wait_s / (own.compute_s + own.wait_s) } : job.stage_timing;
   const W = 520, H = 120, L = 150, maxS = Math.max(plan.predicted_step_time_s || 0, t ? t.step_time_s : 0, 1e-6);
   const X = (s) => ((W - L - 210) * s) / maxS;
   const g = sv("svg", { viewBox: `0 0 ${W} ${H}`, width: W, id: "stage-timing", role: "img" });
@@ -228,7 +260,7 @@ function stageTiming(job) {
     g.appendChild(sv("text", { x: 0, y: 62, class: "small" }, "this device has no measured steps in this plan yet"));
   }
   g.appendChild(sv("text", { x: 0, y: 100, class: "small" },
-    "Other stages measure their own compute and waiting: open the dashboard on their devices."));
+    "Every device's compute and waiting is drawn in its stage of the plan above."));
   return g;
 }
 
@@ -257,8 +289,9 @@ function renderJob(job, me) {
   const fill = bar.firstChild; fill.style.width = fill.dataset.pct + "%";
   main.append(section(`Loss (${job.history_points} points of history, ${(job.history || []).length} drawn)`, "", lossChart(job)));
   main.append(section("The plan: stages across devices", "wide", planDrawing(job, me),
-    el("p", { class: "muted" }, job.plan ? `${job.plan.schedule}, ${job.plan.micro_batches} micro-batches` : "")));
-  main.append(section("Compute against waiting", "", stageTiming(job)));
+    el("p", { class: "muted" }, job.plan ? `${job.plan.schedule}, ${job.plan.micro_batches} micro-batches; ` +
+      "each device: median compute (solid) and link waiting (light) per step, the plan's predicted compute as a tick" : "")));
+  main.append(section("Compute against waiting", "", stageTiming(job, me)));
   main.append(section("Recoveries", "", (job.recoveries || []).length ? table(["reason", "lost step", "resumed", "first step after"],
     job.recoveries.map((r) => [String(r.reason), String(r.lost_step), String(r.resumed_step),
       typeof r.first_step_after_s === "number" ? r.first_step_after_s.toFixed(1) + " s" : "–"])) : el("p", { class: "muted" }, "none")));
