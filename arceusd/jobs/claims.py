@@ -10,7 +10,8 @@
   that were measured when there are any (:func:`arceusd.jobs.standby_sync.choose_standby`);
 - a member's offered speed against that measure (:func:`overclaim`, :func:`discounted`): a member that ran more
   than :data:`RELATIVE_SLOW` times slower than its offer predicts, relative to how the other members ran against
-  theirs (so a machine that slows everyone does not count), and by at least :data:`MIN_EXCESS_S` a step, has its
+  theirs (so a machine that slows everyone does not count), by at least :data:`MIN_EXCESS_S` a step, as the
+  job's bottleneck, in :data:`SUSTAINED_REPORTS` reports in a row, has its
   speed divided by that factor and the leader plans again from the last checkpoint (once per member and job). A
   member accepts a plan that rates it slower than it offered, never faster
   (:func:`arceusd.jobs.planning.verify_start`).
@@ -33,9 +34,14 @@ MAX_OFFER_FLOPS = 1e17
 RELATIVE_SLOW = 6.0
 """A member measured this many times slower against its offer than the others against theirs is discounted (wide:
 two busy cores alone make honest members run up to about twice their prediction, all of them alike)."""
-MIN_EXCESS_S = 0.05
+MIN_EXCESS_S = 0.25
 """...and only when it ran at least this many seconds per step over its prediction: a stage of a few
-milliseconds is all overheads (Python, scheduling), whose ratio to the prediction says nothing about an offer."""
+milliseconds is all overheads (Python, scheduling, a starved core), whose ratio to the prediction says nothing
+about an offer (honest members of the tests' small MLP report 40-130 ms against 1.3 ms predicted)."""
+BOTTLENECK = 3.0
+"""...and only when its stage took this many times longer than any other member's: it is what slows the job."""
+SUSTAINED_REPORTS = 2
+"""...and only when this many checkpoint reports in a row say so (one slow interval is not a lie)."""
 MAX_DISCOUNT = 1000.0
 """The most a member's offered speed is divided by; a plan may rate a member this much slower than it offered."""
 STOP_STATES = frozenset({"done", "failed", "cancelled", "replanning"})
@@ -113,12 +119,12 @@ def measured_factor(times: Mapping[str, tuple[float, ...]], peer: str) -> float:
 def overclaim(times: Mapping[str, tuple[float, ...]], peer: str) -> float | None:
     """How many times slower than its offer ``peer`` ran, relative to how much slower than planned the other
     measured members ran together (their seconds over their predicted seconds; at least 1.0: a member is never
-    judged against others that ran faster than planned), when that is more
-    than :data:`RELATIVE_SLOW` and it ran :data:`MIN_EXCESS_S` over its prediction; None otherwise, and while no
-    other member was measured."""
+    judged against others that ran faster than planned), when that is more than :data:`RELATIVE_SLOW`, it ran
+    :data:`MIN_EXCESS_S` over its prediction and :data:`BOTTLENECK` times longer than any other member; None
+    otherwise, and while no other member was measured."""
     got = times.get(peer)
     others = [t for p, t in times.items() if p != peer]
-    if got is None or not others or got[0] - got[1] < MIN_EXCESS_S:
+    if got is None or not others or got[0] - got[1] < MIN_EXCESS_S or got[0] < BOTTLENECK * max(t[0] for t in others):
         return None
     # the rest of the pipeline as a whole (time-weighted): a tiny stage's overheads do not set the bar
     rest = sum(t[0] for t in others) / sum(t[1] for t in others)
@@ -133,6 +139,8 @@ def discounted(offer: Any, factor: float) -> Any:
     return offer if factor <= 1.0 else replace(offer, flops_per_s=offer.flops_per_s / factor)
 
 
-__all__ = ["MAX_DISCOUNT", "MAX_OFFER_FLOPS", "MAX_OFFER_MEMORY", "MIN_EXCESS_S", "RELATIVE_SLOW", "STOP_STATES",
-           "check_offer_bounds", "discounted", "measured", "measured_factor", "overclaim", "own_step_times",
-           "record_step_time", "stop_state"]  # fmt: skip
+__all__ = [
+    "BOTTLENECK", "MAX_DISCOUNT", "MAX_OFFER_FLOPS", "MAX_OFFER_MEMORY", "MIN_EXCESS_S", "RELATIVE_SLOW", "STOP_STATES",
+    "SUSTAINED_REPORTS", "check_offer_bounds", "discounted", "measured", "measured_factor", "overclaim",
+    "own_step_times", "record_step_time", "record_wait_time", "stop_state",
+]  # fmt: skip

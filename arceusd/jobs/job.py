@@ -111,6 +111,7 @@ class Job:
     shard_shapes: dict[int, dict[str, dict[str, tuple[int, ...]]]] = field(default_factory=dict)  # epoch -> plan's
     measured: dict[str, tuple[float, float]] = field(default_factory=dict)  # peer -> (step s, predicted s): claims
     discounts: dict[str, float] = field(default_factory=dict)  # peer -> its offered speed is divided by (claims)
+    slow_reports: dict[str, int] = field(default_factory=dict)  # peer -> reports in a row that it overclaimed
     gather_until: float = 0.0  # after the owner's restart: plan at this time even if not every member is back
     expected_members: set[str] = field(default_factory=set)
     start_scope: trio.CancelScope | None = None  # while the leader starts a plan's workers

@@ -223,7 +223,9 @@ class LocalWorker(ManagerBase):
             claims.record_wait_time(job.waits, peer, event)
             claims.record_step_time(job.measured, peer, event)
             factor = claims.overclaim(job.measured, peer) if peer not in job.discounts else None
-            if factor is not None:  # once per member: planned again at the speed it showed (issue #19)
+            job.slow_reports[peer] = 0 if factor is None else job.slow_reports.get(peer, 0) + 1
+            if factor is not None and job.slow_reports[peer] >= claims.SUSTAINED_REPORTS:
+                # once per member: planned again at the speed it showed (issue #19)
                 job.discounts[peer] = factor
                 log.warning("job %s: %s ran %.1fx slower than its offer; planning again at its measured speed",
                             job.job_id, peer[:12], factor)  # fmt: skip
