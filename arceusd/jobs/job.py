@@ -124,6 +124,7 @@ class Job:
     standby_offers: dict[str, Any] = field(default_factory=dict)  # on the standby: the plan members' offers
     links: dict[str, dict[str, float]] = field(default_factory=dict)  # leader: its measured link to each member
     sync_lock: trio.Lock = field(default_factory=trio.Lock)
+    shapes_lock: trio.Lock = field(default_factory=trio.Lock)  # one child computes a plan's shard shapes
     commit_lock: trio.Lock = field(default_factory=trio.Lock)  # the leader commits one checkpoint at a time
 
     def __post_init__(self) -> None:

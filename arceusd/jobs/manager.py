@@ -347,6 +347,7 @@ class JobManager(ControlMethods, LocalWorker, StandbySyncing):
             return
         job.shares = flops_shares(job.plan, job.inputs)
         job.epoch += 1
+        self._spawn(shard_checks.prefetch_shapes, job)  # ready by the plan's first checkpoint
         job.state = "starting"
         job.standby = choose_standby(job, me)
         self._track(job, list(job.plan.peer_ids), [me, job.standby])
