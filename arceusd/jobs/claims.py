@@ -16,8 +16,15 @@
   member accepts a plan that rates it slower than it offered, never faster
   (:func:`arceusd.jobs.planning.verify_start`).
 
-What stays open: the step times are the member's worker's own figures; a member that lies about its speed *and*
-its step times is caught only by the pipeline running slower than planned for everyone.
+- a member's step time as its neighbours saw it (:func:`record_link_waits`, :func:`seen_by_neighbours`,
+  :func:`judged_times`): every report also says how long its stage waited for the previous stage's activations
+  and for the next stage's gradients. A stage that both its neighbours wait on is the one holding the pipeline
+  back; the least of those waits (capped by the leader's own step time, which its own clock measured) is a floor
+  on that stage's time that does not come from its own word. The leader judges each member on the larger of
+  the two, so a member that overstates its speed and understates its step times is caught as well.
+
+What stays open: a stage split across devices (tensor parallel) is judged on its devices' own figures: its
+neighbours see the stage, not which of its devices is slow. Two colluding neighbours can hide each other.
 """
 
 from __future__ import annotations
@@ -89,21 +96,107 @@ def record_wait_time(waits: dict[str, float], peer: str, event: Mapping[str, Any
         waits.pop(peer, None)
 
 
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
+
+
 def own_step_times(job: Any, me: str) -> dict[str, float]:
     """What this device's checkpoint report carries about its speed: the median compute seconds of its last
-    steps (step time less link waits, from its worker's step events) and what the plan predicted for them (its
-    stage's compute per micro-batch times the micro-batches, plus its optimizer step); empty when unknown."""
+    steps (step time less link waits, from its worker's step events), the median waits (in all, for the previous
+    stage's activations, for the next stage's gradients) and what the plan predicted (its stage's compute per
+    micro-batch times the micro-batches, plus its optimizer step); empty when unknown."""
     if job.plan is None or not job.stage_times:
         return {}
     stage = next((st for st in job.plan.stages if any(s.peer_id == me for s in st.shares)), None)
     if stage is None:
         return {}
-    compute = sorted(max(0.0, total - wait) for total, wait in job.stage_times)
-    waits = sorted(max(0.0, wait) for _, wait in job.stage_times)
+    times = list(job.stage_times)
     predicted = stage.compute_s * job.plan.micro_batches + stage.optimizer_s
     if predicted <= 0:
         return {}
-    return {"step_s": compute[len(compute) // 2], "wait_s": waits[len(waits) // 2], "predicted_s": predicted}
+    return {
+        "step_s": _median([max(0.0, t[0] - t[1]) for t in times]), "wait_s": _median([max(0.0, t[1]) for t in times]),
+        "wait_up_s": _median([max(0.0, t[2]) for t in times]), "wait_down_s": _median([max(0.0, t[3]) for t in times]),
+        "predicted_s": predicted,
+    }  # fmt: skip
+
+
+def own_step_total(job: Any) -> float | None:
+    """The median wall seconds of this device's own last steps (its own clock), or None before any."""
+    return _median([t[0] for t in job.stage_times]) if job.stage_times else None
+
+
+def _seconds(value: Any) -> float | None:
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) \
+            and 0 <= value < MAX_REPORTED_S:  # fmt: skip
+        return float(value)
+    return None
+
+
+def record_link_waits(waits: dict[str, tuple[float, float]], peer: str, event: Mapping[str, Any]) -> None:
+    """Keep ``peer``'s median seconds per step waiting for the previous stage's activations and for the next
+    stage's gradients (``wait_up_s``, ``wait_down_s``: both valid, else the previous pair is forgotten)."""
+    up, down = _seconds(event.get("wait_up_s")), _seconds(event.get("wait_down_s"))
+    if up is None or down is None:
+        waits.pop(peer, None)
+    else:
+        waits[peer] = (up, down)
+
+
+BACKWARD_PER_FORWARD = 2.0
+"""A block's backward pass costs this many times its forward (the partitioner's cost model): a stage's next
+neighbour waits only on its forward passes, about a third of its compute."""
+
+
+def seen_by_neighbours(plan: Any, waits: Mapping[str, tuple[float, float]], leader: str,
+                       step_s: float | None) -> dict[str, float]:  # fmt: skip
+    """Each one-device stage's seconds per step as the devices beside it in the pipeline saw it, never more than
+    ``step_s`` (the leader's own step time, on its own clock; None: nothing is seen):
+
+    - the previous stage waits for its gradients: its forward and backward passes (and the stages after it);
+    - the next stage waits for its activations: its forward passes, :data:`BACKWARD_PER_FORWARD` + 1 times that
+      being its compute;
+    - between two neighbours the least of the two views: one neighbour that says it waited cannot frame it. At
+      an end of the pipeline with one neighbour, that neighbour's view counts as it is only when the neighbour
+      is the leader (``leader``, whose own clock it is); another's is capped by the time the stage itself
+      did not spend waiting on that neighbour (word against word: the smaller wins).
+
+    The leader itself is not seen (its own figures are its clock's), nor is a stage split across devices (the
+    neighbours see the stage, not which device is slow), nor one whose neighbours did not all report. When one
+    stage holds the pipeline back, every neighbour waits on it, and on no other stage from both sides: the view
+    is about that stage's own time. Slow stages on both sides of a fast one make it look slow too;
+    :func:`overclaim` judges a member only when it took :data:`BOTTLENECK` times longer than every other
+    member, which they then did not."""
+    if step_s is None:
+        return {}
+    stages = list(plan.stages)
+    out: dict[str, float] = {}
+    for k, stage in enumerate(stages):
+        peer = stage.shares[0].peer_id
+        if len(stage.shares) != 1 or peer == leader:
+            continue
+        before = [(s.peer_id, waits[s.peer_id][1]) for s in stages[k - 1].shares if s.peer_id in waits] if k else []
+        after = [(s.peer_id, waits[s.peer_id][0] * (1.0 + BACKWARD_PER_FORWARD))
+                 for s in stages[k + 1].shares if s.peer_id in waits] if k < len(stages) - 1 else []  # fmt: skip
+        sides = [side for side in (before, after) if side]
+        expected = (k > 0) + (k < len(stages) - 1)
+        if not sides or len(sides) != expected:
+            continue
+        seen = min(w for side in sides for _, w in side)
+        if expected == 1 and not any(p == leader for p, _ in sides[0]):
+            if peer not in waits:
+                continue
+            own_wait = waits[peer][0] if k else waits[peer][1]  # its own wait on that one neighbour
+            seen = min(seen, max(0.0, step_s - own_wait))
+        out[peer] = min(seen, step_s)
+    return out
+
+
+def judged_times(times: Mapping[str, tuple[float, float]], seen: Mapping[str, float]) -> dict[str, tuple[float, float]]:
+    """What the leader judges each member on: the larger of the seconds it reported and the seconds its
+    neighbours saw it take, beside its predicted seconds."""
+    return {peer: (max(got, seen.get(peer, 0.0)), predicted) for peer, (got, predicted) in times.items()}
 
 
 def measured(times: Mapping[str, tuple[float, float]], peer: str) -> bool:
@@ -140,7 +233,8 @@ def discounted(offer: Any, factor: float) -> Any:
 
 
 __all__ = [
-    "BOTTLENECK", "MAX_DISCOUNT", "MAX_OFFER_FLOPS", "MAX_OFFER_MEMORY", "MIN_EXCESS_S", "RELATIVE_SLOW", "STOP_STATES",
-    "SUSTAINED_REPORTS", "check_offer_bounds", "discounted", "measured", "measured_factor", "overclaim",
-    "own_step_times", "record_step_time", "record_wait_time", "stop_state",
+    "BACKWARD_PER_FORWARD", "BOTTLENECK", "MAX_DISCOUNT", "MAX_OFFER_FLOPS", "MAX_OFFER_MEMORY", "MIN_EXCESS_S",
+    "RELATIVE_SLOW", "STOP_STATES", "SUSTAINED_REPORTS", "check_offer_bounds", "discounted", "judged_times", "measured",
+    "measured_factor", "overclaim", "own_step_times", "own_step_total", "record_link_waits", "record_step_time",
+    "record_wait_time", "seen_by_neighbours", "stop_state",
 ]  # fmt: skip

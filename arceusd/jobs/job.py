@@ -82,8 +82,9 @@ class Job:
     samples_per_s: float | None = None
     tokens_per_s: float | None = None
     history: list[tuple[int, float]] = field(default_factory=list)
-    # this device's stage over its last steps: (seconds, of which waiting on links), from the worker's step events
-    stage_times: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=STAGE_WINDOW))
+    # this device's stage over its last steps: (seconds, of which waiting on links, of that for the previous stage's
+    # activations, for the next stage's gradients), from the worker's step events
+    stage_times: deque[tuple[float, float, float, float]] = field(default_factory=lambda: deque(maxlen=STAGE_WINDOW))
     error: str = ""
     model_path: str = ""
     worker: WorkerProcess | None = None
@@ -110,6 +111,8 @@ class Job:
     excluded: dict[str, str] = field(default_factory=dict)  # peer -> why the leader excluded it (shard_checks)
     shard_shapes: dict[int, dict[str, dict[str, tuple[int, ...]]]] = field(default_factory=dict)  # epoch -> plan's
     measured: dict[str, tuple[float, float]] = field(default_factory=dict)  # peer -> (step s, predicted s): claims
+    link_waits: dict[str, tuple[float, float]] = field(default_factory=dict)  # peer -> its (up, down) waits: claims
+    seen: dict[str, float] = field(default_factory=dict)  # peer -> its step seconds as its neighbours saw them
     discounts: dict[str, float] = field(default_factory=dict)  # peer -> its offered speed is divided by (claims)
     slow_reports: dict[str, int] = field(default_factory=dict)  # peer -> reports in a row that it overclaimed
     gather_until: float = 0.0  # after the owner's restart: plan at this time even if not every member is back
@@ -185,23 +188,27 @@ class Job:
         links (the pipeline's bubble and slower neighbours), to set beside the plan's prediction."""
         if not self.stage_times:
             return None
-        seconds = sorted(t for t, _ in self.stage_times)
+        seconds = sorted(t[0] for t in self.stage_times)
         total = sum(seconds)
-        waited = sum(w for _, w in self.stage_times)
+        waited = sum(t[1] for t in self.stage_times)
         return {"steps": len(seconds), "step_time_s": seconds[len(seconds) // 2],
                 "wait_fraction": waited / total if total > 0 else 0.0}  # fmt: skip
 
     def stage_times_by_device(self, me: str = "") -> dict[str, dict[str, float | None]]:
         """Each device's measured compute and link-wait seconds per step (medians) beside the plan's prediction:
         the members' from their last checkpoint reports (the leader keeps them), this device's (``me``) from its
-        own worker's last steps. ``wait_s`` is None for a report that did not carry it."""
+        own worker's last steps. ``wait_s`` is None for a report that did not carry it; ``seen_s`` is the step time
+        the device's neighbours in the pipeline saw it take (None when they did not all report;
+        :func:`arceusd.jobs.claims.seen_by_neighbours`)."""
         out: dict[str, dict[str, float | None]] = {
-            peer: {"compute_s": got, "wait_s": self.waits.get(peer), "predicted_s": predicted}
+            peer: {"compute_s": got, "wait_s": self.waits.get(peer), "predicted_s": predicted,
+                   "seen_s": self.seen.get(peer)}
             for peer, (got, predicted) in sorted(self.measured.items())
-        }
+        }  # fmt: skip
         own = claims.own_step_times(self, me) if me else {}
         if own:
-            out[me] = {"compute_s": own["step_s"], "wait_s": own.get("wait_s"), "predicted_s": own["predicted_s"]}
+            out[me] = {"compute_s": own["step_s"], "wait_s": own.get("wait_s"), "predicted_s": own["predicted_s"],
+                       "seen_s": self.seen.get(me)}  # fmt: skip
         return out
 
     def plan_summary(self) -> dict[str, Any] | None:

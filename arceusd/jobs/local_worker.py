@@ -162,7 +162,8 @@ class LocalWorker(ManagerBase):
         # the event names the step index just run; job.step counts completed steps
         job.step, job.loss, job.lr = int(event["step"]) + 1, float(event["loss"]), float(event["lr"])
         job.record_loss(job.step, job.loss)
-        job.stage_times.append((float(event.get("seconds", 0.0)), float(event.get("wait_seconds", 0.0))))
+        job.stage_times.append((float(event.get("seconds", 0.0)), float(event.get("wait_seconds", 0.0)),
+                                float(event.get("wait_up_seconds", 0.0)), float(event.get("wait_down_seconds", 0.0))))
         job.credit(1)
         recovery = job.recoveries[-1] if job.recoveries else None
         if recovery is not None and recovery.first_step_after_s is None and recovery.epoch == job.epoch:
@@ -221,23 +222,37 @@ class LocalWorker(ManagerBase):
                 return
             job.reports.setdefault(step, {})[peer] = shard
             claims.record_wait_time(job.waits, peer, event)
+            claims.record_link_waits(job.link_waits, peer, event)
             claims.record_step_time(job.measured, peer, event)
-            factor = claims.overclaim(job.measured, peer) if peer not in job.discounts else None
-            job.slow_reports[peer] = 0 if factor is None else job.slow_reports.get(peer, 0) + 1
-            if factor is not None and job.slow_reports[peer] >= claims.SUSTAINED_REPORTS:
-                # once per member: planned again at the speed it showed (issue #19)
-                job.discounts[peer] = factor
-                log.warning("job %s: %s ran %.1fx slower than its offer; planning again at its measured speed",
-                            job.job_id, peer[:12], factor)  # fmt: skip
-                self._request_restart(job, f"member {peer[:12]} ran {factor:.1f}x slower than its offer "
-                                           "(measured against the other members); planning again at its measured "
-                                           "speed")  # fmt: skip
-                return
             if event.get("cursor") is not None:
                 job.cursors[step] = event["cursor"]
             expected = sum(len(s.shares) for s in job.plan.stages) if job.plan else 0
             if len(job.reports[step]) == expected:
+                reason = self._judge_claims(job)
+                if reason:  # planned again from the last commit: this checkpoint was paced by the overclaim
+                    self._request_restart(job, reason)
+                    return
                 self._spawn(self._commit_checkpoint, job, step, job.term, job.epoch)
+
+    def _judge_claims(self, job: Job) -> str:
+        """Once every device of the plan reported a checkpoint: judge each member's offered speed against its
+        step times, as it reported them and as its neighbours saw them (issue #19). A member that overclaimed in
+        :data:`claims.SUSTAINED_REPORTS` checkpoints in a row has its speed discounted (once per member); the
+        restart reason, or ``""``."""
+        job.seen = claims.seen_by_neighbours(job.plan, job.link_waits, self.node.identity.peer_id,
+                                             claims.own_step_total(job))  # fmt: skip
+        judged = claims.judged_times(job.measured, job.seen)
+        reasons = []
+        for peer in sorted(judged):
+            factor = claims.overclaim(judged, peer) if peer not in job.discounts else None
+            job.slow_reports[peer] = 0 if factor is None else job.slow_reports.get(peer, 0) + 1
+            if factor is not None and job.slow_reports[peer] >= claims.SUSTAINED_REPORTS:
+                job.discounts[peer] = factor  # planned again at the speed it showed
+                log.warning("job %s: %s ran %.1fx slower than its offer; planning again at its measured speed",
+                            job.job_id, peer[:12], factor)  # fmt: skip
+                reasons.append(f"member {peer[:12]} ran {factor:.1f}x slower than its offer (measured against the "
+                               "other members); planning again at its measured speed")  # fmt: skip
+        return "; ".join(reasons)
 
 
 def worker_device(kind: str) -> str:

@@ -347,6 +347,8 @@ class JobManager(ControlMethods, LocalWorker, StandbySyncing):
             return
         job.shares = flops_shares(job.plan, job.inputs)
         job.epoch += 1
+        job.link_waits.clear()  # who waits on whom depends on the plan: judged afresh (claims.seen_by_neighbours)
+        job.seen.clear()
         self._spawn(shard_checks.prefetch_shapes, job)  # ready by the plan's first checkpoint
         job.state = "starting"
         job.standby = choose_standby(job, me)

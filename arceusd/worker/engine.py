@@ -103,6 +103,11 @@ class StepResult:
     wait_s: float = 0.0
     """Seconds this stage spent blocked on its links (receiving activations or gradients, the step's scalar
     exchange): the pipeline's bubble plus any wait for a slower neighbour or a slow link."""
+    wait_up_s: float = 0.0
+    """Of ``wait_s``, the seconds spent waiting for the previous stage's activations."""
+    wait_down_s: float = 0.0
+    """Of ``wait_s``, the seconds spent waiting for the next stage's gradients. The leader sets these beside the
+    neighbours' own figures: a stage both neighbours wait on is the slow one, whatever it says of itself."""
     optimizer_s: float = 0.0
     """Seconds of the optimizer step (clipping included)."""
 
@@ -158,7 +163,12 @@ class StageEngine:
             if isinstance(action, RecvActivation | RecvGrad):
                 began = time.perf_counter()
                 self._execute(action, run)
-                run.wait_s += time.perf_counter() - began
+                waited = time.perf_counter() - began
+                run.wait_s += waited
+                if isinstance(action, RecvActivation):
+                    run.wait_up_s += waited
+                else:
+                    run.wait_down_s += waited
             else:
                 result = self._execute(action, run) or result
         if result is None:
@@ -349,7 +359,8 @@ class StageEngine:
             self.replicas.after_step(list(self.module.parameters()), self.step + 1)
         spent = time.perf_counter() - began - (run.wait_s - waited)
         result = StepResult(
-            step=self.step, loss=loss, grad_norm=grad_norm, lr=lr, wait_s=run.wait_s, optimizer_s=spent
+            step=self.step, loss=loss, grad_norm=grad_norm, lr=lr, wait_s=run.wait_s, wait_up_s=run.wait_up_s,
+            wait_down_s=run.wait_down_s, optimizer_s=spent,
         )
         self.step += 1
         return result
@@ -371,3 +382,5 @@ class _StepState:
     """Micro-batches whose parameters' gradients wait for ``WeightGrad``."""
     loss_sum: float = 0.0
     wait_s: float = 0.0
+    wait_up_s: float = 0.0
+    wait_down_s: float = 0.0

@@ -305,7 +305,8 @@ class Worker:
                 raise RuntimeError(f"step {step}: loss {result.loss} is not finite; training diverged")
             self.events.emit(
                 StepEvent(step, result.loss, result.lr, float(result.grad_norm or 0.0), samples, tokens,
-                          time.perf_counter() - began, result.wait_s, result.optimizer_s, self.fabric.ring_bytes)
+                          time.perf_counter() - began, result.wait_s, result.optimizer_s, self.fabric.ring_bytes,
+                          result.wait_up_s, result.wait_down_s)
             )  # fmt: skip
             done = step + 1
             checkpoint = done == cfg.total_steps or (

@@ -430,6 +430,10 @@ class StepEvent:
     optimizer_seconds: float = 0.0
     ring_bytes: int = 0
     """Bytes this worker has sent to its replica ring so far (frames handed to the authenticated stream)."""
+    wait_up_seconds: float = 0.0
+    """Of ``wait_seconds``, waiting for the previous stage's activations."""
+    wait_down_seconds: float = 0.0
+    """Of ``wait_seconds``, waiting for the next stage's gradients."""
 
     def to_line(self) -> str:
         return _line({"event": "step", **asdict(self)})
@@ -506,6 +510,8 @@ def parse_event(line: str) -> Event:
             _float(d, "wait_seconds", w) if "wait_seconds" in d else 0.0,
             _float(d, "optimizer_seconds", w) if "optimizer_seconds" in d else 0.0,
             _int(d, "ring_bytes", w) if "ring_bytes" in d else 0,
+            _float(d, "wait_up_seconds", w) if "wait_up_seconds" in d else 0.0,
+            _float(d, "wait_down_seconds", w) if "wait_down_seconds" in d else 0.0,
         )  # fmt: skip
     if kind == "eval":
         acc = d.get("val_accuracy")

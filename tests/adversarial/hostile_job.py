@@ -13,7 +13,9 @@ from the first). Attacks (issue #19 items 1, 3, 4 and 5):
   sha256 and size reported truthfully), as a member that poisons the model would;
 * ``claims``: the member offers 2^50 bytes of memory and 10^20 FLOP/s;
 * ``overclaim``: the member offers ``ARCEUS_HOSTILE_ARG`` times its measured speed (within physical bounds), so
-  the plan gives it more work than it can do in time.
+  the plan gives it more work than it can do in time;
+* ``overclaim-hidden``: as ``overclaim``, and its checkpoint reports say its stage took what the plan predicted,
+  the rest of its step spent waiting for the previous stage (its step times lie to cover its offer).
 
 :class:`HostileSwarm` is a :class:`arceusd.swarm.LocalSwarm` whose daemon :data:`HOSTILE` runs this module.
 
@@ -39,7 +41,7 @@ if str(ROOT) not in sys.path:
 from arceusd.swarm import LocalSwarm  # noqa: E402
 
 HUGE = 16 << 30
-ATTACKS = ("none", "path", "mismatch", "huge", "nan", "claims", "overclaim")
+ATTACKS = ("none", "path", "mismatch", "huge", "nan", "claims", "overclaim", "overclaim-hidden")
 """``none``: an honest member (a baseline run through the same module)."""
 
 
@@ -104,12 +106,28 @@ def install(attack: str, arg: str, after: int) -> None:
 
     LocalWorker._report = report  # type: ignore[method-assign]
     Transfers.on_shard_request = serve  # type: ignore[method-assign]
-    if attack in ("claims", "overclaim"):
+    if attack == "overclaim-hidden":
+        from arceusd.jobs import claims
+
+        real_times = claims.own_step_times
+
+        def hidden_times(job: Any, me: str) -> dict[str, float]:
+            times = real_times(job, me)
+            excess = times["step_s"] - times["predicted_s"] if times else 0.0
+            if excess <= 0:
+                return times
+            print(f"hostile: reports {times['predicted_s']:.3f} s of its {times['step_s']:.3f} s", file=sys.stderr,
+                  flush=True)  # fmt: skip
+            return {**times, "step_s": times["predicted_s"], "wait_s": times["wait_s"] + excess,
+                    "wait_up_s": times["wait_up_s"] + excess}  # fmt: skip
+
+        claims.own_step_times = hidden_times
+    if attack in ("claims", "overclaim", "overclaim-hidden"):
         real_offer = manager_module.JobManager.offer
 
         async def offer(self: Any) -> Any:
             honest = await real_offer(self)
-            if attack == "overclaim":
+            if attack != "claims":
                 return replace(honest, flops_per_s=honest.flops_per_s * float(arg))
             return replace(honest, memory_bytes=1 << 50, flops_per_s=1e20)
 
