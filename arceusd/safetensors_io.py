@@ -1,4 +1,5 @@
-"""Writing safetensors files without numpy (``safetensors.torch.save`` imports numpy, which we don't depend on).
+"""Writing safetensors files without numpy (``safetensors.torch.save`` imports numpy; numpy is installed only so
+that torch does not warn about its absence, and no code of ours needs it).
 
 The format is small and fixed: an 8-byte little-endian header length, a JSON header naming each tensor's dtype,
 shape and ``data_offsets``, padded with spaces to 8-byte alignment, then the raw little-endian bytes. Reading goes

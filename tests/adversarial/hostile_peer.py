@@ -66,8 +66,12 @@ def _code(exc: BaseException | None) -> str:
 def silent_streams(target: str, count: int, seconds: float) -> dict[str, Any]:
     stop = threading.Event()
 
-    def silence() -> Iterator[bytes]:
-        stop.wait(seconds + 10)
+    def silence(ended: threading.Event) -> Iterator[bytes]:
+        # grpc's client reads a request iterator in a thread of its own per call: this one ends with its call, or
+        # the attacker piles up a blocked thread per refused stream (1,500 within 5 s) and slows the machine that
+        # the victim shares with it, which a stranger on another machine would not do to us
+        while not (stop.is_set() or ended.wait(0.1)):
+            pass
         yield from ()
 
     channels = [grpc.insecure_channel(target) for _ in range(8)]
@@ -80,7 +84,10 @@ def silent_streams(target: str, count: int, seconds: float) -> dict[str, Any]:
         while time.monotonic() < deadline:
             while len(calls) < count:
                 stub = channels[opened % len(channels)].stream_stream(STREAM_METHOD)
-                calls.append((stub(silence(), timeout=seconds + 10), time.monotonic()))
+                ended = threading.Event()
+                call = stub(silence(ended), timeout=seconds + 10)
+                call.add_done_callback(lambda _call, ended=ended: ended.set())
+                calls.append((call, time.monotonic()))
                 opened += 1
             still = []
             for call, began in calls:
