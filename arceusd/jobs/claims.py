@@ -16,15 +16,17 @@
   member accepts a plan that rates it slower than it offered, never faster
   (:func:`arceusd.jobs.planning.verify_start`).
 
-- a member's step time as its neighbours saw it (:func:`record_link_waits`, :func:`seen_by_neighbours`,
-  :func:`judged_times`): every report also says how long its stage waited for the previous stage's activations
-  and for the next stage's gradients. A stage that both its neighbours wait on is the one holding the pipeline
-  back; the least of those waits (capped by the leader's own step time, which its own clock measured) is a floor
-  on that stage's time that does not come from its own word. The leader judges each member on the larger of
-  the two, so a member that overstates its speed and understates its step times is caught as well.
+- a member's step time as the devices it works with saw it (:func:`record_link_waits`,
+  :func:`seen_by_neighbours`, :func:`judged_times`): every report also says how long the device waited for the
+  previous stage's activations, for the next stage's gradients and in its tensor-parallel group. A stage that
+  both its neighbours wait on is the one holding the pipeline back, a rank its partners wait for the one holding
+  its group back; what they waited (capped by the leader's own step time, which its own clock measured) is a
+  floor on that member's time that does not come from its own word. The leader judges each member on the
+  larger of the two, so a member that overstates its speed and understates its step times is caught as well.
 
-What stays open: a stage split across devices (tensor parallel) is judged on its devices' own figures: its
-neighbours see the stage, not which of its devices is slow. Two colluding neighbours can hide each other.
+What stays open: where one other device alone sees a member (an end of the pipeline next to a member that does
+not lead, a tensor-parallel group of two), it is word against word and the smaller wins; a rank that lies about
+its waits can make its whole group look alike; two colluding neighbours can hide each other.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, NamedTuple
 
 MAX_OFFER_MEMORY = 1 << 44
 """16 TiB: more memory than any one machine lends a job today; an offer above it is refused."""
@@ -96,6 +98,21 @@ def record_wait_time(waits: dict[str, float], peer: str, event: Mapping[str, Any
         waits.pop(peer, None)
 
 
+class StageTime(NamedTuple):
+    """One step of this device's worker, from its step event (seconds)."""
+
+    total_s: float
+    wait_s: float = 0.0
+    """Of ``total_s``, waiting on the pipeline's links."""
+    wait_up_s: float = 0.0
+    """Of ``wait_s``, for the previous stage's activations."""
+    wait_down_s: float = 0.0
+    """Of ``wait_s``, for the next stage's gradients."""
+    group_wait_s: float = 0.0
+    """Of ``total_s`` less ``wait_s``, inside the tensor-parallel group's all-reduces (waiting for its slowest
+    rank)."""
+
+
 def _median(values: list[float]) -> float:
     ordered = sorted(values)
     return ordered[len(ordered) // 2]
@@ -111,20 +128,23 @@ def own_step_times(job: Any, me: str) -> dict[str, float]:
     stage = next((st for st in job.plan.stages if any(s.peer_id == me for s in st.shares)), None)
     if stage is None:
         return {}
-    times = list(job.stage_times)
+    times = [StageTime(*t) for t in job.stage_times]
     predicted = stage.compute_s * job.plan.micro_batches + stage.optimizer_s
     if predicted <= 0:
         return {}
     return {
-        "step_s": _median([max(0.0, t[0] - t[1]) for t in times]), "wait_s": _median([max(0.0, t[1]) for t in times]),
-        "wait_up_s": _median([max(0.0, t[2]) for t in times]), "wait_down_s": _median([max(0.0, t[3]) for t in times]),
+        "step_s": _median([max(0.0, t.total_s - t.wait_s - t.group_wait_s) for t in times]),
+        "wait_s": _median([max(0.0, t.wait_s) for t in times]),
+        "wait_up_s": _median([max(0.0, t.wait_up_s) for t in times]),
+        "wait_down_s": _median([max(0.0, t.wait_down_s) for t in times]),
+        "group_wait_s": _median([max(0.0, t.group_wait_s) for t in times]),
         "predicted_s": predicted,
-    }  # fmt: skip
+    }
 
 
 def own_step_total(job: Any) -> float | None:
     """The median wall seconds of this device's own last steps (its own clock), or None before any."""
-    return _median([t[0] for t in job.stage_times]) if job.stage_times else None
+    return _median([StageTime(*t).total_s for t in job.stage_times]) if job.stage_times else None
 
 
 def _seconds(value: Any) -> float | None:
@@ -134,14 +154,27 @@ def _seconds(value: Any) -> float | None:
     return None
 
 
-def record_link_waits(waits: dict[str, tuple[float, float]], peer: str, event: Mapping[str, Any]) -> None:
-    """Keep ``peer``'s median seconds per step waiting for the previous stage's activations and for the next
-    stage's gradients (``wait_up_s``, ``wait_down_s``: both valid, else the previous pair is forgotten)."""
+class LinkWaits(NamedTuple):
+    """A device's median seconds per step spent waiting, as its last checkpoint report said."""
+
+    up_s: float
+    """For the previous stage's activations."""
+    down_s: float
+    """For the next stage's gradients."""
+    group_s: float = 0.0
+    """In its tensor-parallel group's all-reduces (for the group's slowest rank)."""
+
+
+def record_link_waits(waits: dict[str, LinkWaits], peer: str, event: Mapping[str, Any]) -> None:
+    """Keep ``peer``'s median seconds per step waiting for the previous stage's activations, for the next
+    stage's gradients and in its tensor-parallel group (``wait_up_s``, ``wait_down_s``, ``group_wait_s``; the
+    first two required, the last 0 when absent; any invalid one and the previous record is forgotten)."""
     up, down = _seconds(event.get("wait_up_s")), _seconds(event.get("wait_down_s"))
-    if up is None or down is None:
+    group = _seconds(event.get("group_wait_s", 0.0))
+    if up is None or down is None or group is None:
         waits.pop(peer, None)
     else:
-        waits[peer] = (up, down)
+        waits[peer] = LinkWaits(up, down, group)
 
 
 BACKWARD_PER_FORWARD = 2.0
@@ -149,47 +182,74 @@ BACKWARD_PER_FORWARD = 2.0
 neighbour waits only on its forward passes, about a third of its compute."""
 
 
-def seen_by_neighbours(plan: Any, waits: Mapping[str, tuple[float, float]], leader: str,
+def _stage_view(stages: list[Any], k: int, waits: Mapping[str, LinkWaits]) -> tuple[float, list[str]] | None:
+    """Stage ``k``'s seconds per step as its pipeline neighbours saw it (the least of their views: the
+    previous stage's wait for its gradients, the next stage's wait for its activations scaled to a whole
+    step), and who saw it; None when a neighbour stage did not report or there is none."""
+    before = [(s.peer_id, waits[s.peer_id].down_s) for s in stages[k - 1].shares if s.peer_id in waits] if k else []
+    after = [(s.peer_id, waits[s.peer_id].up_s * (1.0 + BACKWARD_PER_FORWARD))
+             for s in stages[k + 1].shares if s.peer_id in waits] if k < len(stages) - 1 else []  # fmt: skip
+    sides = [side for side in (before, after) if side]
+    if not sides or len(sides) != (k > 0) + (k < len(stages) - 1):
+        return None
+    return min(w for side in sides for _, w in side), [p for side in sides for p, _ in side]
+
+
+def seen_by_neighbours(plan: Any, waits: Mapping[str, LinkWaits], compute: Mapping[str, float], leader: str,
                        step_s: float | None) -> dict[str, float]:  # fmt: skip
-    """Each one-device stage's seconds per step as the devices beside it in the pipeline saw it, never more than
-    ``step_s`` (the leader's own step time, on its own clock; None: nothing is seen):
+    """Each member's seconds per step as the devices it works with saw it, never more than ``step_s`` (the
+    leader's own step time, on its own clock; None: nothing is seen). ``compute``: each device's reported
+    compute seconds per step (without its waits).
 
-    - the previous stage waits for its gradients: its forward and backward passes (and the stages after it);
-    - the next stage waits for its activations: its forward passes, :data:`BACKWARD_PER_FORWARD` + 1 times that
-      being its compute;
-    - between two neighbours the least of the two views: one neighbour that says it waited cannot frame it. At
-      an end of the pipeline with one neighbour, that neighbour's view counts as it is only when the neighbour
-      is the leader (``leader``, whose own clock it is); another's is capped by the time the stage itself
-      did not spend waiting on that neighbour (word against word: the smaller wins).
+    - A one-device stage, by its pipeline neighbours: the previous stage waits for its gradients (its forward
+      and backward passes, and the stages after it); the next stage waits for its activations (its forward
+      passes, :data:`BACKWARD_PER_FORWARD` + 1 times that being its compute); the least of the two views, so one
+      neighbour that says it waited cannot frame it.
+    - A rank of a tensor-parallel stage, by its group: every rank waits in the group's all-reduces for the
+      slowest, so each other rank's compute plus that wait is the group's time; what is left of the least of
+      those once the largest of the other ranks' own compute is taken off is this rank's doing (nothing when
+      another rank's compute accounts for the group's time). Never more than the stage's view by its pipeline
+      neighbours, when they all reported. A rank that lies about its waits can make every rank look alike (no
+      one is then judged), not single out another.
+    - Word against word: where one other device alone sees it (an end of the pipeline, a group of two), that
+      view counts as it is only when that device is the leader (``leader``, whose own clock it is); another's
+      is capped by the time the member itself did not spend waiting on that device.
 
-    The leader itself is not seen (its own figures are its clock's), nor is a stage split across devices (the
-    neighbours see the stage, not which device is slow), nor one whose neighbours did not all report. When one
-    stage holds the pipeline back, every neighbour waits on it, and on no other stage from both sides: the view
-    is about that stage's own time. Slow stages on both sides of a fast one make it look slow too;
-    :func:`overclaim` judges a member only when it took :data:`BOTTLENECK` times longer than every other
-    member, which they then did not."""
+    The leader itself is not seen (its own figures are its clock's), nor a member whose viewers did not all
+    report. When one device holds the others back, they all wait on it, and on no other device from every side:
+    the view is about that device's own time. Slow devices on both sides of a fast one make it look slow too;
+    :func:`overclaim` judges a member only when it took :data:`BOTTLENECK` times longer than every other member,
+    which they then did not."""
     if step_s is None:
         return {}
     stages = list(plan.stages)
     out: dict[str, float] = {}
     for k, stage in enumerate(stages):
-        peer = stage.shares[0].peer_id
-        if len(stage.shares) != 1 or peer == leader:
-            continue
-        before = [(s.peer_id, waits[s.peer_id][1]) for s in stages[k - 1].shares if s.peer_id in waits] if k else []
-        after = [(s.peer_id, waits[s.peer_id][0] * (1.0 + BACKWARD_PER_FORWARD))
-                 for s in stages[k + 1].shares if s.peer_id in waits] if k < len(stages) - 1 else []  # fmt: skip
-        sides = [side for side in (before, after) if side]
-        expected = (k > 0) + (k < len(stages) - 1)
-        if not sides or len(sides) != expected:
-            continue
-        seen = min(w for side in sides for _, w in side)
-        if expected == 1 and not any(p == leader for p, _ in sides[0]):
-            if peer not in waits:
+        view = _stage_view(stages, k, waits)
+        for share in stage.shares:
+            peer = share.peer_id
+            if peer == leader or peer not in waits:
                 continue
-            own_wait = waits[peer][0] if k else waits[peer][1]  # its own wait on that one neighbour
-            seen = min(seen, max(0.0, step_s - own_wait))
-        out[peer] = min(seen, step_s)
+            own = waits[peer]
+            if len(stage.shares) == 1:
+                if view is None:
+                    continue
+                seen, viewers = view
+                if len(viewers) == 1 and viewers[0] != leader:  # one neighbour: its word against the member's
+                    seen = min(seen, max(0.0, step_s - (own.up_s if k else own.down_s)))
+            else:
+                partners = [p.peer_id for p in stage.shares if p.peer_id != peer]
+                if not all(p in waits and p in compute for p in partners):
+                    continue
+                # the group's step: any partner's compute plus its wait for the slowest; what no partner's own
+                # compute accounts for was this rank's
+                group_step = min(compute[p] + waits[p].group_s for p in partners)
+                seen = max(0.0, group_step - max(compute[p] for p in partners))
+                if len(partners) == 1 and partners[0] != leader:
+                    seen = min(seen, max(0.0, step_s - own.up_s - own.down_s - own.group_s))
+                if view is not None:
+                    seen = min(seen, view[0])
+            out[peer] = min(seen, step_s)
     return out
 
 
@@ -234,7 +294,7 @@ def discounted(offer: Any, factor: float) -> Any:
 
 __all__ = [
     "BACKWARD_PER_FORWARD", "BOTTLENECK", "MAX_DISCOUNT", "MAX_OFFER_FLOPS", "MAX_OFFER_MEMORY", "MIN_EXCESS_S",
-    "RELATIVE_SLOW", "STOP_STATES", "SUSTAINED_REPORTS", "check_offer_bounds", "discounted", "judged_times", "measured",
-    "measured_factor", "overclaim", "own_step_times", "own_step_total", "record_link_waits", "record_step_time",
-    "record_wait_time", "seen_by_neighbours", "stop_state",
+    "RELATIVE_SLOW", "STOP_STATES", "SUSTAINED_REPORTS", "LinkWaits", "StageTime", "check_offer_bounds", "discounted",
+    "judged_times", "measured", "measured_factor", "overclaim", "own_step_times", "own_step_total", "record_link_waits",
+    "record_step_time", "record_wait_time", "seen_by_neighbours", "stop_state",
 ]  # fmt: skip

@@ -82,9 +82,8 @@ class Job:
     samples_per_s: float | None = None
     tokens_per_s: float | None = None
     history: list[tuple[int, float]] = field(default_factory=list)
-    # this device's stage over its last steps: (seconds, of which waiting on links, of that for the previous stage's
-    # activations, for the next stage's gradients), from the worker's step events
-    stage_times: deque[tuple[float, float, float, float]] = field(default_factory=lambda: deque(maxlen=STAGE_WINDOW))
+    # this device's stage over its last steps, from the worker's step events
+    stage_times: deque[claims.StageTime] = field(default_factory=lambda: deque(maxlen=STAGE_WINDOW))
     error: str = ""
     model_path: str = ""
     worker: WorkerProcess | None = None
@@ -111,7 +110,7 @@ class Job:
     excluded: dict[str, str] = field(default_factory=dict)  # peer -> why the leader excluded it (shard_checks)
     shard_shapes: dict[int, dict[str, dict[str, tuple[int, ...]]]] = field(default_factory=dict)  # epoch -> plan's
     measured: dict[str, tuple[float, float]] = field(default_factory=dict)  # peer -> (step s, predicted s): claims
-    link_waits: dict[str, tuple[float, float]] = field(default_factory=dict)  # peer -> its (up, down) waits: claims
+    link_waits: dict[str, claims.LinkWaits] = field(default_factory=dict)  # peer -> its waits (claims)
     seen: dict[str, float] = field(default_factory=dict)  # peer -> its step seconds as its neighbours saw them
     discounts: dict[str, float] = field(default_factory=dict)  # peer -> its offered speed is divided by (claims)
     slow_reports: dict[str, int] = field(default_factory=dict)  # peer -> reports in a row that it overclaimed
@@ -188,9 +187,9 @@ class Job:
         links (the pipeline's bubble and slower neighbours), to set beside the plan's prediction."""
         if not self.stage_times:
             return None
-        seconds = sorted(t[0] for t in self.stage_times)
+        seconds = sorted(t.total_s for t in self.stage_times)
         total = sum(seconds)
-        waited = sum(t[1] for t in self.stage_times)
+        waited = sum(t.wait_s for t in self.stage_times)
         return {"steps": len(seconds), "step_time_s": seconds[len(seconds) // 2],
                 "wait_fraction": waited / total if total > 0 else 0.0}  # fmt: skip
 

@@ -162,8 +162,8 @@ class LocalWorker(ManagerBase):
         # the event names the step index just run; job.step counts completed steps
         job.step, job.loss, job.lr = int(event["step"]) + 1, float(event["loss"]), float(event["lr"])
         job.record_loss(job.step, job.loss)
-        job.stage_times.append((float(event.get("seconds", 0.0)), float(event.get("wait_seconds", 0.0)),
-                                float(event.get("wait_up_seconds", 0.0)), float(event.get("wait_down_seconds", 0.0))))
+        job.stage_times.append(claims.StageTime(*(float(event.get(k, 0.0)) for k in (
+            "seconds", "wait_seconds", "wait_up_seconds", "wait_down_seconds", "group_wait_seconds"))))
         job.credit(1)
         recovery = job.recoveries[-1] if job.recoveries else None
         if recovery is not None and recovery.first_step_after_s is None and recovery.epoch == job.epoch:
@@ -239,7 +239,8 @@ class LocalWorker(ManagerBase):
         step times, as it reported them and as its neighbours saw them (issue #19). A member that overclaimed in
         :data:`claims.SUSTAINED_REPORTS` checkpoints in a row has its speed discounted (once per member); the
         restart reason, or ``""``."""
-        job.seen = claims.seen_by_neighbours(job.plan, job.link_waits, self.node.identity.peer_id,
+        compute = {peer: got for peer, (got, _) in job.measured.items()}
+        job.seen = claims.seen_by_neighbours(job.plan, job.link_waits, compute, self.node.identity.peer_id,
                                              claims.own_step_total(job))  # fmt: skip
         judged = claims.judged_times(job.measured, job.seen)
         reasons = []

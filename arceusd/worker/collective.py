@@ -3,6 +3,9 @@
 ``Collective``: the tensor-parallel group of one stage, ``all_reduce_sum(tensor) -> tensor`` (every rank calls
 it in the same order with same-shaped tensors and gets the same sum). The real one lives with the transport.
 
+``TimedCollective`` wraps one and counts the seconds its rank spent inside ``all_reduce_sum`` (waiting for the
+group's slowest rank, and the transfer): the engine reports them per step as ``group_wait_s``.
+
 ``InMemoryAllReduce`` serves N threads: each call blocks until all N ranks contributed, then every rank gets
 the sum taken in rank order (so all ranks see bit-identical results, like a deterministic ring). A bounded
 wait turns a mismatched call pattern into an error instead of a hung test.
@@ -11,6 +14,7 @@ wait turns a mismatched call pattern into an error instead of a hung test.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Protocol
 
 import torch
@@ -30,6 +34,34 @@ class Collective(Protocol):
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum of ``tensor`` over all ranks of the group (a new tensor; the input is not modified)."""
         ...
+
+
+class TimedCollective:
+    """A :class:`Collective` that adds the seconds spent in each ``all_reduce_sum`` to ``waited_s``."""
+
+    def __init__(self, inner: Collective) -> None:
+        self.inner = inner
+        self.waited_s = 0.0
+
+    @property
+    def rank(self) -> int:
+        return self.inner.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.inner.world_size
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        began = time.perf_counter()
+        try:
+            return self.inner.all_reduce_sum(tensor)
+        finally:
+            self.waited_s += time.perf_counter() - began
+
+    def take(self) -> float:
+        """The seconds counted since the last ``take``, and start again from zero."""
+        waited, self.waited_s = self.waited_s, 0.0
+        return waited
 
 
 class CollectiveTimeout(RuntimeError):

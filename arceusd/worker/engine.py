@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from arceusd.models.build import loss_sum
+from arceusd.worker.collective import TimedCollective
 from arceusd.worker.links import Links
 from arceusd.worker.microbatch import split_micro_batches
 from arceusd.worker.optim import LRSchedule, OptimizerConfig, SGDConfig, clip_grad_norm_global, make_optimizer
@@ -108,6 +109,9 @@ class StepResult:
     wait_down_s: float = 0.0
     """Of ``wait_s``, the seconds spent waiting for the next stage's gradients. The leader sets these beside the
     neighbours' own figures: a stage both neighbours wait on is the slow one, whatever it says of itself."""
+    group_wait_s: float = 0.0
+    """Seconds inside the tensor-parallel group's all-reduces (not in ``wait_s``: they happen inside the forward
+    and backward passes): waiting for the group's slowest rank. Zero without a group timer."""
     optimizer_s: float = 0.0
     """Seconds of the optimizer step (clipping included)."""
 
@@ -123,8 +127,10 @@ class StageEngine:
         compression: Compression | None = None,
         loss_fn: LossFn = loss_sum,
         replicas: ReplicaSync | None = None,
+        group_timer: TimedCollective | None = None,
     ) -> None:
         self.config = config
+        self.group_timer = group_timer
         self.device = torch.device(config.device)
         self.module = module.to(self.device)
         self.links = links
@@ -157,6 +163,8 @@ class StageEngine:
         )
         self.module.train()
         self.optimizer.zero_grad()
+        if self.group_timer is not None:
+            self.group_timer.take()
         actions = self._schedule()
         result: StepResult | None = None
         for action in actions:
@@ -361,6 +369,7 @@ class StageEngine:
         result = StepResult(
             step=self.step, loss=loss, grad_norm=grad_norm, lr=lr, wait_s=run.wait_s, wait_up_s=run.wait_up_s,
             wait_down_s=run.wait_down_s, optimizer_s=spent,
+            group_wait_s=self.group_timer.take() if self.group_timer is not None else 0.0,
         )
         self.step += 1
         return result

@@ -56,6 +56,7 @@ from arceusd.models.config import GPTConfig
 from arceusd.safetensors_io import load_bytes
 from arceusd.transport import Stream, open_transport
 from arceusd.worker.affinity import pin_cpus
+from arceusd.worker.collective import TimedCollective
 from arceusd.worker.datafeed import Batch, DataClient, DataServer, Prefetcher, eval_batch_count
 from arceusd.worker.engine import EngineConfig, StageEngine
 from arceusd.worker.optim import AdamWConfig, LRSchedule, OptimizerConfig, SGDConfig
@@ -176,12 +177,8 @@ class Worker:
         self.fabric = WireFabric(config, codec_for(self.spec.training), data_handler=self._serve_data)
         st = config.stages[self.stage]
         split = st.split()
-        module = build_stage(
-            self.spec.model,
-            self.spec.seed,
-            StageSpec(st.start, st.end, split, self.rank),
-            self.fabric.collective() if split is not None else None,
-        )
+        group = TimedCollective(self.fabric.collective()) if split is not None else None  # its waits are reported
+        module = build_stage(self.spec.model, self.spec.seed, StageSpec(st.start, st.end, split, self.rank), group)
         t = self.spec.training
         self.replica = config.replica_of()
         replicas = None
@@ -210,6 +207,7 @@ class Worker:
                 defer_weights=defer_weights(config),
             ),
             replicas=replicas,
+            group_timer=group,
         )
         self.start_step = 0
         if config.resume is not None:
@@ -306,7 +304,7 @@ class Worker:
             self.events.emit(
                 StepEvent(step, result.loss, result.lr, float(result.grad_norm or 0.0), samples, tokens,
                           time.perf_counter() - began, result.wait_s, result.optimizer_s, self.fabric.ring_bytes,
-                          result.wait_up_s, result.wait_down_s)
+                          result.wait_up_s, result.wait_down_s, result.group_wait_s)
             )  # fmt: skip
             done = step + 1
             checkpoint = done == cfg.total_steps or (

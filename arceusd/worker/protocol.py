@@ -434,6 +434,8 @@ class StepEvent:
     """Of ``wait_seconds``, waiting for the previous stage's activations."""
     wait_down_seconds: float = 0.0
     """Of ``wait_seconds``, waiting for the next stage's gradients."""
+    group_wait_seconds: float = 0.0
+    """Of ``seconds`` (not of ``wait_seconds``), inside the tensor-parallel group's all-reduces."""
 
     def to_line(self) -> str:
         return _line({"event": "step", **asdict(self)})
@@ -512,6 +514,7 @@ def parse_event(line: str) -> Event:
             _int(d, "ring_bytes", w) if "ring_bytes" in d else 0,
             _float(d, "wait_up_seconds", w) if "wait_up_seconds" in d else 0.0,
             _float(d, "wait_down_seconds", w) if "wait_down_seconds" in d else 0.0,
+            _float(d, "group_wait_seconds", w) if "group_wait_seconds" in d else 0.0,
         )  # fmt: skip
     if kind == "eval":
         acc = d.get("val_accuracy")

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from arceusd.jobs.claims import StageTime
 from arceusd.jobs.job import STAGE_WINDOW, Job
 from arceusd.jobs.view import render_job
 
@@ -26,7 +27,7 @@ def test_no_steps_no_timing(tmp_path: Path) -> None:
 def test_timing_is_the_median_step_and_the_share_spent_waiting(tmp_path: Path) -> None:
     job = _job(tmp_path)
     for seconds, waited in [(0.5, 0.05), (0.4, 0.0), (3.0, 2.0), (0.6, 0.15)]:
-        job.stage_times.append((seconds, waited, 0.0, waited))
+        job.stage_times.append(StageTime(seconds, waited, 0.0, waited))
     timing = job.stage_timing()
     assert timing is not None
     assert timing["steps"] == 4
@@ -39,9 +40,9 @@ def test_timing_is_the_median_step_and_the_share_spent_waiting(tmp_path: Path) -
 def test_only_the_last_steps_count(tmp_path: Path) -> None:
     job = _job(tmp_path)
     for _ in range(STAGE_WINDOW):
-        job.stage_times.append((5.0, 4.0, 4.0, 0.0))  # a slow start (compile, warm caches)
+        job.stage_times.append(StageTime(5.0, 4.0, 4.0, 0.0))  # a slow start (compile, warm caches)
     for _ in range(STAGE_WINDOW):
-        job.stage_times.append((0.5, 0.1, 0.05, 0.05))
+        job.stage_times.append(StageTime(0.5, 0.1, 0.05, 0.05))
     timing = job.stage_timing()
     assert timing is not None and timing["steps"] == STAGE_WINDOW
     assert timing["step_time_s"] == 0.5 and timing["wait_fraction"] == pytest.approx(0.2)
@@ -132,7 +133,7 @@ def test_stage_times_cover_every_measured_device_and_this_device_from_its_own_st
         claims.record_step_time(job.measured, peer, report)
         claims.record_wait_time(job.waits, peer, report)
     for seconds, waited in [(0.05, 0.01), (0.5, 0.0), (0.06, 0.02)]:
-        job.stage_times.append((seconds, waited, 0.0, waited))
+        job.stage_times.append(StageTime(seconds, waited, 0.0, waited))
     job.seen = {other: 0.25}  # what its neighbours saw (claims.seen_by_neighbours)
     shown = job.summary(full=True, me=me)
     assert shown["stage_times"] == {

@@ -12,13 +12,21 @@ from typing import Any
 import pytest
 
 from arceusd.jobs import claims
-from arceusd.worker.engine import StageEngine, StepResult
+from arceusd.worker.collective import InMemoryAllReduce, TimedCollective
+from arceusd.worker.engine import EngineConfig, StageEngine, StepResult
+from arceusd.worker.links import InMemoryFabric
 from arceusd.worker.optim import LRSchedule
 from arceusd.worker.schedule import ScheduleKind
-from tests.unit.test_engine import CASES, OPTIMIZERS, _batches, build_engines
+from arceusd.worker.stage import StageSpec, build_stage
+from arceusd.worker.tensor_parallel import TPSplit
+from tests.unit.test_engine import CASES, GPT, OPTIMIZERS, SEED, _batches, build_engines
 
 SLEEP_S = 0.05
 """Added to every forward of the slow stage's micro-batches (4 a step)."""
+
+
+def lw(waits: dict[str, tuple[float, ...]]) -> dict[str, claims.LinkWaits]:
+    return {peer: claims.LinkWaits(*w) for peer, w in waits.items()}
 
 
 def plan_of(*stages: tuple[str, ...]) -> Any:
@@ -62,47 +70,136 @@ def test_both_neighbours_of_a_slow_middle_stage_wait_on_it_and_it_waits_on_neith
     down = [median([results[s][i].wait_down_s for i in steps]) for s in range(3)]
     assert down[0] > 0.5 * slow and up[2] > 0.5 * slow, (up, down)  # both neighbours wait on the slow stage
     assert up[1] + down[1] < 0.25 * slow, (up, down)  # and it waits on neither
-    waits = {"a": (up[0], down[0]), "b": (up[1], down[1]), "c": (up[2], down[2])}
-    seen = claims.seen_by_neighbours(plan_of(("a",), ("b",), ("c",)), waits, "a", 10.0)
+    waits = lw({"a": (up[0], down[0]), "b": (up[1], down[1]), "c": (up[2], down[2])})
+    seen = claims.seen_by_neighbours(plan_of(("a",), ("b",), ("c",)), waits, {}, "a", 10.0)
     assert seen["b"] > 0.5 * slow and seen["b"] > 3 * seen["c"], seen
+
+
+def test_the_ranks_of_a_group_wait_for_its_slow_rank_and_it_waits_for_none() -> None:
+    """A real three-rank tensor-parallel stage (GPT block split 2/1/1 heads) between two stages, its rank 1
+    slowed: its partners' ``group_wait_s`` (TimedCollective) holds the delay, its own does not, and
+    :func:`claims.seen_by_neighbours` puts the delay on rank 1 alone."""
+    split = TPSplit(heads=(2, 1, 1), columns=(64, 32, 32))
+    layout = [(0, 1, None), (1, 3, split), (3, 4, None)]
+    fabric = InMemoryFabric([1, 3, 1], timeout_s=20)
+    group = InMemoryAllReduce(3, timeout_s=20)
+    opt = OPTIMIZERS["sgd"]
+    engines: list[list[StageEngine]] = []
+    for s, (start, end, sp) in enumerate(layout):
+        ranks = []
+        for r in range(1 if sp is None else 3):
+            timer = TimedCollective(group.rank_view(r)) if sp is not None else None
+            module = build_stage(GPT, SEED, StageSpec(start, end, sp, r), timer)
+            config = EngineConfig(stage=s, num_stages=3, num_micro_batches=3, schedule=ScheduleKind.GPIPE,
+                                  optimizer=opt, lr_schedule=LRSchedule(max_lr=opt.lr), max_grad_norm=None)  # fmt: skip
+            ranks.append(StageEngine(module, fabric.links(s, r), config, group_timer=timer))
+        engines.append(ranks)
+    engines[1][1].module.register_forward_pre_hook(lambda _m, _a: time.sleep(SLEEP_S))
+    batches = _batches(GPT, 6) * 2
+    results: dict[tuple[int, int], list[StepResult]] = {}
+    elapsed: dict[tuple[int, int], list[float]] = {}
+
+    def work(s: int, r: int, engine: StageEngine) -> None:
+        out, took = [], []
+        for x, y in batches:
+            began = time.perf_counter()
+            out.append(engine.run_step(x if s == 0 else None, y if s == 2 else None))
+            took.append(time.perf_counter() - began)  # the step time the worker's step event carries
+        results[(s, r)], elapsed[(s, r)] = out, took
+
+    threads = [threading.Thread(target=work, args=(s, r, e), daemon=True)
+               for s, ranks in enumerate(engines) for r, e in enumerate(ranks)]  # fmt: skip
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert len(results) == 5, "a rank hung or failed"
+    steps = range(1, len(batches))
+
+    def median(values: list[float]) -> float:
+        return sorted(values)[len(values) // 2]
+
+    group_wait = {r: median([results[(1, r)][i].group_wait_s for i in steps]) for r in range(3)}
+    slow = SLEEP_S * 3  # three micro-batches a step
+    assert group_wait[0] > 0.5 * slow and group_wait[2] > 0.5 * slow, group_wait  # waiting for rank 1
+    assert group_wait[1] < 0.25 * slow, group_wait  # rank 1 waits for nobody
+    assert all(results[(0, 0)][i].group_wait_s == 0.0 for i in steps)  # no group, nothing counted
+    plan = plan_of(("L",), ("r0", "r1", "r2"), ("c",))
+    waits = {"L": claims.LinkWaits(0.0, 1.0), "c": claims.LinkWaits(1.0, 0.0),
+             **{f"r{r}": claims.LinkWaits(0.0, 0.0, group_wait[r]) for r in range(3)}}  # fmt: skip
+    # each rank's own compute, as its report says: its step less its waits on links and in the group
+    own = {f"r{r}": median([elapsed[(1, r)][i] - results[(1, r)][i].wait_s - results[(1, r)][i].group_wait_s
+                            for i in steps]) for r in range(3)}  # fmt: skip
+    assert own["r1"] > 0.5 * slow > max(own["r0"], own["r2"]), own  # told truly, its own figure shows it
+    seen = claims.seen_by_neighbours(plan, waits, own, "L", 10.0)
+    assert seen["r1"] > 0.5 * slow and seen["r0"] < 0.25 * slow and seen["r2"] < 0.25 * slow, seen
 
 
 def test_seen_by_neighbours_takes_the_least_view_and_never_more_than_the_leaders_step() -> None:
     plan = plan_of(("L",), ("b",), ("c",))  # L leads
     # b is slow: L waits for its gradients, c for its activations (its forward passes: a third of its compute)
-    waits = {"L": (0.0, 0.9), "b": (0.01, 0.02), "c": (0.25, 0.0)}
-    seen = claims.seen_by_neighbours(plan, waits, "L", 10.0)
+    waits = lw({"L": (0.0, 0.9), "b": (0.01, 0.02), "c": (0.25, 0.0)})
+    seen = claims.seen_by_neighbours(plan, waits, {}, "L", 10.0)
     assert seen == {"b": pytest.approx(0.75), "c": 0.02}  # the leader is not seen: its own clock is its figure
-    assert claims.seen_by_neighbours(plan, waits, "L", 0.5)["b"] == 0.5  # never more than the leader's own step
-    assert claims.seen_by_neighbours(plan, waits, "L", None) == {}  # the leader has no step of its own
+    assert claims.seen_by_neighbours(plan, waits, {}, "L", 0.5)["b"] == 0.5  # never more than the leader's step
+    assert claims.seen_by_neighbours(plan, waits, {}, "L", None) == {}  # the leader has no step of its own
     # one neighbour that says it waited (framing b) is not enough: the other side did not
-    framed = {"L": (0.0, 5.0), "b": (0.01, 0.02), "c": (0.01, 0.0)}
-    assert claims.seen_by_neighbours(plan, framed, "L", 10.0)["b"] == pytest.approx(0.03)
+    framed = lw({"L": (0.0, 5.0), "b": (0.01, 0.02), "c": (0.01, 0.0)})
+    assert claims.seen_by_neighbours(plan, framed, {}, "L", 10.0)["b"] == pytest.approx(0.03)
     # a side that did not report: b is not seen at all (not seen as fast either)
-    assert "b" not in claims.seen_by_neighbours(plan, {"L": (0.0, 0.9), "b": (0.0, 0.0)}, "L", 10.0)
+    assert "b" not in claims.seen_by_neighbours(plan, lw({"L": (0.0, 0.9), "b": (0.0, 0.0)}), {}, "L", 10.0)
 
 
 def test_an_end_stage_is_framed_by_its_one_neighbour_only_when_that_neighbour_is_the_leader() -> None:
     plan = plan_of(("a",), ("b",), ("L",))
     # a (first stage, not the leader) is slow: b, its one neighbour, waits for its activations; a waited on b little
-    slow_a = {"a": (0.0, 0.05), "b": (0.3, 0.0), "L": (0.1, 0.0)}
-    assert claims.seen_by_neighbours(plan, slow_a, "L", 1.0)["a"] == pytest.approx(0.9)
+    slow_a = lw({"a": (0.0, 0.05), "b": (0.3, 0.0), "L": (0.1, 0.0)})
+    assert claims.seen_by_neighbours(plan, slow_a, {}, "L", 1.0)["a"] == pytest.approx(0.9)
     # b lies that it waited on a; a's own figures say it spent 0.95 s of the 1 s step waiting on b: word against
     # word, the smaller wins
-    framing = {"a": (0.0, 0.95), "b": (0.3, 0.0), "L": (0.1, 0.0)}
-    assert claims.seen_by_neighbours(plan, framing, "L", 1.0)["a"] == pytest.approx(0.05)
+    framing = lw({"a": (0.0, 0.95), "b": (0.3, 0.0), "L": (0.1, 0.0)})
+    assert claims.seen_by_neighbours(plan, framing, {}, "L", 1.0)["a"] == pytest.approx(0.05)
     # next to the leader, the leader's own wait counts as it is
     led = plan_of(("L",), ("b",))
-    assert claims.seen_by_neighbours(led, {"L": (0.0, 0.8), "b": (0.7, 0.0)}, "L", 1.0) == {"b": 0.8}
+    assert claims.seen_by_neighbours(led, lw({"L": (0.0, 0.8), "b": (0.7, 0.0)}), {}, "L", 1.0) == {"b": 0.8}
 
 
-def test_a_stage_split_across_devices_is_not_seen_and_its_ranks_count_as_neighbours() -> None:
-    plan = plan_of(("a",), ("b1", "b2"), ("c",))
-    waits = {"a": (0.0, 0.1), "b1": (0.3, 0.0), "b2": (0.7, 0.0), "c": (0.9, 0.0)}
-    seen = claims.seen_by_neighbours(plan, waits, "L", 10.0)
-    assert "b1" not in seen and "b2" not in seen  # neighbours see the stage, not which rank is slow
-    assert seen["c"] == 0.0 and seen["a"] == pytest.approx(0.9)  # the least of the split stage's ranks, x3
-    assert claims.seen_by_neighbours(plan_of(("solo",)), {"solo": (0.0, 0.0)}, "L", 1.0) == {}  # no neighbours
+def test_a_tensor_parallel_rank_is_seen_by_its_partners_waits_in_the_group() -> None:
+    plan = plan_of(("L",), ("b1", "b2", "b3"), ("c",))
+    # b2 is slow: b1 and b3 wait for it in every all-reduce; it waits for nobody; the stage's neighbours wait
+    waits = lw({"L": (0.0, 0.9), "b1": (0.0, 0.0, 0.5), "b2": (0.0, 0.0, 0.01), "b3": (0.0, 0.0, 0.45),
+                "c": (0.3, 0.0)})  # fmt: skip
+    compute = {"b1": 0.1, "b2": 0.6, "b3": 0.12}  # without the group waits
+    seen = claims.seen_by_neighbours(plan, waits, compute, "L", 10.0)
+    assert seen["b2"] == pytest.approx(0.45)  # the group's 0.57 s (b3: 0.12 + 0.45) less b3's own 0.12
+    assert seen["b1"] == 0.0 and seen["b3"] == 0.0  # b2's own compute accounts for the group's time
+    # b2 lies (says 0.05 s of compute, 0.55 s waiting in the group): its partners' figures still give it away
+    lied, lying = {**compute, "b2": 0.05}, {**waits, "b2": claims.LinkWaits(0.0, 0.0, 0.55)}
+    seen = claims.seen_by_neighbours(plan, lying, lied, "L", 10.0)
+    assert claims.judged_times({"b2": (0.05, 0.05)}, seen)["b2"][0] == pytest.approx(0.45)
+    # ... though it makes its partners look alike (none is then 3x any other: nobody is judged)
+    assert seen["b1"] == pytest.approx(0.45) and seen["b3"] == pytest.approx(0.5)
+    # one partner alone cannot single out a rank: b1 says it waited 5 s for a fast group
+    fast = lw({"L": (0.0, 0.1), "b1": (0.0, 0.0, 5.0), "b2": (0.0, 0.0, 0.01), "b3": (0.0, 0.0, 0.02),
+               "c": (0.3, 0.0)})  # fmt: skip
+    seen = claims.seen_by_neighbours(plan, fast, {"b1": 0.1, "b2": 0.11, "b3": 0.1}, "L", 10.0)
+    assert max(seen.values()) <= 0.02 + 1e-9, seen
+    # never more than what the stage's pipeline neighbours saw of the whole stage
+    assert claims.seen_by_neighbours(plan, {**waits, "c": claims.LinkWaits(0.01, 0.0)}, compute, "L",
+                                     10.0)["b2"] == pytest.approx(0.03)  # fmt: skip
+    # a partner that did not report: not seen
+    assert "b2" not in claims.seen_by_neighbours(plan, waits, {"b1": 0.1, "b2": 0.6}, "L", 10.0)
+
+
+def test_a_group_of_two_is_word_against_word_unless_the_partner_leads() -> None:
+    plan = plan_of(("a", "b"),)
+    waits = lw({"a": (0.0, 0.0, 0.5), "b": (0.0, 0.0, 0.45)})  # both say they waited for the other
+    seen = claims.seen_by_neighbours(plan, waits, {"a": 0.1, "b": 0.1}, "L", 1.0)
+    assert seen == {"a": pytest.approx(0.45), "b": pytest.approx(0.5)}  # the partner's wait: it is alone
+    seen = claims.seen_by_neighbours(plan, waits, {"a": 0.1, "b": 0.1}, "L", 0.9)
+    assert seen == {"a": pytest.approx(0.4), "b": pytest.approx(0.45)}  # capped by the step less its own wait
+    led = claims.seen_by_neighbours(plan, waits, {"a": 0.1, "b": 0.1}, "a", 0.6)
+    assert led == {"b": pytest.approx(0.5)}  # the leader's own wait counts as it is
 
 
 def test_a_member_is_judged_on_the_larger_of_its_word_and_its_neighbours_view() -> None:
@@ -113,13 +210,16 @@ def test_a_member_is_judged_on_the_larger_of_its_word_and_its_neighbours_view() 
     assert claims.overclaim(judged, "b") == pytest.approx((2.0 / 0.05) / (0.6 / 0.5))
 
 
-def test_link_waits_are_kept_only_when_both_are_valid_seconds() -> None:
-    waits: dict[str, tuple[float, float]] = {}
+def test_link_waits_are_kept_only_when_they_are_valid_seconds() -> None:
+    waits: dict[str, claims.LinkWaits] = {}
     claims.record_link_waits(waits, "a", {"wait_up_s": 0.1, "wait_down_s": 0})
-    assert waits == {"a": (0.1, 0.0)}
+    assert waits == {"a": (0.1, 0.0, 0.0)}
+    claims.record_link_waits(waits, "a", {"wait_up_s": 0.1, "wait_down_s": 0, "group_wait_s": 0.3})
+    assert waits["a"].group_s == 0.3
     for bad in ({"wait_up_s": float("nan"), "wait_down_s": 0.1}, {"wait_up_s": -1, "wait_down_s": 0.1},
                 {"wait_up_s": True, "wait_down_s": 0.1}, {"wait_up_s": 0.1}, {"wait_up_s": "1", "wait_down_s": 0},
-                {"wait_up_s": 0.1, "wait_down_s": 1e9}):  # fmt: skip
+                {"wait_up_s": 0.1, "wait_down_s": 1e9}, {"wait_up_s": 0, "wait_down_s": 0, "group_wait_s": -2},
+                {"wait_up_s": 0, "wait_down_s": 0, "group_wait_s": None}):  # fmt: skip
         claims.record_link_waits(waits, "a", {"wait_up_s": 0.1, "wait_down_s": 0.2})
         claims.record_link_waits(waits, "a", bad)
-        assert "a" not in waits, bad  # a report without a valid pair forgets the old one
+        assert "a" not in waits, bad  # a report without valid waits forgets the old ones

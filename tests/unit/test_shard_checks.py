@@ -157,9 +157,11 @@ def test_step_times_are_reported_kept_and_the_standby_is_chosen_among_measured_m
     job = SimpleNamespace(plan=plan, stage_times=deque([(0.05, 0.01, 0.01, 0.0), (0.5, 0.0, 0.0, 0.0),
                                                         (0.06, 0.02, 0.005, 0.015)]))  # fmt: skip
     own = claims.own_step_times(job, PEERS[1])
-    assert own == {"step_s": 0.04, "wait_s": 0.01, "wait_up_s": 0.005, "wait_down_s": 0.0,
+    assert own == {"step_s": 0.04, "wait_s": 0.01, "wait_up_s": 0.005, "wait_down_s": 0.0, "group_wait_s": 0.0,
                    "predicted_s": pytest.approx(0.042)}  # fmt: skip
-    assert claims.own_step_total(job) == 0.06
+    job.stage_times.append(claims.StageTime(0.07, 0.01, 0.01, 0.0, 0.02))  # a tensor-parallel rank's step
+    assert claims.own_step_times(job, PEERS[1])["step_s"] == pytest.approx(0.04)  # less its wait in the group
+    assert claims.own_step_total(job) == 0.07  # the median of 0.05, 0.5, 0.06, 0.07 (the upper middle)
     times: dict[str, tuple[float, float]] = {}
     claims.record_step_time(times, PEERS[1], own)
     for bad in ({"step_s": float("nan"), "predicted_s": 1.0}, {"step_s": True, "predicted_s": 1.0}, {}):
