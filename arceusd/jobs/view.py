@@ -54,9 +54,11 @@ def render_job(j: dict[str, Any]) -> str:
             for d in stage["devices"]:
                 t = times.get(d["peer_id"])
                 if t:
+                    seen = t.get("seen_s")  # the leader's view: what the devices beside it saw it take
+                    shown = f"; seen by its neighbours: {_ms(seen)})" if seen is not None else ")"
                     lines.append(f"    {d['peer_id'][:12]} (stage {stage['index']}): {_ms(t.get('compute_s'))} "
                                  f"compute, {_ms(t.get('wait_s'))} waiting per step "
-                                 f"(plan: {_ms(t.get('predicted_s'))} compute)")  # fmt: skip
+                                 f"(plan: {_ms(t.get('predicted_s'))} compute{shown}")  # fmt: skip
     timing = j.get("stage_timing")
     if timing:
         lines.append(f"  measured {timing['step_time_s'] * 1000:.1f} ms/step on this device (median of the last "

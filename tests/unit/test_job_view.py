@@ -143,5 +143,6 @@ def test_stage_times_cover_every_measured_device_and_this_device_from_its_own_st
     }
     assert shown["measured_step_s"][other] == [0.03, 0.042]  # the older key still answers
     text = render_job({**shown, "model": "mlp", "data": "mnist"})
-    assert f"{other[:12]} (stage 1): 30.0 ms compute, 12.0 ms waiting per step (plan: 42.0 ms compute)" in text
+    assert (f"{other[:12]} (stage 1): 30.0 ms compute, 12.0 ms waiting per step (plan: 42.0 ms compute; seen by "
+            "its neighbours: 250.0 ms)") in text  # fmt: skip
     assert f"{third[:12]} (stage 2): 50.0 ms compute, - waiting" in text

@@ -233,7 +233,8 @@ function timingBar(t, peer, x, y, width, span) {
       sv("title", {}, `predicted compute ${ms(t.predicted_s)}`)));
   }
   g.appendChild(sv("title", {}, `${String(peer)}: ${ms(t.compute_s)} compute, ${ms(t.wait_s)} waiting per step (medians)` +
-    `; plan predicted ${ms(t.predicted_s)} compute`));
+    `; plan predicted ${ms(t.predicted_s)} compute` +
+    (typeof t.seen_s === "number" ? `; seen by its neighbours: ${ms(t.seen_s)}` : "")));
   return g;
 }
 
