@@ -14,5 +14,8 @@
   ``export`` (the final model), ``probe`` (measuring this device in a child process), ``supervisor`` (the
   worker child process), ``filework`` (re-slicing and export in a child process: the daemon never imports
   torch), ``lifecycle`` (the leader's pure decisions on a failed commit, an unacknowledged ``go``, an ended
-  election).
+  election);
+- what other devices say, checked before use: ``claims`` (offers in physical bounds; each member's step times as
+  it reported them and as the devices it works with saw them; discounts), ``shard_checks`` and ``shard_scan``
+  (checkpoint reports and shards: names from the plan, sizes bounded, finite values, expected shapes).
 """

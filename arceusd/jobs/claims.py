@@ -85,17 +85,23 @@ MAX_REPORTED_S = 1e6
 """Seconds per step a report may claim (compute or waiting); a larger, negative or non-finite one is not kept."""
 
 
+def _seconds(value: Any) -> float | None:
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) \
+            and 0 <= value < MAX_REPORTED_S:  # fmt: skip
+        return float(value)
+    return None
+
+
 def record_wait_time(waits: dict[str, float], peer: str, event: Mapping[str, Any]) -> None:
     """Keep ``peer``'s median link-wait seconds per step from a checkpoint report (``wait_s``: finite,
     0 <= wait < :data:`MAX_REPORTED_S`), so every device's compute is set beside its waiting (``stage_times`` in
     ``arceusd status JOB``, the dashboard's plan). A report without a valid one forgets the previous value, so the
     wait shown is always from the same report as the compute (a report without it still counts as a report)."""
-    wait = event.get("wait_s")
-    if isinstance(wait, int | float) and not isinstance(wait, bool) and math.isfinite(wait) \
-            and 0 <= wait < MAX_REPORTED_S:  # fmt: skip
-        waits[peer] = float(wait)
-    else:
+    wait = _seconds(event.get("wait_s"))
+    if wait is None:
         waits.pop(peer, None)
+    else:
+        waits[peer] = wait
 
 
 class StageTime(NamedTuple):
@@ -128,7 +134,7 @@ def own_step_times(job: Any, me: str) -> dict[str, float]:
     stage = next((st for st in job.plan.stages if any(s.peer_id == me for s in st.shares)), None)
     if stage is None:
         return {}
-    times = [StageTime(*t) for t in job.stage_times]
+    times: list[StageTime] = list(job.stage_times)
     predicted = stage.compute_s * job.plan.micro_batches + stage.optimizer_s
     if predicted <= 0:
         return {}
@@ -144,14 +150,7 @@ def own_step_times(job: Any, me: str) -> dict[str, float]:
 
 def own_step_total(job: Any) -> float | None:
     """The median wall seconds of this device's own last steps (its own clock), or None before any."""
-    return _median([StageTime(*t).total_s for t in job.stage_times]) if job.stage_times else None
-
-
-def _seconds(value: Any) -> float | None:
-    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) \
-            and 0 <= value < MAX_REPORTED_S:  # fmt: skip
-        return float(value)
-    return None
+    return _median([t.total_s for t in job.stage_times]) if job.stage_times else None
 
 
 class LinkWaits(NamedTuple):
@@ -176,6 +175,9 @@ def record_link_waits(waits: dict[str, LinkWaits], peer: str, event: Mapping[str
     else:
         waits[peer] = LinkWaits(up, down, group)
 
+
+NO_WAITS = LinkWaits(0.0, 0.0)
+"""What a member that reported no valid waits is taken to have waited: nothing (leaving them out hides nothing)."""
 
 BACKWARD_PER_FORWARD = 2.0
 """A block's backward pass costs this many times its forward (the partitioner's cost model): a stage's next
@@ -216,10 +218,10 @@ def seen_by_neighbours(plan: Any, waits: Mapping[str, LinkWaits], compute: Mappi
       is capped by the time the member itself did not spend waiting on that device.
 
     The leader itself is not seen (its own figures are its clock's), nor a member whose viewers did not all
-    report. When one device holds the others back, they all wait on it, and on no other device from every side:
-    the view is about that device's own time. Slow devices on both sides of a fast one make it look slow too;
-    :func:`overclaim` judges a member only when it took :data:`BOTTLENECK` times longer than every other member,
-    which they then did not."""
+    report (a member's own missing waits count as none: :data:`NO_WAITS`). When one device holds the others
+    back, they all wait on it, and on no other device from every side: the view is about that device's own time.
+    Slow devices on both sides of a fast one make it look slow too; :func:`overclaim` judges a member only when
+    it took :data:`BOTTLENECK` times longer than every other member, which they then did not."""
     if step_s is None:
         return {}
     stages = list(plan.stages)
@@ -228,9 +230,9 @@ def seen_by_neighbours(plan: Any, waits: Mapping[str, LinkWaits], compute: Mappi
         view = _stage_view(stages, k, waits)
         for share in stage.shares:
             peer = share.peer_id
-            if peer == leader or peer not in waits:
+            if peer == leader:
                 continue
-            own = waits[peer]
+            own = waits.get(peer, NO_WAITS)  # a member that does not say it waited is taken as not having waited
             if len(stage.shares) == 1:
                 if view is None:
                     continue
@@ -294,7 +296,7 @@ def discounted(offer: Any, factor: float) -> Any:
 
 __all__ = [
     "BACKWARD_PER_FORWARD", "BOTTLENECK", "MAX_DISCOUNT", "MAX_OFFER_FLOPS", "MAX_OFFER_MEMORY", "MIN_EXCESS_S",
-    "RELATIVE_SLOW", "STOP_STATES", "SUSTAINED_REPORTS", "LinkWaits", "StageTime", "check_offer_bounds", "discounted",
-    "judged_times", "measured", "measured_factor", "overclaim", "own_step_times", "own_step_total", "record_link_waits",
-    "record_step_time", "record_wait_time", "seen_by_neighbours", "stop_state",
+    "NO_WAITS", "RELATIVE_SLOW", "STOP_STATES", "SUSTAINED_REPORTS", "LinkWaits", "StageTime", "check_offer_bounds",
+    "discounted", "judged_times", "measured", "measured_factor", "overclaim", "own_step_times", "own_step_total",
+    "record_link_waits", "record_step_time", "record_wait_time", "seen_by_neighbours", "stop_state",
 ]  # fmt: skip

@@ -4,7 +4,7 @@
 it in the same order with same-shaped tensors and gets the same sum). The real one lives with the transport.
 
 ``TimedCollective`` wraps one and counts the seconds its rank spent inside ``all_reduce_sum`` (waiting for the
-group's slowest rank, and the transfer): the engine reports them per step as ``group_wait_s``.
+group's slowest rank, and the transfer; the engine reports them per step as ``group_wait_s``) and the calls.
 
 ``InMemoryAllReduce`` serves N threads: each call blocks until all N ranks contributed, then every rank gets
 the sum taken in rank order (so all ranks see bit-identical results, like a deterministic ring). A bounded
@@ -37,11 +37,13 @@ class Collective(Protocol):
 
 
 class TimedCollective:
-    """A :class:`Collective` that adds the seconds spent in each ``all_reduce_sum`` to ``waited_s``."""
+    """A :class:`Collective` that adds the seconds spent in each ``all_reduce_sum`` to ``waited_s`` and counts
+    the calls in ``calls``."""
 
     def __init__(self, inner: Collective) -> None:
         self.inner = inner
         self.waited_s = 0.0
+        self.calls = 0
 
     @property
     def rank(self) -> int:
@@ -53,6 +55,7 @@ class TimedCollective:
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         began = time.perf_counter()
+        self.calls += 1
         try:
             return self.inner.all_reduce_sum(tensor)
         finally:

@@ -14,7 +14,7 @@ import torch
 
 from arceusd.models.build import build_reference_model, loss_mean, num_blocks
 from arceusd.models.config import GPTConfig, MLPConfig, ModelConfig
-from arceusd.worker.collective import InMemoryAllReduce
+from arceusd.worker.collective import InMemoryAllReduce, TimedCollective
 from arceusd.worker.engine import Compression, EngineConfig, StageEngine, StepResult
 from arceusd.worker.links import InMemoryFabric
 from arceusd.worker.optim import AdamWConfig, LRSchedule, OptimizerConfig, SGDConfig
@@ -94,8 +94,10 @@ def build_engines(
     autocast_bf16: bool = False,
     defer_weights: bool = True,
     devices: Sequence[str] | None = None,
+    group_timers: bool = False,
 ) -> list[list[StageEngine]]:
-    """``devices``: each stage's torch device (all its ranks alike); None: all on the CPU."""
+    """``devices``: each stage's torch device (all its ranks alike); None: all on the CPU. ``group_timers``: a
+    tensor-parallel rank's group is a :class:`TimedCollective` and its engine reports ``group_wait_s``."""
     fabric = InMemoryFabric(
         [1 if split is None else split.world_size for _, _, split in case.layout], timeout_s=20
     )
@@ -104,9 +106,9 @@ def build_engines(
         group = InMemoryAllReduce(split.world_size, timeout_s=20) if split is not None else None
         ranks = []
         for r in range(1 if split is None else split.world_size):
-            module = build_stage(
-                case.model, SEED, StageSpec(start, end, split, r), group.rank_view(r) if group else None
-            )
+            view = group.rank_view(r) if group else None
+            timer = TimedCollective(view) if view is not None and group_timers else None
+            module = build_stage(case.model, SEED, StageSpec(start, end, split, r), timer or view)
             config = EngineConfig(
                 stage=s,
                 num_stages=len(case.layout),
@@ -119,7 +121,7 @@ def build_engines(
                 defer_weights=defer_weights,
                 device=devices[s] if devices is not None else "cpu",
             )
-            ranks.append(StageEngine(module, fabric.links(s, r), config, compression))
+            ranks.append(StageEngine(module, fabric.links(s, r), config, compression, group_timer=timer))
         engines.append(ranks)
     return engines
 

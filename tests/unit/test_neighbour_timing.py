@@ -12,14 +12,11 @@ from typing import Any
 import pytest
 
 from arceusd.jobs import claims
-from arceusd.worker.collective import InMemoryAllReduce, TimedCollective
-from arceusd.worker.engine import EngineConfig, StageEngine, StepResult
-from arceusd.worker.links import InMemoryFabric
+from arceusd.worker.engine import StageEngine, StepResult
 from arceusd.worker.optim import LRSchedule
 from arceusd.worker.schedule import ScheduleKind
-from arceusd.worker.stage import StageSpec, build_stage
 from arceusd.worker.tensor_parallel import TPSplit
-from tests.unit.test_engine import CASES, GPT, OPTIMIZERS, SEED, _batches, build_engines
+from tests.unit.test_engine import CASES, GPT, OPTIMIZERS, Case, _batches, build_engines
 
 SLEEP_S = 0.05
 """Added to every forward of the slow stage's micro-batches (4 a step)."""
@@ -33,21 +30,35 @@ def plan_of(*stages: tuple[str, ...]) -> Any:
     return SimpleNamespace(stages=[SimpleNamespace(shares=[SimpleNamespace(peer_id=p) for p in s]) for s in stages])
 
 
-def run_all(engines: list[list[StageEngine]], batches: list[Any]) -> dict[int, list[StepResult]]:
-    """Every stage's step results (rank 0), each stage in its own thread."""
-    results: dict[int, list[StepResult]] = {}
+Run = dict[tuple[int, int], list[tuple[StepResult, float]]]
+"""(stage, rank) -> each step's result and its wall seconds (what the worker's step event carries)."""
+
+
+def run_all(engines: list[list[StageEngine]], batches: list[Any]) -> Run:
+    """Every rank of every stage in its own thread, each step timed."""
+    runs: Run = {}
     last = len(engines) - 1
 
-    def work(s: int, engine: StageEngine) -> None:
-        results[s] = [engine.run_step(x if s == 0 else None, y if s == last else None) for x, y in batches]
+    def work(s: int, r: int, engine: StageEngine) -> None:
+        out = []
+        for x, y in batches:
+            began = time.perf_counter()
+            result = engine.run_step(x if s == 0 else None, y if s == last else None)
+            out.append((result, time.perf_counter() - began))
+        runs[(s, r)] = out
 
-    threads = [threading.Thread(target=work, args=(s, ranks[0]), daemon=True) for s, ranks in enumerate(engines)]
+    threads = [threading.Thread(target=work, args=(s, r, e), daemon=True)
+               for s, ranks in enumerate(engines) for r, e in enumerate(ranks)]  # fmt: skip
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=60)
-    assert len(results) == len(engines), "a stage hung or failed"
-    return results
+    assert len(runs) == sum(len(ranks) for ranks in engines), "a rank hung or failed"
+    return runs
+
+
+def median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]
 
 
 @pytest.mark.parametrize("schedule", [ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B])
@@ -56,18 +67,15 @@ def test_both_neighbours_of_a_slow_middle_stage_wait_on_it_and_it_waits_on_neith
     engines = build_engines(case, schedule, opt, LRSchedule(max_lr=opt.lr), None)
     engines[1][0].module.register_forward_pre_hook(lambda _m, _a: time.sleep(SLEEP_S))
     batches = _batches(case.model, case.batch) * 2
-    results = run_all(engines, batches)
+    runs = run_all(engines, batches)
     slow = SLEEP_S * case.micro_batches
-
-    def median(values: list[float]) -> float:
-        return sorted(values)[len(values) // 2]
-
     steps = range(1, len(batches))  # the first step also waits for the threads to start
-    for r in (results[s][i] for s in range(3) for i in steps):
+    results = {s: [runs[(s, 0)][i][0] for i in steps] for s in range(3)}
+    for r in (r for s in range(3) for r in results[s]):
         assert r.wait_up_s + r.wait_down_s <= r.wait_s + 1e-9, r
-    assert all(results[0][i].wait_up_s == 0.0 and results[2][i].wait_down_s == 0.0 for i in steps)  # the ends
-    up = [median([results[s][i].wait_up_s for i in steps]) for s in range(3)]
-    down = [median([results[s][i].wait_down_s for i in steps]) for s in range(3)]
+    assert all(r.wait_up_s == 0.0 for r in results[0]) and all(r.wait_down_s == 0.0 for r in results[2])  # ends
+    up = [median([r.wait_up_s for r in results[s]]) for s in range(3)]
+    down = [median([r.wait_down_s for r in results[s]]) for s in range(3)]
     assert down[0] > 0.5 * slow and up[2] > 0.5 * slow, (up, down)  # both neighbours wait on the slow stage
     assert up[1] + down[1] < 0.25 * slow, (up, down)  # and it waits on neither
     waits = lw({"a": (up[0], down[0]), "b": (up[1], down[1]), "c": (up[2], down[2])})
@@ -79,57 +87,25 @@ def test_the_ranks_of_a_group_wait_for_its_slow_rank_and_it_waits_for_none() -> 
     """A real three-rank tensor-parallel stage (GPT block split 2/1/1 heads) between two stages, its rank 1
     slowed: its partners' ``group_wait_s`` (TimedCollective) holds the delay, its own does not, and
     :func:`claims.seen_by_neighbours` puts the delay on rank 1 alone."""
-    split = TPSplit(heads=(2, 1, 1), columns=(64, 32, 32))
-    layout = [(0, 1, None), (1, 3, split), (3, 4, None)]
-    fabric = InMemoryFabric([1, 3, 1], timeout_s=20)
-    group = InMemoryAllReduce(3, timeout_s=20)
+    case = Case(GPT, [(0, 1, None), (1, 3, TPSplit(heads=(2, 1, 1), columns=(64, 32, 32))), (3, 4, None)],
+                micro_batches=3, batch=6)  # fmt: skip
     opt = OPTIMIZERS["sgd"]
-    engines: list[list[StageEngine]] = []
-    for s, (start, end, sp) in enumerate(layout):
-        ranks = []
-        for r in range(1 if sp is None else 3):
-            timer = TimedCollective(group.rank_view(r)) if sp is not None else None
-            module = build_stage(GPT, SEED, StageSpec(start, end, sp, r), timer)
-            config = EngineConfig(stage=s, num_stages=3, num_micro_batches=3, schedule=ScheduleKind.GPIPE,
-                                  optimizer=opt, lr_schedule=LRSchedule(max_lr=opt.lr), max_grad_norm=None)  # fmt: skip
-            ranks.append(StageEngine(module, fabric.links(s, r), config, group_timer=timer))
-        engines.append(ranks)
+    engines = build_engines(case, ScheduleKind.GPIPE, opt, LRSchedule(max_lr=opt.lr), None, group_timers=True)
     engines[1][1].module.register_forward_pre_hook(lambda _m, _a: time.sleep(SLEEP_S))
-    batches = _batches(GPT, 6) * 2
-    results: dict[tuple[int, int], list[StepResult]] = {}
-    elapsed: dict[tuple[int, int], list[float]] = {}
-
-    def work(s: int, r: int, engine: StageEngine) -> None:
-        out, took = [], []
-        for x, y in batches:
-            began = time.perf_counter()
-            out.append(engine.run_step(x if s == 0 else None, y if s == 2 else None))
-            took.append(time.perf_counter() - began)  # the step time the worker's step event carries
-        results[(s, r)], elapsed[(s, r)] = out, took
-
-    threads = [threading.Thread(target=work, args=(s, r, e), daemon=True)
-               for s, ranks in enumerate(engines) for r, e in enumerate(ranks)]  # fmt: skip
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    assert len(results) == 5, "a rank hung or failed"
+    batches = _batches(GPT, case.batch) * 2
+    runs = run_all(engines, batches)
     steps = range(1, len(batches))
-
-    def median(values: list[float]) -> float:
-        return sorted(values)[len(values) // 2]
-
-    group_wait = {r: median([results[(1, r)][i].group_wait_s for i in steps]) for r in range(3)}
-    slow = SLEEP_S * 3  # three micro-batches a step
+    group_wait = {r: median([runs[(1, r)][i][0].group_wait_s for i in steps]) for r in range(3)}
+    slow = SLEEP_S * case.micro_batches
     assert group_wait[0] > 0.5 * slow and group_wait[2] > 0.5 * slow, group_wait  # waiting for rank 1
     assert group_wait[1] < 0.25 * slow, group_wait  # rank 1 waits for nobody
-    assert all(results[(0, 0)][i].group_wait_s == 0.0 for i in steps)  # no group, nothing counted
+    assert all(runs[(0, 0)][i][0].group_wait_s == 0.0 for i in steps)  # no group, nothing counted
     plan = plan_of(("L",), ("r0", "r1", "r2"), ("c",))
     waits = {"L": claims.LinkWaits(0.0, 1.0), "c": claims.LinkWaits(1.0, 0.0),
              **{f"r{r}": claims.LinkWaits(0.0, 0.0, group_wait[r]) for r in range(3)}}  # fmt: skip
     # each rank's own compute, as its report says: its step less its waits on links and in the group
-    own = {f"r{r}": median([elapsed[(1, r)][i] - results[(1, r)][i].wait_s - results[(1, r)][i].group_wait_s
-                            for i in steps]) for r in range(3)}  # fmt: skip
+    own = {f"r{r}": median([took - res.wait_s - res.group_wait_s for res, took in runs[(1, r)][1:]])
+           for r in range(3)}  # fmt: skip
     assert own["r1"] > 0.5 * slow > max(own["r0"], own["r2"]), own  # told truly, its own figure shows it
     seen = claims.seen_by_neighbours(plan, waits, own, "L", 10.0)
     assert seen["r1"] > 0.5 * slow and seen["r0"] < 0.25 * slow and seen["r2"] < 0.25 * slow, seen
@@ -159,6 +135,9 @@ def test_an_end_stage_is_framed_by_its_one_neighbour_only_when_that_neighbour_is
     # word, the smaller wins
     framing = lw({"a": (0.0, 0.95), "b": (0.3, 0.0), "L": (0.1, 0.0)})
     assert claims.seen_by_neighbours(plan, framing, {}, "L", 1.0)["a"] == pytest.approx(0.05)
+    # a that leaves its waits out of its reports is taken as not having waited: still seen
+    silent = lw({"b": (0.3, 0.0), "L": (0.1, 0.0)})
+    assert claims.seen_by_neighbours(plan, silent, {}, "L", 1.0)["a"] == pytest.approx(0.9)
     # next to the leader, the leader's own wait counts as it is
     led = plan_of(("L",), ("b",))
     assert claims.seen_by_neighbours(led, lw({"L": (0.0, 0.8), "b": (0.7, 0.0)}), {}, "L", 1.0) == {"b": 0.8}

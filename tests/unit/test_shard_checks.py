@@ -154,8 +154,9 @@ def test_step_times_are_reported_kept_and_the_standby_is_chosen_among_measured_m
 
     stage = SimpleNamespace(shares=(SimpleNamespace(peer_id=PEERS[1]),), compute_s=0.01, optimizer_s=0.002)
     plan = SimpleNamespace(stages=(stage,), micro_batches=4, peer_ids=PEERS)
-    job = SimpleNamespace(plan=plan, stage_times=deque([(0.05, 0.01, 0.01, 0.0), (0.5, 0.0, 0.0, 0.0),
-                                                        (0.06, 0.02, 0.005, 0.015)]))  # fmt: skip
+    job = SimpleNamespace(plan=plan, stage_times=deque([claims.StageTime(0.05, 0.01, 0.01, 0.0),
+                                                        claims.StageTime(0.5, 0.0, 0.0, 0.0),
+                                                        claims.StageTime(0.06, 0.02, 0.005, 0.015)]))  # fmt: skip
     own = claims.own_step_times(job, PEERS[1])
     assert own == {"step_s": 0.04, "wait_s": 0.01, "wait_up_s": 0.005, "wait_down_s": 0.0, "group_wait_s": 0.0,
                    "predicted_s": pytest.approx(0.042)}  # fmt: skip

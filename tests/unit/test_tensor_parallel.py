@@ -11,7 +11,7 @@ import torch
 from arceusd.models.build import build_blocks
 from arceusd.models.config import GPTConfig
 from arceusd.models.gpt import TransformerBlock
-from arceusd.worker.collective import CollectiveTimeout, InMemoryAllReduce, InMemoryCollective
+from arceusd.worker.collective import CollectiveTimeout, InMemoryAllReduce, TimedCollective
 from arceusd.worker.tensor_parallel import (
     TPSplit,
     TPTransformerBlock,
@@ -28,24 +28,6 @@ SPLITS = [
     TPSplit((1, 2, 1), (16, 100, 12)),
     TPSplit((4,), (128,)),
 ]
-
-
-class CountingCollective:
-    def __init__(self, inner: InMemoryCollective) -> None:
-        self.inner = inner
-        self.calls = 0
-
-    @property
-    def rank(self) -> int:
-        return self.inner.rank
-
-    @property
-    def world_size(self) -> int:
-        return self.inner.world_size
-
-    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        self.calls += 1
-        return self.inner.all_reduce_sum(tensor)
 
 
 def prefixed(name: str) -> Callable[[str], str]:
@@ -87,7 +69,7 @@ def test_tp_block_forward_backward_equals_full_block(split: TPSplit) -> None:
     ref_grads = {n: p.grad for n, p in full.named_parameters()}
 
     group = InMemoryAllReduce(split.world_size, timeout_s=20)
-    colls = [CountingCollective(group.rank_view(r)) for r in range(split.world_size)]
+    colls = [TimedCollective(group.rank_view(r)) for r in range(split.world_size)]
     shards = [shard_transformer_block(full, GPT, split, r, colls[r]) for r in range(split.world_size)]
     outs: dict[int, tuple[torch.Tensor, torch.Tensor, int]] = {}
     errors: list[BaseException] = []
