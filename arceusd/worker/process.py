@@ -59,6 +59,7 @@ from arceusd.worker.affinity import pin_cpus
 from arceusd.worker.collective import TimedCollective
 from arceusd.worker.datafeed import Batch, DataClient, DataServer, Prefetcher, eval_batch_count
 from arceusd.worker.engine import EngineConfig, StageEngine
+from arceusd.worker.links import LinkError
 from arceusd.worker.optim import AdamWConfig, LRSchedule, OptimizerConfig, SGDConfig
 from arceusd.worker.protocol import (
     CheckpointEvent,
@@ -418,18 +419,44 @@ async def _main(config: WorkerConfig, events: EventWriter) -> int:
         worker = Worker(config, events)
         await worker.run(commands)
     except BaseException as exc:
-        if _only_stopped(exc):
+        if _holds(exc, WorkerStopped):  # told to stop: what failed beside it is the stopping itself
+            return 0
+        if _holds(exc, LinkError) and await _stop_follows(commands, STOP_GRACE_S):
             return 0
         raise
     return 0
 
 
-def _only_stopped(exc: BaseException) -> bool:
-    if isinstance(exc, WorkerStopped):
+STOP_GRACE_S = 1.0
+"""How long a worker whose link failed waits for its own stop command before it reports the failure: the
+daemon stops every worker of a job at once, and a neighbour that stopped first ends its streams."""
+
+
+def _holds(exc: BaseException, kind: type[BaseException]) -> bool:
+    if isinstance(exc, kind):
         return True
     if isinstance(exc, BaseExceptionGroup):
-        _, rest = exc.split(WorkerStopped)
-        return rest is None
+        match, _ = exc.split(kind)
+        return match is not None
+    return False
+
+
+async def _stop_follows(commands: trio.abc.ReceiveStream, grace_s: float) -> bool:
+    """Whether a stop command (or the end of stdin) arrives on ``commands`` within ``grace_s``."""
+    buffer = b""
+    with trio.move_on_after(grace_s):
+        try:
+            while True:
+                chunk = await commands.receive_some(65536)
+                if not chunk:
+                    return True
+                buffer += chunk
+                while b"\n" in buffer:
+                    line, buffer = buffer.split(b"\n", 1)
+                    if line.strip() and isinstance(parse_command(line.decode("utf-8", "replace")), StopCommand):
+                        return True
+        except (trio.BrokenResourceError, trio.ClosedResourceError, WorkerProtocolError, ValueError):
+            return False
     return False
 
 

@@ -120,12 +120,32 @@ def test_stop_exits_zero_before_start_and_during_training(tmp_path: Path) -> Non
         while not isinstance(first.next_event(deadline), StepEvent):
             pass
         began = time.monotonic()
-        for w in busy.workers:
-            busy.stop(w)
-        for w in busy.workers:
-            assert w.proc is not None and w.proc.wait(timeout=15) == 0
+        last = busy.workers[-1]
+        busy.stop(last)  # the next stage stops first and ends its streams; the first is told a moment later
+        assert last.proc is not None and last.proc.wait(timeout=15) == 0
+        time.sleep(0.2)
+        busy.stop(first)
+        assert first.proc is not None and first.proc.wait(timeout=15) == 0
         assert time.monotonic() - began < 15
         assert not any(isinstance(e, DoneEvent) for w in busy.workers for e in w.events)
+
+
+def test_a_neighbour_that_dies_fails_a_worker_that_was_not_told_to_stop(tmp_path: Path) -> None:
+    spec = mnist_spec([784, 16, 10], 400, batch=16, micro=2)
+    with WorkerJob(tmp_path, spec, [(0, 1, None), (1, 2, None)]) as job:
+        job.start()
+        first, last = job.workers
+        deadline = time.monotonic() + 30
+        while not isinstance(first.next_event(deadline), StepEvent):
+            pass
+        assert last.proc is not None
+        last.proc.kill()
+        assert first.proc is not None and first.proc.wait(timeout=30) != 0
+        deadline = time.monotonic() + 10
+        while first.next_event(deadline) is not None:  # read to the end of its output
+            pass
+        errors = [e for e in first.events if isinstance(e, ErrorEvent)]
+        assert errors and last.peer_id in errors[0].message
 
 
 def test_int8_wire_compression_stays_within_two_percent_of_fp32(tmp_path: Path) -> None:

@@ -112,14 +112,15 @@ def test_a_failed_send_is_raised_on_the_compute_thread_naming_the_peer() -> None
 
 async def _a_failed_send_is_raised_on_the_compute_thread_naming_the_peer() -> None:
     queues, sink = _queues(), RecordingSink(fail_at=1)
-    sink.gate.set()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(queues.run_sender, ROUTE, sink)
         errors: list[str] = []
 
-        def compute() -> None:
+        def post_three() -> None:  # the gate is shut: all three are queued before the second send fails
             for i in range(3):
                 queues.post(ROUTE, bytes([i]), b"")
+
+        def after_the_failure() -> None:
             for call in (queues.flush, lambda: queues.post(ROUTE, b"late", b""), queues.check):
                 try:
                     call()
@@ -127,7 +128,9 @@ async def _a_failed_send_is_raised_on_the_compute_thread_naming_the_peer() -> No
                     errors.append(str(exc))
 
         with trio.fail_after(10):
-            await trio.to_thread.run_sync(compute)
+            await trio.to_thread.run_sync(post_three)
+            sink.gate.set()
+            await trio.to_thread.run_sync(after_the_failure)
     assert len(errors) == 3  # flush, a later post and check all raise it: nothing is swallowed
     assert all("sending act to peer peer-b failed" in e and "ClosedResourceError" in e for e in errors)
     assert sink.frames == [(b"\x00", b"")]
