@@ -18,7 +18,14 @@ from partitioner.canonical import (
 )
 from partitioner.inputs import DeviceProfile, Link, LinkMatrix, PlanInputs, TrainingParams
 from partitioner.plan import DeviceShare, Plan, PlanError, PlanMismatch, Stage
-from partitioner.replicas import ReplicaPlan, ReplicaSyncMode, plan_replicas
+from partitioner.replicas import (
+    ReplicaPlan,
+    ReplicaSyncMode,
+    plan_replicas,
+    replica_plan_bytes,
+    replica_plan_from_bytes,
+    verify_replicas,
+)
 from partitioner.search import plan
 from partitioner.verify import verify
 
@@ -47,5 +54,8 @@ __all__ = [
     "plan_hash",
     "plan_replicas",
     "plan_to_dict",
+    "replica_plan_bytes",
+    "replica_plan_from_bytes",
     "verify",
+    "verify_replicas",
 ]

@@ -34,11 +34,14 @@ earlier candidate.
 from __future__ import annotations
 
 import enum
+import json
 from dataclasses import dataclass, replace
+from typing import Any
 
+from partitioner.canonical import canonical_json, inputs_hash, plan_from_dict, plan_to_dict
 from partitioner.cost import CostModel
 from partitioner.inputs import PlanInputs
-from partitioner.plan import Plan, PlanError
+from partitioner.plan import Plan, PlanError, PlanMismatch
 from partitioner.search import plan as plan_pipeline
 
 DEFAULT_DILOCO_H = 50
@@ -261,3 +264,66 @@ def _ring_s(inputs: PlanInputs, plans: list[Plan]) -> float | None:
             t = 2 * (r - 1) / r * share * FP32_BYTES / slowest_bw + 2 * (r - 1) * hop
             worst = max(worst, t)
     return worst
+
+
+REPLICA_PLAN_FORMAT = 1
+MAX_WIRE_REPLICAS = 64
+"""A received replica plan with more pipelines than this is refused before anything else is read."""
+
+
+def replica_plan_to_dict(rp: ReplicaPlan) -> dict[str, Any]:
+    return {
+        "replica_plan": REPLICA_PLAN_FORMAT,
+        "replicas": [plan_to_dict(p) for p in rp.replicas],
+        "sync_mode": rp.sync_mode.value,
+        "sync_s": rp.sync_s,
+        "diloco_h": rp.diloco_h,
+        "predicted_step_time_s": rp.predicted_step_time_s,
+    }
+
+
+def replica_plan_bytes(rp: ReplicaPlan) -> bytes:
+    """Canonical bytes of a replica plan (every member recomputes the same bytes from the same inputs)."""
+    return canonical_json(replica_plan_to_dict(rp))
+
+
+def replica_plan_from_bytes(data: bytes) -> ReplicaPlan:
+    """Decode :func:`replica_plan_bytes` output. Raises ``ValueError`` on anything malformed."""
+    try:
+        d = json.loads(data)
+        if not isinstance(d, dict) or d.get("replica_plan") != REPLICA_PLAN_FORMAT:
+            raise ValueError(f"not a replica plan of format {REPLICA_PLAN_FORMAT}")
+        replicas = d["replicas"]
+        if not isinstance(replicas, list) or not 1 <= len(replicas) <= MAX_WIRE_REPLICAS:
+            raise ValueError(f"replicas: 1..{MAX_WIRE_REPLICAS} pipelines expected")
+        return ReplicaPlan(
+            tuple(plan_from_dict(p) for p in replicas),
+            ReplicaSyncMode(d["sync_mode"]),
+            float(d["sync_s"]),
+            int(d["diloco_h"]),
+            float(d["predicted_step_time_s"]),
+        )
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"malformed replica plan bytes: {exc!r}") from exc
+
+
+def verify_replicas(
+    received: ReplicaPlan,
+    inputs: PlanInputs,
+    diloco_h: int,
+    *,
+    replicas: int | None = None,
+    sync: ReplicaSyncMode | None = None,
+) -> None:
+    """Return None if ``received`` is exactly what :func:`plan_replicas` gives for these inputs and the spec's
+    choices; else raise ``PlanMismatch`` (refuse the plan)."""
+    try:
+        ours = plan_replicas(inputs, diloco_h, replicas=replicas, sync=sync)
+    except (PlanError, ValueError) as exc:
+        raise PlanMismatch(f"these inputs admit no replica plan ({exc}), yet one was received") from exc
+    if replica_plan_bytes(received) != replica_plan_bytes(ours):
+        got, want = len(received.replicas), len(ours.replicas)
+        raise PlanMismatch(
+            f"the replica plan differs from the recomputed one ({got} replica(s) received, {want} recomputed; "
+            f"inputs {inputs_hash(inputs)[:16]}...)"
+        )

@@ -129,13 +129,17 @@ def _resume(request: dict[str, Any]) -> dict[str, Any]:
     from arceusd.jobs.planning import worker_stages
     from arceusd.jobs.reslice import parse_shard
     from arceusd.jobs.spec import spec_from_dict
-    from partitioner import plan_from_bytes
+    from partitioner import plan_from_bytes, replica_plan_from_bytes
 
     spec = spec_from_dict(json.loads(request["spec"]))
-    stages = worker_stages(plan_from_bytes(base64.b64decode(request["plan"])))
-    point = recovery.prepare_resume(Path(request["job_dir"]), spec.model, stages, int(request["epoch"]),
+    plan_data = base64.b64decode(request["plan"])
+    if b'"replica_plan"' in plan_data:  # data-parallel replicas: every replica's devices get their stage's slice
+        pipelines = [worker_stages(p) for p in replica_plan_from_bytes(plan_data).replicas]
+    else:
+        pipelines = [worker_stages(plan_from_bytes(plan_data))]
+    point = recovery.prepare_resume(Path(request["job_dir"]), spec.model, pipelines[0], int(request["epoch"]),
                                     [str(t) for t in request["trusted"]],
-                                    [Path(r) for r in request["replicas"]])  # fmt: skip
+                                    [Path(r) for r in request["replicas"]], pipelines[1:])  # fmt: skip
     if point is None:
         return {"resume": None}
     for f in point.files.values():  # every slice cut from checked shards: a non-finite one is a bug or a disk fault

@@ -70,7 +70,9 @@ class Job:
     members: dict[str, Any] = field(default_factory=dict)  # peer -> Offer
     term: int = 1
     epoch: int = 0
-    plan: Any = None
+    plan: Any = None  # partitioner.Plan: the (first) pipeline, whose devices write the checkpoint shards
+    replica_plan: Any = None  # partitioner.ReplicaPlan: every replica of the plan (``plan`` is its first)
+    ring_bytes: int = 0  # bytes this device's worker sent its replicas' ring in the current plan epoch
     inputs: Any = None
     shares: dict[str, float] = field(default_factory=dict)
     step: int = 0
@@ -177,7 +179,7 @@ class Job:
                 "measured_step_s": {p: list(t) for p, t in self.measured.items()},
                 "discounted": {p: round(f, 2) for p, f in self.discounts.items()},
                 "standby_ready": self.standby_data is not None, "stage_timing": self.stage_timing(),
-                "stage_times": self.stage_times_by_device(me),
+                "stage_times": self.stage_times_by_device(me), "ring_bytes": self.ring_bytes,
                 "checkpoints": [{"step": s, "at": round(t, 3)} for s, t in self.checkpoints],
             })  # fmt: skip
         return out
@@ -210,21 +212,44 @@ class Job:
                        "seen_s": self.seen.get(me)}  # fmt: skip
         return out
 
+    def plan_peers(self) -> tuple[str, ...]:
+        """Every device of the current plan, in every replica (empty without a plan)."""
+        if self.plan is None:
+            return ()
+        if self.replica_plan is not None:
+            return tuple(self.replica_plan.peer_ids)
+        return tuple(self.plan.peer_ids)
+
     def plan_summary(self) -> dict[str, Any] | None:
+        """The plan for ``status``/the dashboard: the first pipeline's stages, and with data-parallel replicas
+        every replica's stages, the sync mode and the whole job's predicted step time."""
         if self.plan is None:
             return None
         planned = {} if self.inputs is None else {d.peer_id: d.flops_per_s for d in self.inputs.devices}
-        return {
-            "schedule": self.plan.schedule, "micro_batches": self.plan.micro_batches,
-            "predicted_step_time_s": self.plan.predicted_step_time_s, "bubble_fraction": self.plan.bubble_fraction,
-            "stages": [
+
+        def stages(the_plan: Any) -> list[dict[str, Any]]:
+            return [
                 {"index": s.index, "blocks": [s.start, s.end],
                  "devices": [{"peer_id": sh.peer_id, "heads": list(sh.heads), "mlp_columns": list(sh.mlp_columns),
                               "flops_per_s": planned.get(sh.peer_id)}  # the speed planned with (claims.discounted)
                              for sh in s.shares]}
-                for s in self.plan.stages
-            ],
+                for s in the_plan.stages
+            ]  # fmt: skip
+
+        out: dict[str, Any] = {
+            "schedule": self.plan.schedule, "micro_batches": self.plan.micro_batches,
+            "predicted_step_time_s": self.plan.predicted_step_time_s, "bubble_fraction": self.plan.bubble_fraction,
+            "stages": stages(self.plan),
         }  # fmt: skip
+        rp = self.replica_plan
+        if rp is not None and len(rp.replicas) > 1:
+            out.update({
+                "predicted_step_time_s": rp.predicted_step_time_s, "sync": rp.sync_mode.value,
+                "sync_s": rp.sync_s, "diloco_h": rp.diloco_h if rp.sync_mode.value == "diloco" else None,
+                "replicas": [{"stages": stages(p), "predicted_step_time_s": p.predicted_step_time_s}
+                             for p in rp.replicas],
+            })  # fmt: skip
+        return out
 
     def contributions(self) -> list[dict[str, Any]]:
         """The ledger: each device's share of the model's FLOPs under the plan(s) it worked in, the steps it

@@ -32,7 +32,7 @@ class LocalWorker(ManagerBase):
     """Starting and following this device's stage worker, and the leader's handling of the workers' reports."""
 
     async def _on_start(self, header: Header, msg: JobStart) -> JobStartReply:
-        from arceusd.jobs.planning import PlanRefused, flops_shares, verify_start, worker_stages
+        from arceusd.jobs.planning import PlanRefused, replica_flops_shares, verify_job_start
         from arceusd.jobs.recovery import ResumeError, ResumePoint
 
         job = self.jobs.get(msg.job_id)
@@ -45,20 +45,23 @@ class LocalWorker(ManagerBase):
             return JobStartReply(msg.job_id, False, "the spec differs from the announced one")
         try:
             resume = ResumePoint.from_wire(msg.resume)
-            inputs, the_plan = await trio.to_thread.run_sync(verify_start, job.spec, msg.inputs, msg.plan,
-                                                             await self.offer())  # fmt: skip
+            inputs, replica_plan = await trio.to_thread.run_sync(verify_job_start, job.spec, msg.inputs, msg.plan,
+                                                                 await self.offer())  # fmt: skip
         except (PlanRefused, ResumeError) as exc:
             log.warning("job %s: refusing the start: %s", job.job_id, exc)
             return JobStartReply(msg.job_id, False, f"start refused: {exc}")
         if resume is not None and resume.step != msg.resume_step:
             return JobStartReply(msg.job_id, False, "start refused: the resume step is inconsistent")
-        if msg.standby and msg.standby not in the_plan.peer_ids:
+        if self.node.identity.peer_id not in replica_plan.peer_ids:
+            return JobStartReply(msg.job_id, False, "start refused: this device has no place in the plan")
+        if msg.standby and msg.standby not in replica_plan.peer_ids:
             return JobStartReply(msg.job_id, False, "start refused: the standby is not in the plan")
         await self._drop_own_worker(job)  # a newer epoch replaces whatever ran before
-        job.term, job.epoch, job.inputs, job.plan = header.term, header.epoch, inputs, the_plan
-        job.shares = flops_shares(the_plan, inputs)
+        job.term, job.epoch, job.inputs = header.term, header.epoch, inputs
+        job.plan, job.replica_plan = replica_plan.replicas[0], replica_plan
+        job.shares = replica_flops_shares(replica_plan, inputs)
         job.standby = msg.standby
-        self._track(job, list(the_plan.peer_ids), [header.sender, msg.standby])
+        self._track(job, list(job.plan_peers()), [header.sender, msg.standby])
         local = None
         if resume is not None:
             mine = resume.files.get(self.node.identity.peer_id)
@@ -69,10 +72,15 @@ class LocalWorker(ManagerBase):
             except (ResumeError, OSError) as exc:
                 return JobStartReply(msg.job_id, False, f"could not get the resume slice: {exc}")
         job.step = msg.resume_step
-        return await self._start_worker(job, worker_stages(the_plan), the_plan, local)
+        return await self._start_worker(job, local)
 
-    async def _start_worker(self, job: Job, stages: Any, the_plan: Any, resume: Any = None) -> JobStartReply:
+    async def _start_worker(self, job: Job, resume: Any = None) -> JobStartReply:
+        """Start this device's worker for its place in ``job.replica_plan`` (its replica's stages; with
+        replicas, every replica's stages and how they sync)."""
+        from arceusd.jobs.planning import replica_peers, replica_sync_config, worker_replicas, worker_stages
         from arceusd.worker.protocol import WorkerConfig
+
+        _, the_plan = replica_peers(job.replica_plan, self.node.identity.peer_id)
 
         job.directory.mkdir(parents=True, exist_ok=True)
         host = self.node.addresses.get("peer", "127.0.0.1:0").rpartition(":")[0]
@@ -81,14 +89,15 @@ class LocalWorker(ManagerBase):
             spec_dict["data"] = leader_data(job)
         offer = await self.offer()
         config = WorkerConfig(
-            job_id=job.job_id, term=job.term, epoch=job.epoch, spec=spec_dict, stages=stages,
+            job_id=job.job_id, term=job.term, epoch=job.epoch, spec=spec_dict, stages=worker_stages(the_plan),
             micro_batches=the_plan.micro_batches, schedule=_schedule(job, the_plan),
             peer_id=self.node.identity.peer_id, state_dir=str(self.node.paths.root),
             listen_host=self.node.config.listen_host, owner=job.leader,
             checkpoint_dir=str(job.directory / "checkpoints"),
             checkpoint_interval=job.spec.checkpoint.interval_steps, total_steps=job.total_steps,
             threads=self.node.config.worker_threads, cpus=self.node.config.worker_cpus, resume=resume,
-            device=worker_device(offer.kind),
+            device=worker_device(offer.kind), replicas=worker_replicas(job.replica_plan),
+            replica_sync=replica_sync_config(job.spec, job.replica_plan),
         )  # fmt: skip
         path = job.directory / f"worker-{job.epoch}.json"
         path.write_text(config.to_json())
@@ -162,6 +171,7 @@ class LocalWorker(ManagerBase):
         # the event names the step index just run; job.step counts completed steps
         job.step, job.loss, job.lr = int(event["step"]) + 1, float(event["loss"]), float(event["lr"])
         job.record_loss(job.step, job.loss)
+        job.ring_bytes = max(0, int(event.get("ring_bytes", 0)))
         job.stage_times.append(claims.StageTime(*(float(event.get(k, 0.0)) for k in (
             "seconds", "wait_seconds", "wait_up_seconds", "wait_down_seconds", "group_wait_seconds"))))
         job.credit(1)
@@ -196,10 +206,10 @@ class LocalWorker(ManagerBase):
             del job.members[header.sender]
             job.announced.add(header.sender)  # do not invite it straight back
             log.info("job %s: %s left", job.job_id, header.sender[:12])
-            if job.plan is not None and header.sender in job.plan.peer_ids:
+            if header.sender in job.plan_peers():
                 self._request_restart(job, f"member {header.sender[:12]} left the job")
             return JobAck(True)
-        if job.plan is None or header.sender not in job.plan.peer_ids or msg.epoch != job.epoch:
+        if header.sender not in job.plan_peers() or msg.epoch != job.epoch:
             job.stale_reports += 1
             return JobAck(False, f"report from outside the current plan epoch ({msg.epoch}; now {job.epoch})")
         event["peer_id"] = header.sender

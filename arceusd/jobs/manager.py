@@ -271,8 +271,8 @@ class JobManager(ControlMethods, LocalWorker, StandbySyncing):
         job.recoveries.append(recovery)
         job.state, job.error = "recovering", reason
         job.term += 1
-        old = job.plan.peer_ids if job.plan is not None else ()
-        job.plan, job.reports = None, {}
+        old = job.plan_peers()
+        job.plan, job.replica_plan, job.reports = None, None, {}
         await self._drop_own_worker(job)
         stop = JobStop(job.job_id, job.term, "replanning")
         alive = self.peers.alive_peers()
@@ -317,11 +317,10 @@ class JobManager(ControlMethods, LocalWorker, StandbySyncing):
         """Plan over ``job.members``, slice the resume checkpoint, start every worker, then send ``go``."""
         from arceusd.jobs.planning import (
             PlanError,
-            encode_start,
+            encode_job_start,
             estimated_links,
-            flops_shares,
-            make_plan,
-            worker_stages,
+            make_job_plan,
+            replica_flops_shares,
         )
         resuming = job.state == "recovering" or job.committed_step > 0
         job.state = "planning"
@@ -334,7 +333,7 @@ class JobManager(ControlMethods, LocalWorker, StandbySyncing):
                          "message_ms": round(m.message_s * 1e3, 4)} for p, m in measured.items()}  # fmt: skip
         links = estimated_links(me, measured, sorted(job.members))
         try:
-            job.inputs, job.plan = await trio.to_thread.run_sync(make_plan, job.spec, offers, rtt, links)
+            job.inputs, job.replica_plan = await trio.to_thread.run_sync(make_job_plan, job.spec, offers, rtt, links)
         except PlanError as exc:
             job.state = "paused" if resuming else "waiting"
             job.error = f"no plan fits the {len(offers)} member(s): {exc}" + (
@@ -342,19 +341,19 @@ class JobManager(ControlMethods, LocalWorker, StandbySyncing):
             job.min_members = len(job.members) + 1
             log.warning("job %s: %s", job.job_id, job.error)
             return
-        if me not in job.plan.peer_ids:
+        job.plan = job.replica_plan.replicas[0]  # the first replica's devices write the checkpoint shards
+        if me not in job.plan_peers():
             await self._finish(job, "failed", "the plan leaves out the owner, who serves the data")
             return
-        job.shares = flops_shares(job.plan, job.inputs)
+        job.shares = replica_flops_shares(job.replica_plan, job.inputs)
         job.epoch += 1
         job.link_waits.clear()  # who waits on whom depends on the plan: judged afresh (claims.seen_by_neighbours)
         job.seen.clear()
         self._spawn(shard_checks.prefetch_shapes, job)  # ready by the plan's first checkpoint
         job.state = "starting"
         job.standby = choose_standby(job, me)
-        self._track(job, list(job.plan.peer_ids), [me, job.standby])
-        stages = worker_stages(job.plan)
-        inputs_data, plan_data = encode_start(job.inputs, job.plan)
+        self._track(job, list(job.plan_peers()), [me, job.standby])
+        inputs_data, plan_data = encode_job_start(job.spec, job.inputs, job.replica_plan)
         resume = None
         if resuming:
             replicas = await self._repair_checkpoint(job)
@@ -379,7 +378,7 @@ class JobManager(ControlMethods, LocalWorker, StandbySyncing):
                     from arceusd.worker.protocol import ResumeConfig
 
                     local = ResumeConfig(start_step, str(resume.directory / resume.files[me].name), resume.cursor)
-                reply = await self._start_worker(job, stages, job.plan, local)
+                reply = await self._start_worker(job, local)
             else:
                 got = await self.peers.request(reach[peer], peer, start, timeout=240.0,
                                                job_id=job.job_id, term=job.term, epoch=job.epoch)  # fmt: skip
@@ -393,7 +392,7 @@ class JobManager(ControlMethods, LocalWorker, StandbySyncing):
         with trio.CancelScope() as scope:
             job.start_scope = scope
             async with trio.open_nursery() as nursery:
-                for peer in job.plan.peer_ids:
+                for peer in job.plan_peers():
                     nursery.start_soon(start_one, peer)
         job.start_scope = None
         if job.epoch != epoch or job.state in TERMINAL or not self._leads(job):
@@ -419,7 +418,7 @@ class JobManager(ControlMethods, LocalWorker, StandbySyncing):
                 await self._finish(job, "failed", reason)
             return
         go = JobGo(job.job_id, job.term, job.epoch, tuple(PeerAddress(p, a) for p, a in sorted(addresses.items())))
-        pending, attempt = list(job.plan.peer_ids), 0
+        pending, attempt = list(job.plan_peers()), 0
         while True:
             attempt += 1
             unacknowledged = await self._send_go(job, go, pending, reach)
@@ -557,7 +556,7 @@ class JobManager(ControlMethods, LocalWorker, StandbySyncing):
                 if job.start_scope is not None:
                     job.start_scope.cancel()
                 await self._drop_own_worker(job)
-                job.plan, job.reports, job.restart_reason = None, {}, ""
+                job.plan, job.replica_plan, job.reports, job.restart_reason = None, None, {}, ""
             if reply.accepted:
                 job.state = "joined"
                 job.error = f"{leader[:12]} leads the job (its standby took over while this device was away)"
@@ -722,7 +721,7 @@ class JobManager(ControlMethods, LocalWorker, StandbySyncing):
             return
         alive = self.peers.alive_peers()  # the members' offers as the leader last had them, at today's address
         job.members = {p: replace(o, address=alive[p]) for p, o in job.standby_offers.items()
-                       if p in alive and p in job.plan.peer_ids and p not in (old, me)}  # fmt: skip
+                       if p in alive and p in job.plan_peers() and p not in (old, me)}  # fmt: skip
         job.members[me] = await self.offer()
         job.leader, job.leader_address = me, self.node.addresses.get("peer", "")
         job.leaders.add(me)
@@ -847,7 +846,7 @@ class JobManager(ControlMethods, LocalWorker, StandbySyncing):
         stops: list[tuple[str, str]] = []
         if job.plan is not None and self._leads(job):  # a device that does not lead commands nobody
             stops = [(peer, job.members[peer].address)
-                     for peer in sorted(set(job.plan.peer_ids) | ({job.owner} & set(job.members)))
+                     for peer in sorted(set(job.plan_peers()) | ({job.owner} & set(job.members)))
                      if peer != self.node.identity.peer_id and peer in job.members]  # fmt: skip
         self._spawn(self._stop_members_then_untrack, job, JobStop(job.job_id, job.term, state), stops)
         await self._drop_own_worker(job)
@@ -882,7 +881,7 @@ class JobManager(ControlMethods, LocalWorker, StandbySyncing):
         for job in self.jobs.values():
             if self._leads(job):
                 job.announced.discard(change.peer)  # announce again if it comes back
-                in_plan = job.plan is not None and change.peer in job.plan.peer_ids
+                in_plan = change.peer in job.plan_peers()
                 if change.peer in job.members and job.state in ("waiting", "paused"):
                     del job.members[change.peer]
                 if in_plan or job.state == "recovering":

@@ -19,7 +19,10 @@ the same plan. An offer without them (the defaults) plans as before calibration 
 Replicas (``training.replicas`` / ``sync`` / ``diloco`` of the spec): :func:`make_replica_plan` asks
 ``partitioner.plan_replicas`` for R data-parallel pipelines (R and the sync mode fixed by the spec or chosen for
 the most tokens/s); :func:`worker_replicas` and :func:`replica_sync_config` turn its answer into the workers'
-``WorkerConfig.replicas`` / ``replica_sync``.
+``WorkerConfig.replicas`` / ``replica_sync``. The daemon plans every job as a ``ReplicaPlan``
+(:func:`make_job_plan`): a spec that keeps ``replicas = 1`` gets today's one pipeline and its plan bytes
+unchanged on the wire; any other spec sends the replica plan's bytes (:func:`encode_job_start`), which every
+member recomputes (:func:`verify_job_start`).
 """
 
 from __future__ import annotations
@@ -51,7 +54,10 @@ from partitioner import (
     plan_bytes,
     plan_from_bytes,
     plan_replicas,
+    replica_plan_bytes,
+    replica_plan_from_bytes,
     verify,
+    verify_replicas,
 )
 
 DEFAULT_RTT_S = 1e-3
@@ -178,6 +184,81 @@ def make_replica_plan(
     return inputs, plan_replicas(inputs, h, replicas=fixed, sync=SYNC_MODES[t.sync])
 
 
+def one_pipeline(spec: JobSpec) -> bool:
+    """Whether the spec keeps today's single pipeline (``training.replicas = 1``, the default)."""
+    return spec.training.replicas == 1
+
+
+def single(the_plan: Plan) -> ReplicaPlan:
+    """One pipeline as a replica plan of one."""
+    return ReplicaPlan((the_plan,), ReplicaSyncMode.NONE, 0.0, 1, the_plan.predicted_step_time_s)
+
+
+def make_job_plan(
+    spec: JobSpec,
+    offers: list[Offer],
+    rtt_s: dict[tuple[str, str], float],
+    measured: Mapping[tuple[str, str], Link] | None = None,
+) -> tuple[PlanInputs, ReplicaPlan]:
+    """The daemon's plan for a job: :func:`make_plan` for one pipeline, :func:`make_replica_plan` otherwise.
+
+    Error handling: :class:`partitioner.PlanError` (what is missing) when nothing fits."""
+    if one_pipeline(spec):
+        inputs, the_plan = make_plan(spec, offers, rtt_s, measured)
+        return inputs, single(the_plan)
+    return make_replica_plan(spec, offers, rtt_s, measured)
+
+
+def encode_job_start(spec: JobSpec, inputs: PlanInputs, replica_plan: ReplicaPlan) -> tuple[bytes, bytes]:
+    """The start's inputs and plan bytes: a one-pipeline spec sends the plan as before, others the replica plan."""
+    if one_pipeline(spec):
+        return encode_start(inputs, replica_plan.replicas[0])
+    return inputs_bytes(inputs), replica_plan_bytes(replica_plan)
+
+
+def verify_job_start(
+    spec: JobSpec, inputs_data: bytes, plan_data: bytes, own: Offer
+) -> tuple[PlanInputs, ReplicaPlan]:
+    """Member side of :func:`encode_job_start`: :func:`verify_start` for one pipeline; for replicas the same
+    checks of the inputs, then the replica plan recomputed from them with the spec's choices."""
+    if one_pipeline(spec):
+        inputs, the_plan = verify_start(spec, inputs_data, plan_data, own)
+        return inputs, single(the_plan)
+    try:
+        inputs = inputs_from_dict(json.loads(inputs_data))
+        received = replica_plan_from_bytes(plan_data)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise PlanRefused(f"malformed replica plan or inputs: {exc}") from None
+    _check_inputs(spec, inputs, own)
+    t = spec.training
+    fixed = None if t.replicas == "auto" else int(t.replicas)
+    try:
+        verify_replicas(received, inputs, max(1, min(t.diloco.inner_steps, t.steps)), replicas=fixed,
+                        sync=SYNC_MODES[t.sync])  # fmt: skip
+    except PlanMismatch as exc:
+        raise PlanRefused(f"recomputing the replica plan gave a different result: {exc}") from None
+    return inputs, received
+
+
+def replica_peers(replica_plan: ReplicaPlan, peer_id: str) -> tuple[int, Plan]:
+    """The replica ``peer_id`` works in and that replica's pipeline; ``ValueError`` when it is in none."""
+    index = replica_plan.replica_of(peer_id)
+    if index is None:
+        raise ValueError(f"peer {peer_id[:12]} is in no replica of the plan")
+    return index, replica_plan.replicas[index]
+
+
+def replica_flops_shares(replica_plan: ReplicaPlan, inputs: PlanInputs) -> dict[str, float]:
+    """Each device's fraction of the job's training FLOPs: its share within its replica, over R replicas (each
+    replica trains 1/R of the global batch)."""
+    count = len(replica_plan.replicas)
+    shares: dict[str, float] = {}
+    for the_plan in replica_plan.replicas:
+        for peer, share in flops_shares(the_plan, inputs).items():
+            shares[peer] = shares.get(peer, 0.0) + share / count
+    return shares
+
+
 def worker_replicas(replica_plan: ReplicaPlan) -> tuple[tuple[StageConfig, ...], ...]:
     """Every replica's stages for ``WorkerConfig.replicas`` (empty for one pipeline)."""
     if len(replica_plan.replicas) == 1:
@@ -227,6 +308,16 @@ def verify_start(spec: JobSpec, inputs_data: bytes, plan_data: bytes, own: Offer
         the_plan = plan_from_bytes(plan_data)
     except (ValueError, KeyError, TypeError) as exc:
         raise PlanRefused(f"malformed plan or inputs: {exc}") from None
+    _check_inputs(spec, inputs, own)
+    try:
+        verify(the_plan, inputs)
+    except PlanMismatch as exc:
+        raise PlanRefused(f"recomputing the plan gave a different result: {exc}") from None
+    return inputs, the_plan
+
+
+def _check_inputs(spec: JobSpec, inputs: PlanInputs, own: Offer) -> None:
+    """The leader's inputs against the spec (block costs, batch) and this device's own offer."""
     expected_blocks = tuple(block_costs(spec.model, optimizer=spec.training.optimizer))
     if inputs.blocks != expected_blocks:
         raise PlanRefused("the plan's block costs do not match the job spec's model")
@@ -235,11 +326,6 @@ def verify_start(spec: JobSpec, inputs_data: bytes, plan_data: bytes, own: Offer
     mine = [d for d in inputs.devices if d.peer_id == own.peer_id]
     if mine and not _states_offer(mine[0], own.device_profile(spec.training.optimizer)):
         raise PlanRefused("the plan misstates this device's offer (speed, memory or calibration)")
-    try:
-        verify(the_plan, inputs)
-    except PlanMismatch as exc:
-        raise PlanRefused(f"recomputing the plan gave a different result: {exc}") from None
-    return inputs, the_plan
 
 
 def _offer_facts(d: DeviceProfile) -> tuple[int, float, float, float]:
@@ -293,5 +379,7 @@ def flops_shares(the_plan: Plan, inputs: PlanInputs) -> dict[str, float]:
     return shares
 
 
-__all__ = ["Offer", "PlanError", "PlanRefused", "encode_start", "flops_shares", "make_plan", "make_replica_plan",
-           "plan_inputs", "replica_sync_config", "verify_start", "worker_replicas", "worker_stages"]  # fmt: skip
+__all__ = ["Offer", "PlanError", "PlanRefused", "encode_job_start", "encode_start", "flops_shares", "make_job_plan",
+           "make_plan", "make_replica_plan", "one_pipeline", "plan_inputs", "replica_flops_shares", "replica_peers",
+           "replica_sync_config", "single", "verify_job_start", "verify_start", "worker_replicas",
+           "worker_stages"]  # fmt: skip

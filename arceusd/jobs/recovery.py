@@ -112,8 +112,11 @@ def prepare_resume(
     epoch: int,
     trusted: Iterable[str],
     replica_roots: Sequence[Path] = (),
+    other_replicas: Sequence[Sequence[StageConfig]] = (),
 ) -> ResumePoint | None:
     """Slice the newest verified checkpoint for ``stages``; ``None`` when no checkpoint verifies (start fresh).
+    ``other_replicas``: the stages of the plan's other data-parallel replicas, cut alike: each of their devices
+    gets the slice of the same place in ``stages`` (the same file).
 
     Error handling: :class:`arceusd.jobs.reslice.ResliceError` when the checkpoint's shards do not make a whole
     model (cannot happen for a manifest we committed ourselves, short of a bug).
@@ -137,6 +140,10 @@ def prepare_resume(
             name = file_name(s, r)
             atomic_write(out / name, data)
             files[member.peer_id] = ResumeFile(name, hashlib.sha256(data).hexdigest(), len(data))
+    for replica in other_replicas:
+        for stage, first in zip(replica, stages, strict=True):
+            for member, same_place in zip(stage.members, first.members, strict=True):
+                files[member.peer_id] = files[same_place.peer_id]
     for old in (job_dir / "resume").iterdir():
         if old != out and old.name.startswith("epoch-"):
             shutil.rmtree(old, ignore_errors=True)

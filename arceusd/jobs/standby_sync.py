@@ -42,7 +42,7 @@ class StandbySyncing(ManagerBase):
         manifest = await trio.to_thread.run_sync((step_dir(job.directory / "checkpoints", step) / MANIFEST_NAME)
                                                  .read_bytes)  # fmt: skip
         names = tuple(p.name for p in data_files(leader_data(job)))
-        offers = offers_to_wire(job.members[p] for p in sorted(job.members) if job.plan and p in job.plan.peer_ids)
+        offers = offers_to_wire(job.members[p] for p in sorted(job.members) if p in job.plan_peers())
         sync = StandbySync(job.job_id, step, manifest, shards, names, offers)
         reply = await self.peers.request(offer.address, standby, sync, timeout=10.0, job_id=job.job_id,
                                          term=job.term, epoch=job.epoch)  # fmt: skip
@@ -73,7 +73,7 @@ class StandbySyncing(ManagerBase):
                 raise CheckpointError("the sync names shards the manifest does not list")
             if job.standby_data is None:
                 check_names(job.spec.data.kind, msg.data_files)
-            offers = offers_from_wire(msg.offers, job.plan.peer_ids if job.plan is not None else ())
+            offers = offers_from_wire(msg.offers, job.plan_peers())
         except (CheckpointError, StandbyError) as exc:
             log.warning("job %s: refusing a standby sync: %s", job.job_id, exc)
             return JobAck(False, f"refused: {exc}")
@@ -145,7 +145,7 @@ class StandbySyncing(ManagerBase):
 def choose_standby(job: Job, me: str) -> str:
     """The plan member that stands by to lead: the one offering the most memory (ties: lowest id), among those
     whose speed was measured in the job when there are any (issue #19: claims alone do not make a standby)."""
-    others = [p for p in job.plan.peer_ids if p != me and p in job.members]
+    others = [p for p in job.plan_peers() if p != me and p in job.members]
     others = [p for p in others if p in job.measured] or others
     if not others:
         return ""

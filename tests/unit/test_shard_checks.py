@@ -170,7 +170,7 @@ def test_step_times_are_reported_kept_and_the_standby_is_chosen_among_measured_m
     assert set(times) == {PEERS[1]}
     big = SimpleNamespace(memory_bytes=1 << 40)
     members = {PEERS[0]: big, PEERS[1]: SimpleNamespace(memory_bytes=1 << 30), PEERS[2]: big}
-    standby_job = cast(Job, SimpleNamespace(plan=plan, members=members, measured={}))
+    standby_job = cast(Job, SimpleNamespace(plan_peers=lambda: PEERS, members=members, measured={}))
     assert choose_standby(standby_job, PEERS[0]) == PEERS[2]  # nobody measured yet: the largest offer
     standby_job.measured = times
     assert choose_standby(standby_job, PEERS[0]) == PEERS[1]  # the measured member, not the larger claim

@@ -1,0 +1,138 @@
+"""Data-parallel replicas through real daemons (issue 22): submit a spec that asks for replicas, and the leader
+plans R pipelines that every member verifies, starts each device's worker in its replica, and commits and exports
+the first replica's checkpoint.
+
+Two daemons, ``training.replicas = 2``: every device holds the whole model and trains half of each global batch.
+With the gradients averaged every step the exported model equals a plain single-process loop on the whole batch;
+with DiLoCo the replicas talk only at outer steps, so each device's ring carries far fewer bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from arceusd.swarm import LocalSwarm
+from tests.harness import wait_for
+from tests.integration.test_jobs import cli
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.slow]
+
+STEPS = 24
+DILOCO = """
+[training.diloco]
+inner_steps = 6
+compression = "int8"
+"""
+
+
+def _spec(tmp: Path, name: str, sync: str) -> Path:
+    path = tmp / f"{name}.toml"
+    path.write_text(f"""
+name = "{name}"
+seed = 7
+
+[model]
+type = "mlp"
+layer_sizes = [784, 64, 10]
+
+[data]
+kind = "mnist"
+dir = "{ROOT / 'data' / 'mnist'}"
+train_count = 8000
+holdout_count = 2000
+
+[training]
+steps = {STEPS}
+batch_size = 64
+micro_batches = 2
+optimizer = "sgd"
+lr = 0.05
+momentum = 0.9
+replicas = 2
+sync = "{sync}"
+{DILOCO if sync == "diloco" else ""}
+[checkpoint]
+interval_steps = 12
+""")
+    return path
+
+
+@pytest.fixture
+def swarm2(tmp_path: Path) -> Iterator[LocalSwarm]:
+    s = LocalSwarm(tmp_path / "swarm", 2, ["--auto-join"], preset="lan")
+    try:
+        s.start()
+        wait_for(lambda: all(len([p for p in s.call(i, "peers") if p["state"] == "alive"]) == 1 for i in range(2)),
+                 30, 0.2, "swarm converged")  # fmt: skip
+        yield s
+    finally:
+        s.close()
+
+
+def _run(s: LocalSwarm, spec: Path, timeout: float = 240) -> dict[str, Any]:
+    submitted = cli(s.state_dir(0), "submit", str(spec), "--members", "2")
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stdout.split()[2]
+    deadline = time.monotonic() + timeout
+    job: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        job = s.call(0, "job", {"job_id": job_id, "history": "all"})
+        if job["state"] in ("done", "failed", "cancelled"):
+            break
+        time.sleep(0.5)
+    assert job["state"] == "done", f"job ended {job['state']}: {job['error']}"
+    return job
+
+
+def _member_ring_bytes(s: LocalSwarm, job_id: str) -> int:
+    return int(s.call(1, "job", {"job_id": job_id})["ring_bytes"])
+
+
+@pytest.mark.timeout(600)
+def test_two_replicas_through_daemons_equal_one_process_and_diloco_talks_less(swarm2: LocalSwarm,
+                                                                              tmp_path: Path) -> None:  # fmt: skip
+    import torch
+    from safetensors.torch import load_file
+
+    from arceusd.jobs.spec import parse_spec
+    from tests.integration.worker_harness import reference_run
+
+    ids = {swarm2.call(i, "status")["peer_id"] for i in range(2)}
+    spec_path = _spec(tmp_path, "replicas-allreduce", "every_step")
+    job = _run(swarm2, spec_path)
+    plan = job["plan"]
+    assert plan["sync"] == "allreduce" and len(plan["replicas"]) == 2, plan
+    placed = [{d["peer_id"] for st in r["stages"] for d in st["devices"]} for r in plan["replicas"]]
+    assert placed[0] | placed[1] == ids and not placed[0] & placed[1], "each daemon is one whole replica"
+    shares = {c["peer_id"]: c["share"] for c in job["contributions"]}
+    assert set(shares) == ids and all(abs(v - 0.5) < 1e-3 for v in shares.values()), shares
+    allreduce_bytes = _member_ring_bytes(swarm2, job["job_id"])
+    assert allreduce_bytes > 0, "the member's worker sent its gradients to the other replica"
+
+    # The first replica's checkpoint, exported, is one process's training on the whole global batch.
+    spec = parse_spec(tomllib.loads(spec_path.read_text()), base_dir=spec_path.parent)
+    _, reference = reference_run(spec, STEPS)
+    exported = load_file(job["model_path"])
+    assert set(exported) == set(reference)
+    worst = max(float((exported[k] - reference[k]).abs().max()) for k in reference)
+    assert worst < 1e-4, f"exported model differs from one process by {worst:.2e}"
+    description = json.loads((Path(job["model_path"]).parent / "model.json").read_text())
+    assert description["step"] == STEPS
+
+    # DiLoCo, H = 6: the same job talks only at its 4 outer steps, int8.
+    diloco = _run(swarm2, _spec(tmp_path, "replicas-diloco", "diloco"))
+    assert diloco["plan"]["sync"] == "diloco" and diloco["plan"]["diloco_h"] == 6, diloco["plan"]
+    diloco_bytes = _member_ring_bytes(swarm2, diloco["job_id"])
+    print(f"replicas: exported vs one process {worst:.2e}; ring bytes all-reduce {allreduce_bytes}, "
+          f"DiLoCo {diloco_bytes} ({allreduce_bytes / max(diloco_bytes, 1):.1f}x fewer)")
+    assert 0 < diloco_bytes * 10 < allreduce_bytes, (diloco_bytes, allreduce_bytes)
+    assert diloco["val_accuracy"] is not None and diloco["val_accuracy"] > 0.5
+    assert not torch.isnan(torch.tensor(diloco["loss"]))
