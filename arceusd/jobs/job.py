@@ -92,6 +92,10 @@ class Job:
     went: tuple[int, WorkerProcess] | None = None  # the epoch and worker that this device's last go started
     reports: dict[int, dict[str, dict[str, Any]]] = field(default_factory=dict)
     cursors: dict[int, Any] = field(default_factory=dict)
+    witnesses: dict[int, dict[str, str]] = field(default_factory=dict)  # step -> peer -> digest (replicas)
+    complete: dict[int, frozenset[str]] = field(default_factory=dict)
+    """Checkpoint steps every device reported (shards and witnesses), with the other replicas' devices that hold
+    what the first replica holds (empty for one pipeline): the step's commit was started."""
     committed_step: int = 0
     checkpoints: list[tuple[int, float]] = field(default_factory=list)  # leader: committed (step, unix time)
     waits: dict[str, float] = field(default_factory=dict)  # peer -> median link-wait seconds per step (its report)

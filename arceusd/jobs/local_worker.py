@@ -17,7 +17,7 @@ from typing import Any
 
 import trio
 
-from arceusd.jobs import claims, shard_checks
+from arceusd.jobs import claims, shard_checks, witnesses
 from arceusd.jobs.job import TERMINAL, Job
 from arceusd.jobs.manager_base import ManagerBase
 from arceusd.jobs.supervisor import WorkerFailed, WorkerProcess
@@ -156,7 +156,7 @@ class LocalWorker(ManagerBase):
                 elif kind == "eval":
                     job.val_loss = float(event["val_loss"])
                     job.val_accuracy = event.get("val_accuracy")
-                elif kind in ("checkpoint", "done", "error"):
+                elif kind in ("checkpoint", "witness", "done", "error"):
                     finished = finished or kind in ("done", "error")
                     await self._report(job, epoch, event)
         except WorkerFailed as exc:
@@ -236,13 +236,48 @@ class LocalWorker(ManagerBase):
             claims.record_step_time(job.measured, peer, event)
             if event.get("cursor") is not None:
                 job.cursors[step] = event["cursor"]
-            expected = sum(len(s.shares) for s in job.plan.stages) if job.plan else 0
-            if len(job.reports[step]) == expected:
-                reason = self._judge_claims(job)
-                if reason:  # planned again from the last commit: this checkpoint was paced by the overclaim
-                    self._request_restart(job, reason)
-                    return
-                self._spawn(self._commit_checkpoint, job, step, job.term, job.epoch)
+            self._when_complete(job, step)
+        elif kind == "witness":
+            try:
+                step, digest = witnesses.check_witness(job, peer, event)
+            except shard_checks.ReportRefused as refused:
+                self._request_restart(job, shard_checks.exclude(job, peer, refused))
+                return
+            job.witnesses.setdefault(step, {})[peer] = digest
+            self._when_complete(job, step)
+
+    def _when_complete(self, job: Job, step: int) -> None:
+        """Once every device of the plan reported ``step`` (the first replica's shards; with replicas, every
+        device's witness): compare the replicas, judge the claims, and commit (once per step)."""
+        if job.plan is None or step in job.complete:
+            return
+        if len(job.reports.get(step, {})) < sum(len(s.shares) for s in job.plan.stages):
+            return
+        alike: frozenset[str] = frozenset()
+        if witnesses.replicated(job):
+            digests = job.witnesses.get(step, {})
+            if len(digests) < len(job.plan_peers()):
+                return
+            verdict = witnesses.judge(job, step, digests)
+            if verdict.reason:
+                job.complete[step] = frozenset()
+                for peer in verdict.odd:
+                    if peer == self.node.identity.peer_id:
+                        continue  # the leader does not exclude itself: the replan is the remedy
+                    refused = shard_checks.ReportRefused(shard_checks.ReportProblem.WITNESS, verdict.reason)
+                    shard_checks.exclude(job, peer, refused)
+                if not verdict.odd:
+                    problem = shard_checks.ReportProblem.WITNESS.value
+                    job.refused_reports[problem] = job.refused_reports.get(problem, 0) + 1
+                self._request_restart(job, verdict.reason)
+                return
+            alike = verdict.alike
+        job.complete[step] = alike
+        reason = self._judge_claims(job)
+        if reason:  # planned again from the last commit: this checkpoint was paced by the overclaim
+            self._request_restart(job, reason)
+            return
+        self._spawn(self._commit_checkpoint, job, step, job.term, job.epoch)
 
     def _judge_claims(self, job: Job) -> str:
         """Once every device of the plan reported a checkpoint: judge each member's offered speed against its

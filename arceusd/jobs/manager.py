@@ -273,6 +273,7 @@ class JobManager(ControlMethods, LocalWorker, StandbySyncing):
         job.term += 1
         old = job.plan_peers()
         job.plan, job.replica_plan, job.reports = None, None, {}
+        job.witnesses, job.complete = {}, {}
         await self._drop_own_worker(job)
         stop = JobStop(job.job_id, job.term, "replanning")
         alive = self.peers.alive_peers()
@@ -557,6 +558,7 @@ class JobManager(ControlMethods, LocalWorker, StandbySyncing):
                     job.start_scope.cancel()
                 await self._drop_own_worker(job)
                 job.plan, job.replica_plan, job.reports, job.restart_reason = None, None, {}, ""
+                job.witnesses, job.complete = {}, {}
             if reply.accepted:
                 job.state = "joined"
                 job.error = f"{leader[:12]} leads the job (its standby took over while this device was away)"
@@ -806,9 +808,11 @@ class JobManager(ControlMethods, LocalWorker, StandbySyncing):
         stop = on_commit(self.node, job, step, term, epoch)  # receipts; a reason when the budget is spent (market)
         job.committed_step = max(job.committed_step, step)
         job.record_checkpoint(step)
-        for done in [s for s in job.reports if s <= step]:
+        for done in [s for s in {*job.reports, *job.witnesses, *job.complete} if s <= step]:
             job.reports.pop(done, None)
             job.cursors.pop(done, None)
+            job.witnesses.pop(done, None)
+            job.complete.pop(done, None)
         log.info("job %s: checkpoint %d committed", job.job_id, step)
         if job.standby and step < job.total_steps:
             self._spawn(self._sync_standby, job, step, tuple(for_standby))

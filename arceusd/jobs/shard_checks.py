@@ -47,6 +47,7 @@ class ReportProblem(enum.Enum):
     SIZE = "shard_size"
     DIGEST = "shard_digest"
     CONTENT = "shard_content"
+    WITNESS = "replica_witness"
 
 
 class ReportRefused(Exception):

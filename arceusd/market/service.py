@@ -321,9 +321,12 @@ class Market:
         cap = float(job.spec.needs.max_price_per_hour)
         demand = self.demand(self.job_needs())
         prices = {peer: pay(float(offer.flops_per_s), cap, demand) for peer, offer in job.members.items()}
-        return Commit(job.job_id, job.owner, term, epoch, step, time.time(), frozenset(job.reports.get(step, {})),
-                      dict(job.shares), per_sample * job.spec.training.batch_size,
-                      float(job.plan.predicted_step_time_s), prices)  # fmt: skip
+        # the shard writers, and the other replicas' devices whose witness matched theirs (arceusd.jobs.witnesses)
+        reported = frozenset(job.reports.get(step, {})) | job.complete.get(step, frozenset())
+        predicted = job.replica_plan.predicted_step_time_s if job.replica_plan is not None else \
+            job.plan.predicted_step_time_s
+        return Commit(job.job_id, job.owner, term, epoch, step, time.time(), reported, dict(job.shares),
+                      per_sample * job.spec.training.batch_size, float(predicted), prices)  # fmt: skip
 
     async def _settle(self, job: Any, signed: list[SignedReceipt], addresses: dict[str, str]) -> None:
         me = self.node.identity.peer_id

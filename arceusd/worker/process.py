@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import math
 import os
 import sys
@@ -53,7 +54,7 @@ from arceusd.jobs.spec import JobSpec, spec_from_dict
 from arceusd.jobs.spec_types import TrainingSpec
 from arceusd.models.build import loss_sum
 from arceusd.models.config import GPTConfig
-from arceusd.safetensors_io import load_bytes
+from arceusd.safetensors_io import load_bytes, save_bytes
 from arceusd.transport import Stream, open_transport
 from arceusd.worker.affinity import pin_cpus
 from arceusd.worker.collective import TimedCollective
@@ -66,17 +67,27 @@ from arceusd.worker.protocol import (
     DoneEvent,
     ErrorEvent,
     EvalEvent,
+    Event,
     Listening,
     ReplicaSyncConfig,
     ShardInfo,
     StartCommand,
     StepEvent,
     StopCommand,
+    WitnessEvent,
     WorkerConfig,
     WorkerProtocolError,
     parse_command,
 )
-from arceusd.worker.replicas import DiLoCoConfig, ReplicaCodec, ReplicaConfig, ReplicaSync, SyncMode
+from arceusd.worker.replicas import (
+    OUTER_ANCHOR,
+    OUTER_MOMENTUM,
+    DiLoCoConfig,
+    ReplicaCodec,
+    ReplicaConfig,
+    ReplicaSync,
+    SyncMode,
+)
 from arceusd.worker.schedule import ScheduleKind
 from arceusd.worker.schedule_timing import deferring_pays
 from arceusd.worker.stage import StageSpec, build_stage
@@ -155,7 +166,7 @@ class EventWriter:
         self._out = out
 
     def emit(
-        self, event: Listening | StepEvent | EvalEvent | CheckpointEvent | DoneEvent | ErrorEvent
+        self, event: Event
     ) -> None:
         self._out.write(event.to_line() + "\n")
         self._out.flush()
@@ -314,6 +325,8 @@ class Worker:
             evaluate = checkpoint or (t.eval_interval_steps and done % t.eval_interval_steps == 0)
             if checkpoint and self.replica == 0:  # replicas hold the same stage state: replica 0's is the shard
                 await self._checkpoint(done)
+            if checkpoint and cfg.replica_count() > 1:  # every replica: what it holds alike, for the leader
+                await self._witness(done)
             if evaluate and n_eval:
                 batches = await prefetch.eval_batches(n_eval)
                 loss, acc = await trio.to_thread.run_sync(
@@ -354,6 +367,15 @@ class Worker:
                 self.engine.optimizer_state_bytes(),
             )
         )
+
+    async def _witness(self, step: int) -> None:
+        """Emit the digest of the state every replica of this place holds alike (``WitnessEvent``)."""
+        diloco = self.config.replica_sync is not None and self.config.replica_sync.mode == "diloco"
+        tensors = {k: v.detach().to("cpu").clone() for k, v in self.engine.state_tensors().items()
+                   if not diloco or k.endswith((f".{OUTER_ANCHOR}", f".{OUTER_MOMENTUM}"))}  # fmt: skip
+        metadata = {"step": str(step), "stage": str(self.stage), "rank": str(self.rank)}
+        data = await trio.to_thread.run_sync(save_bytes, tensors, metadata)
+        self.events.emit(WitnessEvent(step, hashlib.sha256(data).hexdigest()))
 
     def _evaluate(self, step: int, batches: list[Batch]) -> tuple[float, float | None]:
         """Forward-only pass of the eval batches through the pipeline (compute thread), all-reduced."""

@@ -7,7 +7,7 @@ wrong). One JSON object per line on both pipes.
 - :class:`WorkerConfig`: the config file (``from_json`` / ``to_json``), incl. the plan's stages (a stage with
   one member has no tensor parallelism; with several, ``heads``/``columns`` give each rank's split).
 - Events, worker -> daemon (stdout): :class:`Listening`, :class:`StepEvent`, :class:`EvalEvent`,
-  :class:`CheckpointEvent`, :class:`DoneEvent`, :class:`ErrorEvent`; ``event.to_line()`` and
+  :class:`CheckpointEvent`, :class:`WitnessEvent`, :class:`DoneEvent`, :class:`ErrorEvent`; ``event.to_line()`` and
   :func:`parse_event`.
 - Commands, daemon -> worker (stdin): :class:`StartCommand` (every worker's transport address, sent once all
   said ``listening``) and :class:`StopCommand` (exit 0 at once); ``to_line()`` and :func:`parse_command`.
@@ -15,7 +15,8 @@ wrong). One JSON object per line on both pipes.
 Who emits what: every worker emits ``step`` (the loss is all-reduced, so all agree), ``eval`` (the eval loss
 and accuracy are all-reduced too; ``val_accuracy`` is null for text jobs), ``checkpoint`` for its own shard
 (``cursor`` is the sampler cursor on the job owner's worker, null elsewhere; ``param_bytes`` /
-``optimizer_bytes`` are measured from this worker's own tensors) and ``done``.
+``optimizer_bytes`` are measured from this worker's own tensors; only the first data-parallel replica writes
+shards), ``witness`` at each checkpoint step when the plan has replicas (every replica) and ``done``.
 """
 
 from __future__ import annotations
@@ -459,6 +460,19 @@ class ShardInfo:
 
 
 @dataclass(frozen=True)
+class WitnessEvent:
+    """A data-parallel replica's digest of the state every replica holds alike at a checkpoint step: with the
+    gradients averaged every step, the whole stage state; with DiLoCo, the outer anchor and momentum. The leader
+    compares the replicas' digests place by place (``arceusd.jobs.shard_checks.check_witness``)."""
+
+    step: int
+    digest: str
+
+    def to_line(self) -> str:
+        return _line({"event": "witness", "step": self.step, "digest": self.digest})
+
+
+@dataclass(frozen=True)
 class CheckpointEvent:
     step: int
     shard: ShardInfo
@@ -495,7 +509,7 @@ class ErrorEvent:
         return _line({"event": "error", "message": self.message})
 
 
-Event = Listening | StepEvent | EvalEvent | CheckpointEvent | DoneEvent | ErrorEvent
+Event = Listening | StepEvent | EvalEvent | CheckpointEvent | WitnessEvent | DoneEvent | ErrorEvent
 
 
 def parse_event(line: str) -> Event:
@@ -531,6 +545,11 @@ def parse_event(line: str) -> Event:
         return CheckpointEvent(
             _int(d, "step", w), shard, cursor, int(d.get("param_bytes", 0)), int(d.get("optimizer_bytes", 0))
         )
+    if kind == "witness":
+        digest = _get(d, "digest", str, w)
+        if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+            raise WorkerProtocolError(f"{w}.digest: expected 64 lowercase hex characters")
+        return WitnessEvent(_int(d, "step", w), digest)
     if kind == "done":
         return DoneEvent(_int(d, "step", w))
     if kind == "error":

@@ -115,6 +115,16 @@ def test_two_replicas_through_daemons_equal_one_process_and_diloco_talks_less(sw
     shares = {c["peer_id"]: c["share"] for c in job["contributions"]}
     assert set(shares) == ids and all(abs(v - 0.5) < 1e-3 for v in shares.values()), shares
     allreduce_bytes = _member_ring_bytes(swarm2, job["job_id"])
+    # both devices are paid for both commits: the other replica's device by its witness matching the shards
+    assert job["refused_reports"] == {} and job["excluded"] == {}, job
+
+    def paid() -> list[float] | None:
+        earned = [json.loads(cli(swarm2.state_dir(i), "earnings", "--json").stdout)["by_job"].get(job["job_id"], 0.0)
+                  for i in range(2)]  # fmt: skip
+        return earned if all(e > 0 for e in earned) else None
+
+    earned = wait_for(paid, 60, 1.0, "both replicas' devices earned for the job")
+    assert abs(earned[0] - earned[1]) < 0.5 * max(earned), earned  # equal shares, about equal pay
     assert allreduce_bytes > 0, "the member's worker sent its gradients to the other replica"
 
     # The first replica's checkpoint, exported, is one process's training on the whole global batch.
@@ -131,6 +141,7 @@ def test_two_replicas_through_daemons_equal_one_process_and_diloco_talks_less(sw
     diloco = _run(swarm2, _spec(tmp_path, "replicas-diloco", "diloco"))
     assert diloco["plan"]["sync"] == "diloco" and diloco["plan"]["diloco_h"] == 6, diloco["plan"]
     diloco_bytes = _member_ring_bytes(swarm2, diloco["job_id"])
+    assert diloco["refused_reports"] == {} and diloco["excluded"] == {}, diloco  # the outer states agreed
     print(f"replicas: exported vs one process {worst:.2e}; ring bytes all-reduce {allreduce_bytes}, "
           f"DiLoCo {diloco_bytes} ({allreduce_bytes / max(diloco_bytes, 1):.1f}x fewer)")
     assert 0 < diloco_bytes * 10 < allreduce_bytes, (diloco_bytes, allreduce_bytes)

@@ -89,3 +89,40 @@ def test_the_jobs_compression_compresses_the_gradient_allreduce() -> None:
     assert config is not None and (config.mode, config.grad_codec) == ("allreduce", "int8")
     plain = replica_sync_config(_spec(replicas=2, sync="every_step"), plan)
     assert plain is not None and plain.grad_codec == "raw"
+
+
+def test_members_recompute_the_replica_plan_and_refuse_a_changed_one() -> None:
+    import dataclasses
+
+    from arceusd.jobs.planning import (
+        PlanRefused,
+        encode_job_start,
+        make_job_plan,
+        replica_flops_shares,
+        verify_job_start,
+    )
+    from partitioner import plan_bytes, replica_plan_bytes
+
+    spec = _spec(replicas=2, sync="every_step")
+    offers = _offers(4)
+    inputs, plan = make_job_plan(spec, offers, {}, _links(4, FAST))
+    assert len(plan.replicas) == 2
+    inputs_data, plan_data = encode_job_start(spec, inputs, plan)
+    assert plan_data == replica_plan_bytes(plan)
+    _, verified = verify_job_start(spec, inputs_data, plan_data, offers[0])
+    assert verified == plan
+    shares = replica_flops_shares(plan, inputs)
+    assert set(shares) == set(plan.peer_ids) and abs(sum(shares.values()) - 1.0) < 1e-9
+    # a leader that swaps the replicas' devices, or the sync mode, or sends garbage, is refused
+    swapped = dataclasses.replace(plan, replicas=plan.replicas[::-1])
+    diloco = dataclasses.replace(plan, sync_mode=ReplicaSyncMode.DILOCO)
+    for bad in (replica_plan_bytes(swapped), replica_plan_bytes(diloco), b'{"replica_plan": 1, "replicas": 7}',
+                plan_bytes(plan.replicas[0])):  # fmt: skip
+        with pytest.raises(PlanRefused):
+            verify_job_start(spec, inputs_data, bad, offers[0])
+    # a spec that keeps one pipeline sends today's plan bytes
+    one = _spec()
+    inputs1, plan1 = make_job_plan(one, offers, {}, _links(4, FAST))
+    _, data1 = encode_job_start(one, inputs1, plan1)
+    assert len(plan1.replicas) == 1 and data1 == plan_bytes(plan1.replicas[0])
+    assert verify_job_start(one, *encode_job_start(one, inputs1, plan1), offers[0])[1] == plan1

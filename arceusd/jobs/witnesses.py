@@ -1,0 +1,97 @@
+"""Data-parallel replicas at a checkpoint: what the leader takes from each replica's witness, and its verdict.
+
+Only the first replica's devices write checkpoint shards; with replicas every device's worker also sends a
+``witness`` at each checkpoint step (:class:`arceusd.worker.protocol.WitnessEvent`): the sha256 of the state all
+replicas hold alike at its place (stage, rank): the whole stage state when gradients are averaged every step, the
+outer anchor and momentum with DiLoCo. The leader takes a witness only from a device of the plan's replicas, for
+one of the job's checkpoint steps, as 64 hex characters (:func:`check_witness`), and once every device of the plan
+reported (shards and witnesses) it compares them place by place (:func:`judge`):
+
+- all alike: the commit goes on, and every device of the other replicas counts as having reported the step
+  (its receipts in the market, like the shard writers');
+- three or more replicas, one differs: it is excluded (named under ``excluded``, like a bad shard) and the job
+  replans from the last commit; when the first replica's device is the odd one, its shard is not committed;
+- two replicas that differ: word against word, nobody can be named: the job replans from the last commit without
+  excluding anyone (counted under ``refused_reports`` as ``replica_witness``).
+
+Pure functions over the job record.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from arceusd.jobs.job import Job
+from arceusd.jobs.shard_checks import ReportProblem, ReportRefused, plan_position
+
+_HEX = frozenset("0123456789abcdef")
+
+
+def replicated(job: Job) -> bool:
+    """Whether the job's current plan has two or more data-parallel replicas."""
+    return job.plan is not None and job.replica_plan is not None and len(job.replica_plan.replicas) > 1
+
+
+def check_witness(job: Job, peer: str, event: Mapping[str, Any]) -> tuple[int, str]:
+    """The step and digest of ``peer``'s witness; :class:`ReportRefused` names what is wrong."""
+    if not replicated(job) or job.replica_plan.replica_of(peer) is None:
+        raise ReportRefused(ReportProblem.NOT_IN_PLAN, f"{peer[:12]} holds no place in the plan's replicas")
+    step = event.get("step")
+    interval = job.spec.checkpoint.interval_steps
+    if (not isinstance(step, int) or isinstance(step, bool) or not 0 < step <= job.total_steps
+            or (step != job.total_steps and (not interval or step % interval))):  # fmt: skip
+        raise ReportRefused(ReportProblem.STEP, f"witness step {str(step)[:40]!r} is not one of the job's "
+                                                "checkpoint steps")  # fmt: skip
+    digest = event.get("digest")
+    if not isinstance(digest, str) or len(digest) != 64 or not set(digest) <= _HEX:
+        raise ReportRefused(ReportProblem.DIGEST, "the witness digest is not 64 lowercase hex characters")
+    return step, digest
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """``alike``: the devices of the other replicas that hold what the first replica holds; ``odd``: devices
+    named as differing (three or more replicas); ``reason``: why the step is not committed (empty: commit)."""
+
+    alike: frozenset[str]
+    odd: tuple[str, ...]
+    reason: str
+
+
+def judge(job: Job, step: int, digests: Mapping[str, str]) -> Verdict:
+    """Compare the replicas' witnesses of ``step`` place by place (see the module docstring)."""
+    rp = job.replica_plan
+    first = rp.replicas[0]
+    alike: set[str] = set()
+    odd: list[str] = []
+    split: list[str] = []
+    for s, stage in enumerate(first.stages):
+        for r in range(len(stage.shares)):
+            members = []
+            for replica in rp.replicas:
+                peer = replica.stages[s].shares[r].peer_id
+                if plan_position(replica, peer) == (s, r):
+                    members.append(peer)
+            votes = Counter(digests.get(p, "") for p in members)
+            top, count = votes.most_common(1)[0]
+            if count == len(members):
+                alike.update(members[1:])
+            elif len(members) >= 3 and count * 2 > len(members) and top:
+                odd.extend(p for p in members if digests.get(p) != top)
+                alike.update(p for p in members[1:] if digests.get(p) == top)
+            else:
+                split.append(f"stage {s} rank {r}")
+    if split:
+        reason = (f"the replicas hold different states at step {step} ({', '.join(split)}); "
+                  "planning again from the last commit")  # fmt: skip
+    elif odd:
+        reason = f"member(s) {', '.join(p[:12] for p in odd)} diverged from the other replicas at step {step}"
+    else:
+        reason = ""
+    return Verdict(frozenset(alike), tuple(odd), reason)
+
+
+__all__ = ["Verdict", "check_witness", "judge", "replicated"]

@@ -1,0 +1,77 @@
+"""The leader's checks of data-parallel replicas' witnesses (``arceusd.jobs.witnesses``), on real replica plans."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+
+from arceusd.jobs import witnesses
+from arceusd.jobs.job import Job
+from arceusd.jobs.planning import make_job_plan
+from arceusd.jobs.shard_checks import ReportProblem, ReportRefused
+from tests.unit.test_planning_replicas import FAST, _links, _offers, _spec
+
+A, B = "a" * 64, "b" * 64
+
+
+def _job(replicas: int) -> Any:
+    spec = _spec(replicas=replicas, sync="every_step", batch_size=96)
+    _, rp = make_job_plan(spec, _offers(replicas), {}, _links(replicas, FAST))
+    assert len(rp.replicas) == replicas
+    return SimpleNamespace(plan=rp.replicas[0], replica_plan=rp, total_steps=200,
+                           spec=SimpleNamespace(checkpoint=SimpleNamespace(interval_steps=50)))  # fmt: skip
+
+
+def _peers(job: Any) -> list[str]:
+    return [r.peer_ids[0] for r in job.replica_plan.replicas]
+
+
+def test_a_witness_is_taken_only_from_a_replica_device_at_a_checkpoint_step() -> None:
+    job = _job(2)
+    peer = _peers(job)[1]
+    assert witnesses.check_witness(cast(Job, job), peer, {"step": 100, "digest": A}) == (100, A)
+    bad: list[tuple[str, dict[str, Any], ReportProblem]] = [
+        ("f" * 32, {"step": 100, "digest": A}, ReportProblem.NOT_IN_PLAN),
+        (peer, {"step": 99, "digest": A}, ReportProblem.STEP),  # not a checkpoint step
+        (peer, {"step": 250, "digest": A}, ReportProblem.STEP),
+        (peer, {"step": True, "digest": A}, ReportProblem.STEP),
+        (peer, {"step": 100, "digest": "A" * 64}, ReportProblem.DIGEST),
+        (peer, {"step": 100, "digest": "../" * 30}, ReportProblem.DIGEST),
+        (peer, {"step": 100}, ReportProblem.DIGEST),
+    ]
+    for who, event, problem in bad:
+        with pytest.raises(ReportRefused) as refused:
+            witnesses.check_witness(cast(Job, job), who, event)
+        assert refused.value.problem is problem
+    one = _job(2)
+    one.replica_plan = None  # one pipeline: no witnesses at all
+    with pytest.raises(ReportRefused):
+        witnesses.check_witness(cast(Job, one), peer, {"step": 100, "digest": A})
+
+
+def test_alike_replicas_count_as_reported_and_a_difference_is_judged_by_the_majority() -> None:
+    two = _job(2)
+    p0, p1 = _peers(two)
+    verdict = witnesses.judge(cast(Job, two), 50, {p0: A, p1: A})
+    assert verdict.reason == "" and verdict.alike == {p1} and verdict.odd == ()
+    split = witnesses.judge(cast(Job, two), 50, {p0: A, p1: B})  # word against word: nobody is named
+    assert "different states at step 50" in split.reason and split.odd == () and split.alike == frozenset()
+    three = _job(3)
+    q0, q1, q2 = _peers(three)
+    odd = witnesses.judge(cast(Job, three), 50, {q0: A, q1: B, q2: A})
+    assert odd.odd == (q1,) and odd.alike == {q2} and "diverged" in odd.reason
+    first_odd = witnesses.judge(cast(Job, three), 50, {q0: B, q1: A, q2: A})  # the shard writer is the odd one
+    assert first_odd.odd == (q0,) and first_odd.reason
+    missing = witnesses.judge(cast(Job, three), 50, {q0: A, q1: B, q2: "c" * 64})
+    assert missing.reason and missing.odd == ()
+
+
+def test_the_worker_witness_event_round_trips_and_a_bad_digest_is_refused() -> None:
+    from arceusd.worker.protocol import WitnessEvent, WorkerProtocolError, parse_event
+
+    assert parse_event(WitnessEvent(12, A).to_line()) == WitnessEvent(12, A)
+    for line in ('{"event": "witness", "step": 12, "digest": "xyz"}', '{"event": "witness", "digest": "' + A + '"}'):
+        with pytest.raises(WorkerProtocolError):
+            parse_event(line)
