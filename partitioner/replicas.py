@@ -40,7 +40,7 @@ from typing import Any
 
 from partitioner.canonical import canonical_json, inputs_hash, plan_from_dict, plan_to_dict
 from partitioner.cost import CostModel
-from partitioner.inputs import PlanInputs
+from partitioner.inputs import DeviceProfile, PlanInputs
 from partitioner.plan import Plan, PlanError, PlanMismatch
 from partitioner.search import plan as plan_pipeline
 
@@ -85,9 +85,11 @@ def plan_replicas(
     *,
     replicas: int | None = None,
     sync: ReplicaSyncMode | None = None,
+    include: str | None = None,
 ) -> ReplicaPlan:
     """The fastest predicted plan of R replicas x S stages (see the module docstring); ``replicas`` /
-    ``sync``: the spec's fixed choices (None: ``"auto"``).
+    ``sync``: the spec's fixed choices (None: ``"auto"``); ``include``: a device every candidate must use (the
+    job's owner, who serves the data): the fastest devices are taken with it rather than without it.
 
     Error handling: raises ``PlanError`` when not even today's plan exists, or no plan of the fixed number of
     replicas fits (its message says why)."""
@@ -102,12 +104,12 @@ def plan_replicas(
         today = plan_pipeline(inputs)
         return ReplicaPlan((today,), ReplicaSyncMode.NONE, 0.0, diloco_h, today.predicted_step_time_s)
     if replicas is not None:
-        return _fixed(inputs, replicas, diloco_h, sync)
+        return _fixed(inputs, replicas, diloco_h, sync, include)
     best: tuple[tuple[float, int, int], ReplicaPlan] | None = None
 
     def consider(candidate: ReplicaPlan | None) -> None:
         nonlocal best
-        if candidate is None:
+        if candidate is None or (include is not None and include not in candidate.peer_ids):
             return
         key = (candidate.predicted_step_time_s * (1 + 1e-9), len(candidate.replicas), len(candidate.peer_ids))
         if best is None or key < best[0]:
@@ -127,7 +129,7 @@ def plan_replicas(
         for r in range(2, k + 1):
             if k % r or gb % r:
                 continue
-            groups = _snake([d.peer_id for d in ranked[:k]], r)
+            groups = _snake(_fastest(ranked, k, include), r)
             candidate = _replicated(inputs, groups, diloco_h, sync)
             if candidate is None or not every or len(candidate.peer_ids) == k:
                 consider(candidate)
@@ -136,7 +138,15 @@ def plan_replicas(
     return best[1]
 
 
-def _fixed(inputs: PlanInputs, r: int, h: int, sync: ReplicaSyncMode | None) -> ReplicaPlan:
+def _fastest(ranked: list[DeviceProfile], k: int, include: str | None) -> list[str]:
+    """The ``k`` fastest devices' ids in rank order, with ``include`` among them when given."""
+    ids = [d.peer_id for d in ranked]
+    if include is None or include in ids[:k] or include not in ids:
+        return ids[:k]
+    return [p for p in ids if p in ids[: k - 1] or p == include]
+
+
+def _fixed(inputs: PlanInputs, r: int, h: int, sync: ReplicaSyncMode | None, include: str | None) -> ReplicaPlan:
     """The fastest plan of exactly ``r`` replicas (the spec fixed R)."""
     gb = inputs.training.global_batch_size
     if gb % r:
@@ -149,8 +159,10 @@ def _fixed(inputs: PlanInputs, r: int, h: int, sync: ReplicaSyncMode | None) -> 
     for k in range(len(ranked) if every else r, len(ranked) + 1, 1):
         if k % r:
             continue
-        candidate = _replicated(inputs, _snake([d.peer_id for d in ranked[:k]], r), h, sync)
+        candidate = _replicated(inputs, _snake(_fastest(ranked, k, include), r), h, sync)
         if candidate is None or (every and len(candidate.peer_ids) != k):
+            continue
+        if include is not None and include not in candidate.peer_ids:
             continue
         key = (candidate.predicted_step_time_s * (1 + 1e-9), len(candidate.peer_ids))
         if best is None or key < best[0]:
@@ -314,11 +326,12 @@ def verify_replicas(
     *,
     replicas: int | None = None,
     sync: ReplicaSyncMode | None = None,
+    include: str | None = None,
 ) -> None:
     """Return None if ``received`` is exactly what :func:`plan_replicas` gives for these inputs and the spec's
     choices; else raise ``PlanMismatch`` (refuse the plan)."""
     try:
-        ours = plan_replicas(inputs, diloco_h, replicas=replicas, sync=sync)
+        ours = plan_replicas(inputs, diloco_h, replicas=replicas, sync=sync, include=include)
     except (PlanError, ValueError) as exc:
         raise PlanMismatch(f"these inputs admit no replica plan ({exc}), yet one was received") from exc
     if replica_plan_bytes(received) != replica_plan_bytes(ours):

@@ -46,7 +46,7 @@ class LocalWorker(ManagerBase):
         try:
             resume = ResumePoint.from_wire(msg.resume)
             inputs, replica_plan = await trio.to_thread.run_sync(verify_job_start, job.spec, msg.inputs, msg.plan,
-                                                                 await self.offer())  # fmt: skip
+                                                                 await self.offer(), header.sender)  # fmt: skip
         except (PlanRefused, ResumeError) as exc:
             log.warning("job %s: refusing the start: %s", job.job_id, exc)
             return JobStartReply(msg.job_id, False, f"start refused: {exc}")

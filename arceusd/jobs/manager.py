@@ -334,7 +334,8 @@ class JobManager(ControlMethods, LocalWorker, StandbySyncing):
                          "message_ms": round(m.message_s * 1e3, 4)} for p, m in measured.items()}  # fmt: skip
         links = estimated_links(me, measured, sorted(job.members))
         try:
-            job.inputs, job.replica_plan = await trio.to_thread.run_sync(make_job_plan, job.spec, offers, rtt, links)
+            job.inputs, job.replica_plan = await trio.to_thread.run_sync(make_job_plan, job.spec, offers, rtt, links,
+                                                                         me)  # fmt: skip
         except PlanError as exc:
             job.state = "paused" if resuming else "waiting"
             job.error = f"no plan fits the {len(offers)} member(s): {exc}" + (

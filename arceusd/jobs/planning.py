@@ -171,17 +171,19 @@ def make_replica_plan(
     offers: list[Offer],
     rtt_s: dict[tuple[str, str], float],
     measured: Mapping[tuple[str, str], Link] | None = None,
+    include: str | None = None,
 ) -> tuple[PlanInputs, ReplicaPlan]:
     """R data-parallel pipelines over ``offers`` as the spec asks (``training.replicas`` a number, or "auto":
     the most tokens/s predicted, never slower than the best single member that holds the model; a device that
     would slow the job is left out). DiLoCo's H is ``training.diloco.inner_steps``, at most the run's steps.
+    ``include``: the device every candidate must use (the leader, who serves the data).
 
     Error handling: :class:`partitioner.PlanError` (what is missing) when nothing fits."""
     t = spec.training
     inputs = plan_inputs(spec, offers, rtt_s, use_all_devices=False, measured=measured)
     fixed = None if t.replicas == "auto" else int(t.replicas)
     h = max(1, min(t.diloco.inner_steps, t.steps))
-    return inputs, plan_replicas(inputs, h, replicas=fixed, sync=SYNC_MODES[t.sync])
+    return inputs, plan_replicas(inputs, h, replicas=fixed, sync=SYNC_MODES[t.sync], include=include)
 
 
 def one_pipeline(spec: JobSpec) -> bool:
@@ -199,14 +201,16 @@ def make_job_plan(
     offers: list[Offer],
     rtt_s: dict[tuple[str, str], float],
     measured: Mapping[tuple[str, str], Link] | None = None,
+    leader: str | None = None,
 ) -> tuple[PlanInputs, ReplicaPlan]:
-    """The daemon's plan for a job: :func:`make_plan` for one pipeline, :func:`make_replica_plan` otherwise.
+    """The daemon's plan for a job: :func:`make_plan` for one pipeline, :func:`make_replica_plan` otherwise
+    (with ``leader``, who serves the data, in every replica plan it considers).
 
     Error handling: :class:`partitioner.PlanError` (what is missing) when nothing fits."""
     if one_pipeline(spec):
         inputs, the_plan = make_plan(spec, offers, rtt_s, measured)
         return inputs, single(the_plan)
-    return make_replica_plan(spec, offers, rtt_s, measured)
+    return make_replica_plan(spec, offers, rtt_s, measured, include=leader)
 
 
 def encode_job_start(spec: JobSpec, inputs: PlanInputs, replica_plan: ReplicaPlan) -> tuple[bytes, bytes]:
@@ -217,10 +221,11 @@ def encode_job_start(spec: JobSpec, inputs: PlanInputs, replica_plan: ReplicaPla
 
 
 def verify_job_start(
-    spec: JobSpec, inputs_data: bytes, plan_data: bytes, own: Offer
+    spec: JobSpec, inputs_data: bytes, plan_data: bytes, own: Offer, leader: str | None = None
 ) -> tuple[PlanInputs, ReplicaPlan]:
     """Member side of :func:`encode_job_start`: :func:`verify_start` for one pipeline; for replicas the same
-    checks of the inputs, then the replica plan recomputed from them with the spec's choices."""
+    checks of the inputs, then the replica plan recomputed from them with the spec's choices and ``leader``
+    (the sender of the start) as the device every plan must include."""
     if one_pipeline(spec):
         inputs, the_plan = verify_start(spec, inputs_data, plan_data, own)
         return inputs, single(the_plan)
@@ -234,7 +239,7 @@ def verify_job_start(
     fixed = None if t.replicas == "auto" else int(t.replicas)
     try:
         verify_replicas(received, inputs, max(1, min(t.diloco.inner_steps, t.steps)), replicas=fixed,
-                        sync=SYNC_MODES[t.sync])  # fmt: skip
+                        sync=SYNC_MODES[t.sync], include=leader)  # fmt: skip
     except PlanMismatch as exc:
         raise PlanRefused(f"recomputing the replica plan gave a different result: {exc}") from None
     return inputs, received

@@ -147,3 +147,41 @@ def test_two_replicas_through_daemons_equal_one_process_and_diloco_talks_less(sw
     assert 0 < diloco_bytes * 10 < allreduce_bytes, (diloco_bytes, allreduce_bytes)
     assert diloco["val_accuracy"] is not None and diloco["val_accuracy"] > 0.5
     assert not torch.isnan(torch.tensor(diloco["loss"]))
+
+
+@pytest.mark.timeout(600)
+def test_a_killed_replica_device_is_replaced_and_the_job_ends_as_if_nothing_happened(tmp_path: Path) -> None:
+    """Three daemons, two replicas of one device each (the third waits): SIGKILL the other replica's device once
+    a checkpoint is committed. The leader plans two replicas again over the survivors (the resume slices go to
+    both replicas' devices) and the exported model equals the failure-free run."""
+    import signal
+
+    from tests.integration.test_recovery import assert_equals_failure_free, index_of, wait_end, wait_step
+
+    spec = tmp_path / "replicas-recovery.toml"
+    spec.write_text(_spec(tmp_path, "replicas-recovery", "every_step").read_text()
+                    .replace(f"steps = {STEPS}", "steps = 160").replace("interval_steps = 12", "interval_steps = 20"))
+    s = LocalSwarm(tmp_path / "swarm", 3, ["--auto-join"], preset="local")
+    try:
+        s.start()
+        wait_for(lambda: all(sum(p["state"] == "alive" for p in s.call(i, "peers")) == 2 for i in range(3)),
+                 30, 0.2, "swarm converged")  # fmt: skip
+        submitted = cli(s.state_dir(0), "submit", str(spec), "--members", "3")
+        assert submitted.returncode == 0, submitted.stderr
+        job_id = submitted.stdout.split()[2]
+        job = wait_step(s, job_id, 50, timeout=180, committed=40)
+        replicas = job["plan"]["replicas"]
+        assert len(replicas) == 2
+        others = [d["peer_id"] for r in replicas for st in r["stages"] for d in st["devices"]
+                  if d["peer_id"] != job["owner"]]  # fmt: skip
+        victim = others[0]
+        s.signal(index_of(s, victim), signal.SIGKILL)
+        end = wait_end(s, job_id, timeout=300)
+        assert end["state"] == "done", end
+        placed = {d["peer_id"] for r in end["plan"]["replicas"] for st in r["stages"] for d in st["devices"]}
+        assert victim not in placed and len(placed) == 2 and job["owner"] in placed, end["plan"]
+        recovery = end["recoveries"][0]
+        assert recovery["resumed_step"] >= 40 and recovery["first_step_after_s"] is not None, recovery
+        assert_equals_failure_free(end, spec)
+    finally:
+        s.close()

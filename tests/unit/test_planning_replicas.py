@@ -126,3 +126,20 @@ def test_members_recompute_the_replica_plan_and_refuse_a_changed_one() -> None:
     _, data1 = encode_job_start(one, inputs1, plan1)
     assert len(plan1.replicas) == 1 and data1 == plan_bytes(plan1.replicas[0])
     assert verify_job_start(one, *encode_job_start(one, inputs1, plan1), offers[0])[1] == plan1
+
+
+def test_the_leader_who_serves_the_data_is_in_every_replica_plan_and_members_check_it() -> None:
+    from arceusd.jobs.planning import PlanRefused, encode_job_start, make_job_plan, verify_job_start
+
+    offers = [Offer(f"{i:032x}", f"127.0.0.1:{9000 + i}", 1e10 / (1 + i), 4 * GIB) for i in range(3)]
+    slowest = offers[-1].peer_id
+    for replicas in (2, "auto"):
+        spec = _spec(replicas=replicas, sync="every_step")
+        _, free = make_job_plan(spec, offers, {}, _links(3, FAST))
+        assert slowest not in free.peer_ids  # left to itself, the planner takes the fastest devices
+        inputs, plan = make_job_plan(spec, offers, {}, _links(3, FAST), leader=slowest)
+        assert slowest in plan.peer_ids
+        inputs_data, plan_data = encode_job_start(spec, inputs, plan)
+        assert verify_job_start(spec, inputs_data, plan_data, offers[0], slowest)[1] == plan
+        with pytest.raises(PlanRefused):  # a plan made without the sender (the leader) in it is refused
+            verify_job_start(spec, *encode_job_start(spec, inputs, free), offers[0], slowest)
