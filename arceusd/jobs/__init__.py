@@ -9,7 +9,8 @@
   ``control_methods`` (the control socket's job commands), ``local_worker`` (this device's stage worker and the
   workers' reports), ``standby_sync`` (the standby's and the owner's copies) and ``transfers`` (files between
   daemons);
-- pure or file-level helpers: ``planning`` (offers, plan inputs, plan verification), ``leadership`` (who may
+- pure or file-level helpers: ``planning`` (offers, plan inputs, plan verification; every job planned as data-parallel
+  replicas of a pipeline, one replica by default), ``leadership`` (who may
   command), ``recovery`` and ``reslice`` (checkpoints cut for a new plan), ``standby`` (the standby's files),
   ``export`` (the final model), ``probe`` (measuring this device in a child process), ``supervisor`` (the
   worker child process), ``filework`` (re-slicing and export in a child process: the daemon never imports
@@ -17,5 +18,6 @@
   election);
 - what other devices say, checked before use: ``claims`` (offers in physical bounds; each member's step times as
   it reported them and as the devices it works with saw them; discounts), ``shard_checks`` and ``shard_scan``
-  (checkpoint reports and shards: names from the plan, sizes bounded, finite values, expected shapes).
+  (checkpoint reports and shards: names from the plan, sizes bounded, finite values, expected shapes),
+  ``witnesses`` (data-parallel replicas: each replica's digest of what all hold alike, compared at each commit).
 """
