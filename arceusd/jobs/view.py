@@ -41,14 +41,22 @@ def render_job(j: dict[str, Any]) -> str:
         lines.append(f"  plan     {plan['schedule']}, {plan['micro_batches']} micro-batches, predicted "
                      f"{plan['predicted_step_time_s'] * 1000:.1f} ms/step, "
                      f"bubble {plan['bubble_fraction']:.0%}")  # fmt: skip
-        for stage in plan["stages"]:
-            devices = ", ".join(
-                d["peer_id"][:12] + (f" (heads {sum(d['heads'])}, cols {sum(d['mlp_columns'])})"
-                                     if len(stage["devices"]) > 1 else "")
-                for d in stage["devices"]
-            )  # fmt: skip
-            first, last = stage["blocks"][0], stage["blocks"][1] - 1
-            lines.append(f"    stage {stage['index']}: blocks {first}-{last} on {devices}")
+        replicas = plan.get("replicas") or [{"stages": plan["stages"]}]
+        if len(replicas) > 1:
+            sync = f"DiLoCo every {plan.get('diloco_h')} steps" if plan.get("sync") == "diloco" else \
+                "gradients averaged every step"
+            lines.append(f"    {len(replicas)} data-parallel replicas, {sync}; this device sent "
+                         f"{j.get('ring_bytes', 0) / 1e6:.1f} MB to its ring")  # fmt: skip
+        for r, replica in enumerate(replicas):
+            where = f"replica {r} " if len(replicas) > 1 else ""
+            for stage in replica["stages"]:
+                devices = ", ".join(
+                    d["peer_id"][:12] + (f" (heads {sum(d['heads'])}, cols {sum(d['mlp_columns'])})"
+                                         if len(stage["devices"]) > 1 else "")
+                    for d in stage["devices"]
+                )  # fmt: skip
+                first, last = stage["blocks"][0], stage["blocks"][1] - 1
+                lines.append(f"    {where}stage {stage['index']}: blocks {first}-{last} on {devices}")
         times = j.get("stage_times") or {}
         for stage in plan["stages"]:
             for d in stage["devices"]:

@@ -258,3 +258,24 @@ def test_a_screenshot_of_every_page(setup: Setup, browser: Any) -> None:
         assert shot.stat().st_size > 10_000, name
     page.close()
     assert sorted(p.name for p in setup.shots.iterdir()) == ["job.png", "market.png", "owner.png", "swarm.png"]
+
+
+def test_a_replicated_job_draws_each_replica_and_how_they_sync(setup: Setup, browser: Any) -> None:
+    from tests.integration.test_replica_jobs import _spec
+
+    spec = _spec(setup.shots.parent, "dashboard-replicas", "every_step")
+    submitted = cli(setup.swarm.state_dir(0), "submit", str(spec), "--members", "2")
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stdout.split()[2]
+    plan = wait_for(lambda: setup.swarm.call(0, "job", {"job_id": job_id})["plan"], 120, 0.5, "the replica plan")
+    assert len(plan["replicas"]) == 2
+    page = browser.new_page()
+    page.goto(setup.url + f"job/{job_id}")
+    page.wait_for_selector("#plan-replicas")
+    assert "2 data-parallel replicas · gradients averaged across the replicas every step" in \
+        page.inner_text("#plan-replicas")
+    for i, replica in enumerate(plan["replicas"]):
+        svg = "#plan" if i == 0 else f"#plan-replica-{i}"
+        names = page.eval_on_selector_all(f"{svg} .device-name", "els => els.map(e => e.textContent)")
+        assert names == [d["peer_id"][:12] for st in replica["stages"] for d in st["devices"]]
+    page.close()

@@ -146,3 +146,23 @@ def test_stage_times_cover_every_measured_device_and_this_device_from_its_own_st
     assert (f"{other[:12]} (stage 1): 30.0 ms compute, 12.0 ms waiting per step (plan: 42.0 ms compute; seen by "
             "its neighbours: 250.0 ms)") in text  # fmt: skip
     assert f"{third[:12]} (stage 2): 50.0 ms compute, - waiting" in text
+
+
+def test_a_replicated_plan_shows_every_replica_its_sync_and_the_ring_bytes(tmp_path: Path) -> None:
+    from arceusd.jobs.planning import make_job_plan
+    from tests.unit.test_planning_replicas import FAST, _links, _offers, _spec
+
+    job = _job(tmp_path)
+    job.spec.training = SimpleNamespace(batch_size=64)
+    for sync, expected in (("every_step", "gradients averaged every step"), ("diloco", "DiLoCo every 200 steps")):
+        job.inputs, job.replica_plan = make_job_plan(_spec(replicas=2, sync=sync), _offers(2), {}, _links(2, FAST))
+        job.plan, job.ring_bytes = job.replica_plan.replicas[0], 3_500_000
+        shown = job.summary(full=True)
+        plan = shown["plan"]
+        assert len(plan["replicas"]) == 2 and plan["sync"] == job.replica_plan.sync_mode.value
+        assert plan["predicted_step_time_s"] == job.replica_plan.predicted_step_time_s
+        assert set(job.plan_peers()) == {o.peer_id for o in _offers(2)}
+        text = render_job({**shown, "model": "mlp", "data": "mnist"})
+        assert f"2 data-parallel replicas, {expected}; this device sent 3.5 MB to its ring" in text
+        for r, replica in enumerate(job.replica_plan.replicas):
+            assert f"replica {r} stage 0: blocks 0-" in text and replica.peer_ids[0][:12] in text

@@ -186,14 +186,29 @@ function range(v) {
 function planDrawing(job, me) {
   const plan = job.plan;
   if (!plan || !Array.isArray(plan.stages)) return el("p", { class: "muted" }, "no plan yet");
-  const stages = plan.stages;
+  const replicas = Array.isArray(plan.replicas) ? plan.replicas : [];
+  if (replicas.length < 2) return pipelineDrawing(job, me, plan.stages, "plan");
+  // data-parallel replicas: each a pipeline of its own, the same stage of all of them kept in sync
+  const sync = plan.sync === "diloco" ? `DiLoCo: the replicas sync every ${plan.diloco_h} steps`
+    : "gradients averaged across the replicas every step";
+  const box = el("div", { id: "plan-replicas" },
+    el("p", { class: "muted" }, `${replicas.length} data-parallel replicas · ${sync}`));
+  replicas.forEach((r, i) => {
+    box.append(el("p", { class: "small" }, `replica ${i}` + (i === 0 ? " (writes the checkpoints)" : "")));
+    box.append(pipelineDrawing(job, me, r.stages || [], i === 0 ? "plan" : `plan-replica-${i}`));
+  });
+  return box;
+}
+
+function pipelineDrawing(job, me, stages, id) {
+  const plan = job.plan;
   const rows = Math.max(1, ...stages.map((s) => (s.devices || []).length));
   const CW = 190, RH = 86, W = Math.max(520, stages.length * (CW + 16) + 16), H = 44 + rows * (RH + 8);
   // every device's measured compute against its waiting per step (the leader's record), on one scale
   const times = job.stage_times || {};
   const span = Math.max(1e-9, plan.predicted_step_time_s || 0, ...Object.values(times).map((t) =>
     Math.max((t.compute_s || 0) + (t.wait_s || 0), t.predicted_s || 0)));
-  const g = sv("svg", { viewBox: `0 0 ${W} ${H}`, width: W, id: "plan", role: "img" });
+  const g = sv("svg", { viewBox: `0 0 ${W} ${H}`, width: W, id, role: "img" });
   stages.forEach((s, i) => {
     const x = 8 + i * (CW + 16);
     g.appendChild(sv("rect", { x, y: 4, width: CW, height: H - 8, rx: 6, class: "stage" }));
