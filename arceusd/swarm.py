@@ -115,6 +115,20 @@ class LocalSwarm:
                 time.sleep(0.1)
         raise RuntimeError(f"daemon {i} did not become ready within {timeout:.0f} s")
 
+    def converged(self) -> bool:
+        """Whether every daemon sees every other one alive."""
+        return all(sum(p["state"] == "alive" for p in self.call(i, "peers")) == self.size - 1 for i in range(self.size))
+
+    def wait_converged(self, timeout: float = 30.0) -> None:
+        """Wait until :meth:`converged`; ``TimeoutError`` naming what each daemon sees after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while not self.converged():
+            if time.monotonic() > deadline:
+                seen = [sum(p["state"] == "alive" for p in self.call(i, "peers")) for i in range(self.size)]
+                raise TimeoutError(f"the swarm did not converge in {timeout:.0f} s: daemons see {seen} peers alive, "
+                                   f"expected {self.size - 1} each")  # fmt: skip
+            time.sleep(0.2)
+
     def call(self, i: int, method: str, params: dict[str, Any] | None = None, timeout: float = 10.0) -> Any:
         return call(self.state_dir(i) / "control.sock", method, params, timeout=timeout)
 

@@ -34,8 +34,7 @@ def swarm_of(tmp_path: Path) -> Iterator[Any]:
         s = HostileSwarm(tmp_path / "swarm", attack, arg, after=ATTACK_FROM_STEP)
         made.append(s)
         s.start()
-        wait_for(lambda: all(sum(p["state"] == "alive" for p in s.call(i, "peers")) == 2 for i in range(3)),
-                 30, 0.2, "swarm converged")  # fmt: skip
+        s.wait_converged()
         return s
 
     yield make

@@ -22,7 +22,7 @@ import pytest
 
 from tests.adversarial.hostile_job import HOSTILE, HostileSwarm
 from tests.adversarial.victim import Watch, assert_healthy
-from tests.harness import ROOT, Daemon, wait_for
+from tests.harness import ROOT, Daemon
 from tests.integration.test_recovery import assert_equals_failure_free, submit, write_spec
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
@@ -47,8 +47,7 @@ def test_two_minutes_of_interleaved_attacks_against_a_training_job(tmp_path: Pat
     s = HostileSwarm(tmp_path / "swarm", "nan", after=40)
     try:
         s.start()
-        wait_for(lambda: all(sum(p["state"] == "alive" for p in s.call(i, "peers")) == 2 for i in range(3)),
-                 30, 0.2, "swarm converged")  # fmt: skip
+        s.wait_converged()
         hostile_peer = s.call(HOSTILE, "status")["peer_id"]
         target = s.call(0, "status")["addresses"]["peer"]
         owner = cast(Daemon, SimpleNamespace(pid=s.procs[0].pid, state_dir=s.state_dir(0), proc=s.procs[0]))

@@ -61,8 +61,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     try:
         swarm.start()
         assert swarm.call(0, "status")["dashboard"] == {"running": False, "host": "127.0.0.1", "port": None}
-        wait_for(lambda: all(any(p["state"] == "alive" for p in swarm.call(i, "peers")) for i in range(2)),
-                 30, 0.2, "swarm converged")  # fmt: skip
+        swarm.wait_converged()
         submitted = cli(swarm.state_dir(0), "submit", str(SPEC), "--members", "2")
         assert submitted.returncode == 0, submitted.stderr
         job_id = submitted.stdout.split()[2]

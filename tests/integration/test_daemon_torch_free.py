@@ -41,8 +41,7 @@ def test_torch_is_never_loaded_in_a_daemon_before_during_or_after_a_job(tmp_path
     s = LocalSwarm(tmp_path / "swarm", 3, ["--auto-join"], preset="local")
     try:
         s.start()
-        wait_for(lambda: all(sum(p["state"] == "alive" for p in s.call(i, "peers")) == 2 for i in range(3)),
-                 30, 0.2, "swarm converged")  # fmt: skip
+        s.wait_converged()
         torch_free(s)
         job_id = submit(s, spec)
         view = wait_step(s, job_id, 50, timeout=120, committed=40)
@@ -95,8 +94,7 @@ def test_five_idle_local_daemons_suspect_nobody_in_their_first_ten_seconds(tmp_p
     began = time.monotonic()
     try:
         s.start()
-        wait_for(lambda: all(sum(p["state"] == "alive" for p in s.call(i, "peers")) == 4 for i in range(5)),
-                 30, 0.2, "swarm converged")  # fmt: skip
+        s.wait_converged()
         time.sleep(max(0.0, 10.0 - (time.monotonic() - began)))
         for i in range(5):
             log = (s.state_dir(i) / "arceusd.log").read_text()

@@ -30,8 +30,7 @@ def swarm3(tmp_path: Path) -> Iterator[LocalSwarm]:
     s = LocalSwarm(tmp_path, 3, ["--auto-join"], preset="lan")
     try:
         s.start()
-        wait_for(lambda: all(len([p for p in s.call(i, "peers") if p["state"] == "alive"]) == 2 for i in range(3)),
-                 30, 0.2, "swarm converged")  # fmt: skip
+        s.wait_converged()
         yield s
     finally:
         s.close()

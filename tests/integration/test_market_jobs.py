@@ -39,8 +39,7 @@ def start(s: LocalSwarm, policies: dict[int, str]) -> None:
         s.state_dir(i).mkdir(parents=True, exist_ok=True)
         (s.state_dir(i) / "config.toml").write_text(f"[policy]\n{table}\n")
     s.start()
-    wait_for(lambda: all(sum(p["state"] == "alive" for p in s.call(i, "peers")) == 2 for i in range(3)),
-             30, 0.2, "swarm converged")  # fmt: skip
+    s.wait_converged()
 
 
 def submit(s: LocalSwarm, spec: Path, members: int) -> str:

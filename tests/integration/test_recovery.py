@@ -72,8 +72,7 @@ def make_swarm(tmp_path: Path) -> Iterator[Callable[..., LocalSwarm]]:
         s = LocalSwarm(tmp_path / "swarm", size, ["--auto-join"], preset="local", env=env)
         swarms.append(s)
         s.start()
-        wait_for(lambda: all(sum(p["state"] == "alive" for p in s.call(i, "peers")) == size - 1
-                             for i in range(size)), 30, 0.2, "swarm converged")  # fmt: skip
+        s.wait_converged()
         return s
 
     yield make

@@ -70,8 +70,7 @@ def swarm2(tmp_path: Path) -> Iterator[LocalSwarm]:
     s = LocalSwarm(tmp_path / "swarm", 2, ["--auto-join"], preset="lan")
     try:
         s.start()
-        wait_for(lambda: all(len([p for p in s.call(i, "peers") if p["state"] == "alive"]) == 1 for i in range(2)),
-                 30, 0.2, "swarm converged")  # fmt: skip
+        s.wait_converged()
         yield s
     finally:
         s.close()
@@ -164,8 +163,7 @@ def test_a_killed_replica_device_is_replaced_and_the_job_ends_as_if_nothing_happ
     s = LocalSwarm(tmp_path / "swarm", 3, ["--auto-join"], preset="local")
     try:
         s.start()
-        wait_for(lambda: all(sum(p["state"] == "alive" for p in s.call(i, "peers")) == 2 for i in range(3)),
-                 30, 0.2, "swarm converged")  # fmt: skip
+        s.wait_converged()
         submitted = cli(s.state_dir(0), "submit", str(spec), "--members", "3")
         assert submitted.returncode == 0, submitted.stderr
         job_id = submitted.stdout.split()[2]
