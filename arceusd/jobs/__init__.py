@@ -5,9 +5,11 @@
   (the batches the owner serves from that data);
 - one job's state and its views: ``job`` (the ``Job`` record and ``arceusd status`` JSON), ``view`` (the text);
 - the daemon's job service: ``manager`` (lifecycle and leadership: plan, start, restart, take over, commit,
-  export), over ``manager_base`` (shared state, this device's offer, whom it follows as leader), with
+  export), a ``manager_base.JobContext`` (shared state, this device's offer, whom it follows as leader) that
+  composes its parts, each handed the context and the ``manager_base.Lifecycle`` it calls back into:
   ``control_methods`` (the control socket's job commands), ``local_worker`` (this device's stage worker and the
-  workers' reports), ``standby_sync`` (the standby's and the owner's copies) and ``transfers`` (files between
+  workers' reports), ``standby_sync`` (the standby's and the owner's copies), ``commits`` (checkpoint commits),
+  ``joining`` (announcements and joins), ``starting`` (plan and start a plan epoch); ``transfers`` (files between
   daemons);
 - pure or file-level helpers: ``planning`` (offers, plan inputs, plan verification; every job planned as data-parallel
   replicas of a pipeline, one replica by default), ``leadership`` (who may

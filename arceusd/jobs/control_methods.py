@@ -10,22 +10,32 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
 
 from arceusd.control import RequestError
 from arceusd.jobs.job import Job
-from arceusd.jobs.manager_base import ManagerBase
+from arceusd.jobs.manager_base import JobContext, Lifecycle
 from protocol.job_wire import JobAck, JobReport
 
 log = logging.getLogger(__name__)
 
 
-class ControlMethods(ManagerBase):
+class ControlMethods:
     """The control-socket methods, over the manager's shared state."""
 
-    async def _m_submit(self, params: dict[str, Any]) -> dict[str, Any]:
+    def __init__(self, ctx: JobContext, life: Lifecycle) -> None:
+        self.ctx = ctx
+        self.life = life
+
+    def methods(self) -> dict[str, Callable[[dict[str, Any]], Awaitable[Any]]]:
+        """The control methods by the name the CLI calls them."""
+        return {"submit": self.m_submit, "join": self.m_join, "jobs": self.m_jobs, "job": self.m_job,
+                "cancel": self.m_cancel, "leave": self.m_leave}  # fmt: skip
+
+    async def m_submit(self, params: dict[str, Any]) -> dict[str, Any]:
         from arceusd.jobs.spec import JobSpecError, job_id, load_spec, spec_hash, to_dict
 
         path = params.get("spec_path")
@@ -41,56 +51,57 @@ class ControlMethods(ManagerBase):
         except OSError as exc:
             raise RequestError(f"cannot read the job spec {path}: {exc.strerror}") from None
         digest = spec_hash(spec)
-        jid = job_id(digest, self.node.identity.peer_id, os.urandom(16))
+        jid = job_id(digest, self.ctx.node.identity.peer_id, os.urandom(16))
         spec_bytes = json.dumps(to_dict(spec), sort_keys=True).encode()
-        job = Job(jid, spec, spec_bytes, digest, self.node.identity.peer_id, self.node.addresses.get("peer", ""),
-                  "owner", self.root / jid, min_members=min_members,
+        node = self.ctx.node
+        job = Job(jid, spec, spec_bytes, digest, node.identity.peer_id, node.addresses.get("peer", ""),
+                  "owner", self.ctx.root / jid, min_members=min_members,
                   total_steps=spec.training.steps)  # fmt: skip
         job.directory.mkdir(parents=True, exist_ok=True)
         (job.directory / "spec.json").write_bytes(spec_bytes)
-        self.jobs[jid] = job
-        job.members[self.node.identity.peer_id] = await self.offer()
-        self._persist(job)
-        self._spawn(self._lead, job)
+        self.ctx.jobs[jid] = job
+        job.members[self.ctx.node.identity.peer_id] = await self.ctx.offer()
+        self.ctx.persist(job)
+        self.ctx.spawn(self.life.lead, job)
         log.info("job %s (%s) submitted; waiting for %d member(s)", jid, spec.name, min_members)
         return {"job_id": jid, "spec_hash": digest, "name": spec.name, "directory": str(job.directory)}
 
-    async def _m_join(self, params: dict[str, Any]) -> dict[str, Any]:
-        job = self.find(str(params.get("job_id", "")))
-        return await self.join(job)
+    async def m_join(self, params: dict[str, Any]) -> dict[str, Any]:
+        job = self.ctx.find(str(params.get("job_id", "")))
+        return await self.life.join(job)
 
-    async def _m_jobs(self, _params: dict[str, Any]) -> list[dict[str, Any]]:
-        return [j.summary() for j in sorted(self.jobs.values(), key=lambda j: j.created)]
+    async def m_jobs(self, _params: dict[str, Any]) -> list[dict[str, Any]]:
+        return [j.summary() for j in sorted(self.ctx.jobs.values(), key=lambda j: j.created)]
 
-    async def _m_job(self, params: dict[str, Any]) -> dict[str, Any]:
+    async def m_job(self, params: dict[str, Any]) -> dict[str, Any]:
         history = params.get("history")
         if history not in (None, "all"):
             raise RequestError('history must be "all" (every loss point) or left out (the last 200)')
-        return self.find(str(params.get("job_id", ""))).summary(
-            full=True, whole_history=history == "all", me=self.node.identity.peer_id
+        return self.ctx.find(str(params.get("job_id", ""))).summary(
+            full=True, whole_history=history == "all", me=self.ctx.node.identity.peer_id
         )
 
-    async def _m_cancel(self, params: dict[str, Any]) -> dict[str, Any]:
-        job = self.find(str(params.get("job_id", "")))
-        if job.role != "owner" and not self._leads(job):
+    async def m_cancel(self, params: dict[str, Any]) -> dict[str, Any]:
+        job = self.ctx.find(str(params.get("job_id", "")))
+        if job.role != "owner" and not self.ctx.leads(job):
             raise RequestError("only the job's owner or its leader can cancel it")
-        await self._finish(job, "cancelled", "cancelled by the owner")
+        await self.life.finish(job, "cancelled", "cancelled by the owner")
         return {"job_id": job.job_id, "state": job.state}
 
-    async def _m_leave(self, params: dict[str, Any]) -> dict[str, Any]:
-        job = self.find(str(params.get("job_id", "")))
+    async def m_leave(self, params: dict[str, Any]) -> dict[str, Any]:
+        job = self.ctx.find(str(params.get("job_id", "")))
         if job.role == "owner":
             raise RequestError("the owner cannot leave its own job (it serves the data); cancel it instead")
         if job.role != "member":
             raise RequestError(f"this device is not a member of job {job.job_id[:12]}")
-        if self._leads(job):
+        if self.ctx.leads(job):
             raise RequestError("this device leads the job now (its owner is gone); cancel it instead")
         job.role, job.state = "seen", "left"
         report = JobReport(job.job_id, job.epoch, json.dumps({"event": "leave"}))
-        reply = await self.peers.request(job.leader_address, job.leader, report, timeout=10.0, job_id=job.job_id,
+        reply = await self.ctx.peers.request(job.leader_address, job.leader, report, timeout=10.0, job_id=job.job_id,
                                          term=job.term, epoch=job.epoch)  # fmt: skip
         told = isinstance(reply, JobAck) and reply.ok
-        await self._drop_own_worker(job)  # after the leader knows why our links are about to break
+        await self.ctx.drop_own_worker(job)  # after the leader knows why our links are about to break
         return {"job_id": job.job_id, "reason": "" if told else "the leader did not answer; it will notice"}
 
 

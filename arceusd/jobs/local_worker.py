@@ -19,7 +19,7 @@ import trio
 
 from arceusd.jobs import claims, shard_checks, witnesses
 from arceusd.jobs.job import TERMINAL, Job
-from arceusd.jobs.manager_base import ManagerBase
+from arceusd.jobs.manager_base import JobContext, Lifecycle
 from arceusd.jobs.supervisor import WorkerFailed, WorkerProcess
 from arceusd.jobs.transfers import leader_data
 from protocol.envelope import Header
@@ -28,15 +28,19 @@ from protocol.job_wire import JobAck, JobGo, JobReport, JobStart, JobStartReply
 log = logging.getLogger(__name__)
 
 
-class LocalWorker(ManagerBase):
+class LocalWorker:
     """Starting and following this device's stage worker, and the leader's handling of the workers' reports."""
 
-    async def _on_start(self, header: Header, msg: JobStart) -> JobStartReply:
+    def __init__(self, ctx: JobContext, life: Lifecycle) -> None:
+        self.ctx = ctx
+        self.life = life
+
+    async def on_start(self, header: Header, msg: JobStart) -> JobStartReply:
         from arceusd.jobs.planning import PlanRefused, replica_flops_shares, verify_job_start
         from arceusd.jobs.recovery import ResumeError, ResumePoint
 
-        job = self.jobs.get(msg.job_id)
-        why = await self._check_leader(header, job)
+        job = self.ctx.jobs.get(msg.job_id)
+        why = await self.ctx.check_leader(header, job)
         if why or job is None:
             return JobStartReply(msg.job_id, False, why)
         if job.role not in ("member", "owner"):
@@ -46,56 +50,56 @@ class LocalWorker(ManagerBase):
         try:
             resume = ResumePoint.from_wire(msg.resume)
             inputs, replica_plan = await trio.to_thread.run_sync(verify_job_start, job.spec, msg.inputs, msg.plan,
-                                                                 await self.offer(), header.sender)  # fmt: skip
+                                                                 await self.ctx.offer(), header.sender)  # fmt: skip
         except (PlanRefused, ResumeError) as exc:
             log.warning("job %s: refusing the start: %s", job.job_id, exc)
             return JobStartReply(msg.job_id, False, f"start refused: {exc}")
         if resume is not None and resume.step != msg.resume_step:
             return JobStartReply(msg.job_id, False, "start refused: the resume step is inconsistent")
-        if self.node.identity.peer_id not in replica_plan.peer_ids:
+        if self.ctx.node.identity.peer_id not in replica_plan.peer_ids:
             return JobStartReply(msg.job_id, False, "start refused: this device has no place in the plan")
         if msg.standby and msg.standby not in replica_plan.peer_ids:
             return JobStartReply(msg.job_id, False, "start refused: the standby is not in the plan")
-        await self._drop_own_worker(job)  # a newer epoch replaces whatever ran before
+        await self.ctx.drop_own_worker(job)  # a newer epoch replaces whatever ran before
         job.term, job.epoch, job.inputs = header.term, header.epoch, inputs
         job.plan, job.replica_plan = replica_plan.replicas[0], replica_plan
         job.shares = replica_flops_shares(replica_plan, inputs)
         job.standby = msg.standby
-        self._track(job, list(job.plan_peers()), [header.sender, msg.standby])
+        self.ctx.track(job, list(job.plan_peers()), [header.sender, msg.standby])
         local = None
         if resume is not None:
-            mine = resume.files.get(self.node.identity.peer_id)
+            mine = resume.files.get(self.ctx.node.identity.peer_id)
             if mine is None:
                 return JobStartReply(msg.job_id, False, "start refused: no resume slice for this device")
             try:
-                local = await self.transfers.fetch_resume(job, header.sender, resume.step, mine)
+                local = await self.ctx.transfers.fetch_resume(job, header.sender, resume.step, mine)
             except (ResumeError, OSError) as exc:
                 return JobStartReply(msg.job_id, False, f"could not get the resume slice: {exc}")
         job.step = msg.resume_step
-        return await self._start_worker(job, local)
+        return await self.start_worker(job, local)
 
-    async def _start_worker(self, job: Job, resume: Any = None) -> JobStartReply:
+    async def start_worker(self, job: Job, resume: Any = None) -> JobStartReply:
         """Start this device's worker for its place in ``job.replica_plan`` (its replica's stages; with
         replicas, every replica's stages and how they sync)."""
         from arceusd.jobs.planning import replica_peers, replica_sync_config, worker_replicas, worker_stages
         from arceusd.worker.protocol import WorkerConfig
 
-        _, the_plan = replica_peers(job.replica_plan, self.node.identity.peer_id)
+        _, the_plan = replica_peers(job.replica_plan, self.ctx.node.identity.peer_id)
 
         job.directory.mkdir(parents=True, exist_ok=True)
-        host = self.node.addresses.get("peer", "127.0.0.1:0").rpartition(":")[0]
+        host = self.ctx.node.addresses.get("peer", "127.0.0.1:0").rpartition(":")[0]
         spec_dict = json.loads(job.spec_bytes)
-        if self._leads(job):
+        if self.ctx.leads(job):
             spec_dict["data"] = leader_data(job)
-        offer = await self.offer()
+        offer = await self.ctx.offer()
         config = WorkerConfig(
             job_id=job.job_id, term=job.term, epoch=job.epoch, spec=spec_dict, stages=worker_stages(the_plan),
             micro_batches=the_plan.micro_batches, schedule=_schedule(job, the_plan),
-            peer_id=self.node.identity.peer_id, state_dir=str(self.node.paths.root),
-            listen_host=self.node.config.listen_host, owner=job.leader,
+            peer_id=self.ctx.node.identity.peer_id, state_dir=str(self.ctx.node.paths.root),
+            listen_host=self.ctx.node.config.listen_host, owner=job.leader,
             checkpoint_dir=str(job.directory / "checkpoints"),
             checkpoint_interval=job.spec.checkpoint.interval_steps, total_steps=job.total_steps,
-            threads=self.node.config.worker_threads, cpus=self.node.config.worker_cpus, resume=resume,
+            threads=self.ctx.node.config.worker_threads, cpus=self.ctx.node.config.worker_cpus, resume=resume,
             device=worker_device(offer.kind), replicas=worker_replicas(job.replica_plan),
             replica_sync=replica_sync_config(job.spec, job.replica_plan),
         )  # fmt: skip
@@ -113,17 +117,17 @@ class LocalWorker(ManagerBase):
         job.state = "starting"
         return JobStartReply(job.job_id, True, "", f"{host}:{port}")
 
-    async def _on_go(self, header: Header, msg: JobGo) -> JobAck:
-        job = self.jobs.get(msg.job_id)
-        why = await self._check_leader(header, job)
+    async def on_go(self, header: Header, msg: JobGo) -> JobAck:
+        job = self.ctx.jobs.get(msg.job_id)
+        why = await self.ctx.check_leader(header, job)
         if why or job is None:
             return JobAck(False, why)
         if header.epoch != job.epoch:
             return JobAck(False, f"go for epoch {header.epoch}, but this device started epoch {job.epoch}")
-        await self._go(job, msg)
+        await self.go(job, msg)
         return JobAck(True)
 
-    async def _go(self, job: Job, msg: JobGo) -> None:
+    async def go(self, job: Job, msg: JobGo) -> None:
         """Let this device's worker start (once per plan epoch: a ``go`` sent again after a lost answer is a
         no-op)."""
         if job.worker is None or job.went == (job.epoch, job.worker):
@@ -134,7 +138,7 @@ class LocalWorker(ManagerBase):
         except WorkerFailed as exc:
             log.warning("job %s: the worker is gone before go: %s", job.job_id, exc)
         job.state = "running"
-        self._spawn(self._follow_worker, job, job.worker, job.epoch)
+        self.ctx.spawn(self._follow_worker, job, job.worker, job.epoch)
 
     async def _follow_worker(self, job: Job, worker: WorkerProcess, epoch: int) -> None:
         last_t, last_step = time.monotonic(), job.step
@@ -182,19 +186,19 @@ class LocalWorker(ManagerBase):
 
     async def _report(self, job: Job, epoch: int, event: dict[str, Any]) -> None:
         """A worker event for the leader: handled here on the owner, sent as a JobReport from a member."""
-        event["peer_id"] = self.node.identity.peer_id
+        event["peer_id"] = self.ctx.node.identity.peer_id
         if event.get("event") == "checkpoint":  # this device's measured speed beside the plan's (issue #19)
-            event.update(claims.own_step_times(job, self.node.identity.peer_id))
-        if self._leads(job):
+            event.update(claims.own_step_times(job, self.ctx.node.identity.peer_id))
+        if self.ctx.leads(job):
             await self._handle_report(job, event)
             return
         report = JobReport(job.job_id, epoch, json.dumps(event))
-        await self.peers.request(job.leader_address, job.leader, report, timeout=30.0,
+        await self.ctx.peers.request(job.leader_address, job.leader, report, timeout=30.0,
                                  job_id=job.job_id, term=job.term, epoch=epoch)  # fmt: skip
 
-    async def _on_report(self, header: Header, msg: JobReport) -> JobAck:
-        job = self.jobs.get(msg.job_id)
-        if job is None or not self._leads(job):
+    async def on_report(self, header: Header, msg: JobReport) -> JobAck:
+        job = self.ctx.jobs.get(msg.job_id)
+        if job is None or not self.ctx.leads(job):
             return JobAck(False, "not the leader of that job")
         try:
             event = json.loads(msg.event)
@@ -207,7 +211,7 @@ class LocalWorker(ManagerBase):
             job.announced.add(header.sender)  # do not invite it straight back
             log.info("job %s: %s left", job.job_id, header.sender[:12])
             if header.sender in job.plan_peers():
-                self._request_restart(job, f"member {header.sender[:12]} left the job")
+                self.life.request_restart(job, f"member {header.sender[:12]} left the job")
             return JobAck(True)
         if header.sender not in job.plan_peers() or msg.epoch != job.epoch:
             job.stale_reports += 1
@@ -222,13 +226,13 @@ class LocalWorker(ManagerBase):
         if kind in ("error", "lost"):
             # A worker's failure is usually a neighbour's: a killed process breaks its links. Repartition;
             # a job that fails again and again at the same checkpoint gives up (_restart).
-            self._request_restart(job, f"worker on {peer[:12]} {'failed' if kind == 'error' else 'was lost'}: "
+            self.life.request_restart(job, f"worker on {peer[:12]} {'failed' if kind == 'error' else 'was lost'}: "
                                        f"{str(event.get('message'))[:300]}")  # fmt: skip
         elif kind == "checkpoint":
             try:  # the name from the plan, the size within its bound (issue #19)
                 step, shard = shard_checks.check_checkpoint_report(job, peer, event)
             except shard_checks.ReportRefused as refused:
-                self._request_restart(job, shard_checks.exclude(job, peer, refused))
+                self.life.request_restart(job, shard_checks.exclude(job, peer, refused))
                 return
             job.reports.setdefault(step, {})[peer] = shard
             claims.record_wait_time(job.waits, peer, event)
@@ -241,7 +245,7 @@ class LocalWorker(ManagerBase):
             try:
                 step, digest = witnesses.check_witness(job, peer, event)
             except shard_checks.ReportRefused as refused:
-                self._request_restart(job, shard_checks.exclude(job, peer, refused))
+                self.life.request_restart(job, shard_checks.exclude(job, peer, refused))
                 return
             job.witnesses.setdefault(step, {})[peer] = digest
             self._when_complete(job, step)
@@ -262,22 +266,22 @@ class LocalWorker(ManagerBase):
             if verdict.reason:
                 job.complete[step] = frozenset()
                 for peer in verdict.odd:
-                    if peer == self.node.identity.peer_id:
+                    if peer == self.ctx.node.identity.peer_id:
                         continue  # the leader does not exclude itself: the replan is the remedy
                     refused = shard_checks.ReportRefused(shard_checks.ReportProblem.WITNESS, verdict.reason)
                     shard_checks.exclude(job, peer, refused)
                 if not verdict.odd:
                     problem = shard_checks.ReportProblem.WITNESS.value
                     job.refused_reports[problem] = job.refused_reports.get(problem, 0) + 1
-                self._request_restart(job, verdict.reason)
+                self.life.request_restart(job, verdict.reason)
                 return
             alike = verdict.alike
         job.complete[step] = alike
         reason = self._judge_claims(job)
         if reason:  # planned again from the last commit: this checkpoint was paced by the overclaim
-            self._request_restart(job, reason)
+            self.life.request_restart(job, reason)
             return
-        self._spawn(self._commit_checkpoint, job, step, job.term, job.epoch)
+        self.ctx.spawn(self.life.commit_checkpoint, job, step, job.term, job.epoch)
 
     def _judge_claims(self, job: Job) -> str:
         """Once every device of the plan reported a checkpoint: judge each member's offered speed against its
@@ -285,7 +289,7 @@ class LocalWorker(ManagerBase):
         :data:`claims.SUSTAINED_REPORTS` checkpoints in a row has its speed discounted (once per member); the
         restart reason, or ``""``."""
         compute = {peer: got for peer, (got, _) in job.measured.items()}
-        job.seen = claims.seen_by_neighbours(job.plan, job.link_waits, compute, self.node.identity.peer_id,
+        job.seen = claims.seen_by_neighbours(job.plan, job.link_waits, compute, self.ctx.node.identity.peer_id,
                                              claims.own_step_total(job))  # fmt: skip
         judged = claims.judged_times(job.measured, job.seen)
         reasons = []

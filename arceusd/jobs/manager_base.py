@@ -1,26 +1,25 @@
-"""The job manager's shared state, and the helpers every part of it uses.
+"""The job manager's shared state and helpers, and the lifecycle its parts call back into.
 
-:class:`ManagerBase` holds what the parts of :class:`arceusd.jobs.manager.JobManager` share: the node and the
-peer network, the jobs by id, this device's offer, the manager's nursery (:meth:`ManagerBase._spawn`), the
-file transfers (:class:`arceusd.jobs.transfers.Transfers`), and the owner's durable record of a job. It also owns
-whom this device follows as a job's leader: the check of a leader's command (:meth:`ManagerBase._check_leader`
-over :mod:`arceusd.jobs.leadership`), the election's answer and tracking.
+:class:`JobContext` holds what the parts of :class:`arceusd.jobs.manager.JobManager` share: the node and the peer
+network, the jobs by id, this device's offer, the manager's nursery (:meth:`JobContext.spawn`), the file
+transfers (:class:`arceusd.jobs.transfers.Transfers`), and the owner's durable record of a job. It also owns whom
+this device follows as a job's leader: the check of a leader's command (:meth:`JobContext.check_leader` over
+:mod:`arceusd.jobs.leadership`), the election's answer and tracking.
 
-The parts are mixins over this base, each in its own module: the control-socket methods
-(:mod:`arceusd.jobs.control_methods`), this device's stage worker and the workers' reports
-(:mod:`arceusd.jobs.local_worker`), the standby and owner synchronisation (:mod:`arceusd.jobs.standby_sync`).
-What they call back into the lifecycle (leading, restarting, finishing, committing and exporting checkpoints,
-handing over) is declared here as abstract methods and implemented in :mod:`arceusd.jobs.manager`.
+The manager is a ``JobContext`` and composes its parts, each an object of its own module that is handed the
+context and the :class:`Lifecycle`: the control-socket methods (:mod:`arceusd.jobs.control_methods`), this
+device's stage worker and the workers' reports (:mod:`arceusd.jobs.local_worker`), the standby and owner
+synchronisation (:mod:`arceusd.jobs.standby_sync`). :class:`Lifecycle` is what they call back into (leading,
+restarting, finishing, committing and exporting checkpoints, handing over), implemented by the manager.
 """
 
 from __future__ import annotations
 
-import abc
 import json
 import logging
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
@@ -37,7 +36,7 @@ log = logging.getLogger(__name__)
 OWNER_FILE = "owner.json"
 
 
-class ManagerBase(abc.ABC):
+class JobContext:
     """What every part of the job manager shares: state, the nursery, the offer, and whom this device follows."""
 
     def __init__(self, node: Node, peers: PeerService) -> None:
@@ -47,9 +46,10 @@ class ManagerBase(abc.ABC):
         self._offer: Any = None
         self._nursery: trio.Nursery | None = None  # set by the service while it runs
         self.root = node.paths.jobs_dir
-        self.transfers = Transfers(peers, self.jobs, node.identity.peer_id, self._elected)
+        self.transfers = Transfers(peers, self.jobs, node.identity.peer_id, self.elected)
+        self.life: Lifecycle | None = None  # the manager, once built: a failed leader loop fails its job
 
-    def _persist(self, job: Job) -> None:
+    def persist(self, job: Job) -> None:
         """The owner's durable record of a job (enough to resume it after this daemon restarts)."""
         from arceusd.checkpoint import atomic_write
 
@@ -63,7 +63,7 @@ class ManagerBase(abc.ABC):
         except OSError as exc:
             log.warning("job %s: cannot save its state: %s", job.job_id, exc)
 
-    def _spawn(self, fn: Any, *args: Any) -> None:
+    def spawn(self, fn: Any, *args: Any) -> None:
         """Run ``fn(*args)`` in the manager's nursery; a failure is logged (and fails its job when it is the
         leader loop), never allowed to take the daemon down."""
         assert self._nursery is not None
@@ -74,8 +74,9 @@ class ManagerBase(abc.ABC):
             except Exception as exc:
                 log.exception("job task %s failed", getattr(fn, "__name__", fn))
                 job = args[0] if args and isinstance(args[0], Job) else None
-                if job is not None and fn == self._lead and job.state not in TERMINAL:
-                    await self._finish(job, "failed", f"internal error in the job's leader: {exc!r}")
+                life = self.life
+                if job is not None and life is not None and fn == life.lead and job.state not in TERMINAL:
+                    await life.finish(job, "failed", f"internal error in the job's leader: {exc!r}")
 
         self._nursery.start_soon(guarded)
 
@@ -110,13 +111,13 @@ class ManagerBase(abc.ABC):
                                else f"{job_ref!r} matches several jobs; give more of the id")  # fmt: skip
         return matches[0]
 
-    async def _drop_own_worker(self, job: Job) -> None:
+    async def drop_own_worker(self, job: Job) -> None:
         worker, job.worker = job.worker, None
         if worker is not None:
             await worker.stop(grace=0.5)
 
     # ---------------------------------------------------------------------------------------------- following
-    async def _check_leader(self, header: Header, job: Job | None, epochs: bool = True) -> str:
+    async def check_leader(self, header: Header, job: Job | None, epochs: bool = True) -> str:
         """Why a leader command must be refused ('' when it is acceptable).
 
         Acceptable: from our leader, not older than what we have (``epochs=False``: only the term counts); or
@@ -131,20 +132,20 @@ class ManagerBase(abc.ABC):
             return ""
         if isinstance(verdict, leadership.Refuse):
             return verdict.reason
-        if await self._elected(job, header.sender):
+        if await self.elected(job, header.sender):
             log.info("job %s: following %s, elected leader (term %d)", job.job_id, header.sender[:12], header.term)
-            self._follow_leader(job, header.sender)
+            self.follow_leader(job, header.sender)
             job.term = header.term
             return ""
         return leadership.refusal(job.leader, job.term)  # tells a replaced leader whom we follow
 
-    def _follow_leader(self, job: Job, peer: str) -> None:
+    def follow_leader(self, job: Job, peer: str) -> None:
         member = self.peers.membership.members.get(peer)
         job.leader = peer
         job.leader_address = member.address if member is not None else job.leader_address
         job.leaders.add(peer)
 
-    async def _elected(self, job: Job, peer: str, wait_s: float = 3.0) -> bool:
+    async def elected(self, job: Job, peer: str, wait_s: float = 3.0) -> bool:
         """Whether the job's election has ``peer`` as leader (waiting a little: its announce may still be on its
         way when its first command arrives)."""
         elections = self.node.elections
@@ -158,10 +159,10 @@ class ManagerBase(abc.ABC):
                 await trio.sleep(0.05)
         return False
 
-    def _leads(self, job: Job) -> bool:
+    def leads(self, job: Job) -> bool:
         return job.leader == self.node.identity.peer_id
 
-    def _track(self, job: Job, members: list[str], ranking: list[str]) -> None:
+    def track(self, job: Job, members: list[str], ranking: list[str]) -> None:
         """Elect the job's leader among the plan's members: the leader first, then the standby."""
         if self.node.elections is None:
             return
@@ -170,41 +171,37 @@ class ManagerBase(abc.ABC):
         except ValueError as exc:
             log.warning("job %s: cannot track its election: %s", job.job_id, exc)
 
-    def _untrack(self, job: Job) -> None:
+    def untrack(self, job: Job) -> None:
         """The job is over here: stop taking part in its election (no more heartbeats, votes or takeovers)."""
         if self.node.elections is not None and job.job_id in self.node.elections.jobs():
             self.node.elections.untrack(job.job_id)
             log.info("job %s: %s; left its election", job.job_id, job.state)
 
-    # ---------------------------------------------------------------------------------------------- lifecycle
-    # Implemented by :class:`arceusd.jobs.manager.JobManager`; declared here for the parts that call them.
-    @abc.abstractmethod
-    async def _lead(self, job: Job) -> None:
+
+
+class Lifecycle(Protocol):
+    """What the manager's parts call back into; implemented by :class:`arceusd.jobs.manager.JobManager`."""
+
+    async def lead(self, job: Job) -> None:
         """The leader's loop for one job."""
 
-    @abc.abstractmethod
-    async def _finish(self, job: Job, state: str, error: str) -> None:
+    async def finish(self, job: Job, state: str, error: str) -> None:
         """End ``job`` in ``state`` (done, failed, cancelled) and tell the members."""
 
-    @abc.abstractmethod
     async def join(self, job: Job) -> dict[str, Any]:
         """Ask the job's leader to take this device in as a member."""
 
-    @abc.abstractmethod
-    def _request_restart(self, job: Job, reason: str) -> None:
+    def request_restart(self, job: Job, reason: str) -> None:
         """Ask the leader loop to repartition ``job``."""
 
-    @abc.abstractmethod
-    async def _commit_checkpoint(self, job: Job, step: int, term: int, epoch: int) -> None:
+    async def commit_checkpoint(self, job: Job, step: int, term: int, epoch: int) -> None:
         """Copy every shard of ``step`` here, check it and sign its manifest."""
 
-    @abc.abstractmethod
-    async def _hand_over(self, job: Job, leader: str) -> None:
+    async def hand_over(self, job: Job, leader: str) -> None:
         """Owner: join ``leader``, whom the members follow now, as a member."""
 
-    @abc.abstractmethod
-    async def _export(self, job: Job, step: int, paths: list[Path]) -> None:
+    async def export(self, job: Job, step: int, paths: list[Path]) -> None:
         """Assemble the model from the shards at ``paths`` and finish the job."""
 
 
-__all__ = ["OWNER_FILE", "ManagerBase"]
+__all__ = ["OWNER_FILE", "JobContext", "Lifecycle"]

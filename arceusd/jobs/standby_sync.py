@@ -17,7 +17,7 @@ import trio
 
 from arceusd.jobs import leadership
 from arceusd.jobs.job import Job
-from arceusd.jobs.manager_base import ManagerBase
+from arceusd.jobs.manager_base import JobContext, Lifecycle
 from arceusd.jobs.transfers import leader_data
 from protocol.envelope import Header
 from protocol.job_wire import JobAck, StandbySync
@@ -25,10 +25,14 @@ from protocol.job_wire import JobAck, StandbySync
 log = logging.getLogger(__name__)
 
 
-class StandbySyncing(ManagerBase):
+class StandbySyncing:
     """The leader's syncs to its standby and to the owner, and their receiving ends."""
 
-    async def _sync_standby(self, job: Job, step: int, shards: tuple[str, ...]) -> None:
+    def __init__(self, ctx: JobContext, life: Lifecycle) -> None:
+        self.ctx = ctx
+        self.life = life
+
+    async def sync_standby(self, job: Job, step: int, shards: tuple[str, ...]) -> None:
         """Leader: tell the standby that ``step`` is committed (the signed manifest), the shards to copy from us
         (every one but its own: then each shard has three copies, its writer's, ours and the standby's), and the
         data set's files, so it can lead if we die."""
@@ -44,26 +48,26 @@ class StandbySyncing(ManagerBase):
         names = tuple(p.name for p in data_files(leader_data(job)))
         offers = offers_to_wire(job.members[p] for p in sorted(job.members) if p in job.plan_peers())
         sync = StandbySync(job.job_id, step, manifest, shards, names, offers)
-        reply = await self.peers.request(offer.address, standby, sync, timeout=10.0, job_id=job.job_id,
+        reply = await self.ctx.peers.request(offer.address, standby, sync, timeout=10.0, job_id=job.job_id,
                                          term=job.term, epoch=job.epoch)  # fmt: skip
         if not (isinstance(reply, JobAck) and reply.ok):
             log.warning("job %s: the standby %s refused checkpoint %d: %s", job.job_id, standby[:12], step,
                         getattr(reply, "reason", "no answer"))  # fmt: skip
             leader = leadership.followed_leader(reply.reason) if isinstance(reply, JobAck) else None
-            if leader is not None and leader != self.node.identity.peer_id:
-                await self._hand_over(job, leader)
+            if leader is not None and leader != self.ctx.node.identity.peer_id:
+                await self.life.hand_over(job, leader)
 
-    async def _on_standby_sync(self, header: Header, msg: StandbySync) -> JobAck:
+    async def on_standby_sync(self, header: Header, msg: StandbySync) -> JobAck:
         from arceusd.checkpoint import CheckpointError, parse_manifest
         from arceusd.jobs.standby import StandbyError, check_names, offers_from_wire
 
-        job = self.jobs.get(msg.job_id)
-        why = await self._check_leader(header, job, epochs=False)
+        job = self.ctx.jobs.get(msg.job_id)
+        why = await self.ctx.check_leader(header, job, epochs=False)
         if why or job is None:
             return JobAck(False, why)
-        if job.role == "owner" and not self._leads(job):
+        if job.role == "owner" and not self.ctx.leads(job):
             return await self._receive_final(job, header.sender, msg)
-        if job.standby != self.node.identity.peer_id:
+        if job.standby != self.ctx.node.identity.peer_id:
             return JobAck(False, "this device is not the job's standby")
         try:
             manifest, _ = parse_manifest(msg.manifest, sorted(job.leaders), "the leader's manifest")
@@ -78,10 +82,10 @@ class StandbySyncing(ManagerBase):
             log.warning("job %s: refusing a standby sync: %s", job.job_id, exc)
             return JobAck(False, f"refused: {exc}")
         job.standby_offers = offers
-        self._spawn(self._standby_copy, job, header.sender, msg, manifest)
+        self.ctx.spawn(self._standby_copy, job, header.sender, msg, manifest)
         return JobAck(True)
 
-    async def _sync_owner(self, job: Job, step: int, names: list[str]) -> None:
+    async def sync_owner(self, job: Job, step: int, names: list[str]) -> None:
         """A leader that is not the job's owner (its standby took over): hand the owner, when it joined this
         leader, the final checkpoint (the signed manifest and its shards' names) before exporting, so the model
         lands on the owner's disk as well. The owner copies, checks and exports before it answers; a failure
@@ -89,12 +93,12 @@ class StandbySyncing(ManagerBase):
         from arceusd.checkpoint import MANIFEST_NAME, step_dir
 
         offer = job.members.get(job.owner)
-        if job.owner == self.node.identity.peer_id or offer is None:
+        if job.owner == self.ctx.node.identity.peer_id or offer is None:
             return
         manifest = await trio.to_thread.run_sync((step_dir(job.directory / "checkpoints", step) / MANIFEST_NAME)
                                                  .read_bytes)  # fmt: skip
         sync = StandbySync(job.job_id, step, manifest, tuple(names))
-        reply = await self.peers.request(offer.address, job.owner, sync, timeout=60.0, job_id=job.job_id,
+        reply = await self.ctx.peers.request(offer.address, job.owner, sync, timeout=60.0, job_id=job.job_id,
                                          term=job.term, epoch=job.epoch)  # fmt: skip
         if not (isinstance(reply, JobAck) and reply.ok):
             log.warning("job %s: the owner %s did not take the final checkpoint: %s", job.job_id, job.owner[:12],
@@ -116,12 +120,12 @@ class StandbySyncing(ManagerBase):
             return JobAck(False, f"refused: {exc}")
         folder = step_dir(job.directory / "checkpoints", msg.step)
         async with job.sync_lock:
-            failed = await self.transfers.copy_step(job, leader, msg, {r.name: r for r in manifest.shards})
+            failed = await self.ctx.transfers.copy_step(job, leader, msg, {r.name: r for r in manifest.shards})
             if failed is not None:
                 return JobAck(False, f"shard {failed} of step {msg.step} did not arrive intact")
             job.committed_step = max(job.committed_step, msg.step)
             if not job.model_path:  # "" until exported (a repeated sync exports once)
-                await self._export(job, msg.step, [folder / r.name for r in manifest.shards])
+                await self.life.export(job, msg.step, [folder / r.name for r in manifest.shards])
         return JobAck(bool(job.model_path), job.error[:400])
 
     async def _standby_copy(self, job: Job, leader: str, msg: StandbySync, manifest: Any) -> None:
@@ -131,9 +135,9 @@ class StandbySyncing(ManagerBase):
 
         async with job.sync_lock:
             data_missing = job.standby_data is None and bool(msg.data_files)
-            if data_missing and not await self.transfers.copy_data(job, leader, msg.data_files):
+            if data_missing and not await self.ctx.transfers.copy_data(job, leader, msg.data_files):
                 return
-            failed = await self.transfers.copy_step(job, leader, msg, {r.name: r for r in manifest.shards})
+            failed = await self.ctx.transfers.copy_step(job, leader, msg, {r.name: r for r in manifest.shards})
             if failed is not None:
                 log.warning("job %s: the leader's shard %s of step %d did not arrive intact", job.job_id, failed,
                             msg.step)  # fmt: skip

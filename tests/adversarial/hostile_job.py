@@ -72,7 +72,7 @@ def install(attack: str, arg: str, after: int) -> None:
     real_names: dict[int, str] = {}
 
     async def report(self: Any, job: Any, epoch: int, event: dict[str, Any]) -> None:
-        if event.get("event") == "checkpoint" and not self._leads(job) and int(event["step"]) >= after:
+        if event.get("event") == "checkpoint" and not self.ctx.leads(job) and int(event["step"]) >= after:
             shard = dict(event["shard"])
             step = int(event["step"])
             real_names[step] = shard["name"]

@@ -116,7 +116,7 @@ def test_a_final_checkpoint_that_cannot_be_copied_fails_the_job_after_retries(tm
         return None
 
     mgr.transfers.fetch_shard = fetch_shard  # type: ignore[method-assign,assignment]
-    run_with_nursery(mgr, lambda: mgr._commit_checkpoint(job, 100, job.term, job.epoch))
+    run_with_nursery(mgr, lambda: mgr.commit_checkpoint(job, 100, job.term, job.epoch))
     assert len(fetches) == lifecycle.FINAL_COMMIT_ATTEMPTS
     assert job.state == "failed" and "final checkpoint (step 100)" in job.error and "shard-1.pt" in job.error
     assert job.finished.is_set()
@@ -132,7 +132,7 @@ def test_a_failed_intermediate_commit_is_not_retried_and_the_job_runs_on(tmp_pat
         return None
 
     mgr.transfers.fetch_shard = fetch_shard  # type: ignore[method-assign,assignment]
-    run_with_nursery(mgr, lambda: mgr._commit_checkpoint(job, 20, job.term, job.epoch))
+    run_with_nursery(mgr, lambda: mgr.commit_checkpoint(job, 20, job.term, job.epoch))
     assert job.state == "running" and "shard-1.pt" in job.error
     assert elections.untracked == []
 
@@ -142,7 +142,7 @@ def test_cancel_stops_members_then_leaves_the_election(tmp_path: Path) -> None:
     mgr, elections = manager(tmp_path, peers)
     job = leading_job(tmp_path)
     job.plan = SimpleNamespace(peer_ids=(ME, OTHER))
-    run_with_nursery(mgr, lambda: mgr._finish(job, "cancelled", "cancelled by the owner"))
+    run_with_nursery(mgr, lambda: mgr.finish(job, "cancelled", "cancelled by the owner"))
     assert [(p, type(m).__name__, m.reason) for p, m in peers.sent] == [(OTHER, "JobStop", "cancelled")]
     assert elections.untracked == [JOB]
 
@@ -176,8 +176,8 @@ def test_a_go_sent_again_after_a_lost_answer_starts_the_worker_once(tmp_path: Pa
     go = JobGo(JOB, 1, 3, (PeerAddress(OTHER, "127.0.0.1:9"),))
 
     async def twice() -> None:
-        await mgr._go(job, go)
-        await mgr._go(job, go)
+        await mgr.local.go(job, go)
+        await mgr.local.go(job, go)
 
     run_with_nursery(mgr, twice)
     assert worker.commands == [{"cmd": "start", "addresses": {OTHER: "127.0.0.1:9"}}]
@@ -194,7 +194,7 @@ def test_a_member_that_never_acknowledges_go_gets_it_again_then_the_plan_restart
         attempt, pending = 0, [OTHER]
         while True:
             attempt += 1
-            missing = await mgr._send_go(job, go, pending, {OTHER: "127.0.0.1:2"})
+            missing = await mgr.starting.send_go(job, go, pending, {OTHER: "127.0.0.1:2"})
             decided = lifecycle.after_go(missing, attempt)
             if not isinstance(decided, lifecycle.ResendGo):
                 assert isinstance(decided, lifecycle.RestartPlan) and "no answer" in decided.reason
@@ -220,7 +220,7 @@ def test_a_commit_waiting_while_a_repartition_is_asked_for_does_nothing(tmp_path
 
     mgr.transfers.fetch_shard = fetch_shard  # type: ignore[method-assign,assignment]
     job.restart_reason = "member x excluded"
-    run_with_nursery(mgr, lambda: mgr._commit_checkpoint(job, 40, job.term, job.epoch))
+    run_with_nursery(mgr, lambda: mgr.commit_checkpoint(job, 40, job.term, job.epoch))
     job.restart_reason, job.plan = "", None  # the restart ran: no plan until the next one
-    run_with_nursery(mgr, lambda: mgr._commit_checkpoint(job, 40, job.term, job.epoch))
+    run_with_nursery(mgr, lambda: mgr.commit_checkpoint(job, 40, job.term, job.epoch))
     assert fetches == [] and job.committed_step == 0 and job.error == ""

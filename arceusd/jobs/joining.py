@@ -1,0 +1,212 @@
+"""Announcing jobs and joining them: the owner's announcements, a device's join (by hand or automatically), the
+leader's answer to a join request, and an owner's hand-over to the leader its members follow after its standby
+took over.
+
+An announcement from a stranger is bounded and validated before anything of it is kept
+(:class:`arceusd.announce_guard.AnnounceGuard`); a join request is checked against the job's admission, the
+offer's physical bounds, the job's needs and budget (:mod:`arceusd.market`), and excluded members are not let
+back in. A leader's answer to a join of a finished job is :data:`JOB_DONE` (what a returning owner learns the end
+from); a member's answer to its returning owner's announce is :data:`HANDED_OVER` and the peer it follows.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+import trio
+
+from arceusd.announce_guard import AnnounceGuard
+from arceusd.control import RequestError
+from arceusd.jobs import leadership
+from arceusd.jobs.claims import check_offer_bounds
+from arceusd.jobs.job import TERMINAL, Job
+from arceusd.jobs.manager_base import JobContext, Lifecycle
+from arceusd.market.hooks import join_refusal, may_auto_join
+from protocol.envelope import Header
+from protocol.job_wire import JobAck
+from protocol.messages import Address, JobAnnounce, JoinReply, JoinRequest
+
+log = logging.getLogger(__name__)
+
+JOB_DONE = "the job is done"
+"""A leader's answer to a join once the job finished (what a returning owner learns the end from)."""
+
+HANDED_OVER = leadership.HANDED_OVER
+"""A member's answer to its returning owner's announce (and its refusal of any command from a peer it does not
+follow), followed by the peer id that leads the job now (:func:`arceusd.jobs.leadership.refusal`)."""
+
+
+class Joining:
+    """Announcements, joins and the owner's hand-over (see the module docstring)."""
+
+    def __init__(self, ctx: JobContext, life: Lifecycle) -> None:
+        self.ctx = ctx
+        self.life = life
+        self.announced = AnnounceGuard()  # bounds and validates what strangers announce
+
+    async def announce(self, job: Job, peer: str, address: str) -> None:
+        msg = JobAnnounce(job.job_id, job.owner, bytes.fromhex(job.spec_hash), job.spec_bytes)
+        reply = await self.ctx.peers.request(address, peer, msg, timeout=10.0, job_id=job.job_id)
+        leader = leadership.followed_leader(reply.reason) if isinstance(reply, JobAck) and not reply.ok else None
+        if leader is not None:
+            await self.hand_over(job, leader)
+
+    async def hand_over(self, job: Job, leader: str) -> None:
+        """Owner, back after its standby took the job over: ask that leader to take this device in as a member
+        (its signed answer confirms it leads). A finished job is recorded as finished there."""
+        me = self.ctx.node.identity.peer_id
+        async with job.sync_lock:
+            if not self.ctx.leads(job) or job.role != "owner" or leader == me or job.state in TERMINAL:
+                return
+            member = self.ctx.peers.membership.members.get(leader)
+            if member is None or not member.address:
+                log.warning("job %s: a member says %r leads it, who is not a live peer here", job.job_id, leader)
+                return
+            reply = await self.request_join(job, leader, member.address)
+            if reply is None:
+                return
+            if reply.accepted or reply.reason == JOB_DONE:
+                self.ctx.follow_leader(job, leader)
+                # Terms and epochs count the leader's commands; ours (raised by our own repartitions while we
+                # still thought we led) say nothing about the new leader's, which must not look stale to us.
+                job.term, job.epoch = 0, 0
+                if job.start_scope is not None:
+                    job.start_scope.cancel()
+                await self.ctx.drop_own_worker(job)
+                job.plan, job.replica_plan, job.reports, job.restart_reason = None, None, {}, ""
+                job.witnesses, job.complete = {}, {}
+            if reply.accepted:
+                job.state = "joined"
+                job.error = f"{leader[:12]} leads the job (its standby took over while this device was away)"
+            elif reply.reason == JOB_DONE:
+                job.state = "done"
+                self.ctx.untrack(job)
+                job.error = f"the job finished on {leader[:12]}, which took over as its leader; the model is there"
+            else:
+                log.warning("job %s: %s leads it and refused this device: %s", job.job_id, leader[:12],
+                            reply.reason)  # fmt: skip
+                return
+            log.info("job %s: %s", job.job_id, job.error)
+            self.ctx.persist(job)
+            job.poke()
+
+    async def request_join(self, job: Job, leader: str, address: str) -> JoinReply | None:
+        offer = await self.ctx.offer()
+        host, _, port = offer.address.rpartition(":")
+        request = JoinRequest(job.job_id, self.ctx.node.identity.peer_id, Address(host, int(port)),
+                              offer.memory_bytes, offer.flops_per_s, offer.block_efficiency, offer.dispatch_s,
+                              offer.adamw_s_per_param, offer.sgd_s_per_param, offer.message_s,
+                              offer.kind)  # fmt: skip
+        reply = await self.ctx.peers.request(address, leader, request, timeout=10.0, job_id=job.job_id)
+        return reply if isinstance(reply, JoinReply) else None
+
+    async def on_join_request(self, header: Header, msg: JoinRequest) -> JoinReply:
+        from arceusd.jobs.planning import Offer
+
+        job = self.ctx.jobs.get(msg.job_id)
+        if job is None or not self.ctx.leads(job):
+            return JoinReply(msg.job_id, False, "this device does not lead that job")
+        if header.sender != msg.peer_id:
+            return JoinReply(msg.job_id, False, "a join must come from the joining device itself")
+        if not job.spec.admission.admits(msg.peer_id):
+            log.info("job %s: refused %s (not admitted)", job.job_id, msg.peer_id)
+            return JoinReply(msg.job_id, False, "not admitted by the job's owner")
+        if job.state in TERMINAL:
+            return JoinReply(msg.job_id, False, JOB_DONE if job.state == "done" else f"the job is {job.state}")
+        if msg.flops_per_s <= 0 or msg.free_memory_bytes <= 0:
+            return JoinReply(msg.job_id, False, "the offer must have positive speed and memory")
+        why = check_offer_bounds(msg.free_memory_bytes, msg.flops_per_s) or job.excluded.get(msg.peer_id)
+        if why:  # a physically implausible offer, or a member excluded for a bad report (issue #19)
+            return JoinReply(msg.job_id, False, f"refused: {why}")
+        offer = Offer(msg.peer_id, f"{msg.address.host}:{msg.address.port}", msg.flops_per_s,
+                      msg.free_memory_bytes, msg.kind, msg.block_efficiency, msg.dispatch_s, msg.adamw_s_per_param,
+                      msg.sgd_s_per_param, msg.message_s)  # fmt: skip
+        try:
+            offer.check()
+        except ValueError as exc:
+            return JoinReply(msg.job_id, False, f"the offer is not usable: {exc}")
+        refused = join_refusal(self.ctx.node, job, offer)  # the job's needs and budget (arceusd.market)
+        if refused is not None:
+            return JoinReply(msg.job_id, False, refused[:1000])
+        new = msg.peer_id not in job.members
+        job.members[msg.peer_id] = offer
+        if new:
+            log.info("job %s: %s joined (%d members)", job.job_id, msg.peer_id[:12], len(job.members))
+            if job.state in ("running", "starting", "recovering", "planning"):
+                job.rebalance = True  # it gets work at the next checkpoint
+            job.poke()
+        return JoinReply(msg.job_id, True, "", tuple(sorted(job.members)))
+
+    async def on_announce(self, header: Header, msg: JobAnnounce) -> JobAck:
+        from arceusd.jobs.spec import JobSpecError, spec_from_dict, spec_hash
+
+        refused = self.announced.admit(header.sender, msg, known=msg.job_id in self.ctx.jobs, now=time.monotonic())
+        if refused is not None:
+            return JobAck(False, refused)
+        if header.sender != msg.owner:
+            return JobAck(False, "an announcement must come from the job's owner")
+        known = self.ctx.jobs.get(msg.job_id)
+        if known is not None:
+            if known.role == "member" and known.leader != msg.owner:
+                return JobAck(False, HANDED_OVER + known.leader)  # the owner is back after its standby took over
+            if known.role == "member" and known.state not in TERMINAL:
+                self.ctx.spawn(self.auto_join, known)  # the owner lost us (we were declared dead): join again
+            return JobAck(True)
+        try:
+            spec = spec_from_dict(json.loads(msg.spec))
+        except (JobSpecError, ValueError) as exc:
+            log.warning("ignoring job %s: bad spec: %s", msg.job_id, exc)
+            return JobAck(False, self.announced.refuse("bad_spec"))
+        if spec_hash(spec) != msg.spec_hash.hex():
+            return JobAck(False, self.announced.refuse("spec_hash_mismatch"))
+        member = self.ctx.peers.membership.members.get(msg.owner)
+        owner_address = member.address if member is not None else ""
+        job = Job(msg.job_id, spec, msg.spec, msg.spec_hash.hex(), msg.owner, owner_address, "seen",
+                  self.ctx.root / msg.job_id, state="announced", total_steps=spec.training.steps)  # fmt: skip
+        self.ctx.jobs[msg.job_id] = job
+        for old in self.announced.added(msg.job_id, msg.owner):
+            stale = self.ctx.jobs.get(old)
+            if stale is not None and stale.role == "seen" and stale.state == "announced":
+                del self.ctx.jobs[old]
+        log.info("job %s (%s) announced by %s", msg.job_id, spec.name, msg.owner[:12])
+        if self.ctx.node.config.auto_join:
+            self.ctx.spawn(self.auto_join, job)
+        return JobAck(True)
+
+    async def auto_join(self, job: Job) -> None:
+        """Join an announced job; an owner that does not answer yet (e.g. still restoring its jobs after a
+        restart) is asked again a few times, backing off. The device's policy and the job's needs decide first
+        (``arceusd.market``)."""
+        if not await may_auto_join(self.ctx.node, job):
+            return
+        for attempt in range(6):
+            try:
+                result = await self.join(job)
+                log.info("auto-join %s: %s", job.job_id, result)
+                return
+            except RequestError as exc:
+                log.warning("auto-join %s failed (attempt %d): %s", job.job_id, attempt + 1, exc)
+            await trio.sleep(min(4.0, 0.5 * 2**attempt))
+
+    async def join(self, job: Job) -> dict[str, Any]:
+        if job.role == "owner":
+            return {"job_id": job.job_id, "accepted": True, "reason": "this device owns the job"}
+        member = self.ctx.peers.membership.members.get(job.leader)
+        if member is not None and member.address:
+            job.leader_address = member.address
+            if job.leader == job.owner:
+                job.owner_address = member.address
+        reply = await self.request_join(job, job.leader, job.leader_address)
+        if reply is None:
+            raise RequestError(f"the job's leader {job.leader[:12]} did not answer")
+        if reply.accepted:
+            job.role = "member"
+            if job.state in ("announced", "seen", "left"):
+                job.state = "joined"
+        return {"job_id": job.job_id, "accepted": reply.accepted, "reason": reply.reason}
+
+
+__all__ = ["HANDED_OVER", "JOB_DONE", "Joining"]
