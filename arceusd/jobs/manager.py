@@ -95,6 +95,9 @@ log = logging.getLogger(__name__)
 REJOIN_GRACE_S = 15.0
 """After the owner restarts, how long it waits for the job's old members to join again before planning."""
 
+WAKE_BACKSTOP_S = 5.0
+"""The longest the leader loop sleeps without being woken: a safety net, not the way it learns of changes."""
+
 
 class JobManager(JobContext):
     """Every job this daemon knows: the service, and the lifecycle of the jobs it owns or leads (the
@@ -209,7 +212,9 @@ class JobManager(JobContext):
     # ---------------------------------------------------------------------------------------------- leader
     async def lead(self, job: Job) -> None:
         """The leader's loop for one job: gather members, plan and start; repartition on failures, departures
-        and joins; stop when the job ends. Every wait is on ``job.wake`` with a short timeout."""
+        and joins; stop when the job ends. It waits on ``job.wake``, which what concerns the loop sets
+        (:meth:`Job.poke`: a join, a report, a restart asked for, a leader change, a peer alive, the end), or
+        until the owner's rejoin grace ends; :data:`WAKE_BACKSTOP_S` bounds what a missed wake could cost."""
         while job.state not in TERMINAL and self.leads(job):
             job.wake = trio.Event()
             if job.role == "owner":
@@ -223,7 +228,10 @@ class JobManager(JobContext):
             elif job.restart_reason and job.state in ("running", "starting", "recovering"):
                 await self._restart(job)
                 continue
-            with trio.move_on_after(0.3):
+            deadline = time.monotonic() + WAKE_BACKSTOP_S
+            if job.gather_until and job.state in ("waiting", "paused"):
+                deadline = min(deadline, job.gather_until)
+            with trio.move_on_at(trio.current_time() + max(0.0, deadline - time.monotonic())):
                 await job.wake.wait()
 
     @staticmethod
@@ -419,6 +427,11 @@ class JobManager(JobContext):
         return JobAck(True)
 
     def _on_member_changed(self, change: MemberChanged) -> None:
+        if change.state is MemberState.ALIVE and change.previous is not MemberState.ALIVE:
+            for job in self.jobs.values():  # a peer new or back: the owner's leader loop announces the job to it
+                if self.leads(job) and job.role == "owner" and job.state not in TERMINAL:
+                    job.poke()
+            return
         if change.state not in (MemberState.DEAD, MemberState.LEFT):
             return
         for job in self.jobs.values():
