@@ -152,14 +152,16 @@ def test_owner_back_leaves_within_2s_and_the_job_ends_as_the_failure_free_run(sw
     kept = verify_file(swarm.state_dir(2) / "ledger.jsonl")
     assert kept.ok and kept.entries and all(e.countersigned for e in kept.entries)
     # Paid only for plans it was in: the plans before it left, up to the step its worker had reached, and, taken
-    # back, plans that began after it offered itself again (steps recomputed there are work it did again). Refused,
+    # back, plans that trained after it offered itself again (steps recomputed there are work it did again). Refused,
     # nothing after it left. Step ranges alone cannot say this: a plan that takes it back resumes from the newest
     # checkpoint, which may lie before the step it had reached.
     left_at = worked["step"]
     left_epoch = min(r["epoch"] for r in end["recoveries"] if "left" in r["reason"])
 
-    def plan_began(epoch: int) -> float:  # the restart that started this plan epoch (or the one before it)
-        return max((r["began_at"] for r in end["recoveries"] if r["epoch"] <= epoch), default=0.0)
+    def plan_trained(epoch: int) -> float:
+        """When the plan of this epoch (or of the last restart before it) trained its first step. Not when its
+        restart began: a device that offers itself while a restart is under way can be in the plan it makes."""
+        return max((r["first_step_at"] or 0.0 for r in end["recoveries"] if r["epoch"] <= epoch), default=0.0)
 
     before = [e.receipt for e in kept.entries if e.receipt.epoch < left_epoch]
     after = [e.receipt for e in kept.entries if e.receipt.epoch >= left_epoch]
@@ -167,7 +169,7 @@ def test_owner_back_leaves_within_2s_and_the_job_ends_as_the_failure_free_run(sw
     assert sum(r.steps for r in before) <= left_at
     if after:
         assert offers[0]["accepted"], after
-        assert all(plan_began(r.epoch) >= offers[0]["at"] for r in after), (offers, end["recoveries"], after)
+        assert all(plan_trained(r.epoch) >= offers[0]["at"] for r in after), (offers, end["recoveries"], after)
         assert sum(r.steps for r in after) <= end["step"] - min(r.step_from for r in after)
 
 
