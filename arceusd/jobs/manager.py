@@ -330,6 +330,7 @@ class JobManager(JobContext):
     # ---------------------------------------------------------------------------------------------- takeover
     def _on_leader_change(self, job_id: str, leader: tuple[str, int] | None) -> None:
         """The job's election chose a leader: the standby takes over; a leader that lost steps down."""
+        self.leader_changed(job_id)
         job = self.jobs.get(job_id)
         if job is None or leader is None or job.state in TERMINAL:
             return

@@ -48,6 +48,7 @@ class JobContext:
         self.root = node.paths.jobs_dir
         self.transfers = Transfers(peers, self.jobs, node.identity.peer_id, self.elected)
         self.life: Lifecycle | None = None  # the manager, once built: a failed leader loop fails its job
+        self._leader_waiters: dict[str, list[trio.Event]] = {}  # job id -> elected() calls waiting for a change
 
     def persist(self, job: Job) -> None:
         """The owner's durable record of a job (enough to resume it after this daemon restarts)."""
@@ -147,7 +148,8 @@ class JobContext:
 
     async def elected(self, job: Job, peer: str, wait_s: float = 3.0) -> bool:
         """Whether the job's election has ``peer`` as leader (waiting a little: its announce may still be on its
-        way when its first command arrives)."""
+        way when its first command arrives). Woken by the election's leader changes
+        (:meth:`leader_changed`), not by polling."""
         elections = self.node.elections
         if elections is None:
             return False
@@ -156,8 +158,16 @@ class JobContext:
                 current = elections.leader(job.job_id)
                 if current is not None and current[0] == peer:
                     return True
-                await trio.sleep(0.05)
+                changed = trio.Event()
+                self._leader_waiters.setdefault(job.job_id, []).append(changed)
+                await changed.wait()
         return False
+
+    def leader_changed(self, job_id: str) -> None:
+        """The job's election changed its leader (the manager's leader-change callback): wake every
+        :meth:`elected` waiting on it."""
+        for changed in self._leader_waiters.pop(job_id, []):
+            changed.set()
 
     def leads(self, job: Job) -> bool:
         return job.leader == self.node.identity.peer_id

@@ -224,3 +224,38 @@ def test_a_commit_waiting_while_a_repartition_is_asked_for_does_nothing(tmp_path
     job.restart_reason, job.plan = "", None  # the restart ran: no plan until the next one
     run_with_nursery(mgr, lambda: mgr.commit_checkpoint(job, 40, job.term, job.epoch))
     assert fetches == [] and job.committed_step == 0 and job.error == ""
+
+
+def test_a_command_from_a_newly_elected_leader_waits_for_the_election_event_not_a_poll(tmp_path: Path) -> None:
+    """``elected`` sleeps until the election says its leader changed (or its 3 s are up), and never reads the
+    election in between: one read before the wait, one after each change."""
+    mgr, elections = manager(tmp_path, FakePeers())
+    leaders: dict[str, tuple[str, int]] = {}
+    reads: list[float] = []
+
+    def leader(job_id: str) -> tuple[str, int] | None:
+        reads.append(trio.current_time())
+        return leaders.get(job_id)
+
+    elections.leader = leader  # type: ignore[attr-defined]
+    job = leading_job(tmp_path)
+    results: list[tuple[bool, float]] = []
+
+    async def main() -> None:
+        async def ask() -> None:
+            began = trio.current_time()
+            results.append((await mgr.elected(job, OTHER), trio.current_time() - began))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ask)
+            await trio.sleep(1.0)
+            mgr.leader_changed(JOB)  # a change that is not ours: it reads again and waits on
+            await trio.sleep(0.5)
+            leaders[JOB] = (OTHER, 2)
+            mgr.leader_changed(JOB)
+        results.append((await mgr.elected(job, "f" * 32), 0.0))  # never elected: False after its 3 s
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert results[0] == (True, 1.5)
+    assert results[1][0] is False
+    assert len(reads) == 3 + 1  # the first call: before the wait and after each of two changes; the second: once
