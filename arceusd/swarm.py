@@ -115,6 +115,19 @@ class LocalSwarm:
                 time.sleep(0.1)
         raise RuntimeError(f"daemon {i} did not become ready within {timeout:.0f} s")
 
+    def __enter__(self) -> LocalSwarm:
+        """Start every daemon and wait until they all see each other alive; leaving the block closes them."""
+        try:
+            self.start()
+            self.wait_converged()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
     def converged(self) -> bool:
         """Whether every daemon sees every other one alive."""
         return all(sum(p["state"] == "alive" for p in self.call(i, "peers")) == self.size - 1 for i in range(self.size))

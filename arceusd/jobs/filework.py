@@ -126,17 +126,13 @@ def _shapes(request: dict[str, Any]) -> dict[str, Any]:
 
 def _resume(request: dict[str, Any]) -> dict[str, Any]:
     from arceusd.jobs import recovery
-    from arceusd.jobs.planning import worker_stages
+    from arceusd.jobs.planning import plan_from_start, worker_stages
     from arceusd.jobs.reslice import parse_shard
     from arceusd.jobs.spec import spec_from_dict
-    from partitioner import plan_from_bytes, replica_plan_from_bytes
 
     spec = spec_from_dict(json.loads(request["spec"]))
-    plan_data = base64.b64decode(request["plan"])
-    if b'"replica_plan"' in plan_data:  # data-parallel replicas: every replica's devices get their stage's slice
-        pipelines = [worker_stages(p) for p in replica_plan_from_bytes(plan_data).replicas]
-    else:
-        pipelines = [worker_stages(plan_from_bytes(plan_data))]
+    # data-parallel replicas: every replica's devices get the slice of their place
+    pipelines = [worker_stages(p) for p in plan_from_start(base64.b64decode(request["plan"])).replicas]
     point = recovery.prepare_resume(Path(request["job_dir"]), spec.model, pipelines[0], int(request["epoch"]),
                                     [str(t) for t in request["trusted"]],
                                     [Path(r) for r in request["replicas"]], pipelines[1:])  # fmt: skip

@@ -159,8 +159,15 @@ class JobContext:
                 if current is not None and current[0] == peer:
                     return True
                 changed = trio.Event()
-                self._leader_waiters.setdefault(job.job_id, []).append(changed)
-                await changed.wait()
+                waiters = self._leader_waiters.setdefault(job.job_id, [])
+                waiters.append(changed)
+                try:
+                    await changed.wait()
+                finally:  # timed out or cancelled: leave no waiter behind (a stranger's commands cannot pile up)
+                    if changed in waiters:
+                        waiters.remove(changed)
+                    if not waiters and self._leader_waiters.get(job.job_id) is waiters:
+                        del self._leader_waiters[job.job_id]
         return False
 
     def leader_changed(self, job_id: str) -> None:

@@ -179,11 +179,17 @@ def make_replica_plan(
     ``include``: the device every candidate must use (the leader, who serves the data).
 
     Error handling: :class:`partitioner.PlanError` (what is missing) when nothing fits."""
-    t = spec.training
     inputs = plan_inputs(spec, offers, rtt_s, use_all_devices=False, measured=measured)
+    h, fixed, sync = _replica_choices(spec)
+    return inputs, plan_replicas(inputs, h, replicas=fixed, sync=sync, include=include)
+
+
+def _replica_choices(spec: JobSpec) -> tuple[int, int | None, ReplicaSyncMode | None]:
+    """What the spec fixes for the replica planner: DiLoCo's H (at most the run's steps), R (None: "auto") and
+    the sync mode (None: "auto"); the leader plans and every member verifies with the same."""
+    t = spec.training
     fixed = None if t.replicas == "auto" else int(t.replicas)
-    h = max(1, min(t.diloco.inner_steps, t.steps))
-    return inputs, plan_replicas(inputs, h, replicas=fixed, sync=SYNC_MODES[t.sync], include=include)
+    return max(1, min(t.diloco.inner_steps, t.steps)), fixed, SYNC_MODES[t.sync]
 
 
 def one_pipeline(spec: JobSpec) -> bool:
@@ -235,14 +241,22 @@ def verify_job_start(
     except (ValueError, KeyError, TypeError) as exc:
         raise PlanRefused(f"malformed replica plan or inputs: {exc}") from None
     _check_inputs(spec, inputs, own)
-    t = spec.training
-    fixed = None if t.replicas == "auto" else int(t.replicas)
+    h, fixed, sync = _replica_choices(spec)
     try:
-        verify_replicas(received, inputs, max(1, min(t.diloco.inner_steps, t.steps)), replicas=fixed,
-                        sync=SYNC_MODES[t.sync], include=leader)  # fmt: skip
+        verify_replicas(received, inputs, h, replicas=fixed, sync=sync, include=leader)
     except PlanMismatch as exc:
         raise PlanRefused(f"recomputing the replica plan gave a different result: {exc}") from None
     return inputs, received
+
+
+def plan_from_start(plan_data: bytes) -> ReplicaPlan:
+    """The plan of a start's bytes (:func:`encode_job_start`): a replica plan, or one pipeline as a replica plan
+    of one. Raises ``ValueError`` on anything malformed."""
+    try:
+        is_replicated = isinstance(d := json.loads(plan_data), dict) and "replica_plan" in d
+    except ValueError as exc:
+        raise ValueError(f"malformed plan bytes: {exc}") from None
+    return replica_plan_from_bytes(plan_data) if is_replicated else single(plan_from_bytes(plan_data))
 
 
 def replica_peers(replica_plan: ReplicaPlan, peer_id: str) -> tuple[int, Plan]:
@@ -384,7 +398,9 @@ def flops_shares(the_plan: Plan, inputs: PlanInputs) -> dict[str, float]:
     return shares
 
 
-__all__ = ["Offer", "PlanError", "PlanRefused", "encode_job_start", "encode_start", "flops_shares", "make_job_plan",
-           "make_plan", "make_replica_plan", "one_pipeline", "plan_inputs", "replica_flops_shares", "replica_peers",
-           "replica_sync_config", "single", "verify_job_start", "verify_start", "worker_replicas",
-           "worker_stages"]  # fmt: skip
+__all__ = [
+    "Offer", "PlanError", "PlanRefused", "encode_job_start", "encode_start", "flops_shares", "make_job_plan",
+    "make_plan", "make_replica_plan", "one_pipeline", "plan_from_start", "plan_inputs", "replica_flops_shares",
+    "replica_peers", "replica_sync_config", "single", "verify_job_start", "verify_start", "worker_replicas",
+    "worker_stages",
+]  # fmt: skip

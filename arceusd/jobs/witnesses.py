@@ -2,10 +2,11 @@
 
 Only the first replica's devices write checkpoint shards; with replicas every device's worker also sends a
 ``witness`` at each checkpoint step (:class:`arceusd.worker.protocol.WitnessEvent`): the sha256 of the state all
-replicas hold alike at its place (stage, rank): the whole stage state when gradients are averaged every step, the
-outer anchor and momentum with DiLoCo. The leader takes a witness only from a device of the plan's replicas, for
-one of the job's checkpoint steps, as 64 hex characters (:func:`check_witness`), and once every device of the plan
-reported (shards and witnesses) it compares them place by place (:func:`judge`):
+replicas hold alike at its place (stage, rank): the bytes of its checkpoint shard (the whole stage state, what
+the first replica writes) when gradients are averaged every step, the outer anchor and momentum with DiLoCo.
+The leader takes a witness only from a device of the plan's replicas, for one of the job's checkpoint steps, as
+64 hex characters (:func:`check_witness`), and once every device of the plan reported (shards and witnesses) it
+compares them place by place (:func:`judge`):
 
 - all alike: the commit goes on, and every device of the other replicas counts as having reported the step
   (its receipts in the market, like the shard writers');
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from arceusd.jobs.job import Job
-from arceusd.jobs.shard_checks import ReportProblem, ReportRefused, plan_position
+from arceusd.jobs.shard_checks import ReportProblem, ReportRefused
 
 _HEX = frozenset("0123456789abcdef")
 
@@ -70,11 +71,7 @@ def judge(job: Job, step: int, digests: Mapping[str, str]) -> Verdict:
     split: list[str] = []
     for s, stage in enumerate(first.stages):
         for r in range(len(stage.shares)):
-            members = []
-            for replica in rp.replicas:
-                peer = replica.stages[s].shares[r].peer_id
-                if plan_position(replica, peer) == (s, r):
-                    members.append(peer)
+            members = [replica.stages[s].shares[r].peer_id for replica in rp.replicas]  # cut alike: same places
             votes = Counter(digests.get(p, "") for p in members)
             top, count = votes.most_common(1)[0]
             if count == len(members):

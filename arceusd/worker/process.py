@@ -37,6 +37,7 @@ import math
 import os
 import sys
 import time
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -64,6 +65,7 @@ from arceusd.worker.links import LinkError
 from arceusd.worker.optim import AdamWConfig, LRSchedule, OptimizerConfig, SGDConfig
 from arceusd.worker.protocol import (
     CheckpointEvent,
+    Command,
     DoneEvent,
     ErrorEvent,
     EvalEvent,
@@ -323,10 +325,11 @@ class Worker:
                 cfg.checkpoint_interval and done % cfg.checkpoint_interval == 0
             )
             evaluate = checkpoint or (t.eval_interval_steps and done % t.eval_interval_steps == 0)
+            shard_digest = None
             if checkpoint and self.replica == 0:  # replicas hold the same stage state: replica 0's is the shard
-                await self._checkpoint(done)
+                shard_digest = await self._checkpoint(done)
             if checkpoint and cfg.replica_count() > 1:  # every replica: what it holds alike, for the leader
-                await self._witness(done)
+                await self._witness(done, shard_digest)
             if evaluate and n_eval:
                 batches = await prefetch.eval_batches(n_eval)
                 loss, acc = await trio.to_thread.run_sync(
@@ -335,7 +338,8 @@ class Worker:
                 self.events.emit(EvalEvent(done, loss, acc))
         self.events.emit(DoneEvent(cfg.total_steps))
 
-    async def _checkpoint(self, step: int) -> None:
+    def _shard(self, step: int) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+        """This worker's checkpoint shard of ``step``: its state tensors (copied) and the shard's metadata."""
         st = self.config.stages[self.stage]
         split = st.split()
         metadata = {
@@ -348,7 +352,11 @@ class Worker:
             "tp_heads": ",".join(str(h) for h in split.heads) if split else "",
             "tp_columns": ",".join(str(c) for c in split.columns) if split else "",
         }
-        tensors = {k: v.detach().clone() for k, v in self.engine.state_tensors().items()}
+        return {k: v.detach().clone() for k, v in self.engine.state_tensors().items()}, metadata
+
+    async def _checkpoint(self, step: int) -> str:
+        """Write this worker's shard of ``step`` and report it; returns the shard's sha256."""
+        tensors, metadata = self._shard(step)
         record = await trio.to_thread.run_sync(
             write_shard,
             Path(self.config.checkpoint_dir),
@@ -367,13 +375,21 @@ class Worker:
                 self.engine.optimizer_state_bytes(),
             )
         )
+        return record.sha256
 
-    async def _witness(self, step: int) -> None:
-        """Emit the digest of the state every replica of this place holds alike (``WitnessEvent``)."""
-        diloco = self.config.replica_sync is not None and self.config.replica_sync.mode == "diloco"
-        tensors = {k: v.detach().to("cpu").clone() for k, v in self.engine.state_tensors().items()
-                   if not diloco or k.endswith((f".{OUTER_ANCHOR}", f".{OUTER_MOMENTUM}"))}  # fmt: skip
-        metadata = {"step": str(step), "stage": str(self.stage), "rank": str(self.rank)}
+    async def _witness(self, step: int, shard_digest: str | None) -> None:
+        """Emit the digest of the state every replica of this place holds alike (``WitnessEvent``): with the
+        gradients averaged every step, the digest of the shard the first replica writes (``shard_digest`` there,
+        the same bytes serialised here elsewhere); with DiLoCo, of the outer anchor and momentum."""
+        if self.config.replica_sync is not None and self.config.replica_sync.mode == "diloco":
+            tensors = {k: v.detach().clone() for k, v in self.engine.state_tensors().items()
+                       if k.endswith((f".{OUTER_ANCHOR}", f".{OUTER_MOMENTUM}"))}  # fmt: skip
+            metadata = {"step": str(step), "stage": str(self.stage), "rank": str(self.rank)}
+        elif shard_digest is not None:
+            self.events.emit(WitnessEvent(step, shard_digest))
+            return
+        else:
+            tensors, metadata = self._shard(step)
         data = await trio.to_thread.run_sync(save_bytes, tensors, metadata)
         self.events.emit(WitnessEvent(step, hashlib.sha256(data).hexdigest()))
 
@@ -413,26 +429,30 @@ async def _refuse_calls(request: bytes) -> bytes:
     raise RemoteProtocolError("no_unary_service", "a stage worker answers no unary calls")
 
 
-async def _read_commands(
-    commands: trio.abc.ReceiveStream, start: list[StartCommand], started: trio.Event
-) -> None:
+async def _commands(stream: trio.abc.ReceiveStream) -> AsyncGenerator[Command, None]:
+    """The daemon's commands on ``stream``, one JSON object a line, until it closes (``WorkerProtocolError`` for
+    a line that is not one)."""
     buffer = b""
-    while True:
-        chunk = await commands.receive_some(65536)
-        if not chunk:
-            raise WorkerStopped("stdin closed: the daemon is gone")
+    while chunk := await stream.receive_some(65536):
         buffer += chunk
         while b"\n" in buffer:
             line, buffer = buffer.split(b"\n", 1)
-            if not line.strip():
-                continue
-            command = parse_command(line.decode("utf-8", "replace"))
+            if line.strip():
+                yield parse_command(line.decode("utf-8", "replace"))
+
+
+async def _read_commands(
+    commands: trio.abc.ReceiveStream, start: list[StartCommand], started: trio.Event
+) -> None:
+    async with contextlib.aclosing(_commands(commands)) as received:
+        async for command in received:
             if isinstance(command, StopCommand):
                 raise WorkerStopped("stop command")
             if started.is_set():
                 raise WorkerProtocolError("a second start command")
             start.append(command)
             started.set()
+    raise WorkerStopped("stdin closed: the daemon is gone")
 
 
 async def _main(config: WorkerConfig, events: EventWriter) -> int:
@@ -465,18 +485,13 @@ def _holds(exc: BaseException, kind: type[BaseException]) -> bool:
 
 async def _stop_follows(commands: trio.abc.ReceiveStream, grace_s: float) -> bool:
     """Whether a stop command (or the end of stdin) arrives on ``commands`` within ``grace_s``."""
-    buffer = b""
     with trio.move_on_after(grace_s):
         try:
-            while True:
-                chunk = await commands.receive_some(65536)
-                if not chunk:
-                    return True
-                buffer += chunk
-                while b"\n" in buffer:
-                    line, buffer = buffer.split(b"\n", 1)
-                    if line.strip() and isinstance(parse_command(line.decode("utf-8", "replace")), StopCommand):
+            async with contextlib.aclosing(_commands(commands)) as received:
+                async for command in received:
+                    if isinstance(command, StopCommand):
                         return True
+            return True  # stdin closed: the daemon is gone
         except (trio.BrokenResourceError, trio.ClosedResourceError, WorkerProtocolError, ValueError):
             return False
     return False

@@ -462,7 +462,8 @@ class ShardInfo:
 @dataclass(frozen=True)
 class WitnessEvent:
     """A data-parallel replica's digest of the state every replica holds alike at a checkpoint step: with the
-    gradients averaged every step, the whole stage state; with DiLoCo, the outer anchor and momentum. The leader
+    gradients averaged every step, its checkpoint shard's bytes (the first replica's writes them; the sha256 is
+    the shard's); with DiLoCo, the outer anchor and momentum. The leader
     compares the replicas' digests place by place (``arceusd.jobs.shard_checks.check_witness``)."""
 
     step: int

@@ -27,13 +27,8 @@ def cli(state_dir: Path, *args: str, timeout: float = 120.0) -> subprocess.Compl
 
 @pytest.fixture
 def swarm3(tmp_path: Path) -> Iterator[LocalSwarm]:
-    s = LocalSwarm(tmp_path, 3, ["--auto-join"], preset="lan")
-    try:
-        s.start()
-        s.wait_converged()
+    with LocalSwarm(tmp_path, 3, ["--auto-join"], preset="lan") as s:
         yield s
-    finally:
-        s.close()
 
 
 def run_job(s: LocalSwarm, spec: Path, timeout: float) -> dict[str, Any]:

@@ -67,13 +67,8 @@ interval_steps = 12
 
 @pytest.fixture
 def swarm2(tmp_path: Path) -> Iterator[LocalSwarm]:
-    s = LocalSwarm(tmp_path / "swarm", 2, ["--auto-join"], preset="lan")
-    try:
-        s.start()
-        s.wait_converged()
+    with LocalSwarm(tmp_path / "swarm", 2, ["--auto-join"], preset="lan") as s:
         yield s
-    finally:
-        s.close()
 
 
 def _run(s: LocalSwarm, spec: Path, timeout: float = 240) -> dict[str, Any]:
@@ -160,10 +155,7 @@ def test_a_killed_replica_device_is_replaced_and_the_job_ends_as_if_nothing_happ
     spec = tmp_path / "replicas-recovery.toml"
     spec.write_text(_spec(tmp_path, "replicas-recovery", "every_step").read_text()
                     .replace(f"steps = {STEPS}", "steps = 160").replace("interval_steps = 12", "interval_steps = 20"))
-    s = LocalSwarm(tmp_path / "swarm", 3, ["--auto-join"], preset="local")
-    try:
-        s.start()
-        s.wait_converged()
+    with LocalSwarm(tmp_path / "swarm", 3, ["--auto-join"], preset="local") as s:
         submitted = cli(s.state_dir(0), "submit", str(spec), "--members", "3")
         assert submitted.returncode == 0, submitted.stderr
         job_id = submitted.stdout.split()[2]
@@ -181,5 +173,3 @@ def test_a_killed_replica_device_is_replaced_and_the_job_ends_as_if_nothing_happ
         recovery = end["recoveries"][0]
         assert recovery["resumed_step"] >= 40 and recovery["first_step_after_s"] is not None, recovery
         assert_equals_failure_free(end, spec)
-    finally:
-        s.close()
