@@ -1,4 +1,4 @@
-"""Wire messages of the job lifecycle (ids 70-82, append-only). Announce/join use ids 30-32 of
+"""Wire messages of the job lifecycle (ids 70-84, append-only). Announce/join use ids 30-32 of
 :mod:`protocol.messages`.
 
 ==== ================ ========== =====================================================================
@@ -9,7 +9,8 @@ id   type             max_size   meaning
 72   JobStartReply    4 KiB      member -> leader: plan verified or refused; the worker's transport address
 73   JobGo            64 KiB     leader -> member: every worker's address; begin training
 74   JobStop          4 KiB      leader -> member: stop the job's worker (finished, replanning, cancelled)
-75   JobReport        64 KiB     member -> leader: a worker event (checkpoint shard, done, error), as JSON
+75   JobReport        64 KiB     member -> leader: a worker event (checkpoint shard, witness, done, error, lost) or
+                                 the member's departure, as typed fields (below)
 76   JobAck           1 KiB      generic answer
 77   ShardRequest     1 KiB      fetch a chunk of a checkpoint shard of (job, step, name) from ``offset``
 78   ShardData        4 MiB      up to :data:`SHARD_CHUNK` bytes of the shard and its total size
@@ -19,6 +20,8 @@ id   type             max_size   meaning
                                  ``offers``: the plan members' offers as JSON (what a takeover plans with)
 81   DataRequest      1 KiB      standby -> leader: a chunk of data file ``index`` (of StandbySync.data_files)
 82   LinkEcho         2 MiB+     leader <-> member: echoed unchanged; the leader times it to measure the link
+83   ReportShard      512        a checkpoint shard as its writer reports it: name, sha256 (hex), size (nested only)
+84   ReportCursor     64         the sampler cursor of a checkpoint: (epoch, step) (nested only)
 ==== ================ ========== =====================================================================
 
 ``JobStart.standby`` names the plan member that stands by to lead if the leader dies (empty: none); the job's
@@ -27,10 +30,22 @@ election ranks the leader first and the standby second (:mod:`arceusd.election`)
 ``JobStart.resume`` (JSON, empty for a fresh start): ``{"step": S, "files": {peer: {"name", "sha256",
 "size"}}}``: the checkpoint step every worker resumes from and each worker's re-sliced state file, which the
 member fetches from the leader with :class:`ResumeRequest` and checks against the hash before using it.
+
+``JobReport``: ``kind`` (:class:`ReportKind`) says what happened; the other fields are its parts, each absent
+(None, or ``""`` for the strings) when the kind has none: ``step`` (checkpoint, witness, done), ``shard`` (a
+:class:`ReportShard`: name at most 128 bytes, sha256 as 64 hex characters, size), ``cursor`` (a
+:class:`ReportCursor`, from the job owner's worker only), ``digest`` (witness: a sha256, 64 hex characters),
+``message`` (error, lost: at most :data:`REPORT_MESSAGE_MAX` bytes) and the sender's step-time claims in
+seconds per step (checkpoint: ``step_s``, ``predicted_s``, ``wait_s``, ``wait_up_s``, ``wait_down_s``,
+``group_wait_s``). The codec bounds every field and checks its type (an unknown kind is ``bad_enum``, a longer
+name ``too_long``: the report is dropped and counted under that reason, ``dropped.membership`` in ``arceusd
+status``); what the values mean (a shard name from the plan, a size within its bound, finite seconds) the
+leader checks (:mod:`arceusd.jobs.shard_checks`, :mod:`arceusd.jobs.witnesses`, :mod:`arceusd.jobs.claims`).
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 
 from protocol.messages import message
@@ -85,12 +100,61 @@ class JobStop:
     reason: str = field(default="", metadata={"max_len": 1024})
 
 
+class ReportKind(enum.IntEnum):
+    """What a :class:`JobReport` says: a worker event (``lost``: the worker process died without one) or the
+    member's departure from the job."""
+
+    CHECKPOINT = 1
+    WITNESS = 2
+    DONE = 3
+    ERROR = 4
+    LOST = 5
+    LEAVE = 6
+
+
+SHARD_NAME_MAX = 128
+"""Bytes of a shard's file name (as in :class:`ShardRequest`)."""
+SHA256_HEX = 64
+REPORT_MESSAGE_MAX = 2048
+"""Bytes of a report's error message (the leader shows the first 300 characters)."""
+
+
+@message(83, max_size=512)
+@dataclass(frozen=True)
+class ReportShard:
+    """A checkpoint shard as its writer reports it: file name, sha256 in lowercase hex, size in bytes."""
+
+    name: str = field(metadata={"max_len": SHARD_NAME_MAX})
+    sha256: str = field(metadata={"max_len": SHA256_HEX})
+    size: int
+
+
+@message(84, max_size=64)
+@dataclass(frozen=True)
+class ReportCursor:
+    """The next step to run is step ``step`` of epoch ``epoch`` (:class:`arceusd.data.steps.Cursor`)."""
+
+    epoch: int
+    step: int
+
+
 @message(75, max_size=64 * 1024)
 @dataclass(frozen=True)
 class JobReport:
     job_id: str = field(metadata=_ID)
     epoch: int
-    event: str = field(metadata={"max_len": 60 * 1024})
+    kind: ReportKind
+    step: int | None = None
+    shard: ReportShard | None = None
+    cursor: ReportCursor | None = None
+    digest: str = field(default="", metadata={"max_len": SHA256_HEX})
+    message: str = field(default="", metadata={"max_len": REPORT_MESSAGE_MAX})
+    step_s: float | None = None
+    predicted_s: float | None = None
+    wait_s: float | None = None
+    wait_up_s: float | None = None
+    wait_down_s: float | None = None
+    group_wait_s: float | None = None
 
 
 @message(76, max_size=1024)

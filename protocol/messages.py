@@ -38,7 +38,7 @@ id   type             max_size   meaning
 32   JoinReply        64 KiB     the job owner's / leader's answer
 50-57 (gossip)                   SWIM driver messages and the peer hello: :mod:`protocol.gossip`
 60-62 (elections)                vote request/reply, leader announce: :mod:`protocol.election_wire`
-70-82 (jobs)                     job start/go/stop/report, shard, resume-slice, standby and data transfer, link
+70-84 (jobs)                     job start/go/stop/report, shard, resume-slice, standby and data transfer, link
                                  echo: :mod:`protocol.job_wire`
 ==== ================ ========== ==========================================================================
 

@@ -36,6 +36,8 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any, NamedTuple
 
+from protocol.job_wire import JobReport
+
 MAX_OFFER_MEMORY = 1 << 44
 """16 TiB: more memory than any one machine lends a job today; an offer above it is refused."""
 MAX_OFFER_FLOPS = 1e17
@@ -71,33 +73,32 @@ def stop_state(reason: str) -> str:
     return reason if reason in STOP_STATES else "stopped"
 
 
-def record_step_time(times: dict[str, tuple[float, float]], peer: str, event: Mapping[str, Any]) -> None:
-    """Keep ``peer``'s measured compute seconds per step and the plan's prediction from a checkpoint report
+def record_step_time(times: dict[str, tuple[float, float]], peer: str, report: JobReport) -> None:
+    """Keep ``peer``'s measured compute seconds per step and the plan's prediction from its checkpoint report
     (``step_s`` and ``predicted_s``; both finite and positive, else nothing is kept)."""
-    got, predicted = event.get("step_s"), event.get("predicted_s")
-    if not (isinstance(got, int | float) and isinstance(predicted, int | float)) or isinstance(got, bool):
+    got, predicted = report.step_s, report.predicted_s
+    if got is None or predicted is None:
         return
     if math.isfinite(got) and math.isfinite(predicted) and 0 < got < MAX_REPORTED_S and 0 < predicted < MAX_REPORTED_S:
-        times[peer] = (float(got), float(predicted))
+        times[peer] = (got, predicted)
 
 
 MAX_REPORTED_S = 1e6
 """Seconds per step a report may claim (compute or waiting); a larger, negative or non-finite one is not kept."""
 
 
-def _seconds(value: Any) -> float | None:
-    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) \
-            and 0 <= value < MAX_REPORTED_S:  # fmt: skip
-        return float(value)
+def _seconds(value: float | None) -> float | None:
+    if value is not None and math.isfinite(value) and 0 <= value < MAX_REPORTED_S:
+        return value
     return None
 
 
-def record_wait_time(waits: dict[str, float], peer: str, event: Mapping[str, Any]) -> None:
-    """Keep ``peer``'s median link-wait seconds per step from a checkpoint report (``wait_s``: finite,
+def record_wait_time(waits: dict[str, float], peer: str, report: JobReport) -> None:
+    """Keep ``peer``'s median link-wait seconds per step from its checkpoint report (``wait_s``: finite,
     0 <= wait < :data:`MAX_REPORTED_S`), so every device's compute is set beside its waiting (``stage_times`` in
     ``arceusd status JOB``, the dashboard's plan). A report without a valid one forgets the previous value, so the
     wait shown is always from the same report as the compute (a report without it still counts as a report)."""
-    wait = _seconds(event.get("wait_s"))
+    wait = _seconds(report.wait_s)
     if wait is None:
         waits.pop(peer, None)
     else:
@@ -164,12 +165,13 @@ class LinkWaits(NamedTuple):
     """In its tensor-parallel group's all-reduces (for the group's slowest rank)."""
 
 
-def record_link_waits(waits: dict[str, LinkWaits], peer: str, event: Mapping[str, Any]) -> None:
+def record_link_waits(waits: dict[str, LinkWaits], peer: str, report: JobReport) -> None:
     """Keep ``peer``'s median seconds per step waiting for the previous stage's activations, for the next
-    stage's gradients and in its tensor-parallel group (``wait_up_s``, ``wait_down_s``, ``group_wait_s``; the
-    first two required, the last 0 when absent; any invalid one and the previous record is forgotten)."""
-    up, down = _seconds(event.get("wait_up_s")), _seconds(event.get("wait_down_s"))
-    group = _seconds(event.get("group_wait_s", 0.0))
+    stage's gradients and in its tensor-parallel group, from its checkpoint report (``wait_up_s``, ``wait_down_s``,
+    ``group_wait_s``; the first two required, the last 0 when absent; any invalid one and the previous record is
+    forgotten)."""
+    up, down = _seconds(report.wait_up_s), _seconds(report.wait_down_s)
+    group = _seconds(0.0 if report.group_wait_s is None else report.group_wait_s)
     if up is None or down is None or group is None:
         waits.pop(peer, None)
     else:

@@ -16,9 +16,10 @@ from typing import Any
 import trio
 
 from arceusd.control import RequestError
+from arceusd.jobs.core import JobCore, Role, events
 from arceusd.jobs.job import Job
 from arceusd.jobs.manager_base import JobContext, Lifecycle
-from protocol.job_wire import JobAck, JobReport
+from protocol.job_wire import JobAck, JobReport, ReportKind
 
 log = logging.getLogger(__name__)
 
@@ -54,9 +55,9 @@ class ControlMethods:
         jid = job_id(digest, self.ctx.node.identity.peer_id, os.urandom(16))
         spec_bytes = json.dumps(to_dict(spec), sort_keys=True).encode()
         node = self.ctx.node
+        core = JobCore.owned(node.identity.peer_id, spec.training.steps, min_members=min_members)
         job = Job(jid, spec, spec_bytes, digest, node.identity.peer_id, node.addresses.get("peer", ""),
-                  "owner", self.ctx.root / jid, min_members=min_members,
-                  total_steps=spec.training.steps)  # fmt: skip
+                  self.ctx.root / jid, core, total_steps=spec.training.steps)  # fmt: skip
         job.directory.mkdir(parents=True, exist_ok=True)
         (job.directory / "spec.json").write_bytes(spec_bytes)
         self.ctx.jobs[jid] = job
@@ -83,25 +84,24 @@ class ControlMethods:
 
     async def m_cancel(self, params: dict[str, Any]) -> dict[str, Any]:
         job = self.ctx.find(str(params.get("job_id", "")))
-        if job.role != "owner" and not self.ctx.leads(job):
+        if job.role != Role.OWNER and not self.ctx.leads(job):
             raise RequestError("only the job's owner or its leader can cancel it")
-        await self.life.finish(job, "cancelled", "cancelled by the owner")
-        return {"job_id": job.job_id, "state": job.state}
+        self.life.feed(job, events.Cancel())
+        return {"job_id": job.job_id, "state": job.state.value}
 
     async def m_leave(self, params: dict[str, Any]) -> dict[str, Any]:
         job = self.ctx.find(str(params.get("job_id", "")))
-        if job.role == "owner":
+        if job.role == Role.OWNER:
             raise RequestError("the owner cannot leave its own job (it serves the data); cancel it instead")
-        if job.role != "member":
+        if job.role != Role.MEMBER:
             raise RequestError(f"this device is not a member of job {job.job_id[:12]}")
         if self.ctx.leads(job):
             raise RequestError("this device leads the job now (its owner is gone); cancel it instead")
-        job.role, job.state = "seen", "left"
-        report = JobReport(job.job_id, job.epoch, json.dumps({"event": "leave"}))
+        report = JobReport(job.job_id, job.epoch, ReportKind.LEAVE)
         reply = await self.ctx.peers.request(job.leader_address, job.leader, report, timeout=10.0, job_id=job.job_id,
                                          term=job.term, epoch=job.epoch)  # fmt: skip
         told = isinstance(reply, JobAck) and reply.ok
-        await self.ctx.drop_own_worker(job)  # after the leader knows why our links are about to break
+        self.life.feed(job, events.LeaveJob())  # stops our worker after the leader knows why our links break
         return {"job_id": job.job_id, "reason": "" if told else "the leader did not answer; it will notice"}
 
 

@@ -1,9 +1,13 @@
-"""One job as this daemon knows it: its spec, role, members, plan, progress, and what it reports to users.
+"""One job as this daemon knows it: its spec, members, plan, progress, and what it reports to users.
 
-States (owner/leader): ``waiting`` -> ``planning`` -> ``starting`` -> ``running`` -> ``done``; ``recovering``
-while it repartitions after a failure or to rebalance; ``paused`` when the survivors cannot hold the model
-(it resumes when capacity returns); ``failed`` / ``cancelled`` end it. Members mirror what the leader tells them
-(``announced``, ``joined``, ``starting``, ``running``, ``replanning``, ``paused``, ...).
+Its lifecycle (role, state, the ``(term, epoch)`` stamp, leader, committed step, error) lives in one place, the
+job's :class:`arceusd.jobs.core.JobCore`, which decides every transition; :class:`Job` reads it (``job.state``,
+``job.term``, ...) and keeps what the driver needs around it: offers, the plan's objects, the worker, reports
+being gathered, progress and the ledger. States (owner/leader): ``waiting`` -> ``planning`` -> ``starting`` ->
+``running`` -> ``done``; ``recovering`` while it repartitions after a failure or to rebalance; ``paused`` when
+the survivors cannot hold the model (it resumes when capacity returns); ``failed`` / ``cancelled`` end it.
+Members mirror what the leader tells them (``announced``, ``joined``, ``starting``, ``running``,
+``replanning``, ``paused``, ...).
 """
 
 from __future__ import annotations
@@ -17,7 +21,9 @@ from typing import Any
 import trio
 
 from arceusd.jobs import claims
-from arceusd.jobs.core.states import TERMINAL
+from arceusd.jobs.core import actions
+from arceusd.jobs.core.machine import JobCore
+from arceusd.jobs.core.states import TERMINAL, JobState, Role
 from arceusd.jobs.supervisor import WorkerProcess
 
 HISTORY_TAIL = 200
@@ -63,13 +69,9 @@ class Job:
     spec_hash: str
     owner: str
     owner_address: str
-    role: str
     directory: Path
-    state: str = "waiting"
-    min_members: int = 1
-    members: dict[str, Any] = field(default_factory=dict)  # peer -> Offer
-    term: int = 1
-    epoch: int = 0
+    core: JobCore  # the lifecycle: role, state, stamp, leader, committed step, error (decides every transition)
+    members: dict[str, Any] = field(default_factory=dict)  # peer -> Offer (the leader's: same peers as core's)
     plan: Any = None  # partitioner.Plan: the (first) pipeline, whose devices write the checkpoint shards
     replica_plan: Any = None  # partitioner.ReplicaPlan: every replica of the plan (``plan`` is its first)
     ring_bytes: int = 0  # bytes this device's worker sent its replicas' ring in the current plan epoch
@@ -86,9 +88,9 @@ class Job:
     history: list[tuple[int, float]] = field(default_factory=list)
     # this device's stage over its last steps, from the worker's step events
     stage_times: deque[claims.StageTime] = field(default_factory=lambda: deque(maxlen=STAGE_WINDOW))
-    error: str = ""
     model_path: str = ""
     worker: WorkerProcess | None = None
+    local_stopped: trio.Event | None = None  # set once the worker this device last detached has stopped
     went: tuple[int, WorkerProcess] | None = None  # the epoch and worker that this device's last go started
     reports: dict[int, dict[str, dict[str, Any]]] = field(default_factory=dict)
     cursors: dict[int, Any] = field(default_factory=dict)
@@ -96,7 +98,7 @@ class Job:
     complete: dict[int, frozenset[str]] = field(default_factory=dict)
     """Checkpoint steps every device reported (shards and witnesses), with the other replicas' devices that hold
     what the first replica holds (empty for one pipeline): the step's commit was started."""
-    committed_step: int = 0
+    committed_shards: dict[int, dict[str, str]] = field(default_factory=dict)  # leader: step -> peer -> shard name
     checkpoints: list[tuple[int, float]] = field(default_factory=list)  # leader: committed (step, unix time)
     waits: dict[str, float] = field(default_factory=dict)  # peer -> median link-wait seconds per step (its report)
     created: float = field(default_factory=time.time)
@@ -104,9 +106,8 @@ class Job:
     # leader bookkeeping
     announced: set[str] = field(default_factory=set)
     wake: trio.Event = field(default_factory=trio.Event)
-    restart_reason: str = ""
-    rebalance: bool = False
-    restarts_at: dict[int, int] = field(default_factory=dict)  # committed step -> restarts that resumed there
+    queue: deque[actions.Action] = field(default_factory=deque)  # the core's long actions, run by the leader loop
+    go_addresses: dict[str, str] = field(default_factory=dict)  # the started workers' addresses (this epoch)
     resume_files: dict[str, str] = field(default_factory=dict)  # peer -> its resume file name (this epoch)
     recoveries: list[Recovery] = field(default_factory=list)
     steps_done: dict[str, int] = field(default_factory=dict)  # peer -> training steps it took part in
@@ -120,13 +121,9 @@ class Job:
     seen: dict[str, float] = field(default_factory=dict)  # peer -> its step seconds as its neighbours saw them
     discounts: dict[str, float] = field(default_factory=dict)  # peer -> its offered speed is divided by (claims)
     slow_reports: dict[str, int] = field(default_factory=dict)  # peer -> reports in a row that it overclaimed
-    gather_until: float = 0.0  # after the owner's restart: plan at this time even if not every member is back
-    expected_members: set[str] = field(default_factory=set)
     start_scope: trio.CancelScope | None = None  # while the leader starts a plan's workers
     # leadership: the owner leads until it dies; then the plan's standby (elected) takes over
-    leader: str = ""  # peer id of the device this one takes commands from (or itself when it leads)
-    leader_address: str = ""
-    leaders: set[str] = field(default_factory=set)  # everyone who led the job: whose manifests we trust
+    leader_address: str = ""  # where the device this one takes commands from (core.leader) listens
     standby: str = ""  # the current plan's standby (holds the data and the leader's shards)
     standby_data: dict[str, Any] | None = None  # on the standby: the data entry of its checked copy
     standby_offers: dict[str, Any] = field(default_factory=dict)  # on the standby: the plan members' offers
@@ -136,9 +133,47 @@ class Job:
     commit_lock: trio.Lock = field(default_factory=trio.Lock)  # the leader commits one checkpoint at a time
 
     def __post_init__(self) -> None:
-        self.leader = self.leader or self.owner
         self.leader_address = self.leader_address or self.owner_address
-        self.leaders.add(self.owner)
+
+    # -------------------------------------------------------------------------------- the core's, read here
+    @property
+    def role(self) -> Role:
+        return self.core.role
+
+    @property
+    def state(self) -> JobState:
+        return self.core.state
+
+    @property
+    def term(self) -> int:
+        return self.core.stamp.term
+
+    @property
+    def epoch(self) -> int:
+        return self.core.stamp.epoch
+
+    @property
+    def leader(self) -> str:
+        """The peer id of the device this one takes commands from (itself when it leads)."""
+        return self.core.leader
+
+    @property
+    def leaders(self) -> set[str]:
+        """Everyone who led the job: whose manifests we trust."""
+        return self.core.leaders
+
+    @property
+    def committed_step(self) -> int:
+        return self.core.committed_step
+
+    @property
+    def error(self) -> str:
+        return self.core.error
+
+    @error.setter
+    def error(self, value: str) -> None:
+        """What went wrong last, for users (a note; transitions are the core's)."""
+        self.core.error = value
 
     def poke(self) -> None:
         """Wake the leader loop (a member changed, a report came, a restart was asked for)."""

@@ -22,9 +22,10 @@ from arceusd.announce_guard import AnnounceGuard
 from arceusd.control import RequestError
 from arceusd.jobs import leadership
 from arceusd.jobs.claims import check_offer_bounds
+from arceusd.jobs.core import JobCore, JobState, Role, events
 from arceusd.jobs.job import TERMINAL, Job
 from arceusd.jobs.manager_base import JobContext, Lifecycle
-from arceusd.market.hooks import join_refusal, may_auto_join
+from arceusd.market.hooks import enough_memory, join_refusal, may_auto_join
 from protocol.envelope import Header
 from protocol.job_wire import JobAck
 from protocol.messages import Address, JobAnnounce, JoinReply, JoinRequest
@@ -52,45 +53,33 @@ class Joining:
         reply = await self.ctx.peers.request(address, peer, msg, timeout=10.0, job_id=job.job_id)
         leader = leadership.followed_leader(reply.reason) if isinstance(reply, JobAck) and not reply.ok else None
         if leader is not None:
-            await self.hand_over(job, leader)
+            self.life.feed(job, events.FollowsOther(leader))  # the owner hands the job over (core: HandOver)
 
     async def hand_over(self, job: Job, leader: str) -> None:
         """Owner, back after its standby took the job over: ask that leader to take this device in as a member
         (its signed answer confirms it leads). A finished job is recorded as finished there."""
         me = self.ctx.node.identity.peer_id
         async with job.sync_lock:
-            if not self.ctx.leads(job) or job.role != "owner" or leader == me or job.state in TERMINAL:
+            if not self.ctx.leads(job) or job.role != Role.OWNER or leader == me or job.state in TERMINAL:
                 return
             member = self.ctx.peers.membership.members.get(leader)
             if member is None or not member.address:
                 log.warning("job %s: a member says %r leads it, who is not a live peer here", job.job_id, leader)
+                self.life.feed(job, events.HandOverAnswered(leader, False))
                 return
             reply = await self.request_join(job, leader, member.address)
-            if reply is None:
-                return
-            if reply.accepted or reply.reason == JOB_DONE:
+            accepted, done = reply is not None and reply.accepted, reply is not None and reply.reason == JOB_DONE
+            if not (accepted or done):
+                log.warning("job %s: %s leads it and did not take this device in: %s", job.job_id, leader[:12],
+                            reply.reason if reply is not None else "no answer")  # fmt: skip
+            # The core follows the leader with a stamp of (0, 0): terms and epochs count the leader's commands;
+            # ours (raised by our own repartitions while we still thought we led) say nothing about its.
+            self.life.feed(job, events.HandOverAnswered(leader, accepted, done))
+            if accepted or done:
                 self.ctx.follow_leader(job, leader)
-                # Terms and epochs count the leader's commands; ours (raised by our own repartitions while we
-                # still thought we led) say nothing about the new leader's, which must not look stale to us.
-                job.term, job.epoch = 0, 0
-                if job.start_scope is not None:
-                    job.start_scope.cancel()
-                await self.ctx.drop_own_worker(job)
-                job.plan, job.replica_plan, job.reports, job.restart_reason = None, None, {}, ""
+                job.plan, job.replica_plan, job.reports = None, None, {}
                 job.witnesses, job.complete = {}, {}
-            if reply.accepted:
-                job.state = "joined"
-                job.error = f"{leader[:12]} leads the job (its standby took over while this device was away)"
-            elif reply.reason == JOB_DONE:
-                job.state = "done"
-                self.ctx.untrack(job)
-                job.error = f"the job finished on {leader[:12]}, which took over as its leader; the model is there"
-            else:
-                log.warning("job %s: %s leads it and refused this device: %s", job.job_id, leader[:12],
-                            reply.reason)  # fmt: skip
-                return
-            log.info("job %s: %s", job.job_id, job.error)
-            self.ctx.persist(job)
+                log.info("job %s: %s", job.job_id, job.error)
             job.poke()
 
     async def request_join(self, job: Job, leader: str, address: str) -> JoinReply | None:
@@ -135,8 +124,9 @@ class Joining:
         job.members[msg.peer_id] = offer
         if new:
             log.info("job %s: %s joined (%d members)", job.job_id, msg.peer_id[:12], len(job.members))
-            if job.state in ("running", "starting", "recovering", "planning"):
-                job.rebalance = True  # it gets work at the next checkpoint
+        # a running job rebalances at its next checkpoint; a waiting one plans once the members lend the memory
+        self.life.feed(job, events.MemberJoined(msg.peer_id, enough_memory(job)))  # needs.memory_total_mib
+        if new:
             job.poke()
         return JoinReply(msg.job_id, True, "", tuple(sorted(job.members)))
 
@@ -150,9 +140,9 @@ class Joining:
             return JobAck(False, "an announcement must come from the job's owner")
         known = self.ctx.jobs.get(msg.job_id)
         if known is not None:
-            if known.role == "member" and known.leader != msg.owner:
+            if known.role == Role.MEMBER and known.leader != msg.owner:
                 return JobAck(False, HANDED_OVER + known.leader)  # the owner is back after its standby took over
-            if known.role == "member" and known.state not in TERMINAL:
+            if known.role == Role.MEMBER and known.state not in TERMINAL:
                 self.ctx.spawn(self.auto_join, known)  # the owner lost us (we were declared dead): join again
             return JobAck(True)
         try:
@@ -164,12 +154,13 @@ class Joining:
             return JobAck(False, self.announced.refuse("spec_hash_mismatch"))
         member = self.ctx.peers.membership.members.get(msg.owner)
         owner_address = member.address if member is not None else ""
-        job = Job(msg.job_id, spec, msg.spec, msg.spec_hash.hex(), msg.owner, owner_address, "seen",
-                  self.ctx.root / msg.job_id, state="announced", total_steps=spec.training.steps)  # fmt: skip
+        core = JobCore(self.ctx.node.identity.peer_id, msg.owner, spec.training.steps)  # seen, announced
+        job = Job(msg.job_id, spec, msg.spec, msg.spec_hash.hex(), msg.owner, owner_address,
+                  self.ctx.root / msg.job_id, core, total_steps=spec.training.steps)  # fmt: skip
         self.ctx.jobs[msg.job_id] = job
         for old in self.announced.added(msg.job_id, msg.owner):
             stale = self.ctx.jobs.get(old)
-            if stale is not None and stale.role == "seen" and stale.state == "announced":
+            if stale is not None and stale.role == Role.SEEN and stale.state == JobState.ANNOUNCED:
                 del self.ctx.jobs[old]
         log.info("job %s (%s) announced by %s", msg.job_id, spec.name, msg.owner[:12])
         if self.ctx.node.config.auto_join:
@@ -192,7 +183,7 @@ class Joining:
             await trio.sleep(min(4.0, 0.5 * 2**attempt))
 
     async def join(self, job: Job) -> dict[str, Any]:
-        if job.role == "owner":
+        if job.role == Role.OWNER:
             return {"job_id": job.job_id, "accepted": True, "reason": "this device owns the job"}
         member = self.ctx.peers.membership.members.get(job.leader)
         if member is not None and member.address:
@@ -203,9 +194,7 @@ class Joining:
         if reply is None:
             raise RequestError(f"the job's leader {job.leader[:12]} did not answer")
         if reply.accepted:
-            job.role = "member"
-            if job.state in ("announced", "seen", "left"):
-                job.state = "joined"
+            self.life.feed(job, events.Joined())
         return {"job_id": job.job_id, "accepted": reply.accepted, "reason": reply.reason}
 
 

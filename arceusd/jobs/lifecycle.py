@@ -2,7 +2,7 @@
 
 Owns what the leader does when a checkpoint commit fails (:func:`after_commit_failure`), when members do not
 acknowledge ``go`` (:func:`after_go`), and which job states end its election (:func:`ends_election`).
-:class:`arceusd.jobs.manager.JobManager` feeds them what happened and carries the decision out.
+The job core (:class:`arceusd.jobs.core.JobCore`) asks them and returns the decision as actions.
 
 Why these exist: a failed commit of the *final* checkpoint used to set only ``job.error``, and the job stayed
 ``running`` forever (no later checkpoint comes to supersede it); replies to ``go`` were dropped, so a member

@@ -3,9 +3,10 @@
 A member answers the leader's :class:`protocol.job_wire.JobStart` by verifying the plan itself, fetching its
 resume slice and starting its worker process (:class:`arceusd.jobs.supervisor.WorkerProcess`), and the
 :class:`protocol.job_wire.JobGo` by handing the worker its neighbours' addresses. From then on it follows the
-worker's events: steps update the job's progress here; checkpoints, the end and failures are reported to the
-leader (handled in place when this device leads). The leader's side of those reports is here too: a failure or
-a departure asks for a repartition, a checkpoint that every stage reported is committed.
+worker's events: steps update the job's progress here; checkpoints, witnesses, the end and failures are reported
+to the leader as typed :class:`protocol.job_wire.JobReport` values (:mod:`arceusd.jobs.reports`; handled in place
+when this device leads). The leader's side of those reports is here too: a failure or a departure asks for a
+repartition, a checkpoint that every stage reported is committed.
 """
 
 from __future__ import annotations
@@ -17,13 +18,14 @@ from typing import Any
 
 import trio
 
-from arceusd.jobs import claims, shard_checks, witnesses
+from arceusd.jobs import claims, reports, shard_checks, witnesses
+from arceusd.jobs.core import Role, Stamp, actions, events
 from arceusd.jobs.job import TERMINAL, Job
 from arceusd.jobs.manager_base import JobContext, Lifecycle
 from arceusd.jobs.supervisor import WorkerFailed, WorkerProcess
 from arceusd.jobs.transfers import leader_data
 from protocol.envelope import Header
-from protocol.job_wire import JobAck, JobGo, JobReport, JobStart, JobStartReply
+from protocol.job_wire import JobAck, JobGo, JobReport, JobStart, JobStartReply, ReportKind
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +45,7 @@ class LocalWorker:
         why = await self.ctx.check_leader(header, job)
         if why or job is None:
             return JobStartReply(msg.job_id, False, why)
-        if job.role not in ("member", "owner"):
+        if job.role not in (Role.MEMBER, Role.OWNER):
             return JobStartReply(msg.job_id, False, "this device has not joined the job")
         if msg.spec != job.spec_bytes:
             return JobStartReply(msg.job_id, False, "the spec differs from the announced one")
@@ -61,7 +63,9 @@ class LocalWorker:
         if msg.standby and msg.standby not in replica_plan.peer_ids:
             return JobStartReply(msg.job_id, False, "start refused: the standby is not in the plan")
         await self.ctx.drop_own_worker(job)  # a newer epoch replaces whatever ran before
-        job.term, job.epoch, job.inputs = header.term, header.epoch, inputs
+        stamp = Stamp(header.term, header.epoch)
+        self.life.feed(job, events.StartReceived(stamp))
+        job.inputs = inputs
         job.plan, job.replica_plan = replica_plan.replicas[0], replica_plan
         job.shares = replica_flops_shares(replica_plan, inputs)
         job.standby = msg.standby
@@ -76,7 +80,10 @@ class LocalWorker:
             except (ResumeError, OSError) as exc:
                 return JobStartReply(msg.job_id, False, f"could not get the resume slice: {exc}")
         job.step = msg.resume_step
-        return await self.start_worker(job, local)
+        reply = await self.start_worker(job, local)
+        if reply.accepted:
+            self.life.feed(job, events.WorkerStarted(stamp))
+        return reply
 
     async def start_worker(self, job: Job, resume: Any = None) -> JobStartReply:
         """Start this device's worker for its place in ``job.replica_plan`` (its replica's stages; with
@@ -105,6 +112,9 @@ class LocalWorker:
         )  # fmt: skip
         path = job.directory / f"worker-{job.epoch}.json"
         path.write_text(config.to_json())
+        if job.local_stopped is not None:  # the previous plan's worker is on its way out: let it go first
+            with trio.move_on_after(5.0):
+                await job.local_stopped.wait()
         worker = WorkerProcess(path, job.directory / "worker.log")
         job.worker = worker
         job.stage_times.clear()  # a new plan: its stage times are not the old one's
@@ -114,7 +124,6 @@ class LocalWorker:
             if job.worker is worker:
                 job.worker = None
             return JobStartReply(job.job_id, False, str(exc)[-1500:])
-        job.state = "starting"
         return JobStartReply(job.job_id, True, "", f"{host}:{port}")
 
     async def on_go(self, header: Header, msg: JobGo) -> JobAck:
@@ -122,9 +131,11 @@ class LocalWorker:
         why = await self.ctx.check_leader(header, job)
         if why or job is None:
             return JobAck(False, why)
-        if header.epoch != job.epoch:
-            return JobAck(False, f"go for epoch {header.epoch}, but this device started epoch {job.epoch}")
-        await self.go(job, msg)
+        for action in self.life.feed(job, events.GoReceived(Stamp(header.term, header.epoch))):
+            if isinstance(action, actions.Refuse):
+                return JobAck(False, action.reason)
+            if isinstance(action, actions.LetWorkerGo):
+                await self.go(job, msg)
         return JobAck(True)
 
     async def go(self, job: Job, msg: JobGo) -> None:
@@ -137,7 +148,6 @@ class LocalWorker:
             await job.worker.send({"cmd": "start", "addresses": {a.peer_id: a.address for a in msg.addresses}})
         except WorkerFailed as exc:
             log.warning("job %s: the worker is gone before go: %s", job.job_id, exc)
-        job.state = "running"
         self.ctx.spawn(self._follow_worker, job, job.worker, job.epoch)
 
     async def _follow_worker(self, job: Job, worker: WorkerProcess, epoch: int) -> None:
@@ -185,14 +195,19 @@ class LocalWorker:
             log.info("job %s: training again %.2f s after the failure", job.job_id, recovery.first_step_after_s)
 
     async def _report(self, job: Job, epoch: int, event: dict[str, Any]) -> None:
-        """A worker event for the leader: handled here on the owner, sent as a JobReport from a member."""
-        event["peer_id"] = self.ctx.node.identity.peer_id
+        """A worker event for the leader, typed once here (:func:`arceusd.jobs.reports.report_of_event`): handled
+        in place when this device leads, sent as that :class:`JobReport` from a member."""
+        me = self.ctx.node.identity.peer_id
         if event.get("event") == "checkpoint":  # this device's measured speed beside the plan's (issue #19)
-            event.update(claims.own_step_times(job, self.ctx.node.identity.peer_id))
-        if self.ctx.leads(job):
-            await self._handle_report(job, event)
+            event = {**event, **claims.own_step_times(job, me)}
+        try:
+            report = reports.report_of_event(job.job_id, epoch, event)
+        except ValueError as exc:
+            log.warning("job %s: a worker event no report can carry: %s", job.job_id, exc)
             return
-        report = JobReport(job.job_id, epoch, json.dumps(event))
+        if self.ctx.leads(job):
+            await self._handle_report(job, me, report)
+            return
         await self.ctx.peers.request(job.leader_address, job.leader, report, timeout=30.0,
                                  job_id=job.job_id, term=job.term, epoch=epoch)  # fmt: skip
 
@@ -200,13 +215,7 @@ class LocalWorker:
         job = self.ctx.jobs.get(msg.job_id)
         if job is None or not self.ctx.leads(job):
             return JobAck(False, "not the leader of that job")
-        try:
-            event = json.loads(msg.event)
-        except ValueError:
-            return JobAck(False, "malformed report")
-        if not isinstance(event, dict):
-            return JobAck(False, "malformed report")
-        if event.get("event") == "leave" and header.sender in job.members:
+        if msg.kind is ReportKind.LEAVE and header.sender in job.members:
             del job.members[header.sender]
             job.announced.add(header.sender)  # do not invite it straight back
             log.info("job %s: %s left", job.job_id, header.sender[:12])
@@ -216,34 +225,36 @@ class LocalWorker:
         if header.sender not in job.plan_peers() or msg.epoch != job.epoch:
             job.stale_reports += 1
             return JobAck(False, f"report from outside the current plan epoch ({msg.epoch}; now {job.epoch})")
-        event["peer_id"] = header.sender
-        await self._handle_report(job, event)
+        await self._handle_report(job, header.sender, msg)
         return JobAck(True)
 
-    async def _handle_report(self, job: Job, event: dict[str, Any]) -> None:
-        kind = event.get("event")
-        peer = str(event["peer_id"])
-        if kind in ("error", "lost"):
+    async def _handle_report(self, job: Job, peer: str, report: JobReport) -> None:
+        """The leader's side of ``peer``'s report (its typed fields as the codec bounded them, or this device's
+        own): a failure asks for a repartition; a checkpoint's shard and a witness are checked, kept, and the step
+        committed once every device reported; a report that fails its checks excludes its sender."""
+        kind = report.kind
+        if kind in (ReportKind.ERROR, ReportKind.LOST):
             # A worker's failure is usually a neighbour's: a killed process breaks its links. Repartition;
             # a job that fails again and again at the same checkpoint gives up (_restart).
-            self.life.request_restart(job, f"worker on {peer[:12]} {'failed' if kind == 'error' else 'was lost'}: "
-                                       f"{str(event.get('message'))[:300]}")  # fmt: skip
-        elif kind == "checkpoint":
+            self.life.request_restart(job, f"worker on {peer[:12]} "
+                                           f"{'failed' if kind is ReportKind.ERROR else 'was lost'}: "
+                                           f"{report.message[:300]}")  # fmt: skip
+        elif kind is ReportKind.CHECKPOINT:
             try:  # the name from the plan, the size within its bound (issue #19)
-                step, shard = shard_checks.check_checkpoint_report(job, peer, event)
+                step, shard = shard_checks.check_checkpoint_report(job, peer, report)
             except shard_checks.ReportRefused as refused:
                 self.life.request_restart(job, shard_checks.exclude(job, peer, refused))
                 return
             job.reports.setdefault(step, {})[peer] = shard
-            claims.record_wait_time(job.waits, peer, event)
-            claims.record_link_waits(job.link_waits, peer, event)
-            claims.record_step_time(job.measured, peer, event)
-            if event.get("cursor") is not None:
-                job.cursors[step] = event["cursor"]
+            claims.record_wait_time(job.waits, peer, report)
+            claims.record_link_waits(job.link_waits, peer, report)
+            claims.record_step_time(job.measured, peer, report)
+            if report.cursor is not None:
+                job.cursors[step] = {"epoch": report.cursor.epoch, "step": report.cursor.step}
             self._when_complete(job, step)
-        elif kind == "witness":
+        elif kind is ReportKind.WITNESS:
             try:
-                step, digest = witnesses.check_witness(job, peer, event)
+                step, digest = witnesses.check_witness(job, peer, report)
             except shard_checks.ReportRefused as refused:
                 self.life.request_restart(job, shard_checks.exclude(job, peer, refused))
                 return

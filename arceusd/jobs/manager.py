@@ -5,7 +5,7 @@ Roles: the *owner* submitted the job (it holds the data and gets the model); *me
 checkpoints. The owner leads while it lives. Each plan names a *standby* member, which receives the data set
 once and, after every commit, the signed manifest and the other workers' shards. The job's election
 (:mod:`arceusd.election`, the leader ranked first, the standby second) lets the standby win a new term once
-membership declares the leader dead and a majority of the plan agrees; it then leads (:meth:`JobManager._take_over`):
+membership declares the leader dead and a majority of the plan agrees; it then leads (:meth:`JobManager.take_over`):
 gathers the survivors' shards, re-slices, and carries on to the end (the model is saved on it). Without a
 majority, or without a standby that holds the data, the members pause until the owner returns. An owner that
 returns after its standby took over is told by its members who leads (:data:`HANDED_OVER`) and joins that leader
@@ -31,8 +31,11 @@ that joins a running job gets work at the next committed checkpoint (a rebalance
 Nothing of a job spec is code: members parse the spec with :func:`arceusd.jobs.spec.spec_from_dict` (no files)
 and recompute the plan before starting anything.
 
-This module owns that orchestration: the service (:meth:`JobManager.run`, restoring owned jobs after a restart),
-the leader's loop (gather, repartition, take over), member changes, exporting and finishing. The rest lives
+Every decision above is the job core's (:mod:`arceusd.jobs.core`: a pure state machine per job, fed events,
+returning actions); this module is its trio driver: the service (:meth:`JobManager.run`, restoring owned jobs
+after a restart), the leader's loop (tell the core time passed, run the long actions it queued one at a time,
+wait on the job's wake), and the events membership and the election bring (member changes, a new leader, the
+standby's takeover). :mod:`arceusd.jobs.driver` feeds the core and carries out its actions. The rest lives
 beside it, composed (each part an object handed the shared context and the lifecycle it calls back into,
 :class:`arceusd.jobs.manager_base.Lifecycle`):
 
@@ -46,6 +49,7 @@ beside it, composed (each part an object handed the shared context and the lifec
 - :mod:`arceusd.jobs.commits`: committing checkpoints and repairing a damaged one, ``JobManager.commits``;
 - :mod:`arceusd.jobs.joining`: announcements, joins and the owner's hand-over, ``JobManager.joining``;
 - :mod:`arceusd.jobs.starting`: planning a plan epoch and starting it (start, ``go``), ``JobManager.starting``;
+- :mod:`arceusd.jobs.driver`: feeding the job core and carrying out its actions, ``JobManager.driver``;
 - :mod:`arceusd.jobs.transfers`: serving and fetching files between daemons (shards, resume slices, the data).
 """
 
@@ -59,18 +63,18 @@ from typing import Any
 
 import trio
 
-from arceusd.jobs import filework, lifecycle
-from arceusd.jobs.claims import stop_state
 from arceusd.jobs.commits import Commits
 from arceusd.jobs.control_methods import ControlMethods
-from arceusd.jobs.core import MAX_RESTARTS_PER_CHECKPOINT
+from arceusd.jobs.core import JobCore, JobState, Role, Stamp
+from arceusd.jobs.core import actions as a
+from arceusd.jobs.core import events as e
+from arceusd.jobs.driver import Driver
 from arceusd.jobs.job import TERMINAL, Job
 from arceusd.jobs.joining import HANDED_OVER, JOB_DONE, Joining
 from arceusd.jobs.local_worker import LocalWorker, worker_device
 from arceusd.jobs.manager_base import OWNER_FILE, JobContext
 from arceusd.jobs.standby_sync import StandbySyncing
 from arceusd.jobs.starting import Starting
-from arceusd.jobs.transfers import leader_data
 from arceusd.market.hooks import enough_memory
 from arceusd.membership.events import MemberChanged, MemberState
 from arceusd.node import Node
@@ -112,9 +116,10 @@ class JobManager(JobContext):
         self.control = ControlMethods(self, self)
         self.local = LocalWorker(self, self)
         self.standbys = StandbySyncing(self, self)
-        self.commits = Commits(self, self, self.standbys)
+        self.commits = Commits(self, self)
         self.joining = Joining(self, self)
         self.starting = Starting(self, self, self.local, self.commits)
+        self.driver = Driver(self)
         self._ready = trio.Event()  # set once the job modules are imported and owned jobs restored
 
     async def _load_modules(self) -> None:
@@ -154,14 +159,14 @@ class JobManager(JobContext):
                 if saved["state"] in TERMINAL:
                     continue
                 committed = committed_steps(directory / "checkpoints")
-                job = Job(saved["job_id"], spec, spec_bytes, saved["spec_hash"], saved["owner"],
-                          self.node.addresses.get("peer", ""), "owner", directory, state="waiting",
-                          min_members=1, term=int(saved["term"]) + 1, epoch=int(saved["epoch"]),
-                          total_steps=spec.training.steps, committed_step=committed[-1] if committed else 0,
-                          step=committed[-1] if committed else 0)  # fmt: skip
-                job.gather_until = time.monotonic() + REJOIN_GRACE_S
-                job.expected_members = set(saved.get("members", [])) - {self.node.identity.peer_id}
-                restored.append(job)
+                step = committed[-1] if committed else 0
+                core = JobCore.owned(self.node.identity.peer_id, spec.training.steps,
+                                     stamp=Stamp(int(saved["term"]) + 1, int(saved["epoch"])), committed_step=step,
+                                     gather_until=time.monotonic() + REJOIN_GRACE_S,
+                                     expected=frozenset(str(p) for p in saved.get("members", [])))  # fmt: skip
+                restored.append(Job(saved["job_id"], spec, spec_bytes, saved["spec_hash"], saved["owner"],
+                                    self.node.addresses.get("peer", ""), directory, core,
+                                    total_steps=spec.training.steps, step=step))  # fmt: skip
             except (OSError, ValueError, KeyError, TypeError, JobSpecError) as exc:
                 log.warning("not resuming the job in %s: %s", directory, exc)
         return restored
@@ -211,115 +216,40 @@ class JobManager(JobContext):
 
     # ---------------------------------------------------------------------------------------------- leader
     async def lead(self, job: Job) -> None:
-        """The leader's loop for one job: gather members, plan and start; repartition on failures, departures
-        and joins; stop when the job ends. It waits on ``job.wake``, which what concerns the loop sets
-        (:meth:`Job.poke`: a join, a report, a restart asked for, a leader change, a peer alive, the end), or
+        """The leader's loop for one job: tell the core time passed (it plans when enough members joined, and
+        the owner announces to new peers), run the long actions it queued (plan, start, ``go``, the check of
+        who answers before a repartition) one at a time, and wait. It waits on ``job.wake``, which what concerns
+        the loop sets (:meth:`Job.poke`: a join, a queued action, a leader change, a peer alive, the end), or
         until the owner's rejoin grace ends; :data:`WAKE_BACKSTOP_S` bounds what a missed wake could cost."""
-        while job.state not in TERMINAL and self.leads(job):
-            job.wake = trio.Event()
-            if job.role == "owner":
-                self._announce_to_new_peers(job)  # new peers, and old ones back from the dead, may join
-            if job.state in ("waiting", "paused"):
-                if self._enough_members(job):
-                    job.gather_until = 0.0
-                    await self.starting.plan_and_start(job)
-                    self.persist(job)
+        try:
+            while not job.core.terminal and self.leads(job):
+                job.wake = trio.Event()
+                self.feed(job, e.Tick(memory_ok=enough_memory(job)))  # needs.memory_total_mib (market)
+                if job.queue:
+                    await self.driver.run_queue(job)
                     continue
-            elif job.restart_reason and job.state in ("running", "starting", "recovering"):
-                await self._restart(job)
-                continue
-            deadline = time.monotonic() + WAKE_BACKSTOP_S
-            if job.gather_until and job.state in ("waiting", "paused"):
-                deadline = min(deadline, job.gather_until)
-            with trio.move_on_at(trio.current_time() + max(0.0, deadline - time.monotonic())):
-                await job.wake.wait()
+                deadline = time.monotonic() + WAKE_BACKSTOP_S
+                lead = job.core.lead
+                if lead is not None and lead.gather_until and job.state in (JobState.WAITING, JobState.PAUSED):
+                    deadline = min(deadline, lead.gather_until)
+                with trio.move_on_at(trio.current_time() + max(0.0, deadline - time.monotonic())):
+                    await job.wake.wait()
+        finally:
+            job.queue.clear()  # a device that stops leading carries out nothing of the old leader's plan
 
-    @staticmethod
-    def _enough_members(job: Job) -> bool:
-        if job.gather_until:  # resuming after our own restart: wait for the old members, not for long
-            back = job.expected_members <= set(job.members)
-            return back or time.monotonic() >= job.gather_until
-        return len(job.members) >= job.min_members and enough_memory(job)  # needs.memory_total_mib (market)
+    def feed(self, job: Job, event: e.Event) -> list[a.Action]:
+        """Hand ``job``'s core an event and carry out what it answers (:class:`arceusd.jobs.driver.Driver`)."""
+        return self.driver.feed(job, event)
 
-    def _announce_to_new_peers(self, job: Job) -> None:
+    def announce_to_new_peers(self, job: Job) -> None:
         for peer, address in self.peers.alive_peers().items():
             if peer != self.node.identity.peer_id and peer not in job.announced:
                 job.announced.add(peer)
                 self.spawn(self.joining.announce, job, peer, address)
 
     def request_restart(self, job: Job, reason: str) -> None:
-        """Ask the leader loop to repartition ``job`` (the first reason wins until the restart runs)."""
-        if not self.leads(job) or job.state in TERMINAL or job.state in ("waiting", "paused"):
-            return
-        if not job.restart_reason:
-            log.warning("job %s: repartitioning: %s", job.job_id, reason)
-            job.restart_reason = reason
-        if job.start_scope is not None:  # a start in progress would wait for a member that is gone
-            job.start_scope.cancel()
-        job.poke()
-
-    async def _restart(self, job: Job) -> None:
-        """Stop the current plan's workers and start a new plan epoch over the live members, resumed from the
-        newest verified checkpoint. A job that keeps failing at the same checkpoint fails after a few tries."""
-        from arceusd.jobs.job import Recovery
-
-        reason, job.restart_reason = job.restart_reason, ""
-        tries = job.restarts_at.get(job.committed_step, 0) + 1
-        job.restarts_at[job.committed_step] = tries
-        if tries > MAX_RESTARTS_PER_CHECKPOINT:
-            await self.finish(job, "failed", f"{reason} (gave up after {tries - 1} repartitions that made no "
-                               f"progress past step {job.committed_step})")  # fmt: skip
-            return
-        recovery = Recovery(reason, job.epoch + 1, job.step)
-        previous = job.recoveries[-1] if job.recoveries else None
-        if previous is not None and previous.first_step_after_s is None:  # the same incident, another attempt
-            recovery.began, recovery.began_at = previous.began, previous.began_at
-            recovery.lost_step = previous.lost_step
-        job.recoveries.append(recovery)
-        job.state, job.error = "recovering", reason
-        job.term += 1
-        old = job.plan_peers()
-        job.plan, job.replica_plan, job.reports = None, None, {}
-        job.witnesses, job.complete = {}, {}
-        await self.drop_own_worker(job)
-        stop = JobStop(job.job_id, job.term, "replanning")
-        alive = self.peers.alive_peers()
-        for peer in old:
-            if peer != self.node.identity.peer_id and peer in alive and peer in job.members:
-                self.spawn(self._send_stop, job, peer, stop, job.members[peer].address)
-        # The old plan's members are asked with a handshake, whatever membership says right now: a worker's broken
-        # link is faster than membership. A member that joined since (not in the old plan) is kept while
-        # membership sees it live: it asked to join moments ago, and a daemon that just restarted can be too busy
-        # (importing torch) to answer a handshake in time, while a leader that is not the owner could never
-        # invite it back (only the owner announces jobs). If it then fails to start, the next restart drops it.
-        live = {p for p, m in self.peers.membership.members.items()
-                if m.state in (MemberState.ALIVE, MemberState.SUSPECT)}  # fmt: skip
-        reachable = await self._reachable(job, [p for p in job.members if p in old])
-        reachable |= {p for p in job.members if p not in old and p in live}
-        for peer in list(job.members):
-            if peer != self.node.identity.peer_id and peer not in reachable:
-                # dead, left or not answering; the owner invites it back when membership sees it alive
-                del job.members[peer]
-                job.announced.discard(peer)
-        job.rebalance = False
-        await self.starting.plan_and_start(job)
-        self.persist(job)
-
-    async def _reachable(self, job: Job, peers: list[str], timeout: float = 1.0) -> set[str]:
-        """The members among ``peers`` whose daemon answers a handshake within ``timeout`` (and ourselves)."""
-        me = self.node.identity.peer_id
-        answered = {me}
-
-        async def probe(peer: str) -> None:
-            offer = job.members.get(peer)
-            if offer is not None and await self.peers.hello(offer.address, timeout) is not None:
-                answered.add(peer)
-
-        async with trio.open_nursery() as nursery:
-            for peer in peers:
-                if peer != me:
-                    nursery.start_soon(probe, peer)
-        return answered
+        """Ask the core to repartition ``job`` (a leader's; the first reason wins until the new plan runs)."""
+        self.feed(job, e.RestartAsked(reason))
 
     async def hand_over(self, job: Job, leader: str) -> None:
         await self.joining.hand_over(job, leader)
@@ -332,26 +262,22 @@ class JobManager(JobContext):
         """The job's election chose a leader: the standby takes over; a leader that lost steps down."""
         self.leader_changed(job_id)
         job = self.jobs.get(job_id)
-        if job is None or leader is None or job.state in TERMINAL:
+        if job is None or leader is None or job.core.terminal:
             return
         me, (peer, term) = self.node.identity.peer_id, leader
         if peer == me and not self.leads(job):
-            if job.standby != me or job.standby_data is None:
+            holds = job.standby == me and job.standby_data is not None and job.plan is not None
+            if not self.feed(job, e.TakeoverElected(term, holds)):
                 log.warning("job %s: elected, but this device holds no checked copy of the data; not leading",
                             job_id)  # fmt: skip
-                return
-            self.spawn(self._take_over, job, term)
         elif peer != me and self.leads(job):
             log.warning("job %s: %s was elected leader (term %d); stepping down", job_id, peer[:12], term)
+            self.feed(job, e.OtherElected(peer, term))
             self.follow_leader(job, peer)
-            job.state, job.error = "paused", f"{peer[:12]} leads the job now"
-            if job.start_scope is not None:
-                job.start_scope.cancel()
-            self.spawn(self.drop_own_worker, job)
-            job.poke()
 
-    async def _take_over(self, job: Job, election_term: int) -> None:
-        """Standby elected after the leader died: lead the survivors from the newest verified checkpoint."""
+    async def take_over(self, job: Job) -> None:
+        """Standby elected after the leader died: gather the survivors and the newest intact checkpoint, then
+        lead them from it (the core repartitions)."""
         from dataclasses import replace
 
         from arceusd.jobs.recovery import corrupt_shards
@@ -360,92 +286,48 @@ class JobManager(JobContext):
         if job.plan is None:
             return
         alive = self.peers.alive_peers()  # the members' offers as the leader last had them, at today's address
+        old_plan = job.plan_peers()
         job.members = {p: replace(o, address=alive[p]) for p, o in job.standby_offers.items()
-                       if p in alive and p in job.plan_peers() and p not in (old, me)}  # fmt: skip
+                       if p in alive and p in old_plan and p not in (old, me)}  # fmt: skip
         job.members[me] = await self.offer()
-        job.leader, job.leader_address = me, self.node.addresses.get("peer", "")
-        job.leaders.add(me)
         step, _ = await trio.to_thread.run_sync(corrupt_shards, job.directory / "checkpoints", sorted(job.leaders))
-        job.committed_step = step
-        job.min_members, job.gather_until = 1, 0.0
-        job.state = "running"
-        job.restart_reason = ""
-        log.warning("job %s: the leader %s is gone; taking over as its standby (election term %d, from step %d)",
-                    job.job_id, old[:12], election_term, step)  # fmt: skip
-        self.request_restart(job, f"the leader {old[:12]} is gone; its standby {me[:12]} took over")
+        if self.leads(job) or job.leader != old or job.core.terminal:
+            return  # led, or another leader was elected, meanwhile
+        log.warning("job %s: the leader %s is gone; taking over as its standby (from step %d)", job.job_id,
+                    old[:12], step)  # fmt: skip
+        job.leader_address = self.node.addresses.get("peer", "")
+        self.feed(job, e.TakeoverReady(frozenset(job.members), step, tuple(p for p in old_plan if p != old)))
         self.spawn(self.lead, job)
 
     # ---------------------------------------------------------------------------------- checkpoints, the end
     async def commit_checkpoint(self, job: Job, step: int, term: int, epoch: int) -> None:
-        await self.commits.commit_checkpoint(job, step, term, epoch)
+        """Every device of plan ``(term, epoch)`` reported checkpoint ``step``: the core starts its commit."""
+        self.feed(job, e.CheckpointComplete(Stamp(term, epoch), step))
 
     async def export(self, job: Job, step: int, paths: list[Path]) -> None:
-        """Assemble the model from the shards at ``paths`` (in a child process) and finish the job."""
-        vocab = str(leader_data(job)["path"]) if job.spec.data.kind == "text" else None
-        try:
-            path = await filework.export_model(job.directory, job.spec_bytes, job.job_id, step, paths, vocab)
-        except Exception as exc:
-            await self.finish(job, "failed", f"exporting the model failed: {exc}")
-            return
-        job.model_path = str(path)
-        log.info("job %s: model saved to %s", job.job_id, path)
-        await self.finish(job, "done", "")
-
-    async def finish(self, job: Job, state: str, error: str) -> None:
-        """End ``job``: tell the members (a leader), stop our worker, and leave the job's election once the
-        members were told (leaving first would let them elect a standby for a job that is over)."""
-        job.state, job.error = state, error
-        stops: list[tuple[str, str]] = []
-        if job.plan is not None and self.leads(job):  # a device that does not lead commands nobody
-            stops = [(peer, job.members[peer].address)
-                     for peer in sorted(set(job.plan_peers()) | ({job.owner} & set(job.members)))
-                     if peer != self.node.identity.peer_id and peer in job.members]  # fmt: skip
-        self.spawn(self._stop_members_then_untrack, job, JobStop(job.job_id, job.term, state), stops)
-        await self.drop_own_worker(job)
-        self.persist(job)
-        job.finished.set()
-        job.poke()
-
-    async def _stop_members_then_untrack(self, job: Job, stop: JobStop, stops: list[tuple[str, str]]) -> None:
-        async with trio.open_nursery() as nursery:
-            for peer, address in stops:
-                nursery.start_soon(self._send_stop, job, peer, stop, address)
-        if lifecycle.ends_election(job.state):
-            self.untrack(job)
-
-    async def _send_stop(self, job: Job, peer: str, stop: JobStop, address: str) -> None:
-        await self.peers.request(address, peer, stop, timeout=10.0, job_id=job.job_id, term=job.term,
-                                 epoch=job.epoch)  # fmt: skip
+        await self.driver.export(job, step, paths)
 
     async def _on_stop(self, header: Header, msg: JobStop) -> JobAck:
         job = self.jobs.get(msg.job_id)
         if job is None or await self.check_leader(header, job, epochs=False):
             return JobAck(False, "not from this job's leader")
-        job.state = stop_state(msg.reason)  # a known state only, never the sender's text (issue #19)
-        await self.drop_own_worker(job)
-        if lifecycle.ends_election(job.state):
-            self.untrack(job)
+        self.feed(job, e.StopReceived(msg.reason))  # a known state only, never the sender's text (issue #19)
         return JobAck(True)
 
     def _on_member_changed(self, change: MemberChanged) -> None:
         if change.state is MemberState.ALIVE and change.previous is not MemberState.ALIVE:
             for job in self.jobs.values():  # a peer new or back: the owner's leader loop announces the job to it
-                if self.leads(job) and job.role == "owner" and job.state not in TERMINAL:
+                if self.leads(job) and job.role == Role.OWNER and not job.core.terminal:
                     job.poke()
             return
         if change.state not in (MemberState.DEAD, MemberState.LEFT):
             return
-        for job in self.jobs.values():
+        for job in list(self.jobs.values()):
             if self.leads(job):
                 job.announced.discard(change.peer)  # announce again if it comes back
-                in_plan = change.peer in job.plan_peers()
-                if change.peer in job.members and job.state in ("waiting", "paused"):
-                    del job.members[change.peer]
-                if in_plan or job.state == "recovering":
-                    self.request_restart(job, f"member {change.peer[:12]} is {change.state.value}")
-            elif change.peer == job.leader and job.state not in TERMINAL:
-                job.state, job.error = "paused", f"the job's leader {job.leader[:12]} is {change.state.value}"
-                self.spawn(self.drop_own_worker, job)
+                self.feed(job, e.MemberDead(change.peer, change.state.value))
+            elif change.peer == job.leader and not job.core.terminal:
+                self.feed(job, e.LeaderGone(change.state.value))
 
 
 async def serve_jobs(node: Node, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

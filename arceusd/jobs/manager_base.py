@@ -10,7 +10,8 @@ The manager is a ``JobContext`` and composes its parts, each an object of its ow
 context and the :class:`Lifecycle`: the control-socket methods (:mod:`arceusd.jobs.control_methods`), this
 device's stage worker and the workers' reports (:mod:`arceusd.jobs.local_worker`), the standby and owner
 synchronisation (:mod:`arceusd.jobs.standby_sync`). :class:`Lifecycle` is what they call back into (leading,
-restarting, finishing, committing and exporting checkpoints, handing over), implemented by the manager.
+restarting, feeding the job's core, committing and exporting checkpoints, handing over), implemented by the
+manager.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import trio
 
 from arceusd.control import RequestError
 from arceusd.jobs import leadership
+from arceusd.jobs.core import Role, Stamp, actions, events
 from arceusd.jobs.job import TERMINAL, Job
 from arceusd.jobs.transfers import Transfers
 from arceusd.node import Node
@@ -54,10 +56,10 @@ class JobContext:
         """The owner's durable record of a job (enough to resume it after this daemon restarts)."""
         from arceusd.checkpoint import atomic_write
 
-        if job.role != "owner":
+        if job.role != Role.OWNER:
             return
         record = {"job_id": job.job_id, "owner": job.owner, "spec_hash": job.spec_hash,
-                  "base_dir": str(job.spec.base_dir), "term": job.term, "epoch": job.epoch, "state": job.state,
+                  "base_dir": str(job.spec.base_dir), "term": job.term, "epoch": job.epoch, "state": job.state.value,
                   "members": sorted(job.members), "model_path": job.model_path}  # fmt: skip
         try:
             atomic_write(job.directory / OWNER_FILE, json.dumps(record, indent=1).encode())
@@ -77,7 +79,7 @@ class JobContext:
                 job = args[0] if args and isinstance(args[0], Job) else None
                 life = self.life
                 if job is not None and life is not None and fn == life.lead and job.state not in TERMINAL:
-                    await life.finish(job, "failed", f"internal error in the job's leader: {exc!r}")
+                    life.feed(job, events.Fail(f"internal error in the job's leader: {exc!r}"))
 
         self._nursery.start_soon(guarded)
 
@@ -135,16 +137,15 @@ class JobContext:
             return verdict.reason
         if await self.elected(job, header.sender):
             log.info("job %s: following %s, elected leader (term %d)", job.job_id, header.sender[:12], header.term)
-            self.follow_leader(job, header.sender)
-            job.term = header.term
+            self.follow_leader(job, header.sender, Stamp(header.term, job.epoch))
             return ""
         return leadership.refusal(job.leader, job.term)  # tells a replaced leader whom we follow
 
-    def follow_leader(self, job: Job, peer: str) -> None:
+    def follow_leader(self, job: Job, peer: str, stamp: Stamp | None = None) -> None:
+        """Take ``job``'s commands from ``peer`` (at ``stamp``, when given), at its address in membership."""
         member = self.peers.membership.members.get(peer)
-        job.leader = peer
+        job.core.follow(peer, stamp)
         job.leader_address = member.address if member is not None else job.leader_address
-        job.leaders.add(peer)
 
     async def elected(self, job: Job, peer: str, wait_s: float = 3.0) -> bool:
         """Whether the job's election has ``peer`` as leader (waiting a little: its announce may still be on its
@@ -202,17 +203,17 @@ class Lifecycle(Protocol):
     async def lead(self, job: Job) -> None:
         """The leader's loop for one job."""
 
-    async def finish(self, job: Job, state: str, error: str) -> None:
-        """End ``job`` in ``state`` (done, failed, cancelled) and tell the members."""
+    def feed(self, job: Job, event: events.Event) -> list[actions.Action]:
+        """Hand ``job``'s core an event and carry out what it answers; the actions (for a handler's answer)."""
 
     async def join(self, job: Job) -> dict[str, Any]:
         """Ask the job's leader to take this device in as a member."""
 
     def request_restart(self, job: Job, reason: str) -> None:
-        """Ask the leader loop to repartition ``job``."""
+        """Ask the core to repartition ``job``."""
 
     async def commit_checkpoint(self, job: Job, step: int, term: int, epoch: int) -> None:
-        """Copy every shard of ``step`` here, check it and sign its manifest."""
+        """Every device of plan ``(term, epoch)`` reported checkpoint ``step``: commit it (once)."""
 
     async def hand_over(self, job: Job, leader: str) -> None:
         """Owner: join ``leader``, whom the members follow now, as a member."""

@@ -1,7 +1,9 @@
 """What the leader takes from a member's checkpoint report, and what it does with a member whose report or shard
 fails (issue #19 items 1, 3 and 4).
 
-A member reports a shard as ``(name, sha256, size)``. None of it becomes a path or a download bound as sent:
+A member reports a shard as ``(name, sha256, size)``, the :class:`protocol.job_wire.ReportShard` of its
+:class:`protocol.job_wire.JobReport` (types and lengths checked by the codec). None of it becomes a path or a
+download bound as sent:
 
 - the file name is derived here from the plan: the reporter's stage and rank (:func:`expected_shard_name`, the
   same :func:`arceusd.checkpoint.shard_file_name` its worker writes under); a report naming another file (a path,
@@ -28,6 +30,7 @@ from typing import Any
 
 from arceusd.checkpoint import ShardRecord, shard_file_name
 from arceusd.jobs.job import Job
+from protocol.job_wire import JobReport
 
 SIZE_MARGIN = 2
 """A shard holds its share's parameters and optimizer state (what the planner's inputs count), plus a little."""
@@ -85,37 +88,31 @@ def shard_size_bound(plan: Any, inputs: Any, peer: str) -> int | None:
     return int(state) * SIZE_MARGIN + HEADER_ALLOWANCE
 
 
-def _int(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def check_checkpoint_report(job: Job, peer: str, event: Mapping[str, Any]) -> tuple[int, dict[str, Any]]:
-    """The step and the shard record (name derived from the plan, size and digest checked) of a checkpoint
-    report from ``peer``; :class:`ReportRefused` names what is wrong."""
+def check_checkpoint_report(job: Job, peer: str, report: JobReport) -> tuple[int, dict[str, Any]]:
+    """The step and the shard record (name derived from the plan, size and digest checked) of ``peer``'s
+    checkpoint report (its typed fields, as the codec bounded them); :class:`ReportRefused` names what is wrong."""
     if job.plan is None:
         raise ReportRefused(ReportProblem.NOT_IN_PLAN, "no plan is running")
     name = expected_shard_name(job.plan, peer)
     bound = shard_size_bound(job.plan, job.inputs, peer)
     if name is None or bound is None:
         raise ReportRefused(ReportProblem.NOT_IN_PLAN, f"{peer[:12]} holds no share of the current plan")
-    step = _int(event.get("step"))
+    step = report.step
     if step is None or not 0 < step <= job.total_steps:
-        raise ReportRefused(ReportProblem.STEP, f"checkpoint step {str(event.get('step'))[:40]!r} is not one of "
+        raise ReportRefused(ReportProblem.STEP, f"checkpoint step {str(step)[:40]!r} is not one of "
                                                 f"the job's steps 1..{job.total_steps}")  # fmt: skip
-    shard = event.get("shard")
-    if not isinstance(shard, Mapping):
+    shard = report.shard
+    if shard is None:
         raise ReportRefused(ReportProblem.MALFORMED, "a checkpoint report without its shard record")
-    if shard.get("name") != name:
-        raise ReportRefused(ReportProblem.NAME, f"shard named {str(shard.get('name'))[:80]!r}; its place in the "
+    if shard.name != name:
+        raise ReportRefused(ReportProblem.NAME, f"shard named {shard.name[:80]!r}; its place in the "
                                                 f"plan writes {name!r}")  # fmt: skip
-    size = _int(shard.get("size"))
-    if size is None or not 0 < size <= bound:
-        raise ReportRefused(ReportProblem.SIZE, f"shard size {str(shard.get('size'))[:40]} is outside 1..{bound} "
+    if not 0 < shard.size <= bound:
+        raise ReportRefused(ReportProblem.SIZE, f"shard size {str(shard.size)[:40]} is outside 1..{bound} "
                                                 f"bytes, what its share of the plan holds")  # fmt: skip
-    digest = shard.get("sha256")
-    if not isinstance(digest, str) or _SHA256.fullmatch(digest) is None:
+    if _SHA256.fullmatch(shard.sha256) is None:
         raise ReportRefused(ReportProblem.DIGEST, "the shard's sha256 is not 64 lowercase hex characters")
-    return step, {"name": name, "sha256": digest, "size": size}
+    return step, {"name": name, "sha256": shard.sha256, "size": shard.size}
 
 
 def record_of(shard: Mapping[str, Any]) -> ShardRecord:

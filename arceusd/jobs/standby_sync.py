@@ -16,6 +16,8 @@ from typing import Any
 import trio
 
 from arceusd.jobs import leadership
+from arceusd.jobs.core import Role
+from arceusd.jobs.core.events import StandbyCommitted
 from arceusd.jobs.job import Job
 from arceusd.jobs.manager_base import JobContext, Lifecycle
 from arceusd.jobs.transfers import leader_data
@@ -65,7 +67,7 @@ class StandbySyncing:
         why = await self.ctx.check_leader(header, job, epochs=False)
         if why or job is None:
             return JobAck(False, why)
-        if job.role == "owner" and not self.ctx.leads(job):
+        if job.role == Role.OWNER and not self.ctx.leads(job):
             return await self._receive_final(job, header.sender, msg)
         if job.standby != self.ctx.node.identity.peer_id:
             return JobAck(False, "this device is not the job's standby")
@@ -123,7 +125,7 @@ class StandbySyncing:
             failed = await self.ctx.transfers.copy_step(job, leader, msg, {r.name: r for r in manifest.shards})
             if failed is not None:
                 return JobAck(False, f"shard {failed} of step {msg.step} did not arrive intact")
-            job.committed_step = max(job.committed_step, msg.step)
+            self.life.feed(job, StandbyCommitted(msg.step))
             if not job.model_path:  # "" until exported (a repeated sync exports once)
                 await self.life.export(job, msg.step, [folder / r.name for r in manifest.shards])
         return JobAck(bool(job.model_path), job.error[:400])
@@ -143,7 +145,7 @@ class StandbySyncing:
                             msg.step)  # fmt: skip
                 return
             await trio.to_thread.run_sync(prune, job.directory / "checkpoints", job.spec.checkpoint.keep)
-            job.committed_step = max(job.committed_step, msg.step)
+            self.life.feed(job, StandbyCommitted(msg.step))
 
 
 def choose_standby(job: Job, me: str) -> str:

@@ -1,12 +1,13 @@
-"""Planning a job and starting it: the leader's side of a plan epoch.
+"""Planning a job and starting it: the leader's side of a plan epoch, the I/O of three of the job core's actions.
 
-:meth:`Starting.plan_and_start` plans over the job's members (:func:`arceusd.jobs.planning.make_job_plan`, with
-each member's offer discounted where it ran slower than it claimed, and the links the leader measured over the
-transport, :meth:`Starting._measure_links`, cached for :data:`LINK_TTL_S`), slices the resume checkpoint for the
-new plan in a child process (:func:`arceusd.jobs.filework.prepare_resume`), sends every member its start (each
-verifies the plan itself and starts its worker), then ``go`` in plan order: a ``go`` that is not acknowledged is
-sent again, then the plan restarts (:func:`arceusd.jobs.lifecycle.after_go`). A member that says it follows
-another leader makes this device hand the job over (:func:`arceusd.jobs.leadership.start_outcome`).
+:meth:`Starting.plan` (the core's ``Plan``) plans over the job's members (:func:`arceusd.jobs.planning.make_job_plan`,
+with each member's offer discounted where it ran slower than it claimed, and the links the leader measured over
+the transport, :meth:`Starting._measure_links`, cached for :data:`LINK_TTL_S`) and tells the core ``PlanFound``
+or ``NoPlanFits``. :meth:`Starting.start` (``SendStart``) slices the resume checkpoint for the new plan in a child
+process (:func:`arceusd.jobs.filework.prepare_resume`) and sends every member its start (each verifies the plan
+itself and starts its worker): ``StartAnswered``. :meth:`Starting.go_round` (``SendGo``) sends ``go`` in plan
+order: ``GoAnswered``. What follows each (send ``go`` again, restart, hand the job over to the leader the members
+follow) is the core's decision (:mod:`arceusd.jobs.core.machine`).
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from typing import Any
 
 import trio
 
-from arceusd.jobs import claims, filework, leadership, lifecycle, shard_checks
+from arceusd.jobs import claims, filework, shard_checks
 from arceusd.jobs.commits import Commits
-from arceusd.jobs.job import TERMINAL, Job
+from arceusd.jobs.core import JobState, actions, events
+from arceusd.jobs.job import Job
 from arceusd.jobs.local_worker import LocalWorker
 from arceusd.jobs.manager_base import JobContext, Lifecycle
 from arceusd.jobs.standby_sync import choose_standby
@@ -43,17 +45,11 @@ class Starting:
         self.commits = commits
         self._links: dict[str, tuple[float, Any]] = {}  # peer -> (when measured, partitioner Link)
 
-    async def plan_and_start(self, job: Job) -> None:
-        """Plan over ``job.members``, slice the resume checkpoint, start every worker, then send ``go``."""
-        from arceusd.jobs.planning import (
-            PlanError,
-            encode_job_start,
-            estimated_links,
-            make_job_plan,
-            replica_flops_shares,
-        )
-        resuming = job.state == "recovering" or job.committed_step > 0
-        job.state = "planning"
+    async def plan(self, job: Job) -> None:
+        """The core's ``Plan``: plan over ``job.members`` and tell the core what came of it."""
+        from arceusd.jobs.planning import PlanError, estimated_links, make_job_plan, replica_flops_shares
+
+        stamp = job.core.stamp
         me = self.ctx.node.identity.peer_id
         rtt = {(me, p): (i.rtt_ms or 1.0) / 1000 for p, i in self.ctx.peers.info.items()}
         # a member measured far slower than it offered is planned at its measured speed (issue #19)
@@ -63,33 +59,38 @@ class Starting:
                          "message_ms": round(m.message_s * 1e3, 4)} for p, m in measured.items()}  # fmt: skip
         links = estimated_links(me, measured, sorted(job.members))
         try:
-            job.inputs, job.replica_plan = await trio.to_thread.run_sync(make_job_plan, job.spec, offers, rtt, links,
-                                                                         me)  # fmt: skip
+            inputs, replica_plan = await trio.to_thread.run_sync(make_job_plan, job.spec, offers, rtt, links, me)
         except PlanError as exc:
-            job.state = "paused" if resuming else "waiting"
-            job.error = f"no plan fits the {len(offers)} member(s): {exc}" + (
-                "; paused until more capacity joins" if resuming else "")  # fmt: skip
-            job.min_members = len(job.members) + 1
-            log.warning("job %s: %s", job.job_id, job.error)
+            if job.core.stamp == stamp:
+                log.warning("job %s: no plan fits the %d member(s): %s", job.job_id, len(offers), exc)
+                self.life.feed(job, events.NoPlanFits(str(exc)))
             return
-        job.plan = job.replica_plan.replicas[0]  # the first replica's devices write the checkpoint shards
-        if me not in job.plan_peers():
-            await self.life.finish(job, "failed", "the plan leaves out the owner, who serves the data")
-            return
-        job.shares = replica_flops_shares(job.replica_plan, job.inputs)
-        job.epoch += 1
-        job.link_waits.clear()  # who waits on whom depends on the plan: judged afresh (claims.seen_by_neighbours)
-        job.seen.clear()
-        self.ctx.spawn(shard_checks.prefetch_shapes, job)  # ready by the plan's first checkpoint
-        job.state = "starting"
+        if job.core.stamp != stamp or job.state != JobState.PLANNING:
+            return  # repartitioned or ended while planning: the core plans again when it is time
+        job.inputs, job.replica_plan = inputs, replica_plan
+        job.plan = replica_plan.replicas[0]  # the first replica's devices write the checkpoint shards
+        job.shares = replica_flops_shares(replica_plan, inputs)
         job.standby = choose_standby(job, me)
-        self.ctx.track(job, list(job.plan_peers()), [me, job.standby])
+        self.life.feed(job, events.PlanFound(job.plan_peers(), job.standby))
+        if job.core.stamp != stamp:  # the core took the plan (a new epoch)
+            job.link_waits.clear()  # who waits on whom depends on the plan: judged afresh (claims.seen_by_neighbours)
+            job.seen.clear()
+            self.ctx.spawn(shard_checks.prefetch_shapes, job)  # ready by the plan's first checkpoint
+
+    async def start(self, job: Job, action: actions.SendStart) -> None:
+        """The core's ``SendStart``: slice the resume checkpoint for the new plan (a child process), send every
+        member its start (each verifies the plan itself and starts its worker), and tell the core who refused."""
+        from arceusd.jobs.planning import encode_job_start
+
+        me = self.ctx.node.identity.peer_id
         inputs_data, plan_data = encode_job_start(job.spec, job.inputs, job.replica_plan)
         resume = None
-        if resuming:
+        if action.resuming:
             replicas = await self.commits.repair_checkpoint(job)
             resume = await filework.prepare_resume(job.directory, job.spec_bytes, plan_data, job.epoch,
                                                    sorted(job.leaders), replicas)  # fmt: skip
+        if job.core.stamp != action.stamp:
+            return
         start_step = resume.step if resume is not None else 0
         job.resume_files = {p: f.name for p, f in resume.files.items()} if resume is not None else {}
         job.step = start_step
@@ -98,9 +99,9 @@ class Starting:
             job.recoveries[-1].resumed_step = start_step
         start = JobStart(job.job_id, job.term, job.epoch, job.spec_bytes, plan_data, inputs_data, start_step,
                          resume.to_wire() if resume is not None else b"", job.standby)  # fmt: skip
-        addresses: dict[str, str] = {}
+        job.go_addresses = addresses = {}
         failures: list[tuple[str, str]] = []
-        reach = {o.peer_id: o.address for o in offers}  # as planned: a member may leave meanwhile
+        reach = {p: o.address for p, o in job.members.items()}  # as planned: a member may leave meanwhile
 
         async def start_one(peer: str) -> None:
             if peer == me:
@@ -110,67 +111,40 @@ class Starting:
 
                     local = ResumeConfig(start_step, str(resume.directory / resume.files[me].name), resume.cursor)
                 reply = await self.local.start_worker(job, local)
+            elif peer not in reach:
+                reply = JobStartReply(job.job_id, False, "no longer a member")
             else:
                 got = await self.ctx.peers.request(reach[peer], peer, start, timeout=240.0,
-                                               job_id=job.job_id, term=job.term, epoch=job.epoch)  # fmt: skip
+                                                   job_id=job.job_id, term=job.term, epoch=job.epoch)  # fmt: skip
                 reply = got if isinstance(got, JobStartReply) else JobStartReply(job.job_id, False, "no answer")
             if reply.accepted:
                 addresses[peer] = reply.worker_address
             else:
                 failures.append((peer, reply.reason))
 
-        epoch = job.epoch
         with trio.CancelScope() as scope:
             job.start_scope = scope
             async with trio.open_nursery() as nursery:
                 for peer in job.plan_peers():
                     nursery.start_soon(start_one, peer)
         job.start_scope = None
-        if job.epoch != epoch or job.state in TERMINAL or not self.ctx.leads(job):
-            return  # replanned, ended, or handed over (to the leader our members follow) meanwhile
         if scope.cancelled_caught:
             failures.append(("", "a member of the new plan failed while it started"))
-        outcome = leadership.start_outcome(me, failures)
-        if isinstance(outcome, leadership.HandOver):
-            # Membership declared us dead meanwhile and the standby took over: its members refuse us and say
-            # so. Commanding again cannot succeed (we would only fail the job); join the new leader instead.
-            log.warning("job %s: the members follow %s now; handing over", job.job_id, outcome.leader[:12])
-            job.state = "running"  # the restart path if the hand-over does not happen
-            await self.life.hand_over(job, outcome.leader)
-            if self.ctx.leads(job):
-                self.life.request_restart(job, f"members follow {outcome.leader[:12]}, who did not take us in")
-            return
-        if isinstance(outcome, leadership.Restart):
-            reason = outcome.reason
-            if resuming or job.restart_reason:
-                job.state = "running"  # let the leader loop take the restart path
-                self.life.request_restart(job, reason)
-            else:
-                await self.life.finish(job, "failed", reason)
-            return
-        go = JobGo(job.job_id, job.term, job.epoch, tuple(PeerAddress(p, a) for p, a in sorted(addresses.items())))
-        pending, attempt = list(job.plan_peers()), 0
-        while True:
-            attempt += 1
-            unacknowledged = await self.send_go(job, go, pending, reach)
-            if job.epoch != epoch or job.state in TERMINAL or not self.ctx.leads(job):
-                return
-            decided = lifecycle.after_go(unacknowledged, attempt)
-            if isinstance(decided, lifecycle.ResendGo):
-                log.warning("job %s: go not acknowledged by %s; sending it again", job.job_id,
-                            ", ".join(p[:12] for p in decided.peers))  # fmt: skip
-                pending = list(decided.peers)
-                continue
-            if isinstance(decided, lifecycle.RestartPlan):
-                job.state = "running"  # the leader loop's restart path
-                self.life.request_restart(job, decided.reason)
-                return
-            break
-        if job.state == "starting":
-            job.state = "running"
-        job.error = ""
-        log.info("job %s running on %d devices (term %d, epoch %d, from step %d)", job.job_id, len(addresses),
-                 job.term, job.epoch, start_step)  # fmt: skip
+        self.life.feed(job, events.StartAnswered(action.stamp, tuple(failures)))
+
+    async def go_round(self, job: Job, action: actions.SendGo) -> None:
+        """The core's ``SendGo``: send ``go`` to the peers it names, in plan order, and tell the core which
+        ones did not acknowledge it (it sends again, then restarts the plan: :func:`lifecycle.after_go`)."""
+        go = JobGo(job.job_id, action.stamp.term, action.stamp.epoch,
+                   tuple(PeerAddress(p, a) for p, a in sorted(job.go_addresses.items())))  # fmt: skip
+        reach = {p: o.address for p, o in job.members.items()}
+        unacknowledged = await self.send_go(job, go, list(action.peers), reach)
+        if unacknowledged and job.core.stamp == action.stamp:
+            log.warning("job %s: go not acknowledged by %s", job.job_id, ", ".join(p[:12] for p in unacknowledged))
+        self.life.feed(job, events.GoAnswered(action.stamp, unacknowledged))
+        if job.state == JobState.RUNNING and job.core.stamp == action.stamp and not unacknowledged:
+            log.info("job %s running on %d devices (term %d, epoch %d, from step %d)", job.job_id,
+                     len(job.go_addresses), job.term, job.epoch, job.step)  # fmt: skip
 
     async def send_go(self, job: Job, go: JobGo, peers: list[str], reach: dict[str, str]) -> dict[str, str]:
         """Send ``go`` to ``peers`` in plan order (as before); the ones that did not acknowledge it, with why."""
@@ -189,6 +163,9 @@ class Starting:
                 unacknowledged[peer] = reply.reason or "refused"
 
         for peer in peers:
+            if peer != me and peer not in reach:
+                unacknowledged[peer] = "no longer a member"
+                continue
             await one(peer)
         return unacknowledged
 

@@ -193,7 +193,7 @@ def leader_data(job: Job) -> dict[str, Any]:
     absolute paths (the spec's are relative to its file), on a standby that took over its checked copy."""
     from arceusd.jobs.spec_types import resolve_path
 
-    if job.role != "owner":
+    if job.role != "owner":  # a Role (a str enum)
         if job.standby_data is None:
             raise RuntimeError("this device leads the job without a checked copy of its data (a bug)")
         return dict(job.standby_data)

@@ -4,9 +4,9 @@ Only the first replica's devices write checkpoint shards; with replicas every de
 ``witness`` at each checkpoint step (:class:`arceusd.worker.protocol.WitnessEvent`): the sha256 of the state all
 replicas hold alike at its place (stage, rank): the bytes of its checkpoint shard (the whole stage state, what
 the first replica writes) when gradients are averaged every step, the outer anchor and momentum with DiLoCo.
-The leader takes a witness only from a device of the plan's replicas, for one of the job's checkpoint steps, as
-64 hex characters (:func:`check_witness`), and once every device of the plan reported (shards and witnesses) it
-compares them place by place (:func:`judge`):
+The leader takes a witness (a :class:`protocol.job_wire.JobReport` of kind ``WITNESS``) only from a device of the
+plan's replicas, for one of the job's checkpoint steps, as 64 hex characters (:func:`check_witness`), and once
+every device of the plan reported (shards and witnesses) it compares them place by place (:func:`judge`):
 
 - all alike: the commit goes on, and every device of the other replicas counts as having reported the step
   (its receipts in the market, like the shard writers');
@@ -23,10 +23,10 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from arceusd.jobs.job import Job
 from arceusd.jobs.shard_checks import ReportProblem, ReportRefused
+from protocol.job_wire import JobReport
 
 _HEX = frozenset("0123456789abcdef")
 
@@ -36,18 +36,19 @@ def replicated(job: Job) -> bool:
     return job.plan is not None and job.replica_plan is not None and len(job.replica_plan.replicas) > 1
 
 
-def check_witness(job: Job, peer: str, event: Mapping[str, Any]) -> tuple[int, str]:
-    """The step and digest of ``peer``'s witness; :class:`ReportRefused` names what is wrong."""
+def check_witness(job: Job, peer: str, report: JobReport) -> tuple[int, str]:
+    """The step and digest of ``peer``'s witness report (its typed fields, as the codec bounded them);
+    :class:`ReportRefused` names what is wrong."""
     if not replicated(job) or job.replica_plan.replica_of(peer) is None:
         raise ReportRefused(ReportProblem.NOT_IN_PLAN, f"{peer[:12]} holds no place in the plan's replicas")
-    step = event.get("step")
+    step = report.step
     interval = job.spec.checkpoint.interval_steps
-    if (not isinstance(step, int) or isinstance(step, bool) or not 0 < step <= job.total_steps
+    if (step is None or not 0 < step <= job.total_steps
             or (step != job.total_steps and (not interval or step % interval))):  # fmt: skip
         raise ReportRefused(ReportProblem.STEP, f"witness step {str(step)[:40]!r} is not one of the job's "
                                                 "checkpoint steps")  # fmt: skip
-    digest = event.get("digest")
-    if not isinstance(digest, str) or len(digest) != 64 or not set(digest) <= _HEX:
+    digest = report.digest
+    if len(digest) != 64 or not set(digest) <= _HEX:
         raise ReportRefused(ReportProblem.DIGEST, "the witness digest is not 64 lowercase hex characters")
     return step, digest
 

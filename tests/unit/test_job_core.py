@@ -18,7 +18,6 @@ from arceusd.jobs.core import events as e
 from arceusd.jobs.leadership import Accept, AskElection, Refuse, refusal
 
 ME, B, C = "a" * 32, "b" * 32, "c" * 32
-SHARD = e.ShardReport("s.pt", "0" * 64, 10)
 
 
 T = TypeVar("T")
@@ -27,6 +26,10 @@ T = TypeVar("T")
 def state(core: JobCore) -> JobState:
     """The core's state, read through a call (so the type checker does not narrow it between events)."""
     return core.state
+
+
+def role(core: JobCore) -> Role:
+    return core.role
 
 
 def kinds(actions: list[a.Action]) -> list[type]:
@@ -43,7 +46,7 @@ def running(total: int = 100, members: tuple[str, ...] = (ME, B), min_members: i
     for peer in members[1:]:
         out = core.handle(e.MemberJoined(peer), 0.0)
     assert state(core) == JobState.PLANNING and find(out, a.Plan) == [a.Plan(frozenset(members), False)]
-    out = core.handle(e.PlanFound(members, len(members), members[1] if len(members) > 1 else ""), 0.0)
+    out = core.handle(e.PlanFound(members, members[1] if len(members) > 1 else ""), 0.0)
     assert state(core) == JobState.STARTING and core.stamp == Stamp(1, 1)
     assert find(out, a.SendStart) == [a.SendStart(Stamp(1, 1), members, False)]
     out = core.handle(e.StartAnswered(core.stamp), 0.0)
@@ -53,10 +56,10 @@ def running(total: int = 100, members: tuple[str, ...] = (ME, B), min_members: i
     return core
 
 
-def checkpoint(core: JobCore, step: int, peers: tuple[str, ...] = (ME, B)) -> list[a.Action]:
-    out: list[a.Action] = []
-    for peer in peers:
-        out += core.handle(e.CheckpointReported(core.stamp, peer, step, SHARD), 0.0)
+def checkpoint(core: JobCore, step: int) -> list[a.Action]:
+    """Every device reported ``step`` (the driver judged the reports): the core commits it, once."""
+    out = core.handle(e.CheckpointComplete(core.stamp, step), 0.0)
+    assert core.handle(e.CheckpointComplete(core.stamp, step), 0.0) == [], "a step is committed once"
     return out
 
 
@@ -77,7 +80,7 @@ def test_stamps_order_by_term_then_epoch() -> None:
 def test_a_job_runs_commits_exports_and_ends_leaving_its_election() -> None:
     core = running(total=20)
     out = checkpoint(core, 10)
-    assert find(out, a.Commit) == [a.Commit(Stamp(1, 1), 10, {ME: SHARD, B: SHARD})]
+    assert find(out, a.Commit) == [a.Commit(Stamp(1, 1), 10)]
     out = core.handle(e.CommitDone(core.stamp, 10), 0.0)
     assert core.committed_step == 10 and out == [a.SyncStandby(10)]
     checkpoint(core, 20)
@@ -105,7 +108,7 @@ def test_a_lost_worker_repartitions_then_the_job_gives_up_after_the_restart_limi
         assert find(out, a.StopWorkers) == [a.StopWorkers(core.stamp, (B,), "replanning")]
         out = core.handle(e.MembersReachable(core.stamp, frozenset({ME, B})), 0.0)
         assert find(out, a.Plan) == [a.Plan(frozenset({ME, B}), True)]
-        core.handle(e.PlanFound((ME, B), 2, B), 0.0)
+        core.handle(e.PlanFound((ME, B), B), 0.0)
         assert find(core.handle(e.StartAnswered(core.stamp), 0.0), a.SendGo)
         core.handle(e.GoAnswered(core.stamp), 0.0)
         assert state(core) == JobState.RUNNING
@@ -119,7 +122,7 @@ def test_progress_resets_the_restart_limit() -> None:
     for _ in range(MAX_RESTARTS_PER_CHECKPOINT):
         core.handle(e.WorkerFailed(core.stamp, B, "x"), 0.0)
         core.handle(e.MembersReachable(core.stamp, frozenset({ME, B})), 0.0)
-        core.handle(e.PlanFound((ME, B), 2, B), 0.0)
+        core.handle(e.PlanFound((ME, B), B), 0.0)
         core.handle(e.StartAnswered(core.stamp), 0.0)
         core.handle(e.GoAnswered(core.stamp), 0.0)
     checkpoint(core, 10)
@@ -139,7 +142,7 @@ def test_pause_when_no_plan_fits_and_resume_when_capacity_returns() -> None:
     assert not find(core.handle(e.Tick(), 5.0), a.Plan)  # still one member: stays paused
     out = core.handle(e.MemberJoined(C), 6.0)
     assert kinds(out) == [a.Announce, a.Resume, a.Plan] and state(core) == JobState.PLANNING
-    core.handle(e.PlanFound((ME, C), 2, C), 6.0)
+    core.handle(e.PlanFound((ME, C), C), 6.0)
     core.handle(e.StartAnswered(core.stamp), 6.0)
     core.handle(e.GoAnswered(core.stamp), 6.0)
     assert state(core) == JobState.RUNNING
@@ -150,7 +153,7 @@ def test_a_failed_final_commit_is_retried_then_fails_with_a_clear_error() -> Non
     checkpoint(core, 10)
     for attempt in range(1, lifecycle.FINAL_COMMIT_ATTEMPTS):
         out = core.handle(e.CommitFailed(core.stamp, 10, "no shard from b"), 0.0)
-        assert out == [a.Commit(core.stamp, 10, {ME: SHARD, B: SHARD}, lifecycle.COMMIT_RETRY_S[attempt - 1])]
+        assert out == [a.Commit(core.stamp, 10, lifecycle.COMMIT_RETRY_S[attempt - 1])]
         assert state(core) == JobState.RUNNING
     out = core.handle(e.CommitFailed(core.stamp, 10, "no shard from b"), 0.0)
     assert state(core) == JobState.FAILED
@@ -170,7 +173,7 @@ def test_a_failed_intermediate_commit_keeps_running_and_the_next_one_counts() ->
 def test_a_lost_go_is_resent_then_the_plan_restarts() -> None:
     core = JobCore.owned(ME, 100, min_members=2)
     core.handle(e.MemberJoined(B), 0.0)
-    core.handle(e.PlanFound((ME, B), 2, B), 0.0)
+    core.handle(e.PlanFound((ME, B), B), 0.0)
     core.handle(e.StartAnswered(core.stamp), 0.0)
     out = core.handle(e.GoAnswered(core.stamp, {B: "no answer"}), 0.0)
     assert out == [a.SendGo(core.stamp, (B,))] and state(core) == JobState.STARTING
@@ -191,9 +194,55 @@ def test_a_member_takes_go_once_per_epoch_and_refuses_another_epoch() -> None:
 def test_a_first_start_that_fails_fails_the_job() -> None:
     core = JobCore.owned(ME, 100, min_members=2)
     core.handle(e.MemberJoined(B), 0.0)
-    core.handle(e.PlanFound((ME, B), 2, B), 0.0)
+    core.handle(e.PlanFound((ME, B), B), 0.0)
     core.handle(e.StartAnswered(core.stamp, ((B, "out of memory"),)), 0.0)
     assert state(core) == JobState.FAILED and "out of memory" in core.error
+
+
+def test_a_restart_asked_for_repartitions_once_and_a_stale_commit_is_dropped() -> None:
+    core = running()
+    old = core.stamp
+    checkpoint(core, 10)
+    out = core.handle(e.RestartAsked("member b excluded: shard size -1"), 0.0)
+    assert state(core) == JobState.RECOVERING and core.stamp == old.next_term() and "excluded" in core.error
+    assert kinds(out) == [a.CancelStart, a.StartRecovery, a.StopWorkers, a.CheckReachable]
+    assert core.handle(e.RestartAsked("another reason"), 0.0) == [] and "excluded" in core.error  # first wins
+    assert core.handle(e.CommitDone(old, 10), 0.0) == [] and core.committed_step == 0
+
+
+def test_a_spent_budget_fails_the_job_and_a_waiting_job_plans_only_with_the_memory_it_needs() -> None:
+    core = running()
+    out = core.handle(e.Fail("the job's budget is spent"), 0.0)
+    assert state(core) == JobState.FAILED and core.error == "the job's budget is spent" and find(out, a.Finish)
+    waiting = JobCore.owned(ME, 100, min_members=2)
+    assert not find(waiting.handle(e.MemberJoined(B, memory_ok=False), 0.0), a.Plan)
+    assert not find(waiting.handle(e.Tick(memory_ok=False), 1.0), a.Plan) and state(waiting) == JobState.WAITING
+    assert find(waiting.handle(e.Tick(memory_ok=True), 2.0), a.Plan)
+
+
+def test_a_member_joins_starts_mirrors_the_leader_holds_checkpoints_and_leaves() -> None:
+    member = JobCore(B, ME, 100)
+    assert member.role == Role.SEEN and state(member) == JobState.ANNOUNCED
+    member.handle(e.Joined(), 0.0)
+    assert role(member) == Role.MEMBER and state(member) == JobState.JOINED
+    member.handle(e.StartReceived(Stamp(2, 5)), 0.0)
+    assert member.stamp == Stamp(2, 5)
+    member.handle(e.WorkerStarted(Stamp(2, 5)), 0.0)
+    assert state(member) == JobState.STARTING
+    member.handle(e.StandbyCommitted(40), 0.0)
+    member.handle(e.StandbyCommitted(20), 0.0)
+    member.handle(e.StandbyCommitted(10**9), 0.0)  # never past the job's end, whatever a leader claims
+    assert member.committed_step == 100
+    assert member.handle(e.StopReceived("\x1b[2Jpwned"), 0.0)[0] == a.StopWorkers(Stamp(2, 5), (), "stopped")
+    out = member.handle(e.LeaveJob(), 0.0)
+    assert role(member) == Role.SEEN and state(member) == JobState.LEFT and find(out, a.StopWorkers)
+
+
+def test_the_owner_exports_the_final_checkpoint_its_leader_handed_it() -> None:
+    owner = JobCore(ME, ME, 100, Role.OWNER, JobState.JOINED, Stamp(0, 0), leader=C)
+    assert not owner.leads
+    out = owner.handle(e.ExportDone("/m.safetensors"), 0.0)
+    assert state(owner) == JobState.DONE and find(out, a.StopWorkers) == [a.StopWorkers(Stamp(0, 0), (), "done")]
 
 
 # ------------------------------------------------------------------------------------------------ leadership
@@ -201,7 +250,7 @@ def test_the_owner_hands_over_when_its_members_follow_the_standby() -> None:
     core = running()
     core.handle(e.WorkerFailed(core.stamp, B, "x"), 0.0)
     core.handle(e.MembersReachable(core.stamp, frozenset({ME, B})), 0.0)
-    core.handle(e.PlanFound((ME, B), 2, B), 0.0)
+    core.handle(e.PlanFound((ME, B), B), 0.0)
     out = core.handle(e.StartAnswered(core.stamp, ((B, refusal(C, 3)),)), 0.0)
     assert out == [a.HandOver(C)]
     out = core.handle(e.HandOverAnswered(C, accepted=True), 0.0)
@@ -247,9 +296,8 @@ def test_stale_stamps_are_refused() -> None:
     core = running()
     old = core.stamp
     core.handle(e.WorkerFailed(core.stamp, B, "x"), 0.0)
-    out = core.handle(e.CheckpointReported(old, B, 10, SHARD), 0.0)
+    out = core.handle(e.CheckpointComplete(old, 10), 0.0)
     assert isinstance(out[0], a.Refuse) and "outside the current plan epoch" in out[0].reason
-    assert core.lead is not None and core.lead.stale_reports == 1
     assert core.handle(e.CommitDone(old, 10), 0.0) == [] and core.committed_step == 0
     member = JobCore(B, ME, 100, Role.MEMBER, JobState.RUNNING, Stamp(2, 4))
     assert isinstance(member.judge(ME, Stamp(2, 3)), Refuse)
@@ -269,16 +317,16 @@ def test_the_owner_restored_after_its_restart_waits_for_its_members_not_for_long
 # ------------------------------------------------------------------------------------------------ properties
 PEERS = (ME, B, C)
 EVENTS = st.one_of(
-    st.builds(e.MemberJoined, st.sampled_from(PEERS[1:])),
+    st.builds(e.MemberJoined, st.sampled_from(PEERS[1:]), st.booleans()),
+    st.builds(e.RestartAsked, st.just("a member was excluded")), st.builds(e.Fail, st.just("budget spent")),
     st.builds(e.MemberDead, st.sampled_from(PEERS[1:])),
     st.builds(e.MemberLeft, st.sampled_from(PEERS[1:])),
-    st.builds(e.PlanFound, st.sampled_from([(ME, B), (ME, C), (ME, B, C), (B,)]), st.integers(1, 3),
-              st.sampled_from(["", B])),
+    st.builds(e.PlanFound, st.sampled_from([(ME, B), (ME, C), (ME, B, C), (B,)]), st.sampled_from(["", B])),
     st.builds(e.NoPlanFits, st.just("too small")),
     st.just("start"), st.just("start-refused"), st.just("go"), st.just("go-lost"), st.just("checkpoint"),
     st.just("commit"), st.just("commit-failed"), st.just("worker-failed"), st.just("reachable"),
     st.builds(e.ExportDone, st.just("/m")), st.builds(e.ExportFailed, st.just("disk full")),
-    st.just(e.Tick()), st.just(e.Cancel()), st.builds(e.FollowsOther, st.just(C)),
+    st.builds(e.Tick, st.booleans()), st.just(e.Cancel()), st.builds(e.FollowsOther, st.just(C)),
     st.builds(e.HandOverAnswered, st.just(C), st.booleans(), st.booleans()),
     st.builds(e.OtherElected, st.sampled_from(PEERS), st.integers(1, 9)),
 )  # fmt: skip
@@ -292,7 +340,7 @@ def concrete(core: JobCore, raw: object, step: int) -> e.Event:
     made: dict[str, e.Event] = {
         "start": e.StartAnswered(s), "start-refused": e.StartAnswered(s, ((B, "no"),)),
         "go": e.GoAnswered(s), "go-lost": e.GoAnswered(s, {B: "no answer"}),
-        "checkpoint": e.CheckpointReported(s, B, step, SHARD), "commit": e.CommitDone(s, step),
+        "checkpoint": e.CheckpointComplete(s, step), "commit": e.CommitDone(s, step),
         "commit-failed": e.CommitFailed(s, step, "x"), "worker-failed": e.WorkerFailed(s, B, "x"),
         "reachable": e.MembersReachable(s, frozenset(PEERS)),
     }  # fmt: skip

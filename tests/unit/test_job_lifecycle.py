@@ -16,6 +16,9 @@ import trio
 import trio.testing
 
 from arceusd.jobs import lifecycle
+from arceusd.jobs.core import JobCore, JobState, Stamp
+from arceusd.jobs.core import actions as a
+from arceusd.jobs.core import events as e
 from arceusd.jobs.job import Job
 from arceusd.jobs.manager import JobManager
 from protocol.job_wire import JobAck, JobGo, PeerAddress
@@ -76,6 +79,9 @@ class FakePeers:
         self.sent.append((peer, msg))
         return self.answer
 
+    def alive_peers(self) -> dict[str, str]:
+        return {}
+
 
 def manager(tmp_path: Path, peers: FakePeers) -> tuple[JobManager, FakeElections]:
     elections = FakeElections()
@@ -85,9 +91,14 @@ def manager(tmp_path: Path, peers: FakePeers) -> tuple[JobManager, FakeElections
 
 
 def leading_job(tmp_path: Path, total_steps: int = 100) -> Job:
-    spec = SimpleNamespace(checkpoint=SimpleNamespace(keep=2), name="t")
-    job = Job(JOB, spec, b"{}", "0" * 64, ME, "127.0.0.1:1", "member", tmp_path / JOB, state="running",
-              total_steps=total_steps)  # fmt: skip
+    """An owner whose plan over itself and OTHER runs (its core as the leader's loop would have left it)."""
+    spec = SimpleNamespace(checkpoint=SimpleNamespace(keep=2), name="t", base_dir=tmp_path)
+    core = JobCore.owned(ME, total_steps)
+    assert core.lead is not None
+    core.state, core.stamp, core.lead.plan = JobState.RUNNING, Stamp(1, 1), (ME, OTHER)
+    core.lead.members.add(OTHER)
+    job = Job(JOB, spec, b"{}", "0" * 64, ME, "127.0.0.1:1", tmp_path / JOB, core, total_steps=total_steps)
+    job.members[ME] = SimpleNamespace(address="127.0.0.1:1")
     job.members[OTHER] = SimpleNamespace(address="127.0.0.1:2")
     # a running plan whose one place is OTHER's (a commit without a running plan is moot)
     job.plan = SimpleNamespace(peer_ids=(OTHER,), stages=(SimpleNamespace(shares=(SimpleNamespace(peer_id=OTHER),)),))
@@ -99,10 +110,11 @@ def run_with_nursery(mgr: JobManager, fn: Any) -> None:
         async with trio.open_nursery() as nursery:
             mgr._nursery = nursery
             await fn()
-            await trio.sleep(60)  # let spawned tasks (stops, untrack) finish under the mock clock
+            await trio.sleep(60)  # let spawned tasks (commits, retries, stops, untrack) finish under the mock clock
             nursery.cancel_scope.cancel()
 
-    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    # the clock jumps once nothing ran for 50 ms of real time: a thread (file checks) gets to finish first
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0.05))
 
 
 def test_a_final_checkpoint_that_cannot_be_copied_fails_the_job_after_retries(tmp_path: Path) -> None:
@@ -142,7 +154,12 @@ def test_cancel_stops_members_then_leaves_the_election(tmp_path: Path) -> None:
     mgr, elections = manager(tmp_path, peers)
     job = leading_job(tmp_path)
     job.plan = SimpleNamespace(peer_ids=(ME, OTHER))
-    run_with_nursery(mgr, lambda: mgr.finish(job, "cancelled", "cancelled by the owner"))
+
+    async def cancel() -> None:
+        mgr.feed(job, e.Cancel())
+
+    run_with_nursery(mgr, cancel)
+    assert job.state == "cancelled" and job.finished.is_set()
     assert [(p, type(m).__name__, m.reason) for p, m in peers.sent] == [(OTHER, "JobStop", "cancelled")]
     assert elections.untracked == [JOB]
 
@@ -170,7 +187,7 @@ class FakeWorker:
 def test_a_go_sent_again_after_a_lost_answer_starts_the_worker_once(tmp_path: Path) -> None:
     mgr, _ = manager(tmp_path, FakePeers())
     job = leading_job(tmp_path)
-    job.epoch = 3
+    job.core.stamp = Stamp(1, 3)
     worker = FakeWorker()
     job.worker = worker  # type: ignore[assignment]
     go = JobGo(JOB, 1, 3, (PeerAddress(OTHER, "127.0.0.1:9"),))
@@ -181,7 +198,6 @@ def test_a_go_sent_again_after_a_lost_answer_starts_the_worker_once(tmp_path: Pa
 
     run_with_nursery(mgr, twice)
     assert worker.commands == [{"cmd": "start", "addresses": {OTHER: "127.0.0.1:9"}}]
-    assert job.state == "running"
 
 
 def test_a_member_that_never_acknowledges_go_gets_it_again_then_the_plan_restarts(tmp_path: Path) -> None:
@@ -219,11 +235,17 @@ def test_a_commit_waiting_while_a_repartition_is_asked_for_does_nothing(tmp_path
         return None
 
     mgr.transfers.fetch_shard = fetch_shard  # type: ignore[method-assign,assignment]
-    job.restart_reason = "member x excluded"
-    run_with_nursery(mgr, lambda: mgr.commit_checkpoint(job, 40, job.term, job.epoch))
-    job.restart_reason, job.plan = "", None  # the restart ran: no plan until the next one
-    run_with_nursery(mgr, lambda: mgr.commit_checkpoint(job, 40, job.term, job.epoch))
-    assert fetches == [] and job.committed_step == 0 and job.error == ""
+    waited = job.core.stamp
+
+    async def excluded_then_commit() -> None:
+        mgr.request_restart(job, "member x excluded")
+        assert job.state == "recovering" and job.core.stamp != waited
+        await mgr.commits.commit(job, a.Commit(waited, 40))
+
+    run_with_nursery(mgr, excluded_then_commit)
+    job.plan = None  # the restart ran: no plan until the next one
+    run_with_nursery(mgr, lambda: mgr.commits.commit(job, a.Commit(job.core.stamp, 40)))
+    assert fetches == [] and job.committed_step == 0 and job.error == "member x excluded"
 
 
 def test_a_command_from_a_newly_elected_leader_waits_for_the_election_event_not_a_poll(tmp_path: Path) -> None:

@@ -3,19 +3,28 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 from arceusd.jobs.claims import StageTime
+from arceusd.jobs.core import JobCore
 from arceusd.jobs.job import STAGE_WINDOW, Job
 from arceusd.jobs.view import render_job
+from protocol.job_wire import JobReport, ReportKind
+
+
+def _claims(**seconds: Any) -> JobReport:
+    """A checkpoint report carrying only these step-time claims."""
+    return replace(JobReport("ab" * 16, 0, ReportKind.CHECKPOINT), **seconds)
 
 
 def _job(tmp_path: Path) -> Job:
     spec = SimpleNamespace(name="tiny", model=SimpleNamespace(), data=SimpleNamespace(kind="shakespeare"))
-    return Job("ab" * 16, spec, b"", "h", "owner", "127.0.0.1:1", "owner", tmp_path)
+    return Job("ab" * 16, spec, b"", "h", "owner", "127.0.0.1:1", tmp_path, JobCore.owned("owner", 100))
 
 
 def test_no_steps_no_timing(tmp_path: Path) -> None:
@@ -103,17 +112,17 @@ def test_a_reports_wait_is_kept_only_when_finite_and_within_bounds() -> None:
     from arceusd.jobs import claims
 
     waits: dict[str, float] = {}
-    claims.record_wait_time(waits, "a", {"wait_s": 0.25})
-    claims.record_wait_time(waits, "b", {"wait_s": 0})
+    claims.record_wait_time(waits, "a", _claims(wait_s=0.25))
+    claims.record_wait_time(waits, "b", _claims(wait_s=0.0))
     assert waits == {"a": 0.25, "b": 0.0}
-    for bad in (float("nan"), float("inf"), -0.1, 1e6, True, "0.1", None):
-        claims.record_wait_time(waits, "a", {"wait_s": bad})
+    for bad in (float("nan"), float("inf"), float("-inf"), -0.1, 1e6, None):
+        claims.record_wait_time(waits, "a", _claims(wait_s=bad))
         assert "a" not in waits, bad  # a bad (or missing) wait is not kept, nor the previous one shown beside it
-        claims.record_wait_time(waits, "a", {"wait_s": 0.25})
-    claims.record_wait_time(waits, "b", {"step_s": 0.1, "predicted_s": 0.1})  # a report without it
+        claims.record_wait_time(waits, "a", _claims(wait_s=0.25))
+    claims.record_wait_time(waits, "b", _claims(step_s=0.1, predicted_s=0.1))  # a report without it
     assert waits == {"a": 0.25}
     times: dict[str, tuple[float, float]] = {}
-    claims.record_step_time(times, "b", {"step_s": 0.1, "predicted_s": 0.2})  # ... still counts as a report
+    claims.record_step_time(times, "b", _claims(step_s=0.1, predicted_s=0.2))  # ... still counts as a report
     assert times == {"b": (0.1, 0.2)}
 
 
@@ -127,9 +136,9 @@ def test_stage_times_cover_every_measured_device_and_this_device_from_its_own_st
               for i, p in enumerate((me, other, third))]  # fmt: skip
     job.plan = SimpleNamespace(stages=stages, micro_batches=4, schedule="1f1b", predicted_step_time_s=0.1,
                                bubble_fraction=0.2, peer_ids=(me, other, third))  # fmt: skip
-    for peer, report in ((me, {"step_s": 9.0, "wait_s": 9.0, "predicted_s": 1.0}),
-                         (other, {"step_s": 0.03, "wait_s": 0.012, "predicted_s": 0.042}),
-                         (third, {"step_s": 0.05, "predicted_s": 0.042, "wait_s": -1})):  # fmt: skip
+    for peer, report in ((me, _claims(step_s=9.0, wait_s=9.0, predicted_s=1.0)),
+                         (other, _claims(step_s=0.03, wait_s=0.012, predicted_s=0.042)),
+                         (third, _claims(step_s=0.05, predicted_s=0.042, wait_s=-1.0))):  # fmt: skip
         claims.record_step_time(job.measured, peer, report)
         claims.record_wait_time(job.waits, peer, report)
     for seconds, waited in [(0.05, 0.01), (0.5, 0.0), (0.06, 0.02)]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -16,10 +17,16 @@ from arceusd.worker.engine import StageEngine, StepResult
 from arceusd.worker.optim import LRSchedule
 from arceusd.worker.schedule import ScheduleKind
 from arceusd.worker.tensor_parallel import TPSplit
+from protocol.job_wire import JobReport, ReportKind
 from tests.unit.test_engine import CASES, GPT, OPTIMIZERS, Case, _batches, build_engines
 
 SLEEP_S = 0.05
 """Added to every forward of the slow stage's micro-batches (4 a step)."""
+
+
+def _waits(**seconds: Any) -> JobReport:
+    """A checkpoint report carrying only these waits."""
+    return replace(JobReport("ab" * 16, 0, ReportKind.CHECKPOINT), **seconds)
 
 
 def lw(waits: dict[str, tuple[float, ...]]) -> dict[str, claims.LinkWaits]:
@@ -191,14 +198,14 @@ def test_a_member_is_judged_on_the_larger_of_its_word_and_its_neighbours_view() 
 
 def test_link_waits_are_kept_only_when_they_are_valid_seconds() -> None:
     waits: dict[str, claims.LinkWaits] = {}
-    claims.record_link_waits(waits, "a", {"wait_up_s": 0.1, "wait_down_s": 0})
-    assert waits == {"a": (0.1, 0.0, 0.0)}
-    claims.record_link_waits(waits, "a", {"wait_up_s": 0.1, "wait_down_s": 0, "group_wait_s": 0.3})
+    claims.record_link_waits(waits, "a", _waits(wait_up_s=0.1, wait_down_s=0.0))
+    assert waits == {"a": (0.1, 0.0, 0.0)}  # no group wait: none
+    claims.record_link_waits(waits, "a", _waits(wait_up_s=0.1, wait_down_s=0.0, group_wait_s=0.3))
     assert waits["a"].group_s == 0.3
-    for bad in ({"wait_up_s": float("nan"), "wait_down_s": 0.1}, {"wait_up_s": -1, "wait_down_s": 0.1},
-                {"wait_up_s": True, "wait_down_s": 0.1}, {"wait_up_s": 0.1}, {"wait_up_s": "1", "wait_down_s": 0},
-                {"wait_up_s": 0.1, "wait_down_s": 1e9}, {"wait_up_s": 0, "wait_down_s": 0, "group_wait_s": -2},
-                {"wait_up_s": 0, "wait_down_s": 0, "group_wait_s": None}):  # fmt: skip
-        claims.record_link_waits(waits, "a", {"wait_up_s": 0.1, "wait_down_s": 0.2})
+    for bad in (_waits(wait_up_s=float("nan"), wait_down_s=0.1), _waits(wait_up_s=-1.0, wait_down_s=0.1),
+                _waits(wait_up_s=0.1), _waits(wait_down_s=0.1), _waits(wait_up_s=float("inf"), wait_down_s=0.0),
+                _waits(wait_up_s=0.1, wait_down_s=1e9), _waits(wait_up_s=0.0, wait_down_s=0.0, group_wait_s=-2.0),
+                _waits(wait_up_s=0.0, wait_down_s=0.0, group_wait_s=float("nan"))):  # fmt: skip
+        claims.record_link_waits(waits, "a", _waits(wait_up_s=0.1, wait_down_s=0.2))
         claims.record_link_waits(waits, "a", bad)
         assert "a" not in waits, bad  # a report without valid waits forgets the old ones

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
@@ -18,8 +19,9 @@ from arceusd.checkpoint import CheckpointError, Manifest, ShardRecord, commit_ma
 from arceusd.identity import Identity
 from arceusd.jobs import claims, shard_checks
 from arceusd.jobs.job import Job
+from arceusd.jobs.reports import report_of_event
 from arceusd.jobs.transfers import Transfers
-from protocol.job_wire import ShardData
+from protocol.job_wire import JobReport, ReportKind, ReportShard, ShardData
 
 PEERS = ("a" * 32, "b" * 32, "c" * 32)
 
@@ -37,8 +39,8 @@ def fake_job() -> Job:
     return job
 
 
-def report(name: str, size: int = 500, step: int = 20, sha: str = "0" * 64) -> dict[str, Any]:
-    return {"event": "checkpoint", "step": step, "shard": {"name": name, "sha256": sha, "size": size}}
+def report(name: str, size: int = 500, step: int = 20, sha: str = "0" * 64) -> JobReport:
+    return JobReport("j" * 32, 0, ReportKind.CHECKPOINT, step=step, shard=ReportShard(name, sha, size))
 
 
 def test_the_shard_name_comes_from_the_plan() -> None:
@@ -46,9 +48,9 @@ def test_the_shard_name_comes_from_the_plan() -> None:
     assert shard_checks.expected_shard_name(job.plan, PEERS[1]) == shard_file_name(1, 0) == "stage1-rank0.safetensors"
     step, shard = shard_checks.check_checkpoint_report(job, PEERS[1], report("stage1-rank0.safetensors"))
     assert (step, shard["name"], shard["size"]) == (20, "stage1-rank0.safetensors", 500)
-    for bad in ("/root/.ssh/authorized_keys", "../../x.safetensors", "stage0-rank0.safetensors", "", None):
+    for bad in ("/root/.ssh/authorized_keys", "../../x.safetensors", "stage0-rank0.safetensors", ""):
         with pytest.raises(shard_checks.ReportRefused) as info:
-            shard_checks.check_checkpoint_report(job, PEERS[1], report(cast(str, bad)))
+            shard_checks.check_checkpoint_report(job, PEERS[1], report(bad))
         assert info.value.problem is shard_checks.ReportProblem.NAME
 
 
@@ -57,20 +59,22 @@ def test_sizes_are_bounded_by_the_plans_share_and_a_16_gib_claim_is_refused() ->
     bound = shard_checks.shard_size_bound(job.plan, job.inputs, PEERS[0])
     assert bound == 2 * 2000 + shard_checks.HEADER_ALLOWANCE
     shard_checks.check_checkpoint_report(job, PEERS[0], report("stage0-rank0.safetensors", size=bound))
-    for size in (bound + 1, 16 << 30, 0, -1, True, "12"):
+    for size in (bound + 1, 16 << 30, 0, -1, -(2**63)):  # a bool or a str is no size: the codec refuses it
         with pytest.raises(shard_checks.ReportRefused) as info:
-            shard_checks.check_checkpoint_report(job, PEERS[0], report("stage0-rank0.safetensors", cast(int, size)))
+            shard_checks.check_checkpoint_report(job, PEERS[0], report("stage0-rank0.safetensors", size))
         assert info.value.problem is shard_checks.ReportProblem.SIZE
 
 
 def test_other_bad_reports_are_refused_and_exclusion_counts_and_names() -> None:
     job = fake_job()
     name = "stage2-rank0.safetensors"
-    cases = [(report(name, sha="Z" * 64), "shard_digest"), (report(name, step=0), "step"),
-             (report(name, step=101), "step"), ({"event": "checkpoint", "step": 20}, "malformed")]  # fmt: skip
-    for event, problem in cases:
+    cases = [(report(name, sha="Z" * 64), "shard_digest"), (report(name, sha="0" * 63), "shard_digest"),
+             (report(name, sha="A" * 64), "shard_digest"), (report(name, step=0), "step"),
+             (report(name, step=101), "step"), (replace(report(name), step=None), "step"),
+             (JobReport("j" * 32, 0, ReportKind.CHECKPOINT, step=20), "malformed")]  # fmt: skip
+    for bad, problem in cases:
         with pytest.raises(shard_checks.ReportRefused) as info:
-            shard_checks.check_checkpoint_report(job, PEERS[2], event)
+            shard_checks.check_checkpoint_report(job, PEERS[2], bad)
         assert info.value.problem.value == problem
     with pytest.raises(shard_checks.ReportRefused) as info:
         shard_checks.check_checkpoint_report(job, "d" * 32, report(name))
@@ -164,8 +168,10 @@ def test_step_times_are_reported_kept_and_the_standby_is_chosen_among_measured_m
     assert claims.own_step_times(job, PEERS[1])["step_s"] == pytest.approx(0.04)  # less its wait in the group
     assert claims.own_step_total(job) == 0.07  # the median of 0.05, 0.5, 0.06, 0.07 (the upper middle)
     times: dict[str, tuple[float, float]] = {}
-    claims.record_step_time(times, PEERS[1], own)
-    for bad in ({"step_s": float("nan"), "predicted_s": 1.0}, {"step_s": True, "predicted_s": 1.0}, {}):
+    claims.record_step_time(times, PEERS[1], report_of_event("j" * 32, 0, {"event": "checkpoint", **own}))
+    base = JobReport("j" * 32, 0, ReportKind.CHECKPOINT)
+    for bad in (replace(base, step_s=float("nan"), predicted_s=1.0), replace(base, step_s=1.0, predicted_s=-1.0),
+                replace(base, step_s=float("inf"), predicted_s=1.0), replace(base, predicted_s=1.0), base):  # fmt: skip
         claims.record_step_time(times, PEERS[2], bad)
     assert set(times) == {PEERS[1]}
     big = SimpleNamespace(memory_bytes=1 << 40)

@@ -11,6 +11,7 @@ from arceusd.jobs import witnesses
 from arceusd.jobs.job import Job
 from arceusd.jobs.planning import make_job_plan
 from arceusd.jobs.shard_checks import ReportProblem, ReportRefused
+from protocol.job_wire import JobReport, ReportKind
 from tests.unit.test_planning_replicas import FAST, _links, _offers, _spec
 
 A, B = "a" * 64, "b" * 64
@@ -24,6 +25,10 @@ def _job(replicas: int) -> Any:
                            spec=SimpleNamespace(checkpoint=SimpleNamespace(interval_steps=50)))  # fmt: skip
 
 
+def _witness(step: int | None, digest: str) -> JobReport:
+    return JobReport("j" * 32, 0, ReportKind.WITNESS, step=step, digest=digest)
+
+
 def _peers(job: Any) -> list[str]:
     return [r.peer_ids[0] for r in job.replica_plan.replicas]
 
@@ -31,24 +36,26 @@ def _peers(job: Any) -> list[str]:
 def test_a_witness_is_taken_only_from_a_replica_device_at_a_checkpoint_step() -> None:
     job = _job(2)
     peer = _peers(job)[1]
-    assert witnesses.check_witness(cast(Job, job), peer, {"step": 100, "digest": A}) == (100, A)
-    bad: list[tuple[str, dict[str, Any], ReportProblem]] = [
-        ("f" * 32, {"step": 100, "digest": A}, ReportProblem.NOT_IN_PLAN),
-        (peer, {"step": 99, "digest": A}, ReportProblem.STEP),  # not a checkpoint step
-        (peer, {"step": 250, "digest": A}, ReportProblem.STEP),
-        (peer, {"step": True, "digest": A}, ReportProblem.STEP),
-        (peer, {"step": 100, "digest": "A" * 64}, ReportProblem.DIGEST),
-        (peer, {"step": 100, "digest": "../" * 30}, ReportProblem.DIGEST),
-        (peer, {"step": 100}, ReportProblem.DIGEST),
+    assert witnesses.check_witness(cast(Job, job), peer, _witness(100, A)) == (100, A)
+    bad: list[tuple[str, JobReport, ReportProblem]] = [
+        ("f" * 32, _witness(100, A), ReportProblem.NOT_IN_PLAN),
+        (peer, _witness(99, A), ReportProblem.STEP),  # not a checkpoint step
+        (peer, _witness(250, A), ReportProblem.STEP),
+        (peer, _witness(0, A), ReportProblem.STEP),
+        (peer, _witness(None, A), ReportProblem.STEP),
+        (peer, _witness(100, "A" * 64), ReportProblem.DIGEST),
+        (peer, _witness(100, "../" * 21 + "a"), ReportProblem.DIGEST),
+        (peer, _witness(100, A[:-1]), ReportProblem.DIGEST),
+        (peer, _witness(100, ""), ReportProblem.DIGEST),
     ]
-    for who, event, problem in bad:
+    for who, report, problem in bad:
         with pytest.raises(ReportRefused) as refused:
-            witnesses.check_witness(cast(Job, job), who, event)
+            witnesses.check_witness(cast(Job, job), who, report)
         assert refused.value.problem is problem
     one = _job(2)
     one.replica_plan = None  # one pipeline: no witnesses at all
     with pytest.raises(ReportRefused):
-        witnesses.check_witness(cast(Job, one), peer, {"step": 100, "digest": A})
+        witnesses.check_witness(cast(Job, one), peer, _witness(100, A))
 
 
 def test_alike_replicas_count_as_reported_and_a_difference_is_judged_by_the_majority() -> None:

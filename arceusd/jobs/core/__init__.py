@@ -9,9 +9,9 @@
 - :mod:`arceusd.jobs.core.machine`: :class:`JobCore`, which decides every transition.
 
 No I/O, no trio, no clock but the ``now`` it is given: a job's whole life runs in a unit test in milliseconds
-(``tests/unit/test_job_core.py``). Not yet driven by the daemon: :class:`arceusd.jobs.manager.JobManager` still
-makes these decisions itself (through :mod:`arceusd.jobs.lifecycle`, which shares the core's states); moving it
-onto this core is what is left of issue #18.
+(``tests/unit/test_job_core.py``). The daemon drives it: each :class:`arceusd.jobs.job.Job` holds its core (the
+one place for its role, state, stamp, leader and committed step), and :class:`arceusd.jobs.driver.Driver` feeds
+it what the daemon sees and carries out the actions it returns.
 """
 
 from arceusd.jobs.core.machine import MAX_RESTARTS_PER_CHECKPOINT, JobCore, LeaderState

@@ -7,10 +7,8 @@ stamp the core chose.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 
-from arceusd.jobs.core.events import ShardReport
 from arceusd.jobs.core.states import JobState, Stamp
 
 
@@ -79,7 +77,6 @@ class Commit:
 
     stamp: Stamp
     step: int
-    shards: Mapping[str, ShardReport]
     delay_s: float = 0.0
 
 

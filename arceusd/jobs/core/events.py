@@ -17,9 +17,10 @@ from arceusd.jobs.core.states import Stamp
 # ------------------------------------------------------------------------------------------------ membership
 @dataclass(frozen=True, slots=True)
 class MemberJoined:
-    """Leader: ``peer`` asked to join and its offer is usable."""
+    """Leader: ``peer`` asked to join and its offer is usable (``memory_ok``: as :class:`Tick`'s, with it)."""
 
     peer: str
+    memory_ok: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,11 +50,10 @@ class MembersReachable:
 # ------------------------------------------------------------------------------------------------ planning
 @dataclass(frozen=True, slots=True)
 class PlanFound:
-    """Leader: the partitioner placed the model on ``peers`` (plan order); ``shards`` checkpoint shards are
-    expected per checkpoint; ``standby`` stands by to lead ('' for none)."""
+    """Leader: the partitioner placed the model on ``peers`` (every replica's devices, in plan order);
+    ``standby`` stands by to lead ('' for none)."""
 
     peers: tuple[str, ...]
-    shards: int
     standby: str = ""
 
 
@@ -84,22 +84,20 @@ class GoAnswered:
 
 # ------------------------------------------------------------------------------------------------ reports
 @dataclass(frozen=True, slots=True)
-class ShardReport:
-    """One worker's checkpoint shard: its file name, SHA-256 (hex) and size in bytes."""
+class CheckpointComplete:
+    """Leader: every device of plan ``stamp`` reported checkpoint ``step`` (its shard, or with replicas its
+    witness), the reports passed their checks and the replicas agree (:mod:`arceusd.jobs.witnesses`)."""
 
-    name: str
-    sha256: str
-    size: int
+    stamp: Stamp
+    step: int
 
 
 @dataclass(frozen=True, slots=True)
-class CheckpointReported:
-    """Leader: ``peer``'s worker of plan ``stamp`` wrote its shard of checkpoint ``step``."""
+class RestartAsked:
+    """Leader: repartition from the last commit for ``reason`` (a report refused, a member excluded or
+    discounted, replicas that disagree, a member that left, capacity that joined)."""
 
-    stamp: Stamp
-    peer: str
-    step: int
-    shard: ShardReport
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +142,11 @@ class ExportFailed:
 # ------------------------------------------------------------------------------------------------ commands
 @dataclass(frozen=True, slots=True)
 class Tick:
-    """Time passed (the gather deadline after the owner's restart is judged on the ``now`` given with it)."""
+    """Time passed (the gather deadline after the owner's restart is judged on the ``now`` given with it).
+    ``memory_ok``: the members' memory covers what the job's spec needs (``needs.memory_total_mib``, the
+    market's; measured by the driver)."""
+
+    memory_ok: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +154,37 @@ class Cancel:
     """The owner (or the leader) cancels the job."""
 
     reason: str = "cancelled by the owner"
+
+
+@dataclass(frozen=True, slots=True)
+class Fail:
+    """The job cannot go on (its budget is spent, the leader's loop broke): it fails with ``error``."""
+
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class Joined:
+    """Member: the job's leader took this device in."""
+
+
+@dataclass(frozen=True, slots=True)
+class LeaveJob:
+    """Member: this device's user left the job (``arceusd leave``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StartReceived:
+    """Member: the leader's start of plan ``stamp`` passed every check; this device takes its place."""
+
+    stamp: Stamp
+
+
+@dataclass(frozen=True, slots=True)
+class StandbyCommitted:
+    """Standby (or the owner handed the final checkpoint): this device holds committed checkpoint ``step``."""
+
+    step: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,10 +227,12 @@ class TakeoverElected:
 
 @dataclass(frozen=True, slots=True)
 class TakeoverReady:
-    """The standby gathered what it leads with: the surviving ``members`` and its newest intact checkpoint."""
+    """The standby gathered what it leads with: the surviving ``members``, its newest intact checkpoint and
+    the old ``plan``'s devices (told to stop before the new plan)."""
 
     members: frozenset[str]
     committed_step: int
+    plan: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,14 +261,15 @@ class HandOverAnswered:
 
 Event = (
     MemberJoined | MemberDead | MemberLeft | MembersReachable | PlanFound | NoPlanFits | StartAnswered | GoAnswered
-    | CheckpointReported | WorkerFailed | CommitDone | CommitFailed | ExportDone | ExportFailed | Tick | Cancel
-    | WorkerStarted | GoReceived | StopReceived | LeaderGone | TakeoverElected | TakeoverReady | OtherElected
-    | FollowsOther | HandOverAnswered
+    | CheckpointComplete | RestartAsked | WorkerFailed | CommitDone | CommitFailed | ExportDone | ExportFailed | Tick
+    | Cancel | Fail | Joined | LeaveJob | StartReceived | StandbyCommitted | WorkerStarted | GoReceived
+    | StopReceived | LeaderGone | TakeoverElected | TakeoverReady | OtherElected | FollowsOther | HandOverAnswered
 )  # fmt: skip
 
 __all__ = [
-    "Cancel", "CheckpointReported", "CommitDone", "CommitFailed", "Event", "ExportDone", "ExportFailed",
-    "FollowsOther", "GoAnswered", "GoReceived", "HandOverAnswered", "LeaderGone", "MemberDead", "MemberJoined",
-    "MemberLeft", "MembersReachable", "NoPlanFits", "OtherElected", "PlanFound", "ShardReport", "StartAnswered",
-    "StopReceived", "TakeoverElected", "TakeoverReady", "Tick", "WorkerFailed", "WorkerStarted",
+    "Cancel", "CheckpointComplete", "CommitDone", "CommitFailed", "Event", "ExportDone", "ExportFailed", "Fail",
+    "FollowsOther", "GoAnswered", "GoReceived", "HandOverAnswered", "Joined", "LeaderGone", "LeaveJob",
+    "MemberDead", "MemberJoined", "MemberLeft", "MembersReachable", "NoPlanFits", "OtherElected", "PlanFound",
+    "RestartAsked", "StandbyCommitted", "StartAnswered", "StartReceived", "StopReceived", "TakeoverElected",
+    "TakeoverReady", "Tick", "WorkerFailed", "WorkerStarted",
 ]  # fmt: skip

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from arceusd.jobs import leadership, lifecycle
+from arceusd.jobs.claims import stop_state
 from arceusd.jobs.core import actions as a
 from arceusd.jobs.core import events as e
 from arceusd.jobs.core.states import LEADING_STATES, TERMINAL, JobState, Role, Stamp
@@ -37,11 +38,10 @@ class LeaderState:
 
     members: set[str] = field(default_factory=set)
     min_members: int = 1
-    plan: tuple[str, ...] = ()  # the current plan's members, in plan order ('' when none)
-    shards: int = 0  # checkpoint shards per checkpoint under the plan
+    plan: tuple[str, ...] = ()  # the current plan's devices (every replica's), in plan order; () when none
     standby: str = ""
     resuming: bool = False
-    reports: dict[int, dict[str, e.ShardReport]] = field(default_factory=dict)
+    committing: set[int] = field(default_factory=set)  # checkpoint steps of this plan whose commit was started
     restart_reason: str = ""
     rebalance: bool = False
     restarts_at: dict[int, int] = field(default_factory=dict)  # committed step -> restarts that resumed there
@@ -49,7 +49,6 @@ class LeaderState:
     go_attempts: int = 0
     gather_until: float = 0.0  # after the owner's restart: plan at this time even if not every member is back
     expected: frozenset[str] = frozenset()
-    stale_reports: int = 0
 
 
 @dataclass
@@ -114,7 +113,14 @@ class JobCore:
             return [a.Refuse(f"the job is {self.state.value}")] if isinstance(event, e.GoReceived) else []
         if isinstance(event, e.Cancel):
             return self._finish(JobState.CANCELLED, event.reason)
-        if isinstance(event, (e.GoReceived, e.StopReceived, e.WorkerStarted, e.LeaderGone)):
+        if isinstance(event, e.Fail):
+            return self._finish(JobState.FAILED, event.error)
+        if isinstance(event, e.ExportDone):  # a leader's export, or the owner's of the final checkpoint handed it
+            return self._finish(JobState.DONE, "")
+        if isinstance(event, e.ExportFailed):
+            return self._finish(JobState.FAILED, f"exporting the model failed: {event.error}")
+        if isinstance(event, (e.GoReceived, e.StopReceived, e.WorkerStarted, e.LeaderGone, e.Joined, e.LeaveJob,
+                              e.StartReceived, e.StandbyCommitted)):  # fmt: skip
             return self._as_member(event)
         if isinstance(event, (e.TakeoverElected, e.TakeoverReady, e.OtherElected, e.FollowsOther,
                               e.HandOverAnswered)):  # fmt: skip
@@ -125,6 +131,20 @@ class JobCore:
 
     # ------------------------------------------------------------------------------------------ member
     def _as_member(self, event: e.Event) -> list[a.Action]:
+        if isinstance(event, e.Joined):
+            self.role = Role.OWNER if self.role == Role.OWNER else Role.MEMBER
+            if self.state in (JobState.ANNOUNCED, JobState.LEFT):
+                self.state = JobState.JOINED
+            return []
+        if isinstance(event, e.LeaveJob):
+            self.role, self.state = Role.SEEN, JobState.LEFT
+            return [a.StopWorkers(self.stamp, (), JobState.LEFT.value)]
+        if isinstance(event, e.StartReceived):
+            self.stamp = event.stamp
+            return []
+        if isinstance(event, e.StandbyCommitted):
+            self.committed_step = max(self.committed_step, min(event.step, self.total_steps))
+            return []
         if isinstance(event, e.WorkerStarted):
             if event.stamp == self.stamp:
                 self.state = JobState.STARTING
@@ -138,11 +158,8 @@ class JobCore:
             self.went = self.stamp.epoch
             self.state = JobState.RUNNING
             return [a.LetWorkerGo(self.stamp)]
-        if isinstance(event, e.StopReceived):
-            try:
-                self.state = JobState(event.reason) if event.reason else JobState.STOPPED
-            except ValueError:
-                self.state = JobState.STOPPED
+        if isinstance(event, e.StopReceived):  # a known state only, never the sender's text (issue #19)
+            self.state = JobState(stop_state(event.reason))
             out: list[a.Action] = [a.StopWorkers(self.stamp, (), self.state.value)]
             return out + ([a.UntrackElection()] if self.terminal else [])
         if isinstance(event, e.LeaderGone) and not self.leads:
@@ -167,7 +184,7 @@ class JobCore:
             self.leaders.add(self.me)
             self.committed_step = event.committed_step
             self.state = JobState.RUNNING
-            self.lead = LeaderState(set(event.members) | {self.me}, 1)
+            self.lead = LeaderState(set(event.members) | {self.me}, 1, plan=event.plan)
             return self._request_restart(f"the leader {old[:12]} is gone; its standby {self.me[:12]} took over")
         if isinstance(event, e.OtherElected):
             if event.peer == self.me or not self.leads:
@@ -211,9 +228,11 @@ class JobCore:
             lead.members.add(event.peer)
             if new and self.state in LEADING_STATES:
                 lead.rebalance = True  # it gets work at the next checkpoint
-            return self._maybe_plan(now)
+            return self._maybe_plan(now, event.memory_ok)
         if isinstance(event, e.Tick):
-            return self._maybe_plan(now)
+            return self._maybe_plan(now, event.memory_ok)
+        if isinstance(event, e.RestartAsked):
+            return self._request_restart(event.reason)
         if isinstance(event, (e.MemberDead, e.MemberLeft)):
             how = "left the job" if isinstance(event, e.MemberLeft) else f"is {event.how}"
             in_plan = event.peer in lead.plan
@@ -248,35 +267,30 @@ class JobCore:
             return self._go_answered(event)
         if isinstance(event, e.WorkerFailed):
             if event.stamp != self.stamp:
-                lead.stale_reports += 1
                 return [a.Refuse(self._stale(event.stamp))]
             verb = "was lost" if event.lost else "failed"
             return self._request_restart(f"worker on {event.peer[:12]} {verb}: {event.message[:300]}")
-        if isinstance(event, e.CheckpointReported):
+        if isinstance(event, e.CheckpointComplete):
             return self._checkpoint(event)
         if isinstance(event, e.CommitDone):
             return self._commit_done(event)
         if isinstance(event, e.CommitFailed):
             return self._commit_failed(event)
-        if isinstance(event, e.ExportDone):
-            return self._finish(JobState.DONE, "")
-        if isinstance(event, e.ExportFailed):
-            return self._finish(JobState.FAILED, f"exporting the model failed: {event.error}")
         return []
 
     def _stale(self, stamp: Stamp) -> str:
         return f"report from outside the current plan epoch ({stamp.epoch}; now {self.stamp.epoch})"
 
-    def _enough(self, now: float) -> bool:
+    def _enough(self, now: float, memory_ok: bool) -> bool:
         lead = self.lead
         assert lead is not None
         if lead.gather_until:  # resuming after our own restart: wait for the old members, not for long
             return lead.expected <= lead.members or now >= lead.gather_until
-        return len(lead.members) >= lead.min_members
+        return len(lead.members) >= lead.min_members and memory_ok
 
-    def _maybe_plan(self, now: float) -> list[a.Action]:
+    def _maybe_plan(self, now: float, memory_ok: bool = True) -> list[a.Action]:
         out: list[a.Action] = [a.Announce()] if self.role == Role.OWNER else []
-        if self.state in (JobState.WAITING, JobState.PAUSED) and self._enough(now):
+        if self.state in (JobState.WAITING, JobState.PAUSED) and self._enough(now, memory_ok):
             assert self.lead is not None
             self.lead.gather_until = 0.0
             if self.state == JobState.PAUSED:
@@ -300,8 +314,8 @@ class JobCore:
             return self._finish(JobState.FAILED, "the plan leaves out the leader, who serves the data")
         self.stamp = self.stamp.next_epoch()
         self.state = JobState.STARTING
-        lead.plan, lead.shards, lead.standby = event.peers, event.shards, event.standby
-        lead.reports, lead.go_attempts, lead.restart_reason = {}, 0, ""
+        lead.plan, lead.standby = event.peers, event.standby
+        lead.committing, lead.go_attempts, lead.restart_reason = set(), 0, ""
         ranking = (self.me, event.standby) if event.standby else (self.me,)
         return [a.TrackElection(event.peers, ranking), a.SendStart(self.stamp, event.peers, lead.resuming)]
 
@@ -338,21 +352,18 @@ class JobCore:
         self.state, self.error = JobState.RUNNING, ""
         return [a.Persist()]
 
-    def _checkpoint(self, event: e.CheckpointReported) -> list[a.Action]:
+    def _checkpoint(self, event: e.CheckpointComplete) -> list[a.Action]:
         lead = self.lead
         assert lead is not None
-        if event.stamp != self.stamp or event.peer not in lead.plan:
-            lead.stale_reports += 1
+        if event.stamp != self.stamp or not lead.plan:
             return [a.Refuse(self._stale(event.stamp))]
         if event.step <= self.committed_step or event.step > self.total_steps:
             return [a.Refuse(f"checkpoint {event.step} is not after the committed step {self.committed_step} "
                              f"and within the job's {self.total_steps} steps")]  # fmt: skip
-        reports = lead.reports.setdefault(event.step, {})
-        complete_before = len(reports) >= lead.shards
-        reports[event.peer] = event.shard
-        if len(reports) >= lead.shards and not complete_before:
-            return [a.Commit(self.stamp, event.step, dict(reports))]
-        return []
+        if event.step in lead.committing:
+            return []  # once per step
+        lead.committing.add(event.step)
+        return [a.Commit(self.stamp, event.step)]
 
     def _commit_done(self, event: e.CommitDone) -> list[a.Action]:
         lead = self.lead
@@ -360,8 +371,6 @@ class JobCore:
         if event.stamp != self.stamp:
             return []
         self.committed_step = max(self.committed_step, event.step)
-        for done in [s for s in lead.reports if s <= event.step]:
-            del lead.reports[done]
         lead.commit_attempts.pop(event.step, None)
         if event.step >= self.total_steps:
             return [a.Export(event.step)]
@@ -379,8 +388,7 @@ class JobCore:
         lead.commit_attempts[event.step] = attempt
         decided = lifecycle.after_commit_failure(event.step, self.total_steps, attempt, event.error)
         if isinstance(decided, lifecycle.RetryCommit):
-            shards = lead.reports.get(event.step, {})
-            return [a.Commit(self.stamp, event.step, dict(shards), decided.delay_s)]
+            return [a.Commit(self.stamp, event.step, decided.delay_s)]
         if isinstance(decided, lifecycle.FailJob):
             return self._finish(JobState.FAILED, decided.error)
         self.error = decided.error
@@ -403,7 +411,7 @@ class JobCore:
         old = lead.plan
         self.state, self.error = JobState.RECOVERING, reason
         self.stamp = self.stamp.next_term()
-        lead.plan, lead.reports, lead.rebalance = (), {}, False
+        lead.plan, lead.committing, lead.rebalance = (), set(), False
         others = tuple(p for p in old if p != self.me and p in lead.members)
         return [a.CancelStart(), a.StartRecovery(reason, self.stamp.epoch + 1),
                 a.StopWorkers(self.stamp, others, JobState.REPLANNING.value),

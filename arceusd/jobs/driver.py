@@ -1,0 +1,251 @@
+"""The job core's driver: feeds a job's :class:`arceusd.jobs.core.JobCore` the events the daemon sees and carries
+out the actions it returns. Decisions are the core's; this module only moves bytes, files and timers.
+
+:meth:`Driver.feed` hands the core one event and runs what it answers. Quick actions run at once (log, persist,
+cancel a start in progress, detach and stop this device's worker, send stops, spawn a commit, the standby's sync
+or the export, track or leave the election). Long ones that must not overlap (plan, start the workers, send
+``go``, check which members answer before a repartition) are queued on the job (``job.queue``) and run one at a
+time by the leader's loop (:meth:`Driver.run_queue`), each feeding back what came of it; a result of an older plan
+is dropped by the core. ``Refuse`` and ``LetWorkerGo`` are answers for the handler that fed the event: it finds
+them in the list :meth:`feed` returns.
+
+Where each action's I/O lives: planning, starting and ``go`` in :mod:`arceusd.jobs.starting`; commits in
+:mod:`arceusd.jobs.commits`; the standby's and owner's copies in :mod:`arceusd.jobs.standby_sync`; the hand-over
+in :mod:`arceusd.jobs.joining`; the export in a child process (:func:`arceusd.jobs.filework.export_model`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import trio
+
+from arceusd.jobs import filework
+from arceusd.jobs.core import actions as a
+from arceusd.jobs.core import events as e
+from arceusd.jobs.job import Job, Recovery
+from arceusd.jobs.transfers import leader_data
+from arceusd.membership.events import MemberState
+from protocol.job_wire import JobStop
+
+if TYPE_CHECKING:
+    from arceusd.jobs.manager import JobManager
+
+log = logging.getLogger(__name__)
+
+LONG_ACTIONS = (a.Plan, a.SendStart, a.SendGo, a.CheckReachable)
+"""Actions the leader's loop runs one at a time, in order (each waits on the network or a child process)."""
+
+STOP_TIMEOUT_S = 10.0
+"""How long a leader waits for a member to acknowledge its stop."""
+
+
+class Driver:
+    """Carries out a job core's actions for the manager (see the module docstring)."""
+
+    def __init__(self, manager: JobManager) -> None:
+        self.m = manager
+
+    # ------------------------------------------------------------------------------------------ feeding
+    def feed(self, job: Job, event: e.Event) -> list[a.Action]:
+        """Hand ``job``'s core ``event`` (now), carry out what it answers; the actions, for the caller's
+        answers (``Refuse``, ``LetWorkerGo``)."""
+        out = job.core.handle(event, time.monotonic())
+        self._reconcile_members(job)
+        self.execute(job, out)
+        return out
+
+    def _reconcile_members(self, job: Job) -> None:
+        """The leader's offers (``job.members``) hold the same peers as its core: a member the core dropped
+        loses its offer (and is announced to again when it comes back); one whose offer was dropped here leaves
+        the core."""
+        lead = job.core.lead
+        if lead is None or not job.core.leads:
+            return
+        me = self.m.node.identity.peer_id
+        for peer in [p for p in job.members if p not in lead.members and p != me]:
+            del job.members[peer]
+            job.announced.discard(peer)
+        lead.members &= set(job.members) | {me}
+
+    def execute(self, job: Job, actions: list[a.Action]) -> None:
+        untrack_after_stops = any(isinstance(x, a.UntrackElection) for x in actions) and any(
+            isinstance(x, a.StopWorkers) and x.peers for x in actions)  # fmt: skip
+        queued = False
+        for action in actions:
+            if isinstance(action, LONG_ACTIONS):
+                job.queue.append(action)
+                queued = True
+            elif isinstance(action, a.StopWorkers):
+                self._stop_workers(job, action, untrack_after_stops)
+            elif isinstance(action, a.UntrackElection):
+                if not untrack_after_stops:
+                    self.m.untrack(job)
+            else:
+                self._quick(job, action)
+        if queued:
+            job.poke()
+
+    def _quick(self, job: Job, action: a.Action) -> None:
+        m = self.m
+        if isinstance(action, a.Announce):
+            m.announce_to_new_peers(job)
+        elif isinstance(action, a.TrackElection):
+            m.track(job, list(action.members), list(action.ranking))
+        elif isinstance(action, a.CancelStart):
+            job.queue.clear()  # what was queued belongs to the plan being cut short
+            if job.start_scope is not None:
+                job.start_scope.cancel()
+        elif isinstance(action, a.StartRecovery):
+            self._start_recovery(job, action)
+        elif isinstance(action, a.Commit):
+            m.spawn(m.commits.commit, job, action)
+        elif isinstance(action, a.SyncStandby):
+            shards = job.committed_shards.get(action.step, {})
+            m.spawn(m.standbys.sync_standby, job, action.step,
+                    tuple(name for peer, name in sorted(shards.items()) if peer != job.standby))  # fmt: skip
+        elif isinstance(action, a.Export):
+            m.spawn(self._export_committed, job, action.step)
+        elif isinstance(action, a.Pause):
+            log.warning("job %s: paused: %s", job.job_id, action.reason)
+        elif isinstance(action, a.Resume):
+            log.info("job %s: capacity returned; planning again", job.job_id)
+        elif isinstance(action, a.PrepareTakeover):
+            m.spawn(m.take_over, job)
+        elif isinstance(action, a.HandOver):
+            m.spawn(m.joining.hand_over, job, action.leader)
+        elif isinstance(action, a.Persist):
+            m.persist(job)
+        elif isinstance(action, a.Finish):
+            if action.error:
+                log.warning("job %s: %s: %s", job.job_id, action.state.value, action.error)
+            else:
+                log.info("job %s: %s", job.job_id, action.state.value)
+            job.finished.set()
+            job.poke()
+        # Refuse and LetWorkerGo answer the message that caused them: the handler that fed it carries them out.
+
+    # ------------------------------------------------------------------------------------------ the leader loop's
+    async def run_queue(self, job: Job) -> None:
+        """Run the queued long actions in order while this device leads the job."""
+        m = self.m
+        while job.queue and m.leads(job) and not job.core.terminal:
+            action = job.queue.popleft()
+            if isinstance(action, a.Plan):
+                await m.starting.plan(job)
+            elif isinstance(action, a.SendStart):
+                await m.starting.start(job, action)
+            elif isinstance(action, a.SendGo):
+                await m.starting.go_round(job, action)
+            elif isinstance(action, a.CheckReachable):
+                await self._check_reachable(job, action)
+
+    def _start_recovery(self, job: Job, action: a.StartRecovery) -> None:
+        """A repartition begins: record it (the same incident keeps its start), forget the old plan."""
+        log.warning("job %s: repartitioning: %s", job.job_id, action.reason)
+        recovery = Recovery(action.reason, action.epoch, job.step)
+        previous = job.recoveries[-1] if job.recoveries else None
+        if previous is not None and previous.first_step_after_s is None:  # the same incident, another attempt
+            recovery.began, recovery.began_at = previous.began, previous.began_at
+            recovery.lost_step = previous.lost_step
+        job.recoveries.append(recovery)
+        job.plan, job.replica_plan, job.reports = None, None, {}
+        job.witnesses, job.complete, job.go_addresses = {}, {}, {}
+
+    async def _check_reachable(self, job: Job, action: a.CheckReachable) -> None:
+        """The old plan's members are asked with a handshake, whatever membership says right now (a worker's
+        broken link is faster than membership). A member that joined since (not in the old plan) is kept while
+        membership sees it live: it asked to join moments ago, and a daemon that just restarted can be too busy
+        to answer a handshake in time, while a leader that is not the owner could never invite it back (only
+        the owner announces jobs). If it then fails to start, the next restart drops it."""
+        m = self.m
+        live = {p for p, mem in m.peers.membership.members.items()
+                if mem.state in (MemberState.ALIVE, MemberState.SUSPECT)}  # fmt: skip
+        reachable = await self.reachable(job, [p for p in job.members if p in action.peers])
+        reachable |= {p for p in job.members if p not in action.peers and p in live}
+        self.feed(job, e.MembersReachable(action.stamp, frozenset(reachable)))
+
+    async def reachable(self, job: Job, peers: list[str], timeout: float = 1.0) -> set[str]:
+        """The members among ``peers`` whose daemon answers a handshake within ``timeout`` (and ourselves)."""
+        me = self.m.node.identity.peer_id
+        answered = {me}
+
+        async def probe(peer: str) -> None:
+            offer = job.members.get(peer)
+            if offer is not None and await self.m.peers.hello(offer.address, timeout) is not None:
+                answered.add(peer)
+
+        async with trio.open_nursery() as nursery:
+            for peer in peers:
+                if peer != me:
+                    nursery.start_soon(probe, peer)
+        return answered
+
+    # ------------------------------------------------------------------------------------------ workers
+    def _stop_workers(self, job: Job, action: a.StopWorkers, untrack: bool) -> None:
+        """Detach this device's worker now (a newer plan's must not be the one stopped) and stop it; tell
+        ``action.peers`` (the live ones) the plan stopped, then leave the election when the job ended."""
+        m = self.m
+        if action.local:
+            worker, job.worker = job.worker, None
+            if worker is not None:
+                stopped = job.local_stopped = trio.Event()
+
+                async def stop_local() -> None:
+                    try:
+                        await worker.stop(grace=0.5)
+                    finally:
+                        stopped.set()
+
+                m.spawn(stop_local)
+        alive = m.peers.alive_peers()
+        peers = [(p, job.members[p].address) for p in action.peers
+                 if p in job.members and (p in alive or job.core.terminal)]  # fmt: skip
+        if not peers and not untrack:
+            return
+        stop = JobStop(job.job_id, action.stamp.term, action.reason)
+
+        async def tell() -> None:
+            async with trio.open_nursery() as nursery:
+                for peer, address in peers:
+                    nursery.start_soon(self._send_stop, job, peer, stop, address)
+            if untrack:
+                m.untrack(job)
+
+        m.spawn(tell)
+
+    async def _send_stop(self, job: Job, peer: str, stop: JobStop, address: str) -> None:
+        await self.m.peers.request(address, peer, stop, timeout=STOP_TIMEOUT_S, job_id=job.job_id, term=stop.term,
+                                   epoch=job.epoch)  # fmt: skip
+
+    # ------------------------------------------------------------------------------------------ the end
+    async def _export_committed(self, job: Job, step: int) -> None:
+        """The final checkpoint is committed: hand it to the owner when this leader is not the owner, then
+        assemble the model here."""
+        from arceusd.checkpoint import step_dir
+
+        names = sorted(job.committed_shards.get(step, {}).values())
+        await self.m.standbys.sync_owner(job, step, names)
+        folder = step_dir(job.directory / "checkpoints", step)
+        await self.export(job, step, [folder / name for name in names])
+
+    async def export(self, job: Job, step: int, paths: list[Path]) -> None:
+        """Assemble the model from the shards at ``paths`` (in a child process); the core ends the job."""
+        vocab = str(leader_data(job)["path"]) if job.spec.data.kind == "text" else None
+        try:
+            path = await filework.export_model(job.directory, job.spec_bytes, job.job_id, step, paths, vocab)
+        except Exception as exc:
+            self.feed(job, e.ExportFailed(str(exc)))
+            return
+        job.model_path = str(path)
+        log.info("job %s: model saved to %s", job.job_id, path)
+        self.feed(job, e.ExportDone(str(path)))
+
+
+Feed = Callable[[Job, e.Event], list[a.Action]]
+
+__all__ = ["LONG_ACTIONS", "STOP_TIMEOUT_S", "Driver", "Feed"]
