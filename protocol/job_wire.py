@@ -81,6 +81,7 @@ class JobStartReply:
     accepted: bool
     reason: str = field(default="", metadata={"max_len": 2048})
     worker_address: str = field(default="", metadata={"max_len": 300})
+    follows: str = field(default="", metadata=_ID)  # a refusal's: the peer id this member takes commands from
 
 
 @message(73, max_size=64 * 1024)
@@ -162,6 +163,7 @@ class JobReport:
 class JobAck:
     ok: bool
     reason: str = field(default="", metadata={"max_len": 512})
+    follows: str = field(default="", metadata=_ID)  # a refusal's: the peer id this member takes commands from
 
 
 @message(77, max_size=1024)

@@ -394,3 +394,4 @@ class JoinReply:
     accepted: bool
     reason: str = field(default="", metadata={"max_len": 1024})
     members: tuple[str, ...] = field(default=(), metadata={"max_len": 1024})
+    done: bool = False  # the job is over (what a returning owner learns the end from)

@@ -5,8 +5,8 @@ took over.
 An announcement from a stranger is bounded and validated before anything of it is kept
 (:class:`arceusd.announce_guard.AnnounceGuard`); a join request is checked against the job's admission, the
 offer's physical bounds, the job's needs and budget (:mod:`arceusd.market`), and excluded members are not let
-back in. A leader's answer to a join of a finished job is :data:`JOB_DONE` (what a returning owner learns the end
-from); a member's answer to its returning owner's announce is :data:`HANDED_OVER` and the peer it follows.
+back in. A leader's answer to a join of a finished job says ``done`` (what a returning owner learns the end from);
+a member's answer to its returning owner's announce names the peer it follows (``follows``): both typed fields.
 """
 
 from __future__ import annotations
@@ -32,12 +32,6 @@ from protocol.messages import Address, JobAnnounce, JoinReply, JoinRequest
 
 log = logging.getLogger(__name__)
 
-JOB_DONE = "the job is done"
-"""A leader's answer to a join once the job finished (what a returning owner learns the end from)."""
-
-HANDED_OVER = leadership.HANDED_OVER
-"""A member's answer to its returning owner's announce (and its refusal of any command from a peer it does not
-follow), followed by the peer id that leads the job now (:func:`arceusd.jobs.leadership.refusal`)."""
 
 
 class Joining:
@@ -51,7 +45,7 @@ class Joining:
     async def announce(self, job: Job, peer: str, address: str) -> None:
         msg = JobAnnounce(job.job_id, job.owner, bytes.fromhex(job.spec_hash), job.spec_bytes)
         reply = await self.ctx.peers.request(address, peer, msg, timeout=10.0, job_id=job.job_id)
-        leader = leadership.followed_leader(reply.reason) if isinstance(reply, JobAck) and not reply.ok else None
+        leader = leadership.followed_leader(reply.follows) if isinstance(reply, JobAck) and not reply.ok else None
         if leader is not None:
             self.life.feed(job, events.FollowsOther(leader))  # the owner hands the job over (core: HandOver)
 
@@ -68,7 +62,7 @@ class Joining:
                 self.life.feed(job, events.HandOverAnswered(leader, False))
                 return
             reply = await self.request_join(job, leader, member.address)
-            accepted, done = reply is not None and reply.accepted, reply is not None and reply.reason == JOB_DONE
+            accepted, done = reply is not None and reply.accepted, reply is not None and reply.done
             if not (accepted or done):
                 log.warning("job %s: %s leads it and did not take this device in: %s", job.job_id, leader[:12],
                             reply.reason if reply is not None else "no answer")  # fmt: skip
@@ -104,7 +98,7 @@ class Joining:
             log.info("job %s: refused %s (not admitted)", job.job_id, msg.peer_id)
             return JoinReply(msg.job_id, False, "not admitted by the job's owner")
         if job.state in TERMINAL:
-            return JoinReply(msg.job_id, False, JOB_DONE if job.state == "done" else f"the job is {job.state}")
+            return JoinReply(msg.job_id, False, f"the job is {job.state.value}", done=job.state == JobState.DONE)
         if msg.flops_per_s <= 0 or msg.free_memory_bytes <= 0:
             return JoinReply(msg.job_id, False, "the offer must have positive speed and memory")
         why = check_offer_bounds(msg.free_memory_bytes, msg.flops_per_s) or job.excluded.get(msg.peer_id)
@@ -141,7 +135,8 @@ class Joining:
         known = self.ctx.jobs.get(msg.job_id)
         if known is not None:
             if known.role == Role.MEMBER and known.leader != msg.owner:
-                return JobAck(False, HANDED_OVER + known.leader)  # the owner is back after its standby took over
+                # the owner is back after its standby took over: it joins the leader we follow
+                return JobAck(False, f"this device follows {known.leader[:12]}", follows=known.leader)
             if known.role == Role.MEMBER and known.state not in TERMINAL:
                 self.ctx.spawn(self.auto_join, known)  # the owner lost us (we were declared dead): join again
             return JobAck(True)
@@ -198,4 +193,4 @@ class Joining:
         return {"job_id": job.job_id, "accepted": reply.accepted, "reason": reply.reason}
 
 
-__all__ = ["HANDED_OVER", "JOB_DONE", "Joining"]
+__all__ = ["Joining"]

@@ -1,29 +1,26 @@
 """Who may command a job, and what a leader does when its members follow someone else (pure: no I/O, no clock).
 
 Owns the member's verdict on a leader command (:func:`judge_command`), the refusal that names the leader a
-member follows (:func:`refusal`, parsed back by :func:`followed_leader`), and the leader's decision after a
-round of start commands (:func:`start_outcome`). :class:`arceusd.jobs.manager.JobManager` feeds them what it
-knows and carries the result out.
+member follows (:class:`Refuse` with ``follows``, sent as the typed ``follows`` field of ``JobAck`` and
+``JobStartReply`` and checked by :func:`followed_leader`), and the leader's decision after a round of start
+commands (:func:`start_outcome`). The job core (:mod:`arceusd.jobs.core`) and the manager's parts ask them.
 
 Why refusals name the leader: membership may declare a live owner dead (a daemon stalled for a second under
 load is enough with the ``local`` timings). Its standby then wins a newer election term with the other member
 and takes the job over, and re-tracks the job's election without the owner, so the owner's election messages no
 longer reach anyone and it never learns who leads. Before, the members answered its commands only "only the
 job's leader may command it", and the owner, still believing it led, repartitioned again and again until the job
-failed on it (while the standby finished it). Now the refusal says whom the member follows; the owner asks that
-peer to take it in as a member (whose signed answer confirms it leads) instead of commanding again.
+failed on it (while the standby finished it). Now the refusal says whom the member follows (a typed peer id,
+not text to parse); the owner asks that peer to take it in as a member (its signed answer confirms it leads)
+instead of commanding again.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-HANDED_OVER = "handed over to "
-"""Prefix of a member's refusal when it follows another leader, followed by that leader's peer id."""
-
-_PEER = re.compile(r"[0-9a-f]{32}")
+from protocol.validation import is_hex_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,23 +35,24 @@ class AskElection:
 
 @dataclass(frozen=True, slots=True)
 class Refuse:
+    """Refuse the command saying ``reason``; ``follows``: the leader this member takes commands from, when the
+    sender is not it (a replaced leader learns whom to join)."""
+
     reason: str
+    follows: str = ""
 
 
 Verdict = Accept | AskElection | Refuse
 
 
-def refusal(leader: str, term: int) -> str:
-    """The reason a member gives when it refuses a command because it follows ``leader`` (at ``term``)."""
-    return f"{HANDED_OVER}{leader} (term {term}): only the job's leader may command it"
+def refusal(leader: str, term: int) -> Refuse:
+    """A member's refusal of a command because it follows ``leader`` (at ``term``)."""
+    return Refuse(f"this device follows {leader[:12]} (term {term}): only the job's leader may command it", leader)
 
 
-def followed_leader(reason: str) -> str | None:
-    """The peer id a refusal from :func:`refusal` (or a :data:`HANDED_OVER` announce answer) names, else None."""
-    if not reason.startswith(HANDED_OVER):
-        return None
-    found = _PEER.match(reason, len(HANDED_OVER))
-    return found.group(0) if found else None
+def followed_leader(follows: str) -> str | None:
+    """The peer id a refusal's ``follows`` names, when it is one (32 lowercase hex characters), else None."""
+    return follows if follows and is_hex_id(follows) else None
 
 
 def judge_command(
@@ -73,7 +71,7 @@ def judge_command(
         return Accept()
     if term > our_term:
         return AskElection()
-    return Refuse(refusal(leader, our_term))
+    return refusal(leader, our_term)
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,18 +96,20 @@ class Restart:
 StartOutcome = Go | HandOver | Restart
 
 
-def start_outcome(me: str, refusals: Iterable[tuple[str, str]]) -> StartOutcome:
-    """The leader ``me``'s next move after starting a plan, from ``(peer, reason)`` of each member that refused
-    or failed. A member that names another leader wins over other failures: commanding again cannot succeed."""
+def start_outcome(me: str, refusals: Iterable[tuple[str, str, str]]) -> StartOutcome:
+    """The leader ``me``'s next move after starting a plan, from ``(peer, reason, follows)`` of each member that
+    refused or failed (``follows``: the leader it names, or ''). A member that names another leader wins over
+    other failures: commanding again cannot succeed."""
     failed = list(refusals)
     if not failed:
         return Go()
-    for _peer, reason in failed:
-        leader = followed_leader(reason)
+    for _peer, _reason, follows in failed:
+        leader = followed_leader(follows)
         if leader is not None and leader != me:
             return HandOver(leader)
-    return Restart("members refused or failed to start: " + "; ".join(f"{p[:12]}: {r}" if p else r for p, r in failed))
+    return Restart("members refused or failed to start: "
+                   + "; ".join(f"{p[:12]}: {r}" if p else r for p, r, _ in failed))  # fmt: skip
 
 
-__all__ = ["HANDED_OVER", "Accept", "AskElection", "Go", "HandOver", "Refuse", "Restart", "StartOutcome",
+__all__ = ["Accept", "AskElection", "Go", "HandOver", "Refuse", "Restart", "StartOutcome",
            "Verdict", "followed_leader", "judge_command", "refusal", "start_outcome"]  # fmt: skip

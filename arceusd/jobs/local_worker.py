@@ -43,8 +43,9 @@ class LocalWorker:
 
         job = self.ctx.jobs.get(msg.job_id)
         why = await self.ctx.check_leader(header, job)
-        if why or job is None:
-            return JobStartReply(msg.job_id, False, why)
+        if why is not None or job is None:
+            return JobStartReply(msg.job_id, False, why.reason if why else "unknown job",
+                                 follows=why.follows if why else "")  # fmt: skip
         if job.role not in (Role.MEMBER, Role.OWNER):
             return JobStartReply(msg.job_id, False, "this device has not joined the job")
         if msg.spec != job.spec_bytes:
@@ -129,8 +130,8 @@ class LocalWorker:
     async def on_go(self, header: Header, msg: JobGo) -> JobAck:
         job = self.ctx.jobs.get(msg.job_id)
         why = await self.ctx.check_leader(header, job)
-        if why or job is None:
-            return JobAck(False, why)
+        if why is not None or job is None:
+            return JobAck(False, why.reason if why else "unknown job", why.follows if why else "")
         for action in self.life.feed(job, events.GoReceived(Stamp(header.term, header.epoch))):
             if isinstance(action, actions.Refuse):
                 return JobAck(False, action.reason)

@@ -8,7 +8,7 @@ once and, after every commit, the signed manifest and the other workers' shards.
 membership declares the leader dead and a majority of the plan agrees; it then leads (:meth:`JobManager.take_over`):
 gathers the survivors' shards, re-slices, and carries on to the end (the model is saved on it). Without a
 majority, or without a standby that holds the data, the members pause until the owner returns. An owner that
-returns after its standby took over is told by its members who leads (:data:`HANDED_OVER`) and joins that leader
+returns after its standby took over is told by its members who leads (``follows``) and joins that leader
 as a member; so is an owner that membership declared dead while it lived (a stall under load): its members refuse
 its commands naming the leader they follow (:mod:`arceusd.jobs.leadership`), and it joins that leader instead of
 repartitioning until the job fails. Either way the leader hands the owner the final checkpoint and the owner
@@ -70,7 +70,7 @@ from arceusd.jobs.core import actions as a
 from arceusd.jobs.core import events as e
 from arceusd.jobs.driver import Driver
 from arceusd.jobs.job import TERMINAL, Job
-from arceusd.jobs.joining import HANDED_OVER, JOB_DONE, Joining
+from arceusd.jobs.joining import Joining
 from arceusd.jobs.local_worker import LocalWorker, worker_device
 from arceusd.jobs.manager_base import OWNER_FILE, JobContext
 from arceusd.jobs.standby_sync import StandbySyncing
@@ -309,8 +309,9 @@ class JobManager(JobContext):
 
     async def _on_stop(self, header: Header, msg: JobStop) -> JobAck:
         job = self.jobs.get(msg.job_id)
-        if job is None or await self.check_leader(header, job, epochs=False):
-            return JobAck(False, "not from this job's leader")
+        why = await self.check_leader(header, job, epochs=False)
+        if why is not None or job is None:
+            return JobAck(False, "not from this job's leader", why.follows if why else "")
         self.feed(job, e.StopReceived(msg.reason))  # a known state only, never the sender's text (issue #19)
         return JobAck(True)
 
@@ -339,4 +340,4 @@ async def serve_jobs(node: Node, *, task_status: trio.TaskStatus[None] = trio.TA
     await manager.run(task_status=task_status)
 
 
-__all__ = ["HANDED_OVER", "JOB_DONE", "OWNER_FILE", "JobManager", "serve_jobs", "worker_device"]
+__all__ = ["OWNER_FILE", "JobManager", "serve_jobs", "worker_device"]

@@ -120,25 +120,25 @@ class JobContext:
             await worker.stop(grace=0.5)
 
     # ---------------------------------------------------------------------------------------------- following
-    async def check_leader(self, header: Header, job: Job | None, epochs: bool = True) -> str:
-        """Why a leader command must be refused ('' when it is acceptable).
+    async def check_leader(self, header: Header, job: Job | None, epochs: bool = True) -> leadership.Refuse | None:
+        """Why a leader command must be refused (None when it is acceptable).
 
         Acceptable: from our leader, not older than what we have (``epochs=False``: only the term counts); or
         with a newer term from the peer the job's election made leader (a standby that took over), which then
         becomes our leader. A refusal because we follow another peer names it (:func:`leadership.refusal`), so
         a leader that was replaced while membership thought it dead learns whom to join."""
         if job is None:
-            return "unknown job"
+            return leadership.Refuse("unknown job")
         verdict = leadership.judge_command(header.sender, header.term, header.epoch, job.leader, job.term,
                                            job.epoch, epochs)  # fmt: skip
         if isinstance(verdict, leadership.Accept):
-            return ""
+            return None
         if isinstance(verdict, leadership.Refuse):
-            return verdict.reason
+            return verdict
         if await self.elected(job, header.sender):
             log.info("job %s: following %s, elected leader (term %d)", job.job_id, header.sender[:12], header.term)
             self.follow_leader(job, header.sender, Stamp(header.term, job.epoch))
-            return ""
+            return None
         return leadership.refusal(job.leader, job.term)  # tells a replaced leader whom we follow
 
     def follow_leader(self, job: Job, peer: str, stamp: Stamp | None = None) -> None:

@@ -55,7 +55,7 @@ class StandbySyncing:
         if not (isinstance(reply, JobAck) and reply.ok):
             log.warning("job %s: the standby %s refused checkpoint %d: %s", job.job_id, standby[:12], step,
                         getattr(reply, "reason", "no answer"))  # fmt: skip
-            leader = leadership.followed_leader(reply.reason) if isinstance(reply, JobAck) else None
+            leader = leadership.followed_leader(reply.follows) if isinstance(reply, JobAck) else None
             if leader is not None and leader != self.ctx.node.identity.peer_id:
                 await self.life.hand_over(job, leader)
 
@@ -65,8 +65,8 @@ class StandbySyncing:
 
         job = self.ctx.jobs.get(msg.job_id)
         why = await self.ctx.check_leader(header, job, epochs=False)
-        if why or job is None:
-            return JobAck(False, why)
+        if why is not None or job is None:
+            return JobAck(False, why.reason if why else "unknown job", why.follows if why else "")
         if job.role == Role.OWNER and not self.ctx.leads(job):
             return await self._receive_final(job, header.sender, msg)
         if job.standby != self.ctx.node.identity.peer_id:

@@ -100,7 +100,7 @@ class Starting:
         start = JobStart(job.job_id, job.term, job.epoch, job.spec_bytes, plan_data, inputs_data, start_step,
                          resume.to_wire() if resume is not None else b"", job.standby)  # fmt: skip
         job.go_addresses = addresses = {}
-        failures: list[tuple[str, str]] = []
+        failures: list[tuple[str, str, str]] = []
         reach = {p: o.address for p, o in job.members.items()}  # as planned: a member may leave meanwhile
 
         async def start_one(peer: str) -> None:
@@ -120,7 +120,7 @@ class Starting:
             if reply.accepted:
                 addresses[peer] = reply.worker_address
             else:
-                failures.append((peer, reply.reason))
+                failures.append((peer, reply.reason, reply.follows))
 
         with trio.CancelScope() as scope:
             job.start_scope = scope
@@ -129,7 +129,7 @@ class Starting:
                     nursery.start_soon(start_one, peer)
         job.start_scope = None
         if scope.cancelled_caught:
-            failures.append(("", "a member of the new plan failed while it started"))
+            failures.append(("", "a member of the new plan failed while it started", ""))
         self.life.feed(job, events.StartAnswered(action.stamp, tuple(failures)))
 
     async def go_round(self, job: Job, action: actions.SendGo) -> None:

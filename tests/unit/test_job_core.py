@@ -195,7 +195,7 @@ def test_a_first_start_that_fails_fails_the_job() -> None:
     core = JobCore.owned(ME, 100, min_members=2)
     core.handle(e.MemberJoined(B), 0.0)
     core.handle(e.PlanFound((ME, B), B), 0.0)
-    core.handle(e.StartAnswered(core.stamp, ((B, "out of memory"),)), 0.0)
+    core.handle(e.StartAnswered(core.stamp, ((B, "out of memory", ""),)), 0.0)
     assert state(core) == JobState.FAILED and "out of memory" in core.error
 
 
@@ -251,7 +251,8 @@ def test_the_owner_hands_over_when_its_members_follow_the_standby() -> None:
     core.handle(e.WorkerFailed(core.stamp, B, "x"), 0.0)
     core.handle(e.MembersReachable(core.stamp, frozenset({ME, B})), 0.0)
     core.handle(e.PlanFound((ME, B), B), 0.0)
-    out = core.handle(e.StartAnswered(core.stamp, ((B, refusal(C, 3)),)), 0.0)
+    refused = refusal(C, 3)
+    out = core.handle(e.StartAnswered(core.stamp, ((B, refused.reason, refused.follows),)), 0.0)
     assert out == [a.HandOver(C)]
     out = core.handle(e.HandOverAnswered(C, accepted=True), 0.0)
     assert core.leader == C and not core.leads and state(core) == JobState.JOINED and core.stamp == Stamp(0, 0)
@@ -338,7 +339,7 @@ def concrete(core: JobCore, raw: object, step: int) -> e.Event:
         return cast(e.Event, raw)
     s = core.stamp
     made: dict[str, e.Event] = {
-        "start": e.StartAnswered(s), "start-refused": e.StartAnswered(s, ((B, "no"),)),
+        "start": e.StartAnswered(s), "start-refused": e.StartAnswered(s, ((B, "no", ""),)),
         "go": e.GoAnswered(s), "go-lost": e.GoAnswered(s, {B: "no answer"}),
         "checkpoint": e.CheckpointComplete(s, step), "commit": e.CommitDone(s, step),
         "commit-failed": e.CommitFailed(s, step, "x"), "worker-failed": e.WorkerFailed(s, B, "x"),

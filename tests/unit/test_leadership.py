@@ -122,13 +122,14 @@ def test_owner_declared_dead_while_alive_is_told_who_leads_and_hands_over() -> N
         verdict = judge_command(*owner_command, leader=STANDBY, our_term=member_term, our_epoch=member_epoch)
         assert isinstance(verdict, AskElection)
         assert c.leader(peer) != OWNER, "the election did not make the owner leader: the command is refused"
-        replies.append((peer, refusal(STANDBY, member_term)))
+        refused = refusal(STANDBY, member_term)
+        replies.append((peer, refused.reason, refused.follows))
     # Before the fix the refusal said only "only the job's leader may command it": the owner repartitioned
     # again and again (Restart) and the job failed after four tries. Now it learns whom to join.
     assert start_outcome(OWNER, replies) == HandOver(STANDBY)
     # An older-term command from the owner is refused outright, naming the leader too.
     stale = judge_command(OWNER, 3, 9, leader=STANDBY, our_term=member_term, our_epoch=member_epoch)
-    assert isinstance(stale, Refuse) and followed_leader(stale.reason) == STANDBY
+    assert isinstance(stale, Refuse) and followed_leader(stale.follows) == STANDBY
 
 
 def test_commands_from_the_leader_are_judged_by_term_then_epoch() -> None:
@@ -137,27 +138,29 @@ def test_commands_from_the_leader_are_judged_by_term_then_epoch() -> None:
     assert isinstance(judge_command(OWNER, 3, 1, OWNER, 3, 2), Refuse)
     assert judge_command(OWNER, 3, 1, OWNER, 3, 2, epochs=False) == Accept()
     old = judge_command(OWNER, 2, 9, OWNER, 3, 2, epochs=False)
-    assert isinstance(old, Refuse) and "stale" in old.reason and followed_leader(old.reason) is None
+    assert isinstance(old, Refuse) and "stale" in old.reason and followed_leader(old.follows) is None
 
 
 def test_another_peer_needs_a_newer_term_and_the_election_else_the_refusal_names_our_leader() -> None:
     assert judge_command(STANDBY, 4, 1, OWNER, 3, 2) == AskElection()
     for term in (2, 3):
         verdict = judge_command(STANDBY, term, 9, OWNER, 3, 2)
-        assert isinstance(verdict, Refuse) and followed_leader(verdict.reason) == OWNER
+        assert isinstance(verdict, Refuse) and followed_leader(verdict.follows) == OWNER
 
 
-def test_followed_leader_parses_refusals_and_the_announce_answer_only() -> None:
-    assert followed_leader(refusal(STANDBY, 7)) == STANDBY
-    assert followed_leader("handed over to " + OTHER) == OTHER  # a member's answer to its owner's announce
-    assert followed_leader("only the job's leader may command it") is None
-    assert followed_leader("handed over to nobody") is None
+def test_followed_leader_takes_a_peer_id_only() -> None:
+    assert followed_leader(refusal(STANDBY, 7).follows) == STANDBY
+    assert followed_leader(OTHER) == OTHER  # a member's answer to its owner's announce
+    assert followed_leader("") is None and followed_leader("nobody") is None
+    assert followed_leader(OTHER.upper()) is None and followed_leader(OTHER + "0") is None  # not a peer id
 
 
 def test_start_outcome() -> None:
     assert start_outcome(OWNER, []) == Go()
-    failed = start_outcome(OWNER, [(OTHER, "start refused: bad plan")])
+    failed = start_outcome(OWNER, [(OTHER, "start refused: bad plan", "")])
     assert isinstance(failed, Restart) and "bad plan" in failed.reason
-    mixed = [(OTHER, "no answer"), (STANDBY, refusal(OTHER, 2))]
+    mixed = [(OTHER, "no answer", ""), (STANDBY, "follows another", OTHER)]
     assert start_outcome(OWNER, mixed) == HandOver(OTHER), "a named leader wins over other failures"
-    assert isinstance(start_outcome(OWNER, [(OTHER, refusal(OWNER, 2))]), Restart), "naming us is no hand-over"
+    assert isinstance(start_outcome(OWNER, [(OTHER, "x", OWNER)]), Restart), "naming us is no hand-over"
+    text_only = start_outcome(OWNER, [(OTHER, f"handed over to {STANDBY}", "")])
+    assert isinstance(text_only, Restart), "a reason's text names nobody: only the typed field does"

@@ -67,10 +67,11 @@ class NoPlanFits:
 @dataclass(frozen=True, slots=True)
 class StartAnswered:
     """Leader: every member of plan ``stamp`` answered its start (or the start was cut short); ``refusals``
-    are ``(peer, why)`` of the ones that refused or failed (peer '' for the start being cut short)."""
+    are ``(peer, why, follows)`` of the ones that refused or failed (peer '' for the start being cut short;
+    ``follows``: the leader a member named because it follows it, or '')."""
 
     stamp: Stamp
-    refusals: tuple[tuple[str, str], ...] = ()
+    refusals: tuple[tuple[str, str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
