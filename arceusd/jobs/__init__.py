@@ -32,8 +32,9 @@ whose members follow another leader hands the job over (joining.hand_over -> cor
 
 What each module owns:
 
-- the job spec: ``spec`` (schema, validation, canonical form, hash, job id), ``spec_types`` (its parsed
-  form), ``fields`` (field checks) and ``datafacts`` (what it needs to know of its data files); ``source``
+- the job spec: ``spec`` (the schema and the entry points), ``spec_parser`` (every field read and bounded),
+  ``spec_identity`` (canonical form, hash, job id), ``spec_types`` (its parsed form), ``fields`` (field
+  checks) and ``datafacts`` (what it needs to know of its data files); ``source``
   (the batches the owner serves from that data);
 - the lifecycle: ``core`` (the pure state machine: states, roles and the ``(term, epoch)`` stamp; events in,
   actions out), ``lifecycle`` (its pure decisions on a failed commit, an unacknowledged ``go``, an ended
