@@ -24,6 +24,9 @@
   floor on that member's time that does not come from its own word. The leader judges each member on the
   larger of the two, so a member that overstates its speed and understates its step times is caught as well.
 
+With data-parallel replicas every replica's devices report the same claims with their witnesses, and each is
+judged within its own replica's pipeline (:func:`seen_in_every_replica`, its replica's prediction).
+
 What stays open: where one other device alone sees a member (an end of the pipeline next to a member that does
 not lead, a tensor-parallel group of two), it is word against word and the smaller wins; a rank that lies about
 its waits can make its whole group look alike; two colluding neighbours can hide each other.
@@ -129,14 +132,17 @@ def own_step_times(job: Any, me: str) -> dict[str, float]:
     """What this device's checkpoint report carries about its speed: the median compute seconds of its last
     steps (step time less link waits, from its worker's step events), the median waits (in all, for the previous
     stage's activations, for the next stage's gradients) and what the plan predicted (its stage's compute per
-    micro-batch times the micro-batches, plus its optimizer step); empty when unknown."""
+    micro-batch times the micro-batches, plus its optimizer step, in this device's own replica's pipeline);
+    empty when unknown."""
     if job.plan is None or not job.stage_times:
         return {}
-    stage = next((st for st in job.plan.stages if any(s.peer_id == me for s in st.shares)), None)
-    if stage is None:
+    found = next(((p, st) for p in pipelines(job) for st in p.stages if any(s.peer_id == me for s in st.shares)),
+                 None)  # fmt: skip
+    if found is None:
         return {}
+    the_plan, stage = found
     times: list[StageTime] = list(job.stage_times)
-    predicted = stage.compute_s * job.plan.micro_batches + stage.optimizer_s
+    predicted = stage.compute_s * the_plan.micro_batches + stage.optimizer_s
     if predicted <= 0:
         return {}
     return {
@@ -147,6 +153,22 @@ def own_step_times(job: Any, me: str) -> dict[str, float]:
         "group_wait_s": _median([max(0.0, t.group_wait_s) for t in times]),
         "predicted_s": predicted,
     }
+
+
+def pipelines(job: Any) -> list[Any]:
+    """Every pipeline of the job's plan: each data-parallel replica's (the plan itself without replicas)."""
+    if job.replica_plan is not None:
+        return list(job.replica_plan.replicas)
+    return [job.plan] if job.plan is not None else []
+
+
+def seen_in_every_replica(job: Any, compute: Mapping[str, float], leader: str) -> dict[str, float]:
+    """:func:`seen_by_neighbours` over each replica's pipeline (a replica's devices see only their own
+    neighbours), capped by the leader's own step time: the replicas step together."""
+    out: dict[str, float] = {}
+    for the_plan in pipelines(job):
+        out.update(seen_by_neighbours(the_plan, job.link_waits, compute, leader, own_step_total(job)))
+    return out
 
 
 def own_step_total(job: Any) -> float | None:
@@ -300,5 +322,6 @@ __all__ = [
     "BACKWARD_PER_FORWARD", "BOTTLENECK", "MAX_DISCOUNT", "MAX_OFFER_FLOPS", "MAX_OFFER_MEMORY", "MIN_EXCESS_S",
     "NO_WAITS", "RELATIVE_SLOW", "STOP_STATES", "SUSTAINED_REPORTS", "LinkWaits", "StageTime", "check_offer_bounds",
     "discounted", "judged_times", "measured", "measured_factor", "overclaim", "own_step_times", "own_step_total",
-    "record_link_waits", "record_step_time", "record_wait_time", "seen_by_neighbours", "stop_state",
+    "pipelines", "record_link_waits", "record_step_time", "record_wait_time", "seen_by_neighbours",
+    "seen_in_every_replica", "stop_state",
 ]  # fmt: skip

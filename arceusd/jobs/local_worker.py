@@ -199,7 +199,7 @@ class LocalWorker:
         """A worker event for the leader, typed once here (:func:`arceusd.jobs.reports.report_of_event`): handled
         in place when this device leads, sent as that :class:`JobReport` from a member."""
         me = self.ctx.node.identity.peer_id
-        if event.get("event") == "checkpoint":  # this device's measured speed beside the plan's (issue #19)
+        if event.get("event") in ("checkpoint", "witness"):  # its measured speed beside the plan's (issue #19)
             event = {**event, **claims.own_step_times(job, me)}
         try:
             report = reports.report_of_event(job.job_id, epoch, event)
@@ -260,6 +260,10 @@ class LocalWorker:
                 self.life.request_restart(job, shard_checks.exclude(job, peer, refused))
                 return
             job.witnesses.setdefault(step, {})[peer] = digest
+            # every replica's device says how fast it ran (the first replica's say it in their checkpoint too)
+            claims.record_wait_time(job.waits, peer, report)
+            claims.record_link_waits(job.link_waits, peer, report)
+            claims.record_step_time(job.measured, peer, report)
             self._when_complete(job, step)
 
     def _when_complete(self, job: Job, step: int) -> None:
@@ -301,8 +305,7 @@ class LocalWorker:
         :data:`claims.SUSTAINED_REPORTS` checkpoints in a row has its speed discounted (once per member); the
         restart reason, or ``""``."""
         compute = {peer: got for peer, (got, _) in job.measured.items()}
-        job.seen = claims.seen_by_neighbours(job.plan, job.link_waits, compute, self.ctx.node.identity.peer_id,
-                                             claims.own_step_total(job))  # fmt: skip
+        job.seen = claims.seen_in_every_replica(job, compute, self.ctx.node.identity.peer_id)
         judged = claims.judged_times(job.measured, job.seen)
         reasons = []
         for peer in sorted(judged):

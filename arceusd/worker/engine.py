@@ -363,8 +363,10 @@ class StageEngine:
         else:
             (loss,) = exchange((report,))
         self.optimizer.step(lr)
-        if self.replicas is not None:
+        if self.replicas is not None:  # DiLoCo's outer sync every h steps: a wait on the ring, not compute
+            began_outer = time.perf_counter()
             self.replicas.after_step(list(self.module.parameters()), self.step + 1)
+            run.wait_s += time.perf_counter() - began_outer
         spent = time.perf_counter() - began - (run.wait_s - waited)
         result = StepResult(
             step=self.step, loss=loss, grad_norm=grad_norm, lr=lr, wait_s=run.wait_s, wait_up_s=run.wait_up_s,

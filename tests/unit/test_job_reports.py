@@ -234,3 +234,27 @@ def test_a_failure_and_a_leave_reach_the_leader_as_typed_reports(tmp_path: Path)
     leave = JobReport(JOB, job.epoch, ReportKind.LEAVE)  # what control_methods.m_leave sends
     assert trio.run(mgr.local.on_report, header, leave).ok
     assert OTHER not in job.members and OTHER in job.announced and "left" in restarts[-1]
+
+
+def test_a_witness_carries_its_devices_claims_to_the_leader(tmp_path: Path) -> None:
+    """Every replica's device says how fast it ran with its witness (the first replica's say it with their shard
+    too), so the leader judges the devices of every replica, not only the first's (issues #19, #22)."""
+    mgr, _ = manager(tmp_path, FakePeers())
+    job = leading_job(tmp_path)
+    job.spec.checkpoint.interval_steps = 20
+    second = "d" * 32
+    first_plan = SimpleNamespace(peer_ids=(OTHER,), stages=(SimpleNamespace(shares=(SimpleNamespace(peer_id=OTHER),)),))
+    job.plan = first_plan
+    job.replica_plan = SimpleNamespace(replicas=(first_plan, SimpleNamespace(peer_ids=(second,))),
+                                       peer_ids=(OTHER, second),
+                                       replica_of=lambda p: {OTHER: 0, second: 1}.get(p))  # fmt: skip
+    event = {**EVENTS[ReportKind.WITNESS], "step_s": 0.3, "predicted_s": 0.1, "wait_s": 0.02, "wait_up_s": 0.01,
+             "wait_down_s": 0.01}  # fmt: skip
+    report = report_of_event(JOB, job.epoch, event)
+    trio.run(mgr.local._handle_report, job, second, report)
+    assert job.witnesses[20] == {second: "cd" * 32}
+    assert job.measured[second] == (0.3, 0.1) and second in job.link_waits and job.waits[second] == 0.02
+    stranger = "e" * 32  # no place in the replicas: refused before anything of it is kept
+    mgr.request_restart = lambda job, reason: None  # type: ignore[method-assign]
+    trio.run(mgr.local._handle_report, job, stranger, report)
+    assert stranger not in job.measured and stranger not in job.witnesses[20]

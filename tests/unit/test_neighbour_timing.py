@@ -209,3 +209,28 @@ def test_link_waits_are_kept_only_when_they_are_valid_seconds() -> None:
         claims.record_link_waits(waits, "a", _waits(wait_up_s=0.1, wait_down_s=0.2))
         claims.record_link_waits(waits, "a", bad)
         assert "a" not in waits, bad  # a report without valid waits forgets the old ones
+
+
+def test_every_replica_is_judged_within_its_own_pipeline() -> None:
+    """With data-parallel replicas each replica's devices are seen by their own pipeline's neighbours (the first
+    replica's by theirs, the second's by theirs), and each device's report carries its own replica's prediction:
+    a slow device in the second replica is seen as slow, not hidden because only the first replica was judged."""
+    from collections import deque
+
+    leader, a, b, c = "0" * 32, "a" * 32, "b" * 32, "c" * 32
+    first, second = plan_of((leader,), (a,)), plan_of((b,), (c,))
+    for p, compute in ((first, 0.01), (second, 0.03)):
+        p.micro_batches = 4
+        for st in p.stages:
+            st.compute_s, st.optimizer_s = compute, 0.0
+    waits = lw({leader: (0.0, 0.9), a: (0.1, 0.0), b: (0.0, 0.8), c: (0.05, 0.0)})
+    job = SimpleNamespace(plan=first, replica_plan=SimpleNamespace(replicas=(first, second)),
+                          stage_times=deque([claims.StageTime(1.0, 0.0)]), link_waits=waits)
+    assert claims.own_step_times(job, c)["predicted_s"] == pytest.approx(0.12)  # its replica's stage, not the first's
+    assert claims.own_step_times(job, a)["predicted_s"] == pytest.approx(0.04)
+    seen = claims.seen_in_every_replica(job, {a: 0.05, b: 0.05, c: 0.05}, leader)
+    assert set(seen) == {a, b, c}, "the second replica's devices are seen too"
+    assert seen[c] == pytest.approx(0.8), "its one neighbour waited 0.8 s a step on it (capped by what it did not wait)"
+    assert seen[a] == pytest.approx(0.9), "the leader's own view counts as it is"
+    without = SimpleNamespace(**{**vars(job), "replica_plan": None})
+    assert set(claims.seen_in_every_replica(without, {a: 0.05}, leader)) == {a}, "one pipeline: only its devices"
