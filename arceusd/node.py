@@ -14,7 +14,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -23,6 +23,11 @@ from arceusd.config import DaemonConfig, config_summary
 from arceusd.control import Handler
 from arceusd.identity import Identity
 from arceusd.paths import StatePaths
+
+if TYPE_CHECKING:
+    from arceusd.election_driver import JobElections
+    from arceusd.jobs.manager import JobManager
+    from arceusd.peers import PeerService
 
 
 @dataclass
@@ -34,9 +39,9 @@ class Node:
     addresses: dict[str, str] = field(default_factory=dict)
     sections: dict[str, Callable[[], Any]] = field(default_factory=dict)
     methods: dict[str, Handler] = field(default_factory=dict)
-    peers: Any = None
-    jobs: Any = None
-    elections: Any = None
+    peers: PeerService | None = None  # each set by its service once it starts
+    jobs: JobManager | None = None
+    elections: JobElections | None = None
     market: Any = None
     shutdown_hooks: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     started: trio.Event = field(default_factory=trio.Event)  # set once every service is started

@@ -16,7 +16,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -25,6 +25,11 @@ from arceusd.jobs.core import actions
 from arceusd.jobs.core.machine import JobCore
 from arceusd.jobs.core.states import TERMINAL, JobState, Role
 from arceusd.jobs.supervisor import WorkerProcess
+
+if TYPE_CHECKING:
+    from arceusd.jobs.planning import Offer
+    from arceusd.jobs.spec_types import JobSpec
+    from partitioner import Plan, PlanInputs, ReplicaPlan
 
 HISTORY_TAIL = 200
 """Loss points the control method ``job`` answers by default (the text views draw from these); with
@@ -64,18 +69,18 @@ class Recovery:
 @dataclass
 class Job:
     job_id: str
-    spec: Any  # JobSpec (imported lazily: it pulls in torch)
+    spec: JobSpec
     spec_bytes: bytes
     spec_hash: str
     owner: str
     owner_address: str
     directory: Path
     core: JobCore  # the lifecycle: role, state, stamp, leader, committed step, error (decides every transition)
-    members: dict[str, Any] = field(default_factory=dict)  # peer -> Offer (the leader's: same peers as core's)
-    plan: Any = None  # partitioner.Plan: the (first) pipeline, whose devices write the checkpoint shards
-    replica_plan: Any = None  # partitioner.ReplicaPlan: every replica of the plan (``plan`` is its first)
+    members: dict[str, Offer] = field(default_factory=dict)  # peer -> its offer (the leader's: the core's peers)
+    plan: Plan | None = None  # the (first) pipeline, whose devices write the checkpoint shards
+    replica_plan: ReplicaPlan | None = None  # every replica of the plan (``plan`` is its first)
     ring_bytes: int = 0  # bytes this device's worker sent its replicas' ring in the current plan epoch
-    inputs: Any = None
+    inputs: PlanInputs | None = None
     shares: dict[str, float] = field(default_factory=dict)
     step: int = 0
     total_steps: int = 0

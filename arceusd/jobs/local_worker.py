@@ -92,7 +92,10 @@ class LocalWorker:
         from arceusd.jobs.planning import replica_peers, replica_sync_config, worker_replicas, worker_stages
         from arceusd.worker.protocol import WorkerConfig
 
-        _, the_plan = replica_peers(job.replica_plan, self.ctx.node.identity.peer_id)
+        rp = job.replica_plan
+        if rp is None:
+            return JobStartReply(job.job_id, False, "no plan to start a worker for")
+        _, the_plan = replica_peers(rp, self.ctx.node.identity.peer_id)
 
         job.directory.mkdir(parents=True, exist_ok=True)
         host = self.ctx.node.addresses.get("peer", "127.0.0.1:0").rpartition(":")[0]
@@ -108,8 +111,8 @@ class LocalWorker:
             checkpoint_dir=str(job.directory / "checkpoints"),
             checkpoint_interval=job.spec.checkpoint.interval_steps, total_steps=job.total_steps,
             threads=self.ctx.node.config.worker_threads, cpus=self.ctx.node.config.worker_cpus, resume=resume,
-            device=worker_device(offer.kind), replicas=worker_replicas(job.replica_plan),
-            replica_sync=replica_sync_config(job.spec, job.replica_plan),
+            device=worker_device(offer.kind), replicas=worker_replicas(rp),
+            replica_sync=replica_sync_config(job.spec, rp),
         )  # fmt: skip
         path = job.directory / f"worker-{job.epoch}.json"
         path.write_text(config.to_json())

@@ -145,7 +145,7 @@ async def plan_shapes(job: Job) -> dict[str, dict[str, tuple[int, ...]]]:
 
     async with job.shapes_lock:  # one child per plan, whoever asks first (the prefetch or the first commit)
         epoch, plan, inputs = job.epoch, job.plan, job.inputs
-        if plan is None:
+        if plan is None or inputs is None:
             raise RuntimeError("no plan is running to check the shards against")
         shapes = job.shard_shapes.get(epoch)
         if shapes is None:

@@ -83,6 +83,8 @@ class Starting:
         from arceusd.jobs.planning import encode_job_start
 
         me = self.ctx.node.identity.peer_id
+        if job.inputs is None or job.replica_plan is None or job.core.stamp != action.stamp:
+            return  # the plan it starts is gone (a repartition began): the core plans again
         inputs_data, plan_data = encode_job_start(job.spec, job.inputs, job.replica_plan)
         resume = None
         if action.resuming:

@@ -39,7 +39,7 @@ def replicated(job: Job) -> bool:
 def check_witness(job: Job, peer: str, report: JobReport) -> tuple[int, str]:
     """The step and digest of ``peer``'s witness report (its typed fields, as the codec bounded them);
     :class:`ReportRefused` names what is wrong."""
-    if not replicated(job) or job.replica_plan.replica_of(peer) is None:
+    if not replicated(job) or job.replica_plan is None or job.replica_plan.replica_of(peer) is None:
         raise ReportRefused(ReportProblem.NOT_IN_PLAN, f"{peer[:12]} holds no place in the plan's replicas")
     step = report.step
     interval = job.spec.checkpoint.interval_steps
@@ -66,6 +66,8 @@ class Verdict:
 def judge(job: Job, step: int, digests: Mapping[str, str]) -> Verdict:
     """Compare the replicas' witnesses of ``step`` place by place (see the module docstring)."""
     rp = job.replica_plan
+    if rp is None:
+        raise ValueError("judging witnesses needs a plan with replicas (a bug: checked by replicated())")
     first = rp.replicas[0]
     alike: set[str] = set()
     odd: list[str] = []

@@ -29,7 +29,7 @@ import logging
 import os
 import time
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -57,6 +57,10 @@ from arceusd.market.receipts import (
 from arceusd.node import Node
 from protocol.market_wire import ReceiptBatch, ReceiptOffer, ReceiptReply, ReceiptsRequest
 
+if TYPE_CHECKING:
+    from arceusd.jobs.manager import JobManager
+    from arceusd.peers import PeerService
+
 log = logging.getLogger(__name__)
 
 SAMPLE_S = 0.5
@@ -81,6 +85,16 @@ def own_pids(node: Node) -> list[int]:
 
 class Market:
     """What the market service holds: the policy file's path, the probe and its latest reading."""
+
+    def _jobs(self) -> JobManager:
+        if self.node.jobs is None:
+            raise RuntimeError("the market runs beside the job service, which has not started")
+        return self.node.jobs
+
+    def _peers(self) -> PeerService:
+        if self.node.peers is None:
+            raise RuntimeError("the market runs beside the peer network, which has not started")
+        return self.node.peers
 
     def __init__(self, node: Node) -> None:
         self.node = node
@@ -139,14 +153,14 @@ class Market:
         return demand_in_view([n for _, n in jobs], alive, busy)
 
     async def offer(self) -> DeviceOffer:
-        o = await self.node.jobs.offer()
+        o = await self._jobs().offer()
         return DeviceOffer(self.node.identity.peer_id, o.kind, int(o.memory_bytes), float(o.flops_per_s),
                            self.node.config.worker_threads)
 
     async def listing(self) -> dict[str, Any]:
         policy = self.reload()
         offer = await self.offer()
-        efficiency = float((await self.node.jobs.offer()).block_efficiency)
+        efficiency = float((await self._jobs().offer()).block_efficiency)
         jobs = self.job_needs()
         demand = self.demand(jobs)
         me = self.node.identity.peer_id
@@ -338,7 +352,7 @@ class Market:
                 if not why:
                     final = countersign(self.node.identity, s)
             else:
-                reply = await self.node.peers.request(addresses.get(r.device, ""), r.device,
+                reply = await self._peers().request(addresses.get(r.device, ""), r.device,
                                                       ReceiptOffer(decode_body(s), s.leader_key, s.leader_sig),
                                                       RECEIPT_TIMEOUT_S, job_id=r.job_id, term=r.term,
                                                       epoch=r.epoch)  # fmt: skip
@@ -440,7 +454,7 @@ class Market:
 
     async def _fetch_receipts(self, job: Any, peer: str, leaders: set[str]) -> list[SignedReceipt]:
         """Every receipt ``peer`` keeps for the job (pages, bounded), each checked (``collect.accept``)."""
-        member = self.node.peers.membership.members.get(peer)
+        member = self._peers().membership.members.get(peer)
         offer = job.members.get(peer)
         address = member.address if member is not None and member.address else getattr(offer, "address", "")
         if not address:
@@ -448,7 +462,7 @@ class Market:
         out: list[SignedReceipt] = []
         start = 0
         for _ in range(MAX_PAGES_PER_PEER):
-            reply = await self.node.peers.request(address, peer, ReceiptsRequest(job.job_id, start), RECEIPT_TIMEOUT_S,
+            reply = await self._peers().request(address, peer, ReceiptsRequest(job.job_id, start), RECEIPT_TIMEOUT_S,
                                                   job_id=job.job_id)  # fmt: skip
             if not isinstance(reply, ReceiptBatch) or reply.job_id != job.job_id:
                 break

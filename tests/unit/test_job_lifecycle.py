@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import trio
@@ -97,11 +97,12 @@ def leading_job(tmp_path: Path, total_steps: int = 100) -> Job:
     assert core.lead is not None
     core.state, core.stamp, core.lead.plan = JobState.RUNNING, Stamp(1, 1), (ME, OTHER)
     core.lead.members.add(OTHER)
-    job = Job(JOB, spec, b"{}", "0" * 64, ME, "127.0.0.1:1", tmp_path / JOB, core, total_steps=total_steps)
-    job.members[ME] = SimpleNamespace(address="127.0.0.1:1")
-    job.members[OTHER] = SimpleNamespace(address="127.0.0.1:2")
+    job = Job(JOB, cast(Any, spec), b"{}", "0" * 64, ME, "127.0.0.1:1", tmp_path / JOB, core, total_steps=total_steps)
+    job.members[ME] = cast(Any, SimpleNamespace(address="127.0.0.1:1"))
+    job.members[OTHER] = cast(Any, SimpleNamespace(address="127.0.0.1:2"))
     # a running plan whose one place is OTHER's (a commit without a running plan is moot)
-    job.plan = SimpleNamespace(peer_ids=(OTHER,), stages=(SimpleNamespace(shares=(SimpleNamespace(peer_id=OTHER),)),))
+    place = SimpleNamespace(shares=(SimpleNamespace(peer_id=OTHER),))
+    cast(Any, job).plan = SimpleNamespace(peer_ids=(OTHER,), stages=(place,))
     return job
 
 
@@ -153,7 +154,7 @@ def test_cancel_stops_members_then_leaves_the_election(tmp_path: Path) -> None:
     peers = FakePeers(JobAck(True))
     mgr, elections = manager(tmp_path, peers)
     job = leading_job(tmp_path)
-    job.plan = SimpleNamespace(peer_ids=(ME, OTHER))
+    cast(Any, job).plan = SimpleNamespace(peer_ids=(ME, OTHER))
 
     async def cancel() -> None:
         mgr.feed(job, e.Cancel())

@@ -170,11 +170,12 @@ def test_a_leader_drops_and_counts_refused_reports_and_keeps_serving(tmp_path: P
             leader, member = await _service(nursery, net, 0), await _service(nursery, net, 1)
             me = member.identity.peer_id
             # two stages (the member's first), so that no step is complete and nothing is committed
-            job.members[me] = SimpleNamespace(address=member.address)
-            job.plan = SimpleNamespace(peer_ids=(me, OTHER), stages=tuple(
+            job.members[me] = cast(Any, SimpleNamespace(address=member.address))
+            cast(Any, job).plan = SimpleNamespace(peer_ids=(me, OTHER), stages=tuple(
                 SimpleNamespace(start=i, end=i + 1, shares=(SimpleNamespace(peer_id=p),)) for i, p in
                 enumerate((me, OTHER))))  # fmt: skip
-            job.inputs = SimpleNamespace(blocks=(SimpleNamespace(param_bytes=4096, optimizer_bytes=4096),) * 2)
+            block = SimpleNamespace(param_bytes=4096, optimizer_bytes=4096)
+            cast(Any, job).inputs = SimpleNamespace(blocks=(block,) * 2)
             mgr.jobs[JOB] = job
             leader.register(JobReport, mgr.local.on_report)
 
@@ -241,11 +242,11 @@ def test_a_witness_carries_its_devices_claims_to_the_leader(tmp_path: Path) -> N
     too), so the leader judges the devices of every replica, not only the first's (issues #19, #22)."""
     mgr, _ = manager(tmp_path, FakePeers())
     job = leading_job(tmp_path)
-    job.spec.checkpoint.interval_steps = 20
+    cast(Any, job.spec.checkpoint).interval_steps = 20
     second = "d" * 32
     first_plan = SimpleNamespace(peer_ids=(OTHER,), stages=(SimpleNamespace(shares=(SimpleNamespace(peer_id=OTHER),)),))
-    job.plan = first_plan
-    job.replica_plan = SimpleNamespace(replicas=(first_plan, SimpleNamespace(peer_ids=(second,))),
+    cast(Any, job).plan = first_plan
+    cast(Any, job).replica_plan = SimpleNamespace(replicas=(first_plan, SimpleNamespace(peer_ids=(second,))),
                                        peer_ids=(OTHER, second),
                                        replica_of=lambda p: {OTHER: 0, second: 1}.get(p))  # fmt: skip
     event = {**EVENTS[ReportKind.WITNESS], "step_s": 0.3, "predicted_s": 0.1, "wait_s": 0.02, "wait_up_s": 0.01,

@@ -6,7 +6,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -24,7 +24,7 @@ def _claims(**seconds: Any) -> JobReport:
 
 def _job(tmp_path: Path) -> Job:
     spec = SimpleNamespace(name="tiny", model=SimpleNamespace(), data=SimpleNamespace(kind="shakespeare"))
-    return Job("ab" * 16, spec, b"", "h", "owner", "127.0.0.1:1", tmp_path, JobCore.owned("owner", 100))
+    return Job("ab" * 16, cast(Any, spec), b"", "h", "owner", "127.0.0.1:1", tmp_path, JobCore.owned("owner", 100))
 
 
 def test_no_steps_no_timing(tmp_path: Path) -> None:
@@ -134,7 +134,7 @@ def test_stage_times_cover_every_measured_device_and_this_device_from_its_own_st
     stages = [SimpleNamespace(index=i, start=i, end=i + 1, compute_s=0.01, optimizer_s=0.002,
                               shares=(SimpleNamespace(peer_id=p, heads=(), mlp_columns=()),))
               for i, p in enumerate((me, other, third))]  # fmt: skip
-    job.plan = SimpleNamespace(stages=stages, micro_batches=4, schedule="1f1b", predicted_step_time_s=0.1,
+    cast(Any, job).plan = SimpleNamespace(stages=stages, micro_batches=4, schedule="1f1b", predicted_step_time_s=0.1,
                                bubble_fraction=0.2, peer_ids=(me, other, third))  # fmt: skip
     for peer, report in ((me, _claims(step_s=9.0, wait_s=9.0, predicted_s=1.0)),
                          (other, _claims(step_s=0.03, wait_s=0.012, predicted_s=0.042)),
@@ -162,7 +162,7 @@ def test_a_replicated_plan_shows_every_replica_its_sync_and_the_ring_bytes(tmp_p
     from tests.unit.test_planning_replicas import FAST, _links, _offers, _spec
 
     job = _job(tmp_path)
-    job.spec.training = SimpleNamespace(batch_size=64)
+    cast(Any, job.spec).training = SimpleNamespace(batch_size=64)
     for sync, expected in (("every_step", "gradients averaged every step"), ("diloco", "DiLoCo every 200 steps")):
         job.inputs, job.replica_plan = make_job_plan(_spec(replicas=2, sync=sync), _offers(2), {}, _links(2, FAST))
         job.plan, job.ring_bytes = job.replica_plan.replicas[0], 3_500_000

@@ -158,7 +158,7 @@ def test_step_times_are_reported_kept_and_the_standby_is_chosen_among_measured_m
 
     stage = SimpleNamespace(shares=(SimpleNamespace(peer_id=PEERS[1]),), compute_s=0.01, optimizer_s=0.002)
     plan = SimpleNamespace(stages=(stage,), micro_batches=4, peer_ids=PEERS)
-    job = SimpleNamespace(plan=plan, stage_times=deque([claims.StageTime(0.05, 0.01, 0.01, 0.0),
+    job = SimpleNamespace(plan=plan, replica_plan=None, stage_times=deque([claims.StageTime(0.05, 0.01, 0.01, 0.0),
                                                         claims.StageTime(0.5, 0.0, 0.0, 0.0),
                                                         claims.StageTime(0.06, 0.02, 0.005, 0.015)]))  # fmt: skip
     own = claims.own_step_times(job, PEERS[1])
