@@ -21,14 +21,14 @@ Design (Raft's election, with membership doing failure detection):
 * The candidate becomes LEADER only with granted votes from a majority of the job's members (itself included).
   Since each peer votes once per term and majorities intersect, there is never more than one leader per
   ``(job, term)``.
-* The leader announces ``(term, epoch)`` every ``heartbeat_interval``. Every leader command carries ``(job,
-  term, plan epoch)``; :meth:`Election.check_command` rejects other jobs, older terms, older epochs of the
-  same term and a different sender than the term's known leader; a newer term is adopted (and persisted).
+* The leader announces its term every ``heartbeat_interval``. :meth:`Election.check_command` judges a
+  command's ``(job, term)`` and sender: it rejects other jobs, older terms and a different sender than the
+  term's known leader; a newer term is adopted (and persisted). Plan epochs are not the election's: a job's
+  ``(term, epoch)`` stamp lives in its core (:class:`arceusd.jobs.core.Stamp`).
   An announce with an older term is answered with a rejecting :class:`SendVoteReply` at our term, which makes
   a stale leader step down.
 
-Error handling: events for another job or from non-members are ignored (the driver should count them); calling
-:meth:`Election.new_epoch` while not leader raises :class:`ElectionError` (a bug in the caller).
+Error handling: events for another job or from non-members are ignored (the driver should count them).
 """
 
 from __future__ import annotations
@@ -109,7 +109,6 @@ class LeaderAnnounced:
     sender: PeerId
     job: str
     term: int
-    epoch: int
 
 
 ElectionEvent = ViewChanged | ElectionTick | VoteRequested | VoteReplied | LeaderAnnounced
@@ -148,7 +147,6 @@ class SendLeaderAnnounce:
     to: PeerId
     job: str
     term: int
-    epoch: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,7 +208,6 @@ class Election:
         self.voted_for = voted_for
         self.state = ElectionState.PAUSED
         self.leader: PeerId | None = None
-        self.epoch = 0
         self._live: frozenset[PeerId] = frozenset({self_id})
         self._quiet_until = now + config.election_timeout
         self._last_leader_contact = -math.inf
@@ -264,8 +261,8 @@ class Election:
         self._evaluate(now, actions)
         return actions
 
-    def check_command(self, job: str, term: int, epoch: int, sender: PeerId, now: float) -> CommandCheck:
-        """Accept a leader command stamped ``(job, term, epoch)`` from ``sender``, or say why not."""
+    def check_command(self, job: str, term: int, sender: PeerId, now: float) -> CommandCheck:
+        """Accept a leader command stamped ``(job, term)`` from ``sender``, or say why not."""
         if job != self.job:
             return CommandCheck(False, f"command for job {job!r} reached the election of job {self.job!r}")
         if sender not in self.members:
@@ -277,20 +274,8 @@ class Election:
             self._adopt_term(term, actions)
         elif self.leader is not None and sender != self.leader:
             return CommandCheck(False, f"{sender} is not the leader of term {term} (that is {self.leader})")
-        elif epoch < self.epoch:
-            return CommandCheck(
-                False, f"stale plan epoch {epoch} in term {term}: already at epoch {self.epoch}"
-            )
-        self.epoch = max(self.epoch, epoch)
         self._follow(sender, now, actions)
         return CommandCheck(True, "ok", tuple(actions))
-
-    def new_epoch(self) -> int:
-        """Leader only: allocate the next plan epoch of this term (stamp it on the new plan's commands)."""
-        if self.state is not ElectionState.LEADER:
-            raise ElectionError(f"only the leader allocates plan epochs; this peer is {self.state.value}")
-        self.epoch += 1
-        return self.epoch
 
     # ----------------------------------------------------------------------------------------- internals
     def _leader_fresh(self, now: float) -> bool:
@@ -346,7 +331,6 @@ class Election:
             return
         self._deadline = math.inf
         self.leader = self.self_id
-        self.epoch = 0
         self._set_state(ElectionState.LEADER, actions)
         actions.append(BecameLeader(self.job, self.term))
         self._next_heartbeat = now + self.config.heartbeat_interval
@@ -354,7 +338,7 @@ class Election:
 
     def _announce(self, actions: list[ElectionAction]) -> None:
         for peer in sorted(self.members - {self.self_id}):
-            actions.append(SendLeaderAnnounce(peer, self.job, self.term, self.epoch))
+            actions.append(SendLeaderAnnounce(peer, self.job, self.term))
 
     def _would_vote_for(self, sender: PeerId, now: float) -> bool:
         return (
@@ -413,7 +397,6 @@ class Election:
             self._adopt_term(event.term, actions)
         elif self.state is ElectionState.LEADER:
             return  # cannot happen while votes are persisted; ignore rather than follow a second leader
-        self.epoch = max(self.epoch, event.epoch)
         self._follow(event.sender, now, actions)
 
     def _follow(self, leader: PeerId, now: float, actions: list[ElectionAction]) -> None:
@@ -431,7 +414,6 @@ class Election:
         self.term = term
         self.voted_for = None
         self.leader = None
-        self.epoch = 0
         if persist:
             actions.append(PersistTerm(self.job, term, None))
         if self.state in (ElectionState.CANDIDATE, ElectionState.LEADER):

@@ -210,47 +210,32 @@ class JobElections:
             return e.term
         return self._persisted.get(job_id, (0, None))[0]
 
-    def check_command(self, job_id: str, term: int, epoch: int, sender: str) -> bool:
-        """Whether a leader command stamped ``(job_id, term, epoch)`` from ``sender`` may be acted on."""
-        return self.check_command_reason(job_id, term, epoch, sender)[0]
+    def check_command(self, job_id: str, term: int, sender: str) -> bool:
+        """Whether a leader command stamped ``(job_id, term)`` from ``sender`` may be acted on (a job's plan
+        epochs are its core's: :class:`arceusd.jobs.core.Stamp`)."""
+        return self.check_command_reason(job_id, term, sender)[0]
 
-    def check_command_reason(self, job_id: str, term: int, epoch: int, sender: str) -> tuple[bool, str]:
+    def check_command_reason(self, job_id: str, term: int, sender: str) -> tuple[bool, str]:
         """:meth:`check_command` with the reason (for logs and the control API)."""
         e = self._elections.get(job_id)
         if e is None:
             return False, f"this peer does not track job {job_id!r}"
-        verdict = e.check_command(job_id, term, epoch, sender, self._now())
+        verdict = e.check_command(job_id, term, sender, self._now())
         self._carry_out(job_id, list(verdict.actions))
         return verdict.accepted, verdict.reason
-
-    def stamp(self, job_id: str) -> tuple[int, int]:
-        """Leader only: the ``(term, epoch)`` to put on this job's commands."""
-        e = self._elections.get(job_id)
-        if e is None or e.state is not ElectionState.LEADER:
-            raise ElectionError(
-                f"this peer is not the leader of job {job_id}; only the leader stamps commands"
-            )
-        return e.term, e.epoch
-
-    def new_epoch(self, job_id: str) -> int:
-        """Leader only: allocate the next plan epoch of the current term."""
-        e = self._elections.get(job_id)
-        if e is None:
-            raise ElectionError(f"this peer does not track job {job_id}")
-        return e.new_epoch()
 
     def on_leader_change(self, callback: LeaderChangeCallback) -> None:
         """Call ``callback(job_id, (leader, term) | None)`` whenever :meth:`leader` changes for a job."""
         self._callbacks.append(callback)
 
     def summary(self) -> dict[str, Any]:
-        """job -> {leader, term, state, members, epoch, candidate}: the ``elections`` status section."""
+        """job -> {leader, term, state, members, candidate}: the ``elections`` status section."""
         out: dict[str, Any] = {}
         for job, e in sorted(self._elections.items()):
             leader = self.leader(job)
             out[job] = {
                 "leader": leader[0] if leader else None, "term": e.term, "state": e.state.value,
-                "members": sorted(e.members), "epoch": e.epoch, "candidate": e.candidate(),
+                "members": sorted(e.members), "candidate": e.candidate(),
             }  # fmt: skip
         return out
 
@@ -347,15 +332,12 @@ class JobElections:
         msg: object
         if isinstance(action, SendVoteRequest):
             msg = ElectionVoteRequest(action.job, action.term, action.pre_vote)
-            epoch = 0
         elif isinstance(action, SendLeaderAnnounce):
-            msg = LeaderAnnounce(action.job, action.term, action.epoch)
-            epoch = action.epoch
+            msg = LeaderAnnounce(action.job, action.term)
         else:
             msg = ElectionVoteReply(action.job, action.term, action.granted, action.pre_vote, action.leader)
-            epoch = 0
         answer = await self.peers.request(address, action.to, msg, timeout=self.config.election_timeout,
-                                          job_id=action.job, term=action.term, epoch=epoch)  # fmt: skip
+                                          job_id=action.job, term=action.term)  # fmt: skip
         if isinstance(answer, ElectionVoteReply) and answer.job == action.job:
             self._feed(action.job, VoteReplied(action.to, answer.job, answer.term, answer.granted,
                                                answer.pre_vote, answer.leader))  # fmt: skip
@@ -393,7 +375,7 @@ class JobElections:
     async def _on_announce(self, header: Header, msg: LeaderAnnounce) -> ElectionVoteReply | None:
         if not self._accepts(header, msg.job):
             return None
-        event = LeaderAnnounced(header.sender, msg.job, msg.term, msg.epoch)
+        event = LeaderAnnounced(header.sender, msg.job, msg.term)
         return self._reply(self._feed(msg.job, event, answer_to=header.sender))
 
     def _on_member_changed(self, _change: MemberChanged) -> None:
@@ -442,13 +424,10 @@ def install_elections(node: Any, peers: Any) -> JobElections:
         return {"untracked": job}
 
     async def check_command(params: dict[str, Any]) -> dict[str, Any]:
-        job, term, epoch, sender = (params.get(k) for k in ("job_id", "term", "epoch", "sender"))
-        if not (isinstance(job, str) and isinstance(sender, str)
-                and isinstance(term, int) and isinstance(epoch, int)):  # fmt: skip
-            raise RequestError(
-                "check_command needs {'job_id': str, 'term': int, 'epoch': int, 'sender': peer_id}"
-            )
-        accepted, reason = elections.check_command_reason(job, term, epoch, sender)
+        job, term, sender = (params.get(k) for k in ("job_id", "term", "sender"))
+        if not (isinstance(job, str) and isinstance(sender, str) and isinstance(term, int)):
+            raise RequestError("check_command needs {'job_id': str, 'term': int, 'sender': peer_id}")
+        accepted, reason = elections.check_command_reason(job, term, sender)
         return {"accepted": accepted, "reason": reason}
 
     node.methods.update({"elections": elections_method, "track_job": track_job, "untrack_job": untrack_job,

@@ -9,7 +9,7 @@ id   type                  max_size   meaning
                                       (the unary call's response is the ElectionVoteReply)
 61   ElectionVoteReply     1 KiB      a member's (pre-)vote, at the member's own ``term``; also the
                                       answer to a stale LeaderAnnounce (granted=False, newer term)
-62   LeaderAnnounce        1 KiB      the leader's heartbeat: ``(job, term, plan epoch)``
+62   LeaderAnnounce        1 KiB      the leader's heartbeat: ``(job, term)``
 ==== ===================== ========== ================================================================
 
 The envelope carries the same job id (the driver rejects a body whose ``job`` differs from the envelope's);
@@ -48,4 +48,3 @@ class ElectionVoteReply:
 class LeaderAnnounce:
     job: str = field(metadata=_ID)
     term: int
-    epoch: int

@@ -314,7 +314,7 @@ class Cluster:
                         me, action.job, action.term, action.granted, action.pre_vote, action.leader
                     )
                 else:
-                    event = el.LeaderAnnounced(me, action.job, action.term, action.epoch)
+                    event = el.LeaderAnnounced(me, action.job, action.term)
                 self._send(node, self.address_of[action.to], "election", event, 64, type(action).__name__)
 
     # ------------------------------------------------------------------------------------------ queries

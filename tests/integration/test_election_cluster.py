@@ -113,15 +113,15 @@ def test_one_leader_then_failover_with_higher_term_and_stale_commands_refused(sw
 
     # Commands stamped with the old term (or by a non-leader in the new term) are refused; the leader's pass.
     follower = next(i for i in survivors if ids[i] != new_leader)
-    stale = swarm.call(follower, "check_command", {"job_id": job, "term": term, "epoch": 0, "sender": leader})
+    stale = swarm.call(follower, "check_command", {"job_id": job, "term": term, "sender": leader})
     assert stale["accepted"] is False and "stale term" in stale["reason"]
     usurper = next(ids[i] for i in survivors if ids[i] != new_leader)
     wrong = swarm.call(
-        follower, "check_command", {"job_id": job, "term": new_term, "epoch": 0, "sender": usurper}
+        follower, "check_command", {"job_id": job, "term": new_term, "sender": usurper}
     )
     assert wrong["accepted"] is False and "not the leader" in wrong["reason"]
     ok = swarm.call(
-        follower, "check_command", {"job_id": job, "term": new_term, "epoch": 0, "sender": new_leader}
+        follower, "check_command", {"job_id": job, "term": new_term, "sender": new_leader}
     )
     assert ok["accepted"] is True, ok
 

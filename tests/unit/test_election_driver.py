@@ -99,18 +99,18 @@ def test_one_leader_durable_terms_callbacks_and_failover(tmp_path: Path) -> None
                 assert nodes[i].elections.summary()[JOB]["members"] == sorted(ids)
 
             survivors = [n for n in nodes if n.peers.identity.peer_id != leader]
-            stale_ok = survivors[0].elections.check_command(JOB, term - 1, 0, leader)
+            stale_ok = survivors[0].elections.check_command(JOB, term - 1, leader)
             assert stale_ok is False
             other = survivors[1].peers.identity.peer_id
-            assert survivors[0].elections.check_command(JOB, term, 0, other) is False
-            assert survivors[0].elections.check_command(JOB, term, 0, leader) is True
+            assert survivors[0].elections.check_command(JOB, term, other) is False
+            assert survivors[0].elections.check_command(JOB, term, leader) is True
 
             nodes[ids.index(leader)].scope.cancel()  # the leader's node vanishes (no goodbye)
             new_leader, new_term = await _wait(
                 lambda: (r := _agreed(survivors)) is not None and r[0] != leader and r, 60
             )
             assert new_term > term and new_leader in ids and new_leader != leader
-            assert survivors[0].elections.check_command(JOB, term, 0, leader) is False
+            assert survivors[0].elections.check_command(JOB, term, leader) is False
             # A fresh driver on the same term file starts at the persisted term, never below.
             fresh = JobElections(survivors[0].peers, survivors[0].elections.terms_path, election_local())
             fresh.track(JOB, ids)

@@ -73,7 +73,7 @@ class Cluster:
             elif isinstance(action, SendVoteReply):
                 ev = VoteReplied(sender, JOB, action.term, action.granted, action.pre_vote, action.leader)
             else:
-                ev = LeaderAnnounced(sender, JOB, action.term, action.epoch)
+                ev = LeaderAnnounced(sender, JOB, action.term)
             queue += [(action.to, a) for a in to.handle(ev, self.now)]
         raise AssertionError("the message exchange did not settle")
 
