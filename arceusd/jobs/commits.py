@@ -67,7 +67,7 @@ class Commits:
 
         root = job.directory / "checkpoints"
         records, names = [], {}
-        for peer, shard in sorted(job.reports.get(step, {}).items()):
+        for peer, shard in sorted(job.leading.reports.get(step, {}).items()):
             record = ShardRecord(str(shard["name"]), str(shard["sha256"]), int(shard["size"]))
             names[peer] = record.name
             path = step_dir(root, step) / record.name
@@ -89,20 +89,20 @@ class Commits:
             self.life.request_restart(job, refused)
         if refused is not None or self._commit_moot(job, stamp):
             return None, None  # never committed
-        cursor = {"cursor": job.cursors.get(step)}
+        cursor = {"cursor": job.leading.cursors.get(step)}
         manifest = Manifest(job.job_id, stamp.term, stamp.epoch, step, tuple(records), cursor)
         try:
             await trio.to_thread.run_sync(self._commit_manifest, root, manifest, job.spec.checkpoint.keep)
         except Exception as exc:  # CheckpointError: a shard that does not match its report
             return f"checkpoint {step} not committed: {exc}", None
         stop = on_commit(self.ctx.node, job, step, stamp.term, stamp.epoch)  # receipts; the reason a budget is spent
-        job.record_checkpoint(step)
-        job.committed_shards = {step: names}  # what the standby copies and the export reads
-        for done in [s for s in {*job.reports, *job.witnesses, *job.complete} if s <= step]:
-            job.reports.pop(done, None)
-            job.cursors.pop(done, None)
-            job.witnesses.pop(done, None)
-            job.complete.pop(done, None)
+        job.leading.record_checkpoint(step)
+        job.leading.committed_shards = {step: names}  # what the standby copies and the export reads
+        for done in [s for s in {*job.leading.reports, *job.leading.witnesses, *job.leading.complete} if s <= step]:
+            job.leading.reports.pop(done, None)
+            job.leading.cursors.pop(done, None)
+            job.leading.witnesses.pop(done, None)
+            job.leading.complete.pop(done, None)
         log.info("job %s: checkpoint %d committed", job.job_id, step)
         return None, stop
 

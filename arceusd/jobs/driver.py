@@ -4,7 +4,7 @@ out the actions it returns. Decisions are the core's; this module only moves byt
 :meth:`Driver.feed` hands the core one event and runs what it answers. Quick actions run at once (log, persist,
 cancel a start in progress, detach and stop this device's worker, send stops, spawn a commit, the standby's sync
 or the export, track or leave the election). Long ones that must not overlap (plan, start the workers, send
-``go``, check which members answer before a repartition) are queued on the job (``job.queue``) and run one at a
+``go``, check which members answer before a repartition) are queued on the job (``job.leading.queue``) and run one at a
 time by the leader's loop (:meth:`Driver.run_queue`), each feeding back what came of it; a result of an older plan
 is dropped by the core. ``Refuse`` and ``LetWorkerGo`` are answers for the handler that fed the event: it finds
 them in the list :meth:`feed` returns.
@@ -69,7 +69,7 @@ class Driver:
         me = self.m.node.identity.peer_id
         for peer in [p for p in job.members if p not in lead.members and p != me]:
             del job.members[peer]
-            job.announced.discard(peer)
+            job.leading.announced.discard(peer)
         lead.members &= set(job.members) | {me}
 
     def execute(self, job: Job, actions: list[a.Action]) -> None:
@@ -78,7 +78,7 @@ class Driver:
         queued = False
         for action in actions:
             if isinstance(action, LONG_ACTIONS):
-                job.queue.append(action)
+                job.leading.queue.append(action)
                 queued = True
             elif isinstance(action, a.StopWorkers):
                 self._stop_workers(job, action, untrack_after_stops)
@@ -97,15 +97,15 @@ class Driver:
         elif isinstance(action, a.TrackElection):
             m.track(job, list(action.members), list(action.ranking))
         elif isinstance(action, a.CancelStart):
-            job.queue.clear()  # what was queued belongs to the plan being cut short
-            if job.start_scope is not None:
-                job.start_scope.cancel()
+            job.leading.queue.clear()  # what was queued belongs to the plan being cut short
+            if job.leading.start_scope is not None:
+                job.leading.start_scope.cancel()
         elif isinstance(action, a.StartRecovery):
             self._start_recovery(job, action)
         elif isinstance(action, a.Commit):
             m.spawn(m.commits.commit, job, action)
         elif isinstance(action, a.SyncStandby):
-            shards = job.committed_shards.get(action.step, {})
+            shards = job.leading.committed_shards.get(action.step, {})
             m.spawn(m.standbys.sync_standby, job, action.step,
                     tuple(name for peer, name in sorted(shards.items()) if peer != job.standby))  # fmt: skip
         elif isinstance(action, a.Export):
@@ -133,8 +133,8 @@ class Driver:
     async def run_queue(self, job: Job) -> None:
         """Run the queued long actions in order while this device leads the job."""
         m = self.m
-        while job.queue and m.leads(job) and not job.core.terminal:
-            action = job.queue.popleft()
+        while job.leading.queue and m.leads(job) and not job.core.terminal:
+            action = job.leading.queue.popleft()
             if isinstance(action, a.Plan):
                 await m.starting.plan(job)
             elif isinstance(action, a.SendStart):
@@ -148,13 +148,13 @@ class Driver:
         """A repartition begins: record it (the same incident keeps its start), forget the old plan."""
         log.warning("job %s: repartitioning: %s", job.job_id, action.reason)
         recovery = Recovery(action.reason, action.epoch, job.step)
-        previous = job.recoveries[-1] if job.recoveries else None
+        previous = job.leading.recoveries[-1] if job.leading.recoveries else None
         if previous is not None and previous.first_step_after_s is None:  # the same incident, another attempt
             recovery.began, recovery.began_at = previous.began, previous.began_at
             recovery.lost_step = previous.lost_step
-        job.recoveries.append(recovery)
-        job.plan, job.replica_plan, job.reports = None, None, {}
-        job.witnesses, job.complete, job.go_addresses = {}, {}, {}
+        job.leading.recoveries.append(recovery)
+        job.plan, job.replica_plan, job.leading.reports = None, None, {}
+        job.leading.witnesses, job.leading.complete, job.leading.go_addresses = {}, {}, {}
 
     async def _check_reachable(self, job: Job, action: a.CheckReachable) -> None:
         """The old plan's members are asked with a handshake, whatever membership says right now (a worker's
@@ -228,7 +228,7 @@ class Driver:
         assemble the model here."""
         from arceusd.checkpoint import step_dir
 
-        names = sorted(job.committed_shards.get(step, {}).values())
+        names = sorted(job.leading.committed_shards.get(step, {}).values())
         await self.m.standbys.sync_owner(job, step, names)
         folder = step_dir(job.directory / "checkpoints", step)
         await self.export(job, step, [folder / name for name in names])

@@ -2,8 +2,10 @@
 
 Its lifecycle (role, state, the ``(term, epoch)`` stamp, leader, committed step, error) lives in one place, the
 job's :class:`arceusd.jobs.core.JobCore`, which decides every transition; :class:`Job` reads it (``job.state``,
-``job.term``, ...) and keeps what the driver needs around it: offers, the plan's objects, the worker, reports
-being gathered, progress and the ledger. States (owner/leader): ``waiting`` -> ``planning`` -> ``starting`` ->
+``job.term``, ...) and keeps what every device needs around it (offers, the plan's objects, the worker, progress,
+the ledger, the standby's copy); what only the job's leader keeps (its queue of long actions, the reports it
+gathers towards a commit, the members it measures and judges, recoveries and commits) is its
+:class:`LeaderRecord`, ``job.leading``. States (owner/leader): ``waiting`` -> ``planning`` -> ``starting`` ->
 ``running`` -> ``done``; ``recovering`` while it repartitions after a failure or to rebalance; ``paused`` when
 the survivors cannot hold the model (it resumes when capacity returns); ``failed`` / ``cancelled`` end it.
 Members mirror what the leader tells them (``announced``, ``joined``, ``starting``, ``running``,
@@ -67,6 +69,52 @@ class Recovery:
 
 
 @dataclass
+class LeaderRecord:
+    """What a job's leader keeps beside its core (``job.leading``): the long actions its loop runs, the plan's
+    starts, the reports it gathers towards each commit, the members it measures and judges (issue #19), the
+    recoveries and commits it records. Empty on a device that never led the job."""
+
+    # the leader's loop and the plan it starts
+    announced: set[str] = field(default_factory=set)  # peers the owner announced the job to
+    queue: deque[actions.Action] = field(default_factory=deque)  # the core's long actions, run by the leader loop
+    start_scope: trio.CancelScope | None = None  # while the leader starts a plan's workers
+    go_addresses: dict[str, str] = field(default_factory=dict)  # the started workers' addresses (this epoch)
+    resume_files: dict[str, str] = field(default_factory=dict)  # peer -> its resume file name (this epoch)
+    links: dict[str, dict[str, float]] = field(default_factory=dict)  # its measured link to each member
+    recoveries: list[Recovery] = field(default_factory=list)
+    # reports towards a commit, and the commits
+    reports: dict[int, dict[str, dict[str, Any]]] = field(default_factory=dict)  # step -> peer -> shard
+    cursors: dict[int, Any] = field(default_factory=dict)
+    witnesses: dict[int, dict[str, str]] = field(default_factory=dict)  # step -> peer -> digest (replicas)
+    complete: dict[int, frozenset[str]] = field(default_factory=dict)
+    """Checkpoint steps every device reported (shards and witnesses), with the other replicas' devices that hold
+    what the first replica holds (empty for one pipeline): the step's commit was started."""
+    committed_shards: dict[int, dict[str, str]] = field(default_factory=dict)  # step -> peer -> shard name
+    checkpoints: list[tuple[int, float]] = field(default_factory=list)  # committed (step, unix time)
+    shard_shapes: dict[int, dict[str, dict[str, tuple[int, ...]]]] = field(default_factory=dict)  # epoch -> plan's
+    # what it refused, and whom it excluded (shard_checks)
+    stale_reports: int = 0  # reports refused for an old plan epoch (e.g. from a peer that was declared dead)
+    refused_reports: dict[str, int] = field(default_factory=dict)  # jobs.shard_checks.ReportProblem -> count
+    excluded: dict[str, str] = field(default_factory=dict)  # peer -> why the leader excluded it
+    # the members' measured speed against their claims (claims)
+    measured: dict[str, tuple[float, float]] = field(default_factory=dict)  # peer -> (step s, predicted s)
+    waits: dict[str, float] = field(default_factory=dict)  # peer -> median link-wait seconds per step (its report)
+    link_waits: dict[str, claims.LinkWaits] = field(default_factory=dict)  # peer -> its waits
+    seen: dict[str, float] = field(default_factory=dict)  # peer -> its step seconds as its neighbours saw them
+    discounts: dict[str, float] = field(default_factory=dict)  # peer -> its offered speed is divided by
+    slow_reports: dict[str, int] = field(default_factory=dict)  # peer -> reports in a row that it overclaimed
+
+    def record_checkpoint(self, step: int, at: float | None = None) -> None:
+        """Checkpoint ``step`` was committed: keep it (and when) for the timeline, the newest
+        :data:`MAX_CHECKPOINTS` of them; a step not above the last one kept is not recorded twice."""
+        if self.checkpoints and step <= self.checkpoints[-1][0]:
+            return
+        self.checkpoints.append((step, time.time() if at is None else at))
+        if len(self.checkpoints) > MAX_CHECKPOINTS:
+            del self.checkpoints[: len(self.checkpoints) - MAX_CHECKPOINTS]
+
+
+@dataclass
 class Job:
     job_id: str
     spec: JobSpec
@@ -97,42 +145,18 @@ class Job:
     worker: WorkerProcess | None = None
     local_stopped: trio.Event | None = None  # set once the worker this device last detached has stopped
     went: tuple[int, WorkerProcess] | None = None  # the epoch and worker that this device's last go started
-    reports: dict[int, dict[str, dict[str, Any]]] = field(default_factory=dict)
-    cursors: dict[int, Any] = field(default_factory=dict)
-    witnesses: dict[int, dict[str, str]] = field(default_factory=dict)  # step -> peer -> digest (replicas)
-    complete: dict[int, frozenset[str]] = field(default_factory=dict)
-    """Checkpoint steps every device reported (shards and witnesses), with the other replicas' devices that hold
-    what the first replica holds (empty for one pipeline): the step's commit was started."""
-    committed_shards: dict[int, dict[str, str]] = field(default_factory=dict)  # leader: step -> peer -> shard name
-    checkpoints: list[tuple[int, float]] = field(default_factory=list)  # leader: committed (step, unix time)
-    waits: dict[str, float] = field(default_factory=dict)  # peer -> median link-wait seconds per step (its report)
     created: float = field(default_factory=time.time)
     finished: trio.Event = field(default_factory=trio.Event)
-    # leader bookkeeping
-    announced: set[str] = field(default_factory=set)
-    wake: trio.Event = field(default_factory=trio.Event)
-    queue: deque[actions.Action] = field(default_factory=deque)  # the core's long actions, run by the leader loop
-    go_addresses: dict[str, str] = field(default_factory=dict)  # the started workers' addresses (this epoch)
-    resume_files: dict[str, str] = field(default_factory=dict)  # peer -> its resume file name (this epoch)
-    recoveries: list[Recovery] = field(default_factory=list)
+    wake: trio.Event = field(default_factory=trio.Event)  # set to wake the leader's loop (poke)
+    leading: LeaderRecord = field(default_factory=lambda: LeaderRecord())  # what it keeps while it leads
+    # the ledger: every device credits the plan's devices for each step its worker ran
     steps_done: dict[str, int] = field(default_factory=dict)  # peer -> training steps it took part in
     work: dict[str, float] = field(default_factory=dict)  # peer -> sum of its share over those steps
-    stale_reports: int = 0  # reports refused for an old plan epoch (e.g. from a peer that was declared dead)
-    refused_reports: dict[str, int] = field(default_factory=dict)  # jobs.shard_checks.ReportProblem -> count
-    excluded: dict[str, str] = field(default_factory=dict)  # peer -> why the leader excluded it (shard_checks)
-    shard_shapes: dict[int, dict[str, dict[str, tuple[int, ...]]]] = field(default_factory=dict)  # epoch -> plan's
-    measured: dict[str, tuple[float, float]] = field(default_factory=dict)  # peer -> (step s, predicted s): claims
-    link_waits: dict[str, claims.LinkWaits] = field(default_factory=dict)  # peer -> its waits (claims)
-    seen: dict[str, float] = field(default_factory=dict)  # peer -> its step seconds as its neighbours saw them
-    discounts: dict[str, float] = field(default_factory=dict)  # peer -> its offered speed is divided by (claims)
-    slow_reports: dict[str, int] = field(default_factory=dict)  # peer -> reports in a row that it overclaimed
-    start_scope: trio.CancelScope | None = None  # while the leader starts a plan's workers
     # leadership: the owner leads until it dies; then the plan's standby (elected) takes over
     leader_address: str = ""  # where the device this one takes commands from (core.leader) listens
     standby: str = ""  # the current plan's standby (holds the data and the leader's shards)
     standby_data: dict[str, Any] | None = None  # on the standby: the data entry of its checked copy
     standby_offers: dict[str, Any] = field(default_factory=dict)  # on the standby: the plan members' offers
-    links: dict[str, dict[str, float]] = field(default_factory=dict)  # leader: its measured link to each member
     sync_lock: trio.Lock = field(default_factory=trio.Lock)
     shapes_lock: trio.Lock = field(default_factory=trio.Lock)  # one child computes a plan's shard shapes
     commit_lock: trio.Lock = field(default_factory=trio.Lock)  # the leader commits one checkpoint at a time
@@ -190,15 +214,6 @@ class Job:
         if len(self.history) > MAX_HISTORY:
             self.history = self.history[::-2][::-1]  # every other point, counted back from the newest
 
-    def record_checkpoint(self, step: int, at: float | None = None) -> None:
-        """The leader committed checkpoint ``step``: keep it (and when) for the timeline, the newest
-        :data:`MAX_CHECKPOINTS` of them; a step not above the last one kept is not recorded twice."""
-        if self.checkpoints and step <= self.checkpoints[-1][0]:
-            return
-        self.checkpoints.append((step, time.time() if at is None else at))
-        if len(self.checkpoints) > MAX_CHECKPOINTS:
-            del self.checkpoints[: len(self.checkpoints) - MAX_CHECKPOINTS]
-
     def summary(self, full: bool = False, whole_history: bool = False, me: str = "") -> dict[str, Any]:
         """What ``arceusd status`` shows; ``full`` for ``status JOB`` (``me``: this device, whose stage times
         come from its own worker's steps rather than from its last checkpoint report)."""
@@ -215,16 +230,16 @@ class Job:
                 "term": self.term, "epoch": self.epoch, "lr": self.lr, "samples_per_s": self.samples_per_s,
                 "tokens_per_s": self.tokens_per_s, "history": history,
                 "committed_step": self.committed_step, "plan": self.plan_summary(),
-                "contributions": self.contributions(), "recoveries": [r.summary() for r in self.recoveries],
+                "contributions": self.contributions(), "recoveries": [r.summary() for r in self.leading.recoveries],
                 "model": type(self.spec.model).__name__, "data": self.spec.data.kind,
                 "worker_pid": self.worker.pid if self.worker is not None else None,
-                "stale_reports": self.stale_reports, "standby": self.standby, "links": self.links,
-                "refused_reports": dict(self.refused_reports), "excluded": dict(self.excluded),
-                "measured_step_s": {p: list(t) for p, t in self.measured.items()},
-                "discounted": {p: round(f, 2) for p, f in self.discounts.items()},
+                "stale_reports": self.leading.stale_reports, "standby": self.standby, "links": self.leading.links,
+                "refused_reports": dict(self.leading.refused_reports), "excluded": dict(self.leading.excluded),
+                "measured_step_s": {p: list(t) for p, t in self.leading.measured.items()},
+                "discounted": {p: round(f, 2) for p, f in self.leading.discounts.items()},
                 "standby_ready": self.standby_data is not None, "stage_timing": self.stage_timing(),
                 "stage_times": self.stage_times_by_device(me), "ring_bytes": self.ring_bytes,
-                "checkpoints": [{"step": s, "at": round(t, 3)} for s, t in self.checkpoints],
+                "checkpoints": [{"step": s, "at": round(t, 3)} for s, t in self.leading.checkpoints],
             })  # fmt: skip
         return out
 
@@ -246,14 +261,14 @@ class Job:
         the device's neighbours in the pipeline saw it take (None when they did not all report;
         :func:`arceusd.jobs.claims.seen_by_neighbours`)."""
         out: dict[str, dict[str, float | None]] = {
-            peer: {"compute_s": got, "wait_s": self.waits.get(peer), "predicted_s": predicted,
-                   "seen_s": self.seen.get(peer)}
-            for peer, (got, predicted) in sorted(self.measured.items())
+            peer: {"compute_s": got, "wait_s": self.leading.waits.get(peer), "predicted_s": predicted,
+                   "seen_s": self.leading.seen.get(peer)}
+            for peer, (got, predicted) in sorted(self.leading.measured.items())
         }  # fmt: skip
         own = claims.own_step_times(self, me) if me else {}
         if own:
             out[me] = {"compute_s": own["step_s"], "wait_s": own.get("wait_s"), "predicted_s": own["predicted_s"],
-                       "seen_s": self.seen.get(me)}  # fmt: skip
+                       "seen_s": self.leading.seen.get(me)}  # fmt: skip
         return out
 
     def plan_peers(self) -> tuple[str, ...]:
@@ -316,4 +331,4 @@ class Job:
             self.steps_done[peer] = self.steps_done.get(peer, 0) + steps
 
 
-__all__ = ["TERMINAL", "Job", "Recovery"]
+__all__ = ["TERMINAL", "Job", "LeaderRecord", "Recovery"]

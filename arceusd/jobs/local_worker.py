@@ -193,7 +193,7 @@ class LocalWorker:
         job.stage_times.append(claims.StageTime(*(float(event.get(k, 0.0)) for k in (
             "seconds", "wait_seconds", "wait_up_seconds", "wait_down_seconds", "group_wait_seconds"))))
         job.credit(1)
-        recovery = job.recoveries[-1] if job.recoveries else None
+        recovery = job.leading.recoveries[-1] if job.leading.recoveries else None
         if recovery is not None and recovery.first_step_after_s is None and recovery.epoch == job.epoch:
             recovery.first_step_after_s = round(time.monotonic() - recovery.began, 3)
             log.info("job %s: training again %.2f s after the failure", job.job_id, recovery.first_step_after_s)
@@ -221,13 +221,13 @@ class LocalWorker:
             return JobAck(False, "not the leader of that job")
         if msg.kind is ReportKind.LEAVE and header.sender in job.members:
             del job.members[header.sender]
-            job.announced.add(header.sender)  # do not invite it straight back
+            job.leading.announced.add(header.sender)  # do not invite it straight back
             log.info("job %s: %s left", job.job_id, header.sender[:12])
             if header.sender in job.plan_peers():
                 self.life.request_restart(job, f"member {header.sender[:12]} left the job")
             return JobAck(True)
         if header.sender not in job.plan_peers() or msg.epoch != job.epoch:
-            job.stale_reports += 1
+            job.leading.stale_reports += 1
             return JobAck(False, f"report from outside the current plan epoch ({msg.epoch}; now {job.epoch})")
         await self._handle_report(job, header.sender, msg)
         return JobAck(True)
@@ -249,12 +249,12 @@ class LocalWorker:
             except shard_checks.ReportRefused as refused:
                 self.life.request_restart(job, shard_checks.exclude(job, peer, refused))
                 return
-            job.reports.setdefault(step, {})[peer] = shard
-            claims.record_wait_time(job.waits, peer, report)
-            claims.record_link_waits(job.link_waits, peer, report)
-            claims.record_step_time(job.measured, peer, report)
+            job.leading.reports.setdefault(step, {})[peer] = shard
+            claims.record_wait_time(job.leading.waits, peer, report)
+            claims.record_link_waits(job.leading.link_waits, peer, report)
+            claims.record_step_time(job.leading.measured, peer, report)
             if report.cursor is not None:
-                job.cursors[step] = {"epoch": report.cursor.epoch, "step": report.cursor.step}
+                job.leading.cursors[step] = {"epoch": report.cursor.epoch, "step": report.cursor.step}
             self._when_complete(job, step)
         elif kind is ReportKind.WITNESS:
             try:
@@ -262,28 +262,28 @@ class LocalWorker:
             except shard_checks.ReportRefused as refused:
                 self.life.request_restart(job, shard_checks.exclude(job, peer, refused))
                 return
-            job.witnesses.setdefault(step, {})[peer] = digest
+            job.leading.witnesses.setdefault(step, {})[peer] = digest
             # every replica's device says how fast it ran (the first replica's say it in their checkpoint too)
-            claims.record_wait_time(job.waits, peer, report)
-            claims.record_link_waits(job.link_waits, peer, report)
-            claims.record_step_time(job.measured, peer, report)
+            claims.record_wait_time(job.leading.waits, peer, report)
+            claims.record_link_waits(job.leading.link_waits, peer, report)
+            claims.record_step_time(job.leading.measured, peer, report)
             self._when_complete(job, step)
 
     def _when_complete(self, job: Job, step: int) -> None:
         """Once every device of the plan reported ``step`` (the first replica's shards; with replicas, every
         device's witness): compare the replicas, judge the claims, and commit (once per step)."""
-        if job.plan is None or step in job.complete:
+        if job.plan is None or step in job.leading.complete:
             return
-        if len(job.reports.get(step, {})) < sum(len(s.shares) for s in job.plan.stages):
+        if len(job.leading.reports.get(step, {})) < sum(len(s.shares) for s in job.plan.stages):
             return
         alike: frozenset[str] = frozenset()
         if witnesses.replicated(job):
-            digests = job.witnesses.get(step, {})
+            digests = job.leading.witnesses.get(step, {})
             if len(digests) < len(job.plan_peers()):
                 return
             verdict = witnesses.judge(job, step, digests)
             if verdict.reason:
-                job.complete[step] = frozenset()
+                job.leading.complete[step] = frozenset()
                 for peer in verdict.odd:
                     if peer == self.ctx.node.identity.peer_id:
                         continue  # the leader does not exclude itself: the replan is the remedy
@@ -291,11 +291,11 @@ class LocalWorker:
                     shard_checks.exclude(job, peer, refused)
                 if not verdict.odd:
                     problem = shard_checks.ReportProblem.WITNESS.value
-                    job.refused_reports[problem] = job.refused_reports.get(problem, 0) + 1
+                    job.leading.refused_reports[problem] = job.leading.refused_reports.get(problem, 0) + 1
                 self.life.request_restart(job, verdict.reason)
                 return
             alike = verdict.alike
-        job.complete[step] = alike
+        job.leading.complete[step] = alike
         reason = self._judge_claims(job)
         if reason:  # planned again from the last commit: this checkpoint was paced by the overclaim
             self.life.request_restart(job, reason)
@@ -307,15 +307,15 @@ class LocalWorker:
         step times, as it reported them and as its neighbours saw them (issue #19). A member that overclaimed in
         :data:`claims.SUSTAINED_REPORTS` checkpoints in a row has its speed discounted (once per member); the
         restart reason, or ``""``."""
-        compute = {peer: got for peer, (got, _) in job.measured.items()}
-        job.seen = claims.seen_in_every_replica(job, compute, self.ctx.node.identity.peer_id)
-        judged = claims.judged_times(job.measured, job.seen)
+        compute = {peer: got for peer, (got, _) in job.leading.measured.items()}
+        job.leading.seen = claims.seen_in_every_replica(job, compute, self.ctx.node.identity.peer_id)
+        judged = claims.judged_times(job.leading.measured, job.leading.seen)
         reasons = []
         for peer in sorted(judged):
-            factor = claims.overclaim(judged, peer) if peer not in job.discounts else None
-            job.slow_reports[peer] = 0 if factor is None else job.slow_reports.get(peer, 0) + 1
-            if factor is not None and job.slow_reports[peer] >= claims.SUSTAINED_REPORTS:
-                job.discounts[peer] = factor  # planned again at the speed it showed
+            factor = claims.overclaim(judged, peer) if peer not in job.leading.discounts else None
+            job.leading.slow_reports[peer] = 0 if factor is None else job.leading.slow_reports.get(peer, 0) + 1
+            if factor is not None and job.leading.slow_reports[peer] >= claims.SUSTAINED_REPORTS:
+                job.leading.discounts[peer] = factor  # planned again at the speed it showed
                 log.warning("job %s: %s ran %.1fx slower than its offer; planning again at its measured speed",
                             job.job_id, peer[:12], factor)  # fmt: skip
                 reasons.append(f"member {peer[:12]} ran {factor:.1f}x slower than its offer (measured against the "

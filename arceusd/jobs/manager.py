@@ -225,7 +225,7 @@ class JobManager(JobContext):
             while not job.core.terminal and self.leads(job):
                 job.wake = trio.Event()
                 self.feed(job, e.Tick(memory_ok=enough_memory(job)))  # needs.memory_total_mib (market)
-                if job.queue:
+                if job.leading.queue:
                     await self.driver.run_queue(job)
                     continue
                 deadline = time.monotonic() + WAKE_BACKSTOP_S
@@ -235,7 +235,7 @@ class JobManager(JobContext):
                 with trio.move_on_at(trio.current_time() + max(0.0, deadline - time.monotonic())):
                     await job.wake.wait()
         finally:
-            job.queue.clear()  # a device that stops leading carries out nothing of the old leader's plan
+            job.leading.queue.clear()  # a device that stops leading carries out nothing of the old leader's plan
 
     def feed(self, job: Job, event: e.Event) -> list[a.Action]:
         """Hand ``job``'s core an event and carry out what it answers (:class:`arceusd.jobs.driver.Driver`)."""
@@ -243,8 +243,8 @@ class JobManager(JobContext):
 
     def announce_to_new_peers(self, job: Job) -> None:
         for peer, address in self.peers.alive_peers().items():
-            if peer != self.node.identity.peer_id and peer not in job.announced:
-                job.announced.add(peer)
+            if peer != self.node.identity.peer_id and peer not in job.leading.announced:
+                job.leading.announced.add(peer)
                 self.spawn(self.joining.announce, job, peer, address)
 
     def request_restart(self, job: Job, reason: str) -> None:
@@ -325,7 +325,7 @@ class JobManager(JobContext):
             return
         for job in list(self.jobs.values()):
             if self.leads(job):
-                job.announced.discard(change.peer)  # announce again if it comes back
+                job.leading.announced.discard(change.peer)  # announce again if it comes back
                 self.feed(job, e.MemberDead(change.peer, change.state.value))
             elif change.peer == job.leader and not job.core.terminal:
                 self.feed(job, e.LeaderGone(change.state.value))

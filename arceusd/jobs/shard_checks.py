@@ -124,16 +124,16 @@ def exclude(job: Job, peer: str, refused: ReportRefused) -> str:
     """Count ``refused``, name ``peer`` as excluded from ``job`` and take it out of the members (it is not let
     back in: :func:`is_excluded`); returns the reason to repartition with."""
     problem = refused.problem.value
-    job.refused_reports[problem] = job.refused_reports.get(problem, 0) + 1
+    job.leading.refused_reports[problem] = job.leading.refused_reports.get(problem, 0) + 1
     why = f"member {peer} excluded: {refused}"[:MAX_EXCLUDED_REASON]
-    job.excluded.setdefault(peer, why)
+    job.leading.excluded.setdefault(peer, why)
     job.members.pop(peer, None)
-    job.announced.add(peer)  # never invited back
+    job.leading.announced.add(peer)  # never invited back
     return why
 
 
 def is_excluded(job: Job, peer: str) -> bool:
-    return peer in job.excluded
+    return peer in job.leading.excluded
 
 
 async def plan_shapes(job: Job) -> dict[str, dict[str, tuple[int, ...]]]:
@@ -147,12 +147,12 @@ async def plan_shapes(job: Job) -> dict[str, dict[str, tuple[int, ...]]]:
         epoch, plan, inputs = job.epoch, job.plan, job.inputs
         if plan is None or inputs is None:
             raise RuntimeError("no plan is running to check the shards against")
-        shapes = job.shard_shapes.get(epoch)
+        shapes = job.leading.shard_shapes.get(epoch)
         if shapes is None:
             _, plan_data = encode_start(inputs, plan)
             shapes = await filework.plan_shapes(job.spec_bytes, plan_data)
             if job.epoch == epoch:
-                job.shard_shapes = {epoch: shapes}  # only the current plan's
+                job.leading.shard_shapes = {epoch: shapes}  # only the current plan's
         return shapes
 
 
@@ -185,7 +185,7 @@ async def check_contents(job: Job, folder: Path, step: int, me: str) -> str | No
         raise RuntimeError("no plan is running to check the shards against")
     shapes = await plan_shapes(job)
     reasons = []
-    for peer, shard in sorted(job.reports.get(step, {}).items()):
+    for peer, shard in sorted(job.leading.reports.get(step, {}).items()):
         expected = shapes.get(peer)
         try:
             if expected is None:
@@ -196,8 +196,8 @@ async def check_contents(job: Job, folder: Path, step: int, me: str) -> str | No
             why = str(exc)
         refused = ReportRefused(ReportProblem.CONTENT, f"checkpoint {step}: {why}")
         if peer == me:  # this device's own worker: no one to exclude; the restarts are bounded
-            job.refused_reports[ReportProblem.CONTENT.value] = job.refused_reports.get(ReportProblem.CONTENT.value,
-                                                                                       0) + 1  # fmt: skip
+            counts, key = job.leading.refused_reports, ReportProblem.CONTENT.value
+            counts[key] = counts.get(key, 0) + 1
             reasons.append(f"this device's own shard failed its check: {refused}")
         else:
             reasons.append(exclude(job, peer, refused))

@@ -152,7 +152,7 @@ def choose_standby(job: Job, me: str) -> str:
     """The plan member that stands by to lead: the one offering the most memory (ties: lowest id), among those
     whose speed was measured in the job when there are any (issue #19: claims alone do not make a standby)."""
     others = [p for p in job.plan_peers() if p != me and p in job.members]
-    others = [p for p in others if p in job.measured] or others
+    others = [p for p in others if p in job.leading.measured] or others
     if not others:
         return ""
     return str(min(others, key=lambda p: (-job.members[p].memory_bytes, p)))

@@ -53,10 +53,12 @@ class Starting:
         me = self.ctx.node.identity.peer_id
         rtt = {(me, p): (i.rtt_ms or 1.0) / 1000 for p, i in self.ctx.peers.info.items()}
         # a member measured far slower than it offered is planned at its measured speed (issue #19)
-        offers = [claims.discounted(job.members[p], job.discounts.get(p, 1.0)) for p in sorted(job.members)]
+        discounts = job.leading.discounts
+        offers = [claims.discounted(job.members[p], discounts.get(p, 1.0)) for p in sorted(job.members)]
         measured = await self._measure_links(job)
-        job.links = {p: {"rtt_ms": round(m.rtt_s * 1e3, 3), "bandwidth_mb_s": round(m.bandwidth_bytes_per_s / 1e6, 2),
-                         "message_ms": round(m.message_s * 1e3, 4)} for p, m in measured.items()}  # fmt: skip
+        job.leading.links = {
+            p: {"rtt_ms": round(m.rtt_s * 1e3, 3), "bandwidth_mb_s": round(m.bandwidth_bytes_per_s / 1e6, 2),
+                "message_ms": round(m.message_s * 1e3, 4)} for p, m in measured.items()}  # fmt: skip
         links = estimated_links(me, measured, sorted(job.members))
         try:
             inputs, replica_plan = await trio.to_thread.run_sync(make_job_plan, job.spec, offers, rtt, links, me)
@@ -73,8 +75,8 @@ class Starting:
         job.standby = choose_standby(job, me)
         self.life.feed(job, events.PlanFound(job.plan_peers(), job.standby))
         if job.core.stamp != stamp:  # the core took the plan (a new epoch)
-            job.link_waits.clear()  # who waits on whom depends on the plan: judged afresh (claims.seen_by_neighbours)
-            job.seen.clear()
+            job.leading.link_waits.clear()  # who waits on whom depends on the plan: judged afresh (claims)
+            job.leading.seen.clear()
             self.ctx.spawn(shard_checks.prefetch_shapes, job)  # ready by the plan's first checkpoint
 
     async def start(self, job: Job, action: actions.SendStart) -> None:
@@ -94,14 +96,14 @@ class Starting:
         if job.core.stamp != action.stamp:
             return
         start_step = resume.step if resume is not None else 0
-        job.resume_files = {p: f.name for p, f in resume.files.items()} if resume is not None else {}
+        job.leading.resume_files = {p: f.name for p, f in resume.files.items()} if resume is not None else {}
         job.step = start_step
         job.history = [h for h in job.history if h[0] <= start_step]
-        if job.recoveries and job.recoveries[-1].epoch == job.epoch:
-            job.recoveries[-1].resumed_step = start_step
+        if job.leading.recoveries and job.leading.recoveries[-1].epoch == job.epoch:
+            job.leading.recoveries[-1].resumed_step = start_step
         start = JobStart(job.job_id, job.term, job.epoch, job.spec_bytes, plan_data, inputs_data, start_step,
                          resume.to_wire() if resume is not None else b"", job.standby)  # fmt: skip
-        job.go_addresses = addresses = {}
+        job.leading.go_addresses = addresses = {}
         failures: list[tuple[str, str, str]] = []
         reach = {p: o.address for p, o in job.members.items()}  # as planned: a member may leave meanwhile
 
@@ -125,11 +127,11 @@ class Starting:
                 failures.append((peer, reply.reason, reply.follows))
 
         with trio.CancelScope() as scope:
-            job.start_scope = scope
+            job.leading.start_scope = scope
             async with trio.open_nursery() as nursery:
                 for peer in job.plan_peers():
                     nursery.start_soon(start_one, peer)
-        job.start_scope = None
+        job.leading.start_scope = None
         if scope.cancelled_caught:
             failures.append(("", "a member of the new plan failed while it started", ""))
         self.life.feed(job, events.StartAnswered(action.stamp, tuple(failures)))
@@ -138,7 +140,7 @@ class Starting:
         """The core's ``SendGo``: send ``go`` to the peers it names, in plan order, and tell the core which
         ones did not acknowledge it (it sends again, then restarts the plan: :func:`lifecycle.after_go`)."""
         go = JobGo(job.job_id, action.stamp.term, action.stamp.epoch,
-                   tuple(PeerAddress(p, a) for p, a in sorted(job.go_addresses.items())))  # fmt: skip
+                   tuple(PeerAddress(p, a) for p, a in sorted(job.leading.go_addresses.items())))  # fmt: skip
         reach = {p: o.address for p, o in job.members.items()}
         unacknowledged = await self.send_go(job, go, list(action.peers), reach)
         if unacknowledged and job.core.stamp == action.stamp:
@@ -146,7 +148,7 @@ class Starting:
         self.life.feed(job, events.GoAnswered(action.stamp, unacknowledged))
         if job.state == JobState.RUNNING and job.core.stamp == action.stamp and not unacknowledged:
             log.info("job %s running on %d devices (term %d, epoch %d, from step %d)", job.job_id,
-                     len(job.go_addresses), job.term, job.epoch, job.step)  # fmt: skip
+                     len(job.leading.go_addresses), job.term, job.epoch, job.step)  # fmt: skip
 
     async def send_go(self, job: Job, go: JobGo, peers: list[str], reach: dict[str, str]) -> dict[str, str]:
         """Send ``go`` to ``peers`` in plan order (as before); the ones that did not acknowledge it, with why."""

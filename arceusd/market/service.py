@@ -336,7 +336,7 @@ class Market:
         demand = self.demand(self.job_needs())
         prices = {peer: pay(float(offer.flops_per_s), cap, demand) for peer, offer in job.members.items()}
         # the shard writers, and the other replicas' devices whose witness matched theirs (arceusd.jobs.witnesses)
-        reported = frozenset(job.reports.get(step, {})) | job.complete.get(step, frozenset())
+        reported = frozenset(job.leading.reports.get(step, {})) | job.leading.complete.get(step, frozenset())
         predicted = job.replica_plan.predicted_step_time_s if job.replica_plan is not None else \
             job.plan.predicted_step_time_s
         return Commit(job.job_id, job.owner, term, epoch, step, time.time(), reported, dict(job.shares),

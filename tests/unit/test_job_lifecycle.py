@@ -121,7 +121,7 @@ def run_with_nursery(mgr: JobManager, fn: Any) -> None:
 def test_a_final_checkpoint_that_cannot_be_copied_fails_the_job_after_retries(tmp_path: Path) -> None:
     mgr, elections = manager(tmp_path, FakePeers())
     job = leading_job(tmp_path)
-    job.reports[100] = {OTHER: {"name": "shard-1.pt", "sha256": "0" * 64, "size": 3}}
+    job.leading.reports[100] = {OTHER: {"name": "shard-1.pt", "sha256": "0" * 64, "size": 3}}
     fetches: list[int] = []
 
     async def fetch_shard(*_: Any) -> None:
@@ -139,7 +139,7 @@ def test_a_final_checkpoint_that_cannot_be_copied_fails_the_job_after_retries(tm
 def test_a_failed_intermediate_commit_is_not_retried_and_the_job_runs_on(tmp_path: Path) -> None:
     mgr, elections = manager(tmp_path, FakePeers())
     job = leading_job(tmp_path)
-    job.reports[20] = {OTHER: {"name": "shard-1.pt", "sha256": "0" * 64, "size": 3}}
+    job.leading.reports[20] = {OTHER: {"name": "shard-1.pt", "sha256": "0" * 64, "size": 3}}
 
     async def fetch_shard(*_: Any) -> None:
         return None
@@ -228,7 +228,7 @@ def test_a_commit_waiting_while_a_repartition_is_asked_for_does_nothing(tmp_path
     steps after an exclusion, and an empty manifest once the restart had cleared the reports)."""
     mgr, _ = manager(tmp_path, FakePeers())
     job = leading_job(tmp_path)
-    job.reports[40] = {OTHER: {"name": "shard-1.pt", "sha256": "0" * 64, "size": 3}}
+    job.leading.reports[40] = {OTHER: {"name": "shard-1.pt", "sha256": "0" * 64, "size": 3}}
     fetches: list[int] = []
 
     async def fetch_shard(*_: Any) -> None:

@@ -194,26 +194,27 @@ def test_a_leader_drops_and_counts_refused_reports_and_keeps_serving(tmp_path: P
             nan = replace(good, step_s=math.nan, wait_s=math.inf, wait_up_s=-math.inf, predicted_s=math.nan)
             ack = await send(nan)
             assert isinstance(ack, JobAck) and ack.ok, ack
-            assert good.step is not None and me in job.reports[good.step]
-            assert me not in job.measured and me not in job.waits and me not in job.link_waits
+            assert good.step is not None and me in job.leading.reports[good.step]
+            assert me not in job.leading.measured and me not in job.leading.waits and me not in job.leading.link_waits
             # outside the codec's types and bounds: no answer, counted by the peer service, the job untouched
             for fields, reason in BAD_WIRE:
                 before = leader.rejected[reason]
                 assert await send_raw(_tampered(good, **fields)) == b"", fields
                 assert leader.rejected[reason] == before + 1, fields
-            assert job.refused_reports == {} and job.stale_reports == 0 and me not in job.excluded and not restarts
+            book = job.leading
+            assert book.refused_reports == {} and book.stale_reports == 0 and me not in book.excluded and not restarts
             # another plan epoch: stale, as ever
             stale = await send(replace(good, epoch=job.epoch + 1))
-            assert isinstance(stale, JobAck) and not stale.ok and job.stale_reports == 1
+            assert isinstance(stale, JobAck) and not stale.ok and job.leading.stale_reports == 1
             # still serving: the next good report is taken with its claims
             ack = await send(replace(good, step=40))
             assert isinstance(ack, JobAck) and ack.ok
-            assert me in job.reports[40] and job.measured[me] == (good.step_s, good.predicted_s)
-            assert job.cursors[40] == EVENTS[ReportKind.CHECKPOINT]["cursor"]
+            assert me in job.leading.reports[40] and job.leading.measured[me] == (good.step_s, good.predicted_s)
+            assert job.leading.cursors[40] == EVENTS[ReportKind.CHECKPOINT]["cursor"]
             # a negative size decodes, and the leader's check refuses it: counted, the sender excluded
             assert good.shard is not None
             await send(replace(good, step=60, shard=replace(good.shard, size=-1)))
-            seen.update(refused=dict(job.refused_reports), excluded=me in job.excluded, restarts=list(restarts))
+            seen.update(refused=dict(book.refused_reports), excluded=me in book.excluded, restarts=list(restarts))
             nursery.cancel_scope.cancel()
 
     trio.run(main, clock=trio.testing.MockClock())
@@ -234,7 +235,7 @@ def test_a_failure_and_a_leave_reach_the_leader_as_typed_reports(tmp_path: Path)
     assert "x" * 301 not in restarts[0]  # the reason shows a bounded part of the message
     leave = JobReport(JOB, job.epoch, ReportKind.LEAVE)  # what control_methods.m_leave sends
     assert trio.run(mgr.local.on_report, header, leave).ok
-    assert OTHER not in job.members and OTHER in job.announced and "left" in restarts[-1]
+    assert OTHER not in job.members and OTHER in job.leading.announced and "left" in restarts[-1]
 
 
 def test_a_witness_carries_its_devices_claims_to_the_leader(tmp_path: Path) -> None:
@@ -253,9 +254,10 @@ def test_a_witness_carries_its_devices_claims_to_the_leader(tmp_path: Path) -> N
              "wait_down_s": 0.01}  # fmt: skip
     report = report_of_event(JOB, job.epoch, event)
     trio.run(mgr.local._handle_report, job, second, report)
-    assert job.witnesses[20] == {second: "cd" * 32}
-    assert job.measured[second] == (0.3, 0.1) and second in job.link_waits and job.waits[second] == 0.02
+    assert job.leading.witnesses[20] == {second: "cd" * 32}
+    book = job.leading
+    assert book.measured[second] == (0.3, 0.1) and second in book.link_waits and book.waits[second] == 0.02
     stranger = "e" * 32  # no place in the replicas: refused before anything of it is kept
     mgr.request_restart = lambda job, reason: None  # type: ignore[method-assign]
     trio.run(mgr.local._handle_report, job, stranger, report)
-    assert stranger not in job.measured and stranger not in job.witnesses[20]
+    assert stranger not in job.leading.measured and stranger not in job.leading.witnesses[20]

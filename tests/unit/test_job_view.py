@@ -93,18 +93,18 @@ def test_the_leader_keeps_its_committed_checkpoints_bounded_newest_last(
     from arceusd.jobs import job as job_module
 
     job = _job(tmp_path)
-    job.record_checkpoint(100, at=1000.0)
-    job.record_checkpoint(100, at=1001.0)  # the same commit seen twice: once in the record
-    job.record_checkpoint(50, at=1002.0)  # an older step after a newer one: not recorded
-    job.record_checkpoint(200)
+    job.leading.record_checkpoint(100, at=1000.0)
+    job.leading.record_checkpoint(100, at=1001.0)  # the same commit seen twice: once in the record
+    job.leading.record_checkpoint(50, at=1002.0)  # an older step after a newer one: not recorded
+    job.leading.record_checkpoint(200)
     shown = job.summary(full=True)["checkpoints"]
     assert [c["step"] for c in shown] == [100, 200] and shown[0]["at"] == 1000.0
     assert abs(shown[1]["at"] - time.time()) < 60
     monkeypatch.setattr(job_module, "MAX_CHECKPOINTS", 10)
     for step in range(300, 5300, 100):
-        job.record_checkpoint(step, at=float(step))
-    assert [s for s, _ in job.checkpoints] == list(range(4300, 5300, 100))  # the newest 10, oldest first
-    assert job.checkpoints[-1] == (5200, 5200.0)
+        job.leading.record_checkpoint(step, at=float(step))
+    assert [s for s, _ in job.leading.checkpoints] == list(range(4300, 5300, 100))  # the newest 10, oldest first
+    assert job.leading.checkpoints[-1] == (5200, 5200.0)
     assert "checkpoints" not in job.summary()  # the short view (status, jobs) stays short
 
 
@@ -139,11 +139,11 @@ def test_stage_times_cover_every_measured_device_and_this_device_from_its_own_st
     for peer, report in ((me, _claims(step_s=9.0, wait_s=9.0, predicted_s=1.0)),
                          (other, _claims(step_s=0.03, wait_s=0.012, predicted_s=0.042)),
                          (third, _claims(step_s=0.05, predicted_s=0.042, wait_s=-1.0))):  # fmt: skip
-        claims.record_step_time(job.measured, peer, report)
-        claims.record_wait_time(job.waits, peer, report)
+        claims.record_step_time(job.leading.measured, peer, report)
+        claims.record_wait_time(job.leading.waits, peer, report)
     for seconds, waited in [(0.05, 0.01), (0.5, 0.0), (0.06, 0.02)]:
         job.stage_times.append(StageTime(seconds, waited, 0.0, waited))
-    job.seen = {other: 0.25}  # what its neighbours saw (claims.seen_by_neighbours)
+    job.leading.seen = {other: 0.25}  # what its neighbours saw (claims.seen_by_neighbours)
     shown = job.summary(full=True, me=me)
     assert shown["stage_times"] == {
         me: {"compute_s": 0.04, "wait_s": 0.01, "predicted_s": pytest.approx(0.042), "seen_s": None},  # not 9 s

@@ -225,7 +225,7 @@ def test_every_replica_is_judged_within_its_own_pipeline() -> None:
             st.compute_s, st.optimizer_s = compute, 0.0
     waits = lw({leader: (0.0, 0.9), a: (0.1, 0.0), b: (0.0, 0.8), c: (0.05, 0.0)})
     job = SimpleNamespace(plan=first, replica_plan=SimpleNamespace(replicas=(first, second)),
-                          stage_times=deque([claims.StageTime(1.0, 0.0)]), link_waits=waits)
+                          stage_times=deque([claims.StageTime(1.0, 0.0)]), leading=SimpleNamespace(link_waits=waits))
     assert claims.own_step_times(job, c)["predicted_s"] == pytest.approx(0.12)  # its replica's stage, not the first's
     assert claims.own_step_times(job, a)["predicted_s"] == pytest.approx(0.04)
     seen = claims.seen_in_every_replica(job, {a: 0.05, b: 0.05, c: 0.05}, leader)

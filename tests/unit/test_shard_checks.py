@@ -18,7 +18,7 @@ import trio
 from arceusd.checkpoint import CheckpointError, Manifest, ShardRecord, commit_manifest, shard_file_name
 from arceusd.identity import Identity
 from arceusd.jobs import claims, shard_checks
-from arceusd.jobs.job import Job
+from arceusd.jobs.job import Job, LeaderRecord
 from arceusd.jobs.reports import report_of_event
 from arceusd.jobs.transfers import Transfers
 from protocol.job_wire import JobReport, ReportKind, ReportShard, ShardData
@@ -33,8 +33,8 @@ def block(param_bytes: int) -> Any:
 def fake_job() -> Job:
     stages = tuple(SimpleNamespace(start=i, end=i + 1, shares=(SimpleNamespace(peer_id=p),)) for i, p in
                    enumerate(PEERS))  # fmt: skip
-    job = cast(Job, SimpleNamespace(plan=SimpleNamespace(stages=stages), total_steps=100, refused_reports={},
-                                    excluded={}, members={p: object() for p in PEERS}, announced=set(),
+    job = cast(Job, SimpleNamespace(plan=SimpleNamespace(stages=stages), total_steps=100, members={p: object() for p in
+                                    PEERS}, leading=LeaderRecord(),
                                     inputs=SimpleNamespace(blocks=(block(1000), block(4000), block(10)))))  # fmt: skip
     return job
 
@@ -79,8 +79,8 @@ def test_other_bad_reports_are_refused_and_exclusion_counts_and_names() -> None:
     with pytest.raises(shard_checks.ReportRefused) as info:
         shard_checks.check_checkpoint_report(job, "d" * 32, report(name))
     why = shard_checks.exclude(job, PEERS[2], info.value)
-    assert PEERS[2] in why and PEERS[2] in job.excluded and PEERS[2] not in job.members
-    assert job.refused_reports == {"not_in_plan": 1} and PEERS[2] in job.announced
+    assert PEERS[2] in why and PEERS[2] in job.leading.excluded and PEERS[2] not in job.members
+    assert job.leading.refused_reports == {"not_in_plan": 1} and PEERS[2] in job.leading.announced
 
 
 def test_a_download_is_bounded_by_the_known_size_not_the_senders_total() -> None:
@@ -176,7 +176,7 @@ def test_step_times_are_reported_kept_and_the_standby_is_chosen_among_measured_m
     assert set(times) == {PEERS[1]}
     big = SimpleNamespace(memory_bytes=1 << 40)
     members = {PEERS[0]: big, PEERS[1]: SimpleNamespace(memory_bytes=1 << 30), PEERS[2]: big}
-    standby_job = cast(Job, SimpleNamespace(plan_peers=lambda: PEERS, members=members, measured={}))
+    standby_job = cast(Job, SimpleNamespace(plan_peers=lambda: PEERS, members=members, leading=LeaderRecord()))
     assert choose_standby(standby_job, PEERS[0]) == PEERS[2]  # nobody measured yet: the largest offer
-    standby_job.measured = times
+    standby_job.leading.measured = times
     assert choose_standby(standby_job, PEERS[0]) == PEERS[1]  # the measured member, not the larger claim
