@@ -282,3 +282,30 @@ def test_a_command_from_a_newly_elected_leader_waits_for_the_election_event_not_
     assert results[0] == (True, 1.5)
     assert results[1][0] is False
     assert len(reads) == 3 + 1  # the first call: before the wait and after each of two changes; the second: once
+
+
+def test_a_restart_cuts_the_start_short_drops_the_old_plans_actions_and_checks_who_answers(tmp_path: Path) -> None:
+    """The driver carries out the core's restart: the start in progress is cancelled, what the old plan had
+    queued for the leader's loop is dropped, this device's worker is detached, the old plan's live members are
+    told to stop (stamped with the new term), and the check of who answers is queued for the loop."""
+    peers = FakePeers(JobAck(True))
+    peers.alive_peers = lambda: {OTHER: "127.0.0.1:2"}  # type: ignore[method-assign]
+    mgr, _ = manager(tmp_path, peers)
+    job = leading_job(tmp_path)
+    old = job.core.stamp
+    scope = trio.CancelScope()
+    job.leading.start_scope = scope
+    job.leading.queue.append(a.SendGo(old, (ME, OTHER)))
+    worker = FakeWorker()
+    job.worker = cast(Any, worker)
+
+    async def fail() -> None:
+        mgr.request_restart(job, "worker on bbbbbbbbbbbb failed: broken pipe")
+
+    run_with_nursery(mgr, fail)
+    assert scope.cancel_called and job.worker is None
+    assert job.state == "recovering" and job.core.stamp == old.next_term()
+    assert list(job.leading.queue) == [a.CheckReachable(job.core.stamp, (OTHER,))]
+    assert job.leading.recoveries[-1].reason.startswith("worker on bbbbbbbbbbbb failed")
+    stops = [(p, m) for p, m in peers.sent if type(m).__name__ == "JobStop"]
+    assert [(p, m.term, m.reason) for p, m in stops] == [(OTHER, job.term, "replanning")]
