@@ -56,9 +56,16 @@ class Joining:
         async with job.sync_lock:
             if not self.ctx.leads(job) or job.role != Role.OWNER or leader == me or job.state in TERMINAL:
                 return
+            lead = job.core.lead
+            known = set(job.plan_peers()) | set(job.members) | (set(lead.expected) if lead is not None else set())
+            if leader not in known:  # only a device that was in the job can have been elected to lead it
+                log.warning("job %s: a peer says %s leads it, who was never a member; not handing over", job.job_id,
+                            leader[:12])  # fmt: skip
+                self.life.feed(job, events.HandOverAnswered(leader, False))
+                return
             member = self.ctx.peers.membership.members.get(leader)
             if member is None or not member.address:
-                log.warning("job %s: a member says %r leads it, who is not a live peer here", job.job_id, leader)
+                log.warning("job %s: a member says %s leads it, who is not a live peer here", job.job_id, leader[:12])
                 self.life.feed(job, events.HandOverAnswered(leader, False))
                 return
             reply = await self.request_join(job, leader, member.address)

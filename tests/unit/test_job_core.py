@@ -260,6 +260,23 @@ def test_the_owner_hands_over_when_its_members_follow_the_standby() -> None:
     assert isinstance(core.judge(C, Stamp(3, 1)), Accept)  # the new leader's commands are not stale to us
 
 
+def test_one_peers_word_that_another_leads_changes_nothing_unless_that_leader_takes_us_in() -> None:
+    """An announce's answer naming another leader makes the owner ask that peer to take it in; a refusal (or no
+    answer) leaves the job as it was: a stranger's claim cannot make the owner restart its job until it fails.
+    When the plan's members refused its start naming that leader, a refusal restarts the plan (it cannot start)."""
+    core = running()
+    before = core.stamp
+    assert core.handle(e.FollowsOther(C), 0.0) == [a.HandOver(C)]
+    assert core.handle(e.HandOverAnswered(C, accepted=False), 0.0) == []
+    assert state(core) == JobState.RUNNING and core.stamp == before and core.leads
+    core.handle(e.WorkerFailed(core.stamp, B, "x"), 0.0)
+    core.handle(e.MembersReachable(core.stamp, frozenset({ME, B})), 0.0)
+    core.handle(e.PlanFound((ME, B), B), 0.0)
+    assert core.handle(e.StartAnswered(core.stamp, ((B, "follows c", C),)), 0.0) == [a.HandOver(C)]
+    out = core.handle(e.HandOverAnswered(C, accepted=False), 0.0)
+    assert state(core) == JobState.RECOVERING and "did not take us in" in core.error and find(out, a.CheckReachable)
+
+
 def test_an_owner_back_after_the_end_records_the_job_done_and_leaves_the_election() -> None:
     core = running()
     core.handle(e.FollowsOther(C), 0.0)

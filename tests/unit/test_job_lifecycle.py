@@ -309,3 +309,21 @@ def test_a_restart_cuts_the_start_short_drops_the_old_plans_actions_and_checks_w
     assert job.leading.recoveries[-1].reason.startswith("worker on bbbbbbbbbbbb failed")
     stops = [(p, m) for p, m in peers.sent if type(m).__name__ == "JobStop"]
     assert [(p, m.term, m.reason) for p, m in stops] == [(OTHER, job.term, "replanning")]
+
+
+def test_the_owner_does_not_hand_its_job_to_a_peer_that_was_never_in_it(tmp_path: Path) -> None:
+    """A peer's answer naming a leader that never was a member of the job (a stranger's claim) asks nobody to take
+    the owner in, and the job runs on as it was."""
+    peers = FakePeers(None)
+    mgr, _ = manager(tmp_path, peers)
+    job = leading_job(tmp_path)
+    cast(Any, job).plan = SimpleNamespace(peer_ids=(ME, OTHER))
+    stranger = "f" * 32
+    peers.membership.members[stranger] = SimpleNamespace(address="127.0.0.1:9")
+    before = job.core.stamp
+
+    async def claim() -> None:
+        mgr.feed(job, e.FollowsOther(stranger))
+
+    run_with_nursery(mgr, claim)
+    assert peers.sent == [] and job.state == "running" and job.core.stamp == before and job.leader == ME

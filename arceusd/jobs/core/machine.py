@@ -49,6 +49,7 @@ class LeaderState:
     go_attempts: int = 0
     gather_until: float = 0.0  # after the owner's restart: plan at this time even if not every member is back
     expected: frozenset[str] = frozenset()
+    hand_over_from_start: str = ""  # the leader the plan's members named when they refused its start
 
 
 @dataclass
@@ -202,6 +203,10 @@ class JobCore:
             if not self.leads or self.role != Role.OWNER:
                 return []
             if not (event.accepted or event.done):
+                assert self.lead is not None
+                if self.lead.hand_over_from_start != event.leader:
+                    return []  # one peer's word (an announce's answer) that another leads: nothing changes
+                self.lead.hand_over_from_start = ""
                 return self._request_restart(f"members follow {event.leader[:12]}, who did not take us in")
             self.leader = event.leader
             self.leaders.add(event.leader)
@@ -327,8 +332,10 @@ class JobCore:
         outcome = leadership.start_outcome(self.me, event.refusals)
         if isinstance(outcome, leadership.HandOver):
             self.state = JobState.RUNNING  # the restart path if the hand-over does not happen
-            return [a.HandOver(outcome.leader)] if self.role == Role.OWNER else self._request_restart(
-                f"members follow {outcome.leader[:12]}")  # fmt: skip
+            if self.role != Role.OWNER:
+                return self._request_restart(f"members follow {outcome.leader[:12]}")
+            lead.hand_over_from_start = outcome.leader  # the plan cannot start: restart if that leader refuses us
+            return [a.HandOver(outcome.leader)]
         if isinstance(outcome, leadership.Restart):
             if lead.resuming or lead.restart_reason:
                 self.state = JobState.RUNNING
