@@ -47,7 +47,7 @@ class Joining:
         reply = await self.ctx.peers.request(address, peer, msg, timeout=10.0, job_id=job.job_id)
         leader = leadership.followed_leader(reply.follows) if isinstance(reply, JobAck) and not reply.ok else None
         if leader is not None:
-            self.life.feed(job, events.FollowsOther(leader))  # the owner hands the job over (core: HandOver)
+            self.life.feed(job, events.FollowsOther(leader, peer))  # a majority saying so: the owner hands over
 
     async def hand_over(self, job: Job, leader: str) -> None:
         """Owner, back after its standby took the job over: ask that leader to take this device in as a member

@@ -251,9 +251,6 @@ class JobManager(JobContext):
         """Ask the core to repartition ``job`` (a leader's; the first reason wins until the new plan runs)."""
         self.feed(job, e.RestartAsked(reason))
 
-    async def hand_over(self, job: Job, leader: str) -> None:
-        await self.joining.hand_over(job, leader)
-
     async def join(self, job: Job) -> dict[str, Any]:
         return await self.joining.join(job)
 

@@ -10,7 +10,7 @@ The manager is a ``JobContext`` and composes its parts, each an object of its ow
 context and the :class:`Lifecycle`: the control-socket methods (:mod:`arceusd.jobs.control_methods`), this
 device's stage worker and the workers' reports (:mod:`arceusd.jobs.local_worker`), the standby and owner
 synchronisation (:mod:`arceusd.jobs.standby_sync`). :class:`Lifecycle` is what they call back into (leading,
-restarting, feeding the job's core, committing and exporting checkpoints, handing over), implemented by the
+restarting, feeding the job's core, committing and exporting checkpoints), implemented by the
 manager.
 """
 
@@ -214,9 +214,6 @@ class Lifecycle(Protocol):
 
     async def commit_checkpoint(self, job: Job, step: int, term: int, epoch: int) -> None:
         """Every device of plan ``(term, epoch)`` reported checkpoint ``step``: commit it (once)."""
-
-    async def hand_over(self, job: Job, leader: str) -> None:
-        """Owner: join ``leader``, whom the members follow now, as a member."""
 
     async def export(self, job: Job, step: int, paths: list[Path]) -> None:
         """Assemble the model from the shards at ``paths`` and finish the job."""

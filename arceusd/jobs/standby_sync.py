@@ -17,7 +17,7 @@ import trio
 
 from arceusd.jobs import leadership
 from arceusd.jobs.core import Role
-from arceusd.jobs.core.events import StandbyCommitted
+from arceusd.jobs.core.events import FollowsOther, StandbyCommitted
 from arceusd.jobs.job import Job
 from arceusd.jobs.manager_base import JobContext, Lifecycle
 from arceusd.jobs.transfers import leader_data
@@ -57,7 +57,7 @@ class StandbySyncing:
                         getattr(reply, "reason", "no answer"))  # fmt: skip
             leader = leadership.followed_leader(reply.follows) if isinstance(reply, JobAck) else None
             if leader is not None and leader != self.ctx.node.identity.peer_id:
-                await self.life.hand_over(job, leader)
+                self.life.feed(job, FollowsOther(leader, standby))  # with most of the job saying so: hand over
 
     async def on_standby_sync(self, header: Header, msg: StandbySync) -> JobAck:
         from arceusd.checkpoint import CheckpointError, parse_manifest

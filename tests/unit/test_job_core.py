@@ -266,7 +266,7 @@ def test_one_peers_word_that_another_leads_changes_nothing_unless_that_leader_ta
     When the plan's members refused its start naming that leader, a refusal restarts the plan (it cannot start)."""
     core = running()
     before = core.stamp
-    assert core.handle(e.FollowsOther(C), 0.0) == [a.HandOver(C)]
+    assert core.handle(e.FollowsOther(C, B), 0.0) == [a.HandOver(C)]  # B, the plan's only other device, says so
     assert core.handle(e.HandOverAnswered(C, accepted=False), 0.0) == []
     assert state(core) == JobState.RUNNING and core.stamp == before and core.leads
     core.handle(e.WorkerFailed(core.stamp, B, "x"), 0.0)
@@ -277,9 +277,27 @@ def test_one_peers_word_that_another_leads_changes_nothing_unless_that_leader_ta
     assert state(core) == JobState.RECOVERING and "did not take us in" in core.error and find(out, a.CheckReachable)
 
 
+def test_the_owner_hands_over_only_when_most_of_the_job_says_who_leads() -> None:
+    """One member's word that another peer leads (a hostile member's, say) neither hands the job over nor
+    restarts it; when most of the plan's other devices say so (they elected a standby while this owner was
+    thought dead), the owner asks that leader to take it in. The same holds for refusals of a start."""
+    d = "d" * 32
+    core = running(members=(ME, B, C), min_members=3)
+    assert core.handle(e.FollowsOther(d, B), 0.0) == [] and core.leads
+    assert core.handle(e.FollowsOther(d, "e" * 32), 0.0) == [], "a peer outside the plan does not count"
+    assert core.handle(e.FollowsOther(d, B), 0.0) == [], "nor does the same member twice"
+    assert core.handle(e.FollowsOther(d, C), 0.0) == [a.HandOver(d)]
+    liar = running(members=(ME, B, C), min_members=3)
+    liar.handle(e.WorkerFailed(liar.stamp, B, "x"), 0.0)
+    liar.handle(e.MembersReachable(liar.stamp, frozenset({ME, B, C})), 0.0)
+    liar.handle(e.PlanFound((ME, B, C), B), 0.0)
+    out = liar.handle(e.StartAnswered(liar.stamp, ((B, "follows d", d), (C, "out of memory", ""))), 0.0)
+    assert not find(out, a.HandOver) and state(liar) == JobState.RECOVERING and "follow" in liar.error
+
+
 def test_an_owner_back_after_the_end_records_the_job_done_and_leaves_the_election() -> None:
     core = running()
-    core.handle(e.FollowsOther(C), 0.0)
+    core.handle(e.FollowsOther(C, B), 0.0)
     out = core.handle(e.HandOverAnswered(C, accepted=False, done=True), 0.0)
     assert state(core) == JobState.DONE and a.UntrackElection() in out
 
@@ -344,7 +362,8 @@ EVENTS = st.one_of(
     st.just("start"), st.just("start-refused"), st.just("go"), st.just("go-lost"), st.just("checkpoint"),
     st.just("commit"), st.just("commit-failed"), st.just("worker-failed"), st.just("reachable"),
     st.builds(e.ExportDone, st.just("/m")), st.builds(e.ExportFailed, st.just("disk full")),
-    st.builds(e.Tick, st.booleans()), st.just(e.Cancel()), st.builds(e.FollowsOther, st.just(C)),
+    st.builds(e.Tick, st.booleans()), st.just(e.Cancel()),
+    st.builds(e.FollowsOther, st.just(C), st.sampled_from(PEERS)),
     st.builds(e.HandOverAnswered, st.just(C), st.booleans(), st.booleans()),
     st.builds(e.OtherElected, st.sampled_from(PEERS), st.integers(1, 9)),
 )  # fmt: skip

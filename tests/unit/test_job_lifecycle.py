@@ -323,7 +323,7 @@ def test_the_owner_does_not_hand_its_job_to_a_peer_that_was_never_in_it(tmp_path
     before = job.core.stamp
 
     async def claim() -> None:
-        mgr.feed(job, e.FollowsOther(stranger))
+        mgr.feed(job, e.FollowsOther(stranger, OTHER))  # the plan's only other device says so
 
     run_with_nursery(mgr, claim)
     assert peers.sent == [] and job.state == "running" and job.core.stamp == before and job.leader == ME

@@ -246,9 +246,10 @@ class OtherElected:
 
 @dataclass(frozen=True, slots=True)
 class FollowsOther:
-    """Owner: a member answered that it follows ``leader`` (the owner was replaced while away or stalled)."""
+    """Owner: ``peer`` answered that it follows ``leader`` (the owner was replaced while away or stalled)."""
 
     leader: str
+    peer: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,6 +50,7 @@ class LeaderState:
     gather_until: float = 0.0  # after the owner's restart: plan at this time even if not every member is back
     expected: frozenset[str] = frozenset()
     hand_over_from_start: str = ""  # the leader the plan's members named when they refused its start
+    named: dict[str, set[str]] = field(default_factory=dict)  # leader -> the job's peers that said they follow it
 
 
 @dataclass
@@ -198,7 +199,7 @@ class JobCore:
         if isinstance(event, e.FollowsOther):
             if not self.leads or self.role != Role.OWNER or event.leader == self.me:
                 return []
-            return [a.HandOver(event.leader)]
+            return [a.HandOver(event.leader)] if self._corroborated(event.leader, {event.peer}) else []
         if isinstance(event, e.HandOverAnswered):
             if not self.leads or self.role != Role.OWNER:
                 return []
@@ -332,8 +333,10 @@ class JobCore:
         outcome = leadership.start_outcome(self.me, event.refusals)
         if isinstance(outcome, leadership.HandOver):
             self.state = JobState.RUNNING  # the restart path if the hand-over does not happen
-            if self.role != Role.OWNER:
-                return self._request_restart(f"members follow {outcome.leader[:12]}")
+            naming = {peer for peer, _, follows in event.refusals if follows == outcome.leader}
+            if self.role != Role.OWNER or not self._corroborated(outcome.leader, naming):
+                return self._request_restart(f"members refused the start, some saying they follow "
+                                             f"{outcome.leader[:12]}")  # fmt: skip
             lead.hand_over_from_start = outcome.leader  # the plan cannot start: restart if that leader refuses us
             return [a.HandOver(outcome.leader)]
         if isinstance(outcome, leadership.Restart):
@@ -400,6 +403,17 @@ class JobCore:
             return self._finish(JobState.FAILED, decided.error)
         self.error = decided.error
         return []
+
+    def _corroborated(self, leader: str, naming: set[str]) -> bool:
+        """Whether more than half of the job's other devices (the plan's; before the first plan, the members
+        it had before its restart or has now) said they follow ``leader``: one member's word (a hostile one's,
+        say) does not make the owner hand its job over."""
+        lead = self.lead
+        assert lead is not None
+        voters = (set(lead.plan) or set(lead.expected) or set(lead.members)) - {self.me}
+        named = lead.named.setdefault(leader, set())
+        named |= naming & voters
+        return bool(voters) and len(named) * 2 > len(voters)
 
     def _request_restart(self, reason: str) -> list[a.Action]:
         """Repartition: stop the plan's workers and plan again over the members that still answer, from the
