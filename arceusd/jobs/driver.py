@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -245,7 +244,4 @@ class Driver:
         log.info("job %s: model saved to %s", job.job_id, path)
         self.feed(job, e.ExportDone(str(path)))
 
-
-Feed = Callable[[Job, e.Event], list[a.Action]]
-
-__all__ = ["LONG_ACTIONS", "STOP_TIMEOUT_S", "Driver", "Feed"]
+__all__ = ["LONG_ACTIONS", "STOP_TIMEOUT_S", "Driver"]

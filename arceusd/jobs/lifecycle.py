@@ -26,8 +26,6 @@ COMMIT_RETRY_S = (1.0, 3.0)
 GO_ATTEMPTS = 2
 """How many times ``go`` is sent to a member that did not acknowledge it before the plan is restarted."""
 
-TERMINAL_STATES = TERMINAL
-
 
 @dataclass(frozen=True, slots=True)
 class RetryCommit:
@@ -104,7 +102,7 @@ def after_go(unacknowledged: Mapping[str, str], attempt: int) -> GoDecision:
 
 def ends_election(state: str) -> bool:
     """Whether a job in ``state`` is over, so this device stops taking part in its leader election."""
-    return state in TERMINAL_STATES
+    return state in TERMINAL
 
 
 __all__ = [

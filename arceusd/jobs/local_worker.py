@@ -42,10 +42,11 @@ class LocalWorker:
         from arceusd.jobs.recovery import ResumeError, ResumePoint
 
         job = self.ctx.jobs.get(msg.job_id)
+        if job is None:
+            return JobStartReply(msg.job_id, False, "unknown job")
         why = await self.ctx.check_leader(header, job)
-        if why is not None or job is None:
-            return JobStartReply(msg.job_id, False, why.reason if why else "unknown job",
-                                 follows=why.follows if why else "")  # fmt: skip
+        if why is not None:
+            return JobStartReply(msg.job_id, False, why.reason, follows=why.follows)
         if job.role not in (Role.MEMBER, Role.OWNER):
             return JobStartReply(msg.job_id, False, "this device has not joined the job")
         if msg.spec != job.spec_bytes:
@@ -132,9 +133,11 @@ class LocalWorker:
 
     async def on_go(self, header: Header, msg: JobGo) -> JobAck:
         job = self.ctx.jobs.get(msg.job_id)
+        if job is None:
+            return JobAck(False, "unknown job")
         why = await self.ctx.check_leader(header, job)
-        if why is not None or job is None:
-            return JobAck(False, why.reason if why else "unknown job", why.follows if why else "")
+        if why is not None:
+            return JobAck(False, why.reason, why.follows)
         for action in self.life.feed(job, events.GoReceived(Stamp(header.term, header.epoch))):
             if isinstance(action, actions.Refuse):
                 return JobAck(False, action.reason)
@@ -300,7 +303,7 @@ class LocalWorker:
         if reason:  # planned again from the last commit: this checkpoint was paced by the overclaim
             self.life.request_restart(job, reason)
             return
-        self.ctx.spawn(self.life.commit_checkpoint, job, step, job.term, job.epoch)
+        self.life.feed(job, events.CheckpointComplete(job.core.stamp, step))  # the core commits it, once
 
     def _judge_claims(self, job: Job) -> str:
         """Once every device of the plan reported a checkpoint: judge each member's offered speed against its

@@ -297,18 +297,16 @@ class JobManager(JobContext):
         self.spawn(self.lead, job)
 
     # ---------------------------------------------------------------------------------- checkpoints, the end
-    async def commit_checkpoint(self, job: Job, step: int, term: int, epoch: int) -> None:
-        """Every device of plan ``(term, epoch)`` reported checkpoint ``step``: the core starts its commit."""
-        self.feed(job, e.CheckpointComplete(Stamp(term, epoch), step))
-
     async def export(self, job: Job, step: int, paths: list[Path]) -> None:
         await self.driver.export(job, step, paths)
 
     async def _on_stop(self, header: Header, msg: JobStop) -> JobAck:
         job = self.jobs.get(msg.job_id)
+        if job is None:
+            return JobAck(False, "unknown job")
         why = await self.check_leader(header, job, epochs=False)
-        if why is not None or job is None:
-            return JobAck(False, "not from this job's leader", why.follows if why else "")
+        if why is not None:
+            return JobAck(False, "not from this job's leader", why.follows)
         self.feed(job, e.StopReceived(msg.reason))  # a known state only, never the sender's text (issue #19)
         return JobAck(True)
 

@@ -10,7 +10,7 @@ The manager is a ``JobContext`` and composes its parts, each an object of its ow
 context and the :class:`Lifecycle`: the control-socket methods (:mod:`arceusd.jobs.control_methods`), this
 device's stage worker and the workers' reports (:mod:`arceusd.jobs.local_worker`), the standby and owner
 synchronisation (:mod:`arceusd.jobs.standby_sync`). :class:`Lifecycle` is what they call back into (leading,
-restarting, feeding the job's core, committing and exporting checkpoints), implemented by the
+restarting, feeding the job's core, exporting the model), implemented by the
 manager.
 """
 
@@ -120,15 +120,13 @@ class JobContext:
             await worker.stop(grace=0.5)
 
     # ---------------------------------------------------------------------------------------------- following
-    async def check_leader(self, header: Header, job: Job | None, epochs: bool = True) -> leadership.Refuse | None:
-        """Why a leader command must be refused (None when it is acceptable).
+    async def check_leader(self, header: Header, job: Job, epochs: bool = True) -> leadership.Refuse | None:
+        """Why a leader command for ``job`` must be refused (None when it is acceptable).
 
         Acceptable: from our leader, not older than what we have (``epochs=False``: only the term counts); or
         with a newer term from the peer the job's election made leader (a standby that took over), which then
         becomes our leader. A refusal because we follow another peer names it (:func:`leadership.refusal`), so
         a leader that was replaced while membership thought it dead learns whom to join."""
-        if job is None:
-            return leadership.Refuse("unknown job")
         verdict = leadership.judge_command(header.sender, header.term, header.epoch, job.leader, job.term,
                                            job.epoch, epochs)  # fmt: skip
         if isinstance(verdict, leadership.Accept):
@@ -211,9 +209,6 @@ class Lifecycle(Protocol):
 
     def request_restart(self, job: Job, reason: str) -> None:
         """Ask the core to repartition ``job``."""
-
-    async def commit_checkpoint(self, job: Job, step: int, term: int, epoch: int) -> None:
-        """Every device of plan ``(term, epoch)`` reported checkpoint ``step``: commit it (once)."""
 
     async def export(self, job: Job, step: int, paths: list[Path]) -> None:
         """Assemble the model from the shards at ``paths`` and finish the job."""

@@ -64,9 +64,11 @@ class StandbySyncing:
         from arceusd.jobs.standby import StandbyError, check_names, offers_from_wire
 
         job = self.ctx.jobs.get(msg.job_id)
+        if job is None:
+            return JobAck(False, "unknown job")
         why = await self.ctx.check_leader(header, job, epochs=False)
-        if why is not None or job is None:
-            return JobAck(False, why.reason if why else "unknown job", why.follows if why else "")
+        if why is not None:
+            return JobAck(False, why.reason, why.follows)
         if job.role == Role.OWNER and not self.ctx.leads(job):
             return await self._receive_final(job, header.sender, msg)
         if job.standby != self.ctx.node.identity.peer_id:

@@ -118,6 +118,15 @@ def run_with_nursery(mgr: JobManager, fn: Any) -> None:
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0.05))
 
 
+def complete(mgr: JobManager, job: Job, step: int) -> Any:
+    """Every device of the running plan reported ``step`` (what the leader's report handling feeds the core)."""
+
+    async def fed() -> None:
+        mgr.feed(job, e.CheckpointComplete(job.core.stamp, step))
+
+    return fed
+
+
 def test_a_final_checkpoint_that_cannot_be_copied_fails_the_job_after_retries(tmp_path: Path) -> None:
     mgr, elections = manager(tmp_path, FakePeers())
     job = leading_job(tmp_path)
@@ -129,7 +138,7 @@ def test_a_final_checkpoint_that_cannot_be_copied_fails_the_job_after_retries(tm
         return None
 
     mgr.transfers.fetch_shard = fetch_shard  # type: ignore[method-assign,assignment]
-    run_with_nursery(mgr, lambda: mgr.commit_checkpoint(job, 100, job.term, job.epoch))
+    run_with_nursery(mgr, complete(mgr, job, 100))
     assert len(fetches) == lifecycle.FINAL_COMMIT_ATTEMPTS
     assert job.state == "failed" and "final checkpoint (step 100)" in job.error and "shard-1.pt" in job.error
     assert job.finished.is_set()
@@ -145,7 +154,7 @@ def test_a_failed_intermediate_commit_is_not_retried_and_the_job_runs_on(tmp_pat
         return None
 
     mgr.transfers.fetch_shard = fetch_shard  # type: ignore[method-assign,assignment]
-    run_with_nursery(mgr, lambda: mgr.commit_checkpoint(job, 20, job.term, job.epoch))
+    run_with_nursery(mgr, complete(mgr, job, 20))
     assert job.state == "running" and "shard-1.pt" in job.error
     assert elections.untracked == []
 

@@ -15,9 +15,9 @@ it what the daemon sees and carries out the actions it returns.
 """
 
 from arceusd.jobs.core.machine import MAX_RESTARTS_PER_CHECKPOINT, JobCore, LeaderState
-from arceusd.jobs.core.states import LEADING_STATES, TERMINAL, JobState, Role, Stamp, job_state
+from arceusd.jobs.core.states import LEADING_STATES, TERMINAL, JobState, Role, Stamp
 
 __all__ = [
     "LEADING_STATES", "MAX_RESTARTS_PER_CHECKPOINT", "TERMINAL", "JobCore", "JobState", "LeaderState", "Role",
-    "Stamp", "job_state",
+    "Stamp",
 ]  # fmt: skip

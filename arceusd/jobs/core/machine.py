@@ -411,9 +411,10 @@ class JobCore:
         lead = self.lead
         assert lead is not None
         voters = (set(lead.plan) or set(lead.expected) or set(lead.members)) - {self.me}
-        named = lead.named.setdefault(leader, set())
-        named |= naming & voters
-        return bool(voters) and len(named) * 2 > len(voters)
+        said = naming & voters
+        if said:  # only the job's own devices are counted (and kept): a stranger's names take no room
+            lead.named.setdefault(leader, set()).update(said)
+        return bool(voters) and len(lead.named.get(leader, ())) * 2 > len(voters)
 
     def _request_restart(self, reason: str) -> list[a.Action]:
         """Repartition: stop the plan's workers and plan again over the members that still answer, from the

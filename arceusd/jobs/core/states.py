@@ -46,15 +46,6 @@ LEADING_STATES: frozenset[JobState] = frozenset(
 """States in which a leader has (or is making) a plan: a member that joins now waits for the next checkpoint."""
 
 
-def job_state(value: str) -> JobState:
-    """The state named ``value`` (e.g. a ``JobStop``'s reason from the network); raises ValueError naming the
-    states that exist."""
-    try:
-        return JobState(value)
-    except ValueError:
-        raise ValueError(f"unknown job state {value!r}; one of {', '.join(s.value for s in JobState)}") from None
-
-
 class Role(enum.StrEnum):
     """This device's part in a job: it submitted it (``owner``), joined it (``member``) or only heard of it."""
 
@@ -92,4 +83,4 @@ class Stamp:
         return f"term {self.term} epoch {self.epoch}"
 
 
-__all__ = ["LEADING_STATES", "TERMINAL", "JobState", "Role", "Stamp", "job_state"]
+__all__ = ["LEADING_STATES", "TERMINAL", "JobState", "Role", "Stamp"]
