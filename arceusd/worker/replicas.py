@@ -19,6 +19,14 @@ ring (``ring.py``). Two modes (``SyncMode``):
   inner optimizer's state stays local. Bytes between replicas: one model per ``h`` steps (times the codec's
   ratio) instead of one per step.
 
+A dropped replica (a device of another replica died; the leader drops that whole replica and the others go on):
+the ring's next call fails, the sync waits for the smaller ring (``ring.RingChange``), checks that every rank
+left in it completed as many syncs as this one (a sync that finished on some ranks only cannot be redone
+alike: it raises, and the job replans from its last checkpoint), and redoes the failed sync over it from what
+this replica holds (its local gradients are untouched until the averages are written; DiLoCo's anchor and
+parameters until the outer step is applied). The lost replica's share of that step is skipped and the average
+is over the replicas left.
+
 Checkpoints: DiLoCo's anchor and outer momentum travel in the stage's shard as optimizer buffers
 (``optim.<param>.outer_anchor`` / ``.outer_momentum``), so shards stay in the format re-slicing reads.
 
@@ -37,13 +45,18 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from arceusd.worker.ring import RingError, RingLink, ring_allreduce_
+from arceusd.worker.links import LinkError
+from arceusd.worker.ring import RingChange, RingError, RingLink, ring_allreduce_
 from protocol.compression import Bf16Codec, Fp16Codec, Int8BlockCodec
 from protocol.tensors import RAW, TensorCodec
 
 DEFAULT_BUCKET_BYTES = 4 << 20
 FINISH_TIMEOUT_S = 3600.0
 """The optimizer step's bound on waiting for the overlapped all-reduce (each ring receive has its own)."""
+RING_FAILURES = (RingError, LinkError)
+"""What a broken ring raises: a peer gone or stopped (``LinkError``), a timeout or a bad frame (``RingError``)."""
+MAX_RING_CHANGES = 4
+"""Smaller rings one sync may be redone over before it gives up."""
 OUTER_ANCHOR = "outer_anchor"
 OUTER_MOMENTUM = "outer_momentum"
 
@@ -151,15 +164,29 @@ def flatten(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
 class ReplicaSync:
     """One stage's sync with the same stage of the other replicas, over ``link`` (a ring of R ranks)."""
 
-    def __init__(self, config: ReplicaConfig, link: RingLink) -> None:
+    def __init__(
+        self, config: ReplicaConfig, link: RingLink, change: RingChange | None = None, change_timeout_s: float = 120.0
+    ) -> None:
         if link.world_size != config.replicas:
             raise ValueError(f"ring of {link.world_size} for {config.replicas} replicas")
         self.config = config
         self.link = link
+        self.change = change
+        """Where a smaller ring comes from when a replica is dropped (None: a broken ring fails the sync)."""
+        self.change_timeout_s = change_timeout_s
+        self.rounds = 0
+        """Syncs completed (all-reduces of a step's gradients, or DiLoCo outer steps) since this worker began."""
+        self.redone = 0
+        """Syncs redone over a smaller ring after a replica was dropped."""
         self._anchor: list[torch.Tensor] = []
         self._momentum: list[torch.Tensor] = []
         self.outer_steps = 0
         self._overlap: _Overlap | None = None
+
+    @property
+    def world(self) -> int:
+        """Replicas in the ring now (fewer than ``config.replicas`` after a drop)."""
+        return self.link.world_size
 
     def attach(self, params: Sequence[nn.Parameter], micro_batches: int) -> None:
         """ALLREDUCE mode: all-reduce buckets during the backward (module docstring); ``micro_batches``: how many
@@ -180,19 +207,17 @@ class ReplicaSync:
     def average_grads(self, params: Sequence[nn.Parameter], report: float) -> float:
         """ALLREDUCE mode, before the optimizer step: average every parameter's gradient (a missing one counts
         as zero) and ``report`` (the stage's loss report) over the replicas; returns the averaged report."""
-        world = self.config.replicas
-        if world == 1:
+        if self.config.replicas == 1:
             return report
         if self._overlap is not None:
-            return self._overlap.finish(report)
+            try:
+                return self._overlap.finish(report)
+            except RING_FAILURES as exc:  # a replica was dropped (or the ring is broken): redo below, in one go
+                self._overlap.restart()
+                self._switch(exc)
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        flat = torch.cat([flatten(grads), torch.tensor([report], dtype=torch.float32)])
-        codec = self.config.grad_codec.codec()
-        for a, b in bucket_ranges(flat.numel(), flat.element_size(), self.config.bucket_bytes):
-            bucket = flat[a:b].clone()
-            ring_allreduce_(bucket, self.link, codec)
-            flat[a:b] = bucket
-        flat.div_(world)
+        flat = self._allreduce_mean(lambda: torch.cat([flatten(grads), torch.tensor([report], dtype=torch.float32)]),
+                                    self.config.grad_codec.codec())  # fmt: skip
         with torch.no_grad():
             for p, g in zip(params, _split(flat, grads), strict=True):
                 p.grad = g.view_as(p).to(p.device, p.dtype)
@@ -245,21 +270,55 @@ class ReplicaSync:
 
     def _outer_step(self, params: Sequence[nn.Parameter]) -> None:
         cfg = self.config.diloco
-        world = self.config.replicas
         current = [p.detach().to("cpu", torch.float32) for p in params]
-        flat = flatten([pseudo_gradient(a, c) for a, c in zip(self._anchor, current, strict=True)])
-        codec = cfg.codec.codec()
-        for a, b in bucket_ranges(flat.numel(), flat.element_size(), self.config.bucket_bytes):
-            bucket = flat[a:b].clone()
-            ring_allreduce_(bucket, self.link, codec)
-            flat[a:b] = bucket
-        flat.div_(world)
+        flat = self._allreduce_mean(
+            lambda: flatten([pseudo_gradient(a, c) for a, c in zip(self._anchor, current, strict=True)]),
+            cfg.codec.codec(),
+        )
         with torch.no_grad():
             for anchor, mom, g, p in zip(self._anchor, self._momentum, _split(flat, self._anchor), params,
                                          strict=True):
                 outer_nesterov_step_(anchor, mom, g.view_as(anchor), cfg.outer_lr, cfg.outer_momentum)
                 p.copy_(anchor.to(p.device, p.dtype))
         self.outer_steps += 1
+
+
+    # -- the ring, and a smaller one after a drop ---------------------------------------------------------
+
+    def _allreduce_mean(self, build: Callable[[], torch.Tensor], codec: TensorCodec) -> torch.Tensor:
+        """The mean over the ring of the flat vector ``build()`` makes (in ``bucket_bytes`` pieces); when the
+        ring breaks, redone from a fresh ``build()`` over the smaller ring the leader's drop brings."""
+        for _ in range(MAX_RING_CHANGES + 1):
+            flat = build()
+            try:
+                for a, b in bucket_ranges(flat.numel(), flat.element_size(), self.config.bucket_bytes):
+                    bucket = flat[a:b].clone()
+                    ring_allreduce_(bucket, self.link, codec)
+                    flat[a:b] = bucket
+            except RING_FAILURES as exc:
+                self._switch(exc)
+                continue
+            self.rounds += 1
+            return flat.div_(self.world)
+        raise RingError(f"the replica ring changed more than {MAX_RING_CHANGES} times during one sync")
+
+    def _switch(self, broke: BaseException) -> None:
+        """The ring broke: take the smaller ring (or re-raise without a ``change``) and check that every rank
+        in it completed as many syncs as this one, so the sync is redone alike everywhere."""
+        if self.change is None:
+            raise broke
+        self.link = self.change.wait(self.change_timeout_s, str(broke))
+        self.redone += 1
+        if self.link.world_size == 1:
+            return
+        count = torch.tensor([float(self.rounds)])
+        ring_allreduce_(count, self.link)
+        if float(count[0]) != float(self.rounds) * self.link.world_size:
+            raise RingError(
+                f"the replicas left in the ring completed different numbers of syncs (this one {self.rounds}, "
+                f"{float(count[0]) / self.link.world_size:.2f} on average): a sync finished on some of them only, "
+                "so it cannot be redone alike; the job must resume from its last checkpoint"
+            )
 
 
 class _Overlap:
@@ -330,7 +389,7 @@ class _Overlap:
                     piece = flat[a:e].clone()
                     ring_allreduce_(piece, self.sync.link, codec)
                     flat[a:e] = piece
-                flat.div_(self.sync.config.replicas)
+                flat.div_(self.sync.world)
                 self._done.put((b, flat))
             except BaseException as exc:  # raised on the compute thread by finish()
                 self._done.put(exc)
@@ -366,10 +425,30 @@ class _Overlap:
                     p = self.params[i]
                     p.grad = flat[offset:offset + p.numel()].view_as(p).to(p.device, p.dtype)
                     offset += p.numel()
+        self._reset()
+        self.sync.rounds += 1
+        return averaged
+
+    def _reset(self) -> None:
         self.count = [0] * len(self.params)
         self.pending = [len(m) for m in self.buckets]
         self.next = 0
-        return averaged
+
+    def restart(self) -> None:
+        """After a failed step (the ring broke): drop what is queued or half done and start a fresh
+        communication thread for the next step (the failed one returned when it raised)."""
+        self._todo.put(None)
+        self._thread.join(timeout=FINISH_TIMEOUT_S)
+        for q in (self._todo, self._done):
+            while True:
+                try:
+                    q.get_nowait()
+                except queue.Empty:
+                    break
+        self._reset()
+        self.error = None
+        self._thread = threading.Thread(target=self._communicate, name="replica-allreduce", daemon=True)
+        self._thread.start()
 
 
 def _split(flat: torch.Tensor, like: Sequence[torch.Tensor]) -> list[torch.Tensor]:

@@ -13,6 +13,9 @@ even with a lossy codec (the replicas never drift apart).
 ``ring_allreduce_`` runs the schedule over a ``RingLink`` (frames are ``protocol.tensors`` frames: a header and
 raw or compressed bytes, never pickle; received frames are checked against the chunk's expected shape and
 dtype before use). ``InMemoryRing`` is the threaded test ring; it counts the bytes its links carry.
+
+``RingChange`` hands a replacement ring to the compute thread: when the leader drops a replica, the event loop
+builds the smaller ring and offers its link; a sync whose ring broke waits for it (``replicas.py``).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import enum
 import queue
 import threading
+import time
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -118,6 +122,33 @@ def _decode(frame: bytes, numel: int, dtype: torch.dtype) -> torch.Tensor:
         raise RingError(f"a ring peer sent a chunk that does not fit ({numel} x {dtype}): {exc}") from exc
 
 
+class RingChange:
+    """The hand-off of a replacement ``RingLink`` from the event loop (``offer``) to the compute thread
+    (``wait``); the newest offer wins. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._link: RingLink | None = None
+        self.offers = 0
+
+    def offer(self, link: RingLink) -> None:
+        with self._cond:
+            self._link = link
+            self.offers += 1
+            self._cond.notify_all()
+
+    def wait(self, timeout_s: float, why: str) -> RingLink:
+        """The offered link (taken: a later failure waits for a newer one); ``RingError`` naming ``why`` (how
+        the old ring broke) when none comes within ``timeout_s``."""
+        with self._cond:
+            if self._link is None:
+                self._cond.wait_for(lambda: self._link is not None, timeout_s)
+            link, self._link = self._link, None
+        if link is None:
+            raise RingError(f"the replica ring broke ({why}) and no smaller ring was offered within {timeout_s}s")
+        return link
+
+
 class InMemoryRing:
     """A ring of ``world`` threads in one process; ``bytes_sent`` counts every frame byte its links carried."""
 
@@ -125,6 +156,7 @@ class InMemoryRing:
         if world < 1:
             raise ValueError(f"a ring needs >= 1 rank, got {world}")
         self.world = world
+        self.broken: str | None = None
         self.timeout_s = timeout_s
         self._inbox: list[queue.Queue[bytes]] = [queue.Queue() for _ in range(world)]
         self._lock = threading.Lock()
@@ -143,10 +175,18 @@ class InMemoryRing:
         self._inbox[(rank + 1) % self.world].put(frame)
 
     def _recv(self, rank: int) -> bytes:
-        try:
-            return self._inbox[rank].get(timeout=self.timeout_s)
-        except queue.Empty:
-            raise RingError(f"ring rank {rank} waited {self.timeout_s}s for its predecessor") from None
+        deadline = time.monotonic() + self.timeout_s
+        while self.broken is None:
+            try:
+                return self._inbox[rank].get(timeout=min(0.05, max(0.0, deadline - time.monotonic())))
+            except queue.Empty:
+                if time.monotonic() >= deadline:
+                    raise RingError(f"ring rank {rank} waited {self.timeout_s}s for its predecessor") from None
+        raise RingError(f"ring rank {rank}: the ring broke ({self.broken})")
+
+    def break_(self, why: str) -> None:
+        """End the ring: every waiting and later receive raises ``RingError`` (a peer died, say)."""
+        self.broken = why
 
 
 class InMemoryRingLink:

@@ -26,7 +26,15 @@ from arceusd.worker.replicas import (
     outer_nesterov_step_,
     pseudo_gradient,
 )
-from arceusd.worker.ring import InMemoryRing, Phase, RingError, chunk_bounds, ring_allreduce_, ring_steps
+from arceusd.worker.ring import (
+    InMemoryRing,
+    Phase,
+    RingChange,
+    RingError,
+    chunk_bounds,
+    ring_allreduce_,
+    ring_steps,
+)
 from arceusd.worker.schedule import ScheduleKind
 from arceusd.worker.stage import StageSpec, build_stage
 from protocol.compression import Int8BlockCodec
@@ -159,10 +167,11 @@ def test_a_frame_of_the_wrong_size_is_refused() -> None:
 
 def build_replicas(
     case: Case, replicas: int, schedule: ScheduleKind, config: ReplicaConfig, opt_name: str,
-    lr: LRSchedule | None, clip: float | None,
+    lr: LRSchedule | None, clip: float | None, changes: dict[tuple[int, int, int], RingChange] | None = None,
 ) -> tuple[list[list[list[StageEngine]]], list[InMemoryRing]]:
     """``replicas`` pipelines of ``case.layout``; tensor-parallel rank k of stage s of every replica on one
-    ring. Returns engines[replica][stage][rank] and the rings."""
+    ring. Returns engines[replica][stage][rank] and the rings. ``changes``: (replica, stage, rank) -> where that
+    engine's sync takes a smaller ring from."""
     widths = [1 if split is None else split.world_size for _, _, split in case.layout]
     rings = {(s, k): InMemoryRing(replicas, timeout_s=20) for s, w in enumerate(widths) for k in range(w)}
     pipelines = []
@@ -179,7 +188,8 @@ def build_replicas(
                     stage=s, num_stages=len(case.layout), num_micro_batches=case.micro_batches,
                     schedule=schedule, optimizer=OPTIMIZERS[opt_name], lr_schedule=lr, max_grad_norm=clip,
                 )
-                sync = ReplicaSync(config, rings[(s, k)].link(rep))
+                change = changes.get((rep, s, k)) if changes is not None else None
+                sync = ReplicaSync(config, rings[(s, k)].link(rep), change, change_timeout_s=20)
                 ranks.append(StageEngine(module, fabric.links(s, k), engine_config, replicas=sync))
             stages.append(ranks)
         pipelines.append(stages)
