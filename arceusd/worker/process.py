@@ -23,6 +23,10 @@ outer step every ``diloco_h`` steps), its data share is the replica's 1/R of eac
 the bytes it sent to its ring, and only replica 0 writes checkpoint shards (all-reduce keeps the replicas
 bit-identical; DiLoCo's shards carry the common anchor).
 
+``drop_replica`` on stdin (the leader dropped a replica whose device died): the ring goes on without it
+(``ring_links.WireRing.drop``); the sync that broke is redone over the smaller ring, the first replica left writes
+the shards, and witnesses stop when one replica is left.
+
 ``stop`` on stdin (or stdin closing) exits 0 at once; any failure emits ``error`` and exits 1. Gradient norm:
 the engine always clips with ``max_grad_norm = grad_clip`` or ``inf`` when the spec has no clipping (a scale
 of exactly 1), so ``grad_norm`` is always reported. Learning rate: the spec's ``TrainingSpec.lr_at``.
@@ -37,7 +41,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -67,6 +71,7 @@ from arceusd.worker.protocol import (
     CheckpointEvent,
     Command,
     DoneEvent,
+    DropReplicaCommand,
     ErrorEvent,
     EvalEvent,
     Event,
@@ -204,7 +209,8 @@ class Worker:
                 )
             one_core = config.device == "cpu" and len(config.cpus) == 1
             replicas = ReplicaSync(replica_config(config.replica_count(), config.replica_sync, one_core),
-                                   self.fabric.ring_link())  # fmt: skip
+                                   self.fabric.ring_link(), self.fabric.ring.change,
+                                   change_timeout_s=config.link_timeout_s)  # fmt: skip
         self.engine = StageEngine(
             module,
             self.fabric.links(),
@@ -276,7 +282,7 @@ class Worker:
             async with trio.open_nursery() as nursery:
                 start: list[StartCommand] = []
                 started = trio.Event()
-                nursery.start_soon(_read_commands, commands, start, started)
+                nursery.start_soon(_read_commands, commands, start, started, self._drop_replica)
                 await started.wait()
                 await self.fabric.connect(transport, start[0].addresses, nursery)
                 client = None
@@ -299,6 +305,15 @@ class Worker:
                         print(f"stage worker: replicas {sorted(left)} did not finish fetching data", file=sys.stderr)
                 await self.fabric.aclose()
                 nursery.cancel_scope.cancel()
+
+    async def _drop_replica(self, command: DropReplicaCommand) -> None:
+        """The leader dropped a replica: the ring goes on without it (the sync that broke is redone)."""
+        try:
+            await self.fabric.ring.drop(command.replicas, command.index)
+        except ValueError as exc:
+            raise WorkerProtocolError(f"drop_replica command: {exc}") from exc
+        print(f"stage worker: replica {command.index} of {command.replicas} dropped; the ring goes on with "
+              f"replicas {list(self.fabric.ring.replicas)} of the plan", file=sys.stderr)  # fmt: skip
 
     async def _train(self, nursery: trio.Nursery, client: DataClient | None) -> None:
         cfg, t = self.config, self.spec.training
@@ -326,9 +341,10 @@ class Worker:
             )
             evaluate = checkpoint or (t.eval_interval_steps and done % t.eval_interval_steps == 0)
             shard_digest = None
-            if checkpoint and self.replica == 0:  # replicas hold the same stage state: replica 0's is the shard
-                shard_digest = await self._checkpoint(done)
-            if checkpoint and cfg.replica_count() > 1:  # every replica: what it holds alike, for the leader
+            ring = self.fabric.ring
+            if checkpoint and ring.first_replica == self.replica:  # replicas hold the same stage state: the first's
+                shard_digest = await self._checkpoint(done)  # is the shard (replica 0's, until it is dropped)
+            if checkpoint and len(ring.replicas) > 1:  # every replica: what it holds alike, for the leader
                 await self._witness(done, shard_digest)
             if evaluate and n_eval:
                 batches = await prefetch.eval_batches(n_eval)
@@ -442,12 +458,16 @@ async def _commands(stream: trio.abc.ReceiveStream) -> AsyncGenerator[Command, N
 
 
 async def _read_commands(
-    commands: trio.abc.ReceiveStream, start: list[StartCommand], started: trio.Event
-) -> None:
+    commands: trio.abc.ReceiveStream, start: list[StartCommand], started: trio.Event,
+    drop: Callable[[DropReplicaCommand], Awaitable[None]],
+) -> None:  # fmt: skip
     async with contextlib.aclosing(_commands(commands)) as received:
         async for command in received:
             if isinstance(command, StopCommand):
                 raise WorkerStopped("stop command")
+            if isinstance(command, DropReplicaCommand):
+                await drop(command)
+                continue
             if started.is_set():
                 raise WorkerProtocolError("a second start command")
             start.append(command)

@@ -576,7 +576,19 @@ class StopCommand:
         return _line({"cmd": "stop"})
 
 
-Command = StartCommand | StopCommand
+@dataclass(frozen=True)
+class DropReplicaCommand:
+    """The leader dropped a replica (one of its devices died): leave the ``index``-th of the ``replicas`` now in
+    this worker's ring out of it from the next sync on (``ring_links.WireRing.drop``)."""
+
+    replicas: int
+    index: int
+
+    def to_line(self) -> str:
+        return _line({"cmd": "drop_replica", "replicas": self.replicas, "index": self.index})
+
+
+Command = StartCommand | StopCommand | DropReplicaCommand
 
 
 def parse_command(line: str) -> Command:
@@ -585,6 +597,11 @@ def parse_command(line: str) -> Command:
     kind = _get(d, "cmd", str, "daemon command")
     if kind == "stop":
         return StopCommand()
+    if kind == "drop_replica":
+        replicas, index = _int(d, "replicas", "drop_replica command", 2), _int(d, "index", "drop_replica command")
+        if index >= replicas or replicas > 1024:
+            raise WorkerProtocolError(f"drop_replica command: no replica {index} of {replicas}")
+        return DropReplicaCommand(replicas, index)
     if kind == "start":
         addresses = _get(d, "addresses", dict, "start command")
         for k, v in addresses.items():

@@ -24,11 +24,10 @@ refused and counted in ``refused``. Kinds:
 - ``tp`` / ``tpres``: a tensor-parallel group's ``all_reduce_sum``, a star over the group's rank 0 adding in
   rank order (bit-identical results on every rank, like the in-memory collective);
 - ``data``: the owner's batch service (``datafeed.py``), handed to ``data_handler``;
-- ``ring``: data-parallel replicas (``config.replicas``): this worker -> the worker at the same (stage, rank)
-  of the next replica (replica order, modulo R). :meth:`WireFabric.ring_link` is the ``ring.RingLink`` that
-  ``replicas.ReplicaSync`` all-reduces gradient buckets (or DiLoCo's compressed pseudo-gradients) over; header
-  ``round u64``, payload one ``protocol.tensors`` frame (checked by ``ring.py`` against the chunk expected);
-  ``ring_bytes`` counts what this worker handed to its ring stream.
+- ``ring`` (``ring.<g>`` after a replica is dropped): data-parallel replicas (``config.replicas``), this worker
+  -> the worker at the same (stage, rank) of the next replica; on queues of their own, owned by
+  ``ring_links.WireRing`` (:meth:`WireFabric.ring_link` is the ``ring.RingLink`` that ``replicas.ReplicaSync``
+  all-reduces over; ``ring_bytes`` counts what this worker handed to its ring streams).
 
 Frames: ``act``/``grad`` headers are ``(phase u8, step u64, micro-batch u32)`` + the tensor frame header of
 ``protocol.tensors``; the payload is the frame body (raw: a zero-copy view of the tensor's memory). The
@@ -43,7 +42,6 @@ import contextlib
 import struct
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Protocol
 
 import torch
 import trio
@@ -51,6 +49,7 @@ import trio
 from arceusd.transport import Stream, TransportError
 from arceusd.worker.links import LinkError
 from arceusd.worker.protocol import WorkerConfig
+from arceusd.worker.ring_links import RING_KIND, StreamOpener, WireRing, WireRingLink
 from arceusd.worker.route_queues import RouteQueues
 from protocol.errors import RemoteProtocolError
 from protocol.tensors import RAW, TensorCodec, decoder_for, encode_tensor_parts, read_tensor_header
@@ -62,13 +61,7 @@ _PIPE = struct.Struct(">BQI")  # phase, step, micro-batch
 _SEQ = struct.Struct(">Q")  # collective call sequence number
 
 PIPE_KINDS = ("act", "grad")
-KINDS = ("act", "grad", "sum", "sumres", "tp", "tpres", "ring")
-
-
-class StreamOpener(Protocol):
-    async def connect_stream(
-        self, address: str, purpose: bytes, expect_peer_id: str | None = None
-    ) -> Stream: ...
+KINDS = ("act", "grad", "sum", "sumres", "tp", "tpres")
 
 
 def _encode(t: torch.Tensor, codec: TensorCodec) -> tuple[bytes, bytes | memoryview]:
@@ -118,12 +111,7 @@ class WireFabric:
         self.refused: Counter[str] = Counter()
         self._prefix = f"{config.job_id}/{config.term}/".encode()
         self._outgoing: dict[tuple[str, str], Stream] = {}
-        self.ring = config.ring()
-        self.ring_rank = self.ring.index(config.peer_id)
-        self.ring_bytes = 0
-        self.ring_frames = 0
-        self._ring_sent = 0
-        self._ring_received = 0
+        self.ring = WireRing(config.ring(), config.peer_id, self.timeout_s, self.purpose)
         self.queues = RouteQueues(self._incoming_routes(), self.outgoing_routes(), timeout_s=self.timeout_s)
         self._claimed: set[tuple[str, str]] = set()
         self.phase = PHASE_TRAIN
@@ -152,8 +140,6 @@ class WireFabric:
                 routes += [("tp", p) for p in self.group[1:]]
             else:
                 routes.append(("tpres", self.group[0]))
-        if len(self.ring) > 1:
-            routes.append(("ring", self.ring[(self.ring_rank - 1) % len(self.ring)]))
         return routes
 
     def outgoing_routes(self) -> list[tuple[str, str]]:
@@ -173,8 +159,6 @@ class WireFabric:
                 routes += [("tpres", p) for p in self.group[1:]]
             else:
                 routes.append(("tp", self.group[0]))
-        if len(self.ring) > 1:
-            routes.append(("ring", self.ring[(self.ring_rank + 1) % len(self.ring)]))
         return routes
 
     # -- trio side ------------------------------------------------------------------------------------------
@@ -186,6 +170,9 @@ class WireFabric:
             self.refused["foreign_job"] += 1
             return
         kind = purpose[len(self._prefix) :].decode("ascii", "replace")
+        if kind.startswith(RING_KIND):
+            await self.ring.handle_stream(kind, stream)
+            return
         if kind == "data":
             if self.data_handler is None:
                 self.refused["no_data_service"] += 1
@@ -236,9 +223,11 @@ class WireFabric:
         self.queues.bind(trio.lowlevel.current_trio_token())
         for route, stream in self._outgoing.items():
             nursery.start_soon(self.queues.run_sender, route, stream)
+        await self.ring.connect(opener, addresses, nursery)
 
     async def aclose(self) -> None:
         """Send what is still queued (at most ``timeout_s``), stop the links, close the streams."""
+        await self.ring.aclose()
         await self.queues.drain_senders(self.timeout_s)
         self.queues.close("the worker closed its links")
         for stream in list(self._outgoing.values()):
@@ -255,32 +244,12 @@ class WireFabric:
         return WireCollective(self)
 
     def ring_link(self) -> WireRingLink:
-        return WireRingLink(self)
+        return self.ring.link()
 
-    def send_ring(self, frame: bytes) -> None:
-        """Queue one ring frame for the next replica's worker (asynchronous; counted in ``ring_bytes``)."""
-        if len(self.ring) < 2:
-            raise LinkError("this worker has no replica ring (the plan has one replica)")
-        header = _SEQ.pack(self._ring_sent)
-        self._ring_sent += 1
-        self.queues.check()
-        self._post("ring", [self.ring[(self.ring_rank + 1) % len(self.ring)]], header, frame)
-        self.ring_bytes += len(header) + len(frame)
-        self.ring_frames += 1
-
-    def recv_ring(self) -> bytes:
-        """The previous replica's next ring frame (its tensor frame, checked for order here)."""
-        if len(self.ring) < 2:
-            raise LinkError("this worker has no replica ring (the plan has one replica)")
-        prev = self.ring[(self.ring_rank - 1) % len(self.ring)]
-        header, payload = self.queues.take(("ring", prev))
-        if len(header) != _SEQ.size:
-            raise LinkError(f"a ring header from peer {prev} has {len(header)} bytes, not {_SEQ.size}")
-        (got,) = _SEQ.unpack_from(header)
-        if got != self._ring_received:
-            raise LinkError(f"ring frame {self._ring_received} expected from peer {prev}, got frame {got}")
-        self._ring_received += 1
-        return bytes(payload)
+    @property
+    def ring_bytes(self) -> int:
+        """Bytes this worker handed to its ring streams, every generation."""
+        return self.ring.bytes_sent
 
     def _post(self, kind: str, peers: list[str], header: bytes, body: bytes | memoryview) -> None:
         for peer in peers:
@@ -412,27 +381,6 @@ class WireLinks:
 
     def allreduce_scalars(self, values: Sequence[float]) -> list[float]:
         return self._fabric.allreduce_scalars(values)
-
-
-class WireRingLink:
-    """``ring.RingLink`` over a :class:`WireFabric`'s ``ring`` streams; blocking, for the compute thread."""
-
-    def __init__(self, fabric: WireFabric) -> None:
-        self._fabric = fabric
-
-    @property
-    def rank(self) -> int:
-        return self._fabric.ring_rank
-
-    @property
-    def world_size(self) -> int:
-        return len(self._fabric.ring)
-
-    def send_next(self, frame: bytes) -> None:
-        self._fabric.send_ring(frame)
-
-    def recv_prev(self) -> bytes:
-        return self._fabric.recv_ring()
 
 
 class WireCollective:

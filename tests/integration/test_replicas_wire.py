@@ -8,6 +8,7 @@ every ``h`` steps, and the bytes each worker handed to its ring stream are count
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,16 @@ import torch
 
 from arceusd.checkpoint import step_dir
 from arceusd.safetensors_io import load_bytes
-from arceusd.worker.protocol import EvalEvent, ReplicaSyncConfig, StepEvent
+from arceusd.worker.protocol import (
+    CheckpointEvent,
+    DoneEvent,
+    DropReplicaCommand,
+    ErrorEvent,
+    EvalEvent,
+    ReplicaSyncConfig,
+    StepEvent,
+    WitnessEvent,
+)
 from tests.integration.worker_harness import Layout, WorkerJob, gpt_spec, mnist_spec, reference_run
 
 pytestmark = pytest.mark.slow
@@ -87,3 +97,41 @@ def test_diloco_over_the_wire_syncs_every_h_steps_with_int8_pseudo_gradients(tmp
         assert len(finals) == 1, f"after the outer step both replicas hold the anchor: {finals}"
         losses = [[e.loss for e in w.of(StepEvent)] for w in job.workers if w.stage == 0]
         assert losses[0] != losses[1]  # each replica trained on its own half between the syncs
+
+
+def test_a_dropped_replica_leaves_the_others_training_over_a_smaller_ring(tmp_path: Path) -> None:
+    """3 replicas x 1 stage; replica 2's worker is killed after step 1 and the daemon's ``drop_replica`` reaches
+    the other two: they redo the broken all-reduce over a ring of two and train to the end, alike."""
+    steps = 8
+    spec = mnist_spec([784, 32, 10], steps, batch=24, micro=2)
+    sync = ReplicaSyncConfig(mode="allreduce", bucket_bytes=8192)
+    with WorkerJob(tmp_path, spec, [(0, 2, None)], replicas=3, replica_sync=sync, checkpoint_interval=4,
+                   link_timeout_s=30) as job:  # fmt: skip
+        job.start()
+        survivors, dead = job.workers[:2], job.workers[2]
+        deadline = time.monotonic() + 60
+        for w in job.workers:
+            while not any(e.step >= 1 for e in w.of(StepEvent)):
+                assert w.next_event(deadline) is not None, w.log()
+        assert dead.proc is not None
+        dead.proc.kill()
+        for w in survivors:
+            w.send(DropReplicaCommand(replicas=3, index=2).to_line())
+        for w in survivors:
+            while not w.of(DoneEvent):
+                ev = w.next_event(deadline)
+                assert ev is not None and not isinstance(ev, ErrorEvent), f"{ev}\n{w.log()}"
+        for w in survivors:
+            assert w.proc is not None and w.proc.wait(timeout=30) == 0, w.log()
+            assert "replica 2 of 3 dropped" in w.log()
+        first, second = ([e.loss for e in w.of(StepEvent)] for w in survivors)
+        assert len(first) == steps and first == second  # the same averaged loss on both: one ring
+        # a ring of three sends 4/3 of the stage's values a step, a ring of two 1x (2 (R - 1) / R)
+        sent = [e.ring_bytes for e in survivors[0].of(StepEvent)]
+        per_step = [b - a for a, b in zip([0, *sent], sent, strict=False)]
+        values = _stage_values(job, steps, 0) * 4
+        assert per_step[0] > 1.25 * values and values <= per_step[-1] < 1.1 * values + 8192, (per_step, values)
+        witnesses = [{e.step: e.digest for e in w.of(WitnessEvent)} for w in survivors]
+        assert witnesses[0] == witnesses[1] and set(witnesses[0]) == {4, steps}  # the replicas left hold alike
+        assert [e.step for e in survivors[0].of(CheckpointEvent)] == [4, steps]  # replica 0 still writes them
+        assert not survivors[1].of(CheckpointEvent)

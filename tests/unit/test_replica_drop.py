@@ -16,8 +16,10 @@ from torch import nn
 
 from arceusd.models.build import build_reference_model, loss_mean
 from arceusd.worker.optim import LRSchedule
+from arceusd.worker.protocol import DropReplicaCommand, WorkerProtocolError, parse_command
 from arceusd.worker.replicas import DiLoCoConfig, ReplicaConfig, ReplicaSync, SyncMode, outer_nesterov_step_
 from arceusd.worker.ring import InMemoryRing, RingChange, RingError
+from arceusd.worker.ring_links import drop_from, generation_of, ring_kind
 from arceusd.worker.schedule import ScheduleKind
 from tests.unit.test_engine import (
     CASES,
@@ -228,3 +230,18 @@ def test_survivors_of_a_dropped_replica_train_like_one_process_on_their_shares(s
     assert STEPS > 2
     syncs = [pipelines[r][s][0].replicas for r in range(2) for s in range(2)]
     assert all(sync is not None and sync.world == 2 and sync.redone == 1 for sync in syncs)
+
+
+def test_ring_generations_and_drops_are_checked() -> None:
+    assert [generation_of(ring_kind(g)) for g in (0, 1, 7)] == [0, 1, 7]
+    assert [generation_of(k) for k in ("ring.0", "ring.-1", "ring.x", "ringx", "ring.99999", "act")] == [None] * 6
+    assert drop_from((0, 1, 2), 3, 1, mine=0) == (0, 2)
+    assert drop_from((0, 2), 2, 0, mine=2) == (2,)
+    for args, match in [((3, 1, 2), "this ring has 2"), ((2, 2, 0), "no replica 2"), ((2, 0, 0), "its own")]:
+        with pytest.raises(ValueError, match=match):
+            drop_from((0, 2), *args[:2], mine=args[2])
+    assert parse_command('{"cmd": "drop_replica", "replicas": 3, "index": 2}') == DropReplicaCommand(3, 2)
+    for bad in ('{"cmd": "drop_replica", "replicas": 1, "index": 0}', '{"cmd": "drop_replica", "replicas": 3}',
+                '{"cmd": "drop_replica", "replicas": 3, "index": 3}'):  # fmt: skip
+        with pytest.raises(WorkerProtocolError):
+            parse_command(bad)
