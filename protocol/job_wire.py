@@ -1,4 +1,4 @@
-"""Wire messages of the job lifecycle (ids 70-84, append-only). Announce/join use ids 30-32 of
+"""Wire messages of the job lifecycle (ids 70-85, append-only). Announce/join use ids 30-32 of
 :mod:`protocol.messages`.
 
 ==== ================ ========== =====================================================================
@@ -22,6 +22,8 @@ id   type             max_size   meaning
 82   LinkEcho         2 MiB+     leader <-> member: echoed unchanged; the leader times it to measure the link
 83   ReportShard      512        a checkpoint shard as its writer reports it: name, sha256 (hex), size (nested only)
 84   ReportCursor     64         the sampler cursor of a checkpoint: (epoch, step) (nested only)
+85   JobDropReplica   512        leader -> the replicas left: replica ``index`` of ``replicas`` is dropped (one of
+                                 its devices is gone); the others train on over a smaller ring
 ==== ================ ========== =====================================================================
 
 ``JobStart.standby`` names the plan member that stands by to lead if the leader dies (empty: none); the job's
@@ -220,3 +222,14 @@ LINK_ECHO_MAX = 2 * 1024 * 1024
 @dataclass(frozen=True)
 class LinkEcho:
     payload: bytes = field(metadata={"max_len": LINK_ECHO_MAX})
+
+
+@message(85, max_size=512)
+@dataclass(frozen=True)
+class JobDropReplica:
+    """Leader -> the devices of the replicas left: a device of replica ``index`` (of the ``replicas`` in the plan
+    now) is gone; that replica is dropped and the others train on over a smaller ring (issue 22)."""
+
+    job_id: str = field(metadata=_ID)
+    replicas: int
+    index: int

@@ -117,6 +117,8 @@ class Driver:
             m.spawn(m.take_over, job)
         elif isinstance(action, a.HandOver):
             m.spawn(m.joining.hand_over, job, action.leader)
+        elif isinstance(action, a.DropReplica):
+            m.drops.drop(job, action)
         elif isinstance(action, a.Persist):
             m.persist(job)
         elif isinstance(action, a.Finish):

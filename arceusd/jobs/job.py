@@ -68,6 +68,22 @@ class Recovery:
                 else self.began_at + self.first_step_after_s}  # fmt: skip
 
 
+@dataclass(frozen=True)
+class ReplicaDrop:
+    """A data-parallel replica dropped because one of its devices was lost (the others trained on)."""
+
+    reason: str
+    step: int
+    """The step this device had reached when the drop reached it."""
+    devices: tuple[str, ...]
+    replicas_left: int
+    at: float = field(default_factory=time.time)
+
+    def summary(self) -> dict[str, Any]:
+        return {"reason": self.reason, "step": self.step, "devices": list(self.devices),
+                "replicas_left": self.replicas_left, "at": round(self.at, 3)}  # fmt: skip
+
+
 @dataclass
 class LeaderRecord:
     """What a job's leader keeps beside its core (``job.leading``): the long actions its loop runs, the plan's
@@ -128,6 +144,7 @@ class Job:
     plan: Plan | None = None  # the (first) pipeline, whose devices write the checkpoint shards
     replica_plan: ReplicaPlan | None = None  # every replica of the plan (``plan`` is its first)
     ring_bytes: int = 0  # bytes this device's worker sent its replicas' ring in the current plan epoch
+    replica_drops: list[ReplicaDrop] = field(default_factory=list)  # replicas dropped, the others going on
     inputs: PlanInputs | None = None
     shares: dict[str, float] = field(default_factory=dict)
     step: int = 0
@@ -239,6 +256,7 @@ class Job:
                 "discounted": {p: round(f, 2) for p, f in self.leading.discounts.items()},
                 "standby_ready": self.standby_data is not None, "stage_timing": self.stage_timing(),
                 "stage_times": self.stage_times_by_device(me), "ring_bytes": self.ring_bytes,
+                "dropped_replicas": [d.summary() for d in self.replica_drops],
                 "checkpoints": [{"step": s, "at": round(t, 3)} for s, t in self.leading.checkpoints],
             })  # fmt: skip
         return out

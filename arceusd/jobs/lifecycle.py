@@ -1,7 +1,8 @@
 """The leader's decisions at the edges of a job's life (pure: no I/O, no clock, no trio).
 
 Owns what the leader does when a checkpoint commit fails (:func:`after_commit_failure`), when members do not
-acknowledge ``go`` (:func:`after_go`), and which job states end its election (:func:`ends_election`).
+acknowledge ``go`` (:func:`after_go`), which replica a lost device takes down with it (:func:`replica_to_drop`),
+and which job states end its election (:func:`ends_election`).
 The job core (:class:`arceusd.jobs.core.JobCore`) asks them and returns the decision as actions.
 
 Why these exist: a failed commit of the *final* checkpoint used to set only ``job.error``, and the job stayed
@@ -105,8 +106,21 @@ def ends_election(state: str) -> bool:
     return state in TERMINAL
 
 
+def replica_to_drop(replicas: tuple[tuple[str, ...], ...], lost: str, leader: str) -> int | None:
+    """The data-parallel replica to drop because ``lost`` (a device, or its worker) is gone, so that the other
+    replicas train on; None when the whole job must replan instead: one pipeline, a device in no replica or in
+    several, or the leader's own replica (its worker serves the data to every replica)."""
+    if len(replicas) < 2:
+        return None
+    holding = [i for i, devices in enumerate(replicas) if lost in devices]
+    if len(holding) != 1 or leader in replicas[holding[0]]:
+        return None
+    return holding[0]
+
+
 __all__ = [
     "COMMIT_RETRY_S", "FINAL_COMMIT_ATTEMPTS", "GO_ATTEMPTS", "CommitDecision", "FailJob", "GoAcknowledged",
     "GoDecision", "KeepRunning", "ResendGo", "RestartPlan", "RetryCommit", "after_commit_failure", "after_go",
-    "ends_election",
+    "ends_election", "replica_to_drop",
 ]  # fmt: skip
+

@@ -241,11 +241,11 @@ class LocalWorker:
         committed once every device reported; a report that fails its checks excludes its sender."""
         kind = report.kind
         if kind in (ReportKind.ERROR, ReportKind.LOST):
-            # A worker's failure is usually a neighbour's: a killed process breaks its links. Repartition;
-            # a job that fails again and again at the same checkpoint gives up (_restart).
-            self.life.request_restart(job, f"worker on {peer[:12]} "
-                                           f"{'failed' if kind is ReportKind.ERROR else 'was lost'}: "
-                                           f"{report.message[:300]}")  # fmt: skip
+            # A worker's failure is usually a neighbour's: a killed process breaks its links. The core drops
+            # that worker's replica (the others go on) or repartitions; a job that fails again and again at the
+            # same checkpoint gives up.
+            self.life.feed(job, events.WorkerFailed(job.core.stamp, peer, report.message[:300],
+                                                    lost=kind is ReportKind.LOST))  # fmt: skip
         elif kind is ReportKind.CHECKPOINT:
             try:  # the name from the plan, the size within its bound (issue #19)
                 step, shard = shard_checks.check_checkpoint_report(job, peer, report)

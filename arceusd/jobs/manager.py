@@ -73,6 +73,7 @@ from arceusd.jobs.job import TERMINAL, Job
 from arceusd.jobs.joining import Joining
 from arceusd.jobs.local_worker import LocalWorker, worker_device
 from arceusd.jobs.manager_base import OWNER_FILE, JobContext
+from arceusd.jobs.replica_drop import ReplicaDrops
 from arceusd.jobs.standby_sync import StandbySyncing
 from arceusd.jobs.starting import Starting
 from arceusd.market.hooks import enough_memory
@@ -83,6 +84,7 @@ from protocol.envelope import Header
 from protocol.job_wire import (
     DataRequest,
     JobAck,
+    JobDropReplica,
     JobGo,
     JobReport,
     JobStart,
@@ -119,6 +121,7 @@ class JobManager(JobContext):
         self.commits = Commits(self, self)
         self.joining = Joining(self, self)
         self.starting = Starting(self, self, self.local, self.commits)
+        self.drops = ReplicaDrops(self, self)
         self.driver = Driver(self)
         self._ready = trio.Event()  # set once the job modules are imported and owned jobs restored
 
@@ -186,6 +189,7 @@ class JobManager(JobContext):
         peers.register(JobStart, gate(self.local.on_start))
         peers.register(JobGo, gate(self.local.on_go))
         peers.register(JobStop, gate(self._on_stop))
+        peers.register(JobDropReplica, gate(self.drops.on_drop))
         peers.register(JobReport, gate(self.local.on_report))
         peers.register(ShardRequest, gate(self.transfers.on_shard_request))
         peers.register(ResumeRequest, gate(self.transfers.on_resume_request))

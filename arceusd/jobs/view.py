@@ -79,6 +79,9 @@ def render_job(j: dict[str, Any]) -> str:
         timing = f"training again after {after:.1f} s" if isinstance(after, int | float) else "in progress"
         lines.append(f"  recovery epoch {r['epoch']}: {r['reason'][:80]}; resumed at step {r['resumed_step']} "
                      f"({r['recomputed_steps']} recomputed), {timing}")  # fmt: skip
+    for d in j.get("dropped_replicas") or []:
+        lines.append(f"  dropped  a replica at step {d['step']} ({', '.join(p[:12] for p in d['devices'])}): "
+                     f"{d['reason'][:80]}; {d['replicas_left']} replica(s) went on")  # fmt: skip
     if j.get("model_path"):
         lines.append(f"  model    {j['model_path']}")
     if j.get("error"):

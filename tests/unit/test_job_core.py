@@ -15,6 +15,7 @@ from arceusd.jobs import lifecycle
 from arceusd.jobs.core import MAX_RESTARTS_PER_CHECKPOINT, TERMINAL, JobCore, JobState, Role, Stamp
 from arceusd.jobs.core import actions as a
 from arceusd.jobs.core import events as e
+from arceusd.jobs.core.machine import REBALANCE_REASON
 from arceusd.jobs.leadership import Accept, AskElection, Refuse, refusal
 
 ME, B, C = "a" * 32, "b" * 32, "c" * 32
@@ -40,13 +41,16 @@ def find(actions: list[a.Action], kind: type[T]) -> list[T]:
     return [x for x in actions if isinstance(x, kind)]
 
 
-def running(total: int = 100, members: tuple[str, ...] = (ME, B), min_members: int = 2) -> JobCore:
-    """An owner whose plan over ``members`` runs (one shard per member)."""
+def running(
+    total: int = 100, members: tuple[str, ...] = (ME, B), min_members: int = 2,
+    replicas: tuple[tuple[str, ...], ...] = (),
+) -> JobCore:  # fmt: skip
+    """An owner whose plan over ``members`` runs (one shard per member; ``replicas``: how they are grouped)."""
     core = JobCore.owned(ME, total, min_members=min_members)
     for peer in members[1:]:
         out = core.handle(e.MemberJoined(peer), 0.0)
     assert state(core) == JobState.PLANNING and find(out, a.Plan) == [a.Plan(frozenset(members), False)]
-    out = core.handle(e.PlanFound(members, members[1] if len(members) > 1 else ""), 0.0)
+    out = core.handle(e.PlanFound(members, members[1] if len(members) > 1 else "", replicas), 0.0)
     assert state(core) == JobState.STARTING and core.stamp == Stamp(1, 1)
     assert find(out, a.SendStart) == [a.SendStart(Stamp(1, 1), members, False)]
     out = core.handle(e.StartAnswered(core.stamp), 0.0)
@@ -115,6 +119,58 @@ def test_a_lost_worker_repartitions_then_the_job_gives_up_after_the_restart_limi
     out = core.handle(e.WorkerFailed(core.stamp, B, "broken pipe"), 0.0)
     assert state(core) == JobState.FAILED and "gave up after 4 repartitions" in core.error
     assert a.UntrackElection() in out
+
+
+def test_a_lost_device_drops_its_replica_and_the_others_go_on() -> None:
+    core = running(members=(ME, B, C), min_members=3, replicas=((ME,), (B,), (C,)))
+    stamp = core.stamp
+    out = core.handle(e.WorkerFailed(core.stamp, C, "broken pipe"), 0.0)
+    assert out == [
+        a.DropReplica(stamp, 2, 3, C, f"worker on {C[:12]} failed: broken pipe"),
+        a.StopWorkers(stamp, (C,), "replanning", local=False),  # this device's worker goes on
+        a.TrackElection((ME, B), (ME, B)),
+        a.Persist(),
+    ]
+    assert state(core) == JobState.RUNNING and core.stamp == stamp  # no repartition, no new epoch
+    assert core.handle(e.MemberDead(C), 0.0) == []  # no longer in the plan
+    # a second loss before the next commit: the job replans from that commit
+    core.handle(e.WorkerFailed(core.stamp, B, "broken pipe"), 0.0)
+    assert state(core) == JobState.RECOVERING
+
+
+def test_after_a_commit_another_replica_may_be_dropped_and_the_standby_follows() -> None:
+    core = running(members=(ME, B, C), min_members=3, replicas=((ME,), (B,), (C,)))
+    core.handle(e.MemberDead(C), 0.0)
+    checkpoint(core, 10)
+    core.handle(e.CommitDone(core.stamp, 10), 0.0)
+    out = core.handle(e.MemberDead(B), 0.0)  # the standby's replica
+    assert find(out, a.DropReplica) == [a.DropReplica(core.stamp, 1, 2, B, f"member {B[:12]} is dead")]
+    assert find(out, a.TrackElection) == [a.TrackElection((ME,), (ME,))]
+    assert state(core) == JobState.RUNNING
+    assert core.lead is not None and core.lead.standby == "" and core.lead.replicas == ((ME,),)
+    core.handle(e.WorkerFailed(core.stamp, ME, "oom"), 0.0)  # one pipeline left: a loss replans
+    assert state(core) == JobState.RECOVERING
+
+
+def test_a_loss_in_the_leaders_replica_replans_and_a_replicas_other_devices_come_back_at_the_next_commit() -> None:
+    d = "d" * 32
+    core = running(members=(ME, B, C, d), min_members=4, replicas=((ME, B), (C, d)))
+    core.handle(e.MemberDead(B), 0.0)  # the leader's own replica: its worker serves every replica's data
+    assert state(core) == JobState.RECOVERING
+    core = running(members=(ME, B, C, d), min_members=4, replicas=((ME, B), (C, d)))
+    out = core.handle(e.MemberDead(C), 0.0)
+    assert find(out, a.StopWorkers) == [a.StopWorkers(core.stamp, (C, d), "replanning", local=False)]
+    checkpoint(core, 10)
+    out = core.handle(e.CommitDone(core.stamp, 10), 0.0)  # d is idle: planned in again from this commit
+    assert state(core) == JobState.RECOVERING and core.error == REBALANCE_REASON
+
+
+def test_which_replica_a_lost_device_takes_down() -> None:
+    assert lifecycle.replica_to_drop(((ME,), (B,)), B, ME) == 1
+    assert lifecycle.replica_to_drop(((ME, B), (C,)), B, ME) is None  # the leader's replica
+    assert lifecycle.replica_to_drop(((ME,),), ME, ME) is None  # one pipeline
+    assert lifecycle.replica_to_drop(((ME,), (B,)), C, ME) is None  # in no replica
+    assert lifecycle.replica_to_drop(((ME,), (B,), (B, C)), B, ME) is None  # in several: not a plan we made
 
 
 def test_progress_resets_the_restart_limit() -> None:

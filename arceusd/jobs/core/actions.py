@@ -161,6 +161,18 @@ class Persist:
 
 
 @dataclass(frozen=True, slots=True)
+class DropReplica:
+    """Leader: replica ``index`` of the ``count`` in plan ``stamp`` lost ``peer`` (``reason``); drop it (the plan
+    keeps the others), tell the devices left to train on over a smaller ring, and note it in ``status``."""
+
+    stamp: Stamp
+    index: int
+    count: int
+    peer: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class Finish:
     """The job ended in ``state`` (done, failed, cancelled) with ``error`` ('' when done)."""
 
@@ -171,11 +183,11 @@ class Finish:
 Action = (
     Announce | Plan | TrackElection | UntrackElection | SendStart | CancelStart | SendGo | CheckReachable | Commit
     | SyncStandby | Export | StopWorkers | Pause | Resume | StartRecovery | LetWorkerGo | Refuse | PrepareTakeover
-    | HandOver | Persist | Finish
+    | HandOver | Persist | Finish | DropReplica
 )  # fmt: skip
 
 __all__ = [
-    "Action", "Announce", "CancelStart", "CheckReachable", "Commit", "Export", "Finish", "HandOver", "LetWorkerGo",
-    "Pause", "Persist", "Plan", "PrepareTakeover", "Refuse", "Resume", "SendGo", "SendStart", "StartRecovery",
-    "StopWorkers", "SyncStandby", "TrackElection", "UntrackElection",
+    "Action", "Announce", "CancelStart", "CheckReachable", "Commit", "DropReplica", "Export", "Finish", "HandOver",
+    "LetWorkerGo", "Pause", "Persist", "Plan", "PrepareTakeover", "Refuse", "Resume", "SendGo", "SendStart",
+    "StartRecovery", "StopWorkers", "SyncStandby", "TrackElection", "UntrackElection",
 ]  # fmt: skip

@@ -51,10 +51,12 @@ class MembersReachable:
 @dataclass(frozen=True, slots=True)
 class PlanFound:
     """Leader: the partitioner placed the model on ``peers`` (every replica's devices, in plan order);
-    ``standby`` stands by to lead ('' for none)."""
+    ``standby`` stands by to lead ('' for none); ``replicas``: each data-parallel replica's devices (empty or one
+    for a single pipeline)."""
 
     peers: tuple[str, ...]
     standby: str = ""
+    replicas: tuple[tuple[str, ...], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

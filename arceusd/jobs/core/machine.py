@@ -50,6 +50,8 @@ class LeaderState:
     gather_until: float = 0.0  # after the owner's restart: plan at this time even if not every member is back
     expected: frozenset[str] = frozenset()
     hand_over_from_start: str = ""  # the leader the plan's members named when they refused its start
+    replicas: tuple[tuple[str, ...], ...] = ()  # each data-parallel replica's devices (the plan's, after drops)
+    dropped_at: int = -1  # the committed step when a replica was last dropped (one drop per checkpoint)
     named: dict[str, set[str]] = field(default_factory=dict)  # leader -> the job's peers that said they follow it
 
 
@@ -249,7 +251,7 @@ class JobCore:
             ):
                 lead.members.discard(event.peer)
             if in_plan or self.state == JobState.RECOVERING:
-                return self._request_restart(f"member {event.peer[:12]} {how}")
+                return self._lose(event.peer, f"member {event.peer[:12]} {how}")
             return []
         if isinstance(event, e.MembersReachable):
             if event.stamp != self.stamp or self.state != JobState.RECOVERING:
@@ -275,7 +277,7 @@ class JobCore:
             if event.stamp != self.stamp:
                 return [a.Refuse(self._stale(event.stamp))]
             verb = "was lost" if event.lost else "failed"
-            return self._request_restart(f"worker on {event.peer[:12]} {verb}: {event.message[:300]}")
+            return self._lose(event.peer, f"worker on {event.peer[:12]} {verb}: {event.message[:300]}")
         if isinstance(event, e.CheckpointComplete):
             return self._checkpoint(event)
         if isinstance(event, e.CommitDone):
@@ -320,7 +322,7 @@ class JobCore:
             return self._finish(JobState.FAILED, "the plan leaves out the leader, who serves the data")
         self.stamp = self.stamp.next_epoch()
         self.state = JobState.STARTING
-        lead.plan, lead.standby = event.peers, event.standby
+        lead.plan, lead.standby, lead.replicas = event.peers, event.standby, event.replicas
         lead.committing, lead.go_attempts, lead.restart_reason = set(), 0, ""
         ranking = (self.me, event.standby) if event.standby else (self.me,)
         return [a.TrackElection(event.peers, ranking), a.SendStart(self.stamp, event.peers, lead.resuming)]
@@ -415,6 +417,29 @@ class JobCore:
         if said:  # only the job's own devices are counted (and kept): a stranger's names take no room
             lead.named.setdefault(leader, set()).update(said)
         return bool(voters) and len(lead.named.get(leader, ())) * 2 > len(voters)
+
+    def _lose(self, peer: str, reason: str) -> list[a.Action]:
+        """``peer`` (or its worker) is gone: with data-parallel replicas drop its replica and let the others go
+        on (:func:`lifecycle.replica_to_drop`), at most once per checkpoint interval (a second loss before the
+        next commit replans from it, as does any loss in a single pipeline or in the leader's own replica)."""
+        lead = self.lead
+        assert lead is not None
+        index = lifecycle.replica_to_drop(lead.replicas, peer, self.me)
+        if index is None or self.state != JobState.RUNNING or lead.dropped_at == self.committed_step:
+            return self._request_restart(reason)
+        dropped, count = lead.replicas[index], len(lead.replicas)
+        lead.replicas = lead.replicas[:index] + lead.replicas[index + 1 :]
+        lead.plan = tuple(p for devices in lead.replicas for p in devices)
+        lead.dropped_at = self.committed_step
+        if lead.members - set(lead.plan) - {peer}:
+            lead.rebalance = True  # idle members (the dropped replica's others, say) rebuild it at the next commit
+        if lead.standby in dropped:
+            lead.standby = ""
+        ranking = (self.me, lead.standby) if lead.standby else (self.me,)
+        return [a.DropReplica(self.stamp, index, count, peer, reason),
+                a.StopWorkers(self.stamp, tuple(p for p in dropped if p != self.me), JobState.REPLANNING.value,
+                              local=False),
+                a.TrackElection(lead.plan, ranking), a.Persist()]  # fmt: skip
 
     def _request_restart(self, reason: str) -> list[a.Action]:
         """Repartition: stop the plan's workers and plan again over the members that still answer, from the
