@@ -175,3 +175,14 @@ def test_a_replicated_plan_shows_every_replica_its_sync_and_the_ring_bytes(tmp_p
         assert f"2 data-parallel replicas, {expected}; this device sent 3.5 MB to its ring" in text
         for r, replica in enumerate(job.replica_plan.replicas):
             assert f"replica {r} stage 0: blocks 0-" in text and replica.peer_ids[0][:12] in text
+    # a dropped replica: the plan without it, and the drop named in status
+    from arceusd.jobs.job import ReplicaDrop
+    from arceusd.jobs.replica_drop import dropped_plan
+
+    lost = job.replica_plan.replicas[1].peer_ids
+    job.replica_plan = dropped_plan(job.replica_plan, 2, 1)
+    job.replica_drops.append(ReplicaDrop(f"member {lost[0][:12]} is dead", 41, lost, 1))
+    shown = job.summary(full=True)
+    assert "replicas" not in shown["plan"] and shown["dropped_replicas"][0]["devices"] == list(lost)
+    text = render_job({**shown, "model": "mlp", "data": "mnist"})
+    assert f"dropped  a replica at step 41 ({lost[0][:12]}): member {lost[0][:12]} is dead; 1 replica(s)" in text
