@@ -179,6 +179,7 @@ def test_a_replicated_plan_shows_every_replica_its_sync_and_the_ring_bytes(tmp_p
     from arceusd.jobs.job import ReplicaDrop
     from arceusd.jobs.replica_drop import dropped_plan
 
+    assert job.replica_plan is not None
     lost = job.replica_plan.replicas[1].peer_ids
     job.replica_plan = dropped_plan(job.replica_plan, 2, 1)
     job.replica_drops.append(ReplicaDrop(f"member {lost[0][:12]} is dead", 41, lost, 1))
