@@ -119,6 +119,9 @@ class Driver:
             m.spawn(m.joining.hand_over, job, action.leader)
         elif isinstance(action, a.DropReplica):
             m.drops.drop(job, action)
+        elif isinstance(action, a.Exclude):
+            log.warning("job %s: member %s excluded: %s", job.job_id, action.peer[:12], action.reason)
+            job.leading.excluded.setdefault(action.peer, f"member {action.peer} excluded: {action.reason}"[:300])
         elif isinstance(action, a.Persist):
             m.persist(job)
         elif isinstance(action, a.Finish):

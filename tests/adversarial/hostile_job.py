@@ -15,7 +15,8 @@ from the first). Attacks (issue #19 items 1, 3, 4 and 5):
 * ``overclaim``: the member offers ``ARCEUS_HOSTILE_ARG`` times its measured speed (within physical bounds), so
   the plan gives it more work than it can do in time;
 * ``overclaim-hidden``: as ``overclaim``, and its checkpoint reports say its stage took what the plan predicted,
-  the rest of its step spent waiting for the previous stage (its step times lie to cover its offer).
+  the rest of its step spent waiting for the previous stage (its step times lie to cover its offer);
+* ``refuse``: the member joins, then refuses every start of the job (it would spend the job's restarts).
 
 :class:`HostileSwarm` is a :class:`arceusd.swarm.LocalSwarm` whose daemon :data:`HOSTILE` runs this module.
 
@@ -41,7 +42,7 @@ if str(ROOT) not in sys.path:
 from arceusd.swarm import LocalSwarm  # noqa: E402
 
 HUGE = 16 << 30
-ATTACKS = ("none", "path", "mismatch", "huge", "nan", "claims", "overclaim", "overclaim-hidden")
+ATTACKS = ("none", "path", "mismatch", "huge", "nan", "claims", "overclaim", "overclaim-hidden", "refuse")
 """``none``: an honest member (a baseline run through the same module)."""
 
 
@@ -104,6 +105,14 @@ def install(attack: str, arg: str, after: int) -> None:
                                    msg.offset)  # fmt: skip
         return await real_serve(self, header, msg)
 
+    if attack == "refuse":
+        from protocol.job_wire import JobStartReply
+
+        async def refuse(self: Any, header: Any, msg: Any) -> Any:
+            print("hostile: refusing a start", file=sys.stderr, flush=True)
+            return JobStartReply(msg.job_id, False, "start refused: not today")
+
+        LocalWorker.on_start = refuse  # type: ignore[method-assign]
     LocalWorker._report = report  # type: ignore[method-assign]
     Transfers.on_shard_request = serve  # type: ignore[method-assign]
     if attack == "overclaim-hidden":

@@ -118,6 +118,26 @@ def test_an_offer_beyond_physical_bounds_is_refused_at_the_join(swarm_of: Any, t
     assert_equals_failure_free(end, spec)
 
 
+def test_a_member_that_refuses_every_start_is_excluded_and_the_job_ends_without_it(swarm_of: Any,
+                                                                                  tmp_path: Path) -> None:  # fmt: skip
+    """It joins, then refuses each start: after two in a row it is excluded (named in ``status``) and the job
+    ends ``done`` over the two honest devices with the failure-free run's model (it used to spend the job's
+    restarts and fail it)."""
+    spec = write_spec(tmp_path, steps=60, interval=20)
+    s = swarm_of("refuse")
+    hostile_peer = s.call(HOSTILE, "status")["peer_id"]
+    with Watch(as_daemon(s, 0)) as watch:
+        job_id = submit(s, spec)
+        end = wait_end(s, job_id, timeout=240)
+    assert end["state"] == "done", end
+    assert all(p.poll() is None for p in s.procs), "a daemon exited"
+    assert "refused or failed 2 starts in a row" in end["excluded"].get(hostile_peer, ""), end["excluded"]
+    placed = {d["peer_id"] for stage in end["plan"]["stages"] for d in stage["devices"]}
+    assert hostile_peer not in placed and len(placed) == 2 and hostile_peer not in end["members"]
+    assert watch.report.status_max_s < 1.0, watch.report
+    assert_equals_failure_free(end, spec)
+
+
 def planned_speed(view: dict[str, Any], peer: str) -> float | None:
     """The FLOP/s the job view's plan rates ``peer`` at (None when the plan leaves it out)."""
     return next((float(d["flops_per_s"]) for st in view["plan"]["stages"] for d in st["devices"]

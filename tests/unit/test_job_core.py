@@ -247,12 +247,57 @@ def test_a_member_takes_go_once_per_epoch_and_refuses_another_epoch() -> None:
     assert isinstance(member.handle(e.GoReceived(Stamp(1, 0)), 0.0)[0], a.Refuse)
 
 
-def test_a_first_start_that_fails_fails_the_job() -> None:
+def test_a_first_start_this_device_cannot_make_fails_the_job() -> None:
     core = JobCore.owned(ME, 100, min_members=2)
     core.handle(e.MemberJoined(B), 0.0)
     core.handle(e.PlanFound((ME, B), B), 0.0)
-    core.handle(e.StartAnswered(core.stamp, ((B, "out of memory", ""),)), 0.0)
+    core.handle(e.StartAnswered(core.stamp, ((ME, "out of memory", ""), (B, "out of memory", ""))), 0.0)
     assert state(core) == JobState.FAILED and "out of memory" in core.error
+
+
+def test_a_member_that_keeps_refusing_starts_is_excluded_and_the_job_goes_on_without_it() -> None:
+    """Issue #19: one member refusing every start used to spend the job's restarts and fail it."""
+    core = JobCore.owned(ME, 100, min_members=3)
+    core.handle(e.MemberJoined(B), 0.0)
+    core.handle(e.MemberJoined(C), 0.0)
+    core.handle(e.PlanFound((ME, B, C), B), 0.0)
+    out = core.handle(e.StartAnswered(core.stamp, ((C, "no", ""),)), 0.0)  # once: maybe a hiccup
+    assert state(core) == JobState.RECOVERING and not find(out, a.Exclude)
+    core.handle(e.MembersReachable(core.stamp, frozenset({ME, B, C})), 0.0)
+    core.handle(e.PlanFound((ME, B, C), B), 0.0)
+    out = core.handle(e.StartAnswered(core.stamp, ((C, "no", ""),)), 0.0)  # twice in a row: out
+    assert find(out, a.Exclude) == [a.Exclude(C, "it refused or failed 2 starts in a row")]
+    assert find(out, a.CheckReachable) == [a.CheckReachable(core.stamp, (B,))]
+    out = core.handle(e.MembersReachable(core.stamp, frozenset({ME, B, C})), 0.0)
+    assert find(out, a.Plan) == [a.Plan(frozenset({ME, B}), True)]  # even though it still answers
+    core.handle(e.PlanFound((ME, B), B), 0.0)
+    assert find(core.handle(e.StartAnswered(core.stamp), 0.0), a.SendGo)
+    core.handle(e.GoAnswered(core.stamp), 0.0)
+    assert state(core) == JobState.RUNNING
+
+
+def test_a_refusal_then_a_start_resets_the_count_and_a_failed_own_start_blames_nobody() -> None:
+    core = JobCore.owned(ME, 100, min_members=3)
+    core.handle(e.MemberJoined(B), 0.0)
+    core.handle(e.MemberJoined(C), 0.0)
+
+    def start(refusals: tuple[tuple[str, str, str], ...]) -> list[a.Action]:
+        core.handle(e.PlanFound((ME, B, C), B), 0.0)
+        out = core.handle(e.StartAnswered(core.stamp, refusals), 0.0)
+        if refusals:
+            core.handle(e.MembersReachable(core.stamp, frozenset({ME, B, C})), 0.0)
+        return out
+
+    assert not find(start(((C, "no", ""),)), a.Exclude)  # 1
+    start(())  # it started: the count starts again
+    core.handle(e.GoAnswered(core.stamp), 0.0)
+    checkpoint(core, 10)
+    core.handle(e.CommitDone(core.stamp, 10), 0.0)
+    core.handle(e.WorkerFailed(core.stamp, B, "x"), 0.0)
+    core.handle(e.MembersReachable(core.stamp, frozenset({ME, B, C})), 0.0)
+    assert not find(start(((C, "no", ""),)), a.Exclude)  # 1 again
+    assert not find(start(((ME, "x", ""), (C, "no", ""))), a.Exclude)  # our own start failed too: not counted
+    assert find(start(((C, "no", ""),)), a.Exclude) == [a.Exclude(C, "it refused or failed 2 starts in a row")]
 
 
 def test_a_restart_asked_for_repartitions_once_and_a_stale_commit_is_dropped() -> None:

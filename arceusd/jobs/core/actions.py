@@ -173,6 +173,14 @@ class DropReplica:
 
 
 @dataclass(frozen=True, slots=True)
+class Exclude:
+    """Leader: ``peer`` is out of the job (``reason``): named under ``excluded`` in ``status``, not let back in."""
+
+    peer: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class Finish:
     """The job ended in ``state`` (done, failed, cancelled) with ``error`` ('' when done)."""
 
@@ -183,11 +191,11 @@ class Finish:
 Action = (
     Announce | Plan | TrackElection | UntrackElection | SendStart | CancelStart | SendGo | CheckReachable | Commit
     | SyncStandby | Export | StopWorkers | Pause | Resume | StartRecovery | LetWorkerGo | Refuse | PrepareTakeover
-    | HandOver | Persist | Finish | DropReplica
+    | HandOver | Persist | Finish | DropReplica | Exclude
 )  # fmt: skip
 
 __all__ = [
-    "Action", "Announce", "CancelStart", "CheckReachable", "Commit", "DropReplica", "Export", "Finish", "HandOver",
-    "LetWorkerGo", "Pause", "Persist", "Plan", "PrepareTakeover", "Refuse", "Resume", "SendGo", "SendStart",
-    "StartRecovery", "StopWorkers", "SyncStandby", "TrackElection", "UntrackElection",
+    "Action", "Announce", "CancelStart", "CheckReachable", "Commit", "DropReplica", "Exclude", "Export", "Finish",
+    "HandOver", "LetWorkerGo", "Pause", "Persist", "Plan", "PrepareTakeover", "Refuse", "Resume", "SendGo",
+    "SendStart", "StartRecovery", "StopWorkers", "SyncStandby", "TrackElection", "UntrackElection",
 ]  # fmt: skip

@@ -26,6 +26,10 @@ from arceusd.jobs.core.states import LEADING_STATES, TERMINAL, JobState, Role, S
 MAX_RESTARTS_PER_CHECKPOINT = 4
 """Repartitions that resume from the same checkpoint before the job is declared failed."""
 
+MAX_START_REFUSALS = 2
+"""Starts in a row a member may refuse or fail (while the leader's own worker starts) before it is excluded: one
+member that keeps refusing must not use up the job's restarts and fail it (issue #19)."""
+
 FIRST_STAMP = Stamp(1, 0)
 """A new job's stamp: term 1, no plan yet."""
 
@@ -51,6 +55,7 @@ class LeaderState:
     expected: frozenset[str] = frozenset()
     hand_over_from_start: str = ""  # the leader the plan's members named when they refused its start
     replicas: tuple[tuple[str, ...], ...] = ()  # each data-parallel replica's devices (the plan's, after drops)
+    start_refusals: dict[str, int] = field(default_factory=dict)  # peer -> starts it refused or failed in a row
     dropped_at: int = -1  # the committed step when a replica was last dropped (one drop per checkpoint)
     named: dict[str, set[str]] = field(default_factory=dict)  # leader -> the job's peers that said they follow it
 
@@ -333,21 +338,42 @@ class JobCore:
         if event.stamp != self.stamp or self.state != JobState.STARTING:
             return []
         outcome = leadership.start_outcome(self.me, event.refusals)
+        failed = {peer for peer, _, _ in event.refusals if peer}
         if isinstance(outcome, leadership.HandOver):
             self.state = JobState.RUNNING  # the restart path if the hand-over does not happen
             naming = {peer for peer, _, follows in event.refusals if follows == outcome.leader}
             if self.role != Role.OWNER or not self._corroborated(outcome.leader, naming):
-                return self._request_restart(f"members refused the start, some saying they follow "
-                                             f"{outcome.leader[:12]}")  # fmt: skip
+                return self._blame(failed) + self._request_restart(
+                    f"members refused the start, some saying they follow {outcome.leader[:12]}")
             lead.hand_over_from_start = outcome.leader  # the plan cannot start: restart if that leader refuses us
             return [a.HandOver(outcome.leader)]
         if isinstance(outcome, leadership.Restart):
-            if lead.resuming or lead.restart_reason:
-                self.state = JobState.RUNNING
-                return self._request_restart(outcome.reason)
-            return self._finish(JobState.FAILED, outcome.reason)
+            if self.me in failed and not (lead.resuming or lead.restart_reason):
+                return self._finish(JobState.FAILED, outcome.reason)  # this device cannot start its own plan
+            self.state = JobState.RUNNING
+            return self._blame(failed) + self._request_restart(outcome.reason)
+        self._blame(failed)
         lead.go_attempts = 1
         return [a.SendGo(self.stamp, lead.plan)]
+
+    def _blame(self, failed: set[str]) -> list[a.Action]:
+        """Count the starts each plan member refused or failed in a row (none when this device's own start failed
+        too: the plan may be at fault); one that reached :data:`MAX_START_REFUSALS` leaves the members and is
+        excluded, so the next plan goes on without it."""
+        lead = self.lead
+        assert lead is not None
+        if self.me in failed:
+            return []
+        out: list[a.Action] = []
+        for peer in lead.plan:
+            if peer == self.me or peer not in failed:
+                lead.start_refusals.pop(peer, None)
+                continue
+            count = lead.start_refusals[peer] = lead.start_refusals.get(peer, 0) + 1
+            if count >= MAX_START_REFUSALS:
+                lead.members.discard(peer)
+                out.append(a.Exclude(peer, f"it refused or failed {count} starts in a row"))
+        return out
 
     def _go_answered(self, event: e.GoAnswered) -> list[a.Action]:
         lead = self.lead
@@ -477,4 +503,4 @@ class JobCore:
         return [*out, a.Persist()]
 
 
-__all__ = ["MAX_RESTARTS_PER_CHECKPOINT", "REBALANCE_REASON", "JobCore", "LeaderState"]
+__all__ = ["MAX_RESTARTS_PER_CHECKPOINT", "MAX_START_REFUSALS", "REBALANCE_REASON", "JobCore", "LeaderState"]
