@@ -29,8 +29,9 @@ Failures and leaders: a member dead, a worker failed, a report refused -> core: 
 WorkerFailed -> recovering (a new term, CheckReachable, plan again from the last commit; paused when no plan
 fits); with data-parallel replicas a lost device of a replica other than the leader's drops only that replica
 (core: DropReplica -> replica_drop, once per checkpoint interval) and the others train on; a member that refuses
-two starts in a row is excluded (core: Exclude); the leader dead -> the elected standby takes over (manager.take_over -> core: TakeoverReady); an owner
-whose members follow another leader hands the job over (joining.hand_over -> core: HandOverAnswered).
+two starts in a row is excluded (core: Exclude); the leader dead -> the elected standby takes over
+(manager.take_over -> core: TakeoverReady); an owner whose members follow another leader hands the job over
+(joining.hand_over -> core: HandOverAnswered).
 
 What each module owns:
 

@@ -87,6 +87,19 @@ class DataServer:
         self.finished: set[str] = set()
         """Peers whose data stream ended (they fetched all they needed)."""
         self._changed = trio.Event()
+        self._slots: dict[str, int] = {}  # peers of a rebuilt replica -> its slot (the rest: the config's)
+
+    def admit(self, slot: int, inputs: list[str], targets: list[str]) -> None:
+        """A rebuilt replica of ``slot``: its first stage's ``inputs`` and last stage's ``targets`` peers fetch
+        that slot's share from now on."""
+        if not 0 <= slot < self.config.share_count():
+            raise ValueError(f"no slot {slot} among the {self.config.share_count()} shares of each batch")
+        for peer in (*inputs, *targets):
+            self._slots[peer] = slot
+        self.input_peers.update(inputs)
+        self.target_peers.update(targets)
+        self._changed.set()
+        self._changed = trio.Event()
 
     def remote_clients(self) -> set[str]:
         """Every peer that fetches from this server over a stream (all but the owner itself)."""
@@ -109,14 +122,15 @@ class DataServer:
                 raise RemoteProtocolError("bad_data_request", f"step {request.index} >= {self.total_steps}")
             x, y = self.source.batch(request.index)
             whole = x if request.part == "inputs" else y
-            count = self.config.replica_count()
+            count = self.config.share_count()
             if count == 1:
                 return whole
             if whole.shape[0] % count:
                 raise RemoteProtocolError(
                     "bad_data_request", f"a batch of {whole.shape[0]} does not split into {count} equal shares"
                 )
-            return whole.chunk(count)[self.config.replica_of(peer_id)]
+            slot = self._slots.get(peer_id) if peer_id is not None else None
+            return whole.chunk(count)[self.config.slot_of(peer_id) if slot is None else slot]
         if self._eval is None:
             self._eval = list(self.source.eval_batches())
         if request.index >= len(self._eval):

@@ -75,6 +75,8 @@ from arceusd.worker.protocol import (
     ErrorEvent,
     EvalEvent,
     Event,
+    GoOnCommand,
+    GrowReplicaCommand,
     Listening,
     ReplicaSyncConfig,
     ShardInfo,
@@ -199,12 +201,15 @@ class Worker:
         group = TimedCollective(self.fabric.collective()) if split is not None else None  # its waits are reported
         module = build_stage(self.spec.model, self.spec.seed, StageSpec(st.start, st.end, split, self.rank), group)
         t = self.spec.training
-        self.replica = config.replica_of()
+        self.replica = config.slot_of()  # this worker's replica slot: its share of each batch
+        self.hold = False  # hold after the next checkpoint for a dropped replica's rebuild
+        self._release: GrowReplicaCommand | GoOnCommand | None = None
+        self._released = trio.Event()
         replicas = None
         if config.replica_count() > 1 and config.replica_sync is not None:
-            if t.batch_size % (config.replica_count() * config.micro_batches):
+            if t.batch_size % (config.share_count() * config.micro_batches):
                 raise WorkerProtocolError(
-                    f"batch_size {t.batch_size} does not split into {config.replica_count()} replicas x "
+                    f"batch_size {t.batch_size} does not split into {config.share_count()} replicas x "
                     f"{config.micro_batches} micro-batches"
                 )
             one_core = config.device == "cpu" and len(config.cpus) == 1
@@ -282,7 +287,7 @@ class Worker:
             async with trio.open_nursery() as nursery:
                 start: list[StartCommand] = []
                 started = trio.Event()
-                nursery.start_soon(_read_commands, commands, start, started, self._drop_replica)
+                nursery.start_soon(_read_commands, commands, start, started, self._command)
                 await started.wait()
                 await self.fabric.connect(transport, start[0].addresses, nursery)
                 client = None
@@ -306,20 +311,56 @@ class Worker:
                 await self.fabric.aclose()
                 nursery.cancel_scope.cancel()
 
-    async def _drop_replica(self, command: DropReplicaCommand) -> None:
-        """The leader dropped a replica: the ring goes on without it (the sync that broke is redone)."""
+    async def _command(self, command: DropReplicaCommand | GrowReplicaCommand | GoOnCommand) -> None:
+        """A command about the replicas (the event loop's side; ``_hold`` acts on a rebuild between two steps)."""
+        if isinstance(command, DropReplicaCommand):
+            try:
+                await self.fabric.ring.drop(command.replicas, command.index)
+            except ValueError as exc:
+                raise WorkerProtocolError(f"drop_replica command: {exc}") from exc
+            self.hold = self.hold or command.hold
+            print(f"stage worker: replica {command.index} of {command.replicas} dropped; the ring goes on with "
+                  f"replicas {list(self.fabric.ring.replicas)} of the plan", file=sys.stderr)  # fmt: skip
+            return
+        if not self.hold or self._released.is_set():
+            raise WorkerProtocolError(f"a {type(command).__name__} for a worker that does not hold for a rebuild")
+        self._release = command
+        self._released.set()
+
+    async def _hold(self, step: int) -> None:
+        """After checkpoint ``step``: wait for the dropped replica's rebuild (or the word to go on alone), at most
+        ``link_timeout_s``; with a rebuild, the ring grows back before the next step."""
+        with trio.move_on_after(self.config.link_timeout_s):
+            await self._released.wait()
+        command, self._release, self.hold = self._release, None, False
+        self._released = trio.Event()
+        if not isinstance(command, GrowReplicaCommand):
+            print(f"stage worker: going on without the dropped replica after step {step}", file=sys.stderr)
+            return
+        stages = command.stages
+        if command.step != step or len(stages) != self.num_stages or \
+                len(stages[self.stage]) != len(self.config.stages[self.stage].members):  # fmt: skip
+            raise WorkerProtocolError(f"grow_replica command: a replica rebuilt at step {command.step} with "
+                                      f"{len(stages)} stage(s) for a worker holding at step {step}")  # fmt: skip
+        peer = stages[self.stage][self.rank]
+        if peer not in command.addresses:
+            raise WorkerProtocolError(f"grow_replica command: no address for peer {peer}")
         try:
-            await self.fabric.ring.drop(command.replicas, command.index)
+            link = await self.fabric.ring.grow(command.slot, peer, command.addresses[peer], command.generation)
+            if self.server is not None:
+                self.server.admit(command.slot, list(stages[0]), list(stages[-1]))
         except ValueError as exc:
-            raise WorkerProtocolError(f"drop_replica command: {exc}") from exc
-        print(f"stage worker: replica {command.index} of {command.replicas} dropped; the ring goes on with "
-              f"replicas {list(self.fabric.ring.replicas)} of the plan", file=sys.stderr)  # fmt: skip
+            raise WorkerProtocolError(f"grow_replica command: {exc}") from exc
+        if self.engine.replicas is not None:
+            self.engine.replicas.link = link  # between two steps: nothing is in flight on the ring
+        print(f"stage worker: the replica of slot {command.slot} was rebuilt at step {step}; the ring goes on "
+              f"with replicas {list(self.fabric.ring.replicas)}", file=sys.stderr)  # fmt: skip
 
     async def _train(self, nursery: trio.Nursery, client: DataClient | None) -> None:
         cfg, t = self.config, self.spec.training
         prefetch = Prefetcher(client, self.is_first, self.is_last, self.start_step, cfg.total_steps)
         nursery.start_soon(prefetch.run)
-        samples = t.batch_size // cfg.replica_count()  # this replica's share of the global batch
+        samples = t.batch_size // cfg.share_count()  # this replica's share of the global batch
         tokens = samples * (self.spec.model.block_size if isinstance(self.spec.model, GPTConfig) else 1)
         n_eval = eval_batch_count(self.spec)
         for step in range(self.start_step, cfg.total_steps):
@@ -352,6 +393,8 @@ class Worker:
                     self._evaluate, done, batches, abandon_on_cancel=True
                 )
                 self.events.emit(EvalEvent(done, loss, acc))
+            if checkpoint and self.hold and done < cfg.total_steps:
+                await self._hold(done)
         self.events.emit(DoneEvent(cfg.total_steps))
 
     def _shard(self, step: int) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -459,14 +502,14 @@ async def _commands(stream: trio.abc.ReceiveStream) -> AsyncGenerator[Command, N
 
 async def _read_commands(
     commands: trio.abc.ReceiveStream, start: list[StartCommand], started: trio.Event,
-    drop: Callable[[DropReplicaCommand], Awaitable[None]],
+    replicas: Callable[[DropReplicaCommand | GrowReplicaCommand | GoOnCommand], Awaitable[None]],
 ) -> None:  # fmt: skip
     async with contextlib.aclosing(_commands(commands)) as received:
         async for command in received:
             if isinstance(command, StopCommand):
                 raise WorkerStopped("stop command")
-            if isinstance(command, DropReplicaCommand):
-                await drop(command)
+            if isinstance(command, DropReplicaCommand | GrowReplicaCommand | GoOnCommand):
+                await replicas(command)
                 continue
             if started.is_set():
                 raise WorkerProtocolError("a second start command")

@@ -199,6 +199,14 @@ class WorkerConfig:
     the r-th equal share of each global batch."""
     replica_sync: ReplicaSyncConfig | None = None
     """How the replicas keep in sync; required with ``replicas``."""
+    replica_slots: tuple[int, ...] = ()
+    """The slot of each of ``replicas`` (its share of the batch, its place in the ring); empty: 0..R-1. A worker
+    that rebuilds a dropped replica gets the plan's live slots and its own."""
+    data_shares: int = 0
+    """How many shares each global batch is split into (0: one per replica)."""
+    ring_generation: int = 0
+    """The generation of the replica ring this worker starts in (``ring_links.py``; more than 0 when it rebuilds a
+    dropped replica)."""
 
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULES:
@@ -258,12 +266,34 @@ class WorkerConfig:
                     if m.peer_id in every:
                         raise WorkerProtocolError(f"replicas[{i}]: peer {m.peer_id} holds two places")
                     every.add(m.peer_id)
+        slots = self.slots()
+        if len(slots) != len(self.replicas) or list(slots) != sorted(set(slots)) or slots[-1] >= self.share_count():
+            raise WorkerProtocolError(f"replica_slots: {len(self.replicas)} distinct increasing slots below "
+                                      f"{self.share_count()} (data_shares), got {list(slots)}")  # fmt: skip
+        if not self.replica_count() <= self.share_count() <= MAX_REPLICAS or not 0 <= self.ring_generation <= 1024:
+            raise WorkerProtocolError("data_shares must be in replicas..1024 and ring_generation in 0..1024")
         return every
 
     # -- plan queries ---------------------------------------------------------------------------------------
 
     def replica_count(self) -> int:
         return max(1, len(self.replicas))
+
+    def share_count(self) -> int:
+        """How many shares each global batch is split into (the plan's replicas, dropped ones included)."""
+        return self.data_shares or self.replica_count()
+
+    def slots(self) -> tuple[int, ...]:
+        """The slot of each replica (``replica_slots``, or 0..R-1)."""
+        return self.replica_slots or tuple(range(self.replica_count()))
+
+    def slot_of(self, peer_id: str | None = None) -> int:
+        """The slot (share of the batch) of the replica ``peer_id`` (default: this worker) works in."""
+        return self.slots()[self.replica_of(peer_id)]
+
+    def ring_slots(self) -> dict[int, str]:
+        """This worker's ring by slot: the peer at its (stage, rank) in every replica."""
+        return dict(zip(self.slots(), self.ring(), strict=True))
 
     def replica_of(self, peer_id: str | None = None) -> int:
         """Index of the replica ``peer_id`` (default: this worker) works in (0 without replicas)."""
@@ -377,7 +407,17 @@ class WorkerConfig:
             cpus=tuple(_get(d, "cpus", list, w)) if "cpus" in d else (),  # checked by __post_init__
             replicas=tuple(replicas),
             replica_sync=sync,
+            replica_slots=tuple(_int_list(d, "replica_slots", w)),
+            data_shares=_int(d, "data_shares", w) if "data_shares" in d else 0,
+            ring_generation=_int(d, "ring_generation", w) if "ring_generation" in d else 0,
         )
+
+
+def _int_list(d: Mapping[str, Any], key: str, where: str) -> list[int]:
+    raw = d.get(key) or []
+    if not isinstance(raw, list) or len(raw) > MAX_REPLICAS or not all(type(v) is int and v >= 0 for v in raw):
+        raise WorkerProtocolError(f"{where}.{key}: expected a list of at most {MAX_REPLICAS} integers >= 0")
+    return raw
 
 
 def _stage_dict(st: StageConfig) -> dict[str, Any]:
@@ -579,16 +619,43 @@ class StopCommand:
 @dataclass(frozen=True)
 class DropReplicaCommand:
     """The leader dropped a replica (one of its devices died): leave the ``index``-th of the ``replicas`` now in
-    this worker's ring out of it from the next sync on (``ring_links.WireRing.drop``)."""
+    this worker's ring out of it from the next sync on (``ring_links.WireRing.drop``); ``hold``: after the next
+    checkpoint, wait for the replica's rebuild (:class:`GrowReplicaCommand`) or :class:`GoOnCommand`."""
 
     replicas: int
     index: int
+    hold: bool = False
 
     def to_line(self) -> str:
-        return _line({"cmd": "drop_replica", "replicas": self.replicas, "index": self.index})
+        return _line({"cmd": "drop_replica", "replicas": self.replicas, "index": self.index, "hold": self.hold})
 
 
-Command = StartCommand | StopCommand | DropReplicaCommand
+@dataclass(frozen=True)
+class GrowReplicaCommand:
+    """A worker holding after checkpoint ``step``: new workers rebuilt the dropped replica of ``slot`` from that
+    checkpoint; its devices are ``stages`` (peer ids per stage and rank, cut as this worker's replica) at
+    ``addresses``. The ring goes on in ``generation`` with it."""
+
+    step: int
+    slot: int
+    generation: int
+    stages: tuple[tuple[str, ...], ...]
+    addresses: Mapping[str, str]
+
+    def to_line(self) -> str:
+        return _line({"cmd": "grow_replica", "step": self.step, "slot": self.slot, "generation": self.generation,
+                      "stages": [list(st) for st in self.stages], "addresses": dict(self.addresses)})  # fmt: skip
+
+
+@dataclass(frozen=True)
+class GoOnCommand:
+    """A worker holding after a checkpoint goes on without the rebuilt replica."""
+
+    def to_line(self) -> str:
+        return _line({"cmd": "go_on"})
+
+
+Command = StartCommand | StopCommand | DropReplicaCommand | GrowReplicaCommand | GoOnCommand
 
 
 def parse_command(line: str) -> Command:
@@ -597,18 +664,33 @@ def parse_command(line: str) -> Command:
     kind = _get(d, "cmd", str, "daemon command")
     if kind == "stop":
         return StopCommand()
+    if kind == "go_on":
+        return GoOnCommand()
     if kind == "drop_replica":
         replicas, index = _int(d, "replicas", "drop_replica command", 2), _int(d, "index", "drop_replica command")
         if index >= replicas or replicas > 1024:
             raise WorkerProtocolError(f"drop_replica command: no replica {index} of {replicas}")
-        return DropReplicaCommand(replicas, index)
+        return DropReplicaCommand(replicas, index, bool(_get(d, "hold", bool, "drop_replica command"))
+                                  if "hold" in d else False)  # fmt: skip
+    if kind == "grow_replica":
+        w = "grow_replica command"
+        raw = _get(d, "stages", list, w)
+        if not 1 <= len(raw) <= 1024 or not all(isinstance(st, list) and 1 <= len(st) <= 1024
+                                                 and all(isinstance(p, str) for p in st) for st in raw):
+            raise WorkerProtocolError(f"{w}.stages: expected lists of peer ids, one per stage")  # fmt: skip
+        return GrowReplicaCommand(_int(d, "step", w), _int(d, "slot", w), _int(d, "generation", w, 1),
+                                  tuple(tuple(st) for st in raw), _addresses(d, w))  # fmt: skip
     if kind == "start":
-        addresses = _get(d, "addresses", dict, "start command")
-        for k, v in addresses.items():
-            if not isinstance(v, str) or ":" not in v:
-                raise WorkerProtocolError(f"start command.addresses[{k!r}]: expected 'host:port', got {v!r}")
-        return StartCommand(dict(addresses))
+        return StartCommand(_addresses(d, "start command"))
     raise WorkerProtocolError(f"daemon command: unknown command {kind!r}")
+
+
+def _addresses(d: Mapping[str, Any], where: str) -> dict[str, str]:
+    addresses = _get(d, "addresses", dict, where)
+    for k, v in addresses.items():
+        if not isinstance(v, str) or ":" not in v:
+            raise WorkerProtocolError(f"{where}.addresses[{k!r}]: expected 'host:port', got {v!r}")
+    return dict(addresses)
 
 
 def finite(x: float) -> float:

@@ -2,12 +2,15 @@
 
 Owns: this worker's ``ring`` streams (to the same place of the next replica, from the previous one) on queues of
 their own, so a ring that breaks does not break the pipeline's links, and their replacement when the leader drops
-a replica. Generation 0 is the plan's ring (stream purpose ``<job>/<term>/ring``); :meth:`WireRing.drop` makes
-generation g + 1 without the dropped replica (purpose ``ring.<g + 1>``): it closes the old generation's queues
-and streams (a receive waiting on them ends at once), opens the stream to the new next peer and hands the new
-``RingLink`` to the compute thread through ``change`` (``ring.RingChange``), which redoes the broken sync over it
-(``replicas.py``). A stream for a generation this worker has not made yet waits for it (at most ``timeout_s``);
-one from a peer the generation does not name, or a second one, is refused and counted.
+a replica, and again when the replica is rebuilt. Generation 0 is the plan's ring (stream purpose
+``<job>/<term>/ring``); :meth:`WireRing.drop` makes generation g + 1 without the dropped replica (purpose
+``ring.<g + 1>``): it closes the old generation's queues and streams (a receive waiting on them ends at once),
+opens the stream to the new next peer and hands the new ``RingLink`` to the compute thread through ``change``
+(``ring.RingChange``), which redoes the broken sync over it (``replicas.py``). :meth:`WireRing.grow` makes the
+next generation with a rebuilt replica's worker in its slot, between two steps; that worker starts its ring at
+that generation. Replicas are named by slot (their share of each batch), which a rebuilt one takes over. A stream
+for a generation this worker has not made yet waits for it (at most ``timeout_s``); one from a peer the
+generation does not name, or a second one, is refused and counted.
 
 Frames: header ``round u64`` (per generation, from 0), payload one ``protocol.tensors`` frame (checked by
 ``ring.py`` against the chunk expected). ``bytes_sent`` counts what this worker handed to its ring streams.
@@ -59,8 +62,8 @@ def generation_of(kind: str) -> int | None:
 
 
 def drop_from(replicas: tuple[int, ...], count: int, index: int, mine: int) -> tuple[int, ...]:
-    """The replicas left (their indices in the plan) after dropping the ``index``-th of the ``count`` in the
-    ring now. ``ValueError`` when the command does not fit this ring or would drop this worker's own replica."""
+    """The replicas left (their slots) after dropping the ``index``-th of the ``count`` in the ring now;
+    ``ValueError`` when the command does not fit this ring or would drop this worker's own replica."""
     if count != len(replicas):
         raise ValueError(f"drop of replica {index} of {count}, but this ring has {len(replicas)} replicas")
     if not 0 <= index < count or count < 2:
@@ -96,41 +99,45 @@ class Generation:
 
 
 class WireRing:
-    """This worker's ring (see the module docstring). ``plan_ring``: the peer at this worker's place in every
-    replica of the plan, in replica order; ``me``: this worker's peer id."""
+    """This worker's ring (see the module docstring). ``slots``: the peer at this worker's place in every replica
+    of the plan, by replica slot; ``me``: this worker's peer id; ``generation``: the ring's first generation
+    (more than 0 for a worker that rebuilds a dropped replica)."""
 
-    def __init__(self, plan_ring: tuple[str, ...], me: str, timeout_s: float, purpose: Callable[[str], bytes]) -> None:
-        self.plan_ring = plan_ring
+    def __init__(
+        self, slots: Mapping[int, str], me: str, timeout_s: float, purpose: Callable[[str], bytes], generation: int = 0
+    ) -> None:
+        self.by_slot = dict(slots)
         self.me = me
-        self.mine = plan_ring.index(me)
+        self.mine = next(slot for slot, peer in self.by_slot.items() if peer == me)
         self.timeout_s = timeout_s
         self.purpose = purpose
-        self.replicas: tuple[int, ...] = tuple(range(len(plan_ring)))
-        """The plan's replicas still in the ring (their indices in the plan)."""
+        self.replicas: tuple[int, ...] = tuple(sorted(self.by_slot))
+        """The slots of the replicas in the ring now."""
         self.change = RingChange()
         self.refused: Counter[str] = Counter()
         self.bytes_sent = 0
         self.frames_sent = 0
-        self._generations = [self._generation(0, self.replicas)]
+        self._generations = {generation: self._generation(generation, self.replicas)}
+        self._number = generation
         self._claimed: set[tuple[int, str]] = set()
         self._outgoing: dict[int, Stream] = {}
         self._opener: StreamOpener | None = None
-        self._addresses: Mapping[str, str] = {}
+        self._addresses: dict[str, str] = {}
         self._nursery: trio.Nursery | None = None
 
     def _generation(self, number: int, replicas: tuple[int, ...]) -> Generation:
-        peers = tuple(self.plan_ring[i] for i in replicas)
+        peers = tuple(self.by_slot[i] for i in replicas)
         rank, kind, n = peers.index(self.me), ring_kind(number), len(peers)
         ins, outs = ([(kind, peers[(rank - 1) % n])], [(kind, peers[(rank + 1) % n])]) if n > 1 else ([], [])
         return Generation(number, peers, rank, RouteQueues(ins, outs, timeout_s=self.timeout_s))
 
     @property
     def current(self) -> Generation:
-        return self._generations[-1]
+        return self._generations[self._number]
 
     @property
     def first_replica(self) -> int:
-        """The plan index of the first replica left (its devices write the checkpoint shards)."""
+        """The slot of the first replica in the ring (its devices write the checkpoint shards)."""
         return self.replicas[0]
 
     def link(self) -> WireRingLink:
@@ -145,14 +152,14 @@ class WireRing:
         if number is None:
             self.refused["unknown_kind"] += 1
             return
-        if number >= len(self._generations):
+        if number > self._number:
             with trio.move_on_after(self.timeout_s):
-                while number >= len(self._generations):  # a faster peer took the drop first: wait for ours
+                while number > self._number:  # a faster peer took the drop (or grow) first: wait for ours
                     await trio.sleep(0.01)
-            if number >= len(self._generations):
-                self.refused["unknown_ring"] += 1
-                return
-        gen = self._generations[number]
+        gen = self._generations.get(number)
+        if gen is None:
+            self.refused["unknown_ring"] += 1
+            return
         route = (kind, stream.peer_id)
         if not gen.queues.has_inbox(route) or (number, stream.peer_id) in self._claimed:
             self.refused["unexpected_peer"] += 1
@@ -175,7 +182,7 @@ class WireRing:
     async def connect(self, opener: StreamOpener, addresses: Mapping[str, str], nursery: trio.Nursery) -> None:
         """Open the current generation's stream to the next peer and start its sender (in ``nursery``); kept
         for the generations a drop makes."""
-        self._opener, self._addresses, self._nursery = opener, addresses, nursery
+        self._opener, self._addresses, self._nursery = opener, dict(addresses), nursery
         await self._open(self.current)
 
     async def _open(self, gen: Generation) -> None:
@@ -197,25 +204,43 @@ class WireRing:
         """The leader dropped the ``index``-th of the ``count`` replicas in the ring now: end this generation,
         make the next one without it, offer its link to the compute thread. ``ValueError`` when the command
         does not fit this ring."""
-        if len(self._generations) > MAX_GENERATIONS:
-            raise ValueError(f"the ring changed more than {MAX_GENERATIONS} times")
         left = drop_from(self.replicas, count, index, self.mine)
+        gen = await self._replace(left, f"replica {index} of {count} was dropped from the ring")
+        self.change.offer(WireRingLink(self, gen))
+
+    async def grow(self, slot: int, peer: str, address: str, generation: int) -> WireRingLink:
+        """The dropped replica of ``slot`` was rebuilt; ``peer`` (at ``address``) holds this worker's place in it.
+        Make ``generation`` (the next one) with it and return its link; for a worker between two steps (nothing
+        in flight on the ring). ``ValueError`` when the command does not fit this ring."""
+        if generation != self._number + 1:
+            raise ValueError(f"the rebuilt replica's ring is generation {generation}, this one is at {self._number}")
+        if slot in self.replicas or peer in self.by_slot.values():
+            raise ValueError(f"slot {slot} or peer {peer} is in the ring already")
+        self.by_slot[slot] = peer
+        self._addresses[peer] = address
+        gen = await self._replace(tuple(sorted((*self.replicas, slot))), f"the replica of slot {slot} was rebuilt")
+        return WireRingLink(self, gen)
+
+    async def _replace(self, replicas: tuple[int, ...], why: str) -> Generation:
+        """End the current generation (``why``) and start the next one over ``replicas``."""
+        if self._number >= MAX_GENERATIONS:
+            raise ValueError(f"the ring changed more than {MAX_GENERATIONS} times")
         old = self.current
-        gen = self._generation(old.number + 1, left)
-        self._generations.append(gen)
-        self.replicas = left
-        old.queues.close(f"replica {index} of {count} was dropped from the ring")
+        gen = self._generation(old.number + 1, replicas)
+        self._generations[gen.number] = gen
+        self._number, self.replicas = gen.number, replicas
+        old.queues.close(why)
         stream = self._outgoing.pop(old.number, None)
         if stream is not None:
             with contextlib.suppress(Exception):  # the peer may be gone: that is why we drop it
                 await stream.aclose()
         await self._open(gen)
-        self.change.offer(WireRingLink(self, gen))
+        return gen
 
     async def aclose(self) -> None:
         """Send what the current generation still has queued (at most ``timeout_s``), then close everything."""
         await self.current.queues.drain_senders(self.timeout_s)
-        for gen in self._generations:
+        for gen in self._generations.values():
             gen.queues.close("the worker closed its links")
         for stream in list(self._outgoing.values()):
             with contextlib.suppress(Exception):  # closing at the end: the peer may be gone already

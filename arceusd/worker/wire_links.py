@@ -111,7 +111,7 @@ class WireFabric:
         self.refused: Counter[str] = Counter()
         self._prefix = f"{config.job_id}/{config.term}/".encode()
         self._outgoing: dict[tuple[str, str], Stream] = {}
-        self.ring = WireRing(config.ring(), config.peer_id, self.timeout_s, self.purpose)
+        self.ring = WireRing(config.ring_slots(), config.peer_id, self.timeout_s, self.purpose, config.ring_generation)
         self.queues = RouteQueues(self._incoming_routes(), self.outgoing_routes(), timeout_s=self.timeout_s)
         self._claimed: set[tuple[str, str]] = set()
         self.phase = PHASE_TRAIN

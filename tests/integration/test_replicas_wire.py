@@ -9,6 +9,7 @@ every ``h`` steps, and the bytes each worker handed to its ring stream are count
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,13 @@ from arceusd.worker.protocol import (
     DropReplicaCommand,
     ErrorEvent,
     EvalEvent,
+    GrowReplicaCommand,
+    Listening,
+    MemberConfig,
     ReplicaSyncConfig,
+    ResumeConfig,
+    StageConfig,
+    StartCommand,
     StepEvent,
     WitnessEvent,
 )
@@ -135,3 +142,57 @@ def test_a_dropped_replica_leaves_the_others_training_over_a_smaller_ring(tmp_pa
         assert witnesses[0] == witnesses[1] and set(witnesses[0]) == {4, steps}  # the replicas left hold alike
         assert [e.step for e in survivors[0].of(CheckpointEvent)] == [4, steps]  # replica 0 still writes them
         assert not survivors[1].of(CheckpointEvent)
+
+
+def test_a_dropped_replica_is_rebuilt_from_a_checkpoint_while_the_other_holds(tmp_path: Path) -> None:
+    """2 replicas x 1 stage; replica 1's worker is killed, and the drop asks the survivor to hold after its next
+    checkpoint. A new worker (a new device) starts in slot 1 from that checkpoint's shard, in the ring's next
+    generation; the survivor's ``grow_replica`` brings it into the ring, and both train to the end alike, each on
+    its own share of every batch, in the same processes."""
+    steps, interval = 14, 6
+    spec = mnist_spec([784, 32, 10], steps, batch=24, micro=2)
+    sync = ReplicaSyncConfig(mode="allreduce", bucket_bytes=8192)
+    with WorkerJob(tmp_path, spec, [(0, 2, None)], replicas=2, replica_sync=sync, checkpoint_interval=interval,
+                   link_timeout_s=30) as job:  # fmt: skip
+        real = job.start()
+        survivor, dead = job.workers
+        deadline = time.monotonic() + 60
+        for w in job.workers:
+            while not any(e.step >= 1 for e in w.of(StepEvent)):
+                assert w.next_event(deadline) is not None, w.log()
+        assert dead.proc is not None
+        dead.proc.kill()
+        survivor.send(DropReplicaCommand(replicas=2, index=1, hold=True).to_line())
+        while not survivor.of(EvalEvent):  # its checkpoint's eval: then it holds
+            ev = survivor.next_event(deadline)
+            assert ev is not None and not isinstance(ev, ErrorEvent), f"{ev}\n{survivor.log()}"
+        held = survivor.of(CheckpointEvent)[0].step
+        assert held == interval and [e.step for e in survivor.of(StepEvent)][-1] == held - 1
+        pid, state = job.new_identity("rebuilt")
+        base = job.configs[survivor.peer_id]
+        mine = (StageConfig(0, 2, (MemberConfig(pid, 0, 0),)),)
+        shard = step_dir(job.checkpoint_dir, held) / "stage0-rank0.safetensors"
+        config = replace(base, peer_id=pid, state_dir=str(state), stages=mine, replicas=(base.stages, mine),
+                         replica_slots=(0, 1), data_shares=2, ring_generation=2,
+                         checkpoint_dir=str(tmp_path / "rebuilt-checkpoints"),
+                         resume=ResumeConfig(held, str(shard)))  # fmt: skip
+        rebuilt = job.add_worker(config, "rebuilt", replica=1)
+        listening = rebuilt.next_event(deadline)
+        assert isinstance(listening, Listening), rebuilt.log()
+        address = f"127.0.0.1:{listening.port}"
+        time.sleep(0.5)
+        assert not survivor.of(StepEvent)[-1].step >= held, "the survivor went on instead of holding"
+        rebuilt.send(StartCommand({**real, pid: address}).to_line())
+        survivor.send(GrowReplicaCommand(held, 1, 2, ((pid,),), {pid: address}).to_line())
+        for w in (survivor, rebuilt):
+            while not w.of(DoneEvent):
+                ev = w.next_event(deadline)
+                assert ev is not None and not isinstance(ev, ErrorEvent), f"{ev}\n{w.log()}"
+            assert w.proc is not None and w.proc.wait(timeout=30) == 0, w.log()
+        assert "the replica of slot 1 was rebuilt at step 6" in survivor.log()
+        after = [(e.step, e.loss) for e in survivor.of(StepEvent) if e.step >= held]
+        assert after == [(e.step, e.loss) for e in rebuilt.of(StepEvent)]  # one ring again: the same averaged loss
+        assert [e.step for e in rebuilt.of(StepEvent)] == list(range(held, steps))
+        witnesses = [{e.step: e.digest for e in w.of(WitnessEvent)} for w in (survivor, rebuilt)]
+        assert witnesses[0] == witnesses[1] and set(witnesses[0]) == {12, steps}  # they hold alike again
+        assert next(e.samples for e in rebuilt.of(StepEvent)) == 12  # its own half of each batch

@@ -208,14 +208,32 @@ class WorkerJob:
         self.kill()
 
     def spawn(self) -> None:
-        env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
         for w in self.workers:
-            with w.log_path.open("wb") as log:
-                w.proc = subprocess.Popen(
-                    [sys.executable, "-m", "arceusd.worker", "--config", str(w.config_path)],
-                    cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=env,
-                )  # fmt: skip
-            threading.Thread(target=w._read, daemon=True).start()
+            self._spawn_one(w)
+
+    def _spawn_one(self, w: WorkerProc) -> None:
+        env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
+        with w.log_path.open("wb") as log:
+            w.proc = subprocess.Popen(
+                [sys.executable, "-m", "arceusd.worker", "--config", str(w.config_path)],
+                cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=env,
+            )  # fmt: skip
+        threading.Thread(target=w._read, daemon=True).start()
+
+    def new_identity(self, tag: str) -> tuple[str, Path]:
+        """A fresh device identity for a worker added later: its peer id and state folder."""
+        state = self.tmp / f"state-{tag}"
+        return load_or_create_identity(state).peer_id, state
+
+    def add_worker(self, config: WorkerConfig, tag: str, stage: int = 0, rank: int = 0, replica: int = 0) -> WorkerProc:
+        """Start one more worker with ``config`` (its identity from :meth:`new_identity`); killed with the rest."""
+        w = WorkerProc(config.peer_id, stage, rank, Path(config.state_dir), self.tmp / f"worker-{tag}.json",
+                       self.tmp / f"worker-{tag}.log", replica=replica)  # fmt: skip
+        w.config_path.write_text(config.to_json())
+        self.workers.append(w)
+        self.configs[w.peer_id] = config
+        self._spawn_one(w)
+        return w
 
     def wait_listening(self, timeout: float = 30.0) -> dict[str, str]:
         deadline = time.monotonic() + timeout
