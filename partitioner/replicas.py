@@ -340,3 +340,25 @@ def verify_replicas(
             f"the replica plan differs from the recomputed one ({got} replica(s) received, {want} recomputed; "
             f"inputs {inputs_hash(inputs)[:16]}...)"
         )
+
+
+def with_devices(plan: Plan, devices: tuple[str, ...]) -> Plan:
+    """``plan`` on other devices, cut alike: ``devices`` take the places of ``plan.peer_ids`` in order (a dropped
+    replica rebuilt on spare devices). ``ValueError`` for a different count or a device named twice."""
+    old = plan.peer_ids
+    if len(devices) != len(old) or len(set(devices)) != len(devices):
+        raise ValueError(f"{len(old)} distinct devices replace a pipeline of {len(old)}, got {len(devices)}")
+    to = dict(zip(old, devices, strict=True))
+    stages = tuple(replace(st, devices=tuple(to[d] for d in st.devices),
+                           shares=tuple(replace(sh, peer_id=to[sh.peer_id]) for sh in st.shares))
+                   for st in plan.stages)  # fmt: skip
+    return replace(plan, stages=stages, memory_bytes=tuple(sorted((to.get(p, p), b) for p, b in plan.memory_bytes)))
+
+
+def cut_alike(a: Plan, b: Plan) -> bool:
+    """Whether two pipelines hold the same blocks in each stage with the same shares (whatever their devices)."""
+
+    def cuts(p: Plan) -> list[tuple[int, int, int, list[tuple[tuple[int, ...], tuple[int, ...]]]]]:
+        return [(s.index, s.start, s.end, [(sh.heads, sh.mlp_columns) for sh in s.shares]) for s in p.stages]
+
+    return cuts(a) == cuts(b) and (a.micro_batches, a.schedule) == (b.micro_batches, b.schedule)

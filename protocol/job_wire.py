@@ -1,4 +1,4 @@
-"""Wire messages of the job lifecycle (ids 70-85, append-only). Announce/join use ids 30-32 of
+"""Wire messages of the job lifecycle (ids 70-86, append-only). Announce/join use ids 30-32 of
 :mod:`protocol.messages`.
 
 ==== ================ ========== =====================================================================
@@ -24,7 +24,12 @@ id   type             max_size   meaning
 84   ReportCursor     64         the sampler cursor of a checkpoint: (epoch, step) (nested only)
 85   JobDropReplica   512        leader -> the replicas left: replica ``index`` of ``replicas`` is dropped (one of
                                  its devices is gone); the others train on over a smaller ring
+86   JobGrowReplica   64 KiB     leader -> the replicas left, holding at a checkpoint: the dropped replica was
+                                 rebuilt (its slot, devices, worker addresses, ring generation), or ``release``
 ==== ================ ========== =====================================================================
+
+``JobStart.grow`` (JSON, empty for a plan's start) starts a spare device's worker in a dropped replica's slot, from
+a committed checkpoint, while the other replicas hold (``arceusd.jobs.regrow``).
 
 ``JobStart.standby`` names the plan member that stands by to lead if the leader dies (empty: none); the job's
 election ranks the leader first and the standby second (:mod:`arceusd.election`).
@@ -74,6 +79,7 @@ class JobStart:
     resume_step: int = 0
     resume: bytes = field(default=b"", metadata={"max_len": 64 * 1024})
     standby: str = field(default="", metadata=_ID)
+    grow: bytes = field(default=b"", metadata={"max_len": 4096})  # a dropped replica rebuilt: JSON (regrow.GrowStart)
 
 
 @message(72, max_size=4096)
@@ -233,3 +239,20 @@ class JobDropReplica:
     job_id: str = field(metadata=_ID)
     replicas: int
     index: int
+    hold_at: int = 0  # the checkpoint step after which the replicas left hold for its rebuild (0: no rebuild)
+
+
+@message(86, max_size=64 * 1024)
+@dataclass(frozen=True)
+class JobGrowReplica:
+    """Leader -> the devices of the replicas left, holding after checkpoint ``step``: the dropped replica of
+    ``slot`` was rebuilt on ``devices`` (taking the places of the first replica's devices, in order) whose
+    workers listen at ``addresses``; the ring goes on in ``generation`` with it. ``release``: no rebuild, go on."""
+
+    job_id: str = field(metadata=_ID)
+    step: int
+    slot: int = 0
+    generation: int = 0
+    devices: tuple[str, ...] = field(default=(), metadata={"max_len": 1024})
+    addresses: tuple[PeerAddress, ...] = field(default=(), metadata={"max_len": 1024})
+    release: bool = False

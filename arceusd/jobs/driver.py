@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-LONG_ACTIONS = (a.Plan, a.SendStart, a.SendGo, a.CheckReachable)
+LONG_ACTIONS = (a.Plan, a.SendStart, a.SendGo, a.CheckReachable, a.Regrow)
 """Actions the leader's loop runs one at a time, in order (each waits on the network or a child process)."""
 
 STOP_TIMEOUT_S = 10.0
@@ -119,6 +119,8 @@ class Driver:
             m.spawn(m.joining.hand_over, job, action.leader)
         elif isinstance(action, a.DropReplica):
             m.drops.drop(job, action)
+        elif isinstance(action, a.ReleaseHold):
+            m.spawn(m.regrow.release, job)
         elif isinstance(action, a.Exclude):
             log.warning("job %s: member %s excluded: %s", job.job_id, action.peer[:12], action.reason)
             job.leading.excluded.setdefault(action.peer, f"member {action.peer} excluded: {action.reason}"[:300])
@@ -147,6 +149,8 @@ class Driver:
                 await m.starting.go_round(job, action)
             elif isinstance(action, a.CheckReachable):
                 await self._check_reachable(job, action)
+            elif isinstance(action, a.Regrow):
+                await m.regrow.regrow(job, action)
 
     def _start_recovery(self, job: Job, action: a.StartRecovery) -> None:
         """A repartition begins: record it (the same incident keeps its start), forget the old plan."""

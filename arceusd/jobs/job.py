@@ -145,6 +145,10 @@ class Job:
     replica_plan: ReplicaPlan | None = None  # every replica of the plan (``plan`` is its first)
     ring_bytes: int = 0  # bytes this device's worker sent its replicas' ring in the current plan epoch
     replica_drops: list[ReplicaDrop] = field(default_factory=list)  # replicas dropped, the others going on
+    replica_slots: tuple[int, ...] = ()  # the slot (share of each batch) of each replica now; (): 0..R-1
+    data_shares: int = 0  # shares of each batch (the plan's replicas, dropped ones too); 0: one per replica
+    ring_generation: int = 0  # the replica rings' generation: one more per replica dropped or rebuilt
+    rebuilt_replicas: list[tuple[int, tuple[str, ...]]] = field(default_factory=list)  # (step, devices) of rebuilds
     inputs: PlanInputs | None = None
     shares: dict[str, float] = field(default_factory=dict)
     step: int = 0
@@ -257,6 +261,7 @@ class Job:
                 "standby_ready": self.standby_data is not None, "stage_timing": self.stage_timing(),
                 "stage_times": self.stage_times_by_device(me), "ring_bytes": self.ring_bytes,
                 "dropped_replicas": [d.summary() for d in self.replica_drops],
+                "rebuilt_replicas": [{"step": step, "devices": list(d)} for step, d in self.rebuilt_replicas],
                 "checkpoints": [{"step": s, "at": round(t, 3)} for s, t in self.leading.checkpoints],
             })  # fmt: skip
         return out
@@ -296,6 +301,11 @@ class Job:
         if self.replica_plan is not None:
             return tuple(self.replica_plan.peer_ids)
         return tuple(self.plan.peer_ids)
+
+    def slots(self) -> tuple[int, ...]:
+        """The slot of each replica of the plan now (its share of each batch)."""
+        count = len(self.replica_plan.replicas) if self.replica_plan is not None else 1
+        return self.replica_slots or tuple(range(count))
 
     def plan_summary(self) -> dict[str, Any] | None:
         """The plan for ``status``/the dashboard: the first pipeline's stages, and with data-parallel replicas

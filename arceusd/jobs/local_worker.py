@@ -38,8 +38,9 @@ class LocalWorker:
         self.life = life
 
     async def on_start(self, header: Header, msg: JobStart) -> JobStartReply:
-        from arceusd.jobs.planning import PlanRefused, replica_flops_shares, verify_job_start
+        from arceusd.jobs.planning import PlanRefused, replica_flops_shares, verify_grown_start, verify_job_start
         from arceusd.jobs.recovery import ResumeError, ResumePoint
+        from arceusd.jobs.regrow import GrowStart
 
         job = self.ctx.jobs.get(msg.job_id)
         if job is None:
@@ -53,9 +54,14 @@ class LocalWorker:
             return JobStartReply(msg.job_id, False, "the spec differs from the announced one")
         try:
             resume = ResumePoint.from_wire(msg.resume)
-            inputs, replica_plan = await trio.to_thread.run_sync(verify_job_start, job.spec, msg.inputs, msg.plan,
-                                                                 await self.ctx.offer(), header.sender)  # fmt: skip
-        except (PlanRefused, ResumeError) as exc:
+            grow = GrowStart.from_wire(msg.grow)  # a spare rebuilding a dropped replica (arceusd.jobs.regrow)
+            if grow is not None:
+                inputs, replica_plan = await trio.to_thread.run_sync(
+                    verify_grown_start, job.spec, msg.inputs, msg.plan, await self.ctx.offer(), grow.position)
+            else:
+                inputs, replica_plan = await trio.to_thread.run_sync(
+                    verify_job_start, job.spec, msg.inputs, msg.plan, await self.ctx.offer(), header.sender)
+        except (PlanRefused, ResumeError, ValueError) as exc:
             log.warning("job %s: refusing the start: %s", job.job_id, exc)
             return JobStartReply(msg.job_id, False, f"start refused: {exc}")
         if resume is not None and resume.step != msg.resume_step:
@@ -69,6 +75,8 @@ class LocalWorker:
         self.life.feed(job, events.StartReceived(stamp))
         job.inputs = inputs
         job.plan, job.replica_plan = replica_plan.replicas[0], replica_plan
+        job.replica_slots, job.data_shares, job.ring_generation = (
+            (grow.slots, grow.shares, grow.generation) if grow is not None else ((), 0, 0))
         job.shares = replica_flops_shares(replica_plan, inputs)
         job.standby = msg.standby
         self.ctx.track(job, list(job.plan_peers()), [header.sender, msg.standby])
@@ -113,7 +121,8 @@ class LocalWorker:
             checkpoint_interval=job.spec.checkpoint.interval_steps, total_steps=job.total_steps,
             threads=self.ctx.node.config.worker_threads, cpus=self.ctx.node.config.worker_cpus, resume=resume,
             device=worker_device(offer.kind), replicas=worker_replicas(rp),
-            replica_sync=replica_sync_config(job.spec, rp),
+            replica_sync=replica_sync_config(job.spec, rp), replica_slots=job.replica_slots,
+            data_shares=job.data_shares, ring_generation=job.ring_generation,
         )  # fmt: skip
         path = job.directory / f"worker-{job.epoch}.json"
         path.write_text(config.to_json())

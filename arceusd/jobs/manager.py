@@ -73,6 +73,7 @@ from arceusd.jobs.job import TERMINAL, Job
 from arceusd.jobs.joining import Joining
 from arceusd.jobs.local_worker import LocalWorker, worker_device
 from arceusd.jobs.manager_base import OWNER_FILE, JobContext
+from arceusd.jobs.regrow import Regrowing
 from arceusd.jobs.replica_drop import ReplicaDrops
 from arceusd.jobs.standby_sync import StandbySyncing
 from arceusd.jobs.starting import Starting
@@ -86,6 +87,7 @@ from protocol.job_wire import (
     JobAck,
     JobDropReplica,
     JobGo,
+    JobGrowReplica,
     JobReport,
     JobStart,
     JobStop,
@@ -122,6 +124,7 @@ class JobManager(JobContext):
         self.joining = Joining(self, self)
         self.starting = Starting(self, self, self.local, self.commits)
         self.drops = ReplicaDrops(self, self)
+        self.regrow = Regrowing(self, self, self.starting)
         self.driver = Driver(self)
         self._ready = trio.Event()  # set once the job modules are imported and owned jobs restored
 
@@ -190,6 +193,7 @@ class JobManager(JobContext):
         peers.register(JobGo, gate(self.local.on_go))
         peers.register(JobStop, gate(self._on_stop))
         peers.register(JobDropReplica, gate(self.drops.on_drop))
+        peers.register(JobGrowReplica, gate(self.regrow.on_grow))
         peers.register(JobReport, gate(self.local.on_report))
         peers.register(ShardRequest, gate(self.transfers.on_shard_request))
         peers.register(ResumeRequest, gate(self.transfers.on_resume_request))

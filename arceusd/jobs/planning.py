@@ -59,6 +59,7 @@ from partitioner import (
     verify,
     verify_replicas,
 )
+from partitioner.replicas import cut_alike
 
 DEFAULT_RTT_S = 1e-3
 DEFAULT_BANDWIDTH = 100e6  # bytes/s, until links are measured
@@ -246,6 +247,32 @@ def verify_job_start(
         verify_replicas(received, inputs, h, replicas=fixed, sync=sync, include=leader)
     except PlanMismatch as exc:
         raise PlanRefused(f"recomputing the replica plan gave a different result: {exc}") from None
+    return inputs, received
+
+
+def verify_grown_start(
+    spec: JobSpec, inputs_data: bytes, plan_data: bytes, own: Offer, position: int
+) -> tuple[PlanInputs, ReplicaPlan]:
+    """A spare device's start in a dropped replica's place (:mod:`arceusd.jobs.regrow`): the plan was the
+    partitioner's with one replica moved onto spare devices, so it is checked, not recomputed: the inputs against
+    the spec, every replica cut like the first, this device in replica ``position``, and the memory the plan
+    predicts for it within its own offer."""
+    if one_pipeline(spec):
+        raise PlanRefused("a replica rebuilt for a job without replicas")
+    try:
+        inputs = inputs_from_dict(json.loads(inputs_data))
+        received = replica_plan_from_bytes(plan_data)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise PlanRefused(f"malformed replica plan or inputs: {exc}") from None
+    _check_inputs(spec, inputs, own)
+    replicas = received.replicas
+    if not 0 <= position < len(replicas) or own.peer_id not in replicas[position].peer_ids:
+        raise PlanRefused(f"this device has no place in replica {position} of the rebuilt plan")
+    if not all(cut_alike(r, replicas[0]) for r in replicas):
+        raise PlanRefused("the rebuilt plan's replicas are not cut alike")
+    need = dict(replicas[position].memory_bytes).get(own.peer_id, 0)
+    if need > own.device_profile(spec.training.optimizer).memory_bytes:
+        raise PlanRefused(f"the plan needs {need} bytes on this device, more than it offered")
     return inputs, received
 
 

@@ -22,11 +22,11 @@ import logging
 
 import trio
 
-from arceusd.jobs.core import actions
+from arceusd.jobs.core import actions, events
 from arceusd.jobs.job import Job, ReplicaDrop
 from arceusd.jobs.manager_base import JobContext, Lifecycle
 from arceusd.jobs.supervisor import WorkerFailed
-from partitioner.replicas import ReplicaPlan
+from partitioner.replicas import ReplicaPlan, ReplicaSyncMode
 from protocol.envelope import Header
 from protocol.job_wire import JobAck, JobDropReplica
 
@@ -34,6 +34,20 @@ log = logging.getLogger(__name__)
 
 DROP_TIMEOUT_S = 10.0
 """How long the leader waits for a device left to acknowledge a drop (its ring waits much longer)."""
+
+
+def hold_step(job: Job) -> int:
+    """The checkpoint step after which the replicas left hold for the dropped replica's rebuild: the first one
+    every survivor is still before (this device's worker is at ``job.step``; with DiLoCo the replicas may be up to
+    ``h`` steps apart); 0 when none comes before the end."""
+    interval = job.spec.checkpoint.interval_steps
+    plan = job.replica_plan
+    if interval <= 0 or plan is None:
+        return 0
+    apart = plan.diloco_h if plan.sync_mode is ReplicaSyncMode.DILOCO else 0
+    floor = job.step + apart + 2
+    step = -(-floor // interval) * interval
+    return step if step < job.total_steps else 0
 
 
 def dropped_plan(plan: ReplicaPlan, count: int, index: int) -> ReplicaPlan:
@@ -60,7 +74,12 @@ class ReplicaDrops:
 
         devices = plan.replicas[index].peer_ids
         smaller = dropped_plan(plan, count, index)
+        slots = job.slots()
+        job.data_shares = job.data_shares or len(plan.replicas)
+        job.replica_slots, job.ring_generation = slots[:index] + slots[index + 1 :], job.ring_generation + 1
         job.replica_plan, job.plan = smaller, smaller.replicas[0]
+        if job.standby in devices:
+            job.standby = ""  # (the core chose no other: the next plan does)
         if job.inputs is not None:
             job.shares = replica_flops_shares(smaller, job.inputs)
         job.replica_drops.append(ReplicaDrop(reason, job.step, tuple(devices), len(smaller.replicas)))
@@ -68,12 +87,12 @@ class ReplicaDrops:
                     reason, len(smaller.replicas))  # fmt: skip
         return tuple(devices)
 
-    async def _tell_worker(self, job: Job, count: int, index: int) -> None:
+    async def _tell_worker(self, job: Job, count: int, index: int, hold_at: int) -> None:
         worker = job.worker
         if worker is None:
             return
         try:
-            await worker.send({"cmd": "drop_replica", "replicas": count, "index": index})
+            await worker.send({"cmd": "drop_replica", "replicas": count, "index": index, "hold_at": hold_at})
         except WorkerFailed as exc:  # it is gone already: its own failure report follows
             log.warning("job %s: the worker is gone before the drop: %s", job.job_id, exc)
 
@@ -96,14 +115,16 @@ class ReplicaDrops:
         for step in [s for s in job.leading.witnesses if s > job.committed_step]:
             job.leading.witnesses[step] = {p: d for p, d in job.leading.witnesses[step].items() if p in left}
         me = self.ctx.node.identity.peer_id
-        message = JobDropReplica(job.job_id, action.count, action.index)
+        hold_at = hold_step(job) if action.hold else 0
+        self.life.feed(job, events.HoldAt(action.stamp, hold_at))
+        message = JobDropReplica(job.job_id, action.count, action.index, hold_at)
         peers = [(p, job.members[p].address) for p in sorted(left) if p != me and p in job.members]
         log.info("job %s: telling %d device(s) to go on without %s", job.job_id, len(peers),
                  ", ".join(p[:12] for p in dropped))  # fmt: skip
 
         async def tell() -> None:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._tell_worker, job, action.count, action.index)
+                nursery.start_soon(self._tell_worker, job, action.count, action.index, hold_at)
                 for peer, address in peers:
                     nursery.start_soon(self._send, job, peer, address, message)
 
@@ -135,9 +156,11 @@ class ReplicaDrops:
             return JobAck(False, str(exc))
         if me not in smaller.peer_ids:
             return JobAck(False, "this device is in the dropped replica (its worker is stopped instead)")
+        if not 0 <= msg.hold_at <= job.total_steps:
+            return JobAck(False, f"hold at step {msg.hold_at}: not a step of the job")
         self._apply(job, plan, msg.replicas, msg.index, f"the leader dropped replica {msg.index} of {msg.replicas}")
-        await self._tell_worker(job, msg.replicas, msg.index)
+        await self._tell_worker(job, msg.replicas, msg.index, msg.hold_at)
         return JobAck(True)
 
 
-__all__ = ["DROP_TIMEOUT_S", "ReplicaDrops", "dropped_plan"]
+__all__ = ["DROP_TIMEOUT_S", "ReplicaDrops", "dropped_plan", "hold_step"]

@@ -202,7 +202,7 @@ class Worker:
         module = build_stage(self.spec.model, self.spec.seed, StageSpec(st.start, st.end, split, self.rank), group)
         t = self.spec.training
         self.replica = config.slot_of()  # this worker's replica slot: its share of each batch
-        self.hold = False  # hold after the next checkpoint for a dropped replica's rebuild
+        self.hold_at = 0  # the checkpoint step after which to hold for a dropped replica's rebuild (0: none)
         self._release: GrowReplicaCommand | GoOnCommand | None = None
         self._released = trio.Event()
         replicas = None
@@ -318,11 +318,13 @@ class Worker:
                 await self.fabric.ring.drop(command.replicas, command.index)
             except ValueError as exc:
                 raise WorkerProtocolError(f"drop_replica command: {exc}") from exc
-            self.hold = self.hold or command.hold
+            self.hold_at = command.hold_at or self.hold_at
             print(f"stage worker: replica {command.index} of {command.replicas} dropped; the ring goes on with "
                   f"replicas {list(self.fabric.ring.replicas)} of the plan", file=sys.stderr)  # fmt: skip
             return
-        if not self.hold or self._released.is_set():
+        if isinstance(command, GoOnCommand) and (not self.hold_at or self._released.is_set()):
+            return  # it went on already (its hold timed out): nothing to release
+        if not self.hold_at or self._released.is_set():
             raise WorkerProtocolError(f"a {type(command).__name__} for a worker that does not hold for a rebuild")
         self._release = command
         self._released.set()
@@ -332,7 +334,7 @@ class Worker:
         ``link_timeout_s``; with a rebuild, the ring grows back before the next step."""
         with trio.move_on_after(self.config.link_timeout_s):
             await self._released.wait()
-        command, self._release, self.hold = self._release, None, False
+        command, self._release, self.hold_at = self._release, None, 0
         self._released = trio.Event()
         if not isinstance(command, GrowReplicaCommand):
             print(f"stage worker: going on without the dropped replica after step {step}", file=sys.stderr)
@@ -393,7 +395,7 @@ class Worker:
                     self._evaluate, done, batches, abandon_on_cancel=True
                 )
                 self.events.emit(EvalEvent(done, loss, acc))
-            if checkpoint and self.hold and done < cfg.total_steps:
+            if checkpoint and done == self.hold_at and done < cfg.total_steps:
                 await self._hold(done)
         self.events.emit(DoneEvent(cfg.total_steps))
 

@@ -619,15 +619,16 @@ class StopCommand:
 @dataclass(frozen=True)
 class DropReplicaCommand:
     """The leader dropped a replica (one of its devices died): leave the ``index``-th of the ``replicas`` now in
-    this worker's ring out of it from the next sync on (``ring_links.WireRing.drop``); ``hold``: after the next
-    checkpoint, wait for the replica's rebuild (:class:`GrowReplicaCommand`) or :class:`GoOnCommand`."""
+    this worker's ring out of it from the next sync on (``ring_links.WireRing.drop``); ``hold_at`` (a checkpoint
+    step, 0: none): after that checkpoint, wait for the replica's rebuild (:class:`GrowReplicaCommand`) or
+    :class:`GoOnCommand`."""
 
     replicas: int
     index: int
-    hold: bool = False
+    hold_at: int = 0
 
     def to_line(self) -> str:
-        return _line({"cmd": "drop_replica", "replicas": self.replicas, "index": self.index, "hold": self.hold})
+        return _line({"cmd": "drop_replica", "replicas": self.replicas, "index": self.index, "hold_at": self.hold_at})
 
 
 @dataclass(frozen=True)
@@ -670,8 +671,7 @@ def parse_command(line: str) -> Command:
         replicas, index = _int(d, "replicas", "drop_replica command", 2), _int(d, "index", "drop_replica command")
         if index >= replicas or replicas > 1024:
             raise WorkerProtocolError(f"drop_replica command: no replica {index} of {replicas}")
-        return DropReplicaCommand(replicas, index, bool(_get(d, "hold", bool, "drop_replica command"))
-                                  if "hold" in d else False)  # fmt: skip
+        return DropReplicaCommand(replicas, index, _int(d, "hold_at", "drop_replica command") if "hold_at" in d else 0)
     if kind == "grow_replica":
         w = "grow_replica command"
         raw = _get(d, "stages", list, w)

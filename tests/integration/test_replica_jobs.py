@@ -151,9 +151,10 @@ def test_a_killed_replica_device_drops_its_replica_and_the_other_trains_on_then_
 ) -> None:
     """Three daemons, two replicas of one device each (the third waits): SIGKILL the other replica's device once
     a checkpoint is committed. The leader drops that replica and its own trains on without a restart (same plan
-    epoch, same worker process, steps going on past the kill); at the next commit the spare
-    device rebuilds the second replica from the committed state, and the job ends done with a sound model. With
-    DiLoCo the ring is idle between outer steps: the one after the kill is redone over the smaller ring."""
+    epoch, same worker process, steps going on past the kill), holds after the next checkpoint, and the spare
+    device rebuilds the second replica from that checkpoint; the ring grows back and the job ends done with a
+    sound model, never repartitioned. With DiLoCo the ring is idle between outer steps: the one after the kill is
+    redone over the smaller ring."""
     import signal
 
     from tests.integration.test_recovery import index_of, job_of, wait_end, wait_step
@@ -171,6 +172,7 @@ def test_a_killed_replica_device_drops_its_replica_and_the_other_trains_on_then_
         placed = {d["peer_id"] for r in replicas for st in r["stages"] for d in st["devices"]}
         victim = next(p for p in placed if p != job["owner"])
         spare = next(p for p in job["members"] if p not in placed)
+        spare_index = index_of(s, spare)
         s.signal(index_of(s, victim), signal.SIGKILL)
         deadline = time.monotonic() + 120
         dropped: dict[str, Any] = {}
@@ -191,11 +193,14 @@ def test_a_killed_replica_device_drops_its_replica_and_the_other_trains_on_then_
         assert [d["peer_id"] for st in dropped["plan"]["stages"] for d in st["devices"]] == [job["owner"]]
         end = wait_end(s, job_id, timeout=300)
         assert end["state"] == "done", end
-        # at the next commit the spare rebuilt the second replica from the committed state (only the steps run
-        # while that commit was made are run again)
+        # the owner's replica held after checkpoint 200; once it was committed the spare rebuilt the second replica
+        # from it, and the ring grew back: still no repartition, the owner's worker never restarted
         final = {d["peer_id"] for r in end["plan"]["replicas"] for st in r["stages"] for d in st["devices"]}
         assert final == {job["owner"], spare}, end["plan"]
-        assert [r["resumed_step"] for r in end["recoveries"]] == [200], end["recoveries"]
+        assert end["rebuilt_replicas"] == [{"step": 200, "devices": [spare]}], end["rebuilt_replicas"]
+        assert end["recoveries"] == [] and end["epoch"] == job["epoch"], end["recoveries"]
+        spare_view = job_of(s, job_id, spare_index)
+        assert spare_view["state"] == "done" and spare_view["ring_bytes"] > 0, spare_view
         assert end["val_accuracy"] is not None and math.isfinite(end["loss"])
         if sync == "every_step":  # (DiLoCo over SGD with momentum drifts on this spec even without a failure)
             assert end["val_accuracy"] > 0.8, end

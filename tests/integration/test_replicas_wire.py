@@ -145,7 +145,7 @@ def test_a_dropped_replica_leaves_the_others_training_over_a_smaller_ring(tmp_pa
 
 
 def test_a_dropped_replica_is_rebuilt_from_a_checkpoint_while_the_other_holds(tmp_path: Path) -> None:
-    """2 replicas x 1 stage; replica 1's worker is killed, and the drop asks the survivor to hold after its next
+    """2 replicas x 1 stage; replica 1's worker is killed, and the drop asks the survivor to hold after its
     checkpoint. A new worker (a new device) starts in slot 1 from that checkpoint's shard, in the ring's next
     generation; the survivor's ``grow_replica`` brings it into the ring, and both train to the end alike, each on
     its own share of every batch, in the same processes."""
@@ -162,7 +162,7 @@ def test_a_dropped_replica_is_rebuilt_from_a_checkpoint_while_the_other_holds(tm
                 assert w.next_event(deadline) is not None, w.log()
         assert dead.proc is not None
         dead.proc.kill()
-        survivor.send(DropReplicaCommand(replicas=2, index=1, hold=True).to_line())
+        survivor.send(DropReplicaCommand(replicas=2, index=1, hold_at=interval).to_line())
         while not survivor.of(EvalEvent):  # its checkpoint's eval: then it holds
             ev = survivor.next_event(deadline)
             assert ev is not None and not isinstance(ev, ErrorEvent), f"{ev}\n{survivor.log()}"

@@ -15,7 +15,6 @@ from arceusd.jobs import lifecycle
 from arceusd.jobs.core import MAX_RESTARTS_PER_CHECKPOINT, TERMINAL, JobCore, JobState, Role, Stamp
 from arceusd.jobs.core import actions as a
 from arceusd.jobs.core import events as e
-from arceusd.jobs.core.machine import REBALANCE_REASON
 from arceusd.jobs.leadership import Accept, AskElection, Refuse, refusal
 
 ME, B, C = "a" * 32, "b" * 32, "c" * 32
@@ -152,7 +151,7 @@ def test_after_a_commit_another_replica_may_be_dropped_and_the_standby_follows()
     assert state(core) == JobState.RECOVERING
 
 
-def test_a_loss_in_the_leaders_replica_replans_and_a_replicas_other_devices_come_back_at_the_next_commit() -> None:
+def test_a_loss_in_the_leaders_replica_replans_and_idle_devices_rebuild_a_dropped_replica_at_its_hold_step() -> None:
     d = "d" * 32
     core = running(members=(ME, B, C, d), min_members=4, replicas=((ME, B), (C, d)))
     core.handle(e.MemberDead(B), 0.0)  # the leader's own replica: its worker serves every replica's data
@@ -160,9 +159,24 @@ def test_a_loss_in_the_leaders_replica_replans_and_a_replicas_other_devices_come
     core = running(members=(ME, B, C, d), min_members=4, replicas=((ME, B), (C, d)))
     out = core.handle(e.MemberDead(C), 0.0)
     assert find(out, a.StopWorkers) == [a.StopWorkers(core.stamp, (C, d), "replanning", local=False)]
+    assert find(out, a.DropReplica)[0].hold  # d is idle: the replica left holds for a rebuild
+    core.handle(e.HoldAt(core.stamp, 20), 0.0)  # ... after checkpoint 20, the driver says
     checkpoint(core, 10)
-    out = core.handle(e.CommitDone(core.stamp, 10), 0.0)  # d is idle: planned in again from this commit
-    assert state(core) == JobState.RECOVERING and core.error == REBALANCE_REASON
+    assert not find(core.handle(e.CommitDone(core.stamp, 10), 0.0), a.Regrow)  # an earlier commit: not yet
+    checkpoint(core, 20)
+    out = core.handle(e.CommitDone(core.stamp, 20), 0.0)
+    assert find(out, a.Regrow) == [a.Regrow(core.stamp, 20)] and state(core) == JobState.RUNNING
+    out = core.handle(e.Regrown(core.stamp, 0, (d, C)), 0.0)  # rebuilt on spares, first in slot order
+    assert core.lead is not None and core.lead.replicas == ((d, C), (ME, B))
+    assert find(out, a.TrackElection) == [a.TrackElection((d, C, ME, B), (ME, B))]
+    # a failed commit of the hold step releases the hold instead
+    core = running(members=(ME, B, C, d), min_members=4, replicas=((ME, B), (C, d)))
+    core.handle(e.MemberDead(C), 0.0)
+    core.handle(e.HoldAt(core.stamp, 20), 0.0)
+    checkpoint(core, 20)
+    out = core.handle(e.CommitFailed(core.stamp, 20, "disk full"), 0.0)
+    assert find(out, a.ReleaseHold) == [a.ReleaseHold(core.stamp)]
+    assert not find(core.handle(e.CommitDone(core.stamp, 20), 0.0), a.Regrow)
 
 
 def test_which_replica_a_lost_device_takes_down() -> None:

@@ -187,3 +187,6 @@ def test_a_replicated_plan_shows_every_replica_its_sync_and_the_ring_bytes(tmp_p
     assert "replicas" not in shown["plan"] and shown["dropped_replicas"][0]["devices"] == list(lost)
     text = render_job({**shown, "model": "mlp", "data": "mnist"})
     assert f"dropped  a replica at step 41 ({lost[0][:12]}): member {lost[0][:12]} is dead; 1 replica(s)" in text
+    job.rebuilt_replicas.append((60, lost))
+    text = render_job({**job.summary(full=True), "model": "mlp", "data": "mnist"})
+    assert f"rebuilt  a replica at step 60 on {lost[0][:12]}" in text

@@ -59,7 +59,8 @@ def test_a_drop_from_the_leader_shrinks_the_plan_and_tells_the_worker_once(tmp_p
     ack = trio.run(mgr.drops.on_drop, _header(), JobDropReplica(JOB, 3, 2))
     assert ack == JobAck(True)
     assert job.replica_plan is not None and [r.peer_ids for r in job.replica_plan.replicas] == [(OTHER,), (ME,)]
-    assert worker.commands == [{"cmd": "drop_replica", "replicas": 3, "index": 2}]
+    assert worker.commands == [{"cmd": "drop_replica", "replicas": 3, "index": 2, "hold_at": 0}]
+    assert (job.replica_slots, job.data_shares, job.ring_generation) == ((0, 1), 3, 1)
     (drop,) = job.replica_drops
     assert drop.devices == (THIRD, FOURTH) and drop.step == 57 and drop.replicas_left == 2
     assert drop.summary()["devices"] == [THIRD, FOURTH]

@@ -170,6 +170,25 @@ class DropReplica:
     count: int
     peer: str
     reason: str
+    hold: bool = False
+    """Spare members could rebuild it: the replicas left hold after a checkpoint the driver picks and feeds back
+    (:class:`arceusd.jobs.core.events.HoldAt`); its commit starts the rebuild (:class:`Regrow`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Regrow:
+    """Leader: rebuild the dropped replica on spare members from committed checkpoint ``step``, while the replicas
+    left hold there; answer :class:`arceusd.jobs.core.events.Regrown` or ``RegrowFailed``."""
+
+    stamp: Stamp
+    step: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseHold:
+    """Leader: no rebuild comes; the replicas left that hold after a checkpoint go on."""
+
+    stamp: Stamp
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,11 +210,12 @@ class Finish:
 Action = (
     Announce | Plan | TrackElection | UntrackElection | SendStart | CancelStart | SendGo | CheckReachable | Commit
     | SyncStandby | Export | StopWorkers | Pause | Resume | StartRecovery | LetWorkerGo | Refuse | PrepareTakeover
-    | HandOver | Persist | Finish | DropReplica | Exclude
+    | HandOver | Persist | Finish | DropReplica | Exclude | Regrow | ReleaseHold
 )  # fmt: skip
 
 __all__ = [
     "Action", "Announce", "CancelStart", "CheckReachable", "Commit", "DropReplica", "Exclude", "Export", "Finish",
-    "HandOver", "LetWorkerGo", "Pause", "Persist", "Plan", "PrepareTakeover", "Refuse", "Resume", "SendGo",
-    "SendStart", "StartRecovery", "StopWorkers", "SyncStandby", "TrackElection", "UntrackElection",
+    "HandOver", "LetWorkerGo", "Pause", "Persist", "Plan", "PrepareTakeover", "Refuse", "Regrow", "ReleaseHold",
+    "Resume", "SendGo", "SendStart", "StartRecovery", "StopWorkers", "SyncStandby", "TrackElection",
+    "UntrackElection",
 ]  # fmt: skip

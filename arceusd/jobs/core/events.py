@@ -104,6 +104,31 @@ class RestartAsked:
 
 
 @dataclass(frozen=True, slots=True)
+class HoldAt:
+    """Leader: the replicas left after a drop hold after checkpoint ``step`` of plan ``stamp`` (0: they do not)."""
+
+    stamp: Stamp
+    step: int
+
+
+@dataclass(frozen=True, slots=True)
+class Regrown:
+    """Leader: the dropped replica was rebuilt on ``devices``, the ``position``-th replica of plan ``stamp`` now."""
+
+    stamp: Stamp
+    position: int
+    devices: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RegrowFailed:
+    """Leader: rebuilding the dropped replica failed (``reason``); the replicas left go on without it."""
+
+    stamp: Stamp
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class WorkerFailed:
     """Leader: ``peer``'s worker of plan ``stamp`` failed (``lost``: exited without saying why)."""
 
@@ -268,12 +293,13 @@ Event = (
     | CheckpointComplete | RestartAsked | WorkerFailed | CommitDone | CommitFailed | ExportDone | ExportFailed | Tick
     | Cancel | Fail | Joined | LeaveJob | StartReceived | StandbyCommitted | WorkerStarted | GoReceived
     | StopReceived | LeaderGone | TakeoverElected | TakeoverReady | OtherElected | FollowsOther | HandOverAnswered
+    | HoldAt | Regrown | RegrowFailed
 )  # fmt: skip
 
 __all__ = [
     "Cancel", "CheckpointComplete", "CommitDone", "CommitFailed", "Event", "ExportDone", "ExportFailed", "Fail",
-    "FollowsOther", "GoAnswered", "GoReceived", "HandOverAnswered", "Joined", "LeaderGone", "LeaveJob",
+    "FollowsOther", "GoAnswered", "GoReceived", "HandOverAnswered", "HoldAt", "Joined", "LeaderGone", "LeaveJob",
     "MemberDead", "MemberJoined", "MemberLeft", "MembersReachable", "NoPlanFits", "OtherElected", "PlanFound",
-    "RestartAsked", "StandbyCommitted", "StartAnswered", "StartReceived", "StopReceived", "TakeoverElected",
-    "TakeoverReady", "Tick", "WorkerFailed", "WorkerStarted",
+    "RegrowFailed", "Regrown", "RestartAsked", "StandbyCommitted", "StartAnswered", "StartReceived", "StopReceived",
+    "TakeoverElected", "TakeoverReady", "Tick", "WorkerFailed", "WorkerStarted",
 ]  # fmt: skip

@@ -56,6 +56,8 @@ class LeaderState:
     hand_over_from_start: str = ""  # the leader the plan's members named when they refused its start
     replicas: tuple[tuple[str, ...], ...] = ()  # each data-parallel replica's devices (the plan's, after drops)
     start_refusals: dict[str, int] = field(default_factory=dict)  # peer -> starts it refused or failed in a row
+    regrow: bool = False  # a dropped replica waits to be rebuilt on spare members
+    regrow_at: int = 0  # ... from this checkpoint step, where the replicas left hold (0: not chosen yet)
     dropped_at: int = -1  # the committed step when a replica was last dropped (one drop per checkpoint)
     named: dict[str, set[str]] = field(default_factory=dict)  # leader -> the job's peers that said they follow it
 
@@ -249,14 +251,14 @@ class JobCore:
         if isinstance(event, (e.MemberDead, e.MemberLeft)):
             how = "left the job" if isinstance(event, e.MemberLeft) else f"is {event.how}"
             in_plan = event.peer in lead.plan
-            if isinstance(event, e.MemberLeft) or self.state in (
+            if isinstance(event, e.MemberLeft) or not in_plan or self.state in (
                 JobState.WAITING,
                 JobState.PAUSED,
                 JobState.RECOVERING,
             ):
-                lead.members.discard(event.peer)
+                lead.members.discard(event.peer)  # (not in the plan: no spare to rebuild a replica on)
             if in_plan or self.state == JobState.RECOVERING:
-                return self._lose(event.peer, f"member {event.peer[:12]} {how}")
+                return self._lose(event.peer, f"member {event.peer[:12]} {how}", gone=True)
             return []
         if isinstance(event, e.MembersReachable):
             if event.stamp != self.stamp or self.state != JobState.RECOVERING:
@@ -289,6 +291,12 @@ class JobCore:
             return self._commit_done(event)
         if isinstance(event, e.CommitFailed):
             return self._commit_failed(event)
+        if isinstance(event, e.HoldAt):
+            if event.stamp == self.stamp and lead.regrow:
+                lead.regrow, lead.regrow_at = event.step > 0, event.step
+            return []
+        if isinstance(event, e.Regrown):
+            return self._regrown(event)
         return []
 
     def _stale(self, stamp: Stamp) -> str:
@@ -413,6 +421,9 @@ class JobCore:
         if event.step >= self.total_steps:
             return [a.Export(event.step)]
         out: list[a.Action] = [a.SyncStandby(event.step)] if lead.standby else []
+        if lead.regrow and event.step == lead.regrow_at:  # the replicas left hold at this checkpoint
+            lead.regrow, lead.regrow_at = False, 0
+            return [*out, a.Regrow(self.stamp, event.step)]
         if lead.rebalance:
             out += self._request_restart(REBALANCE_REASON)
         return out
@@ -424,6 +435,12 @@ class JobCore:
             return []
         attempt = lead.commit_attempts.get(event.step, 0) + 1
         lead.commit_attempts[event.step] = attempt
+        if lead.regrow and event.step == lead.regrow_at:  # they hold at this checkpoint: no rebuild, they go on
+            lead.regrow, lead.regrow_at = False, 0
+            return [a.ReleaseHold(self.stamp), *self._commit_failed_decision(event, attempt)]
+        return self._commit_failed_decision(event, attempt)
+
+    def _commit_failed_decision(self, event: e.CommitFailed, attempt: int) -> list[a.Action]:
         decided = lifecycle.after_commit_failure(event.step, self.total_steps, attempt, event.error)
         if isinstance(decided, lifecycle.RetryCommit):
             return [a.Commit(self.stamp, event.step, decided.delay_s)]
@@ -431,6 +448,17 @@ class JobCore:
             return self._finish(JobState.FAILED, decided.error)
         self.error = decided.error
         return []
+
+    def _regrown(self, event: e.Regrown) -> list[a.Action]:
+        """The dropped replica runs again on spare members: back in the plan (and the election)."""
+        lead = self.lead
+        assert lead is not None
+        if event.stamp != self.stamp or not 0 <= event.position <= len(lead.replicas):
+            return []
+        lead.replicas = (*lead.replicas[: event.position], event.devices, *lead.replicas[event.position :])
+        lead.plan = tuple(p for devices in lead.replicas for p in devices)
+        ranking = (self.me, lead.standby) if lead.standby else (self.me,)
+        return [a.TrackElection(lead.plan, ranking), a.Persist()]
 
     def _corroborated(self, leader: str, naming: set[str]) -> bool:
         """Whether more than half of the job's other devices (the plan's; before the first plan, the members
@@ -444,7 +472,7 @@ class JobCore:
             lead.named.setdefault(leader, set()).update(said)
         return bool(voters) and len(lead.named.get(leader, ())) * 2 > len(voters)
 
-    def _lose(self, peer: str, reason: str) -> list[a.Action]:
+    def _lose(self, peer: str, reason: str, gone: bool = False) -> list[a.Action]:
         """``peer`` (or its worker) is gone: with data-parallel replicas drop its replica and let the others go
         on (:func:`lifecycle.replica_to_drop`), at most once per checkpoint interval (a second loss before the
         next commit replans from it, as does any loss in a single pipeline or in the leader's own replica)."""
@@ -454,15 +482,17 @@ class JobCore:
         if index is None or self.state != JobState.RUNNING or lead.dropped_at == self.committed_step:
             return self._request_restart(reason)
         dropped, count = lead.replicas[index], len(lead.replicas)
+        if gone:  # dead or left: not a spare for the rebuild
+            lead.members.discard(peer)
         lead.replicas = lead.replicas[:index] + lead.replicas[index + 1 :]
         lead.plan = tuple(p for devices in lead.replicas for p in devices)
         lead.dropped_at = self.committed_step
-        if lead.members - set(lead.plan) - {peer}:
-            lead.rebalance = True  # idle members (the dropped replica's others, say) rebuild it at the next commit
+        # idle members (the dropped replica's others, say) rebuild it at the next commit, while the others hold
+        lead.regrow = bool(lead.members - set(lead.plan) - {peer})
         if lead.standby in dropped:
             lead.standby = ""
         ranking = (self.me, lead.standby) if lead.standby else (self.me,)
-        return [a.DropReplica(self.stamp, index, count, peer, reason),
+        return [a.DropReplica(self.stamp, index, count, peer, reason, hold=lead.regrow),
                 a.StopWorkers(self.stamp, tuple(p for p in dropped if p != self.me), JobState.REPLANNING.value,
                               local=False),
                 a.TrackElection(lead.plan, ranking), a.Persist()]  # fmt: skip
@@ -482,6 +512,7 @@ class JobCore:
             return [a.CancelStart(), *self._finish(JobState.FAILED, f"{reason} (gave up after {tries - 1} "
                     f"repartitions that made no progress past step {self.committed_step})")]  # fmt: skip
         old = lead.plan
+        lead.regrow, lead.regrow_at = False, 0
         self.state, self.error = JobState.RECOVERING, reason
         self.stamp = self.stamp.next_term()
         lead.plan, lead.committing, lead.rebalance = (), set(), False
