@@ -83,8 +83,8 @@ def render_job(j: dict[str, Any]) -> str:
         lines.append(f"  dropped  a replica at step {d['step']} ({', '.join(p[:12] for p in d['devices'])}): "
                      f"{d['reason'][:80]}; {d['replicas_left']} replica(s) went on")  # fmt: skip
     for r in j.get("rebuilt_replicas") or []:
-        lines.append(f"  rebuilt  a replica at step {r['step']} on {', '.join(p[:12] for p in r['devices'])} (from that "
-                     "checkpoint, the others holding there)")  # fmt: skip
+        on = ", ".join(p[:12] for p in r["devices"])
+        lines.append(f"  rebuilt  a replica at step {r['step']} on {on} (from that checkpoint, the others holding there)")
     if j.get("model_path"):
         lines.append(f"  model    {j['model_path']}")
     if j.get("error"):
