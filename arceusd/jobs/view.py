@@ -84,7 +84,7 @@ def render_job(j: dict[str, Any]) -> str:
                      f"{d['reason'][:80]}; {d['replicas_left']} replica(s) went on")  # fmt: skip
     for r in j.get("rebuilt_replicas") or []:
         on = ", ".join(p[:12] for p in r["devices"])
-        lines.append(f"  rebuilt  a replica at step {r['step']} on {on} (from that checkpoint, the others holding there)")
+        lines.append(f"  rebuilt  a replica at step {r['step']} on {on} (from that checkpoint; the others held there)")
     if j.get("model_path"):
         lines.append(f"  model    {j['model_path']}")
     if j.get("error"):
