@@ -28,7 +28,8 @@ parts carry out its actions; ``driver`` runs them)::
 Failures and leaders: a member dead, a worker failed, a report refused -> core: RestartAsked / MemberDead /
 WorkerFailed -> recovering (a new term, CheckReachable, plan again from the last commit; paused when no plan
 fits); with data-parallel replicas a lost device of a replica other than the leader's drops only that replica
-(core: DropReplica -> replica_drop, once per checkpoint interval) and the others train on; a member that refuses
+(core: DropReplica -> replica_drop, once per checkpoint interval) and the others train on, then spares rebuild it
+from the checkpoint the others hold at (core: HoldAt, Regrow -> regrow -> Regrown); a member that refuses
 two starts in a row is excluded (core: Exclude); the leader dead -> the elected standby takes over
 (manager.take_over -> core: TakeoverReady); an owner whose members follow another leader hands the job over
 (joining.hand_over -> core: HandOverAnswered).
@@ -51,8 +52,8 @@ What each module owns:
   parts, each handed the context and the ``manager_base.Lifecycle`` it calls back into: ``control_methods``
   (the control socket's job commands), ``local_worker`` (this device's stage worker and the workers' reports),
   ``standby_sync`` (the standby's and the owner's copies), ``commits`` (checkpoint commits), ``joining``
-  (announcements, joins, the hand-over), ``starting`` (plan, start and ``go``), ``replica_drop`` (a replica
-  dropped, on the leader and the members); ``transfers`` (files between daemons);
+  (announcements, joins, the hand-over), ``starting`` (plan, start and ``go``), ``replica_drop`` and ``regrow``
+  (a replica dropped and rebuilt, on the leader and the members); ``transfers`` (files between daemons);
 - pure or file-level helpers: ``planning`` (offers, plan inputs, plan verification; every job planned as
   data-parallel replicas of a pipeline, one replica by default), ``recovery`` and ``reslice`` (checkpoints cut for
   a new plan), ``standby`` (the standby's files), ``export`` (the final model), ``probe`` (measuring this device
