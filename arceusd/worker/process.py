@@ -79,6 +79,7 @@ from arceusd.worker.protocol import (
     GrowReplicaCommand,
     Listening,
     ReplicaSyncConfig,
+    RetireCommand,
     ShardInfo,
     StartCommand,
     StepEvent,
@@ -97,6 +98,7 @@ from arceusd.worker.replicas import (
     ReplicaSync,
     SyncMode,
 )
+from arceusd.worker.ring import RingError
 from arceusd.worker.schedule import ScheduleKind
 from arceusd.worker.schedule_timing import deferring_pays
 from arceusd.worker.stage import StageSpec, build_stage
@@ -205,6 +207,8 @@ class Worker:
         self.hold_at = 0  # the checkpoint step after which to hold for a dropped replica's rebuild (0: none)
         self._release: GrowReplicaCommand | GoOnCommand | None = None
         self._released = trio.Event()
+        self.retired = trio.Event()  # the leader dropped this (the data owner's) replica: serve the data only
+        self._training = trio.CancelScope()
         replicas = None
         if config.replica_count() > 1 and config.replica_sync is not None:
             if t.batch_size % (config.share_count() * config.micro_batches):
@@ -305,14 +309,22 @@ class Worker:
                 if client is not None:
                     await client.aclose()
                 if self.server is not None and self.config.replica_count() > 1:
-                    left = await self.server.wait_clients_done(self.config.link_timeout_s)
+                    # retired: the other replicas fetch their data here until their end (or until the daemon stops us)
+                    bound = math.inf if self.retired.is_set() else self.config.link_timeout_s
+                    left = await self.server.wait_clients_done(bound)
                     if left:
                         print(f"stage worker: replicas {sorted(left)} did not finish fetching data", file=sys.stderr)
                 await self.fabric.aclose()
                 nursery.cancel_scope.cancel()
 
-    async def _command(self, command: DropReplicaCommand | GrowReplicaCommand | GoOnCommand) -> None:
+    async def _command(self, command: DropReplicaCommand | GrowReplicaCommand | GoOnCommand | RetireCommand) -> None:
         """A command about the replicas (the event loop's side; ``_hold`` acts on a rebuild between two steps)."""
+        if isinstance(command, RetireCommand):
+            if self.server is None or self.config.replica_count() < 2:
+                raise WorkerProtocolError("retire: only the data owner's worker in a plan of replicas retires")
+            self.retired.set()
+            self._training.cancel()
+            return
         if isinstance(command, DropReplicaCommand):
             try:
                 await self.fabric.ring.drop(command.replicas, command.index)
@@ -365,39 +377,62 @@ class Worker:
         samples = t.batch_size // cfg.share_count()  # this replica's share of the global batch
         tokens = samples * (self.spec.model.block_size if isinstance(self.spec.model, GPTConfig) else 1)
         n_eval = eval_batch_count(self.spec)
-        for step in range(self.start_step, cfg.total_steps):
-            failpoints.hit("worker.step")
-            x, y = await prefetch.next(step)
-            began = time.perf_counter()
-            self.fabric.phase, self.fabric.step = PHASE_TRAIN, step
-            result = await trio.to_thread.run_sync(self.engine.run_step, x, y, abandon_on_cancel=True)
-            if not (math.isfinite(result.loss) and math.isfinite(result.grad_norm or 0.0)):
-                raise RuntimeError(f"step {step}: loss {result.loss} is not finite; training diverged")
-            self.events.emit(
-                StepEvent(step, result.loss, result.lr, float(result.grad_norm or 0.0), samples, tokens,
-                          time.perf_counter() - began, result.wait_s, result.optimizer_s, self.fabric.ring_bytes,
-                          result.wait_up_s, result.wait_down_s, result.group_wait_s)
-            )  # fmt: skip
-            done = step + 1
-            checkpoint = done == cfg.total_steps or (
-                cfg.checkpoint_interval and done % cfg.checkpoint_interval == 0
+        step = self.start_step
+        try:
+            with self._training:
+                for step in range(self.start_step, cfg.total_steps):
+                    await self._step(step, prefetch, samples, tokens, n_eval)
+        except (LinkError, RingError) as exc:  # a neighbour of this replica is gone
+            if not await self._retire_after(exc):
+                raise
+        if self.retired.is_set():
+            print(f"stage worker: retired at step {step} (its replica was dropped); serving the data", file=sys.stderr)
+        self.events.emit(DoneEvent(step if self.retired.is_set() else cfg.total_steps))
+
+    async def _retire_after(self, broke: BaseException) -> bool:
+        """The data owner's worker, whose replica broke: whether the leader retires it (drops its replica and lets
+        it serve the others) within ``link_timeout_s``; any other worker fails at once."""
+        if self.server is None or self.config.replica_count() < 2:
+            return False
+        print(f"stage worker: its replica broke ({broke}); waiting to be retired", file=sys.stderr)
+        with trio.move_on_after(self.config.link_timeout_s):
+            await self.retired.wait()
+        return self.retired.is_set()
+
+    async def _step(self, step: int, prefetch: Prefetcher, samples: int, tokens: int, n_eval: int) -> None:
+        """One training step, its checkpoint, witness and evaluation, and a hold for a rebuild after it."""
+        cfg, t = self.config, self.spec.training
+        failpoints.hit("worker.step")
+        x, y = await prefetch.next(step)
+        began = time.perf_counter()
+        self.fabric.phase, self.fabric.step = PHASE_TRAIN, step
+        result = await trio.to_thread.run_sync(self.engine.run_step, x, y, abandon_on_cancel=True)
+        if not (math.isfinite(result.loss) and math.isfinite(result.grad_norm or 0.0)):
+            raise RuntimeError(f"step {step}: loss {result.loss} is not finite; training diverged")
+        self.events.emit(
+            StepEvent(step, result.loss, result.lr, float(result.grad_norm or 0.0), samples, tokens,
+                      time.perf_counter() - began, result.wait_s, result.optimizer_s, self.fabric.ring_bytes,
+                      result.wait_up_s, result.wait_down_s, result.group_wait_s)
+        )  # fmt: skip
+        done = step + 1
+        checkpoint = done == cfg.total_steps or (
+            cfg.checkpoint_interval and done % cfg.checkpoint_interval == 0
+        )
+        evaluate = checkpoint or (t.eval_interval_steps and done % t.eval_interval_steps == 0)
+        shard_digest = None
+        ring = self.fabric.ring
+        if checkpoint and ring.first_replica == self.replica:  # replicas hold the same stage state: the first's
+            shard_digest = await self._checkpoint(done)  # is the shard (replica 0's, until it is dropped)
+        if checkpoint and len(ring.replicas) > 1:  # every replica: what it holds alike, for the leader
+            await self._witness(done, shard_digest)
+        if evaluate and n_eval:
+            batches = await prefetch.eval_batches(n_eval)
+            loss, acc = await trio.to_thread.run_sync(
+                self._evaluate, done, batches, abandon_on_cancel=True
             )
-            evaluate = checkpoint or (t.eval_interval_steps and done % t.eval_interval_steps == 0)
-            shard_digest = None
-            ring = self.fabric.ring
-            if checkpoint and ring.first_replica == self.replica:  # replicas hold the same stage state: the first's
-                shard_digest = await self._checkpoint(done)  # is the shard (replica 0's, until it is dropped)
-            if checkpoint and len(ring.replicas) > 1:  # every replica: what it holds alike, for the leader
-                await self._witness(done, shard_digest)
-            if evaluate and n_eval:
-                batches = await prefetch.eval_batches(n_eval)
-                loss, acc = await trio.to_thread.run_sync(
-                    self._evaluate, done, batches, abandon_on_cancel=True
-                )
-                self.events.emit(EvalEvent(done, loss, acc))
-            if checkpoint and done == self.hold_at and done < cfg.total_steps:
-                await self._hold(done)
-        self.events.emit(DoneEvent(cfg.total_steps))
+            self.events.emit(EvalEvent(done, loss, acc))
+        if checkpoint and done == self.hold_at and done < cfg.total_steps:
+            await self._hold(done)
 
     def _shard(self, step: int) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
         """This worker's checkpoint shard of ``step``: its state tensors (copied) and the shard's metadata."""
@@ -504,13 +539,13 @@ async def _commands(stream: trio.abc.ReceiveStream) -> AsyncGenerator[Command, N
 
 async def _read_commands(
     commands: trio.abc.ReceiveStream, start: list[StartCommand], started: trio.Event,
-    replicas: Callable[[DropReplicaCommand | GrowReplicaCommand | GoOnCommand], Awaitable[None]],
+    replicas: Callable[[DropReplicaCommand | GrowReplicaCommand | GoOnCommand | RetireCommand], Awaitable[None]],
 ) -> None:  # fmt: skip
     async with contextlib.aclosing(_commands(commands)) as received:
         async for command in received:
             if isinstance(command, StopCommand):
                 raise WorkerStopped("stop command")
-            if isinstance(command, DropReplicaCommand | GrowReplicaCommand | GoOnCommand):
+            if isinstance(command, DropReplicaCommand | GrowReplicaCommand | GoOnCommand | RetireCommand):
                 await replicas(command)
                 continue
             if started.is_set():

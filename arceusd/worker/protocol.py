@@ -656,7 +656,16 @@ class GoOnCommand:
         return _line({"cmd": "go_on"})
 
 
-Command = StartCommand | StopCommand | DropReplicaCommand | GrowReplicaCommand | GoOnCommand
+@dataclass(frozen=True)
+class RetireCommand:
+    """The leader dropped this worker's own replica (another of its devices is gone) while this worker serves the
+    job's data: stop training, serve the other replicas until they are done, then exit."""
+
+    def to_line(self) -> str:
+        return _line({"cmd": "retire"})
+
+
+Command = StartCommand | StopCommand | DropReplicaCommand | GrowReplicaCommand | GoOnCommand | RetireCommand
 
 
 def parse_command(line: str) -> Command:
@@ -667,6 +676,8 @@ def parse_command(line: str) -> Command:
         return StopCommand()
     if kind == "go_on":
         return GoOnCommand()
+    if kind == "retire":
+        return RetireCommand()
     if kind == "drop_replica":
         replicas, index = _int(d, "replicas", "drop_replica command", 2), _int(d, "index", "drop_replica command")
         if index >= replicas or replicas > 1024:

@@ -28,6 +28,7 @@ from arceusd.worker.protocol import (
     MemberConfig,
     ReplicaSyncConfig,
     ResumeConfig,
+    RetireCommand,
     StageConfig,
     StartCommand,
     StepEvent,
@@ -196,3 +197,38 @@ def test_a_dropped_replica_is_rebuilt_from_a_checkpoint_while_the_other_holds(tm
         witnesses = [{e.step: e.digest for e in w.of(WitnessEvent)} for w in (survivor, rebuilt)]
         assert witnesses[0] == witnesses[1] and set(witnesses[0]) == {12, steps}  # they hold alike again
         assert next(e.samples for e in rebuilt.of(StepEvent)) == 12  # its own half of each batch
+
+
+def test_the_data_owners_replica_dropped_its_worker_serves_the_others_to_the_end(tmp_path: Path) -> None:
+    """2 replicas x 2 stages; the owner's replica loses its second stage. The owner's worker, whose links broke,
+    waits to be retired instead of failing; retired, it serves the other replica's data until that one is done,
+    which trains on alone and writes the checkpoint shards now (it is the first replica left)."""
+    steps, interval = 12, 4
+    spec = mnist_spec([784, 32, 10], steps, batch=24, micro=2)
+    sync = ReplicaSyncConfig(mode="allreduce", bucket_bytes=8192)
+    with WorkerJob(tmp_path, spec, [(0, 1, None), (1, 2, None)], replicas=2, replica_sync=sync,
+                   checkpoint_interval=interval, link_timeout_s=30) as job:  # fmt: skip
+        job.start()
+        owner, lost, first, second = job.workers
+        deadline = time.monotonic() + 60
+        for w in job.workers:
+            while not any(e.step >= 1 for e in w.of(StepEvent)):
+                assert w.next_event(deadline) is not None, w.log()
+        assert lost.proc is not None
+        lost.proc.kill()
+        time.sleep(0.5)  # the owner's links break first; it waits instead of failing
+        owner.send(RetireCommand().to_line())
+        for w in (first, second):
+            w.send(DropReplicaCommand(replicas=2, index=0).to_line())
+        for w in (first, second, owner):
+            while not w.of(DoneEvent):
+                ev = w.next_event(deadline)
+                assert ev is not None and not isinstance(ev, ErrorEvent), f"{ev}\n{w.log()}"
+            assert w.proc is not None and w.proc.wait(timeout=30) == 0, w.log()
+        assert "waiting to be retired" in owner.log() and "retired at step" in owner.log()
+        assert owner.of(DoneEvent)[0].step < steps
+        assert [e.step for e in first.of(StepEvent)] == list(range(steps))
+        # the replica left is the first now: its devices write the shards of the later checkpoints
+        written = [e.step for e in first.of(CheckpointEvent)]
+        assert written and written[-1] == steps and written == [e.step for e in second.of(CheckpointEvent)]
+        assert not first.of(WitnessEvent) or first.of(WitnessEvent)[-1].step < written[0]  # no one to witness for
