@@ -108,14 +108,13 @@ def ends_election(state: str) -> bool:
 
 def replica_to_drop(replicas: tuple[tuple[str, ...], ...], lost: str, leader: str) -> int | None:
     """The data-parallel replica to drop because ``lost`` (a device, or its worker) is gone, so that the other
-    replicas train on; None when the whole job must replan instead: one pipeline, a device in no replica or in
-    several, or the leader's own replica (its worker serves the data to every replica)."""
-    if len(replicas) < 2:
+    replicas train on (the leader's own replica too: its worker retires and serves the others' data); None when
+    the whole job must replan instead: one pipeline, a device in no replica or in several, or the leader's own
+    worker (it serves the data)."""
+    if len(replicas) < 2 or lost == leader:
         return None
     holding = [i for i, devices in enumerate(replicas) if lost in devices]
-    if len(holding) != 1 or leader in replicas[holding[0]]:
-        return None
-    return holding[0]
+    return holding[0] if len(holding) == 1 else None
 
 
 __all__ = [

@@ -156,7 +156,8 @@ class Regrowing:
         slots, shares = job.slots(), job.data_shares or len(job.slots())
         free = sorted(set(range(shares)) - set(slots))
         alive = self.ctx.peers.alive_peers()
-        spares = [p for p in sorted(job.members) if p not in plan.peer_ids and p in alive
+        me = self.ctx.node.identity.peer_id  # (its worker serves the data: not a spare, even when retired)
+        spares = [p for p in sorted(job.members) if p not in plan.peer_ids and p in alive and p != me
                   and p not in job.leading.excluded]  # fmt: skip
         need = len(plan.replicas[0].peer_ids)
         if not free or len(spares) < need:
@@ -266,6 +267,8 @@ class Regrowing:
             raise ValueError("the rebuilt replica's addresses do not match its devices")
         grown, position = grown_plan(plan, job.slots(), msg.slot, msg.devices)
         new = grown.replicas[position]
+        if job.plan is not grown.replicas[0]:
+            job.leading.shard_shapes = {}  # another replica writes the shards now: its places' shapes
         job.replica_plan, job.plan = grown, grown.replicas[0]
         job.replica_slots = tuple(sorted((*job.slots(), msg.slot)))
         job.data_shares, job.ring_generation = shares, msg.generation

@@ -77,6 +77,8 @@ class ReplicaDrops:
         slots = job.slots()
         job.data_shares = job.data_shares or len(plan.replicas)
         job.replica_slots, job.ring_generation = slots[:index] + slots[index + 1 :], job.ring_generation + 1
+        if job.plan is not smaller.replicas[0]:
+            job.leading.shard_shapes = {}  # another replica writes the shards now: its places' shapes
         job.replica_plan, job.plan = smaller, smaller.replicas[0]
         if job.standby in devices:
             job.standby = ""  # (the core chose no other: the next plan does)
@@ -87,12 +89,14 @@ class ReplicaDrops:
                     reason, len(smaller.replicas))  # fmt: skip
         return tuple(devices)
 
-    async def _tell_worker(self, job: Job, count: int, index: int, hold_at: int) -> None:
+    async def _tell_worker(self, job: Job, count: int, index: int, hold_at: int, retire: bool = False) -> None:
         worker = job.worker
         if worker is None:
             return
+        command = {"cmd": "retire"} if retire else {"cmd": "drop_replica", "replicas": count, "index": index,
+                                                    "hold_at": hold_at}  # fmt: skip
         try:
-            await worker.send({"cmd": "drop_replica", "replicas": count, "index": index, "hold_at": hold_at})
+            await worker.send(command)
         except WorkerFailed as exc:  # it is gone already: its own failure report follows
             log.warning("job %s: the worker is gone before the drop: %s", job.job_id, exc)
 
@@ -124,7 +128,7 @@ class ReplicaDrops:
 
         async def tell() -> None:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._tell_worker, job, action.count, action.index, hold_at)
+                nursery.start_soon(self._tell_worker, job, action.count, action.index, hold_at, action.retire)
                 for peer, address in peers:
                     nursery.start_soon(self._send, job, peer, address, message)
 

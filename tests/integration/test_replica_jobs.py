@@ -204,3 +204,41 @@ def test_a_killed_replica_device_drops_its_replica_and_the_other_trains_on_then_
         assert end["val_accuracy"] is not None and math.isfinite(end["loss"])
         if sync == "every_step":  # (DiLoCo over SGD with momentum drifts on this spec even without a failure)
             assert end["val_accuracy"] > 0.8, end
+
+
+@pytest.mark.timeout(600)
+def test_a_lost_device_of_the_owners_replica_retires_the_owners_worker_and_the_other_replica_trains_on(
+    tmp_path: Path,
+) -> None:
+    """Four daemons lending 8 MiB each: two replicas of two stages. SIGKILL the owner's partner in its replica:
+    the leader drops its own replica; its worker, whose links broke, retires and serves the other replica's data
+    to the end; that replica trains on and writes the checkpoints. No repartition, and the job ends done."""
+    import signal
+
+    from tests.integration.test_recovery import index_of, job_of, wait_end, wait_step
+
+    spec = tmp_path / "replicas-retire.toml"
+    spec.write_text(_spec(tmp_path, "replicas-retire", "every_step").read_text()
+                    .replace("layer_sizes = [784, 64, 10]", "layer_sizes = [784, 512, 512, 10]")
+                    .replace(f"steps = {STEPS}", "steps = 300").replace("interval_steps = 12", "interval_steps = 100"))
+    with LocalSwarm(tmp_path / "swarm", 4, ["--auto-join", "--lend-memory-mib", "8"], preset="local") as s:
+        submitted = cli(s.state_dir(0), "submit", str(spec), "--members", "4")
+        assert submitted.returncode == 0, submitted.stderr
+        job_id = submitted.stdout.split()[2]
+        job = wait_step(s, job_id, 105, timeout=240, committed=100)
+        replicas = [[d["peer_id"] for st in r["stages"] for d in st["devices"]] for r in job["plan"]["replicas"]]
+        assert sorted(len(r) for r in replicas) == [2, 2], replicas
+        own = next(r for r in replicas if job["owner"] in r)
+        other = next(r for r in replicas if job["owner"] not in r)
+        partner = next(p for p in own if p != job["owner"])
+        watcher = index_of(s, other[0])
+        s.signal(index_of(s, partner), signal.SIGKILL)
+        end = wait_end(s, job_id, timeout=300)
+        assert end["state"] == "done", end
+        assert [d["devices"] for d in end["dropped_replicas"]] == [own], end["dropped_replicas"]
+        assert end["recoveries"] == [] and end["epoch"] == job["epoch"], end["recoveries"]
+        final = [d["peer_id"] for st in end["plan"]["stages"] for d in st["devices"]]
+        assert final == other and "replicas" not in end["plan"], end["plan"]  # the owner's worker only served data
+        assert end["step"] == 300 and end["model_path"], end
+        member = job_of(s, job_id, watcher)
+        assert member["state"] == "done" and member["val_accuracy"] > 0.8, member

@@ -154,7 +154,12 @@ def test_after_a_commit_another_replica_may_be_dropped_and_the_standby_follows()
 def test_a_loss_in_the_leaders_replica_replans_and_idle_devices_rebuild_a_dropped_replica_at_its_hold_step() -> None:
     d = "d" * 32
     core = running(members=(ME, B, C, d), min_members=4, replicas=((ME, B), (C, d)))
-    core.handle(e.MemberDead(B), 0.0)  # the leader's own replica: its worker serves every replica's data
+    out = core.handle(e.MemberDead(B), 0.0)  # the leader's own replica: its worker retires, serving the data
+    assert find(out, a.DropReplica) == [a.DropReplica(core.stamp, 0, 2, B, f"member {B[:12]} is dead", retire=True)]
+    assert find(out, a.StopWorkers) == [a.StopWorkers(core.stamp, (B,), "replanning", local=False)]
+    assert find(out, a.TrackElection) == [a.TrackElection((C, d, ME), (ME,))]  # it still leads (B stood by)
+    assert state(core) == JobState.RUNNING and core.lead is not None and core.lead.plan == (C, d)
+    core.handle(e.WorkerFailed(core.stamp, ME, "x"), 0.0)  # a second loss before the next commit: replan
     assert state(core) == JobState.RECOVERING
     core = running(members=(ME, B, C, d), min_members=4, replicas=((ME, B), (C, d)))
     out = core.handle(e.MemberDead(C), 0.0)
@@ -181,7 +186,8 @@ def test_a_loss_in_the_leaders_replica_replans_and_idle_devices_rebuild_a_droppe
 
 def test_which_replica_a_lost_device_takes_down() -> None:
     assert lifecycle.replica_to_drop(((ME,), (B,)), B, ME) == 1
-    assert lifecycle.replica_to_drop(((ME, B), (C,)), B, ME) is None  # the leader's replica
+    assert lifecycle.replica_to_drop(((ME, B), (C,)), B, ME) == 0  # the leader's replica: its worker retires
+    assert lifecycle.replica_to_drop(((ME, B), (C,)), ME, ME) is None  # the leader's worker itself
     assert lifecycle.replica_to_drop(((ME,),), ME, ME) is None  # one pipeline
     assert lifecycle.replica_to_drop(((ME,), (B,)), C, ME) is None  # in no replica
     assert lifecycle.replica_to_drop(((ME,), (B,), (B, C)), B, ME) is None  # in several: not a plan we made

@@ -173,6 +173,8 @@ class DropReplica:
     hold: bool = False
     """Spare members could rebuild it: the replicas left hold after a checkpoint the driver picks and feeds back
     (:class:`arceusd.jobs.core.events.HoldAt`); its commit starts the rebuild (:class:`Regrow`)."""
+    retire: bool = False
+    """It is the leader's own replica: this device's worker stops training and serves the others' data."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -457,8 +457,7 @@ class JobCore:
             return []
         lead.replicas = (*lead.replicas[: event.position], event.devices, *lead.replicas[event.position :])
         lead.plan = tuple(p for devices in lead.replicas for p in devices)
-        ranking = (self.me, lead.standby) if lead.standby else (self.me,)
-        return [a.TrackElection(lead.plan, ranking), a.Persist()]
+        return [self._track(), a.Persist()]
 
     def _corroborated(self, leader: str, naming: set[str]) -> bool:
         """Whether more than half of the job's other devices (the plan's; before the first plan, the members
@@ -482,20 +481,27 @@ class JobCore:
         if index is None or self.state != JobState.RUNNING or lead.dropped_at == self.committed_step:
             return self._request_restart(reason)
         dropped, count = lead.replicas[index], len(lead.replicas)
+        retire = self.me in dropped  # our own replica: our worker serves the data to the others from now on
         if gone:  # dead or left: not a spare for the rebuild
             lead.members.discard(peer)
         lead.replicas = lead.replicas[:index] + lead.replicas[index + 1 :]
         lead.plan = tuple(p for devices in lead.replicas for p in devices)
         lead.dropped_at = self.committed_step
         # idle members (the dropped replica's others, say) rebuild it at the next commit, while the others hold
-        lead.regrow = bool(lead.members - set(lead.plan) - {peer})
+        lead.regrow = bool(lead.members - set(lead.plan) - {peer, self.me})
         if lead.standby in dropped:
             lead.standby = ""
-        ranking = (self.me, lead.standby) if lead.standby else (self.me,)
-        return [a.DropReplica(self.stamp, index, count, peer, reason, hold=lead.regrow),
+        return [a.DropReplica(self.stamp, index, count, peer, reason, hold=lead.regrow, retire=retire),
                 a.StopWorkers(self.stamp, tuple(p for p in dropped if p != self.me), JobState.REPLANNING.value,
                               local=False),
-                a.TrackElection(lead.plan, ranking), a.Persist()]  # fmt: skip
+                self._track(), a.Persist()]  # fmt: skip
+
+    def _track(self) -> a.TrackElection:
+        """The job's election over the plan's devices and this leader (whose worker may only serve the data)."""
+        lead = self.lead
+        assert lead is not None
+        ranking = (self.me, lead.standby) if lead.standby else (self.me,)
+        return a.TrackElection(lead.plan if self.me in lead.plan else (*lead.plan, self.me), ranking)
 
     def _request_restart(self, reason: str) -> list[a.Action]:
         """Repartition: stop the plan's workers and plan again over the members that still answer, from the
