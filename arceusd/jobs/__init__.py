@@ -27,8 +27,9 @@ parts carry out its actions; ``driver`` runs them)::
 
 Failures and leaders: a member dead, a worker failed, a report refused -> core: RestartAsked / MemberDead /
 WorkerFailed -> recovering (a new term, CheckReachable, plan again from the last commit; paused when no plan
-fits); with data-parallel replicas a lost device of a replica other than the leader's drops only that replica
-(core: DropReplica -> replica_drop, once per checkpoint interval) and the others train on, then spares rebuild it
+fits); with data-parallel replicas a lost device drops only its replica (core: DropReplica -> replica_drop, once
+per checkpoint interval; the leader's own replica too, its worker then serving the data only) and the others
+train on, then spares rebuild it
 from the checkpoint the others hold at (core: HoldAt, Regrow -> regrow -> Regrown); a member that refuses
 two starts in a row is excluded (core: Exclude); the leader dead -> the elected standby takes over
 (manager.take_over -> core: TakeoverReady); an owner whose members follow another leader hands the job over
