@@ -149,6 +149,7 @@ class Job:
     data_shares: int = 0  # shares of each batch (the plan's replicas, dropped ones too); 0: one per replica
     ring_generation: int = 0  # the replica rings' generation: one more per replica dropped or rebuilt
     rebuilt_replicas: list[tuple[int, tuple[str, ...]]] = field(default_factory=list)  # (step, devices) of rebuilds
+    serving_only: bool = False  # this device's worker retired (its replica dropped): it only serves the data
     inputs: PlanInputs | None = None
     shares: dict[str, float] = field(default_factory=dict)
     step: int = 0

@@ -262,7 +262,9 @@ class LocalWorker:
                 self.life.request_restart(job, shard_checks.exclude(job, peer, refused))
                 return
             job.leading.reports.setdefault(step, {})[peer] = shard
-            job.step = max(job.step, step)  # (a leader whose worker retired learns the progress from its members)
+            if job.serving_only and step > job.step:  # a retired leader learns the progress from its members
+                job.credit(step - job.step)
+                job.step = step
             claims.record_wait_time(job.leading.waits, peer, report)
             claims.record_link_waits(job.leading.link_waits, peer, report)
             claims.record_step_time(job.leading.measured, peer, report)

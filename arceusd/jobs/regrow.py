@@ -270,6 +270,10 @@ class Regrowing:
         if job.plan is not grown.replicas[0]:
             job.leading.shard_shapes = {}  # another replica writes the shards now: its places' shapes
         job.replica_plan, job.plan = grown, grown.replicas[0]
+        if job.inputs is not None:  # the ledger credits the rebuilt replica's devices from now on
+            from arceusd.jobs.planning import replica_flops_shares
+
+            job.shares = replica_flops_shares(grown, job.inputs)
         job.replica_slots = tuple(sorted((*job.slots(), msg.slot)))
         job.data_shares, job.ring_generation = shares, msg.generation
         job.rebuilt_replicas.append((msg.step, tuple(msg.devices)))

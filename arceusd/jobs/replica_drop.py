@@ -113,6 +113,7 @@ class ReplicaDrops:
             log.error("job %s: cannot drop a replica: %s", job.job_id, exc)
             self.life.request_restart(job, f"dropping a replica failed ({exc})")
             return
+        job.serving_only = job.serving_only or action.retire
         left = set(job.plan_peers())
         for step in [s for s in job.leading.reports if s > job.committed_step]:  # uncommitted: only the plan's
             job.leading.reports[step] = {p: r for p, r in job.leading.reports[step].items() if p in left}

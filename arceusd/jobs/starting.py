@@ -71,7 +71,7 @@ class Starting:
             return  # repartitioned or ended while planning: the core plans again when it is time
         job.inputs, job.replica_plan = inputs, replica_plan
         job.plan = replica_plan.replicas[0]  # the first replica's devices write the checkpoint shards
-        job.replica_slots, job.data_shares, job.ring_generation = (), 0, 0
+        job.replica_slots, job.data_shares, job.ring_generation, job.serving_only = (), 0, 0, False
         job.shares = replica_flops_shares(replica_plan, inputs)
         job.standby = choose_standby(job, me)
         self.life.feed(job, events.PlanFound(job.plan_peers(), job.standby,

@@ -201,6 +201,9 @@ def test_a_killed_replica_device_drops_its_replica_and_the_other_trains_on_then_
         assert end["recoveries"] == [] and end["epoch"] == job["epoch"], end["recoveries"]
         spare_view = job_of(s, job_id, spare_index)
         assert spare_view["state"] == "done" and spare_view["ring_bytes"] > 0, spare_view
+        # the ledger follows: the spare is credited for the steps after the rebuild, the lost device not after it
+        steps = {c["peer_id"]: c["steps"] for c in end["contributions"]}
+        assert steps[job["owner"]] == 300 and steps[spare] == 100 and steps[victim] < 200, steps
         assert end["val_accuracy"] is not None and math.isfinite(end["loss"])
         if sync == "every_step":  # (DiLoCo over SGD with momentum drifts on this spec even without a failure)
             assert end["val_accuracy"] > 0.8, end
@@ -242,3 +245,7 @@ def test_a_lost_device_of_the_owners_replica_retires_the_owners_worker_and_the_o
         assert end["step"] == 300 and end["model_path"], end
         member = job_of(s, job_id, watcher)
         assert member["state"] == "done" and member["val_accuracy"] > 0.8, member
+        # the ledger follows: the replica that trained on is credited for every step (from its reports once the
+        # leader's own worker retired), the dropped one only until the drop
+        steps = {c["peer_id"]: c["steps"] for c in end["contributions"]}
+        assert all(steps[p] == 300 for p in other) and all(steps[p] < 200 for p in own), steps
