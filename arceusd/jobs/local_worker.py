@@ -141,12 +141,9 @@ class LocalWorker:
         return JobStartReply(job.job_id, True, "", f"{host}:{port}")
 
     async def on_go(self, header: Header, msg: JobGo) -> JobAck:
-        job = self.ctx.jobs.get(msg.job_id)
-        if job is None:
-            return JobAck(False, "unknown job")
-        why = await self.ctx.check_leader(header, job)
-        if why is not None:
-            return JobAck(False, why.reason, why.follows)
+        job = await self.ctx.commanded(header, msg.job_id)
+        if isinstance(job, JobAck):
+            return job
         for action in self.life.feed(job, events.GoReceived(Stamp(header.term, header.epoch))):
             if isinstance(action, actions.Refuse):
                 return JobAck(False, action.reason)

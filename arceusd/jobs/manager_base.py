@@ -32,6 +32,7 @@ from arceusd.jobs.transfers import Transfers
 from arceusd.node import Node
 from arceusd.peers import PeerService
 from protocol.envelope import Header
+from protocol.job_wire import JobAck
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +121,17 @@ class JobContext:
             await worker.stop(grace=0.5)
 
     # ---------------------------------------------------------------------------------------------- following
+    async def commanded(self, header: Header, job_id: str) -> Job | JobAck:
+        """The job a leader's command names, or the answer refusing it (an unknown job; not from the leader this
+        device follows, at its term and epoch: :meth:`check_leader`)."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            return JobAck(False, "unknown job")
+        why = await self.check_leader(header, job)
+        if why is not None:
+            return JobAck(False, why.reason, why.follows)
+        return job
+
     async def check_leader(self, header: Header, job: Job, epochs: bool = True) -> leadership.Refuse | None:
         """Why a leader command for ``job`` must be refused (None when it is acceptable).
 

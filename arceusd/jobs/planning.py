@@ -236,12 +236,7 @@ def verify_job_start(
     if one_pipeline(spec):
         inputs, the_plan = verify_start(spec, inputs_data, plan_data, own)
         return inputs, single(the_plan)
-    try:
-        inputs = inputs_from_dict(json.loads(inputs_data))
-        received = replica_plan_from_bytes(plan_data)
-    except (ValueError, KeyError, TypeError) as exc:
-        raise PlanRefused(f"malformed replica plan or inputs: {exc}") from None
-    _check_inputs(spec, inputs, own)
+    inputs, received = _replica_start(spec, inputs_data, plan_data, own)
     h, fixed, sync = _replica_choices(spec)
     try:
         verify_replicas(received, inputs, h, replicas=fixed, sync=sync, include=leader)
@@ -259,12 +254,7 @@ def verify_grown_start(
     predicts for it within its own offer."""
     if one_pipeline(spec):
         raise PlanRefused("a replica rebuilt for a job without replicas")
-    try:
-        inputs = inputs_from_dict(json.loads(inputs_data))
-        received = replica_plan_from_bytes(plan_data)
-    except (ValueError, KeyError, TypeError) as exc:
-        raise PlanRefused(f"malformed replica plan or inputs: {exc}") from None
-    _check_inputs(spec, inputs, own)
+    inputs, received = _replica_start(spec, inputs_data, plan_data, own)
     replicas = received.replicas
     if not 0 <= position < len(replicas) or own.peer_id not in replicas[position].peer_ids:
         raise PlanRefused(f"this device has no place in replica {position} of the rebuilt plan")
@@ -273,6 +263,17 @@ def verify_grown_start(
     need = dict(replicas[position].memory_bytes).get(own.peer_id, 0)
     if need > own.device_profile(spec.training.optimizer).memory_bytes:
         raise PlanRefused(f"the plan needs {need} bytes on this device, more than it offered")
+    return inputs, received
+
+
+def _replica_start(spec: JobSpec, inputs_data: bytes, plan_data: bytes, own: Offer) -> tuple[PlanInputs, ReplicaPlan]:
+    """A replica start's inputs and plan, decoded, the inputs checked against the spec and this device's offer."""
+    try:
+        inputs = inputs_from_dict(json.loads(inputs_data))
+        received = replica_plan_from_bytes(plan_data)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise PlanRefused(f"malformed replica plan or inputs: {exc}") from None
+    _check_inputs(spec, inputs, own)
     return inputs, received
 
 

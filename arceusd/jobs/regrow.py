@@ -237,12 +237,9 @@ class Regrowing:
     # -- every device left (the leader for itself too) -----------------------------------------------------
 
     async def on_grow(self, header: Header, msg: JobGrowReplica) -> JobAck:
-        job = self.ctx.jobs.get(msg.job_id)
-        if job is None:
-            return JobAck(False, "unknown job")
-        why = await self.ctx.check_leader(header, job)
-        if why is not None:
-            return JobAck(False, why.reason, why.follows)
+        job = await self.ctx.commanded(header, msg.job_id)
+        if isinstance(job, JobAck):
+            return job
         if msg.release:
             await self._go_on(job)
             return JobAck(True)

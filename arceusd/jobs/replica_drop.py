@@ -145,12 +145,9 @@ class ReplicaDrops:
     # -- a member -------------------------------------------------------------------------------------------
 
     async def on_drop(self, header: Header, msg: JobDropReplica) -> JobAck:
-        job = self.ctx.jobs.get(msg.job_id)
-        if job is None:
-            return JobAck(False, "unknown job")
-        why = await self.ctx.check_leader(header, job)
-        if why is not None:
-            return JobAck(False, why.reason, why.follows)
+        job = await self.ctx.commanded(header, msg.job_id)
+        if isinstance(job, JobAck):
+            return job
         plan = job.replica_plan
         if plan is None:
             return JobAck(False, "this device runs no plan of that job")

@@ -23,9 +23,10 @@ outer step every ``diloco_h`` steps), its data share is the replica's 1/R of eac
 the bytes it sent to its ring, and only replica 0 writes checkpoint shards (all-reduce keeps the replicas
 bit-identical; DiLoCo's shards carry the common anchor).
 
-``drop_replica`` on stdin (the leader dropped a replica whose device died): the ring goes on without it
-(``ring_links.WireRing.drop``); the sync that broke is redone over the smaller ring, the first replica left writes
-the shards, and witnesses stop when one replica is left.
+The daemon's replica commands on stdin (``drop_replica``, ``grow_replica``, ``go_on``, ``retire``) are
+``replica_control.ReplicaControl``'s: the ring goes on without a dropped replica (the sync that broke is redone
+over the smaller ring; the first replica left writes the shards, witnesses stop when one replica is left), holds
+after a checkpoint for its rebuild and grows back, and the data owner's worker retires to serve the others.
 
 ``stop`` on stdin (or stdin closing) exits 0 at once; any failure emits ``error`` and exits 1. Gradient norm:
 the engine always clips with ``max_grad_norm = grad_clip`` or ``inf`` when the spec has no clipping (a scale
@@ -89,6 +90,7 @@ from arceusd.worker.protocol import (
     WorkerProtocolError,
     parse_command,
 )
+from arceusd.worker.replica_control import ReplicaCommand, ReplicaControl
 from arceusd.worker.replicas import (
     OUTER_ANCHOR,
     OUTER_MOMENTUM,
@@ -204,11 +206,7 @@ class Worker:
         module = build_stage(self.spec.model, self.spec.seed, StageSpec(st.start, st.end, split, self.rank), group)
         t = self.spec.training
         self.replica = config.slot_of()  # this worker's replica slot: its share of each batch
-        self.hold_at = 0  # the checkpoint step after which to hold for a dropped replica's rebuild (0: none)
-        self._release: GrowReplicaCommand | GoOnCommand | None = None
-        self._released = trio.Event()
-        self.retired = trio.Event()  # the leader dropped this (the data owner's) replica: serve the data only
-        self._training = trio.CancelScope()
+        self.control = ReplicaControl(self)
         replicas = None
         if config.replica_count() > 1 and config.replica_sync is not None:
             if t.batch_size % (config.share_count() * config.micro_batches):
@@ -291,7 +289,7 @@ class Worker:
             async with trio.open_nursery() as nursery:
                 start: list[StartCommand] = []
                 started = trio.Event()
-                nursery.start_soon(_read_commands, commands, start, started, self._command)
+                nursery.start_soon(_read_commands, commands, start, started, self.control.command)
                 await started.wait()
                 await self.fabric.connect(transport, start[0].addresses, nursery)
                 client = None
@@ -310,65 +308,12 @@ class Worker:
                     await client.aclose()
                 if self.server is not None and self.config.replica_count() > 1:
                     # retired: the other replicas fetch their data here until their end (or until the daemon stops us)
-                    bound = math.inf if self.retired.is_set() else self.config.link_timeout_s
+                    bound = math.inf if self.control.retired.is_set() else self.config.link_timeout_s
                     left = await self.server.wait_clients_done(bound)
                     if left:
                         print(f"stage worker: replicas {sorted(left)} did not finish fetching data", file=sys.stderr)
                 await self.fabric.aclose()
                 nursery.cancel_scope.cancel()
-
-    async def _command(self, command: DropReplicaCommand | GrowReplicaCommand | GoOnCommand | RetireCommand) -> None:
-        """A command about the replicas (the event loop's side; ``_hold`` acts on a rebuild between two steps)."""
-        if isinstance(command, RetireCommand):
-            if self.server is None or self.config.replica_count() < 2:
-                raise WorkerProtocolError("retire: only the data owner's worker in a plan of replicas retires")
-            self.retired.set()
-            self._training.cancel()
-            return
-        if isinstance(command, DropReplicaCommand):
-            try:
-                await self.fabric.ring.drop(command.replicas, command.index)
-            except ValueError as exc:
-                raise WorkerProtocolError(f"drop_replica command: {exc}") from exc
-            self.hold_at = command.hold_at or self.hold_at
-            print(f"stage worker: replica {command.index} of {command.replicas} dropped; the ring goes on with "
-                  f"replicas {list(self.fabric.ring.replicas)} of the plan", file=sys.stderr)  # fmt: skip
-            return
-        if isinstance(command, GoOnCommand) and (not self.hold_at or self._released.is_set()):
-            return  # it went on already (its hold timed out): nothing to release
-        if not self.hold_at or self._released.is_set():
-            raise WorkerProtocolError(f"a {type(command).__name__} for a worker that does not hold for a rebuild")
-        self._release = command
-        self._released.set()
-
-    async def _hold(self, step: int) -> None:
-        """After checkpoint ``step``: wait for the dropped replica's rebuild (or the word to go on alone), at most
-        ``link_timeout_s``; with a rebuild, the ring grows back before the next step."""
-        with trio.move_on_after(self.config.link_timeout_s):
-            await self._released.wait()
-        command, self._release, self.hold_at = self._release, None, 0
-        self._released = trio.Event()
-        if not isinstance(command, GrowReplicaCommand):
-            print(f"stage worker: going on without the dropped replica after step {step}", file=sys.stderr)
-            return
-        stages = command.stages
-        if command.step != step or len(stages) != self.num_stages or \
-                len(stages[self.stage]) != len(self.config.stages[self.stage].members):  # fmt: skip
-            raise WorkerProtocolError(f"grow_replica command: a replica rebuilt at step {command.step} with "
-                                      f"{len(stages)} stage(s) for a worker holding at step {step}")  # fmt: skip
-        peer = stages[self.stage][self.rank]
-        if peer not in command.addresses:
-            raise WorkerProtocolError(f"grow_replica command: no address for peer {peer}")
-        try:
-            link = await self.fabric.ring.grow(command.slot, peer, command.addresses[peer], command.generation)
-            if self.server is not None:
-                self.server.admit(command.slot, list(stages[0]), list(stages[-1]))
-        except ValueError as exc:
-            raise WorkerProtocolError(f"grow_replica command: {exc}") from exc
-        if self.engine.replicas is not None:
-            self.engine.replicas.link = link  # between two steps: nothing is in flight on the ring
-        print(f"stage worker: the replica of slot {command.slot} was rebuilt at step {step}; the ring goes on "
-              f"with replicas {list(self.fabric.ring.replicas)}", file=sys.stderr)  # fmt: skip
 
     async def _train(self, nursery: trio.Nursery, client: DataClient | None) -> None:
         cfg, t = self.config, self.spec.training
@@ -379,25 +324,15 @@ class Worker:
         n_eval = eval_batch_count(self.spec)
         step = self.start_step
         try:
-            with self._training:
+            with self.control.training:
                 for step in range(self.start_step, cfg.total_steps):
                     await self._step(step, prefetch, samples, tokens, n_eval)
         except (LinkError, RingError) as exc:  # a neighbour of this replica is gone
-            if not await self._retire_after(exc):
+            if not await self.control.retire_after(exc):
                 raise
-        if self.retired.is_set():
+        if self.control.retired.is_set():
             print(f"stage worker: retired at step {step} (its replica was dropped); serving the data", file=sys.stderr)
-        self.events.emit(DoneEvent(step if self.retired.is_set() else cfg.total_steps))
-
-    async def _retire_after(self, broke: BaseException) -> bool:
-        """The data owner's worker, whose replica broke: whether the leader retires it (drops its replica and lets
-        it serve the others) within ``link_timeout_s``; any other worker fails at once."""
-        if self.server is None or self.config.replica_count() < 2:
-            return False
-        print(f"stage worker: its replica broke ({broke}); waiting to be retired", file=sys.stderr)
-        with trio.move_on_after(self.config.link_timeout_s):
-            await self.retired.wait()
-        return self.retired.is_set()
+        self.events.emit(DoneEvent(step if self.control.retired.is_set() else cfg.total_steps))
 
     async def _step(self, step: int, prefetch: Prefetcher, samples: int, tokens: int, n_eval: int) -> None:
         """One training step, its checkpoint, witness and evaluation, and a hold for a rebuild after it."""
@@ -431,8 +366,8 @@ class Worker:
                 self._evaluate, done, batches, abandon_on_cancel=True
             )
             self.events.emit(EvalEvent(done, loss, acc))
-        if checkpoint and done == self.hold_at and done < cfg.total_steps:
-            await self._hold(done)
+        if checkpoint and done == self.control.hold_at and done < cfg.total_steps:
+            await self.control.hold(done)
 
     def _shard(self, step: int) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
         """This worker's checkpoint shard of ``step``: its state tensors (copied) and the shard's metadata."""
@@ -539,7 +474,7 @@ async def _commands(stream: trio.abc.ReceiveStream) -> AsyncGenerator[Command, N
 
 async def _read_commands(
     commands: trio.abc.ReceiveStream, start: list[StartCommand], started: trio.Event,
-    replicas: Callable[[DropReplicaCommand | GrowReplicaCommand | GoOnCommand | RetireCommand], Awaitable[None]],
+    replicas: Callable[[ReplicaCommand], Awaitable[None]],
 ) -> None:  # fmt: skip
     async with contextlib.aclosing(_commands(commands)) as received:
         async for command in received:

@@ -165,19 +165,7 @@ class WireRing:
             self.refused["unexpected_peer"] += 1
             return
         self._claimed.add((number, stream.peer_id))
-        why = "closed"
-        try:
-            while True:
-                try:
-                    header, payload = await stream.receive()
-                except trio.EndOfChannel:
-                    return
-                gen.queues.deliver(route, (header, payload))
-        except Exception as exc:  # a broken peer: the waiting receive reports it
-            self.refused[type(exc).__name__] += 1
-            why = f"broke ({type(exc).__name__}: {exc})"
-        finally:
-            gen.queues.end_incoming(route, why)
+        await gen.queues.fill(route, stream, self.refused)
 
     async def connect(self, opener: StreamOpener, addresses: Mapping[str, str], nursery: trio.Nursery) -> None:
         """Open the current generation's stream to the next peer and start its sender (in ``nursery``); kept

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterable
 from typing import Protocol
 
@@ -47,6 +47,12 @@ class FrameSink(Protocol):
     """What a sender task writes to (``arceusd.transport.Stream``)."""
 
     async def send(self, header: bytes, payload: bytes | bytearray | memoryview = b"") -> None: ...
+
+
+class FrameSource(Protocol):
+    """What a stream handler reads from (``arceusd.transport.Stream``)."""
+
+    async def receive(self) -> tuple[bytes, memoryview]: ...
 
 
 class RouteQueues:
@@ -135,6 +141,23 @@ class RouteQueues:
         with self._cond:
             self._ended.setdefault(route, why)
             self._cond.notify_all()
+
+    async def fill(self, route: Route, stream: FrameSource, refused: Counter[str]) -> None:
+        """Deliver ``stream``'s frames to ``route``'s inbox until it ends (trio side, a stream handler); a broken
+        stream is counted in ``refused`` by its error's type and reported by the waiting receive."""
+        why = "closed"
+        try:
+            while True:
+                try:
+                    frame = await stream.receive()
+                except trio.EndOfChannel:
+                    return
+                self.deliver(route, frame)
+        except Exception as exc:  # a broken peer: the waiting receive reports it
+            refused[type(exc).__name__] += 1
+            why = f"broke ({type(exc).__name__}: {exc})"
+        finally:
+            self.end_incoming(route, why)
 
     def take(self, route: Route) -> Received:
         """The next frame of ``route`` (compute thread; see the module docstring for the errors)."""

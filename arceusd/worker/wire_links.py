@@ -184,19 +184,7 @@ class WireFabric:
             self.refused["unexpected_peer" if kind in KINDS else "unknown_kind"] += 1
             return
         self._claimed.add(key)
-        why = "closed"
-        try:
-            while True:
-                try:
-                    header, payload = await stream.receive()
-                except trio.EndOfChannel:
-                    return
-                self.queues.deliver(key, (header, payload))
-        except Exception as exc:  # a broken peer: the waiting receive reports it
-            self.refused[type(exc).__name__] += 1
-            why = f"broke ({type(exc).__name__}: {exc})"
-        finally:
-            self.queues.end_incoming(key, why)
+        await self.queues.fill(key, stream, self.refused)
 
     async def connect(self, opener: StreamOpener, addresses: Mapping[str, str], nursery: trio.Nursery) -> None:
         """Open every outgoing stream (concurrently) and start its sender task in ``nursery``.
