@@ -1,6 +1,7 @@
 """Replicas in one process: tokens/s of 2 data-parallel replicas against one device alone, on an emulated link.
 
-Not the netns swarm bench (``bench/swarm_netns.py`` is still to come: jobs do not run replicas yet). Here each
+The worker's arithmetic alone (``bench/swarm_netns.py`` runs the same comparison through daemons, each in its own
+network namespace with shaped links). Here each
 "device" is a thread running a ``StageEngine`` with 1 torch thread; the replicas' ring is the in-memory ring,
 optionally shaped: a send blocks its sender for rtt/2 + bytes / bandwidth before the frame is delivered (a
 serialised link per direction). Runs, all in this process and this run:
