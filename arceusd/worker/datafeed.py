@@ -168,7 +168,11 @@ class DataServer:
                 self.refused[exc.reason] += 1
                 return
             parts = encode_tensor_parts(tensor.contiguous(), RAW)
-            await stream.send(bytes(parts[0]), memoryview(parts[1]) if len(parts) == 2 else b"")
+            try:
+                await stream.send(bytes(parts[0]), memoryview(parts[1]) if len(parts) == 2 else b"")
+            except Exception as exc:  # the client is gone (a replica dropped, say): the others are still served
+                self.refused[type(exc).__name__] += 1
+                return
 
 
 class DataClient:
