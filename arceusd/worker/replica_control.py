@@ -101,7 +101,7 @@ class ReplicaControl:
         except ValueError as exc:
             raise WorkerProtocolError(f"grow_replica command: {exc}") from exc
         if w.engine.replicas is not None:
-            w.engine.replicas.link = link  # between two steps: nothing is in flight on the ring
+            w.engine.replicas.grown(link)  # between two steps: nothing is in flight on the ring
         print(f"stage worker: the replica of slot {command.slot} was rebuilt at step {step}; the ring goes on "
               f"with replicas {list(w.fabric.ring.replicas)}", file=sys.stderr)  # fmt: skip
 

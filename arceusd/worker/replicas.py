@@ -175,7 +175,8 @@ class ReplicaSync:
         """Where a smaller ring comes from when a replica is dropped (None: a broken ring fails the sync)."""
         self.change_timeout_s = change_timeout_s
         self.rounds = 0
-        """Syncs completed (all-reduces of a step's gradients, or DiLoCo outer steps) since this worker began."""
+        """Syncs completed (all-reduces of a step's gradients, or DiLoCo outer steps) since this worker began or its
+        ring last grew."""
         self.redone = 0
         """Syncs redone over a smaller ring after a replica was dropped."""
         self._anchor: list[torch.Tensor] = []
@@ -187,6 +188,12 @@ class ReplicaSync:
     def world(self) -> int:
         """Replicas in the ring now (fewer than ``config.replicas`` after a drop)."""
         return self.link.world_size
+
+    def grown(self, link: RingLink) -> None:
+        """Between two steps, the ring grew back with a rebuilt replica (which starts counting its syncs at 0):
+        go on over ``link``, counting syncs from 0 too, so that a later drop's agreement check compares alike."""
+        self.link = link
+        self.rounds = 0
 
     def attach(self, params: Sequence[nn.Parameter], micro_batches: int) -> None:
         """ALLREDUCE mode: all-reduce buckets during the backward (module docstring); ``micro_batches``: how many

@@ -245,3 +245,37 @@ def test_ring_generations_and_drops_are_checked() -> None:
                 '{"cmd": "drop_replica", "replicas": 3, "index": 3}'):  # fmt: skip
         with pytest.raises(WorkerProtocolError):
             parse_command(bad)
+
+
+def test_after_the_ring_grows_back_a_later_drop_finds_old_and_rebuilt_ranks_alike() -> None:
+    """A rebuilt replica starts counting its syncs at 0; the replicas that held for it count from 0 again, so a
+    later drop's agreement check passes between an old rank and the rebuilt one."""
+    config = ReplicaConfig(replicas=3, overlap=False)
+    old = InMemoryRing(3, timeout_s=20)
+    changes = {0: RingChange(), 2: RingChange()}
+    syncs = [ReplicaSync(config, old.link(r), changes.get(r), change_timeout_s=20) for r in range(3)]
+    syncs[0].rounds = syncs[1].rounds = 7  # the replicas that held, after many syncs; syncs[2] is the rebuilt one
+    grown = InMemoryRing(3, timeout_s=20)
+    for r, sync in enumerate(syncs):
+        sync.grown(grown.link(r))
+    params = [[nn.Parameter(torch.ones(4))] for _ in range(3)]
+    for r, ps in enumerate(params):
+        ps[0].grad = torch.full((4,), float(r))
+    _run_threads(3, lambda r: _ignore(syncs[r].average_grads(params[r], 0.0)))
+    assert [s.rounds for s in syncs] == [1, 1, 1]
+    # an old replica (1) is lost now: the other old one and the rebuilt one redo the next sync over a ring of two
+    left = [0, 2]
+    for r in left:
+        params[r][0].grad = torch.full((4,), float(r))
+
+    def drop() -> None:
+        time.sleep(0.2)
+        grown.break_("replica 1 died")
+        smaller = InMemoryRing(2, timeout_s=20)
+        for rank, r in enumerate(left):
+            changes[r].offer(smaller.link(rank))
+
+    threading.Thread(target=drop, daemon=True).start()
+    _run_threads(2, lambda i: _ignore(syncs[left[i]].average_grads(params[left[i]], 0.0)))
+    assert [syncs[r].redone for r in left] == [1, 1] and [syncs[r].rounds for r in left] == [2, 2]
+    assert all(torch.equal(_grad(params[r][0]), torch.ones(4)) for r in left)  # the mean of 0 and 2
