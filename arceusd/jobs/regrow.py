@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import logging
+import os
 import shutil
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -108,18 +108,33 @@ def grown_plan(
 
 
 def _resume_files(job: Job, step: int, plan: ReplicaPlan, position: int) -> dict[str, ResumeFile]:
-    """The committed shard of each place, copied for the new replica's device there (blocking: a thread)."""
+    """The committed shard of each place, linked (or copied) for the new replica's device there, described by the
+    step's signed manifest (what we signed, not read again; blocking: a thread). ``RegrowError`` when the step's
+    manifest does not verify or lacks a shard."""
+    from arceusd.checkpoint import CheckpointError, read_manifest
     from arceusd.jobs.recovery import ResumeFile, file_name, resume_dir
 
-    folder, out = step_dir(job.directory / "checkpoints", step), {}
+    folder = step_dir(job.directory / "checkpoints", step)
+    try:
+        manifest, _ = read_manifest(folder, sorted(job.leaders))
+    except CheckpointError as exc:
+        raise RegrowError(f"checkpoint {step}: {exc}") from None
+    records = {r.name: r for r in manifest.shards}
     target = resume_dir(job.directory, job.epoch)
     target.mkdir(parents=True, exist_ok=True)
+    out = {}
     for s, stage in enumerate(plan.replicas[position].stages):
         for r, share in enumerate(stage.shares):
-            name = f"grow-{step}-{file_name(s, r)}"
-            shutil.copyfile(folder / file_name(s, r), target / name)
-            data = (target / name).read_bytes()
-            out[share.peer_id] = ResumeFile(name, hashlib.sha256(data).hexdigest(), len(data))
+            record = records.get(file_name(s, r))
+            if record is None:
+                raise RegrowError(f"checkpoint {step} has no shard of stage {s} rank {r}")
+            name = f"grow-{step}-{record.name}"
+            (target / name).unlink(missing_ok=True)
+            try:
+                os.link(folder / record.name, target / name)
+            except OSError:  # another file system, or links not allowed there
+                shutil.copyfile(folder / record.name, target / name)
+            out[share.peer_id] = ResumeFile(name, record.sha256, record.size)
     return out
 
 

@@ -119,6 +119,7 @@ class WireRing:
         self.frames_sent = 0
         self._generations = {generation: self._generation(generation, self.replicas)}
         self._number = generation
+        self._changed = trio.Event()  # set when a new generation is made (a stream waiting for it goes on)
         self._claimed: set[tuple[int, str]] = set()
         self._outgoing: dict[int, Stream] = {}
         self._opener: StreamOpener | None = None
@@ -155,7 +156,7 @@ class WireRing:
         if number > self._number:
             with trio.move_on_after(self.timeout_s):
                 while number > self._number:  # a faster peer took the drop (or grow) first: wait for ours
-                    await trio.sleep(0.01)
+                    await self._changed.wait()
         gen = self._generations.get(number)
         if gen is None:
             self.refused["unknown_ring"] += 1
@@ -217,6 +218,8 @@ class WireRing:
         gen = self._generation(old.number + 1, replicas)
         self._generations[gen.number] = gen
         self._number, self.replicas = gen.number, replicas
+        self._changed.set()
+        self._changed = trio.Event()
         old.queues.close(why)
         stream = self._outgoing.pop(old.number, None)
         if stream is not None:

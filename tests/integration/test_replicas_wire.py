@@ -118,19 +118,13 @@ def test_a_dropped_replica_leaves_the_others_training_over_a_smaller_ring(tmp_pa
         job.start()
         survivors, dead = job.workers[:2], job.workers[2]
         deadline = time.monotonic() + 60
-        for w in job.workers:
-            while not any(e.step >= 1 for e in w.of(StepEvent)):
-                assert w.next_event(deadline) is not None, w.log()
+        job.wait_past(1, deadline)
         assert dead.proc is not None
         dead.proc.kill()
         for w in survivors:
             w.send(DropReplicaCommand(replicas=3, index=2).to_line())
         for w in survivors:
-            while not w.of(DoneEvent):
-                ev = w.next_event(deadline)
-                assert ev is not None and not isinstance(ev, ErrorEvent), f"{ev}\n{w.log()}"
-        for w in survivors:
-            assert w.proc is not None and w.proc.wait(timeout=30) == 0, w.log()
+            job.until_done(w, deadline)
             assert "replica 2 of 3 dropped" in w.log()
         first, second = ([e.loss for e in w.of(StepEvent)] for w in survivors)
         assert len(first) == steps and first == second  # the same averaged loss on both: one ring
@@ -158,9 +152,7 @@ def test_a_dropped_replica_is_rebuilt_from_a_checkpoint_while_the_other_holds(tm
         real = job.start()
         survivor, dead = job.workers
         deadline = time.monotonic() + 60
-        for w in job.workers:
-            while not any(e.step >= 1 for e in w.of(StepEvent)):
-                assert w.next_event(deadline) is not None, w.log()
+        job.wait_past(1, deadline)
         assert dead.proc is not None
         dead.proc.kill()
         survivor.send(DropReplicaCommand(replicas=2, index=1, hold_at=interval).to_line())
@@ -186,10 +178,7 @@ def test_a_dropped_replica_is_rebuilt_from_a_checkpoint_while_the_other_holds(tm
         rebuilt.send(StartCommand({**real, pid: address}).to_line())
         survivor.send(GrowReplicaCommand(held, 1, 2, ((pid,),), {pid: address}).to_line())
         for w in (survivor, rebuilt):
-            while not w.of(DoneEvent):
-                ev = w.next_event(deadline)
-                assert ev is not None and not isinstance(ev, ErrorEvent), f"{ev}\n{w.log()}"
-            assert w.proc is not None and w.proc.wait(timeout=30) == 0, w.log()
+            job.until_done(w, deadline)
         assert "the replica of slot 1 was rebuilt at step 6" in survivor.log()
         after = [(e.step, e.loss) for e in survivor.of(StepEvent) if e.step >= held]
         assert after == [(e.step, e.loss) for e in rebuilt.of(StepEvent)]  # one ring again: the same averaged loss
@@ -211,9 +200,7 @@ def test_the_data_owners_replica_dropped_its_worker_serves_the_others_to_the_end
         job.start()
         owner, lost, first, second = job.workers
         deadline = time.monotonic() + 60
-        for w in job.workers:
-            while not any(e.step >= 1 for e in w.of(StepEvent)):
-                assert w.next_event(deadline) is not None, w.log()
+        job.wait_past(1, deadline)
         assert lost.proc is not None
         lost.proc.kill()
         time.sleep(0.5)  # the owner's links break first; it waits instead of failing
@@ -221,10 +208,7 @@ def test_the_data_owners_replica_dropped_its_worker_serves_the_others_to_the_end
         for w in (first, second):
             w.send(DropReplicaCommand(replicas=2, index=0).to_line())
         for w in (first, second, owner):
-            while not w.of(DoneEvent):
-                ev = w.next_event(deadline)
-                assert ev is not None and not isinstance(ev, ErrorEvent), f"{ev}\n{w.log()}"
-            assert w.proc is not None and w.proc.wait(timeout=30) == 0, w.log()
+            job.until_done(w, deadline)
         assert "waiting to be retired" in owner.log() and "retired at step" in owner.log()
         assert owner.of(DoneEvent)[0].step < steps
         assert [e.step for e in first.of(StepEvent)] == list(range(steps))

@@ -39,6 +39,7 @@ from arceusd.worker.protocol import (
     ReplicaSyncConfig,
     StageConfig,
     StartCommand,
+    StepEvent,
     StopCommand,
     WorkerConfig,
     parse_event,
@@ -275,6 +276,21 @@ class WorkerJob:
                     raise AssertionError(f"worker {w.stage}/{w.rank} failed: {ev.message}\n{w.log()}")
                 if isinstance(ev, DoneEvent):
                     break
+
+    def wait_past(self, step: int, deadline: float, workers: Sequence[WorkerProc] | None = None) -> None:
+        """Collect events until every worker (or each of ``workers``) reported step ``step`` or a later one."""
+        for w in self.workers if workers is None else workers:
+            while not any(e.step >= step for e in w.of(StepEvent)):
+                assert w.next_event(deadline) is not None, w.log()
+
+    def until_done(self, w: WorkerProc, deadline: float, exits: bool = True) -> None:
+        """Collect ``w``'s events until it said done (AssertionError on an error or an early end); ``exits``: then
+        it must exit 0."""
+        while not w.of(DoneEvent):
+            ev = w.next_event(deadline)
+            assert ev is not None and not isinstance(ev, ErrorEvent), f"{ev}\n{w.log()}"
+        if exits:
+            assert w.proc is not None and w.proc.wait(timeout=30) == 0, w.log()
 
     def stop(self, w: WorkerProc) -> None:
         w.send(StopCommand().to_line())
