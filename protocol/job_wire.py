@@ -1,4 +1,4 @@
-"""Wire messages of the job lifecycle (ids 70-86, append-only). Announce/join use ids 30-32 of
+"""Wire messages of the job lifecycle (ids 70-89 and 95-96, append-only). Announce/join use ids 30-32 of
 :mod:`protocol.messages`.
 
 ==== ================ ========== =====================================================================
@@ -26,6 +26,12 @@ id   type             max_size   meaning
                                  its devices is gone); the others train on over a smaller ring
 86   JobGrowReplica   64 KiB     leader -> the replicas left, holding at a checkpoint: the dropped replica was
                                  rebuilt (its slot, devices, worker addresses, ring generation), or ``release``
+87   SpeedChallenge   512        leader -> member: get ready for ``rounds`` products of ``size`` x ``size``
+                                 matrices (a JobAck once its child is loaded; :mod:`arceusd.jobs.challenges`)
+88   ChallengeGo      512        leader -> member: the seed; the leader's clock runs until the answer
+89   ChallengeRoot    512        member -> leader: the Merkle root of every product's blocks
+95   ChallengeOpen    1 KiB      leader -> member: the blocks (leaves) to show
+96   ChallengeBlocks  2 MiB      member -> leader: those blocks' float32 bytes and Merkle proofs
 ==== ================ ========== =====================================================================
 
 ``JobStart.grow`` (JSON, empty for a plan's start) starts a spare device's worker in a dropped replica's slot, from
@@ -256,3 +262,62 @@ class JobGrowReplica:
     devices: tuple[str, ...] = field(default=(), metadata={"max_len": 1024})
     addresses: tuple[PeerAddress, ...] = field(default=(), metadata={"max_len": 1024})
     release: bool = False
+
+
+CHALLENGE_ID = 32
+"""A speed challenge's id: 32 hex characters the leader draws."""
+CHALLENGE_OPEN_MAX = 16
+"""The most blocks a leader may ask to see."""
+CHALLENGE_BLOCK_MAX = 16 * 2048 * 4
+"""The bytes of one block (``challenges.BLOCK_ROWS`` rows of the largest size, float32)."""
+
+
+@message(87, max_size=512)
+@dataclass(frozen=True)
+class SpeedChallenge:
+    """Leader -> member: get ready to compute ``rounds`` products of ``size`` x ``size`` matrices (issue #19);
+    answered with a JobAck once ready. ``deadline_s``: how long the leader waits for the root once it sent the
+    seed (the member stops the work then)."""
+
+    job_id: str = field(metadata=_ID)
+    challenge: str = field(metadata={"max_len": CHALLENGE_ID})
+    size: int
+    rounds: int
+    deadline_s: float
+
+
+@message(88, max_size=512)
+@dataclass(frozen=True)
+class ChallengeGo:
+    """Leader -> member: the seed of the matrices; answered with a :class:`ChallengeRoot` (or a JobAck refusing)."""
+
+    job_id: str = field(metadata=_ID)
+    challenge: str = field(metadata={"max_len": CHALLENGE_ID})
+    seed: str = field(metadata={"max_len": SHA256_HEX})
+
+
+@message(89, max_size=512)
+@dataclass(frozen=True)
+class ChallengeRoot:
+    challenge: str = field(metadata={"max_len": CHALLENGE_ID})
+    root: str = field(metadata={"max_len": SHA256_HEX})
+
+
+@message(95, max_size=1024)
+@dataclass(frozen=True)
+class ChallengeOpen:
+    """Leader -> member: show these leaves (blocks) of the products; answered with :class:`ChallengeBlocks`."""
+
+    job_id: str = field(metadata=_ID)
+    challenge: str = field(metadata={"max_len": CHALLENGE_ID})
+    leaves: tuple[int, ...] = field(default=(), metadata={"max_len": CHALLENGE_OPEN_MAX})
+
+
+@message(96, max_size=2 * 1024 * 1024 + 64 * 1024)
+@dataclass(frozen=True)
+class ChallengeBlocks:
+    """Member -> leader: each opened block's float32 bytes and its Merkle proof (sibling hashes, 32 bytes each)."""
+
+    challenge: str = field(metadata={"max_len": CHALLENGE_ID})
+    blocks: tuple[bytes, ...] = field(default=(), metadata={"max_len": CHALLENGE_OPEN_MAX})
+    proofs: tuple[bytes, ...] = field(default=(), metadata={"max_len": CHALLENGE_OPEN_MAX})

@@ -27,9 +27,12 @@
 With data-parallel replicas every replica's devices report the same claims with their witnesses, and each is
 judged within its own replica's pipeline (:func:`seen_in_every_replica`, its replica's prediction).
 
-What stays open: where one other device alone sees a member (an end of the pipeline next to a member that does
-not lead, a tensor-parallel group of two), it is word against word and the smaller wins; a rank that lies about
-its waits can make its whole group look alike; two colluding neighbours can hide each other.
+Where one other device alone sees a member (an end of the pipeline next to a member that does not lead, a
+tensor-parallel group of two), it is word against word and the smaller wins; a rank that lies about its waits can
+make its whole group look alike; two colluding neighbours can hide each other. What settles those is the
+leader's own clock: it times every device's speed itself (:mod:`arceusd.jobs.challenges`,
+:mod:`arceusd.jobs.speed_checks`), and a member whose challenge ran far slower than its offer is discounted the
+same way.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from arceusd.jobs import claims
+from arceusd.jobs import challenges, claims
 from arceusd.jobs.core import actions
 from arceusd.jobs.core.machine import JobCore
 from arceusd.jobs.core.states import TERMINAL, JobState, Role
@@ -119,6 +119,8 @@ class LeaderRecord:
     seen: dict[str, float] = field(default_factory=dict)  # peer -> its step seconds as its neighbours saw them
     discounts: dict[str, float] = field(default_factory=dict)  # peer -> its offered speed is divided by
     slow_reports: dict[str, int] = field(default_factory=dict)  # peer -> reports in a row that it overclaimed
+    timed: dict[str, challenges.Timed] = field(default_factory=dict)  # peer -> its speed challenge (speed_checks)
+    challenges_started: bool = False  # the devices' speed challenges were started (once per job and leader)
 
     def record_checkpoint(self, step: int, at: float | None = None) -> None:
         """Checkpoint ``step`` was committed: keep it (and when) for the timeline, the newest
@@ -259,6 +261,7 @@ class Job:
                 "refused_reports": dict(self.leading.refused_reports), "excluded": dict(self.leading.excluded),
                 "measured_step_s": {p: list(t) for p, t in self.leading.measured.items()},
                 "discounted": {p: round(f, 2) for p, f in self.leading.discounts.items()},
+                "speed_checks": {p: t.summary() for p, t in self.leading.timed.items()},
                 "standby_ready": self.standby_data is not None, "stage_timing": self.stage_timing(),
                 "stage_times": self.stage_times_by_device(me), "ring_bytes": self.ring_bytes,
                 "dropped_replicas": [d.summary() for d in self.replica_drops],

@@ -22,6 +22,7 @@ from arceusd.jobs import claims, reports, shard_checks, witnesses
 from arceusd.jobs.core import Role, Stamp, actions, events
 from arceusd.jobs.job import TERMINAL, Job
 from arceusd.jobs.manager_base import JobContext, Lifecycle
+from arceusd.jobs.speed_checks import SpeedChecks
 from arceusd.jobs.supervisor import WorkerFailed, WorkerProcess
 from arceusd.jobs.transfers import leader_data
 from protocol.envelope import Header
@@ -33,9 +34,10 @@ log = logging.getLogger(__name__)
 class LocalWorker:
     """Starting and following this device's stage worker, and the leader's handling of the workers' reports."""
 
-    def __init__(self, ctx: JobContext, life: Lifecycle) -> None:
+    def __init__(self, ctx: JobContext, life: Lifecycle, speed: SpeedChecks | None = None) -> None:
         self.ctx = ctx
         self.life = life
+        self.speed = speed  # the leader's timed challenges of its members (issue #19)
 
     async def on_start(self, header: Header, msg: JobStart) -> JobStartReply:
         from arceusd.jobs.planning import PlanRefused, replica_flops_shares, verify_grown_start, verify_job_start
@@ -202,6 +204,8 @@ class LocalWorker:
         job.stage_times.append(claims.StageTime(*(float(event.get(k, 0.0)) for k in (
             "seconds", "wait_seconds", "wait_up_seconds", "wait_down_seconds", "group_wait_seconds"))))
         job.credit(1)
+        if self.speed is not None:
+            self.speed.on_step(job)
         recovery = job.leading.recoveries[-1] if job.leading.recoveries else None
         if recovery is not None and recovery.first_step_after_s is None and recovery.epoch == job.epoch:
             recovery.first_step_after_s = round(time.monotonic() - recovery.began, 3)
@@ -322,7 +326,7 @@ class LocalWorker:
         compute = {peer: got for peer, (got, _) in job.leading.measured.items()}
         job.leading.seen = claims.seen_in_every_replica(job, compute, self.ctx.node.identity.peer_id)
         judged = claims.judged_times(job.leading.measured, job.leading.seen)
-        reasons = []
+        reasons = self.speed.judge(job) if self.speed is not None else []  # its own clock first
         for peer in sorted(judged):
             factor = claims.overclaim(judged, peer) if peer not in job.leading.discounts else None
             job.leading.slow_reports[peer] = 0 if factor is None else job.leading.slow_reports.get(peer, 0) + 1

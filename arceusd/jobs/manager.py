@@ -75,6 +75,7 @@ from arceusd.jobs.local_worker import LocalWorker, worker_device
 from arceusd.jobs.manager_base import OWNER_FILE, JobContext
 from arceusd.jobs.regrow import Regrowing
 from arceusd.jobs.replica_drop import ReplicaDrops
+from arceusd.jobs.speed_checks import SpeedChecks
 from arceusd.jobs.standby_sync import StandbySyncing
 from arceusd.jobs.starting import Starting
 from arceusd.market.hooks import enough_memory
@@ -83,6 +84,8 @@ from arceusd.node import Node
 from arceusd.peers import PeerService
 from protocol.envelope import Header
 from protocol.job_wire import (
+    ChallengeGo,
+    ChallengeOpen,
     DataRequest,
     JobAck,
     JobDropReplica,
@@ -94,6 +97,7 @@ from protocol.job_wire import (
     LinkEcho,
     ResumeRequest,
     ShardRequest,
+    SpeedChallenge,
     StandbySync,
 )
 from protocol.messages import JobAnnounce, JoinRequest
@@ -118,7 +122,8 @@ class JobManager(JobContext):
         super().__init__(node, peers)
         self.life = self
         self.control = ControlMethods(self, self)
-        self.local = LocalWorker(self, self)
+        self.speed = SpeedChecks(self, self)
+        self.local = LocalWorker(self, self, self.speed)
         self.standbys = StandbySyncing(self, self)
         self.commits = Commits(self, self)
         self.joining = Joining(self, self)
@@ -195,6 +200,9 @@ class JobManager(JobContext):
         peers.register(JobDropReplica, gate(self.drops.on_drop))
         peers.register(JobGrowReplica, gate(self.regrow.on_grow))
         peers.register(JobReport, gate(self.local.on_report))
+        peers.register(SpeedChallenge, gate(self.speed.on_challenge))
+        peers.register(ChallengeGo, gate(self.speed.on_go))
+        peers.register(ChallengeOpen, gate(self.speed.on_open))
         peers.register(ShardRequest, gate(self.transfers.on_shard_request))
         peers.register(ResumeRequest, gate(self.transfers.on_resume_request))
         peers.register(StandbySync, gate(self.standbys.on_standby_sync))

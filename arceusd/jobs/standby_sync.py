@@ -152,9 +152,14 @@ class StandbySyncing:
 
 def choose_standby(job: Job, me: str) -> str:
     """The plan member that stands by to lead: the one offering the most memory (ties: lowest id), among those
-    whose speed was measured in the job when there are any (issue #19: claims alone do not make a standby)."""
+    whose speed was measured in the job (its step times reported, or its speed challenge passed) when there are
+    any, never one that was discounted or failed its challenge while another can stand by (issue #19: claims
+    alone do not make a standby)."""
     others = [p for p in job.plan_peers() if p != me and p in job.members]
-    others = [p for p in others if p in job.leading.measured] or others
+    timed = job.leading.timed
+    passed = {p for p, t in timed.items() if not t.why}
+    others = [p for p in others if p not in job.leading.discounts and not (p in timed and timed[p].why)] or others
+    others = [p for p in others if p in job.leading.measured or p in passed] or others
     if not others:
         return ""
     return str(min(others, key=lambda p: (-job.members[p].memory_bytes, p)))

@@ -16,7 +16,9 @@ from the first). Attacks (issue #19 items 1, 3, 4 and 5):
   the plan gives it more work than it can do in time;
 * ``overclaim-hidden``: as ``overclaim``, and its checkpoint reports say its stage took what the plan predicted,
   the rest of its step spent waiting for the previous stage (its step times lie to cover its offer);
-* ``refuse``: the member joins, then refuses every start of the job (it would spend the job's restarts).
+* ``refuse``: the member joins, then refuses every start of the job (it would spend the job's restarts);
+* ``challenge-forge``: as ``overclaim-hidden``, and it answers the leader's speed challenges at once, with a made
+  up root and made up blocks (well-formed, of the right sizes) instead of computing them.
 
 :class:`HostileSwarm` is a :class:`arceusd.swarm.LocalSwarm` whose daemon :data:`HOSTILE` runs this module.
 
@@ -42,7 +44,8 @@ if str(ROOT) not in sys.path:
 from arceusd.swarm import LocalSwarm  # noqa: E402
 
 HUGE = 16 << 30
-ATTACKS = ("none", "path", "mismatch", "huge", "nan", "claims", "overclaim", "overclaim-hidden", "refuse")
+ATTACKS = ("none", "path", "mismatch", "huge", "nan", "claims", "overclaim", "overclaim-hidden", "refuse",
+           "challenge-forge")
 """``none``: an honest member (a baseline run through the same module)."""
 
 
@@ -115,7 +118,9 @@ def install(attack: str, arg: str, after: int) -> None:
         LocalWorker.on_start = refuse  # type: ignore[method-assign]
     LocalWorker._report = report  # type: ignore[method-assign]
     Transfers.on_shard_request = serve  # type: ignore[method-assign]
-    if attack == "overclaim-hidden":
+    if attack == "challenge-forge":
+        forge_challenges()
+    if attack in ("overclaim-hidden", "challenge-forge"):
         from arceusd.jobs import claims
 
         real_times = claims.own_step_times
@@ -131,7 +136,7 @@ def install(attack: str, arg: str, after: int) -> None:
                     "wait_up_s": times["wait_up_s"] + excess}  # fmt: skip
 
         claims.own_step_times = hidden_times
-    if attack in ("claims", "overclaim", "overclaim-hidden"):
+    if attack in ("claims", "overclaim", "overclaim-hidden", "challenge-forge"):
         real_offer = manager_module.JobManager.offer
 
         async def offer(self: Any) -> Any:
@@ -141,6 +146,34 @@ def install(attack: str, arg: str, after: int) -> None:
             return replace(honest, memory_bytes=1 << 50, flops_per_s=1e20)
 
         manager_module.JobManager.offer = offer  # type: ignore[method-assign]
+
+
+def forge_challenges() -> None:
+    """Answer speed challenges without computing: a random root, then random blocks with proofs of the right
+    sizes (what a member that claims more speed than it has would try)."""
+    from arceusd.jobs import challenges
+    from arceusd.jobs.speed_checks import SpeedChecks
+    from protocol.job_wire import ChallengeBlocks, ChallengeRoot, JobAck
+
+    shapes: dict[str, tuple[int, int]] = {}
+
+    async def on_challenge(self: Any, header: Any, msg: Any) -> Any:
+        shapes[msg.challenge] = (msg.size, msg.rounds)
+        return JobAck(True)
+
+    async def on_go(self: Any, header: Any, msg: Any) -> Any:
+        print("hostile: forging a challenge's root", file=sys.stderr, flush=True)
+        return ChallengeRoot(msg.challenge, os.urandom(32).hex())
+
+    async def on_open(self: Any, header: Any, msg: Any) -> Any:
+        size, rounds = shapes.get(msg.challenge, (256, 1))
+        depth = max(1, (challenges.leaf_count(size, rounds) - 1).bit_length())
+        return ChallengeBlocks(msg.challenge, tuple(os.urandom(challenges.BLOCK_ROWS * size * 4) for _ in msg.leaves),
+                               tuple(os.urandom(32 * depth) for _ in msg.leaves))  # fmt: skip
+
+    SpeedChecks.on_challenge = on_challenge  # type: ignore[method-assign]
+    SpeedChecks.on_go = on_go  # type: ignore[method-assign]
+    SpeedChecks.on_open = on_open  # type: ignore[method-assign]
 
 
 HOSTILE = 2

@@ -178,3 +178,51 @@ def test_a_member_that_overstates_its_speed_is_planned_again_at_its_measured_spe
     # resumed exactly, within rounding: with 2048-wide layers the plain loop alone differs by 2.4e-3 between one
     # and two torch threads after these 60 steps; the small model's recoveries are held to 1e-5
     assert_equals_failure_free(end, spec, tolerance=1e-2)
+
+
+@pytest.mark.parametrize("attack", ["overclaim-hidden", "challenge-forge"])
+def test_the_leader_times_each_member_and_plans_an_overclaimer_at_what_it_measured(tmp_path: Path,
+                                                                                    attack: str) -> None:  # fmt: skip
+    """A member offering 100 times its speed whose checkpoint reports cover the lie from the first one on: the
+    leader's timed speed challenge (its own clock, nobody's word: the case a neighbour alone sees it is word
+    against word) catches it, before its step times could (they need two reports in a row: step 60 here). With
+    ``challenge-forge`` it answers at once with a made-up root and blocks: the blocks fail their proofs, and it
+    is planned at its offer over :data:`claims.MAX_DISCOUNT`. Every device's figures are in ``status``; the job
+    resumes exactly."""
+    from arceusd.jobs import claims
+
+    spec = write_spec(tmp_path, steps=90, interval=30)
+    text = spec.read_text().replace("layer_sizes = [784, 64, 32, 10]", "layer_sizes = [784, 2048, 2048, 2048, 10]")
+    spec.write_text(text.replace("batch_size = 64", "batch_size = 1024"))
+    assert "2048, 2048" in spec.read_text() and "batch_size = 1024" in spec.read_text()
+    s = HostileSwarm(tmp_path / "swarm", attack, "100", after=0)
+    try:
+        s.start()
+        s.wait_converged()
+        hostile_peer = s.call(HOSTILE, "status")["peer_id"]
+        job_id = submit(s, spec)
+        first = wait_for(lambda: (v := job_of(s, job_id)).get("plan") and v, 120, 0.2, "the first plan")
+        end = wait_end(s, job_id, timeout=280)
+        assert all(p.poll() is None for p in s.procs), "a daemon exited"
+        checks = end["speed_checks"]
+        assert set(checks) == {d["peer_id"] for st in first["plan"]["stages"] for d in st["devices"]}, checks
+        honest = [c for p, c in checks.items() if p != hostile_peer]
+        assert all(c["failed"] == "" and c["measured_gflops"] > 0 for c in honest), checks
+        assert list(end["discounted"]) == [hostile_peer], (end["discounted"], checks)
+        named = [r["reason"] for r in end["recoveries"] if hostile_peer[:12] in r["reason"]]
+        assert named and "timed speed challenge" in named[0], end["recoveries"]
+        if attack == "challenge-forge":
+            assert "not the one its root committed to" in checks[hostile_peer]["failed"], checks
+            assert end["discounted"][hostile_peer] == claims.MAX_DISCOUNT
+        else:
+            assert checks[hostile_peer]["failed"] == "" and end["discounted"][hostile_peer] > claims.RELATIVE_SLOW
+            slowest_honest = max(c["slowdown"] for c in honest)
+            assert checks[hostile_peer]["slowdown"] > claims.RELATIVE_SLOW * slowest_honest, checks
+            # its reports said it kept to its offer all along
+            assert end["measured_step_s"][hostile_peer][0] <= end["measured_step_s"][hostile_peer][1] * 1.001, end
+        offered, planned = planned_speed(first, hostile_peer), planned_speed(end, hostile_peer)
+        assert offered and (planned is None or planned == pytest.approx(offered / end["discounted"][hostile_peer],
+                                                                        rel=0.02)), (offered, planned)  # fmt: skip
+        assert_equals_failure_free(end, spec, tolerance=1e-2)
+    finally:
+        s.close()

@@ -18,6 +18,7 @@ import trio
 from arceusd.checkpoint import CheckpointError, Manifest, ShardRecord, commit_manifest, shard_file_name
 from arceusd.identity import Identity
 from arceusd.jobs import claims, shard_checks
+from arceusd.jobs.challenges import Timed
 from arceusd.jobs.job import Job, LeaderRecord
 from arceusd.jobs.reports import report_of_event
 from arceusd.jobs.transfers import Transfers
@@ -180,3 +181,12 @@ def test_step_times_are_reported_kept_and_the_standby_is_chosen_among_measured_m
     assert choose_standby(standby_job, PEERS[0]) == PEERS[2]  # nobody measured yet: the largest offer
     standby_job.leading.measured = times
     assert choose_standby(standby_job, PEERS[0]) == PEERS[1]  # the measured member, not the larger claim
+    standby_job.leading.measured = {}
+    standby_job.leading.timed = {PEERS[1]: Timed(1e9, 1e8, 0.2)}
+    assert choose_standby(standby_job, PEERS[0]) == PEERS[1]  # its speed challenge passed: measured too
+    standby_job.leading.timed = {PEERS[1]: Timed(1e9, 1e8, 0.2), PEERS[2]: Timed(1e9, 1e8, 10.0, "forged")}
+    standby_job.leading.measured = {PEERS[2]: (0.1, 0.1)}
+    assert choose_standby(standby_job, PEERS[0]) == PEERS[1]  # a failed challenge never stands by
+    standby_job.leading.timed = {}
+    standby_job.leading.discounts = {PEERS[2]: 50.0}
+    assert choose_standby(standby_job, PEERS[0]) == PEERS[1]  # nor a discounted member

@@ -1,0 +1,170 @@
+"""Leader-timed speed challenges (issue #19: a member's claims are measured on the leader's own clock, not taken
+from its word or its neighbours'): sizes, the Merkle commitment, the judgement, and the torch child that solves
+and checks them, run as the daemon runs it (a process speaking JSON lines)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from arceusd.jobs import challenges, claims
+from arceusd.jobs.challenges import Timed
+from arceusd.worker import speed_challenge
+from tests.unit.test_neighbour_timing import lw, plan_of
+
+ROOT = Path(__file__).resolve().parents[2]
+CPU = torch.device("cpu")
+
+
+@pytest.mark.parametrize("offered", [1e8, 3e10, 1e11, 5e12, claims.MAX_OFFER_FLOPS])
+def test_a_challenge_is_about_its_target_seconds_at_the_offered_speed(offered: float) -> None:
+    size, rounds = challenges.challenge_size(offered)
+    assert challenges.check_size(size, rounds) is None
+    seconds = challenges.challenge_flops(size, rounds) / offered
+    if rounds < challenges.MAX_ROUNDS and size > challenges.SIZES[0]:
+        assert challenges.TARGET_S <= seconds < 1.6 * challenges.TARGET_S, (size, rounds, seconds)
+    assert challenges.MIN_WAIT_S <= challenges.wait_for(offered, size, rounds) <= challenges.MAX_WAIT_S
+
+
+def test_shapes_a_member_refuses() -> None:
+    assert challenges.check_size(300, 1) and challenges.check_size(512, 0)
+    assert challenges.check_size(512, challenges.MAX_ROUNDS + 1) and challenges.check_size(4096, 1)
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 5, 8, 13, 64, 100])
+def test_every_leaf_proves_its_place_and_nothing_else_does(count: int) -> None:
+    leaves = [challenges.leaf_hash(bytes([i, i >> 8])) for i in range(count)]
+    root = challenges.merkle_root(leaves)
+    for i, leaf in enumerate(leaves):
+        proof = challenges.merkle_proof(leaves, i)
+        assert challenges.verify_proof(leaf, i, count, proof, root)
+        assert not challenges.verify_proof(challenges.leaf_hash(b"forged"), i, count, proof, root)
+        assert not challenges.verify_proof(leaf, i, count, [*proof, b"\0" * 32], root)
+        if count > 1:
+            assert not challenges.verify_proof(leaf, (i + 1) % count, count, proof, root)
+            assert not challenges.verify_proof(leaf, i, count, proof[:-1], root)
+    assert not challenges.verify_proof(leaves[0], count, count, [], root)
+    with pytest.raises(ValueError):
+        challenges.merkle_root([])
+
+
+def test_opened_blocks_are_distinct_leaves_of_the_challenge() -> None:
+    opened = challenges.blocks_to_open(512, 3)
+    assert len(set(opened)) == challenges.OPENED and all(0 <= i < challenges.leaf_count(512, 3) for i in opened)
+    assert len(challenges.blocks_to_open(256, 1, count=100)) == challenges.leaf_count(256, 1)
+
+
+def _timed(offered: float, slowdown: float, why: str = "") -> Timed:
+    size, rounds = challenges.challenge_size(offered)
+    work = challenges.challenge_flops(size, rounds)
+    return Timed(offered, work, slowdown * work / offered, why)
+
+
+def test_a_member_is_judged_against_how_the_others_ran_beside_the_job() -> None:
+    busy = {"L": _timed(1e11, 3.0), "b": _timed(1e11, 2.5), "c": _timed(1e11, 3.5)}  # a loaded machine: all alike
+    assert all(challenges.challenge_factor(busy, p) is None for p in busy)
+    liar = {**busy, "c": _timed(1e13, 100.0)}
+    assert challenges.challenge_factor(liar, "c") == pytest.approx(100.0 / 2.75)
+    assert challenges.challenge_factor(liar, "b") is None  # a liar among the others only makes them lenient
+    assert challenges.challenge_factor({"c": liar["c"]}, "c") is None  # nobody to judge it against
+    forged = {**busy, "c": _timed(1e13, 0.01, why="block 3 is not the one its root committed to")}
+    assert challenges.challenge_factor(forged, "c") == claims.MAX_DISCOUNT
+    assert forged["c"].measured_flops == 0.0 and forged["c"].summary()["failed"]
+    # a few milliseconds over the offer are round trips and pipes, not a lie
+    quick = {**busy, "c": Timed(1e13, 1e11, 0.2)}
+    assert quick["c"].slowdown == pytest.approx(20.0) and challenges.challenge_factor(quick, "c") is None
+    assert challenges.worth_confirming(7.0) and not challenges.worth_confirming(50.0)
+
+
+def test_a_challenge_catches_what_word_against_word_cannot() -> None:
+    """An end of the pipeline next to a member that does not lead: it overclaims, says it kept to its offer and
+    that it waited on its neighbour; its neighbour (honest) says it waited on it. The neighbours' view cannot
+    tell them apart; the leader's own timing of each can."""
+    plan = plan_of(("L",), ("b",), ("h",))
+    waits = lw({"L": (0.0, 2.0), "b": (0.0, 1.9), "h": (1.9, 0.0)})
+    reported = {"L": (0.05, 0.05), "b": (0.05, 0.05), "h": (0.05, 0.05)}  # (seconds, predicted)
+    seen = claims.seen_by_neighbours(plan, waits, {p: t[0] for p, t in reported.items()}, "L", 2.0)
+    judged = claims.judged_times(reported, seen)
+    assert claims.overclaim(judged, "h") is None  # word against word: the smaller wins
+    timed = {"L": _timed(1e11, 2.0), "b": _timed(1e11, 2.2), "h": _timed(1e13, 100.0)}
+    assert challenges.challenge_factor(timed, "h") == pytest.approx(100.0 / 2.1)
+    assert challenges.challenge_factor(timed, "b") is None
+
+
+def test_the_matrices_are_the_same_bits_whoever_builds_them() -> None:
+    a = speed_challenge.entries(12345, 3, 1, 0, 256, 256, CPU)
+    assert torch.equal(a, speed_challenge.entries(12345, 3, 1, 0, 256, 256, CPU))
+    assert torch.equal(a[16:48], speed_challenge.entries(12345, 3, 1, 16, 32, 256, CPU))  # rows alone, alike
+    assert not torch.equal(a, speed_challenge.entries(12346, 3, 1, 0, 256, 256, CPU))
+    assert not torch.equal(a, speed_challenge.entries(12345, 3, 0, 0, 256, 256, CPU))
+    assert not torch.equal(a, speed_challenge.entries(12345, 2, 1, 0, 256, 256, CPU))
+    assert float(a.min()) >= -0.5 and float(a.max()) < 0.5 and abs(float(a.mean())) < 0.01
+    assert 0.07 < float(a.var()) < 0.1  # uniform on [-0.5, 0.5): 1/12
+
+
+def test_solved_blocks_prove_themselves_and_a_wrong_block_is_found() -> None:
+    size, rounds, seed = 256, 3, 99
+    leaves = speed_challenge.solve(size, rounds, seed, CPU)
+    assert len(leaves) == challenges.leaf_count(size, rounds)
+    root = challenges.merkle_root(leaves)
+    opened = list(challenges.blocks_to_open(size, rounds))
+    blocks = speed_challenge.recompute(size, seed, opened, CPU)
+    assert all(challenges.verify_proof(challenges.leaf_hash(b), i, len(leaves), challenges.merkle_proof(leaves, i),
+                                       root) for i, b in zip(opened, blocks, strict=True))  # fmt: skip
+    assert speed_challenge.max_error(size, seed, opened, blocks) < 1e-5
+    zeros = [bytes(len(blocks[0])), *blocks[1:]]
+    assert speed_challenge.max_error(size, seed, opened, zeros) == pytest.approx(1.0)
+    assert speed_challenge.max_error(size, seed + 1, opened, blocks) > 0.5  # another seed's products
+    assert speed_challenge.max_error(size, seed, opened, [blocks[0][:-4], *blocks[1:]]) == float("inf")
+    nan = bytearray(blocks[0])
+    nan[:4] = bytes.fromhex("0000c07f")
+    assert speed_challenge.max_error(size, seed, opened, [bytes(nan), *blocks[1:]]) == float("inf")
+
+
+def _line(proc: subprocess.Popen[str], timeout: float = 60.0) -> dict[str, object]:
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout
+    line = proc.stdout.readline()
+    assert line and time.monotonic() < deadline, "the child said nothing"
+    got = json.loads(line)
+    assert isinstance(got, dict)
+    return got
+
+
+def test_the_child_process_solves_opens_and_checks_as_the_daemon_drives_it() -> None:
+    size, rounds = 256, 2
+    cmd = [sys.executable, "-m", "arceusd.worker.speed_challenge"]
+    proc = subprocess.Popen([*cmd, "solve", str(size), str(rounds), "1"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, cwd=ROOT)  # fmt: skip
+    try:
+        assert proc.stdin is not None
+        assert _line(proc) == {"ready": True}
+        seed = challenges.new_seed()
+        proc.stdin.write(json.dumps({"seed": seed}) + "\n")
+        proc.stdin.flush()
+        root = bytes.fromhex(str(_line(proc)["root"]))
+        opened = list(challenges.blocks_to_open(size, rounds, count=4))
+        proc.stdin.write(json.dumps({"open": opened}) + "\n")
+        proc.stdin.flush()
+        shown = _line(proc)
+        blocks = [bytes.fromhex(b) for b in shown["blocks"]]  # type: ignore[attr-defined]
+        proofs = [[bytes.fromhex(h) for h in p] for p in shown["proofs"]]  # type: ignore[attr-defined]
+        count = challenges.leaf_count(size, rounds)
+        assert all(challenges.verify_proof(challenges.leaf_hash(b), i, count, p, root)
+                   for i, b, p in zip(opened, blocks, proofs, strict=True))  # fmt: skip
+        assert proc.wait(timeout=30) == 0
+    finally:
+        proc.kill()
+    request = {"size": size, "rounds": rounds, "seed": seed, "open": opened, "blocks": [b.hex() for b in blocks]}
+    done = subprocess.run([*cmd, "verify"], input=json.dumps(request) + "\n", capture_output=True, text=True,
+                          timeout=60, cwd=ROOT, check=True)  # fmt: skip
+    assert json.loads(done.stdout)["error"] < 1e-5
+    # a shape out of bounds is refused with one line
+    bad = subprocess.run([*cmd, "solve", "300", "1", "1"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert bad.returncode != 0 and "challenge size 300" in bad.stderr
