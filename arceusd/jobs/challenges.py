@@ -60,6 +60,9 @@ READY_S = 30.0
 ROUND_EXCESS_S = 0.25
 """A challenge counts against a member only when it took at least this long over its offer's time (a few
 milliseconds of round trip and pipes do not make a liar)."""
+CHALLENGE_ID_LEN = 32
+"""A challenge's id: hex characters the leader draws (``protocol.job_wire.CHALLENGE_ID``)."""
+_HEX = frozenset("0123456789abcdef")
 CONFIRM_BELOW = 2.0
 """A first challenge that says a member ran fewer than this many times :data:`claims.RELATIVE_SLOW` slower is
 asked again (one hiccup is not a lie); the member keeps the faster of the two."""
@@ -89,6 +92,23 @@ def check_size(size: int, rounds: int) -> str | None:
     if not 1 <= rounds <= MAX_ROUNDS:
         return f"challenge rounds {rounds} is outside 1..{MAX_ROUNDS}"
     return None
+
+
+def check_request(challenge: str, size: int, rounds: int, deadline_s: float) -> str | None:
+    """Why a member refuses a leader's challenge request (its shape, id or wait out of bounds), or None."""
+    why = check_size(size, rounds)
+    if why:
+        return why
+    if len(challenge) != CHALLENGE_ID_LEN or not set(challenge) <= _HEX:
+        return f"the challenge id is not {CHALLENGE_ID_LEN} hex characters"
+    if not (math.isfinite(deadline_s) and 0 < deadline_s <= MAX_WAIT_S):
+        return f"the challenge's wait {deadline_s!r} s is outside (0, {MAX_WAIT_S:g}]"
+    return None
+
+
+def check_seed(seed: str) -> str | None:
+    """Why a challenge's seed is refused (not 64 lowercase hex characters), or None."""
+    return None if len(seed) == 64 and set(seed) <= _HEX else "the seed is not 64 hex characters"
 
 
 def leaf_count(size: int, rounds: int) -> int:
@@ -251,8 +271,9 @@ def wait_for(offered_flops: float, size: int, rounds: int) -> float:
 
 
 __all__ = [
-    "BLOCK_ROWS", "CONFIRM_BELOW", "MAX_ROUNDS", "MAX_WAIT_S", "MIN_WAIT_S", "OPENED", "READY_S", "ROUND_EXCESS_S",
-    "SIZES", "TARGET_S", "TOLERANCE", "WAIT_FACTOR", "Timed", "blocks_to_open", "challenge_factor",
-    "challenge_flops", "challenge_size", "check_size", "leaf_count", "leaf_hash", "leaf_position", "merkle_proof",
-    "merkle_root", "new_seed", "seed_value", "verify_proof", "wait_for", "worth_confirming",
+    "BLOCK_ROWS", "CHALLENGE_ID_LEN", "CONFIRM_BELOW", "MAX_ROUNDS", "MAX_WAIT_S", "MIN_WAIT_S", "OPENED", "READY_S",
+    "ROUND_EXCESS_S", "SIZES", "TARGET_S", "TOLERANCE", "WAIT_FACTOR", "Timed", "blocks_to_open",
+    "challenge_factor", "challenge_flops", "challenge_size", "check_request", "check_seed", "check_size",
+    "leaf_count", "leaf_hash", "leaf_position", "merkle_proof", "merkle_root", "new_seed", "seed_value",
+    "verify_proof", "wait_for", "worth_confirming",
 ]  # fmt: skip

@@ -39,7 +39,6 @@ from arceusd.jobs.manager_base import JobContext, Lifecycle
 from protocol.envelope import Header
 from protocol.job_wire import (
     CHALLENGE_BLOCK_MAX,
-    CHALLENGE_ID,
     ChallengeBlocks,
     ChallengeGo,
     ChallengeOpen,
@@ -209,7 +208,7 @@ class SpeedChecks:
         if peer == self.ctx.node.identity.peer_id:
             return await self._time_self(offer.flops_per_s, size, rounds)
         wait = challenges.wait_for(offer.flops_per_s, size, rounds)
-        challenge = secrets.token_hex(CHALLENGE_ID // 2)
+        challenge = secrets.token_hex(challenges.CHALLENGE_ID_LEN // 2)
         kw: dict[str, Any] = {"job_id": job.job_id, "term": job.term, "epoch": job.epoch}
         ready = await self.ctx.peers.request(offer.address, peer, SpeedChallenge(job.job_id, challenge, size, rounds,
                                              wait), challenges.READY_S + REPLY_S, **kw)  # fmt: skip
@@ -298,12 +297,9 @@ class SpeedChecks:
         job = await self.ctx.commanded(header, msg.job_id)
         if isinstance(job, JobAck):
             return job
-        why = challenges.check_size(msg.size, msg.rounds)
+        why = challenges.check_request(msg.challenge, msg.size, msg.rounds, msg.deadline_s)
         if why:
             return JobAck(False, why)
-        if len(msg.challenge) != CHALLENGE_ID or not (math.isfinite(msg.deadline_s)
-                                                      and 0 < msg.deadline_s <= challenges.MAX_WAIT_S):  # fmt: skip
-            return JobAck(False, "challenge id or deadline out of bounds")
         if self._pending is not None:
             return JobAck(False, "busy with another challenge")
         try:
@@ -342,9 +338,10 @@ class SpeedChecks:
         pending = self._current(header, msg.job_id, msg.challenge)
         if pending is None or pending.went:
             return JobAck(False, "no such challenge waiting for its seed")
-        if len(msg.seed) != 64 or not set(msg.seed) <= set("0123456789abcdef"):
+        why = challenges.check_seed(msg.seed)
+        if why:
             await self._end(pending)
-            return JobAck(False, "the seed is not 64 hex characters")
+            return JobAck(False, why)
         pending.went = True
         pending.scope.deadline = trio.current_time() + 2 * pending.deadline_s + REPLY_S  # the work, then the open
         try:

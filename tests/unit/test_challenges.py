@@ -168,3 +168,20 @@ def test_the_child_process_solves_opens_and_checks_as_the_daemon_drives_it() -> 
     # a shape out of bounds is refused with one line
     bad = subprocess.run([*cmd, "solve", "300", "1", "1"], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert bad.returncode != 0 and "challenge size 300" in bad.stderr
+
+
+def test_a_member_refuses_a_request_out_of_bounds_with_one_line() -> None:
+    good = "ab" * 16
+    assert challenges.check_request(good, 512, 10, 10.0) is None
+    refusals = {
+        "size": challenges.check_request(good, 4096, 10, 10.0),
+        "rounds": challenges.check_request(good, 512, challenges.MAX_ROUNDS + 1, 10.0),
+        "id": challenges.check_request("../" + good[3:], 512, 10, 10.0),
+        "short id": challenges.check_request(good[:-1], 512, 10, 10.0),
+        "nan wait": challenges.check_request(good, 512, 10, float("nan")),
+        "long wait": challenges.check_request(good, 512, 10, challenges.MAX_WAIT_S * 2),
+        "no wait": challenges.check_request(good, 512, 10, 0.0),
+    }
+    assert all(why and "\n" not in why for why in refusals.values()), refusals
+    assert challenges.check_seed("0f" * 32) is None
+    assert challenges.check_seed("0F" * 32) and challenges.check_seed("0f" * 31) and challenges.check_seed("zz" * 32)
