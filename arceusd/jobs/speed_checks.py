@@ -7,9 +7,11 @@ itself first (the baseline of how much slower than their offers devices run besi
 doing the most of the plan's work. A member: :class:`protocol.job_wire.SpeedChallenge` (ready?),
 :class:`protocol.job_wire.ChallengeGo` (the seed; the clock runs until its :class:`protocol.job_wire.ChallengeRoot`),
 :class:`protocol.job_wire.ChallengeOpen` (blocks drawn at random; their proofs are checked here and their values
-recomputed in a child process). At the next checkpoint a member whose challenge ran far slower than its offer,
-against the others, is discounted and planned again (:func:`challenges.challenge_factor`), like a member caught
-by its step times; ``speed_checks`` in ``arceusd status JOB`` shows every result.
+recomputed in a child process). A member that refuses, or does not answer, is asked once more after the others
+(:data:`REFUSED_RETRY_S`); a second refusal counts as a failed challenge, a second silence as no result (a gone
+member is membership's business). At the next checkpoint a member whose challenge ran far slower than its offer,
+against the others, or failed, is discounted and planned again (:func:`challenges.challenge_factor`), like a
+member caught by its step times; ``speed_checks`` in ``arceusd status JOB`` shows every result.
 
 Member side: one challenge at a time on this device (another is refused as busy), only from the job's leader at
 its term and epoch, its shape checked (:func:`challenges.check_size`); the child is killed once it showed the
@@ -57,6 +59,11 @@ VERIFY_S = 60.0
 """How long the leader's own check of opened blocks may take."""
 REPLY_S = 10.0
 """How long the leader waits for a member's ready and blocks answers (beyond the ready time)."""
+
+
+REFUSED_RETRY_S = 5.0
+"""A member that refused its challenge (or did not answer) is asked once more this long after the others."""
+REFUSED = "refused the challenge"
 
 
 class ChildError(Exception):
@@ -184,20 +191,41 @@ class SpeedChecks:
         work = {sh.peer_id: (st.end - st.start) / len(st.shares) for st in job.plan.stages for sh in st.shares}
         members = sorted((p for p in job.plan_peers() if p != me and p in job.members),
                          key=lambda p: (-work.get(p, 0.0), -job.members[p].flops_per_s, p))  # fmt: skip
+        refused: list[str] = []
         for peer in [me, *members]:
-            if job.state.value in ("done", "failed", "cancelled") or not self.ctx.leads(job):
+            if not self._still_leading(job):
                 return
-            timed = await self._time(job, peer)
-            if timed is None:
-                continue
-            job.leading.timed[peer] = timed
-            factor = challenges.challenge_factor(job.leading.timed, peer) if peer != me else None
-            if factor is not None and timed.why == "" and challenges.worth_confirming(factor):
-                again = await self._time(job, peer)  # one hiccup is not a lie: the faster of two counts
-                if again is not None and not again.why and again.seconds < timed.seconds:
-                    job.leading.timed[peer] = again
-            log.info("job %s: %s ran its speed challenge %.1fx slower than its offer%s", job.job_id, peer[:12],
-                     job.leading.timed[peer].slowdown, f" ({timed.why})" if timed.why else "")  # fmt: skip
+            await self._time_and_keep(job, peer, refused)
+        if refused:  # asked again once, a while later (a replan or a busy device may have been the reason)
+            await trio.sleep(REFUSED_RETRY_S)
+            for peer in refused:
+                if not self._still_leading(job) or peer not in job.plan_peers():
+                    return
+                await self._time_and_keep(job, peer, None)
+
+    def _still_leading(self, job: Job) -> bool:
+        return job.state.value not in ("done", "failed", "cancelled") and self.ctx.leads(job)
+
+    async def _time_and_keep(self, job: Job, peer: str, refused: list[str] | None) -> None:
+        """Time ``peer`` and keep the result (a first refusal or no answer is put in ``refused`` to ask again;
+        with ``refused`` None, a refusal counts as a failed challenge, no answer as no result)."""
+        me = self.ctx.node.identity.peer_id
+        timed = await self._time(job, peer)
+        if timed is None or (timed.why.startswith(REFUSED) and refused is not None):
+            if refused is not None:
+                refused.append(peer)
+            return
+        if "busy with another challenge" in timed.why:
+            return  # another job's leader is timing it: not a refusal of this one
+        job.leading.timed[peer] = timed
+        factor = challenges.challenge_factor(job.leading.timed, peer) if peer != me else None
+        if factor is not None and timed.why == "" and challenges.worth_confirming(factor):
+            again = await self._time(job, peer)  # one hiccup is not a lie: the faster of two counts
+            if again is not None and not again.why and again.seconds < timed.seconds:
+                job.leading.timed[peer] = again
+        kept = job.leading.timed[peer]
+        log.info("job %s: %s ran its speed challenge %.1fx slower than its offer%s", job.job_id, peer[:12],
+                 kept.slowdown, f" ({kept.why})" if kept.why else "")  # fmt: skip
 
     async def _time(self, job: Job, peer: str) -> Timed | None:
         offer = job.members.get(peer)
@@ -212,11 +240,10 @@ class SpeedChecks:
         kw: dict[str, Any] = {"job_id": job.job_id, "term": job.term, "epoch": job.epoch}
         ready = await self.ctx.peers.request(offer.address, peer, SpeedChallenge(job.job_id, challenge, size, rounds,
                                              wait), challenges.READY_S + REPLY_S, **kw)  # fmt: skip
-        if not isinstance(ready, JobAck) or not ready.ok:
-            why = ready.reason if isinstance(ready, JobAck) else "no answer"
-            if "busy" in why:
-                return None
-            return Timed(offer.flops_per_s, work, wait, f"refused the challenge: {why[:100]}")
+        if not isinstance(ready, JobAck):
+            return None  # gone or unreachable: membership deals with that, not this
+        if not ready.ok:
+            return Timed(offer.flops_per_s, work, wait, f"{REFUSED}: {ready.reason[:100]}")
         seed = challenges.new_seed()
         began = time.monotonic()
         root = await self.ctx.peers.request(offer.address, peer, ChallengeGo(job.job_id, challenge, seed), wait, **kw)
