@@ -31,7 +31,7 @@ id   type             max_size   meaning
 88   ChallengeGo      512        leader -> member: the seed; the leader's clock runs until the answer
 89   ChallengeRoot    512        member -> leader: the Merkle root of every product's blocks
 95   ChallengeOpen    1 KiB      leader -> member: the blocks (leaves) to show
-96   ChallengeBlocks  2 MiB      member -> leader: those blocks' float32 bytes and Merkle proofs
+96   ChallengeBlocks  64 KiB     member -> leader: those blocks' digests (float32) and Merkle proofs
 ==== ================ ========== =====================================================================
 
 ``JobStart.grow`` (JSON, empty for a plan's start) starts a spare device's worker in a dropped replica's slot, from
@@ -268,8 +268,8 @@ CHALLENGE_ID = 32
 """A speed challenge's id: 32 hex characters the leader draws."""
 CHALLENGE_OPEN_MAX = 16
 """The most blocks a leader may ask to see."""
-CHALLENGE_BLOCK_MAX = 16 * 2048 * 4
-"""The bytes of one block (``challenges.BLOCK_ROWS`` rows of the largest size, float32)."""
+CHALLENGE_BLOCK_MAX = 16 * 4
+"""The bytes of one block (``challenges.BLOCK_ROWS`` rows' digests, float32)."""
 
 
 @message(87, max_size=512)
@@ -313,10 +313,11 @@ class ChallengeOpen:
     leaves: tuple[int, ...] = field(default=(), metadata={"max_len": CHALLENGE_OPEN_MAX})
 
 
-@message(96, max_size=2 * 1024 * 1024 + 64 * 1024)
+@message(96, max_size=64 * 1024)
 @dataclass(frozen=True)
 class ChallengeBlocks:
-    """Member -> leader: each opened block's float32 bytes and its Merkle proof (sibling hashes, 32 bytes each)."""
+    """Member -> leader: each opened block's digests (float32) and its Merkle proof (sibling hashes, 32 bytes
+    each)."""
 
     challenge: str = field(metadata={"max_len": CHALLENGE_ID})
     blocks: tuple[bytes, ...] = field(default=(), metadata={"max_len": CHALLENGE_OPEN_MAX})

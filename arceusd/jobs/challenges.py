@@ -10,12 +10,15 @@ that lies about its waits, or two colluding neighbours, it is word against word.
    entries are a hash of (seed, round, row, column) (:func:`challenge_size`: about :data:`TARGET_S` seconds of
    work at the speed the member offered); the member loads a child process (its daemon never runs torch,
    :mod:`arceusd.worker.speed_challenge`) and says when it is ready;
-2. the leader sends a fresh random seed and starts its clock; the member computes every product, in blocks of
-   :data:`BLOCK_ROWS` rows, and answers the Merkle root of the blocks' bytes (:func:`merkle_root`); the clock
-   stops at the answer. Its speed is the work over that time, on the leader's clock;
-3. the leader then names :data:`OPENED` blocks at random (:func:`blocks_to_open`); the member sends their bytes
-   and Merkle proofs; the leader checks the proofs against the root (:func:`verify_proof`) and recomputes those
-   rows in a child process of its own, within :data:`TOLERANCE` (different hardware rounds differently).
+2. the leader sends a fresh random seed and starts its clock; the member computes every product and a digest of
+   each of its rows (the sum of a nonlinear function of the row's values: it takes the whole row, and is one
+   float to hash), and answers the Merkle root over blocks of :data:`BLOCK_ROWS` rows' digests
+   (:func:`merkle_root`); the clock stops at the answer. Its speed is the work over that time, on the leader's
+   clock;
+3. the leader then names :data:`OPENED` blocks at random (:func:`blocks_to_open`); the member sends their
+   digests and Merkle proofs; the leader checks the proofs against the root (:func:`verify_proof`) and
+   recomputes those rows in a child process of its own, within :data:`TOLERANCE` (different hardware rounds
+   differently).
 
 A member that skipped a fraction of the blocks is caught with probability 1 - (1 - fraction) ** OPENED: to pass
 half the time it must compute 92 % of them, so the time it answered in is close to what the work takes it. It
@@ -39,10 +42,11 @@ from dataclasses import dataclass
 TARGET_S = 0.15
 """Seconds a challenge's work takes at the speed the member offered (small beside a step, large beside a round
 trip on a LAN)."""
-SIZES = (256, 512, 1024, 2048)
+SIZES = (256, 512, 1024, 2048, 4096)
 """Matrix sizes a challenge may use (the largest whose product is at most half the work)."""
 BLOCK_ROWS = 16
-"""Rows per Merkle leaf: a leaf is one block of one round's product (``BLOCK_ROWS * size`` float32)."""
+"""Rows per Merkle leaf: a leaf is the digests of one block of rows of one round's product (``BLOCK_ROWS``
+float32)."""
 MAX_ROUNDS = 1024
 """The most products one challenge asks for (a member refuses more)."""
 OPENED = 8

@@ -269,7 +269,7 @@ class SpeedChecks:
             return "its root is not hex"
         count = challenges.leaf_count(size, rounds)
         for leaf, data, proof in zip(leaves, shown.blocks, shown.proofs, strict=True):
-            if len(data) != challenges.BLOCK_ROWS * size * 4 or len(data) > CHALLENGE_BLOCK_MAX or len(proof) % 32:
+            if len(data) != CHALLENGE_BLOCK_MAX or len(proof) % 32 or len(proof) > 32 * 64:
                 return "a block or proof has the wrong length"
             hashes = [proof[i : i + 32] for i in range(0, len(proof), 32)]
             if not challenges.verify_proof(challenges.leaf_hash(data), leaf, count, hashes, root):

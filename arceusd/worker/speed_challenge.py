@@ -1,19 +1,20 @@
 """The torch side of a speed challenge (:mod:`arceusd.jobs.challenges`), run in a child process of the daemon.
 
 ``python -m arceusd.worker.speed_challenge solve SIZE ROUNDS THREADS``: allocate, then print ``{"ready": true}``;
-read one JSON line ``{"seed": HEX}``, compute every block of every round's product and print ``{"root": HEX}``;
-read ``{"open": [LEAF, ...]}`` and print ``{"blocks": [HEX, ...], "proofs": [[HEX, ...], ...]}`` (each opened
-block's float32 bytes, recomputed exactly as they were hashed: its round's whole product again, and its Merkle
-proof); then exit. A line that is
-not what it waits for ends it.
+read one JSON line ``{"seed": HEX}``, compute every round's product and its digests (:func:`digests`) and print
+``{"root": HEX}`` (the Merkle root over blocks of :data:`BLOCK_ROWS` rows' digests); read ``{"open": [LEAF,
+...]}`` and print ``{"blocks": [HEX, ...], "proofs": [[HEX, ...], ...]}`` (each opened block's float32 digests
+and its Merkle proof); then exit. A line that is not what it waits for ends it.
 
 ``python -m arceusd.worker.speed_challenge verify`` reads one JSON line ``{"size", "rounds", "seed", "open",
-"blocks"}`` (blocks as hex of float32 bytes) and prints ``{"error": E}``: the largest relative error of the
-opened blocks against this process's own products (inf for a block of the wrong length or with non-finite
-values).
+"blocks"}`` (blocks as hex of float32 digests) and prints ``{"error": E}``: the largest relative error of the
+opened blocks against this process's own digests of those rows (inf for a block of the wrong length or with
+non-finite values).
 
 The matrices are a hash of (seed, round, matrix, row, column) (:func:`entries`): integer operations only, so
-every device builds the same bits, and no structure a device could use to skip the products.
+every device builds the same bits, and no structure a device could use to skip the products. A row's digest is
+a nonlinear function of every value of the row's product (a sum of tanh), so it takes the whole product, yet
+only a few bytes per row are hashed and sent (a fast device is not held back by hashing its output).
 """
 
 from __future__ import annotations
@@ -59,61 +60,48 @@ def entries(seed: int, round_: int, matrix: int, first_row: int, rows: int, size
     return (x & 0xFFFFFF).to(torch.float32).mul_(2.0**-24).sub_(0.5).view(rows, size)
 
 
-def block(seed: int, round_: int, first_row: int, size: int, device: torch.device,
-          right: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
-    """Rows ``first_row ..`` (:data:`BLOCK_ROWS` of them) of round ``round_``'s product."""
+def digests(seed: int, round_: int, first_row: int, rows: int, size: int, device: torch.device,
+            right: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    """Rows ``first_row .. first_row + rows`` of round ``round_``'s digest: for each row of the product of the
+    round's two matrices, the sum of ``tanh(scale * value)`` over the row (float64 on the CPU). Nonlinear: no
+    shortcut gives it without every value of the row; a few floats per row to hash instead of the whole row."""
     if right is None:
         right = entries(seed, round_, 1, 0, size, size, device)
-    return entries(seed, round_, 0, first_row, BLOCK_ROWS, size, device) @ right
+    product = entries(seed, round_, 0, first_row, rows, size, device) @ right
+    return torch.tanh(product.mul_(12.0 / math.sqrt(size))).sum(dim=1).to("cpu", torch.float64)
 
 
-def block_bytes(t: torch.Tensor) -> bytes:
+def as_bytes(t: torch.Tensor) -> bytes:
     return bytes(t.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
 
 
 def solve(size: int, rounds: int, seed: int, device: torch.device) -> list[bytes]:
-    """Every block's leaf hash, round by round (what the root is over)."""
+    """Every leaf's bytes (one block of :data:`BLOCK_ROWS` rows' digests, float32), round by round."""
+    step = BLOCK_ROWS * 4
     leaves: list[bytes] = []
     for r in range(rounds):
-        right = entries(seed, r, 1, 0, size, size, device)
-        product = entries(seed, r, 0, 0, size, size, device) @ right
-        flat = block_bytes(product)
-        step = BLOCK_ROWS * size * 4
-        leaves.extend(leaf_hash(flat[i : i + step]) for i in range(0, len(flat), step))
+        flat = as_bytes(digests(seed, r, 0, size, size, device))
+        leaves.extend(flat[i : i + step] for i in range(0, len(flat), step))
     return leaves
 
 
-def recompute(size: int, seed: int, leaves: list[int], device: torch.device) -> list[bytes]:
-    """The blocks of ``leaves``, computed as :func:`solve` did (each one's round's whole product, the same
-    operation; a round once however many of its blocks are asked for)."""
-    products: dict[int, bytes] = {}
-    step = BLOCK_ROWS * size * 4
-    out = []
-    for leaf in leaves:
-        r, first = leaf_position(leaf, size)
-        if r not in products:
-            products[r] = block_bytes(entries(seed, r, 0, 0, size, size, device)
-                                      @ entries(seed, r, 1, 0, size, size, device))  # fmt: skip
-        out.append(products[r][first * size * 4 : first * size * 4 + step])
-    return out
-
-
 def max_error(size: int, seed: int, opened: list[int], blocks: list[bytes]) -> float:
-    """The largest relative error of ``blocks`` against this process's own products of the ``opened`` leaves
-    (only their rows: :data:`BLOCK_ROWS` rows of the left matrix times its round's right one)."""
+    """The largest relative error of ``blocks`` against this process's own digests of the ``opened`` leaves
+    (only their rows: :data:`BLOCK_ROWS` rows of the left matrix times the round's right one); inf for a block
+    of the wrong length or with a value that is not finite."""
     worst = 0.0
     cpu = torch.device("cpu")
     rights: dict[int, torch.Tensor] = {}
     for leaf, data in zip(opened, blocks, strict=True):
-        if len(data) != BLOCK_ROWS * size * 4:
+        if len(data) != BLOCK_ROWS * 4:
             return math.inf
-        theirs = torch.frombuffer(bytearray(data), dtype=torch.float32).view(BLOCK_ROWS, size).double()
+        theirs = torch.frombuffer(bytearray(data), dtype=torch.float32).double()
         if not bool(torch.isfinite(theirs).all()):
             return math.inf
         r, first = leaf_position(leaf, size)
         if r not in rights:
             rights[r] = entries(seed, r, 1, 0, size, size, cpu)
-        ours = block(seed, r, first, size, cpu, rights[r]).double()
+        ours = digests(seed, r, first, BLOCK_ROWS, size, cpu, rights[r])
         norm = float(ours.norm())
         error = float((theirs - ours).norm()) / norm if norm > 0 else math.inf
         worst = max(worst, error)
@@ -142,15 +130,16 @@ def _read() -> dict[str, Any]:
 def _solve_main(size: int, rounds: int, threads: int) -> None:
     torch.set_num_threads(threads)
     device = _device()
-    block(1, 0, 0, size, device)  # warm the kernels before the clock starts
+    digests(1, 0, 0, BLOCK_ROWS, size, device)  # warm the kernels before the clock starts
     _say({"ready": True})
     seed = seed_value(str(_read()["seed"]))
-    leaves = solve(size, rounds, seed, device)
+    blocks = solve(size, rounds, seed, device)
+    leaves = [leaf_hash(b) for b in blocks]
     _say({"root": merkle_root(leaves).hex()})
     opened = [int(i) for i in _read()["open"]]
     if not all(0 <= i < leaf_count(size, rounds) for i in opened):
         sys.exit("a leaf to open is out of range")
-    _say({"blocks": [b.hex() for b in recompute(size, seed, opened, device)],
+    _say({"blocks": [blocks[i].hex() for i in opened],
           "proofs": [[h.hex() for h in merkle_proof(leaves, i)] for i in opened]})  # fmt: skip
 
 

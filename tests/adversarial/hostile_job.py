@@ -168,7 +168,7 @@ def forge_challenges() -> None:
     async def on_open(self: Any, header: Any, msg: Any) -> Any:
         size, rounds = shapes.get(msg.challenge, (256, 1))
         depth = max(1, (challenges.leaf_count(size, rounds) - 1).bit_length())
-        return ChallengeBlocks(msg.challenge, tuple(os.urandom(challenges.BLOCK_ROWS * size * 4) for _ in msg.leaves),
+        return ChallengeBlocks(msg.challenge, tuple(os.urandom(challenges.BLOCK_ROWS * 4) for _ in msg.leaves),
                                tuple(os.urandom(32 * depth) for _ in msg.leaves))  # fmt: skip
 
     SpeedChecks.on_challenge = on_challenge  # type: ignore[method-assign]

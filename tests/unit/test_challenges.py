@@ -34,7 +34,7 @@ def test_a_challenge_is_about_its_target_seconds_at_the_offered_speed(offered: f
 
 def test_shapes_a_member_refuses() -> None:
     assert challenges.check_size(300, 1) and challenges.check_size(512, 0)
-    assert challenges.check_size(512, challenges.MAX_ROUNDS + 1) and challenges.check_size(4096, 1)
+    assert challenges.check_size(512, challenges.MAX_ROUNDS + 1) and challenges.check_size(8192, 1)
 
 
 @pytest.mark.parametrize("count", [1, 2, 3, 5, 8, 13, 64, 100])
@@ -110,21 +110,42 @@ def test_the_matrices_are_the_same_bits_whoever_builds_them() -> None:
 
 def test_solved_blocks_prove_themselves_and_a_wrong_block_is_found() -> None:
     size, rounds, seed = 256, 3, 99
-    leaves = speed_challenge.solve(size, rounds, seed, CPU)
-    assert len(leaves) == challenges.leaf_count(size, rounds)
+    blocks = speed_challenge.solve(size, rounds, seed, CPU)
+    assert len(blocks) == challenges.leaf_count(size, rounds) and all(len(b) == challenges.BLOCK_ROWS * 4
+                                                                      for b in blocks)  # fmt: skip
+    leaves = [challenges.leaf_hash(b) for b in blocks]
     root = challenges.merkle_root(leaves)
     opened = list(challenges.blocks_to_open(size, rounds))
-    blocks = speed_challenge.recompute(size, seed, opened, CPU)
+    shown = [blocks[i] for i in opened]
     assert all(challenges.verify_proof(challenges.leaf_hash(b), i, len(leaves), challenges.merkle_proof(leaves, i),
-                                       root) for i, b in zip(opened, blocks, strict=True))  # fmt: skip
-    assert speed_challenge.max_error(size, seed, opened, blocks) < 1e-5
-    zeros = [bytes(len(blocks[0])), *blocks[1:]]
+                                       root) for i, b in zip(opened, shown, strict=True))  # fmt: skip
+    assert speed_challenge.max_error(size, seed, opened, shown) < 1e-5  # 16 rows alone give the same digests
+    zeros = [bytes(len(shown[0])), *shown[1:]]
     assert speed_challenge.max_error(size, seed, opened, zeros) == pytest.approx(1.0)
-    assert speed_challenge.max_error(size, seed + 1, opened, blocks) > 0.5  # another seed's products
-    assert speed_challenge.max_error(size, seed, opened, [blocks[0][:-4], *blocks[1:]]) == float("inf")
-    nan = bytearray(blocks[0])
+    assert speed_challenge.max_error(size, seed + 1, opened, shown) > 0.5  # another seed's products
+    assert speed_challenge.max_error(size, seed, opened, [shown[0][:-4], *shown[1:]]) == float("inf")
+    nan = bytearray(shown[0])
     nan[:4] = bytes.fromhex("0000c07f")
-    assert speed_challenge.max_error(size, seed, opened, [bytes(nan), *blocks[1:]]) == float("inf")
+    assert speed_challenge.max_error(size, seed, opened, [bytes(nan), *shown[1:]]) == float("inf")
+
+
+def test_a_digest_takes_every_value_of_its_row() -> None:
+    """Change one value of one row of the left matrix and that row's digest moves beyond the tolerance, the
+    others not at all: a device that skipped part of a row would be found."""
+    size, seed = 256, 5
+    right = speed_challenge.entries(seed, 0, 1, 0, size, size, CPU)
+    left = speed_challenge.entries(seed, 0, 0, 0, challenges.BLOCK_ROWS, size, CPU)
+    scale = 12.0 / size**0.5
+    honest = torch.tanh((left @ right) * scale).sum(dim=1).double()
+    assert torch.allclose(honest, speed_challenge.digests(seed, 0, 0, challenges.BLOCK_ROWS, size, CPU), atol=1e-4)
+    moved = 0
+    for col in range(0, size, 37):
+        skipped = left.clone()
+        skipped[3, col] = 0.0
+        other = torch.tanh((skipped @ right) * scale).sum(dim=1).double()
+        assert torch.equal(other[:3], honest[:3]) and torch.equal(other[4:], honest[4:])
+        moved += float((other[3] - honest[3]).abs() / honest.norm()) > challenges.TOLERANCE / 10
+    assert moved >= size // 37 - 1
 
 
 def _line(proc: subprocess.Popen[str], timeout: float = 60.0) -> dict[str, object]:
@@ -154,6 +175,7 @@ def test_the_child_process_solves_opens_and_checks_as_the_daemon_drives_it() -> 
         proc.stdin.flush()
         shown = _line(proc)
         blocks = [bytes.fromhex(b) for b in shown["blocks"]]  # type: ignore[attr-defined]
+        assert all(len(b) == challenges.BLOCK_ROWS * 4 for b in blocks)
         proofs = [[bytes.fromhex(h) for h in p] for p in shown["proofs"]]  # type: ignore[attr-defined]
         count = challenges.leaf_count(size, rounds)
         assert all(challenges.verify_proof(challenges.leaf_hash(b), i, count, p, root)
@@ -174,7 +196,7 @@ def test_a_member_refuses_a_request_out_of_bounds_with_one_line() -> None:
     good = "ab" * 16
     assert challenges.check_request(good, 512, 10, 10.0) is None
     refusals = {
-        "size": challenges.check_request(good, 4096, 10, 10.0),
+        "size": challenges.check_request(good, 8192, 10, 10.0),
         "rounds": challenges.check_request(good, 512, challenges.MAX_ROUNDS + 1, 10.0),
         "id": challenges.check_request("../" + good[3:], 512, 10, 10.0),
         "short id": challenges.check_request(good[:-1], 512, 10, 10.0),
