@@ -254,11 +254,14 @@ class SpeedChecks:
         shown = await self.ctx.peers.request(offer.address, peer, ChallengeOpen(job.job_id, challenge, leaves),
                                              REPLY_S + wait, **kw)  # fmt: skip
         why = await self._check_shown(shown, challenge, size, rounds, seed, leaves, root.root)
+        if why is None:
+            return None  # this device could not check the blocks: an unchecked time proves nothing
         return Timed(offer.flops_per_s, work, seconds, why)
 
     async def _check_shown(self, shown: object, challenge: str, size: int, rounds: int, seed: str,
-                           leaves: tuple[int, ...], root_hex: str) -> str:  # fmt: skip
-        """Why the member's opened blocks fail (wrong proofs or values), or ``""``."""
+                           leaves: tuple[int, ...], root_hex: str) -> str | None:  # fmt: skip
+        """Why the member's opened blocks fail (wrong proofs or values), ``""`` when they hold, None when this
+        device could not check them."""
         if not isinstance(shown, ChallengeBlocks) or shown.challenge != challenge:
             return "did not show the blocks asked for"
         if len(shown.blocks) != len(leaves) or len(shown.proofs) != len(leaves):
@@ -276,7 +279,7 @@ class SpeedChecks:
                 return f"block {leaf} is not the one its root committed to"
         error = await check_blocks(size, rounds, seed, leaves, list(shown.blocks))
         if math.isnan(error):
-            return ""  # this device could not check: the time stands, the values are not held against it
+            return None
         if error > challenges.TOLERANCE:
             return f"its blocks are wrong (relative error {error:.2g})"
         return ""
