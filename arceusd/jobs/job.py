@@ -120,7 +120,8 @@ class LeaderRecord:
     discounts: dict[str, float] = field(default_factory=dict)  # peer -> its offered speed is divided by
     slow_reports: dict[str, int] = field(default_factory=dict)  # peer -> reports in a row that it overclaimed
     timed: dict[str, challenges.Timed] = field(default_factory=dict)  # peer -> its speed challenge (speed_checks)
-    challenges_started: bool = False  # the devices' speed challenges were started (once per job and leader)
+    challenged: set[str] = field(default_factory=set)  # peers whose speed challenge was asked (once per job)
+    challenging: bool = False  # a round of speed challenges is running
 
     def record_checkpoint(self, step: int, at: float | None = None) -> None:
         """Checkpoint ``step`` was committed: keep it (and when) for the timeline, the newest

@@ -2,19 +2,20 @@
 
 Leader side (:meth:`SpeedChecks.on_step`, :meth:`SpeedChecks.judge`): once the job runs at least
 :data:`arceusd.jobs.claims.MIN_EXCESS_S` a step slower than its plan said (the leader's own step times, on its
-own clock, over :data:`FIRST_STEPS` steps), the leader times every device of the plan once, one at a time:
-itself first (the baseline of how much slower than their offers devices run beside the job), then the members
-doing the most of the plan's work. A member: :class:`protocol.job_wire.SpeedChallenge` (ready?),
-:class:`protocol.job_wire.ChallengeGo` (the seed; the clock runs until its :class:`protocol.job_wire.ChallengeRoot`),
-:class:`protocol.job_wire.ChallengeOpen` (blocks drawn at random; their proofs are checked here and their values
-recomputed in a child process). A member that refuses, or does not answer, is asked once more after the others
-(:data:`REFUSED_RETRY_S`); a second refusal counts as a failed challenge, a second silence as no result (a gone
-member is membership's business). At the next checkpoint a member whose challenge ran far slower than its offer,
-against the others, or failed, is discounted and planned again (:func:`challenges.challenge_factor`), like a
-member caught by its step times; ``speed_checks`` in ``arceusd status JOB`` shows every result.
+own clock, over :data:`FIRST_STEPS` steps), the leader times every device of the plan once per job, one at a
+time: itself first (the baseline of how much slower than their offers devices run beside the job), then the
+members doing the most of the plan's work (a later plan's new devices in a round of their own). A member:
+:class:`protocol.job_wire.SpeedChallenge` (ready?), :class:`protocol.job_wire.ChallengeGo` (the seed; the clock
+runs until its :class:`protocol.job_wire.ChallengeRoot`), :class:`protocol.job_wire.ChallengeOpen` (blocks drawn
+at random; their proofs are checked here and their digests recomputed in a child process). A member that
+refuses, or does not answer, is asked once more after the others (:data:`REFUSED_RETRY_S`); a second refusal
+counts as a failed challenge, a second silence as no result (a gone member is membership's business). At the
+next checkpoint a member whose challenge ran far slower than its offer, against the others, or failed, is
+discounted and planned again (:func:`challenges.challenge_factor`), like a member caught by its step times;
+``speed_checks`` in ``arceusd status JOB`` shows every result.
 
 Member side: one challenge at a time on this device (another is refused as busy), only from the job's leader at
-its term and epoch, its shape checked (:func:`challenges.check_size`); the child is killed once it showed the
+its term and epoch, its request checked (:func:`challenges.check_request`); the child is killed once it showed the
 blocks, when the seed does not come within :data:`challenges.READY_S` + :data:`REPLY_S` seconds of being
 ready, or when the work and the open take longer than the ``deadline_s`` the leader said it waits (at most
 :data:`challenges.MAX_WAIT_S`).
@@ -169,30 +170,39 @@ class SpeedChecks:
     # -- a leader -------------------------------------------------------------------------------------------
 
     def on_step(self, job: Job) -> None:
-        """The leader's own worker ran a step: start the job's challenges once it runs slow (once per job)."""
-        if job.leading.challenges_started or job.plan is None or not self.ctx.leads(job):
+        """The leader's own worker ran a step: once the job runs slow, time the devices of its plan not timed
+        yet (each once per job: the first plan's, then any that a later plan brings in)."""
+        if job.leading.challenging or job.plan is None or not self.ctx.leads(job):
             return
         if len(job.stage_times) < FIRST_STEPS:
             return
+        untimed = [p for p in job.plan_peers() if p not in job.leading.challenged and p in job.members]
         total = claims.own_step_total(job)
-        if total is None or total - job.plan.predicted_step_time_s < claims.MIN_EXCESS_S:
+        if not untimed or total is None or total - job.plan.predicted_step_time_s < claims.MIN_EXCESS_S:
             return
-        job.leading.challenges_started = True
-        log.info("job %s: running %.2f s a step against %.2f s planned; timing its devices", job.job_id, total,
-                 job.plan.predicted_step_time_s)  # fmt: skip
-        self.ctx.spawn(self.challenge_all, job)
+        job.leading.challenging = True
+        log.info("job %s: running %.2f s a step against %.2f s planned; timing %d device(s)", job.job_id, total,
+                 job.plan.predicted_step_time_s, len(untimed))  # fmt: skip
+        self.ctx.spawn(self.challenge_all, job, untimed)
 
-    async def challenge_all(self, job: Job) -> None:
-        """Time every device of the plan, one at a time: this one first (the baseline), then the members doing
-        the most work."""
+    async def challenge_all(self, job: Job, peers: list[str]) -> None:
+        """Time ``peers``, one at a time: this device first (the baseline), then the members doing the most
+        work; once each."""
+        try:
+            await self._challenge_all(job, peers)
+        finally:
+            job.leading.challenging = False
+
+    async def _challenge_all(self, job: Job, peers: list[str]) -> None:
         me = self.ctx.node.identity.peer_id
         if job.plan is None:
             return
+        job.leading.challenged.update(peers)
         work = {sh.peer_id: (st.end - st.start) / len(st.shares) for st in job.plan.stages for sh in st.shares}
-        members = sorted((p for p in job.plan_peers() if p != me and p in job.members),
+        members = sorted((p for p in peers if p != me),
                          key=lambda p: (-work.get(p, 0.0), -job.members[p].flops_per_s, p))  # fmt: skip
         refused: list[str] = []
-        for peer in [me, *members]:
+        for peer in [me, *members] if me in peers else members:
             if not self._still_leading(job):
                 return
             await self._time_and_keep(job, peer, refused)
