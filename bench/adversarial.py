@@ -82,7 +82,7 @@ def job_attacks(quick: bool) -> int:
 
     steps = 60 if quick else 100
     base: Report | None = None
-    print(f"{'attack':<16} {'RSS MiB':>8} {'ratio':>6} {'status p50 ms':>14} {'max ms':>8} {'job s':>6}  end")
+    print(f"{'attack':<24} {'RSS MiB':>8} {'ratio':>6} {'status p50 ms':>14} {'max ms':>8} {'job s':>6}  end")
     # (attack, heavy): the claims attacks train 2048-wide layers on batches of 1024 (a lie about speed shows
     # above the overheads only there), against an honest run of that job; the others the small MLP
     for attack, heavy in (("none", False), ("path", False), ("huge", False), ("nan", False), ("none", True),
@@ -112,7 +112,7 @@ def job_attacks(quick: bool) -> int:
             excluded = ",".join(p[:8] for p in end.get("excluded", {}))
             discounted = ",".join(f"{p[:8]}:{f:g}" for p, f in end.get("discounted", {}).items())
             name = f"{attack}{' (big)' if heavy else ''}"
-            print(f"{name:<16} {w.report.peak_rss_mib:8.1f} {_ratio(w.report.peak_rss_mib, base.peak_rss_mib)} "
+            print(f"{name:<24} {w.report.peak_rss_mib:8.1f} {_ratio(w.report.peak_rss_mib, base.peak_rss_mib)} "
                   f"{(_p50(w.report) or 0) * 1e3:14.2f} {w.report.status_max_s * 1e3:8.2f} {took:6.1f}  "
                   f"{end['state']} excluded={excluded or '-'} discounted={discounted or '-'} "
                   f"refused={end.get('refused_reports')} escaped={outside.exists()}", flush=True)  # fmt: skip

@@ -18,7 +18,10 @@ from the first). Attacks (issue #19 items 1, 3, 4 and 5):
   the rest of its step spent waiting for the previous stage (its step times lie to cover its offer);
 * ``refuse``: the member joins, then refuses every start of the job (it would spend the job's restarts);
 * ``challenge-forge``: as ``overclaim-hidden``, and it answers the leader's speed challenges at once, with a made
-  up root and made up blocks (well-formed, of the right sizes) instead of computing them.
+  up root and made up blocks (well-formed, of the right sizes) instead of computing them;
+* ``challenge-abuse`` (run by the job's owner and leader, :data:`LEADER`): once the job runs, it sends each member
+  speed challenges out of every bound, seeds and opens for challenges that do not exist, two challenges at once,
+  and a challenge whose seed never comes; every answer is printed as ``hostile: answer <case> <ok> <reason>``.
 
 :class:`HostileSwarm` is a :class:`arceusd.swarm.LocalSwarm` whose daemon :data:`HOSTILE` runs this module.
 
@@ -45,7 +48,7 @@ from arceusd.swarm import LocalSwarm  # noqa: E402
 
 HUGE = 16 << 30
 ATTACKS = ("none", "path", "mismatch", "huge", "nan", "claims", "overclaim", "overclaim-hidden", "refuse",
-           "challenge-forge")
+           "challenge-forge", "challenge-abuse")
 """``none``: an honest member (a baseline run through the same module)."""
 
 
@@ -120,6 +123,8 @@ def install(attack: str, arg: str, after: int) -> None:
     Transfers.on_shard_request = serve  # type: ignore[method-assign]
     if attack == "challenge-forge":
         forge_challenges()
+    if attack == "challenge-abuse":
+        abuse_challenges()
     if attack in ("overclaim-hidden", "challenge-forge"):
         from arceusd.jobs import claims
 
@@ -176,21 +181,77 @@ def forge_challenges() -> None:
     SpeedChecks.on_open = on_open  # type: ignore[method-assign]
 
 
+ABUSES = ("size", "rounds", "long wait", "nan wait", "bad id", "go unknown", "open unknown", "first", "second",
+          "bad seed after first", "go after ended", "pending")
+"""What :func:`abuse_challenges` sends each member, in order (``first`` and ``pending``: well-formed)."""
+
+
+def abuse_challenges() -> None:
+    """The leader side of ``challenge-abuse``: instead of timing its members, abuse their challenge handlers."""
+    import secrets
+
+    from arceusd.jobs.speed_checks import SpeedChecks
+    from protocol.job_wire import ChallengeGo, ChallengeOpen, SpeedChallenge
+
+    started: set[str] = set()
+
+    def on_step(self: Any, job: Any) -> None:
+        if job.job_id in started or job.plan is None or not self.ctx.leads(job) or len(job.stage_times) < 3:
+            return
+        started.add(job.job_id)
+        self.ctx.spawn(abuse, self, job)
+
+    async def abuse(self: Any, job: Any) -> None:
+        me = self.ctx.node.identity.peer_id
+        for peer in [p for p in job.plan_peers() if p != me and p in job.members]:
+            await abuse_one(self, job, peer)
+
+    async def abuse_one(self: Any, job: Any, peer: str) -> None:
+        jid, first = job.job_id, secrets.token_hex(16)
+        cases: list[tuple[str, Any]] = [
+            ("size", SpeedChallenge(jid, secrets.token_hex(16), 8192, 1, 5.0)),
+            ("rounds", SpeedChallenge(jid, secrets.token_hex(16), 512, 10**6, 5.0)),
+            ("long wait", SpeedChallenge(jid, secrets.token_hex(16), 512, 2, 1e9)),
+            ("nan wait", SpeedChallenge(jid, secrets.token_hex(16), 512, 2, float("nan"))),
+            ("bad id", SpeedChallenge(jid, "../" * 10 + "xx", 512, 2, 5.0)),
+            ("go unknown", ChallengeGo(jid, secrets.token_hex(16), "0f" * 32)),
+            ("open unknown", ChallengeOpen(jid, secrets.token_hex(16), (0, 1, 2))),
+            ("first", SpeedChallenge(jid, first, 256, 2, 5.0)),
+            ("second", SpeedChallenge(jid, secrets.token_hex(16), 256, 2, 5.0)),
+            ("bad seed after first", ChallengeGo(jid, first, "ZZ" * 32)),
+            ("go after ended", ChallengeGo(jid, first, "0f" * 32)),
+            ("pending", SpeedChallenge(jid, secrets.token_hex(16), 256, 2, 5.0)),  # its seed never comes
+        ]
+        assert tuple(c for c, _ in cases) == ABUSES
+        kw = {"job_id": jid, "term": job.term, "epoch": job.epoch}
+        for case, msg in cases:
+            answer = await self.ctx.peers.request(job.members[peer].address, peer, msg, 40.0, **kw)
+            ok, reason = getattr(answer, "ok", type(answer).__name__), getattr(answer, "reason", "")
+            print(f"hostile: answer {peer[:12]} {case}: {ok} {reason[:80]}", file=sys.stderr, flush=True)
+
+    SpeedChecks.on_step = on_step  # type: ignore[method-assign]
+
+
 HOSTILE = 2
 """The hostile daemon's index in a :class:`HostileSwarm`: a member (index 0 owns and leads the job)."""
 
 
-class HostileSwarm(LocalSwarm):
-    """Three daemons on loopback; daemon :data:`HOSTILE` runs this module with ``attack`` from checkpoint step
-    ``after`` on."""
+LEADER = 0
+"""The daemon that owns and leads the job (the hostile one for ``challenge-abuse``)."""
 
-    def __init__(self, root: Path, attack: str, arg: str = "", after: int = 0) -> None:
+
+class HostileSwarm(LocalSwarm):
+    """Three daemons on loopback; daemon ``hostile`` (:data:`HOSTILE`, a member, by default) runs this module with
+    ``attack`` from checkpoint step ``after`` on."""
+
+    def __init__(self, root: Path, attack: str, arg: str = "", after: int = 0, hostile: int = HOSTILE) -> None:
         super().__init__(root, 3, ["--auto-join"], preset="local")
+        self.hostile = hostile
         self.hostile_env = {**self.env, "ARCEUS_HOSTILE": attack, "ARCEUS_HOSTILE_ARG": arg,
                             "ARCEUS_HOSTILE_AFTER": str(after)}  # fmt: skip
 
     def _spawn(self, i: int) -> subprocess.Popen[bytes]:
-        if i != HOSTILE:
+        if i != self.hostile:
             return super()._spawn(i)
         seeds = [a for j, port in enumerate(self.ports) if j != i for a in ("--peer", f"127.0.0.1:{port}")]
         state = self.state_dir(i)

@@ -16,7 +16,7 @@ from typing import Any, cast
 import pytest
 
 from arceusd.swarm import LocalSwarm
-from tests.adversarial.hostile_job import HOSTILE, HostileSwarm
+from tests.adversarial.hostile_job import ABUSES, HOSTILE, LEADER, HostileSwarm
 from tests.adversarial.victim import Report, Watch, assert_healthy
 from tests.harness import Daemon, wait_for
 from tests.integration.test_recovery import assert_equals_failure_free, job_of, submit, wait_end, write_spec
@@ -224,5 +224,66 @@ def test_the_leader_times_each_member_and_plans_an_overclaimer_at_what_it_measur
         assert offered and (planned is None or planned == pytest.approx(offered / end["discounted"][hostile_peer],
                                                                         rel=0.02)), (offered, planned)  # fmt: skip
         assert_equals_failure_free(end, spec, tolerance=1e-2)
+    finally:
+        s.close()
+
+
+def challenge_children(parents: list[int]) -> list[int]:
+    """Speed challenge child processes of these daemons."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid in parents and b"arceusd.worker.speed_challenge" in cmdline:
+            found.append(int(proc.name))
+    return found
+
+
+def test_a_leader_that_abuses_speed_challenges_is_refused_and_leaves_no_child_behind(tmp_path: Path) -> None:
+    """The job's own leader (hostile: ``challenge-abuse``) sends its members challenges out of every bound, seeds
+    and opens for challenges that do not exist, two at once and one whose seed never comes. Each member refuses
+    what is out of bounds or out of order with a reason, keeps one challenge at a time, kills the child of the
+    abandoned one within the ready time, keeps answering ``status`` within 1 s, and the job ends done."""
+    from arceusd.jobs import challenges, speed_checks
+
+    spec = write_spec(tmp_path, steps=100, interval=20)
+    s = HostileSwarm(tmp_path / "swarm", "challenge-abuse", hostile=LEADER)
+    try:
+        s.start()
+        s.wait_converged()
+        members = [s.call(i, "status")["peer_id"][:12] for i in (1, 2)]
+        with Watch(as_daemon(s, 1)) as watch:
+            job_id = submit(s, spec)
+            end = wait_end(s, job_id, timeout=240)
+            stderr = s.root / "hostile.stderr"
+
+            def answered() -> dict[tuple[str, str], str]:
+                lines = [ln.split("hostile: answer ", 1)[1] for ln in stderr.read_text().splitlines()
+                         if "hostile: answer " in ln]  # fmt: skip
+                return {(ln[:12], ln[13:].split(": ", 1)[0]): ln.split(": ", 1)[1] for ln in lines}
+
+            wait_for(lambda: len(answered()) == 2 * len(ABUSES), 120, 0.5, "every abuse answered")
+            member_pids = [s.procs[1].pid, s.procs[2].pid]
+            assert challenge_children(member_pids), "the pending challenge's child is not running"
+            limit = challenges.READY_S + speed_checks.REPLY_S + 20
+            wait_for(lambda: not challenge_children(member_pids), limit, 0.5, "the abandoned challenge's child ended")
+        assert end["state"] == "done", end
+        assert all(p.poll() is None for p in s.procs), "a daemon exited"
+        assert watch.report.status_max_s < 1.0, watch.report
+        got = answered()
+        for member in members:
+            said = {case: got[(member, case)] for case in ABUSES}
+            for case in ("size", "rounds", "long wait", "nan wait", "bad id", "go unknown", "open unknown"):
+                assert said[case].startswith("False "), (case, said[case])
+            assert "challenge size 8192" in said["size"] and "rounds" in said["rounds"], said
+            assert said["first"].startswith("True") and said["pending"].startswith("True"), said
+            assert said["second"].startswith("False") and "busy" in said["second"], said
+            assert said["bad seed after first"].startswith("False") and "seed" in said["bad seed after first"], said
+            assert said["go after ended"].startswith("False"), said  # the bad seed ended that challenge
     finally:
         s.close()
