@@ -28,6 +28,21 @@ def contribution_lines(j: dict[str, Any]) -> list[str]:
     ]
 
 
+def claim_lines(j: dict[str, Any]) -> list[str]:
+    """What the leader measured of its members' claims (issue #19): each device's timed speed challenge, who was
+    planned slower than it offered, and who was excluded."""
+    lines = []
+    for peer, c in sorted((j.get("speed_checks") or {}).items()):
+        result = f"failed: {c['failed']}" if c.get("failed") else f"{c['slowdown']:.1f}x slower than offered"
+        lines.append(f"  timed    {peer[:12]}  offered {c['offered_gflops']:.1f} GFLOP/s, measured "
+                     f"{c['measured_gflops']:.1f} in {c['seconds']:.2f} s ({result})")  # fmt: skip
+    for peer, factor in sorted((j.get("discounted") or {}).items()):
+        lines.append(f"  slower   {peer[:12]}  planned at its offer / {factor:g} (it ran that much slower)")
+    for peer, why in sorted((j.get("excluded") or {}).items()):
+        lines.append(f"  excluded {peer[:12]}  {why[:100]}")
+    return lines
+
+
 def render_job(j: dict[str, Any]) -> str:
     lines = [
         f"job {j['job_id']}  ({j['name']}: {j['model']} on {j['data']})",
@@ -71,7 +86,7 @@ def render_job(j: dict[str, Any]) -> str:
     if timing:
         lines.append(f"  measured {timing['step_time_s'] * 1000:.1f} ms/step on this device (median of the last "
                      f"{timing['steps']}), {timing['wait_fraction']:.0%} of it waiting on links")  # fmt: skip
-    lines += contribution_lines(j)
+    lines += contribution_lines(j) + claim_lines(j)
     if j.get("committed_step"):
         lines.append(f"  checkpoint  step {j['committed_step']} committed")
     for r in j.get("recoveries") or []:

@@ -190,3 +190,21 @@ def test_a_replicated_plan_shows_every_replica_its_sync_and_the_ring_bytes(tmp_p
     job.rebuilt_replicas.append((60, lost))
     text = render_job({**job.summary(full=True), "model": "mlp", "data": "mnist"})
     assert f"rebuilt  a replica at step 60 on {lost[0][:12]}" in text
+
+
+def test_status_shows_what_the_leader_measured_of_its_members_claims(tmp_path: Path) -> None:
+    from arceusd.jobs.challenges import Timed
+
+    job = _job(tmp_path)
+    honest, liar, forger = "a" * 32, "b" * 32, "c" * 32
+    job.leading.timed = {honest: Timed(1e11, 1.5e10, 0.3), liar: Timed(1e13, 1.5e12, 10.0),
+                         forger: Timed(1e13, 1.5e12, 0.01, "block 3 is not the one its root committed to")}  # fmt: skip
+    job.leading.discounts = {liar: 33.3, forger: 1000.0}
+    job.leading.excluded = {"d" * 32: "its shard has non-finite values"}
+    shown = render_job(job.summary(full=True))
+    assert f"timed    {honest[:12]}  offered 100.0 GFLOP/s, measured 50.0 in 0.30 s (2.0x slower than offered)" in shown
+    assert f"timed    {liar[:12]}  offered 10000.0 GFLOP/s, measured 150.0 in 10.00 s (66.7x slower" in shown
+    assert f"timed    {forger[:12]}  offered 10000.0 GFLOP/s, measured 0.0 in 0.01 s (failed: block 3 is not" in shown
+    assert f"slower   {liar[:12]}  planned at its offer / 33.3" in shown
+    assert f"slower   {forger[:12]}  planned at its offer / 1000" in shown
+    assert f"excluded {'d' * 12}  its shard has non-finite values" in shown
