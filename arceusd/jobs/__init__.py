@@ -16,8 +16,8 @@ parts carry out its actions; ``driver`` runs them)::
       |                                        -> core: StartAnswered -> SendGo
     go            starting.go_round            JobGo in plan order -> core: GoAnswered (running, or sent again)
       |           local_worker.on_go
-    step          local_worker._follow_worker  the worker's events: progress, and reports to the leader (reports)
-      |
+    step          local_worker._follow_worker  the worker's events: progress, and reports to the leader (reports);
+      |           speed_checks.on_step         a job running slow: the leader times each device (challenges)
     checkpoint    local_worker._when_complete  every device reported (shard_checks, witnesses, claims)
       |           commits.commit               -> core: CheckpointComplete -> Commit -> CommitDone / CommitFailed
       |           standby_sync                 the standby's copy after each commit (core: SyncStandby)
@@ -62,7 +62,9 @@ What each module owns:
   process: the daemon never imports torch);
 - what other devices say, checked before use: ``reports`` (a worker's event as the typed ``JobReport`` the leader
   takes, made once on the worker's device), ``claims`` (offers in physical bounds; each member's step times as
-  it reported them and as the devices it works with saw them; discounts), ``shard_checks`` and ``shard_scan``
+  it reported them and as the devices it works with saw them; discounts), ``challenges`` and ``speed_checks``
+  (each device's speed timed by the leader: matrix products answered with a Merkle root, spot-checked; the
+  products in a child process, ``arceusd.worker.speed_challenge``), ``shard_checks`` and ``shard_scan``
   (checkpoint reports and shards: names from the plan, sizes bounded, finite values, expected shapes),
   ``witnesses`` (data-parallel replicas: each replica's digest of what all hold alike, compared at each commit).
 """
