@@ -121,6 +121,12 @@ class LeaderRecord:
     slow_reports: dict[str, int] = field(default_factory=dict)  # peer -> reports in a row that it overclaimed
     timed: dict[str, challenges.Timed] = field(default_factory=dict)  # peer -> its speed challenge (speed_checks)
     challenged: set[str] = field(default_factory=set)  # peers whose speed challenge was asked (once per job)
+    # members that contradict each other, and the one planned alone beside the leader (probation)
+    dispute_reports: dict[tuple[str, str], int] = field(default_factory=dict)  # pair -> reports in a row
+    probation: str = ""  # the member planned alone with the leader now
+    probation_reports: int = 0  # checkpoints of its probation plan judged so far
+    probed: set[str] = field(default_factory=set)  # members that were on probation (once per job)
+    cleared: set[str] = field(default_factory=set)  # ...and kept to their offers there
     challenging: bool = False  # a round of speed challenges is running
 
     def record_checkpoint(self, step: int, at: float | None = None) -> None:
@@ -263,6 +269,7 @@ class Job:
                 "measured_step_s": {p: list(t) for p, t in self.leading.measured.items()},
                 "discounted": {p: round(f, 2) for p, f in self.leading.discounts.items()},
                 "speed_checks": {p: t.summary() for p, t in self.leading.timed.items()},
+                "probation": self.leading.probation, "cleared": sorted(self.leading.cleared),
                 "standby_ready": self.standby_data is not None, "stage_timing": self.stage_timing(),
                 "stage_times": self.stage_times_by_device(me), "ring_bytes": self.ring_bytes,
                 "dropped_replicas": [d.summary() for d in self.replica_drops],

@@ -18,7 +18,7 @@ from typing import Any
 
 import trio
 
-from arceusd.jobs import claims, reports, shard_checks, witnesses
+from arceusd.jobs import claims, probation, reports, shard_checks, witnesses
 from arceusd.jobs.core import Role, Stamp, actions, events
 from arceusd.jobs.job import TERMINAL, Job
 from arceusd.jobs.manager_base import JobContext, Lifecycle
@@ -323,11 +323,19 @@ class LocalWorker:
         step times, as it reported them and as its neighbours saw them (issue #19). A member that overclaimed in
         :data:`claims.SUSTAINED_REPORTS` checkpoints in a row has its speed discounted (once per member); the
         restart reason, or ``""``."""
+        me = self.ctx.node.identity.peer_id
         compute = {peer: got for peer, (got, _) in job.leading.measured.items()}
-        job.leading.seen = claims.seen_in_every_replica(job, compute, self.ctx.node.identity.peer_id)
+        job.leading.seen = claims.seen_in_every_replica(job, compute, me)
         judged = claims.judged_times(job.leading.measured, job.leading.seen)
         reasons = self.speed.judge(job) if self.speed is not None else []  # its own clock first
+        step_s = claims.own_step_total(job)
+        found = [pair for the_plan in claims.pipelines(job)
+                 for pair in probation.disputes(the_plan, job.leading.link_waits, me, step_s)]  # fmt: skip
+        contradicted = probation.suspects(found)  # their neighbours' views say nothing: probation settles it
         for peer in sorted(judged):
+            if peer in contradicted:
+                job.leading.slow_reports[peer] = 0
+                continue
             factor = claims.overclaim(judged, peer) if peer not in job.leading.discounts else None
             job.leading.slow_reports[peer] = 0 if factor is None else job.leading.slow_reports.get(peer, 0) + 1
             if factor is not None and job.leading.slow_reports[peer] >= claims.SUSTAINED_REPORTS:
@@ -336,6 +344,11 @@ class LocalWorker:
                             job.job_id, peer[:12], factor)  # fmt: skip
                 reasons.append(f"member {peer[:12]} ran {factor:.1f}x slower than its offer (measured against the "
                                "other members); planning again at its measured speed")  # fmt: skip
+        if job.plan is not None:
+            settled = probation.judge(job.leading, job.plan, job.plan_peers(), [] if reasons else found, me)
+            if settled and not reasons:
+                log.warning("job %s: %s", job.job_id, settled)
+                reasons.append(settled)
         return "; ".join(reasons)
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import trio
 
-from arceusd.jobs import claims, filework, shard_checks
+from arceusd.jobs import claims, filework, probation, shard_checks
 from arceusd.jobs.commits import Commits
 from arceusd.jobs.core import JobState, actions, events
 from arceusd.jobs.job import Job
@@ -55,6 +55,8 @@ class Starting:
         # a member measured far slower than it offered is planned at its measured speed (issue #19)
         discounts = job.leading.discounts
         offers = [claims.discounted(job.members[p], discounts.get(p, 1.0)) for p in sorted(job.members)]
+        # a member two neighbours' words cannot judge is planned alone beside the leader for a while (probation)
+        offers = probation.probation_offers(offers, me, job.leading.probation)
         measured = await self._measure_links(job)
         job.leading.links = {
             p: {"rtt_ms": round(m.rtt_s * 1e3, 3), "bandwidth_mb_s": round(m.bandwidth_bytes_per_s / 1e6, 2),

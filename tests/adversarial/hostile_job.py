@@ -19,6 +19,10 @@ from the first). Attacks (issue #19 items 1, 3, 4 and 5):
 * ``refuse``: the member joins, then refuses every start of the job (it would spend the job's restarts);
 * ``challenge-forge``: as ``overclaim-hidden``, and it answers the leader's speed challenges at once, with a made
   up root and made up blocks (well-formed, of the right sizes) instead of computing them;
+* ``sandbag``: an honest offer, but its worker sleeps ``ARCEUSD_HOSTILE_ARG`` seconds before every step
+  (``worker.step`` failpoint) and its reports say it spent them waiting on its neighbour (the previous stage's
+  activations; the next stage's gradients on the first stage): it passes its speed challenges and slows the job
+  on purpose, blaming its neighbour;
 * ``challenge-abuse`` (run by the job's owner and leader, :data:`LEADER`): once the job runs, it sends each member
   speed challenges out of every bound, seeds and opens for challenges that do not exist, two challenges at once,
   and a challenge whose seed never comes; every answer is printed as ``hostile: answer <case> <ok> <reason>``.
@@ -48,7 +52,7 @@ from arceusd.swarm import LocalSwarm  # noqa: E402
 
 HUGE = 16 << 30
 ATTACKS = ("none", "path", "mismatch", "huge", "nan", "claims", "overclaim", "overclaim-hidden", "refuse",
-           "challenge-forge", "challenge-abuse")
+           "challenge-forge", "challenge-abuse", "sandbag")
 """``none``: an honest member (a baseline run through the same module)."""
 
 
@@ -141,6 +145,21 @@ def install(attack: str, arg: str, after: int) -> None:
                     "wait_up_s": times["wait_up_s"] + excess}  # fmt: skip
 
         claims.own_step_times = hidden_times
+    if attack == "sandbag":
+        from arceusd.jobs import claims as claims_module
+
+        honest_times = claims_module.own_step_times
+
+        def blaming(job: Any, me: str) -> dict[str, float]:
+            times = honest_times(job, me)
+            if not times or job.plan is None:
+                return times
+            first = any(sh.peer_id == me for sh in job.plan.stages[0].shares)
+            side = "wait_down_s" if first else "wait_up_s"
+            print(f"hostile: blames {side} for its {arg} s naps", file=sys.stderr, flush=True)
+            return {**times, "wait_s": times["wait_s"] + float(arg), side: times[side] + float(arg)}
+
+        claims_module.own_step_times = blaming
     if attack in ("claims", "overclaim", "overclaim-hidden", "challenge-forge"):
         real_offer = manager_module.JobManager.offer
 
@@ -249,6 +268,8 @@ class HostileSwarm(LocalSwarm):
         self.hostile = hostile
         self.hostile_env = {**self.env, "ARCEUS_HOSTILE": attack, "ARCEUS_HOSTILE_ARG": arg,
                             "ARCEUS_HOSTILE_AFTER": str(after)}  # fmt: skip
+        if attack == "sandbag":  # its workers sleep before every step
+            self.hostile_env["ARCEUSD_FAILPOINTS"] = f"worker.step=sleep:{arg}"
 
     def _spawn(self, i: int) -> subprocess.Popen[bytes]:
         if i != self.hostile:

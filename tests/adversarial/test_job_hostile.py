@@ -287,3 +287,37 @@ def test_a_leader_that_abuses_speed_challenges_is_refused_and_leaves_no_child_be
             assert said["go after ended"].startswith("False"), said  # the bad seed ended that challenge
     finally:
         s.close()
+
+
+def test_a_member_that_slows_the_job_on_purpose_and_blames_its_neighbour_is_found_wherever_it_sits(
+        tmp_path: Path) -> None:  # fmt: skip
+    """An honest offer (it passes its speed challenge), but it naps 0.5 s before every step and says it spent
+    that waiting on its neighbour. Next to the leader, the leader's own clock catches it; at the far end, it and
+    its neighbour contradict each other, neither is judged on its neighbours' views (the honest one would be
+    framed), and the leader plans it alone beside itself, where it is caught. Either way it is the one planned
+    slower, no honest member is, and the job resumes exactly."""
+    spec = write_spec(tmp_path, steps=100, interval=10)
+    text = spec.read_text().replace("layer_sizes = [784, 64, 32, 10]", "layer_sizes = [784, 512, 512, 512, 10]")
+    spec.write_text(text.replace("batch_size = 64", "batch_size = 256"))
+    s = HostileSwarm(tmp_path / "swarm", "sandbag", "0.5", after=0)
+    try:
+        s.start()
+        s.wait_converged()
+        hostile_peer = s.call(HOSTILE, "status")["peer_id"]
+        job_id = submit(s, spec)
+        first = wait_for(lambda: (v := job_of(s, job_id)).get("plan") and v, 120, 0.2, "the first plan")
+        end = wait_end(s, job_id, timeout=280)
+        assert all(p.poll() is None for p in s.procs), "a daemon exited"
+        order = [d["peer_id"] for st in first["plan"]["stages"] for d in st["devices"]]
+        assert list(end["discounted"]) == [hostile_peer], (order, end["discounted"], end["recoveries"])
+        checks = end["speed_checks"]
+        assert checks.get(hostile_peer, {}).get("failed", "") == "", checks  # its hardware is what it said
+        reasons = [r["reason"] for r in end["recoveries"]]
+        leader = s.call(0, "status")["peer_id"]
+        far = len(order) == 3 and order.index(hostile_peer) - order.index(leader) in (2, -2)
+        if far:  # word against word: settled by probation
+            assert any("alone beside the leader" in r and hostile_peer[:12] in r for r in reasons), (order, reasons)
+        assert end["probation"] == "" and hostile_peer not in end["cleared"], end
+        assert_equals_failure_free(end, spec, tolerance=1e-4)
+    finally:
+        s.close()

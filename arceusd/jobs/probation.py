@@ -1,0 +1,120 @@
+"""Disputes the leader cannot settle from where it stands, settled by planning a disputed member beside it.
+
+Two neighbours in the pipeline cannot both spend most of a step waiting on each other: one of them is computing.
+When one says it waited on the next stage's gradients and the next says it waited on its activations, each for
+at least :data:`CONTRADICTION` of the leader's own step (and :data:`claims.MIN_EXCESS_S`), one of them lies
+(:func:`disputes`). Both ran fast in their speed challenges (:mod:`arceusd.jobs.challenges`), so whoever holds the
+job back does it on purpose, and the neighbours' views (:func:`arceusd.jobs.claims.seen_by_neighbours`) cannot
+tell which: the liar at an end of the pipeline is seen only by the other's word, and the other is seen by the
+stage before it, which honestly waits on everything downstream. Left alone, the honest one is judged slow and
+discounted. So while two members contradict each other, neither is judged on its neighbours' views, and after
+:data:`claims.SUSTAINED_REPORTS` checkpoint reports in a row the leader plans one of them *on probation*: alone
+with the leader (:func:`probation_offers`), whose own clock then sees it as its only neighbour. After
+:data:`claims.SUSTAINED_REPORTS` checkpoints of that plan the member was either discounted (it was holding the
+job back: the ordinary judgement caught it) or it is *cleared*; either way the leader plans with every member
+again, and if the contradiction comes back, the other member goes on probation. Each member is on probation at
+most once per job: a dispute costs at most two short plans with two devices. A contradiction with the leader
+itself needs none of this (the leader's word is its own clock's).
+
+Not covered: tensor-parallel groups (a rank lying about its group waits), and members that are never
+contradicted because they lie together.
+
+Pure functions over the job record; the leader calls :func:`judge` once every device reported a checkpoint, and
+:mod:`arceusd.jobs.starting` plans with :func:`probation_offers`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from arceusd.jobs import claims
+
+CONTRADICTION = 0.5
+"""Two neighbours that each say they waited on the other at least this share of the leader's step contradict
+each other (an honest pipeline's fill and drain make both wait a third of it at most with 4 micro-batches)."""
+
+
+def disputes(plan: Any, waits: Mapping[str, claims.LinkWaits], leader: str,
+             step_s: float | None) -> list[tuple[str, str]]:  # fmt: skip
+    """Adjacent one-device stages (earlier, later), neither the leader, where the earlier says it waited on the
+    later's gradients and the later on the earlier's activations, each at least :data:`CONTRADICTION` of
+    ``step_s`` (the leader's own step) and :data:`claims.MIN_EXCESS_S`."""
+    if step_s is None:
+        return []
+    floor = max(claims.MIN_EXCESS_S, CONTRADICTION * step_s)
+    stages = [[sh.peer_id for sh in st.shares] for st in plan.stages]
+    found = []
+    for before, after in itertools.pairwise(stages):
+        if len(before) != 1 or len(after) != 1:
+            continue
+        a, b = before[0], after[0]
+        if leader in (a, b) or a not in waits or b not in waits:
+            continue
+        if waits[a].down_s >= floor and waits[b].up_s >= floor:
+            found.append((a, b))
+    return found
+
+
+def _distance(plan: Any, peer: str, leader: str) -> int:
+    where = {sh.peer_id: k for k, st in enumerate(plan.stages) for sh in st.shares}
+    return abs(where.get(peer, 0) - where.get(leader, 0))
+
+
+def probation_offers(offers: Sequence[Any], leader: str, on_probation: str) -> list[Any]:
+    """The offers a plan is made from: only the leader's and the member on probation's while there is one (and
+    both are members), every offer otherwise."""
+    if not on_probation or {o.peer_id for o in offers} < {leader, on_probation}:
+        return list(offers)
+    return [o for o in offers if o.peer_id in (leader, on_probation)]
+
+
+def judge(lead: Any, plan: Any, plan_peers: Sequence[str], found: Sequence[tuple[str, str]], leader: str) -> str:
+    """After a checkpoint's claims were judged: the restart reason a probation begins or ends with, or ``""``.
+
+    ``lead``: the job's :class:`arceusd.jobs.job.LeaderRecord` (its ``probation``, ``probation_reports``,
+    ``probed``, ``cleared``, ``dispute_reports`` and ``discounts``); ``plan``: the (first replica's) plan that
+    wrote the checkpoint, ``plan_peers`` all its devices; ``found``: this checkpoint's :func:`disputes`."""
+    peers = set(plan_peers)
+    on = lead.probation
+    if on:
+        if on in lead.discounts:  # the ordinary judgement caught it beside the leader (its restart is asked)
+            lead.probation = ""
+            return ""
+        if peers != {leader, on}:  # the planner left one of them out (the old plan's reports are stale by now)
+            lead.probation = ""
+            return (f"member {on[:12]} could not be planned alone beside the leader; planning with every member "
+                    "again")  # fmt: skip
+        lead.probation_reports += 1
+        if lead.probation_reports < claims.SUSTAINED_REPORTS:
+            return ""
+        lead.probation = ""
+        lead.cleared.add(on)
+        return f"member {on[:12]} kept to its offer beside the leader; planning with every member again"
+    for pair in list(lead.dispute_reports):
+        if pair not in found:
+            del lead.dispute_reports[pair]
+    for pair in found:
+        lead.dispute_reports[pair] = lead.dispute_reports.get(pair, 0) + 1
+        if lead.dispute_reports[pair] < claims.SUSTAINED_REPORTS:
+            continue
+        left = [p for p in pair if p not in lead.probed and p not in lead.discounts]
+        if not left:
+            continue
+        # the one farther from the leader first (the stage before it waits on all that is downstream)
+        target = max(left, key=lambda p: (_distance(plan, p, leader), pair.index(p)))
+        lead.probation, lead.probation_reports = target, 0
+        lead.probed.add(target)
+        lead.dispute_reports.clear()
+        return (f"members {pair[0][:12]} and {pair[1][:12]} each say they waited on the other; planning "
+                f"{target[:12]} alone beside the leader, which sees it on its own clock")  # fmt: skip
+    return ""
+
+
+def suspects(found: Sequence[tuple[str, str]]) -> set[str]:
+    """Members not judged on their neighbours' views this checkpoint (they contradict a neighbour)."""
+    return {p for pair in found for p in pair}
+
+
+__all__ = ["CONTRADICTION", "disputes", "judge", "probation_offers", "suspects"]
