@@ -64,7 +64,8 @@ What each module owns:
   takes, made once on the worker's device), ``claims`` (offers in physical bounds; each member's step times as
   it reported them and as the devices it works with saw them; discounts), ``challenges`` and ``speed_checks``
   (each device's speed timed by the leader: matrix products answered with a Merkle root, spot-checked; the
-  products in a child process, ``arceusd.worker.speed_challenge``), ``shard_checks`` and ``shard_scan``
+  products in a child process, ``arceusd.worker.speed_challenge``), ``probation`` (two neighbours that each say
+  they waited on the other: one planned alone beside the leader), ``shard_checks`` and ``shard_scan``
   (checkpoint reports and shards: names from the plan, sizes bounded, finite values, expected shapes),
   ``witnesses`` (data-parallel replicas: each replica's digest of what all hold alike, compared at each commit).
 """

@@ -32,7 +32,8 @@ tensor-parallel group of two), it is word against word and the smaller wins; a r
 make its whole group look alike; two colluding neighbours can hide each other. What settles those is the
 leader's own clock: it times every device's speed itself (:mod:`arceusd.jobs.challenges`,
 :mod:`arceusd.jobs.speed_checks`), and a member whose challenge ran far slower than its offer is discounted the
-same way.
+same way; two neighbours that each say they waited on the other are not judged here at all, and one of them is
+planned alone beside the leader (:mod:`arceusd.jobs.probation`).
 """
 
 from __future__ import annotations

@@ -38,6 +38,11 @@ def claim_lines(j: dict[str, Any]) -> list[str]:
                      f"{c['measured_gflops']:.1f} in {c['seconds']:.2f} s ({result})")  # fmt: skip
     for peer, factor in sorted((j.get("discounted") or {}).items()):
         lines.append(f"  slower   {peer[:12]}  planned at its offer / {factor:g} (it ran that much slower)")
+    if j.get("probation"):
+        lines.append(f"  probation {j['probation'][:12]}  planned alone beside the leader (it and its neighbour each "
+                     "said they waited on the other)")  # fmt: skip
+    for peer in j.get("cleared") or []:
+        lines.append(f"  cleared  {peer[:12]}  kept to its offer beside the leader")
     for peer, why in sorted((j.get("excluded") or {}).items()):
         lines.append(f"  excluded {peer[:12]}  {why[:100]}")
     return lines

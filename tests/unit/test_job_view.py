@@ -201,6 +201,7 @@ def test_status_shows_what_the_leader_measured_of_its_members_claims(tmp_path: P
                          forger: Timed(1e13, 1.5e12, 0.01, "block 3 is not the one its root committed to")}  # fmt: skip
     job.leading.discounts = {liar: 33.3, forger: 1000.0}
     job.leading.excluded = {"d" * 32: "its shard has non-finite values"}
+    job.leading.probation, job.leading.cleared = "e" * 32, {"f" * 32}
     shown = render_job(job.summary(full=True))
     assert f"timed    {honest[:12]}  offered 100.0 GFLOP/s, measured 50.0 in 0.30 s (2.0x slower than offered)" in shown
     assert f"timed    {liar[:12]}  offered 10000.0 GFLOP/s, measured 150.0 in 10.00 s (66.7x slower" in shown
@@ -208,3 +209,5 @@ def test_status_shows_what_the_leader_measured_of_its_members_claims(tmp_path: P
     assert f"slower   {liar[:12]}  planned at its offer / 33.3" in shown
     assert f"slower   {forger[:12]}  planned at its offer / 1000" in shown
     assert f"excluded {'d' * 12}  its shard has non-finite values" in shown
+    assert f"probation {'e' * 12}  planned alone beside the leader" in shown
+    assert f"cleared  {'f' * 12}  kept to its offer beside the leader" in shown
