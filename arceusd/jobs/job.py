@@ -122,7 +122,7 @@ class LeaderRecord:
     timed: dict[str, challenges.Timed] = field(default_factory=dict)  # peer -> its speed challenge (speed_checks)
     challenged: set[str] = field(default_factory=set)  # peers whose speed challenge was asked (once per job)
     # members that contradict each other, and the one planned alone beside the leader (probation)
-    dispute_reports: dict[tuple[str, str], int] = field(default_factory=dict)  # pair -> reports in a row
+    dispute_reports: dict[tuple[str, ...], int] = field(default_factory=dict)  # members -> reports in a row
     probation: str = ""  # the member planned alone with the leader now
     probation_reports: int = 0  # checkpoints of its probation plan judged so far
     probed: set[str] = field(default_factory=set)  # members that were on probation (once per job)

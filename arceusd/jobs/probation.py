@@ -16,8 +16,10 @@ again, and if the contradiction comes back, the other member goes on probation. 
 most once per job: a dispute costs at most two short plans with two devices. A contradiction with the leader
 itself needs none of this (the leader's word is its own clock's).
 
-Not covered: tensor-parallel groups (a rank lying about its group waits), and members that are never
-contradicted because they lie together.
+The same holds in a tensor-parallel group: every rank waits in the group's all-reduces for the slowest, which
+itself waits for nobody, so a group whose every rank says it waited most of the step holds a liar (when two or
+more of them are not the leader; one partner of the leader is seen by the leader's own clock). Not covered:
+members that never contradict each other because they lie together.
 
 Pure functions over the job record; the leader calls :func:`judge` once every device reported a checkpoint, and
 :mod:`arceusd.jobs.starting` plans with :func:`probation_offers`.
@@ -37,15 +39,20 @@ each other (an honest pipeline's fill and drain make both wait a third of it at 
 
 
 def disputes(plan: Any, waits: Mapping[str, claims.LinkWaits], leader: str,
-             step_s: float | None) -> list[tuple[str, str]]:  # fmt: skip
-    """Adjacent one-device stages (earlier, later), neither the leader, where the earlier says it waited on the
-    later's gradients and the later on the earlier's activations, each at least :data:`CONTRADICTION` of
-    ``step_s`` (the leader's own step) and :data:`claims.MIN_EXCESS_S`."""
+             step_s: float | None) -> list[tuple[str, ...]]:  # fmt: skip
+    """Members that contradict each other, each waiting at least :data:`CONTRADICTION` of ``step_s`` (the
+    leader's own step) and :data:`claims.MIN_EXCESS_S`:
+
+    - adjacent one-device stages (earlier, later), neither the leader, where the earlier says it waited on the
+      later's gradients and the later on the earlier's activations;
+    - the ranks of a tensor-parallel group (in stage order) when every rank, the leader too if it is one, says it
+      waited in the group's all-reduces (the slowest rank waits for nobody), and two or more of them are not
+      the leader (one partner of the leader is seen by the leader's own clock)."""
     if step_s is None:
         return []
     floor = max(claims.MIN_EXCESS_S, CONTRADICTION * step_s)
     stages = [[sh.peer_id for sh in st.shares] for st in plan.stages]
-    found = []
+    found: list[tuple[str, ...]] = []
     for before, after in itertools.pairwise(stages):
         if len(before) != 1 or len(after) != 1:
             continue
@@ -54,6 +61,12 @@ def disputes(plan: Any, waits: Mapping[str, claims.LinkWaits], leader: str,
             continue
         if waits[a].down_s >= floor and waits[b].up_s >= floor:
             found.append((a, b))
+    for ranks in stages:
+        others = tuple(p for p in ranks if p != leader)
+        if len(ranks) < 2 or len(others) < 2 or not all(p in waits for p in ranks):
+            continue
+        if all(waits[p].group_s >= floor for p in ranks):
+            found.append(others)
     return found
 
 
@@ -70,7 +83,7 @@ def probation_offers(offers: Sequence[Any], leader: str, on_probation: str) -> l
     return [o for o in offers if o.peer_id in (leader, on_probation)]
 
 
-def judge(lead: Any, plan: Any, plan_peers: Sequence[str], found: Sequence[tuple[str, str]], leader: str) -> str:
+def judge(lead: Any, plan: Any, plan_peers: Sequence[str], found: Sequence[tuple[str, ...]], leader: str) -> str:
     """After a checkpoint's claims were judged: the restart reason a probation begins or ends with, or ``""``.
 
     ``lead``: the job's :class:`arceusd.jobs.job.LeaderRecord` (its ``probation``, ``probation_reports``,
@@ -107,12 +120,13 @@ def judge(lead: Any, plan: Any, plan_peers: Sequence[str], found: Sequence[tuple
         lead.probation, lead.probation_reports = target, 0
         lead.probed.add(target)
         lead.dispute_reports.clear()
-        return (f"members {pair[0][:12]} and {pair[1][:12]} each say they waited on the other; planning "
-                f"{target[:12]} alone beside the leader, which sees it on its own clock")  # fmt: skip
+        named = ", ".join(p[:12] for p in pair[:-1]) + f" and {pair[-1][:12]}"
+        return (f"members {named} each say they waited on the other; planning {target[:12]} alone beside the "
+                "leader, which sees it on its own clock")  # fmt: skip
     return ""
 
 
-def suspects(found: Sequence[tuple[str, str]]) -> set[str]:
+def suspects(found: Sequence[tuple[str, ...]]) -> set[str]:
     """Members not judged on their neighbours' views this checkpoint (they contradict a neighbour)."""
     return {p for pair in found for p in pair}
 

@@ -80,3 +80,20 @@ def test_a_probation_ends_when_the_member_is_caught_or_cannot_be_planned_beside_
     alone = _plan(("x",))  # the planner left the leader out: the leader cannot see it
     assert "could not be planned alone beside the leader" in probation.judge(lead, alone, ("x",), [], "L")
     assert not lead.probation and "x" not in lead.cleared
+
+
+def test_a_tensor_parallel_group_whose_every_rank_waited_on_the_others_is_a_dispute() -> None:
+    group = _plan(("L",), ("a", "b"))
+    both = lw({"L": (0, 0.3), "a": (0.0, 0.0, 0.6), "b": (0.0, 0.0, 0.6)})  # b naps and says it waited on a
+    assert probation.disputes(group, both, "L", STEP_S) == [("a", "b")]
+    honest = lw({"L": (0, 0.3), "a": (0.0, 0.0, 0.6), "b": (0.0, 0.0, 0.01)})  # the slowest waits for nobody
+    assert probation.disputes(group, honest, "L", STEP_S) == []
+    # a group with the leader: one partner is seen by the leader's own clock; two or more are a dispute
+    assert probation.disputes(_plan(("L", "a")), lw({"L": (0, 0, 0.6), "a": (0, 0, 0.6)}), "L", STEP_S) == []
+    three = lw({"L": (0, 0, 0.6), "a": (0, 0, 0.6), "b": (0, 0, 0.6)})
+    assert probation.disputes(_plan(("L", "a", "b")), three, "L", STEP_S) == [("a", "b")]
+    lead = LeaderRecord()
+    found = probation.disputes(group, both, "L", STEP_S)
+    probation.judge(lead, group, group.peer_ids, found, "L")
+    assert "members a and b each say" in probation.judge(lead, group, group.peer_ids, found, "L")
+    assert lead.probation == "b"  # same distance from the leader: the later rank first
