@@ -345,7 +345,7 @@ class LocalWorker:
                 reasons.append(f"member {peer[:12]} ran {factor:.1f}x slower than its offer (measured against the "
                                "other members); planning again at its measured speed")  # fmt: skip
         if job.plan is not None:
-            settled = probation.judge(job.leading, job.plan, job.plan_peers(), [] if reasons else found, me)
+            settled = probation.judge(job.leading, claims.pipelines(job), [] if reasons else found, me)
             if settled and not reasons:
                 log.warning("job %s: %s", job.job_id, settled)
                 reasons.append(settled)

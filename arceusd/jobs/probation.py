@@ -70,9 +70,14 @@ def disputes(plan: Any, waits: Mapping[str, claims.LinkWaits], leader: str,
     return found
 
 
-def _distance(plan: Any, peer: str, leader: str) -> int:
-    where = {sh.peer_id: k for k, st in enumerate(plan.stages) for sh in st.shares}
-    return abs(where.get(peer, 0) - where.get(leader, 0))
+def _distance(pipelines: Sequence[Any], peer: str, leader: str) -> int:
+    """Stages between ``peer`` and the leader in ``peer``'s pipeline (the whole pipeline when the leader is in
+    another replica's)."""
+    for plan in pipelines:
+        where = {sh.peer_id: k for k, st in enumerate(plan.stages) for sh in st.shares}
+        if peer in where:
+            return abs(where[peer] - where[leader]) if leader in where else len(plan.stages)
+    return 0
 
 
 def probation_offers(offers: Sequence[Any], leader: str, on_probation: str) -> list[Any]:
@@ -83,20 +88,19 @@ def probation_offers(offers: Sequence[Any], leader: str, on_probation: str) -> l
     return [o for o in offers if o.peer_id in (leader, on_probation)]
 
 
-def judge(lead: Any, plan: Any, plan_peers: Sequence[str], found: Sequence[tuple[str, ...]], leader: str) -> str:
+def judge(lead: Any, pipelines: Sequence[Any], found: Sequence[tuple[str, ...]], leader: str) -> str:
     """After a checkpoint's claims were judged: the restart reason a probation begins or ends with, or ``""``.
 
     ``lead``: the job's :class:`arceusd.jobs.job.LeaderRecord` (its ``probation``, ``probation_reports``,
-    ``probed``, ``cleared``, ``dispute_reports`` and ``discounts``); ``plan``: the (first replica's) plan that
-    wrote the checkpoint, ``plan_peers`` all its devices; ``found``: this checkpoint's :func:`disputes`."""
-    peers = set(plan_peers)
+    ``probed``, ``cleared``, ``dispute_reports`` and ``discounts``); ``pipelines``: every pipeline of the plan
+    that wrote the checkpoint (each replica's); ``found``: this checkpoint's :func:`disputes`."""
     on = lead.probation
     if on:
         if on in lead.discounts:  # the ordinary judgement caught it beside the leader (its restart is asked)
             lead.probation = ""
             return ""
-        if peers != {leader, on}:  # the planner left one of them out (the old plan's reports are stale by now)
-            lead.probation = ""
+        if not any({sh.peer_id for st in p.stages for sh in st.shares} == {leader, on} for p in pipelines):
+            lead.probation = ""  # the planner left one of them out, or made them replicas: the leader cannot see it
             return (f"member {on[:12]} could not be planned alone beside the leader; planning with every member "
                     "again")  # fmt: skip
         lead.probation_reports += 1
@@ -116,7 +120,7 @@ def judge(lead: Any, plan: Any, plan_peers: Sequence[str], found: Sequence[tuple
         if not left:
             continue
         # the one farther from the leader first (the stage before it waits on all that is downstream)
-        target = max(left, key=lambda p: (_distance(plan, p, leader), pair.index(p)))
+        target = max(left, key=lambda p: (_distance(pipelines, p, leader), pair.index(p)))
         lead.probation, lead.probation_reports = target, 0
         lead.probed.add(target)
         lead.dispute_reports.clear()

@@ -63,7 +63,16 @@ class Starting:
                 "message_ms": round(m.message_s * 1e3, 4)} for p, m in measured.items()}  # fmt: skip
         links = estimated_links(me, measured, sorted(job.members))
         try:
-            inputs, replica_plan = await trio.to_thread.run_sync(make_job_plan, job.spec, offers, rtt, links, me)
+            try:
+                inputs, replica_plan = await trio.to_thread.run_sync(make_job_plan, job.spec, offers, rtt, links, me)
+            except PlanError as exc:
+                if not job.leading.probation:
+                    raise
+                log.warning("job %s: no plan fits %s alone beside the leader (%s); planning with every member",
+                            job.job_id, job.leading.probation[:12], exc)  # fmt: skip
+                job.leading.probation = ""
+                offers = [claims.discounted(job.members[p], discounts.get(p, 1.0)) for p in sorted(job.members)]
+                inputs, replica_plan = await trio.to_thread.run_sync(make_job_plan, job.spec, offers, rtt, links, me)
         except PlanError as exc:
             if job.core.stamp == stamp:
                 log.warning("job %s: no plan fits the %d member(s): %s", job.job_id, len(offers), exc)

@@ -50,35 +50,40 @@ def test_the_neighbours_view_frames_the_honest_member_which_is_why_disputes_are_
 def test_a_dispute_puts_the_member_farther_from_the_leader_on_probation_then_the_other() -> None:
     lead = LeaderRecord()
     found = probation.disputes(PLAN, BLAMING, "L", STEP_S)
-    assert probation.judge(lead, PLAN, PLAN.peer_ids, found, "L") == ""  # one report is not enough
-    reason = probation.judge(lead, PLAN, PLAN.peer_ids, found, "L")
+    assert probation.judge(lead, [PLAN], found, "L") == ""  # one report is not enough
+    reason = probation.judge(lead, [PLAN], found, "L")
     assert lead.probation == "x" and "planning x alone beside the leader" in reason
     offers = [SimpleNamespace(peer_id=p) for p in ("L", "v", "x")]
     assert [o.peer_id for o in probation.probation_offers(offers, "L", lead.probation)] == ["L", "x"]
     assert len(probation.probation_offers(offers, "L", "")) == 3
     alone = _plan(("L",), ("x",))
-    assert probation.judge(lead, alone, alone.peer_ids, [], "L") == ""  # one checkpoint beside the leader
-    cleared = probation.judge(lead, alone, alone.peer_ids, [], "L")
+    assert probation.judge(lead, [alone], [], "L") == ""  # one checkpoint beside the leader
+    cleared = probation.judge(lead, [alone], [], "L")
     assert "x kept to its offer beside the leader" in cleared and lead.cleared == {"x"} and not lead.probation
     # the dispute comes back: now the accuser goes on probation; after that nobody is left to try
-    probation.judge(lead, PLAN, PLAN.peer_ids, found, "L")
-    again = probation.judge(lead, PLAN, PLAN.peer_ids, found, "L")
+    probation.judge(lead, [PLAN], found, "L")
+    again = probation.judge(lead, [PLAN], found, "L")
     on: str = lead.probation
     assert "planning v alone" in again and on == "v"
     lead.probation = ""
-    assert probation.judge(lead, PLAN, PLAN.peer_ids, found, "L") == ""
-    assert probation.judge(lead, PLAN, PLAN.peer_ids, found, "L") == "" and not lead.probation
+    assert probation.judge(lead, [PLAN], found, "L") == ""
+    assert probation.judge(lead, [PLAN], found, "L") == "" and not lead.probation
 
 
 def test_a_probation_ends_when_the_member_is_caught_or_cannot_be_planned_beside_the_leader() -> None:
     lead = LeaderRecord()
     lead.probation = "x"
     lead.discounts["x"] = 40.0  # the ordinary judgement caught it beside the leader
-    assert probation.judge(lead, PLAN, ("L", "x"), [], "L") == "" and not lead.probation
+    assert probation.judge(lead, [_plan(("L",), ("x",))], [], "L") == "" and not lead.probation
     lead = LeaderRecord()
     lead.probation = "x"
     alone = _plan(("x",))  # the planner left the leader out: the leader cannot see it
-    assert "could not be planned alone beside the leader" in probation.judge(lead, alone, ("x",), [], "L")
+    assert "could not be planned alone beside the leader" in probation.judge(lead, [alone], [], "L")
+    assert not lead.probation and "x" not in lead.cleared
+    lead = LeaderRecord()
+    lead.probation = "x"
+    replicas = [_plan(("L",)), _plan(("x",))]  # two replicas of one device each: nobody sees x
+    assert "could not be planned alone beside the leader" in probation.judge(lead, replicas, [], "L")
     assert not lead.probation and "x" not in lead.cleared
 
 
@@ -94,6 +99,6 @@ def test_a_tensor_parallel_group_whose_every_rank_waited_on_the_others_is_a_disp
     assert probation.disputes(_plan(("L", "a", "b")), three, "L", STEP_S) == [("a", "b")]
     lead = LeaderRecord()
     found = probation.disputes(group, both, "L", STEP_S)
-    probation.judge(lead, group, group.peer_ids, found, "L")
-    assert "members a and b each say" in probation.judge(lead, group, group.peer_ids, found, "L")
+    probation.judge(lead, [group], found, "L")
+    assert "members a and b each say" in probation.judge(lead, [group], found, "L")
     assert lead.probation == "b"  # same distance from the leader: the later rank first
