@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
@@ -153,10 +154,7 @@ def test_a_member_that_overstates_its_speed_is_planned_again_at_its_measured_spe
 
     # a model whose stages take a good part of a second: what a lie about speed costs shows above the overheads
     # (with batch 256 an idle machine ran the liar's stage 0.1 s over its prediction, under claims.MIN_EXCESS_S)
-    spec = write_spec(tmp_path, steps=60, interval=20)
-    text = spec.read_text().replace("layer_sizes = [784, 64, 32, 10]", "layer_sizes = [784, 2048, 2048, 2048, 10]")
-    spec.write_text(text.replace("batch_size = 64", "batch_size = 1024"))
-    assert "2048, 2048" in spec.read_text() and "batch_size = 1024" in spec.read_text()
+    spec = big_spec(tmp_path, steps=60, interval=20, width=2048, batch=1024)
     s = swarm_of(attack, "100")
     hostile_peer = s.call(HOSTILE, "status")["peer_id"]
     job_id = submit(s, spec)
@@ -180,6 +178,36 @@ def test_a_member_that_overstates_its_speed_is_planned_again_at_its_measured_spe
     assert_equals_failure_free(end, spec, tolerance=1e-2)
 
 
+@contextmanager
+def hostile_job(tmp_path: Path, spec: Path, attack: str, arg: str) -> Iterator[SimpleNamespace]:
+    """A :class:`HostileSwarm` running ``attack`` from the first report on, trained on ``spec`` to its end:
+    ``swarm``, ``hostile`` (its peer id), ``first`` (the job's view with its first plan) and ``end``; no daemon
+    may have exited."""
+    s = HostileSwarm(tmp_path / "swarm", attack, arg, after=0)
+    try:
+        s.start()
+        s.wait_converged()
+        hostile_peer = s.call(HOSTILE, "status")["peer_id"]
+        job_id = submit(s, spec)
+        first = wait_for(lambda: (v := job_of(s, job_id)).get("plan") and v, 120, 0.2, "the first plan")
+        end = wait_end(s, job_id, timeout=280)
+        assert all(p.poll() is None for p in s.procs), "a daemon exited"
+        yield SimpleNamespace(swarm=s, hostile=hostile_peer, first=first, end=end)
+    finally:
+        s.close()
+
+
+def big_spec(tmp_path: Path, steps: int, interval: int, width: int, batch: int) -> Path:
+    """The MLP spec with three hidden layers of ``width`` and batches of ``batch`` (a lie about speed shows above
+    the overheads only on a model whose steps take a good part of a second)."""
+    spec = write_spec(tmp_path, steps=steps, interval=interval)
+    text = spec.read_text().replace("layer_sizes = [784, 64, 32, 10]", f"layer_sizes = [784, {width}, {width}, "
+                                    f"{width}, 10]")  # fmt: skip
+    spec.write_text(text.replace("batch_size = 64", f"batch_size = {batch}"))
+    assert f"{width}, {width}" in spec.read_text() and f"batch_size = {batch}" in spec.read_text()
+    return spec
+
+
 @pytest.mark.parametrize("attack", ["overclaim-hidden", "challenge-forge"])
 def test_the_leader_times_each_member_and_plans_an_overclaimer_at_what_it_measured(tmp_path: Path,
                                                                                     attack: str) -> None:  # fmt: skip
@@ -191,19 +219,9 @@ def test_the_leader_times_each_member_and_plans_an_overclaimer_at_what_it_measur
     resumes exactly."""
     from arceusd.jobs import claims
 
-    spec = write_spec(tmp_path, steps=90, interval=30)
-    text = spec.read_text().replace("layer_sizes = [784, 64, 32, 10]", "layer_sizes = [784, 2048, 2048, 2048, 10]")
-    spec.write_text(text.replace("batch_size = 64", "batch_size = 1024"))
-    assert "2048, 2048" in spec.read_text() and "batch_size = 1024" in spec.read_text()
-    s = HostileSwarm(tmp_path / "swarm", attack, "100", after=0)
-    try:
-        s.start()
-        s.wait_converged()
-        hostile_peer = s.call(HOSTILE, "status")["peer_id"]
-        job_id = submit(s, spec)
-        first = wait_for(lambda: (v := job_of(s, job_id)).get("plan") and v, 120, 0.2, "the first plan")
-        end = wait_end(s, job_id, timeout=280)
-        assert all(p.poll() is None for p in s.procs), "a daemon exited"
+    spec = big_spec(tmp_path, steps=90, interval=30, width=2048, batch=1024)
+    with hostile_job(tmp_path, spec, attack, "100") as run:
+        hostile_peer, first, end = run.hostile, run.first, run.end
         checks = end["speed_checks"]
         assert set(checks) == {d["peer_id"] for st in first["plan"]["stages"] for d in st["devices"]}, checks
         honest = [c for p, c in checks.items() if p != hostile_peer]
@@ -224,8 +242,6 @@ def test_the_leader_times_each_member_and_plans_an_overclaimer_at_what_it_measur
         assert offered and (planned is None or planned == pytest.approx(offered / end["discounted"][hostile_peer],
                                                                         rel=0.02)), (offered, planned)  # fmt: skip
         assert_equals_failure_free(end, spec, tolerance=1e-2)
-    finally:
-        s.close()
 
 
 def challenge_children(parents: list[int]) -> list[int]:
@@ -296,18 +312,9 @@ def test_a_member_that_slows_the_job_on_purpose_and_blames_its_neighbour_is_foun
     its neighbour contradict each other, neither is judged on its neighbours' views (the honest one would be
     framed), and the leader plans it alone beside itself, where it is caught. Either way it is the one planned
     slower, no honest member is, and the job resumes exactly."""
-    spec = write_spec(tmp_path, steps=100, interval=10)
-    text = spec.read_text().replace("layer_sizes = [784, 64, 32, 10]", "layer_sizes = [784, 512, 512, 512, 10]")
-    spec.write_text(text.replace("batch_size = 64", "batch_size = 256"))
-    s = HostileSwarm(tmp_path / "swarm", "sandbag", "0.5", after=0)
-    try:
-        s.start()
-        s.wait_converged()
-        hostile_peer = s.call(HOSTILE, "status")["peer_id"]
-        job_id = submit(s, spec)
-        first = wait_for(lambda: (v := job_of(s, job_id)).get("plan") and v, 120, 0.2, "the first plan")
-        end = wait_end(s, job_id, timeout=280)
-        assert all(p.poll() is None for p in s.procs), "a daemon exited"
+    spec = big_spec(tmp_path, steps=100, interval=10, width=512, batch=256)
+    with hostile_job(tmp_path, spec, "sandbag", "0.5") as run:
+        s, hostile_peer, first, end = run.swarm, run.hostile, run.first, run.end
         order = [d["peer_id"] for st in first["plan"]["stages"] for d in st["devices"]]
         assert list(end["discounted"]) == [hostile_peer], (order, end["discounted"], end["recoveries"])
         checks = end["speed_checks"]
@@ -319,5 +326,3 @@ def test_a_member_that_slows_the_job_on_purpose_and_blames_its_neighbour_is_foun
             assert any("alone beside the leader" in r and hostile_peer[:12] in r for r in reasons), (order, reasons)
         assert end["probation"] == "" and hostile_peer not in end["cleared"], end
         assert_equals_failure_free(end, spec, tolerance=1e-4)
-    finally:
-        s.close()
