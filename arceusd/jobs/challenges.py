@@ -39,6 +39,8 @@ import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from arceusd.jobs.claims import MAX_DISCOUNT, RELATIVE_SLOW
+
 TARGET_S = 0.15
 """Seconds a challenge's work takes at the speed the member offered (small beside a step, large beside a round
 trip on a LAN)."""
@@ -225,8 +227,6 @@ class Timed:
     @property
     def slowdown(self) -> float:
         """How many times slower than its offer it ran (a failed challenge: :data:`claims.MAX_DISCOUNT`)."""
-        from arceusd.jobs.claims import MAX_DISCOUNT
-
         if self.why:
             return MAX_DISCOUNT
         return min(MAX_DISCOUNT, max(1.0, self.seconds / (self.flops / self.offered_flops)))
@@ -249,8 +249,6 @@ def challenge_factor(timed: Mapping[str, Timed], peer: str) -> float | None:
     with the job), when that is more than :data:`claims.RELATIVE_SLOW` and it took :data:`ROUND_EXCESS_S`
     longer than its offer says; None otherwise and while no other device was timed. A failed challenge
     (wrong blocks, refused) counts as :data:`claims.MAX_DISCOUNT` times slower."""
-    from arceusd.jobs.claims import MAX_DISCOUNT, RELATIVE_SLOW
-
     got = timed.get(peer)
     others = [t.slowdown for p, t in timed.items() if p != peer and not t.why]
     if got is None or not others or got.excess_s < ROUND_EXCESS_S:
@@ -263,8 +261,6 @@ def challenge_factor(timed: Mapping[str, Timed], peer: str) -> float | None:
 
 def worth_confirming(factor: float) -> bool:
     """Whether a first failed challenge is asked again before it counts (:data:`CONFIRM_BELOW`)."""
-    from arceusd.jobs.claims import RELATIVE_SLOW
-
     return factor < CONFIRM_BELOW * RELATIVE_SLOW
 
 

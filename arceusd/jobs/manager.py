@@ -122,7 +122,7 @@ class JobManager(JobContext):
         super().__init__(node, peers)
         self.life = self
         self.control = ControlMethods(self, self)
-        self.speed = SpeedChecks(self, self)
+        self.speed = SpeedChecks(self)
         self.local = LocalWorker(self, self, self.speed)
         self.standbys = StandbySyncing(self, self)
         self.commits = Commits(self, self)

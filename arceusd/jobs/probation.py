@@ -83,7 +83,7 @@ def _distance(pipelines: Sequence[Any], peer: str, leader: str) -> int:
 def probation_offers(offers: Sequence[Any], leader: str, on_probation: str) -> list[Any]:
     """The offers a plan is made from: only the leader's and the member on probation's while there is one (and
     both are members), every offer otherwise."""
-    if not on_probation or {o.peer_id for o in offers} < {leader, on_probation}:
+    if not on_probation or not {leader, on_probation} <= {o.peer_id for o in offers}:
         return list(offers)
     return [o for o in offers if o.peer_id in (leader, on_probation)]
 

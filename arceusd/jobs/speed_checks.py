@@ -38,7 +38,7 @@ import trio
 from arceusd.jobs import challenges, claims
 from arceusd.jobs.challenges import Timed
 from arceusd.jobs.job import Job
-from arceusd.jobs.manager_base import JobContext, Lifecycle
+from arceusd.jobs.manager_base import JobContext
 from protocol.envelope import Header
 from protocol.job_wire import (
     CHALLENGE_BLOCK_MAX,
@@ -54,14 +54,12 @@ log = logging.getLogger(__name__)
 
 FIRST_STEPS = 5
 """The leader's own steps it looks at before deciding the job runs slow."""
-MAX_LINE = 8 << 20
-"""The longest line a challenge child may print (opened blocks in hex)."""
+MAX_LINE = 1 << 20
+"""The longest line a challenge child may print (at most 16 opened blocks of 64 bytes and their proofs, in hex)."""
 VERIFY_S = 60.0
 """How long the leader's own check of opened blocks may take."""
 REPLY_S = 10.0
 """How long the leader waits for a member's ready and blocks answers (beyond the ready time)."""
-
-
 REFUSED_RETRY_S = 5.0
 """A member that refused its challenge (or did not answer) is asked once more this long after the others."""
 REFUSED = "refused the challenge"
@@ -162,9 +160,8 @@ class Pending:
 class SpeedChecks:
     """The leader's timed challenges of a job's devices, and a member's answers to them."""
 
-    def __init__(self, ctx: JobContext, life: Lifecycle) -> None:
+    def __init__(self, ctx: JobContext) -> None:
         self.ctx = ctx
-        self.life = life
         self._pending: Pending | None = None
 
     # -- a leader -------------------------------------------------------------------------------------------

@@ -54,9 +54,9 @@ class Starting:
         rtt = {(me, p): (i.rtt_ms or 1.0) / 1000 for p, i in self.ctx.peers.info.items()}
         # a member measured far slower than it offered is planned at its measured speed (issue #19)
         discounts = job.leading.discounts
-        offers = [claims.discounted(job.members[p], discounts.get(p, 1.0)) for p in sorted(job.members)]
+        every = [claims.discounted(job.members[p], discounts.get(p, 1.0)) for p in sorted(job.members)]
         # a member two neighbours' words cannot judge is planned alone beside the leader for a while (probation)
-        offers = probation.probation_offers(offers, me, job.leading.probation)
+        offers = probation.probation_offers(every, me, job.leading.probation)
         measured = await self._measure_links(job)
         job.leading.links = {
             p: {"rtt_ms": round(m.rtt_s * 1e3, 3), "bandwidth_mb_s": round(m.bandwidth_bytes_per_s / 1e6, 2),
@@ -71,7 +71,7 @@ class Starting:
                 log.warning("job %s: no plan fits %s alone beside the leader (%s); planning with every member",
                             job.job_id, job.leading.probation[:12], exc)  # fmt: skip
                 job.leading.probation = ""
-                offers = [claims.discounted(job.members[p], discounts.get(p, 1.0)) for p in sorted(job.members)]
+                offers = every
                 inputs, replica_plan = await trio.to_thread.run_sync(make_job_plan, job.spec, offers, rtt, links, me)
         except PlanError as exc:
             if job.core.stamp == stamp:

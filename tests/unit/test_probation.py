@@ -56,6 +56,7 @@ def test_a_dispute_puts_the_member_farther_from_the_leader_on_probation_then_the
     offers = [SimpleNamespace(peer_id=p) for p in ("L", "v", "x")]
     assert [o.peer_id for o in probation.probation_offers(offers, "L", lead.probation)] == ["L", "x"]
     assert len(probation.probation_offers(offers, "L", "")) == 3
+    assert len(probation.probation_offers(offers[:2], "L", "x")) == 2  # x left: every member's offer
     alone = _plan(("L",), ("x",))
     assert probation.judge(lead, [alone], [], "L") == ""  # one checkpoint beside the leader
     cleared = probation.judge(lead, [alone], [], "L")
