@@ -3,13 +3,13 @@
 A message travels as a msgpack map ``{field name: value}`` in declaration order (so the encoding of a value is
 deterministic and can be signed). Its type id is not in the payload: it travels in the envelope header.
 
-Decoding is defensive, in this order: total size against the type's ``max_size``; msgpack's own length limits
-(``max_str_len``/``max_bin_len``/``max_array_len``/``max_map_len`` derived from the payload size and our
-limits, ``max_ext_len=0`` plus an ext hook that refuses every ext type) so that a declared length of 4 GiB
-fails before anything is allocated; duplicate map keys are refused; then a walk that follows the schema (so
-input nesting is bounded by the schema's depth) and checks every value's exact type (``bool`` is not an
-``int``, an ``int`` is not a ``float``), per-field lengths, enum membership, and that the map holds exactly
-the declared fields.
+Decoding is defensive: the payload's size against the type's ``max_size``, then :mod:`protocol.wire_reader`
+reads the bytes following the schema, so a value the schema does not allow in its place is refused by its
+first byte and nothing is built before its type and declared length are checked (a length of 4 GiB, 4 MiB
+of empty maps or arrays nested deeper than the schema cost nothing); every value's exact type (``bool`` is
+not an ``int``, an ``int`` is not a ``float``), per-field lengths, enum membership, and that the map holds
+exactly the declared fields, once each. What a payload may allocate is bounded by its size times a small
+constant (:data:`protocol.wire_reader.MAX_BYTES_PER_WIRE_BYTE`).
 
 Error handling: whatever is wrong with received bytes raises :class:`RemoteProtocolError` (reasons
 ``unknown_type``, ``message_too_large``, ``malformed``, ``wrong_type``, ``missing_field``, ``unknown_field``,
@@ -23,7 +23,6 @@ from typing import Any, NoReturn, TypeVar
 
 import msgpack
 
-from protocol import limits
 from protocol.errors import LocalProtocolError, RemoteProtocolError
 from protocol.messages import (
     BoolT,
@@ -39,24 +38,12 @@ from protocol.messages import (
     schema_for_id,
     schema_of,
 )
+from protocol.wire_reader import read_message
 
 M = TypeVar("M")
 
 _INT_MIN = -(2**63)
 _INT_MAX = 2**64 - 1
-
-
-class _Pairs:
-    """A decoded msgpack map as its key/value pairs (keeps duplicates visible)."""
-
-    __slots__ = ("pairs",)
-
-    def __init__(self, pairs: list[tuple[Any, Any]]) -> None:
-        self.pairs = pairs
-
-
-def _refuse_ext(code: int, data: bytes) -> NoReturn:
-    raise ValueError(f"ext type {code} is not allowed")
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -166,92 +153,4 @@ def _decode(schema: Schema, data: bytes | bytearray | memoryview) -> object:
         raise RemoteProtocolError(
             "message_too_large", f"{schema.cls.__name__} of {size} bytes > max_size {schema.max_size}"
         )
-    try:
-        raw = msgpack.unpackb(
-            data,
-            raw=False,
-            use_list=False,
-            strict_map_key=True,
-            object_pairs_hook=_Pairs,
-            ext_hook=_refuse_ext,
-            max_str_len=min(size, limits.MAX_STR_LEN),
-            max_bin_len=min(size, limits.MAX_BIN_LEN),
-            max_array_len=min(size, limits.MAX_ARRAY_LEN),
-            max_map_len=min(size, limits.MAX_MAP_LEN),
-            max_ext_len=0,
-        )
-    except (ValueError, TypeError, OverflowError, msgpack.UnpackException) as exc:
-        raise RemoteProtocolError(
-            "malformed", f"{schema.cls.__name__}: not valid msgpack within limits ({exc})"
-        ) from None
-    return _from_wire_msg(schema, raw, schema.cls.__name__)
-
-
-def _from_wire_msg(schema: Schema, raw: Any, where: str) -> object:
-    if not isinstance(raw, _Pairs):
-        _remote("wrong_type", where, f"expected a map, got {_kind(raw)}")
-    expected = dict(schema.fields)
-    values: dict[str, Any] = {}
-    for key, val in raw.pairs:
-        if type(key) is not str or key not in expected:
-            _remote("unknown_field", where, f"unknown field {str(key)[:64]!r}")
-        if key in values:
-            _remote("malformed", where, f"duplicate field {key!r}")
-        values[key] = _from_wire(expected[key], val, f"{where}.{key}")
-    if len(values) != len(expected):
-        missing = [n for n in expected if n not in values]
-        _remote("missing_field", where, f"missing fields {missing}")
-    return schema.cls(**values)
-
-
-def _from_wire(ft: FieldType, v: Any, where: str) -> Any:
-    if isinstance(ft, IntT):
-        if type(v) is not int:
-            _remote("wrong_type", where, f"expected int, got {_kind(v)}")
-        return v
-    if isinstance(ft, FloatT):
-        if type(v) is not float:
-            _remote("wrong_type", where, f"expected float, got {_kind(v)}")
-        return v
-    if isinstance(ft, BoolT):
-        if type(v) is not bool:
-            _remote("wrong_type", where, f"expected bool, got {_kind(v)}")
-        return v
-    if isinstance(ft, StrT):
-        if type(v) is not str:
-            _remote("wrong_type", where, f"expected str, got {_kind(v)}")
-        if len(v) > ft.max_len or len(v.encode("utf-8")) > ft.max_len:
-            _remote("too_long", where, f"str longer than {ft.max_len} bytes")
-        return v
-    if isinstance(ft, BytesT):
-        if type(v) is not bytes:
-            _remote("wrong_type", where, f"expected bytes, got {_kind(v)}")
-        if len(v) > ft.max_len:
-            _remote("too_long", where, f"bytes longer than {ft.max_len}")
-        return v
-    if isinstance(ft, EnumT):
-        if type(v) is not int:
-            _remote("wrong_type", where, f"expected int ({ft.cls.__name__}), got {_kind(v)}")
-        try:
-            return ft.cls(v)
-        except ValueError:
-            _remote("bad_enum", where, f"{v} is not a {ft.cls.__name__}")
-    if isinstance(ft, SeqT):
-        if type(v) is not tuple:
-            _remote("wrong_type", where, f"expected array, got {_kind(v)}")
-        if len(v) > ft.max_len:
-            _remote("too_long", where, f"array longer than {ft.max_len}")
-        return tuple(_from_wire(ft.item, x, where + "[]") for x in v)
-    if isinstance(ft, OptT):
-        return None if v is None else _from_wire(ft.inner, v, where)
-    return _from_wire_msg(schema_of(ft.cls), v, where)
-
-
-def _kind(v: Any) -> str:
-    if isinstance(v, _Pairs):
-        return "map"
-    return type(v).__name__
-
-
-def _remote(reason: str, where: str, what: str) -> NoReturn:
-    raise RemoteProtocolError(reason, f"{where}: {what}")
+    return read_message(schema, data if type(data) is bytes else bytes(data))

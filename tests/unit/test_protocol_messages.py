@@ -189,8 +189,8 @@ BOMBS = {
     "str32_4gib": (b"\x81\xa6target\xdb\xff\xff\xff\xff", "malformed"),
     "array32_4g_items": (b"\x81\xa6target\xdd\xff\xff\xff\xff", "malformed"),
     "map32_4g_items": (b"\xdf\xff\xff\xff\xff", "malformed"),
-    "deep_nesting": (b"\x91" * 60_000, "malformed"),
-    "deep_maps": (b"\x81\xa1a" * 5_000 + b"\x00", "malformed"),
+    "deep_nesting": (b"\x91" * 60_000, "wrong_type"),  # an array where the message's map belongs
+    "deep_maps": (b"\x81\xa1a" * 5_000 + b"\x00", "unknown_field"),  # refused at its first key
     "ext32": (b"\xc9\xff\xff\xff\xff\x05", "malformed"),
 }
 
