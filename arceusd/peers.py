@@ -67,7 +67,7 @@ from arceusd.membership.events import UpdateKind as CoreKind
 from arceusd.membership.ratelimit import RateLimiter
 from arceusd.membership.swim import Membership
 from protocol import codec
-from protocol.envelope import NO_JOB, Header, open_message, seal_message
+from protocol.envelope import NO_JOB, Header, open_envelope, seal_message
 from protocol.errors import RemoteProtocolError
 from protocol.gossip import (
     GossipUpdate,
@@ -80,6 +80,7 @@ from protocol.gossip import (
     SwimPushPull,
     UpdateKind,
 )
+from protocol.messages import type_id_of
 from protocol.replay import ReplayGuard
 
 log = logging.getLogger(__name__)
@@ -91,6 +92,7 @@ HELLO_MAX_SKEW_MS = 10 * 60 * 1000
 OTHER_RATE = 500.0
 MAX_UNVERIFIED_KEYS = 256
 _SWIM_MESSAGES = (SwimPing, SwimPingReq, SwimGossip, SwimPushPull)
+_SWIM_TYPE_IDS = frozenset(type_id_of(cls) for cls in _SWIM_MESSAGES)
 _KIND_TO_WIRE = {CoreKind.ALIVE: UpdateKind.ALIVE, CoreKind.SUSPECT: UpdateKind.SUSPECT,
                  CoreKind.DEAD: UpdateKind.DEAD, CoreKind.LEFT: UpdateKind.LEFT}  # fmt: skip
 _KIND_FROM_WIRE = {v: k for k, v in _KIND_TO_WIRE.items()}
@@ -404,21 +406,29 @@ class PeerService:
             self.rejected["bad_frame_kind"] += 1
             return b""
         try:
-            header, msg = self._open(request[1:])
+            header, payload = self._open_envelope(request[1:])
         except RemoteProtocolError as exc:
             if exc.reason == "unknown_sender":
                 return b"U"
             self.rejected[exc.reason] += 1
             log.debug("rejected a message: %s", exc)
             return b""
-        if isinstance(msg, _SWIM_MESSAGES) and not self._active.is_set():
+        # The sender's limits apply before its payload is decoded (issue 29): decoding is work done for it.
+        swim = header.msg_type in _SWIM_TYPE_IDS
+        if swim and not self._active.is_set():
             self.dropped["not_started"] += 1
             return b""
-        if isinstance(msg, _SWIM_MESSAGES) and not self._limiter.allow(header.sender, self.now()):
+        if swim and not self._limiter.allow(header.sender, self.now()):
             self.dropped["rate_limited"] += 1
             return b""
-        if not isinstance(msg, _SWIM_MESSAGES) and not self._other_limiter.allow(header.sender, self.now()):
+        if not swim and not self._other_limiter.allow(header.sender, self.now()):
             self.dropped["rate_limited_other"] += 1
+            return b""
+        try:
+            msg = codec.decode(header.msg_type, payload)
+        except RemoteProtocolError as exc:
+            self.rejected[exc.reason] += 1
+            log.debug("rejected a message from %s: %s", header.sender, exc)
             return b""
         answer = await self._on_message(header, msg)
         if answer is None:
@@ -434,13 +444,18 @@ class PeerService:
             return b""
 
     def _open(self, frame: bytes) -> tuple[Header, object]:
-        header, msg = open_message(
+        header, payload = self._open_envelope(frame)
+        return header, codec.decode(header.msg_type, payload)
+
+    def _open_envelope(self, frame: bytes) -> tuple[Header, memoryview]:
+        """Authenticate a frame (signature, recipient, replay); its payload is not decoded yet."""
+        header, payload = open_envelope(
             frame, lookup_key=self.keyring.get, expect_recipient=self.identity.peer_id, expect_job=None,
             replay_guard=self._replay, now_ms=wall_ms(), accept_broadcast=False,
         )  # fmt: skip
         info = self.info.setdefault(header.sender, PeerInfo())
         info.last_heard = time.monotonic()
-        return header, msg
+        return header, payload
 
     async def _on_message(self, header: Header, msg: object) -> object | None:
         sender = header.sender

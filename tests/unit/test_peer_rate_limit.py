@@ -11,11 +11,12 @@ import trio.testing
 
 from arceusd.identity import Identity
 from arceusd.membership.config import local
-from arceusd.peers import OTHER_RATE, PeerService, UnaryTransport
+from arceusd.peers import OTHER_RATE, PeerService, UnaryTransport, wall_ms
 from arceusd.transport import Stream
 from arceusd.transport.memory import MemoryNetwork
+from protocol.envelope import seal
 from protocol.job_wire import JobAck
-from protocol.messages import Address, JoinRequest
+from protocol.messages import Address, JoinRequest, type_id_of
 
 
 async def _refuse(_stream: Stream) -> None:
@@ -57,6 +58,40 @@ def test_non_membership_messages_are_rate_limited_per_sender() -> None:
 
     trio.run(main, clock=trio.testing.MockClock())
     assert handled.count(handled[0]) == burst and len(handled) == burst + 1
+
+
+def test_the_limit_applies_before_the_payload_is_decoded() -> None:
+    """Issue 29: a key that floods undecodable payloads is limited before its payloads are decoded (a payload
+    decoded is work done for the sender), so past its burst none of them is even read."""
+    burst = int(2 * OTHER_RATE)
+
+    async def main() -> None:
+        net = MemoryNetwork()
+        services: list[PeerService] = []
+        async with trio.open_nursery() as nursery:
+            for i in range(2):
+                identity = Identity.generate()
+                holder: dict[str, PeerService] = {}
+
+                async def on_call(request: bytes, holder: dict[str, PeerService] = holder) -> bytes:
+                    return await holder["p"].handle_call(request)
+
+                transport: Any = await nursery.start(_open, net, identity, i, on_call)
+                service = PeerService(identity, cast(UnaryTransport, transport), local(), transport.address, 1)
+                holder["p"] = service
+                services.append(service)
+            victim, flooder = services
+            assert await flooder.hello(victim.address, 5) is not None
+            junk = b"\x81\xa6job_id" + b"\xdc\x00\x10" + b"\x80" * 16  # a map where a str belongs
+            for seq in range(burst + 200):
+                frame = seal(flooder.identity, msg_type=type_id_of(JoinRequest), payload=junk, boot_id=1,
+                             seq=seq + 1, timestamp_ms=wall_ms(), recipient=victim.identity.peer_id)  # fmt: skip
+                assert await victim.handle_call(b"E" + frame) == b""
+            assert victim.rejected["wrong_type"] == burst
+            assert victim.dropped["rate_limited_other"] == 200
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock())
 
 
 async def _open(net: MemoryNetwork, identity: Identity, i: int, on_call: Any,

@@ -82,7 +82,7 @@ def _ref_msg(schema: Schema, raw: Any) -> object:
 
 
 def _ref(ft: FieldType, v: Any) -> Any:
-    scalar = {IntT: int, FloatT: float, BoolT: bool, StrT: str, BytesT: bytes}
+    scalar: dict[type[Any], type[Any]] = {IntT: int, FloatT: float, BoolT: bool, StrT: str, BytesT: bytes}
     for kind, typ in scalar.items():
         if isinstance(ft, kind):
             if type(v) is not typ:
