@@ -140,7 +140,7 @@ def main() -> None:
     print()
     header = (
         f"{'n':>5} {'victims':>7} {'first p50':>9} {'/SWIM':>6} {'dead p50':>8} {'dead p99':>8} "
-        f"{'/memberlist':>11} "
+        f"{'p50,p99/memberlist':>18} "
         f"{'missed':>6} {'false':>5} {'B/s/member steady':>17} {'during':>7} {'wall s':>6}"
     )
     print(header)
@@ -152,7 +152,8 @@ def main() -> None:
         memberlist_full = swim_first + cfg.suspicion_mult * math.log10(max(1, n)) * T
         print(
             f"{n:>5} {victims:>7} {r['first_p50']:>8.2f}s {r['first_p50'] / swim_first:>5.2f}x "
-            f"{r['full_p50']:>7.2f}s {r['full_p99']:>7.2f}s {r['full_p50'] / memberlist_full:>10.2f}x "
+            f"{r['full_p50']:>7.2f}s {r['full_p99']:>7.2f}s "
+            f"{r['full_p50'] / memberlist_full:>11.2f}x,{r['full_p99'] / memberlist_full:.2f}x "
             f"{int(r['missing']):>6} {int(r['false_dead']):>5} {r['steady_bps']:>17.0f} "
             f"{r['during_bps']:>7.0f} "
             f"{wall:>6.1f}"

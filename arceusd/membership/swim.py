@@ -19,11 +19,15 @@ What it does (memberlist's design, timers turned into deadlines):
   the incarnation and gossip ALIVE, and send it straight back to the member that told us. A member we hold
   dead or left that talks to us (it restarted, or resumed after a pause) is told so, at most once a probe
   interval, so it refutes at once.
-* First contact: a member that never answered one of our pings is probed with the largest Lifeguard stretch
-  (``awareness_max_multiplier`` times the probe timeout and interval): our first ping to it sets up a connection
-  and may need a handshake, and the member has often just started. Measured with five ``local`` daemons started
-  together on two cores: first pings took 130-440 ms where later ones took 4-10 ms, and a healthy member was
-  suspected at every start. A member we held gone is a first contact again when it is back.
+* First contact: a member that joined our table (or came back from gone) within the last
+  ``awareness_max_multiplier`` probe intervals and never answered one of our pings is probed with the largest
+  Lifeguard stretch (``awareness_max_multiplier`` times the probe timeout; the next probe waits for that probe's
+  end, and no longer once it is answered): our first ping to it sets up a connection and may need a handshake, and
+  the member has often just started. Measured with five ``local`` daemons started together on two cores: first
+  pings took 130-440 ms where later ones took 4-10 ms, and a healthy member was suspected at every start. The
+  window matters: in a swarm of n members a member pings each other one only every n probe intervals, so "never
+  answered" alone would stretch nearly every probe of a large swarm for minutes (issue 33: detection at 100 and
+  1,000 members 3x slower, the probe rate 8x lower).
 * Gossip: every update we accept is queued (:mod:`.broadcast`) and piggybacked on pings/acks/ping-reqs and
   sent to ``gossip_nodes`` random members every ``gossip_interval``, each at most
   ``retransmit_mult*ceil(log10(n+1))`` times.
@@ -106,6 +110,14 @@ _KIND_OF = {
 }
 
 
+# A helper nacks an indirect probe after this fraction of the probe timeout. The requester asks for help a probe
+# timeout into its probe and gives up one probe interval (two timeouts) in: a nack sent a full timeout after the
+# request arrives lands just after the requester's deadline, counts as missing, and raised the requester's
+# awareness after every failed probe of a dead member (a third of a churning 100-member swarm then probed 2-3x
+# slower; issue 33). 80 % leaves the nack a fifth of a timeout to travel.
+NACK_FRACTION = 0.8
+
+
 @dataclass(slots=True)
 class _Probe:
     target: PeerId
@@ -116,6 +128,8 @@ class _Probe:
     indirect_sent: bool = False
     expected_nacks: int = 0
     nacks: int = 0
+    # When the next probe is due if this one is answered (a first contact's probe may hold it back until then).
+    answered_next: float = 0.0
 
 
 @dataclass(slots=True)
@@ -176,6 +190,7 @@ class Membership:
         self._pending: dict[PeerId, _Pending] = {}
         self._told: dict[PeerId, float] = {}  # when we last told a gone member it is held gone
         self._answered: set[PeerId] = set()  # members that acked one of our pings (no longer a first contact)
+        self._met: dict[PeerId, float] = {}  # when a member joined our table or came back from gone
         self.dropped: Counter[str] = Counter()
         # Stagger the periodic work so members started together do not probe in lockstep.
         self._next_probe = now + rng.random() * config.probe_interval
@@ -277,7 +292,7 @@ class Membership:
             self._merge(event.sender, event.gossip, now, actions)
             seq = self._next_seq()
             self._relays[seq] = _Relay(
-                event.sender, event.reply_to, event.seq, now + self.config.probe_timeout
+                event.sender, event.reply_to, event.seq, now + NACK_FRACTION * self.config.probe_timeout
             )
             actions.append(SendPing(event.target, event.target_address, seq, self._piggyback()))
         elif isinstance(event, GossipReceived):
@@ -325,6 +340,7 @@ class Membership:
                 del self._members[gone]
                 self._told.pop(gone, None)
                 self._answered.discard(gone)
+                self._met.pop(gone, None)
                 actions.append(
                     MemberChanged(
                         gone, member.state, None, member.incarnation, member.address, member.public_key
@@ -338,7 +354,8 @@ class Membership:
             return
         seq = self._next_seq()
         timeout = self._awareness.scale(self.config.probe_timeout)
-        if target.peer not in self._answered:  # first contact (see the module docstring)
+        answered_next = self._next_probe
+        if self._first_contact(target.peer, now):  # see the module docstring
             stretch = self.config.awareness_max_multiplier
             timeout = max(timeout, stretch * self.config.probe_timeout)
             self._next_probe = max(self._next_probe, now + stretch * self.config.probe_interval)
@@ -348,11 +365,19 @@ class Membership:
             seq,
             direct_deadline=now + timeout,
             deadline=self._next_probe,
+            answered_next=answered_next,
         )
         gossip = self._piggyback()
         if target.state is MemberState.SUSPECT:  # tell it, so it can refute at once
             gossip = (Update(UpdateKind.SUSPECT, target.peer, target.incarnation, self.self_id), *gossip)
         actions.append(SendPing(target.peer, target.address, seq, gossip))
+
+    def _first_contact(self, peer: PeerId, now: float) -> bool:
+        """Whether ``peer`` is new to us (met within the stretch window) and never answered our pings."""
+        if peer in self._answered:
+            return False
+        window = self.config.awareness_max_multiplier * self.config.probe_interval
+        return now - self._met.get(peer, -math.inf) < window
 
     def _send_indirect(self, probe: _Probe, actions: list[Action]) -> None:
         probe.indirect_sent = True
@@ -384,6 +409,7 @@ class Membership:
 
     def _on_ack(self, seq: int, actions: list[Action]) -> None:
         if self._probe is not None and self._probe.seq == seq:
+            self._next_probe = min(self._next_probe, self._probe.answered_next)
             self._probe = None
             self._awareness.apply_delta(-1)
             return
@@ -394,16 +420,24 @@ class Membership:
     def _gossip(self, now: float, actions: list[Action]) -> None:
         if not len(self._queue):
             return
+        # gossip_nodes live members, and one member gone for less than gossip_to_the_dead_time gets a copy of the
+        # first message (so a member wrongly held dead hears it and refutes). memberlist draws its gossip_nodes
+        # from both, so recently dead members take transmissions from the living: with many failures in a row
+        # (40 of 100 members crashed two seconds apart in bench/membership_sim.py) a DEAD update used up its
+        # retransmissions on the dead, some living member never heard it and waited for its own suspicion
+        # timer (full detection p99 26 s against memberlist's 9.6 s; issue 33).
+        targets = self._random_members(self.config.gossip_nodes, lambda m: m.state in _LIVE)
         dead_window = self.config.gossip_to_the_dead_time
-        targets = self._random_members(
-            self.config.gossip_nodes,
-            lambda m: m.state in _LIVE or now - m.state_change < dead_window,
-        )
+        gone = self._random_members(1, lambda m: m.state in _GONE and now - m.state_change < dead_window)
+        first: Gossip = ()
         for member in targets:
             gossip = self._piggyback()
             if not gossip:
                 break
+            first = first or gossip
             actions.append(SendGossip(member.peer, member.address, gossip))
+        if first and gone:
+            actions.append(SendGossip(gone[0].peer, gone[0].address, first))
 
     # ------------------------------------------------------------------------------------------- merging
     def _merge(self, sender: PeerId, gossip: Gossip, now: float, actions: list[Action]) -> None:
@@ -525,6 +559,7 @@ class Membership:
         del self._members[oldest.peer]
         self._told.pop(oldest.peer, None)
         self._answered.discard(oldest.peer)
+        self._met.pop(oldest.peer, None)
         actions.append(
             MemberChanged(oldest.peer, oldest.state, None, oldest.incarnation, oldest.address, oldest.public_key)
         )
@@ -555,6 +590,7 @@ class Membership:
             )
             self._members[update.peer] = member
             self._insert_in_order(update.peer)
+            self._met[update.peer] = now
             previous: MemberState | None = None
             changed = True
         else:
@@ -568,6 +604,8 @@ class Membership:
             member.state, member.incarnation = new_state, update.incarnation
             if previous is not new_state:
                 member.state_change = now
+            if previous in _GONE and new_state in _LIVE:
+                self._met[update.peer] = now  # back from gone: a first contact again
         if rebroadcast:
             self._queue.push(update)
         self._suspicions.pop(update.peer, None)
