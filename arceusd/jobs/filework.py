@@ -81,14 +81,19 @@ async def export_model(job_dir: Path, spec_bytes: bytes, job_id: str, step: int,
     return Path(answer["model_path"])
 
 
-async def plan_shapes(spec_bytes: bytes, plan_data: bytes) -> dict[str, dict[str, tuple[int, ...]]]:
+async def plan_shapes(
+    spec_bytes: bytes, plan_data: bytes
+) -> tuple[dict[str, dict[str, tuple[int, ...]]], dict[str, float]]:
     """The parameter names and shapes each device's place in the plan implies: peer -> name -> shape (in a child
-    process: the reference model's shapes, sliced the way the workers slice them)."""
+    process: the reference model's shapes, sliced the way the workers slice them), and each whole parameter's
+    largest initial magnitude (the job's seed: what the first checkpoint is checked against,
+    :mod:`arceusd.jobs.plausibility`)."""
     answer = await _run("shapes", {"spec": spec_bytes.decode(), "plan": base64.b64encode(plan_data).decode()})
-    shapes = answer.get("shapes")
-    if not isinstance(shapes, dict):
+    shapes, initial = answer.get("shapes"), answer.get("initial")
+    if not isinstance(shapes, dict) or not isinstance(initial, dict):
         raise FileworkError("shapes: no shapes in the child's answer")
-    return {str(peer): {str(k): tuple(int(d) for d in v) for k, v in names.items()} for peer, names in shapes.items()}
+    return ({str(peer): {str(k): tuple(int(d) for d in v) for k, v in names.items()} for peer, names in shapes.items()},
+            {str(k): float(v) for k, v in initial.items()})  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------------ the child
@@ -113,15 +118,16 @@ def _shapes(request: dict[str, Any]) -> dict[str, Any]:
 
     spec = spec_from_dict(json.loads(request["spec"]))
     stages = worker_stages(plan_from_bytes(base64.b64decode(request["plan"])))
-    with torch.no_grad():  # shapes only (the values are the seed's, never used)
-        reference = {k: v.detach() for k, v in build_reference_model(spec.model, 0).named_parameters()}
+    with torch.no_grad():  # the job's own initial values: their magnitudes bound the first checkpoint's
+        reference = {k: v.detach() for k, v in build_reference_model(spec.model, spec.seed).named_parameters()}
     full = {f"param.blocks.{k}": v for k, v in reference.items()}
     shapes: dict[str, dict[str, list[int]]] = {}
     for stage in stages:
         for rank, member in enumerate(stage.members):
             sliced = slice_state(spec.model, full, stage, rank)
             shapes[member.peer_id] = {k: list(v.shape) for k, v in sliced.items()}
-    return {"shapes": shapes}
+    initial = {k: float(v.abs().max()) if v.numel() else 0.0 for k, v in full.items()}
+    return {"shapes": shapes, "initial": initial}
 
 
 def _resume(request: dict[str, Any]) -> dict[str, Any]:

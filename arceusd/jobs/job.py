@@ -108,6 +108,8 @@ class LeaderRecord:
     committed_shards: dict[int, dict[str, str]] = field(default_factory=dict)  # step -> peer -> shard name
     checkpoints: list[tuple[int, float]] = field(default_factory=list)  # committed (step, unix time)
     shard_shapes: dict[int, dict[str, dict[str, tuple[int, ...]]]] = field(default_factory=dict)  # epoch -> plan's
+    initial_magnitudes: dict[str, float] = field(default_factory=dict)  # param -> largest initial |value|
+    magnitudes: dict[int, dict[str, float]] = field(default_factory=dict)  # step -> param -> largest |value| seen
     # what it refused, and whom it excluded (shard_checks)
     stale_reports: int = 0  # reports refused for an old plan epoch (e.g. from a peer that was declared dead)
     refused_reports: dict[str, int] = field(default_factory=dict)  # jobs.shard_checks.ReportProblem -> count

@@ -17,7 +17,9 @@ download bound as sent:
 A refused report is dropped and counted under its :class:`ReportProblem` (``refused_reports`` in ``arceusd status
 JOB``); its sender is excluded from the job (:func:`exclude`: named under ``excluded``, out of the members, not let
 back in), and the leader repartitions from the last good checkpoint. The same happens to a member whose committed
-shard holds non-finite values or tensors of the wrong shape (:func:`arceusd.jobs.shard_scan.scan_shard`).
+shard holds non-finite values or tensors of the wrong shape (:func:`arceusd.jobs.shard_scan.scan_shard`), or
+values further from the last committed checkpoint's than the optimizer can move them in the steps between
+(:mod:`arceusd.jobs.plausibility`, issue #29 item 8: finite poison such as 1e30 everywhere).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Any
 
 from arceusd.checkpoint import ShardRecord, shard_file_name
 from arceusd.jobs.job import Job
+from arceusd.jobs.plausibility import implausible, merge
 from protocol.job_wire import JobReport
 
 SIZE_MARGIN = 2
@@ -150,7 +153,8 @@ async def plan_shapes(job: Job) -> dict[str, dict[str, tuple[int, ...]]]:
         shapes = job.leading.shard_shapes.get(epoch)
         if shapes is None:
             _, plan_data = encode_start(inputs, plan)
-            shapes = await filework.plan_shapes(job.spec_bytes, plan_data)
+            shapes, initial = await filework.plan_shapes(job.spec_bytes, plan_data)
+            job.leading.initial_magnitudes = initial  # the job's initial values: the same for every plan
             if job.epoch == epoch:
                 job.leading.shard_shapes = {epoch: shapes}  # only the current plan's
         return shapes
@@ -170,8 +174,10 @@ async def prefetch_shapes(job: Job) -> None:
 async def check_contents(job: Job, folder: Path, step: int, me: str) -> str | None:
     """Check every shard of ``step`` (copied into ``folder``) for finite values and the shapes of its writer's
     place in the plan (:func:`arceusd.jobs.shard_scan.scan_shard`, in a thread; the shapes are computed once per
-    plan epoch in a child process, :func:`arceusd.jobs.filework.plan_shapes`); exclude each member whose shard
-    fails. Returns the reason to repartition from the last good checkpoint, or None when all pass.
+    plan epoch in a child process, :func:`arceusd.jobs.filework.plan_shapes`), and for values training could
+    have reached from the last commit (:func:`reference_magnitudes`,
+    :func:`arceusd.jobs.plausibility.implausible`); exclude each member whose shard fails. Returns the reason to
+    repartition from the last good checkpoint, or None when all pass.
 
     Error handling: :class:`OSError` when a copied shard cannot be read here and
     :class:`arceusd.jobs.filework.FileworkError` when the shapes could not be computed (a :class:`RuntimeError`,
@@ -184,14 +190,18 @@ async def check_contents(job: Job, folder: Path, step: int, me: str) -> str | No
     if job.plan is None:
         raise RuntimeError("no plan is running to check the shards against")
     shapes = await plan_shapes(job)
-    reasons = []
+    start, reference = await reference_magnitudes(job, folder.parent)
+    reasons, found = [], {}
     for peer, shard in sorted(job.leading.reports.get(step, {}).items()):
         expected = shapes.get(peer)
         try:
             if expected is None:
                 raise ShardScanError("holds no place in the plan")
-            await trio.to_thread.run_sync(scan_shard, folder / str(shard["name"]), expected)
-            continue
+            magnitudes = await trio.to_thread.run_sync(scan_shard, folder / str(shard["name"]), expected)
+            why = None if reference is None else implausible(job.spec.training, start, step, reference, magnitudes)
+            if why is None:
+                found[peer] = magnitudes
+                continue
         except ShardScanError as exc:
             why = str(exc)
         refused = ReportRefused(ReportProblem.CONTENT, f"checkpoint {step}: {why}")
@@ -201,7 +211,38 @@ async def check_contents(job: Job, folder: Path, step: int, me: str) -> str | No
             reasons.append(f"this device's own shard failed its check: {refused}")
         else:
             reasons.append(exclude(job, peer, refused))
+    if not reasons:  # the reference of the next check once this step is committed
+        job.leading.magnitudes = {s: m for s, m in job.leading.magnitudes.items() if s == start}
+        job.leading.magnitudes[step] = merge(found)
     return "; ".join(reasons)[: MAX_EXCLUDED_REASON * 2] if reasons else None
+
+
+async def reference_magnitudes(job: Job, root: Path) -> tuple[int, dict[str, float] | None]:
+    """The step a new checkpoint is checked against (the newest committed one) and each parameter's largest
+    value there: kept from its own check, read again from its shards under ``root`` (a leader that took over, an
+    owner that restarted), or the job's initial values before the first commit (from the plan's shapes child).
+    None when none can be had (its shards unreadable here): the values are then not judged."""
+    import logging
+
+    import trio
+
+    from arceusd.checkpoint import step_dir
+    from arceusd.jobs.shard_scan import ShardScanError, scan_all
+
+    start = job.committed_step
+    if start == 0:
+        return 0, job.leading.initial_magnitudes or None
+    kept = job.leading.magnitudes.get(start)
+    if kept is not None:
+        return start, kept
+    try:
+        found = await trio.to_thread.run_sync(scan_all, step_dir(root, start))
+    except (OSError, ShardScanError) as exc:
+        logging.getLogger(__name__).warning("job %s: checkpoint %d's values cannot be read to judge the next: %s",
+                                            job.job_id, start, exc)  # fmt: skip
+        return start, None
+    job.leading.magnitudes[start] = merge(found)
+    return start, job.leading.magnitudes[start]
 
 
 __all__ = [
@@ -218,5 +259,6 @@ __all__ = [
     "plan_shapes",
     "prefetch_shapes",
     "record_of",
+    "reference_magnitudes",
     "shard_size_bound",
 ]  # fmt: skip

@@ -140,8 +140,10 @@ def test_the_plans_shapes_and_the_scan_find_a_nan_shard_and_a_misshapen_one(tmp_
         write_shard(tmp_path, 0, "x.safetensors", tensors)  # the writer's format
         paths[-1][1].parent.mkdir(exist_ok=True)
         (tmp_path / "step-0000000000" / "x.safetensors").rename(paths[-1][1])
-    shapes = trio.run(filework.plan_shapes, spec_bytes, plan_data)
+    shapes, initial = trio.run(filework.plan_shapes, spec_bytes, plan_data)
     assert sorted(shapes) == sorted(p for p, _ in paths)
+    seeded = {f"param.blocks.{k}": v for k, v in build_reference_model(spec.model, spec.seed).state_dict().items()}
+    assert initial == {k: float(v.abs().max()) for k, v in seeded.items()}  # the job's own initial values
     for peer, path in paths:
         scan_shard(path, shapes[peer])  # the workers' format passes
     poison(paths[0][1])
