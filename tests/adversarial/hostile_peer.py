@@ -12,6 +12,9 @@ JSON line of what it observed (answers by kind, refusal codes). Attacks (issue #
   a terminal escape);
 * ``device`` (item 10): run a real peer service whose hello carries ``--device`` (terminal escapes) and
   stay in the membership for ``--seconds``;
+* ``dense-maps`` (issue 29): say hello with one key and send ``--count`` signed envelopes of the three 4 MiB
+  message types whose payload is ``--mib`` MiB of densely packed empty msgpack maps, ``--batch`` at a time
+  (the former decoder built 4 million maps per frame before any check);
 * ``frame-fuzz``: ``--hellos`` mutated stream handshakes, then ``--frames`` mutated frames (deterministic from
   ``--seed``) on authenticated streams, ``--batch`` per stream: most are sealed by us (a member holds the
   session keys, so they pass the MAC and reach the receiver's decoder), one in ``--raw-every`` is a sealed
@@ -176,6 +179,51 @@ async def announce_flood(target: str, count: int, identities: int, spec_kib: int
     return {"answers": dict(answers), "identities": len(services)}
 
 
+def dense_empty_maps(size: int) -> bytes:
+    """About ``size`` bytes of msgpack: a one-field map holding arrays of 65,535 empty maps each."""
+    inner = b"\xdc\xff\xff" + b"\x80" * 65_535
+    n = max(1, (size - 16) // len(inner))
+    return b"\x81\xa6states\xdc" + n.to_bytes(2, "big") + inner * n
+
+
+async def dense_maps(target: str, count: int, mib: int, batch: int) -> dict[str, Any]:
+    from arceusd.peers import wall_ms
+    from protocol.envelope import seal
+    from protocol.messages import schema_for_id
+
+    big_types = (56, 71, 78)  # SwimPushPull, JobStart, ShardData: max_size 4 MiB each
+    size = min(mib * 1024 * 1024, *(s.max_size for t in big_types if (s := schema_for_id(t)) is not None))
+    payload = dense_empty_maps(size)
+    answers: Counter[str] = Counter()
+    slowest = 0.0
+    async with trio.open_nursery() as nursery:
+        transport = await nursery.start(_serve_transport, Identity.generate())
+        service = PeerService(Identity.generate(), transport, local(), transport.address, random.getrandbits(62))
+        if await service.hello(target) is None:
+            nursery.cancel_scope.cancel()
+            return {"answers": {"no_hello": 1}}
+        target_id = service._hello_addresses[target]
+
+        async def one(i: int) -> None:
+            nonlocal slowest
+            frame = seal(service.identity, msg_type=big_types[i % len(big_types)], payload=payload,
+                         boot_id=service.boot_id, seq=i + 1, timestamp_ms=wall_ms(), recipient=target_id)  # fmt: skip
+            began = trio.current_time()
+            try:
+                answer = await transport.call(target, b"E" + frame, 20.0)
+                answers["empty" if answer == b"" else f"answer:{answer[:1]!r}"] += 1
+            except TransportError as exc:
+                answers[f"error:{exc.code}"] += 1
+            slowest = max(slowest, trio.current_time() - began)
+
+        for start in range(0, count, batch):
+            async with trio.open_nursery() as group:
+                for i in range(start, min(count, start + batch)):
+                    group.start_soon(one, i)
+        nursery.cancel_scope.cancel()
+    return {"answers": dict(answers), "payload_bytes": len(payload), "slowest_s": round(slowest, 3)}
+
+
 async def _serve_transport(identity: Identity, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
     async with open_transport(identity, "127.0.0.1", 0, unary_handler=_refuse,
                               stream_handler=_refuse_stream) as transport:  # fmt: skip
@@ -320,7 +368,9 @@ async def _fuzz_batch(stream: Stream, rng: random.Random, batch: int, raw_every:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    p.add_argument("attack", choices=["silent-streams", "big-calls", "announce-flood", "device", "frame-fuzz"])
+    p.add_argument(
+        "attack", choices=["silent-streams", "big-calls", "announce-flood", "device", "frame-fuzz", "dense-maps"]
+    )
     p.add_argument("--target", required=True)
     p.add_argument("--count", type=int, default=48)
     p.add_argument("--seconds", type=float, default=5.0)
@@ -342,6 +392,8 @@ def main(argv: list[str] | None = None) -> int:
         result = trio.run(announce_flood, a.target, a.count, a.identities, a.spec_kib)
     elif a.attack == "device":
         result = trio.run(device, a.target, a.device, a.seconds)
+    elif a.attack == "dense-maps":
+        result = trio.run(dense_maps, a.target, a.count, a.mib, a.batch)
     else:
         result = trio.run(frame_fuzz, a.target, a.frames, a.hellos, a.batch, a.raw_every, a.seed)
     print(json.dumps(result, sort_keys=True), flush=True)
