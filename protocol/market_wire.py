@@ -4,7 +4,9 @@
 id   type             max_size   meaning
 ==== ================ ========== =====================================================================
 90   ReceiptOffer     8 KiB      leader -> device: a receipt for committed work (canonical body, the leader's
-                                 raw public key and signature; ``arceusd.market.receipts``), to countersign
+                                 raw public key and signature; ``arceusd.market.receipts``), to countersign, and
+                                 the job owner's authorisation of a leader (``arceusd.market.authority``: the
+                                 owner's names its standby, a standby's names itself), or empty
 91   ReceiptReply     1 KiB      device -> leader: its raw public key and countersignature, or an empty
                                  signature and the reason it refused
 92   ReceiptsRequest  1 KiB      a job's owner -> a device or leader: the receipts for that job it keeps, from
@@ -31,6 +33,7 @@ class ReceiptOffer:
     body: bytes = field(metadata={"max_len": 4096})
     leader_key: bytes = field(metadata={"max_len": 32})
     leader_sig: bytes = field(metadata={"max_len": 64})
+    authority: bytes = field(default=b"", metadata={"max_len": 512})
 
 
 @message(91, max_size=1024)

@@ -151,13 +151,25 @@ def market_command(obj: Context, as_json: bool) -> None:
         click.echo(_market_line(row))
 
 
+def _own_key(obj: Context) -> bytes | None:
+    """This daemon's public key, when its state directory has one (its own ledger must be kept by it)."""
+    from arceusd.identity import IdentityError, key_path, load_or_create_identity
+
+    if not key_path(obj.state_dir).exists():
+        return None
+    try:
+        return load_or_create_identity(obj.state_dir).public_key_raw
+    except IdentityError:
+        return None
+
+
 def _ledger_entries(obj: Context) -> list[Any]:
     from arceusd.market.ledger import LEDGER_FILE, verify_file
 
     path = obj.state_dir / LEDGER_FILE
     if not path.exists():
         return []
-    verified = verify_file(path)
+    verified = verify_file(path, _own_key(obj))
     if not verified.ok:
         raise click.ClickException(f"the ledger {path} does not verify: {verified.error}. "
                                    "It was changed outside Arceus; run `arceusd verify-ledger` on it and keep a copy.")
@@ -218,11 +230,14 @@ def bill_command(obj: Context, job: str, as_json: bool) -> None:
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.pass_obj
 def verify_ledger_command(obj: Context, file: Path) -> None:
-    """Check a ledger FILE: its hash chain, and every receipt's signatures against the keys it names."""
-    from arceusd.market.ledger import verify_file
+    """Check a ledger FILE and its signed head: the hash chain, the keeper's signature of every line, every
+    receipt's signatures, and that each receipt's leader is its job's owner or one the owner authorised."""
+    from arceusd.market.ledger import LEDGER_FILE, verify_file
 
-    verified = verify_file(file)
+    own = file.resolve() == (obj.state_dir / LEDGER_FILE).resolve()
+    verified = verify_file(file, _own_key(obj) if own else None)
     if not verified.ok:
-        raise click.ClickException(f"{file}: {verified.error} ({len(verified.entries)} line(s) before it verify)")
+        raise click.ClickException(f"{file}: {verified.error} ({verified.lines} line(s) before it verify)")
     signers = {s.receipt.leader for s in verified.entries} | {s.receipt.device for s in verified.entries}
-    click.echo(f"{file}: {len(verified.entries)} receipt(s) verify, chain intact, {len(signers)} signer(s)")
+    click.echo(f"{file}: {len(verified.entries)} receipt(s) verify, chain intact, kept by {verified.keeper[:12]}, "
+               f"{len(signers)} signer(s), {len(verified.auths)} leader authorisation(s)")

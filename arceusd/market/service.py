@@ -35,6 +35,7 @@ import trio
 
 from arceusd.control import RequestError
 from arceusd.market.admission import Member, Spend, budget_stop, devices_for_memory, join_refusal, projected_usd
+from arceusd.market.authority import AuthorityError, authorise, from_bytes
 from arceusd.market.collect import MAX_PAGES_PER_PEER, MAX_PEERS, ROUNDS_S, accept, kept_for, new_ones, page
 from arceusd.market.ledger import Ledger, LedgerError
 from arceusd.market.needs import DeviceOffer, JobNeeds, demand_in_view, match, pay
@@ -101,7 +102,7 @@ class Market:
         self.policy = self._load()
         self.probe: Probe = probe_for(self.policy.probe_root, own_pids=lambda: own_pids(node))
         self.snapshot: Snapshot = Snapshot(None, None, None, None, time.localtime().tm_hour)
-        self.ledger = Ledger.open(node.paths.root)
+        self.ledger = Ledger.open(node.paths.root, node.identity)
         if not self.ledger.verified.ok:
             log.error("the ledger %s does not verify: %s; no receipt is added to it until it is looked at "
                       "(arceusd verify-ledger %s)", self.ledger.path, self.ledger.verified.error, self.ledger.path)
@@ -293,12 +294,32 @@ class Market:
         if receipts and self.nursery is not None:
             addresses = {p: getattr(o, "address", "") for p, o in job.members.items()}
             self.nursery.start_soon(self._settle, job, [sign_leader(self.node.identity, r) for r in receipts],
-                                    addresses)  # fmt: skip
+                                    addresses, self._authority(job))  # fmt: skip
         stop = budget_stop(float(job.spec.needs.budget_usd), self.spend(job), step, int(job.total_steps),
                            int(job.spec.checkpoint.interval_steps))  # fmt: skip
         if stop is not None:
             log.warning("job %s: %s", job.job_id[:12], stop)
         return stop
+
+    def _authority(self, job: Any) -> bytes:
+        """What this leader's receipt offers carry (``arceusd.market.authority``): as the job's owner, its signed
+        word that the plan's standby may lead (signed once per standby, kept in its own ledger first); as another
+        leader, the owner's word for itself (empty when this ledger holds none: its receipts are then refused)."""
+        me, owner = self.node.identity.peer_id, str(job.owner)
+        if me != owner:
+            held = self.ledger.authority(job.job_id, owner, me)
+            return b"" if held is None else held.to_bytes()
+        standby = str(getattr(job, "standby", "") or "")
+        if not standby or standby == me:
+            return b""
+        held = self.ledger.authority(job.job_id, me, standby)
+        if held is None:
+            held = authorise(self.node.identity, job.job_id, standby, time.time())
+            try:
+                self.ledger.authorise(held)
+            except LedgerError as exc:
+                log.error("job %s: the authorisation of standby %s not kept: %s", job.job_id[:12], standby[:12], exc)
+        return held.to_bytes()
 
     def spend(self, job: Any) -> Spend:
         """What this leader counts the job has cost so far, and per step (``LeaderBook``)."""
@@ -342,7 +363,8 @@ class Market:
         return Commit(job.job_id, job.owner, term, epoch, step, time.time(), reported, dict(job.shares),
                       per_sample * job.spec.training.batch_size, float(predicted), prices)  # fmt: skip
 
-    async def _settle(self, job: Any, signed: list[SignedReceipt], addresses: dict[str, str]) -> None:
+    async def _settle(self, job: Any, signed: list[SignedReceipt], addresses: dict[str, str],
+                      authority: bytes = b"") -> None:  # fmt: skip
         me = self.node.identity.peer_id
         for s in signed:
             r = s.receipt
@@ -352,10 +374,9 @@ class Market:
                 if not why:
                     final = countersign(self.node.identity, s)
             else:
-                reply = await self._peers().request(addresses.get(r.device, ""), r.device,
-                                                      ReceiptOffer(decode_body(s), s.leader_key, s.leader_sig),
-                                                      RECEIPT_TIMEOUT_S, job_id=r.job_id, term=r.term,
-                                                      epoch=r.epoch)  # fmt: skip
+                offer = ReceiptOffer(decode_body(s), s.leader_key, s.leader_sig, authority)
+                reply = await self._peers().request(addresses.get(r.device, ""), r.device, offer, RECEIPT_TIMEOUT_S,
+                                                    job_id=r.job_id, term=r.term, epoch=r.epoch)  # fmt: skip
                 if isinstance(reply, ReceiptReply) and reply.device_sig:
                     candidate = SignedReceipt(r, s.leader_key, s.leader_sig, reply.device_key, reply.device_sig)
                     try:
@@ -389,6 +410,8 @@ class Market:
             return ["the receipt's leader does not lead this job"]
         if r.owner != job.owner:
             return ["the receipt names another owner"]
+        if not self.ledger.authorised(r.job_id, r.owner, r.leader):
+            return [f"the job's owner has not authorised {r.leader[:12]} to sign its receipts"]
         from arceusd.models.costs import block_costs
 
         per_sample = sum(c.forward_flops_per_sample + c.backward_flops_per_sample for c in block_costs(job.spec.model))
@@ -406,6 +429,7 @@ class Market:
         if header.sender != receipt.leader:
             return ReceiptReply(me.public_key_raw, b"", "a receipt must come from its leader")
         signed = SignedReceipt(receipt, msg.leader_key, msg.leader_sig)
+        self._keep_authority(receipt, msg.authority)
         why = self._check(signed)
         if why:
             log.warning("job %s: not countersigning steps %d..%d: %s", receipt.job_id[:12], receipt.step_from,
@@ -414,6 +438,19 @@ class Market:
         both = countersign(me, signed)
         self._append(both)
         return ReceiptReply(me.public_key_raw, both.device_sig)
+
+    def _keep_authority(self, r: Any, raw: bytes) -> None:
+        """Keep the job owner's authorisation of a leader that came with a receipt offer, when it is one (signed by
+        the receipt's owner, for its job)."""
+        if not raw:
+            return
+        try:
+            a = from_bytes(raw)
+            if (a.auth.job_id, a.auth.owner) != (r.job_id, r.owner):
+                raise AuthorityError("an authorisation for another job or owner")
+            self.ledger.authorise(a)
+        except (AuthorityError, LedgerError) as exc:
+            log.warning("job %s: not keeping a leader authorisation from %s: %s", r.job_id[:12], r.leader[:12], exc)
 
     # --- the owner's copy of its jobs' receipts ------------------------------------------------------------------
     def collect_ended_jobs(self) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from arceusd.identity import Identity
+from arceusd.market.authority import authorise
 from arceusd.market.collect import MAX_START, accept, kept_for, new_ones, page, to_entry, unique
 from arceusd.market.ledger import Ledger, bill, earnings
 from arceusd.market.receipts import Receipt, ReceiptError, SignedReceipt, countersign, sign_leader
@@ -72,6 +73,7 @@ def test_new_ones_and_a_receipt_held_twice_counts_once(tmp_path: Path) -> None:
     assert new_ones([plain], [plain, both]) == [both], "the countersigned copy is new; the same plain one is not"
     assert new_ones([both], [plain, both]) == []
     ledger = Ledger.open(tmp_path)
+    ledger.authorise(authorise(OWNER, JOB, STANDBY.peer_id, 1.7e9))  # the standby's receipts need the owner's word
     for s in (plain, both, both, signed(leader=OWNER, step=20)):
         ledger.append(s)
     assert len(unique(ledger.entries)) == 2
