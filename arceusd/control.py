@@ -22,6 +22,8 @@ from typing import Any
 
 import trio
 
+from arceusd.fdlimit import AcceptBackoff, accept
+
 log = logging.getLogger(__name__)
 
 MAX_LINE = 1 << 20
@@ -63,11 +65,12 @@ async def serve_control(
     os.chmod(path, 0o600)
     sock.listen(64)
     listener = trio.SocketListener(sock)
+    backoff = AcceptBackoff("control socket")  # out of descriptors: wait and accept again, never exit
     try:
         async with trio.open_nursery() as nursery:
             task_status.started()
             while True:
-                stream = await listener.accept()
+                stream = await accept(listener, backoff)
                 nursery.start_soon(_serve_one, stream, handlers)
     finally:
         with trio.CancelScope(shield=True):

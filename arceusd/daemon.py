@@ -21,6 +21,7 @@ from arceusd import __version__
 from arceusd.config import DaemonConfig
 from arceusd.control import serve_control
 from arceusd.failures import one_line
+from arceusd.fdlimit import raise_nofile
 from arceusd.identity import Identity, IdentityError, load_or_create_identity
 from arceusd.logs import setup_logging
 from arceusd.node import Node
@@ -40,6 +41,7 @@ def run(config: DaemonConfig) -> int:
     the exception propagates with its traceback.
     """
     setup_logging(config.log_level, config.log_file)
+    raise_nofile()  # the soft open-files limit up to the hard one: the peer port's budget is sized from it
     paths = StatePaths(config.state_dir)
     try:
         paths.ensure()

@@ -19,11 +19,13 @@ from arceusd.config import DEFAULT_PORT
 from arceusd.discovery import Announcement, DiscoveryStatus, candidate_addresses, serve_discovery
 from arceusd.election_driver import install_elections
 from arceusd.failures import StartupError, leaves
+from arceusd.fdlimit import nofile
 from arceusd.membership.config import MembershipConfig, lan, local
 from arceusd.membership.events import MemberState
 from arceusd.node import Node
 from arceusd.peers import PeerService
 from arceusd.transport import Stream, open_transport
+from arceusd.transport.gate_core import limits_for
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +74,9 @@ async def serve_peer_network(node: Node, *, task_status: trio.TaskStatus[None] =
     for i, port in enumerate(ports):
         bound = False
         try:
+            gate = limits_for(nofile())  # the port's connections, per source and in total, below the files limit
             async with open_transport(node.identity, config.listen_host, port, unary_handler=on_call,
-                                      stream_handler=_refuse_stream) as transport:  # fmt: skip
+                                      stream_handler=_refuse_stream, gate=gate) as transport:  # fmt: skip
                 bound = True
                 await _run_network(node, transport, holder, task_status)
             return

@@ -195,8 +195,8 @@ class Gate:
                 os.unlink(name)  # gRPC still reports it as our address; nothing needs the file
                 upstream = trio.SocketStream(upstream_sock)
                 async with trio.open_nursery() as pumps:
-                    pumps.start_soon(self._pump, cid, client, upstream, pumps.cancel_scope)
-                    pumps.start_soon(self._pump, cid, upstream, client, pumps.cancel_scope)
+                    pumps.start_soon(self._pump, cid, client, upstream, True, pumps.cancel_scope)
+                    pumps.start_soon(self._pump, cid, upstream, client, False, pumps.cancel_scope)
         except OSError:
             self.failures["relay_failed"] += 1
         finally:
@@ -211,17 +211,21 @@ class Gate:
                 os.unlink(name)
 
     async def _pump(
-        self, cid: int, source: trio.SocketStream, sink: trio.SocketStream, both: trio.CancelScope
+        self, cid: int, source: trio.SocketStream, sink: trio.SocketStream, inbound: bool, both: trio.CancelScope
     ) -> None:
-        """Copy ``source`` to ``sink`` until its end (passed on as a half-close); a broken side ends both."""
+        """Copy ``source`` to ``sink`` until its end (passed on as a half-close); a broken side ends both.
+        ``inbound``: ``source`` is the client."""
         try:
             while True:
                 data = await source.receive_some(_CHUNK)
                 if not data:
-                    await sink.send_eof()
+                    if not inbound:  # gRPC closed the connection: nothing more to say either way
+                        both.cancel()
+                        return
+                    await sink.send_eof()  # the client is done sending; gRPC may still answer
                     return
                 with self._lock:
-                    self.table.touch(cid, time.monotonic())
+                    self.table.touch(cid, time.monotonic(), inbound)
                 await sink.send_all(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             both.cancel()

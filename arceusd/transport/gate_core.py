@@ -12,9 +12,11 @@ long as the client likes: 1,100 connections that sent the HTTP/2 preface and wen
   place of one of that source's connections (its unproven ones first, then its longest quiet), so a stranger
   with many addresses cannot keep a real peer's first connection out; a newcomer from the heaviest source is
   refused.
-* **Deadlines**: a connection must complete a call (or a stream handshake) within ``hello_timeout`` of opening,
-  and a connection with nothing in flight is closed after ``idle_timeout`` without a byte either way. A call in
-  flight holds both off (a handler may take its time).
+* **Deadlines**: a connection must complete a call (or a stream handshake) before it has been quiet for
+  ``hello_timeout`` (no byte from the client) and within ``hello_limit`` of opening (a first call may be a
+  4 MiB message on a slow link, so bytes still arriving hold the first deadline off, never the second); a
+  connection with nothing in flight is closed after ``idle_timeout`` without a byte either way. A call in
+  flight holds all of them off (a handler may take its time).
 
 Refusals and closes are counted by reason (``source_full``, ``total_full``, ``evicted``, ``hello_timeout``,
 ``idle_timeout``) in :attr:`ConnectionTable.counts`.
@@ -39,12 +41,13 @@ class GateLimits:
     max_per_source: int = 32
     hello_timeout: float = 3.0
     idle_timeout: float = 30.0
+    hello_limit: float = 30.0
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_per_source <= self.max_connections:
             raise ValueError("need 1 <= max_per_source <= max_connections")
-        if self.hello_timeout <= 0 or self.idle_timeout <= 0:
-            raise ValueError("timeouts must be positive")
+        if not 0 < self.hello_timeout <= self.hello_limit or self.idle_timeout <= 0:
+            raise ValueError("need 0 < hello_timeout <= hello_limit and idle_timeout > 0")
 
 
 def reserve_for(nofile: int) -> int:
@@ -83,6 +86,7 @@ class Connection:
     source: str
     opened: float
     last_active: float
+    last_inbound: float
     proven: bool = False
     busy: int = 0
 
@@ -120,7 +124,7 @@ class ConnectionTable:
                 return Admit(refused="total_full")
             self.release(evict)
             self.counts["evicted"] += 1
-        self.connections[cid] = Connection(source, now, now)
+        self.connections[cid] = Connection(source, now, now, now)
         self.per_source[source] += 1
         self.counts["accepted"] += 1
         return Admit(evict=evict)
@@ -145,11 +149,13 @@ class ConnectionTable:
         if self.per_source[conn.source] <= 0:
             del self.per_source[conn.source]
 
-    def touch(self, cid: int, now: float) -> None:
-        """Bytes moved on ``cid``."""
+    def touch(self, cid: int, now: float, inbound: bool) -> None:
+        """Bytes moved on ``cid`` (``inbound``: from the client)."""
         conn = self.connections.get(cid)
         if conn is not None:
             conn.last_active = now
+            if inbound:
+                conn.last_inbound = now
 
     def enter(self, cid: int, now: float) -> None:
         """A call or stream began on ``cid``."""
@@ -178,7 +184,8 @@ class ConnectionTable:
         for cid, conn in list(self.connections.items()):
             if conn.busy > 0:
                 continue
-            if not conn.proven and now - conn.opened >= self.limits.hello_timeout:
+            if not conn.proven and (now - conn.last_inbound >= self.limits.hello_timeout
+                                    or now - conn.opened >= self.limits.hello_limit):  # fmt: skip
                 self.counts["hello_timeout"] += 1
             elif now - conn.last_active >= self.limits.idle_timeout:
                 self.counts["idle_timeout"] += 1

@@ -41,12 +41,16 @@ from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager, suppress
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import grpc
 import trio
 
 from arceusd.transport.admission import Admission, host_of
+from arceusd.transport.gate import Gate, open_gate_dir, open_listener, remove_gate_dir
+from arceusd.transport.gate_core import GateLimits
 from arceusd.transport.queue import Aborted, FrameQueue
 from arceusd.transport.stream import (
     Stream,
@@ -240,12 +244,20 @@ class GrpcTransport:
         self._closing = False
         self._lock = threading.Lock()  # guards admission and the counters, touched from grpc's threads
         self.admission = Admission(config.admission)
+        self.gate: Gate | None = None  # the peer port's front, when open_transport was given limits for one
 
     def counters(self) -> dict[str, Any]:
         """Refused peers and frames by reason, our failed outgoing calls by code, and the slots in use."""
+        gate = {"gate": self.gate.counters()} if self.gate is not None else {}
         with self._lock:
             return {"rejected": dict(self.rejected), "failures": dict(self.failures),
-                    **self.admission.snapshot()}  # fmt: skip
+                    **self.admission.snapshot(), **gate}  # fmt: skip
+
+    def _source(self, grpc_peer: str) -> str:
+        """The remote address of a server call: through the gate, the relayed connection's source."""
+        if self.gate is None:
+            return host_of(grpc_peer)
+        return self.gate.source_of(grpc_peer) or "gone"
 
     def _refuse(self, context: grpc.ServicerContext, reason: str) -> None:
         with self._lock:
@@ -373,16 +385,25 @@ class GrpcTransport:
     # ------------------------------------------------------------------ server side (grpc threads)
 
     def _unary_rpc(self, request: bytes, context: grpc.ServicerContext) -> bytes:
-        host = host_of(context.peer())
+        peer = context.peer()
+        host = self._source(peer)
         with self._lock:
             refused = self.admission.admit_call(host, time.monotonic())
         if refused is not None:
             self._refuse(context, refused)
+        gate = self.gate
+        if gate is not None:
+            gate.enter(peer)
+        answered = False
         try:
-            return self._serve_unary_in_thread(request, context)
+            answer = self._serve_unary_in_thread(request, context)
+            answered = True
+            return answer
         finally:
             with self._lock:
                 self.admission.release_call(host)
+            if gate is not None:
+                gate.leave(peer, answered)  # an answered call is the connection's hello
 
     def _serve_unary_in_thread(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         scope = trio.CancelScope()
@@ -416,18 +437,26 @@ class GrpcTransport:
             self._live_scopes.discard(scope)
 
     def _stream_rpc(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
-        host = host_of(context.peer())
+        peer = context.peer()
+        host = self._source(peer)
         with self._lock:
             refused = self.admission.admit_stream(host, time.monotonic())
         if refused is not None:
             self._refuse(context, refused)
         slot = _StreamSlot(host)
+        gate = self.gate
+        if gate is not None:
+            gate.enter(peer)
 
         def release() -> None:
             with self._lock:
-                if not slot.released:
-                    slot.released = True
-                    self.admission.release_stream(host, slot.peer_id, pending=slot.pending)
+                if slot.released:
+                    return
+                slot.released = True
+                self.admission.release_stream(host, slot.peer_id, pending=slot.pending)
+                proven = bool(slot.peer_id)
+            if gate is not None:
+                gate.leave(peer, proven)  # a completed handshake is the connection's hello
 
         context.add_callback(release)
         return self._stream_messages(requests, context, slot)
@@ -524,9 +553,14 @@ async def open_transport(
     unary_handler: UnaryHandler,
     stream_handler: StreamHandler,
     config: TransportConfig | None = None,
+    gate: GateLimits | None = None,
 ) -> AsyncIterator[GrpcTransport]:
     """Serve ``arceus.v1.Peer`` on ``host:port`` (port 0 picks a free one: see ``.port``) and yield the
     transport.
+
+    ``gate``: accept the port's TCP connections in a :class:`~arceusd.transport.gate.Gate` with these limits
+    (per source, in total, hello and idle deadlines, waiting out EMFILE) and relay the kept ones to gRPC on a
+    private unix socket; without it gRPC listens on the port itself (a stage worker's port).
 
     ``unary_handler(request) -> response`` answers ``Call``; raising RemoteProtocolError refuses the request
     (counted, INVALID_ARGUMENT to the caller). ``stream_handler(stream)`` runs once per accepted stream,
@@ -538,7 +572,36 @@ async def open_transport(
     config = config or TransportConfig()
     workers = config.admission.max_streams + config.admission.max_calls + 4
     executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="arceus-grpc")
-    server = grpc.server(executor, options=_options(config), maximum_concurrent_rpcs=workers)
+    options = _options(config)
+    if gate is not None:
+        # gRPC ends a connection with no call for the idle time itself, with a GOAWAY (the client dials afresh
+        # for its next call, instead of having a call cut); the gate's own idle deadline is a later backstop.
+        options.append(("grpc.max_connection_idle_ms", int(gate.idle_timeout * 1000)))
+        gate = replace(gate, idle_timeout=gate.idle_timeout + 10.0)
+    server = grpc.server(executor, options=options, maximum_concurrent_rpcs=workers)
+    gate_dir = open_gate_dir() if gate is not None else None
+    try:
+        async with _serving(identity, host, port, config, server, executor, unary_handler, stream_handler,
+                            gate, gate_dir) as transport:  # fmt: skip
+            yield transport
+    finally:
+        if gate_dir is not None:
+            remove_gate_dir(gate_dir)
+
+
+@asynccontextmanager
+async def _serving(
+    identity: sa.Signer,
+    host: str,
+    port: int,
+    config: TransportConfig,
+    server: grpc.Server,
+    executor: ThreadPoolExecutor,
+    unary_handler: UnaryHandler,
+    stream_handler: StreamHandler,
+    gate: GateLimits | None,
+    gate_dir: Path | None,
+) -> AsyncIterator[GrpcTransport]:
     async with trio.open_nursery() as nursery:
         transport = GrpcTransport(identity, config, nursery, unary_handler, stream_handler)
         handlers = {
@@ -550,18 +613,35 @@ async def open_transport(
             ),
         }
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+        listener = None
+        if gate is not None and gate_dir is not None:
+            transport.gate = Gate(gate, gate_dir)
+            try:
+                listener = await open_listener(host, port)
+            except OSError as exc:
+                executor.shutdown(wait=False)
+                raise OSError(
+                    f"cannot listen on {host}:{port}: {exc.strerror or exc}; is another daemon using the port?"
+                ) from None
+            address = f"unix:{transport.gate.upstream}"
+        else:
+            address = f"{host}:{port}"
         try:
-            bound = server.add_insecure_port(f"{host}:{port}")
+            bound = server.add_insecure_port(address)
         except RuntimeError as exc:
-            executor.shutdown(wait=False)
-            raise OSError(
-                f"cannot listen on {host}:{port}: {exc}; is another daemon using the port?"
-            ) from None
+            bound, error = 0, f": {exc}"
+        else:
+            error = ""
         if bound == 0:
             executor.shutdown(wait=False)
-            raise OSError(f"cannot listen on {host}:{port}; is another daemon using the port?")
-        transport.host, transport.port = host, bound
+            if listener is not None:
+                listener.close()
+            raise OSError(f"cannot listen on {host}:{port}{error}; is another daemon using the port?")
+        transport.host = host
+        transport.port = listener.getsockname()[1] if listener is not None else bound
         server.start()
+        if listener is not None and transport.gate is not None:
+            await nursery.start(transport.gate.serve, listener)
         try:
             yield transport
         finally:

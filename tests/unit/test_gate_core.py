@@ -17,7 +17,7 @@ from arceusd.transport.gate_core import (
 
 
 def test_limits_keep_the_reserve_below_the_open_files_limit() -> None:
-    assert limits_for(1024) == GateLimits(256, 32, 3.0, 30.0)
+    assert limits_for(1024) == GateLimits(256, 32, 3.0, 30.0, 30.0)
     for nofile in (64, 256, 1024, 4096, 65536, 1 << 20):
         limits = limits_for(nofile)
         used = limits.max_connections * FDS_PER_CONNECTION
@@ -58,15 +58,21 @@ def test_full_table_evicts_from_the_heaviest_source_unproven_first() -> None:
 
 
 def test_hello_and_idle_deadlines() -> None:
-    table = ConnectionTable(GateLimits(max_connections=8, max_per_source=8, hello_timeout=3.0, idle_timeout=30.0))
-    for i in range(4):
+    table = ConnectionTable(GateLimits(max_connections=8, max_per_source=8, hello_timeout=3.0, idle_timeout=30.0,
+                                       hello_limit=10.0))  # fmt: skip
+    for i in range(5):
         table.admit(i, "10.0.0.9", 0.0)
     table.prove(1)  # completed a call
     table.enter(2, 1.0)  # a call in flight, not yet answered
-    table.touch(0, 2.9)  # bytes do not count as a hello
+    table.touch(0, 2.9, inbound=False)  # our bytes to it hold nothing off
+    table.touch(4, 2.0, inbound=True)  # its bytes (a first call still arriving) hold the quiet deadline off
     assert table.expired(2.9) == []
     assert sorted(table.expired(3.0)) == [0, 3]
-    assert table.counts["hello_timeout"] == 2
+    for t in range(4, 10):
+        table.touch(4, float(t), inbound=True)
+        assert table.expired(float(t)) == []
+    assert table.expired(10.0) == [4]  # but not past the hello limit
+    assert table.counts["hello_timeout"] == 3
     assert table.expired(31.0) == [1]  # idle 31 s
     assert table.expired(100.0) == []  # busy: held off
     table.leave(2, 100.0, proven=True)
