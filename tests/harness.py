@@ -44,10 +44,12 @@ def wait_for(predicate: Callable[[], T | None], timeout: float, interval: float 
 class Daemon:
     """One ``arceusd start --foreground`` process."""
 
-    def __init__(self, state_dir: Path, extra_args: list[str] | None = None, env: dict[str, str] | None = None):
+    def __init__(self, state_dir: Path, extra_args: list[str] | None = None, env: dict[str, str] | None = None,
+                 preexec_fn: Callable[[], None] | None = None):  # fmt: skip
         self.state_dir = state_dir
         self.extra_args = extra_args or []
         self.env = env
+        self.preexec_fn = preexec_fn  # run in the child before exec (e.g. lower its open-files limit)
         self.proc: subprocess.Popen[str] | None = None
         self.log_path = state_dir.parent / f"{state_dir.name}.stderr.log"
 
@@ -62,6 +64,7 @@ class Daemon:
             text=True,
             cwd=ROOT,
             env=env,
+            preexec_fn=self.preexec_fn,
         )
         if wait:
             self.wait_ready(timeout)
