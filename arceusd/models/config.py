@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from arceusd.models.hf.config import HFModelConfig
+
 
 @dataclass(frozen=True)
 class MLPConfig:
@@ -44,4 +46,5 @@ class GPTConfig:
             raise ValueError(f"gpt.dropout must be in [0, 1), got {self.dropout}")
 
 
-ModelConfig = MLPConfig | GPTConfig
+ModelConfig = MLPConfig | GPTConfig | HFModelConfig
+"""``HFModelConfig``: a stock ``transformers`` causal LM (``arceusd/models/hf/``)."""

@@ -16,6 +16,8 @@ from __future__ import annotations
 from typing import Literal
 
 from arceusd.models.config import GPTConfig, MLPConfig, ModelConfig
+from arceusd.models.hf.config import HFModelConfig
+from arceusd.models.hf.costs import hf_block_costs
 from partitioner.blocks import BlockCost
 
 OptimizerKind = Literal["adamw", "sgd"]
@@ -124,4 +126,6 @@ def block_costs(
         return mlp_block_costs(config, dtype_bytes, optimizer)
     if isinstance(config, GPTConfig):
         return gpt_block_costs(config, dtype_bytes, optimizer)
+    if isinstance(config, HFModelConfig):
+        return hf_block_costs(config, dtype_bytes, lambda b: _optimizer_bytes(b, optimizer), _INDEX_BYTES)
     raise TypeError(f"unknown model config type {type(config).__name__}; expected MLPConfig or GPTConfig")

@@ -10,11 +10,12 @@ rank. Parameter names are ``"blocks.<global block index>.<name inside the block>
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
 
-from arceusd.models.build import build_block, num_blocks
+from arceusd.models.build import build_block, num_blocks, tie_blocks
 from arceusd.models.config import GPTConfig, ModelConfig
 from arceusd.models.gpt import TransformerBlock
 from arceusd.worker.collective import Collective
@@ -69,9 +70,14 @@ class StageModule(nn.Module):
 
 
 def build_stage(
-    config: ModelConfig, seed: int, spec: StageSpec, group: Collective | None = None
+    config: ModelConfig,
+    seed: int,
+    spec: StageSpec,
+    group: Collective | None = None,
+    weights: Path | None = None,
 ) -> StageModule:
-    """Build this worker's slice. ``group`` is required when ``spec.split`` is set."""
+    """Build this worker's slice. ``group`` is required when ``spec.split`` is set; ``weights``: a stock
+    LM's initial weights (only this slice's tensors are read)."""
     n = num_blocks(config)
     if spec.end > n:
         raise ValueError(f"stage block range [{spec.start}, {spec.end}) exceeds the model's {n} blocks")
@@ -85,8 +91,9 @@ def build_stage(
         tp = (config, spec.split, group)
     blocks: dict[int, nn.Module] = {}
     for i in range(spec.start, spec.end):
-        block = build_block(config, i, seed)
+        block = build_block(config, i, seed, weights)
         if tp is not None and isinstance(block, TransformerBlock):
             block = shard_transformer_block(block, tp[0], tp[1], spec.rank, tp[2])
         blocks[i] = block
+    tie_blocks(config, blocks)
     return StageModule(blocks, spec.rank)

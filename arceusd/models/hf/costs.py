@@ -1,0 +1,57 @@
+"""Block costs of a stock causal LM for the partitioner (torch-free; conventions of ``arceusd.models.costs``).
+
+Parameters come from :mod:`arceusd.models.hf.keys` (exact), activations are the hidden states (B, T, C) between
+blocks and the logits after the head, FLOPs are 2 per multiply-add of the matrices plus attention's QK^T and AV.
+``heads`` and ``mlp_columns`` stay 0: these blocks are not tensor-parallel split yet, so the planner places each
+whole on one device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from arceusd.models.hf.config import HFModelConfig, num_hf_blocks
+from arceusd.models.hf.keys import block_tensors, param_count
+from partitioner.blocks import BlockCost
+
+
+def _matmul_params(config: HFModelConfig, index: int) -> int:
+    total = 0
+    for name, shape in block_tensors(config, index).items():
+        if len(shape) == 2 and "embed" not in name and not name.startswith(("wte", "wpe")):
+            total += shape[0] * shape[1]
+    return total
+
+
+def hf_block_costs(
+    config: HFModelConfig, dtype_bytes: int, optimizer_bytes: Callable[[int], int], index_bytes: int = 8
+) -> list[BlockCost]:
+    """One cost per block; ``optimizer_bytes(param_bytes)`` is the caller's rule for gradient + state."""
+    T, C, V, n = config.block_size, config.hidden, config.vocab_size, num_hf_blocks(config)
+    attn_width = config.n_head * config.head_dim
+    costs: list[BlockCost] = []
+    for i in range(n):
+        params = param_count(config, i) * dtype_bytes
+        if i == n - 1 and config.tied:
+            params = 0  # the head's weight is the embedding's (and both live on one stage)
+        matmul = 2.0 * _matmul_params(config, i) * T
+        if i == n - 1 and config.tied:
+            matmul = 2.0 * C * V * T
+        if i == 0:
+            name, out_bytes, stash, fwd = "embedding", T * C * dtype_bytes, T * index_bytes, float(T * C)
+        elif i == n - 1:
+            name, out_bytes, stash, fwd = "head", T * V * dtype_bytes, (2 * T * C + T * V) * dtype_bytes, matmul
+        else:
+            name, out_bytes = f"layer{i - 1}", T * C * dtype_bytes
+            fwd = matmul + 4.0 * T * T * attn_width
+            # inputs of each matmul and norm, q/k/v, the MLP's hidden (x3 for gated ones), attention weights
+            stash = (8 * T * C + 3 * T * config.intermediate + config.n_head * T * T) * dtype_bytes
+        costs.append(BlockCost(
+            name=name, param_bytes=params, optimizer_bytes=optimizer_bytes(params),
+            activation_bytes_per_sample=out_bytes, stash_bytes_per_sample=stash,
+            forward_flops_per_sample=fwd, backward_flops_per_sample=2.0 * fwd,
+        ))  # fmt: skip
+    return costs
+
+
+__all__ = ["hf_block_costs"]
