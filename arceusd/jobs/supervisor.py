@@ -1,6 +1,7 @@
 """Supervising one stage-worker child process: start it, learn its port, send it commands, read its events.
 
-The worker is ``python -m arceusd.worker --config <file>`` with JSON lines on stdin/stdout
+The worker is ``python -m arceusd.worker --config <file>`` (started in a warm interpreter when one is ready,
+:mod:`arceusd.jobs.warm_pool`) with JSON lines on stdin/stdout
 (:mod:`arceusd.worker.protocol`); its stderr goes to a log file next to the config. The daemon never runs torch
 itself: everything heavy happens in this child, which we can kill cleanly.
 
@@ -13,13 +14,13 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import subprocess
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import trio
+
+from arceusd.jobs import warm_pool
 
 log = logging.getLogger(__name__)
 
@@ -46,14 +47,9 @@ class WorkerProcess:
     async def start(self, timeout: float = 180.0) -> int:
         """Spawn the worker and wait for its ``listening`` event; return its transport port."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log_file = self.log_path.open("ab")
-        try:
-            self.process = await trio.lowlevel.open_process(
-                [sys.executable, "-m", "arceusd.worker", "--config", str(self.config_path)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log_file,
-            )  # fmt: skip
-        finally:
-            log_file.close()
+        # In a warm interpreter when one is ready (torch already imported: off a recovery's critical path).
+        argv = ["--config", str(self.config_path)]
+        self.process = await warm_pool.pool().spawn("arceusd.worker", argv, self.log_path)
         with trio.move_on_after(timeout):
             async for event in self.events():
                 if event.get("event") == "listening":
