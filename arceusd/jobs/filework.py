@@ -36,20 +36,21 @@ class FileworkError(RuntimeError):
 
 # ------------------------------------------------------------------------------------------------ the daemon
 async def _run(task: str, request: dict[str, Any]) -> dict[str, Any]:
-    import trio
+    from arceusd.jobs import warm_pool
 
-    result = await trio.run_process([sys.executable, "-m", "arceusd.jobs.filework", task],
-                                    stdin=json.dumps(request).encode(), capture_stdout=True,
-                                    capture_stderr=True, check=False)  # fmt: skip
-    lines = result.stdout.decode(errors="replace").strip().splitlines()
+    # In a warm interpreter when one is ready: re-slicing is on a recovery's critical path (issue 33).
+    returncode, stdout, stderr = await warm_pool.pool().run(
+        "arceusd.jobs.filework", [task], json.dumps(request).encode()
+    )
+    lines = stdout.decode(errors="replace").strip().splitlines()
     try:
         answer = json.loads(lines[-1]) if lines else None
     except ValueError:
         answer = None
     if not isinstance(answer, dict):
-        raise FileworkError(f"{task} in a child process failed (exit {result.returncode}): "
-                            f"{result.stderr.decode(errors='replace')[-800:]}")  # fmt: skip
-    if result.returncode != 0 or "error" in answer:
+        raise FileworkError(f"{task} in a child process failed (exit {returncode}): "
+                            f"{stderr.decode(errors='replace')[-800:]}")  # fmt: skip
+    if returncode != 0 or "error" in answer:
         raise FileworkError(f"{task} failed: {answer.get('error', 'no reason given')}")
     return answer
 

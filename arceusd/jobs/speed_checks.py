@@ -2,9 +2,11 @@
 
 Leader side (:meth:`SpeedChecks.on_step`, :meth:`SpeedChecks.judge`): once the job runs at least
 :data:`arceusd.jobs.claims.MIN_EXCESS_S` a step slower than its plan said (the leader's own step times, on its
-own clock, over :data:`FIRST_STEPS` steps), the leader times every device of the plan once per job, one at a
-time: itself first (the baseline of how much slower than their offers devices run beside the job), then the
-members doing the most of the plan's work (a later plan's new devices in a round of their own). A member:
+own clock, over :data:`FIRST_STEPS` steps), or a plan device offers more than the market pays an unmeasured
+device for (``arceusd.market.hooks.wants_timing``: it is paid what it measured), the leader times every device
+of the plan once per job, one at a time: itself first (the baseline of how much slower than their offers devices
+run beside the job), then the members doing the most of the plan's work (a later plan's new devices in a round
+of their own). A member:
 :class:`protocol.job_wire.SpeedChallenge` (ready?), :class:`protocol.job_wire.ChallengeGo` (the seed; the clock
 runs until its :class:`protocol.job_wire.ChallengeRoot`), :class:`protocol.job_wire.ChallengeOpen` (blocks drawn
 at random; their proofs are checked here and their digests recomputed in a child process). A member that
@@ -39,6 +41,7 @@ from arceusd.jobs import challenges, claims
 from arceusd.jobs.challenges import Timed
 from arceusd.jobs.job import Job
 from arceusd.jobs.manager_base import JobContext
+from arceusd.market import hooks
 from protocol.envelope import Header
 from protocol.job_wire import (
     CHALLENGE_BLOCK_MAX,
@@ -175,10 +178,11 @@ class SpeedChecks:
             return
         untimed = [p for p in job.plan_peers() if p not in job.leading.challenged and p in job.members]
         total = claims.own_step_total(job)
-        if not untimed or total is None or total - job.plan.predicted_step_time_s < claims.MIN_EXCESS_S:
+        slow = total is not None and total - job.plan.predicted_step_time_s >= claims.MIN_EXCESS_S
+        if not untimed or not (slow or hooks.wants_timing(self.ctx.node, job)):  # the market pays what it measured
             return
         job.leading.challenging = True
-        log.info("job %s: running %.2f s a step against %.2f s planned; timing %d device(s)", job.job_id, total,
+        log.info("job %s: running %.2f s a step against %.2f s planned; timing %d device(s)", job.job_id, total or 0.0,
                  job.plan.predicted_step_time_s, len(untimed))  # fmt: skip
         self.ctx.spawn(self.challenge_all, job, untimed)
 

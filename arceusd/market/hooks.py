@@ -7,6 +7,9 @@
 - :func:`join_refusal`: the leader, before it admits a device: why not (the job's needs, its budget), or None.
 - :func:`enough_memory`: the leader, before it plans: whether the members lend ``needs.memory_total_mib``
   (if not, the job's ``error`` says so while it waits).
+- :func:`wants_timing`: the leader, after its own steps: whether a plan device not timed yet offers more than an
+  unmeasured device is paid for (``arceusd.market.paid_speed.cap``), so its speed check times the plan's devices
+  although the job does not run slow (the device is paid what it measured from then on).
 
 They do nothing when the market service is not running (``node.market`` is None); ``enough_memory`` needs no service.
 """
@@ -32,6 +35,15 @@ def join_refusal(node: Any, job: Any, offer: Any) -> str | None:
     """Call before the leader admits ``offer`` (a checked ``planning.Offer``); a reason: refuse the join with it."""
     market = getattr(node, "market", None)
     return None if market is None else market.join_refusal(job, offer)
+
+
+def wants_timing(node: Any, job: Any) -> bool:
+    """Whether the market wants ``job``'s untimed plan devices timed now (one offers more than the cap)."""
+    if getattr(node, "market", None) is None:
+        return False
+    from arceusd.market.paid_speed import beyond_cap
+
+    return bool(beyond_cap(job, node.identity.peer_id))
 
 
 def enough_memory(job: Any) -> bool:

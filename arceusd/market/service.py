@@ -39,6 +39,7 @@ from arceusd.market.authority import AuthorityError, authorise, from_bytes
 from arceusd.market.collect import MAX_PAGES_PER_PEER, MAX_PEERS, ROUNDS_S, accept, kept_for, new_ones, page
 from arceusd.market.ledger import Ledger, LedgerError
 from arceusd.market.needs import DeviceOffer, JobNeeds, demand_in_view, match, pay
+from arceusd.market.paid_speed import paid_speeds
 from arceusd.market.policy import Policy, PolicyError, owner_back
 from arceusd.market.policy_file import load_policy
 from arceusd.market.pricing import Demand
@@ -116,6 +117,7 @@ class Market:
         self.nursery: trio.Nursery | None = None
         self.collecting: set[str] = set()  # owned jobs whose receipts are being (or were) collected
         self.collected: dict[str, dict[str, int]] = {}  # job -> {"kept": n, "refused": n}: for status
+        self.paid: dict[str, dict[str, dict[str, float | str]]] = {}  # job -> device -> its paid speed (leader)
 
     def _load(self) -> Policy:
         try:
@@ -355,7 +357,10 @@ class Market:
         per_sample = sum(b.forward_flops_per_sample + b.backward_flops_per_sample for b in blocks)
         cap = float(job.spec.needs.max_price_per_hour)
         demand = self.demand(self.job_needs())
-        prices = {peer: pay(float(offer.flops_per_s), cap, demand) for peer, offer in job.members.items()}
+        # priced at what the leader measured of each device, never more than its offer (arceusd.market.paid_speed)
+        speeds = paid_speeds(job, self.node.identity.peer_id)
+        self.paid[job.job_id] = {peer: p.summary() for peer, p in speeds.items()}
+        prices = {peer: pay(p.flops, cap, demand) for peer, p in speeds.items()}
         # the shard writers, and the other replicas' devices whose witness matched theirs (arceusd.jobs.witnesses)
         reported = frozenset(job.leading.reports.get(step, {})) | job.leading.complete.get(step, frozenset())
         predicted = job.replica_plan.predicted_step_time_s if job.replica_plan is not None else \
@@ -523,7 +528,7 @@ class Market:
                            "error": self.ledger.verified.error, "receipts": len(self.ledger.entries)},
                 "machine": asdict(self.snapshot), "owner_back": owner_back(self.policy, self.snapshot),
                 "left_for_owner": self.left_for_owner[-20:], "reoffers": self.reoffers[-20:],
-                "deferred": sorted(self.deferred), "collected": self.collected,
+                "deferred": sorted(self.deferred), "collected": self.collected, "paid_speed": self.paid,
                 "refused_joins": self.refused_joins}  # fmt: skip
 
 
