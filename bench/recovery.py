@@ -6,7 +6,9 @@ holds it: the owner is never the victim here), and reads the leader's recovery r
 it SIGKILLs the leader (the job's owner) instead, once the plan's standby holds
 the data and a committed checkpoint, and reads the record of the standby that the survivors elected. Prints, per
 preset: kill -> detected (membership), detected -> first step (replan, re-slice, restart
-workers), the total against the issue's target, the steps recomputed (at most the checkpoint interval), and the
+workers; and where that time went: planned (members reached, links measured, plan made), sliced (the checkpoint
+re-sliced in a child), started (every worker listening), went (every device told to go), resume (go -> first
+step)), the total against the issue's target, the steps recomputed (at most the checkpoint interval), and the
 total as a ratio of this run's own cold start (submit -> first step), since absolute times drift on a shared box.
 
     python bench/recovery.py [--quick] [--presets local lan] [--victim middle|leader]
@@ -114,9 +116,26 @@ def one_run(root: Path, preset: str, kill_at: int, victim_role: str = "middle") 
                    "the resumed step")  # fmt: skip
         return {"cold_s": cold, "detect_s": rec["began_at"] - killed, "restart_s": rec["first_step_after_s"],
                 "total_s": rec["first_step_at"] - killed, "recomputed": rec["recomputed_steps"],
-                "lost_step": rec["lost_step"]}  # fmt: skip
+                "lost_step": rec["lost_step"], **_phases(rec)}  # fmt: skip
     finally:
         swarm.close()
+
+
+PHASES = ("planned", "sliced", "started", "went")
+
+
+def _phases(rec: dict[str, Any]) -> dict[str, float]:
+    """Each start phase's own duration (the record holds when each ended, from detection), and the resume:
+    go -> first step."""
+    ends = rec.get("phases") or {}
+    out: dict[str, float] = {}
+    last = 0.0
+    for phase in PHASES:
+        if phase in ends:
+            out[phase] = float(ends[phase]) - last
+            last = float(ends[phase])
+    out["resume"] = float(rec["first_step_after_s"]) - last
+    return out
 
 
 def main() -> int:
@@ -145,6 +164,8 @@ def main() -> int:
                   f"{res['total_s'] / TARGET_S[preset]:.2f}x of it; {res['total_s'] / res['cold_s']:.2f}x this "
                   f"run's cold start of {res['cold_s']:.1f} s)  recomputed {res['recomputed']} steps "
                   f"(<= {INTERVAL})  {'ok' if met else 'MISSED'}")  # fmt: skip
+            where = ", ".join(f"{p} {res[p]:.2f} s" for p in (*PHASES, "resume") if p in res)
+            print(f"        after detection: {where}")
     return 0 if ok else 1
 
 

@@ -59,11 +59,20 @@ class Recovery:
     began: float = field(default_factory=time.monotonic)
     began_at: float = field(default_factory=time.time)  # wall clock, for tools comparing with their own events
     first_step_after_s: float | None = None
+    # Where the time went: seconds from ``began`` to the end of each phase ("planned": members reached and
+    # the plan made; "sliced": the resume checkpoint re-sliced for it; "started": every worker listening;
+    # "went": every device told to go). Kept for the last attempt of the incident.
+    phases: dict[str, float] = field(default_factory=dict)
+
+    def mark(self, phase: str) -> None:
+        """Record that ``phase`` ended now."""
+        self.phases[phase] = round(time.monotonic() - self.began, 3)
 
     def summary(self) -> dict[str, Any]:
         return {"reason": self.reason, "epoch": self.epoch, "lost_step": self.lost_step,
                 "resumed_step": self.resumed_step, "recomputed_steps": max(0, self.lost_step - self.resumed_step),
                 "first_step_after_s": self.first_step_after_s, "began_at": self.began_at,
+                "phases": dict(self.phases),
                 "first_step_at": None if self.first_step_after_s is None
                 else self.began_at + self.first_step_after_s}  # fmt: skip
 

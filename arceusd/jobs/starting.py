@@ -85,6 +85,7 @@ class Starting:
         job.replica_slots, job.data_shares, job.ring_generation, job.serving_only = (), 0, 0, False
         job.shares = replica_flops_shares(replica_plan, inputs)
         job.standby = choose_standby(job, me)
+        _mark(job, "planned")
         self.life.feed(job, events.PlanFound(job.plan_peers(), job.standby,
                                              tuple(r.peer_ids for r in replica_plan.replicas)))
         if job.core.stamp != stamp:  # the core took the plan (a new epoch)
@@ -108,6 +109,7 @@ class Starting:
                                                    sorted(job.leaders), replicas)  # fmt: skip
         if job.core.stamp != action.stamp:
             return
+        _mark(job, "sliced")
         start_step = resume.step if resume is not None else 0
         job.leading.resume_files = {p: f.name for p, f in resume.files.items()} if resume is not None else {}
         job.step = start_step
@@ -145,6 +147,7 @@ class Starting:
                 for peer in job.plan_peers():
                     nursery.start_soon(start_one, peer)
         job.leading.start_scope = None
+        _mark(job, "started")
         if scope.cancelled_caught:
             failures.append(("", "a member of the new plan failed while it started", ""))
         self.life.feed(job, events.StartAnswered(action.stamp, tuple(failures)))
@@ -156,6 +159,7 @@ class Starting:
                    tuple(PeerAddress(p, a) for p, a in sorted(job.leading.go_addresses.items())))  # fmt: skip
         reach = {p: o.address for p, o in job.members.items()}
         unacknowledged = await self.send_go(job, go, list(action.peers), reach)
+        _mark(job, "went")
         if unacknowledged and job.core.stamp == action.stamp:
             log.warning("job %s: go not acknowledged by %s", job.job_id, ", ".join(p[:12] for p in unacknowledged))
         self.life.feed(job, events.GoAnswered(action.stamp, unacknowledged))
@@ -226,4 +230,12 @@ class Starting:
         return LinkEcho(msg.payload)
 
 
+def _mark(job: Job, phase: str) -> None:
+    """The end of a start phase, in the running recovery's record (bench/recovery.py prints where time went)."""
+    recoveries = job.leading.recoveries
+    if recoveries and recoveries[-1].first_step_after_s is None:
+        recoveries[-1].mark(phase)
+
+
 __all__ = ["LINK_TTL_S", "Starting"]
+
