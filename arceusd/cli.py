@@ -182,7 +182,9 @@ def _start_detached(obj: Context, flags: dict[str, Any]) -> None:
         sys.executable, "-m", "arceusd", "--state-dir", str(obj.state_dir), "start", "--foreground",
         "--log-file", str(log_file), *_forwarded_args(flags),
     ]  # fmt: skip
-    with open(log_file, "ab") as log:
+    from arceusd.logs import open_private_log
+
+    with os.fdopen(open_private_log(Path(log_file)), "ab") as log:
         proc = subprocess.Popen(
             command, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, close_fds=True
         )
