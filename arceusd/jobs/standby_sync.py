@@ -150,11 +150,20 @@ class StandbySyncing:
             self.life.feed(job, StandbyCommitted(msg.step))
 
 
+def plan_memory(job: Job) -> dict[str, int]:
+    """The bytes the current plan uses on each of its devices (the partitioner's predicted peak: what its worker
+    holds while it runs; every replica's devices)."""
+    plans = job.replica_plan.replicas if job.replica_plan is not None else (job.plan,) if job.plan else ()
+    return {str(p): int(b) for the_plan in plans for p, b in getattr(the_plan, "memory_bytes", ())}
+
+
 def choose_standby(job: Job, me: str) -> str:
-    """The plan member that stands by to lead: the one offering the most memory (ties: lowest id), among those
-    whose speed was measured in the job (its step times reported, or its speed challenge passed) when there are
-    any, never one that was discounted or failed its challenge while another can stand by (issue #19: claims
-    alone do not make a standby)."""
+    """The plan member that stands by to lead (and receives the owner's data set): the one whose memory the plan
+    uses most (what it can show: its worker holds that much to run; never what it offered, issue #29 item 7: an
+    offer of 8 TiB made a member the standby), ties to the smaller offer, then the lowest id; among those whose
+    speed was measured in the job (its step times reported, or its speed challenge passed) when there are any,
+    never one that was discounted or failed its challenge while another can stand by (issue #19: claims alone
+    do not make a standby)."""
     others = [p for p in job.plan_peers() if p != me and p in job.members]
     timed = job.leading.timed
     passed = {p for p, t in timed.items() if not t.why}
@@ -162,7 +171,12 @@ def choose_standby(job: Job, me: str) -> str:
     others = [p for p in others if p in job.leading.measured or p in passed] or others
     if not others:
         return ""
-    return str(min(others, key=lambda p: (-job.members[p].memory_bytes, p)))
+    used = plan_memory(job)
+
+    def shown(p: str) -> int:
+        return min(used.get(p, 0), job.members[p].memory_bytes)
+
+    return str(min(others, key=lambda p: (-shown(p), job.members[p].memory_bytes, p)))
 
 
-__all__ = ["StandbySyncing", "choose_standby"]
+__all__ = ["StandbySyncing", "choose_standby", "plan_memory"]

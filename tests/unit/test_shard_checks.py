@@ -179,8 +179,12 @@ def test_step_times_are_reported_kept_and_the_standby_is_chosen_among_measured_m
     assert set(times) == {PEERS[1]}
     big = SimpleNamespace(memory_bytes=1 << 40)
     members = {PEERS[0]: big, PEERS[1]: SimpleNamespace(memory_bytes=1 << 30), PEERS[2]: big}
-    standby_job = cast(Job, SimpleNamespace(plan_peers=lambda: PEERS, members=members, leading=LeaderRecord()))
-    assert choose_standby(standby_job, PEERS[0]) == PEERS[2]  # nobody measured yet: the largest offer
+    used = SimpleNamespace(memory_bytes=((PEERS[0], 1 << 20), (PEERS[1], 1 << 20), (PEERS[2], 1 << 20)))
+    standby_job = cast(Job, SimpleNamespace(plan_peers=lambda: PEERS, members=members, leading=LeaderRecord(),
+                                            plan=used, replica_plan=None))  # fmt: skip
+    assert choose_standby(standby_job, PEERS[0]) == PEERS[1]  # the plan uses as much of each: the smaller claim
+    standby_job.plan = SimpleNamespace(memory_bytes=((PEERS[1], 1 << 20), (PEERS[2], 1 << 21)))
+    assert choose_standby(standby_job, PEERS[0]) == PEERS[2]  # nobody measured yet: the plan uses more of it
     standby_job.leading.measured = times
     assert choose_standby(standby_job, PEERS[0]) == PEERS[1]  # the measured member, not the larger claim
     standby_job.leading.measured = {}
@@ -192,3 +196,18 @@ def test_step_times_are_reported_kept_and_the_standby_is_chosen_among_measured_m
     standby_job.leading.timed = {}
     standby_job.leading.discounts = {PEERS[2]: 50.0}
     assert choose_standby(standby_job, PEERS[0]) == PEERS[1]  # nor a discounted member
+
+
+def test_an_offer_of_8_tib_does_not_make_a_member_the_standby() -> None:
+    """Issue #29 item 7: the standby (who receives the owner's data set) is ranked by the memory the plan uses on
+    it, what its worker shows by running, never by its offer: 8 TiB offered beside 16 GiB changes nothing."""
+    from arceusd.jobs.standby_sync import choose_standby
+
+    members = {PEERS[0]: SimpleNamespace(memory_bytes=16 << 30), PEERS[1]: SimpleNamespace(memory_bytes=16 << 30),
+               PEERS[2]: SimpleNamespace(memory_bytes=8 << 40)}  # fmt: skip
+    the_plan = SimpleNamespace(memory_bytes=((PEERS[0], 5 << 20), (PEERS[1], 3 << 20), (PEERS[2], 2 << 20)))
+    job = cast(Job, SimpleNamespace(plan_peers=lambda: PEERS, members=members, leading=LeaderRecord(),
+                                    plan=the_plan, replica_plan=None))  # fmt: skip
+    assert choose_standby(job, PEERS[0]) == PEERS[1]
+    job.leading.measured = {PEERS[1]: (0.1, 0.1), PEERS[2]: (0.1, 0.1)}
+    assert choose_standby(job, PEERS[0]) == PEERS[1]
