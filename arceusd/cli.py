@@ -362,6 +362,11 @@ def _status_extras(result: dict[str, Any]) -> list[str]:
     if isinstance(jobs, list):
         lines.append(f"  jobs   {len(jobs)}")
         lines += [f"    {job_line(j)}" for j in jobs]
+    market = result.get("market")
+    left = market.get("left_unpaid") if isinstance(market, dict) else None
+    if isinstance(left, list) and left:  # arceusd.market.unpaid: this device left jobs that did not pay it
+        lines.append(f"  unpaid {len(left)} job(s) left")
+        lines += [f"    {str(x.get('job_id', ''))[:12]}  {x.get('reason', '')}" for x in left if isinstance(x, dict)]
     return lines
 
 

@@ -57,6 +57,9 @@ class Policy:
     """The largest model (parameters) this device trains a part of (0: any)."""
     probe_root: str = ""
     """Read the machine from this folder instead of ``/`` (a fake /proc, /sys and command outputs; tests)."""
+    unpaid_checkpoints: int = 2
+    """Checkpoints of this device's work a job's owner may leave unpaid (no countersigned receipt, or $0 ones)
+    before the device leaves the job and says why (``arceusd.market.unpaid``)."""
 
     def __post_init__(self) -> None:
         def bad(key: str, allowed: str, value: object) -> PolicyError:
@@ -70,7 +73,7 @@ class Policy:
             raise PolicyError("policy: percentages must be in 0..100")
         if self.hours and (len(self.hours) != 2 or not all(isinstance(h, int) and 0 <= h <= 24 for h in self.hours)):
             raise bad("hours", "must be [start, end] with hours in 0..24, or [] for any hour", list(self.hours))
-        for key in ("max_cores", "max_memory_mib", "max_model_params"):
+        for key in ("max_cores", "max_memory_mib", "max_model_params", "unpaid_checkpoints"):
             v = getattr(self, key)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise bad(key, "must be an integer >= 0 (0 = no cap)", v)

@@ -13,6 +13,11 @@ I/O only; every decision is a pure call into ``arceusd.market.needs`` / ``policy
   and receives nothing), issues receipts at the leader's committed checkpoints (``hooks.on_commit``), sends
   each to its device to countersign (:class:`~protocol.market_wire.ReceiptOffer`) and countersigns the ones
   it receives after checking them against its own worker's record;
+- prices the leader's receipts at the speed it measured of each device (``arceusd.market.paid_speed``);
+- as a member, watches that its checkpoints are paid: an owner that leaves more than
+  ``policy.unpaid_checkpoints`` of them without a countersigned receipt above $0 is left, said in ``status``
+  (``pay``, ``left_unpaid``), ``market`` and the dashboard, and not offered this device again
+  (``arceusd.market.unpaid``);
 - as a job's owner, once the job ended, asks the job's leaders and devices for the receipts they keep for it and
   keeps the ones its ledger lacks (``arceusd.market.collect``: after a standby took the job over, that leader
   signed them), so ``arceusd bill`` is complete; as a keeper, answers those requests from the job's owner only.
@@ -56,6 +61,7 @@ from arceusd.market.receipts import (
     device_check,
     sign_leader,
 )
+from arceusd.market.unpaid import PayWatch, leave_reason, unpaid
 from arceusd.node import Node
 from protocol.market_wire import ReceiptBatch, ReceiptOffer, ReceiptReply, ReceiptsRequest
 
@@ -118,6 +124,9 @@ class Market:
         self.collecting: set[str] = set()  # owned jobs whose receipts are being (or were) collected
         self.collected: dict[str, dict[str, int]] = {}  # job -> {"kept": n, "refused": n}: for status
         self.paid: dict[str, dict[str, dict[str, float | str]]] = {}  # job -> device -> its paid speed (leader)
+        self.watches: dict[str, PayWatch] = {}  # job -> the checkpoints this member's worker passed (unpaid)
+        self.pay: dict[str, dict[str, Any]] = {}  # job -> what this member is paid up to, and what is unpaid
+        self.left_unpaid: dict[str, dict[str, Any]] = {}  # job -> when and why this member left it unpaid
 
     def _load(self) -> Policy:
         try:
@@ -173,12 +182,15 @@ class Market:
                 continue
             member = me in job.members
             m = match(offer, policy, self.snapshot, needs, demand, member=member)
+            unpaid_left = self.left_unpaid.get(job.job_id)
+            reasons = [str(r) for r in m.reasons] + ([f"left unpaid: {unpaid_left['reason']}"] if unpaid_left else [])
             rows.append({"job_id": job.job_id, "name": job.spec.name, "owner": job.owner, "state": job.state,
                          "members": needs.members, "max_members": needs.max_members,
                          "max_price_per_hour": needs.max_price_per_hour, "price_per_hour": m.price_per_hour,
-                         "qualifies": m.qualifies, "reasons": [str(r) for r in m.reasons],
+                         "qualifies": m.qualifies and not unpaid_left, "reasons": reasons,
                          "warnings": self.outlook(job, offer, efficiency, demand, member)})  # fmt: skip
-        return {"device": asdict(offer), "machine": asdict(self.snapshot), "demand": asdict(demand), "jobs": rows}
+        return {"device": asdict(offer), "machine": asdict(self.snapshot), "demand": asdict(demand), "jobs": rows,
+                "left_unpaid": list(self.left_unpaid.values())}  # fmt: skip
 
 
     @staticmethod
@@ -208,6 +220,9 @@ class Market:
     async def admit(self, job: Any) -> bool:
         """Whether this device joins ``job`` automatically now; if not, it is offered again later."""
         policy = self.policy
+        if job.job_id in self.left_unpaid:
+            log.info("not joining job %s again: %s", job.job_id[:12], self.left_unpaid[job.job_id]["reason"])
+            return False
         try:
             offer = await self.offer()  # measured once (the join measures it anyway), then cached
         except RequestError as exc:
@@ -273,10 +288,62 @@ class Market:
             if job.state == "running" and job.job_id not in self.running_since:
                 self.running_since[job.job_id] = time.time()
         self.collect_ended_jobs()
+        await self.watch_pay()
         if owner_back(self.policy, self.snapshot):
             await self.owner_is_back()
         else:
             await self.reoffer()
+
+    # --- nobody works unpaid without knowing (arceusd.market.unpaid) ------------------------------------------
+    def paid_to(self, job_id: str) -> tuple[int, int, float]:
+        """This device's receipts for the job: the highest step a countersigned one above $0 pays to, how many
+        pay $0, and the dollars."""
+        me = self.node.identity.peer_id
+        top = zero = 0
+        usd = 0.0
+        for s in self.ledger.entries:
+            r = s.receipt
+            if r.job_id != job_id or r.device != me or not s.countersigned:
+                continue
+            if r.usd > 0:
+                top, usd = max(top, r.step_to), usd + r.usd
+            else:
+                zero += 1
+        return top, zero, usd
+
+    async def watch_pay(self) -> None:
+        """As a member: leave a running job whose owner left more than ``policy.unpaid_checkpoints`` of this
+        device's checkpoints unpaid, and say why."""
+        me, now = self.node.identity.peer_id, time.time()
+        for job in list(getattr(self.node.jobs, "jobs", {}).values()):
+            if job.job_id in self.left_unpaid or job.role != "member" or me in (job.leader, job.owner):
+                continue
+            if job.state != "running":
+                continue
+            step = int(job.step)
+            w = self.watches.get(job.job_id)
+            if w is None:
+                if step <= 0:
+                    continue
+                w = self.watches[job.job_id] = PayWatch.start(int(job.spec.checkpoint.interval_steps), step)
+            w.see(step, now)
+            top, zero, usd = self.paid_to(job.job_id)
+            steps = unpaid(w, top, now)
+            limit = self.policy.unpaid_checkpoints
+            self.pay[job.job_id] = {"paid_to_step": top, "paid_usd": usd, "zero_receipts": zero,
+                                    "unpaid_checkpoints": steps[-8:], "limit": limit}  # fmt: skip
+            why = leave_reason(steps, limit, zero, str(job.owner))
+            if why is not None and "leave" in self.node.methods:
+                await self._leave_unpaid(job, why, steps, step)
+
+    async def _leave_unpaid(self, job: Any, why: str, steps: list[int], step: int) -> None:
+        self.left_unpaid[job.job_id] = {"job_id": job.job_id, "owner": job.owner, "at": time.time(), "reason": why,
+                                        "unpaid_checkpoints": steps[-8:], "worker_step": step}  # fmt: skip
+        log.warning("job %s: %s", job.job_id[:12], why)
+        try:
+            await self.node.methods["leave"]({"job_id": job.job_id})
+        except RequestError as exc:
+            log.warning("job %s: leaving it unpaid failed: %s", job.job_id[:12], exc)
 
     # --- receipts --------------------------------------------------------------------------------------------
     def on_commit(self, job: Any, step: int, term: int, epoch: int) -> str | None:
@@ -529,6 +596,7 @@ class Market:
                 "machine": asdict(self.snapshot), "owner_back": owner_back(self.policy, self.snapshot),
                 "left_for_owner": self.left_for_owner[-20:], "reoffers": self.reoffers[-20:],
                 "deferred": sorted(self.deferred), "collected": self.collected, "paid_speed": self.paid,
+                "pay": self.pay, "left_unpaid": list(self.left_unpaid.values()),
                 "refused_joins": self.refused_joins}  # fmt: skip
 
 

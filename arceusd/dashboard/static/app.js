@@ -357,6 +357,11 @@ function renderMarket(m) {
       typeof j.max_price_per_hour === "number" ? "$" + num(j.max_price_per_hour, 3) : "any", "$" + num(j.price_per_hour, 3),
       el("td", { class: j.qualifies ? "yes" : "no" }, j.qualifies ? "yes" : "no"), (j.reasons || []).join("; ")]))
     : el("p", { class: "muted" }, market ? "no jobs announced by others" : "the market service is not running")));
+  const unpaid = market ? market.left_unpaid || [] : [];
+  if (unpaid.length) {
+    main.append(section("Jobs left unpaid", "wide", table(["job", "owner", "unpaid checkpoints", "why"],
+      unpaid.map((u) => [short(u.job_id), short(u.owner), (u.unpaid_checkpoints || []).join(", "), String(u.reason)]))));
+  }
 }
 
 // ---- routing -------------------------------------------------------------------------------------------------

@@ -1,0 +1,76 @@
+"""Nobody works unpaid without knowing: a member's account of the checkpoints its work in a job is owed for. Pure.
+
+A member's worker writes a checkpoint every ``checkpoint.interval_steps``; once the leader commits it, the leader
+issues this device a receipt for it and the device countersigns it (``arceusd.market.receipts``). An owner that
+never sends receipts, or sends $0 ones, would get every step trained with the members saying nothing. So each
+member keeps a :class:`PayWatch` per job: when its worker passed each checkpoint step (from the step it first
+ran at: it is not owed for steps before it joined), and the highest step its countersigned receipts with a
+price above $0 pay up to. A checkpoint is *due* once the worker also passed the next one, :data:`GRACE_S` ago
+(the commit and the receipt's round trip take about that); a due checkpoint no receipt pays is unpaid
+(:func:`unpaid`). More than ``policy.unpaid_checkpoints`` unpaid checkpoints: the member leaves the job, says
+why in ``status``, ``market`` and the dashboard, and does not offer itself to that job again
+(:func:`leave_reason`; ``arceusd.market.service`` does the leaving).
+
+Bounded: at most :data:`MAX_TRACKED` checkpoints are remembered per job, and one observation records at most
+that many.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+GRACE_S = 5.0
+"""Seconds after the worker passed the next checkpoint by which a checkpoint's receipt is due."""
+MAX_TRACKED = 64
+
+
+@dataclass
+class PayWatch:
+    """One job on one member: the checkpoints its worker passed (step -> when) since ``since_step``."""
+
+    interval: int
+    since_step: int
+    last_step: int
+    passed: dict[int, float] = field(default_factory=dict)
+
+    @classmethod
+    def start(cls, interval: int, step: int) -> PayWatch:
+        return cls(max(0, interval), step, step)
+
+    def see(self, step: int, now: float) -> None:
+        """The worker is at ``step`` now: record the checkpoints it crossed since the last look (a step lower than
+        before, after a recovery, only moves the mark back: the checkpoints above it are redone and paid then)."""
+        if self.interval <= 0:
+            return
+        if step > self.last_step:
+            top = step // self.interval * self.interval
+            first = max(self.last_step // self.interval + 1, top // self.interval - MAX_TRACKED + 1) * self.interval
+            for c in range(first, top + 1, self.interval):
+                self.passed.setdefault(c, now)
+            for old in sorted(self.passed)[:-MAX_TRACKED]:
+                del self.passed[old]
+        self.last_step = step
+
+
+def unpaid(w: PayWatch, paid_to: int, now: float) -> list[int]:
+    """The due checkpoints after ``paid_to`` (the highest step a paid receipt covers), oldest first."""
+    out = []
+    for c in sorted(w.passed):
+        nxt = w.passed.get(c + w.interval)
+        if c > max(paid_to, w.since_step) and nxt is not None and now - nxt >= GRACE_S:
+            out.append(c)
+    return out
+
+
+def leave_reason(steps: list[int], limit: int, zero_receipts: int, owner: str) -> str | None:
+    """Why the member leaves: more than ``limit`` unpaid checkpoints (``zero_receipts``: $0 receipts it got)."""
+    if len(steps) <= limit:
+        return None
+    how = f"its receipts pay $0 ({zero_receipts} of them)" if zero_receipts else "no receipt came for them"
+    shown = ", ".join(str(s) for s in steps[-4:])
+    return (f"the owner {owner[:12]} left {len(steps)} checkpoint(s) of this device's work unpaid (steps "
+            f"{'..., ' if len(steps) > 4 else ''}{shown}): {how}; more than policy.unpaid_checkpoints = {limit}, "
+            "so this device left the job")  # fmt: skip
+
+
+__all__ = ["GRACE_S", "MAX_TRACKED", "PayWatch", "leave_reason", "unpaid"]
