@@ -5,8 +5,9 @@ issues this device a receipt for it and the device countersigns it (``arceusd.ma
 never sends receipts, or sends $0 ones, would get every step trained with the members saying nothing. So each
 member keeps a :class:`PayWatch` per job: when its worker passed each checkpoint step (from the step it first
 ran at: it is not owed for steps before it joined), and the highest step its countersigned receipts with a
-price above $0 pay up to. A checkpoint is *due* once the worker also passed the next one, :data:`GRACE_S` ago
-(the commit and the receipt's round trip take about that); a due checkpoint no receipt pays is unpaid
+price above $0 pay up to. A checkpoint is *due* once the worker also passed the next one and it passed
+:data:`GRACE_S` ago itself (the commit and the receipt's round trip take about that: an honest owner has an
+interval, at least :data:`GRACE_S`, to pay); a due checkpoint no receipt pays is unpaid
 (:func:`unpaid`). More than ``policy.unpaid_checkpoints`` unpaid checkpoints: the member leaves the job, says
 why in ``status``, ``market`` and the dashboard, and does not offer itself to that job again
 (:func:`leave_reason`; ``arceusd.market.service`` does the leaving).
@@ -20,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 GRACE_S = 5.0
-"""Seconds after the worker passed the next checkpoint by which a checkpoint's receipt is due."""
+"""Seconds after the worker passed a checkpoint by which its receipt is due (and not before the next one)."""
 MAX_TRACKED = 64
 
 
@@ -55,9 +56,8 @@ class PayWatch:
 def unpaid(w: PayWatch, paid_to: int, now: float) -> list[int]:
     """The due checkpoints after ``paid_to`` (the highest step a paid receipt covers), oldest first."""
     out = []
-    for c in sorted(w.passed):
-        nxt = w.passed.get(c + w.interval)
-        if c > max(paid_to, w.since_step) and nxt is not None and now - nxt >= GRACE_S:
+    for c, at in sorted(w.passed.items()):
+        if c > max(paid_to, w.since_step) and c + w.interval in w.passed and now - at >= GRACE_S:
             out.append(c)
     return out
 

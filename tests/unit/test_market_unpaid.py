@@ -1,6 +1,7 @@
 """Issue 29 part 5, the pure rule: a member counts the checkpoints its worker passed that no countersigned receipt
-above $0 pays; a checkpoint is due once the next one passed GRACE_S ago; more than policy.unpaid_checkpoints of
-them and it leaves, saying why. Steps before it first ran are not owed; a recovery moves the mark back."""
+above $0 pays; a checkpoint is due once the next one passed and it passed GRACE_S ago; more than
+policy.unpaid_checkpoints of them and it leaves, saying why. Steps before it first ran are not owed; a recovery
+moves the mark back."""
 
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ def test_checkpoints_are_due_one_interval_and_the_grace_after_they_passed() -> N
     for step, at in ((45, 0.0), (61, 1.0), (81, 2.0), (101, 3.0)):
         w.see(step, at)
     assert sorted(w.passed) == [60, 80, 100]
-    assert unpaid(w, 0, 3.0 + GRACE_S - 0.1) == [60], "80 is due only GRACE_S after 100 passed"
-    assert unpaid(w, 0, 3.0 + GRACE_S) == [60, 80]
+    assert unpaid(w, 0, 1.0 + GRACE_S - 0.1) == [], "60 is due GRACE_S after it passed"
+    assert unpaid(w, 0, 2.0 + GRACE_S) == [60, 80], "100 is not due before the next checkpoint passed"
+    assert unpaid(w, 0, 1000.0) == [60, 80]
     assert unpaid(w, 60, 100.0) == [80], "a receipt up to 60 pays 60"
     assert unpaid(w, 100, 100.0) == []
 

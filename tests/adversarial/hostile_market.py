@@ -1,0 +1,99 @@
+"""A hostile job owner in the marketplace: a real ``arceusd`` daemon in its own process (its own key, the real
+transport, protocol, job code and stage worker) whose market side cheats the members it leads (issue 29).
+
+``python -m tests.adversarial.hostile_market`` takes the daemon's own command line; ``ARCEUS_HOSTILE`` names the
+cheat:
+
+* ``none``: an honest owner (the baseline, through the same module);
+* ``withhold``: the owner leads and trains the job but never sends a receipt to a member (it keeps its own);
+* ``zero``: the owner sends every receipt priced at $0/h.
+
+``ARCEUS_HOSTILE_NAP`` (seconds, optional) makes its stage workers sleep before every step (``worker.step``
+failpoint), so the job's checkpoints come seconds apart, as a real model's do.
+
+:class:`MarketSwarm` is a :class:`arceusd.swarm.LocalSwarm` whose daemon 0 (the job's owner and leader) runs this
+module.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from arceusd.swarm import LocalSwarm  # noqa: E402
+
+ATTACKS = ("none", "withhold", "zero")
+OWNER = 0
+
+
+def install(attack: str) -> None:
+    from arceusd.market import service
+    from arceusd.market.receipts import countersign
+
+    if attack == "withhold":
+
+        async def settle(self: Any, job: Any, signed: list[Any], addresses: dict[str, str],
+                         authority: bytes = b"") -> None:  # fmt: skip
+            me = self.node.identity.peer_id
+            for s in signed:
+                if s.receipt.device == me:
+                    self._append(countersign(self.node.identity, s))
+                else:
+                    print(f"hostile: withholding the receipt of {s.receipt.device[:12]} for steps "
+                          f"{s.receipt.step_from}..{s.receipt.step_to}", file=sys.stderr, flush=True)  # fmt: skip
+
+        service.Market._settle = settle  # type: ignore[method-assign]
+    if attack == "zero":
+
+        def pay(*_args: Any, **_kw: Any) -> float:
+            return 0.0
+
+        service.pay = pay  # type: ignore[assignment]
+        print("hostile: every receipt priced at $0", file=sys.stderr, flush=True)
+
+
+class MarketSwarm(LocalSwarm):
+    """Three daemons on loopback; daemon :data:`OWNER` runs this module with ``attack``, its workers napping
+    ``nap`` seconds before each step."""
+
+    def __init__(self, root: Path, attack: str, nap: float = 0.0) -> None:
+        super().__init__(root, 3, ["--auto-join"], preset="local")
+        self.hostile_env = {**self.env, "ARCEUS_HOSTILE": attack}
+        if nap:
+            self.hostile_env["ARCEUSD_FAILPOINTS"] = f"worker.step=sleep:{nap}"
+
+    def _spawn(self, i: int) -> subprocess.Popen[bytes]:
+        if i != OWNER:
+            return super()._spawn(i)
+        seeds = [a for j, port in enumerate(self.ports) if j != i for a in ("--peer", f"127.0.0.1:{port}")]
+        state = self.state_dir(i)
+        state.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "tests.adversarial.hostile_market", "--state-dir", str(state), "start",
+               "--foreground", "--preset", self.preset, "--host", "127.0.0.1", "--no-mdns", "--port",
+               str(self.ports[i]), "--log-file", str(state / "arceusd.log"), *seeds, *self.extra_args]  # fmt: skip
+        return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=(state.parent / "hostile.stderr").open("ab"), env=self.hostile_env,
+                                cwd=ROOT)  # fmt: skip
+
+
+def main() -> None:
+    attack = os.environ.get("ARCEUS_HOSTILE", "")
+    if attack not in ATTACKS:
+        sys.exit(f"ARCEUS_HOSTILE must be one of {ATTACKS}, got {attack!r}")
+    if attack != "none":
+        install(attack)
+    from arceusd.cli import main as arceusd_main
+
+    sys.argv = ["arceusd", *sys.argv[1:]]
+    arceusd_main()
+
+
+if __name__ == "__main__":
+    main()

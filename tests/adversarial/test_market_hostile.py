@@ -1,0 +1,95 @@
+"""Issue 29's marketplace attacks against real daemons (each in its own process, on loopback).
+
+* Pay follows measurement: a member offering 1,000 times its speed (``tests/adversarial/hostile_job.py``,
+  ``overclaim``) earns at most 1.5 times what an honest member on the same machine earns for the same job.
+* Nobody works unpaid without knowing: an owner that never sends its members receipts, or prices them at $0
+  (``tests/adversarial/hostile_market.py``), gets at most ``policy.unpaid_checkpoints`` + 2 checkpoints of each
+  member's work (the unpaid ones, and the one after the last of them, which makes it due) before every honest
+  member has left, each saying why in ``status`` and ``market``; the job still ends ``done`` on the owner alone.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from arceusd.market.ledger import bill, verify_file
+from arceusd.market.policy import Policy
+from tests.adversarial.hostile_job import HOSTILE, HostileSwarm
+from tests.adversarial.hostile_market import OWNER, MarketSwarm
+from tests.harness import wait_for
+from tests.integration.test_recovery import submit, wait_end, write_spec
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
+
+
+def owners_bill(s: Any, job_id: str) -> dict[str, Any]:
+    verified = verify_file(s.state_dir(OWNER) / "ledger.jsonl")
+    assert verified.ok, verified.error
+    return bill(verified.entries, job_id)
+
+
+def test_a_member_offering_1000x_its_speed_earns_at_most_1_5x_an_honest_member(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, steps=160, interval=20)
+    s = HostileSwarm(tmp_path / "swarm", "overclaim", "1000", after=0)
+    try:
+        s.start()
+        s.wait_converged()
+        ids = [s.call(i, "status")["peer_id"] for i in range(3)]
+        liar, honest = ids[HOSTILE], ids[1]
+        job_id = submit(s, spec)
+        end = wait_end(s, job_id, timeout=300)
+        assert end["state"] == "done", end
+        assert all(p.poll() is None for p in s.procs), "a daemon exited"
+
+        def settled() -> dict[str, Any] | None:  # the last commit's receipts are countersigned after the end
+            b = owners_bill(s, job_id)
+            return b if b["unaccepted_receipts"] == 0 and {liar, honest} <= set(b["by_device"]) else None
+
+        owed = wait_for(settled, 60, 0.5, "every receipt countersigned")["by_device"]
+        paid = s.call(OWNER, "status")["market"]["paid_speed"][job_id]
+        assert owed[honest] > 0 and owed[liar] <= 1.5 * owed[honest], (owed, paid)
+        assert paid[liar]["offered_gflops"] >= 500 * paid[honest]["offered_gflops"], paid
+        assert paid[liar]["paid_gflops"] <= paid[honest]["offered_gflops"] * 1.001, paid
+        print(f"\nmeasured: liar ${owed[liar]:.6f}, honest ${owed[honest]:.6f} ({owed[liar] / owed[honest]:.2f}x); "
+              f"liar paid for {paid[liar]['paid_gflops']} of {paid[liar]['offered_gflops']} GFLOP/s offered "
+              f"({paid[liar]['basis']})")  # fmt: skip
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("attack, why", [("withhold", "no receipt came"), ("zero", "pay $0")])
+def test_an_owner_that_does_not_pay_is_left_by_every_honest_member_each_saying_why(tmp_path: Path, attack: str,
+                                                                                   why: str) -> None:  # fmt: skip
+    interval, limit = 20, Policy().unpaid_checkpoints
+    spec = write_spec(tmp_path, steps=240, interval=interval)
+    s = MarketSwarm(tmp_path / "swarm", attack, nap=0.25)  # a checkpoint every 5 s or so
+    try:
+        s.start()
+        s.wait_converged()
+        members = {i: s.call(i, "status")["peer_id"] for i in (1, 2)}
+        job_id = submit(s, spec)
+
+        def left() -> dict[int, dict[str, Any]] | None:
+            got = {i: [x for x in s.call(i, "status")["market"]["left_unpaid"] if x["job_id"] == job_id]
+                   for i in members}  # fmt: skip
+            return {i: g[0] for i, g in got.items()} if all(got.values()) else None
+
+        gone = wait_for(left, 240, 0.5, "every honest member left the job that does not pay")
+        for i, entry in gone.items():
+            assert why in entry["reason"] and f"policy.unpaid_checkpoints = {limit}" in entry["reason"], entry
+            assert len(entry["unpaid_checkpoints"]) == limit + 1, entry
+            # its work: the unpaid checkpoints and the one after the last (it makes that one due), no more
+            assert entry["worker_step"] <= (limit + 2) * interval + interval // 2, entry
+            row = [r for r in s.call(i, "market", timeout=60)["jobs"] if r["job_id"] == job_id]
+            assert row and not row[0]["qualifies"] and any("left unpaid" in r for r in row[0]["reasons"]), row
+            print(f"\nmeasured ({attack}): member {i} left at its worker's step {entry['worker_step']} with "
+                  f"checkpoints {entry['unpaid_checkpoints']} unpaid")  # fmt: skip
+        end = wait_end(s, job_id, timeout=240)
+        assert end["state"] == "done", end
+        assert not set(members.values()) & set(end["members"]), "a member that left was planned again"
+        assert all(p.poll() is None for p in s.procs), "a daemon exited"
+    finally:
+        s.close()
