@@ -48,6 +48,7 @@ def transformers_config(config: HFModelConfig) -> PretrainedConfig:
     fields: dict[str, Any] = dict(config.fields)
     if config.is_gpt2:
         fields["n_ctx"] = fields["n_positions"]
+    fields.update(bos_token_id=None, eos_token_id=None, pad_token_id=None)  # the tokenizer's (export.py)
     out = AutoConfig.for_model(config.model_type, **fields)
     out._attn_implementation = "sdpa"
     out.use_cache = False
