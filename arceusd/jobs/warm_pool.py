@@ -1,8 +1,9 @@
 """The daemon's side of warm interpreters (:mod:`arceusd.jobs.warm`): start torch children before they are needed.
 
 Owns :class:`WarmPool`: up to ``size`` idle ``python -m arceusd.jobs.warm`` processes. :meth:`WarmPool.spawn`
-hands the oldest one its program (a stage worker, a filework task) and starts a replacement at once, so the
-next child (the one after a recovery's re-slicing is its worker) also finds torch imported. Starting a process
+hands the oldest one its program (a stage worker, a filework task) and starts replacements a few seconds later
+(:data:`REFILL_DELAY_S`, so they do not compete with the program for the cores while it starts). Two are kept:
+a recovery starts two programs back to back (the re-slicing of the checkpoint, then the worker). Starting a process
 is a fork and an exec (milliseconds); the import runs in the child, beside the daemon's event loop. A warm child
 that died, or whose hand-over fails, is replaced by a cold start of the same program: the pool only ever makes a
 start faster, never fails one. The pool starts empty and fills on first use, so a daemon that never trains holds
@@ -28,6 +29,7 @@ import trio
 log = logging.getLogger(__name__)
 
 DEFAULT_SIZE = 2
+REFILL_DELAY_S = 3.0
 
 
 class WarmPool:
@@ -38,6 +40,7 @@ class WarmPool:
         self._idle: deque[trio.Process] = deque()
         self.handed = 0  # programs started in a warm interpreter
         self.cold = 0  # programs started cold (pool empty, or the hand-over failed)
+        self._refilling = False
 
     async def fill(self) -> None:
         """Start warm interpreters until ``size`` are idle (dead ones are dropped first)."""
@@ -58,7 +61,7 @@ class WarmPool:
         """``python -m module *argv`` with piped stdin/stdout and stderr appended to ``stderr``: in a warm
         interpreter when one is idle and alive, else cold; then refill the pool."""
         proc = await self._hand_over(module, argv, stderr)
-        await self.fill()
+        self._refill_soon()
         if proc is not None:
             self.handed += 1
             return proc
@@ -67,6 +70,24 @@ class WarmPool:
             return await trio.lowlevel.open_process(
                 [sys.executable, "-m", module, *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err
             )
+
+    def _refill_soon(self) -> None:
+        """Fill the pool ``REFILL_DELAY_S`` from now, once: the program just started gets the cores for its own
+        start first (on two cores three torch imports at once slowed a job's first start threefold)."""
+        if self._refilling:
+            return
+        self._refilling = True
+
+        async def later() -> None:
+            try:
+                await trio.sleep(REFILL_DELAY_S)
+                await self.fill()
+            except Exception as exc:  # a system task must not raise: the pool only ever makes starts faster
+                log.warning("refilling the warm interpreters failed: %s", exc)
+            finally:
+                self._refilling = False
+
+        trio.lowlevel.spawn_system_task(later)
 
     async def run(self, module: str, argv: list[str], stdin: bytes) -> tuple[int, bytes, bytes]:
         """Run ``python -m module *argv`` to its end with ``stdin`` as input: (exit code, stdout, stderr), like
