@@ -142,3 +142,19 @@ def test_the_full_limit_plus_100_from_several_processes_and_hosts(tmp_path: Path
     floods = [(281, [f"127.0.{p}.{h}" for h in range(1, 9)]) for p in range(1, 5)]
     gate = _attack(tmp_path, floods, fds_extra=NOFILE)
     assert gate["total_full"] + gate["evicted"] > 0 and gate["hello_timeout"] > 0, gate
+
+
+def test_the_soft_limit_is_raised_to_the_hard_limit_at_start(tmp_path: Path) -> None:
+    from arceusd.transport.gate_core import limits_for
+
+    def soft_1024_hard_4096() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 4096))
+
+    d0 = Daemon(tmp_path / "d0", ["--host", "127.0.0.1", "--port", "0", "--no-mdns"],
+                preexec_fn=soft_1024_hard_4096).start()  # fmt: skip
+    try:
+        assert resource.prlimit(d0.pid, resource.RLIMIT_NOFILE) == (4096, 4096)
+        gate = d0.status()["transport"]["gate"]
+        assert gate["max_connections"] == limits_for(4096).max_connections == 1024, gate
+    finally:
+        assert d0.stop() == 0
