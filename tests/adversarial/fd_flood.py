@@ -14,12 +14,15 @@ from __future__ import annotations
 import argparse
 import errno
 import json
+import os
 import resource
 import select
 import socket
+import subprocess
 import sys
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"  # + SETTINGS, empty
@@ -102,6 +105,25 @@ def flood(target: str, count: int, sources: list[str], seconds: float, reopen: i
             sock.close()
     return {"opened": opened, "connect_failed": dict(failures), "closed_by_victim": closes, "most_held": most,
             "held_at_end": held_at_end, "rounds": rounds}  # fmt: skip
+
+
+def launch(target: str, count: int, sources: list[str], seconds: float) -> subprocess.Popen[str]:
+    """Run :func:`flood` in a process of its own (read its result with :func:`result`)."""
+    root = Path(__file__).resolve().parents[2]
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.adversarial.fd_flood", "--target", target, "--count", str(count),
+         "--sources", ",".join(sources), "--seconds", str(seconds)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )  # fmt: skip
+
+
+def result(proc: subprocess.Popen[str], timeout: float = 120.0) -> dict[str, Any]:
+    out, err = proc.communicate(timeout=timeout)
+    if proc.returncode != 0:
+        raise AssertionError(f"fd_flood failed ({proc.returncode}):\n{err[-4000:]}")
+    found: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:

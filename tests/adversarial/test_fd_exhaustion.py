@@ -14,20 +14,17 @@ that no peer ever suspects the victim.
 
 from __future__ import annotations
 
-import json
-import os
 import resource
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.adversarial.victim import Watch, assert_healthy, baseline, peer_address
-from tests.harness import ROOT, Daemon, wait_for
+from tests.adversarial.fd_flood import launch, result
+from tests.adversarial.victim import PeerViews, Watch, assert_healthy, baseline, peer_address
+from tests.harness import Daemon, wait_for
 
 pytestmark = [
     pytest.mark.slow,
@@ -48,49 +45,6 @@ def _start(tmp_path: Path, name: str, *extra: str, limited: bool = False) -> Dae
     return Daemon(tmp_path / name, args, preexec_fn=_limit_files if limited else None).start()
 
 
-def _flood(target: str, count: int, sources: list[str]) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "tests.adversarial.fd_flood", "--target", target, "--count", str(count),
-         "--sources", ",".join(sources), "--seconds", str(ATTACK_S)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )  # fmt: skip
-
-
-def _finish(proc: subprocess.Popen[str]) -> dict[str, Any]:
-    out, err = proc.communicate(timeout=ATTACK_S + 60)
-    assert proc.returncode == 0, f"fd_flood failed ({proc.returncode}):\n{err[-4000:]}"
-    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
-    return result
-
-
-class _Views:
-    """What a real peer thinks of the victim, sampled every 0.1 s until stopped (each call bounded)."""
-
-    def __init__(self, observer: Daemon, subject: str) -> None:
-        self.observer, self.subject = observer, subject
-        self.states: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> _Views:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                views = self.observer.call("peers", timeout=2.0)
-                self.states += [p["state"] for p in views if p["peer_id"] == self.subject] or ["unknown"]
-            except Exception:
-                self.states.append("observer_failed")
-            self._stop.wait(0.1)
-
-
 def _attack(tmp_path: Path, floods: list[tuple[int, list[str]]], fds_extra: int) -> dict[str, Any]:
     """Victim d0 (1,024 files) and its peer d1; ``floods`` (count, sources) each from a process of its own for
     ATTACK_S while a new peer d2 says hello; the victim must run on and answer everyone throughout."""
@@ -103,8 +57,8 @@ def _attack(tmp_path: Path, floods: list[tuple[int, list[str]]], fds_extra: int)
         try:
             wait_for(lambda: any(p["state"] == "alive" for p in d1.call("peers")), 20, 0.1, "d1 sees d0")
             base = baseline(d0)
-            with Watch(d0) as watch, _Views(d1, victim_id) as views:
-                attackers = [_flood(target, count, sources) for count, sources in floods]
+            with Watch(d0) as watch, PeerViews(d1, victim_id) as views:
+                attackers = [launch(target, count, sources, ATTACK_S) for count, sources in floods]
                 time.sleep(2.0)  # the flood is on
                 began = time.monotonic()
                 d2 = _start(tmp_path, "d2", "--peer", target)  # a real peer's first hello, mid-attack
@@ -112,7 +66,7 @@ def _attack(tmp_path: Path, floods: list[tuple[int, list[str]]], fds_extra: int)
                                      for p in d2.call("peers")), 15, 0.1, "d2 sees d0")  # fmt: skip
                 wait_for(lambda: sum(p["state"] == "alive" for p in d0.call("peers")) == 2, 15, 0.1, "d0 sees d2")
                 hello_s = time.monotonic() - began
-                results = [_finish(a) for a in attackers]
+                results = [result(a, ATTACK_S + 60) for a in attackers]
                 gate: dict[str, Any] = d0.status()["transport"]["gate"]
             print(f"flood: {results}; gate: {gate}; d2 joined in {hello_s:.1f} s; d1's views: {len(views.states)}")
             assert_healthy(watch.report, base, rss_extra_mib=100, fds_extra=fds_extra)

@@ -174,3 +174,31 @@ def raw_call(target: str, payload: bytes = b"", timeout: float = 1.0) -> bytes:
     with grpc.insecure_channel(target) as channel:
         answer: bytes = channel.unary_unary(CALL_METHOD)(payload, timeout=timeout)
         return answer
+
+
+class PeerViews:
+    """What a real peer thinks of ``subject``, sampled every 0.1 s until the block ends (each call bounded):
+    ``states`` holds one state per sample (``unknown`` when absent, ``observer_failed`` when the call failed)."""
+
+    def __init__(self, observer: Daemon, subject: str) -> None:
+        self.observer, self.subject = observer, subject
+        self.states: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> PeerViews:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                views = self.observer.call("peers", timeout=2.0)
+                self.states += [p["state"] for p in views if p["peer_id"] == self.subject] or ["unknown"]
+            except Exception:
+                self.states.append("observer_failed")
+            self._stop.wait(0.1)
