@@ -9,8 +9,17 @@ import json
 import re
 from typing import Any
 
-from arceusd.jobs.spec_types import SPEC_VERSION, DiLoCoSpec, JobSpec, MnistDataSpec, NeedsSpec
+from arceusd.jobs.spec_hf import hf_model_dict, tokens_dict
+from arceusd.jobs.spec_types import (
+    SPEC_VERSION,
+    DiLoCoSpec,
+    JobSpec,
+    MnistDataSpec,
+    NeedsSpec,
+    TokensDataSpec,
+)
 from arceusd.models.config import MLPConfig
+from arceusd.models.hf.config import HFModelConfig
 
 _HEX64_RE = re.compile(r"^[0-9a-f]{64}$")
 _PEER_ID_RE = re.compile(r"^[0-9a-f]{32}$")
@@ -21,6 +30,8 @@ def to_dict(spec: JobSpec) -> dict[str, Any]:
     model: dict[str, Any]
     if isinstance(spec.model, MLPConfig):
         model = {"type": "mlp", "layer_sizes": list(spec.model.layer_sizes)}
+    elif isinstance(spec.model, HFModelConfig):
+        model = hf_model_dict(spec.model)
     else:
         m = spec.model
         model = {
@@ -35,6 +46,8 @@ def to_dict(spec: JobSpec) -> dict[str, Any]:
             "mean": d.mean, "std": d.std, "split_seed": d.split_seed, "images": d.images, "labels": d.labels,
             "sha256": d.sha256,
         }  # fmt: skip
+    elif isinstance(d, TokensDataSpec):
+        data = tokens_dict(d)
     else:
         data = {"kind": "text", "path": d.path, "val_fraction": d.val_fraction, "sha256": d.sha256}
     t = spec.training

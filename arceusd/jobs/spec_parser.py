@@ -16,8 +16,10 @@ from typing import Any
 from arceusd.data.errors import DataError
 from arceusd.data.mnist_files import DEFAULT_MEAN, DEFAULT_STD, NUM_CLASSES
 from arceusd.data.steps import epoch_steps, window_epoch_steps
+from arceusd.jobs import spec_hf
 from arceusd.jobs.datafacts import MnistFacts, TextFacts, mnist_facts, text_facts
 from arceusd.jobs.fields import FieldReader
+from arceusd.jobs.spec_hf import TokensFacts
 from arceusd.jobs.spec_types import (
     ADMISSION_MODES,
     COMPRESSIONS,
@@ -38,10 +40,12 @@ from arceusd.jobs.spec_types import (
     MnistDataSpec,
     NeedsSpec,
     TextDataSpec,
+    TokensDataSpec,
     TrainingSpec,
     resolve_path,
 )
 from arceusd.models.config import GPTConfig, MLPConfig
+from arceusd.models.hf.config import HFModelConfig
 
 #: Ceilings that keep a hostile or mistyped spec from asking for absurd sizes.
 MAX_WIDTH = 1 << 20
@@ -99,6 +103,7 @@ class _Model:
     layer_sizes: tuple[int, ...] | None = None
     gpt: dict[str, Any] | None = None
     vocab_auto: bool = False
+    hf: HFModelConfig | None = None
 
 
 class _Parser:
@@ -151,7 +156,9 @@ class _Parser:
         t = r.table(self.doc, "model", "", required=True)
         if t is None:
             return None
-        kind = r.choice(t, "type", "model", ("mlp", "gpt"))
+        kind = r.choice(t, "type", "model", ("mlp", "gpt", "hf"))
+        if kind == "hf":  # a stock transformers architecture (arceusd/jobs/spec_hf.py)
+            return _Model("hf", hf=spec_hf.parse_hf_model(r, t, self.base_dir, self.check_files))
         if kind == "mlp":
             r.unknown_keys(t, MLP_KEYS, "model")
             sizes = r.int_list(
@@ -190,8 +197,10 @@ class _Parser:
         t = r.table(self.doc, "data", "", required=True)
         if t is None:
             return None
-        kind = r.choice(t, "kind", "data", ("mnist", "text"))
+        kind = r.choice(t, "kind", "data", ("mnist", "text", "tokens"))
         digest = self._digest(t)
+        if kind == "tokens":
+            return spec_hf.parse_tokens_data(r, t, digest)
         if kind == "mnist":
             r.unknown_keys(t, MNIST_KEYS, "data")
             directory = r.string(t, "dir", "data")
@@ -230,9 +239,11 @@ class _Parser:
             return None
         return d
 
-    def _facts(self, data: DataSpec | None) -> MnistFacts | TextFacts | None:
+    def _facts(self, data: DataSpec | None) -> MnistFacts | TextFacts | TokensFacts | None:
         if data is None or not self.check_files:
             return None
+        if isinstance(data, TokensDataSpec):
+            return spec_hf.tokens_facts(self.r, data, self.base_dir)
         try:
             if isinstance(data, MnistDataSpec):
                 facts: MnistFacts | TextFacts = mnist_facts(
@@ -256,7 +267,7 @@ class _Parser:
 
     # -- [training]
     def _training(
-        self, data: DataSpec | None, model: _Model | None, facts: MnistFacts | TextFacts | None
+        self, data: DataSpec | None, model: _Model | None, facts: MnistFacts | TextFacts | TokensFacts | None
     ) -> TrainingSpec | None:
         r = self.r
         t = r.table(self.doc, "training", "", required=True)
@@ -381,11 +392,14 @@ class _Parser:
         batch: int | None,
         data: DataSpec | None,
         model: _Model | None,
-        facts: MnistFacts | TextFacts | None,
+        facts: MnistFacts | TextFacts | TokensFacts | None,
     ) -> int | None:
         r = self.r
         if "steps" not in t and "epochs" not in t:
             r.problem("training.steps", "missing: give training.steps or training.epochs")
+            return None
+        if isinstance(data, TokensDataSpec) and "epochs" in t:
+            r.problem("training.epochs", "a tokens data set counts no epochs yet; give training.steps")
             return None
         if epochs is None or batch is None or data is None:
             return steps
@@ -487,26 +501,30 @@ class _Parser:
         self,
         model: _Model | None,
         data: DataSpec | None,
-        facts: MnistFacts | TextFacts | None,
+        facts: MnistFacts | TextFacts | TokensFacts | None,
         training: TrainingSpec | None,
-    ) -> MLPConfig | GPTConfig | None:
+    ) -> MLPConfig | GPTConfig | HFModelConfig | None:
         r = self.r
         if model is None:
             return None
         if data is not None:
-            want = "mnist" if model.kind == "mlp" else "text"
+            want = {"mlp": "mnist", "gpt": "text", "hf": "tokens"}[model.kind]
             if data.kind != want:
                 r.problem("model.type", f"{model.kind!r} needs data.kind = {want!r}, got {data.kind!r}")
                 return None
         if model.kind == "mlp":
             return self._check_mlp(model, data, facts, training)
+        if model.kind == "hf":
+            if model.hf is not None:
+                spec_hf.check_hf(r, model.hf, facts if isinstance(facts, TokensFacts) else None)
+            return model.hf
         return self._check_gpt(model, data, facts, training)
 
     def _check_mlp(
         self,
         model: _Model,
         data: DataSpec | None,
-        facts: MnistFacts | TextFacts | None,
+        facts: MnistFacts | TextFacts | TokensFacts | None,
         training: TrainingSpec | None,
     ) -> MLPConfig | None:
         r = self.r
@@ -537,7 +555,7 @@ class _Parser:
         self,
         model: _Model,
         data: DataSpec | None,
-        facts: MnistFacts | TextFacts | None,
+        facts: MnistFacts | TextFacts | TokensFacts | None,
         training: TrainingSpec | None,
     ) -> GPTConfig | None:
         r = self.r
@@ -582,7 +600,7 @@ class _Parser:
             return None
 
 
-def _with_facts(data: DataSpec, facts: MnistFacts | TextFacts | None) -> DataSpec:
+def _with_facts(data: DataSpec, facts: MnistFacts | TextFacts | TokensFacts | None) -> DataSpec:
     """Record what inspecting the files resolved: the MNIST file names and the content digest."""
     if isinstance(data, MnistDataSpec) and isinstance(facts, MnistFacts):
         return MnistDataSpec(
@@ -590,6 +608,8 @@ def _with_facts(data: DataSpec, facts: MnistFacts | TextFacts | None) -> DataSpe
             std=data.std, split_seed=data.split_seed, images=facts.images, labels=facts.labels,
             sha256=facts.sha256,
         )  # fmt: skip
+    if isinstance(data, TokensDataSpec) and isinstance(facts, TokensFacts):
+        return spec_hf.with_tokens_facts(data, facts)
     if isinstance(data, TextDataSpec) and isinstance(facts, TextFacts):
         return TextDataSpec(path=data.path, val_fraction=data.val_fraction, sha256=facts.sha256)
     return data

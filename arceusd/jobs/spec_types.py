@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Literal
 
 from arceusd.models.config import GPTConfig, MLPConfig
+from arceusd.models.hf.config import HFModelConfig
 
 SPEC_VERSION = 1
 
@@ -62,7 +63,27 @@ class TextDataSpec:
     kind: Literal["text"] = "text"
 
 
-DataSpec = MnistDataSpec | TextDataSpec
+TokensFormat = Literal["text", "jsonl"]
+TOKENS_FORMATS: tuple[TokensFormat, ...] = ("text", "jsonl")
+
+
+@dataclass(frozen=True)
+class TokensDataSpec:
+    """A UTF-8 text (one document) or JSONL file (``text_field`` of each line) tokenized with ``tokenizer`` (a
+    ``tokenizers`` tokenizer.json) for a stock causal LM (``arceusd/data/tokenized.py``); the last
+    ``val_fraction`` of the ids validates. ``sha256`` pins the data file, ``tokenizer_sha256`` the tokenizer."""
+
+    path: str
+    tokenizer: str
+    val_fraction: float
+    format: TokensFormat = "text"
+    text_field: str = "text"
+    sha256: str | None = None
+    tokenizer_sha256: str | None = None
+    kind: Literal["tokens"] = "tokens"
+
+
+DataSpec = MnistDataSpec | TextDataSpec | TokensDataSpec
 
 
 @dataclass(frozen=True)
@@ -174,7 +195,7 @@ class JobSpec:
 
     name: str
     seed: int
-    model: MLPConfig | GPTConfig
+    model: MLPConfig | GPTConfig | HFModelConfig
     data: DataSpec
     training: TrainingSpec
     checkpoint: CheckpointSpec = CheckpointSpec()

@@ -58,11 +58,15 @@ def _bounds(key: str) -> tuple[int, int]:
 @dataclass(frozen=True)
 class HFModelConfig:
     """A validated stock causal LM. ``fields``: the architecture's config.json values, sorted by key (explicit
-    defaults included); ``block_size``: the training context length."""
+    defaults included); ``block_size``: the training context length; ``weights``: initial weights (a
+    safetensors file under the architecture's keys, path as the spec gives it) and their sha256, or None (the
+    library's initialisation drawn per block from the job's seed)."""
 
     model_type: str
     fields: tuple[tuple[str, Any], ...]
     block_size: int
+    weights: str | None = None
+    weights_sha256: str | None = None
 
     def get(self, key: str) -> Any:
         for k, v in self.fields:
