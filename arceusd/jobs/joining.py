@@ -18,7 +18,7 @@ from typing import Any
 
 import trio
 
-from arceusd.announce_guard import AnnounceGuard
+from arceusd.announce_guard import AnnounceGuard, address_host
 from arceusd.control import RequestError
 from arceusd.jobs import leadership
 from arceusd.jobs.claims import check_offer_bounds
@@ -26,6 +26,7 @@ from arceusd.jobs.core import JobCore, JobState, Role, events
 from arceusd.jobs.job import TERMINAL, Job
 from arceusd.jobs.manager_base import JobContext, Lifecycle
 from arceusd.market.hooks import enough_memory, join_refusal, may_auto_join
+from arceusd.membership.events import MemberState
 from protocol.envelope import Header
 from protocol.job_wire import JobAck
 from protocol.messages import Address, JobAnnounce, JoinReply, JoinRequest
@@ -160,10 +161,15 @@ class Joining:
         job = Job(msg.job_id, spec, msg.spec, msg.spec_hash.hex(), msg.owner, owner_address,
                   self.ctx.root / msg.job_id, core, total_steps=spec.training.steps)  # fmt: skip
         self.ctx.jobs[msg.job_id] = job
-        for old in self.announced.added(msg.job_id, msg.owner):
+        # fair shares of the table: an owner in our membership (it answers our probes there) before a key
+        # that only said hello, then by its address host and key (arceusd.announce_guard)
+        trusted = member is not None and member.state in (MemberState.ALIVE, MemberState.SUSPECT)
+        for old in self.announced.added(msg.job_id, msg.owner, member=trusted, host=address_host(owner_address)):
             stale = self.ctx.jobs.get(old)
             if stale is not None and stale.role == Role.SEEN and stale.state == JobState.ANNOUNCED:
                 del self.ctx.jobs[old]
+        if msg.job_id not in self.ctx.jobs:
+            return JobAck(False, "announce_evicted")  # the table is full of jobs with a better claim to it
         log.info("job %s (%s) announced by %s", msg.job_id, spec.name, msg.owner[:12])
         if self.ctx.node.config.auto_join:
             self.ctx.spawn(self.auto_join, job)
