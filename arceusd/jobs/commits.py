@@ -6,6 +6,8 @@ order: it copies every shard here (bounded by the size checked in the report), c
 (:mod:`arceusd.jobs.shard_checks`), signs the manifest and issues the market's receipts
 (:func:`arceusd.market.hooks.on_commit`), then tells the core, which decides what follows (the standby's copy, the
 export at the last step, a retry of a failed final commit: :func:`arceusd.jobs.lifecycle.after_commit_failure`).
+A shard its member does not serve within its report's size and :func:`fetch_deadline` fails the commit with
+that member named (``CommitFailed.culprit``): the core excludes a member that does so twice in a row.
 A commit that a repartition made moot is dropped.
 Before a plan resumes from the newest commit, :meth:`Commits.repair_checkpoint` fetches from the members any
 shard whose local copy is missing or corrupt.
@@ -28,12 +30,25 @@ from arceusd.market.hooks import on_commit
 log = logging.getLogger(__name__)
 
 
+FETCH_BASE_S = 30.0
+FETCH_MIN_BYTES_PER_S = 1 << 20
+"""A member serves its shard to the leader within :data:`FETCH_BASE_S` plus its size at this rate, else the commit
+fails and the member is blamed for it (:data:`arceusd.jobs.core.machine.MAX_BLAMED_FAILURES` in a row exclude
+it: issue #29 item 6)."""
+
+
+def fetch_deadline(size: int) -> float:
+    """Seconds a member has to serve a shard of ``size`` bytes to the leader."""
+    return FETCH_BASE_S + size / FETCH_MIN_BYTES_PER_S
+
+
 class Commits:
     """The leader's checkpoint commits (see the module docstring)."""
 
     def __init__(self, ctx: JobContext, life: Lifecycle) -> None:
         self.ctx = ctx
         self.life = life
+        self.culprit = ""  # the member whose shard the running commit could not copy (one commit at a time)
 
     async def commit(self, job: Job, action: actions.Commit) -> None:
         """The core's ``Commit``: after ``action.delay_s`` (a retry), commit the step (:meth:`_commit_once`) and
@@ -44,12 +59,13 @@ class Commits:
                 await trio.sleep(action.delay_s)
             if self._commit_moot(job, action.stamp):
                 return  # repartitioned meanwhile, or the job ended while this one waited (e.g. its budget is spent)
+            self.culprit = ""
             error, stop = await self._commit_once(job, action.step, action.stamp)
             if self._commit_moot(job, action.stamp):
                 return
             if error is not None:
                 log.warning("job %s: checkpoint %d not committed: %s", job.job_id, action.step, error)
-                self.life.feed(job, events.CommitFailed(action.stamp, action.step, error))
+                self.life.feed(job, events.CommitFailed(action.stamp, action.step, error, self.culprit))
                 return
             self.life.feed(job, events.CommitDone(action.stamp, action.step))
             if stop is not None and action.step < job.total_steps:
@@ -72,9 +88,12 @@ class Commits:
             names[peer] = record.name
             path = step_dir(root, step) / record.name
             if peer != self.ctx.node.identity.peer_id and not await trio.to_thread.run_sync(file_matches, path, record):
-                data = await self.ctx.transfers.fetch_shard(job, peer, step, record)
-                if data is None:
-                    return f"could not copy shard {record.name} of step {step} from {peer[:12]}", None
+                with trio.move_on_after(fetch_deadline(record.size)):
+                    data = await self.ctx.transfers.fetch_shard(job, peer, step, record)
+                if data is None:  # refused (more than its report said), not served, or too slowly: its doing
+                    self.culprit = peer
+                    return (f"could not copy shard {record.name} of step {step} from {peer[:12]} within "
+                            f"{fetch_deadline(record.size):.0f} s and its {record.size} bytes"), None  # fmt: skip
                 await trio.to_thread.run_sync(atomic_write, path, data)
             records.append(record)
         if self._commit_moot(job, stamp):
@@ -140,4 +159,4 @@ class Commits:
         return [replicas]
 
 
-__all__ = ["Commits"]
+__all__ = ["FETCH_BASE_S", "FETCH_MIN_BYTES_PER_S", "Commits", "fetch_deadline"]

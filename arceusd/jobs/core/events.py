@@ -148,11 +148,13 @@ class CommitDone:
 
 @dataclass(frozen=True, slots=True)
 class CommitFailed:
-    """Leader: committing checkpoint ``step`` of plan ``stamp`` failed with ``error``."""
+    """Leader: committing checkpoint ``step`` of plan ``stamp`` failed with ``error``; ``culprit``: the member whose
+    part failed it (its shard not served within its bound and time), or ``""`` when none can be named."""
 
     stamp: Stamp
     step: int
     error: str
+    culprit: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,11 @@ MAX_START_REFUSALS = 2
 """Starts in a row a member may refuse or fail (while the leader's own worker starts) before it is excluded: one
 member that keeps refusing must not use up the job's restarts and fail it (issue #19)."""
 
+MAX_BLAMED_FAILURES = 2
+"""Plans in a row whose first failure was a member's own worker report (an error or a lost worker), or commits in a
+row that its shard serving failed, before that member is excluded (issue #29 item 6: one member answering every
+checkpoint with an error, or serving its shard too slowly or too big, failed every job after its restarts)."""
+
 FIRST_STAMP = Stamp(1, 0)
 """A new job's stamp: term 1, no plan yet."""
 
@@ -60,6 +65,9 @@ class LeaderState:
     regrow_at: int = 0  # ... from this checkpoint step, where the replicas left hold (0: not chosen yet)
     dropped_at: int = -1  # the committed step when a replica was last dropped (one drop per checkpoint)
     named: dict[str, set[str]] = field(default_factory=dict)  # leader -> the job's peers that said they follow it
+    failed_first: dict[str, int] = field(default_factory=dict)  # peer -> plans in a row its worker failed first
+    failure_seen: Stamp | None = None  # the plan whose first worker failure was counted
+    serve_failures: dict[str, int] = field(default_factory=dict)  # peer -> commits in a row its serving failed
 
 
 @dataclass
@@ -284,7 +292,9 @@ class JobCore:
             if event.stamp != self.stamp:
                 return [a.Refuse(self._stale(event.stamp))]
             verb = "was lost" if event.lost else "failed"
-            return self._lose(event.peer, f"worker on {event.peer[:12]} {verb}: {event.message[:300]}")
+            reason = f"worker on {event.peer[:12]} {verb}: {event.message[:300]}"
+            blamed = self._blame_failure(event.peer, reason)
+            return blamed or self._lose(event.peer, reason)
         if isinstance(event, e.CheckpointComplete):
             return self._checkpoint(event)
         if isinstance(event, e.CommitDone):
@@ -383,6 +393,32 @@ class JobCore:
                 out.append(a.Exclude(peer, f"it refused or failed {count} starts in a row"))
         return out
 
+    def _blame_failure(self, peer: str, reason: str) -> list[a.Action]:
+        """Count ``peer``'s worker failure when it is the first of its plan (a failure that follows another is
+        usually its neighbour's broken link), not this device's own; one that reached
+        :data:`MAX_BLAMED_FAILURES` plans in a row (no commit between) is excluded and the job plans again without
+        it. Returns the actions of an exclusion, or none (the failure is handled as before)."""
+        lead = self.lead
+        assert lead is not None
+        if lead.failure_seen == self.stamp:
+            return []
+        lead.failure_seen = self.stamp
+        if peer == self.me or peer not in lead.plan:
+            return []
+        count = lead.failed_first[peer] = lead.failed_first.get(peer, 0) + 1
+        if count < MAX_BLAMED_FAILURES:
+            return []
+        return self._exclude(peer, f"its worker failed {count} plans in a row first ({reason[:200]})")
+
+    def _exclude(self, peer: str, why: str) -> list[a.Action]:
+        """``peer`` leaves the members, is named, and the job plans again without it from the last commit."""
+        lead = self.lead
+        assert lead is not None
+        lead.members.discard(peer)
+        lead.failed_first.pop(peer, None)
+        lead.serve_failures.pop(peer, None)
+        return [a.Exclude(peer, why), *self._request_restart(f"member {peer} excluded: {why}")]
+
     def _go_answered(self, event: e.GoAnswered) -> list[a.Action]:
         lead = self.lead
         assert lead is not None
@@ -418,6 +454,9 @@ class JobCore:
             return []
         self.committed_step = max(self.committed_step, event.step)
         lead.commit_attempts.pop(event.step, None)
+        for peer in lead.plan:  # each served its shard and its worker ran to this checkpoint
+            lead.failed_first.pop(peer, None)
+            lead.serve_failures.pop(peer, None)
         if event.step >= self.total_steps:
             return [a.Export(event.step)]
         out: list[a.Action] = [a.SyncStandby(event.step)] if lead.standby else []
@@ -433,6 +472,11 @@ class JobCore:
         assert lead is not None
         if event.stamp != self.stamp:
             return []
+        if event.culprit and event.culprit != self.me and event.culprit in lead.plan:
+            count = lead.serve_failures[event.culprit] = lead.serve_failures.get(event.culprit, 0) + 1
+            if count >= MAX_BLAMED_FAILURES:
+                return self._exclude(event.culprit, f"its shard serving failed {count} commits in a row "
+                                                    f"({event.error[:200]})")  # fmt: skip
         attempt = lead.commit_attempts.get(event.step, 0) + 1
         lead.commit_attempts[event.step] = attempt
         if lead.regrow and event.step == lead.regrow_at:  # they hold at this checkpoint: no rebuild, they go on
@@ -540,4 +584,11 @@ class JobCore:
         return [*out, a.Persist()]
 
 
-__all__ = ["MAX_RESTARTS_PER_CHECKPOINT", "MAX_START_REFUSALS", "REBALANCE_REASON", "JobCore", "LeaderState"]
+__all__ = [
+    "MAX_BLAMED_FAILURES",
+    "MAX_RESTARTS_PER_CHECKPOINT",
+    "MAX_START_REFUSALS",
+    "REBALANCE_REASON",
+    "JobCore",
+    "LeaderState",
+]
