@@ -17,6 +17,10 @@ offering 100 times its speed whose reports cover it, or that forges its speed ch
 layers): per attack a fresh swarm trains the job; the owner's peak RSS and ``status`` latency over the whole
 job, the job's wall time and its end (state, who was excluded or discounted), beside the same job with an honest
 member (``none``).
+
+``--market`` measures issue 29's marketplace attacks beside their no-attack runs (``bench/adversarial_market.py``):
+what a member offering 1,000 times its speed earns against an honest member, and when members leave an owner that
+withholds their receipts or prices them at $0.
 """
 
 from __future__ import annotations
@@ -123,9 +127,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description="peak RSS and status latency of a daemon under each attack")
     parser.add_argument("--quick", action="store_true", help="shorter attacks (make bench)")
     parser.add_argument("--jobs", action="store_true", help="the job attacks (a hostile member of a training job)")
+    parser.add_argument("--market", action="store_true", help="the marketplace attacks (issue 29)")
     args = parser.parse_args()
     if args.jobs:
         return job_attacks(args.quick)
+    if args.market:
+        from adversarial_market import market_attacks  # bench/adversarial_market.py, beside this script
+
+        return market_attacks(args.quick)
     with tempfile.TemporaryDirectory(prefix="arceus-adv-") as tmp:
         daemon = start_daemon(Path(tmp), "victim", "--no-auto-join")
         try:
