@@ -60,8 +60,8 @@ def _attack(tmp_path: Path, floods: list[tuple[int, list[str]]], fds_extra: int)
             with Watch(d0) as watch, PeerViews(d1, victim_id) as views:
                 attackers = [launch(target, count, sources, ATTACK_S) for count, sources in floods]
                 time.sleep(2.0)  # the flood is on
-                began = time.monotonic()
                 d2 = _start(tmp_path, "d2", "--peer", target)  # a real peer's first hello, mid-attack
+                began = time.monotonic()  # d2 is up (its start alone takes seconds on a loaded machine)
                 wait_for(lambda: any(p["peer_id"] == victim_id and p["state"] == "alive"
                                      for p in d2.call("peers")), 15, 0.1, "d2 sees d0")  # fmt: skip
                 wait_for(lambda: sum(p["state"] == "alive" for p in d0.call("peers")) == 2, 15, 0.1, "d0 sees d2")
