@@ -12,6 +12,10 @@ Modules, one concern each:
 - ``admission``: the leader's side of the needs: whom it admits, when the members hold the total memory, when the
   budget stops a running job.
 - ``receipts``: signed per-device receipts for committed work, bounded by the plan.
-- ``ledger``: the append-only, hash-chained file of receipts in the state directory.
+- ``paid_speed``: the speed a receipt pays a device for: what the leader measured of it, at most its offer.
+- ``authority``: the job owner's signed word that a leader (its standby) may sign the job's receipts.
+- ``ledger``: the append-only, hash-chained, keeper-signed file of receipts and authorisations in the state
+  directory, with its signed head.
+- ``unpaid``: a member's count of its checkpoints no receipt pays, and when it leaves the job for it.
 - ``collect``: the job owner's copy of every receipt for its job (from its leaders and devices, checked).
 """
