@@ -11,6 +11,10 @@ run. Attacks: 48 silent streams (item 8), 40 unauthenticated 60 MiB calls (item 
 300 KiB specs from 100 keys (item 6), a member with a hostile device string (item 10), mutated handshakes and
 stream frames.
 
+``--fds`` measures issue 29's descriptor flood (1,100 silent connections from one host, 1,124 from 32 hosts)
+against a daemon at 1,024 open files beside a no-attack run, and what the peer port's gate costs a call
+(``bench/adversarial_fds.py``).
+
 ``--jobs`` measures the job attacks instead (items 1, 3 and 4: ``tests/adversarial/hostile_job.py``, a real daemon
 as a member of a 3-daemon MLP training job whose reports and shards lie from checkpoint step 40 on; and a member
 offering 100 times its speed whose reports cover it, or that forges its speed challenges, on a job of 2048-wide
@@ -127,10 +131,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description="peak RSS and status latency of a daemon under each attack")
     parser.add_argument("--quick", action="store_true", help="shorter attacks (make bench)")
     parser.add_argument("--jobs", action="store_true", help="the job attacks (a hostile member of a training job)")
+    parser.add_argument("--fds", action="store_true", help="silent connections at 1,024 open files (issue 29)")
     parser.add_argument("--market", action="store_true", help="the marketplace attacks (issue 29)")
     args = parser.parse_args()
     if args.jobs:
         return job_attacks(args.quick)
+    if args.fds:
+        from adversarial_fds import fd_attacks  # bench/adversarial_fds.py, beside this script
+
+        return fd_attacks(args.quick)
     if args.market:
         from adversarial_market import market_attacks  # bench/adversarial_market.py, beside this script
 
