@@ -7,9 +7,9 @@
 - :func:`join_refusal`: the leader, before it admits a device: why not (the job's needs, its budget), or None.
 - :func:`enough_memory`: the leader, before it plans: whether the members lend ``needs.memory_total_mib``
   (if not, the job's ``error`` says so while it waits).
-- :func:`wants_timing`: the leader, after its own steps: whether a plan device not timed yet offers more than an
-  unmeasured device is paid for (``arceusd.market.paid_speed.cap``), so its speed check times the plan's devices
-  although the job does not run slow (the device is paid what it measured from then on).
+- :func:`wants_timing`: the leader, after its own steps: whether a plan device not timed yet offers far more than
+  an unmeasured device is paid for (``arceusd.market.paid_speed.beyond_cap``), so its speed check times the plan's
+  devices although the job does not run slow (the device is paid what it measured from then on).
 
 They do nothing when the market service is not running (``node.market`` is None); ``enough_memory`` needs no service.
 """

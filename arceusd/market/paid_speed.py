@@ -15,8 +15,8 @@ speed it measured (:func:`paid_flops`):
   :data:`~arceusd.market.pricing.TYPICAL_LAPTOP_FLOPS` when the leader lends nothing).
 
 Because an unmeasured device faster than the cap would be paid less than its worth, the leader times it
-(``hooks.wants_timing``: its speed check runs for any plan device that offers more than the cap, not only once
-the job runs slow), and pays its measure from the next checkpoint on.
+(``hooks.wants_timing``: its speed check runs for any plan device that offers more than :data:`TIME_ABOVE` times
+the cap, not only once the job runs slow), and pays its measure from the next checkpoint on.
 """
 
 from __future__ import annotations
@@ -31,7 +31,11 @@ from arceusd.jobs.claims import MAX_DISCOUNT
 from arceusd.market.pricing import TYPICAL_LAPTOP_FLOPS
 
 CAP_SLACK = 1.0
-"""An unmeasured device is paid for at most this many times the cap's FLOP/s."""
+"""An unmeasured device is paid for at most this many times the leader's own FLOP/s."""
+TIME_ABOVE = 2.0
+"""The leader times an untimed plan device at once when it offers more than this many times the cap (devices of
+one kind measure their profiles within about that of each other; nearer the cap, a challenge would cost every job
+its time for little: such a device is paid at most the cap until a challenge times it)."""
 
 
 @dataclass(frozen=True)
@@ -105,7 +109,8 @@ def beyond_cap(job: Any, leader: str) -> list[str]:
     own = job.members.get(leader)
     limit = cap(float(own.flops_per_s) if own is not None else None)
     return [p for p in job.plan_peers() if p in job.members and p not in job.leading.challenged
-            and float(job.members[p].flops_per_s) > limit]  # fmt: skip
+            and float(job.members[p].flops_per_s) > TIME_ABOVE * limit]  # fmt: skip
 
 
-__all__ = ["CAP_SLACK", "Paid", "answered", "baseline", "beyond_cap", "cap", "paid_flops", "paid_speeds", "timed_out"]
+__all__ = ["CAP_SLACK", "TIME_ABOVE", "Paid", "answered", "baseline", "beyond_cap", "cap", "paid_flops", "paid_speeds",
+           "timed_out"]  # fmt: skip

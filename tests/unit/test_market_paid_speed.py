@@ -66,8 +66,9 @@ def job(members: dict[str, float], timed: dict[str, Timed] | None = None) -> Sim
 
 
 def test_the_leader_times_a_plan_device_offering_more_than_the_cap() -> None:
-    j = job({"me": HONEST, "a": HONEST, "liar": 1000 * HONEST})
-    assert beyond_cap(j, "me") == ["liar"]
+    j = job({"me": HONEST, "a": 1.9 * HONEST, "liar": 1000 * HONEST})
+    assert beyond_cap(j, "me") == ["liar"], "a device within TIME_ABOVE of the leader is not timed for its pay"
+    assert paid_speeds(j, "me")["a"].flops == HONEST, "...and paid at most the cap until it is"
     assert paid_speeds(j, "me")["liar"].flops == HONEST
     timed = job({"me": HONEST, "liar": 1000 * HONEST}, {"me": Timed(HONEST, WORK, 0.15)})
     assert beyond_cap(timed, "me") == ["liar"]
