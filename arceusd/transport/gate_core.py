@@ -8,10 +8,12 @@ long as the client likes: 1,100 connections that sent the HTTP/2 preface and wen
 * **Bounded in total and per source**: at most ``max_connections`` connections, at most ``max_per_source`` from
   one source (an IPv4 address; an IPv6 /64, which one host usually holds whole). :func:`limits_for` derives both
   from the open-files limit, keeping a reserve for everything else the daemon opens.
-* **Fair when full**: a newcomer from a source holding fewer connections than the heaviest source takes the
-  place of one of that source's connections (its unproven ones first, then its longest quiet), so a stranger
-  with many addresses cannot keep a real peer's first connection out; a newcomer from the heaviest source is
-  refused.
+* **Fair when full**: a newcomer from a source holding less than half as many connections as the heaviest
+  source (at least two fewer) takes the place of one of that source's connections (its unproven ones first,
+  then its longest quiet), so a stranger with many addresses cannot keep a real peer's first connection out;
+  other newcomers are refused. (Half, not merely fewer: a stranger's own sources, each near its share, would
+  otherwise evict each other in turn, and every eviction and reconnect costs the daemon a relay and a gRPC
+  connection: measured, 432 evictions and 1,103 connections kept in 12 s under 1,124 connections from 32 hosts.)
 * **Deadlines**: a connection must complete a call (or a stream handshake) before it has been quiet for
   ``hello_timeout`` (no byte from the client) and within ``hello_limit`` of opening (a first call may be a
   4 MiB message on a slow link, so bytes still arriving hold the first deadline off, never the second); a
@@ -130,11 +132,11 @@ class ConnectionTable:
         return Admit(evict=evict)
 
     def _victim(self, newcomer_held: int) -> int | None:
-        """A connection of the heaviest source, if that source holds at least two more than the newcomer's."""
+        """A connection of the heaviest source, if the newcomer's holds less than half as many (two fewer)."""
         if not self.per_source:
             return None
         heaviest, held = max(self.per_source.items(), key=lambda item: (item[1], item[0]))
-        if held < newcomer_held + 2:
+        if held < 2 * newcomer_held + 2:
             return None
         candidates = [(c.busy > 0, c.proven, c.last_active, cid)
                       for cid, c in self.connections.items() if c.source == heaviest]  # fmt: skip

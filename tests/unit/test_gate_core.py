@@ -99,3 +99,15 @@ def test_bounds_hold_under_any_sequence(ops: list[tuple[int, str]]) -> None:
         assert len(table.connections) <= limits.max_connections
         assert all(0 < n <= limits.max_per_source for n in table.per_source.values())
         assert sum(table.per_source.values()) == len(table.connections)
+
+
+def test_a_source_evicts_only_from_one_holding_over_twice_as_many() -> None:
+    table = ConnectionTable(GateLimits(max_connections=8, max_per_source=8))
+    for i in range(5):
+        table.admit(i, "10.0.0.9", 0.0)
+    for i in range(5, 7):
+        table.admit(i, "10.0.0.8", 0.0)
+    table.admit(7, "10.0.0.1", 0.0)
+    assert table.admit(8, "10.0.0.8", 1.0).refused == "total_full"  # 2 against 5: near its share, no churn
+    answer = table.admit(9, "10.0.0.1", 1.0)  # 1 against 5
+    assert answer.refused is None and answer.evict is not None and answer.evict < 5
