@@ -297,7 +297,7 @@ class LocalWorker:
             digests = job.leading.witnesses.get(step, {})
             if len(digests) < len(job.plan_peers()):
                 return
-            verdict = witnesses.judge(job, step, digests)
+            verdict = witnesses.judge(job, step, digests, self.ctx.node.identity.peer_id)
             if verdict.reason:
                 job.leading.complete[step] = frozenset()
                 for peer in verdict.odd:

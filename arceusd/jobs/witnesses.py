@@ -12,8 +12,12 @@ every device of the plan reported (shards and witnesses) it compares them place 
   (its receipts in the market, like the shard writers');
 - three or more replicas, one differs: it is excluded (named under ``excluded``, like a bad shard) and the job
   replans from the last commit; when the first replica's device is the odd one, its shard is not committed;
-- two replicas that differ: word against word, nobody can be named: the job replans from the last commit without
-  excluding anyone (counted under ``refused_reports`` as ``replica_witness``).
+- two replicas that differ where the leader holds one of the places itself: its own worker's witness is what it
+  computed, so the other replica's device is the odd one and is excluded like one outvoted (issue #29 item 6: a
+  member sending a wrong witness used to fail every job of two replicas, never named);
+- two replicas that differ at a place the leader does not hold: word against word, nobody can be named: the job
+  replans from the last commit without excluding anyone (counted under ``refused_reports`` as
+  ``replica_witness``).
 
 Pure functions over the job record.
 """
@@ -63,8 +67,9 @@ class Verdict:
     reason: str
 
 
-def judge(job: Job, step: int, digests: Mapping[str, str]) -> Verdict:
-    """Compare the replicas' witnesses of ``step`` place by place (see the module docstring)."""
+def judge(job: Job, step: int, digests: Mapping[str, str], me: str = "") -> Verdict:
+    """Compare the replicas' witnesses of ``step`` place by place (see the module docstring); ``me``: the leader,
+    whose own witness settles a place it holds."""
     rp = job.replica_plan
     if rp is None:
         raise ValueError("judging witnesses needs a plan with replicas (a bug: checked by replicated())")
@@ -82,6 +87,9 @@ def judge(job: Job, step: int, digests: Mapping[str, str]) -> Verdict:
             elif len(members) >= 3 and count * 2 > len(members) and top:
                 odd.extend(p for p in members if digests.get(p) != top)
                 alike.update(p for p in members[1:] if digests.get(p) == top)
+            elif me in members and digests.get(me):  # the leader's own computation settles its place
+                odd.extend(p for p in members if digests.get(p) != digests[me])
+                alike.update(p for p in members[1:] if digests.get(p) == digests[me])
             else:
                 split.append(f"stage {s} rank {r}")
     if split:

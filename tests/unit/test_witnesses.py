@@ -75,6 +75,21 @@ def test_alike_replicas_count_as_reported_and_a_difference_is_judged_by_the_majo
     assert missing.reason and missing.odd == ()
 
 
+def test_with_two_replicas_the_leaders_own_witness_settles_the_places_it_holds() -> None:
+    """Issue #29 item 6: a member sending a wrong witness failed every job of two replicas, never named. Where the
+    leader holds one of the two places itself, its own computation settles it: the other device is the odd one
+    (either replica); a place it does not hold stays word against word."""
+    two = _job(2)
+    p0, p1 = _peers(two)
+    for leader, other in ((p0, p1), (p1, p0)):
+        verdict = witnesses.judge(cast(Job, two), 50, {leader: A, other: B}, leader)
+        assert verdict.odd == (other,) and "diverged" in verdict.reason, verdict
+    alike = witnesses.judge(cast(Job, two), 50, {p0: A, p1: A}, p0)
+    assert alike.reason == "" and alike.alike == {p1}
+    stranger = witnesses.judge(cast(Job, two), 50, {p0: A, p1: B}, "e" * 32)  # the leader holds neither
+    assert stranger.odd == () and "different states" in stranger.reason
+
+
 def test_the_worker_witness_event_round_trips_and_a_bad_digest_is_refused() -> None:
     from arceusd.worker.protocol import WitnessEvent, WorkerProtocolError, parse_event
 
