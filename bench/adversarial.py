@@ -7,9 +7,13 @@ watched for a quiet window (the no-attack baseline, right before), then while th
 (``tests/adversarial/hostile_peer.py``: its own key, the real protocol). Watching samples the daemon every
 0.1 s: RSS from /proc, and the latency of ``status`` over the control socket. Printed per attack: peak RSS and
 status latency (median and max) without and with the attack, and the ratios with/without measured in this
-run. Attacks: 48 silent streams (item 8), 40 unauthenticated 60 MiB calls (item 9), a JobAnnounce flood of
-300 KiB specs from 100 keys (item 6), a member with a hostile device string (item 10), mutated handshakes and
-stream frames.
+run, and the attack's outcome (the answers it got). Attacks: 48 silent streams (item 8), 40 unauthenticated
+60 MiB calls (item 9), a JobAnnounce flood of 300 KiB specs from 100 keys (item 6), a member with a hostile
+device string (item 10), mutated handshakes and stream frames, and forty 4 MiB frames of densely packed empty
+msgpack maps from a key that only said hello (issue 29; each refused by its first byte).
+
+``--fair`` measures issue 29's announce flood against a daemon that sees two honest jobs, beside the same daemons
+with no flood, and counts the honest jobs ``arceusd market`` still lists (``bench/adversarial_fair.py``).
 
 ``--fds`` measures issue 29's descriptor flood (1,100 silent connections from one host, 1,124 from 32 hosts)
 against a daemon at 1,024 open files beside a no-attack run, and what the peer port's gate costs a call
@@ -54,6 +58,7 @@ def attacks(quick: bool) -> list[tuple[str, list[str]]]:
         ("JobAnnounce flood", ["announce-flood", "--count", flood, "--identities", "100", "--spec-kib", "300"]),
         ("hostile device", ["device", "--seconds", seconds]),
         ("frame fuzz", ["frame-fuzz", "--frames", frames, "--hellos", hellos, "--batch", "50"]),
+        ("dense maps 4 MiB x40", ["dense-maps", "--count", "40", "--mib", "4", "--batch", "4"]),
     ]
 
 
@@ -132,6 +137,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="shorter attacks (make bench)")
     parser.add_argument("--jobs", action="store_true", help="the job attacks (a hostile member of a training job)")
     parser.add_argument("--fds", action="store_true", help="silent connections at 1,024 open files (issue 29)")
+    parser.add_argument("--fair", action="store_true", help="an announce flood beside two honest jobs (issue 29)")
     parser.add_argument("--market", action="store_true", help="the marketplace attacks (issue 29)")
     args = parser.parse_args()
     if args.jobs:
@@ -140,6 +146,10 @@ def main() -> int:
         from adversarial_fds import fd_attacks  # bench/adversarial_fds.py, beside this script
 
         return fd_attacks(args.quick)
+    if args.fair:
+        from adversarial_fair import fair_attacks  # bench/adversarial_fair.py, beside this script
+
+        return fair_attacks(args.quick)
     if args.market:
         from adversarial_market import market_attacks  # bench/adversarial_market.py, beside this script
 
@@ -150,19 +160,20 @@ def main() -> int:
             target = peer_address(daemon)
             print(f"{'attack':<20} {'RSS MiB base':>12} {'attack':>8} {'ratio':>6}   "
                   f"{'status p50 ms base':>18} {'attack':>7} {'ratio':>6}   {'max ms base':>11} {'attack':>7} "
-                  f"{'ratio':>6}  attack took")  # fmt: skip
+                  f"{'ratio':>6}  attack took  outcome")  # fmt: skip
             for name, argv in attacks(args.quick):
                 quiet = 3.0 if args.quick else 6.0
                 with Watch(daemon) as before:  # the no-attack baseline, right before the attack
                     time.sleep(quiet)
                 began = time.monotonic()
                 with Watch(daemon) as during:
-                    hostile(argv[0], target, *argv[1:], timeout=600)
+                    result = hostile(argv[0], target, *argv[1:], timeout=600)
                 took = time.monotonic() - began
                 if during.report.exited:
                     print(f"{name}: the daemon exited")
                     return 1
-                print(_row(name, before.report, during.report, took))
+                answers = result.get("answers") or result.get("codes") or result.get("outcomes") or {}
+                print(_row(name, before.report, during.report, took) + f"  {answers}", flush=True)
         finally:
             daemon.stop()
     return 0
