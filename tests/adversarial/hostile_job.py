@@ -11,6 +11,14 @@ from the first). Attacks (issue #19 items 1, 3, 4 and 5):
 * ``huge``: reports claim a 16 GiB shard and serve a 16 GiB total of zeros for any shard asked for;
 * ``nan``: the member overwrites every float32 tensor of its shard with NaN (a valid safetensors file, its
   sha256 and size reported truthfully), as a member that poisons the model would;
+* ``finite``: as ``nan`` with the finite value ``ARCEUS_HOSTILE_ARG`` (1e30: finite poison, which passes a
+  finite-value scan; issue #29 item 8);
+* ``serve-big``: reports are true, but the member serves a 16 GiB total for its shard (issue #29 item 6);
+* ``serve-slow``: reports are true, but the member answers each request for its shard after
+  ``ARCEUS_HOSTILE_ARG`` seconds;
+* ``checkpoint-error``: at each checkpoint the member reports its worker failed instead (issue #29 item 6);
+* ``witness``: with replicas, the member's witnesses are made up (well-formed) digests (issue #29 item 6);
+* ``bigmem``: the member offers 8 TiB of memory (within the physical bound; issue #29 item 7);
 * ``claims``: the member offers 2^50 bytes of memory and 10^20 FLOP/s;
 * ``overclaim``: the member offers ``ARCEUS_HOSTILE_ARG`` times its measured speed (within physical bounds), so
   the plan gives it more work than it can do in time;
@@ -51,18 +59,20 @@ if str(ROOT) not in sys.path:
 from arceusd.swarm import LocalSwarm  # noqa: E402
 
 HUGE = 16 << 30
-ATTACKS = ("none", "path", "mismatch", "huge", "nan", "claims", "overclaim", "overclaim-hidden", "refuse",
+ATTACKS = ("none", "path", "mismatch", "huge", "nan", "finite", "serve-big", "serve-slow", "checkpoint-error",
+           "witness", "bigmem", "claims", "overclaim", "overclaim-hidden", "refuse",
            "challenge-forge", "challenge-abuse", "sandbag")
 """``none``: an honest member (a baseline run through the same module)."""
 
 
-def poison(path: Path) -> tuple[str, int]:
-    """Overwrite every F32 tensor of the safetensors file at ``path`` with NaN; its new sha256 and size."""
+def poison(path: Path, value: float = float("nan")) -> tuple[str, int]:
+    """Overwrite every F32 tensor of the safetensors file at ``path`` with ``value`` (NaN by default); its new
+    sha256 and size."""
     data = bytearray(path.read_bytes())
     (header_len,) = struct.unpack("<Q", data[:8])
     header = json.loads(data[8 : 8 + header_len])
     base = 8 + header_len
-    nan = struct.pack("<f", float("nan"))
+    nan = struct.pack("<f", value)
     for key, entry in header.items():
         if key == "__metadata__" or entry.get("dtype") != "F32":
             continue
@@ -83,6 +93,13 @@ def install(attack: str, arg: str, after: int) -> None:
     real_names: dict[int, str] = {}
 
     async def report(self: Any, job: Any, epoch: int, event: dict[str, Any]) -> None:
+        kind = event.get("event")
+        if attack == "checkpoint-error" and kind == "checkpoint" and int(event["step"]) >= after:
+            print(f"hostile: an error for checkpoint {event['step']}", file=sys.stderr, flush=True)
+            event = {"event": "error", "message": "checkpoint failed: the disk is full"}
+        if attack == "witness" and kind == "witness" and int(event["step"]) >= after:
+            print(f"hostile: a made-up witness for step {event['step']}", file=sys.stderr, flush=True)
+            event = {**event, "digest": os.urandom(32).hex()}
         if event.get("event") == "checkpoint" and not self.ctx.leads(job) and int(event["step"]) >= after:
             shard = dict(event["shard"])
             step = int(event["step"])
@@ -94,18 +111,22 @@ def install(attack: str, arg: str, after: int) -> None:
                 shard["name"] = first if own != first else "stage1-rank0.safetensors"  # another stage's file
             elif attack == "huge":
                 shard["size"] = HUGE
-            elif attack == "nan":
+            elif attack in ("nan", "finite"):
                 from arceusd.checkpoint import step_dir
 
                 path = step_dir(job.directory / "checkpoints", step) / shard["name"]
-                shard["sha256"], shard["size"] = poison(path)
+                shard["sha256"], shard["size"] = poison(path, float(arg) if attack == "finite" else float("nan"))
             event = {**event, "shard": shard}
             print(f"hostile: {attack} at step {step}", file=sys.stderr, flush=True)
         await real_report(self, job, epoch, event)
 
     async def serve(self: Any, header: Any, msg: Any) -> Any:
-        if attack == "huge" and msg.step >= after:
+        if attack in ("huge", "serve-big") and msg.step >= after:
             return ShardData(HUGE, b"\0" * min(1 << 20, HUGE - msg.offset))
+        if attack == "serve-slow" and msg.step >= after:
+            import trio
+
+            await trio.sleep(float(arg))
         if attack in ("path", "mismatch") and msg.step in real_names:
             from arceusd.checkpoint import step_dir
 
@@ -160,11 +181,13 @@ def install(attack: str, arg: str, after: int) -> None:
             return {**times, "wait_s": times["wait_s"] + float(arg), side: times[side] + float(arg)}
 
         claims_module.own_step_times = blaming
-    if attack in ("claims", "overclaim", "overclaim-hidden", "challenge-forge"):
+    if attack in ("claims", "overclaim", "overclaim-hidden", "challenge-forge", "bigmem"):
         real_offer = manager_module.JobManager.offer
 
         async def offer(self: Any) -> Any:
             honest = await real_offer(self)
+            if attack == "bigmem":
+                return replace(honest, memory_bytes=8 << 40)
             if attack != "claims":
                 return replace(honest, flops_per_s=honest.flops_per_s * float(arg))
             return replace(honest, memory_bytes=1 << 50, flops_per_s=1e20)

@@ -106,6 +106,35 @@ def test_a_member_that_writes_nan_into_its_shard_is_dropped_and_the_job_resumes(
     assert "non-finite" in end["excluded"][next(iter(end["excluded"]))], end["excluded"]
 
 
+@pytest.mark.timeout(480)
+def test_a_member_whose_final_shard_holds_1e30_is_refused_and_the_model_stays_clean(tmp_path: Path) -> None:
+    """Issue #29 item 8: finite poison passed the finite-value scan (the job ended done with 1e30 in most of the
+    exported weights). The final shard's values moved further from the last commit than SGD can move them in 20
+    steps: the shard is refused, its sender excluded, and the job ends done from the last good checkpoint with
+    the failure-free model, no 1e30 in it."""
+    from safetensors.torch import load_file
+
+    spec = write_spec(tmp_path, steps=100, interval=20)
+    s = HostileSwarm(tmp_path / "swarm", "finite", "1e30", after=100)  # its final shard only
+    try:
+        s.start()
+        s.wait_converged()
+        hostile_peer = s.call(HOSTILE, "status")["peer_id"]
+        job_id = submit(s, spec)
+        end = wait_end(s, job_id, timeout=420)  # (two busy cores: a member may look dead while torch loads)
+        assert all(p.poll() is None for p in s.procs), "a daemon exited"
+        assert end["state"] == "done", (end["error"], end["excluded"], end["recoveries"])
+        assert "moved further than training can move them" in end["excluded"].get(hostile_peer, ""), end["excluded"]
+        assert end["refused_reports"].get("shard_content", 0) >= 1, end["refused_reports"]
+        named = [r for r in end["recoveries"] if hostile_peer in r["reason"]]
+        assert named and named[0]["resumed_step"] == 80 and named[0]["lost_step"] >= 100, end["recoveries"]
+        exported = load_file(end["model_path"])
+        assert max(float(v.abs().max()) for v in exported.values()) < 1e3, "poison in the exported model"
+        assert_equals_failure_free(end, spec)
+    finally:
+        s.close()
+
+
 def test_an_offer_beyond_physical_bounds_is_refused_at_the_join(swarm_of: Any, tmp_path: Path) -> None:
     spec = write_spec(tmp_path, steps=60, interval=20)
     s = swarm_of("claims")
@@ -326,3 +355,57 @@ def test_a_member_that_slows_the_job_on_purpose_and_blames_its_neighbour_is_foun
             assert any("alone beside the leader" in r and hostile_peer[:12] in r for r in reasons), (order, reasons)
         assert end["probation"] == "" and hostile_peer not in end["cleared"], end
         assert_equals_failure_free(end, spec, tolerance=1e-4)
+
+
+def run_blamed(tmp_path: Path, spec: Path, attack: str, arg: str, after: int, why: str,
+               tolerance: float = 1e-5) -> dict[str, Any]:  # fmt: skip
+    """Issue #29 item 6: ``attack`` from checkpoint step ``after`` on used to fail the job after its restarts,
+    the attacker never named. Now the failure is pinned on it: it is excluded (``why`` in ``excluded``), the job
+    plans again without it and ends ``done`` with the failure-free model."""
+    s = HostileSwarm(tmp_path / "swarm", attack, arg, after=after)
+    try:
+        s.start()
+        s.wait_converged()
+        hostile_peer = s.call(HOSTILE, "status")["peer_id"]
+        job_id = submit(s, spec)
+        first = wait_for(lambda: (v := job_of(s, job_id)).get("plan") and v, 240, 0.2, "the first plan")
+        end = wait_end(s, job_id, timeout=420)  # (two busy cores: a member may look dead while torch loads)
+        assert all(p.poll() is None for p in s.procs), "a daemon exited"
+        placed_first = {d["peer_id"] for r in first["plan"].get("replicas", [first["plan"]]) for st in r["stages"]
+                        for d in st["devices"]}  # fmt: skip
+        assert hostile_peer in placed_first, "the attacker was not in the first plan: nothing was tested"
+        assert end["state"] == "done", (end["error"], end["excluded"], end["recoveries"])
+        assert why in end["excluded"].get(hostile_peer, ""), end["excluded"]
+        assert list(end["excluded"]) == [hostile_peer], "an honest member was excluded"
+        placed = {d["peer_id"] for r in end["plan"].get("replicas", [end["plan"]]) for st in r["stages"]
+                  for d in st["devices"]}  # fmt: skip
+        assert hostile_peer not in placed and hostile_peer not in end["members"]
+        assert_equals_failure_free(end, spec, tolerance=tolerance)
+        return end
+    finally:
+        s.close()
+
+
+@pytest.mark.timeout(480)
+def test_a_member_serving_its_shard_too_big_is_excluded_and_the_job_ends_done(tmp_path: Path) -> None:
+    """Its reports are true (its real size), but it serves a 16 GiB total: each commit refuses the copy; it used
+    to fail every commit and then the job."""
+    spec = write_spec(tmp_path, steps=100, interval=20)
+    run_blamed(tmp_path, spec, "serve-big", "", ATTACK_FROM_STEP, "shard serving failed 2 commits in a row")
+
+
+@pytest.mark.timeout(480)
+def test_a_member_answering_every_checkpoint_with_an_error_is_excluded_and_the_job_ends_done(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, steps=100, interval=20)
+    run_blamed(tmp_path, spec, "checkpoint-error", "", ATTACK_FROM_STEP, "failed 2 plans in a row first")
+
+
+@pytest.mark.timeout(480)
+def test_a_wrong_witness_with_two_replicas_is_settled_by_the_leaders_own_and_the_job_ends_done(tmp_path: Path) -> None:
+    """Two replicas of one device each (the leader one of them, the attacker the other, the third member spare):
+    the attacker's made-up witness differs from the leader's own, which settles it; it used to be word against
+    word, the job replanned until it failed."""
+    spec = write_spec(tmp_path, steps=60, interval=20)
+    text = spec.read_text().replace("[training]\n", '[training]\nreplicas = 2\nsync = "every_step"\n')
+    spec.write_text(text.replace("layer_sizes = [784, 64, 32, 10]", "layer_sizes = [784, 64, 10]"))
+    run_blamed(tmp_path, spec, "witness", "", 0, "diverged from the other replicas", tolerance=1e-4)
