@@ -20,9 +20,11 @@ against a daemon at 1,024 open files beside a no-attack run, and what the peer p
 (``bench/adversarial_fds.py``).
 
 ``--jobs`` measures the job attacks instead (items 1, 3 and 4: ``tests/adversarial/hostile_job.py``, a real daemon
-as a member of a 3-daemon MLP training job whose reports and shards lie from checkpoint step 40 on; and a member
-offering 100 times its speed whose reports cover it, or that forges its speed challenges, on a job of 2048-wide
-layers): per attack a fresh swarm trains the job; the owner's peak RSS and ``status`` latency over the whole
+as a member of a 3-daemon MLP training job whose reports and shards lie from checkpoint step 40 on; issue 29's
+1e30 in the final shard, a shard served as 16 GiB, every checkpoint answered with an error, an 8 TiB offer, and a
+made-up witness in a job of two replicas (with its own honest run); and a member offering 100 times its speed
+whose reports cover it, or that forges its speed challenges, on a job of 2048-wide layers): per attack a fresh
+swarm trains the job; the owner's peak RSS and ``status`` latency over the whole
 job, the job's wall time and its end (state, who was excluded or discounted), beside the same job with an honest
 member (``none``).
 
@@ -96,10 +98,14 @@ def job_attacks(quick: bool) -> int:
     steps = 60 if quick else 100
     base: Report | None = None
     print(f"{'attack':<24} {'RSS MiB':>8} {'ratio':>6} {'status p50 ms':>14} {'max ms':>8} {'job s':>6}  end")
-    # (attack, heavy): the claims attacks train 2048-wide layers on batches of 1024 (a lie about speed shows
-    # above the overheads only there), against an honest run of that job; the others the small MLP
-    for attack, heavy in (("none", False), ("path", False), ("huge", False), ("nan", False), ("none", True),
-                          ("overclaim-hidden", True), ("challenge-forge", True)):  # fmt: skip
+    # (attack, job): the claims attacks train 2048-wide layers on batches of 1024 (a lie about speed shows
+    # above the overheads only there), against an honest run of that job; the witness attack two replicas of a
+    # smaller MLP (issue 29 item 6), against an honest run of it; the others the small MLP
+    for attack, job in (("none", "small"), ("path", "small"), ("huge", "small"), ("nan", "small"),
+                        ("finite", "small"), ("serve-big", "small"), ("checkpoint-error", "small"),
+                        ("bigmem", "small"), ("none", "big"), ("overclaim-hidden", "big"),
+                        ("challenge-forge", "big"), ("none", "replicas"), ("witness", "replicas")):  # fmt: skip
+        heavy = job == "big"
         if attack == "none":
             base = None
         with tempfile.TemporaryDirectory(prefix="arceus-adv-job-") as tmp:
@@ -107,12 +113,17 @@ def job_attacks(quick: bool) -> int:
             if heavy:
                 text = spec.read_text().replace("[784, 64, 32, 10]", "[784, 2048, 2048, 2048, 10]")
                 spec.write_text(text.replace("batch_size = 64", "batch_size = 1024"))
+            if job == "replicas":
+                text = spec.read_text().replace("[training]\n", '[training]\nreplicas = 2\nsync = "every_step"\n')
+                spec.write_text(text.replace("[784, 64, 32, 10]", "[784, 64, 10]"))
             outside = Path(tmp) / "outside" / "x.safetensors"
-            arg = "100" if heavy else str(outside)
-            s = HostileSwarm(Path(tmp) / "swarm", attack, arg, after=0 if heavy else 40)
+            arg = {"finite": "1e30"}.get(attack, "100" if heavy else str(outside))
+            after = {"finite": steps, "witness": 0, "bigmem": 0}.get(attack, 0 if heavy else 40)
+            s = HostileSwarm(Path(tmp) / "swarm", attack, arg, after=after)
             try:
                 s.start()
                 wait_for(partial(_converged, s), 30, 0.2, "swarm converged")
+                hostile = str(s.call(2, "status")["peer_id"])
                 owner = cast(Daemon, SimpleNamespace(pid=s.procs[0].pid, state_dir=s.state_dir(0), proc=s.procs[0]))
                 began = time.monotonic()
                 with Watch(owner) as w:
@@ -124,11 +135,12 @@ def job_attacks(quick: bool) -> int:
             base = base or w.report
             excluded = ",".join(p[:8] for p in end.get("excluded", {}))
             discounted = ",".join(f"{p[:8]}:{f:g}" for p, f in end.get("discounted", {}).items())
-            name = f"{attack}{' (big)' if heavy else ''}"
+            name = f"{attack}{'' if job == 'small' else f' ({job})'}"
             print(f"{name:<24} {w.report.peak_rss_mib:8.1f} {_ratio(w.report.peak_rss_mib, base.peak_rss_mib)} "
                   f"{(_p50(w.report) or 0) * 1e3:14.2f} {w.report.status_max_s * 1e3:8.2f} {took:6.1f}  "
                   f"{end['state']} excluded={excluded or '-'} discounted={discounted or '-'} "
-                  f"refused={end.get('refused_reports')} escaped={outside.exists()}", flush=True)  # fmt: skip
+                  f"refused={end.get('refused_reports')} escaped={outside.exists()} "
+                  f"standby={str(end.get('standby'))[:8]} hostile={hostile[:8]}", flush=True)  # fmt: skip
     return 0
 
 
