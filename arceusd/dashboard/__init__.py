@@ -11,5 +11,6 @@ host. Modules:
 - :mod:`arceusd.dashboard.app`: the starlette app (token check, pages, JSON endpoints, server-sent events);
 - :mod:`arceusd.dashboard.service`: the daemon side (the ``dashboard`` control method, the server's lifetime);
 - :mod:`arceusd.dashboard.commands`: the ``arceusd dashboard`` command;
+- :mod:`arceusd.dashboard.opener`: opening it in a browser through a 0600 page (the token on no command line);
 - :mod:`arceusd.dashboard.watch`: ``arceusd status --watch``, a rich live view in the terminal.
 """
