@@ -31,7 +31,8 @@ fits); with data-parallel replicas a lost device drops only its replica (core: D
 per checkpoint interval; the leader's own replica too, its worker then serving the data only) and the others
 train on, then spares rebuild it
 from the checkpoint the others hold at (core: HoldAt, Regrow -> regrow -> Regrown); a member that refuses
-two starts in a row is excluded (core: Exclude); the leader dead -> the elected standby takes over
+two starts in a row is excluded (core: Exclude), as is one whose worker fails a plan first, or whose shard
+serving fails a commit (``CommitFailed.culprit``), twice in a row; the leader dead -> the elected standby takes over
 (manager.take_over -> core: TakeoverReady); an owner whose members follow another leader hands the job over
 (joining.hand_over -> core: HandOverAnswered).
 
@@ -67,5 +68,6 @@ What each module owns:
   products in a child process, ``arceusd.worker.speed_challenge``), ``probation`` (two neighbours that each say
   they waited on the other: one planned alone beside the leader), ``shard_checks`` and ``shard_scan``
   (checkpoint reports and shards: names from the plan, sizes bounded, finite values, expected shapes),
+  ``plausibility`` (how far the optimizer can move a value between checkpoints: a shard past it is refused),
   ``witnesses`` (data-parallel replicas: each replica's digest of what all hold alike, compared at each commit).
 """
