@@ -127,7 +127,11 @@ def _shapes(request: dict[str, Any]) -> dict[str, Any]:
         for rank, member in enumerate(stage.members):
             sliced = slice_state(spec.model, full, stage, rank)
             shapes[member.peer_id] = {k: list(v.shape) for k, v in sliced.items()}
-    initial = {k: float(v.abs().max()) if v.numel() else 0.0 for k, v in full.items()}
+    from arceusd.models.config import GPTConfig, MLPConfig
+
+    # a model whose initial values come from its seed alone (a stock LM may start from weights on disk: none then)
+    seeded = isinstance(spec.model, MLPConfig | GPTConfig)
+    initial = {k: float(v.abs().max()) if v.numel() else 0.0 for k, v in full.items()} if seeded else {}
     return {"shapes": shapes, "initial": initial}
 
 
