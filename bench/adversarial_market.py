@@ -5,7 +5,7 @@ Each run is a fresh 3-daemon swarm on loopback training the small MLP job:
 * ``none`` / ``overclaim 1000x``: member 2 honest, then offering 1,000 times its speed
   (``tests/adversarial/hostile_job.py``). Printed: what the owner's bill owes each member and the liar's ratio to
   the honest member on the same machine, and the speed the liar was paid for (``market`` status ``paid_speed``).
-* ``none`` / ``withhold`` / ``zero`` (the owner's workers nap 0.25 s a step: a checkpoint every ~5 s): the owner
+* ``none`` / ``withhold`` / ``zero`` (the owner's workers nap 0.5 s a step: a checkpoint every ~10 s): the owner
   honest, never sending receipts, or pricing them at $0 (``tests/adversarial/hostile_market.py``). Printed per
   member: whether it left, at which of its worker's steps, the checkpoints unpaid then, and what it was paid.
 """
@@ -67,12 +67,12 @@ def unpaid_attacks(quick: bool) -> None:
     from tests.adversarial.hostile_market import MarketSwarm
     from tests.integration.test_recovery import submit, wait_end, write_spec
 
-    steps = 160 if quick else 240
+    steps = 120 if quick else 160
     print(f"{'owner':<10} {'job s':>6}  per member: left at step / unpaid checkpoints / paid $")
     for attack in ("none", "withhold", "zero"):
         with tempfile.TemporaryDirectory(prefix="arceus-adv-market-") as tmp:
             spec = write_spec(Path(tmp), steps=steps, interval=20)
-            s = MarketSwarm(Path(tmp) / "swarm", attack, nap=0.25)
+            s = MarketSwarm(Path(tmp) / "swarm", attack, nap=0.5)
             try:
                 s.start()
                 s.wait_converged()

@@ -4,10 +4,11 @@ A member's worker writes a checkpoint every ``checkpoint.interval_steps``; once 
 issues this device a receipt for it and the device countersigns it (``arceusd.market.receipts``). An owner that
 never sends receipts, or sends $0 ones, would get every step trained with the members saying nothing. So each
 member keeps a :class:`PayWatch` per job: when its worker passed each checkpoint step (from the step it first
-ran at: it is not owed for steps before it joined), and the highest step its countersigned receipts with a
+ran at: it is not owed for steps before it joined; a recovery forgets the uncommitted ones above the step it
+resumed from), and the highest step its countersigned receipts with a
 price above $0 pay up to. A checkpoint is *due* once the worker also passed the next one and it passed
-:data:`GRACE_S` ago itself (the commit and the receipt's round trip take about that: an honest owner has an
-interval, at least :data:`GRACE_S`, to pay); a due checkpoint no receipt pays is unpaid
+:data:`GRACE_S` ago itself (an honest owner has an interval, at least :data:`GRACE_S`, to
+commit it and pay); a due checkpoint no receipt pays is unpaid
 (:func:`unpaid`). More than ``policy.unpaid_checkpoints`` unpaid checkpoints: the member leaves the job, says
 why in ``status``, ``market`` and the dashboard, and does not offer itself to that job again
 (:func:`leave_reason`; ``arceusd.market.service`` does the leaving).
@@ -20,8 +21,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-GRACE_S = 5.0
-"""Seconds after the worker passed a checkpoint by which its receipt is due (and not before the next one)."""
+GRACE_S = 15.0
+"""Seconds after the worker passed a checkpoint by which its receipt is due (and not before the next one): the
+worker trains on while the leader gathers and checks the step's shards, commits and sends the receipts, which
+took up to about ten seconds on a loaded 2-core machine."""
 MAX_TRACKED = 64
 
 
@@ -39,10 +42,15 @@ class PayWatch:
         return cls(max(0, interval), step, step)
 
     def see(self, step: int, now: float) -> None:
-        """The worker is at ``step`` now: record the checkpoints it crossed since the last look (a step lower than
-        before, after a recovery, only moves the mark back: the checkpoints above it are redone and paid then)."""
+        """The worker is at ``step`` now: record the checkpoints it crossed since the last look. A step lower than
+        before (a recovery resumed from the last commit) forgets the checkpoints above it: that work was never
+        committed, so never owed, and they are recorded anew when the worker passes them again; the committed ones
+        below it stay owed."""
         if self.interval <= 0:
             return
+        if step < self.last_step:
+            for above in [c for c in self.passed if c > step]:
+                del self.passed[above]
         if step > self.last_step:
             top = step // self.interval * self.interval
             first = max(self.last_step // self.interval + 1, top // self.interval - MAX_TRACKED + 1) * self.interval

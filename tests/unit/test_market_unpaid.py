@@ -45,9 +45,11 @@ def test_an_honest_owner_is_never_left_and_a_withholding_one_is_left_after_the_l
 def test_a_recovery_moves_the_mark_back_and_memory_is_bounded() -> None:
     w = PayWatch.start(10, 1)
     w.see(35, 1.0)
-    w.see(21, 2.0)  # resumed from the commit at 20
+    w.see(21, 2.0)  # resumed from the commit at 20: the work past it was never committed
+    assert sorted(w.passed) == [10, 20]
     w.see(45, 3.0)
-    assert sorted(w.passed) == [10, 20, 30, 40] and w.passed[30] == 1.0
+    assert sorted(w.passed) == [10, 20, 30, 40] and w.passed[30] == 3.0, "passed again, at its new time"
+    assert unpaid(w, 0, 3.0 + GRACE_S) == [10, 20, 30], "the committed ones stay owed"
     big = PayWatch.start(1, 1)
     big.see(10**9, 1.0)
     assert len(big.passed) == MAX_TRACKED
