@@ -48,7 +48,6 @@ class Commits:
     def __init__(self, ctx: JobContext, life: Lifecycle) -> None:
         self.ctx = ctx
         self.life = life
-        self.culprit = ""  # the member whose shard the running commit could not copy (one commit at a time)
 
     async def commit(self, job: Job, action: actions.Commit) -> None:
         """The core's ``Commit``: after ``action.delay_s`` (a retry), commit the step (:meth:`_commit_once`) and
@@ -59,13 +58,12 @@ class Commits:
                 await trio.sleep(action.delay_s)
             if self._commit_moot(job, action.stamp):
                 return  # repartitioned meanwhile, or the job ended while this one waited (e.g. its budget is spent)
-            self.culprit = ""
-            error, stop = await self._commit_once(job, action.step, action.stamp)
+            error, stop, culprit = await self._commit_once(job, action.step, action.stamp)
             if self._commit_moot(job, action.stamp):
                 return
             if error is not None:
                 log.warning("job %s: checkpoint %d not committed: %s", job.job_id, action.step, error)
-                self.life.feed(job, events.CommitFailed(action.stamp, action.step, error, self.culprit))
+                self.life.feed(job, events.CommitFailed(action.stamp, action.step, error, culprit))
                 return
             self.life.feed(job, events.CommitDone(action.stamp, action.step))
             if stop is not None and action.step < job.total_steps:
@@ -76,9 +74,10 @@ class Commits:
         excluded or left: the new plan resumes from the last commit before it), or the job ended."""
         return job.core.stamp != stamp or job.plan is None or job.core.terminal or not self.ctx.leads(job)
 
-    async def _commit_once(self, job: Job, step: int, stamp: Stamp) -> tuple[str | None, str | None]:
+    async def _commit_once(self, job: Job, step: int, stamp: Stamp) -> tuple[str | None, str | None, str]:
         """Copy every shard of ``step`` to the leader, check it, sign the manifest, issue the receipts. Returns
-        why it failed (or None: committed, or moot) and why the job must stop (its budget is spent) or None."""
+        why it failed (or None: committed, or moot), why the job must stop (its budget is spent) or None, and the
+        member whose shard could not be copied (or ``""``)."""
         from arceusd.checkpoint import Manifest, ShardRecord, atomic_write, file_matches, step_dir
 
         root = job.directory / "checkpoints"
@@ -91,29 +90,28 @@ class Commits:
                 with trio.move_on_after(fetch_deadline(record.size)):
                     data = await self.ctx.transfers.fetch_shard(job, peer, step, record)
                 if data is None:  # refused (more than its report said), not served, or too slowly: its doing
-                    self.culprit = peer
                     return (f"could not copy shard {record.name} of step {step} from {peer[:12]} within "
-                            f"{fetch_deadline(record.size):.0f} s and its {record.size} bytes"), None  # fmt: skip
+                            f"{fetch_deadline(record.size):.0f} s and its {record.size} bytes"), None, peer  # fmt: skip
                 await trio.to_thread.run_sync(atomic_write, path, data)
             records.append(record)
         if self._commit_moot(job, stamp):
-            return None, None  # the new plan resumes from an earlier step
+            return None, None, ""  # the new plan resumes from an earlier step
         if job.plan is None or len(records) != sum(len(st.shares) for st in job.plan.stages):
-            return f"checkpoint {step} has {len(records)} shard(s), not one per place in the plan", None
+            return f"checkpoint {step} has {len(records)} shard(s), not one per place in the plan", None, ""
         try:
             refused = await shard_checks.check_contents(job, step_dir(root, step), step, self.ctx.node.identity.peer_id)
         except (OSError, RuntimeError) as exc:  # this device's trouble (FileworkError too): nobody is excluded
-            return f"checkpoint {step} not checked: {exc}", None
+            return f"checkpoint {step} not checked: {exc}", None, ""
         if refused is not None and not self._commit_moot(job, stamp):  # a non-finite or misshapen shard
             self.life.request_restart(job, refused)
         if refused is not None or self._commit_moot(job, stamp):
-            return None, None  # never committed
+            return None, None, ""  # never committed
         cursor = {"cursor": job.leading.cursors.get(step)}
         manifest = Manifest(job.job_id, stamp.term, stamp.epoch, step, tuple(records), cursor)
         try:
             await trio.to_thread.run_sync(self._commit_manifest, root, manifest, job.spec.checkpoint.keep)
         except Exception as exc:  # CheckpointError: a shard that does not match its report
-            return f"checkpoint {step} not committed: {exc}", None
+            return f"checkpoint {step} not committed: {exc}", None, ""
         stop = on_commit(self.ctx.node, job, step, stamp.term, stamp.epoch)  # receipts; the reason a budget is spent
         job.leading.record_checkpoint(step)
         job.leading.committed_shards = {step: names}  # what the standby copies and the export reads
@@ -123,7 +121,7 @@ class Commits:
             job.leading.witnesses.pop(done, None)
             job.leading.complete.pop(done, None)
         log.info("job %s: checkpoint %d committed", job.job_id, step)
-        return None, stop
+        return None, stop, ""
 
     def _commit_manifest(self, root: Path, manifest: Any, keep: int) -> None:
         """Check the shards against ``manifest`` and sign it (a thread: file reads and hashing)."""
