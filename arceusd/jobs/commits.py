@@ -30,7 +30,7 @@ from arceusd.market.hooks import on_commit
 log = logging.getLogger(__name__)
 
 
-FETCH_BASE_S = 30.0
+FETCH_BASE_S = 60.0
 FETCH_MIN_BYTES_PER_S = 1 << 20
 """A member serves its shard to the leader within :data:`FETCH_BASE_S` plus its size at this rate, else the commit
 fails and the member is blamed for it (:data:`arceusd.jobs.core.machine.MAX_BLAMED_FAILURES` in a row exclude
