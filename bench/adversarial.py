@@ -117,7 +117,7 @@ def job_attacks(quick: bool) -> int:
                 text = spec.read_text().replace("[training]\n", '[training]\nreplicas = 2\nsync = "every_step"\n')
                 spec.write_text(text.replace("[784, 64, 32, 10]", "[784, 64, 10]"))
             outside = Path(tmp) / "outside" / "x.safetensors"
-            arg = {"finite": "1e30"}.get(attack, "100" if heavy else str(outside))
+            arg = {"finite": "1e30", "witness": "3"}.get(attack, "100" if heavy else str(outside))
             after = {"finite": steps, "witness": 0, "bigmem": 0}.get(attack, 0 if heavy else 40)
             s = HostileSwarm(Path(tmp) / "swarm", attack, arg, after=after)
             try:

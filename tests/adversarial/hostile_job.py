@@ -17,7 +17,8 @@ from the first). Attacks (issue #19 items 1, 3, 4 and 5):
 * ``serve-slow``: reports are true, but the member answers each request for its shard after
   ``ARCEUS_HOSTILE_ARG`` seconds;
 * ``checkpoint-error``: at each checkpoint the member reports its worker failed instead (issue #29 item 6);
-* ``witness``: with replicas, the member's witnesses are made up (well-formed) digests (issue #29 item 6);
+* ``witness``: with replicas, the member's witnesses are made up (well-formed) digests (issue #29 item 6); it
+  offers ``ARCEUS_HOSTILE_ARG`` times its speed (a few times: far below a discount) to be planned over a spare;
 * ``bigmem``: the member offers 8 TiB of memory (within the physical bound; issue #29 item 7);
 * ``claims``: the member offers 2^50 bytes of memory and 10^20 FLOP/s;
 * ``overclaim``: the member offers ``ARCEUS_HOSTILE_ARG`` times its measured speed (within physical bounds), so
@@ -181,13 +182,15 @@ def install(attack: str, arg: str, after: int) -> None:
             return {**times, "wait_s": times["wait_s"] + float(arg), side: times[side] + float(arg)}
 
         claims_module.own_step_times = blaming
-    if attack in ("claims", "overclaim", "overclaim-hidden", "challenge-forge", "bigmem"):
+    if attack in ("claims", "overclaim", "overclaim-hidden", "challenge-forge", "bigmem", "witness"):
         real_offer = manager_module.JobManager.offer
 
         async def offer(self: Any) -> Any:
             honest = await real_offer(self)
             if attack == "bigmem":
                 return replace(honest, memory_bytes=8 << 40)
+            if attack == "witness":
+                return replace(honest, flops_per_s=honest.flops_per_s * float(arg or 1))
             if attack != "claims":
                 return replace(honest, flops_per_s=honest.flops_per_s * float(arg))
             return replace(honest, memory_bytes=1 << 50, flops_per_s=1e20)

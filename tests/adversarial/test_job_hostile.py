@@ -402,10 +402,11 @@ def test_a_member_answering_every_checkpoint_with_an_error_is_excluded_and_the_j
 
 @pytest.mark.timeout(480)
 def test_a_wrong_witness_with_two_replicas_is_settled_by_the_leaders_own_and_the_job_ends_done(tmp_path: Path) -> None:
-    """Two replicas of one device each (the leader one of them, the attacker the other, the third member spare):
+    """Two replicas of one device each (the leader one of them, the attacker, offering 3x its speed to be planned,
+    the other; the third member spare):
     the attacker's made-up witness differs from the leader's own, which settles it; it used to be word against
     word, the job replanned until it failed."""
     spec = write_spec(tmp_path, steps=60, interval=20)
     text = spec.read_text().replace("[training]\n", '[training]\nreplicas = 2\nsync = "every_step"\n')
     spec.write_text(text.replace("layer_sizes = [784, 64, 32, 10]", "layer_sizes = [784, 64, 10]"))
-    run_blamed(tmp_path, spec, "witness", "", 0, "diverged from the other replicas", tolerance=1e-4)
+    run_blamed(tmp_path, spec, "witness", "3", 0, "diverged from the other replicas", tolerance=1e-4)
