@@ -35,8 +35,11 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from arceusd.models.config import GPTConfig, MLPConfig, ModelConfig
+from arceusd.models.config import GPTConfig, MLPConfig
 from partitioner.inputs import MAX_BLOCK_EFFICIENCY, DeviceProfile, Link
+
+ModelConfig = MLPConfig | GPTConfig
+"""The model families a device is calibrated on (the built-in ones; a stock LM's blocks cost like a GPT's)."""
 
 if TYPE_CHECKING:
     import torch

@@ -243,7 +243,9 @@ class Driver:
 
     async def export(self, job: Job, step: int, paths: list[Path]) -> None:
         """Assemble the model from the shards at ``paths`` (in a child process); the core ends the job."""
-        vocab = str(leader_data(job)["path"]) if job.spec.data.kind == "text" else None
+        data = leader_data(job)
+        # a character job's vocabulary comes from its text, a stock LM's export carries its tokenizer.json
+        vocab = str(data["path"]) if data.get("kind") == "text" else data.get("tokenizer")
         try:
             path = await filework.export_model(job.directory, job.spec_bytes, job.job_id, step, paths, vocab)
         except Exception as exc:

@@ -16,7 +16,7 @@ import torch
 
 from arceusd.checkpoint import atomic_write
 from arceusd.jobs.reslice import ResliceError, full_state, parse_shard
-from arceusd.models.config import GPTConfig, MLPConfig
+from arceusd.models.config import GPTConfig, MLPConfig, ModelConfig
 from arceusd.safetensors_io import save_bytes
 
 PARAM_PREFIX = "param.blocks."
@@ -26,7 +26,7 @@ class ExportError(Exception):
     """The shards do not make a whole model; the message says what is missing."""
 
 
-def assemble(config: MLPConfig | GPTConfig, shards: list[bytes]) -> dict[str, torch.Tensor]:
+def assemble(config: ModelConfig, shards: list[bytes]) -> dict[str, torch.Tensor]:
     """Full-model state dict (reference-model names) from every worker's final shard."""
     try:
         state = full_state(config, [parse_shard(d) for d in shards], params_only=True)

@@ -167,6 +167,14 @@ def _export(request: dict[str, Any]) -> dict[str, Any]:
     if where is not None:
         raise ValueError(f"the assembled model holds non-finite values ({where}); it is not saved")
     extra: dict[str, Any] = {"job_id": request["job_id"], "step": int(request["step"]), "name": spec.name}
+    from arceusd.models.hf.config import HFModelConfig
+
+    if isinstance(spec.model, HFModelConfig):  # a folder transformers' from_pretrained loads
+        from arceusd.models.hf.export import write_hf_export
+
+        tokenizer = Path(request["vocab_path"]) if request.get("vocab_path") else None
+        folder = Path(request["job_dir"]) / "export"
+        return {"model_path": str(write_hf_export(folder, spec.model, state, tokenizer))}
     if request.get("vocab_path"):
         from arceusd.data.text import load_text
 

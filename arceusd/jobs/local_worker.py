@@ -22,6 +22,7 @@ from arceusd.jobs import claims, probation, reports, shard_checks, witnesses
 from arceusd.jobs.core import Role, Stamp, actions, events
 from arceusd.jobs.job import TERMINAL, Job
 from arceusd.jobs.manager_base import JobContext, Lifecycle
+from arceusd.jobs.spec_types import resolve_path
 from arceusd.jobs.speed_checks import SpeedChecks
 from arceusd.jobs.supervisor import WorkerFailed, WorkerProcess
 from arceusd.jobs.transfers import leader_data
@@ -113,6 +114,9 @@ class LocalWorker:
         spec_dict = json.loads(job.spec_bytes)
         if self.ctx.leads(job):
             spec_dict["data"] = leader_data(job)
+        weights = spec_dict.get("model", {}).get("weights")
+        if isinstance(weights, str):  # a stock LM's initial weights: every device reads its blocks from this path
+            spec_dict["model"]["weights"] = str(resolve_path(weights, job.spec.base_dir).resolve())
         offer = await self.ctx.offer()
         config = WorkerConfig(
             job_id=job.job_id, term=job.term, epoch=job.epoch, spec=spec_dict, stages=worker_stages(the_plan),

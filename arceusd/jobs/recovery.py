@@ -37,7 +37,7 @@ from arceusd.checkpoint import (
     read_manifest,
     step_dir,
 )
-from arceusd.models.config import GPTConfig, MLPConfig
+from arceusd.models.config import ModelConfig
 from arceusd.worker.protocol import StageConfig
 
 
@@ -107,7 +107,7 @@ def corrupt_shards(root: Path, trusted: Iterable[str]) -> tuple[int, list[ShardR
 
 def prepare_resume(
     job_dir: Path,
-    model: MLPConfig | GPTConfig,
+    model: ModelConfig,
     stages: Sequence[StageConfig],
     epoch: int,
     trusted: Iterable[str],

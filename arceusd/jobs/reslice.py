@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from arceusd.models.build import num_blocks
-from arceusd.models.config import GPTConfig, MLPConfig
+from arceusd.models.config import GPTConfig, ModelConfig
 from arceusd.safetensors_io import SafetensorsHeaderError, load_bytes, read_metadata
 from arceusd.worker.protocol import StageConfig
 from arceusd.worker.tensor_parallel import TPSplit, gather_tensor, shard_tensor
@@ -59,7 +59,7 @@ def parse_shard(data: bytes) -> Shard:
 
 
 def full_state(
-    config: MLPConfig | GPTConfig, shards: Sequence[Shard], params_only: bool = False
+    config: ModelConfig, shards: Sequence[Shard], params_only: bool = False
 ) -> dict[str, torch.Tensor]:
     """The whole model's training state (parameters and, unless ``params_only``, optimizer buffers) from every
     worker's shard of one step, tensor-parallel slices gathered."""
@@ -100,7 +100,7 @@ def full_state(
 
 
 def slice_state(
-    config: MLPConfig | GPTConfig, full: dict[str, torch.Tensor], stage: StageConfig, rank: int
+    config: ModelConfig, full: dict[str, torch.Tensor], stage: StageConfig, rank: int
 ) -> dict[str, torch.Tensor]:
     """Rank ``rank`` of ``stage``'s part of ``full``: the tensors a worker loads with ``load_state_tensors``."""
     split = stage.split()

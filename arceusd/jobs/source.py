@@ -12,8 +12,9 @@ from arceusd.data.errors import DataError
 from arceusd.data.mnist import load_mnist
 from arceusd.data.text import load_text
 from arceusd.jobs.datafacts import mnist_facts, text_facts
-from arceusd.jobs.spec_types import JobSpec, MnistDataSpec
+from arceusd.jobs.spec_types import JobSpec, MnistDataSpec, TokensDataSpec, resolve_path
 from arceusd.models.config import GPTConfig
+from arceusd.models.hf.config import HFModelConfig
 
 
 def open_batch_source(spec: JobSpec, *, eval_batch_size: int = 1000) -> BatchSource:
@@ -38,6 +39,8 @@ def open_batch_source(spec: JobSpec, *, eval_batch_size: int = 1000) -> BatchSou
             labels=d.labels,
         )
         return MnistBatches(data, t.batch_size, spec.seed, eval_batch_size=eval_batch_size)
+    if isinstance(spec.data, TokensDataSpec):
+        return _tokens(spec)
     if not isinstance(spec.model, GPTConfig):
         raise DataError(f"a text data set needs a gpt model, got {type(spec.model).__name__}")
     if spec.data.sha256 is not None:
@@ -47,6 +50,27 @@ def open_batch_source(spec: JobSpec, *, eval_batch_size: int = 1000) -> BatchSou
         size = spec.model.vocab_size
         raise DataError(f"{path}: {text.vocab.size} distinct characters exceed the model's vocab_size {size}")
     return TextBatches(text, spec.model.block_size, t.batch_size, spec.seed, eval_iters=t.eval_iters)
+
+
+def _tokens(spec: JobSpec) -> BatchSource:
+    """A stock LM's tokenized data (``arceusd/data/tokenized.py``), its files checked against the spec's digests."""
+    from arceusd.data.text import file_sha256
+    from arceusd.data.tokenized import TokenBatches, load_tokens
+
+    d, t = spec.data, spec.training
+    assert isinstance(d, TokensDataSpec)
+    if not isinstance(spec.model, HFModelConfig):
+        kind = type(spec.model).__name__
+        raise DataError(f"a tokens data set needs a stock causal LM (model.type = 'hf'), got {kind}")
+    path, tokenizer = spec.data_path(), resolve_path(d.tokenizer, spec.base_dir)
+    if d.sha256 is not None:
+        _same(d.sha256, file_sha256(path), str(path))
+    if d.tokenizer_sha256 is not None:
+        _same(d.tokenizer_sha256, file_sha256(tokenizer), str(tokenizer))
+    data = load_tokens(path, tokenizer, fmt=d.format, text_field=d.text_field, val_fraction=d.val_fraction)
+    if data.vocab_size > spec.model.vocab_size:
+        raise DataError(f"{tokenizer}: {data.vocab_size} tokens exceed the model's vocab_size {spec.model.vocab_size}")
+    return TokenBatches(data, spec.model.block_size, t.batch_size, spec.seed, eval_iters=t.eval_iters)
 
 
 def _same(expected: str, actual: str, where: str) -> None:

@@ -45,6 +45,8 @@ def data_files(data: Mapping[str, Any]) -> list[Path]:
     in the order a standby copies them: the text file; the MNIST images then labels."""
     if data.get("kind") == "text":
         return [Path(str(data["path"]))]
+    if data.get("kind") == "tokens":  # the text and its tokenizer.json
+        return [Path(str(data["path"])), Path(str(data["tokenizer"]))]
     folder = Path(str(data["dir"]))
     images, labels = data.get("images"), data.get("labels")
     if not images or not labels:
@@ -71,6 +73,8 @@ def copy_entry(job_dir: Path, data: Mapping[str, Any], names: Sequence[str]) -> 
     out = dict(data)
     if data.get("kind") == "text":
         out["path"] = str(folder / names[0])
+    elif data.get("kind") == "tokens":
+        out.update({"path": str(folder / names[0]), "tokenizer": str(folder / names[1])})
     else:
         out.update({"dir": str(folder), "images": names[0], "labels": names[1]})
     return out

@@ -198,7 +198,7 @@ def leader_data(job: Job) -> dict[str, Any]:
             raise RuntimeError("this device leads the job without a checked copy of its data (a bug)")
         return dict(job.standby_data)
     out = dict(json.loads(job.spec_bytes)["data"])
-    for key in ("dir", "path"):
+    for key in ("dir", "path", "tokenizer"):
         if isinstance(out.get(key), str):
             out[key] = str(resolve_path(out[key], job.spec.base_dir).resolve())
     return out

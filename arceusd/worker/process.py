@@ -59,7 +59,7 @@ from arceusd.jobs.source import open_batch_source
 from arceusd.jobs.spec import JobSpec, spec_from_dict
 from arceusd.jobs.spec_types import TrainingSpec
 from arceusd.models.build import loss_sum
-from arceusd.models.config import GPTConfig
+from arceusd.models.config import MLPConfig
 from arceusd.safetensors_io import load_bytes, save_bytes
 from arceusd.transport import Stream, open_transport
 from arceusd.worker.affinity import pin_cpus
@@ -203,7 +203,9 @@ class Worker:
         st = config.stages[self.stage]
         split = st.split()
         group = TimedCollective(self.fabric.collective()) if split is not None else None  # its waits are reported
-        module = build_stage(self.spec.model, self.spec.seed, StageSpec(st.start, st.end, split, self.rank), group)
+        weights = getattr(self.spec.model, "weights", None)  # a stock LM's initial weights (only its blocks read)
+        module = build_stage(self.spec.model, self.spec.seed, StageSpec(st.start, st.end, split, self.rank), group,
+                             weights=Path(weights) if weights else None)  # fmt: skip
         t = self.spec.training
         self.replica = config.slot_of()  # this worker's replica slot: its share of each batch
         self.control = ReplicaControl(self)
@@ -320,7 +322,7 @@ class Worker:
         prefetch = Prefetcher(client, self.is_first, self.is_last, self.start_step, cfg.total_steps)
         nursery.start_soon(prefetch.run)
         samples = t.batch_size // cfg.share_count()  # this replica's share of the global batch
-        tokens = samples * (self.spec.model.block_size if isinstance(self.spec.model, GPTConfig) else 1)
+        tokens = samples * int(getattr(self.spec.model, "block_size", 1))  # an MLP's sample is one example
         n_eval = eval_batch_count(self.spec)
         step = self.start_step
         try:
@@ -452,7 +454,7 @@ class Worker:
         total_loss, total_count, total_correct = links.allreduce_scalars(
             (loss_total, count, correct) if report else (0.0, 0.0, 0.0)
         )
-        is_mlp = not isinstance(self.spec.model, GPTConfig)
+        is_mlp = isinstance(self.spec.model, MLPConfig)
         return total_loss / max(total_count, 1.0), (total_correct / max(total_count, 1.0) if is_mlp else None)
 
 
