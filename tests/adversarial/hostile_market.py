@@ -55,7 +55,7 @@ def install(attack: str) -> None:
         def pay(*_args: Any, **_kw: Any) -> float:
             return 0.0
 
-        service.pay = pay  # type: ignore[assignment]
+        service.pay = pay  # type: ignore[attr-defined]  # the name the market service prices receipts with
         print("hostile: every receipt priced at $0", file=sys.stderr, flush=True)
 
 
