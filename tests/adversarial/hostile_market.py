@@ -60,22 +60,26 @@ def install(attack: str) -> None:
 
 
 class MarketSwarm(LocalSwarm):
-    """Three daemons on loopback; daemon :data:`OWNER` runs this module with ``attack``, its workers napping
-    ``nap`` seconds before each step."""
+    """``size`` daemons on loopback; daemon ``hostile`` (default :data:`OWNER`) runs ``module`` (default this one)
+    with ``attack`` (and ``arg``, from the first checkpoint), its workers napping ``nap`` seconds before each step.
+    ``module="tests.adversarial.hostile_job"`` runs that module's member attacks instead."""
 
-    def __init__(self, root: Path, attack: str, nap: float = 0.0) -> None:
-        super().__init__(root, 3, ["--auto-join"], preset="local")
-        self.hostile_env = {**self.env, "ARCEUS_HOSTILE": attack}
+    def __init__(self, root: Path, attack: str, nap: float = 0.0, size: int = 3, hostile: int = OWNER,
+                 module: str = "tests.adversarial.hostile_market", arg: str = "") -> None:  # fmt: skip
+        super().__init__(root, size, ["--auto-join"], preset="local")
+        self.hostile, self.module = hostile, module
+        self.hostile_env = {**self.env, "ARCEUS_HOSTILE": attack, "ARCEUS_HOSTILE_ARG": arg,
+                            "ARCEUS_HOSTILE_AFTER": "0"}  # fmt: skip
         if nap:
             self.hostile_env["ARCEUSD_FAILPOINTS"] = f"worker.step=sleep:{nap}"
 
     def _spawn(self, i: int) -> subprocess.Popen[bytes]:
-        if i != OWNER:
+        if i != self.hostile:
             return super()._spawn(i)
         seeds = [a for j, port in enumerate(self.ports) if j != i for a in ("--peer", f"127.0.0.1:{port}")]
         state = self.state_dir(i)
         state.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "tests.adversarial.hostile_market", "--state-dir", str(state), "start",
+        cmd = [sys.executable, "-m", self.module, "--state-dir", str(state), "start",
                "--foreground", "--preset", self.preset, "--host", "127.0.0.1", "--no-mdns", "--port",
                str(self.ports[i]), "--log-file", str(state / "arceusd.log"), *seeds, *self.extra_args]  # fmt: skip
         return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,

@@ -1,7 +1,8 @@
 """Issue 29's marketplace attacks against real daemons (each in its own process, on loopback).
 
 * Pay follows measurement: a member offering 1,000 times its speed (``tests/adversarial/hostile_job.py``,
-  ``overclaim``) earns at most 1.5 times what an honest member on the same machine earns for the same job.
+  ``overclaim``) earns at most 1.5 times what an honest device on the same machine (the owner's own, which works
+  in its job as a member does) earns for the same job.
 * Nobody works unpaid without knowing: an owner that never sends its members receipts, or prices them at $0
   (``tests/adversarial/hostile_market.py``), gets at most ``policy.unpaid_checkpoints`` + 1 checkpoints of each
   member's work and :data:`arceusd.market.unpaid.GRACE_S` more (the last of them is due that long after it
@@ -19,7 +20,6 @@ import pytest
 from arceusd.market.ledger import bill, verify_file
 from arceusd.market.policy import Policy
 from arceusd.market.unpaid import GRACE_S
-from tests.adversarial.hostile_job import HOSTILE, HostileSwarm
 from tests.adversarial.hostile_market import OWNER, MarketSwarm
 from tests.harness import wait_for
 from tests.integration.test_recovery import submit, wait_end, write_spec
@@ -35,13 +35,15 @@ def owners_bill(s: Any, job_id: str) -> dict[str, Any]:
 
 def test_a_member_offering_1000x_its_speed_earns_at_most_1_5x_an_honest_member(tmp_path: Path) -> None:
     spec = write_spec(tmp_path, steps=160, interval=20)
-    s = HostileSwarm(tmp_path / "swarm", "overclaim", "1000", after=0)
+    # two daemons (the fewest processes on a shared machine): the owner, an honest device, and the liar
+    s = MarketSwarm(tmp_path / "swarm", "overclaim", size=2, hostile=1, module="tests.adversarial.hostile_job",
+                    arg="1000")  # fmt: skip
     try:
         s.start()
         s.wait_converged()
-        ids = [s.call(i, "status")["peer_id"] for i in range(3)]
-        liar, honest = ids[HOSTILE], ids[1]
-        job_id = submit(s, spec)
+        ids = [s.call(i, "status")["peer_id"] for i in range(2)]
+        liar, honest = ids[1], ids[OWNER]
+        job_id = submit(s, spec, members=2)
         end = wait_end(s, job_id, timeout=420)
         assert end["state"] == "done", end
         assert all(p.poll() is None for p in s.procs), "a daemon exited"
