@@ -289,8 +289,9 @@ class HostileSwarm(LocalSwarm):
     """Three daemons on loopback; daemon ``hostile`` (:data:`HOSTILE`, a member, by default) runs this module with
     ``attack`` from checkpoint step ``after`` on."""
 
-    def __init__(self, root: Path, attack: str, arg: str = "", after: int = 0, hostile: int = HOSTILE) -> None:
-        super().__init__(root, 3, ["--auto-join"], preset="local")
+    def __init__(self, root: Path, attack: str, arg: str = "", after: int = 0, hostile: int = HOSTILE,
+                 preset: str = "local") -> None:  # fmt: skip
+        super().__init__(root, 3, ["--auto-join"], preset=preset)
         self.hostile = hostile
         self.hostile_env = {**self.env, "ARCEUS_HOSTILE": attack, "ARCEUS_HOSTILE_ARG": arg,
                             "ARCEUS_HOSTILE_AFTER": str(after)}  # fmt: skip
