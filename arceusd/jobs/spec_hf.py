@@ -87,6 +87,11 @@ def parse_hf_model(
     config = parse_hf_config(doc, block, "model.config", r.problem)
     if config is None:
         return None
+    if config.tied:  # the blocks share it within one stage; the planner may split the two ends (blocks.py)
+        r.problem("model.config.tie_word_embeddings", "Arceus does not yet sum a tied embedding's gradient across "
+                  "pipeline stages; set it to false (the LM head then trains as its own matrix, starting as a copy "
+                  "of the embedding when initial weights are given)")  # fmt: skip
+        return None
     if weights is not None and check_files:
         path = resolve_path(weights, base_dir)
         problems = weights_problems(path, config)

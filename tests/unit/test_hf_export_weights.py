@@ -63,3 +63,15 @@ def test_initial_weights_are_read_per_block_and_checked_against_the_config(tmp_p
     problems = weights_problems(weights, wrong)
     assert problems and "model.layers.0.mlp.down_proj.weight has shape [32, 48], the config says [32, 40]" in problems
     assert weights_problems(tmp_path / "nope.safetensors", cfg)
+
+
+def test_a_tied_checkpoint_starts_an_untied_head_as_a_copy_of_the_embedding(tmp_path: Path) -> None:
+    tied = hf_cases.config("gpt2", tie_word_embeddings=True)
+    source = AutoModelForCausalLM.from_config(transformers_config(tied))  # type: ignore[no-untyped-call]
+    weights = tmp_path / "model.safetensors"
+    state = {k: v.contiguous() for k, v in source.state_dict().items() if k != "lm_head.weight"}
+    save_file(state, str(weights))  # as the library saves a tied model: the head is not stored
+    untied = hf_cases.config("gpt2", tie_word_embeddings=False)
+    assert weights_problems(weights, untied) == []
+    head = build_stage(untied, 0, StageSpec(3, 4), weights=weights).blocks["3"]
+    assert torch.equal(dict(head.named_parameters())["lm_head.weight"], state["transformer.wte.weight"])

@@ -60,6 +60,7 @@ def _problems(path: Path) -> list[str]:
         ({"vocab_size": 1000}, "model.config.vocab_size", "smaller than the tokenizer's 2048 tokens"),
         ({"max_position_embeddings": 64}, "model.block_size", "exceeds the architecture's max_position_embeddings"),
         ({"some_new_switch": True}, "model.config.some_new_switch", "unknown config field"),
+        ({"tie_word_embeddings": True}, "model.config.tie_word_embeddings", "set it to false"),
     ],
 )
 def test_an_unsupported_config_is_one_clear_line(

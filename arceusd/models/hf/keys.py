@@ -78,6 +78,13 @@ def expected_tensors(config: HFModelConfig) -> dict[str, tuple[int, str, Shape]]
     return out
 
 
+def untied_head_source(config: HFModelConfig, key: str) -> str | None:
+    """The key an untied head's weight starts from when a (tied) checkpoint stores no ``lm_head.weight``."""
+    if key == "lm_head.weight" and not config.tied:
+        return "transformer.wte.weight" if config.is_gpt2 else "model.embed_tokens.weight"
+    return None
+
+
 def param_count(config: HFModelConfig, index: int) -> int:
     """Parameters held by block ``index``."""
     total = 0

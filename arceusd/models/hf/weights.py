@@ -13,7 +13,7 @@ import torch
 from safetensors import safe_open
 
 from arceusd.models.hf.config import HFModelConfig
-from arceusd.models.hf.keys import block_tensors, hf_key
+from arceusd.models.hf.keys import block_tensors, hf_key, untied_head_source
 
 
 def load_block_tensors(path: Path, config: HFModelConfig, index: int) -> dict[str, torch.Tensor]:
@@ -23,6 +23,9 @@ def load_block_tensors(path: Path, config: HFModelConfig, index: int) -> dict[st
         keys = set(f.keys())
         for local, shape in block_tensors(config, index).items():
             key = hf_key(config, index, local)
+            source = untied_head_source(config, key)
+            if key not in keys and source is not None and source in keys:  # a tied checkpoint: the head starts as it
+                key = source
             if key not in keys:
                 raise ValueError(f"initial weights {path}: missing {key} (block {index}); the file does not match "
                                  "model.config")  # fmt: skip

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from arceusd.models.hf.config import HFModelConfig
-from arceusd.models.hf.keys import expected_tensors
+from arceusd.models.hf.keys import expected_tensors, untied_head_source
 
 MAX_HEADER_BYTES = 100 << 20
 FLOAT_DTYPES = ("F32", "F16", "BF16")
@@ -47,7 +47,7 @@ def weights_problems(path: Path, config: HFModelConfig) -> list[str]:
         return [str(e)]
     expected = expected_tensors(config)
     problems: list[str] = []
-    missing = sorted(set(expected) - set(header))
+    missing = sorted(k for k in set(expected) - set(header) if untied_head_source(config, k) not in header)
     tied_copy = {"lm_head.weight"} if config.tied else set()  # a tied checkpoint may also store the head
     extra = sorted(set(header) - set(expected) - tied_copy)
     if missing:
@@ -56,7 +56,7 @@ def weights_problems(path: Path, config: HFModelConfig) -> list[str]:
         problems.append(f"{len(extra)} tensor(s) the config does not have, e.g. {extra[0]} (another architecture "
                         "or size?)")  # fmt: skip
     for key, (_, _, shape) in expected.items():
-        entry = header.get(key)
+        entry = header.get(key, header.get(untied_head_source(config, key) or ""))
         if not isinstance(entry, dict):
             continue
         if tuple(entry.get("shape", ())) != shape:
