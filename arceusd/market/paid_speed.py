@@ -10,6 +10,8 @@ speed it measured (:func:`paid_flops`):
 - a device whose challenge failed (wrong blocks, refused twice) is paid at its offer / ``MAX_DISCOUNT``;
 - a device the leader discounted (its step times or its challenge: ``job.leading.discounts``) is paid at the
   discounted speed from then on, at most;
+- the leader's own device is paid at its offer (its challenge is the baseline the others are scaled by: on a
+  loaded machine it runs ten times slower than its offer like every other device);
 - a device not measured yet (a newcomer, or one whose challenge ran out of time: its speed is only an upper
   bound) is paid at most :func:`cap`: the leader's own offer (the one device the leader measured itself;
   :data:`~arceusd.market.pricing.TYPICAL_LAPTOP_FLOPS` when the leader lends nothing).
@@ -100,8 +102,11 @@ def paid_speeds(job: Any, leader: str) -> dict[str, Paid]:
     limit = cap(float(own.flops_per_s) if own is not None else None)
     timed: Mapping[str, Timed] = job.leading.timed
     discounts: Mapping[str, float] = job.leading.discounts
-    return {peer: paid_flops(float(offer.flops_per_s), float(discounts.get(peer, 1.0)), timed.get(peer),
-                             baseline(timed, peer), limit) for peer, offer in members.items()}  # fmt: skip
+    out = {peer: paid_flops(float(offer.flops_per_s), float(discounts.get(peer, 1.0)), timed.get(peer),
+                            baseline(timed, peer), limit) for peer, offer in members.items() if peer != leader}
+    if own is not None:  # its own challenge is the baseline of how much slower devices run beside the job
+        out[leader] = Paid(float(own.flops_per_s), float(own.flops_per_s), "the leader's own device")
+    return out
 
 
 def beyond_cap(job: Any, leader: str) -> list[str]:

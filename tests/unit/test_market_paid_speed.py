@@ -70,6 +70,9 @@ def test_the_leader_times_a_plan_device_offering_more_than_the_cap() -> None:
     assert beyond_cap(j, "me") == ["liar"], "a device within TIME_ABOVE of the leader is not timed for its pay"
     assert paid_speeds(j, "me")["a"].flops == HONEST, "...and paid at most the cap until it is"
     assert paid_speeds(j, "me")["liar"].flops == HONEST
+    loaded = job({"me": HONEST, "liar": 1000 * HONEST}, {"me": Timed(HONEST, WORK, 0.15 * 13)})
+    paid = paid_speeds(loaded, "me")
+    assert paid["me"].flops == HONEST and paid["liar"].flops == HONEST, "the leader's own challenge is the baseline"
     timed = job({"me": HONEST, "liar": 1000 * HONEST}, {"me": Timed(HONEST, WORK, 0.15)})
     assert beyond_cap(timed, "me") == ["liar"]
     timed.leading.challenged.add("liar")
