@@ -103,8 +103,11 @@ def fd_attacks(quick: bool) -> int:
         seen = sorted(set(out["views"]))
         hello = f"{out['hello_s']:8.1f}" if out["hello_s"] is not None else "  failed"
         gate = {k: v for k, v in out["gate"].items() if k not in ("max_connections", "max_per_source")}
-        print(f"{name:<26} {r.peak_rss_mib:8.1f} {r.max_fds:5d} {_p50(r) * 1e3:14.2f} {r.status_max_s * 1e3:7.1f} "
-              f"{hello} {','.join(seen):<18} {'EXITED' if out['exited'] else 'ran on'}; {gate}", flush=True)
+        print(
+            f"{name:<26} {r.peak_rss_mib:8.1f} {r.max_fds:5d} {_p50(r) * 1e3:14.2f} {r.status_max_s * 1e3:7.1f} "
+            f"{hello} {','.join(seen):<18} {'EXITED' if out['exited'] else 'ran on'}; {gate}",
+            flush=True,
+        )
     gate_cost()
     return 0
 
@@ -146,8 +149,10 @@ def gate_cost(calls: int = 500, big: int = 40) -> None:
     rows = [(gated, trio.run(measure, gated)) for gated in (False, True, False, True)]
     print("\ngate cost (client and server in one process; two runs each, alternating)")
     for gated, (small, rate) in rows:
-        print(f"{'gated' if gated else 'plain':<6} small call round trip {small * 1e6:7.0f} us   "
-              f"4 MiB calls {rate / 1e6:6.0f} MB/s")
+        print(
+            f"{'gated' if gated else 'plain':<6} small call round trip {small * 1e6:7.0f} us   "
+            f"4 MiB calls {rate / 1e6:6.0f} MB/s"
+        )
 
 
 if __name__ == "__main__":
