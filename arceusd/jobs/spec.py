@@ -10,9 +10,13 @@ Schema (TOML; JSON with the same nesting is accepted, chosen by a ``.json`` suff
     seed = 0                    # default 0
     [model]   type = "mlp", layer_sizes = [784, 128, 64, 10]
               | type = "gpt", n_layer, n_head, n_embd, block_size, vocab_size (int or "auto"), dropout, bias
+              | type = "hf", config (a gpt2/llama/qwen2/mistral config.json path, or inline), block_size,
+                weights?, weights_sha256?  (arceusd/jobs/spec_hf.py)
     [data]    kind = "mnist", dir, train_count, holdout_count, mean, std, split_seed?, images?, labels?,
               sha256?
               | kind = "text", path, val_fraction, sha256?
+              | kind = "tokens", path, tokenizer, format ("text" | "jsonl"), text_field, val_fraction, sha256?,
+                tokenizer_sha256?  (a stock LM's data; arceusd/jobs/spec_hf.py)
     [training] steps | epochs, batch_size, micro_batches, optimizer ("sgd" | "adamw"), lr, weight_decay,
               momentum (sgd only), betas (adamw only), warmup_steps, lr_decay ("none" | "cosine"), min_lr,
               grad_clip, precision, compression, topk_fraction (topk only), schedule, eval_interval_steps,
