@@ -42,7 +42,7 @@ def fair_attacks(quick: bool) -> int:
         ]
         try:
             honest = []
-            for owner in owners:
+            for owner in owners:  # the example spec reads the repository's own data folder (data/mnist)
                 done = run_cli(owner.state_dir, "submit", str(ROOT / "examples" / "mnist-mlp.toml"), "--members", "3")
                 assert done.returncode == 0, done.stderr
                 honest.append(done.stdout.split()[2])
