@@ -16,9 +16,9 @@ from tests.integration.test_recovery import submit, wait_end
 pytestmark = [pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
-MEMBERS = int(os.environ.get("ARCEUS_HF_TEST_MEMBERS", "1"))
-"""Daemons in the swarm, all members of the job (ARCEUS_HF_TEST_MEMBERS=2 splits it over two devices when the
-planner finds that faster)."""
+MEMBERS = int(os.environ.get("ARCEUS_HF_TEST_MEMBERS", "2"))
+"""Daemons in the swarm, all members of the job (a run here split the 4 blocks 1 + 3 over both; the lan preset:
+on a loaded two-core machine the local one declared busy members dead again and again, each a restart)."""
 CONFIG = {
     "model_type": "llama", "vocab_size": 2048, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
     "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64, "tie_word_embeddings": False,
@@ -47,19 +47,19 @@ interval_steps = 8
 """
 
 
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(600)
 def test_daemons_train_a_tiny_llama_whose_export_loads_in_transformers(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(CONFIG))
     (tmp_path / "shakespeare.txt").write_text((ROOT / "data" / "tinyshakespeare" / "input.txt").read_text()[:40000])
     spec = tmp_path / "job.toml"
     spec.write_text(SPEC.format(tokenizer=ROOT / "data" / "tokenizers" / "shakespeare-bpe.json"))
-    s = LocalSwarm(tmp_path / "swarm", MEMBERS, ["--auto-join"], preset="local",
+    s = LocalSwarm(tmp_path / "swarm", MEMBERS, ["--auto-join"], preset="lan",
                    env={"ARCEUS_TOKEN_CACHE": str(tmp_path / "tokens")})  # fmt: skip
     try:
         s.start()
         s.wait_converged()
         job_id = submit(s, spec, members=MEMBERS)
-        end = wait_end(s, job_id, timeout=300)
+        end = wait_end(s, job_id, timeout=450)
         assert end["state"] == "done", end
         for i in range(s.size):
             packages = s.call(i, "modules")["packages"]
