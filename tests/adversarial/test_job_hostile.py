@@ -109,7 +109,7 @@ def test_a_member_that_writes_nan_into_its_shard_is_dropped_and_the_job_resumes(
     assert "non-finite" in end["excluded"][next(iter(end["excluded"]))], end["excluded"]
 
 
-@pytest.mark.timeout(480)
+@pytest.mark.timeout(900)
 def test_a_member_whose_final_shard_holds_1e30_is_refused_and_the_model_stays_clean(tmp_path: Path) -> None:
     """Issue #29 item 8: finite poison passed the finite-value scan (the job ended done with 1e30 in most of the
     exported weights). The final shard's values moved further from the last commit than SGD can move them in 20
@@ -124,7 +124,7 @@ def test_a_member_whose_final_shard_holds_1e30_is_refused_and_the_model_stays_cl
         s.wait_converged()
         hostile_peer = s.call(HOSTILE, "status")["peer_id"]
         job_id = submit(s, spec)
-        end = wait_end(s, job_id, timeout=420)  # (two busy cores: a member may look dead while torch loads)
+        end = wait_end(s, job_id, timeout=840)  # (two busy cores: a member may look dead while torch loads)
         assert all(p.poll() is None for p in s.procs), "a daemon exited"
         assert end["state"] == "done", (end["error"], end["excluded"], end["recoveries"])
         assert "moved further than training can move them" in end["excluded"].get(hostile_peer, ""), end["excluded"]
@@ -372,7 +372,7 @@ def run_blamed(tmp_path: Path, spec: Path, attack: str, arg: str, after: int, wh
         hostile_peer = s.call(HOSTILE, "status")["peer_id"]
         job_id = submit(s, spec)
         first = wait_for(lambda: (v := job_of(s, job_id)).get("plan") and v, 240, 0.2, "the first plan")
-        end = wait_end(s, job_id, timeout=420)  # (two busy cores: a member may look dead while torch loads)
+        end = wait_end(s, job_id, timeout=840)  # (two busy cores: a member may look dead while torch loads)
         assert all(p.poll() is None for p in s.procs), "a daemon exited"
         placed_first = {d["peer_id"] for r in first["plan"].get("replicas", [first["plan"]]) for st in r["stages"]
                         for d in st["devices"]}  # fmt: skip
@@ -389,7 +389,7 @@ def run_blamed(tmp_path: Path, spec: Path, attack: str, arg: str, after: int, wh
         s.close()
 
 
-@pytest.mark.timeout(480)
+@pytest.mark.timeout(900)
 def test_a_member_serving_its_shard_too_big_is_excluded_and_the_job_ends_done(tmp_path: Path) -> None:
     """Its reports are true (its real size), but it serves a 16 GiB total: each commit refuses the copy; it used
     to fail every commit and then the job."""
@@ -397,13 +397,13 @@ def test_a_member_serving_its_shard_too_big_is_excluded_and_the_job_ends_done(tm
     run_blamed(tmp_path, spec, "serve-big", "", ATTACK_FROM_STEP, "shard serving failed 2 commits in a row")
 
 
-@pytest.mark.timeout(480)
+@pytest.mark.timeout(900)
 def test_a_member_answering_every_checkpoint_with_an_error_is_excluded_and_the_job_ends_done(tmp_path: Path) -> None:
     spec = write_spec(tmp_path, steps=100, interval=20)
     run_blamed(tmp_path, spec, "checkpoint-error", "", ATTACK_FROM_STEP, "failed 2 plans in a row first")
 
 
-@pytest.mark.timeout(480)
+@pytest.mark.timeout(900)
 def test_a_wrong_witness_with_two_replicas_is_settled_by_the_leaders_own_and_the_job_ends_done(tmp_path: Path) -> None:
     """Two replicas of one device each (the leader one of them, the attacker, offering 3x its speed to be planned,
     the other; the third member spare):
