@@ -38,6 +38,12 @@ class WorkerProcess:
         self._buffer = bytearray()
 
     @property
+    def os_pid(self) -> int | None:
+        """The worker's process id once started, alive or not: safe to read from any thread (``pid`` asks trio
+        whether it still runs, which only the event loop's thread may)."""
+        return None if self.process is None else int(self.process.pid)
+
+    @property
     def pid(self) -> int | None:
         """The worker's process id while it runs."""
         if self.process is None or self.process.returncode is not None:

@@ -80,12 +80,14 @@ TERMINAL = frozenset({"done", "failed", "cancelled"})
 
 
 def own_pids(node: Node) -> list[int]:
-    """The daemon and its stage workers (their CPU use is not the owner's)."""
+    """The daemon and its stage workers (their CPU use is not the owner's). Called from the probe's thread: a
+    worker's ``os_pid`` (a process that exited is simply not found by the probe), never trio's liveness check,
+    which raised there once a worker had exited."""
     pids = [os.getpid()]
     manager = node.jobs
     for job in getattr(manager, "jobs", {}).values():
         worker = getattr(job, "worker", None)
-        pid = getattr(worker, "pid", None)
+        pid = getattr(worker, "os_pid", None)
         if isinstance(pid, int):
             pids.append(pid)
     return pids
