@@ -1,6 +1,7 @@
 """Recovery benchmark: from SIGKILL of a member daemon to the first training step after the job resumed.
 
-Runs a 3-daemon local swarm (real daemons, workers, transport) per timing preset, trains an MLP on MNIST paced
+Runs a 3-daemon local swarm (real daemons, workers, transport) per timing preset, trains an MLP on MNIST (or with
+``--model llama`` a tiny stock transformers Llama on Tiny Shakespeare, whose workers import transformers) paced
 at about 20 steps/s, SIGKILLs the daemon that holds the middle pipeline stage (another member when the owner
 holds it: the owner is never the victim here), and reads the leader's recovery record. With ``--victim leader``
 it SIGKILLs the leader (the job's owner) instead, once the plan's standby holds
@@ -11,7 +12,7 @@ re-sliced in a child), started (every worker listening), went (every device told
 step)), the total against the issue's target, the steps recomputed (at most the checkpoint interval), and the
 total as a ratio of this run's own cold start (submit -> first step), since absolute times drift on a shared box.
 
-    python bench/recovery.py [--quick] [--presets local lan] [--victim middle|leader]
+    python bench/recovery.py [--quick] [--presets local lan] [--victim middle|leader] [--model mlp|llama]
 """
 
 from __future__ import annotations
@@ -54,6 +55,39 @@ eval_interval_steps = 0
 [checkpoint]
 interval_steps = {interval}
 """
+# ``--model llama``: a stock transformers Llama (the library's own decoder layers, built in the workers, which then
+# import transformers too) on Tiny Shakespeare through the shipped BPE tokenizer.
+LLAMA_SPEC = """
+name = "recovery-bench-llama"
+seed = 1
+[model]
+type = "hf"
+config = "{examples}/llama-tiny.config.json"
+block_size = 64
+[data]
+kind = "tokens"
+path = "{data}/tinyshakespeare/input.txt"
+tokenizer = "{data}/tokenizers/shakespeare-bpe.json"
+format = "text"
+val_fraction = 0.1
+[training]
+steps = {steps}
+batch_size = 8
+micro_batches = 2
+optimizer = "adamw"
+lr = 1e-3
+eval_interval_steps = 0
+[checkpoint]
+interval_steps = {interval}
+"""
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def spec_text(model: str, steps: int) -> str:
+    """The bench's job: the MNIST MLP, or a tiny stock Llama (``model == "llama"``)."""
+    if model == "llama":
+        return LLAMA_SPEC.format(examples=EXAMPLES, data=DATA, steps=steps, interval=INTERVAL)
+    return SPEC.format(mnist=DATA / "mnist", steps=steps, interval=INTERVAL)
 
 
 def poll(fn: Any, timeout: float, what: str, every: float = 0.02) -> Any:
@@ -80,9 +114,9 @@ def pick_victim(plan: dict[str, Any], owner: str, standby: str | None) -> str:
     raise ValueError("the plan has no device but the owner's: nothing to kill but the leader (use --victim leader)")
 
 
-def one_run(root: Path, preset: str, kill_at: int, victim_role: str = "middle") -> dict[str, float]:
+def one_run(root: Path, preset: str, kill_at: int, victim_role: str = "middle", model: str = "mlp") -> dict[str, float]:
     spec = root / "job.toml"
-    spec.write_text(SPEC.format(mnist=DATA / "mnist", steps=kill_at + 8 * INTERVAL, interval=INTERVAL))
+    spec.write_text(spec_text(model, kill_at + 8 * INTERVAL))
     swarm = LocalSwarm(root / "swarm", 3, ["--auto-join"], preset=preset,
                        env={"ARCEUSD_FAILPOINTS": "worker.step=sleep:0.05"})  # fmt: skip
     try:
@@ -144,18 +178,22 @@ def main() -> int:
     parser.add_argument("--presets", nargs="+", default=["local", "lan"], choices=sorted(TARGET_S))
     parser.add_argument("--victim", choices=["middle", "leader"], default="middle",
                         help="whose daemon to SIGKILL: the middle stage's, or the leader's (the standby takes over)")
+    parser.add_argument("--model", choices=["mlp", "llama"], default="mlp",
+                        help="the job: the MNIST MLP, or a tiny stock transformers Llama (heavier worker imports)")
     args = parser.parse_args()
     runs = 1 if args.quick else 3
     whose = ("a member's daemon (the middle stage's, never the owner's)" if args.victim == "middle"
              else "the leader's daemon (the owner)")  # fmt: skip
-    print(f"recovery after SIGKILL of {whose} (3 daemons, MLP on MNIST, checkpoint every "
+    job = "MLP on MNIST" if args.model == "mlp" else "a tiny transformers Llama on Tiny Shakespeare"
+    print(f"recovery after SIGKILL of {whose} (3 daemons, {job}, checkpoint every "
           f"{INTERVAL} steps); {runs} run(s) per preset")  # fmt: skip
     ok = True
     for preset in args.presets:
         results = []
         for r in range(runs):
             with tempfile.TemporaryDirectory(prefix="arceus-recovery-") as tmp:
-                results.append(one_run(Path(tmp), preset, kill_at=30 + 7 * r, victim_role=args.victim))
+                results.append(one_run(Path(tmp), preset, kill_at=30 + 7 * r, victim_role=args.victim,
+                                       model=args.model))
         for res in results:
             met = res["total_s"] <= TARGET_S[preset] and res["recomputed"] <= INTERVAL
             ok = ok and met
