@@ -129,7 +129,7 @@ def test_a_member_whose_final_shard_holds_1e30_is_refused_and_the_model_stays_cl
         assert end["state"] == "done", (end["error"], end["excluded"], end["recoveries"])
         assert "moved further than training can move them" in end["excluded"].get(hostile_peer, ""), end["excluded"]
         assert end["refused_reports"].get("shard_content", 0) >= 1, end["refused_reports"]
-        named = [r for r in end["recoveries"] if hostile_peer in r["reason"]]
+        named = [r for r in end["recoveries"] if hostile_peer in r["reason"] and "excluded" in r["reason"]]
         assert named and named[0]["resumed_step"] == 80 and named[0]["lost_step"] >= 100, end["recoveries"]
         exported = load_file(end["model_path"])
         assert max(float(v.abs().max()) for v in exported.values()) < 1e3, "poison in the exported model"
