@@ -21,10 +21,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-GRACE_S = 15.0
+GRACE_S = 60.0
 """Seconds after the worker passed a checkpoint by which its receipt is due (and not before the next one): the
-worker trains on while the leader gathers and checks the step's shards, commits and sends the receipts, which
-took up to about ten seconds on a loaded 2-core machine."""
+worker trains on while the leader gathers and checks the step's shards, commits and sends the receipts. That took
+up to about ten seconds on a loaded 2-core machine, and more for a plan's first commit (its shapes are computed in
+a child process) and while members serve shards slowly; at 15 s honest members left an honest owner's job in a
+recovery benchmark on a busy machine. A minute keeps honest owners clear; a withholding owner gets a minute's work
+more."""
 MAX_TRACKED = 64
 
 
