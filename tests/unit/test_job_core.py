@@ -575,7 +575,10 @@ def test_a_member_whose_shard_serving_fails_two_commits_in_a_row_is_excluded() -
     out = core.handle(e.CommitFailed(core.stamp, 20, "could not copy shard", C), 0.0)
     assert out == [] and state(core) == JobState.RUNNING
     checkpoint(core, 40)
-    out = core.handle(e.CommitFailed(core.stamp, 40, "could not copy shard", C), 0.0)
+    out = core.handle(e.CommitFailed(core.stamp, 40, "could not copy shard", C), 1.0)  # the same moment: once
+    assert out == [] and state(core) == JobState.RUNNING
+    checkpoint(core, 60)
+    out = core.handle(e.CommitFailed(core.stamp, 60, "could not copy shard", C), 20.0)
     assert [x.peer for x in find(out, a.Exclude)] == [C] and state(core) == JobState.RECOVERING
     assert "serving failed 2 commits in a row" in core.error
     out = core.handle(e.MembersReachable(core.stamp, frozenset({ME, B, C})), 0.0)
@@ -586,7 +589,7 @@ def test_a_final_commit_a_member_does_not_serve_excludes_it_instead_of_failing_t
     core = running(total=10, members=(ME, B, C), min_members=3)
     checkpoint(core, 10)
     assert find(core.handle(e.CommitFailed(core.stamp, 10, "not served", C), 0.0), a.Commit)  # retried
-    out = core.handle(e.CommitFailed(core.stamp, 10, "not served", C), 0.0)
+    out = core.handle(e.CommitFailed(core.stamp, 10, "not served", C), 30.0)
     assert find(out, a.Exclude) and state(core) == JobState.RECOVERING
     core.handle(e.CommitFailed(core.stamp, 10, "not served", ME), 0.0)  # a stale or own failure: nothing
     assert state(core) == JobState.RECOVERING

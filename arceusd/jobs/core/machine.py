@@ -35,6 +35,11 @@ MAX_BLAMED_FAILURES = 2
 row that its shard serving failed, before that member is excluded (issue #29 item 6: one member answering every
 checkpoint with an error, or serving its shard too slowly or too big, failed every job after its restarts)."""
 
+SERVE_BLAME_SPACING_S = 10.0
+"""A member's shard serving failures count once in this many seconds: commits waiting in line behind one that
+could not copy its shard fail together (the same slow moment of one member), and counting each excluded an honest
+member of a busy machine after one incident."""
+
 FIRST_STAMP = Stamp(1, 0)
 """A new job's stamp: term 1, no plan yet."""
 
@@ -68,6 +73,7 @@ class LeaderState:
     failed_first: dict[str, int] = field(default_factory=dict)  # peer -> plans in a row its worker failed first
     failure_seen: Stamp | None = None  # the plan whose first worker failure was counted
     serve_failures: dict[str, int] = field(default_factory=dict)  # peer -> commits in a row its serving failed
+    serve_blamed_at: dict[str, float] = field(default_factory=dict)  # peer -> when its serving was last counted
 
 
 @dataclass
@@ -300,7 +306,7 @@ class JobCore:
         if isinstance(event, e.CommitDone):
             return self._commit_done(event)
         if isinstance(event, e.CommitFailed):
-            return self._commit_failed(event)
+            return self._commit_failed(event, now)
         if isinstance(event, e.HoldAt):
             if event.stamp == self.stamp and lead.regrow:
                 lead.regrow, lead.regrow_at = event.step > 0, event.step
@@ -467,16 +473,19 @@ class JobCore:
             out += self._request_restart(REBALANCE_REASON)
         return out
 
-    def _commit_failed(self, event: e.CommitFailed) -> list[a.Action]:
+    def _commit_failed(self, event: e.CommitFailed, now: float) -> list[a.Action]:
         lead = self.lead
         assert lead is not None
         if event.stamp != self.stamp:
             return []
-        if event.culprit and event.culprit != self.me and event.culprit in lead.plan:
-            count = lead.serve_failures[event.culprit] = lead.serve_failures.get(event.culprit, 0) + 1
+        culprit = event.culprit
+        if culprit and culprit != self.me and culprit in lead.plan and now >= lead.serve_blamed_at.get(culprit, -1e18)\
+                + SERVE_BLAME_SPACING_S:  # fmt: skip
+            lead.serve_blamed_at[culprit] = now
+            count = lead.serve_failures[culprit] = lead.serve_failures.get(culprit, 0) + 1
             if count >= MAX_BLAMED_FAILURES:
-                return self._exclude(event.culprit, f"its shard serving failed {count} commits in a row "
-                                                    f"({event.error[:200]})")  # fmt: skip
+                return self._exclude(culprit, f"its shard serving failed {count} commits in a row "
+                                              f"({event.error[:200]})")  # fmt: skip
         attempt = lead.commit_attempts.get(event.step, 0) + 1
         lead.commit_attempts[event.step] = attempt
         if lead.regrow and event.step == lead.regrow_at:  # they hold at this checkpoint: no rebuild, they go on
@@ -589,6 +598,7 @@ __all__ = [
     "MAX_RESTARTS_PER_CHECKPOINT",
     "MAX_START_REFUSALS",
     "REBALANCE_REASON",
+    "SERVE_BLAME_SPACING_S",
     "JobCore",
     "LeaderState",
 ]
