@@ -183,7 +183,7 @@ def test_step_times_are_reported_kept_and_the_standby_is_chosen_among_measured_m
     standby_job = cast(Job, SimpleNamespace(plan_peers=lambda: PEERS, members=members, leading=LeaderRecord(),
                                             plan=used, replica_plan=None))  # fmt: skip
     assert choose_standby(standby_job, PEERS[0]) == PEERS[1]  # the plan uses as much of each: the smaller claim
-    standby_job.plan = SimpleNamespace(memory_bytes=((PEERS[1], 1 << 20), (PEERS[2], 1 << 21)))
+    standby_job.plan = cast(Any, SimpleNamespace(memory_bytes=((PEERS[1], 1 << 20), (PEERS[2], 1 << 21))))
     assert choose_standby(standby_job, PEERS[0]) == PEERS[2]  # nobody measured yet: the plan uses more of it
     standby_job.leading.measured = times
     assert choose_standby(standby_job, PEERS[0]) == PEERS[1]  # the measured member, not the larger claim
