@@ -91,6 +91,7 @@ class Starting:
         if job.core.stamp != stamp:  # the core took the plan (a new epoch)
             job.leading.link_waits.clear()  # who waits on whom depends on the plan: judged afresh (claims)
             job.leading.seen.clear()
+            self.ctx.spawn(shard_checks.prefetch_shapes, job)  # ready by the plan's first checkpoint
 
     async def start(self, job: Job, action: actions.SendStart) -> None:
         """The core's ``SendStart``: slice the resume checkpoint for the new plan (a child process), send every
@@ -163,9 +164,6 @@ class Starting:
             log.warning("job %s: go not acknowledged by %s", job.job_id, ", ".join(p[:12] for p in unacknowledged))
         self.life.feed(job, events.GoAnswered(action.stamp, unacknowledged))
         if job.state == JobState.RUNNING and job.core.stamp == action.stamp and not unacknowledged:
-            # the plan's shard shapes (a torch child), ready by its first checkpoint: computed once the workers
-            # run, so their start (a recovery's critical path) does not share the cores with it (issue 33)
-            self.ctx.spawn(shard_checks.prefetch_shapes, job)
             log.info("job %s running on %d devices (term %d, epoch %d, from step %d)", job.job_id,
                      len(job.leading.go_addresses), job.term, job.epoch, job.step)  # fmt: skip
 

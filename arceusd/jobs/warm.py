@@ -16,7 +16,6 @@ for the program is buffered away from it. End of input before a line (the daemon
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import runpy
@@ -28,18 +27,15 @@ MAX_LINE = 64 * 1024
 
 
 def _preload() -> None:
-    """Import what the programs import at start (torch first, then transformers: most of the cost)."""
+    """Import what the programs import at start (torch: most of the cost). Not transformers: importing it in
+    every warm interpreter of every daemon cost seconds of CPU beside training and delayed a plan's first commit
+    (its shapes child waited in a half-warm interpreter); a stock-model worker imports it itself."""
     import torch  # noqa: F401
 
     import arceusd.jobs.filework
     import arceusd.jobs.recovery
     import arceusd.jobs.reslice
-    import arceusd.worker.process
-
-    # stock transformers models (a worker building their blocks imports the library: seconds more); without
-    # transformers installed those jobs are refused before a worker starts
-    with contextlib.suppress(ImportError):
-        import arceusd.models.hf.blocks  # noqa: F401
+    import arceusd.worker.process  # noqa: F401
 
 
 def _read_line(fd: int) -> bytes | None:
