@@ -2,7 +2,7 @@
 
 Owns :class:`WarmPool`: up to ``size`` idle ``python -m arceusd.jobs.warm`` processes. :meth:`WarmPool.spawn`
 hands the oldest one its program (a stage worker, a filework task) and starts replacements a few seconds later
-(:data:`REFILL_DELAY_S`, so they do not compete with the program for the cores while it starts). Two are kept:
+(:data:`REFILL_DELAY_S`, so they do not compete with the program and the plan's first checkpoint for the cores). Two are kept:
 a recovery starts two programs back to back (the re-slicing of the checkpoint, then the worker). Starting a process
 is a fork and an exec (milliseconds); the import runs in the child, beside the daemon's event loop. A warm child
 that died, or whose hand-over fails, is replaced by a cold start of the same program: the pool only ever makes a
@@ -29,7 +29,7 @@ import trio
 log = logging.getLogger(__name__)
 
 DEFAULT_SIZE = 2
-REFILL_DELAY_S = 3.0
+REFILL_DELAY_S = 15.0
 
 
 class WarmPool:
@@ -73,7 +73,8 @@ class WarmPool:
 
     def _refill_soon(self) -> None:
         """Fill the pool ``REFILL_DELAY_S`` from now, once: the program just started gets the cores for its own
-        start first (on two cores three torch imports at once slowed a job's first start threefold)."""
+        start, and a new plan for its first checkpoint, first (on two cores three torch imports at once slowed a
+        job's first start threefold, and a plan's first commit waited on its shapes child)."""
         if self._refilling:
             return
         self._refilling = True
