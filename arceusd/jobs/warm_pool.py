@@ -1,13 +1,13 @@
 """The daemon's side of warm interpreters (:mod:`arceusd.jobs.warm`): start torch children before they are needed.
 
 Owns :class:`WarmPool`: up to ``size`` idle ``python -m arceusd.jobs.warm`` processes. :meth:`WarmPool.spawn`
-hands the oldest one its program (a stage worker, a filework task) and starts replacements a few seconds later
-(:data:`REFILL_DELAY_S`, so they do not compete with the program and the plan's first checkpoint for the cores). Two are kept:
-a recovery starts two programs back to back (the re-slicing of the checkpoint, then the worker). Starting a process
-is a fork and an exec (milliseconds); the import runs in the child, beside the daemon's event loop. A warm child
-that died, or whose hand-over fails, is replaced by a cold start of the same program: the pool only ever makes a
-start faster, never fails one. The pool starts empty and fills on first use, so a daemon that never trains holds
-no torch processes; idle children exit when the daemon does (their stdin closes).
+hands the oldest one its program (a stage worker, a filework task) and starts replacements some seconds later
+(:data:`REFILL_DELAY_S`, so they do not compete with the program and the plan's first checkpoint for the cores).
+Two are kept: a recovery starts two programs back to back (the re-slicing of the checkpoint, then the worker).
+Starting a process is a fork and an exec (milliseconds); the import runs in the child, beside the daemon's event
+loop. A warm child that died, or whose hand-over fails, is replaced by a cold start of the same program: the pool
+only ever makes a start faster, never fails one. The pool starts empty and fills on first use, so a daemon that
+never trains holds no torch processes; idle children exit when the daemon does (their stdin closes).
 
 This is the only place besides the programs' own callers that starts them; the callers get a ``trio.Process``
 with the pipes they asked for, as from ``trio.lowlevel.open_process``.
