@@ -35,8 +35,9 @@ REFILL_DELAY_S = 15.0
 class WarmPool:
     """Idle warm interpreters, oldest first (see the module docstring)."""
 
-    def __init__(self, size: int = DEFAULT_SIZE) -> None:
+    def __init__(self, size: int = DEFAULT_SIZE, refill_delay: float = REFILL_DELAY_S) -> None:
         self.size = size
+        self.refill_delay = refill_delay
         self._idle: deque[trio.Process] = deque()
         self.handed = 0  # programs started in a warm interpreter
         self.cold = 0  # programs started cold (pool empty, or the hand-over failed)
@@ -81,7 +82,7 @@ class WarmPool:
 
         async def later() -> None:
             try:
-                await trio.sleep(REFILL_DELAY_S)
+                await trio.sleep(self.refill_delay)
                 await self.fill()
             except Exception as exc:  # a system task must not raise: the pool only ever makes starts faster
                 log.warning("refilling the warm interpreters failed: %s", exc)

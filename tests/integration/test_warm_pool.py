@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 
 def test_a_program_in_a_warm_interpreter_gets_its_stdin_stdout_and_exit_code() -> None:
     async def main() -> None:
-        pool = WarmPool(size=1)
+        pool = WarmPool(size=1, refill_delay=0.0)
         await pool.fill()
         await trio.sleep(0.5)
         # filework reads its request from stdin: invalid JSON must reach it and be answered on stdout.
@@ -29,6 +29,7 @@ def test_a_program_in_a_warm_interpreter_gets_its_stdin_stdout_and_exit_code() -
         assert "JSONDecodeError" in answer["error"]
         assert b"Traceback" in err  # its stderr went to the file it was given
         # the pool refilled itself: the next program is warm too, and its usage error is its own
+        await trio.sleep(0.5)
         code, out, err = await pool.run("arceusd.jobs.filework", ["nope"], b"")
         assert pool.handed == 2 and code == 1 and b"usage" in err
         await pool.close()
