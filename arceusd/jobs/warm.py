@@ -11,11 +11,13 @@ one JSON line ``{"module": M, "argv": [...], "stderr": PATH | null}`` where ``M`
 The child points its stderr at ``PATH`` (appending), sets ``sys.argv`` and runs ``M`` as ``__main__``; from
 then on its stdin, stdout and exit code are that program's, exactly as if it had been started as
 ``python -m M ...``. The hand-over line is read from the file descriptor one byte at a time, so nothing meant
-for the program is buffered away from it. End of input before a line (the daemon exited) ends the child.
+for the program is buffered away from it. End of input before a line (the daemon exited) ends the child. It
+imports at nice 19 (:data:`PRELOAD_NICENESS`) and hands the program the daemon's priority back where it may.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import runpy
@@ -65,7 +67,15 @@ def parse_handover(line: bytes) -> tuple[str, list[str], str | None]:
     return str(module), [str(a) for a in argv], stderr
 
 
+PRELOAD_NICENESS = 19
+"""The warm interpreter imports at the lowest CPU priority: its imports run beside training and the daemons'
+membership timers, which a burst of torch imports on two cores starved into false deaths."""
+
+
 def main() -> None:
+    priority = os.getpriority(os.PRIO_PROCESS, 0)
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, 0, PRELOAD_NICENESS)
     _preload()
     line = _read_line(0)
     if line is None:
@@ -79,6 +89,10 @@ def main() -> None:
         fd = os.open(stderr, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         os.dup2(fd, 2)
         os.close(fd)
+    # the program runs at the daemon's priority again where this user may raise it back (root, CAP_SYS_NICE, a
+    # generous RLIMIT_NICE); elsewhere it stays niced, like any background work of a lent device
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, 0, priority)
     sys.argv = [module, *argv]
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 
