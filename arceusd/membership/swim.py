@@ -114,7 +114,9 @@ _KIND_OF = {
 # timeout into its probe and gives up one probe interval (two timeouts) in: a nack sent a full timeout after the
 # request arrives lands just after the requester's deadline, counts as missing, and raised the requester's
 # awareness after every failed probe of a dead member (a third of a churning 100-member swarm then probed 2-3x
-# slower; issue 33). 80 % leaves the nack a fifth of a timeout to travel.
+# slower; issue 33). 80 % leaves the nack a fifth of a timeout to travel. The helper still forwards the target's
+# ack for the whole timeout: a nack says "nothing yet", and closing the relay early lost late acks on busy
+# machines (false suspicions in five local daemons).
 NACK_FRACTION = 0.8
 
 
@@ -148,7 +150,9 @@ class _Relay:
     requester: PeerId
     reply_to: Address
     requester_seq: int
-    deadline: float
+    deadline: float  # when we stop forwarding the target's ack (a probe timeout after the request)
+    nack_at: float  # when we tell the requester we have heard nothing yet (NACK_FRACTION of that)
+    nacked: bool = False
 
 
 class Membership:
@@ -233,7 +237,7 @@ class Membership:
             probe = self._probe
             deadline = min(deadline, probe.deadline if probe.indirect_sent else probe.direct_deadline)
         for relay in self._relays.values():
-            deadline = min(deadline, relay.deadline)
+            deadline = min(deadline, relay.deadline if relay.nacked else relay.nack_at)
         for suspicion in self._suspicions.values():
             deadline = min(deadline, suspicion.deadline)
         if self._tombstones:
@@ -292,7 +296,11 @@ class Membership:
             self._merge(event.sender, event.gossip, now, actions)
             seq = self._next_seq()
             self._relays[seq] = _Relay(
-                event.sender, event.reply_to, event.seq, now + NACK_FRACTION * self.config.probe_timeout
+                event.sender,
+                event.reply_to,
+                event.seq,
+                now + self.config.probe_timeout,
+                now + NACK_FRACTION * self.config.probe_timeout,
             )
             actions.append(SendPing(event.target, event.target_address, seq, self._piggyback()))
         elif isinstance(event, GossipReceived):
@@ -318,9 +326,12 @@ class Membership:
             self._probe_failed(probe, now, actions)
         if now >= self._next_probe:
             self._start_probe(now, actions)
+        for relay in self._relays.values():
+            if not relay.nacked and now >= relay.nack_at:
+                relay.nacked = True
+                actions.append(SendNack(relay.requester, relay.reply_to, relay.requester_seq))
         for seq in [s for s, r in self._relays.items() if now >= r.deadline]:
-            relay = self._relays.pop(seq)
-            actions.append(SendNack(relay.requester, relay.reply_to, relay.requester_seq))
+            del self._relays[seq]  # an ack after this is too late for the requester's probe
         for peer in [p for p, s in self._suspicions.items() if now >= s.deadline]:
             suspicion = self._suspicions.pop(peer)
             dead = Update(UpdateKind.DEAD, peer, suspicion.incarnation, self.self_id)
