@@ -69,11 +69,22 @@ class MnistBatches:
         return global_step(self.sampler, cursor)
 
 
+class Splits(Protocol):
+    """A token stream's train and validation splits (characters, or a tokenizer's ids)."""
+
+    @property
+    def train(self) -> torch.Tensor: ...
+
+    @property
+    def val(self) -> torch.Tensor: ...
+
+
 class TextBatches:
-    """Random-window character batches (see the module docstring)."""
+    """Random-window batches over a token stream (see the module docstring): characters, or a tokenizer's ids
+    (:class:`arceusd.data.tokenized.TokenBatches`)."""
 
     def __init__(
-        self, data: TextData, block_size: int, batch_size: int, seed: int, *, eval_iters: int = 20
+        self, data: TextData | Splits, block_size: int, batch_size: int, seed: int, *, eval_iters: int = 20
     ) -> None:
         if eval_iters < 0:
             raise DataError(f"eval_iters must be >= 0, got {eval_iters}")

@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -27,9 +26,8 @@ from typing import Literal
 import torch
 from tokenizers import Tokenizer
 
+from arceusd.data.batches import TextBatches
 from arceusd.data.errors import DataError
-from arceusd.data.sampler import Cursor, WindowSampler, cursor_at, derive_seed, global_step
-from arceusd.data.text import context_windows
 from arceusd.data.text_files import DEFAULT_MAX_TEXT_BYTES, split_point
 
 TextFormat = Literal["text", "jsonl"]
@@ -152,41 +150,15 @@ def _write_cache(path: Path, ids: torch.Tensor) -> None:
         pass  # a cache that cannot be written only costs tokenizing again
 
 
-class TokenBatches:
-    """Random-window batches over the token stream (``TextBatches``' sampling and evaluation)."""
+class TokenBatches(TextBatches):
+    """Random-window batches over the token stream: ``TextBatches``' sampling and evaluation, with the training
+    split checked against the context length first."""
 
     def __init__(self, data: TokenData, block_size: int, batch_size: int, seed: int, *, eval_iters: int = 20) -> None:
         if data.train.numel() < block_size + 1:
             raise DataError(f"the training split has {data.train.numel()} tokens, fewer than the context length "
                             f"+ 1 = {block_size + 1}; use more text or a smaller model.block_size")  # fmt: skip
-        if eval_iters and data.val.numel() < block_size + 1:
-            raise DataError(f"the validation split has {data.val.numel()} tokens, fewer than the context "
-                            f"length + 1 = {block_size + 1}; raise data.val_fraction or set training.eval_iters = 0")
-        self.data = data
-        self.block_size = block_size
-        self.sampler = WindowSampler(int(data.train.numel()), block_size, batch_size, seed)
-        self.eval_iters = eval_iters
-        self.seed = seed
-
-    @property
-    def steps_per_epoch(self) -> int:
-        return self.sampler.steps_per_epoch
-
-    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return context_windows(self.data.train, self.sampler.indices(step), self.block_size)
-
-    def eval_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        n_offsets = int(self.data.val.numel()) - self.block_size
-        g = torch.Generator().manual_seed(derive_seed(self.seed, "eval"))
-        for _ in range(self.eval_iters):
-            offsets = torch.randint(0, n_offsets, (self.sampler.batch_size,), generator=g)
-            yield context_windows(self.data.val, offsets, self.block_size)
-
-    def cursor(self, step: int) -> Cursor:
-        return cursor_at(self.sampler, step)
-
-    def step_of(self, cursor: Cursor) -> int:
-        return global_step(self.sampler, cursor)
+        super().__init__(data, block_size, batch_size, seed, eval_iters=eval_iters)
 
 
 __all__ = ["TokenBatches", "TokenData", "documents", "load_tokens", "open_tokenizer", "tokenize"]
