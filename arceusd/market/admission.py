@@ -9,8 +9,12 @@ take its word for it and checks what it can see itself:
   (:func:`projected_usd`, whatever the device's price: the price is capped at ``max_price_per_hour``);
 - :func:`memory_shortfall`: the leader plans only once the members lend ``memory_total_mib`` between them;
 - :func:`budget_stop`: at every committed checkpoint, a job with a budget stops (``failed``, with the reason) when
-  what it has spent and what the next checkpoint interval would cost at the rate measured so far exceed the
-  budget: the owner never owes more than ``budget_usd``, and the checkpoint stays on disk.
+  what it has spent and the most the next checkpoint interval can cost exceed the budget: the owner never owes
+  more than ``budget_usd``, and the checkpoint stays on disk. The most an interval can cost is known: a receipt
+  pays the leader's clock between commits, at most ``PLAN_SLACK`` x the plan's predicted step time per step
+  (``arceusd.market.receipts``), at each device's price; the rate measured so far is used where it is higher
+  (a job that began under another leader). The rate measured so far alone is not a bound: one slow interval
+  after fast ones overspent the budget by 2 % (CI, 2026-11-27).
 
 The projection (:func:`projected_usd`) is the quote's (``arceusd.market.quote``): the remaining FLOPs over the
 members' FLOP/s at their measured block efficiency, a perfect pipeline, each member paid its price for that time;
@@ -49,6 +53,8 @@ class Spend:
 
     usd: float = 0.0
     per_step_usd: float = 0.0
+    most_per_step_usd: float = 0.0
+    """The most one step can cost under the current plan (0: unknown): receipts cap their seconds."""
 
 
 def join_refusal(*, members: int, max_members: int, kinds: tuple[str, ...], kind: str, lends_mib: int,
@@ -90,11 +96,11 @@ def budget_stop(budget_usd: float, spend: Spend, step: int, total_steps: int, in
     if not budget_usd or step >= total_steps:
         return None
     upto = total_steps if interval_steps <= 0 else min(total_steps, step + interval_steps)
-    following = spend.per_step_usd * (upto - step)
+    following = max(spend.per_step_usd, spend.most_per_step_usd) * (upto - step)
     if spend.usd + following <= budget_usd:
         return None
     return (f"stopped at step {step} of {total_steps}: the budget is spent (needs.budget_usd ${budget_usd:.6f}; "
-            f"${spend.usd:.6f} paid so far and about ${following:.6f} more by the next checkpoint); the checkpoint "
+            f"${spend.usd:.6f} paid so far and up to ${following:.6f} more by the next checkpoint); the checkpoint "
             f"of step {step} is kept. Submit the job with a larger budget to train it to the end")  # fmt: skip
 
 

@@ -189,6 +189,13 @@ class Commit:
     """Each device's price per hour (the leader's market price, at most the job's highest)."""
 
 
+def most_per_step_usd(c: Commit) -> float:
+    """The most one step can cost under ``c``'s plan: every plan device paid its price for :data:`PLAN_SLACK` x the
+    predicted step time (a receipt's seconds are capped there, :meth:`LeaderBook.issue`)."""
+    price = sum(p for device, p in c.prices.items() if c.shares.get(device, 0.0) > 0)
+    return max(c.predicted_step_s, 0.0) * PLAN_SLACK * price / 3600.0
+
+
 @dataclass
 class LeaderBook:
     """What the leader has paid in one job: per device, the step it is paid up to and when that was; the

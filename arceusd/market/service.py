@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -59,6 +59,7 @@ from arceusd.market.receipts import (
     countersign,
     decode,
     device_check,
+    most_per_step_usd,
     sign_leader,
 )
 from arceusd.market.unpaid import PayWatch, leave_reason, unpaid
@@ -366,7 +367,8 @@ class Market:
             addresses = {p: getattr(o, "address", "") for p, o in job.members.items()}
             self.nursery.start_soon(self._settle, job, [sign_leader(self.node.identity, r) for r in receipts],
                                     addresses, self._authority(job))  # fmt: skip
-        stop = budget_stop(float(job.spec.needs.budget_usd), self.spend(job), step, int(job.total_steps),
+        spend = replace(self.spend(job), most_per_step_usd=most_per_step_usd(commit))
+        stop = budget_stop(float(job.spec.needs.budget_usd), spend, step, int(job.total_steps),
                            int(job.spec.checkpoint.interval_steps))  # fmt: skip
         if stop is not None:
             log.warning("job %s: %s", job.job_id[:12], stop)

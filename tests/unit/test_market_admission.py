@@ -1,8 +1,10 @@
 """The leader's side of ``[needs]``: whom it admits (members, kinds, memory, budget), when the members hold the
-total memory, when the budget stops a running job (never past the budget at a steady cost per step), the
-projection, and the leader's count of what it spent."""
+total memory, when the budget stops a running job (never past the budget, at a steady cost per step or one that
+varies within its cap), the projection, and the leader's count of what it spent."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 from hypothesis import given
@@ -18,7 +20,7 @@ from arceusd.market.admission import (
     memory_shortfall,
     projected_usd,
 )
-from arceusd.market.receipts import Commit, LeaderBook
+from arceusd.market.receipts import PLAN_SLACK, Commit, LeaderBook, most_per_step_usd
 
 BASE: dict[str, object] = dict(members=2, max_members=0, kinds=(), kind="cpu", lends_mib=4096, per_device_mib=0,
                                budget_usd=0.0, spend=Spend(), remaining_steps=100, remaining_usd=1.0)  # fmt: skip
@@ -85,6 +87,33 @@ def test_at_a_steady_cost_per_step_a_job_never_spends_past_its_budget(budget: fl
             break
     first = per_step * min(interval, total)  # the first checkpoint is issued before anything is measured
     assert spent <= max(budget, first) * (1 + 1e-9)
+
+
+@given(st.floats(0.001, 10.0), st.floats(1e-5, 0.5), st.integers(1, 50), st.integers(1, 500),
+       st.lists(st.floats(0.0, 1.0), min_size=1, max_size=50))
+def test_when_the_cost_per_step_varies_within_its_cap_a_job_never_spends_past_its_budget(
+        budget: float, most: float, interval: int, total: int, fractions: list[float]) -> None:  # fmt: skip
+    """Fast intervals then a slow one (the case the measured rate alone overspent in CI): the cap bounds it."""
+    spent, step, i = 0.0, 0, 0
+    while step < total:
+        nxt = min(total, step + interval)
+        spent += most * fractions[i % len(fractions)] * (nxt - step)
+        step, i = nxt, i + 1
+        rate = spent / step
+        if step >= total or budget_stop(budget, Spend(spent, rate, most), step, total, interval) is not None:
+            break
+    assert spent <= max(budget, most * min(interval, total)) * (1 + 1e-9)
+
+
+def test_the_most_a_step_costs_is_every_plan_device_paid_for_the_slack() -> None:
+    a, b, c = (Identity.generate().peer_id for _ in range(3))
+    commit = Commit("ef" * 16, a, 1, 1, 40, 1036.0, frozenset({a, b}), {a: 0.5, b: 0.5}, 1e9, 10.0,
+                    {a: 0.3, b: 0.6, c: 5.0})  # c is priced but not in the plan  # fmt: skip
+    assert most_per_step_usd(commit) == pytest.approx(10.0 * PLAN_SLACK * 0.9 / 3600)
+    book = LeaderBook()
+    book.start(0, 0.0)
+    slow = book.issue(a, replace(commit, at=1e9))  # the leader's clock says far longer: paid up to the cap
+    assert sum(r.usd for r in slow) == pytest.approx(most_per_step_usd(commit) * 40)
 
 
 def test_the_leaders_book_counts_what_it_issued() -> None:
