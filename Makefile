@@ -21,7 +21,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	-@.ci/chromium
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=40
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow and not netns"
