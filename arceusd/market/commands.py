@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from arceusd.control import ControlError, call
 from arceusd.market.policy import PolicyError, lend_reasons
 from arceusd.market.policy_file import load_policy, save_policy, set_values
 from arceusd.market.probes import Snapshot, probe_for
@@ -79,49 +78,14 @@ def register(group: click.Group) -> None:
 __all__ = ["register"]
 
 
-def _device(obj: Context) -> tuple[float, float, int, str]:
-    """(FLOP/s, block efficiency, free memory in bytes (0: unknown), where from) of this device: its measured
-    profile when cached, else the typical laptop's."""
-    from arceusd.market.pricing import TYPICAL_LAPTOP_FLOPS
-    from arceusd.profile import CACHE_FILE
-
-    try:
-        data = json.loads((obj.state_dir / CACHE_FILE).read_text())
-        best = max(data["devices"], key=lambda d: float(d["flops_per_s"]))
-        return (float(best["flops_per_s"]), float(best.get("block_efficiency", 1.0)),
-                int(best.get("memory_bytes", 0)), "this device's measured profile")  # fmt: skip
-    except (OSError, ValueError, KeyError, TypeError):
-        return TYPICAL_LAPTOP_FLOPS, 1.0, 0, "a typical laptop (this device is not measured yet: start the daemon)"
-
-
 def print_quote(obj: Context, spec: Any, members: int) -> None:
     """``arceusd submit --quote``: the estimate for ``spec`` on ``members`` devices like this one (more when
-    ``needs.memory_total_mib`` takes more of them), and what in ``[needs]`` it cannot meet."""
-    from arceusd.market.admission import devices_for_memory
-    from arceusd.market.pricing import CLOUD_PRICES_AS_OF, CLOUD_PRICES_SOURCE, NEUTRAL, Demand
-    from arceusd.market.quote import job_flops, quote, quote_lines
+    ``needs.memory_total_mib`` takes more of them), and what in ``[needs]`` it cannot meet
+    (:func:`arceusd.market.estimate.estimate`, which ``arceus.quote`` asks too)."""
+    from arceusd.market.estimate import estimate
 
-    flops_per_s, efficiency, memory_bytes, source = _device(obj)
-    needs = spec.needs
-    lends_mib = memory_bytes >> 20 or needs.memory_per_device_mib
-    for_memory = devices_for_memory(needs.memory_total_mib, lends_mib) if lends_mib else 1
-    n = max(members, needs.min_members, for_memory)
-    demand = NEUTRAL
-    try:
-        listing = call(obj.paths.control_socket, "market", timeout=5.0)
-        demand = Demand(int(listing["demand"]["jobs_wanting"]) + 1, int(listing["demand"]["idle_devices"]))
-    except (ControlError, KeyError, TypeError, ValueError):
-        pass
-    q = quote(job_flops(spec), n, flops_per_s, efficiency, demand, needs.budget_usd, needs.deadline_hours,
-              needs.max_price_per_hour)  # fmt: skip
-    click.echo(f"quote for {spec.name} (not announced): {n} device(s) like {source}; demand "
-               f"{demand.jobs_wanting} job(s) wanting, {demand.idle_devices} idle device(s)")  # fmt: skip
-    if needs.memory_total_mib and lends_mib:
-        click.echo(f"  memory    needs.memory_total_mib {needs.memory_total_mib} MiB: {for_memory} device(s) of "
-                   f"{lends_mib} MiB hold it")  # fmt: skip
-    for line in quote_lines(q):
-        click.echo(f"  {line}")
-    click.echo(f"  cloud prices: on-demand list prices as of {CLOUD_PRICES_AS_OF} ({CLOUD_PRICES_SOURCE})")
+    for line in estimate(obj.state_dir, spec, members).lines():
+        click.echo(line)
 
 
 def _market_line(row: dict[str, Any]) -> str:
