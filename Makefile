@@ -27,7 +27,7 @@ test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow and not netns"
 
 lint: $(STAMP)
-	$(BIN)/ruff check arceusd protocol partitioner tests bench
+	$(BIN)/ruff check arceus arceusd protocol partitioner tests bench
 	$(BIN)/mypy
 
 bench: $(STAMP)
