@@ -4,6 +4,10 @@
 with the same seed has them; ``build_reference_model`` is the full ``nn.Sequential`` for plain
 single-process training.
 
+Tied weights (a stock LM's ``tie_word_embeddings``): :func:`tied_pair` names the two blocks' parameters that
+are one weight. One process holding both blocks shares the parameter (:func:`tie_blocks`); a process holding the
+copy's block without the owner's trains a copy, kept equal by the workers' gradient sum (``worker/tied.py``).
+
 Loss: cross-entropy on the last block's output (for a GPT over all positions). ``loss_sum`` returns the *sum*
 of per-element losses so micro-batches can be weighted exactly: the full-batch mean loss equals
 ``sum(loss_sum(mb) for mb in micro_batches) / targets.numel()`` (see ``arceusd/worker/microbatch.py``).
@@ -11,6 +15,7 @@ of per-element losses so micro-batches can be weighted exactly: the full-batch m
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -43,7 +48,12 @@ def build_block(config: ModelConfig, index: int, seed: int, weights: Path | None
     if isinstance(config, HFModelConfig):
         from arceusd.models.hf.blocks import build_hf_block  # imports transformers: only for these models
 
-        return build_hf_block(config, index, seed, weights)
+        block = build_hf_block(config, index, seed, weights)
+        if config.lora is not None:  # adapters on a frozen base: only they are parameters (hf/lora.py)
+            from arceusd.models.hf.lora import add_lora
+
+            add_lora(block, config, index, seed)
+        return block
     raise TypeError(f"unknown model config type {type(config).__name__}; expected MLPConfig or GPTConfig")
 
 
@@ -57,17 +67,55 @@ def build_blocks(
     if not 0 <= start < stop <= n:
         raise ValueError(f"block range [{start}, {stop}) is not a non-empty range inside [0, {n})")
     blocks = {i: build_block(config, i, seed, weights) for i in range(start, stop)}
-    tie_blocks(config, blocks)
+    tie_blocks(config, blocks, seed, weights)
     return list(blocks.values())
 
 
-def tie_blocks(config: ModelConfig, blocks: dict[int, nn.Module]) -> None:
-    """Share tied parameters between the blocks one process holds (a stock LM's tied embedding and head);
-    ``ValueError`` when the blocks hold one end of a tied pair only."""
+def tie_blocks(config: ModelConfig, blocks: dict[int, nn.Module], seed: int, weights: Path | None = None) -> None:
+    """Share tied parameters between the blocks one process holds (a stock LM's tied embedding and head); a
+    head without its embedding gets a copy of the embedding's initial tensor (``seed`` / ``weights``)."""
     if isinstance(config, HFModelConfig) and config.tied:
         from arceusd.models.hf.blocks import tie_hf_blocks
 
-        tie_hf_blocks(config, blocks)
+        tie_hf_blocks(config, blocks, seed, weights)
+
+
+@dataclass(frozen=True)
+class TiedPair:
+    """One weight two blocks share: the owner's parameter (stored in checkpoints and exports) and the copy's
+    (``"<block>.<name inside the block>"`` each, as ``build_reference_model`` names them)."""
+
+    owner_block: int
+    owner_name: str
+    copy_block: int
+    copy_name: str
+
+    @property
+    def owner(self) -> str:
+        return f"{self.owner_block}.{self.owner_name}"
+
+    @property
+    def copy(self) -> str:
+        return f"{self.copy_block}.{self.copy_name}"
+
+    def split_by(self, start: int, end: int) -> str | None:
+        """Which end blocks ``[start, end)`` hold alone (``"owner"`` or ``"copy"``), or None (both or neither)."""
+        has_owner, has_copy = start <= self.owner_block < end, start <= self.copy_block < end
+        if has_owner == has_copy:
+            return None
+        return "owner" if has_owner else "copy"
+
+
+def tied_pair(config: ModelConfig) -> TiedPair | None:
+    """The model's tied weight (a stock LM with ``tie_word_embeddings``: embedding and LM head), or None."""
+    if not isinstance(config, HFModelConfig):
+        return None
+    from arceusd.models.hf.keys import tied_names
+
+    names = tied_names(config)
+    if names is None:
+        return None
+    return TiedPair(0, names[0], num_hf_blocks(config) - 1, names[1])
 
 
 def build_reference_model(config: ModelConfig, seed: int, weights: Path | None = None) -> nn.Sequential:

@@ -19,6 +19,10 @@ Replicas (``replicas.py``): with a ``ReplicaSync`` the stage is one replica's co
 mode its gradients and loss report are averaged with the other replicas' before clipping (so the loss, the norm
 and the update are the global batch's); in DiLoCo mode every ``h``-th optimizer step is followed by the outer
 step. The step's scalar exchange stays inside the replica's own pipeline.
+
+Tied weights (``tied.py``): a stage holding one end of a weight the first and the last stage share (a stock LM's
+tied embedding and head) swaps its gradient of it with the other end over a ``TiedLink`` after the replicas'
+average and before clipping, and both use the sum. DiLoCo replicas with such a stage are refused.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ from arceusd.worker.schedule import (
 )
 from arceusd.worker.split_backward import PendingWeights, backward_input
 from arceusd.worker.stage import StageModule
+from arceusd.worker.tied import TiedLink, sum_tied_grad
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -128,7 +133,20 @@ class StageEngine:
         loss_fn: LossFn = loss_sum,
         replicas: ReplicaSync | None = None,
         group_timer: TimedCollective | None = None,
+        tied: TiedLink | None = None,
     ) -> None:
+        if module.tied is not None and tied is None:
+            raise ValueError(
+                f"stage {config.stage} holds one end of a tied weight ({module.tied.name}) whose other end is on "
+                "another stage, but has no link to it: pass the TiedLink to the other end"
+            )
+        if module.tied is not None and replicas is not None and replicas.mode is SyncMode.DILOCO:
+            raise ValueError(
+                "DiLoCo replicas cannot train a tied embedding split across stages (each copy would be averaged "
+                'on its own ring and drift apart): set training.sync = "every_step", or tie_word_embeddings '
+                "to false"
+            )
+        self.tied = tied if module.tied is not None else None
         self.config = config
         self.group_timer = group_timer
         self.device = torch.device(config.device)
@@ -291,7 +309,8 @@ class StageEngine:
 
     def _backward(self, i: int, run: _StepState) -> None:
         root, grad = self._root(i, run)
-        torch.autograd.backward(root, grad)
+        if root.requires_grad:  # else a frozen first stage (LoRA: no adapter in it): nothing to differentiate
+            torch.autograd.backward(root, grad)
         x, _ = run.stash.pop(i)
         if self.is_last:
             run.loss_sum += float(run.losses.pop(i).item())
@@ -345,6 +364,10 @@ class StageEngine:
             began_sync = time.perf_counter()
             report = self.replicas.average_grads(list(self.module.parameters()), report)
             run.wait_s += time.perf_counter() - began_sync
+        if self.tied is not None and self.module.tied is not None:  # one weight: both ends use the summed gradient
+            began_tied = time.perf_counter()
+            sum_tied_grad(self.module.tied_parameter(), self.tied, self.module.tied.copy)
+            run.wait_s += time.perf_counter() - began_tied
         if self.config.max_grad_norm is not None:
             losses: list[float] = []
 

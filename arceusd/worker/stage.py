@@ -4,7 +4,9 @@ A worker builds only its blocks (each from ``(seed, index)``; see ``arceusd/mode
 tensor-parallel stage every ``TransformerBlock`` is built, sharded and dropped one at a time, so at most one
 full block is ever materialised; non-splittable blocks (embedding, head, MLP layers) are replicated on every
 rank. Parameter names are ``"blocks.<global block index>.<name inside the block>"``, stable across re-plans
-(checkpoints).
+(checkpoints). A slice holding one end of a tied weight (a stock LM's embedding without its head, or the head
+without the embedding) says so in ``StageModule.tied`` (``tied.py``: the engine sums its gradient with the
+other end's); the copy on the head's side is left out of the stage's share of the global gradient norm.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from arceusd.models.config import GPTConfig, ModelConfig
 from arceusd.models.gpt import TransformerBlock
 from arceusd.worker.collective import Collective
 from arceusd.worker.tensor_parallel import TPSplit, TPTransformerBlock, is_sharded, shard_transformer_block
+from arceusd.worker.tied import TiedEnd, tied_end
 
 
 @dataclass(frozen=True)
@@ -42,10 +45,14 @@ class StageSpec:
 class StageModule(nn.Module):
     """The blocks of one stage, run in order. ``forward`` maps the stage input to the stage output."""
 
-    def __init__(self, blocks: dict[int, nn.Module], rank: int) -> None:
+    def __init__(self, blocks: dict[int, nn.Module], rank: int, tied: TiedEnd | None = None) -> None:
         super().__init__()
         self.blocks = nn.ModuleDict({str(i): b for i, b in blocks.items()})
         self.rank = rank
+        self.tied = tied
+        """This stage's end of a tied weight whose other end another stage holds (None: none)."""
+        if tied is not None:
+            self.tied_parameter()  # the name must exist
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for block in self.blocks.values():
@@ -57,10 +64,21 @@ class StageModule(nn.Module):
         """True when a block of this stage is split across a tensor-parallel group (its backward all-reduces)."""
         return any(isinstance(b, TPTransformerBlock) for b in self.blocks.values())
 
+    def tied_parameter(self) -> nn.Parameter:
+        """The parameter ``tied`` names; ``ValueError`` without one."""
+        if self.tied is None:
+            raise ValueError("this stage holds no end of a tied weight")
+        params = dict(self.named_parameters())
+        if self.tied.name not in params:
+            raise ValueError(f"the tied weight {self.tied.name!r} is not a parameter of this stage")
+        return params[self.tied.name]
+
     def norm_parameters(self) -> list[nn.Parameter]:
         """Parameters whose gradients this rank contributes to the global norm (each counted once
-        job-wide)."""
+        job-wide: a tied weight's copy on the last stage is the first stage's weight)."""
         if self.rank == 0:
+            if self.tied is not None and self.tied.copy:
+                return [p for n, p in self.named_parameters() if n != self.tied.name]
             return list(self.parameters())
         out: list[nn.Parameter] = []
         for block in self.blocks.values():
@@ -95,5 +113,5 @@ def build_stage(
         if tp is not None and isinstance(block, TransformerBlock):
             block = shard_transformer_block(block, tp[0], tp[1], spec.rank, tp[2])
         blocks[i] = block
-    tie_blocks(config, blocks)
-    return StageModule(blocks, spec.rank)
+    tie_blocks(config, blocks, seed, weights)
+    return StageModule(blocks, spec.rank, tied_end(config, spec.start, spec.end))

@@ -21,6 +21,7 @@ from arceusd.worker.optim import AdamWConfig, LRSchedule, OptimizerConfig, SGDCo
 from arceusd.worker.schedule import ScheduleKind, WeightGrad
 from arceusd.worker.stage import StageSpec, build_stage
 from arceusd.worker.tensor_parallel import TPSplit, TPTransformerBlock, gather_transformer_block
+from arceusd.worker.tied import InMemoryTiedPair
 
 MLP = MLPConfig((32, 16, 12, 10))
 GPT = GPTConfig(n_layer=2, n_head=4, n_embd=32, block_size=16, vocab_size=65)
@@ -102,6 +103,7 @@ def build_engines(
         [1 if split is None else split.world_size for _, _, split in case.layout], timeout_s=20
     )
     engines: list[list[StageEngine]] = []
+    tied = InMemoryTiedPair(timeout_s=20)  # a stock LM's tied embedding and head on two stages
     for s, (start, end, split) in enumerate(case.layout):
         group = InMemoryAllReduce(split.world_size, timeout_s=20) if split is not None else None
         ranks = []
@@ -121,7 +123,8 @@ def build_engines(
                 defer_weights=defer_weights,
                 device=devices[s] if devices is not None else "cpu",
             )
-            ranks.append(StageEngine(module, fabric.links(s, r), config, compression, group_timer=timer))
+            link = tied.end(module.tied.copy) if module.tied is not None else None
+            ranks.append(StageEngine(module, fabric.links(s, r), config, compression, group_timer=timer, tied=link))
         engines.append(ranks)
     return engines
 

@@ -14,10 +14,12 @@ the library's scheme (normal(0, initializer_range) for matrices and embeddings, 
 scaled by 1/sqrt(2 n_layer), norms 1, biases 0) drawn from the block's own generator (``models/init.py``), or
 the tensors of initial weights (:mod:`arceusd.models.hf.weights`).
 
-Tied embeddings: with ``tie_word_embeddings`` the head's ``lm_head.weight`` *is* the embedding's weight, which
-is exact only when both ends live in one process: :func:`tie_hf_blocks` shares the parameter when a stage holds
-block 0 and the head, and refuses a stage that holds only one end (the cross-stage gradient sum is not
-implemented yet).
+Tied embeddings: with ``tie_word_embeddings`` the head's ``lm_head.weight`` *is* the embedding's weight.
+:func:`tie_hf_blocks` shares the parameter when a stage holds block 0 and the head. A stage that holds the head
+without block 0 gets its own copy, initialised as the embedding's tensor (block 0 built from the same generator,
+or read from the same initial weights), and the first and the last stage sum their gradients of it before every
+optimizer step (``arceusd/worker/tied.py``), so both copies take the same updates and stay bit-identical: the
+same training as one process holding one weight.
 """
 
 from __future__ import annotations
@@ -178,21 +180,25 @@ def build_hf_block(config: HFModelConfig, index: int, seed: int, weights: Path |
     return module
 
 
-def tie_hf_blocks(config: HFModelConfig, blocks: dict[int, nn.Module]) -> None:
-    """Share the embedding as the head's weight when one stage holds both ends; refuse half a tied pair."""
+def tie_hf_blocks(config: HFModelConfig, blocks: dict[int, nn.Module], seed: int, weights: Path | None = None) -> None:
+    """Share the embedding as the head's weight when one stage holds both ends; a head without block 0 gets a
+    copy of the embedding's initial tensor (block 0 built from ``seed`` or read from ``weights``, as the stage
+    holding it builds it)."""
     if not config.tied:
         return
     last = num_hf_blocks(config) - 1
-    if 0 in blocks and last in blocks:
-        emb, head = blocks[0], blocks[last]
-        assert isinstance(emb, HFEmbedding) and isinstance(head, HFHead)
+    if last not in blocks:
+        return
+    head = blocks[last]
+    assert isinstance(head, HFHead)
+    if 0 in blocks:
+        emb = blocks[0]
+        assert isinstance(emb, HFEmbedding)
         head.lm_head.weight = emb.token_weight()
-    elif 0 in blocks or last in blocks:
-        raise ValueError(
-            "model.config.tie_word_embeddings is true but this plan puts the embeddings and the LM head on "
-            "different stages; Arceus does not yet sum a tied weight's gradient across stages: set "
-            "tie_word_embeddings to false (the head then trains as its own copy) or train on one device"
-        )
+        return
+    source = build_hf_block(config, 0, seed, weights)
+    assert isinstance(source, HFEmbedding)
+    head.lm_head.weight = nn.Parameter(source.token_weight().detach().clone())
 
 
 __all__ = ["HFDecoderBlock", "HFEmbedding", "HFHead", "build_hf_block", "tie_hf_blocks", "transformers_config"]

@@ -4,6 +4,11 @@ Owns: the mapping between a block's local parameter names (what :mod:`arceusd.mo
 ``layer.self_attn.q_proj.weight`` in block 3) and the architecture's checkpoint keys
 (``model.layers.2.self_attn.q_proj.weight``), and every key's expected shape from the config. Initial weights
 are checked against :func:`expected_tensors` and exports are written with :func:`hf_key`.
+
+Tied embeddings (``tie_word_embeddings``): the checkpoint stores the weight once, under the embedding's key, so
+:func:`block_tensors` lists no ``lm_head.weight`` for a tied head. A stage that holds the head but not block 0
+trains its own copy of the weight all the same (``lm_head.weight``, :func:`tied_names`); the copy is never
+written under a key of its own (``export.py``, ``arceusd/jobs/reslice.py``).
 """
 
 from __future__ import annotations
@@ -85,6 +90,14 @@ def untied_head_source(config: HFModelConfig, key: str) -> str | None:
     return None
 
 
+def tied_names(config: HFModelConfig) -> tuple[str, str] | None:
+    """For a tied model, the local names of the tied weight in block 0 (the owner, whose key the checkpoint
+    stores) and in the head (the copy a stage without block 0 trains); None when untied."""
+    if not config.tied:
+        return None
+    return ("wte.weight" if config.is_gpt2 else "embed_tokens.weight"), "lm_head.weight"
+
+
 def param_count(config: HFModelConfig, index: int) -> int:
     """Parameters held by block ``index``."""
     total = 0
@@ -96,4 +109,4 @@ def param_count(config: HFModelConfig, index: int) -> int:
     return total
 
 
-__all__ = ["block_tensors", "expected_tensors", "hf_key", "param_count"]
+__all__ = ["block_tensors", "expected_tensors", "hf_key", "param_count", "tied_names"]
