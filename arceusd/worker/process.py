@@ -58,7 +58,7 @@ from arceusd.identity import load_or_create_identity
 from arceusd.jobs.source import open_batch_source
 from arceusd.jobs.spec import JobSpec, spec_from_dict
 from arceusd.jobs.spec_types import TrainingSpec
-from arceusd.models.build import loss_sum
+from arceusd.models.build import loss_sum, tied_pair
 from arceusd.models.config import MLPConfig
 from arceusd.safetensors_io import load_bytes, save_bytes
 from arceusd.transport import Stream, open_transport
@@ -199,7 +199,8 @@ class Worker:
         self.is_owner = config.peer_id == config.owner
         self.source: BatchSource | None = None
         self.server: DataServer | None = None
-        self.fabric = WireFabric(config, codec_for(self.spec.training), data_handler=self._serve_data)
+        self.fabric = WireFabric(config, codec_for(self.spec.training), data_handler=self._serve_data,
+                                 tied=tied_pair(self.spec.model) is not None)  # fmt: skip
         st = config.stages[self.stage]
         split = st.split()
         group = TimedCollective(self.fabric.collective()) if split is not None else None  # its waits are reported
@@ -237,6 +238,7 @@ class Worker:
             ),
             replicas=replicas,
             group_timer=group,
+            tied=self.fabric.tied_link() if module.tied is not None else None,  # the tied embedding's other end
         )
         self.start_step = 0
         if config.resume is not None:
