@@ -23,6 +23,9 @@ refused and counted in ``refused``. Kinds:
   header ``(round u64, k x f64)`` (k = 1 is the one-scalar frame of earlier versions, byte for byte);
 - ``tp`` / ``tpres``: a tensor-parallel group's ``all_reduce_sum``, a star over the group's rank 0 adding in
   rank order (bit-identical results on every rank, like the in-memory collective);
+- ``tie``: a tied weight's two ends (``tied.py``: a stock LM's embedding on stage 0, its head on the last stage),
+  rank 0 of each to the other, when the fabric is made with ``tied=True``: each step's gradient of the weight,
+  header ``(phase u8, step u64, 0 u32)`` + a raw tensor frame (:meth:`WireFabric.tied_link`);
 - ``data``: the owner's batch service (``datafeed.py``), handed to ``data_handler``;
 - ``ring`` (``ring.<g>`` after a replica is dropped): data-parallel replicas (``config.replicas``), this worker
   -> the worker at the same (stage, rank) of the next replica; on queues of their own, owned by
@@ -61,7 +64,7 @@ _PIPE = struct.Struct(">BQI")  # phase, step, micro-batch
 _SEQ = struct.Struct(">Q")  # collective call sequence number
 
 PIPE_KINDS = ("act", "grad")
-KINDS = ("act", "grad", "sum", "sumres", "tp", "tpres")
+KINDS = ("act", "grad", "sum", "sumres", "tp", "tpres", "tie")
 
 
 def _encode(t: torch.Tensor, codec: TensorCodec) -> tuple[bytes, bytes | memoryview]:
@@ -97,7 +100,10 @@ class WireFabric:
         config: WorkerConfig,
         codec: TensorCodec = RAW,
         data_handler: Callable[[Stream], Awaitable[None]] | None = None,
+        tied: bool = False,
     ) -> None:
+        """``tied``: the model ties a weight of the first stage to one of the last (``tied.py``); the two
+        stages' rank 0 then open a ``tie`` stream to each other."""
         self.config = config
         self.codec = codec
         self.data_handler = data_handler
@@ -108,6 +114,8 @@ class WireFabric:
         self.root = self.workers[0][2]
         self.is_root = config.peer_id == self.root
         self.group = [m.peer_id for m in config.stages[self.stage].members]
+        self.tied_peer = self._tied_peer() if tied else None
+        """The other end of the tied weight (rank 0 of the last stage, or of stage 0), or None."""
         self.refused: Counter[str] = Counter()
         self._prefix = f"{config.job_id}/{config.term}/".encode()
         self._outgoing: dict[tuple[str, str], Stream] = {}
@@ -124,6 +132,12 @@ class WireFabric:
 
     # -- routes ---------------------------------------------------------------------------------------------
 
+    def _tied_peer(self) -> str | None:
+        last = self.num_stages - 1
+        if self.rank != 0 or last == 0 or self.stage not in (0, last):
+            return None
+        return self.config.peer(last if self.stage == 0 else 0, 0)
+
     def _incoming_routes(self) -> list[tuple[str, str]]:
         s, r, c = self.stage, self.rank, self.config
         routes: list[tuple[str, str]] = []
@@ -131,6 +145,8 @@ class WireFabric:
             routes.append(("act", c.peer(s - 1, 0)))
         if s < self.num_stages - 1:
             routes.append(("grad", c.peer(s + 1, 0)))
+        if self.tied_peer is not None:
+            routes.append(("tie", self.tied_peer))
         if self.is_root:
             routes += [("sum", p) for _, _, p in self.workers if p != self.root]
         else:
@@ -150,6 +166,8 @@ class WireFabric:
             routes += [("act", m.peer_id) for m in c.stages[s + 1].members]
         if r == 0 and s > 0:
             routes += [("grad", m.peer_id) for m in c.stages[s - 1].members]
+        if self.tied_peer is not None:
+            routes.append(("tie", self.tied_peer))
         if self.is_root:
             routes += [("sumres", p) for _, _, p in self.workers if p != self.root]
         else:
@@ -230,6 +248,13 @@ class WireFabric:
 
     def collective(self) -> WireCollective:
         return WireCollective(self)
+
+    def tied_link(self) -> WireTiedLink:
+        """This worker's ``tied.TiedLink`` to the other end of the tied weight (a fabric made with ``tied=True``,
+        on rank 0 of the first or the last stage)."""
+        if self.tied_peer is None:
+            raise LinkError(f"stage {self.stage} rank {self.rank} holds no end of a tied weight on another stage")
+        return WireTiedLink(self)
 
     def ring_link(self) -> WireRingLink:
         return self.ring.link()
@@ -317,6 +342,24 @@ class WireFabric:
         self.flush()
         return totals
 
+    def exchange_tied(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Send ``tensor`` to the tied weight's other end and return what it sent for the same step (exact: raw
+        frames, never the job's compression)."""
+        peer = self.tied_peer
+        if peer is None:
+            raise LinkError(f"stage {self.stage} rank {self.rank} holds no end of a tied weight on another stage")
+        self.queues.check()
+        head, body = _encode(tensor, RAW)
+        self._post("tie", [peer], _PIPE.pack(self.phase, self.step, 0) + head, body)
+        header, payload = self.queues.take(("tie", peer))
+        if len(header) < _PIPE.size:
+            raise LinkError(f"a tie header of {len(header)} bytes is too short")
+        got, want = _PIPE.unpack_from(header), (self.phase, self.step, 0)
+        if got != want:
+            raise LinkError(f"expected the tied weight's gradient of (phase, step) {want[:2]}, got {got[:2]}")
+        self.flush()  # ``tensor`` is the caller's gradient: its frame must have left before it may change
+        return _decode(header[_PIPE.size :], payload)
+
     def all_reduce_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
         seq = self._tp_seq
         self._tp_seq += 1
@@ -369,6 +412,16 @@ class WireLinks:
 
     def allreduce_scalars(self, values: Sequence[float]) -> list[float]:
         return self._fabric.allreduce_scalars(values)
+
+
+class WireTiedLink:
+    """``tied.TiedLink`` over a :class:`WireFabric`; blocking, for the compute thread."""
+
+    def __init__(self, fabric: WireFabric) -> None:
+        self._fabric = fabric
+
+    def exchange(self, tensor: torch.Tensor) -> torch.Tensor:
+        return self._fabric.exchange_tied(tensor)
 
 
 class WireCollective:

@@ -210,14 +210,18 @@ async def with_fabrics(
     micro: int = 2,
     schedule: str = "1f1b",
     timeout: float = 20.0,
+    tied: bool = False,
 ) -> Any:
-    """One connected ``WireFabric`` per worker (global order) on an in-memory network, for ``body``."""
+    """One connected ``WireFabric`` per worker (global order) on an in-memory network, for ``body``; ``tied``:
+    the model ties a weight of the first stage to one of the last (the fabrics open the ``tie`` streams)."""
     sizes = [1 if split is None else split.world_size for _, _, split in layout]
     identities = [[Identity.generate() for _ in range(n)] for n in sizes]
     stages = _plan([[i.peer_id for i in ids] for ids in identities], layout)
     network = MemoryNetwork()
     fabrics = [
-        WireFabric(_config(stages, ident.peer_id, micro, schedule, timeout)) for ids in identities for ident in ids
+        WireFabric(_config(stages, ident.peer_id, micro, schedule, timeout), tied=tied)
+        for ids in identities
+        for ident in ids
     ]
     flat = [ident for ids in identities for ident in ids]
     async with trio.open_nursery() as nursery:
