@@ -27,6 +27,7 @@ from arceusd.jobs import filework
 from arceusd.jobs.core import actions as a
 from arceusd.jobs.core import events as e
 from arceusd.jobs.job import Job, Recovery
+from arceusd.jobs.spec_types import resolve_path
 from arceusd.jobs.transfers import leader_data
 from arceusd.membership.events import MemberState
 from protocol.job_wire import JobStop
@@ -246,8 +247,11 @@ class Driver:
         data = leader_data(job)
         # a character job's vocabulary comes from its text, a stock LM's export carries its tokenizer.json
         vocab = str(data["path"]) if data.get("kind") == "text" else data.get("tokenizer")
+        initial = getattr(job.spec.model, "weights", None)  # a LoRA job's merged export rebuilds its base
+        weights = resolve_path(initial, job.spec.base_dir).resolve() if initial else None
         try:
-            path = await filework.export_model(job.directory, job.spec_bytes, job.job_id, step, paths, vocab)
+            path = await filework.export_model(job.directory, job.spec_bytes, job.job_id, step, paths, vocab,
+                                               weights)  # fmt: skip
         except Exception as exc:
             self.feed(job, e.ExportFailed(str(exc)))
             return

@@ -9,7 +9,8 @@ one JSON line on stdout, the way the worker and the probe run. Owns both sides:
 - the child's side (:func:`main`): ``resume`` runs :func:`arceusd.jobs.recovery.prepare_resume` over the plan's
   stages, ``export`` assembles the shards into the model (:mod:`arceusd.jobs.export`), ``shapes`` computes once per
   plan the parameter shapes each place in it implies (:func:`plan_shapes`), which the leader checks every
-  committed shard against (:mod:`arceusd.jobs.shard_scan`, in the daemon, without torch). A resume slice and an
+  committed shard against (:mod:`arceusd.jobs.shard_scan`, in the daemon, without torch); a LoRA job's are its
+  adapters' alone (its reference model's parameters). A resume slice and an
   exported model that hold a non-finite value are refused (issue #19: never ``done`` with a broken model).
 
 Everything the child gets comes from this daemon (its own spec bytes, plan, files); it parses the spec again
@@ -73,11 +74,12 @@ async def prepare_resume(job_dir: Path, spec_bytes: bytes, plan_data: bytes, epo
 
 
 async def export_model(job_dir: Path, spec_bytes: bytes, job_id: str, step: int, paths: Sequence[Path],
-                       vocab_path: str | None) -> Path:  # fmt: skip
-    """Assemble the model from the shards at ``paths`` and write it into ``job_dir`` (in a child process)."""
+                       vocab_path: str | None, weights: Path | None = None) -> Path:  # fmt: skip
+    """Assemble the model from the shards at ``paths`` and write it into ``job_dir`` (in a child process);
+    ``weights``: a stock LM's initial weights, resolved (a LoRA job's merged export rebuilds its base from them)."""
     answer = await _run("export", {
         "job_dir": str(job_dir), "spec": spec_bytes.decode(), "job_id": job_id, "step": step,
-        "paths": [str(p) for p in paths], "vocab_path": vocab_path,
+        "paths": [str(p) for p in paths], "vocab_path": vocab_path, "weights": str(weights) if weights else None,
     })  # fmt: skip
     return Path(answer["model_path"])
 
@@ -174,6 +176,12 @@ def _export(request: dict[str, Any]) -> dict[str, Any]:
 
         tokenizer = Path(request["vocab_path"]) if request.get("vocab_path") else None
         folder = Path(request["job_dir"]) / "export"
+        if spec.model.lora is not None:  # the adapters in peft's format (and the merged model when asked)
+            from arceusd.models.hf.lora_export import write_lora_export
+
+            weights = Path(request["weights"]) if request.get("weights") else None
+            path = write_lora_export(folder, spec.model, state, tokenizer, spec.seed, weights)
+            return {"model_path": str(path)}
         return {"model_path": str(write_hf_export(folder, spec.model, state, tokenizer))}
     if request.get("vocab_path"):
         from arceusd.data.text import load_text

@@ -5,7 +5,8 @@ A checkpoint holds one shard per worker of the plan that wrote it (``stage{s}-ra
 ``optim.blocks.<i>.<name>.<buffer>``). After a repartition the stages and tensor-parallel splits differ, so the
 leader gathers the shards into the *full* training state (:func:`full_state`: every parameter and optimizer
 buffer of the whole model, tensor-parallel slices concatenated back) and cuts each new worker's slice out of it
-(:func:`slice_state`). Optimizer buffers have their parameter's shape, so they are split exactly like it.
+(:func:`slice_state`). Optimizer buffers have their parameter's shape, so they are split exactly like it. A LoRA
+job's shards hold its adapters only (:func:`trained_blocks`); the frozen base is rebuilt from its weights.
 
 Pure functions over bytes and tensors: no files, no network. Nothing is unpickled (safetensors only).
 
@@ -21,6 +22,8 @@ import torch
 
 from arceusd.models.build import num_blocks
 from arceusd.models.config import GPTConfig, ModelConfig
+from arceusd.models.hf.config import HFModelConfig
+from arceusd.models.hf.lora_keys import lora_blocks
 from arceusd.safetensors_io import SafetensorsHeaderError, load_bytes, read_metadata
 from arceusd.worker.protocol import StageConfig
 from arceusd.worker.tensor_parallel import TPSplit, gather_tensor, shard_tensor
@@ -93,10 +96,17 @@ def full_state(
                 raise ResliceError(f"stage {stage}: {key} is missing on some rank") from None
             state[key] = gather_tensor(_within(key), parts, config, split)
     present = {block_of(k)[0] for k in state if k.startswith("param.")}
-    missing = sorted(set(range(num_blocks(config))) - present)
+    missing = sorted(trained_blocks(config) - present)
     if missing:
         raise ResliceError(f"the shards hold no parameters of block(s) {missing}: a stage's shard is missing")
     return state
+
+
+def trained_blocks(config: ModelConfig) -> set[int]:
+    """The blocks whose parameters a checkpoint holds: every block, or with LoRA those with adapters."""
+    if isinstance(config, HFModelConfig) and config.lora is not None:
+        return lora_blocks(config)
+    return set(range(num_blocks(config)))
 
 
 def slice_state(
@@ -119,4 +129,4 @@ def slice_state(
     return out
 
 
-__all__ = ["ResliceError", "Shard", "block_of", "full_state", "parse_shard", "slice_state"]
+__all__ = ["ResliceError", "Shard", "block_of", "full_state", "parse_shard", "slice_state", "trained_blocks"]

@@ -24,6 +24,8 @@ Schema (TOML; JSON with the same nesting is accepted, chosen by a ``.json`` suff
     [training.diloco] inner_steps (500), outer_lr (0.7), outer_momentum (0.9), compression ("int8")
     [checkpoint] interval_steps, keep
     [admission]  mode = "open" | "allowlist", peers = [peer ids] (allowlist only)
+    [lora]       r, alpha, dropout, target_modules, merge (optional, [model] type = "hf" only: adapters trained on
+                 the frozen model; arceusd/jobs/spec_lora.py)
     [needs]      memory_total_mib, memory_per_device_mib, device_kinds (["cpu", "cuda", "mps"]), min_members,
                  max_members, deadline_hours, max_price_per_hour, budget_usd (all optional; see NeedsSpec)
 

@@ -10,6 +10,7 @@ import re
 from typing import Any
 
 from arceusd.jobs.spec_hf import hf_model_dict, tokens_dict
+from arceusd.jobs.spec_lora import lora_dict
 from arceusd.jobs.spec_types import (
     SPEC_VERSION,
     DiLoCoSpec,
@@ -86,6 +87,8 @@ def to_dict(spec: JobSpec) -> dict[str, Any]:
         "checkpoint": {"interval_steps": spec.checkpoint.interval_steps, "keep": spec.checkpoint.keep},
         "admission": admission,
     }
+    if isinstance(spec.model, HFModelConfig) and spec.model.lora is not None:
+        out["lora"] = lora_dict(spec.model.lora)
     if spec.needs != NeedsSpec():  # a spec without needs keeps the hash it had before [needs] existed
         n = spec.needs
         out["needs"] = {

@@ -16,7 +16,7 @@ from typing import Any
 from arceusd.data.errors import DataError
 from arceusd.data.mnist_files import DEFAULT_MEAN, DEFAULT_STD, NUM_CLASSES
 from arceusd.data.steps import epoch_steps, window_epoch_steps
-from arceusd.jobs import spec_hf
+from arceusd.jobs import spec_hf, spec_lora
 from arceusd.jobs.datafacts import MnistFacts, TextFacts, mnist_facts, text_facts
 from arceusd.jobs.fields import FieldReader
 from arceusd.jobs.spec_hf import TokensFacts
@@ -59,7 +59,8 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 _HEX64_RE = re.compile(r"^[0-9a-f]{64}$")
 _PEER_ID_RE = re.compile(r"^[0-9a-f]{32}$")
 
-TOP_KEYS = ("spec_version", "name", "seed", "model", "data", "training", "checkpoint", "admission", "needs")
+TOP_KEYS = ("spec_version", "name", "seed", "model", "data", "training", "checkpoint", "admission", "needs",
+            "lora")
 MLP_KEYS = ("type", "layer_sizes")
 GPT_KEYS = ("type", "n_layer", "n_head", "n_embd", "block_size", "vocab_size", "dropout", "bias")
 MNIST_KEYS = (
@@ -133,6 +134,7 @@ class _Parser:
         admission = self._admission()
         needs = self._needs()
         model_cfg = self._cross_check(model, data, facts, training)
+        model_cfg = spec_lora.with_lora(r, doc, model_cfg)  # [lora]: adapters on a frozen stock LM
         if r.problems or name is None or seed is None or data is None or model_cfg is None:
             return None
         if training is None or checkpoint is None or admission is None or needs is None:

@@ -18,6 +18,7 @@ from typing import Literal
 from arceusd.models.config import GPTConfig, MLPConfig, ModelConfig
 from arceusd.models.hf.config import HFModelConfig
 from arceusd.models.hf.costs import hf_block_costs
+from arceusd.models.hf.lora_costs import lora_block_costs
 from partitioner.blocks import BlockCost
 
 OptimizerKind = Literal["adamw", "sgd"]
@@ -127,5 +128,6 @@ def block_costs(
     if isinstance(config, GPTConfig):
         return gpt_block_costs(config, dtype_bytes, optimizer)
     if isinstance(config, HFModelConfig):
-        return hf_block_costs(config, dtype_bytes, lambda b: _optimizer_bytes(b, optimizer), _INDEX_BYTES)
+        costs = lora_block_costs if config.lora is not None else hf_block_costs  # LoRA: a frozen base
+        return costs(config, dtype_bytes, lambda b: _optimizer_bytes(b, optimizer), _INDEX_BYTES)
     raise TypeError(f"unknown model config type {type(config).__name__}; expected MLPConfig or GPTConfig")

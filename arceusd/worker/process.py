@@ -208,6 +208,10 @@ class Worker:
         module = build_stage(self.spec.model, self.spec.seed, StageSpec(st.start, st.end, split, self.rank), group,
                              weights=Path(weights) if weights else None)  # fmt: skip
         t = self.spec.training
+        if getattr(self.spec.model, "lora", None) is not None and t.precision == "bf16":
+            from arceusd.models.hf.lora import hold_base
+
+            hold_base(module, torch.bfloat16)  # a LoRA job's frozen base: what bf16 autocast computes with
         self.replica = config.slot_of()  # this worker's replica slot: its share of each batch
         self.control = ReplicaControl(self)
         replicas = None

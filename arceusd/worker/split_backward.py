@@ -108,7 +108,7 @@ class PendingWeights:
         if self.done:
             raise RuntimeError("the parameters' gradients of this backward were already computed")
         self.done = True
-        if self._whole is not None:
+        if self._whole is not None and self._params:  # no parameter (a frozen first stage): nothing to compute
             root, grad = self._whole
             torch.autograd.backward(root, grad, inputs=list(self._params.values()))
         for group in self._groups:

@@ -18,6 +18,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from arceusd.models.hf.lora_spec import LoraSpec
+
 MODEL_TYPES = ("gpt2", "llama", "qwen2", "mistral")
 MAX_WIDTH = 1 << 20
 MAX_VOCAB = 1 << 22
@@ -60,13 +62,15 @@ class HFModelConfig:
     """A validated stock causal LM. ``fields``: the architecture's config.json values, sorted by key (explicit
     defaults included); ``block_size``: the training context length; ``weights``: initial weights (a
     safetensors file under the architecture's keys, path as the spec gives it) and their sha256, or None (the
-    library's initialisation drawn per block from the job's seed)."""
+    library's initialisation drawn per block from the job's seed); ``lora``: the spec's ``[lora]`` (adapters
+    trained on a frozen base, :mod:`arceusd.models.hf.lora_spec`), or None (every parameter trains)."""
 
     model_type: str
     fields: tuple[tuple[str, Any], ...]
     block_size: int
     weights: str | None = None
     weights_sha256: str | None = None
+    lora: LoraSpec | None = None
 
     def get(self, key: str) -> Any:
         for k, v in self.fields:

@@ -1,0 +1,164 @@
+"""LoRA on a stock causal LM split into pipeline stages trains exactly as one process with peft (fp32, CPU), and
+exports a folder ``PeftModel.from_pretrained`` loads (issue 30 items 3 and 6).
+
+The reference is ``get_peft_model`` on ``AutoModelForCausalLM`` of the same base tensors, its adapters set to the
+Arceus blocks' initial ones, trained on the same batches with ``torch.optim`` over its trainable parameters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
+from transformers import AutoModelForCausalLM, PreTrainedModel
+
+from arceusd.models.build import build_blocks, num_blocks
+from arceusd.models.hf.blocks import transformers_config
+from arceusd.models.hf.config import HFModelConfig
+from arceusd.models.hf.keys import hf_key
+from arceusd.models.hf.lora_export import MERGED, write_lora_export
+from arceusd.models.hf.lora_keys import lora_tensors, peft_key
+from arceusd.models.hf.lora_spec import LoraSpec
+from arceusd.worker.engine import StageEngine
+from arceusd.worker.optim import AdamWConfig, LRSchedule, OptimizerConfig, SGDConfig
+from arceusd.worker.schedule import ScheduleKind
+from tests.unit import hf_cases
+from tests.unit.test_engine import SEED, Case, build_engines, drive, prefixed
+from tests.unit.test_hf_exact import BATCH, MICRO, TOL, batches, initial_state
+
+TARGETS = {"llama": ("q_proj", "v_proj"), "qwen2": ("o_proj", "up_proj"), "gpt2": ("c_attn", "c_proj")}
+OPTS: dict[str, OptimizerConfig] = {"adamw": AdamWConfig(lr=3e-3, weight_decay=0.1), "sgd": SGDConfig(lr=0.5)}
+
+
+def lora_config(name: str, merge: bool = False) -> HFModelConfig:
+    return replace(hf_cases.config(name), lora=LoraSpec(r=4, alpha=8, targets=TARGETS[name], merge=merge))
+
+
+def peft_config(cfg: HFModelConfig) -> LoraConfig:
+    assert cfg.lora is not None
+    return LoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=0.0, target_modules=list(cfg.lora.targets),
+                      fan_in_fan_out=cfg.is_gpt2)  # fmt: skip
+
+
+def base_model(cfg: HFModelConfig) -> PreTrainedModel:
+    """The base of ``cfg`` as ``AutoModelForCausalLM`` holding the Arceus blocks' base tensors."""
+    base = replace(cfg, lora=None)
+    model: PreTrainedModel = AutoModelForCausalLM.from_config(transformers_config(base))  # type: ignore[no-untyped-call]
+    missing, unexpected = model.load_state_dict(initial_state(base), strict=False)
+    assert not missing and not unexpected, (missing, unexpected)
+    return model
+
+
+def adapters_of(cfg: HFModelConfig, blocks: dict[int, torch.nn.Module]) -> dict[str, torch.Tensor]:
+    """Every block's trainable tensors under peft's keys."""
+    return {peft_key(cfg, i, local): p.detach().clone() for i, b in blocks.items() for local, p in b.named_parameters()}
+
+
+def reference_run(
+    cfg: HFModelConfig, opt: OptimizerConfig, clip: float | None
+) -> tuple[list[float], dict[str, torch.Tensor]]:
+    model = get_peft_model(base_model(cfg), peft_config(cfg))
+    start = adapters_of(cfg, dict(enumerate(build_blocks(cfg, SEED))))
+    result = set_peft_model_state_dict(model, start)
+    assert not result.unexpected_keys  # type: ignore[attr-defined]
+    params = [p for p in model.parameters() if p.requires_grad]
+    assert len(params) == len(start)
+    optimizer: torch.optim.Optimizer = (
+        torch.optim.SGD(params, lr=opt.lr, momentum=opt.momentum) if isinstance(opt, SGDConfig)
+        else torch.optim.AdamW(params, lr=opt.lr, weight_decay=opt.weight_decay)
+    )  # fmt: skip
+    losses = []
+    for x, y in batches(cfg):
+        optimizer.zero_grad()
+        logits = model(input_ids=x).logits
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+        loss.backward()  # type: ignore[no-untyped-call]
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(params, clip)
+        optimizer.step()
+        losses.append(float(loss.detach()))
+    return losses, {k: v.detach() for k, v in get_peft_model_state_dict(model).items()}
+
+
+def pipeline(cfg: HFModelConfig, layout: list[tuple[int, int]], opt: OptimizerConfig, schedule: ScheduleKind,
+             clip: float | None) -> tuple[list[float], list[StageEngine]]:  # fmt: skip
+    case = Case(cfg, [(a, b, None) for a, b in layout], micro_batches=MICRO, batch=BATCH)
+    engines = build_engines(case, schedule, opt, LRSchedule(max_lr=opt.lr), clip)
+    results = drive(engines, batches(cfg))
+    return [r.loss for r in results], [ranks[0] for ranks in engines]
+
+
+def blocks_of(engines: list[StageEngine]) -> dict[int, torch.nn.Module]:
+    return {int(k): b for e in engines for k, b in e.module.blocks.items()}
+
+
+CASES = [
+    ("llama", [(0, 2), (2, 5)], "adamw", ScheduleKind.ONE_F_ONE_B),
+    ("llama", [(0, 1), (1, 3), (3, 5)], "sgd", ScheduleKind.GPIPE),  # a first stage with nothing to train
+    ("qwen2", [(0, 2), (2, 4)], "adamw", ScheduleKind.GPIPE),
+    ("gpt2", [(0, 2), (2, 4)], "adamw", ScheduleKind.ONE_F_ONE_B),  # Conv1D: fan_in_fan_out
+]
+
+
+@pytest.mark.parametrize(("name", "layout", "opt_name", "schedule"), CASES)
+def test_lora_pipeline_equals_single_process_peft(name: str, layout: list[tuple[int, int]], opt_name: str,
+                                                   schedule: ScheduleKind) -> None:  # fmt: skip
+    cfg = lora_config(name)
+    assert layout[-1][1] == num_blocks(cfg)
+    clip = 1.0 if opt_name == "adamw" else None
+    ref_losses, ref_adapters = reference_run(cfg, OPTS[opt_name], clip)
+    losses, engines = pipeline(cfg, layout, OPTS[opt_name], schedule, clip)
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=0, atol=TOL)
+    got = adapters_of(cfg, blocks_of(engines))
+    assert set(got) == set(ref_adapters)
+    for key, value in got.items():
+        torch.testing.assert_close(value, ref_adapters[key], rtol=0, atol=TOL, msg=prefixed(key))
+    moved = [k for k, v in got.items() if ".lora_B." in k and float(v.abs().max()) > 0]
+    assert moved, "the adapters did not train"
+
+
+def test_only_the_adapters_are_trained_and_checkpointed() -> None:
+    cfg = lora_config("llama")
+    _, engines = pipeline(cfg, [(0, 1), (1, 3), (3, 5)], OPTS["adamw"], ScheduleKind.ONE_F_ONE_B, 1.0)
+    base = initial_state(replace(cfg, lora=None))
+    for engine in engines:
+        adapters = {f"blocks.{k}.{n}" for k, b in engine.module.blocks.items() for n in lora_tensors(cfg, int(k))}
+        params = {k.removeprefix("param.") for k in engine.state_tensors() if k.startswith("param.")}
+        assert params == adapters  # shards hold the adapters and their optimizer state, nothing of the base
+        assert set(engine.optimizer.params) == adapters
+        for key, block in engine.module.blocks.items():
+            for local, buffer in block.named_buffers():
+                if local.endswith("inv_freq"):
+                    continue
+                plain = local.replace(".base_layer.", ".")
+                torch.testing.assert_close(buffer, base[hf_key(cfg, int(key), plain)], rtol=0, atol=0)  # frozen
+    assert engines[0].state_tensors() == {}  # the embeddings: nothing to train
+
+
+def _logits(blocks: dict[int, torch.nn.Module], x: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        for i in sorted(blocks):
+            x = blocks[i](x)
+    return x
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_export_loads_with_peft_and_merged_with_transformers(name: str, tmp_path: Path) -> None:
+    cfg = lora_config(name, merge=True)
+    _, engines = pipeline(cfg, [(0, 2), (2, num_blocks(cfg))], OPTS["adamw"], ScheduleKind.ONE_F_ONE_B, 1.0)
+    blocks = blocks_of(engines)
+    state = {f"{i}.{local}": p.detach() for i, b in blocks.items() for local, p in b.named_parameters()}
+    write_lora_export(tmp_path, cfg, state, None, SEED, None)
+    x = batches(cfg)[0][0]
+    want = _logits(blocks, x)
+    peft_model = PeftModel.from_pretrained(base_model(cfg), str(tmp_path))
+    with torch.no_grad():
+        got = peft_model(input_ids=x).logits
+    torch.testing.assert_close(got, want, rtol=0, atol=TOL)
+    merged = AutoModelForCausalLM.from_pretrained(str(tmp_path / MERGED))
+    with torch.no_grad():
+        torch.testing.assert_close(merged(input_ids=x).logits, want, rtol=0, atol=TOL)
