@@ -8,6 +8,10 @@ buffer of the whole model, tensor-parallel slices concatenated back) and cuts ea
 (:func:`slice_state`). Optimizer buffers have their parameter's shape, so they are split exactly like it. A LoRA
 job's shards hold its adapters only (:func:`trained_blocks`); the frozen base is rebuilt from its weights.
 
+A tied weight (a stock LM's embedding and LM head, ``models.build.tied_pair``) is one tensor of the full state,
+the owner's (block 0): the copy a stage holding the head without block 0 trains, bit-identical to it, is
+dropped by :func:`full_state` and given again, with its optimizer buffers, to such a stage by :func:`slice_state`.
+
 Pure functions over bytes and tensors: no files, no network. Nothing is unpickled (safetensors only).
 
 Error handling: :class:`ResliceError` when the shards do not make a whole model (a missing rank or block).
@@ -20,7 +24,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from arceusd.models.build import num_blocks
+from arceusd.models.build import num_blocks, tied_pair
 from arceusd.models.config import GPTConfig, ModelConfig
 from arceusd.models.hf.config import HFModelConfig
 from arceusd.models.hf.lora_keys import lora_blocks
@@ -95,6 +99,7 @@ def full_state(
             except KeyError:
                 raise ResliceError(f"stage {stage}: {key} is missing on some rank") from None
             state[key] = gather_tensor(_within(key), parts, config, split)
+    _drop_tied_copy(config, state)
     present = {block_of(k)[0] for k in state if k.startswith("param.")}
     missing = sorted(trained_blocks(config) - present)
     if missing:
@@ -107,6 +112,29 @@ def trained_blocks(config: ModelConfig) -> set[int]:
     if isinstance(config, HFModelConfig) and config.lora is not None:
         return lora_blocks(config)
     return set(range(num_blocks(config)))
+
+
+def _drop_tied_copy(config: ModelConfig, state: dict[str, torch.Tensor]) -> None:
+    """Remove the tied weight's copy (and its optimizer buffers): the owner's tensor is the weight."""
+    pair = tied_pair(config)
+    if pair is None:
+        return
+    for key in [k for k in state if block_of(k)[0] == pair.copy_block and _within(k) == pair.copy_name]:
+        del state[key]
+
+
+def _tied_copy(config: ModelConfig, full: Mapping[str, torch.Tensor], stage: StageConfig) -> dict[str, torch.Tensor]:
+    """For a stage holding the tied weight's copy without its owner: the owner's tensors under the copy's names."""
+    pair = tied_pair(config)
+    if pair is None or pair.split_by(stage.start, stage.end) != "copy":
+        return {}
+    out: dict[str, torch.Tensor] = {}
+    for key, tensor in full.items():
+        if block_of(key)[0] == pair.owner_block and _within(key) == pair.owner_name:
+            kind = key.partition(".")[0]
+            suffix = key[len(f"{kind}.blocks.{pair.owner}") :]  # "" or an optimizer buffer's ".exp_avg"
+            out[f"{kind}.blocks.{pair.copy}{suffix}"] = tensor.clone()
+    return out
 
 
 def slice_state(
@@ -126,6 +154,7 @@ def slice_state(
         else:
             assert isinstance(config, GPTConfig)
             out[key] = shard_tensor(_within(key), tensor, config, split, rank)
+    out.update(_tied_copy(config, full, stage))
     return out
 
 
