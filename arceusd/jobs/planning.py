@@ -187,10 +187,15 @@ def make_replica_plan(
 
 def _replica_choices(spec: JobSpec) -> tuple[int, int | None, ReplicaSyncMode | None]:
     """What the spec fixes for the replica planner: DiLoCo's H (at most the run's steps), R (None: "auto") and
-    the sync mode (None: "auto"); the leader plans and every member verifies with the same."""
+    the sync mode (None: "auto"; every step for a model that trains a tied embedding); the leader plans and every
+    member verifies with the same."""
     t = spec.training
     fixed = None if t.replicas == "auto" else int(t.replicas)
-    return max(1, min(t.diloco.inner_steps, t.steps)), fixed, SYNC_MODES[t.sync]
+    sync = SYNC_MODES[t.sync]
+    trains_tied = getattr(spec.model, "tied", False) and getattr(spec.model, "lora", None) is None
+    if sync is None and trains_tied:  # a tied embedding's two copies must take the same steps
+        sync = ReplicaSyncMode.ALLREDUCE  # (DiLoCo would average them on two rings: worker/tied.py)
+    return max(1, min(t.diloco.inner_steps, t.steps)), fixed, sync
 
 
 def one_pipeline(spec: JobSpec) -> bool:

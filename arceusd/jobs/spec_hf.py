@@ -23,7 +23,7 @@ from typing import Any
 
 from arceusd.data.text_files import file_sha256
 from arceusd.jobs.fields import FieldReader
-from arceusd.jobs.spec_types import TOKENS_FORMATS, TokensDataSpec, resolve_path
+from arceusd.jobs.spec_types import TOKENS_FORMATS, TokensDataSpec, TrainingSpec, resolve_path
 from arceusd.models.hf.config import HFModelConfig, parse_hf_config
 from arceusd.models.hf.weights_check import weights_problems
 
@@ -86,11 +86,6 @@ def parse_hf_model(
         return None
     config = parse_hf_config(doc, block, "model.config", r.problem)
     if config is None:
-        return None
-    if config.tied:  # the blocks share it within one stage; the planner may split the two ends (blocks.py)
-        r.problem("model.config.tie_word_embeddings", "Arceus does not yet sum a tied embedding's gradient across "
-                  "pipeline stages; set it to false (the LM head then trains as its own matrix, starting as a copy "
-                  "of the embedding when initial weights are given)")  # fmt: skip
         return None
     if weights is not None and check_files:
         path = resolve_path(weights, base_dir)
@@ -189,9 +184,18 @@ def check_hf(r: FieldReader, m: HFModelConfig, facts: TokensFacts | None) -> Non
                   f"tokens; allowed: >= {facts.vocab_size}")  # fmt: skip
 
 
+def check_hf_training(r: FieldReader, m: HFModelConfig, training: TrainingSpec | None) -> None:
+    """A tied embedding split across stages has two copies kept equal by summing their gradients every step
+    (``arceusd/worker/tied.py``); DiLoCo's replicas would average each copy on its own ring, so they drift."""
+    if m.tied and m.lora is None and training is not None and training.sync == "diloco":
+        r.problem("training.sync", "'diloco' cannot train tied embeddings (model.config.tie_word_embeddings = "
+                  "true: the embedding's and the LM head's copies would drift apart); use 'every_step' or 'auto' "
+                  "(a tied model's replicas then sync every step), or set tie_word_embeddings to false")  # fmt: skip
+
+
 def with_tokens_facts(d: TokensDataSpec, facts: TokensFacts) -> TokensDataSpec:
     return replace(d, sha256=facts.sha256, tokenizer_sha256=facts.tokenizer_sha256)
 
 
-__all__ = ["TokensFacts", "check_hf", "hf_model_dict", "parse_hf_model", "parse_tokens_data", "tokens_dict",
-           "tokens_facts", "with_tokens_facts"]  # fmt: skip
+__all__ = ["TokensFacts", "check_hf", "check_hf_training", "hf_model_dict", "parse_hf_model", "parse_tokens_data",
+           "tokens_dict", "tokens_facts", "with_tokens_facts"]  # fmt: skip

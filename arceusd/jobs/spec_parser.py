@@ -519,6 +519,7 @@ class _Parser:
         if model.kind == "hf":
             if model.hf is not None:
                 spec_hf.check_hf(r, model.hf, facts if isinstance(facts, TokensFacts) else None)
+                spec_hf.check_hf_training(r, model.hf, training)
             return model.hf
         return self._check_gpt(model, data, facts, training)
 

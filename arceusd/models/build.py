@@ -107,8 +107,9 @@ class TiedPair:
 
 
 def tied_pair(config: ModelConfig) -> TiedPair | None:
-    """The model's tied weight (a stock LM with ``tie_word_embeddings``: embedding and LM head), or None."""
-    if not isinstance(config, HFModelConfig):
+    """The model's trained tied weight (a stock LM with ``tie_word_embeddings``: embedding and LM head), or None
+    (nothing tied, or a LoRA job's frozen base)."""
+    if not isinstance(config, HFModelConfig) or config.lora is not None:
         return None
     from arceusd.models.hf.keys import tied_names
 

@@ -60,7 +60,6 @@ def _problems(path: Path) -> list[str]:
         ({"vocab_size": 1000}, "model.config.vocab_size", "smaller than the tokenizer's 2048 tokens"),
         ({"max_position_embeddings": 64}, "model.block_size", "exceeds the architecture's max_position_embeddings"),
         ({"some_new_switch": True}, "model.config.some_new_switch", "unknown config field"),
-        ({"tie_word_embeddings": True}, "model.config.tie_word_embeddings", "set it to false"),
     ],
 )
 def test_an_unsupported_config_is_one_clear_line(
@@ -70,6 +69,22 @@ def test_an_unsupported_config_is_one_clear_line(
     problems = _problems(_write(tmp_path, config))
     assert len(problems) == 1, problems
     assert problems[0].startswith(field) and says in problems[0], problems
+
+
+def test_a_tied_config_trains_and_its_replicas_sync_every_step(tmp_path: Path) -> None:
+    """Tied embeddings split across stages sum their gradients every step (worker/tied.py): 'auto' plans replicas
+    that all-reduce every step, and 'diloco' (each copy averaged on its own ring) is refused in one line."""
+    from arceusd.jobs.planning import _replica_choices
+    from partitioner import ReplicaSyncMode
+
+    config = {**hf_cases.RAW["llama"], "vocab_size": 2048, "max_position_embeddings": 256, "tie_word_embeddings": True}
+    path = _write(tmp_path, config)
+    spec = load_spec(path)
+    assert isinstance(spec.model, HFModelConfig) and spec.model.tied
+    assert _replica_choices(spec)[2] is ReplicaSyncMode.ALLREDUCE
+    path.write_text(path.read_text().replace("[training]\n", '[training]\nreplicas = 2\nsync = "diloco"\n'))
+    problems = _problems(path)
+    assert len(problems) == 1 and problems[0].startswith("training.sync") and "every_step" in problems[0], problems
 
 
 def test_initial_weights_are_checked_and_hashed_into_the_identity(tmp_path: Path) -> None:

@@ -198,7 +198,11 @@ def tie_hf_blocks(config: HFModelConfig, blocks: dict[int, nn.Module], seed: int
         return
     source = build_hf_block(config, 0, seed, weights)
     assert isinstance(source, HFEmbedding)
-    head.lm_head.weight = nn.Parameter(source.token_weight().detach().clone())
+    copy = source.token_weight().detach().clone()
+    if config.lora is not None:  # a frozen base (lora.py): the copy is a buffer too, and nothing is exchanged
+        head.lm_head.register_buffer("weight", copy)
+    else:
+        head.lm_head.weight = nn.Parameter(copy)
 
 
 __all__ = ["HFDecoderBlock", "HFEmbedding", "HFHead", "build_hf_block", "tie_hf_blocks", "transformers_config"]
