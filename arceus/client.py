@@ -97,7 +97,8 @@ class Client:
 
         The model's config.json, its weights (model.safetensors) and the tokenizer.json are written to
         ``folder`` (default: a new folder under the state directory) with the spec, ``job.json``; nothing is
-        pickled and no code is sent.
+        pickled and no code is sent. Keep the folder until the job ends: the daemons read the initial weights
+        there (a default folder is left for you to remove).
 
         Error handling: :class:`arceus.errors.UnsupportedModelError` (another architecture, a slow tokenizer),
         :class:`arceus.errors.SpecError`, :class:`arceus.errors.NoDaemonError`, :class:`arceus.errors.DaemonError`.

@@ -35,7 +35,8 @@ class Job:
         """Snapshots of the run until it ends: one each time the state or the step changes (polled every
         ``poll_s`` seconds), the first at once and the last in an ended state.
 
-        Error handling: :class:`JobTimeoutError` when the job has not ended within ``timeout_s`` (it goes on).
+        Error handling: :class:`JobTimeoutError` when the job has not ended within ``timeout_s`` (it goes on);
+        :class:`arceus.errors.NoDaemonError` when the daemon stops meanwhile.
         """
         if poll_s <= 0 or timeout_s < 0:
             raise ValueError(f"poll_s must be > 0 and timeout_s >= 0, got {poll_s} and {timeout_s}")
