@@ -74,8 +74,3 @@ class Plan:
         """Every device the plan uses, in stage order."""
         return tuple(p for s in self.stages for p in s.devices)
 
-    def stage_of(self, peer_id: str) -> Stage | None:
-        for stage in self.stages:
-            if peer_id in stage.devices:
-                return stage
-        return None

@@ -289,16 +289,6 @@ def judged_times(times: Mapping[str, tuple[float, float]], seen: Mapping[str, fl
     return {peer: (max(got, seen.get(peer, 0.0)), predicted) for peer, (got, predicted) in times.items()}
 
 
-def measured(times: Mapping[str, tuple[float, float]], peer: str) -> bool:
-    return peer in times
-
-
-def measured_factor(times: Mapping[str, tuple[float, ...]], peer: str) -> float:
-    """How much slower than predicted ``peer`` ran (1.0 when unmeasured or not slower)."""
-    got = times.get(peer)
-    return 1.0 if got is None else max(1.0, got[0] / got[1])
-
-
 def overclaim(times: Mapping[str, tuple[float, ...]], peer: str) -> float | None:
     """How many times slower than its offer ``peer`` ran, relative to how much slower than planned the other
     measured members ran together (their seconds over their predicted seconds; at least 1.0: a member is never
@@ -325,7 +315,7 @@ def discounted(offer: Any, factor: float) -> Any:
 __all__ = [
     "BACKWARD_PER_FORWARD", "BOTTLENECK", "MAX_DISCOUNT", "MAX_OFFER_FLOPS", "MAX_OFFER_MEMORY", "MIN_EXCESS_S",
     "NO_WAITS", "RELATIVE_SLOW", "STOP_STATES", "SUSTAINED_REPORTS", "LinkWaits", "StageTime", "check_offer_bounds",
-    "discounted", "judged_times", "measured", "measured_factor", "overclaim", "own_step_times", "own_step_total",
+    "discounted", "judged_times", "overclaim", "own_step_times", "own_step_total",
     "pipelines", "record_link_waits", "record_step_time", "record_wait_time", "seen_by_neighbours",
     "seen_in_every_replica", "stop_state",
 ]  # fmt: skip

@@ -26,11 +26,10 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from arceusd.checkpoint import ShardRecord, shard_file_name
+from arceusd.checkpoint import shard_file_name
 from arceusd.jobs.job import Job
 from arceusd.jobs.plausibility import implausible, merge
 from protocol.job_wire import JobReport
@@ -116,11 +115,6 @@ def check_checkpoint_report(job: Job, peer: str, report: JobReport) -> tuple[int
     if _SHA256.fullmatch(shard.sha256) is None:
         raise ReportRefused(ReportProblem.DIGEST, "the shard's sha256 is not 64 lowercase hex characters")
     return step, {"name": name, "sha256": shard.sha256, "size": shard.size}
-
-
-def record_of(shard: Mapping[str, Any]) -> ShardRecord:
-    """The record of a checked report (:func:`check_checkpoint_report`)."""
-    return ShardRecord(str(shard["name"]), str(shard["sha256"]), int(shard["size"]))
 
 
 def exclude(job: Job, peer: str, refused: ReportRefused) -> str:
@@ -258,7 +252,6 @@ __all__ = [
     "plan_position",
     "plan_shapes",
     "prefetch_shapes",
-    "record_of",
     "reference_magnitudes",
     "shard_size_bound",
 ]  # fmt: skip

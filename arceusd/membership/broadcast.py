@@ -39,9 +39,6 @@ class BroadcastQueue:
     def pending(self) -> list[Update]:
         return [u for bucket in self._buckets for u in bucket.values()]
 
-    def transmits(self, peer: PeerId) -> int | None:
-        return self._where.get(peer)
-
     def take(self, budget: int, limit: int, size: Callable[[Update], int]) -> tuple[Update, ...]:
         """Updates fitting ``budget`` bytes, fewest transmissions first; drops those reaching ``limit``."""
         if not self._where:

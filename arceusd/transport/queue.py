@@ -122,17 +122,6 @@ class FrameQueue:
 
     # ------------------------------------------------------------------ consumer side
 
-    def get_blocking(self, timeout: float | None = None) -> Item | _End | Aborted | None:
-        """From a thread: the next item, END, Aborted, or None when ``timeout`` passed first."""
-        with self._cond:
-            if not self._cond.wait_for(self._ready, timeout):
-                return None
-            result = self._take()
-            self._cond.notify_all()
-            waiters, self._space_waiters = self._space_waiters, []
-        self._wake(waiters)
-        return result
-
     def get_batch_blocking(self, small: int, max_bytes: int) -> list[bytes] | tuple[bytes, ...] | _End | Aborted:
         """From a thread: the next item, plus any further queued items while all are under ``small`` bytes
         and the total stays under ``max_bytes`` (so bursts of small frames travel as one message). A split

@@ -177,9 +177,6 @@ class RouteQueues:
 
     # -- outgoing (compute thread fills, one trio task per route drains) -----------------------------------
 
-    def has_outbox(self, route: Route) -> bool:
-        return route in self._outbox
-
     def check(self) -> None:
         """Raise the recorded failure (or closure), if any."""
         with self._cond:
