@@ -75,8 +75,8 @@ class Client:
         if quote:
             return estimate(self.state_dir, parsed, n)
         self.daemon_status()  # no daemon: say so before writing anything
-        if not isinstance(spec, Mapping):
-            return self._send(spec_file(spec, Path()), n)
+        if not isinstance(spec, Mapping):  # the daemon reads the file itself
+            return self._send(Path(spec).expanduser(), n)
         with self._job_folder(folder, parsed.name, keep=True) as where:
             return self._send(spec_file(spec, where, base_dir), n)
 

@@ -1,6 +1,7 @@
 """The Python API end to end: a real daemon trains a tiny transformers Llama submitted as a model object through
 ``arceus`` (``members=1``); its progress is followed to the end and the export loads with
-``AutoModelForCausalLM.from_pretrained``. The daemon imports neither torch nor transformers."""
+``AutoModelForCausalLM.from_pretrained``. The daemon imports neither torch nor transformers. Then the spec file
+written beside the model is submitted for two members (it waits), cancelled, and both jobs are listed."""
 
 from __future__ import annotations
 
@@ -46,6 +47,11 @@ def test_a_model_object_trains_on_a_daemon_and_its_export_loads(tmp_path: Path) 
         assert "torch" not in packages and "transformers" not in packages, packages
         folder = job.export_path()
         loaded = job.load()
+        waiting = client.submit(tmp_path / "job" / "job.json", members=2)  # a spec file; no second device joins
+        assert waiting.status().state is arceus.JobState.WAITING and waiting.cancel() is arceus.JobState.CANCELLED
+        listed = {j.job_id: j.state for j in client.jobs()}
+        assert listed == {job.job_id: arceus.JobState.DONE, waiting.job_id: arceus.JobState.CANCELLED}, listed
+        assert client.job(job.job_id[:8]).job_id == job.job_id
     finally:
         swarm.close()
     assert seen[-1].state is arceus.JobState.DONE and seen[-1].step == STEPS, seen
