@@ -93,7 +93,7 @@ class Client:
         weights on ``data`` (a UTF-8 text file, or JSONL), tokenized with ``tokenizer`` (a
         ``tokenizers.Tokenizer`` or a transformers fast tokenizer). ``choices`` are the fields of
         :class:`arceus.model_job.ModelJob` (``name``, ``block_size``, ``training={"steps": ..., "lr": ...}``,
-        ``checkpoint``, ``needs``, ``seed``, ``data_format``, ``text_field``, ``val_fraction``).
+        ``checkpoint``, ``needs``, ``lora``, ``seed``, ``data_format``, ``text_field``, ``val_fraction``).
 
         The model's config.json, its weights (model.safetensors) and the tokenizer.json are written to
         ``folder`` (default: a new folder under the state directory) with the spec, ``job.json``; nothing is

@@ -36,6 +36,8 @@ class ModelJob:
     training: Mapping[str, Any] = field(default_factory=dict)
     checkpoint: Mapping[str, Any] | None = None
     needs: Mapping[str, Any] | None = None
+    lora: Mapping[str, Any] | None = None
+    """``[lora]``: low-rank adapters on the frozen model, e.g. ``{"r": 8, "target_modules": ["q_proj", "v_proj"]}``."""
     seed: int = 0
     data_format: str | None = None
     text_field: str = "text"
@@ -50,6 +52,7 @@ class ModelChoices(TypedDict, total=False):
     training: Mapping[str, Any]
     checkpoint: Mapping[str, Any]
     needs: Mapping[str, Any]
+    lora: Mapping[str, Any]
     seed: int
     data_format: str
     text_field: str
@@ -89,6 +92,8 @@ def spec_doc(job: ModelJob, model_type: str, positions: int, weights: bool) -> d
         doc["checkpoint"] = dict(job.checkpoint)
     if job.needs is not None:
         doc["needs"] = dict(job.needs)
+    if job.lora is not None:
+        doc["lora"] = dict(job.lora)
     return doc
 
 

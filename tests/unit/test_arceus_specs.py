@@ -81,8 +81,10 @@ def test_a_transformers_fast_tokenizer_and_jsonl_data_work_too(tmp_path: Path) -
     lines = tmp_path / "d.jsonl"
     lines.write_text("".join(json.dumps({"body": line}) + "\n" for line in TEXT.splitlines()))
     fast = PreTrainedTokenizerFast(tokenizer_object=tiny_tokenizer())  # type: ignore[no-untyped-call]
-    job = ModelJob(data=lines, name="mine", text_field="body", block_size=16, training={"steps": 3})
+    job = ModelJob(data=lines, name="mine", text_field="body", block_size=16, training={"steps": 3},
+                   lora={"r": 4, "target_modules": ["q_proj", "v_proj"]})  # fmt: skip
     spec = prepare_model_job(tiny_llama(), fast, job, tmp_path / "j", weights=False).spec
+    assert isinstance(spec.model, HFModelConfig) and spec.model.lora is not None and spec.model.lora.r == 4
     assert isinstance(spec.data, TokensDataSpec) and (spec.data.format, spec.data.text_field) == ("jsonl", "body")
     assert spec.name == "mine" and isinstance(spec.model, HFModelConfig) and spec.model.block_size == 16
     assert spec.model.weights is None and not (tmp_path / "j" / "model.safetensors").exists()
