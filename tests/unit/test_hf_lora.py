@@ -20,6 +20,7 @@ from arceusd.models.build import build_blocks, num_blocks
 from arceusd.models.hf.blocks import transformers_config
 from arceusd.models.hf.config import HFModelConfig
 from arceusd.models.hf.keys import hf_key
+from arceusd.models.hf.lora import hold_base
 from arceusd.models.hf.lora_export import MERGED, write_lora_export
 from arceusd.models.hf.lora_keys import lora_tensors, peft_key
 from arceusd.models.hf.lora_spec import LoraSpec
@@ -162,3 +163,26 @@ def test_export_loads_with_peft_and_merged_with_transformers(name: str, tmp_path
     merged = AutoModelForCausalLM.from_pretrained(str(tmp_path / MERGED))
     with torch.no_grad():
         torch.testing.assert_close(merged(input_ids=x).logits, want, rtol=0, atol=TOL)
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_a_bf16_base_computes_what_autocast_computes_with_an_fp32_base(name: str) -> None:
+    cfg = lora_config(name)
+    x = batches(cfg)[0][0]
+    outs, grads = [], []
+    for bf16 in (False, True):
+        blocks = dict(enumerate(build_blocks(cfg, SEED)))
+        if bf16:
+            saved = sum(hold_base(b, torch.bfloat16) for b in blocks.values())
+            assert saved > 0
+            assert all(p.dtype == torch.float32 for b in blocks.values() for p in b.parameters())  # the adapters
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            h = x
+            for i in sorted(blocks):
+                h = blocks[i](h)
+        h.float().square().mean().backward()  # type: ignore[no-untyped-call]
+        outs.append(h.detach().float())
+        grads.append([p.grad for b in blocks.values() for p in b.parameters()])
+    torch.testing.assert_close(outs[1], outs[0], rtol=0, atol=0)
+    for g_bf16, g_fp32 in zip(grads[1], grads[0], strict=True):
+        torch.testing.assert_close(g_bf16, g_fp32, rtol=0, atol=0)
