@@ -51,9 +51,13 @@ class JobNeeds:
     def from_spec(cls, job_id: str, owner: str, spec: object, members: int) -> JobNeeds:
         from arceusd.jobs.spec_types import JobSpec
         from arceusd.models.costs import block_costs
+        from arceusd.models.hf.config import HFModelConfig
 
         assert isinstance(spec, JobSpec)
         params = sum(c.param_bytes for c in block_costs(spec.model)) // 4
+        model = spec.model
+        if isinstance(model, HFModelConfig) and model.tied:  # the head's copy in the costs: one weight
+            params -= model.vocab_size * model.hidden
         n = spec.needs
         return cls(job_id, owner, params, members, n.memory_per_device_mib, tuple(n.device_kinds), n.max_members,
                    n.max_price_per_hour)  # fmt: skip

@@ -75,6 +75,9 @@ def test_a_tied_config_trains_and_its_replicas_sync_every_step(tmp_path: Path) -
     """Tied embeddings split across stages sum their gradients every step (worker/tied.py): 'auto' plans replicas
     that all-reduce every step, and 'diloco' (each copy averaged on its own ring) is refused in one line."""
     from arceusd.jobs.planning import _replica_choices
+    from arceusd.market.needs import JobNeeds
+    from arceusd.models.hf.config import num_hf_blocks
+    from arceusd.models.hf.keys import param_count
     from partitioner import ReplicaSyncMode
 
     config = {**hf_cases.RAW["llama"], "vocab_size": 2048, "max_position_embeddings": 256, "tie_word_embeddings": True}
@@ -82,6 +85,11 @@ def test_a_tied_config_trains_and_its_replicas_sync_every_step(tmp_path: Path) -
     spec = load_spec(path)
     assert isinstance(spec.model, HFModelConfig) and spec.model.tied
     assert _replica_choices(spec)[2] is ReplicaSyncMode.ALLREDUCE
+    v, c = spec.model.vocab_size, spec.model.hidden
+    head = block_costs(spec.model)[-1]  # the last stage's own copy of the tied weight (models/hf/costs.py)
+    assert head.param_bytes == (v * c + c) * 4 and head.optimizer_bytes > 0
+    distinct = sum(param_count(spec.model, i) for i in range(num_hf_blocks(spec.model)))
+    assert JobNeeds.from_spec("job", "owner", spec, 1).model_params == distinct  # the weight counted once
     path.write_text(path.read_text().replace("[training]\n", '[training]\nreplicas = 2\nsync = "diloco"\n'))
     problems = _problems(path)
     assert len(problems) == 1 and problems[0].startswith("training.sync") and "every_step" in problems[0], problems

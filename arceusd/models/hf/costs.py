@@ -4,6 +4,12 @@ Parameters come from :mod:`arceusd.models.hf.keys` (exact), activations are the 
 blocks and the logits after the head, FLOPs are 2 per multiply-add of the matrices plus attention's QK^T and AV.
 ``heads`` and ``mlp_columns`` stay 0: these blocks are not tensor-parallel split yet, so the planner places each
 whole on one device.
+
+Tied embeddings: the head counts its own copy of the tied weight (parameters, gradient and optimizer state),
+which it holds in every plan of two stages or more (``arceusd/worker/tied.py``); a one-stage plan shares one
+tensor, so there the head's copy is over-counted (memory errs on the safe side). The gradient exchange between
+the first and the last stage (``V x C`` fp32 values each way, once per step) is not in the predicted step
+time: the partitioner's link costs are per stage boundary only.
 """
 
 from __future__ import annotations
@@ -32,10 +38,9 @@ def hf_block_costs(
     costs: list[BlockCost] = []
     for i in range(n):
         params = param_count(config, i) * dtype_bytes
-        if i == n - 1 and config.tied:
-            params = 0  # the head's weight is the embedding's (and both live on one stage)
         matmul = 2.0 * _matmul_params(config, i) * T
-        if i == n - 1 and config.tied:
+        if i == n - 1 and config.tied:  # the head's copy of the tied weight (module docstring)
+            params += V * C * dtype_bytes
             matmul = 2.0 * C * V * T
         if i == 0:
             name, out_bytes, stash, fwd = "embedding", T * C * dtype_bytes, T * index_bytes, float(T * C)
