@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from arceusd.jobs.reslice import full_state, parse_shard, slice_state
 from arceusd.models.build import build_blocks, num_blocks
 from arceusd.models.hf.blocks import transformers_config
 from arceusd.models.hf.config import HFModelConfig
@@ -24,8 +25,10 @@ from arceusd.models.hf.lora import hold_base
 from arceusd.models.hf.lora_export import MERGED, write_lora_export
 from arceusd.models.hf.lora_keys import lora_tensors, peft_key
 from arceusd.models.hf.lora_spec import LoraSpec
+from arceusd.safetensors_io import save_bytes
 from arceusd.worker.engine import StageEngine
 from arceusd.worker.optim import AdamWConfig, LRSchedule, OptimizerConfig, SGDConfig
+from arceusd.worker.protocol import MemberConfig, StageConfig
 from arceusd.worker.schedule import ScheduleKind
 from tests.unit import hf_cases
 from tests.unit.test_engine import SEED, Case, build_engines, drive, prefixed
@@ -186,3 +189,34 @@ def test_a_bf16_base_computes_what_autocast_computes_with_an_fp32_base(name: str
     torch.testing.assert_close(outs[1], outs[0], rtol=0, atol=0)
     for g_bf16, g_fp32 in zip(grads[1], grads[0], strict=True):
         torch.testing.assert_close(g_bf16, g_fp32, rtol=0, atol=0)
+
+
+def _second_batches(cfg: HFModelConfig) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    gen = torch.Generator().manual_seed(8)
+    return [(torch.randint(0, cfg.vocab_size, (BATCH, cfg.block_size), generator=gen),
+             torch.randint(0, cfg.vocab_size, (BATCH, cfg.block_size), generator=gen)) for _ in range(3)]  # fmt: skip
+
+
+def test_a_lora_checkpoint_resumes_in_another_layout_as_if_never_stopped() -> None:
+    cfg, opt = lora_config("llama"), OPTS["adamw"]
+    old, new = [(0, 1), (1, 3), (3, 5)], [(0, 2), (2, 5)]  # the old first stage holds nothing to train
+    ref = build_engines(Case(cfg, [(a, b, None) for a, b in new], MICRO, BATCH), ScheduleKind.ONE_F_ONE_B, opt,
+                        LRSchedule(max_lr=opt.lr), 1.0)  # fmt: skip
+    drive(ref, batches(cfg))
+    ref_losses = [r.loss for r in drive(ref, _second_batches(cfg))]
+    _, first = pipeline(cfg, old, opt, ScheduleKind.GPIPE, 1.0)
+    shards = []
+    for s, (engine, (a, b)) in enumerate(zip(first, old, strict=True)):
+        meta = {"stage": str(s), "rank": "0", "start": str(a), "end": str(b), "tp_heads": "", "tp_columns": ""}
+        shards.append(parse_shard(save_bytes({k: v.clone() for k, v in engine.state_tensors().items()}, meta)))
+    full = full_state(cfg, shards)
+    assert full and all(".lora_" in k for k in full)
+    resumed = build_engines(Case(cfg, [(a, b, None) for a, b in new], MICRO, BATCH), ScheduleKind.ONE_F_ONE_B, opt,
+                            LRSchedule(max_lr=opt.lr), 1.0)  # fmt: skip
+    for (a, b), ranks in zip(new, resumed, strict=True):
+        ranks[0].load_state_tensors(slice_state(cfg, full, StageConfig(a, b, (MemberConfig("p", 0, 0),)), 0), 3)
+    losses = [r.loss for r in drive(resumed, _second_batches(cfg))]
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=0, atol=TOL)
+    want = adapters_of(cfg, blocks_of([r[0] for r in ref]))
+    for key, value in adapters_of(cfg, blocks_of([r[0] for r in resumed])).items():
+        torch.testing.assert_close(value, want[key], rtol=0, atol=TOL, msg=prefixed(key))
