@@ -139,7 +139,7 @@ def _module(config: HFModelConfig, tc: PretrainedConfig, index: int) -> nn.Modul
     if isinstance(module, HFDecoderBlock) and not config.is_gpt2:
         module.rotary = LlamaRotaryEmbedding(tc)  # type: ignore[arg-type]  # buffers computed on the CPU, never on meta
     if isinstance(module, HFHead) and config.tied:
-        del module.lm_head.weight  # set by tie_hf_blocks to the embedding's parameter
+        del module.lm_head.weight  # set by tie_hf_blocks: the embedding's parameter, or a copy of it
     return module
 
 
