@@ -20,7 +20,7 @@ from arceusd.jobs.reslice import full_state, parse_shard, slice_state
 from arceusd.models.build import build_blocks, num_blocks
 from arceusd.models.hf.blocks import transformers_config
 from arceusd.models.hf.config import HFModelConfig
-from arceusd.models.hf.keys import hf_key
+from arceusd.models.hf.keys import hf_key, param_count
 from arceusd.models.hf.lora import hold_base
 from arceusd.models.hf.lora_export import MERGED, write_lora_export
 from arceusd.models.hf.lora_keys import lora_tensors, peft_key
@@ -29,10 +29,12 @@ from arceusd.safetensors_io import save_bytes
 from arceusd.worker.engine import StageEngine
 from arceusd.worker.optim import AdamWConfig, LRSchedule, OptimizerConfig, SGDConfig
 from arceusd.worker.protocol import MemberConfig, StageConfig
+from arceusd.worker.replicas import ReplicaConfig
 from arceusd.worker.schedule import ScheduleKind
 from tests.unit import hf_cases
 from tests.unit.test_engine import SEED, Case, build_engines, drive, prefixed
 from tests.unit.test_hf_exact import BATCH, MICRO, TOL, batches, initial_state
+from tests.unit.test_replicas import build_replicas, drive_replicas
 
 TARGETS = {"llama": ("q_proj", "v_proj"), "qwen2": ("o_proj", "up_proj"), "gpt2": ("c_attn", "c_proj")}
 OPTS: dict[str, OptimizerConfig] = {"adamw": AdamWConfig(lr=3e-3, weight_decay=0.1), "sgd": SGDConfig(lr=0.5)}
@@ -220,3 +222,20 @@ def test_a_lora_checkpoint_resumes_in_another_layout_as_if_never_stopped() -> No
     want = adapters_of(cfg, blocks_of([r[0] for r in ref]))
     for key, value in adapters_of(cfg, blocks_of([r[0] for r in resumed])).items():
         torch.testing.assert_close(value, want[key], rtol=0, atol=TOL, msg=prefixed(key))
+
+
+@pytest.mark.parametrize("layout", [[(0, 1), (1, 5)], [(0, 3), (3, 5)]])
+def test_two_replicas_all_reduce_only_the_adapters_and_equal_one_peft_process(layout: list[tuple[int, int]]) -> None:
+    cfg = lora_config("llama")
+    ref_losses, ref_adapters = reference_run(cfg, OPTS["adamw"], 1.0)
+    case = Case(cfg, [(a, b, None) for a, b in layout], micro_batches=MICRO, batch=BATCH)
+    pipelines, rings = build_replicas(case, 2, ScheduleKind.ONE_F_ONE_B, ReplicaConfig(replicas=2, bucket_bytes=1000),
+                                      "adamw", LRSchedule(max_lr=OPTS["adamw"].lr), 1.0)  # fmt: skip
+    per_replica = drive_replicas(pipelines, batches(cfg))
+    for rep, results in enumerate(per_replica):
+        torch.testing.assert_close(torch.tensor([r.loss for r in results]), torch.tensor(ref_losses), rtol=0, atol=TOL)
+        got = adapters_of(cfg, blocks_of([stage[0] for stage in pipelines[rep]]))
+        for key, value in got.items():
+            torch.testing.assert_close(value, ref_adapters[key], rtol=0, atol=TOL, msg=prefixed(f"replica {rep} {key}"))
+    base = sum(param_count(replace(cfg, lora=None), i) for i in range(num_blocks(cfg)))
+    assert 0 < sum(ring.bytes_sent for ring in rings) < base * 4  # 3 steps of adapter gradients: not one base's
