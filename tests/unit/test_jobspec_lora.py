@@ -147,3 +147,13 @@ def test_the_lora_spec_modules_import_no_torch() -> None:
     code = ("import sys; import arceusd.jobs.spec_lora, arceusd.models.hf.lora_keys, arceusd.models.hf.lora_costs; "
             "import arceusd.jobs.spec; assert 'torch' not in sys.modules and 'peft' not in sys.modules")  # fmt: skip
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_lora_on_a_tied_model_is_refused_with_one_line(tmp_path: Path) -> None:
+    wire = to_dict(load_spec(_write(tmp_path)))
+    wire["model"]["config"]["tie_word_embeddings"] = True
+    with pytest.raises(JobSpecError) as info:
+        spec_from_dict(wire)
+    assert [str(p) for p in info.value.problems] == [
+        "lora: LoRA with model.config.tie_word_embeddings = true is not supported yet; set it to false (the LM head "
+        "then starts as a copy of the embedding)"]  # fmt: skip
