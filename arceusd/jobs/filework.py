@@ -37,10 +37,10 @@ class FileworkError(RuntimeError):
 
 # ------------------------------------------------------------------------------------------------ the daemon
 async def _run(task: str, request: dict[str, Any]) -> dict[str, Any]:
-    from arceusd.jobs import warm_pool
+    from arceusd.jobs.warm_starts import warm_starts
 
-    # In a warm interpreter when one is ready: re-slicing is on a recovery's critical path (issue 33).
-    returncode, stdout, stderr = await warm_pool.pool().run(
+    # forked from the fork server when it runs: re-slicing is on a recovery's critical path (issue 33)
+    returncode, stdout, stderr = await warm_starts().run(
         "arceusd.jobs.filework", [task], json.dumps(request).encode()
     )
     lines = stdout.decode(errors="replace").strip().splitlines()

@@ -1,7 +1,7 @@
 """Supervising one stage-worker child process: start it, learn its port, send it commands, read its events.
 
-The worker is ``python -m arceusd.worker --config <file>`` (started in a warm interpreter when one is ready,
-:mod:`arceusd.jobs.warm_pool`) with JSON lines on stdin/stdout
+The worker is ``python -m arceusd.worker --config <file>`` (forked from the daemon's fork server when it runs,
+:mod:`arceusd.jobs.warm_starts`) with JSON lines on stdin/stdout
 (:mod:`arceusd.worker.protocol`); its stderr goes to a log file next to the config. The daemon never runs torch
 itself: everything heavy happens in this child, which we can kill cleanly.
 
@@ -20,7 +20,7 @@ from typing import Any
 
 import trio
 
-from arceusd.jobs import warm_pool
+from arceusd.jobs.warm_starts import ChildProcess, warm_starts
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ class WorkerProcess:
     def __init__(self, config_path: Path, log_path: Path) -> None:
         self.config_path = config_path
         self.log_path = log_path
-        self.process: trio.Process | None = None
+        self.process: ChildProcess | None = None
         self.port: int | None = None
         self._buffer = bytearray()
 
@@ -53,9 +53,9 @@ class WorkerProcess:
     async def start(self, timeout: float = 180.0) -> int:
         """Spawn the worker and wait for its ``listening`` event; return its transport port."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        # In a warm interpreter when one is ready (torch already imported: off a recovery's critical path).
+        # forked from the fork server when it runs (torch already imported: off a recovery's critical path)
         argv = ["--config", str(self.config_path)]
-        self.process = await warm_pool.pool().spawn("arceusd.worker", argv, self.log_path)
+        self.process = await warm_starts().spawn("arceusd.worker", argv, self.log_path)
         with trio.move_on_after(timeout):
             async for event in self.events():
                 if event.get("event") == "listening":

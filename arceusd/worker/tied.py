@@ -11,8 +11,10 @@ Each step, after the backward (and after the data-parallel replicas averaged the
 clipping, the stage holding the embedding (stage 0, the owner) and the stage holding the head (the last, the
 copy) swap their gradients of the weight and both set it to ``first + last``: the same operands in the same
 order on both, so the sums are bit-identical. The copy starts as the embedding's tensor (``tie_blocks``), both
-take the same clipped gradient through the same optimizer arithmetic, and so stay bit-identical (on the same
-kind of device): the training of one process holding one shared weight, whose gradient is the same sum.
+take the same clipped gradient through the same optimizer arithmetic, and so stay bit-identical on the same
+kind of device (a CPU and a GPU may round the update differently: the copies then differ by rounding, and a
+resume starts both from the embedding's tensor again): the training of one process holding one shared weight,
+whose gradient is the same sum.
 Clipping counts the weight once: the copy is not in the last stage's share of the global norm
 (``StageModule.norm_parameters``). Checkpoints and exports store the owner's tensor only
 (``arceusd/jobs/reslice.py``). DiLoCo replicas would average the two copies over different rings (different

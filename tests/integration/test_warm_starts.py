@@ -1,0 +1,95 @@
+"""Warm starts (issue 33): the daemon's torch programs are forked from its fork server, and behave exactly as a
+cold ``python -m`` start would (stdin, stdout, stderr and the exit code are the program's, a kill is a kill);
+the server imports once however many programs it forks; a dead server falls back to cold starts."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import trio
+
+from arceusd.jobs.fork_server import parse_order
+from arceusd.jobs.warm_starts import SUPPORTED, WarmStarts
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not SUPPORTED, reason="fork server needs Linux pidfds")]
+
+
+def parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+async def started(starts: WarmStarts) -> None:
+    """Start the server and wait (bounded) until it has imported: its first fork answers."""
+    assert await starts.start()
+
+
+def test_programs_forked_from_the_server_get_their_stdin_stdout_stderr_and_exit_code(tmp_path: Path) -> None:
+    async def main() -> None:
+        starts = WarmStarts()
+        await started(starts)
+        # filework reads its request from stdin: invalid JSON must reach it and be answered on stdout.
+        code, out, err = await starts.run("arceusd.jobs.filework", ["shapes"], b"not json")
+        assert starts.warm == 1 and starts.cold == 0
+        assert code == 1
+        answer = json.loads(out.decode().strip().splitlines()[-1])
+        assert "JSONDecodeError" in answer["error"]
+        assert b"Traceback" in err  # its stderr went to the file it was given
+        # the next program is forked at once (no refill), and its usage error is its own
+        began = time.monotonic()
+        code, out, err = await starts.run("arceusd.jobs.filework", ["nope"], b"")
+        assert starts.warm == 2 and code == 1 and b"usage" in err
+        assert time.monotonic() - began < 10.0  # a fork, not a torch import (wide margin for a busy machine)
+        # a program that waits on its stdin: it is the server's child, and a kill ends it with -SIGKILL
+        proc = await starts.spawn("arceusd.jobs.filework", ["shapes"], tmp_path / "err")
+        assert starts.server_pid is not None and parent_of(proc.pid) == starts.server_pid
+        assert proc.returncode is None
+        proc.kill()
+        with trio.fail_after(10):
+            assert await proc.wait() == -signal.SIGKILL
+        await starts.close()
+
+    trio.run(main)
+
+
+def test_a_dead_server_falls_back_to_a_cold_start() -> None:
+    async def main() -> None:
+        starts = WarmStarts()
+        await started(starts)
+        server = starts.server_pid
+        assert server is not None
+        os.kill(server, signal.SIGKILL)
+        with trio.fail_after(10):
+            while starts.server_pid is not None:  # the daemon notices the end of the server's socket
+                await trio.sleep(0.05)
+        code, out, _ = await starts.run("arceusd.jobs.filework", ["shapes"], b"[]")
+        assert starts.cold == 1 and starts.warm == 0 and code == 1 and b"error" in out
+        assert not await starts.start(), "a failed server is not restarted at once"
+        await starts.close()
+
+    trio.run(main)
+
+
+def test_the_first_program_starts_the_server_and_starts_cold() -> None:
+    async def main() -> None:
+        starts = WarmStarts()
+        assert starts.server_pid is None
+        code, _, _ = await starts.run("arceusd.jobs.filework", ["nope"], b"")
+        assert code == 1 and starts.cold == 1 and starts.server_pid is not None
+        await starts.close()
+
+    trio.run(main)
+
+
+@pytest.mark.parametrize(
+    "order",
+    [b"[]", b'{"module": "os", "argv": []}', b'{"module": "arceusd.worker", "argv": [1]}',
+     b'{"module": "arceusd.worker", "argv": ' + json.dumps(["a"] * 65).encode() + b"}", b"x" * 70000],
+)  # fmt: skip
+def test_an_order_names_only_the_daemons_own_programs(order: bytes) -> None:
+    with pytest.raises(ValueError):
+        parse_order(order)
