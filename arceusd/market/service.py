@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from arceusd.control import RequestError
+from arceusd.jobs.warm_starts import warm_starts
 from arceusd.market.admission import Member, Spend, budget_stop, devices_for_memory, join_refusal, projected_usd
 from arceusd.market.authority import AuthorityError, authorise, from_bytes
 from arceusd.market.collect import MAX_PAGES_PER_PEER, MAX_PEERS, ROUNDS_S, accept, kept_for, new_ones, page
@@ -81,10 +82,11 @@ TERMINAL = frozenset({"done", "failed", "cancelled"})
 
 
 def own_pids(node: Node) -> list[int]:
-    """The daemon and its stage workers (their CPU use is not the owner's). Called from the probe's thread: a
-    worker's ``os_pid`` (a process that exited is simply not found by the probe), never trio's liveness check,
-    which raised there once a worker had exited."""
-    pids = [os.getpid()]
+    """The daemon, its fork server and its stage workers (their CPU use is not the owner's). Called from the
+    probe's thread: a worker's ``os_pid`` (a process that exited is simply not found by the probe), never trio's
+    liveness check, which raised there once a worker had exited."""
+    server = warm_starts().server_pid
+    pids = [os.getpid()] if server is None else [os.getpid(), server]
     manager = node.jobs
     for job in getattr(manager, "jobs", {}).values():
         worker = getattr(job, "worker", None)
