@@ -5,15 +5,14 @@ and a thin loop (:func:`watch`) that asks the daemon every ``interval`` seconds 
 from the daemon goes through :func:`arceusd.text_safety.safe_tree` and into a ``rich.text.Text`` (never rich
 markup), so a stranger's device or job name can neither drive the terminal nor style the view.
 
-The ETA comes from :class:`Rate`: the steps per second over the last :data:`RATE_WINDOW_S` seconds of samples.
+Steps/s, tokens/s and the ETA are the daemon's (:mod:`arceusd.jobs.throughput`: one rate over one window), the
+same figures ``status``, the dashboard and the Python API show; this view computes none of its own.
 """
 
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from rich.console import Console, Group, RenderableType
@@ -25,34 +24,7 @@ from rich.text import Text
 
 from arceusd.text_safety import safe_tree
 
-RATE_WINDOW_S = 30.0
 TERMINAL = ("done", "failed", "cancelled")
-
-
-@dataclass
-class Rate:
-    """Steps per second per job from (time, step) samples over a sliding window; the ETA from it."""
-
-    window_s: float = RATE_WINDOW_S
-    samples: dict[str, deque[tuple[float, int]]] = field(default_factory=dict)
-
-    def add(self, job_id: str, now: float, step: int) -> None:
-        q = self.samples.setdefault(job_id, deque(maxlen=512))
-        if q and step < q[-1][1]:  # resumed from an earlier checkpoint: the old rate no longer applies
-            q.clear()
-        q.append((now, step))
-        while len(q) > 2 and now - q[0][0] > self.window_s:
-            q.popleft()
-
-    def per_s(self, job_id: str) -> float | None:
-        q = self.samples.get(job_id)
-        if not q or len(q) < 2 or q[-1][0] <= q[0][0] or q[-1][1] <= q[0][1]:
-            return None
-        return (q[-1][1] - q[0][1]) / (q[-1][0] - q[0][0])
-
-    def eta_s(self, job_id: str, step: int, total: int) -> float | None:
-        rate = self.per_s(job_id)
-        return None if rate is None or total <= 0 else max(0.0, (total - step) / rate)
 
 
 def fmt_eta(seconds: float | None) -> str:
@@ -82,22 +54,24 @@ STATE_STYLE = {"alive": "green", "running": "green", "done": "green", "suspect":
                "paused": "yellow", "dead": "red", "failed": "red", "cancelled": "red"}  # fmt: skip
 
 
-def progress_line(job: dict[str, Any], rate: Rate) -> Table:
+def progress_line(job: dict[str, Any]) -> Table:
     """A job's progress bar with steps, percent, speed and ETA."""
     step, total = int(job.get("step") or 0), int(job.get("total_steps") or 0)
-    per_s = rate.per_s(str(job.get("job_id")))
+    per_s, eta = job.get("steps_per_s"), job.get("eta_s")
+    per_s = float(per_s) if isinstance(per_s, int | float) and not isinstance(per_s, bool) else None
+    eta = float(eta) if isinstance(eta, int | float) and not isinstance(eta, bool) else None
     grid = Table.grid(padding=(0, 1))
     grid.add_row(
         ProgressBar(total=max(total, 1), completed=min(step, max(total, 1)), width=40),
         Text(f"{step}/{total}"),
         Text(f"{100 * step / total:5.1f}%" if total else "  -  "),
         Text(f"{per_s:.2f} steps/s" if per_s else "- steps/s"),
-        Text(fmt_eta(rate.eta_s(str(job.get("job_id")), step, total)), style="cyan"),
+        Text(fmt_eta(eta), style="cyan"),
     )
     return grid
 
 
-def render_job(job: dict[str, Any], rate: Rate) -> RenderableType:
+def render_job(job: dict[str, Any]) -> RenderableType:
     """One job in detail: progress, figures, the plan, contributions and recoveries."""
     job = safe_tree(job)
     state = str(job.get("state"))
@@ -111,7 +85,7 @@ def render_job(job: dict[str, Any], rate: Rate) -> RenderableType:
                     _t(str(job.get("leader", ""))[:12]), Text("standby", style="dim"),
                     _t(str(job.get("standby") or "-")[:12]), Text("checkpoint", style="dim"),
                     _t(job.get("committed_step")))  # fmt: skip
-    parts: list[RenderableType] = [head, progress_line(job, rate), figures]
+    parts: list[RenderableType] = [head, progress_line(job), figures]
     plan = job.get("plan")
     if isinstance(plan, dict):
         table = Table(title=Text(f"plan: {plan.get('schedule')}, {plan.get('micro_batches')} micro-batches, "
@@ -153,7 +127,7 @@ def render_job(job: dict[str, Any], rate: Rate) -> RenderableType:
     return Panel(Group(*parts), title="arceusd status", border_style="blue")
 
 
-def render_status(status: dict[str, Any], rate: Rate) -> RenderableType:
+def render_status(status: dict[str, Any]) -> RenderableType:
     """The daemon: itself, its peers (state, incarnation, round trip) and its jobs with progress bars."""
     status = safe_tree(status)
     uptime = int(float(status.get("uptime_s") or 0))
@@ -179,7 +153,7 @@ def render_status(status: dict[str, Any], rate: Rate) -> RenderableType:
     for j in jobs:
         state = str(j.get("state"))
         jt.add_row(_t(str(j.get("job_id"))[:12]), _t(j.get("name")), _t(state, STATE_STYLE.get(state, "")),
-                   _t(j.get("role")), _num(j.get("loss"), ".4f"), progress_line(j, rate))  # fmt: skip
+                   _t(j.get("role")), _num(j.get("loss"), ".4f"), progress_line(j))  # fmt: skip
     parts.append(jt)
     return Panel(Group(*parts), title="arceusd status", border_style="blue")
 
@@ -198,24 +172,19 @@ def watch(call: Callable[[str, dict[str, Any] | None], Any], job: str | None, in
 
 def _loop(call: Callable[[str, dict[str, Any] | None], Any], job: str | None, interval: float,
           rounds: int | None, draw: Callable[[RenderableType], None]) -> None:
-    rate = Rate()
     done = 0
     while rounds is None or done < rounds:
-        now = time.monotonic()
         if job is not None:
             result = call("job", {"job_id": job})
-            rate.add(str(result.get("job_id")), now, int(result.get("step") or 0))
-            draw(render_job(result, rate))
+            draw(render_job(result))
             if result.get("state") in TERMINAL:
                 return
         else:
             result = call("status", None)
-            for j in result.get("jobs") or []:
-                rate.add(str(j.get("job_id")), now, int(j.get("step") or 0))
-            draw(render_status(result, rate))
+            draw(render_status(result))
         done += 1
         if rounds is None or done < rounds:
             time.sleep(interval)
 
 
-__all__ = ["Rate", "fmt_eta", "render_job", "render_status", "watch"]
+__all__ = ["fmt_eta", "render_job", "render_status", "watch"]

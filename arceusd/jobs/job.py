@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +27,7 @@ from arceusd.jobs.core import actions
 from arceusd.jobs.core.machine import JobCore
 from arceusd.jobs.core.states import TERMINAL, JobState, Role
 from arceusd.jobs.supervisor import WorkerProcess
+from arceusd.jobs.throughput import Speed, Throughput
 
 if TYPE_CHECKING:
     from arceusd.jobs.planning import Offer
@@ -178,8 +179,8 @@ class Job:
     lr: float | None = None
     val_loss: float | None = None
     val_accuracy: float | None = None
-    samples_per_s: float | None = None
-    tokens_per_s: float | None = None
+    throughput: Throughput = field(default_factory=Throughput)
+    """This device's worker's steps over time: the job's steps/s, samples/s, tokens/s and time left."""
     history: list[tuple[int, float]] = field(default_factory=list)
     # this device's stage over its last steps, from the worker's step events
     stage_times: deque[claims.StageTime] = field(default_factory=lambda: deque(maxlen=STAGE_WINDOW))
@@ -256,6 +257,14 @@ class Job:
         if len(self.history) > MAX_HISTORY:
             self.history = self.history[::-2][::-1]  # every other point, counted back from the newest
 
+    def speed(self) -> Speed:
+        """How fast it trains now (nothing while it does not run)."""
+        if self.state != JobState.RUNNING:
+            return Speed()
+        context = getattr(self.spec.model, "block_size", None)
+        return self.throughput.speed(self.step, self.total_steps, self.spec.training.batch_size,
+                                     context if isinstance(context, int) else None)  # fmt: skip
+
     def summary(self, full: bool = False, whole_history: bool = False, me: str = "") -> dict[str, Any]:
         """What ``arceusd status`` shows; ``full`` for ``status JOB`` (``me``: this device, whose stage times
         come from its own worker's steps rather than from its last checkpoint report)."""
@@ -264,13 +273,12 @@ class Job:
             "state": self.state, "step": self.step, "total_steps": self.total_steps, "loss": self.loss,
             "val_loss": self.val_loss, "val_accuracy": self.val_accuracy, "members": sorted(self.members),
             "error": self.error, "model_path": self.model_path, "spec_hash": self.spec_hash,
-            "leader": self.leader,
+            "leader": self.leader, **asdict(self.speed()),
         }  # fmt: skip
         if full:
             history = list(self.history) if whole_history else self.history[-HISTORY_TAIL:]
             out.update({
-                "term": self.term, "epoch": self.epoch, "lr": self.lr, "samples_per_s": self.samples_per_s,
-                "tokens_per_s": self.tokens_per_s, "history": history,
+                "term": self.term, "epoch": self.epoch, "lr": self.lr, "history": history,
                 "committed_step": self.committed_step, "plan": self.plan_summary(),
                 "contributions": self.contributions(), "recoveries": [r.summary() for r in self.leading.recoveries],
                 "model": type(self.spec.model).__name__, "data": self.spec.data.kind,

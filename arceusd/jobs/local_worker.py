@@ -170,7 +170,6 @@ class LocalWorker:
         self.ctx.spawn(self._follow_worker, job, job.worker, job.epoch)
 
     async def _follow_worker(self, job: Job, worker: WorkerProcess, epoch: int) -> None:
-        last_t, last_step = time.monotonic(), job.step
         finished = False
         try:
             async for event in worker.events():
@@ -179,13 +178,7 @@ class LocalWorker:
                 kind = event.get("event")
                 if kind == "step":
                     self._on_step(job, event)
-                    now = time.monotonic()
-                    if now - last_t >= 1.0:
-                        steps = job.step - last_step
-                        job.samples_per_s = steps * job.spec.training.batch_size / (now - last_t)
-                        block = getattr(job.spec.model, "block_size", None)
-                        job.tokens_per_s = job.samples_per_s * block if block else None
-                        last_t, last_step = now, job.step
+                    job.throughput.add(time.monotonic(), job.step)
                 elif kind == "eval":
                     job.val_loss = float(event["val_loss"])
                     job.val_accuracy = event.get("val_accuracy")
