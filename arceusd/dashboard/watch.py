@@ -22,6 +22,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from arceusd.jobs.view import block_range
 from arceusd.text_safety import safe_tree
 
 TERMINAL = ("done", "failed", "cancelled")
@@ -101,7 +102,8 @@ def render_job(job: dict[str, Any]) -> RenderableType:
                 split = len(stage.get("devices", [])) > 1
                 t = times.get(str(d.get("peer_id")))
                 t = t if isinstance(t, dict) else {}
-                table.add_row(_t(stage.get("index")), _t(stage.get("blocks")), _t(str(d.get("peer_id"))[:12]),
+                table.add_row(_t(stage.get("index")), _t(block_range(stage.get("blocks"))),
+                              _t(str(d.get("peer_id"))[:12]),
                               _t(d.get("heads") if split else "all"), _t(d.get("mlp_columns") if split else "all"),
                               Text(f"{_ms(t.get('compute_s'))} / {_ms(t.get('wait_s'))}"))  # fmt: skip
         parts.append(table)

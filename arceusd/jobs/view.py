@@ -13,6 +13,16 @@ def _ms(seconds: Any) -> str:
     return f"{seconds * 1000:.1f} ms" if isinstance(seconds, int | float) else "-"
 
 
+
+def block_range(blocks: Any) -> str:
+    """A stage's blocks as every view writes them: ``[start, end)`` from the plan as ``2-5`` (both ends held) or
+    ``3`` (issue 31: the CLI, ``--watch`` and the dashboard wrote three forms, one of which read as overlapping
+    stages); the dashboard's ``app.js`` ``blockRange`` follows the same rule."""
+    if not (isinstance(blocks, list | tuple) and len(blocks) == 2 and all(isinstance(b, int) for b in blocks)):
+        return "?"
+    first, last = int(blocks[0]), int(blocks[1]) - 1
+    return f"{first}" if first == last else f"{first}-{last}"
+
 def job_line(j: dict[str, Any]) -> str:
     return (f"{j['job_id'][:12]}  {j['name']:<20} {j['state']:<10} {j['role']:<6} step {j['step']}/{j['total_steps']}"
             f"  loss {_num(j.get('loss'))}  members {len(j.get('members', []))}")  # fmt: skip
@@ -75,8 +85,7 @@ def render_job(j: dict[str, Any]) -> str:
                                          if len(stage["devices"]) > 1 else "")
                     for d in stage["devices"]
                 )  # fmt: skip
-                first, last = stage["blocks"][0], stage["blocks"][1] - 1
-                lines.append(f"    {where}stage {stage['index']}: blocks {first}-{last} on {devices}")
+                lines.append(f"    {where}stage {stage['index']}: blocks {block_range(stage['blocks'])} on {devices}")
         times = j.get("stage_times") or {}
         for stage in plan["stages"]:
             for d in stage["devices"]:

@@ -171,8 +171,12 @@ def test_the_terminal_view_draws_the_job_with_a_progress_bar_and_eta() -> None:
     assert "ETA 1m40s" in text and "300/2300" in text and "20.00 steps/s" in text
     assert all(p[:12] in text for p in PEERS)
     assert "0–3" not in text and "[0, 3]" in text  # the split stage's heads
+    plan_rows = [[c.strip() for c in line.split("│")] for line in text.splitlines() if " / " in line]
+    rows = [(c[c.index(p[:12]) - 2], c[c.index(p[:12]) - 1]) for p in PEERS for c in plan_rows if p[:12] in c]
+    assert rows == [("0", "0-1"), ("1", "2"), ("1", "2"), ("2", "3-4")], \
+        "blocks as the CLI writes them (arceusd.jobs.view.block_range), not the plan's [start, end)"
     for i, p in enumerate(PEERS):  # every device's row: its measured compute / wait per step
-        row = next(line for line in text.splitlines() if p[:12] in line and "[" in line)
+        row = next(line for line in text.splitlines() if p[:12] in line and " / " in line)
         assert f"{(0.09 + 0.01 * i) * 1000:.1f} / {(0.03 - 0.005 * i) * 1000:.1f}" in row, row
 
 

@@ -31,3 +31,10 @@ def test_the_window_forgets_old_steps_and_a_resume_starts_again() -> None:
     assert tp.steps_per_s() is None and tp.speed(60, 100, 4, 8) == Speed()
     tp.add(43.0, 64)
     assert tp.steps_per_s() == pytest.approx(2.0)
+
+
+def test_a_stages_blocks_read_the_same_everywhere() -> None:
+    from arceusd.jobs.view import block_range
+
+    assert block_range([2, 6]) == "2-5" and block_range([3, 4]) == "3", "[start, end) as the blocks held"
+    assert block_range("0-3") == "?" and block_range([1]) == "?"

@@ -183,6 +183,12 @@ function range(v) {
   return String(v ?? "");
 }
 
+// A stage's [start, end) blocks as every view writes them (arceusd/jobs/view.py block_range): "2-5" or "3".
+function blockRange(v) {
+  if (!Array.isArray(v) || v.length !== 2) return "?";
+  return v[1] - 1 === v[0] ? `${v[0]}` : `${v[0]}-${v[1] - 1}`;
+}
+
 function planDrawing(job, me) {
   const plan = job.plan;
   if (!plan || !Array.isArray(plan.stages)) return el("p", { class: "muted" }, "no plan yet");
@@ -212,7 +218,7 @@ function pipelineDrawing(job, me, stages, id) {
   stages.forEach((s, i) => {
     const x = 8 + i * (CW + 16);
     g.appendChild(sv("rect", { x, y: 4, width: CW, height: H - 8, rx: 6, class: "stage" }));
-    g.appendChild(sv("text", { x: x + 8, y: 22 }, `stage ${s.index} · blocks ${range(s.blocks)}`));
+    g.appendChild(sv("text", { x: x + 8, y: 22 }, `stage ${s.index} · blocks ${blockRange(s.blocks)}`));
     if (i + 1 < stages.length) g.appendChild(sv("text", { x: x + CW + 2, y: H / 2, class: "small" }, "→"));
     const split = (s.devices || []).length > 1;
     (s.devices || []).forEach((d, j) => {
