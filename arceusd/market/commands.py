@@ -170,19 +170,31 @@ def earnings_command(obj: Context, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_obj
 def bill_command(obj: Context, job: str, as_json: bool) -> None:
-    """What JOB (an id or a unique prefix) costs its owner: the devices' countersigned receipts."""
+    """What JOB (an id or a unique prefix) costs its owner: the devices' countersigned receipts. The whole bill is
+    in the owner's ledger; on another device it is that device's part only, and says so."""
+    from arceusd.identity import IdentityError, load_or_create_identity
     from arceusd.market.ledger import bill
 
+    try:
+        me = load_or_create_identity(obj.state_dir).peer_id
+    except IdentityError as exc:
+        raise click.ClickException(str(exc)) from None
     entries = _ledger_entries(obj)
     ids = sorted({s.receipt.job_id for s in entries if s.receipt.job_id.startswith(job)})
     if len(ids) != 1:
         raise click.ClickException(f"no receipts for a job {job!r} in this ledger" if not ids
                                    else f"{job!r} matches several jobs; give more of the id")  # fmt: skip
     result = bill(entries, ids[0])
+    result["complete"] = result["owner"] == me  # only the owner's ledger holds every device's receipts
     if as_json:
         click.echo(json.dumps(result, indent=2, sort_keys=True))
         return
     result, ids = safe_tree(result), safe_tree(ids)  # receipts' ids come from the network: escaped
+    if not result["complete"]:
+        click.echo(f"job {ids[0]}: this device's part only (${result['total_usd']:.4f} for "
+                   f"{result['device_hours']:.3f} device-hours); the whole bill is in the owner's ledger: run "
+                   f"`arceusd bill {ids[0][:12]}` on {str(result['owner'])[:12]}")  # fmt: skip
+        return
     click.echo(f"job {ids[0]}: ${result['total_usd']:.4f} for {result['device_hours']:.3f} device-hours")
     for device, usd in result["by_device"].items():
         click.echo(f"  {device[:12]}  ${usd:.4f}")

@@ -78,7 +78,7 @@ def test_price_gate_bill_equals_earnings_and_a_tampered_ledger_is_found(swarm: L
              "receipts settled")  # fmt: skip
     bill = json.loads(cli(swarm.state_dir(0), "bill", job_id[:10], "--json").stdout)
     earned = [json.loads(cli(swarm.state_dir(i), "earnings", "--json").stdout) for i in range(3)]
-    assert bill["unaccepted_receipts"] == 0 and set(bill["by_device"]) == {ids[0], ids[2]}
+    assert bill["unaccepted_receipts"] == 0 and set(bill["by_device"]) == {ids[0], ids[2]} and bill["complete"]
     assert earned[1]["total_usd"] == 0.0 and earned[1]["receipts"] == 0
     total = earned[0]["by_job"][job_id] + earned[2]["by_job"][job_id]
     assert bill["total_usd"] > 0 and abs(bill["total_usd"] - total) <= 1e-12, (bill, earned)

@@ -28,6 +28,9 @@ def test_earnings_bill_and_verify(tmp_path: Path) -> None:
     assert mine["receipts"] == 2 and abs(mine["total_usd"] - 0.6) < 1e-9
     billed = runner.invoke(cli, ["--state-dir", str(state), "bill", JOB[:8], "--json"])
     assert billed.exit_code == 0 and abs(json.loads(billed.output)["total_usd"] - 0.9) < 1e-9
+    assert json.loads(billed.output)["complete"] is False, "this device is not the job's owner"
+    partial = runner.invoke(cli, ["--state-dir", str(state), "bill", JOB[:8]])
+    assert partial.exit_code == 0 and "this device's part only" in partial.output, partial.output
     text = runner.invoke(cli, ["--state-dir", str(state), "earnings"])
     assert "earned $0.6000 for 2.000 device-hours" in text.output
     path = state / "ledger.jsonl"
