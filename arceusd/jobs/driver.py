@@ -148,6 +148,8 @@ class Driver:
                 await m.starting.start(job, action)
             elif isinstance(action, a.SendGo):
                 await m.starting.go_round(job, action)
+            elif isinstance(action, a.RecoveryCause):
+                self._recovery_cause(job, action)
             elif isinstance(action, a.CheckReachable):
                 await self._check_reachable(job, action)
             elif isinstance(action, a.Regrow):
@@ -164,6 +166,12 @@ class Driver:
         job.leading.recoveries.append(recovery)
         job.plan, job.replica_plan, job.leading.reports = None, None, {}
         job.leading.witnesses, job.leading.complete, job.leading.go_addresses = {}, {}, {}
+
+    def _recovery_cause(self, job: Job, action: a.RecoveryCause) -> None:
+        log.warning("job %s: repartitioning: %s", job.job_id, action.reason)
+        last = job.leading.recoveries[-1] if job.leading.recoveries else None
+        if last is not None and last.first_step_after_s is None:
+            last.reason = action.reason
 
     async def _check_reachable(self, job: Job, action: a.CheckReachable) -> None:
         """The old plan's members are asked with a handshake, whatever membership says right now (a worker's

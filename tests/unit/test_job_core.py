@@ -331,6 +331,22 @@ def test_a_restart_asked_for_repartitions_once_and_a_stale_commit_is_dropped() -
     assert core.handle(e.CommitDone(old, 10), 0.0) == [] and core.committed_step == 0
 
 
+def test_a_dead_member_is_named_as_the_cause_of_the_recovery_its_neighbours_broken_link_began() -> None:
+    """Issue 31: a SIGKILLed member's neighbour reports a broken link first; the recovery said only that, naming
+    the neighbour's worker. Once membership declares the member dead, the record names it (and keeps the first
+    sign); a death outside the old plan, or one already named, changes nothing."""
+    core = running(members=(ME, B, C), min_members=3)
+    out = core.handle(e.WorkerFailed(core.stamp, B, f"LinkError: peer {C[:12]} closed the stream"), 0.0)
+    assert state(core) == JobState.RECOVERING and find(out, a.StartRecovery)
+    first = core.error
+    assert C[:12] in first and "dead" not in first
+    out = core.handle(e.MemberDead(C), 0.0)
+    assert out == [a.RecoveryCause(f"member {C[:12]} is dead (first seen as: {first})")]
+    assert core.error.startswith(f"member {C[:12]} is dead")
+    assert core.handle(e.MemberDead(C), 0.0) == [], "named once"
+    assert core.handle(e.MemberDead("d" * 32), 0.0) == [], "not in the plan the recovery began from"
+
+
 def test_a_spent_budget_fails_the_job_and_a_waiting_job_plans_only_with_the_memory_it_needs() -> None:
     core = running()
     out = core.handle(e.Fail("the job's budget is spent"), 0.0)

@@ -127,6 +127,14 @@ class StartRecovery:
 
 
 @dataclass(frozen=True, slots=True)
+class RecoveryCause:
+    """Leader: the repartition under way has a truer reason than the one it began with (a member of the old
+    plan was declared dead after a neighbour's broken link started the recovery): the record says so."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class LetWorkerGo:
     """Member: let this device's worker of plan ``stamp`` start training (once per plan)."""
 
@@ -212,12 +220,13 @@ class Finish:
 Action = (
     Announce | Plan | TrackElection | UntrackElection | SendStart | CancelStart | SendGo | CheckReachable | Commit
     | SyncStandby | Export | StopWorkers | Pause | Resume | StartRecovery | LetWorkerGo | Refuse | PrepareTakeover
-    | HandOver | Persist | Finish | DropReplica | Exclude | Regrow | ReleaseHold
+    | HandOver | Persist | Finish | DropReplica | Exclude | Regrow | ReleaseHold | RecoveryCause
 )  # fmt: skip
 
 __all__ = [
     "Action", "Announce", "CancelStart", "CheckReachable", "Commit", "DropReplica", "Exclude", "Export", "Finish",
-    "HandOver", "LetWorkerGo", "Pause", "Persist", "Plan", "PrepareTakeover", "Refuse", "Regrow", "ReleaseHold",
+    "HandOver", "LetWorkerGo", "Pause", "Persist", "Plan", "PrepareTakeover", "RecoveryCause", "Refuse", "Regrow",
+    "ReleaseHold",
     "Resume", "SendGo", "SendStart", "StartRecovery", "StopWorkers", "SyncStandby", "TrackElection",
     "UntrackElection",
 ]  # fmt: skip

@@ -57,6 +57,7 @@ class LeaderState:
     resuming: bool = False
     committing: set[int] = field(default_factory=set)  # checkpoint steps of this plan whose commit was started
     restart_reason: str = ""
+    recovering_from: tuple[str, ...] = ()  # the plan a repartition under way began from
     rebalance: bool = False
     restarts_at: dict[int, int] = field(default_factory=dict)  # committed step -> restarts that resumed there
     commit_attempts: dict[int, int] = field(default_factory=dict)  # step -> failed attempts
@@ -271,6 +272,8 @@ class JobCore:
                 JobState.RECOVERING,
             ):
                 lead.members.discard(event.peer)  # (not in the plan: no spare to rebuild a replica on)
+            if self.state == JobState.RECOVERING and event.peer in lead.recovering_from:
+                return self._name_the_cause(f"member {event.peer[:12]} {how}")
             if in_plan or self.state == JobState.RECOVERING:
                 return self._lose(event.peer, f"member {event.peer[:12]} {how}", gone=True)
             return []
@@ -571,6 +574,7 @@ class JobCore:
             return [a.CancelStart(), *self._finish(JobState.FAILED, f"{reason} (gave up after {tries - 1} "
                     f"repartitions that made no progress past step {self.committed_step})")]  # fmt: skip
         old = lead.plan
+        lead.recovering_from = old
         lead.regrow, lead.regrow_at = False, 0
         self.state, self.error = JobState.RECOVERING, reason
         self.stamp = self.stamp.next_term()
@@ -579,6 +583,17 @@ class JobCore:
         return [a.CancelStart(), a.StartRecovery(reason, self.stamp.epoch + 1),
                 a.StopWorkers(self.stamp, others, JobState.REPLANNING.value),
                 a.CheckReachable(self.stamp, others)]  # fmt: skip
+
+    def _name_the_cause(self, death: str) -> list[a.Action]:
+        """A member of the plan the repartition began from was declared dead: that is why (a neighbour's broken
+        link to it usually comes first, and named the neighbour's worker, never the dead device: issue 31)."""
+        lead = self.lead
+        assert lead is not None
+        if lead.restart_reason.startswith(death):
+            return []
+        reason = f"{death} (first seen as: {lead.restart_reason})" if lead.restart_reason else death
+        lead.restart_reason, self.error = reason, reason
+        return [a.RecoveryCause(reason)]
 
     def _finish(self, state: JobState, error: str) -> list[a.Action]:
         """End the job: tell the plan's members (and the owner) when we lead, then leave the election."""
