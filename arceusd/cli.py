@@ -18,43 +18,14 @@ from typing import Any
 import click
 
 from arceusd import __version__
+from arceusd.cli_context import EXIT_NO_DAEMON, Context
 from arceusd.config import ConfigError, DaemonConfig, load_config
-from arceusd.control import ControlError, NoDaemon, call
+from arceusd.control import ControlError, call
+from arceusd.dashboard.commands import register as _register_dashboard
 from arceusd.identity import IdentityError, load_or_create_identity
-from arceusd.paths import StatePaths, default_state_dir
+from arceusd.market.commands import register as _register_market
+from arceusd.paths import default_state_dir
 from arceusd.text_safety import safe_text, safe_tree
-
-EXIT_NO_DAEMON = 3
-
-
-class Context:
-    def __init__(self, state_dir: Path, explicit: bool = False) -> None:
-        self.state_dir = state_dir
-        self.paths = StatePaths(state_dir)
-        self.explicit = explicit  # given as ``arceusd --state-dir DIR ...`` (before the command's name)
-
-    def use_state_dir(self, state_dir: Path) -> None:
-        """``--state-dir`` given after the subcommand (``arceusd status --state-dir DIR``); given before it too,
-        the two must name the same folder (a silent winner would act on a daemon the user did not mean)."""
-        chosen = state_dir.expanduser().absolute()
-        if self.explicit and chosen != self.state_dir:
-            raise click.UsageError(
-                f"--state-dir is given twice with different folders ({self.state_dir} and {chosen}); give it once"
-            )
-        self.state_dir = chosen
-        self.paths = StatePaths(self.state_dir)
-
-    def call(self, method: str, params: dict[str, Any] | None = None, timeout: float = 10.0) -> Any:
-        try:
-            return call(self.paths.control_socket, method, params, timeout=timeout)
-        except NoDaemon:
-            click.echo(
-                f"arceusd: no daemon is running for {self.state_dir} (start one with `arceusd start`)", err=True
-            )
-            sys.exit(EXIT_NO_DAEMON)
-        except ControlError as exc:
-            raise click.ClickException(str(exc)) from None
-
 
 pass_ctx = click.make_pass_decorator(Context)
 
@@ -537,9 +508,5 @@ def _flat(text: str) -> str:
     return " ".join(text.split())
 
 
-from arceusd.market.commands import register as _register_market  # noqa: E402  (its commands use Context)
-
 _register_market(cli)
-from arceusd.dashboard.commands import register as _register_dashboard  # noqa: E402
-
 _register_dashboard(cli)

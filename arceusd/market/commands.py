@@ -22,7 +22,7 @@ from arceusd.market.probes import Snapshot, probe_for
 from arceusd.text_safety import safe_tree
 
 if TYPE_CHECKING:
-    from arceusd.cli import Context
+    from arceusd.cli_context import Context
 
 
 def _snapshot_line(snap: Snapshot) -> str:

@@ -18,20 +18,34 @@ replans): the daemon checked it against its own plan before sending it.
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import trio
 
+from arceusd.worker.datafeed import DataServer
+from arceusd.worker.engine import StageEngine
 from arceusd.worker.protocol import (
     DropReplicaCommand,
     GoOnCommand,
     GrowReplicaCommand,
     RetireCommand,
+    WorkerConfig,
     WorkerProtocolError,
 )
+from arceusd.worker.wire_links import WireFabric
 
-if TYPE_CHECKING:
-    from arceusd.worker.process import Worker
+
+class WorkerParts(Protocol):
+    """What replica commands use of the stage worker (``arceusd.worker.process.Worker`` has them): its config and
+    place, its links, its data server (the data owner's) and its engine."""
+
+    config: WorkerConfig
+    stage: int
+    rank: int
+    num_stages: int
+    server: DataServer | None
+    fabric: WireFabric
+    engine: StageEngine
 
 ReplicaCommand = DropReplicaCommand | GrowReplicaCommand | GoOnCommand | RetireCommand
 
@@ -39,7 +53,7 @@ ReplicaCommand = DropReplicaCommand | GrowReplicaCommand | GoOnCommand | RetireC
 class ReplicaControl:
     """One worker's replica commands (see the module docstring); composed into :class:`Worker`."""
 
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: WorkerParts) -> None:
         self.worker = worker
         self.hold_at = 0
         """The checkpoint step after which to hold for a dropped replica's rebuild (0: none)."""

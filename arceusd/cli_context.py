@@ -1,0 +1,51 @@
+"""The ``arceusd`` command line's context object: the state directory it acts on and the call to its daemon.
+
+Its own module so the command groups registered on the CLI (``arceusd.market.commands``,
+``arceusd.dashboard.commands``) use it without importing ``arceusd.cli``, which registers them (issue 32: that
+was an import cycle).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from arceusd.control import ControlError, NoDaemon, call
+from arceusd.paths import StatePaths
+
+EXIT_NO_DAEMON = 3
+
+
+class Context:
+    def __init__(self, state_dir: Path, explicit: bool = False) -> None:
+        self.state_dir = state_dir
+        self.paths = StatePaths(state_dir)
+        self.explicit = explicit  # given as ``arceusd --state-dir DIR ...`` (before the command's name)
+
+    def use_state_dir(self, state_dir: Path) -> None:
+        """``--state-dir`` given after the subcommand (``arceusd status --state-dir DIR``); given before it too,
+        the two must name the same folder (a silent winner would act on a daemon the user did not mean)."""
+        chosen = state_dir.expanduser().absolute()
+        if self.explicit and chosen != self.state_dir:
+            raise click.UsageError(
+                f"--state-dir is given twice with different folders ({self.state_dir} and {chosen}); give it once"
+            )
+        self.state_dir = chosen
+        self.paths = StatePaths(self.state_dir)
+
+    def call(self, method: str, params: dict[str, Any] | None = None, timeout: float = 10.0) -> Any:
+        try:
+            return call(self.paths.control_socket, method, params, timeout=timeout)
+        except NoDaemon:
+            click.echo(
+                f"arceusd: no daemon is running for {self.state_dir} (start one with `arceusd start`)", err=True
+            )
+            sys.exit(EXIT_NO_DAEMON)
+        except ControlError as exc:
+            raise click.ClickException(str(exc)) from None
+
+
+__all__ = ["EXIT_NO_DAEMON", "Context"]
