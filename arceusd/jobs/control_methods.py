@@ -1,8 +1,11 @@
-"""The job manager's control-socket methods: ``submit``, ``join``, ``jobs``, ``job``, ``cancel`` and ``leave``.
+"""The job manager's control-socket methods: ``submit``, ``join``, ``jobs``, ``job``, ``cancel``, ``leave`` and
+``lending``.
 
 What the CLI asks this daemon about jobs (:mod:`arceusd.control` routes a request to these by name; the manager
 registers them in :meth:`arceusd.jobs.manager.JobManager.run`). Each takes the request's parameters and answers a
-JSON-able result, or raises :class:`arceusd.control.RequestError` saying what was wrong.
+JSON-able result, or raises :class:`arceusd.control.RequestError` saying what was wrong. ``submit`` refuses a job
+whose training state cannot fit even on every device this daemon sees (:mod:`arceusd.jobs.memory_fit`, the peers
+asked by :mod:`arceusd.jobs.lending`); ``lending`` answers what they lend, for ``submit --quote``.
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ import trio
 from arceusd.control import RequestError
 from arceusd.jobs.core import JobCore, Role, events
 from arceusd.jobs.job import Job
+from arceusd.jobs.lending import seen_lending
 from arceusd.jobs.manager_base import JobContext, Lifecycle
+from arceusd.jobs.memory_fit import refusal, training_memory
 from protocol.job_wire import JobAck, JobReport, ReportKind
 
 log = logging.getLogger(__name__)
@@ -34,7 +39,7 @@ class ControlMethods:
     def methods(self) -> dict[str, Callable[[dict[str, Any]], Awaitable[Any]]]:
         """The control methods by the name the CLI calls them."""
         return {"submit": self.m_submit, "join": self.m_join, "jobs": self.m_jobs, "job": self.m_job,
-                "cancel": self.m_cancel, "leave": self.m_leave}  # fmt: skip
+                "cancel": self.m_cancel, "leave": self.m_leave, "lending": self.m_lending}  # fmt: skip
 
     async def m_submit(self, params: dict[str, Any]) -> dict[str, Any]:
         from arceusd.jobs.spec import JobSpecError, job_id, load_spec, spec_hash, to_dict
@@ -51,6 +56,10 @@ class ControlMethods:
             raise RequestError(str(exc)) from None
         except OSError as exc:
             raise RequestError(f"cannot read the job spec {path}: {exc.strerror}") from None
+        lent = await seen_lending(self.ctx)
+        too_big = refusal(training_memory(spec), lent)
+        if too_big is not None:
+            raise RequestError(too_big)
         digest = spec_hash(spec)
         jid = job_id(digest, self.ctx.node.identity.peer_id, os.urandom(16))
         spec_bytes = json.dumps(to_dict(spec), sort_keys=True).encode()
@@ -66,6 +75,11 @@ class ControlMethods:
         self.ctx.spawn(self.life.lead, job)
         log.info("job %s (%s) submitted; waiting for %d member(s)", jid, spec.name, min_members)
         return {"job_id": jid, "spec_hash": digest, "name": spec.name, "directory": str(job.directory)}
+
+    async def m_lending(self, _params: dict[str, Any]) -> dict[str, Any]:
+        """What this device and the alive peers it knows lend (bytes), and how many did not say."""
+        lent = await seen_lending(self.ctx)
+        return {"own_bytes": lent.own_bytes, "peer_bytes": list(lent.peer_bytes), "unanswered": lent.unanswered}
 
     async def m_join(self, params: dict[str, Any]) -> dict[str, Any]:
         job = self.ctx.find(str(params.get("job_id", "")))

@@ -71,6 +71,7 @@ from arceusd.jobs.core import events as e
 from arceusd.jobs.driver import Driver
 from arceusd.jobs.job import TERMINAL, Job
 from arceusd.jobs.joining import Joining
+from arceusd.jobs.lending import answerer
 from arceusd.jobs.local_worker import LocalWorker, worker_device
 from arceusd.jobs.manager_base import OWNER_FILE, JobContext
 from arceusd.jobs.regrow import Regrowing
@@ -100,6 +101,7 @@ from protocol.job_wire import (
     SpeedChallenge,
     StandbySync,
 )
+from protocol.lend_wire import LendQuery
 from protocol.messages import JobAnnounce, JoinRequest
 
 log = logging.getLogger(__name__)
@@ -208,6 +210,7 @@ class JobManager(JobContext):
         peers.register(StandbySync, gate(self.standbys.on_standby_sync))
         peers.register(DataRequest, gate(self.transfers.on_data_request))
         peers.register(LinkEcho, self.starting.on_link_echo)
+        peers.register(LendQuery, gate(answerer(self)))  # what this device lends (arceusd.jobs.lending)
         peers.listeners.append(self._on_member_changed)
         if self.node.elections is not None:
             self.node.elections.on_leader_change(self._on_leader_change)

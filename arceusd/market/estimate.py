@@ -2,9 +2,11 @@
 ``arceus.quote`` both ask :func:`estimate` (torch-free; one control call for the market's demand).
 
 Owns: which devices the quote assumes (this device's measured profile when cached in the state directory, else a
-typical laptop; as many as ``--members``, ``[needs] min_members`` and ``memory_total_mib`` ask), the demand the
-daemon's market sees now (neutral when no daemon answers), and the :class:`Estimate` that bundles them with the
-:class:`arceusd.market.quote.Quote`.
+typical laptop; as many as ``--members``, ``[needs] min_members`` and ``memory_total_mib`` ask, and as many as hold
+the model's training state), the demand the daemon's market sees now (neutral when no daemon answers), the memory
+the devices the daemon sees lend (its ``lending`` method; this device's cached profile alone when no daemon
+answers) against the training state's (:mod:`arceusd.jobs.memory_fit`), and the :class:`Estimate` that bundles
+them with the :class:`arceusd.market.quote.Quote`.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from arceusd.control import ControlError, call
+from arceusd.jobs.memory_fit import Lent, TrainingMemory, devices_needed, fits, summary, training_memory, what_to_do
 from arceusd.jobs.spec_types import JobSpec
 from arceusd.market.admission import devices_for_memory
 from arceusd.market.pricing import CLOUD_PRICES_AS_OF, CLOUD_PRICES_SOURCE, NEUTRAL, TYPICAL_LAPTOP_FLOPS, Demand
@@ -47,6 +50,15 @@ class Estimate:
     for_memory: int
     """Devices of this one's memory that hold ``memory_total_mib`` (1 when the spec states none)."""
     lends_mib: int
+    need: TrainingMemory | None = None
+    """The model's training state (:func:`arceusd.jobs.memory_fit.training_memory`)."""
+    lent: Lent | None = None
+    """What the devices the daemon sees lend (None: neither the daemon nor a measured profile says)."""
+
+    @property
+    def fits(self) -> bool:
+        """Whether the devices seen lend enough for the training state (True when unknown)."""
+        return self.need is None or self.lent is None or fits(self.need, self.lent)
 
     def lines(self) -> list[str]:
         """The estimate for people, as ``arceusd submit --quote`` prints it."""
@@ -56,8 +68,23 @@ class Estimate:
         if self.memory_total_mib and self.lends_mib:
             out.append(f"  memory    needs.memory_total_mib {self.memory_total_mib} MiB: {self.for_memory} device(s) "
                        f"of {self.lends_mib} MiB hold it")  # fmt: skip
+        out += self.memory_lines()
         out += [f"  {line}" for line in quote_lines(self.quote)]
         out.append(f"  cloud prices: on-demand list prices as of {CLOUD_PRICES_AS_OF} ({CLOUD_PRICES_SOURCE})")
+        return out
+
+
+    def memory_lines(self) -> list[str]:
+        """Needed against lent, and a warning when it cannot fit."""
+        if self.need is None:
+            return []
+        if self.lent is None:
+            return [f"  memory    the model's training state needs {self.need.mib} MiB (what the devices lend is "
+                    f"unknown: start the daemon)"]  # fmt: skip
+        out = [f"  memory    {summary(self.need, self.lent)}"]
+        if not self.fits:
+            out.append(f"  warning   it cannot be trained on the devices this daemon sees: submit would refuse it; "
+                       f"{what_to_do(self.need, self.lent)}")  # fmt: skip
         return out
 
 
@@ -82,18 +109,33 @@ def market_demand(state_dir: Path) -> Demand:
         return NEUTRAL
 
 
+def seen_lending(state_dir: Path, device: DeviceGuess) -> Lent | None:
+    """What the devices the daemon sees lend (its ``lending`` method); without a daemon, this device's measured
+    profile alone (None when it has none)."""
+    try:
+        seen = call(StatePaths(state_dir).control_socket, "lending", timeout=30.0)
+        return Lent(int(seen["own_bytes"]), tuple(int(b) for b in seen["peer_bytes"]), int(seen["unanswered"]))
+    except (ControlError, KeyError, TypeError, ValueError):
+        return Lent(device.memory_bytes) if device.memory_bytes else None
+
+
 def estimate(state_dir: Path, spec: JobSpec, members: int) -> Estimate:
-    """The quote for ``spec`` on ``members`` devices like this one (more when ``needs.min_members`` or
-    ``needs.memory_total_mib`` take more of them), at the demand the daemon sees."""
+    """The quote for ``spec`` on ``members`` devices like this one (more when ``needs.min_members``,
+    ``needs.memory_total_mib`` or the training state take more of them), at the demand the daemon sees."""
     device = device_guess(state_dir)
+    need = training_memory(spec)
+    lent = seen_lending(state_dir, device)
+    if lent is not None and lent.own_bytes:  # what this device lends, capped by lend_memory_mib
+        device = DeviceGuess(device.flops_per_s, device.efficiency, lent.own_bytes, device.source)
     needs = spec.needs
     lends_mib = device.memory_bytes >> 20 or needs.memory_per_device_mib
     for_memory = devices_for_memory(needs.memory_total_mib, lends_mib) if lends_mib else 1
-    n = max(members, needs.min_members, for_memory)
+    for_state = devices_needed(need, lends_mib << 20) if lends_mib else 1
+    n = max(members, needs.min_members, for_memory, for_state)
     demand = market_demand(state_dir)
     q = quote(job_flops(spec), n, device.flops_per_s, device.efficiency, demand, needs.budget_usd,
               needs.deadline_hours, needs.max_price_per_hour)  # fmt: skip
-    return Estimate(spec.name, q, n, device, demand, needs.memory_total_mib, for_memory, lends_mib)
+    return Estimate(spec.name, q, n, device, demand, needs.memory_total_mib, for_memory, lends_mib, need, lent)
 
 
-__all__ = ["DeviceGuess", "Estimate", "device_guess", "estimate", "market_demand"]
+__all__ = ["DeviceGuess", "Estimate", "device_guess", "estimate", "market_demand", "seen_lending"]
