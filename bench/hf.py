@@ -1,0 +1,216 @@
+"""Hugging Face models in Arceus against the same models elsewhere, on this machine's cores (issue 30, item 8).
+
+Part 1, one process, the same threads, one after the other (tokens/s of training steps: forward, backward, AdamW):
+  - Arceus's blocks of a stock architecture (``arceusd.models.hf``, as a stage worker holds them) against the plain
+    ``transformers`` model of the same config: the per-block build costs nothing (goal: about 1.0x);
+  - a GPT-2 of the built-in GPT's size (same layers, width, heads, context, vocabulary) against the built-in GPT
+    (``arceusd.models.gpt``): goal at most 10 % slower.
+Part 2 (skipped with ``--no-swarm``): the swarm against the plain loop: 2 local daemons train
+``examples/llama-shakespeare.toml``'s model for a fixed time (tokens/s from ``status``, the job's one rate:
+``arceusd.jobs.throughput``) against a plain ``transformers`` loop of the same model and batch given every core.
+
+    python bench/hf.py [--quick] [--no-swarm]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch
+from torch import nn
+from transformers import AutoModelForCausalLM
+
+from arceusd.models.build import build_reference_model
+from arceusd.models.config import GPTConfig
+from arceusd.models.hf.blocks import build_hf_block, tie_hf_blocks, transformers_config
+from arceusd.models.hf.config import HFModelConfig, hf_config_from_dict, num_hf_blocks
+
+ROOT = Path(__file__).resolve().parent.parent
+LLAMA_EXAMPLE = ROOT / "examples" / "llama-shakespeare.toml"
+
+
+def llama_config(layers: int, width: int, heads: int, context: int, vocab: int) -> HFModelConfig:
+    return hf_config_from_dict({
+        "model_type": "llama", "vocab_size": vocab, "hidden_size": width, "intermediate_size": 4 * width,
+        "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": heads,
+        "max_position_embeddings": context, "tie_word_embeddings": False,
+    }, context)  # fmt: skip
+
+
+def gpt2_config(layers: int, width: int, heads: int, context: int, vocab: int) -> HFModelConfig:
+    return hf_config_from_dict({
+        "model_type": "gpt2", "vocab_size": vocab, "n_embd": width, "n_layer": layers, "n_head": heads,
+        "n_positions": context, "n_inner": 4 * width, "tie_word_embeddings": False,
+    }, context)  # fmt: skip
+
+
+class Blocks(nn.Module):
+    """Every block of a stock config as Arceus builds them, in one process (the stages of a one-device plan)."""
+
+    def __init__(self, config: HFModelConfig) -> None:
+        super().__init__()
+        blocks = {i: build_hf_block(config, i, seed=0) for i in range(num_hf_blocks(config))}
+        tie_hf_blocks(config, blocks, seed=0)
+        self.blocks = nn.ModuleList(blocks[i] for i in sorted(blocks))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = ids
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+class Plain(nn.Module):
+    """``AutoModelForCausalLM`` of the same config, giving logits."""
+
+    def __init__(self, config: HFModelConfig) -> None:
+        super().__init__()
+        self.model = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
+            transformers_config(config), attn_implementation="sdpa"
+        )
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=ids).logits  # type: ignore[no-any-return]
+
+
+class Trainer:
+    """AdamW training steps of one model on fixed random ids."""
+
+    def __init__(self, model: nn.Module, batch: int, context: int, vocab: int) -> None:
+        gen = torch.Generator().manual_seed(0)
+        ids = torch.randint(0, vocab, (batch, context + 1), generator=gen)
+        self.x, self.y = ids[:, :-1], ids[:, 1:]
+        self.model = model
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        self.tokens = batch * context
+        self.step()  # warm-up
+
+    def step(self) -> None:
+        self.optimizer.zero_grad()
+        logits = self.model(self.x)
+        loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), self.y.reshape(-1))
+        loss.backward()  # type: ignore[no-untyped-call]
+        self.optimizer.step()
+
+    def timed(self, steps: int) -> float:
+        began = time.perf_counter()
+        for _ in range(steps):
+            self.step()
+        return steps * self.tokens / (time.perf_counter() - began)
+
+
+def compare(a: nn.Module, b: nn.Module, batch: int, context: int, vocab: int, steps: int,
+            rounds: int) -> tuple[float, float]:  # fmt: skip
+    """Tokens/s of ``a`` and ``b``, alternating ``rounds`` times (the best round of each: the machine is shared)."""
+    ta, tb = Trainer(a, batch, context, vocab), Trainer(b, batch, context, vocab)
+    best_a = best_b = 0.0
+    for _ in range(rounds):
+        best_a = max(best_a, ta.timed(steps))
+        best_b = max(best_b, tb.timed(steps))
+    return best_a, best_b
+
+
+def part_one(quick: bool) -> None:
+    layers, width, heads, context, vocab, batch = (2, 256, 4, 128, 4096, 8) if quick else (6, 384, 6, 256, 8192, 8)
+    steps, rounds = (3, 3) if quick else (5, 5)
+    torch.set_num_threads(os.cpu_count() or 1)
+    print(f"part 1: one process, {torch.get_num_threads()} threads; {layers} layers x {width} wide, {heads} heads, "
+          f"context {context}, vocabulary {vocab}, batch {batch}; best of {rounds} alternating rounds of {steps} "
+          f"AdamW steps")  # fmt: skip
+    for name, config in (("llama", llama_config(layers, width, heads, context, vocab)),
+                         ("gpt2", gpt2_config(layers, width, heads, context, vocab))):  # fmt: skip
+        ours, plain = compare(Blocks(config), Plain(config), batch, context, vocab, steps, rounds)
+        print(f"  {name}: Arceus's blocks {ours:,.0f} tokens/s, plain transformers {plain:,.0f}: "
+              f"{ours / plain:.2f}x (goal about 1.0x)")  # fmt: skip
+    built_in = GPTConfig(n_layer=layers, n_head=heads, n_embd=width, block_size=context, vocab_size=vocab)
+    hf, gpt = compare(Blocks(gpt2_config(layers, width, heads, context, vocab)),
+                      build_reference_model(built_in, seed=0), batch, context, vocab, steps, rounds)  # fmt: skip
+    print(f"  GPT-2 blocks {hf:,.0f} tokens/s against the built-in GPT of the same size {gpt:,.0f}: "
+          f"{hf / gpt:.2f}x (goal at least 0.90x)")  # fmt: skip
+
+
+def swarm_tokens_per_s(spec: Path, root: Path, seconds: float) -> dict[str, Any]:
+    from arceusd.swarm import LocalSwarm
+
+    swarm = LocalSwarm(root, 2, ["--auto-join"], preset="lan")
+    try:
+        swarm.start()
+        swarm.wait_converged(120)
+        submit = [sys.executable, "-m", "arceusd", "--state-dir", str(swarm.state_dir(0)), "submit", str(spec),
+                  "--members", "2"]  # fmt: skip
+        out = subprocess.run(submit, capture_output=True, text=True, timeout=300, check=True)
+        job_id = out.stdout.split()[2]
+        deadline = time.monotonic() + 600
+        job: dict[str, Any] = swarm.call(0, "job", {"job_id": job_id})
+        while time.monotonic() < deadline and job["step"] < 2:  # timed from the first steps, not the start-up
+            time.sleep(0.5)
+            job = swarm.call(0, "job", {"job_id": job_id})
+        began, first = time.monotonic(), job["step"]
+        while time.monotonic() - began < seconds:
+            time.sleep(1.0)
+            job = swarm.call(0, "job", {"job_id": job_id})
+            if job["state"] in ("failed", "cancelled", "done"):
+                break
+        steps = job["step"] - first
+        elapsed = time.monotonic() - began
+        swarm.call(0, "cancel", {"job_id": job_id}, timeout=60)
+        return {"status": job.get("tokens_per_s"), "counted_steps": steps, "elapsed": elapsed,
+                "devices": len(job["members"])}  # fmt: skip
+    finally:
+        swarm.close()
+
+
+def part_two(quick: bool) -> None:
+    from arceusd.jobs.source import open_batch_source
+    from arceusd.jobs.spec import load_spec
+    from arceusd.models.build import loss_mean
+
+    seconds = 60.0 if quick else 300.0
+    spec = load_spec(str(LLAMA_EXAMPLE))
+    assert isinstance(spec.model, HFModelConfig)
+    tokens_per_step = spec.training.batch_size * spec.model.block_size
+    with tempfile.TemporaryDirectory(prefix="arceus-hf-bench-") as tmp:
+        swarm = swarm_tokens_per_s(LLAMA_EXAMPLE, Path(tmp) / "swarm", seconds)
+    counted = swarm["counted_steps"] * tokens_per_step / swarm["elapsed"]
+    torch.set_num_threads(os.cpu_count() or 1)
+    model = build_reference_model(spec.model, spec.seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=spec.training.lr)
+    source = open_batch_source(spec)
+    began, step = time.perf_counter(), 0
+    while time.perf_counter() - began < seconds:
+        x, y = source.batch(step)
+        optimizer.zero_grad()
+        loss_mean(model(x), y).backward()  # type: ignore[no-untyped-call]
+        optimizer.step()
+        step += 1
+    plain = step * tokens_per_step / (time.perf_counter() - began)
+    status = swarm["status"]
+    print(f"part 2: {LLAMA_EXAMPLE.name}'s model, {seconds:.0f} s each, one after the other")
+    print(f"  swarm: 2 daemons, {swarm['devices']} devices: {counted:,.0f} tokens/s from its step counter, "
+          f"{status if status is None else format(status, ',.0f')} from status")  # fmt: skip
+    print(f"  plain: 1 process, {torch.get_num_threads()} threads: {plain:,.0f} tokens/s")
+    print(f"  swarm/plain: {counted / plain:.2f}x")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="small models, short runs")
+    parser.add_argument("--no-swarm", action="store_true", help="part 1 only (no daemons)")
+    args = parser.parse_args()
+    part_one(args.quick)
+    if not args.no_swarm:
+        part_two(args.quick)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
