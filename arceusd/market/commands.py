@@ -101,6 +101,10 @@ def _market_line(row: dict[str, Any]) -> str:
 @click.pass_obj
 def market_command(obj: Context, as_json: bool) -> None:
     """List announced jobs, this device's price for each, and whether it qualifies (and if not, why)."""
+    from arceusd.profile import CACHE_FILE
+
+    if not (obj.state_dir / CACHE_FILE).exists():  # the daemon measures its device before it prices anything
+        click.echo("the daemon is measuring this device first (once; about half a minute)...", err=True)
     result = obj.call("market", timeout=60.0)
     if as_json:
         click.echo(json.dumps(result, indent=2, sort_keys=True))
