@@ -3,8 +3,11 @@
 Owns both sides of :class:`protocol.lend_wire.LendQuery`: :func:`seen_lending` asks every alive peer this daemon
 knows (at most :data:`MAX_ASKED`, all at once, each within :data:`ASK_TIMEOUT_S`) and :func:`answerer` tells a peer
 what this device lends (its offer's memory, capped by ``lend_memory_mib``; 0 while its owner's lending policy
-says the machine is theirs now). Answers are bounded like a join's offer (``arceusd.jobs.claims``); a peer that
-does not answer in time is counted as unknown, never as lending nothing (:mod:`arceusd.jobs.memory_fit`).
+says the machine is theirs now). The offer comes from the device's measurement cached in its state directory
+(:func:`cached_lend`, torch-free, what the offer is made of for a day) so a peer answers at once; only a device
+never measured measures itself first (a torch child: seconds). Answers are bounded like a join's offer
+(``arceusd.jobs.claims``); a peer that does not answer in time is counted as unknown, never as lending nothing
+(:mod:`arceusd.jobs.memory_fit`).
 """
 
 from __future__ import annotations
@@ -63,6 +66,30 @@ async def seen_lending(ctx: LendingContext) -> Lent:
     return Lent(int(own.memory_bytes), tuple(answers[p] for p in sorted(answers)), unanswered)
 
 
+class _NotMeasured(Exception):
+    pass
+
+
+def _not_measured() -> list[Any]:
+    raise _NotMeasured
+
+
+def cached_lend(node: Any) -> tuple[int, str] | None:
+    """(memory lent, kind) from this device's cached measurement (``arceusd.profile``; the offer's memory is 80 %
+    of what was free, capped by ``lend_memory_mib``), or None when there is none for its worker threads today."""
+    from arceusd.profile import best_measurement, load_or_measure, to_device_profile
+
+    try:
+        found = load_or_measure(node.paths.root, threads=node.config.worker_threads, measure=_not_measured)
+        device = to_device_profile(best_measurement(found), "this-device")
+    except (_NotMeasured, ValueError, OSError):
+        return None
+    memory = device.memory_bytes
+    if node.config.lend_memory_mib:
+        memory = min(memory, node.config.lend_memory_mib << 20)
+    return memory, device.kind
+
+
 def lends_now(node: Any) -> bool:
     """Whether this device's owner lets it lend now (no market service: yes)."""
     market = getattr(node, "market", None)
@@ -77,11 +104,14 @@ def answerer(ctx: LendingContext) -> Callable[[Any, LendQuery], Awaitable[LendRe
     """The peer handler answering a :class:`LendQuery` with what this device lends."""
 
     async def answer(_header: Any, _msg: LendQuery) -> LendReply:
-        offer = await ctx.offer()
-        memory = int(offer.memory_bytes) if lends_now(ctx.node) else 0
-        return LendReply(memory, str(offer.kind))
+        cached = cached_lend(ctx.node)
+        if cached is None:
+            offer = await ctx.offer()
+            cached = int(offer.memory_bytes), str(offer.kind)
+        memory, kind = cached
+        return LendReply(memory if lends_now(ctx.node) else 0, kind)
 
     return answer
 
 
-__all__ = ["ASK_TIMEOUT_S", "MAX_ASKED", "LendingContext", "answerer", "lends_now", "seen_lending"]
+__all__ = ["ASK_TIMEOUT_S", "MAX_ASKED", "LendingContext", "answerer", "cached_lend", "lends_now", "seen_lending"]

@@ -73,7 +73,6 @@ class Estimate:
         out.append(f"  cloud prices: on-demand list prices as of {CLOUD_PRICES_AS_OF} ({CLOUD_PRICES_SOURCE})")
         return out
 
-
     def memory_lines(self) -> list[str]:
         """Needed against lent, and a warning when it cannot fit."""
         if self.need is None:

@@ -1,0 +1,95 @@
+"""Bigger than any one device (issue 30, item 7), with real daemons: four daemons each lending 4 MiB train a GPT
+whose training state needs about 2.5 x 4 MiB to ``done``, its stages spread over all four; one daemon alone
+refuses it at ``submit`` and warns at ``submit --quote``, with the numbers (needed, offered)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from arceusd.swarm import LocalSwarm
+from tests.integration.test_recovery import wait_end
+
+pytestmark = [pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+LEND_MIB = 4
+SPEC = f"""# A GPT of ten layers: its training state needs 11 MiB (10.4), about 2.6 x one device's {LEND_MIB} MiB.
+name = "bigger-than-one"
+seed = 5
+
+[model]
+type = "gpt"
+n_layer = 10
+n_head = 4
+n_embd = 64
+block_size = 16
+vocab_size = "auto"
+
+[data]
+kind = "text"
+path = "{ROOT / "data/tinyshakespeare/input.txt"}"
+val_fraction = 0.1
+
+[training]
+steps = 12
+batch_size = 4
+micro_batches = 4
+optimizer = "adamw"
+lr = 1e-3
+eval_interval_steps = 12
+eval_iters = 1
+
+[checkpoint]
+interval_steps = 12
+"""
+
+
+def cli(state_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "arceusd", "--state-dir", str(state_dir), *args],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+
+
+@pytest.mark.timeout(300)
+def test_four_devices_train_what_one_device_refuses(tmp_path: Path) -> None:
+    began = time.monotonic()
+    spec = tmp_path / "bigger.toml"
+    spec.write_text(SPEC)
+    lend = ["--lend-memory-mib", str(LEND_MIB)]
+    with LocalSwarm(tmp_path / "alone", 1, lend, preset="lan") as alone:
+        quoted = cli(alone.state_dir(0), "submit", str(spec), "--quote")
+        assert quoted.returncode == 0, quoted.stderr
+        assert "memory    the model's training state needs 11 MiB" in quoted.stdout, quoted.stdout
+        assert f"this device lends {LEND_MIB} MiB and the 0 other device(s)" in quoted.stdout, quoted.stdout
+        assert "warning   it cannot be trained on the devices this daemon sees" in quoted.stdout, quoted.stdout
+        refused = cli(alone.state_dir(0), "submit", str(spec))
+        assert refused.returncode != 0 and refused.stdout == "", refused.stdout
+        assert (f"the model's training state needs 11 MiB (weights, gradients and optimizer state 10 MiB, "
+                f"activations 1 MiB); this device lends {LEND_MIB} MiB and the 0 other device(s) it sees lend 0 MiB, "
+                f"{LEND_MIB} MiB in all: it cannot be trained on them.") in refused.stderr, refused.stderr  # fmt: skip
+        assert "--lend-memory-mib" in refused.stderr and alone.call(0, "jobs") == [], "nothing was announced"
+        profile = alone.state_dir(0) / "device_profile.json"
+    alone_s = time.monotonic() - began
+
+    swarm = LocalSwarm(tmp_path / "swarm", 4, ["--auto-join", *lend], preset="lan")
+    for i in range(4):  # the same machine: its measurement (cached a day) spares three more
+        swarm.state_dir(i).mkdir(parents=True)
+        shutil.copy(profile, swarm.state_dir(i) / "device_profile.json")
+    with swarm:
+        quoted = cli(swarm.state_dir(0), "submit", str(spec), "--quote")
+        assert f"the 3 other device(s) it sees lend {3 * LEND_MIB} MiB, {4 * LEND_MIB} MiB in all" in quoted.stdout, (
+            quoted.stdout)  # fmt: skip
+        assert "warning   it cannot" not in quoted.stdout, quoted.stdout
+        submitted = cli(swarm.state_dir(0), "submit", str(spec), "--members", "4")
+        assert submitted.returncode == 0, submitted.stderr
+        job_id = submitted.stdout.split()[2]
+        end = wait_end(swarm, job_id, timeout=180)
+        assert end["state"] == "done" and end["step"] == 12 and end["model_path"], end
+        placed = [d["peer_id"] for st in end["plan"]["stages"] for d in st["devices"]]
+        assert len(set(placed)) == 4, end["plan"]  # every device holds part of it
+    print(f"alone: {alone_s:.1f} s; four daemons to done: {time.monotonic() - began - alone_s:.1f} s")
