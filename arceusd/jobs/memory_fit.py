@@ -117,7 +117,8 @@ def refusal(need: TrainingMemory, lent: Lent) -> str | None:
     """Why a job cannot be trained on the devices a daemon sees (None: it may be). One line."""
     if fits(need, lent):
         return None
-    return f"{summary(need, lent)}: it cannot be trained on them. {what_to_do(need, lent)}"
+    what = what_to_do(need, lent)
+    return f"{summary(need, lent)}: it cannot be trained on them. {what[:1].upper()}{what[1:]}"
 
 
 __all__ = ["MIB", "Lent", "TrainingMemory", "blocks_memory", "devices_needed", "fits", "refusal", "summary",
