@@ -14,7 +14,11 @@ other end only the daemon that started it holds; one message per datagram):
 - the daemon sends an order, JSON ``{"module": M, "argv": [...]}`` with :data:`PROGRAMS` naming every ``M`` this
   server runs, and three file descriptors in ``SCM_RIGHTS``: the program's stdin, stdout and stderr;
 - the server forks; it answers ``{"pid": N}`` (or ``{"error": why}``, with nothing started), and later
-  ``{"exit": N, "code": C}`` when it reaped that program (``C`` as ``Popen.returncode``: negative for a signal).
+  ``{"exit": N, "code": C}`` when it reaped that program (``C`` as ``Popen.returncode``: negative for a signal);
+- or the daemon sends ``{"preload": [modules]}`` (no descriptors, no answer), each one of :data:`PRELOADS`: the
+  server imports them, so every program forked after it has them too (the daemon asks when it first trains a
+  stock ``transformers`` model: importing transformers costs seconds of CPU, which a daemon that never trains one
+  should not pay, and which every worker, re-slicing and export of one would pay again).
 
 The child points fds 0-2 at the three it was given, takes back the daemon's CPU priority (the server imports at
 nice 19, :data:`PRELOAD_NICENESS`, where it may), sets ``sys.argv`` and runs ``M`` as ``__main__``: from then on it
@@ -27,6 +31,7 @@ from __future__ import annotations
 import array
 import atexit
 import contextlib
+import importlib
 import json
 import os
 import runpy
@@ -40,6 +45,8 @@ from typing import NoReturn
 
 PROGRAMS = ("arceusd.worker", "arceusd.jobs.filework")
 """The programs this server forks: the daemon's own torch children, never anything else."""
+PRELOADS = ("arceusd.models.hf.blocks", "arceusd.models.hf.lora", "arceusd.models.hf.lora_export")
+"""What the daemon may ask the server to import beforehand (transformers and peft come with them)."""
 MAX_ORDER = 64 * 1024
 MAX_ARGS = 64
 FDS_PER_ORDER = 3
@@ -58,6 +65,19 @@ def _preload() -> None:
     import arceusd.jobs.recovery
     import arceusd.jobs.reslice
     import arceusd.worker.process  # noqa: F401
+
+
+def parse_preload(data: bytes) -> list[str] | None:
+    """The modules of a preload order (None: the order is not one); ValueError when one is not in :data:`PRELOADS`."""
+    if len(data) > MAX_ORDER:
+        raise ValueError(f"the order is {len(data)} bytes, over {MAX_ORDER}")
+    order = json.loads(data)
+    if not isinstance(order, dict) or "preload" not in order:
+        return None
+    modules = order["preload"]
+    if not isinstance(modules, list) or not all(m in PRELOADS for m in modules):
+        raise ValueError(f"a preload names only modules of {', '.join(PRELOADS)}")
+    return [str(m) for m in modules]
 
 
 def parse_order(data: bytes) -> tuple[str, list[str]]:
@@ -151,6 +171,15 @@ def _order(sock: socket.socket, wake: tuple[int, int], priority: int) -> bool:
         for fd in fds:
             os.close(fd)
         return False
+    try:
+        preload = parse_preload(data) if not fds else None
+    except ValueError:
+        preload = []  # refused: nothing to answer (a preload has no answer)
+    if preload is not None:
+        for module in preload:
+            with contextlib.suppress(Exception):  # a program that needs it imports it itself, and fails there
+                importlib.import_module(module)
+        return True
     try:
         if len(fds) != FDS_PER_ORDER:
             raise ValueError(f"an order carries {FDS_PER_ORDER} file descriptors, this one {len(fds)}")

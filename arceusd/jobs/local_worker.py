@@ -26,6 +26,7 @@ from arceusd.jobs.spec_types import resolve_path
 from arceusd.jobs.speed_checks import SpeedChecks
 from arceusd.jobs.supervisor import WorkerFailed, WorkerProcess
 from arceusd.jobs.transfers import leader_data
+from arceusd.jobs.warm_starts import preloads_for, warm_starts
 from protocol.envelope import Header
 from protocol.job_wire import JobAck, JobGo, JobReport, JobStart, JobStartReply, ReportKind
 
@@ -135,6 +136,9 @@ class LocalWorker:
         if job.local_stopped is not None:  # the previous plan's worker is on its way out: let it go first
             with trio.move_on_after(5.0):
                 await job.local_stopped.wait()
+        # a stock transformers model: the fork server imports transformers once, for this worker and every later
+        # one, re-slicing and export of the job (arceusd.jobs.fork_server)
+        await warm_starts().preload(preloads_for(job.spec.model))
         worker = WorkerProcess(path, job.directory / "worker.log")
         job.worker = worker
         job.stage_times.clear()  # a new plan: its stage times are not the old one's

@@ -148,6 +148,7 @@ class WarmStarts:
         self._send_reply, self._replies = _reply_channel()
         self._running: dict[int, ForkedProcess] = {}
         self._early: dict[int, int] = {}
+        self._preloaded: set[str] = set()
         self._failed_at = -math.inf
 
     @property
@@ -174,6 +175,7 @@ class WarmStarts:
         finally:
             theirs.close()
         self._sock = trio.socket.from_stdlib_socket(ours)
+        self._preloaded = set()
         self._send_reply, self._replies = _reply_channel()  # nothing an earlier server said reaches this one's orders
         trio.lowlevel.spawn_system_task(self._read, self._sock, self._send_reply)
         return True
@@ -193,6 +195,22 @@ class WarmStarts:
             return await trio.lowlevel.open_process(
                 [sys.executable, "-m", module, *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err
             )
+
+    async def preload(self, modules: tuple[str, ...]) -> None:
+        """Ask the server (started now if need be) to import ``modules`` (of ``fork_server.PRELOADS``) for the
+        programs forked after it; once per server."""
+        wanted = tuple(m for m in modules if m not in self._preloaded)
+        if not wanted or not await self.start():
+            return
+        async with self._lock:
+            if self._sock is None:
+                return
+            try:
+                await self._sock.send(json.dumps({"preload": list(wanted)}).encode())
+            except OSError as exc:
+                await self._broken(f"sending it a preload failed: {exc}")
+                return
+            self._preloaded.update(wanted)
 
     async def run(self, module: str, argv: list[str], stdin: bytes) -> tuple[int, bytes, bytes]:
         """Run ``python -m module *argv`` to its end with ``stdin`` as input: (exit code, stdout, stderr), like
@@ -316,6 +334,16 @@ async def _stop(proc: ChildProcess) -> None:
         await proc.wait()
 
 
+def preloads_for(model: object) -> tuple[str, ...]:
+    """What the programs of a job with this model config import beyond torch (``fork_server.PRELOADS``)."""
+    from arceusd.models.hf.config import HFModelConfig
+
+    if not isinstance(model, HFModelConfig):
+        return ()
+    lora = ("arceusd.models.hf.lora", "arceusd.models.hf.lora_export") if model.lora is not None else ()
+    return ("arceusd.models.hf.blocks", *lora)
+
+
 _STARTS = WarmStarts()
 
 
@@ -324,4 +352,4 @@ def warm_starts() -> WarmStarts:
     return _STARTS
 
 
-__all__ = ["ChildProcess", "ForkedProcess", "WarmStarts", "warm_starts"]
+__all__ = ["ChildProcess", "ForkedProcess", "WarmStarts", "preloads_for", "warm_starts"]

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from arceusd.jobs.fork_server import parse_order
-from arceusd.jobs.warm_starts import SUPPORTED, WarmStarts
+from arceusd.jobs.fork_server import parse_order, parse_preload
+from arceusd.jobs.warm_starts import SUPPORTED, WarmStarts, preloads_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not SUPPORTED, reason="fork server needs Linux pidfds")]
 
@@ -83,6 +83,45 @@ def test_the_first_program_starts_the_server_and_starts_cold() -> None:
         await starts.close()
 
     trio.run(main)
+
+
+def rss_mib(pid: int) -> float:
+    line = next(ln for ln in Path(f"/proc/{pid}/status").read_text().splitlines() if ln.startswith("VmRSS:"))
+    return int(line.split()[1]) / 1024
+
+
+def test_a_preload_imports_transformers_once_in_the_server_for_every_later_program() -> None:
+    """A stock transformers model's job asks the server to import transformers: it does so before it forks the
+    next program (orders are taken in turn), so that program and all later ones start with it."""
+    from arceusd.models.hf.config import hf_config_from_dict
+
+    llama = hf_config_from_dict({"model_type": "llama", "vocab_size": 64, "hidden_size": 16, "intermediate_size": 32,
+                                 "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
+                                 "max_position_embeddings": 16}, 8)  # fmt: skip
+    assert preloads_for(llama) == ("arceusd.models.hf.blocks",) and preloads_for(object()) == ()
+
+    async def main() -> None:
+        starts = WarmStarts()
+        await started(starts)
+        await starts.run("arceusd.jobs.filework", ["nope"], b"")  # forked: the server has imported torch
+        server = starts.server_pid
+        assert server is not None
+        before = rss_mib(server)
+        await starts.preload(preloads_for(llama))
+        await starts.run("arceusd.jobs.filework", ["nope"], b"")  # forked after the preload's import
+        grown = rss_mib(server) - before
+        assert grown > 20, f"the server grew {grown:.0f} MiB: transformers was not imported"
+        await starts.close()
+
+    trio.run(main)
+
+
+def test_a_preload_names_only_the_modules_it_may() -> None:
+    assert parse_preload(b'{"preload": ["arceusd.models.hf.blocks"]}') == ["arceusd.models.hf.blocks"]
+    assert parse_preload(b'{"module": "arceusd.worker", "argv": []}') is None
+    for bad in (b'{"preload": ["os"]}', b'{"preload": "arceusd.models.hf.blocks"}'):
+        with pytest.raises(ValueError):
+            parse_preload(bad)
 
 
 @pytest.mark.parametrize(
