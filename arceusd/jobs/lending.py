@@ -20,6 +20,7 @@ import trio
 
 from arceusd.jobs.claims import check_offer_bounds
 from arceusd.jobs.memory_fit import Lent
+from arceusd.membership.events import MemberState
 from protocol.lend_wire import LendQuery, LendReply
 
 log = logging.getLogger(__name__)
@@ -40,12 +41,19 @@ MAX_ASKED = 64
 """The most peers one submit asks; the others count as unknown."""
 
 
+def seen_peers(peers: Any) -> dict[str, str]:
+    """peer id -> address of every member this daemon holds alive or suspects (a suspect is most often alive:
+    a busy machine answers its probes late)."""
+    return {p: m.address for p, m in peers.membership.members.items()
+            if m.state in (MemberState.ALIVE, MemberState.SUSPECT)}  # fmt: skip
+
+
 async def seen_lending(ctx: LendingContext) -> Lent:
-    """What this device and the alive peers it knows lend. Error handling: a peer that fails or says something
-    out of bounds counts as unanswered; this device's own offer failing raises as ``ctx.offer`` does."""
+    """What this device and the peers it knows alive (or suspects) lend. Error handling: a peer that fails or says
+    something out of bounds counts as unanswered; this device's own offer failing raises as ``ctx.offer`` does."""
     own = await ctx.offer()
     me = ctx.node.identity.peer_id
-    alive = sorted((p, a) for p, a in ctx.peers.alive_peers().items() if p != me and a)
+    alive = sorted((p, a) for p, a in seen_peers(ctx.peers).items() if p != me and a)
     asked, skipped = alive[:MAX_ASKED], max(len(alive) - MAX_ASKED, 0)
     answers: dict[str, int] = {}
 
@@ -114,4 +122,5 @@ def answerer(ctx: LendingContext) -> Callable[[Any, LendQuery], Awaitable[LendRe
     return answer
 
 
-__all__ = ["ASK_TIMEOUT_S", "MAX_ASKED", "LendingContext", "answerer", "cached_lend", "lends_now", "seen_lending"]
+__all__ = ["ASK_TIMEOUT_S", "MAX_ASKED", "LendingContext", "answerer", "cached_lend", "lends_now", "seen_lending",
+           "seen_peers"]  # fmt: skip

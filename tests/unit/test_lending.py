@@ -7,6 +7,7 @@ import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from arceusd.jobs.lending import answerer, cached_lend, seen_lending
 from arceusd.jobs.memory_fit import MIB
 from arceusd.market.policy import Policy
 from arceusd.market.probes import Snapshot
+from arceusd.membership.events import MemberState
 from arceusd.profile import CACHE_FILE, CACHE_VERSION, DeviceMeasurement
 from protocol.lend_wire import LendQuery, LendReply
 
@@ -54,9 +56,10 @@ class Offer:
 class Peers:
     def __init__(self, replies: dict[str, object]) -> None:
         self.replies = replies
-
-    def alive_peers(self) -> dict[str, str]:
-        return {"aa" * 16: "self:1", **{p: f"{p}:1" for p in self.replies}}
+        states = {"aa" * 16: MemberState.ALIVE, "d1" * 16: MemberState.DEAD, "d2" * 16: MemberState.LEFT}
+        states.update({p: MemberState.SUSPECT if p == "b2" * 16 else MemberState.ALIVE for p in replies})
+        self.membership = SimpleNamespace(members={p: SimpleNamespace(address=f"{p}:1", state=s)
+                                                   for p, s in states.items()})  # fmt: skip
 
     async def request(self, address: str, peer: str, msg: object, timeout: float) -> object:
         assert isinstance(msg, LendQuery)
@@ -118,4 +121,4 @@ def test_a_submit_counts_answers_within_bounds_and_the_rest_as_unknown(tmp_path:
                    "b4" * 16: None, "b5" * 16: "slow"})  # fmt: skip
     lent = trio.run(seen_lending, Ctx(Node(Paths(tmp_path)), peers, offer_mib=4))
     assert lent.own_bytes == 4 * MIB and sorted(lent.peer_bytes) == [0, 8 * MIB], lent
-    assert lent.unanswered == 3  # past 16 TiB, no answer, too late
+    assert lent.unanswered == 3  # past 16 TiB, no answer, too late; the suspect one is asked, the dead and left not
