@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -258,12 +258,14 @@ class Job:
             self.history = self.history[::-2][::-1]  # every other point, counted back from the newest
 
     def speed(self) -> Speed:
-        """How fast it trains now (nothing while it does not run)."""
-        if self.state != JobState.RUNNING:
+        """How fast it trains now; once it ended, how fast it trained last (no time left); nothing while it
+        replans, waits or is paused (its last rate is not what it does)."""
+        if self.state != JobState.RUNNING and self.state not in TERMINAL:
             return Speed()
         context = getattr(self.spec.model, "block_size", None)
-        return self.throughput.speed(self.step, self.total_steps, self.spec.training.batch_size,
-                                     context if isinstance(context, int) else None)  # fmt: skip
+        speed = self.throughput.speed(self.step, self.total_steps, self.spec.training.batch_size,
+                                      context if isinstance(context, int) else None)  # fmt: skip
+        return speed if self.state == JobState.RUNNING else replace(speed, eta_s=None)
 
     def summary(self, full: bool = False, whole_history: bool = False, me: str = "") -> dict[str, Any]:
         """What ``arceusd status`` shows; ``full`` for ``status JOB`` (``me``: this device, whose stage times
