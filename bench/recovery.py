@@ -155,7 +155,7 @@ def one_run(root: Path, preset: str, kill_at: int, victim_role: str = "middle", 
         swarm.close()
 
 
-PHASES = ("planned", "sliced", "started", "went")
+PHASES = ("planned", "checked", "sliced", "started", "went")
 
 
 def _phases(rec: dict[str, Any]) -> dict[str, float]:

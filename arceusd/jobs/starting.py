@@ -105,6 +105,7 @@ class Starting:
         resume = None
         if action.resuming:
             replicas = await self.commits.repair_checkpoint(job)
+            _mark(job, "checked")
             resume = await filework.prepare_resume(job.directory, job.spec_bytes, plan_data, job.epoch,
                                                    sorted(job.leaders), replicas)  # fmt: skip
         if job.core.stamp != action.stamp:
