@@ -362,7 +362,7 @@ function renderMarket(m) {
   main.append(section("Announced jobs", "wide", rows.length ? table(
     ["job", "owner", "state", "members", "highest price /h", "asking /h", "qualifies", "why not"],
     rows.map((j) => [jobLink(j), short(j.owner), String(j.state), `${j.members}${j.max_members ? " / " + j.max_members : ""}`,
-      typeof j.max_price_per_hour === "number" ? "$" + num(j.max_price_per_hour, 3) : "any", "$" + num(j.price_per_hour, 3),
+      j.max_price_per_hour ? "$" + num(j.max_price_per_hour, 4) + "/h" : "any", "$" + num(j.price_per_hour, 4) + "/h",
       el("td", { class: j.qualifies ? "yes" : "no" }, j.qualifies ? "yes" : "no"), (j.reasons || []).join("; ")]))
     : el("p", { class: "muted" }, market ? "no jobs announced by others" : "the market service is not running")));
   const unpaid = market ? market.left_unpaid || [] : [];
