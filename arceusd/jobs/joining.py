@@ -107,6 +107,12 @@ class Joining:
             return JoinReply(msg.job_id, False, "not admitted by the job's owner")
         if job.state in TERMINAL:
             return JoinReply(msg.job_id, False, f"the job is {job.state.value}", done=job.state == JobState.DONE)
+        held = self.ctx.peers.membership.members.get(msg.peer_id)
+        if held is not None and held.state in (MemberState.DEAD, MemberState.LEFT):
+            # a join sent before it died and delivered after the leader dropped it would bring it back as a new
+            # member (a rebalance at the next checkpoint, onto a device that is gone)
+            return JoinReply(msg.job_id, False, f"this leader holds the device {held.state.value}; it joins again "
+                                                "once membership sees it alive")  # fmt: skip
         if msg.flops_per_s <= 0 or msg.free_memory_bytes <= 0:
             return JoinReply(msg.job_id, False, "the offer must have positive speed and memory")
         why = check_offer_bounds(msg.free_memory_bytes, msg.flops_per_s) or job.leading.excluded.get(msg.peer_id)
