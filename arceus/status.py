@@ -75,7 +75,7 @@ class JobStatus:
     @property
     def fraction(self) -> float:
         """Steps done of all, 0..1."""
-        return min(1.0, self.step / self.total_steps) if self.total_steps > 0 else 0.0
+        return _fraction(self.step, self.total_steps)
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,11 @@ class Progress:
 
     @property
     def fraction(self) -> float:
-        return min(1.0, self.step / self.total_steps) if self.total_steps > 0 else 0.0
+        return _fraction(self.step, self.total_steps)
+
+
+def _fraction(step: int, total_steps: int) -> float:
+    return min(1.0, step / total_steps) if total_steps > 0 else 0.0
 
 
 __all__ = ["JobState", "JobStatus", "Progress"]

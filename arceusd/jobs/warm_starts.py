@@ -104,15 +104,9 @@ class ForkedProcess:
         return self._code
 
     def kill(self) -> None:
-        self._signal(signal.SIGKILL)
-
-    def terminate(self) -> None:
-        self._signal(signal.SIGTERM)
-
-    def _signal(self, sig: int) -> None:
         if self._code is None and self._pidfd >= 0:
             with contextlib.suppress(OSError):
-                signal.pidfd_send_signal(self._pidfd, sig)
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
 
     def reported(self, code: int) -> None:
         """The server reaped it with ``code``."""

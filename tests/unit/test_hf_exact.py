@@ -59,7 +59,13 @@ def reference_run(
     cfg: HFModelConfig, opt: OptimizerConfig, clip: float | None
 ) -> tuple[list[float], dict[str, torch.Tensor]]:
     model = reference_model(cfg)
-    params = list(model.parameters())
+    losses = train_plain(model, list(model.parameters()), cfg, opt, clip)
+    return losses, {k: v.detach() for k, v in model.state_dict().items()}
+
+
+def train_plain(model: torch.nn.Module, params: list[torch.nn.Parameter], cfg: HFModelConfig, opt: OptimizerConfig,
+                clip: float | None) -> list[float]:  # fmt: skip
+    """A plain single-process loop over ``batches(cfg)`` training ``params`` of a transformers model: the losses."""
     optimizer: torch.optim.Optimizer = (
         torch.optim.SGD(params, lr=opt.lr, momentum=opt.momentum) if isinstance(opt, SGDConfig)
         else torch.optim.AdamW(params, lr=opt.lr, weight_decay=opt.weight_decay)
@@ -74,7 +80,7 @@ def reference_run(
             torch.nn.utils.clip_grad_norm_(params, clip)
         optimizer.step()
         losses.append(float(loss.detach()))
-    return losses, {k: v.detach() for k, v in model.state_dict().items()}
+    return losses
 
 
 def pipeline_run(

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
@@ -33,7 +32,7 @@ from arceusd.worker.replicas import ReplicaConfig
 from arceusd.worker.schedule import ScheduleKind
 from tests.unit import hf_cases
 from tests.unit.test_engine import SEED, Case, build_engines, drive, prefixed
-from tests.unit.test_hf_exact import BATCH, MICRO, TOL, batches, initial_state
+from tests.unit.test_hf_exact import BATCH, MICRO, TOL, batches, initial_state, train_plain
 from tests.unit.test_replicas import build_replicas, drive_replicas
 
 TARGETS = {"llama": ("q_proj", "v_proj"), "qwen2": ("o_proj", "up_proj"), "gpt2": ("c_attn", "c_proj")}
@@ -73,20 +72,7 @@ def reference_run(
     assert not result.unexpected_keys  # type: ignore[attr-defined]
     params = [p for p in model.parameters() if p.requires_grad]
     assert len(params) == len(start)
-    optimizer: torch.optim.Optimizer = (
-        torch.optim.SGD(params, lr=opt.lr, momentum=opt.momentum) if isinstance(opt, SGDConfig)
-        else torch.optim.AdamW(params, lr=opt.lr, weight_decay=opt.weight_decay)
-    )  # fmt: skip
-    losses = []
-    for x, y in batches(cfg):
-        optimizer.zero_grad()
-        logits = model(input_ids=x).logits
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
-        loss.backward()  # type: ignore[no-untyped-call]
-        if clip is not None:
-            torch.nn.utils.clip_grad_norm_(params, clip)
-        optimizer.step()
-        losses.append(float(loss.detach()))
+    losses = train_plain(model, params, cfg, opt, clip)
     return losses, {k: v.detach() for k, v in get_peft_model_state_dict(model).items()}
 
 

@@ -18,6 +18,7 @@ from arceusd.models.hf.config import HFModelConfig
 from arceusd.models.hf.lora_keys import lora_blocks, lora_tensors, peft_key
 from arceusd.models.hf.lora_spec import LoraSpec
 from tests.unit import hf_cases
+from tests.unit.test_jobspec_hf import _problems
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "llama-shakespeare-lora.toml"
@@ -53,10 +54,6 @@ def _write(tmp_path: Path, lora: str | None = None, model_type: str | None = Non
     return spec
 
 
-def _problems(path: Path) -> list[str]:
-    with pytest.raises(JobSpecError) as info:
-        load_spec(path)
-    return [str(p) for p in info.value.problems]
 
 
 def test_the_example_reads_travels_inline_and_is_part_of_the_identity(tmp_path: Path) -> None:
