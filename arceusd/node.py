@@ -12,9 +12,9 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
@@ -26,8 +26,20 @@ from arceusd.paths import StatePaths
 
 if TYPE_CHECKING:
     from arceusd.election_driver import JobElections
-    from arceusd.jobs.manager import JobManager
+    from arceusd.jobs.job import Job
+    from arceusd.jobs.planning import Offer
     from arceusd.peers import PeerService
+
+
+class JobService(Protocol):
+    """What the daemon's other services use of the job manager (``arceusd.jobs.manager.JobManager``): its jobs
+    by id and this device's offer. A port, so this module imports nothing of the job layer, which imports it
+    (issue 32: ``Node.jobs`` typed as the manager closed the job layer's import cycle through here)."""
+
+    @property
+    def jobs(self) -> Mapping[str, Job]: ...
+
+    async def offer(self) -> Offer: ...
 
 
 @dataclass
@@ -40,7 +52,7 @@ class Node:
     sections: dict[str, Callable[[], Any]] = field(default_factory=dict)
     methods: dict[str, Handler] = field(default_factory=dict)
     peers: PeerService | None = None  # each set by its service once it starts
-    jobs: JobManager | None = None
+    jobs: JobService | None = None
     elections: JobElections | None = None
     market: Any = None
     shutdown_hooks: list[Callable[[], Awaitable[None]]] = field(default_factory=list)

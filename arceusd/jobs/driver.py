@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
@@ -33,7 +33,14 @@ from arceusd.membership.events import MemberState
 from protocol.job_wire import JobStop
 
 if TYPE_CHECKING:
-    from arceusd.jobs.manager import JobManager
+    from arceusd.jobs.commits import Commits
+    from arceusd.jobs.joining import Joining
+    from arceusd.jobs.regrow import Regrowing
+    from arceusd.jobs.replica_drop import ReplicaDrops
+    from arceusd.jobs.standby_sync import StandbySyncing
+    from arceusd.jobs.starting import Starting
+    from arceusd.node import Node
+    from arceusd.peers import PeerService
 
 log = logging.getLogger(__name__)
 
@@ -44,10 +51,39 @@ STOP_TIMEOUT_S = 10.0
 """How long a leader waits for a member to acknowledge its stop."""
 
 
+class DriverPorts(Protocol):
+    """What the driver uses of the job manager (``arceusd.jobs.manager.JobManager`` has it all): the node and
+    its peers, the parts that carry out the long actions, and the manager's own bookkeeping. A port, not the
+    manager's class: the manager imports this module (issue 32: the import cycle it closed)."""
+
+    node: Node
+    peers: PeerService
+    commits: Commits
+    joining: Joining
+    starting: Starting
+    drops: ReplicaDrops
+    regrow: Regrowing
+    standbys: StandbySyncing
+
+    def persist(self, job: Job) -> None: ...
+
+    def spawn(self, fn: Any, *args: Any) -> None: ...
+
+    def leads(self, job: Job) -> bool: ...
+
+    def track(self, job: Job, members: list[str], ranking: list[str]) -> None: ...
+
+    def untrack(self, job: Job) -> None: ...
+
+    def announce_to_new_peers(self, job: Job) -> None: ...
+
+    async def take_over(self, job: Job) -> None: ...
+
+
 class Driver:
     """Carries out a job core's actions for the manager (see the module docstring)."""
 
-    def __init__(self, manager: JobManager) -> None:
+    def __init__(self, manager: DriverPorts) -> None:
         self.m = manager
 
     # ------------------------------------------------------------------------------------------ feeding

@@ -64,11 +64,10 @@ from arceusd.market.receipts import (
     sign_leader,
 )
 from arceusd.market.unpaid import PayWatch, leave_reason, unpaid
-from arceusd.node import Node
+from arceusd.node import JobService, Node
 from protocol.market_wire import ReceiptBatch, ReceiptOffer, ReceiptReply, ReceiptsRequest
 
 if TYPE_CHECKING:
-    from arceusd.jobs.manager import JobManager
     from arceusd.peers import PeerService
 
 log = logging.getLogger(__name__)
@@ -99,7 +98,7 @@ def own_pids(node: Node) -> list[int]:
 class Market:
     """What the market service holds: the policy file's path, the probe and its latest reading."""
 
-    def _jobs(self) -> JobManager:
+    def _jobs(self) -> JobService:
         if self.node.jobs is None:
             raise RuntimeError("the market runs beside the job service, which has not started")
         return self.node.jobs
