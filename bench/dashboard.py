@@ -48,6 +48,7 @@ def synthetic_job(steps: int, seed: int = 0) -> dict[str, Any]:
     return {
         "job_id": JOB_ID, "name": "tiny-gpt <b>&amp;</b>", "owner": PEERS[0], "role": "owner", "state": "running",
         "step": steps, "total_steps": steps + 2000, "loss": history[-1][1], "val_loss": 1.52, "val_accuracy": None,
+        "history_at": [round(time.time() - (steps - s) * 0.1, 3) for s in range(1, steps + 1)],
         "members": PEERS, "error": "", "model_path": "", "spec_hash": "00" * 32, "leader": PEERS[0], "term": 1,
         "epoch": 3, "lr": 3e-4, "samples_per_s": 40.0, "tokens_per_s": 10240.0, "history": history,
         "committed_step": steps - steps % 500, "model": "GPTSpec", "data": "text", "worker_pid": 1234,
@@ -74,12 +75,16 @@ class SyntheticSnapshots:
     """A snapshot provider with one synthetic job; the step advances when :meth:`advance` is called."""
 
     def __init__(self, steps: int) -> None:
+        from arceusd.market.policy import Policy
+
         self.job_data = synthetic_job(steps)
+        self.policy = Policy()
 
     def advance(self, loss: float = 1.0) -> None:
         step = self.job_data["step"] + 1
         self.job_data = {**self.job_data, "step": step, "loss": loss,
-                         "history": [*self.job_data["history"], [step, loss]]}  # fmt: skip
+                         "history": [*self.job_data["history"], [step, loss]],
+                         "history_at": [*self.job_data["history_at"], round(time.time(), 3)]}  # fmt: skip
 
     async def status(self) -> dict[str, Any]:
         peers = [{"peer_id": p, "state": "alive", "incarnation": 1, "address": f"127.0.0.1:{47071 + i}",
@@ -98,6 +103,12 @@ class SyntheticSnapshots:
 
     async def owner(self) -> dict[str, Any]:
         return {"peer_id": PEERS[0], "policy": None, "earnings": None}
+
+    async def set_term(self, key: str, value: str) -> None:
+        """The policy in memory, changed by the daemon's own checks (no file)."""
+        from arceusd.market.policy_file import set_values
+
+        self.policy = set_values(self.policy, [f"{key}={value}"], "the dashboard")
 
 
 def _get(url: str) -> tuple[float, int]:

@@ -8,7 +8,14 @@ token compared in constant time. Under it:
 - ``api/<view>`` answers the view's JSON now (``api/job/<id>?points=N`` bounds the loss history to N points);
 - ``events/<view>`` streams the same JSON as server-sent events whenever it changes (checked every
   :data:`TICK_S` for a job, :data:`SLOW_TICK_S` for the rest), with a comment line every :data:`KEEPALIVE_S`
-  so proxies and the browser keep the stream.
+  so proxies and the browser keep the stream;
+- ``job/<id>/loss.csv``: the job's whole loss history as CSV (``step,time,loss,val``, :func:`~arceusd.dashboard.
+  data.loss_csv`);
+- ``POST policy`` (``key=TERM&value=VALUE``, the device page's form): changes one lending term through
+  ``arceusd policy --set``'s own code (:func:`arceusd.market.policy_file.change_policy`). Only from a page of
+  this dashboard: a POST whose ``Origin`` (else ``Referer``) is not this server's own origin is refused with 403
+  (:func:`origin_refusal`), so another site open in the same browser cannot change the terms even if it
+  learned the token; a bad value is refused with 400 and one line saying what was wrong, and changes nothing.
 
 Handlers only await the snapshot provider (in-process, no I/O but the earnings file read in a thread), so the
 daemon's loop stays responsive. Headers: a strict Content-Security-Policy (only this origin), no referrer (the
@@ -31,7 +38,15 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from arceusd.dashboard.data import MAX_POINTS, Snapshots, Timelines, job_view
+from arceusd.dashboard.data import (
+    MAX_POINTS,
+    Snapshots,
+    Timelines,
+    job_view,
+    loss_csv,
+    market_view,
+    term_form,
+)
 
 TICK_S = 0.25
 """How often a job's stream checks for a change (a new step reaches the page within this and a frame)."""
@@ -41,6 +56,9 @@ KEEPALIVE_S = 15.0
 PAGES = {"swarm": "The swarm", "job": "Job", "owner": "This device", "market": "The market"}
 STATIC_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8",
                 ".svg": "image/svg+xml"}  # fmt: skip
+MAX_FORM_BYTES = 2048
+"""The largest body the device page's form may POST."""
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
 SECURITY_HEADERS = {
     "content-security-policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
     "connect-src 'self'; base-uri 'self'; form-action 'none'; frame-ancestors 'none'",
@@ -53,6 +71,37 @@ def _static_files() -> dict[str, bytes]:
     """Every asset the pages use, read once from the package (nothing comes from another host)."""
     root = resources.files("arceusd.dashboard") / "static"
     return {e.name: e.read_bytes() for e in root.iterdir() if e.name.endswith((".js", ".css", ".svg", ".html"))}
+
+
+def _host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def own_origins(server: tuple[str, int] | None) -> set[str]:
+    """The origins a page of this dashboard has: ``http://`` the address the request came in on (its local
+    end, ``scope["server"]``), and on loopback each loopback name with that port."""
+    if not server:
+        return set()
+    host, port = server
+    names = LOOPBACK if host in LOOPBACK else (host,)
+    return {f"http://{_host(name)}:{port}" for name in names}
+
+
+def origin_refusal(origin: str | None, referer: str | None, server: tuple[str, int] | None) -> str | None:
+    """Why a POST is not from a page of this dashboard (None: it is): its ``Origin`` header, else the origin of
+    its ``Referer``, must be one of :func:`own_origins`."""
+    from urllib.parse import urlsplit
+
+    claimed = origin
+    if not claimed and referer:
+        parts = urlsplit(referer)
+        claimed = f"{parts.scheme}://{parts.netloc}" if parts.scheme and parts.netloc else None
+    if not claimed:
+        return "this request names no origin (Origin or Referer); change terms from the dashboard's own page"
+    if claimed.lower() not in own_origins(server):
+        return (f"requests from {claimed[:80]} may not change this device's terms; "
+                "use the page `arceusd dashboard` prints")  # fmt: skip
+    return None
 
 
 class TokenGate:
@@ -126,7 +175,7 @@ def build_app(snapshots: Snapshots, token: str) -> ASGIApp:
         return await snapshots.status()
 
     async def market_data() -> dict[str, Any]:
-        return {"market": await snapshots.market(), "jobs": (await snapshots.status()).get("jobs", [])}
+        return {"market": market_view(await snapshots.market()), "jobs": (await snapshots.status()).get("jobs", [])}
 
     async def owner_data() -> dict[str, Any]:
         status = await snapshots.status()
@@ -169,10 +218,40 @@ def build_app(snapshots: Snapshots, token: str) -> ASGIApp:
         return StreamingResponse(_stream(view, tick), media_type="text/event-stream",
                                  headers={**SECURITY_HEADERS, "cache-control": "no-store"})  # fmt: skip
 
+    async def csv(request: Request) -> Response:
+        job = await snapshots.job(request.path_params["job_id"])
+        if job is None:
+            return PlainTextResponse("no such job", status_code=404, headers=SECURITY_HEADERS)
+        name = "".join(c for c in str(job.get("job_id", ""))[:12] if c in "0123456789abcdef") or "job"
+        return Response(loss_csv(job, timelines.observe(job)), media_type="text/csv; charset=utf-8",
+                        headers={**SECURITY_HEADERS, "cache-control": "no-store",
+                                 "content-disposition": f'attachment; filename="loss-{name}.csv"'})  # fmt: skip
+
+    async def set_term(request: Request) -> Response:
+        def answer(code: int, line: str) -> Response:
+            return PlainTextResponse(line, status_code=code, headers={**SECURITY_HEADERS, "cache-control": "no-store"})
+
+        server = request.scope.get("server")
+        refusal = origin_refusal(request.headers.get("origin"), request.headers.get("referer"),
+                                 (str(server[0]), int(server[1])) if server else None)  # fmt: skip
+        if refusal is not None:
+            return answer(403, f"403: {refusal}")
+        body = b""
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > MAX_FORM_BYTES:
+                return answer(413, f"the form may send at most {MAX_FORM_BYTES} bytes")
+        try:
+            key, value = term_form(body)
+            await snapshots.set_term(key, value)
+        except ValueError as exc:  # PolicyError is a ValueError: the policy's own message
+            return answer(400, f"{str(exc).splitlines()[0] if str(exc) else 'bad value'}; nothing was changed")
+        return answer(200, f"saved: policy.{key} = {value}")
+
     routes = [
-        Route("/", swarm_page), Route("/job/{job_id}", job_page), Route("/owner", owner_page),
-        Route("/market", market_page), Route("/static/{name}", asset), Route("/api/{view}", api),
-        Route("/events/{view}", events),
+        Route("/", swarm_page), Route("/job/{job_id}", job_page), Route("/job/{job_id}/loss.csv", csv),
+        Route("/owner", owner_page), Route("/market", market_page), Route("/static/{name}", asset),
+        Route("/api/{view}", api), Route("/events/{view}", events), Route("/policy", set_term, methods=["POST"]),
     ]  # fmt: skip
     return TokenGate(Starlette(routes=routes), token)
 
@@ -209,4 +288,4 @@ async def _stream(view: Callable[[], Awaitable[dict[str, Any] | None]], tick: fl
         quiet += tick
 
 
-__all__ = ["KEEPALIVE_S", "SLOW_TICK_S", "TICK_S", "TokenGate", "build_app"]
+__all__ = ["KEEPALIVE_S", "SLOW_TICK_S", "TICK_S", "TokenGate", "build_app", "origin_refusal", "own_origins"]

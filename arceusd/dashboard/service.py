@@ -48,7 +48,7 @@ class Dashboard:
             from hypercorn.trio import serve
 
             from arceusd.dashboard.app import build_app
-            from arceusd.dashboard.data import NodeSnapshots
+            from arceusd.dashboard.data import NodeSnapshots, keep_reading
 
             config = Config()
             host = f"[{self.host}]" if ":" in self.host else self.host
@@ -56,7 +56,8 @@ class Dashboard:
             config.accesslog = None
             config.errorlog = logging.getLogger("arceusd.dashboard.http")
             config.graceful_timeout = 1.0
-            app = build_app(NodeSnapshots(self.node), self.token)
+            snapshots = NodeSnapshots(self.node)
+            app = build_app(snapshots, self.token)
             try:
                 binds: list[str] = await self.nursery.start(_serve, serve, app, config)
             except (OSError, BaseExceptionGroup) as exc:
@@ -67,6 +68,7 @@ class Dashboard:
                                    f"{error.strerror or error}; set dashboard_port in config.toml to a free port"
                                    ) from None
             self.port = int(binds[0].rsplit(":", 1)[1])
+            self.nursery.start_soon(keep_reading, snapshots)  # the device page's CPU and memory, its prices
             if self.host not in ("127.0.0.1", "::1", "localhost"):
                 log.warning("the dashboard is served to the network on %s (dashboard_host in config.toml)", binds[0])
             log.info("dashboard serving on %s", binds[0])

@@ -182,6 +182,9 @@ class Job:
     throughput: Throughput = field(default_factory=Throughput)
     """This device's worker's steps over time: the job's steps/s, samples/s, tokens/s and time left."""
     history: list[tuple[int, float]] = field(default_factory=list)
+    history_at: list[float] = field(default_factory=list)
+    """The wall-clock time this device saw each point of ``history`` (the same length; the dashboard's time axis
+    and its CSV)."""
     # this device's stage over its last steps, from the worker's step events
     stage_times: deque[claims.StageTime] = field(default_factory=lambda: deque(maxlen=STAGE_WINDOW))
     model_path: str = ""
@@ -251,11 +254,20 @@ class Job:
         """Wake the leader loop (a member changed, a report came, a restart was asked for)."""
         self.wake.set()
 
-    def record_loss(self, step: int, loss: float) -> None:
-        """Add a point to the loss history, halving the resolution once it holds :data:`MAX_HISTORY` points."""
+    def record_loss(self, step: int, loss: float, at: float | None = None) -> None:
+        """Add a point to the loss history (seen at wall clock ``at``, now by default), halving the resolution
+        once it holds :data:`MAX_HISTORY` points."""
         self.history.append((step, round(loss, 5)))
+        self.history_at.append(round(time.time() if at is None else at, 3))
         if len(self.history) > MAX_HISTORY:
             self.history = self.history[::-2][::-1]  # every other point, counted back from the newest
+            self.history_at = self.history_at[::-2][::-1]
+
+    def cut_history(self, last_step: int) -> None:
+        """Drop the loss points after ``last_step`` (a resume from that checkpoint), with their times."""
+        kept = [i for i, h in enumerate(self.history) if h[0] <= last_step]
+        self.history = [self.history[i] for i in kept]
+        self.history_at = [self.history_at[i] for i in kept if i < len(self.history_at)]
 
     def speed(self) -> Speed:
         """How fast it trains now; once it ended, how fast it trained last (no time left); nothing while it
@@ -281,6 +293,7 @@ class Job:
             history = list(self.history) if whole_history else self.history[-HISTORY_TAIL:]
             out.update({
                 "term": self.term, "epoch": self.epoch, "lr": self.lr, "history": history,
+                "history_at": self.history_at[-len(history):] if history else [],
                 "committed_step": self.committed_step, "plan": self.plan_summary(),
                 "contributions": self.contributions(), "recoveries": [r.summary() for r in self.leading.recoveries],
                 "model": type(self.spec.model).__name__, "data": self.spec.data.kind,

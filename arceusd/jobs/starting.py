@@ -114,7 +114,7 @@ class Starting:
         start_step = resume.step if resume is not None else 0
         job.leading.resume_files = {p: f.name for p, f in resume.files.items()} if resume is not None else {}
         job.step = start_step
-        job.history = [h for h in job.history if h[0] <= start_step]
+        job.cut_history(start_step)
         if job.leading.recoveries and job.leading.recoveries[-1].epoch == job.epoch:
             job.leading.recoveries[-1].resumed_step = start_step
         start = JobStart(job.job_id, job.term, job.epoch, job.spec_bytes, plan_data, inputs_data, start_step,

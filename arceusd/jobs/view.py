@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 
@@ -22,6 +23,26 @@ def block_range(blocks: Any) -> str:
         return "?"
     first, last = int(blocks[0]), int(blocks[1]) - 1
     return f"{first}" if first == last else f"{first}-{last}"
+
+
+def usd(value: Any) -> str:
+    """Dollars as every view writes them: ``$0.0020`` (four places), ``-`` when there is no number."""
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    return f"${value:.4f}" if ok else "-"
+
+
+def usd_per_hour(value: Any) -> str:
+    """A price as every view writes it: ``$0.0020/h`` (issue 31: the dashboard printed ``$0.002``); the
+    dashboard gets these strings from the server (``arceusd.dashboard.data``), it formats no price itself."""
+    shown = usd(value)
+    return shown + "/h" if shown != "-" else "-"
+
+
+def count(value: Any) -> str:
+    """A count as every view writes it: a whole number (``3``, never ``3.000``); ``-`` when there is none."""
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    return str(int(value)) if ok and value == int(value) else "-"
+
 
 def job_line(j: dict[str, Any]) -> str:
     return (f"{j['job_id'][:12]}  {j['name']:<20} {j['state']:<10} {j['role']:<6} step {j['step']}/{j['total_steps']}"

@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from arceusd.jobs.view import count, usd_per_hour
 from arceusd.market.policy import PolicyError, lend_reasons
-from arceusd.market.policy_file import load_policy, save_policy, set_values
+from arceusd.market.policy_file import change_policy, load_policy
 from arceusd.market.probes import Snapshot, probe_for
 from arceusd.text_safety import safe_tree
 
@@ -44,11 +45,11 @@ def _snapshot_line(snap: Snapshot) -> str:
 def policy_command(obj: Context, assignments: tuple[str, ...], as_json: bool) -> None:
     """Show this device's lending policy and whether it would lend now; --set changes it."""
     try:
-        policy = load_policy(obj.paths.config)
         if assignments:
-            policy = set_values(policy, list(assignments))
             obj.paths.ensure()
-            save_policy(obj.paths.config, policy)
+            policy = change_policy(obj.paths.config, list(assignments))
+        else:
+            policy = load_policy(obj.paths.config)
     except PolicyError as exc:
         raise click.ClickException(str(exc)) from None
     probe = probe_for(policy.probe_root, own_pids=lambda: (os.getpid(),))
@@ -89,9 +90,10 @@ def print_quote(obj: Context, spec: Any, members: int) -> None:
 
 
 def _market_line(row: dict[str, Any]) -> str:
-    cap = f"max ${row['max_price_per_hour']:.4f}/h" if row["max_price_per_hour"] else "no max price"
-    head = (f"{row['job_id'][:12]}  {row['name']:<16} {row['state']:<10} members {row['members']}"
-            f"{'/' + str(row['max_members']) if row['max_members'] else ''}  ${row['price_per_hour']:.4f}/h ({cap})")
+    cap = f"max {usd_per_hour(row['max_price_per_hour'])}" if row["max_price_per_hour"] else "no max price"
+    head = (f"{row['job_id'][:12]}  {row['name']:<16} {row['state']:<10} members {count(row['members'])}"
+            f"{'/' + count(row['max_members']) if row['max_members'] else ''}  {usd_per_hour(row['price_per_hour'])}"
+            f" ({cap})")
     head += "  qualifies" if row["qualifies"] else "  does not qualify: " + "; ".join(row["reasons"])
     return head + "".join(f"\n    warning: {w}" for w in row.get("warnings", []))
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from arceusd.market.policy import JobFacts, Policy, Refusal, evaluate
+from arceusd.market.policy import JobFacts, Policy, Refusal, cores_within, evaluate
 from arceusd.market.pricing import NEUTRAL, Demand, price_per_hour
 from arceusd.market.probes import Snapshot
 
@@ -119,7 +119,7 @@ def match(offer: DeviceOffer, policy: Policy, snap: Snapshot, job: JobNeeds, dem
     price = pay(offer.flops_per_s, job.max_price_per_hour, demand)
     facts = JobFacts(job.owner, job.model_params, price)
     reasons: list[Refusal | Misfit] = list(evaluate(policy, snap, facts).refusals)
-    if policy.max_cores and offer.threads > policy.max_cores:
+    if not cores_within(policy, offer.threads):
         reasons.append(Misfit(Unfit.CORES, f"{offer.threads} > {policy.max_cores}"))
     kind = effective_kind(offer, policy)
     if job.device_kinds and kind not in job.device_kinds:

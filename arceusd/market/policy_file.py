@@ -1,5 +1,5 @@
 """The ``[policy]`` table of ``<state_dir>/config.toml``: read it into a :class:`~arceusd.market.policy.Policy`
-and write it back (``arceusd policy --set``).
+and write it back (``arceusd policy --set`` and the dashboard's form, both through :func:`change_policy`).
 
 Unknown keys and wrong types are errors naming the key and what is allowed, as for the rest of the config.
 Writing replaces only the ``[policy]`` table (its lines up to the next table header) and keeps every other
@@ -130,10 +130,19 @@ def save_policy(config_path: Path, policy: Policy) -> None:
     load_policy(config_path)  # what was written reads back
 
 
-def set_values(policy: Policy, assignments: list[str]) -> Policy:
+def set_values(policy: Policy, assignments: list[str], source: str = "arceusd policy --set") -> Policy:
     """``policy`` with each ``key=value`` applied, checked as a file's table would be."""
     table: dict[str, object] = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(policy).items()}
     for text in assignments:
         key, value = parse_assignment(text)
         table[key] = value
-    return policy_from_table(table, "arceusd policy --set")
+    return policy_from_table(table, source)
+
+
+def change_policy(config_path: Path, assignments: list[str], source: str = "arceusd policy --set") -> Policy:
+    """Apply ``key=value`` assignments to the ``[policy]`` of ``config_path`` and save it: what ``arceusd policy
+    --set`` and the dashboard's form both do. A bad value raises :class:`PolicyError` (naming the key and what
+    is allowed) and leaves the file as it was."""
+    policy = set_values(load_policy(config_path), assignments, source)
+    save_policy(config_path, policy)
+    return policy

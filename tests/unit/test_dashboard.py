@@ -205,3 +205,122 @@ def test_the_dashboard_config_keys(tmp_path: Path) -> None:
     (tmp_path / "config.toml").write_text('dashboard_port = "80"\n')
     with pytest.raises(ConfigError, match="dashboard_port must be int"):
         load_config(tmp_path)
+
+
+# --- issue 31: every number true (terms, prices, the wall clock, the machine) ----------------------------------------
+def test_prices_and_counts_are_written_as_the_cli_writes_them() -> None:
+    from arceusd.dashboard.data import earnings_view, market_view
+    from arceusd.jobs.view import count, usd, usd_per_hour
+    from arceusd.market.commands import _market_line
+
+    assert usd_per_hour(0.002) == "$0.0020/h" and usd(0.0123456) == "$0.0123" and usd_per_hour(None) == "-"
+    assert count(1.0) == "1" and count(3) == "3" and count(True) == "-" and count(float("nan")) == "-"
+    row = {"job_id": JOB_ID, "name": "n", "owner": PEERS[1], "state": "running", "members": 1, "max_members": 4,
+           "max_price_per_hour": 0.0, "price_per_hour": 0.002, "qualifies": True, "reasons": []}
+    view = market_view({"jobs": [row], "demand": {"jobs_wanting": 1, "idle_devices": 0}})
+    assert view is not None
+    shown = view["jobs"][0]
+    assert (shown["price_shown"], shown["max_price_shown"], shown["members_shown"]) == ("$0.0020/h", "any", "1 / 4")
+    assert view["demand_shown"] == {"jobs_wanting": "1", "idle_devices": "0"}
+    cli_line = _market_line(row)  # `arceusd market` writes the same strings
+    assert "$0.0020/h" in cli_line and "members 1/4" in cli_line
+    e = earnings_view({"total_usd": 0.002, "device_hours": 0.5, "receipts": 3, "by_job": {JOB_ID: 0.002},
+                       "by_day": {"2025-01-01": 0.002}})  # fmt: skip
+    assert e is not None
+    assert (e["total_shown"], e["device_hours_shown"], e["receipts_shown"]) == ("$0.0020", "0.500", "3")
+    assert e["by_job_shown"] == [[JOB_ID, "$0.0020"]]
+
+
+def test_the_loss_csv_has_every_history_row_with_its_time() -> None:
+    import csv
+    import io
+    from datetime import datetime
+
+    from arceusd.dashboard.data import loss_csv
+
+    job = synthetic_job(300)
+    line = Timeline()
+    line.observe({"step": 200, "val_loss": 1.75})
+    rows = list(csv.DictReader(io.StringIO(loss_csv(job, line))))
+    assert [(int(r["step"]), float(r["loss"])) for r in rows] == [tuple(p) for p in job["history"]]
+    for r, at in zip(rows, job["history_at"], strict=True):
+        assert abs(datetime.fromisoformat(r["time"].replace("Z", "+00:00")).timestamp() - at) < 1e-3
+    assert [r["val"] for r in rows if r["val"]] == ["1.75"] and rows[199]["val"] == "1.75"
+    job_without_times = {**job, "history_at": []}
+    assert all(r["time"] == "" for r in csv.DictReader(io.StringIO(loss_csv(job_without_times, Timeline()))))
+    view = job_view(job, Timeline())
+    assert view["history_at"] == job["history_at"]  # every drawn point carries its time
+
+
+def test_the_machine_ring_is_bounded_and_reads_proc() -> None:
+    from arceusd.dashboard.data import MachineSamples, cpu_percent, memory_percent
+
+    assert cpu_percent((100, 1000), (150, 1100)) == 50.0 and cpu_percent(None, (1, 2)) is None
+    assert cpu_percent((100, 1000), (100, 1000)) is None
+    meminfo = "MemTotal:       16000000 kB\nMemFree: 1 kB\nMemAvailable:    4000000 kB\n"
+    assert memory_percent(meminfo) == 75.0 and memory_percent("garbage") is None and memory_percent(None) is None
+    ring = MachineSamples(limit=5)
+    for i in range(8):
+        ring.add(1000.0 + i, f"cpu {100 * i} 0 {100 * i} {800 * i} 0 0 0 0 0 0\n", meminfo, 13.861386138613861)
+    rows = ring.rows()
+    assert len(rows) == 5 and rows[0][0] == 1003.0 and rows[-1] == [1007.0, 20.0, 13.9, 75.0]
+    ring.add(1008.0, None, None, None)
+    assert ring.rows()[-1] == [1008.0, None, None, None]
+
+
+def test_the_term_form_and_the_origin_are_checked() -> None:
+    import pytest
+
+    from arceusd.dashboard.app import origin_refusal, own_origins
+    from arceusd.dashboard.data import term_form
+
+    assert term_form(b"key=idle_minutes&value=10") == ("idle_minutes", "10")
+    assert term_form(b"key=hours&value=%5B22%2C+7%5D") == ("hours", "[22, 7]")
+    for body, said in ((b"key=probe_root&value=%2Ftmp", "not a term the page may change"),
+                       (b"key=idle_minutes&value=", "1 to 400 printable"),
+                       (b"key=idle_minutes&value=1%0Aw%3D2", "printable"),
+                       (b"key=idle_minutes&value=" + b"1" * 401, "1 to 400"),
+                       (b"key=a&key=b&value=1", "one key and one value"), (b"\xff", "URL-encoded")):  # fmt: skip
+        with pytest.raises(ValueError, match=said):
+            term_form(body)
+    assert own_origins(("127.0.0.1", 8080)) == {"http://127.0.0.1:8080", "http://localhost:8080", "http://[::1]:8080"}
+    assert origin_refusal("http://127.0.0.1:8080", None, ("127.0.0.1", 8080)) is None
+    assert origin_refusal(None, "http://localhost:8080/tok/owner", ("127.0.0.1", 8080)) is None
+    assert "may not change" in str(origin_refusal("http://evil.example", None, ("127.0.0.1", 8080)))
+    assert "may not change" in str(origin_refusal("http://127.0.0.1:8081", None, ("127.0.0.1", 8080)))
+    assert "may not change" in str(origin_refusal("null", None, ("127.0.0.1", 8080)))
+    assert "names no origin" in str(origin_refusal(None, None, ("127.0.0.1", 8080)))
+
+
+def _post(url: str, body: bytes, origin: str | None) -> tuple[int, str]:
+    headers = {"content-type": "application/x-www-form-urlencoded"} | ({"origin": origin} if origin else {})
+    request = urllib.request.Request(url, data=body, headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_a_term_is_changed_only_from_the_dashboards_own_origin_and_a_bad_value_changes_nothing() -> None:
+    def check(origin: str, snapshots: Any) -> None:
+        url = origin + "/tok-123/policy"
+        assert _post(url, b"key=idle_minutes&value=10", "http://evil.example")[0] == 403
+        assert _post(url, b"key=idle_minutes&value=10", None)[0] == 403
+        assert _post(origin + "/policy", b"key=idle_minutes&value=10", origin)[0] == 403  # no token
+        assert snapshots.policy.idle_minutes == 0.0
+        status, line = _post(url, b"key=idle_minutes&value=-1", origin)
+        assert status == 400 and line.count("\n") == 0
+        assert "policy.idle_minutes: must be a number >= 0, got -1.0" in line and "nothing was changed" in line
+        assert _post(url, b"key=max_cores&value=two", origin)[0] == 400
+        assert snapshots.policy.idle_minutes == 0.0 and snapshots.policy.max_cores == 0
+        assert _post(url, b"key=idle_minutes&value=10", origin) == (200, "saved: policy.idle_minutes = 10")
+        assert snapshots.policy.idle_minutes == 10.0
+        assert _get(url)[0] == 405  # reading never changes anything
+        status, headers, body = _get(origin + f"/tok-123/job/{JOB_ID}/loss.csv")
+        assert status == 200 and headers["content-type"].startswith("text/csv")
+        assert headers["content-disposition"] == f'attachment; filename="loss-{JOB_ID[:12]}.csv"'
+        assert body.decode().splitlines()[0] == "step,time,loss,val" and len(body.decode().splitlines()) == 301
+        assert _get(origin + "/tok-123/job/ffff/loss.csv")[0] == 404
+
+    _serve(check)

@@ -211,3 +211,25 @@ def test_status_shows_what_the_leader_measured_of_its_members_claims(tmp_path: P
     assert f"excluded {'d' * 12}  its shard has non-finite values" in shown
     assert f"probation {'e' * 12}  planned alone beside the leader" in shown
     assert f"cleared  {'f' * 12}  kept to its offer beside the leader" in shown
+
+
+def test_each_loss_point_keeps_the_time_it_was_seen_through_halving_and_a_resume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``history_at`` (the dashboard's wall-clock axis and CSV) stays beside ``history``, point for point."""
+    from arceusd.jobs import job as job_module
+
+    monkeypatch.setattr(job_module, "MAX_HISTORY", 100)
+    job = _job(tmp_path)
+    for step in range(1, 1001):
+        job.record_loss(step, 1.0, at=1000.0 + step)
+    assert len(job.history_at) == len(job.history)
+    assert all(at == 1000.0 + step for (step, _), at in zip(job.history, job.history_at, strict=True))
+    job.cut_history(500)
+    assert job.history[-1][0] <= 500 and len(job.history_at) == len(job.history)
+    assert all(at == 1000.0 + step for (step, _), at in zip(job.history, job.history_at, strict=True))
+    shown = job.summary(full=True)
+    assert len(shown["history_at"]) == len(shown["history"])
+    before = time.time()
+    job.record_loss(501, 0.5)
+    assert before - 1 <= job.history_at[-1] <= time.time() + 1

@@ -248,3 +248,34 @@ def test_parsers_refuse_garbage() -> None:
     assert parse_loginctl_idle("IdleHint=maybe\n", 10.0) is None
     assert parse_loginctl_idle("garbage", 10.0) is None
     assert parse_pmset_batt("") == (None, None)
+
+
+# --- the terms as the dashboard's device page shows them (issue 31) ----------------------------------------------
+def test_each_term_says_what_the_machine_shows_and_whether_it_is_met() -> None:
+    from arceusd.market.policy import lend_terms, policy_terms
+
+    policy = replace(LAPTOP, max_owner_cpu_percent=50.0, hours=(22, 7), min_price_per_hour=0.002, max_cores=2)
+    snap = Snapshot(idle_s=20.0, on_ac=True, battery_percent=80.0, owner_cpu_percent=13.861386138613861, local_hour=2)
+    terms = {t.key: t for t in policy_terms(policy, snap, threads=4, prices=[0.001, 0.0035])}
+    assert terms["max_owner_cpu_percent"].now == "owner CPU 14% <= 50%" and terms["max_owner_cpu_percent"].met
+    assert terms["idle_minutes"].asks == "idle at least 5 min" and terms["idle_minutes"].now == "idle 20 s < 300 s"
+    assert terms["idle_minutes"].met is False
+    assert terms["hours"].now == "hour 2 in 22-7" and terms["hours"].met
+    assert terms["min_price_per_hour"].asks == "floor price $0.0020/h"
+    assert terms["min_price_per_hour"].now == "1 of 2 announced job(s) pay at least $0.0020/h"
+    assert terms["min_price_per_hour"].met is True
+    assert terms["max_cores"].met is False and terms["max_cores"].now == "workers use 4 thread(s) > 2"
+    assert terms["owners"].met is None and terms["require_ac"].met and terms["min_battery_percent"].met
+    assert "probe_root" not in terms
+    # the page's "met" and the daemon's decision are one fact: a machine term fails exactly where a reason is given
+    assert [t.key for t in lend_terms(policy, snap) if not t.met] == ["idle_minutes"]
+    assert [r.reason for r in lend_reasons(policy, snap)] == [Reason.NOT_IDLE]
+    assert policy_terms(policy, snap, 2, None)[-4].now == "not known yet"
+    assert policy_terms(policy, snap, 2, [])[-4].met is None
+
+
+@given(policies, snapshots)
+def test_a_machine_term_is_unmet_exactly_when_the_policy_refuses(policy: Policy, snap: Snapshot) -> None:
+    from arceusd.market.policy import lend_terms
+
+    assert sum(1 for t in lend_terms(policy, snap) if not t.met) == len(lend_reasons(policy, snap))

@@ -123,8 +123,12 @@ function renderSwarm(s) {
 }
 
 // ---- a job -----------------------------------------------------------------------------------------------------
+// A wall-clock time as the dashboard writes it (UTC, like the checkpoints' titles): "13:04:05".
+const utc = (at) => (typeof at === "number" && isFinite(at) ? new Date(at * 1000).toISOString().slice(11, 19) : "");
+
 function lossChart(job) {
-  const W = 720, H = 300, L = 52, Rm = 12, T = 12, B = 30;
+  const W = 720, H = 316, L = 52, Rm = 12, T = 12, B = 46;
+  const times = Array.isArray(job.history_at) ? job.history_at : [];
   const train = (job.history || []).filter((p) => typeof p[1] === "number");
   const val = (job.val_history || []).filter((p) => typeof p[1] === "number");
   const all = train.concat(val);
@@ -150,10 +154,18 @@ function lossChart(job) {
     g.appendChild(sv("line", { x1: L, x2: W - Rm, y1: y, y2: y, class: "grid" }));
     g.appendChild(sv("text", { x: L - 6, y: y + 4, "text-anchor": "end", class: "small" }, v.toFixed(3)));
   }
+  // the step axis, and under it the wall clock: when the daemon saw the drawn step nearest each tick
+  const drawn = (job.history || []).map((p, i) => [p[0], times[i]]).filter((p) => typeof p[1] === "number");
   for (let i = 0; i <= 5; i++) {
-    const s = Math.round(x0 + ((x1 - x0) * i) / 5);
-    g.appendChild(sv("text", { x: X(s), y: H - B + 16, "text-anchor": i === 5 ? "end" : "middle", class: "small" }, String(s)));
+    const s = Math.round(x0 + ((x1 - x0) * i) / 5), anchor = i === 5 ? "end" : i === 0 ? "start" : "middle";
+    g.appendChild(sv("text", { x: X(s), y: H - B + 16, "text-anchor": anchor, class: "small" }, String(s)));
+    if (!drawn.length) continue;
+    const near = drawn.reduce((a, b) => (Math.abs(b[0] - s) < Math.abs(a[0] - s) ? b : a));
+    g.appendChild(sv("text", { x: X(near[0]), y: H - B + 30, "text-anchor": anchor, class: "small time-tick",
+      "data-step": near[0], "data-at": near[1] }, utc(near[1])));
   }
+  g.appendChild(sv("text", { x: L - 6, y: H - B + 16, "text-anchor": "end", class: "small" }, "step"));
+  if (drawn.length) g.appendChild(sv("text", { x: L - 6, y: H - B + 30, "text-anchor": "end", class: "small" }, "UTC"));
   g.appendChild(sv("line", { x1: L, x2: W - Rm, y1: H - B, y2: H - B, class: "axis" }));
   for (const r of job.recoveries || []) {
     if (!inside(r.lost_step)) continue;
@@ -311,7 +323,9 @@ function renderJob(job, me) {
     ["committed checkpoint", String(job.committed_step ?? "–")], ["model", `${job.model} on ${job.data}`],
   ]), bar, job.error ? el("p", { class: "no" }, String(job.error)) : null));
   const fill = bar.firstChild; fill.style.width = fill.dataset.pct + "%";
-  main.append(section(`Loss (${job.history_points} points of history, ${(job.history || []).length} drawn)`, "", lossChart(job)));
+  main.append(section(`Loss (${job.history_points} points of history, ${(job.history || []).length} drawn)`, "", lossChart(job),
+    el("p", { class: "small" }, el("a", { href: "job/" + encodeURIComponent(String(job.job_id || "")) + "/loss.csv",
+      id: "loss-csv", download: "" }, "download the loss history (CSV: step, time, loss, validation)"))));
   main.append(section("The plan: stages across devices", "wide", planDrawing(job, me),
     el("p", { class: "muted" }, job.plan ? `${job.plan.schedule}, ${job.plan.micro_batches} micro-batches; ` +
       "each device: median compute (solid) and link waiting (light) per step, the plan's predicted compute as a tick" : "")));
@@ -328,19 +342,77 @@ function renderJob(job, me) {
 }
 
 // ---- the device owner ----------------------------------------------------------------------------------------
+function termsTable(p) {
+  // every term of the lending policy, what the machine (or the announced jobs) show now, and whether it holds
+  return el("table", { id: "terms" }, el("thead", {}, el("tr", {}, ["term", "key", "now", "holds"].map((h) => el("th", {}, h)))),
+    el("tbody", {}, (p.terms || []).map((t) => el("tr", { "data-key": String(t.key) },
+      el("td", {}, String(t.asks)), el("td", { class: "muted" }, String(t.key)), el("td", { class: "wrap" }, String(t.now)),
+      el("td", { class: "met " + (t.met === true ? "yes" : t.met === false ? "no" : "muted") },
+        t.met === true ? "met" : t.met === false ? "not met" : "per job")))));
+}
+
+// The form that changes a term: drawn once, outside the redrawn page, so a redraw never takes what is typed.
+let termEditor = null;
+function termForm(keys) {
+  if (termEditor) return termEditor;
+  const select = el("select", { id: "term-key", name: "key" }, keys.map((k) => el("option", { value: k }, k)));
+  const value = el("input", { id: "term-value", name: "value", maxlength: 400, autocomplete: "off",
+    placeholder: "e.g. 10, true, [22, 7]" });
+  const result = el("p", { id: "term-result", class: "muted", role: "status" },
+    "Checked as `arceusd policy --set KEY=VALUE` checks it; a bad value changes nothing.");
+  const form = el("form", { id: "term-form" }, select, " = ", value, " ", el("button", { type: "submit" }, "set"), result);
+  form.addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    const body = new URLSearchParams({ key: select.value, value: value.value });
+    fetch("policy", { method: "POST", body, cache: "no-store" })
+      .then((r) => r.text().then((text) => { result.textContent = text; result.className = r.ok ? "yes" : "no"; }))
+      .catch(() => { result.textContent = "the dashboard did not answer; nothing was changed"; result.className = "no"; });
+  });
+  termEditor = el("section", { id: "term-editor", class: "wide" }, el("h2", {}, "Change a term"), form);
+  main.after(termEditor);
+  return termEditor;
+}
+
+function machineChart(rows) {
+  // this device's CPU use (all of it, and the owner's own) and memory in use over the last readings (the ring)
+  const W = 520, H = 180, L = 40, Rm = 10, T = 10, B = 34;
+  const g = sv("svg", { viewBox: `0 0 ${W} ${H}`, width: W, id: "machine-chart", role: "img", "data-count": rows.length });
+  if (rows.length < 2) {
+    g.appendChild(sv("text", { x: W / 2, y: H / 2, "text-anchor": "middle", class: "small" }, "collecting readings…"));
+    return g;
+  }
+  const t0 = rows[0][0], t1 = Math.max(t0 + 1, rows[rows.length - 1][0]);
+  const X = (t) => L + ((t - t0) / (t1 - t0)) * (W - L - Rm), Y = (v) => T + (1 - v / 100) * (H - T - B);
+  for (const v of [0, 50, 100]) {
+    g.appendChild(sv("line", { x1: L, x2: W - Rm, y1: Y(v), y2: Y(v), class: "grid" }));
+    g.appendChild(sv("text", { x: L - 4, y: Y(v) + 4, "text-anchor": "end", class: "small" }, v + "%"));
+  }
+  g.appendChild(sv("text", { x: L, y: H - B + 14, class: "small" }, utc(t0) + " UTC"));
+  g.appendChild(sv("text", { x: W - Rm, y: H - B + 14, "text-anchor": "end", class: "small" }, utc(t1)));
+  [[1, "cpu-all", "all CPU use"], [2, "cpu-owner", "the owner's own CPU"], [3, "memory", "memory in use"]].forEach(([i, cls, name], k) => {
+    const pts = rows.filter((r) => typeof r[i] === "number").map((r) => X(r[0]).toFixed(1) + "," + Y(r[i]).toFixed(1));
+    if (pts.length) g.appendChild(sv("polyline", { points: pts.join(" "), class: "series " + cls, "data-count": pts.length }));
+    const last = rows.map((r) => r[i]).filter((v) => typeof v === "number").pop();
+    g.appendChild(sv("text", { x: L + k * 160, y: H - 4, class: "small " + cls },
+      `■ ${name} ${typeof last === "number" ? last.toFixed(0) + "%" : "not measured"}`));
+  });
+  return g;
+}
+
 function renderOwner(o) {
   main.append(el("h1", {}, "This device"));
   const p = o.policy;
-  main.append(section("Lending policy", "", p ? kv([
-    ["lends now", el("span", { class: p.lends_now ? "yes" : "no" }, p.lends_now ? "yes" : "no")],
-    ["why not", (p.reasons || []).join("; ") || "–"],
-    ...Object.entries(p.machine || {}).map(([k, v]) => [k.replace(/_/g, " "), String(v)]),
-  ]) : el("p", { class: "muted" }, "the market service is not running")));
+  main.append(section("Lending terms", "wide", p ? [kv([
+    ["lends now", el("span", { class: p.lends_now ? "yes" : "no", id: "lends-now" }, p.lends_now ? "yes" : "no")],
+    ["why not", el("span", { class: "wrap" }, (p.reasons || []).join("; ") || "–")]]), termsTable(p)]
+    : el("p", { class: "muted" }, "the market service is not running")));
+  if (p) termForm(p.editable || []);
+  main.append(section("CPU and memory", "", machineChart(Array.isArray(o.machine_samples) ? o.machine_samples : [])));
   const e = o.earnings;
-  main.append(section("Earnings", "", e && !e.error ? [kv([["total", "$" + num(e.total_usd, 4)],
-    ["device-hours", num(e.device_hours, 3)], ["receipts", String(e.receipts)]]),
-  table(["job", "earned"], Object.entries(e.by_job || {}).map(([j, u]) => [short(j), "$" + num(u, 4)])),
-  table(["day", "earned"], Object.entries(e.by_day || {}).map(([d, u]) => [String(d), "$" + num(u, 4)]))]
+  main.append(section("Earnings", "", e && !e.error ? [kv([["total", String(e.total_shown)],
+    ["device-hours", String(e.device_hours_shown)], ["receipts", String(e.receipts_shown)]]),
+  table(["job", "earned"], (e.by_job_shown || []).map(([j, u]) => [short(j), String(u)])),
+  table(["day", "earned"], (e.by_day_shown || []).map(([d, u]) => [String(d), String(u)]))]
     : el("div", { class: "placeholder", id: "earnings" }, e && e.error ? String(e.error)
       : "No earnings yet: countersigned receipts appear here, by job and by day, once this device is paid for its work.")));
   main.append(section("Contributions", "wide", (o.contributions || []).length ? table(["job", "state", "share", "steps", "TFLOP"],
@@ -353,16 +425,17 @@ function renderMarket(m) {
   main.append(el("h1", {}, "The market"));
   const market = m.market;
   if (market) {
-    const d = market.device || {}, dem = market.demand || {};
+    const d = market.device || {};
     main.append(section("This device's offer", "", kv([["kind", String(d.kind)], ["memory", num((d.memory_bytes || 0) / 2 ** 30, 1) + " GiB"],
       ["compute", num((d.flops_per_s || 0) / 1e9, 1) + " GFLOP/s"],
-      ...Object.entries(dem).map(([k, v]) => [k.replace(/_/g, " "), typeof v === "number" ? num(v, 3) : String(v)])])));
+      ...Object.entries(market.demand_shown || {}).map(([k, v]) => [k.replace(/_/g, " "), String(v)])])));
   }
   const rows = market ? market.jobs || [] : [];
   main.append(section("Announced jobs", "wide", rows.length ? table(
     ["job", "owner", "state", "members", "highest price /h", "asking /h", "qualifies", "why not"],
-    rows.map((j) => [jobLink(j), short(j.owner), String(j.state), `${j.members}${j.max_members ? " / " + j.max_members : ""}`,
-      j.max_price_per_hour ? "$" + num(j.max_price_per_hour, 4) + "/h" : "any", "$" + num(j.price_per_hour, 4) + "/h",
+    // prices and counts come written from the server, as `arceusd market` writes them (arceusd/jobs/view.py)
+    rows.map((j) => [jobLink(j), short(j.owner), String(j.state), String(j.members_shown),
+      el("td", { class: "max-price" }, String(j.max_price_shown)), el("td", { class: "price" }, String(j.price_shown)),
       el("td", { class: j.qualifies ? "yes" : "no" }, j.qualifies ? "yes" : "no"), (j.reasons || []).join("; ")]))
     : el("p", { class: "muted" }, market ? "no jobs announced by others" : "the market service is not running")));
   const unpaid = market ? market.left_unpaid || [] : [];
