@@ -613,6 +613,13 @@ class PeerService:
         """peer id -> address of every member we consider alive (ourselves included)."""
         return {p: m.address for p, m in self.membership.members.items() if m.state is MemberState.ALIVE}
 
+    def answering_peers(self) -> list[str]:
+        """Every member not declared dead or left, the alive ones first: who may still answer a request (a
+        suspect on a loaded machine often does)."""
+        live = (MemberState.ALIVE, MemberState.SUSPECT)
+        found = [(m.state is not MemberState.ALIVE, p) for p, m in self.membership.members.items() if m.state in live]
+        return [p for _, p in sorted(found)]
+
     def drops(self) -> dict[str, int]:
         """Every message or update we dropped, by reason (the ``dropped.membership`` section of ``status``)."""
         out: Counter[str] = Counter()

@@ -4,8 +4,9 @@ When a replica is dropped and idle members could take its place, the job core as
 a checkpoint step (:func:`arceusd.jobs.replica_drop.hold_step`); once that checkpoint is committed it answers
 :class:`arceusd.jobs.core.actions.Regrow`, which :meth:`Regrowing.regrow` carries out on the leader's loop:
 
-1. spare members (alive, not excluded, in the plan nowhere) take the places of the first replica's devices
-   (:func:`partitioner.replicas.with_devices`: the same cuts) in a free slot (a share of each batch);
+1. spare members (alive, else suspected: never one declared dead; not excluded, in the plan nowhere) take the
+   places of the first replica's devices (:func:`partitioner.replicas.with_devices`: the same cuts) in a free slot
+   (a share of each batch);
 2. each gets a ``JobStart`` with the grown plan and :class:`GrowStart` (its slot, the slots, the shares, the
    ring generation), and as its resume file the committed shard of its place (the state every replica holds
    alike at that step); it checks the plan (:func:`arceusd.jobs.planning.verify_grown_start`) and starts its
@@ -170,10 +171,11 @@ class Regrowing:
             raise RegrowError("the plan changed")
         slots, shares = job.slots(), job.data_shares or len(job.slots())
         free = sorted(set(range(shares)) - set(slots))
-        alive = self.ctx.peers.alive_peers()
         me = self.ctx.node.identity.peer_id  # (its worker serves the data: not a spare, even when retired)
-        spares = [p for p in sorted(job.members) if p not in plan.peer_ids and p in alive and p != me
-                  and p not in job.leading.excluded]  # fmt: skip
+        # the alive first, then suspects (a loaded member is often suspected for a moment: it answers the start
+        # or is refused like any other)
+        spares = [p for p in self.ctx.peers.answering_peers() if p in job.members and p not in plan.peer_ids
+                  and p != me and p not in job.leading.excluded]  # fmt: skip
         need = len(plan.replicas[0].peer_ids)
         if not free or len(spares) < need:
             raise RegrowError(f"{len(spares)} spare member(s) answer; a replica needs {need}")

@@ -8,6 +8,7 @@ nothing skipped, nothing applied twice. Every wait is bounded; each test has a h
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -130,6 +131,11 @@ def member_stage_peer(job: dict[str, Any]) -> str:
     raise AssertionError("every stage is on the owner")
 
 
+_REFERENCES: dict[tuple[str, int], dict[str, Any]] = {}
+"""The plain loop's final parameters by (the loaded spec's repr, steps): tests of the same spec (parametrized
+attacks) share one run."""
+
+
 def assert_equals_failure_free(job: dict[str, Any], spec: Path, tolerance: float = 1e-5) -> None:
     """The exported model equals the plain loop's parameters after the same number of steps (within
     ``tolerance``: float rounding in other matmul splits, which grows with the layers' width)."""
@@ -139,7 +145,13 @@ def assert_equals_failure_free(job: dict[str, Any], spec: Path, tolerance: float
     from tests.integration.worker_harness import reference_run
 
     assert job["state"] == "done", f"job ended {job['state']}: {job['error']}"
-    _, expected = reference_run(load_spec(str(spec)), job["total_steps"])
+    loaded = load_spec(str(spec))
+    # the same spec in another folder is the same run when its data lies at an absolute path (MNIST's, hashed)
+    same = dataclasses.replace(loaded, base_dir=None) if Path(getattr(loaded.data, "dir", "")).is_absolute() else loaded
+    key = (repr(same), int(job["total_steps"]))
+    if key not in _REFERENCES:  # the wide hostile-job specs' plain loops take a minute or two on two cores
+        _REFERENCES[key] = reference_run(loaded, job["total_steps"])[1]
+    expected = _REFERENCES[key]
     got = load_file(job["model_path"])
     assert set(got) == set(expected)
     worst = max(float((got[k] - expected[k]).abs().max()) for k in expected)

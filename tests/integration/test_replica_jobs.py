@@ -34,6 +34,17 @@ compression = "int8"
 """
 
 
+def _log_lines(s: LocalSwarm, *words: str) -> list[str]:
+    """The lines of every daemon's log holding one of ``words`` (what a failed assertion shows of the daemons'
+    side: a CI run keeps no files)."""
+    out = []
+    for i in range(len(s.procs)):
+        log = s.state_dir(i) / "arceusd.log"
+        text = log.read_text(errors="replace") if log.exists() else ""
+        out += [f"{i}: {line[:300]}" for line in text.splitlines() if any(w in line for w in words)]
+    return out[-80:]
+
+
 def _spec(tmp: Path, name: str, sync: str) -> Path:
     path = tmp / f"{name}.toml"
     path.write_text(f"""
@@ -195,6 +206,8 @@ def test_a_killed_replica_device_drops_its_replica_and_the_other_trains_on_then_
         assert end["state"] == "done", end
         # the owner's replica held after checkpoint 200; once it was committed the spare rebuilt the second replica
         # from it, and the ring grew back: still no repartition, the owner's worker never restarted
+        assert "replicas" in end["plan"], ("the dropped replica was never rebuilt", end["rebuilt_replicas"],
+                                           _log_lines(s, "replica", "rebuil", "hold", "dead", "suspect"))
         final = {d["peer_id"] for r in end["plan"]["replicas"] for st in r["stages"] for d in st["devices"]}
         assert final == {job["owner"], spare}, end["plan"]
         assert end["rebuilt_replicas"] == [{"step": 200, "devices": [spare]}], end["rebuilt_replicas"]

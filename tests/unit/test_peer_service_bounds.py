@@ -64,3 +64,27 @@ def test_a_failing_send_is_counted_not_raised() -> None:
     peers = trio.run(main)
     assert peers.send_failures["SendGossip"] == 1
     assert peers.drops()["send_failed_SendGossip"] == 1
+
+
+def test_answering_peers_are_the_alive_then_the_suspects_never_the_dead() -> None:
+    """Who a leader may still ask (a dropped replica's spares): a suspect on a loaded machine often answers, so it
+    comes after the alive; a member declared dead or left is never asked."""
+    from arceusd.membership.events import MemberState
+
+    members = [Identity.generate() for _ in range(4)]
+    alive, suspect, dead, left = (m.peer_id for m in members)
+
+    async def main() -> PeerService:
+        peers = _service()
+        updates = tuple(Update(UpdateKind.ALIVE, m.peer_id, 1, m.peer_id, f"127.0.0.1:{2 + i}", m.public_key_raw)
+                        for i, m in enumerate(members))  # fmt: skip
+        for action in peers.membership.bootstrap(updates, 0.0):
+            peers._dispatch(action)
+        for peer, state in ((suspect, MemberState.SUSPECT), (dead, MemberState.DEAD), (left, MemberState.LEFT)):
+            peers.membership.members[peer].state = state
+        return peers
+
+    peers = trio.run(main)
+    got = peers.answering_peers()
+    assert got.index(alive) < got.index(suspect) and dead not in got and left not in got, got
+    assert peers.identity.peer_id in got
