@@ -9,7 +9,14 @@ The views are plain functions: :func:`downsample` bounds a loss history for draw
 few, the first, last, lowest and highest of each bucket when there are many), and :class:`Timeline` keeps what
 the job JSON shows only as a current value (the validation loss) as points over time, bounded, for as long as the
 dashboard watches the job. Committed checkpoints and recoveries are in the job's own record (``checkpoints`` and
-``recoveries`` of ``status JOB --json``), so a page opened late still draws every one of them.
+``recoveries`` of ``status JOB --json``), so a page opened late still draws every one of them; so are the times
+of the steps (``history_at``), which give the loss chart its wall-clock axis and :func:`loss_csv` its rows.
+
+Figures reach the pages written (:func:`market_view`, :func:`earnings_view`: prices and counts by the CLI's own
+helpers in ``arceusd.jobs.view``); the device page's terms and whether each holds come from
+``arceusd.market.policy.policy_terms``, and its form is checked by :func:`term_form` before the policy's own checks
+(``set_term``). :class:`MachineSamples` keeps the device's CPU and memory readings in a bounded ring, filled by
+:func:`keep_reading` while the dashboard serves.
 """
 
 from __future__ import annotations

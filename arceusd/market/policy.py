@@ -3,7 +3,10 @@
 Owns: :class:`Policy` (when to lend, caps, the lowest price accepted, which jobs), its checks, and the pure
 functions that decide from a probe :class:`~arceusd.market.probes.Snapshot`:
 - :func:`lend_reasons`: why this device should not lend right now (empty: it may);
-- :func:`evaluate`: (policy, snapshot, job, price) -> :class:`Decision` (accept, or every reason why not).
+- :func:`evaluate`: (policy, snapshot, job, price) -> :class:`Decision` (accept, or every reason why not);
+- :func:`lend_terms` / :func:`policy_terms`: every term as the owner reads it (the dashboard's device page), with
+  what the machine shows and whether it holds now; the lending conditions are decided in one place
+  (``_machine_checks``), which :func:`lend_reasons` reads too.
 
 The device lends while every condition holds: idle at least ``idle_minutes`` (no input), on mains power when
 ``require_ac``, the battery at or above ``min_battery_percent`` (a machine without a battery passes), the

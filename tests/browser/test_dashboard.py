@@ -4,8 +4,12 @@ Playwright) watches it through ``arceusd dashboard``'s URL.
 What fails here when the feature breaks: the token check (403 without it), live updates (a new step drawn
 without a reload within 2 s), the plan drawing (every device named, each with its measured compute and waiting),
 the loss curve (its points are those of ``status JOB --json``'s history, read back from the SVG's coordinates),
-the timeline (a mark for each checkpoint of the job's record, those committed before the page opened too), and
-every page drawing at all (a screenshot of each under the test's temporary folder).
+the timeline (a mark for each checkpoint of the job's record, those committed before the page opened too), the
+device page (each lending term and whether it holds; a term changed from the page is what ``arceusd policy``
+shows, a bad value changes nothing; a cross-origin or token-less POST is refused; CPU and memory over time), the
+market page's prices as ``arceusd market`` writes them, the loss chart's wall-clock axis and its CSV (the rows of
+``status JOB --json``'s history), and every page drawing at all (a screenshot of each under the test's
+temporary folder).
 """
 
 from __future__ import annotations
@@ -41,8 +45,9 @@ def cli(state_dir: Path, *args: str, timeout: float = 120.0) -> subprocess.Compl
 
 
 class Setup:
-    def __init__(self, swarm: LocalSwarm, job_id: str, url: str, shots: Path) -> None:
+    def __init__(self, swarm: LocalSwarm, job_id: str, url: str, shots: Path, other_url: str = "") -> None:
         self.swarm, self.job_id, self.url, self.shots = swarm, job_id, url, shots
+        self.other_url = other_url  # daemon 1's dashboard (a member: the job is announced to it by another)
 
     def job(self) -> dict[str, Any]:
         done = cli(self.swarm.state_dir(0), "status", self.job_id, "--json")
@@ -73,7 +78,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
         other = json.loads(cli(swarm.state_dir(1), "dashboard", "--json").stdout)
         assert other["port"] not in (0, port) and other["url"].split("/")[-2] != url.split("/")[-2], "own token"
         wait_for(lambda: swarm.call(0, "job", {"job_id": job_id})["step"] >= 20 or None, 180, 0.5, "training steps")
-        yield Setup(swarm, job_id, url, root / "screenshots")
+        yield Setup(swarm, job_id, url, root / "screenshots", other["url"])
     finally:
         swarm.close()
 
@@ -211,6 +216,132 @@ def _curve(page: Any) -> list[tuple[float, float]]:
     return out
 
 
+def _terms(page: Any) -> dict[str, tuple[str, str, str]]:
+    """The device page's terms: key -> (what it asks, what the machine shows now, met / not met / per job)."""
+    rows = page.eval_on_selector_all("#terms tbody tr", "els => els.map(e => [e.getAttribute('data-key'), "
+                                     "...[...e.querySelectorAll('td')].map(td => td.textContent)])")  # fmt: skip
+    return {r[0]: (r[1], r[3], r[4]) for r in rows}
+
+
+def _policy(setup: Setup) -> dict[str, Any]:
+    shown = cli(setup.swarm.state_dir(0), "policy", "--json")
+    assert shown.returncode == 0, shown.stderr
+    policy: dict[str, Any] = json.loads(shown.stdout)["policy"]
+    return policy
+
+
+def _set_term(page: Any, key: str, value: str) -> str:
+    """Change a term with the device page's form; the line the dashboard answered."""
+    page.evaluate("document.querySelector('#term-result').textContent = ''")
+    page.select_option("#term-key", key)
+    page.fill("#term-value", value)
+    page.click("#term-form button")
+    page.wait_for_function("() => document.querySelector('#term-result').textContent !== ''", timeout=10_000)
+    return str(page.inner_text("#term-result"))
+
+
+def test_the_device_page_shows_each_term_whether_it_holds_and_changes_one_as_policy_set_does(
+    setup: Setup, browser: Any
+) -> None:
+    """Issue 31: the lending terms, not raw readings; a term changed from the page is what `arceusd policy`
+    then shows (the same checks: a bad value is refused in one line and changes nothing); the machine's CPU and
+    memory over time. Daemon 0 owns the job, so its own hours do not take it off its job (owner_is_back leaves
+    only jobs it is a member of); they are set back at the end."""
+    from arceusd.dashboard.data import EDITABLE_TERMS
+
+    page = browser.new_page()
+    page.goto(setup.url + "owner")
+    page.wait_for_selector('#terms tr[data-key="hours"]')
+    terms = _terms(page)
+    assert set(terms) == set(EDITABLE_TERMS), terms
+    assert terms["hours"] == ("hours: any", terms["hours"][1], "met")
+    cpu = terms["max_owner_cpu_percent"]
+    assert cpu[0] == "owner's own CPU use at most 100%" and cpu[2] == "met", cpu
+    assert cpu[1] == "not measured yet (passes)" or (cpu[1].startswith("owner CPU ") and cpu[1].endswith("% <= 100%"))
+    assert terms["min_price_per_hour"][0] == "floor price $0.0000/h"
+    text = page.inner_text("main")
+    assert "owner cpu percent" not in text and "idle s" not in text and "null" not in text
+    # the machine over time: several readings of all CPU use, the owner's own and memory (a bounded ring)
+    page.wait_for_function("() => Number(document.querySelector('#machine-chart').getAttribute('data-count')) >= 3",
+                           timeout=15_000)  # fmt: skip
+    assert page.eval_on_selector("#machine-chart polyline.cpu-all", "e => Number(e.getAttribute('data-count'))") >= 2
+    assert page.eval_on_selector("#machine-chart polyline.memory", "e => Number(e.getAttribute('data-count'))") >= 2
+    # a term changed from the page: hours that exclude the present hour (for the next two hours at least)
+    hour = time.localtime().tm_hour
+    span = [(hour + 2) % 24, (hour + 3) % 24]
+    try:
+        assert _set_term(page, "hours", json.dumps(span)) == f"saved: policy.hours = {json.dumps(span)}"
+        assert _policy(setup)["hours"] == span
+        page.wait_for_function("() => document.querySelector('#terms tr[data-key=\"hours\"] td.met')"
+                               ".textContent === 'not met'", timeout=10_000)  # fmt: skip
+        now = _terms(page)["hours"]
+        assert now[0] == f"hours {span[0]}-{span[1]} (local, end excluded)" and " not in " in now[1], now
+        assert page.inner_text("#lends-now") == "no"
+        # a bad value: one line saying what is wrong and what is allowed; nothing changes
+        said = _set_term(page, "idle_minutes", "-1")
+        assert said.count("\n") == 0 and "policy.idle_minutes: must be a number >= 0" in said, said
+        assert "nothing was changed" in said and page.get_attribute("#term-result", "class") == "no"
+        assert _policy(setup)["idle_minutes"] == 0.0 and _policy(setup)["hours"] == span
+        said = _set_term(page, "max_cores", "two")
+        assert "policy.max_cores must be an integer" in said and _policy(setup)["max_cores"] == 0
+    finally:
+        assert _set_term(page, "hours", "[]") == "saved: policy.hours = []"
+    assert _policy(setup)["hours"] == []
+    page.wait_for_function("() => document.querySelector('#terms tr[data-key=\"hours\"] td.met').textContent "
+                           "=== 'met'",
+                           timeout=10_000)  # fmt: skip
+    page.close()
+
+
+def _post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, str]:
+    request = urllib.request.Request(url, data=body, method="POST",
+                                     headers={"content-type": "application/x-www-form-urlencoded", **headers})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            return int(resp.status), resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_a_cross_origin_or_token_less_post_changes_no_term(setup: Setup, browser: Any) -> None:
+    origin = "/".join(setup.url.split("/", 3)[:3])  # http://127.0.0.1:PORT, the dashboard's own
+    change = b"key=unpaid_checkpoints&value=7"
+    before = _policy(setup)["unpaid_checkpoints"]
+    for headers in ({"origin": "http://evil.example"}, {"referer": "http://evil.example/page"}, {"origin": "null"},
+                    {}, {"origin": setup.other_url.rsplit("/", 2)[0]}):  # fmt: skip
+        status, line = _post(setup.url + "policy", change, headers)
+        assert status == 403 and line.startswith("403: ") and "\n" not in line.strip(), (headers, status, line)
+    status, line = _post(origin + "/policy", change, {"origin": origin})  # the right origin, no token
+    assert status == 403 and "token" in line
+    # a page of another origin in the browser: its POST carries that origin and is refused
+    page = browser.new_page()
+    page.goto("about:blank")
+    page.evaluate("(url) => fetch(url, {method: 'POST', mode: 'no-cors', body: new URLSearchParams("
+                  "{key: 'unpaid_checkpoints', value: '7'})}).catch(() => null)", setup.url + "policy")  # fmt: skip
+    page.close()
+    assert _policy(setup)["unpaid_checkpoints"] == before != 7
+
+
+def test_the_market_page_writes_prices_and_counts_as_the_cli(setup: Setup, browser: Any) -> None:
+    """On daemon 1 the job is announced by another device: its price and members read as `arceusd market`."""
+    page = browser.new_page()
+    page.goto(setup.other_url + "market")
+    page.wait_for_selector("td.price")
+    for _ in range(5):  # the price follows the demand: the page and the CLI read at nearly the same time
+        price = page.inner_text("td.price")
+        shown = cli(setup.swarm.state_dir(1), "market")
+        assert shown.returncode == 0, shown.stderr
+        line = next(x for x in shown.stdout.splitlines() if x.startswith(setup.job_id[:12]))
+        if f"  {price} (" in line:
+            break
+        page.wait_for_timeout(1000)
+    assert f"  {price} (" in line, (price, line)
+    assert price.startswith("$") and price.endswith("/h") and len(price.split(".")[1]) == 6, price  # $0.0020/h
+    members = page.eval_on_selector_all("tbody tr td", "els => els.map(e => e.textContent)")[3]
+    assert f"members {members.replace(' / ', '/')}" in line and "." not in members, (members, line)
+    page.close()
+
+
 def test_the_curve_has_the_points_of_status_json_history(setup: Setup, browser: Any) -> None:
     cancelled = cli(setup.swarm.state_dir(0), "cancel", setup.job_id)  # freeze the history to compare it whole
     assert cancelled.returncode == 0, cancelled.stderr
@@ -242,6 +373,42 @@ def test_the_curve_has_the_points_of_status_json_history(setup: Setup, browser: 
     for peer, t in job["stage_times"].items():  # each device's row: its compute / wait in ms
         row = next(line for line in watched.stdout.splitlines() if peer[:12] in line)
         assert f"{t['compute_s'] * 1000:.1f} / {t['wait_s'] * 1000:.1f}" in row, (row, t)
+
+
+def test_the_loss_chart_has_a_wall_clock_axis_and_its_csv_the_rows_of_status_json(
+    setup: Setup, browser: Any, tmp_path: Path
+) -> None:
+    """After the job was cancelled (the history frozen): the CSV the page downloads holds every row of
+    ``status JOB --json``'s history, each with the wall-clock time the daemon saw it; the chart's time axis
+    shows those times."""
+    import csv
+    from datetime import datetime
+
+    job = setup.job()
+    assert job["state"] == "cancelled" and len(job["history_at"]) == len(job["history"]) >= 20
+    page = browser.new_page()
+    page.goto(setup.url + f"job/{setup.job_id}")
+    page.wait_for_selector("#loss-chart text.time-tick")
+    ticks = page.eval_on_selector_all("#loss-chart text.time-tick", "els => els.map(e => "
+                                      "[Number(e.getAttribute('data-step')), Number(e.getAttribute('data-at')), "
+                                      "e.textContent])")  # fmt: skip
+    at = {int(p[0]): t for p, t in zip(job["history"], job["history_at"], strict=True)}
+    assert len(ticks) == 6
+    for step, when, shown in ticks:
+        assert at[step] == when and shown == time.strftime("%H:%M:%S", time.gmtime(when)), (step, when, shown)
+    with page.expect_download() as info:
+        page.click("#loss-csv")
+    saved = tmp_path / "loss.csv"
+    info.value.save_as(saved)
+    page.close()
+    assert info.value.suggested_filename == f"loss-{setup.job_id[:12]}.csv"
+    with saved.open() as fh:
+        rows = list(csv.DictReader(fh))
+    assert list(rows[0]) == ["step", "time", "loss", "val"]
+    assert [(int(r["step"]), float(r["loss"])) for r in rows] == [(s, v) for s, v in job["history"]]
+    for r, when in zip(rows, job["history_at"], strict=True):
+        assert abs(datetime.fromisoformat(r["time"].replace("Z", "+00:00")).timestamp() - when) < 1e-3
+    assert _status(setup.url.rsplit("/", 2)[0] + f"/job/{setup.job_id}/loss.csv") == 403  # token-checked
 
 
 def test_a_screenshot_of_every_page(setup: Setup, browser: Any) -> None:
