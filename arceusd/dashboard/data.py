@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 
 PRICES_EVERY_S = 5.0
 """How often the device page's floor price is set against what the announced jobs pay (the market's listing)."""
+PRICES_WATCHED_S = 60.0
+"""The prices are read only while a device page asked within this (a listing may first measure the device)."""
 MACHINE_SAMPLES = 900
 """CPU and memory readings kept for the device page's chart (30 minutes at :data:`MACHINE_EVERY_S`)."""
 MACHINE_EVERY_S = 2.0
@@ -88,6 +90,7 @@ class NodeSnapshots:
         self._earnings: tuple[tuple[float, int], dict[str, Any] | None] = ((0.0, -1), None)
         self.samples = MachineSamples()
         self.prices: list[float] | None = None  # what the announced jobs pay this device (the latest listing)
+        self.owner_seen = -math.inf  # when the device page last asked (monotonic): prices are read while it does
 
     async def status(self) -> dict[str, Any]:
         return {**self.node.status(), "device": self.device}
@@ -118,6 +121,7 @@ class NodeSnapshots:
         return result
 
     async def owner(self) -> dict[str, Any]:
+        self.owner_seen = time.monotonic()
         out: dict[str, Any] = {"peer_id": self.node.identity.peer_id, "policy": None,
                                "earnings": earnings_view(await self._read()),
                                "machine_samples": self.samples.rows()}  # fmt: skip
@@ -174,9 +178,9 @@ def _proc(name: str) -> str | None:
 
 
 async def keep_reading(snapshots: NodeSnapshots, every: float = MACHINE_EVERY_S) -> None:
-    """For as long as the dashboard serves: the machine into ``snapshots``' ring every ``every`` seconds, and the
-    market's prices every :data:`PRICES_EVERY_S` (never cancelled half way: the first listing waits on
-    measuring the device, which a cancel would start over)."""
+    """For as long as the dashboard serves: the machine into ``snapshots``' ring every ``every`` seconds, and,
+    while a device page is open, the market's prices every :data:`PRICES_EVERY_S` (never cancelled half way: the
+    first listing waits on measuring the device, which a cancel would start over)."""
 
     async def machine() -> None:
         while True:
@@ -188,10 +192,11 @@ async def keep_reading(snapshots: NodeSnapshots, every: float = MACHINE_EVERY_S)
 
     async def prices() -> None:
         while True:
-            try:
-                await snapshots.market()
-            except Exception:
-                log.exception("reading the market's prices failed")
+            if time.monotonic() - snapshots.owner_seen < PRICES_WATCHED_S:  # no listing nobody reads
+                try:
+                    await snapshots.market()
+                except Exception:
+                    log.exception("reading the market's prices failed")
             await trio.sleep(PRICES_EVERY_S)
 
     async with trio.open_nursery() as nursery:
