@@ -114,7 +114,7 @@ def pick_victim(plan: dict[str, Any], owner: str, standby: str | None) -> str:
     raise ValueError("the plan has no device but the owner's: nothing to kill but the leader (use --victim leader)")
 
 
-def one_run(root: Path, preset: str, kill_at: int, victim_role: str = "middle", model: str = "mlp") -> dict[str, float]:
+def one_run(root: Path, preset: str, kill_at: int, victim_role: str = "middle", model: str = "mlp") -> dict[str, Any]:
     spec = root / "job.toml"
     spec.write_text(spec_text(model, kill_at + 8 * INTERVAL))
     swarm = LocalSwarm(root / "swarm", 3, ["--auto-join"], preset=preset,
@@ -150,12 +150,30 @@ def one_run(root: Path, preset: str, kill_at: int, victim_role: str = "middle", 
                    "the resumed step")  # fmt: skip
         return {"cold_s": cold, "detect_s": rec["began_at"] - killed, "restart_s": rec["first_step_after_s"],
                 "total_s": rec["first_step_at"] - killed, "recomputed": rec["recomputed_steps"],
-                "lost_step": rec["lost_step"], **_phases(rec)}  # fmt: skip
+                "lost_step": rec["lost_step"], **_phases(rec), "detail": _detail(swarm, index, killed)}  # fmt: skip
     finally:
         swarm.close()
 
 
 PHASES = ("planned", "checked", "sliced", "started", "went")
+DETAIL = ("re-sliced in", "listening", "ran arceusd")
+"""The daemons' own log lines on where a re-slice and each worker start went (after the kill)."""
+
+
+def _detail(swarm: LocalSwarm, victim: int, killed: float) -> list[str]:
+    """Each surviving daemon's log lines of :data:`DETAIL` written after the kill (wall clock)."""
+    out = []
+    for i in range(3):
+        if i == victim:
+            continue
+        for line in (swarm.state_dir(i) / "arceusd.log").read_text(errors="replace").splitlines():
+            try:
+                at = time.mktime(time.strptime(line[:19], "%Y-%m-%d %H:%M:%S")) + int(line[20:23]) / 1e3
+            except ValueError:
+                continue
+            if at >= killed - 1 and any(d in line for d in DETAIL):
+                out.append(f"daemon {i}: {line[24:].split(': ', 1)[-1]}")
+    return out
 
 
 def _phases(rec: dict[str, Any]) -> dict[str, float]:
@@ -204,6 +222,8 @@ def main() -> int:
                   f"(<= {INTERVAL})  {'ok' if met else 'MISSED'}")  # fmt: skip
             where = ", ".join(f"{p} {res[p]:.2f} s" for p in (*PHASES, "resume") if p in res)
             print(f"        after detection: {where}")
+            for line in res["detail"]:
+                print(f"          {line[:220]}")
     return 0 if ok else 1
 
 

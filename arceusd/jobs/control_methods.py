@@ -24,6 +24,7 @@ from arceusd.jobs.job import Job
 from arceusd.jobs.lending import seen_lending
 from arceusd.jobs.manager_base import JobContext, Lifecycle
 from arceusd.jobs.memory_fit import refusal, training_memory
+from arceusd.jobs.warm_starts import warm_starts
 from protocol.job_wire import JobAck, JobReport, ReportKind
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,7 @@ class ControlMethods:
         job.members[self.ctx.node.identity.peer_id] = await self.ctx.offer()
         self.ctx.persist(job)
         self.ctx.spawn(self.life.lead, job)
+        self.ctx.spawn(warm_starts().warm_up, spec.model)  # torch imported while the members gather (issue 33)
         log.info("job %s (%s) submitted; waiting for %d member(s)", jid, spec.name, min_members)
         return {"job_id": jid, "spec_hash": digest, "name": spec.name, "directory": str(job.directory)}
 

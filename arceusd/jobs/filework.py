@@ -21,12 +21,16 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from arceusd.jobs.recovery import ResumeFile, ResumePoint
+
+log = logging.getLogger(__name__)
 
 TASKS = ("resume", "export", "shapes")
 
@@ -60,10 +64,13 @@ async def prepare_resume(job_dir: Path, spec_bytes: bytes, plan_data: bytes, epo
                          replicas: Sequence[Path]) -> ResumePoint | None:  # fmt: skip
     """Slice the newest verified checkpoint of ``job_dir`` for the plan (in a child process); None when no
     checkpoint verifies (start fresh)."""
+    began = time.monotonic()
     answer = await _run("resume", {
         "job_dir": str(job_dir), "spec": spec_bytes.decode(), "plan": base64.b64encode(plan_data).decode(),
         "epoch": epoch, "trusted": list(trusted), "replicas": [str(r) for r in replicas],
     })  # fmt: skip
+    # where a slow re-slice went (issue 33): the child's own phases, the rest is its start and the pipes
+    log.info("re-sliced in %.3f s (in the child: %s)", time.monotonic() - began, answer.get("timings"))
     body = answer.get("resume")
     if body is None:
         return None
@@ -138,6 +145,9 @@ def _shapes(request: dict[str, Any]) -> dict[str, Any]:
 
 
 def _resume(request: dict[str, Any]) -> dict[str, Any]:
+    import time
+
+    started = time.monotonic()
     from arceusd.jobs import recovery
     from arceusd.jobs.planning import plan_from_start, worker_stages
     from arceusd.jobs.reslice import parse_shard
@@ -146,17 +156,21 @@ def _resume(request: dict[str, Any]) -> dict[str, Any]:
     spec = spec_from_dict(json.loads(request["spec"]))
     # data-parallel replicas: every replica's devices get the slice of their place
     pipelines = [worker_stages(p) for p in plan_from_start(base64.b64decode(request["plan"])).replicas]
+    prepared = time.monotonic()
     point = recovery.prepare_resume(Path(request["job_dir"]), spec.model, pipelines[0], int(request["epoch"]),
                                     [str(t) for t in request["trusted"]],
                                     [Path(r) for r in request["replicas"]], pipelines[1:])  # fmt: skip
+    sliced = time.monotonic()
     if point is None:
         return {"resume": None}
     for f in point.files.values():  # every slice cut from checked shards: a non-finite one is a bug or a disk fault
         where = _non_finite(parse_shard(Path(point.directory / f.name).read_bytes())[1])
         if where is not None:
             raise ValueError(f"resume slice {f.name} holds non-finite values ({where}); not resuming from it")
+    timings = {"parsed": prepared - started, "sliced": sliced - prepared, "checked": time.monotonic() - sliced}
     return {"resume": {"step": point.step, "cursor": point.cursor, "directory": str(point.directory),
-                       "files": {p: [f.name, f.sha256, f.size] for p, f in point.files.items()}}}  # fmt: skip
+                       "files": {p: [f.name, f.sha256, f.size] for p, f in point.files.items()}},
+            "timings": {k: round(v, 4) for k, v in timings.items()}}  # fmt: skip
 
 
 def _export(request: dict[str, Any]) -> dict[str, Any]:

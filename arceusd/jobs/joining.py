@@ -25,6 +25,7 @@ from arceusd.jobs.claims import check_offer_bounds
 from arceusd.jobs.core import JobCore, JobState, Role, events
 from arceusd.jobs.job import TERMINAL, Job
 from arceusd.jobs.manager_base import JobContext, Lifecycle
+from arceusd.jobs.warm_starts import warm_starts
 from arceusd.market.hooks import enough_memory, join_refusal, may_auto_join
 from arceusd.membership.events import MemberState
 from protocol.envelope import Header
@@ -209,6 +210,7 @@ class Joining:
             raise RequestError(f"the job's leader {job.leader[:12]} did not answer")
         if reply.accepted:
             self.life.feed(job, events.Joined())
+            self.ctx.spawn(warm_starts().warm_up, job.spec.model)  # torch imported before any start (issue 33)
         return {"job_id": job.job_id, "accepted": reply.accepted, "reason": reply.reason}
 
 

@@ -1,9 +1,10 @@
 """The daemon's side of warm starts: its torch programs are forked from a process that imported torch already
 (:mod:`arceusd.jobs.fork_server`), not started cold.
 
-Owns :class:`WarmStarts` (one per daemon: :func:`warm_starts`) and :class:`ForkedProcess`. The server starts on
-the daemon's first program (that one starts cold, beside the server's import) and lives as long as the daemon;
-a daemon that never trains never starts one. :meth:`WarmStarts.spawn` sends the server the program and three file
+Owns :class:`WarmStarts` (one per daemon: :func:`warm_starts`) and :class:`ForkedProcess`. The server starts when
+the daemon submits or joins a job (:meth:`WarmStarts.warm_up`), else at its first program (which waits for the
+server's import rather than paying its own), and lives as long as the daemon; a daemon that never trains never
+starts one. :meth:`WarmStarts.spawn` sends the server the program and three file
 descriptors (the ends of the program's stdin and stdout pipes, and its stderr file) and gets back a process the
 callers use as they used ``trio.Process`` (:class:`ChildProcess`): ``pid``, ``returncode``, ``stdin``,
 ``stdout``, ``wait()``, ``kill()``. The daemon is not the program's parent: it learns of its exit from a pidfd
@@ -176,11 +177,9 @@ class WarmStarts:
 
     async def spawn(self, module: str, argv: list[str], stderr: Path) -> ChildProcess:
         """``python -m module *argv`` with piped stdin/stdout and stderr appended to ``stderr``: forked from the
-        server when it runs, else cold (the first program of a daemon starts the server and starts cold)."""
-        running = self._server is not None
-        proc = await self._fork(module, argv, stderr) if running else None
-        if not running:
-            await self.start()
+        server (started now if need be: the order waits for its import, at the daemon's priority, which costs
+        what a cold start's own import would, once), else cold."""
+        proc = await self._fork(module, argv, stderr) if await self.start() else None
         if proc is not None:
             self.warm += 1
             return proc
@@ -189,6 +188,14 @@ class WarmStarts:
             return await trio.lowlevel.open_process(
                 [sys.executable, "-m", module, *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err
             )
+
+    async def warm_up(self, model: object) -> None:
+        """A job with ``model`` is coming to this device (it submitted or joined one): start the server now and
+        have it import what that job's programs need, so that its import is done long before the first worker or a
+        recovery's re-slicing waits on it (at nice 19 beside training, an import begun at the first program was
+        still running at the first recovery: 5 s of a 6 s re-slice)."""
+        await self.preload(preloads_for(model))
+        await self.start()
 
     async def preload(self, modules: tuple[str, ...]) -> None:
         """Ask the server (started now if need be) to import ``modules`` (of ``fork_server.PRELOADS``) for the
@@ -211,7 +218,9 @@ class WarmStarts:
         ``trio.run_process(..., capture_stdout=True, capture_stderr=True, check=False)``."""
         with tempfile.TemporaryDirectory(prefix="arceus-child-") as folder:
             err_path = Path(folder) / "stderr"
+            began = trio.current_time()
             proc = await self.spawn(module, argv, err_path)
+            spawned = trio.current_time()
             assert proc.stdin is not None and proc.stdout is not None
             out = bytearray()
             try:
@@ -226,7 +235,11 @@ class WarmStarts:
                     nursery.start_soon(feed)
                     while chunk := await proc.stdout.receive_some(1 << 16):
                         out += chunk
+                answered = trio.current_time()
                 code = await proc.wait()
+                log.info("ran %s %s (%s): started %.3f s, answered %.3f s, exit code %.3f s later", module, argv,
+                         "warm" if isinstance(proc, ForkedProcess) else "cold", spawned - began, answered - spawned,
+                         trio.current_time() - answered)  # fmt: skip
             finally:
                 await _stop(proc)
             err = err_path.read_bytes() if err_path.exists() else b""

@@ -191,6 +191,7 @@ class Worker:
     def __init__(self, config: WorkerConfig, events: EventWriter) -> None:
         self.config = config
         self.events = events
+        self.built_s = 0.0  # how long building this worker took (its stage, engine, resume): for the log
         self.spec: JobSpec = spec_from_dict(config.spec)
         self.stage, self.rank = config.position()
         self.num_stages = len(config.stages)
@@ -284,8 +285,10 @@ class Worker:
                 f"the identity in {self.config.state_dir} is peer {identity.peer_id}, "
                 f"but the config says this worker is {self.config.peer_id}"
             )
+        began = time.monotonic()
         await trio.to_thread.run_sync(self.load_data)
         self._data_ready.set()
+        loaded = time.monotonic()
         async with open_transport(
             identity,
             self.config.listen_host,
@@ -294,6 +297,9 @@ class Worker:
             stream_handler=self.fabric.handle_stream,
         ) as transport:
             self.events.emit(Listening(transport.port))
+            # where a slow start went (issue 33): the daemon's log has the whole start, this its parts
+            print(f"stage worker: listening (stage built {self.built_s:.3f} s, data {loaded - began:.3f} s, "
+                  f"transport {time.monotonic() - loaded:.3f} s)", file=sys.stderr)  # fmt: skip
             async with trio.open_nursery() as nursery:
                 start: list[StartCommand] = []
                 started = trio.Event()
@@ -501,7 +507,9 @@ async def _read_commands(
 async def _main(config: WorkerConfig, events: EventWriter) -> int:
     commands = trio.lowlevel.FdStream(os.dup(sys.stdin.fileno()))
     try:
+        began = time.monotonic()
         worker = Worker(config, events)
+        worker.built_s = time.monotonic() - began
         await worker.run(commands)
     except BaseException as exc:
         if _holds(exc, WorkerStopped):  # told to stop: what failed beside it is the stopping itself

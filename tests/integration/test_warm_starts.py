@@ -74,12 +74,30 @@ def test_a_dead_server_falls_back_to_a_cold_start() -> None:
     trio.run(main)
 
 
-def test_the_first_program_starts_the_server_and_starts_cold() -> None:
+def test_the_first_program_starts_the_server_and_is_forked_once_it_imported() -> None:
+    """No import paid twice: the first program waits for the server's import (at the daemon's priority) instead
+    of importing torch itself beside it."""
     async def main() -> None:
         starts = WarmStarts()
         assert starts.server_pid is None
         code, _, _ = await starts.run("arceusd.jobs.filework", ["nope"], b"")
-        assert code == 1 and starts.cold == 1 and starts.server_pid is not None
+        assert code == 1 and starts.cold == 0 and starts.warm == 1 and starts.server_pid is not None
+        await starts.close()
+
+    trio.run(main)
+
+
+def test_warming_up_for_a_job_starts_the_server_before_any_program() -> None:
+    """A daemon that submits or joins a job starts its server then (its import is done before the first start
+    or a recovery needs it); the next program is forked."""
+    from arceusd.models.config import MLPConfig
+
+    async def main() -> None:
+        starts = WarmStarts()
+        await starts.warm_up(MLPConfig((4, 2)))
+        assert starts.server_pid is not None and starts.warm == starts.cold == 0
+        code, _, _ = await starts.run("arceusd.jobs.filework", ["nope"], b"")
+        assert code == 1 and starts.warm == 1 and starts.cold == 0
         await starts.close()
 
     trio.run(main)
