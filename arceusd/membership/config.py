@@ -140,8 +140,11 @@ def detection_bound(config: MembershipConfig, n: int) -> float:
 
     Formula (healthy members, awareness score 0):
 
-    * first suspicion: round-robin probing over a shuffled list reaches any member within at most two passes
-      of the list, ``2 * (n - 1)`` probe intervals, plus one interval for the failing probe itself;
+    * first suspicion: ``2 * (n - 1)`` probe intervals plus one for the failing probe itself. The crashed
+      member's ring predecessor probes it every ``swim.RING_EVERY`` (2) intervals, well within that; should
+      the predecessor have crashed too, the round-robin (every other probe) of each of the others reaches it
+      within two of its passes, and with ``n - 2`` others one of them does within one pass, ``2 * (n - 1)``
+      intervals, with high probability;
     * suspicion: at most ``suspicion_max_timeout(n)`` (it only shrinks as others confirm);
     * dissemination of 'dead': the declarer piggybacks it on every packet and gossips it to ``gossip_nodes``
       members each gossip interval for ``retransmit_limit(n)`` transmissions; we allow that many gossip
