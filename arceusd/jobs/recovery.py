@@ -121,7 +121,9 @@ def prepare_resume(
     Error handling: :class:`arceusd.jobs.reslice.ResliceError` when the checkpoint's shards do not make a whole
     model (cannot happen for a manifest we committed ourselves, short of a bug).
     """
-    from arceusd.jobs.reslice import full_state, slice_state  # torch: run in a child (arceusd.jobs.filework)
+    import torch  # run in a child (arceusd.jobs.filework)
+
+    from arceusd.jobs.reslice import full_state, slice_state
     from arceusd.safetensors_io import save_bytes
 
     loaded = load_latest([job_dir / "checkpoints", *replica_roots], trusted)
@@ -129,6 +131,9 @@ def prepare_resume(
         return None
     full = full_state(model, [(loaded.metadata[n], loaded.shards[n]) for n in sorted(loaded.shards)])
     step = loaded.manifest.step
+    for key, tensor in full.items():  # every slice is cut from these: checked once here, not each slice again
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise ResumeError(f"checkpoint {step} holds non-finite values ({key}); not resuming from it")
     out = resume_dir(job_dir, epoch)
     if out.exists():
         shutil.rmtree(out)

@@ -154,11 +154,26 @@ async def plan_shapes(job: Job) -> dict[str, dict[str, tuple[int, ...]]]:
         return shapes
 
 
+PREFETCH_AFTER_S = 30.0
+"""The longest the shapes wait for the plan to run before they are computed anyway."""
+
+
 async def prefetch_shapes(job: Job) -> None:
-    """Compute the plan's shapes while its workers start, so the first commit of a plan does not wait for a
-    child process (a first checkpoint used to lag the workers by 7 s on two busy cores)."""
+    """Compute the plan's shapes once its workers run, so the first commit of a plan does not wait for a child
+    process (a first checkpoint used to lag the workers by 7 s on two busy cores). Not while they start: building
+    the reference model beside a recovery's re-slicing took a stock Llama's re-slice from 0.5 to 4 s."""
     import logging
 
+    import trio
+
+    from arceusd.jobs.core import JobState
+
+    epoch = job.epoch
+    with trio.move_on_after(PREFETCH_AFTER_S):
+        while job.epoch == epoch and job.state in (JobState.PLANNING, JobState.STARTING, JobState.RECOVERING):
+            await trio.sleep(0.1)
+    if job.epoch != epoch:
+        return  # another plan: its own prefetch computes its shapes
     try:
         await plan_shapes(job)
     except (RuntimeError, OSError) as exc:  # the first commit tries again and says so

@@ -144,6 +144,21 @@ def test_prepare_resume_writes_one_verified_slice_per_new_worker(tmp_path: Path)
         check_file(b"x" * some.size, some)
 
 
+def test_prepare_resume_refuses_a_checkpoint_holding_a_non_finite_value_and_writes_no_slice(tmp_path: Path) -> None:
+    """Slices are cut from the whole state: a NaN anywhere in it (a bug, a disk fault) is refused once, before
+    any slice is written."""
+    identity = Identity.generate()
+    full = training_state(MLP)
+    key = next(k for k, v in full.items() if v.is_floating_point() and v.numel() > 1)
+    full[key] = full[key].clone()
+    full[key].view(-1)[1] = float("nan")
+    stages = layout(MLP, [1, 2], {})
+    commit(tmp_path / "checkpoints", identity, 10, MLP, full, stages)
+    with pytest.raises(ResumeError, match=f"non-finite values \\({key}\\)"):
+        prepare_resume(tmp_path, MLP, stages, 2, [identity.peer_id])
+    assert not list((tmp_path / "resume").glob("epoch-2/*")), "no slice written"
+
+
 def test_prepare_resume_ignores_untrusted_manifests_and_uses_replicas(tmp_path: Path) -> None:
     ours, stranger = Identity.generate(), Identity.generate()
     full = training_state(MLP)
