@@ -37,6 +37,11 @@ id   type             max_size   meaning
 ``JobStart.grow`` (JSON, empty for a plan's start) starts a spare device's worker in a dropped replica's slot, from
 a committed checkpoint, while the other replicas hold (``arceusd.jobs.regrow``).
 
+``JobStart.members`` names the job's members as the leader holds them when it sends the start (at most
+:data:`JOB_MEMBERS_MAX`, each a peer id; :func:`protocol.validation.member_ids` checks them): what a member shows
+as the job's members (``arceusd jobs``, ``market``), kept current by every plan's start. A leader takes no member
+past :data:`JOB_MEMBERS_MAX`.
+
 ``JobStart.standby`` names the plan member that stands by to lead if the leader dies (empty: none); the job's
 election ranks the leader first and the standby second (:mod:`arceusd.election`).
 
@@ -65,6 +70,10 @@ from protocol.messages import message
 
 _ID = {"max_len": 64}
 
+JOB_MEMBERS_MAX = 1024
+"""The most members a job holds: the member ids a :class:`JobStart` (and a join's answer,
+:class:`protocol.messages.JoinReply`) may name."""
+
 
 @message(70, max_size=512)
 @dataclass(frozen=True)
@@ -86,6 +95,7 @@ class JobStart:
     resume: bytes = field(default=b"", metadata={"max_len": 64 * 1024})
     standby: str = field(default="", metadata=_ID)
     grow: bytes = field(default=b"", metadata={"max_len": 4096})  # a dropped replica rebuilt: JSON (regrow.GrowStart)
+    members: tuple[str, ...] = field(default=(), metadata={"max_len": JOB_MEMBERS_MAX})  # the job's member ids
 
 
 @message(72, max_size=4096)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 
 from protocol.errors import RemoteProtocolError
+from protocol.job_wire import JOB_MEMBERS_MAX
 from protocol.messages import JobAnnounce
 
 _HEX32 = re.compile(r"[0-9a-f]{32}")
@@ -34,6 +35,16 @@ def check_job_id(value: str) -> None:
 def check_peer_id(value: str, field: str = "peer id") -> None:
     if not is_hex_id(value):
         raise RemoteProtocolError("bad_peer_id", f"a {field} is 32 lowercase hex characters, got {value[:40]!r}")
+
+
+def member_ids(values: tuple[str, ...], limit: int = JOB_MEMBERS_MAX) -> tuple[str, ...]:
+    """A job's member ids as its leader sent them (``JoinReply.members``, ``JobStart.members``), sorted, each
+    once. RemoteProtocolError: more than ``limit`` (``too_long``), or one that is not a peer id (``bad_peer_id``)."""
+    if len(values) > limit:
+        raise RemoteProtocolError("too_long", f"{len(values)} member ids, more than the {limit} a job holds")
+    for value in values:
+        check_peer_id(value, "member id")
+    return tuple(sorted(set(values)))
 
 
 def check_job_announce(msg: JobAnnounce) -> None:

@@ -162,6 +162,9 @@ class Job:
     directory: Path
     core: JobCore  # the lifecycle: role, state, stamp, leader, committed step, error (decides every transition)
     members: dict[str, Offer] = field(default_factory=dict)  # peer -> its offer (the leader's: the core's peers)
+    told_members: tuple[str, ...] = ()
+    """On a device that does not lead the job: its members as the leader last told this device (the answer to
+    its join, each plan's start). ``members`` stays the leader's; :meth:`member_ids` shows whichever applies."""
     plan: Plan | None = None  # the (first) pipeline, whose devices write the checkpoint shards
     replica_plan: ReplicaPlan | None = None  # every replica of the plan (``plan`` is its first)
     ring_bytes: int = 0  # bytes this device's worker sent its replicas' ring in the current plan epoch
@@ -285,7 +288,7 @@ class Job:
         out: dict[str, Any] = {
             "job_id": self.job_id, "name": self.spec.name, "owner": self.owner, "role": self.role,
             "state": self.state, "step": self.step, "total_steps": self.total_steps, "loss": self.loss,
-            "val_loss": self.val_loss, "val_accuracy": self.val_accuracy, "members": sorted(self.members),
+            "val_loss": self.val_loss, "val_accuracy": self.val_accuracy, "members": self.member_ids(),
             "error": self.error, "model_path": self.model_path, "spec_hash": self.spec_hash,
             "leader": self.leader, **asdict(self.speed()),
         }  # fmt: skip
@@ -311,6 +314,11 @@ class Job:
                 "checkpoints": [{"step": s, "at": round(t, 3)} for s, t in self.leading.checkpoints],
             })  # fmt: skip
         return out
+
+    def member_ids(self) -> list[str]:
+        """The job's members as this device knows them: while it leads, the peers whose offers it holds;
+        otherwise the ids its leader last told it (none for a job it never joined)."""
+        return sorted(self.members) if self.leader == self.core.me else sorted(self.told_members)
 
     def stage_timing(self) -> dict[str, float] | None:
         """This device's stage over its last steps: median step time, and the share of it spent waiting on

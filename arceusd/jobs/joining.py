@@ -29,8 +29,10 @@ from arceusd.jobs.warm_starts import warm_starts
 from arceusd.market.hooks import enough_memory, join_refusal, may_auto_join
 from arceusd.membership.events import MemberState
 from protocol.envelope import Header
-from protocol.job_wire import JobAck
+from protocol.errors import RemoteProtocolError
+from protocol.job_wire import JOB_MEMBERS_MAX, JobAck
 from protocol.messages import Address, JobAnnounce, JoinReply, JoinRequest
+from protocol.validation import member_ids
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +95,14 @@ class Joining:
                               offer.adamw_s_per_param, offer.sgd_s_per_param, offer.message_s,
                               offer.kind)  # fmt: skip
         reply = await self.ctx.peers.request(address, leader, request, timeout=10.0, job_id=job.job_id)
-        return reply if isinstance(reply, JoinReply) else None
+        if not isinstance(reply, JoinReply):
+            return None
+        if reply.accepted:  # the job's members as the leader holds them: what this device shows as its members
+            try:
+                job.told_members = member_ids(reply.members)
+            except RemoteProtocolError as exc:
+                log.warning("job %s: the leader's list of members is not usable: %s", job.job_id, exc)
+        return reply
 
     async def on_join_request(self, header: Header, msg: JoinRequest) -> JoinReply:
         from arceusd.jobs.planning import Offer
@@ -130,6 +139,8 @@ class Joining:
         if refused is not None:
             return JoinReply(msg.job_id, False, refused[:1000])
         new = msg.peer_id not in job.members
+        if new and len(job.members) >= JOB_MEMBERS_MAX:
+            return JoinReply(msg.job_id, False, f"the job has {len(job.members)} members, the most a job holds")
         job.members[msg.peer_id] = offer
         if new:
             log.info("job %s: %s joined (%d members)", job.job_id, msg.peer_id[:12], len(job.members))

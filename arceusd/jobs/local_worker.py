@@ -28,7 +28,9 @@ from arceusd.jobs.supervisor import WorkerFailed, WorkerProcess
 from arceusd.jobs.transfers import leader_data
 from arceusd.jobs.warm_starts import preloads_for, warm_starts
 from protocol.envelope import Header
+from protocol.errors import RemoteProtocolError
 from protocol.job_wire import JobAck, JobGo, JobReport, JobStart, JobStartReply, ReportKind
+from protocol.validation import member_ids
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +60,7 @@ class LocalWorker:
         if msg.spec != job.spec_bytes:
             return JobStartReply(msg.job_id, False, "the spec differs from the announced one")
         try:
+            told = member_ids(msg.members)  # the job's members as the leader holds them
             resume = ResumePoint.from_wire(msg.resume)
             grow = GrowStart.from_wire(msg.grow)  # a spare rebuilding a dropped replica (arceusd.jobs.regrow)
             if grow is not None:
@@ -66,7 +69,7 @@ class LocalWorker:
             else:
                 inputs, replica_plan = await trio.to_thread.run_sync(
                     verify_job_start, job.spec, msg.inputs, msg.plan, await self.ctx.offer(), header.sender)
-        except (PlanRefused, ResumeError, ValueError) as exc:
+        except (PlanRefused, ResumeError, ValueError, RemoteProtocolError) as exc:
             log.warning("job %s: refusing the start: %s", job.job_id, exc)
             return JobStartReply(msg.job_id, False, f"start refused: {exc}")
         if resume is not None and resume.step != msg.resume_step:
@@ -85,6 +88,7 @@ class LocalWorker:
             (grow.slots, grow.shares, grow.generation) if grow is not None else ((), 0, 0))
         job.shares = replica_flops_shares(replica_plan, inputs)
         job.standby = msg.standby
+        job.told_members = told or job.told_members
         self.ctx.track(job, list(job.plan_peers()), [header.sender, msg.standby])
         local = None
         if resume is not None:

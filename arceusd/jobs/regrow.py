@@ -186,7 +186,7 @@ class Regrowing:
         job.leading.resume_files.update({p: f.name for p, f in files.items()})
         start = JobStart(job.job_id, job.term, job.epoch, job.spec_bytes, replica_plan_bytes(grown),
                          inputs_bytes(inputs), action.step, ResumePoint(action.step, files).to_wire(), job.standby,
-                         grow.to_wire())  # fmt: skip
+                         grow.to_wire(), tuple(sorted(job.members)))  # fmt: skip
         addresses: dict[str, str] = {}
         refused: list[str] = []
 

@@ -118,7 +118,8 @@ class Starting:
         if job.leading.recoveries and job.leading.recoveries[-1].epoch == job.epoch:
             job.leading.recoveries[-1].resumed_step = start_step
         start = JobStart(job.job_id, job.term, job.epoch, job.spec_bytes, plan_data, inputs_data, start_step,
-                         resume.to_wire() if resume is not None else b"", job.standby)  # fmt: skip
+                         resume.to_wire() if resume is not None else b"", job.standby,
+                         members=tuple(sorted(job.members)))  # fmt: skip
         job.leading.go_addresses = addresses = {}
         failures: list[tuple[str, str, str]] = []
         reach = {p: o.address for p, o in job.members.items()}  # as planned: a member may leave meanwhile

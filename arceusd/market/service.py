@@ -156,7 +156,7 @@ class Market:
             if job.state in TERMINAL:
                 continue
             try:
-                needs = JobNeeds.from_spec(job.job_id, job.owner, job.spec, len(job.members))
+                needs = JobNeeds.from_spec(job.job_id, job.owner, job.spec, len(job.member_ids()))
             except (AssertionError, ValueError, TypeError):
                 continue
             out.append((job, needs))
@@ -165,7 +165,7 @@ class Market:
     def demand(self, jobs: list[tuple[Any, JobNeeds]]) -> Demand:
         peers = self.node.peers
         alive = len(peers.alive_peers()) if peers is not None else 1
-        busy = len({m for job, _ in jobs for m in job.members})
+        busy = len({m for job, _ in jobs for m in job.member_ids()})
         return demand_in_view([n for _, n in jobs], alive, busy)
 
     async def offer(self) -> DeviceOffer:
@@ -184,7 +184,7 @@ class Market:
         for job, needs in jobs:
             if job.owner == me:
                 continue
-            member = me in job.members
+            member = me in job.member_ids()  # the leader's offers, or the ids a member was told
             m = match(offer, policy, self.snapshot, needs, demand, member=member)
             unpaid_left = self.left_unpaid.get(job.job_id)
             reasons = [str(r) for r in m.reasons] + ([f"left unpaid: {unpaid_left['reason']}"] if unpaid_left else [])
@@ -205,7 +205,7 @@ class Market:
         if not n.budget_usd and not n.deadline_hours:
             return []
         steps = max(0, int(job.total_steps) - int(job.step))
-        count = max(len(job.members) + (0 if member else 1), n.min_members,
+        count = max(len(job.member_ids()) + (0 if member else 1), n.min_members,
                     devices_for_memory(n.memory_total_mib, offer.memory_bytes >> 20))  # fmt: skip
         q = quote(steps * step_flops(job.spec), count, offer.flops_per_s, efficiency, demand, n.budget_usd, 0.0,
                   n.max_price_per_hour)  # fmt: skip
@@ -234,7 +234,7 @@ class Market:
             self.deferred[job.job_id] = time.monotonic()
             return False
         try:
-            needs = JobNeeds.from_spec(job.job_id, job.owner, job.spec, len(job.members))
+            needs = JobNeeds.from_spec(job.job_id, job.owner, job.spec, len(job.member_ids()))
         except (AssertionError, ValueError, TypeError):
             return True
         jobs = self.job_needs()

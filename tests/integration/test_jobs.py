@@ -166,6 +166,8 @@ def test_device_not_admitted_cannot_join(tmp_path: Path) -> None:
         assert admitted.returncode == 0, admitted.stderr
         job = s.call(0, "job", {"job_id": job_id})
         assert ids[2] not in job["members"] and ids[1] in job["members"]
+        # the member shows the job's members as the leader holds them (its join's answer), not none (issue 31)
+        assert s.call(1, "job", {"job_id": job_id})["members"] == sorted(job["members"]) == sorted(ids[:2])
         assert job["state"] == "waiting" and job["plan"] is None  # nobody received weights or a plan
     finally:
         s.close()

@@ -124,7 +124,13 @@ def test_owner_back_leaves_within_2s_and_the_job_ends_as_the_failure_free_run(sw
     job_id = submit(swarm, spec, members=3)
     me = swarm.call(2, "status")["peer_id"]
     wait_step(swarm, job_id, 30, timeout=120, committed=20)
-    assert me in job_of(swarm, job_id)["members"]
+    members = job_of(swarm, job_id)["members"]
+    assert me in members and len(members) == 3
+    # every member shows the job's three members, as the owner does (each plan's start tells them; issue 31)
+    for i in (1, 2):
+        assert job_of(swarm, job_id, i)["members"] == members, (i, members)
+        row = [r for r in swarm.call(i, "market", timeout=60)["jobs"] if r["job_id"] == job_id]
+        assert row and row[0]["members"] == 3, row
 
     unplugged = time.time()
     write_machine(machine, plugged=False)  # the owner is back: the laptop came off its charger

@@ -233,3 +233,17 @@ def test_each_loss_point_keeps_the_time_it_was_seen_through_halving_and_a_resume
     before = time.time()
     job.record_loss(501, 0.5)
     assert before - 1 <= job.history_at[-1] <= time.time() + 1
+
+
+def test_a_member_shows_the_members_its_leader_told_it(tmp_path: Path) -> None:
+    """The leader shows the peers whose offers it holds; a member (no offers) the ids its leader told it (issue 31:
+    members said ``members 0`` while the owner said 3)."""
+    spec = SimpleNamespace(name="tiny", model=SimpleNamespace(), data=SimpleNamespace(kind="shakespeare"))
+    member = Job("ab" * 16, cast(Any, spec), b"", "h", "owner", "127.0.0.1:1", tmp_path, JobCore("me", "owner", 100))
+    assert member.summary()["members"] == []
+    member.told_members = ("owner", "me", "other")
+    assert member.summary()["members"] == ["me", "other", "owner"]
+    leader = _job(tmp_path)
+    leader.members = cast(Any, {"owner": None, "m1": None})
+    leader.told_members = ("stale",)  # (it led before, or was told before it took over): its offers count
+    assert leader.summary()["members"] == ["m1", "owner"]

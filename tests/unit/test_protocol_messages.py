@@ -256,3 +256,29 @@ def test_optional_fields_round_trip() -> None:
     with pytest.raises(RemoteProtocolError) as exc:
         codec.decode_as(WithOpt, _pack({"a": None, "b": None, "c": "123456789"}))
     assert exc.value.reason == "too_long"
+
+
+def test_a_job_starts_member_ids_are_bounded_and_checked() -> None:
+    """``JobStart.members`` (issue 31: what a member shows as the job's members): at most ``JOB_MEMBERS_MAX`` ids
+    on the wire, each a peer id; a leader's longest list fits the message."""
+    from protocol.job_wire import JOB_MEMBERS_MAX, JobStart
+    from protocol.validation import member_ids
+
+    ids = tuple(f"{i:032x}" for i in range(JOB_MEMBERS_MAX))
+    start = JobStart("a" * 32, 1, 1, b"{}", b"{}", b"{}", members=ids)
+    assert codec.decode_as(JobStart, codec.encode(start)).members == ids
+    with pytest.raises(LocalProtocolError):
+        codec.encode(dataclasses.replace(start, members=(*ids, "f" * 32)))
+    fields = {f.name: getattr(start, f.name) for f in dataclasses.fields(start)}
+    too_many = _pack({**fields, "members": [*ids, "f" * 32]})
+    with pytest.raises(RemoteProtocolError) as exc:
+        codec.decode_as(JobStart, too_many)
+    assert exc.value.reason == "too_long"
+    assert member_ids(("b" * 32, "a" * 32, "b" * 32)) == ("a" * 32, "b" * 32)  # sorted, each once
+    for bad in ("A" * 32, "a" * 31, "../" + "a" * 29, ""):
+        with pytest.raises(RemoteProtocolError) as exc:
+            member_ids(("a" * 32, bad))
+        assert exc.value.reason == "bad_peer_id"
+    with pytest.raises(RemoteProtocolError) as exc:
+        member_ids(ids[:3], limit=2)
+    assert exc.value.reason == "too_long"
