@@ -8,6 +8,7 @@ children with SIGTERM, then SIGKILL after a grace period.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -18,6 +19,10 @@ from typing import Any
 
 from arceusd.control import ControlError, call
 from arceusd.worker.affinity import usable_cores
+
+PROFILE_ENV = "ARCEUSD_SWARM_PROFILE"
+"""A folder where swarms keep the one measurement of the machine their daemons share (its
+``device_profile.json``, measured there by the first swarm that needs it). Unset, each daemon measures itself."""
 
 
 def free_ports(count: int) -> list[int]:
@@ -63,6 +68,10 @@ class LocalSwarm:
         self.extra_args = extra_args or []
         self.pin_workers = pin_workers
         self.env = {**os.environ, **(env or {})}
+        shared = self.env.get(PROFILE_ENV, "")
+        self.profile = Path(shared) / "device_profile.json" if shared else None
+        """The shared measurement of this machine (:data:`PROFILE_ENV`): the daemons of one machine measured
+        at once on its cores each measured a third of it, and paid a torch import and a benchmark each."""
         self.ports = free_ports(size)
         self.procs: list[subprocess.Popen[bytes]] = []
 
@@ -71,9 +80,19 @@ class LocalSwarm:
 
     def start(self, timeout: float = 60.0) -> list[dict[str, Any]]:
         self.root.mkdir(parents=True, exist_ok=True)
+        self._measure_once()
         for i in range(self.size):
             self.procs.append(self._spawn(i))
         return [self.wait_ready(i, timeout) for i in range(self.size)]
+
+    def _measure_once(self) -> None:
+        """Measure the machine into :attr:`profile` unless it is there (at one torch thread, ``worker_threads``'
+        default: a daemon configured with more measures itself again, its cache being of another thread count)."""
+        if self.profile is None or self.profile.is_file():
+            return
+        self.profile.parent.mkdir(parents=True, exist_ok=True)
+        probe = [sys.executable, "-m", "arceusd.jobs.probe", str(self.profile.parent), "1"]  # (worker_threads' default)
+        subprocess.run(probe, stdin=subprocess.DEVNULL, capture_output=True, env=self.env, timeout=300, check=True)
 
     def _spawn(self, i: int) -> subprocess.Popen[bytes]:
         seeds: list[str] = []
@@ -82,6 +101,9 @@ class LocalSwarm:
                 seeds += ["--peer", f"127.0.0.1:{port}"]
         state = self.state_dir(i)
         state.mkdir(parents=True, exist_ok=True)
+        mine = state / "device_profile.json"
+        if self.profile is not None and self.profile.is_file() and not mine.exists():
+            shutil.copyfile(self.profile, mine)
         log = state / "arceusd.log"
         cmd = [
             sys.executable, "-m", "arceusd", "--state-dir", str(state), "start", "--foreground",

@@ -22,13 +22,16 @@ def main() -> None:
         if not sys.argv[2].isdigit() or int(sys.argv[2]) < 1:
             sys.exit(f"THREADS must be a whole number >= 1, got {sys.argv[2]!r}")
         threads = int(sys.argv[2])
-    import torch
+    from arceusd.profile import DeviceMeasurement, best_measurement, load_or_measure, measure_all, to_device_profile
 
-    from arceusd.profile import best_measurement, load_or_measure, to_device_profile
+    def measure() -> tuple[DeviceMeasurement, ...]:
+        import torch  # only to measure: a cached figure is read without it (2 s of CPU saved per start)
 
-    if threads is not None:
-        torch.set_num_threads(threads)
-    m = best_measurement(load_or_measure(Path(sys.argv[1]), threads=threads))
+        if threads is not None:
+            torch.set_num_threads(threads)
+        return measure_all()
+
+    m = best_measurement(load_or_measure(Path(sys.argv[1]), threads=threads, measure=measure))
     device = to_device_profile(m, peer_id="this-device")
     print(json.dumps({"flops_per_s": float(f"{device.flops_per_s:.6g}"), "memory_bytes": device.memory_bytes,
                       "kind": device.kind, "block_efficiency": m.block_efficiency, "dispatch_s": m.dispatch_s,

@@ -58,7 +58,7 @@ def test_demo_runs_in_a_bare_clone(tmp_path: Path) -> None:
     subprocess.run(["git", "clone", "--quiet", "--no-hardlinks", str(ROOT), str(clone)], check=True, timeout=120)
     assert [p.name for p in empty.iterdir()] == ["arceus"]  # nothing beside the clone
     assert (clone / "data" / "tinyshakespeare" / "input.txt").is_file()
-    env = {k: v for k, v in os.environ.items() if k not in ("ARCEUS_STATE_DIR",)}
+    env = {k: v for k, v in os.environ.items() if k not in ("ARCEUS_STATE_DIR", "ARCEUSD_SWARM_PROFILE")}
     audit = tmp_path / "audit"
     audit.mkdir()
     (audit / "sitecustomize.py").write_text(AUDIT_HOOK)

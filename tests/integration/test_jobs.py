@@ -74,6 +74,10 @@ def test_mnist_mlp_across_three_daemons_reaches_95_percent(swarm3: LocalSwarm) -
     job = run_job(swarm3, SPECS / "mnist-mlp-3.toml", timeout=480)
     assert job["val_accuracy"] >= 0.95, job
     check_distributed(swarm3, job)
+    # the daemons of one machine share one measurement of it (arceusd.swarm.PROFILE_ENV): none measured again
+    assert swarm3.profile is not None and swarm3.profile.is_file()
+    shared = swarm3.profile.read_bytes()
+    assert all((swarm3.state_dir(i) / "device_profile.json").read_bytes() == shared for i in range(3))
     # The exported model loads into the plain PyTorch model and classifies the held-out images as well.
     import torch
     from safetensors.torch import load_file
