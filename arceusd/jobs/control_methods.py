@@ -88,7 +88,7 @@ class ControlMethods:
         return await self.life.join(job)
 
     async def m_jobs(self, _params: dict[str, Any]) -> list[dict[str, Any]]:
-        return [j.summary() for j in sorted(self.ctx.jobs.values(), key=lambda j: j.created)]
+        return self.ctx.listing()
 
     async def m_job(self, params: dict[str, Any]) -> dict[str, Any]:
         history = params.get("history")

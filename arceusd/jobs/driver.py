@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import trio
 
 from arceusd.jobs import filework
+from arceusd.jobs.core import Role
 from arceusd.jobs.core import actions as a
 from arceusd.jobs.core import events as e
 from arceusd.jobs.job import Job, Recovery
@@ -90,9 +91,12 @@ class Driver:
     def feed(self, job: Job, event: e.Event) -> list[a.Action]:
         """Hand ``job``'s core ``event`` (now), carry out what it answers; the actions, for the caller's
         answers (``Refuse``, ``LetWorkerGo``)."""
+        before = (job.role, job.state)
         out = job.core.handle(event, time.monotonic())
         self._reconcile_members(job)
         self.execute(job, out)
+        if job.role != Role.OWNER and (job.role, job.state) != before:
+            self.m.persist(job)  # a member's record of the job (arceusd.jobs.known): listed after a restart
         return out
 
     def _reconcile_members(self, job: Job) -> None:

@@ -71,6 +71,7 @@ from arceusd.jobs.core import events as e
 from arceusd.jobs.driver import Driver
 from arceusd.jobs.job import TERMINAL, Job
 from arceusd.jobs.joining import Joining
+from arceusd.jobs.known import read_records
 from arceusd.jobs.lending import answerer
 from arceusd.jobs.local_worker import LocalWorker, worker_device
 from arceusd.jobs.manager_base import OWNER_FILE, JobContext
@@ -138,6 +139,7 @@ class JobManager(JobContext):
     async def _load_modules(self) -> None:
         """Restore the jobs this device owns. The job modules are torch-free (tensor work runs in child
         processes, :mod:`arceusd.jobs.filework`), so nothing here stalls the event loop on an import."""
+        self.known = await trio.to_thread.run_sync(read_records, self.root, OWNER_FILE)  # (arceusd.jobs.known)
         for job in await trio.to_thread.run_sync(self._restore_owned_jobs):
             self.jobs[job.job_id] = job
             job.members[self.node.identity.peer_id] = await self.offer()
@@ -215,7 +217,7 @@ class JobManager(JobContext):
         if self.node.elections is not None:
             self.node.elections.on_leader_change(self._on_leader_change)
         self.node.methods.update({name: gate(method) for name, method in self.control.methods().items()})
-        self.node.sections["jobs"] = lambda: [j.summary() for j in self.jobs.values()]
+        self.node.sections["jobs"] = self.listing
         self.node.sections["announcements"] = self.joining.announced.summary
         self.node.shutdown_hooks.append(self._stop_all_workers)
         try:

@@ -2,8 +2,9 @@
 
 :class:`JobContext` holds what the parts of :class:`arceusd.jobs.manager.JobManager` share: the node and the peer
 network, the jobs by id, this device's offer, the manager's nursery (:meth:`JobContext.spawn`), the file
-transfers (:class:`arceusd.jobs.transfers.Transfers`), and the owner's durable record of a job. It also owns whom
-this device follows as a job's leader: the check of a leader's command (:meth:`JobContext.check_leader` over
+transfers (:class:`arceusd.jobs.transfers.Transfers`), the durable record of a job (the owner's to resume it, a
+member's to list it after a restart: :mod:`arceusd.jobs.known`) and the jobs listing. It also owns whom this device
+follows as a job's leader: the check of a leader's command (:meth:`JobContext.check_leader` over
 :mod:`arceusd.jobs.leadership`), the election's answer and tracking.
 
 The manager is a ``JobContext`` and composes its parts, each an object of its own module that is handed the
@@ -28,6 +29,7 @@ from arceusd.control import RequestError
 from arceusd.jobs import leadership
 from arceusd.jobs.core import Role, Stamp, actions, events
 from arceusd.jobs.job import TERMINAL, Job
+from arceusd.jobs.known import MEMBER_FILE, KnownJob, known_jobs, member_record
 from arceusd.jobs.transfers import Transfers
 from arceusd.node import Node
 from arceusd.peers import PeerService
@@ -51,21 +53,44 @@ class JobContext:
         self.root = node.paths.jobs_dir
         self.transfers = Transfers(peers, self.jobs, node.identity.peer_id, self.elected)
         self.life: Lifecycle | None = None  # the manager, once built: a failed leader loop fails its job
+        self.known: dict[str, KnownJob] = {}  # jobs this daemon's records name (read once, at its start)
         self._leader_waiters: dict[str, list[trio.Event]] = {}  # job id -> elected() calls waiting for a change
 
     def persist(self, job: Job) -> None:
-        """The owner's durable record of a job (enough to resume it after this daemon restarts)."""
+        """The durable record of a job: the owner's (enough to resume it after this daemon restarts), a
+        member's (enough to list it after a restart: :mod:`arceusd.jobs.known`; kept once written, also after
+        it left the job)."""
         from arceusd.checkpoint import atomic_write
 
-        if job.role != Role.OWNER:
+        record = member_record(job)
+        if job.role == Role.OWNER:
+            name = OWNER_FILE
+            record.update({"spec_hash": job.spec_hash, "base_dir": str(job.spec.base_dir), "term": job.term,
+                           "epoch": job.epoch, "members": sorted(job.members)})  # fmt: skip
+        elif job.role == Role.MEMBER or (job.directory / MEMBER_FILE).is_file():
+            name = MEMBER_FILE
+        else:
             return
-        record = {"job_id": job.job_id, "owner": job.owner, "spec_hash": job.spec_hash,
-                  "base_dir": str(job.spec.base_dir), "term": job.term, "epoch": job.epoch, "state": job.state.value,
-                  "members": sorted(job.members), "model_path": job.model_path}  # fmt: skip
         try:
-            atomic_write(job.directory / OWNER_FILE, json.dumps(record, indent=1).encode())
+            job.directory.mkdir(parents=True, exist_ok=True)
+            atomic_write(job.directory / name, json.dumps(record, indent=1).encode())
         except OSError as exc:
             log.warning("job %s: cannot save its state: %s", job.job_id, exc)
+
+    def known_ids(self) -> set[str]:
+        """The ids of the jobs this daemon's records or ledger name (held or not)."""
+        from arceusd.market.hooks import job_receipts
+
+        return set(self.known) | set(job_receipts(self.node))
+
+    def listing(self) -> list[dict[str, Any]]:
+        """Every job this daemon holds (oldest first), then one row per job only its records or its ledger name
+        (:func:`arceusd.jobs.known.known_jobs`: e.g. a job it earned from before it restarted)."""
+        from arceusd.market.hooks import job_receipts
+
+        held = [j.summary() for j in sorted(self.jobs.values(), key=lambda j: j.created)]
+        known = known_jobs(self.known, job_receipts(self.node), self.node.identity.peer_id, self.jobs)
+        return held + [k.summary() for k in known]
 
     def spawn(self, fn: Any, *args: Any) -> None:
         """Run ``fn(*args)`` in the manager's nursery; a failure is logged (and fails its job when it is the
@@ -111,6 +136,9 @@ class JobContext:
         matches = [j for jid, j in self.jobs.items() if jid.startswith(job_ref)] if job_ref else []
         if len(matches) != 1:
             known = ", ".join(sorted(self.jobs)) or "none"
+            if not matches and job_ref and any(k.startswith(job_ref) for k in self.known_ids()):
+                raise RequestError(f"job {job_ref!r} is known here only from this device's records (the daemon "
+                                   "restarted since): `arceusd jobs` lists it, `arceusd earnings` what it paid")
             raise RequestError(f"no job matches {job_ref!r} (known jobs: {known})" if not matches
                                else f"{job_ref!r} matches several jobs; give more of the id")  # fmt: skip
         return matches[0]

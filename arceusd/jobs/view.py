@@ -45,8 +45,14 @@ def count(value: Any) -> str:
 
 
 def job_line(j: dict[str, Any]) -> str:
-    return (f"{j['job_id'][:12]}  {j['name']:<20} {j['state']:<10} {j['role']:<6} step {j['step']}/{j['total_steps']}"
+    """One job of ``arceusd jobs``; a job known only from this device's records (``restored``: the daemon
+    restarted since, :mod:`arceusd.jobs.known`) says what it earned there and why it is not running here."""
+    line = (f"{j['job_id'][:12]}  {j['name']:<20} {j['state']:<10} {j['role']:<6} step {j['step']}/{j['total_steps']}"
             f"  loss {_num(j.get('loss'))}  members {len(j.get('members', []))}")  # fmt: skip
+    if j.get("restored"):
+        line += f"  earned {usd(j.get('earned_usd'))} ({count(j.get('receipts'))} receipt(s))"
+        line += f"  ({j['error']})" if j.get("error") else ""
+    return line
 
 
 def contribution_lines(j: dict[str, Any]) -> list[str]:

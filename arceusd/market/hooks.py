@@ -11,6 +11,9 @@
   an unmeasured device is paid for (``arceusd.market.paid_speed.beyond_cap``), so its speed check times the plan's
   devices although the job does not run slow (the device is paid what it measured from then on).
 
+- :func:`job_receipts`: what this device's ledger holds of each job it took part in (a restarted daemon lists
+  those jobs: ``arceusd.jobs.known``).
+
 They do nothing when the market service is not running (``node.market`` is None); ``enough_memory`` needs no service.
 """
 
@@ -54,3 +57,14 @@ def enough_memory(job: Any) -> bool:
     if short is not None:
         job.error = short
     return short is None
+
+
+def job_receipts(node: Any) -> dict[str, Any]:
+    """Job id -> :class:`arceusd.market.ledger.JobReceipts` of the jobs this device's ledger holds receipts for
+    (as their device or their owner); empty without the market service."""
+    market = getattr(node, "market", None)
+    if market is None:
+        return {}
+    from arceusd.market.ledger import job_receipts as summarise
+
+    return dict(summarise(market.ledger.entries, node.identity.peer_id))

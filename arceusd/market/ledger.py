@@ -398,6 +398,37 @@ def earnings(entries: Iterable[SignedReceipt], me: str) -> dict[str, Any]:
             "total_usd": sum(by_job.values())}  # fmt: skip
 
 
+@dataclass(frozen=True)
+class JobReceipts:
+    """What a daemon's ledger holds of one job it took part in: the job's owner, the receipts for this device's own
+    work that it countersigned, what they pay, and the last step any of the job's receipts (its own, or as the
+    owner every device's) reaches."""
+
+    owner: str
+    receipts: int
+    earned_usd: float
+    last_step: int
+
+
+def job_receipts(entries: Iterable[SignedReceipt], me: str) -> dict[str, JobReceipts]:
+    """The jobs ``me`` holds receipts for (as their device or their owner), each receipt once: what a restarted
+    daemon lists beside the jobs it still holds (``arceusd.jobs.known``)."""
+    owners: dict[str, str] = {}
+    counts: dict[str, int] = defaultdict(int)
+    earned: dict[str, float] = defaultdict(float)
+    last: dict[str, int] = defaultdict(int)
+    for s in unique(entries):
+        r = s.receipt
+        if me not in (r.device, r.owner):
+            continue
+        owners[r.job_id] = r.owner
+        last[r.job_id] = max(last[r.job_id], r.step_to)
+        if r.device == me and s.countersigned:
+            counts[r.job_id] += 1
+            earned[r.job_id] += r.usd
+    return {job: JobReceipts(owner, counts[job], earned[job], last[job]) for job, owner in sorted(owners.items())}
+
+
 def bill(entries: Iterable[SignedReceipt], job_id: str) -> dict[str, Any]:
     """What the job's owner owes: its countersigned receipts by device (receipts a device did not countersign
     are listed apart and not owed). Each receipt counts once (``collect.unique``): the owner's ledger can hold

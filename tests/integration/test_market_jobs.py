@@ -88,6 +88,17 @@ def test_price_gate_bill_equals_earnings_and_a_tampered_ledger_is_found(swarm: L
         ok = cli(swarm.state_dir(i), "verify-ledger", str(path))
         assert ok.returncode == 0 and "verify, chain intact" in ok.stdout, ok.stdout + ok.stderr
 
+    # restarted, the member still lists the job it earned from, from its own files (issue 31)
+    swarm.call(2, "shutdown")
+    swarm.procs[2].wait(timeout=20)
+    swarm.restart(2)
+    rows = [j for j in swarm.call(2, "jobs") if j["job_id"] == job_id]
+    assert rows and rows[0]["state"] == "done" and rows[0]["role"] == "member" and rows[0]["restored"], rows
+    assert rows[0]["receipts"] == 3 and abs(rows[0]["earned_usd"] - earned[2]["by_job"][job_id]) <= 1e-12, rows
+    assert sorted(rows[0]["members"]) == sorted((ids[0], ids[2])), rows
+    listed = cli(swarm.state_dir(2), "jobs")
+    assert job_id[:12] in listed.stdout and "earned $" in listed.stdout, listed.stdout + listed.stderr
+
     # tamper with the member's ledger: it is found at start, and by verify-ledger
     path = swarm.state_dir(2) / "ledger.jsonl"
     lines = path.read_text().splitlines(keepends=True)
