@@ -176,8 +176,9 @@ def earnings_command(obj: Context, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_obj
 def bill_command(obj: Context, job: str, as_json: bool) -> None:
-    """What JOB (an id or a unique prefix) costs its owner: the devices' countersigned receipts. The whole bill is
-    in the owner's ledger; on another device it is that device's part only, and says so."""
+    """What JOB (an id or a unique prefix) costs its owner: the devices' countersigned receipts (the owner's own
+    device is not billed). The whole bill is in the owner's ledger; on another device it is that device's part
+    only, and says so."""
     from arceusd.identity import IdentityError, load_or_create_identity
     from arceusd.market.ledger import bill
 
@@ -204,6 +205,7 @@ def bill_command(obj: Context, job: str, as_json: bool) -> None:
     click.echo(f"job {ids[0]}: ${result['total_usd']:.4f} for {result['device_hours']:.3f} device-hours")
     for device, usd in result["by_device"].items():
         click.echo(f"  {device[:12]}  ${usd:.4f}")
+    click.echo(f"  {str(result['owner'])[:12]}  own device, not billed")  # (market.receipts.billed)
     if result["unaccepted_receipts"]:
         click.echo(f"  ({result['unaccepted_receipts']} receipt(s) not countersigned by their device: not owed)")
 

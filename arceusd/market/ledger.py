@@ -43,7 +43,7 @@ from typing import Any
 from arceusd.identity import Identity, peer_id_from_public_key, verify_signature
 from arceusd.market.authority import AuthorityError, SignedAuthorisation, from_bytes, leader_allowed
 from arceusd.market.collect import unique
-from arceusd.market.receipts import ReceiptError, SignedReceipt, decode, encode
+from arceusd.market.receipts import ReceiptError, SignedReceipt, billed, decode, encode
 
 LEDGER_FILE = "ledger.jsonl"
 HEAD_FILE = "ledger.head"
@@ -378,7 +378,8 @@ def _day(t: float) -> str:
 
 def earnings(entries: Iterable[SignedReceipt], me: str) -> dict[str, Any]:
     """What ``me`` earned: countersigned receipts for ``me``, by job, by day (UTC) and in total, in dollars (each
-    receipt once: ``collect.unique``)."""
+    receipt once: ``collect.unique``). Nothing of its own jobs: an owner does not pay its own device
+    (``receipts.billed``; a ledger from before that rule may hold such receipts)."""
     entries = unique(entries)
     by_job: dict[str, float] = defaultdict(float)
     by_day: dict[str, float] = defaultdict(float)
@@ -386,7 +387,7 @@ def earnings(entries: Iterable[SignedReceipt], me: str) -> dict[str, Any]:
     count = 0
     for s in entries:
         r = s.receipt
-        if r.device != me or not s.countersigned:
+        if r.device != me or not s.countersigned or not billed(r.owner, r.device):
             continue
         by_job[r.job_id] += r.usd
         by_day[_day(r.issued_at)] += r.usd
@@ -423,7 +424,7 @@ def job_receipts(entries: Iterable[SignedReceipt], me: str) -> dict[str, JobRece
             continue
         owners[r.job_id] = r.owner
         last[r.job_id] = max(last[r.job_id], r.step_to)
-        if r.device == me and s.countersigned:
+        if r.device == me and s.countersigned and billed(r.owner, r.device):
             counts[r.job_id] += 1
             earned[r.job_id] += r.usd
     return {job: JobReceipts(owner, counts[job], earned[job], last[job]) for job, owner in sorted(owners.items())}
@@ -431,11 +432,13 @@ def job_receipts(entries: Iterable[SignedReceipt], me: str) -> dict[str, JobRece
 
 def bill(entries: Iterable[SignedReceipt], job_id: str) -> dict[str, Any]:
     """What the job's owner owes: its countersigned receipts by device (receipts a device did not countersign
-    are listed apart and not owed). Each receipt counts once (``collect.unique``): the owner's ledger can hold
-    the leader's copy and the device's countersigned one."""
+    are listed apart and not owed; so are the owner's own device's, ``own_device_receipts``: it is not billed to
+    its owner, ``receipts.billed``, though a ledger from before that rule may hold such receipts). Each receipt
+    counts once (``collect.unique``): the owner's ledger can hold the leader's copy and the device's
+    countersigned one."""
     entries = unique(entries)
     by_device: dict[str, float] = defaultdict(float)
-    unaccepted = 0
+    unaccepted = own = 0
     seconds = 0.0
     owner = ""
     for s in entries:
@@ -443,6 +446,9 @@ def bill(entries: Iterable[SignedReceipt], job_id: str) -> dict[str, Any]:
         if r.job_id != job_id:
             continue
         owner = r.owner
+        if not billed(r.owner, r.device):
+            own += 1
+            continue
         if not s.countersigned:
             unaccepted += 1
             continue
@@ -450,4 +456,4 @@ def bill(entries: Iterable[SignedReceipt], job_id: str) -> dict[str, Any]:
         seconds += r.device_seconds
     return {"job_id": job_id, "owner": owner, "by_device": dict(sorted(by_device.items())),
             "device_hours": seconds / 3600.0, "total_usd": sum(by_device.values()),
-            "unaccepted_receipts": unaccepted}  # fmt: skip
+            "unaccepted_receipts": unaccepted, "own_device_receipts": own}  # fmt: skip

@@ -12,6 +12,8 @@ device signs ``DEVICE_DOMAIN || body || leader signature``. A signed receipt car
 anyone checks that each key's peer id is the one named in the body and that each signature verifies.
 
 Work is measured by the leader and bounded by the plan, never taken from the device's word:
+- the job's owner pays the other devices: its own device, which trains in its own job, gets no receipt (it is
+  not billed to its owner, and earns nothing from its own job);
 - a receipt is only issued at a committed checkpoint, only to a device of the current plan whose shard of
   that step the leader copied and checked (``reported``), and only for steps after both what that device was
   already paid for and the step the current plan started from (:meth:`LeaderBook.issue`); a device that
@@ -189,10 +191,15 @@ class Commit:
     """Each device's price per hour (the leader's market price, at most the job's highest)."""
 
 
+def billed(owner: str, device: str) -> bool:
+    """Whether a job's owner pays ``device`` for its work: every device but the owner's own."""
+    return device != owner
+
+
 def most_per_step_usd(c: Commit) -> float:
     """The most one step can cost under ``c``'s plan: every plan device paid its price for :data:`PLAN_SLACK` x the
     predicted step time (a receipt's seconds are capped there, :meth:`LeaderBook.issue`)."""
-    price = sum(p for device, p in c.prices.items() if c.shares.get(device, 0.0) > 0)
+    price = sum(p for device, p in c.prices.items() if c.shares.get(device, 0.0) > 0 and billed(c.owner, device))
     return max(c.predicted_step_s, 0.0) * PLAN_SLACK * price / 3600.0
 
 
@@ -236,6 +243,8 @@ class LeaderBook:
             share = c.shares.get(device, 0.0)
             if share <= 0 or device not in c.prices:
                 continue  # not in this plan: no work under it
+            if not billed(c.owner, device):
+                continue  # the owner's own device: not billed to the owner
             paid_step, paid_at = self.paid_to.get(device, (0, 0.0))
             from_step, from_at = max((paid_step, paid_at), self.base)
             if c.step <= from_step:

@@ -57,6 +57,7 @@ from arceusd.market.receipts import (
     LeaderBook,
     ReceiptError,
     SignedReceipt,
+    billed,
     countersign,
     decode,
     device_check,
@@ -407,7 +408,8 @@ class Market:
         n = job.spec.needs
         demand = self.demand(self.job_needs())
         cap = float(n.max_price_per_hour)
-        members = [Member(float(o.flops_per_s), float(o.block_efficiency), pay(float(o.flops_per_s), cap, demand))
+        members = [Member(float(o.flops_per_s), float(o.block_efficiency),  # the owner's own device: not paid
+                          pay(float(o.flops_per_s), cap, demand) if billed(job.owner, o.peer_id) else 0.0)
                    for o in [*job.members.values(), offer]]  # fmt: skip
         remaining = max(0, int(job.total_steps) - int(job.committed_step))
         _, usd = projected_usd(remaining * step_flops(job.spec), members)

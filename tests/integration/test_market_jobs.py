@@ -73,15 +73,20 @@ def test_price_gate_bill_equals_earnings_and_a_tampered_ledger_is_found(swarm: L
     placed = {d["peer_id"] for st in end["plan"]["stages"] for d in st["devices"]}
     assert placed == {ids[0], ids[2]} and ids[1] not in end["members"]
 
-    # three commits (steps 20, 40, 60), a receipt per device each, countersigned and kept on both sides
-    wait_for(lambda: (ledger_receipts(swarm, 0) >= 6 and ledger_receipts(swarm, 2) >= 3) or None, 30, 0.5,
+    # three commits (steps 20, 40, 60), a receipt each for the device the owner pays, countersigned and kept on
+    # both sides; the owner's own device (in the plan beside it) is not billed to the owner (issue 31)
+    wait_for(lambda: (ledger_receipts(swarm, 0) >= 3 and ledger_receipts(swarm, 2) >= 3) or None, 30, 0.5,
              "receipts settled")  # fmt: skip
     bill = json.loads(cli(swarm.state_dir(0), "bill", job_id[:10], "--json").stdout)
     earned = [json.loads(cli(swarm.state_dir(i), "earnings", "--json").stdout) for i in range(3)]
-    assert bill["unaccepted_receipts"] == 0 and set(bill["by_device"]) == {ids[0], ids[2]} and bill["complete"]
+    assert bill["unaccepted_receipts"] == 0 and set(bill["by_device"]) == {ids[2]} and bill["complete"]
+    assert bill["own_device_receipts"] == 0, bill  # no receipt for it at all
     assert earned[1]["total_usd"] == 0.0 and earned[1]["receipts"] == 0
-    total = earned[0]["by_job"][job_id] + earned[2]["by_job"][job_id]
+    assert job_id not in earned[0]["by_job"] and earned[0]["receipts"] == 0, earned[0]
+    total = sum(e["by_job"].get(job_id, 0.0) for e in earned)
     assert bill["total_usd"] > 0 and abs(bill["total_usd"] - total) <= 1e-12, (bill, earned)
+    shown = cli(swarm.state_dir(0), "bill", job_id[:10])
+    assert f"{ids[0][:12]}  own device, not billed" in shown.stdout, shown.stdout
     assert earned[2]["receipts"] == 3 and earned[2]["flops"] > 0 and earned[2]["device_hours"] > 0
     for i in (0, 2):
         path = swarm.state_dir(i) / "ledger.jsonl"
@@ -237,13 +242,13 @@ def test_after_a_standby_took_over_the_owners_bill_still_equals_the_devices_earn
             bill, earned = wait_for(settled, 60, 1.0, "the owner's bill equals the devices' earnings")
         except AssertionError:
             raise AssertionError(f"bill and earnings differ: {bill_and_earnings(s, job_id)}") from None
-        assert all(e > 0 for e in earned), earned
+        assert earned[0] == 0 and all(e > 0 for e in earned[1:]), earned  # the owner's device: not billed
         kept = verify_file(s.state_dir(0) / "ledger.jsonl")
         assert kept.ok, kept.error
         by_new_leader = [e for e in kept.entries if e.receipt.job_id == job_id and e.receipt.leader == standby]
         assert by_new_leader and all(e.countersigned for e in by_new_leader), "the new leader's receipts reached it"
         assert max(e.receipt.step_to for e in by_new_leader) == 240, "up to the final checkpoint"
-        assert set(bill["by_device"]) == {s.call(i, "status")["peer_id"] for i in range(3)}
+        assert set(bill["by_device"]) == {s.call(i, "status")["peer_id"] for i in (1, 2)}
         assert s.call(0, "status")["market"]["collected"][job_id]["refused"] == 0
     finally:
         s.close()

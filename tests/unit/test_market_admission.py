@@ -106,10 +106,12 @@ def test_when_the_cost_per_step_varies_within_its_cap_a_job_never_spends_past_it
 
 
 def test_the_most_a_step_costs_is_every_plan_device_paid_for_the_slack() -> None:
-    a, b, c = (Identity.generate().peer_id for _ in range(3))
-    commit = Commit("ef" * 16, a, 1, 1, 40, 1036.0, frozenset({a, b}), {a: 0.5, b: 0.5}, 1e9, 10.0,
+    a, b, c, owner = (Identity.generate().peer_id for _ in range(4))
+    commit = Commit("ef" * 16, owner, 1, 1, 40, 1036.0, frozenset({a, b}), {a: 0.5, b: 0.5}, 1e9, 10.0,
                     {a: 0.3, b: 0.6, c: 5.0})  # c is priced but not in the plan  # fmt: skip
     assert most_per_step_usd(commit) == pytest.approx(10.0 * PLAN_SLACK * 0.9 / 3600)
+    # the owner's own device in the plan is not paid (issue 31): the most a step costs leaves it out
+    assert most_per_step_usd(replace(commit, owner=a)) == pytest.approx(10.0 * PLAN_SLACK * 0.6 / 3600)
     book = LeaderBook()
     book.start(0, 0.0)
     slow = book.issue(a, replace(commit, at=1e9))  # the leader's clock says far longer: paid up to the cap
@@ -117,10 +119,11 @@ def test_the_most_a_step_costs_is_every_plan_device_paid_for_the_slack() -> None
 
 
 def test_the_leaders_book_counts_what_it_issued() -> None:
-    a, b = Identity.generate().peer_id, Identity.generate().peer_id
+    a, b, owner = (Identity.generate().peer_id for _ in range(3))
     book = LeaderBook()
-    book.start(20, 1000.0)  # took over at step 20
-    c = Commit("ef" * 16, a, 1, 1, 40, 1036.0, frozenset({a, b}), {a: 0.5, b: 0.5}, 1e9, 10.0, {a: 0.3, b: 0.6})
+    book.start(20, 1000.0)  # took over at step 20 (a leads; the owner's own device is not in the plan)
+    c = Commit("ef" * 16, owner, 1, 1, 40, 1036.0, frozenset({a, b}), {a: 0.5, b: 0.5}, 1e9, 10.0,
+               {a: 0.3, b: 0.6})  # fmt: skip
     receipts = book.issue(a, c)
     assert book.spent_usd == pytest.approx(sum(r.usd for r in receipts)) == pytest.approx(36 / 3600 * 0.9)
     assert book.per_step_usd() == pytest.approx(0.009 / 20)

@@ -25,6 +25,7 @@ from arceusd.market.receipts import (
     decode,
     device_check,
     encode,
+    most_per_step_usd,
     sign_leader,
 )
 
@@ -125,6 +126,27 @@ def test_no_receipt_for_steps_a_device_did_not_work() -> None:
     idle = book.issue(LEADER.peer_id, commit(80, 50.0, {DEV_A.peer_id, DEV_B.peer_id}, epoch=2,
                                              shares={DEV_A.peer_id: 0.0, DEV_B.peer_id: 1.0}))  # fmt: skip
     assert [r.device for r in idle] == [DEV_B.peer_id]
+
+
+def test_the_owners_own_device_is_not_billed_to_the_owner(tmp_path: Path) -> None:
+    """Issue 31: the owner's device trains in its own job, and its owner was billed for it (and it earned from its
+    own job). No receipt is issued to it, whoever leads; the budget's cap per step leaves it out; a ledger from
+    before the rule that holds such a receipt bills and earns nothing of it, and the bill still equals the sum of
+    the devices' earnings."""
+    shares = {LEADER.peer_id: 0.5, DEV_A.peer_id: 0.5}
+    both = {LEADER.peer_id, DEV_A.peer_id}
+    c = commit(10, 100.0, both, shares=shares, prices={p: 0.3 for p in shares})
+    assert [r.device for r in LeaderBook().issue(LEADER.peer_id, c)] == [DEV_A.peer_id]
+    assert [r.device for r in LeaderBook().issue(DEV_B.peer_id, c)] == [DEV_A.peer_id]  # a standby leading
+    assert most_per_step_usd(c) == pytest.approx(0.5 * PLAN_SLACK * 0.3 / 3600.0)  # A's price alone
+    ledger = Ledger.open(tmp_path)
+    for device in (LEADER, DEV_A):  # the owner's own receipt, as the leader issued it before
+        ledger.append(countersign(device, sign_leader(LEADER, receipt(device=device.peer_id))))
+    owed = bill(ledger.entries, JOB)
+    assert owed["by_device"] == {DEV_A.peer_id: pytest.approx(receipt().usd)} and owed["own_device_receipts"] == 1
+    own, a = earnings(ledger.entries, LEADER.peer_id), earnings(ledger.entries, DEV_A.peer_id)
+    assert own["by_job"] == {} and own["receipts"] == 0
+    assert owed["total_usd"] == pytest.approx(own["total_usd"] + a["total_usd"])
 
 
 @given(st.lists(st.tuples(st.integers(1, 30), st.booleans(), st.booleans(), st.booleans()), max_size=30))
