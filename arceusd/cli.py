@@ -361,6 +361,7 @@ def submit(obj: Context, spec: Path, members: int, watch: bool, quote: bool) -> 
         from arceusd.market.commands import print_quote
 
         return print_quote(obj, parsed, members)
+    obj.note_measuring()  # the daemon measures this device before it takes the job (its offer, what it lends)
     result = obj.call("submit", {"spec_path": str(spec.absolute()), "min_members": members}, timeout=120.0)
     click.echo(f"submitted job {result['job_id']} ({result['name']}), spec hash {result['spec_hash'][:16]}")
     click.echo(f"  waiting for {members} member(s); follow it with `arceusd status {result['job_id'][:8]} --watch`")
@@ -374,6 +375,7 @@ def submit(obj: Context, spec: Path, members: int, watch: bool, quote: bool) -> 
 @pass_ctx
 def join(obj: Context, job: str) -> None:
     """Offer this device to JOB (an id or a unique prefix); the job's owner decides whether to admit it."""
+    obj.note_measuring()  # the join carries this device's measured offer
     result = obj.call("join", {"job_id": job}, timeout=120.0)
     if result["accepted"]:
         click.echo(f"joined job {result['job_id']}")

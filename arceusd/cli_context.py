@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from arceusd.control import ControlError, NoDaemon, call
+from arceusd.control import ControlError, NoDaemon, call, daemon_answers
 from arceusd.paths import StatePaths
 
 EXIT_NO_DAEMON = 3
@@ -35,6 +35,16 @@ class Context:
             )
         self.state_dir = chosen
         self.paths = StatePaths(self.state_dir)
+
+    def note_measuring(self) -> None:
+        """Before a call that waits while the daemon measures this device (the first ``market``, ``submit``,
+        ``submit --quote``, ``join`` of the day): say so at once, on stderr (:func:`arceusd.profile.measuring_note`)."""
+        from arceusd.profile import is_measured, measuring_note
+
+        measured = is_measured(self.state_dir)
+        note = measuring_note(measured, not measured and daemon_answers(self.paths.control_socket))
+        if note is not None:
+            click.echo(note, err=True)
 
     def call(self, method: str, params: dict[str, Any] | None = None, timeout: float = 10.0) -> Any:
         try:

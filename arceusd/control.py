@@ -136,6 +136,11 @@ def _socket_alive(path: Path) -> bool:
     return True
 
 
+def daemon_answers(path: Path) -> bool:
+    """Whether a daemon listens on the control socket ``path`` (a connect, at most a second; nothing is asked)."""
+    return path.exists() and _socket_alive(path)
+
+
 def call(path: Path, method: str, params: dict[str, Any] | None = None, timeout: float = 10.0) -> Any:
     """Call ``method`` on the daemon whose control socket is ``path`` (blocking).
 

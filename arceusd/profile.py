@@ -49,6 +49,8 @@ REFERENCE_MODEL = GPTConfig(n_layer=4, n_head=4, n_embd=256, block_size=64, voca
 REFERENCE_MICRO_BATCH = 4
 
 CACHE_FILE = "device_profile.json"
+CACHE_MAX_AGE_S = 24 * 3600.0
+"""How long a measurement of this device is used before the daemon measures it again."""
 CACHE_VERSION = 2
 """2: calibration fields; a version-1 cache is measured again (it would plan uncalibrated for a day)."""
 
@@ -366,7 +368,7 @@ def measure_all(size: int = 512, repeats: int = 4) -> tuple[DeviceMeasurement, .
 # --- cache ------------------------------------------------------------------------------------------------
 def load_or_measure(
     cache_dir: Path,
-    max_age_s: float = 24 * 3600.0,
+    max_age_s: float = CACHE_MAX_AGE_S,
     now: float | None = None,
     measure: Callable[[], Sequence[DeviceMeasurement]] = measure_all,
     threads: int | None = None,
@@ -377,13 +379,11 @@ def load_or_measure(
     t = time.time() if now is None else now
     path = Path(cache_dir) / CACHE_FILE
     try:
-        data: Any = json.loads(path.read_text())
-        if data.get("version") == CACHE_VERSION and 0 <= t - float(data["measured_at"]) <= max_age_s:
-            cached = tuple(DeviceMeasurement(**d) for d in data["devices"])
-            if threads is None or all(d.threads == threads for d in cached):
-                return cached
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        pass
+        cached = fresh_measurements(json.loads(path.read_text()), t, max_age_s, threads)
+    except (OSError, ValueError):
+        cached = None
+    if cached is not None:
+        return cached
     found = tuple(measure())
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
@@ -391,6 +391,40 @@ def load_or_measure(
                                "devices": [asdict(d) for d in found]}, sort_keys=True))
     os.replace(tmp, path)
     return found
+
+
+def fresh_measurements(
+    data: Any, now: float, max_age_s: float = CACHE_MAX_AGE_S, threads: int | None = None
+) -> tuple[DeviceMeasurement, ...] | None:
+    """The measurements a cache's contents ``data`` hold, when :func:`load_or_measure` would use them at ``now``
+    (this version, younger than ``max_age_s``, taken at ``threads`` torch threads when given); None: it measures."""
+    try:
+        if data.get("version") != CACHE_VERSION or not 0 <= now - float(data["measured_at"]) <= max_age_s:
+            return None
+        cached = tuple(DeviceMeasurement(**d) for d in data["devices"])
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return cached if threads is None or all(d.threads == threads for d in cached) else None
+
+
+def is_measured(cache_dir: Path, now: float | None = None) -> bool:
+    """Whether ``cache_dir`` holds a measurement of this device the daemon uses as it is (nothing waits on one)."""
+    try:
+        data = json.loads((Path(cache_dir) / CACHE_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    return fresh_measurements(data, time.time() if now is None else now) is not None
+
+
+MEASURING_NOTE = "the daemon is measuring this device first (once a day; about half a minute)..."
+
+
+def measuring_note(measured: bool, daemon_running: bool) -> str | None:
+    """What a command that asks the daemon about this device (``market``, ``submit`` and its ``--quote``,
+    ``join``) says before it waits (issue 31: the first ``market`` took 23 s with no word): the daemon measures
+    the device first when no fresh measurement is cached. Nothing once measured, nor without a daemon (nothing
+    waits then)."""
+    return MEASURING_NOTE if daemon_running and not measured else None
 
 
 def best_measurement(found: Sequence[DeviceMeasurement]) -> DeviceMeasurement:

@@ -85,6 +85,7 @@ def print_quote(obj: Context, spec: Any, members: int) -> None:
     (:func:`arceusd.market.estimate.estimate`, which ``arceus.quote`` asks too)."""
     from arceusd.market.estimate import estimate
 
+    obj.note_measuring()  # what the devices lend is asked of the daemon, which measures this device first
     for line in estimate(obj.state_dir, spec, members).lines():
         click.echo(line)
 
@@ -103,10 +104,7 @@ def _market_line(row: dict[str, Any]) -> str:
 @click.pass_obj
 def market_command(obj: Context, as_json: bool) -> None:
     """List announced jobs, this device's price for each, and whether it qualifies (and if not, why)."""
-    from arceusd.profile import CACHE_FILE
-
-    if not (obj.state_dir / CACHE_FILE).exists():  # the daemon measures its device before it prices anything
-        click.echo("the daemon is measuring this device first (once; about half a minute)...", err=True)
+    obj.note_measuring()  # the daemon measures its device before it prices anything
     result = obj.call("market", timeout=60.0)
     if as_json:
         click.echo(json.dumps(result, indent=2, sort_keys=True))

@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from arceusd.control import ControlError, call
+from arceusd.control import ControlError, call, daemon_answers
 from arceusd.jobs.memory_fit import Lent, TrainingMemory, devices_needed, fits, summary, training_memory, what_to_do
 from arceusd.jobs.spec_types import JobSpec
 from arceusd.market.admission import devices_for_memory
@@ -54,6 +54,8 @@ class Estimate:
     """The model's training state (:func:`arceusd.jobs.memory_fit.training_memory`)."""
     lent: Lent | None = None
     """What the devices the daemon sees lend (None: neither the daemon nor a measured profile says)."""
+    daemon_running: bool = False
+    """Whether this device's daemon answered its control socket when the estimate began."""
 
     @property
     def fits(self) -> bool:
@@ -78,8 +80,10 @@ class Estimate:
         if self.need is None:
             return []
         if self.lent is None:
+            why = ("the daemon did not say in time: it is still measuring this device; ask again in half a minute"
+                   if self.daemon_running else "start the daemon")  # fmt: skip
             return [f"  memory    the model's training state needs {self.need.mib} MiB (what the devices lend is "
-                    f"unknown: start the daemon)"]  # fmt: skip
+                    f"unknown: {why})"]  # fmt: skip
         out = [f"  memory    {summary(self.need, self.lent)}"]
         if not self.fits:
             out.append(f"  warning   it cannot be trained on the devices this daemon sees: submit would refuse it; "
@@ -87,16 +91,27 @@ class Estimate:
         return out
 
 
-def device_guess(state_dir: Path) -> DeviceGuess:
-    """This device's measured profile when cached in ``state_dir``, else the typical laptop's."""
+MEASURED = "this device's measured profile"
+
+
+def unmeasured_source(daemon_running: bool) -> str:
+    """What a quote says it assumed when this device is not measured yet (issue 31: it told the user to start
+    the daemon while the daemon was running, and measuring)."""
+    why = ("the daemon is measuring it now; ask again in about half a minute for its own figures" if daemon_running
+           else "start the daemon, which measures it")  # fmt: skip
+    return f"a typical laptop (this device is not measured yet: {why})"
+
+
+def device_guess(state_dir: Path, daemon_running: bool = False) -> DeviceGuess:
+    """This device's measured profile when cached in ``state_dir``, else the typical laptop's (saying why:
+    ``daemon_running``, whether this device's daemon answers, which measures it)."""
     try:
         data = json.loads((state_dir / CACHE_FILE).read_text())
         best = max(data["devices"], key=lambda d: float(d["flops_per_s"]))
         return DeviceGuess(float(best["flops_per_s"]), float(best.get("block_efficiency", 1.0)),
-                           int(best.get("memory_bytes", 0)), "this device's measured profile")  # fmt: skip
+                           int(best.get("memory_bytes", 0)), MEASURED)  # fmt: skip
     except (OSError, ValueError, KeyError, TypeError):
-        return DeviceGuess(TYPICAL_LAPTOP_FLOPS, 1.0, 0,
-                           "a typical laptop (this device is not measured yet: start the daemon)")  # fmt: skip
+        return DeviceGuess(TYPICAL_LAPTOP_FLOPS, 1.0, 0, unmeasured_source(daemon_running))
 
 
 def market_demand(state_dir: Path) -> Demand:
@@ -121,9 +136,10 @@ def seen_lending(state_dir: Path, device: DeviceGuess) -> Lent | None:
 def estimate(state_dir: Path, spec: JobSpec, members: int) -> Estimate:
     """The quote for ``spec`` on ``members`` devices like this one (more when ``needs.min_members``,
     ``needs.memory_total_mib`` or the training state take more of them), at the demand the daemon sees."""
-    device = device_guess(state_dir)
+    daemon = daemon_answers(StatePaths(state_dir).control_socket)
     need = training_memory(spec)
-    lent = seen_lending(state_dir, device)
+    lent = seen_lending(state_dir, device_guess(state_dir, daemon))  # a daemon measures this device first
+    device = device_guess(state_dir, daemon)  # (measured meanwhile, when the daemon was measuring it)
     if lent is not None and lent.own_bytes:  # what this device lends, capped by lend_memory_mib
         device = DeviceGuess(device.flops_per_s, device.efficiency, lent.own_bytes, device.source)
     needs = spec.needs
@@ -134,7 +150,8 @@ def estimate(state_dir: Path, spec: JobSpec, members: int) -> Estimate:
     demand = market_demand(state_dir)
     q = quote(job_flops(spec), n, device.flops_per_s, device.efficiency, demand, needs.budget_usd,
               needs.deadline_hours, needs.max_price_per_hour)  # fmt: skip
-    return Estimate(spec.name, q, n, device, demand, needs.memory_total_mib, for_memory, lends_mib, need, lent)
+    return Estimate(spec.name, q, n, device, demand, needs.memory_total_mib, for_memory, lends_mib, need, lent,
+                    daemon)  # fmt: skip
 
 
-__all__ = ["DeviceGuess", "Estimate", "device_guess", "estimate", "market_demand", "seen_lending"]
+__all__ = ["DeviceGuess", "Estimate", "device_guess", "estimate", "market_demand", "seen_lending", "unmeasured_source"]
