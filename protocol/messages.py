@@ -395,3 +395,4 @@ class JoinReply:
     reason: str = field(default="", metadata={"max_len": 1024})
     members: tuple[str, ...] = field(default=(), metadata={"max_len": 1024})
     done: bool = False  # the job is over (what a returning owner learns the end from)
+    retry: bool = False  # a refusal that may pass soon (the leader holds the device dead): ask again

@@ -36,6 +36,9 @@ from protocol.validation import member_ids
 
 log = logging.getLogger(__name__)
 
+AUTO_JOIN_ATTEMPTS = 8
+"""How many times an auto-join asks (backing off 0.5 s to 4 s: about 20 s in all)."""
+
 
 
 class Joining:
@@ -122,7 +125,7 @@ class Joining:
             # a join sent before it died and delivered after the leader dropped it would bring it back as a new
             # member (a rebalance at the next checkpoint, onto a device that is gone)
             return JoinReply(msg.job_id, False, f"this leader holds the device {held.state.value}; it joins again "
-                                                "once membership sees it alive")  # fmt: skip
+                                                "once membership sees it alive", retry=True)  # fmt: skip
         if msg.flops_per_s <= 0 or msg.free_memory_bytes <= 0:
             return JoinReply(msg.job_id, False, "the offer must have positive speed and memory")
         why = check_offer_bounds(msg.free_memory_bytes, msg.flops_per_s) or job.leading.excluded.get(msg.peer_id)
@@ -195,17 +198,20 @@ class Joining:
 
     async def auto_join(self, job: Job) -> None:
         """Join an announced job; an owner that does not answer yet (e.g. still restoring its jobs after a
-        restart) is asked again a few times, backing off. The device's policy and the job's needs decide first
-        (``arceusd.market``)."""
+        restart), or refuses for now (``JoinReply.retry``), is asked again a few times, backing off. The device's
+        policy and the job's needs decide first (``arceusd.market``)."""
         if not await may_auto_join(self.ctx.node, job):
             return
-        for attempt in range(6):
+        for attempt in range(AUTO_JOIN_ATTEMPTS):
             try:
                 result = await self.join(job)
                 log.info("auto-join %s: %s", job.job_id, result)
-                return
+                if result["accepted"] or not result.get("retry"):
+                    return
             except RequestError as exc:
                 log.warning("auto-join %s failed (attempt %d): %s", job.job_id, attempt + 1, exc)
+            # (a leader that held this device dead refuses until its membership sees it alive again: a loaded
+            # device's false death, then a join that gave up at once, left a job waiting for a member forever)
             await trio.sleep(min(4.0, 0.5 * 2**attempt))
 
     async def join(self, job: Job) -> dict[str, Any]:
@@ -222,7 +228,7 @@ class Joining:
         if reply.accepted:
             self.life.feed(job, events.Joined())
             self.ctx.spawn(warm_starts().warm_up, job.spec.model)  # torch imported before any start (issue 33)
-        return {"job_id": job.job_id, "accepted": reply.accepted, "reason": reply.reason}
+        return {"job_id": job.job_id, "accepted": reply.accepted, "reason": reply.reason, "retry": reply.retry}
 
 
 __all__ = ["Joining"]
