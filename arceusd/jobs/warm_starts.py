@@ -39,8 +39,10 @@ log = logging.getLogger(__name__)
 SERVER = "arceusd.jobs.fork_server"
 ORDER_TIMEOUT_S = 60.0
 """How long a program waits for the server's fork (the server may still be importing) before it starts cold."""
-NOTICE_S = 2.0
-"""How long after a forked program exited its exit code may take to arrive from the server."""
+NOTICE_S = 30.0
+"""How long after a forked program exited its exit code may take to arrive from the server (a server that stops
+tells its programs at once: :meth:`ForkedProcess.server_gone`). At 2 s a loaded machine's server reported a
+re-slice's 0 too late, and a recovery failed on 'resume failed: no reason given'."""
 LOST_EXIT_CODE = -255
 """The exit code of a forked program whose server died before it reported one."""
 RESTART_AFTER_S = 30.0
@@ -112,6 +114,10 @@ class ForkedProcess:
     def reported(self, code: int) -> None:
         """The server reaped it with ``code``."""
         self._reported = code
+        self._report.set()
+
+    def server_gone(self) -> None:
+        """The server stopped: no exit code will come (:data:`LOST_EXIT_CODE` once it exits)."""
         self._report.set()
 
     async def watch(self) -> None:
@@ -320,6 +326,8 @@ class WarmStarts:
             log.warning("the fork server stopped (%s): programs start cold", why)
             self._failed_at = trio.current_time()
         sock.close()
+        for proc in list(self._running.values()):
+            proc.server_gone()
         if server is not None:
             await _stop(server)
         with contextlib.suppress(trio.WouldBlock):

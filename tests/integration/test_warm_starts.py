@@ -74,6 +74,30 @@ def test_a_dead_server_falls_back_to_a_cold_start() -> None:
     trio.run(main)
 
 
+def test_a_program_whose_server_died_ends_without_waiting_for_its_exit_code(tmp_path: Path) -> None:
+    """A forked program outlives a killed server; once it exits, its wait ends at once with the lost code
+    (no report can come), not after the time a loaded server gets to report one."""
+    from arceusd.jobs.warm_starts import LOST_EXIT_CODE, NOTICE_S
+
+    async def main() -> None:
+        starts = WarmStarts()
+        await started(starts)
+        proc = await starts.spawn("arceusd.jobs.filework", ["shapes"], tmp_path / "err")  # reads its stdin first
+        server = starts.server_pid
+        assert server is not None and starts.warm == 1
+        os.kill(server, signal.SIGKILL)
+        with trio.fail_after(10):
+            while starts.server_pid is not None:
+                await trio.sleep(0.05)
+        assert proc.stdin is not None
+        await proc.stdin.aclose()  # the program reads an empty request, fails and exits
+        with trio.fail_after(NOTICE_S / 3):
+            assert await proc.wait() == LOST_EXIT_CODE
+        await starts.close()
+
+    trio.run(main)
+
+
 def test_the_first_program_starts_the_server_and_is_forked_once_it_imported() -> None:
     """No import paid twice: the first program waits for the server's import (at the daemon's priority) instead
     of importing torch itself beside it."""
