@@ -5,7 +5,7 @@ Work: the spec's model costs (``arceusd.models.costs.block_costs``: forward + ba
 ``batch_size`` x ``steps``. Time: that work over the members' FLOP/s, each taken at its measured block
 efficiency (the share of the matmul benchmark a stage really gets; ``arceusd.profile``), assuming a perfect
 pipeline (so the time is a lower bound and the cost with it). Cost: each member's hours x its price
-(``arceusd.market.pricing``). Cloud: the same FLOPs at each table GPU's float32 peak, at its list price.
+(``arceusd.market.pricing``), but the owner's own device's. Cloud: the same FLOPs at each table GPU's float32 peak, at its list price.
 """
 
 from __future__ import annotations
@@ -70,8 +70,9 @@ def job_flops(spec: object) -> float:
 def quote(flops: float, members: int, device_flops_per_s: float, efficiency: float = 1.0,
           demand: Demand = NEUTRAL, budget_usd: float = 0.0, deadline_hours: float = 0.0,
           max_price_per_hour: float = 0.0) -> Quote:  # fmt: skip
-    """The estimate for ``flops`` of work on ``members`` devices like this one (``device_flops_per_s`` each), each
-    paid the market price, at most ``max_price_per_hour`` (0: none), as the job's leader pays it."""
+    """The estimate for ``flops`` of work on ``members`` devices like this one (``device_flops_per_s`` each), the
+    owner's own among them: every other one paid the market price, at most ``max_price_per_hour`` (0: none), as
+    the job's leader pays it (the owner's device is not billed to its owner: ``receipts.billed``)."""
     if members < 1:
         raise ValueError(f"members must be >= 1, got {members}")
     effective = max(device_flops_per_s * min(max(efficiency, 0.0), 1.0), 1.0)
@@ -79,7 +80,7 @@ def quote(flops: float, members: int, device_flops_per_s: float, efficiency: flo
     price = price_per_hour(device_flops_per_s, demand)
     if max_price_per_hour:
         price = min(price, max_price_per_hour)
-    usd = hours * members * price
+    usd = hours * (members - 1) * price
     cloud = tuple(CloudCost(g.name, g.instance, *g.cost_for(flops)) for g in CLOUD_GPUS)
     return Quote(flops, members, device_flops_per_s, hours, usd, price, cloud,
                  within_budget=not budget_usd or usd <= budget_usd,
@@ -93,7 +94,8 @@ def quote_lines(q: Quote) -> list[str]:
         f"work      {q.flops:.3g} FLOPs",
         f"devices   {q.members} x {q.flops_per_s / 1e9:.1f} GFLOP/s at ${q.price_per_device_hour:.4f} per device-hour",
         f"time      {_hours(q.hours)} (a lower bound: a perfect pipeline)",
-        f"cost      ${q.usd:.4f}" + (f" (needs.budget_usd ${q.budget_usd:.4f})" if q.budget_usd else ""),
+        f"cost      ${q.usd:.4f} for {q.members - 1} paid device(s): your own is not billed"
+        + (f" (needs.budget_usd ${q.budget_usd:.4f})" if q.budget_usd else ""),
     ]
     lines += [f"warning   {p}" for p in q.problems()]
     for c in q.cloud:

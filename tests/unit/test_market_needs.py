@@ -101,7 +101,9 @@ def test_job_needs_and_flops_from_a_spec() -> None:
 def test_quote_figures() -> None:
     q = quote(3.6e15, 2, 1e12, efficiency=0.5, budget_usd=0.01, deadline_hours=0.5)
     assert q.hours == pytest.approx(1.0)  # 3.6e15 / (2 x 0.5e12) s = 3600 s
-    assert q.usd == pytest.approx(2 * price_per_hour(1e12))
+    assert q.usd == pytest.approx(1 * price_per_hour(1e12))  # the other device's hour: the owner's is not billed
+    assert "for 1 paid device(s): your own is not billed" in "\n".join(quote_lines(q))
+    assert quote(3.6e15, 1, 1e12).usd == 0.0  # the owner's device alone costs its owner nothing
     assert not q.within_budget and not q.within_deadline
     assert [c.name for c in q.cloud] == [g.name for g in CLOUD_GPUS]
     text = "\n".join(quote_lines(q))
@@ -109,7 +111,7 @@ def test_quote_figures() -> None:
     assert "the deadline cannot be met: about 60.0 min on 2 device(s), past needs.deadline_hours 0.5 h" in text
     assert "H100" in text
     capped = quote(3.6e15, 2, 1e12, efficiency=0.5, max_price_per_hour=0.001)
-    assert capped.price_per_device_hour == 0.001 and capped.usd == pytest.approx(0.002) and not capped.problems()
+    assert capped.price_per_device_hour == 0.001 and capped.usd == pytest.approx(0.001) and not capped.problems()
     with pytest.raises(ValueError):
         quote(1.0, 0, 1e12)
 
