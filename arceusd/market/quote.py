@@ -5,7 +5,8 @@ Work: the spec's model costs (``arceusd.models.costs.block_costs``: forward + ba
 ``batch_size`` x ``steps``. Time: that work over the members' FLOP/s, each taken at its measured block
 efficiency (the share of the matmul benchmark a stage really gets; ``arceusd.profile``), assuming a perfect
 pipeline (so the time is a lower bound and the cost with it). Cost: each member's hours x its price
-(``arceusd.market.pricing``), but the owner's own device's. Cloud: the same FLOPs at each table GPU's float32 peak, at its list price.
+(``arceusd.market.pricing``), but the owner's own device's. Cloud: the same FLOPs at each table GPU's float32
+peak, at its list price.
 """
 
 from __future__ import annotations
