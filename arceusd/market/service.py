@@ -206,7 +206,9 @@ class Market:
         if not n.budget_usd and not n.deadline_hours:
             return []
         steps = max(0, int(job.total_steps) - int(job.step))
-        count = max(len(job.member_ids()) + (0 if member else 1), n.min_members,
+        # the owner's device is one of them, always (a device that only saw the announce knows no members): the
+        # quote leaves that one unpaid
+        count = max(len({*job.member_ids(), job.owner}) + (0 if member else 1), n.min_members,
                     devices_for_memory(n.memory_total_mib, offer.memory_bytes >> 20))  # fmt: skip
         q = quote(steps * step_flops(job.spec), count, offer.flops_per_s, efficiency, demand, n.budget_usd, 0.0,
                   n.max_price_per_hour)  # fmt: skip

@@ -119,3 +119,20 @@ def test_quote_figures() -> None:
 def test_full_efficiency_quote_is_cheaper_than_every_cloud_gpu() -> None:
     q = quote(1e18, 4, TYPICAL_LAPTOP_FLOPS)
     assert all(q.usd < c.usd for c in q.cloud)
+
+
+def test_the_markets_outlook_counts_the_owners_device_as_the_unpaid_one() -> None:
+    """A device that only saw a job's announce knows none of its members: the outlook still counts the owner's
+    device (the one the quote leaves unpaid) beside this one, so a budget one device-second cannot pay warns."""
+    from types import SimpleNamespace
+
+    from arceusd.market.pricing import NEUTRAL
+    from arceusd.market.service import Market
+
+    doc = gpt_doc()
+    doc["needs"] = {"budget_usd": 1e-12}
+    spec = parse_spec(doc, base_dir=ROOT, check_files=True)
+    seen = SimpleNamespace(spec=spec, total_steps=spec.training.steps, step=0, owner="bb" * 16, created=0.0,
+                           member_ids=lambda: [])  # fmt: skip
+    warnings = Market.outlook(seen, LAPTOP_DEVICE, 1.0, NEUTRAL, member=False)
+    assert any(w.startswith("the budget cannot be met: about $") and "on 2 device(s)" in w for w in warnings), warnings
