@@ -123,7 +123,8 @@ def test_accepts_exactly_what_the_former_decoder_accepted() -> None:
         valid = codec.encode(random_message(schema, rng))
         data = valid if i % 5 == 0 else mutate_structure(valid, rng) if i % 2 else mutate(valid, rng)
         new, ref = _outcome(codec.decode, schema.type_id, data), _outcome(reference_decode, schema, data)
-        assert new == ref, f"{schema.cls.__name__}: {data[:80]!r}"
+        # (by repr: a NaN float decoded alike by both is equal there, never under ==)
+        assert repr(new) == repr(ref), f"{schema.cls.__name__}: {data[:80]!r}"
         accepted, refused = accepted + new[0], refused + (not new[0])
     assert accepted > 1_000 and refused > 1_000
 
