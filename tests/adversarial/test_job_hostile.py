@@ -109,18 +109,17 @@ def test_a_member_that_writes_nan_into_its_shard_is_dropped_and_the_job_resumes(
     assert "non-finite" in end["excluded"][next(iter(end["excluded"]))], end["excluded"]
 
 
-@pytest.mark.skip(reason="issue 29 (open): the attacker can drop out of the plan before step 100, so its poisoned "
-                         "final shard is never used (seen in 2 of 3 runs); poison from an earlier step")
 @pytest.mark.timeout(900)
-def test_a_member_whose_final_shard_holds_1e30_is_refused_and_the_model_stays_clean(tmp_path: Path) -> None:
+def test_a_member_whose_shard_holds_1e30_is_refused_and_the_model_stays_clean(tmp_path: Path) -> None:
     """Issue #29 item 8: finite poison passed the finite-value scan (the job ended done with 1e30 in most of the
-    exported weights). The final shard's values moved further from the last commit than SGD can move them in 20
-    steps: the shard is refused, its sender excluded, and the job ends done from the last good checkpoint with
-    the failure-free model, no 1e30 in it."""
+    exported weights). The shard of step 40 on: its values moved further from the last commit than SGD can move
+    them in 20 steps: the shard is refused, its sender excluded, and the job ends done from the last good
+    checkpoint with the failure-free model, no 1e30 in it. (Poisoning only the final shard, the attacker dropped
+    out of the plan before step 100 in 2 runs of 3 on two busy cores, and its shard was never used.)"""
     from safetensors.torch import load_file
 
     spec = write_spec(tmp_path, steps=100, interval=20)
-    s = HostileSwarm(tmp_path / "swarm", "finite", "1e30", after=100, preset=SLOW_MACHINE)  # its final shard only
+    s = HostileSwarm(tmp_path / "swarm", "finite", "1e30", after=40, preset=SLOW_MACHINE)
     try:
         s.start()
         s.wait_converged()
@@ -132,7 +131,7 @@ def test_a_member_whose_final_shard_holds_1e30_is_refused_and_the_model_stays_cl
         assert "moved further than training can move them" in end["excluded"].get(hostile_peer, ""), end["excluded"]
         assert end["refused_reports"].get("shard_content", 0) >= 1, end["refused_reports"]
         named = [r for r in end["recoveries"] if hostile_peer in r["reason"] and "excluded" in r["reason"]]
-        assert named and named[0]["resumed_step"] == 80 and named[0]["lost_step"] >= 100, end["recoveries"]
+        assert named and named[0]["resumed_step"] == 20 and named[0]["lost_step"] >= 40, end["recoveries"]
         exported = load_file(end["model_path"])
         assert max(float(v.abs().max()) for v in exported.values()) < 1e3, "poison in the exported model"
         assert_equals_failure_free(end, spec)
