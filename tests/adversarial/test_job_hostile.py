@@ -402,7 +402,8 @@ def run_blamed(tmp_path: Path, spec: Path, attack: str, arg: str, after: int, wh
         s.close()
 
 
-@pytest.mark.skip(reason="issue 29 (open): not yet seen to end within its limit on a 2-core machine")
+@pytest.mark.skip(reason="issue 29 (open): when the member serves its final shard too big, the final commit "
+                         "fails 3 times and the job ends failed before the member is excluded (seen 2026-11-27)")
 @pytest.mark.timeout(900)
 def test_a_member_serving_its_shard_too_big_is_excluded_and_the_job_ends_done(tmp_path: Path) -> None:
     """Its reports are true (its real size), but it serves a 16 GiB total: each commit refuses the copy; it used
@@ -411,7 +412,6 @@ def test_a_member_serving_its_shard_too_big_is_excluded_and_the_job_ends_done(tm
     run_blamed(tmp_path, spec, "serve-big", "", ATTACK_FROM_STEP, "shard serving failed 2 commits in a row")
 
 
-@pytest.mark.skip(reason="issue 29 (open): not yet seen to end within its limit on a 2-core machine")
 @pytest.mark.timeout(900)
 def test_a_member_answering_every_checkpoint_with_an_error_is_excluded_and_the_job_ends_done(tmp_path: Path) -> None:
     spec = write_spec(tmp_path, steps=100, interval=20)
