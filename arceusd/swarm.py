@@ -1,8 +1,9 @@
 """A local swarm: several daemons on loopback, each a child process with its own state directory.
 
 Used by ``arceusd demo`` (and handy for trying things by hand). Daemons get the ``local`` preset and each other
-as static seeds, so the swarm forms without multicast. Every wait is bounded; :meth:`LocalSwarm.close` stops the
-children with SIGTERM, then SIGKILL after a grace period.
+as static seeds, so the swarm forms without multicast. With :data:`PROFILE_ENV` set (the test suite sets it) the
+daemons start with one shared measurement of the machine instead of each measuring it. Every wait is bounded;
+:meth:`LocalSwarm.close` stops the children with SIGTERM, then SIGKILL after a grace period.
 """
 
 from __future__ import annotations

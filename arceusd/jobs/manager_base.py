@@ -31,6 +31,7 @@ from arceusd.jobs.core import Role, Stamp, actions, events
 from arceusd.jobs.job import TERMINAL, Job
 from arceusd.jobs.known import MEMBER_FILE, KnownJob, known_jobs, member_record
 from arceusd.jobs.transfers import Transfers
+from arceusd.market.hooks import job_receipts
 from arceusd.node import Node
 from arceusd.peers import PeerService
 from protocol.envelope import Header
@@ -79,15 +80,11 @@ class JobContext:
 
     def known_ids(self) -> set[str]:
         """The ids of the jobs this daemon's records or ledger name (held or not)."""
-        from arceusd.market.hooks import job_receipts
-
         return set(self.known) | set(job_receipts(self.node))
 
     def listing(self) -> list[dict[str, Any]]:
         """Every job this daemon holds (oldest first), then one row per job only its records or its ledger name
         (:func:`arceusd.jobs.known.known_jobs`: e.g. a job it earned from before it restarted)."""
-        from arceusd.market.hooks import job_receipts
-
         held = [j.summary() for j in sorted(self.jobs.values(), key=lambda j: j.created)]
         known = known_jobs(self.known, job_receipts(self.node), self.node.identity.peer_id, self.jobs)
         return held + [k.summary() for k in known]

@@ -25,10 +25,14 @@ def block_range(blocks: Any) -> str:
     return f"{first}" if first == last else f"{first}-{last}"
 
 
+def _number(value: Any) -> bool:
+    """Whether ``value`` is a finite int or float (not a bool): something a view writes as a figure."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def usd(value: Any) -> str:
     """Dollars as every view writes them: ``$0.0020`` (four places), ``-`` when there is no number."""
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-    return f"${value:.4f}" if ok else "-"
+    return f"${value:.4f}" if _number(value) else "-"
 
 
 def usd_per_hour(value: Any) -> str:
@@ -40,8 +44,7 @@ def usd_per_hour(value: Any) -> str:
 
 def count(value: Any) -> str:
     """A count as every view writes it: a whole number (``3``, never ``3.000``); ``-`` when there is none."""
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-    return str(int(value)) if ok and value == int(value) else "-"
+    return str(int(value)) if _number(value) and value == int(value) else "-"
 
 
 def job_line(j: dict[str, Any]) -> str:

@@ -65,6 +65,4 @@ def job_receipts(node: Any) -> dict[str, Any]:
     market = getattr(node, "market", None)
     if market is None:
         return {}
-    from arceusd.market.ledger import job_receipts as summarise
-
-    return dict(summarise(market.ledger.entries, node.identity.peer_id))
+    return dict(market.ledger.job_receipts(node.identity.peer_id))

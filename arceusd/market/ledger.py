@@ -285,6 +285,16 @@ class Ledger:
         self.path = path
         self.verified = verified
         self.keeper = keeper
+        self._by_job: tuple[int, str, dict[str, JobReceipts]] = (-1, "", {})
+
+    def job_receipts(self, me: str) -> dict[str, JobReceipts]:
+        """:func:`job_receipts` of this ledger's entries for ``me``, computed again only when an entry was appended
+        (``status`` lists them on every call, and the dashboard asks for it every second)."""
+        count, who, summary = self._by_job
+        if count != len(self.entries) or who != me:
+            summary = job_receipts(self.entries, me)
+            self._by_job = (len(self.entries), me, summary)
+        return summary
 
     @classmethod
     def open(cls, state_dir: Path, keeper: Identity | None = None) -> Ledger:

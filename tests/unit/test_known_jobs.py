@@ -82,8 +82,11 @@ def test_jobs_held_are_not_listed_twice_and_the_rest_show_what_they_paid(tmp_pat
 
 def test_the_ledger_names_the_jobs_a_device_worked_in_or_owns(tmp_path: Path) -> None:
     ledger = filled(tmp_path)  # A: two countersigned receipts; B: one countersigned, one not
+    assert set(ledger.job_receipts(DEV_B.peer_id)) == {JOB}  # (kept by the ledger until an entry is appended)
     other = sign_leader(LEADER, receipt(job_id=JOB2, device=DEV_B.peer_id, step_from=0, step_to=5))
     ledger.append(countersign(DEV_B, other))
+    assert ledger.job_receipts(DEV_B.peer_id) == job_receipts(ledger.entries, DEV_B.peer_id)  # the new one counts
+    assert ledger.job_receipts(DEV_A.peer_id) == job_receipts(ledger.entries, DEV_A.peer_id)
     a = job_receipts(ledger.entries, DEV_A.peer_id)
     assert set(a) == {JOB} and a[JOB].receipts == 2 and a[JOB].last_step == 30 and a[JOB].owner == LEADER.peer_id
     b = job_receipts(ledger.entries, DEV_B.peer_id)
