@@ -4,11 +4,13 @@ Owns :class:`Election` (one per job this peer is a member of), its config preset
 
 Design (Raft's election, with membership doing failure detection):
 
-* The job's members are fixed for the life of the object. The membership view (live = alive or suspect) is fed
-  in with :class:`ViewChanged`. The *candidate* is the first live member of ``ranking`` when one is given (a job
-  ranks its current leader first and its standby, which holds the data and the leader's checkpoint shards,
-  second: only they can lead it, and the standby only once the leader is gone from the view); without a ranking
-  it is the live member with the lowest peer id (string order). Members outside the ranking vote, never lead.
+* The job's members are fixed for the life of the object; a new plan's members get a new object, which
+  keeps the old one's term and leader (:meth:`Election.carry_over`). The membership view (live = alive or
+  suspect) is fed in with :class:`ViewChanged`. The *candidate* is the first live member of ``ranking`` when
+  one is given (a job ranks its current leader first and its standby, which holds the data and the leader's
+  checkpoint shards, second: only they can lead it, and the standby only once the leader is gone from the
+  view); without a ranking it is the live member with the lowest peer id (string order). Members outside the
+  ranking vote, never lead.
 * A side that sees fewer than a majority of the job's members live is PAUSED: it neither campaigns nor leads
   (a leader that loses its majority steps down at once).
 * Only the candidate campaigns, and only when it knows no live leader (announces heard within
@@ -216,6 +218,26 @@ class Election:
         self._deadline = math.inf
         self._next_heartbeat = math.inf
         self._last_now = now
+
+    def carry_over(self, previous: Election, now: float) -> None:
+        """Go on from ``previous`` (this job's election on its old members) in the same term: a new plan changes
+        a job's members, not who leads it. A leader that may still lead (a member, and ranked when there is a
+        ranking) stays leader and announces to the new members at once; a follower keeps its leader and when it
+        last heard from it. Without this every new plan would leave the job leaderless for an election timeout
+        and cost a new term. Safe: the term's leader was elected by a majority of the old members, and terms
+        still only go up. Call before the first event."""
+        leader = previous.leader
+        if previous.term != self.term or leader is None or leader not in self.members:
+            return
+        if self.ranking is not None and leader not in self.ranking:
+            return
+        if leader == self.self_id and previous.state is ElectionState.LEADER:
+            self.state, self.leader = ElectionState.LEADER, leader
+            self._next_heartbeat = now  # the next event announces the term to every (new) member
+        elif leader != self.self_id and previous.state is ElectionState.FOLLOWER:
+            self.state, self.leader = ElectionState.FOLLOWER, leader
+            self._last_leader_contact = previous._last_leader_contact
+            self._quiet_until = previous._quiet_until
 
     # ----------------------------------------------------------------------------------------- queries
     @property

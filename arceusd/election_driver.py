@@ -152,8 +152,9 @@ class JobElections:
         """Start electing a leader for ``job_id`` among ``members`` (peer ids, this peer included); only the
         members in ``ranking`` may lead, the first live one of them first (see :class:`Election`).
 
-        Tracking a job again with the same members and ranking is a no-op; with others it restarts the
-        election at the persisted term (membership of a job changes through a new plan, which re-tracks it).
+        Tracking a job again with the same members and ranking is a no-op; with others it goes on in the same
+        term with the same leader when that leader may still lead (:meth:`Election.carry_over`; membership of a
+        job changes through a new plan, which re-tracks it), else elects afresh from the persisted term.
         """
         if not _HEX_ID.match(job_id):
             raise ValueError(f"job id must be 32 lowercase hex characters, got {job_id!r}")
@@ -172,6 +173,8 @@ class JobElections:
         term, vote = self._persisted.get(job_id, (0, None))
         election = Election(job_id, self.self_id, members, self.config, self._rng, self._now(), term, vote,
                             ranking=wanted)  # fmt: skip
+        if current is not None:
+            election.carry_over(current, self._now())
         self._elections[job_id] = election
         self._leaders.setdefault(job_id, None)
         log.info("tracking the election of job %s with %d members (term %d)", job_id[:12], len(members), term)

@@ -15,6 +15,7 @@ from arceusd.election import (
     ElectionTick,
     LeaderAnnounced,
     PersistTerm,
+    SendLeaderAnnounce,
     SendVoteReply,
     SendVoteRequest,
     ViewChanged,
@@ -187,3 +188,34 @@ def test_a_ranking_must_name_members_only() -> None:
         Election("job", "a", ("a", "b"), CFG, random.Random(0), now=0.0, ranking=("a", "z"))
     with pytest.raises(ElectionError, match="ranking"):
         Election("job", "a", ("a", "b"), CFG, random.Random(0), now=0.0, ranking=())
+
+
+def test_a_new_plans_members_keep_the_leader_and_its_term() -> None:
+    """Re-tracking a job on a new plan's members (one gone, one new) carries the term's leader over: the leader
+    stays leader and announces to the new member at once, a follower keeps following, nobody campaigns, the term
+    stays. A leader no longer among the members, or no longer ranked, is not carried over."""
+    leader = make("a")
+    _win(leader, CFG.election_timeout)
+    follower = make("c")
+    follower.handle(LeaderAnnounced("a", "job", 1), CFG.election_timeout)
+    assert follower.leader == "a" and follower.term == 1
+    now = CFG.election_timeout + 0.1
+    members = ("a", "b", "c", "f")
+    new_leader = Election("job", "a", members, CFG, random.Random(1), now, leader.term, leader.voted_for,
+                          ranking=("a", "b"))  # fmt: skip
+    new_leader.carry_over(leader, now)
+    out = new_leader.handle(ViewChanged(frozenset(members)), now)
+    assert state_of(new_leader) is ElectionState.LEADER and new_leader.term == 1
+    assert {x.to for x in out if isinstance(x, SendLeaderAnnounce)} == {"b", "c", "f"}
+    assert not [x for x in out if isinstance(x, SendVoteRequest | PersistTerm)]
+    new_follower = Election("job", "c", members, CFG, random.Random(1), now, follower.term, follower.voted_for,
+                            ranking=("a", "b"))  # fmt: skip
+    new_follower.carry_over(follower, now)
+    new_follower.handle(ViewChanged(frozenset(members)), now)
+    assert new_follower.state is ElectionState.FOLLOWER and new_follower.leader == "a"
+    assert not [x for x in new_follower.handle(ElectionTick(), now + CFG.election_timeout / 2)
+                if isinstance(x, SendVoteRequest)]  # fmt: skip
+    for kept, ranking in ((("b", "c", "f"), None), (members, ("b",))):
+        fresh = Election("job", "c", kept, CFG, random.Random(1), now, 1, None, ranking=ranking)
+        fresh.carry_over(follower, now)
+        assert fresh.leader is None and fresh.state is ElectionState.PAUSED
