@@ -402,12 +402,11 @@ def run_blamed(tmp_path: Path, spec: Path, attack: str, arg: str, after: int, wh
         s.close()
 
 
-@pytest.mark.skip(reason="issue 29 (open): when the member serves its final shard too big, the final commit "
-                         "fails 3 times and the job ends failed before the member is excluded (seen 2026-11-27)")
 @pytest.mark.timeout(900)
 def test_a_member_serving_its_shard_too_big_is_excluded_and_the_job_ends_done(tmp_path: Path) -> None:
     """Its reports are true (its real size), but it serves a 16 GiB total: each commit refuses the copy; it used
-    to fail every commit and then the job."""
+    to fail every commit and then the job (and, when only its final shard was served so, the final commit's
+    retries came within the blame spacing and failed the job before it was excluded)."""
     spec = write_spec(tmp_path, steps=100, interval=20)
     run_blamed(tmp_path, spec, "serve-big", "", ATTACK_FROM_STEP, "shard serving failed 2 commits in a row")
 

@@ -602,10 +602,14 @@ def test_a_member_whose_shard_serving_fails_two_commits_in_a_row_is_excluded() -
 
 
 def test_a_final_commit_a_member_does_not_serve_excludes_it_instead_of_failing_the_job() -> None:
-    core = running(total=10, members=(ME, B, C), min_members=3)
+    """Each retry of the final commit counts (the retry starts after the last attempt failed), however soon it
+    comes: within the blame spacing the job used to fail after its attempts with the member never excluded."""
+    core = running(total=20, members=(ME, B, C), min_members=3)
     checkpoint(core, 10)
-    assert find(core.handle(e.CommitFailed(core.stamp, 10, "not served", C), 0.0), a.Commit)  # retried
-    out = core.handle(e.CommitFailed(core.stamp, 10, "not served", C), 30.0)
+    assert not core.handle(e.CommitFailed(core.stamp, 10, "not served", C), 0.0)  # counted once
+    checkpoint(core, 20)
+    assert find(core.handle(e.CommitFailed(core.stamp, 20, "not served", C), 0.5), a.Commit)  # in line: retried
+    out = core.handle(e.CommitFailed(core.stamp, 20, "not served", C), 1.5)  # its first retry, 1 s later
     assert find(out, a.Exclude) and state(core) == JobState.RECOVERING
-    core.handle(e.CommitFailed(core.stamp, 10, "not served", ME), 0.0)  # a stale or own failure: nothing
+    core.handle(e.CommitFailed(core.stamp, 20, "not served", ME), 0.0)  # a stale or own failure: nothing
     assert state(core) == JobState.RECOVERING

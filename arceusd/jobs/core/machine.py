@@ -482,8 +482,7 @@ class JobCore:
         if event.stamp != self.stamp:
             return []
         culprit = event.culprit
-        if culprit and culprit != self.me and culprit in lead.plan and now >= lead.serve_blamed_at.get(culprit, -1e18)\
-                + SERVE_BLAME_SPACING_S:  # fmt: skip
+        if culprit and culprit != self.me and culprit in lead.plan and self._counts_as_new_blame(culprit, event, now):
             lead.serve_blamed_at[culprit] = now
             count = lead.serve_failures[culprit] = lead.serve_failures.get(culprit, 0) + 1
             if count >= MAX_BLAMED_FAILURES:
@@ -495,6 +494,16 @@ class JobCore:
             lead.regrow, lead.regrow_at = False, 0
             return [a.ReleaseHold(self.stamp), *self._commit_failed_decision(event, attempt)]
         return self._commit_failed_decision(event, attempt)
+
+    def _counts_as_new_blame(self, culprit: str, event: e.CommitFailed, now: float) -> bool:
+        """Whether this serving failure of ``culprit`` counts: once per :data:`SERVE_BLAME_SPACING_S` across
+        checkpoints (commits waiting in line behind one slow copy fail together), but every retry of the same
+        checkpoint (the final one: a retry starts after the last attempt failed, so each is its own failure; with
+        the spacing the job failed after its retries before the member was excluded)."""
+        lead = self.lead
+        assert lead is not None
+        retry = lead.commit_attempts.get(event.step, 0) >= 1
+        return retry or now >= lead.serve_blamed_at.get(culprit, -1e18) + SERVE_BLAME_SPACING_S
 
     def _commit_failed_decision(self, event: e.CommitFailed, attempt: int) -> list[a.Action]:
         decided = lifecycle.after_commit_failure(event.step, self.total_steps, attempt, event.error)
