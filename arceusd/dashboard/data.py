@@ -42,7 +42,7 @@ MACHINE_SAMPLES = 900
 MACHINE_EVERY_S = 2.0
 EDITABLE_TERMS = ("lend", "idle_minutes", "require_ac", "min_battery_percent", "max_owner_cpu_percent", "hours",
                   "max_cores", "max_memory_mib", "gpu", "min_price_per_hour", "owners", "max_model_params",
-                  "unpaid_checkpoints")  # fmt: skip
+                  "unpaid_checkpoints", "receipt_grace_s")  # fmt: skip
 """The terms the device page may change: every key of ``[policy]`` but ``probe_root`` (a test's fake machine)."""
 MAX_TERM_VALUE = 400
 """The longest value the device page's form may send (``owners`` holds a few 32-character peer ids)."""

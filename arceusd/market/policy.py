@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 from arceusd.jobs.view import usd_per_hour
 from arceusd.market.probes import Snapshot
+from arceusd.market.unpaid import GRACE_S
 
 _PEER_ID = re.compile(r"^[0-9a-f]{32}$")
 
@@ -64,6 +65,11 @@ class Policy:
     unpaid_checkpoints: int = 2
     """Checkpoints of this device's work a job's owner may leave unpaid (no countersigned receipt, or $0 ones)
     before the device leaves the job and says why (``arceusd.market.unpaid``)."""
+    receipt_grace_s: float = GRACE_S
+    """Seconds after this device's worker passed a checkpoint by which its receipt is due (and not before the next
+    checkpoint passed): the owner's time to gather, check and commit the step and send the receipt. Longer on
+    slow links; shorter leaves a withholding owner less of the device's work. In 5..86400 (the default:
+    :data:`arceusd.market.unpaid.GRACE_S`, which says why)."""
 
     def __post_init__(self) -> None:
         def bad(key: str, allowed: str, value: object) -> PolicyError:
@@ -73,6 +79,9 @@ class Policy:
             v = getattr(self, key)
             if not (isinstance(v, int | float) and not isinstance(v, bool)) or not math.isfinite(v) or v < 0:
                 raise bad(key, "must be a number >= 0", v)
+        v = self.receipt_grace_s
+        if not (isinstance(v, int | float) and not isinstance(v, bool)) or not 5 <= v <= 86400:
+            raise bad("receipt_grace_s", "must be seconds in 5..86400", v)
         if self.min_battery_percent > 100 or self.max_owner_cpu_percent > 100:
             raise PolicyError("policy: percentages must be in 0..100")
         if self.hours and (len(self.hours) != 2 or not all(isinstance(h, int) and 0 <= h <= 24 for h in self.hours)):
@@ -242,6 +251,8 @@ def policy_terms(policy: Policy, snap: Snapshot, threads: int, prices: list[floa
     terms.append(Term("max_model_params", f"models up to {policy.max_model_params:,} parameters"
                       if policy.max_model_params else "models of any size", "checked for each job", None))
     terms.append(Term("unpaid_checkpoints", f"leave a job after {policy.unpaid_checkpoints} unpaid checkpoint(s)",
+                      "checked for each job", None))  # fmt: skip
+    terms.append(Term("receipt_grace_s", f"a checkpoint's receipt is due {policy.receipt_grace_s:g} s after it",
                       "checked for each job", None))  # fmt: skip
     return tuple(terms)
 

@@ -335,7 +335,7 @@ class Market:
                 w = self.watches[job.job_id] = PayWatch.start(int(job.spec.checkpoint.interval_steps), step)
             w.see(step, now)
             top, zero, usd = self.paid_to(job.job_id)
-            steps = unpaid(w, top, now)
+            steps = unpaid(w, top, now, self.policy.receipt_grace_s)
             limit = self.policy.unpaid_checkpoints
             self.pay[job.job_id] = {"paid_to_step": top, "paid_usd": usd, "zero_receipts": zero,
                                     "unpaid_checkpoints": steps[-8:], "limit": limit}  # fmt: skip

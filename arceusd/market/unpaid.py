@@ -7,7 +7,7 @@ member keeps a :class:`PayWatch` per job: when its worker passed each checkpoint
 ran at: it is not owed for steps before it joined; a recovery forgets the uncommitted ones above the step it
 resumed from), and the highest step its countersigned receipts with a
 price above $0 pay up to. A checkpoint is *due* once the worker also passed the next one and it passed
-:data:`GRACE_S` ago itself (an honest owner has an interval, at least :data:`GRACE_S`, to
+:data:`GRACE_S` ago itself (``policy.receipt_grace_s``: an honest owner has an interval, at least that, to
 commit it and pay); a due checkpoint no receipt pays is unpaid
 (:func:`unpaid`). More than ``policy.unpaid_checkpoints`` unpaid checkpoints: the member leaves the job, says
 why in ``status``, ``market`` and the dashboard, and does not offer itself to that job again
@@ -22,12 +22,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 GRACE_S = 60.0
-"""Seconds after the worker passed a checkpoint by which its receipt is due (and not before the next one): the
-worker trains on while the leader gathers and checks the step's shards, commits and sends the receipts. That took
-up to about ten seconds on a loaded 2-core machine, and more for a plan's first commit (its shapes are computed in
-a child process) and while members serve shards slowly; at 15 s honest members left an honest owner's job in a
-recovery benchmark on a busy machine. A minute keeps honest owners clear; a withholding owner gets a minute's work
-more."""
+"""The default of ``policy.receipt_grace_s``: seconds after the worker passed a checkpoint by which its receipt
+is due (and not before the next one): the worker trains on while the leader gathers and checks the step's
+shards, commits and sends the receipts. That took up to about ten seconds on a loaded 2-core machine, and more
+for a plan's first commit (its shapes are computed in a child process) and while members serve shards slowly; at
+15 s honest members left an honest owner's job in a recovery benchmark on a busy machine. A minute keeps honest
+owners clear; a withholding owner gets a minute's work more."""
 MAX_TRACKED = 64
 
 
@@ -64,11 +64,12 @@ class PayWatch:
         self.last_step = step
 
 
-def unpaid(w: PayWatch, paid_to: int, now: float) -> list[int]:
-    """The due checkpoints after ``paid_to`` (the highest step a paid receipt covers), oldest first."""
+def unpaid(w: PayWatch, paid_to: int, now: float, grace_s: float = GRACE_S) -> list[int]:
+    """The due checkpoints after ``paid_to`` (the highest step a paid receipt covers), oldest first: passed
+    ``grace_s`` ago (``policy.receipt_grace_s``) and followed by the next."""
     out = []
     for c, at in sorted(w.passed.items()):
-        if c > max(paid_to, w.since_step) and c + w.interval in w.passed and now - at >= GRACE_S:
+        if c > max(paid_to, w.since_step) and c + w.interval in w.passed and now - at >= grace_s:
             out.append(c)
     return out
 

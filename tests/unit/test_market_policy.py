@@ -270,8 +270,10 @@ def test_each_term_says_what_the_machine_shows_and_whether_it_is_met() -> None:
     # the page's "met" and the daemon's decision are one fact: a machine term fails exactly where a reason is given
     assert [t.key for t in lend_terms(policy, snap) if not t.met] == ["idle_minutes"]
     assert [r.reason for r in lend_reasons(policy, snap)] == [Reason.NOT_IDLE]
-    assert policy_terms(policy, snap, 2, None)[-4].now == "not known yet"
-    assert policy_terms(policy, snap, 2, [])[-4].met is None
+    unpriced = {t.key: t for t in policy_terms(policy, snap, 2, None)}
+    assert unpriced["min_price_per_hour"].now == "not known yet"
+    assert {t.key: t for t in policy_terms(policy, snap, 2, [])}["min_price_per_hour"].met is None
+    assert unpriced["receipt_grace_s"].asks == "a checkpoint's receipt is due 60 s after it"
 
 
 @given(policies, snapshots)

@@ -59,3 +59,14 @@ def test_the_policy_key() -> None:
     assert Policy(unpaid_checkpoints=0).unpaid_checkpoints == 0
     with pytest.raises(PolicyError, match="unpaid_checkpoints"):
         Policy(unpaid_checkpoints=-1)
+
+
+def test_the_receipt_grace_is_the_policys() -> None:
+    """``policy.receipt_grace_s`` says when a checkpoint's receipt is due: a shorter one makes it due sooner."""
+    assert Policy().receipt_grace_s == GRACE_S
+    w = PayWatch.start(10, 1)
+    w.see(25, 1.0)
+    assert unpaid(w, 0, 16.0, grace_s=15.0) == [10] and unpaid(w, 0, 16.0) == []
+    for bad in (0, 4.9, 86401, float("nan"), True, "60"):
+        with pytest.raises(PolicyError, match="receipt_grace_s"):
+            Policy(receipt_grace_s=bad)  # type: ignore[arg-type]
