@@ -7,7 +7,8 @@ Owns: :func:`shard_hf_block` (rank ``r``'s shard of an :class:`~arceusd.models.h
 A shard is the installed library's own layer class and forward, built for the rank's share:
 
 * llama / qwen2 / mistral: the layer is built from a copy of the model's config with the rank's query heads,
-  key/value heads (whole grouped-query groups: :mod:`arceusd.worker.hf_tp_split`), ``head_dim`` and
+  key/value heads (whole grouped-query groups: a ``TPSplit``'s ``heads`` count KV heads for these models,
+  :mod:`arceusd.worker.hf_tp_split`), ``head_dim`` and
   ``intermediate_size``, so ``q_proj``/``k_proj``/``v_proj`` and ``gate_proj``/``up_proj`` are the rank's
   row blocks (column-parallel) and the library's attention runs over the rank's heads alone;
 * gpt2: the fused ``c_attn`` Conv1D holds the rank's heads' columns of each of its q, k and v sections, and
@@ -132,10 +133,11 @@ def gather_hf_tensor(name: str, shards: Sequence[torch.Tensor], config: HFModelC
     dim, kind = layout
     if kind != "qkv":
         return torch.cat(list(shards), dim=dim)
+    heads = hf_split(split, config).heads
     sections = []
     for sec in range(3):  # gpt2 c_attn: every rank's q, then every rank's k, then every rank's v
         for r, t in enumerate(shards):
-            n = split.heads[r] * config.head_dim
+            n = heads[r] * config.head_dim
             sections.append(t.narrow(dim, sec * n, n))
     return torch.cat(sections, dim=dim)
 

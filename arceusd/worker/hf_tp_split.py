@@ -1,15 +1,16 @@
 """A tensor-parallel split of a stock ``transformers`` decoder layer, without torch: heads, KV heads, columns.
 
 Owns: :class:`HFTPSplit` (query heads, key/value heads and MLP hidden columns per rank), :func:`hf_split`, which
-checks a plain :class:`~arceusd.worker.tp_split.TPSplit` (what the planner and the worker protocol carry: query
-heads and columns per rank) against an :class:`~arceusd.models.hf.config.HFModelConfig`, :func:`hf_even_split`
-and :func:`max_hf_tensor_parallel`.
+reads a plain :class:`~arceusd.worker.tp_split.TPSplit` (what the planner and the worker protocol carry) for an
+:class:`~arceusd.models.hf.config.HFModelConfig` and checks it, :func:`hf_even_split` and
+:func:`max_hf_tensor_parallel`.
 
-Grouped-query attention: ``n_head / n_kv_head`` query heads share one key/value head, so a rank holds whole
-groups (``heads[r]`` a multiple of the group size, ``kv_heads[r] = heads[r] / group``); a model cannot be split
-over more ranks than it has KV heads (gpt2: its heads). Columns are the MLP's hidden width (``intermediate_size``,
-gpt2 ``n_inner``). :mod:`arceusd.worker.hf_tensor_parallel` runs the split layers; the planner (in the daemon,
-which never imports torch) needs only this.
+The split unit is the key/value head: with grouped-query attention ``n_head / n_kv_head`` query heads share one
+key/value head, and a rank must hold whole groups, so for these models a ``TPSplit``'s ``heads`` count *key/value
+heads* per rank (the same as query heads without GQA, e.g. gpt2), and the partitioner splits ``n_kv_head``
+units (:mod:`arceusd.models.hf.costs`). A layer splits over at most ``n_kv_head`` ranks. Columns are the MLP's
+hidden width (``intermediate_size``, gpt2 ``n_inner``). :mod:`arceusd.worker.hf_tensor_parallel` runs the split
+layers; the planner (in the daemon, which never imports torch) needs only this.
 """
 
 from __future__ import annotations
@@ -51,8 +52,8 @@ class HFTPSplit:
         return start, start + self.columns[rank]
 
     def as_split(self) -> TPSplit:
-        """The planner's and the protocol's view: query heads and columns per rank."""
-        return TPSplit(self.heads, self.columns)
+        """The planner's and the protocol's view: key/value heads and columns per rank."""
+        return TPSplit(self.kv_heads, self.columns)
 
 
 def kv_group(config: HFModelConfig) -> int:
@@ -66,20 +67,19 @@ def max_hf_tensor_parallel(config: HFModelConfig) -> int:
 
 
 def hf_split(split: TPSplit, config: HFModelConfig) -> HFTPSplit:
-    """``split`` checked against ``config`` (``ValueError`` naming the problem) with its KV heads per rank."""
-    group = kv_group(config)
-    if sum(split.heads) != config.n_head:
-        raise ValueError(f"heads per rank {split.heads} must add up to the model's {config.n_head} heads")
-    if any(h % group for h in split.heads):
+    """``split`` (key/value heads and columns per rank) checked against ``config`` (``ValueError`` naming the
+    problem), with each rank's query heads (its KV heads' groups)."""
+    if sum(split.heads) != config.n_kv_head:
         raise ValueError(
-            f"heads per rank {split.heads} must be whole key/value groups of {group} heads "
-            f"({config.n_head} heads share {config.n_kv_head} KV heads)"
+            f"key/value heads per rank {split.heads} must add up to the model's {config.n_kv_head} KV heads "
+            f"(the split unit: {kv_group(config)} query head(s) each)"
         )
     if sum(split.columns) != config.intermediate:
         raise ValueError(
             f"columns per rank {split.columns} must add up to the MLP's {config.intermediate} hidden columns"
         )
-    return HFTPSplit(split.heads, tuple(h // group for h in split.heads), split.columns)
+    group = kv_group(config)
+    return HFTPSplit(tuple(kv * group for kv in split.heads), split.heads, split.columns)
 
 
 def hf_even_split(config: HFModelConfig, world_size: int) -> TPSplit:
@@ -94,8 +94,7 @@ def hf_even_split(config: HFModelConfig, world_size: int) -> TPSplit:
         base, extra = divmod(total, world_size)
         return tuple(base + (1 if r < extra else 0) for r in range(world_size))
 
-    group = kv_group(config)
-    return TPSplit(tuple(kv * group for kv in spread(config.n_kv_head)), spread(config.intermediate))
+    return TPSplit(spread(config.n_kv_head), spread(config.intermediate))
 
 
 __all__ = ["HFTPSplit", "hf_even_split", "hf_split", "kv_group", "max_hf_tensor_parallel"]

@@ -41,13 +41,13 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "gpt2": {"n_inner": 48},
 }
 CASES: list[tuple[str, TPSplit]] = [
-    ("llama", TPSplit((4, 2), (25, 15))),
-    ("llama", TPSplit((2, 2, 2), (10, 20, 10))),
-    ("llama_gqa", TPSplit((2, 2), (30, 18))),
-    ("llama_bias", TPSplit((2, 2), (24, 24))),
+    ("llama", TPSplit((2, 1), (25, 15))),
+    ("llama", TPSplit((1, 1, 1), (10, 20, 10))),
+    ("llama_gqa", TPSplit((1, 1), (30, 18))),
+    ("llama_bias", TPSplit((1, 1), (24, 24))),
     ("qwen2", TPSplit((3, 1), (13, 27))),
     ("qwen2", TPSplit((1, 2, 1), (10, 10, 20))),
-    ("mistral", TPSplit((2, 2), (20, 20))),
+    ("mistral", TPSplit((1, 1), (20, 20))),
     ("gpt2", TPSplit((3, 1), (16, 32))),
     ("gpt2", TPSplit((1, 1, 2), (20, 20, 8))),
 ]
@@ -107,10 +107,10 @@ def test_shard_then_gather_round_trips(name: str, split: TPSplit) -> None:
     for r, shard in enumerate(shards):
         params = dict(shard.named_parameters())
         if cfg.is_gpt2:
-            assert params["layer.attn.c_attn.weight"].shape == (cfg.hidden, 3 * split.heads[r] * cfg.head_dim)
+            assert params["layer.attn.c_attn.weight"].shape == (cfg.hidden, 3 * hs.heads[r] * cfg.head_dim)
             assert params["layer.mlp.c_fc.weight"].shape == (cfg.hidden, split.columns[r])
         else:
-            assert params["layer.self_attn.q_proj.weight"].shape == (split.heads[r] * cfg.head_dim, cfg.hidden)
+            assert params["layer.self_attn.q_proj.weight"].shape == (hs.heads[r] * cfg.head_dim, cfg.hidden)
             assert params["layer.self_attn.k_proj.weight"].shape == (hs.kv_heads[r] * cfg.head_dim, cfg.hidden)
             assert params["layer.mlp.up_proj.weight"].shape == (split.columns[r], cfg.hidden)
     back = gather_hf_block(shards, cfg, split, _block(cfg, seed=SEED + 1))
@@ -195,16 +195,17 @@ def test_tp_layer_forward_backward_and_steps_equal_the_unsplit_layer(name: str, 
 
 
 def test_split_checks_against_the_hf_config() -> None:
+    """For these models a split counts key/value heads (whole GQA groups), each with its query heads."""
     llama = _config("llama")  # 6 heads, 3 KV groups of 2, 40 columns
-    assert hf_split(TPSplit((4, 2), (25, 15)), llama).kv_heads == (2, 1)
-    with pytest.raises(ValueError, match="whole key/value groups"):
-        hf_split(TPSplit((3, 3), (20, 20)), llama)
-    with pytest.raises(ValueError, match="6 heads"):
-        hf_split(TPSplit((4, 4), (20, 20)), llama)
+    hs = hf_split(TPSplit((2, 1), (25, 15)), llama)
+    assert (hs.heads, hs.kv_heads, hs.columns) == ((4, 2), (2, 1), (25, 15))
+    assert hs.as_split() == TPSplit((2, 1), (25, 15))
+    with pytest.raises(ValueError, match="3 KV heads"):
+        hf_split(TPSplit((4, 2), (20, 20)), llama)  # query heads are not the unit
     with pytest.raises(ValueError, match="40 hidden columns"):
-        hf_split(TPSplit((4, 2), (20, 21)), llama)
+        hf_split(TPSplit((2, 1), (20, 21)), llama)
     assert max_hf_tensor_parallel(llama) == 3
-    assert hf_even_split(llama, 2) == TPSplit((4, 2), (20, 20))
+    assert hf_even_split(llama, 2) == TPSplit((2, 1), (20, 20))
     with pytest.raises(ValueError, match="splits over"):
         hf_even_split(llama, 4)
     qwen_mqa = hf_cases.config("qwen2")  # one KV head: no split
@@ -214,7 +215,7 @@ def test_split_checks_against_the_hf_config() -> None:
     full = _block(llama)
     group = InMemoryAllReduce(2)
     with pytest.raises(ValueError, match="collective is rank"):
-        shard_hf_block(full, llama, TPSplit((4, 2), (25, 15)), 1, group.rank_view(0))
+        shard_hf_block(full, llama, TPSplit((2, 1), (25, 15)), 1, group.rank_view(0))
 
 
 def test_tensor_shard_by_name_covers_the_layers_split_tensors() -> None:
