@@ -1,8 +1,9 @@
 """Megatron-style tensor parallelism of a stock ``transformers`` decoder layer (gpt2, llama, qwen2, mistral).
 
-Owns: :func:`shard_hf_block` (rank ``r``'s shard of an :class:`~arceusd.models.hf.blocks.HFDecoderBlock`),
-:func:`gather_hf_block`, and the by-name :func:`shard_hf_tensor` / :func:`gather_hf_tensor` /
-:func:`hf_is_sharded` (checkpoints, optimizer state of a parameter's shape).
+Owns: :func:`shard_hf_block` (rank ``r``'s shard of an :class:`~arceusd.models.hf.blocks.HFDecoderBlock`) and
+:func:`gather_hf_block`; the by-name :func:`shard_hf_tensor` / :func:`gather_hf_tensor` / :func:`hf_is_sharded`
+(checkpoints, optimizer state of a parameter's shape) live in :mod:`arceusd.worker.hf_tp_tensors` (no
+transformers import) and are re-exported here.
 
 A shard is the installed library's own layer class and forward, built for the rank's share:
 
@@ -42,6 +43,7 @@ from arceusd.models.hf.blocks import _LAYERS, HFDecoderBlock, transformers_confi
 from arceusd.models.hf.config import HFModelConfig
 from arceusd.worker.collective import Collective
 from arceusd.worker.hf_tp_split import HFTPSplit, hf_split
+from arceusd.worker.hf_tp_tensors import gather_hf_tensor, hf_is_sharded, shard_hf_tensor
 from arceusd.worker.tensor_parallel import RowParallelLinear, copy_to_group, reduce_from_group
 from arceusd.worker.tp_split import TPSplit
 
@@ -69,77 +71,6 @@ class _EnterGroup:
 
     def __call__(self, module: nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
         return copy_to_group(output, self.group)
-
-
-# name inside an HFDecoderBlock -> (dimension it is split along, what it is split by)
-_LLAMA = {
-    "layer.self_attn.q_proj.weight": (0, "heads"), "layer.self_attn.q_proj.bias": (0, "heads"),
-    "layer.self_attn.k_proj.weight": (0, "kv"), "layer.self_attn.k_proj.bias": (0, "kv"),
-    "layer.self_attn.v_proj.weight": (0, "kv"), "layer.self_attn.v_proj.bias": (0, "kv"),
-    "layer.self_attn.o_proj.weight": (1, "heads"),
-    "layer.mlp.gate_proj.weight": (0, "columns"), "layer.mlp.gate_proj.bias": (0, "columns"),
-    "layer.mlp.up_proj.weight": (0, "columns"), "layer.mlp.up_proj.bias": (0, "columns"),
-    "layer.mlp.down_proj.weight": (1, "columns"),
-}  # fmt: skip
-_GPT2 = {
-    "layer.attn.c_attn.weight": (-1, "qkv"), "layer.attn.c_attn.bias": (-1, "qkv"),
-    "layer.attn.c_proj.weight": (0, "heads"),
-    "layer.mlp.c_fc.weight": (-1, "columns"), "layer.mlp.c_fc.bias": (-1, "columns"),
-    "layer.mlp.c_proj.weight": (0, "columns"),
-}  # fmt: skip
-
-
-def _layout(name: str, config: HFModelConfig) -> tuple[int, str] | None:
-    return (_GPT2 if config.is_gpt2 else _LLAMA).get(name)
-
-
-def hf_is_sharded(name: str, config: HFModelConfig) -> bool:
-    """Whether parameter ``name`` of a decoder block is split across ranks (else replicated)."""
-    return _layout(name, config) is not None
-
-
-def _ranges(kind: str, config: HFModelConfig, split: HFTPSplit, rank: int) -> list[tuple[int, int]]:
-    """The index ranges (along the split dimension) of rank ``rank``'s part of a tensor split by ``kind``."""
-    hd = config.head_dim
-    if kind == "columns":
-        return [split.column_range(rank)]
-    if kind == "kv":
-        k0, k1 = split.kv_range(rank)
-        return [(k0 * hd, k1 * hd)]
-    h0, h1 = split.head_range(rank)
-    if kind == "heads":
-        return [(h0 * hd, h1 * hd)]
-    width = config.hidden  # gpt2's fused q, k, v sections of c_attn
-    return [(sec * width + h0 * hd, sec * width + h1 * hd) for sec in range(3)]
-
-
-def shard_hf_tensor(name: str, full: torch.Tensor, config: HFModelConfig, split: TPSplit, rank: int) -> torch.Tensor:
-    """Rank ``rank``'s slice of the full decoder-block tensor ``name`` (a copy; replicated tensors are cloned)."""
-    layout = _layout(name, config)
-    if layout is None:
-        return full.clone()
-    dim, kind = layout
-    parts = [full.narrow(dim, a, b - a) for a, b in _ranges(kind, config, hf_split(split, config), rank)]
-    return torch.cat(parts, dim=dim).clone()
-
-
-def gather_hf_tensor(name: str, shards: Sequence[torch.Tensor], config: HFModelConfig, split: TPSplit) -> torch.Tensor:
-    """Inverse of :func:`shard_hf_tensor`: the full tensor from all ranks' slices (replicated: rank 0's)."""
-    if len(shards) != split.world_size:
-        raise ValueError(f"need {split.world_size} shards of {name}, got {len(shards)}")
-    layout = _layout(name, config)
-    if layout is None:
-        return shards[0].clone()
-    dim, kind = layout
-    if kind != "qkv":
-        return torch.cat(list(shards), dim=dim)
-    heads = hf_split(split, config).heads
-    sections = []
-    for sec in range(3):  # gpt2 c_attn: every rank's q, then every rank's k, then every rank's v
-        for r, t in enumerate(shards):
-            n = heads[r] * config.head_dim
-            sections.append(t.narrow(dim, sec * n, n))
-    return torch.cat(sections, dim=dim)
 
 
 def _rank_config(tc: PretrainedConfig, config: HFModelConfig, split: HFTPSplit, rank: int) -> PretrainedConfig:
@@ -182,6 +113,15 @@ def _rank_layer(config: HFModelConfig, layer_idx: int, split: HFTPSplit, rank: i
     return layer
 
 
+class TPHFDecoderBlock(HFDecoderBlock):
+    """One rank's shard of an :class:`HFDecoderBlock` (same parameter names, split ones smaller).
+    ``tp_sharded``: the names of its parameters split across the group (the others are replicated)."""
+
+    def __init__(self, config: HFModelConfig, layer: nn.Module, rotary: nn.Module | None) -> None:
+        super().__init__(config, layer, rotary)
+        self.tp_sharded = frozenset(n for n, _ in self.named_parameters() if hf_is_sharded(n, config))
+
+
 def _layer_idx(block: HFDecoderBlock) -> int:
     attn = getattr(block.layer, "attn", None) or getattr(block.layer, "self_attn")  # noqa: B009
     return int(attn.layer_idx)
@@ -189,7 +129,7 @@ def _layer_idx(block: HFDecoderBlock) -> int:
 
 def shard_hf_block(
     block: HFDecoderBlock, config: HFModelConfig, split: TPSplit, rank: int, group: Collective
-) -> HFDecoderBlock:
+) -> TPHFDecoderBlock:
     """Rank ``rank``'s shard of ``block`` (its slice of every sharded parameter, a copy of the replicated ones;
     the same parameter names). ``ValueError`` when ``split`` does not fit ``config`` or ``group``."""
     hsplit = hf_split(split, config)
@@ -198,7 +138,7 @@ def shard_hf_block(
             f"collective is rank {group.rank} of {group.world_size}, split wants rank {rank} of {split.world_size}"
         )
     layer = _rank_layer(config, _layer_idx(block), hsplit, rank, group)
-    shard = HFDecoderBlock(config, layer, block.rotary)
+    shard = TPHFDecoderBlock(config, layer, block.rotary)
     full = dict(block.named_parameters())
     if set(full) != {n for n, _ in shard.named_parameters()}:
         raise RuntimeError(
@@ -228,5 +168,11 @@ def gather_hf_block(
 
 
 __all__ = [
-    "RowParallelConv1D", "gather_hf_block", "gather_hf_tensor", "hf_is_sharded", "shard_hf_block", "shard_hf_tensor",
-]  # fmt: skip
+    "RowParallelConv1D",
+    "TPHFDecoderBlock",
+    "gather_hf_block",
+    "gather_hf_tensor",
+    "hf_is_sharded",
+    "shard_hf_block",
+    "shard_hf_tensor",
+]

@@ -1,9 +1,10 @@
 """A stage's own slice of the model: blocks ``[start, end)``, tensor-parallel sharded where asked.
 
 A worker builds only its blocks (each from ``(seed, index)``; see ``arceusd/models/init.py``). In a
-tensor-parallel stage every ``TransformerBlock`` is built, sharded and dropped one at a time, so at most one
-full block is ever materialised; non-splittable blocks (embedding, head, MLP layers) are replicated on every
-rank. Parameter names are ``"blocks.<global block index>.<name inside the block>"``, stable across re-plans
+tensor-parallel stage every ``TransformerBlock`` (a stock LM's decoder layer: ``hf_tensor_parallel.py``) is
+built, sharded and dropped one at a time, so at most one full block is ever materialised; non-splittable
+blocks (embedding, head, MLP layers) are replicated on every rank.
+Parameter names are ``"blocks.<global block index>.<name inside the block>"``, stable across re-plans
 (checkpoints). A slice holding one end of a tied weight (a stock LM's embedding without its head, or the head
 without the embedding) says so in ``StageModule.tied`` (``tied.py``: the engine sums its gradient with the
 other end's); the copy on the head's side is left out of the stage's share of the global gradient norm.
@@ -20,7 +21,9 @@ from torch import nn
 from arceusd.models.build import build_block, num_blocks, tie_blocks
 from arceusd.models.config import GPTConfig, ModelConfig
 from arceusd.models.gpt import TransformerBlock
+from arceusd.models.hf.config import HFModelConfig
 from arceusd.worker.collective import Collective
+from arceusd.worker.hf_tp_split import hf_split
 from arceusd.worker.tensor_parallel import TPSplit, TPTransformerBlock, is_sharded, shard_transformer_block
 from arceusd.worker.tied import TiedEnd, tied_end
 
@@ -62,7 +65,7 @@ class StageModule(nn.Module):
     @property
     def tensor_parallel(self) -> bool:
         """True when a block of this stage is split across a tensor-parallel group (its backward all-reduces)."""
-        return any(isinstance(b, TPTransformerBlock) for b in self.blocks.values())
+        return any(_sharded_names(b) is not None for b in self.blocks.values())
 
     def tied_parameter(self) -> nn.Parameter:
         """The parameter ``tied`` names; ``ValueError`` without one."""
@@ -82,9 +85,19 @@ class StageModule(nn.Module):
             return list(self.parameters())
         out: list[nn.Parameter] = []
         for block in self.blocks.values():
-            if isinstance(block, TPTransformerBlock):
-                out += [p for n, p in block.named_parameters() if is_sharded(n)]
+            sharded = _sharded_names(block)
+            if sharded is not None:
+                out += [p for n, p in block.named_parameters() if n in sharded]
         return out
+
+
+def _sharded_names(block: nn.Module) -> frozenset[str] | None:
+    """The names of ``block``'s parameters split across its tensor-parallel group; None for an unsplit block.
+    (A stock LM's shard says so in ``tp_sharded``: read without importing transformers.)"""
+    if isinstance(block, TPTransformerBlock):
+        return frozenset(n for n, _ in block.named_parameters() if is_sharded(n))
+    names = getattr(block, "tp_sharded", None)
+    return names if isinstance(names, frozenset) else None
 
 
 def build_stage(
@@ -100,18 +113,31 @@ def build_stage(
     if spec.end > n:
         raise ValueError(f"stage block range [{spec.start}, {spec.end}) exceeds the model's {n} blocks")
     tp: tuple[GPTConfig, TPSplit, Collective] | None = None
+    hf_tp: tuple[HFModelConfig, TPSplit, Collective] | None = None
     if spec.split is not None:
-        if not isinstance(config, GPTConfig):
-            raise ValueError("tensor parallelism needs a GPT (an MLP has no splittable blocks)")
         if group is None:
             raise ValueError("a tensor-parallel stage needs its group's Collective")
-        spec.split.check(config)
-        tp = (config, spec.split, group)
+        if isinstance(config, GPTConfig):
+            spec.split.check(config)
+            tp = (config, spec.split, group)
+        elif isinstance(config, HFModelConfig):
+            if config.lora is not None:
+                raise ValueError("tensor parallelism of LoRA-adapted layers is not built")
+            hf_split(spec.split, config)  # ValueError when it does not fit the model
+            hf_tp = (config, spec.split, group)
+        else:
+            raise ValueError("tensor parallelism needs a GPT or a stock LM (an MLP has no splittable blocks)")
     blocks: dict[int, nn.Module] = {}
     for i in range(spec.start, spec.end):
         block = build_block(config, i, seed, weights)
         if tp is not None and isinstance(block, TransformerBlock):
             block = shard_transformer_block(block, tp[0], tp[1], spec.rank, tp[2])
+        if hf_tp is not None and 0 < i < num_blocks(config) - 1:  # a decoder layer
+            from arceusd.models.hf.blocks import HFDecoderBlock  # imports transformers: only for these models
+            from arceusd.worker.hf_tensor_parallel import shard_hf_block
+
+            assert isinstance(block, HFDecoderBlock)
+            block = shard_hf_block(block, hf_tp[0], hf_tp[1], spec.rank, hf_tp[2])
         blocks[i] = block
     tie_blocks(config, blocks, seed, weights)
     return StageModule(blocks, spec.rank, tied_end(config, spec.start, spec.end))

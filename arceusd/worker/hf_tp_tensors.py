@@ -1,0 +1,98 @@
+"""Which tensors of a stock ``transformers`` decoder block a tensor-parallel split cuts, and how (torch only).
+
+Owns: :func:`hf_is_sharded`, :func:`shard_hf_tensor` and :func:`gather_hf_tensor`, by parameter name inside an
+``HFDecoderBlock`` (``layer.self_attn.q_proj.weight``; the embedding's and the head's names are never split):
+the shards :mod:`arceusd.worker.hf_tensor_parallel` builds hold exactly these slices, and checkpoints and
+re-slicing (:mod:`arceusd.jobs.reslice`) cut and join parameters and their optimizer buffers (same shapes) with
+them without importing transformers. A ``TPSplit`` counts key/value heads per rank for these models
+(:mod:`arceusd.worker.hf_tp_split`).
+
+* q rows / k, v rows (llama, qwen2, mistral), by the rank's query heads / key/value heads; ``o_proj``'s columns
+  by query heads; ``gate_proj``/``up_proj`` rows and ``down_proj`` columns by MLP columns;
+* gpt2 (``Conv1D``: weight (in, out)): ``c_attn``'s last dimension, the rank's heads of each of its q, k and v
+  sections; ``attn.c_proj`` rows by heads; ``c_fc``'s last dimension and ``mlp.c_proj`` rows by columns.
+Biases of the output projections are replicated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from arceusd.models.hf.config import HFModelConfig
+from arceusd.worker.hf_tp_split import HFTPSplit, hf_split
+from arceusd.worker.tp_split import TPSplit
+
+# name inside an HFDecoderBlock -> (dimension it is split along, what it is split by)
+_LLAMA = {
+    "layer.self_attn.q_proj.weight": (0, "heads"), "layer.self_attn.q_proj.bias": (0, "heads"),
+    "layer.self_attn.k_proj.weight": (0, "kv"), "layer.self_attn.k_proj.bias": (0, "kv"),
+    "layer.self_attn.v_proj.weight": (0, "kv"), "layer.self_attn.v_proj.bias": (0, "kv"),
+    "layer.self_attn.o_proj.weight": (1, "heads"),
+    "layer.mlp.gate_proj.weight": (0, "columns"), "layer.mlp.gate_proj.bias": (0, "columns"),
+    "layer.mlp.up_proj.weight": (0, "columns"), "layer.mlp.up_proj.bias": (0, "columns"),
+    "layer.mlp.down_proj.weight": (1, "columns"),
+}  # fmt: skip
+_GPT2 = {
+    "layer.attn.c_attn.weight": (-1, "qkv"), "layer.attn.c_attn.bias": (-1, "qkv"),
+    "layer.attn.c_proj.weight": (0, "heads"),
+    "layer.mlp.c_fc.weight": (-1, "columns"), "layer.mlp.c_fc.bias": (-1, "columns"),
+    "layer.mlp.c_proj.weight": (0, "columns"),
+}  # fmt: skip
+
+
+def _layout(name: str, config: HFModelConfig) -> tuple[int, str] | None:
+    return (_GPT2 if config.is_gpt2 else _LLAMA).get(name)
+
+
+def hf_is_sharded(name: str, config: HFModelConfig) -> bool:
+    """Whether parameter ``name`` of a decoder block is split across ranks (else replicated)."""
+    return _layout(name, config) is not None
+
+
+def _ranges(kind: str, config: HFModelConfig, split: HFTPSplit, rank: int) -> list[tuple[int, int]]:
+    """The index ranges (along the split dimension) of rank ``rank``'s part of a tensor split by ``kind``."""
+    hd = config.head_dim
+    if kind == "columns":
+        return [split.column_range(rank)]
+    if kind == "kv":
+        k0, k1 = split.kv_range(rank)
+        return [(k0 * hd, k1 * hd)]
+    h0, h1 = split.head_range(rank)
+    if kind == "heads":
+        return [(h0 * hd, h1 * hd)]
+    width = config.hidden  # gpt2's fused q, k, v sections of c_attn
+    return [(sec * width + h0 * hd, sec * width + h1 * hd) for sec in range(3)]
+
+
+def shard_hf_tensor(name: str, full: torch.Tensor, config: HFModelConfig, split: TPSplit, rank: int) -> torch.Tensor:
+    """Rank ``rank``'s slice of the full decoder-block tensor ``name`` (a copy; replicated tensors are cloned)."""
+    layout = _layout(name, config)
+    if layout is None:
+        return full.clone()
+    dim, kind = layout
+    parts = [full.narrow(dim, a, b - a) for a, b in _ranges(kind, config, hf_split(split, config), rank)]
+    return torch.cat(parts, dim=dim).clone()
+
+
+def gather_hf_tensor(name: str, shards: Sequence[torch.Tensor], config: HFModelConfig, split: TPSplit) -> torch.Tensor:
+    """Inverse of :func:`shard_hf_tensor`: the full tensor from all ranks' slices (replicated: rank 0's)."""
+    if len(shards) != split.world_size:
+        raise ValueError(f"need {split.world_size} shards of {name}, got {len(shards)}")
+    layout = _layout(name, config)
+    if layout is None:
+        return shards[0].clone()
+    dim, kind = layout
+    if kind != "qkv":
+        return torch.cat(list(shards), dim=dim)
+    heads = hf_split(split, config).heads
+    sections = []
+    for sec in range(3):  # gpt2 c_attn: every rank's q, then every rank's k, then every rank's v
+        for r, t in enumerate(shards):
+            n = heads[r] * config.head_dim
+            sections.append(t.narrow(dim, sec * n, n))
+    return torch.cat(sections, dim=dim)
+
+
+__all__ = ["gather_hf_tensor", "hf_is_sharded", "shard_hf_tensor"]
