@@ -4,7 +4,8 @@ A checkpoint holds one shard per worker of the plan that wrote it (``stage{s}-ra
 ``stage``/``rank``/``tp_heads``/``tp_columns``; keys ``param.blocks.<i>.<name>`` and
 ``optim.blocks.<i>.<name>.<buffer>``). After a repartition the stages and tensor-parallel splits differ, so the
 leader gathers the shards into the *full* training state (:func:`full_state`: every parameter and optimizer
-buffer of the whole model, tensor-parallel slices concatenated back) and cuts each new worker's slice out of it
+buffer of the whole model, tensor-parallel slices concatenated back: a GPT's by ``tensor_parallel``, a stock LM's
+decoder layers' by ``hf_tp_tensors``) and cuts each new worker's slice out of it
 (:func:`slice_state`). Optimizer buffers have their parameter's shape, so they are split exactly like it. A LoRA
 job's shards hold its adapters only (:func:`trained_blocks`); the frozen base is rebuilt from its weights.
 
@@ -29,6 +30,7 @@ from arceusd.models.config import GPTConfig, ModelConfig
 from arceusd.models.hf.config import HFModelConfig
 from arceusd.models.hf.lora_keys import lora_blocks
 from arceusd.safetensors_io import SafetensorsHeaderError, load_bytes, read_metadata
+from arceusd.worker.hf_tp_tensors import gather_hf_tensor, shard_hf_tensor
 from arceusd.worker.protocol import StageConfig
 from arceusd.worker.tensor_parallel import TPSplit, gather_tensor, shard_tensor
 
@@ -86,8 +88,6 @@ def full_state(
         if len(ranks) == 1:
             state.update({k: ranks[0][2][k] for k in keys})
             continue
-        if not isinstance(config, GPTConfig):
-            raise ResliceError("tensor-parallel shards need a GPT config")
         meta = ranks[0][1]
         split = TPSplit(
             tuple(int(h) for h in meta["tp_heads"].split(",")),
@@ -98,13 +98,31 @@ def full_state(
                 parts = [r[2][key] for r in ranks]
             except KeyError:
                 raise ResliceError(f"stage {stage}: {key} is missing on some rank") from None
-            state[key] = gather_tensor(_within(key), parts, config, split)
+            state[key] = _gather(config, _within(key), parts, split)
     _drop_tied_copy(config, state)
     present = {block_of(k)[0] for k in state if k.startswith("param.")}
     missing = sorted(trained_blocks(config) - present)
     if missing:
         raise ResliceError(f"the shards hold no parameters of block(s) {missing}: a stage's shard is missing")
     return state
+
+
+def _gather(config: ModelConfig, name: str, parts: Sequence[torch.Tensor], split: TPSplit) -> torch.Tensor:
+    """The full tensor ``name`` (inside its block) from a tensor-parallel group's slices."""
+    if isinstance(config, GPTConfig):
+        return gather_tensor(name, parts, config, split)
+    if isinstance(config, HFModelConfig):
+        return gather_hf_tensor(name, parts, config, split)
+    raise ResliceError("tensor-parallel shards need a GPT or a stock LM config")
+
+
+def _shard(config: ModelConfig, name: str, full: torch.Tensor, split: TPSplit, rank: int) -> torch.Tensor:
+    """Rank ``rank``'s slice of the full tensor ``name`` (inside its block) under ``split``."""
+    if isinstance(config, GPTConfig):
+        return shard_tensor(name, full, config, split, rank)
+    if isinstance(config, HFModelConfig):
+        return shard_hf_tensor(name, full, config, split, rank)
+    raise ResliceError("a tensor-parallel stage needs a GPT or a stock LM config")
 
 
 def trained_blocks(config: ModelConfig) -> set[int]:
@@ -142,8 +160,6 @@ def slice_state(
 ) -> dict[str, torch.Tensor]:
     """Rank ``rank`` of ``stage``'s part of ``full``: the tensors a worker loads with ``load_state_tensors``."""
     split = stage.split()
-    if split is not None and not isinstance(config, GPTConfig):
-        raise ResliceError("a tensor-parallel stage needs a GPT config")
     out: dict[str, torch.Tensor] = {}
     for key, tensor in full.items():
         index, _ = block_of(key)
@@ -152,8 +168,7 @@ def slice_state(
         if split is None:
             out[key] = tensor.clone()
         else:
-            assert isinstance(config, GPTConfig)
-            out[key] = shard_tensor(_within(key), tensor, config, split, rank)
+            out[key] = _shard(config, _within(key), tensor, split, rank)
     out.update(_tied_copy(config, full, stage))
     return out
 

@@ -140,4 +140,7 @@ def build_stage(
             block = shard_hf_block(block, hf_tp[0], hf_tp[1], spec.rank, hf_tp[2])
         blocks[i] = block
     tie_blocks(config, blocks, seed, weights)
-    return StageModule(blocks, spec.rank, tied_end(config, spec.start, spec.end))
+    tied = tied_end(config, spec.start, spec.end)
+    if tied is not None and spec.split is not None:  # the tie stream joins rank 0s: ranks > 0 would miss the sum
+        raise ValueError("a tensor-parallel stage cannot hold one end of a tied weight split across stages")
+    return StageModule(blocks, spec.rank, tied)

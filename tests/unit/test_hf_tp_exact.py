@@ -115,6 +115,9 @@ def test_a_split_that_does_not_fit_the_model_is_refused() -> None:
     group = InMemoryAllReduce(2).rank_view(0)
     with pytest.raises(ValueError, match="KV heads"):
         build_stage(hf_cases.config("llama"), 1, StageSpec(1, 3, TPSplit((2, 2), (24, 24)), 0), group)
+    tied = hf_cases.config("llama", tie_word_embeddings=True)
+    with pytest.raises(ValueError, match="tied weight"):
+        build_stage(tied, 1, StageSpec(3, 5, TPSplit((1, 1), (24, 24)), 0), group)
     with pytest.raises(ValueError, match="LoRA"):
         plain = hf_cases.config("llama")
         lora = HFModelConfig(plain.model_type, plain.fields, plain.block_size, lora=_lora())
