@@ -347,8 +347,9 @@ def _status_extras(result: dict[str, Any]) -> list[str]:
               help="Start once this many devices (this one included) have joined (at least [needs] min_members).")
 @click.option("--watch", is_flag=True, help="Follow the job's progress until it ends.")
 @click.option("--quote", is_flag=True, help="Print the estimate (time, cost, the cloud's cost) and announce nothing.")
+@click.option("--json", "as_json", is_flag=True, help="With --quote: the estimate as JSON.")
 @pass_ctx
-def submit(obj: Context, spec: Path, members: int, watch: bool, quote: bool) -> None:
+def submit(obj: Context, spec: Path, members: int, watch: bool, quote: bool, as_json: bool) -> None:
     """Submit the job SPEC (TOML or JSON): this device becomes its owner and announces it."""
     from arceusd.jobs.spec import JobSpecError, load_spec
 
@@ -357,10 +358,12 @@ def submit(obj: Context, spec: Path, members: int, watch: bool, quote: bool) -> 
     except JobSpecError as exc:
         raise click.ClickException(str(exc)) from None
     members = max(members, parsed.needs.min_members)  # [needs] min_members, when the spec states one
+    if as_json and not quote:
+        raise click.UsageError("--json goes with --quote (submit prints its job id; `arceusd status JOB --json`)")
     if quote:
         from arceusd.market.commands import print_quote
 
-        return print_quote(obj, parsed, members)
+        return print_quote(obj, parsed, members, as_json)
     obj.note_measuring()  # the daemon measures this device before it takes the job (its offer, what it lends)
     result = obj.call("submit", {"spec_path": str(spec.absolute()), "min_members": members}, timeout=120.0)
     click.echo(f"submitted job {result['job_id']} ({result['name']}), spec hash {result['spec_hash'][:16]}")

@@ -87,6 +87,9 @@ def render_job(job: dict[str, Any]) -> RenderableType:
                     _t(str(job.get("standby") or "-")[:12]), Text("checkpoint", style="dim"),
                     _t(job.get("committed_step")))  # fmt: skip
     parts: list[RenderableType] = [head, progress_line(job), figures]
+    cost = job.get("cost")  # the leader's: spent, budget left, time and cost to finish (arceusd.market.progress)
+    if isinstance(cost, dict) and isinstance(cost.get("line"), str):
+        parts.append(Text(f"cost: {cost['line']}", style="cyan"))
     plan = job.get("plan")
     if isinstance(plan, dict):
         table = Table(title=Text(f"plan: {plan.get('schedule')}, {plan.get('micro_batches')} micro-batches, "

@@ -25,6 +25,7 @@ from arceusd.jobs.lending import seen_lending
 from arceusd.jobs.manager_base import JobContext, Lifecycle
 from arceusd.jobs.memory_fit import refusal, training_memory
 from arceusd.jobs.warm_starts import warm_starts
+from arceusd.market.progress import job_cost
 from protocol.job_wire import JobAck, JobReport, ReportKind
 
 log = logging.getLogger(__name__)
@@ -94,9 +95,10 @@ class ControlMethods:
         history = params.get("history")
         if history not in (None, "all"):
             raise RequestError('history must be "all" (every loss point) or left out (the last 200)')
-        return self.ctx.find(str(params.get("job_id", ""))).summary(
-            full=True, whole_history=history == "all", me=self.ctx.node.identity.peer_id
-        )
+        job = self.ctx.find(str(params.get("job_id", "")))
+        out = job.summary(full=True, whole_history=history == "all", me=self.ctx.node.identity.peer_id)
+        out["cost"] = job_cost(self.ctx.node, job)  # spent, budget left, time and cost to finish (on the leader)
+        return out
 
     async def m_cancel(self, params: dict[str, Any]) -> dict[str, Any]:
         job = self.ctx.find(str(params.get("job_id", "")))

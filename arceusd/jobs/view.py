@@ -96,6 +96,9 @@ def render_job(j: dict[str, Any]) -> str:
         f"  eval     loss {_num(j.get('val_loss'))}   accuracy {_num(j.get('val_accuracy'), '.2%')}",
         f"  speed    {_num(j.get('samples_per_s'), '.1f')} samples/s   {_num(j.get('tokens_per_s'), '.0f')} tokens/s",
     ]
+    cost = j.get("cost")  # the leader's: spent, budget left, time and cost to finish (arceusd.market.progress)
+    if isinstance(cost, dict) and isinstance(cost.get("line"), str):
+        lines.append(f"  cost     {cost['line']}")
     plan = j.get("plan")
     if plan:
         lines.append(f"  plan     {plan['schedule']}, {plan['micro_batches']} micro-batches, predicted "
@@ -126,6 +129,10 @@ def render_job(j: dict[str, Any]) -> str:
                     lines.append(f"    {d['peer_id'][:12]} (stage {stage['index']}): {_ms(t.get('compute_s'))} "
                                  f"compute, {_ms(t.get('wait_s'))} waiting per step "
                                  f"(plan: {_ms(t.get('predicted_s'))} compute{shown}")  # fmt: skip
+    spares = j.get("spares") or []
+    if spares:
+        lines.append(f"  spares   {', '.join(p[:12] for p in spares)}: not in the plan (the step is predicted "
+                     "faster without them); unpaid, they take a place when one is lost")  # fmt: skip
     timing = j.get("stage_timing")
     if timing:
         lines.append(f"  measured {timing['step_time_s'] * 1000:.1f} ms/step on this device (median of the last "

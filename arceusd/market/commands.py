@@ -79,14 +79,18 @@ def register(group: click.Group) -> None:
 __all__ = ["register"]
 
 
-def print_quote(obj: Context, spec: Any, members: int) -> None:
+def print_quote(obj: Context, spec: Any, members: int, as_json: bool = False) -> None:
     """``arceusd submit --quote``: the estimate for ``spec`` on ``members`` devices like this one (more when
     ``needs.memory_total_mib`` takes more of them), and what in ``[needs]`` it cannot meet
-    (:func:`arceusd.market.estimate.estimate`, which ``arceus.quote`` asks too)."""
+    (:func:`arceusd.market.estimate.estimate`, which ``arceus.quote`` asks too); ``as_json``: as one JSON object."""
     from arceusd.market.estimate import estimate
 
     obj.note_measuring()  # what the devices lend is asked of the daemon, which measures this device first
-    for line in estimate(obj.state_dir, spec, members).lines():
+    est = estimate(obj.state_dir, spec, members)
+    if as_json:
+        click.echo(json.dumps(est.to_json(), indent=2, sort_keys=True))
+        return
+    for line in est.lines():
         click.echo(line)
 
 

@@ -6,23 +6,33 @@ typical laptop; as many as ``--members``, ``[needs] min_members`` and ``memory_t
 the model's training state), the demand the daemon's market sees now (neutral when no daemon answers), the memory
 the devices the daemon sees lend (its ``lending`` method; this device's cached profile alone when no daemon
 answers) against the training state's (:mod:`arceusd.jobs.memory_fit`), and the :class:`Estimate` that bundles
-them with the :class:`arceusd.market.quote.Quote`.
+them with the :class:`arceusd.market.quote.Quote` (the FLOPs' lower bound) and the
+:class:`arceusd.market.forecast.Forecast` (the time and bill it states: the daemon's plan over those devices).
+
+The devices a forecast plans over: this device's measured offer (its cached profile, with its calibration) and,
+for each further device, one like it lending what the peer the daemon asked lends (peers tell their memory, not
+their speed: each is assumed as fast as this device, and the quote says so); links at the planner's defaults
+until the job measures them (``arceusd.jobs.planning.DEFAULT_BANDWIDTH``).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from arceusd.control import ControlError, call, daemon_answers
 from arceusd.jobs.memory_fit import Lent, TrainingMemory, devices_needed, fits, summary, training_memory, what_to_do
+from arceusd.jobs.planning import Offer
 from arceusd.jobs.spec_types import JobSpec
 from arceusd.market.admission import devices_for_memory
+from arceusd.market.forecast import Forecast, forecast
 from arceusd.market.pricing import CLOUD_PRICES_AS_OF, CLOUD_PRICES_SOURCE, NEUTRAL, TYPICAL_LAPTOP_FLOPS, Demand
 from arceusd.market.quote import Quote, job_flops, quote, quote_lines
 from arceusd.paths import StatePaths
 from arceusd.profile import CACHE_FILE
+from partitioner import PlanError
 
 
 @dataclass(frozen=True)
@@ -35,6 +45,10 @@ class DeviceGuess:
     """Free memory it lends (0: unknown)."""
     source: str
     """Where the figures come from, for people."""
+    dispatch_s: float = 0.0
+    adamw_s_per_param: float = 0.0
+    sgd_s_per_param: float = 0.0
+    kind: str = "cpu"
 
 
 @dataclass(frozen=True)
@@ -56,6 +70,44 @@ class Estimate:
     """What the devices the daemon sees lend (None: neither the daemon nor a measured profile says)."""
     daemon_running: bool = False
     """Whether this device's daemon answered its control socket when the estimate began."""
+    forecast: Forecast | None = None
+    """The time and bill of the daemon's plan over the devices assumed (None: no plan fits; ``plan_error``)."""
+    plan_error: str = ""
+
+    @property
+    def seconds(self) -> float:
+        """The wall time stated: the forecast's, else the FLOPs' lower bound."""
+        return self.forecast.seconds if self.forecast is not None else self.quote.hours * 3600.0
+
+    @property
+    def usd(self) -> float:
+        """The bill stated: the forecast's, else the FLOPs' lower bound."""
+        return self.forecast.usd if self.forecast is not None else self.quote.usd
+
+    def to_json(self) -> dict[str, Any]:
+        """``arceusd submit --quote --json``: the figures stated, the devices assumed, the lower bound and the cloud."""
+        q, f = self.quote, self.forecast
+        return {
+            "name": self.name, "devices": self.devices, "device": asdict(self.device), "demand": asdict(self.demand),
+            "seconds": self.seconds, "usd": self.usd,
+            "low_s": f.low_s if f else None, "high_s": f.high_s if f else None,
+            "low_usd": f.low_usd if f else None, "high_usd": f.high_usd if f else None,
+            "forecast": asdict(f) if f else None, "plan_error": self.plan_error,
+            "lower_bound": {"flops": q.flops, "seconds": q.hours * 3600.0, "usd": q.usd,
+                            "price_per_device_hour": q.price_per_device_hour},
+            "cloud": [asdict(c) for c in q.cloud], "problems": self.problems(),
+            "memory": {"needs_mib": self.need.mib if self.need else None, "fits": self.fits},
+        }  # fmt: skip
+
+    def problems(self) -> list[str]:
+        """What in ``[needs]`` the stated figures cannot meet (empty: everything)."""
+        q, out = self.quote, []
+        if q.budget_usd and self.usd > q.budget_usd:
+            out.append(f"the budget cannot be met: about ${self.usd:.6f}, over needs.budget_usd ${q.budget_usd:.6f}")
+        if q.deadline_hours and self.seconds > q.deadline_hours * 3600.0:
+            out.append(f"the deadline cannot be met: about {self.seconds / 3600:.2f} h, past needs.deadline_hours "
+                       f"{q.deadline_hours:g} h")  # fmt: skip
+        return out
 
     @property
     def fits(self) -> bool:
@@ -71,7 +123,17 @@ class Estimate:
             out.append(f"  memory    needs.memory_total_mib {self.memory_total_mib} MiB: {self.for_memory} device(s) "
                        f"of {self.lends_mib} MiB hold it")  # fmt: skip
         out += self.memory_lines()
-        out += [f"  {line}" for line in quote_lines(self.quote)]
+        if self.forecast is None:
+            out += [f"  {line}" for line in quote_lines(self.quote)]
+            out.append(f"  (no plan fits these devices, so only the lower bound: {self.plan_error})")
+        else:
+            q = self.quote
+            out.append(f"  work      {q.flops:.3g} FLOPs")
+            out.append(f"  devices   {_devices_line(self.devices, self.device)}")
+            out += [f"  {line}" for line in self.forecast.lines()]
+            out += [f"  warning   {p}" for p in self.problems()]
+            out += [f"  cloud     ${c.usd:.4f} on {c.name} ({c.instance}, {c.hours * 3600:.1f} s at its fp32 peak)"
+                    for c in q.cloud]  # fmt: skip
         out.append(f"  cloud prices: on-demand list prices as of {CLOUD_PRICES_AS_OF} ({CLOUD_PRICES_SOURCE})")
         return out
 
@@ -94,6 +156,26 @@ class Estimate:
 MEASURED = "this device's measured profile"
 
 
+def _devices_line(n: int, d: DeviceGuess) -> str:
+    others = (f"; the other {n - 1} assumed as fast (peers tell what they lend, not their speed), links at the "
+              f"planner's defaults until measured" if n > 1 else "")  # fmt: skip
+    return f"{n} x {d.flops_per_s / 1e9:.1f} GFLOP/s at block efficiency {d.efficiency:.2f} ({d.source}{others})"
+
+
+def offers_for(device: DeviceGuess, n: int, lent: Lent | None) -> list[Offer]:
+    """The offers a forecast plans over: this device's (``this-device``) and ``n - 1`` like it (``peer-1``...), each
+    lending what a peer the daemon asked lends (else what this device lends)."""
+    peers = sorted(lent.peer_bytes, reverse=True) if lent is not None else []
+    memory = device.memory_bytes or (8 << 30)
+    out = []
+    for i in range(n):
+        lends = memory if i == 0 or i - 1 >= len(peers) or not peers[i - 1] else peers[i - 1]
+        out.append(Offer("this-device" if i == 0 else f"peer-{i}", "", device.flops_per_s, lends, device.kind,
+                         min(max(device.efficiency, 1e-3), 1.0), device.dispatch_s, device.adamw_s_per_param,
+                         device.sgd_s_per_param))  # fmt: skip
+    return out
+
+
 def unmeasured_source(daemon_running: bool) -> str:
     """What a quote says it assumed when this device is not measured yet (issue 31: it told the user to start
     the daemon while the daemon was running, and measuring)."""
@@ -109,7 +191,9 @@ def device_guess(state_dir: Path, daemon_running: bool = False) -> DeviceGuess:
         data = json.loads((state_dir / CACHE_FILE).read_text())
         best = max(data["devices"], key=lambda d: float(d["flops_per_s"]))
         return DeviceGuess(float(best["flops_per_s"]), float(best.get("block_efficiency", 1.0)),
-                           int(best.get("memory_bytes", 0)), MEASURED)  # fmt: skip
+                           int(best.get("memory_bytes", 0)), MEASURED, float(best.get("dispatch_s", 0.0)),
+                           float(best.get("adamw_s_per_param", 0.0)), float(best.get("sgd_s_per_param", 0.0)),
+                           str(best.get("kind", "cpu")))  # fmt: skip
     except (OSError, ValueError, KeyError, TypeError):
         return DeviceGuess(TYPICAL_LAPTOP_FLOPS, 1.0, 0, unmeasured_source(daemon_running))
 
@@ -141,7 +225,7 @@ def estimate(state_dir: Path, spec: JobSpec, members: int) -> Estimate:
     lent = seen_lending(state_dir, device_guess(state_dir, daemon))  # a daemon measures this device first
     device = device_guess(state_dir, daemon)  # (measured meanwhile, when the daemon was measuring it)
     if lent is not None and lent.own_bytes:  # what this device lends, capped by lend_memory_mib
-        device = DeviceGuess(device.flops_per_s, device.efficiency, lent.own_bytes, device.source)
+        device = replace(device, memory_bytes=lent.own_bytes)
     needs = spec.needs
     lends_mib = device.memory_bytes >> 20 or needs.memory_per_device_mib
     for_memory = devices_for_memory(needs.memory_total_mib, lends_mib) if lends_mib else 1
@@ -150,8 +234,22 @@ def estimate(state_dir: Path, spec: JobSpec, members: int) -> Estimate:
     demand = market_demand(state_dir)
     q = quote(job_flops(spec), n, device.flops_per_s, device.efficiency, demand, needs.budget_usd,
               needs.deadline_hours, needs.max_price_per_hour)  # fmt: skip
+    try:
+        fc: Forecast | None = forecast(spec, offers_for(device, n, lent), "this-device", demand)
+        why = ""
+    except PlanError as exc:
+        fc, why = None, str(exc)
     return Estimate(spec.name, q, n, device, demand, needs.memory_total_mib, for_memory, lends_mib, need, lent,
-                    daemon)  # fmt: skip
+                    daemon, fc, why)  # fmt: skip
 
 
-__all__ = ["DeviceGuess", "Estimate", "device_guess", "estimate", "market_demand", "seen_lending", "unmeasured_source"]
+__all__ = [
+    "DeviceGuess",
+    "Estimate",
+    "device_guess",
+    "estimate",
+    "market_demand",
+    "offers_for",
+    "seen_lending",
+    "unmeasured_source",
+]

@@ -303,6 +303,19 @@ function progress(job) {
   return el("div", { class: "bar", title: `${job.step} / ${total}` }, el("div", { style: null, "data-pct": pct.toFixed(1) }));
 }
 
+// The leader's figures (arceusd.market.progress): spent, budget left, time and cost to finish; none elsewhere.
+function costRows(c) {
+  if (!c || typeof c !== "object") return [];
+  const usd = (v) => (typeof v === "number" ? "$" + v.toFixed(6) : "–");
+  return [
+    ["spent", usd(c.spent_usd)],
+    ["budget left", c.budget_usd ? usd(c.remaining_budget_usd) + " of " + usd(c.budget_usd) : "no budget set"],
+    ["time to finish", typeof c.to_finish_s === "number" ? `${Math.round(c.to_finish_s)} s` : "–"],
+    ["cost to finish", c.to_finish_usd == null ? "after the first paid checkpoint" : usd(c.to_finish_usd) +
+      " (" + usd(c.at_finish_usd) + " in all)"],
+  ];
+}
+
 function renderJob(job, me) {
   if (job.error && !job.job_id) {
     main.append(el("h1", {}, "No such job"), el("p", { class: "muted" }, "This daemon does not know that job."));
@@ -321,6 +334,7 @@ function renderJob(job, me) {
     ["leader", short(job.leader)], ["standby", !job.standby ? "–" : ["done", "failed", "cancelled"].includes(job.state) ? short(job.standby)
       : short(job.standby) + (job.standby_ready ? " (ready)" : " (syncing)")],
     ["committed checkpoint", String(job.committed_step ?? "–")], ["model", `${job.model} on ${job.data}`],
+    ...costRows(job.cost),
   ]), bar, job.error ? el("p", { class: "no" }, String(job.error)) : null));
   const fill = bar.firstChild; fill.style.width = fill.dataset.pct + "%";
   main.append(section(`Loss (${job.history_points} points of history, ${(job.history || []).length} drawn)`, "", lossChart(job),

@@ -1,0 +1,193 @@
+"""The forecast of a job's wall time and bill: the quote that holds (issue 31). Pure and torch-free.
+
+Owns the time and cost model ``arceusd submit --quote`` (and ``arceus.quote``) states, from the same cost model the
+planner uses: the daemon's plan for the devices that would take the job (:func:`arceusd.jobs.planning.make_job_plan`
+over their offers: measured FLOP/s, calibration and links) predicts a step time, and the job's wall time is
+
+    start + steps x step + checkpoints x checkpoint + evals x eval + end
+
+- ``step``: the plan's predicted step time (``predicted_step_time_s``) x :data:`STEP_FACTOR`.
+- ``start``: :data:`START_S`, submit to the first step (the members' joins, the plan, the links measured, the stage
+  workers started: a torch import each), a fixed term measured by ``bench/quote.py``.
+- ``end``: :data:`END_S`, the last commit to ``done`` (the model gathered and exported), measured likewise.
+- ``checkpoint``: :data:`CHECKPOINT_S` per commit (every ``checkpoint.interval_steps`` and the last step): the
+  shards written, reported and the manifest committed.
+- ``eval``: a forward pass of the evaluation batches (at every checkpoint and every ``eval_interval_steps``),
+  priced at the plan's step time x the forward share of the FLOPs x eval samples over the step's batch.
+
+The bill: the plan's devices but the owner's own (``arceusd.market.receipts.billed``), each paid its market price
+(``arceusd.market.needs.pay``, at most ``needs.max_price_per_hour``) for the time the job runs after its plan
+starts (a receipt counts wall seconds between commits: ``LeaderBook.issue``), i.e. the wall time less the part of
+the start before the leader plans (:data:`UNBILLED_START_S`) and less the end.
+
+The range: the point estimate x (1 - :data:`LOW_SHARE`, 1 + :data:`HIGH_SHARE`), the spread ``bench/quote.py``
+measured between jobs on one machine.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from arceusd.jobs.planning import Offer, make_job_plan
+from arceusd.jobs.spec_types import JobSpec, MnistDataSpec
+from arceusd.market.needs import pay
+from arceusd.market.pricing import NEUTRAL, Demand
+from arceusd.models.costs import block_costs
+from partitioner import Link, ReplicaPlan
+
+START_S = 8.0
+"""Submit to the first step, measured by ``bench/quote.py`` on 2 local daemons (2 CPU cores)."""
+UNBILLED_START_S = 2.0
+"""Of :data:`START_S`, the part before the leader starts its book (the joins, the election): not billed."""
+END_S = 2.0
+"""The last commit to ``done``: the model gathered and exported (not billed), measured by ``bench/quote.py``."""
+CHECKPOINT_S = 0.5
+"""One checkpoint's commit (shards written and reported, manifest committed), measured by ``bench/quote.py``."""
+STEP_FACTOR = 1.0
+"""Measured step time over the plan's prediction (``bench/quote.py``)."""
+LOW_SHARE = 0.2
+HIGH_SHARE = 0.25
+MNIST_EVAL_BATCH = 1000
+"""An MNIST job evaluates its held-out set in batches of this many (``arceusd.worker.datafeed``)."""
+
+
+@dataclass(frozen=True)
+class PaidDevice:
+    """A plan device the owner pays: its id, measured FLOP/s and price per hour."""
+
+    peer_id: str
+    flops_per_s: float
+    usd_per_hour: float
+
+
+@dataclass(frozen=True)
+class Forecast:
+    """A job's predicted wall time (seconds) and bill (dollars), each a point and a range, with its terms."""
+
+    devices: tuple[str, ...]
+    """The plan's devices (those that would take the job)."""
+    predicted_step_s: float
+    """The plan's predicted step time (the planner's cost model)."""
+    step_s: float
+    steps: int
+    start_s: float
+    checkpoints: int
+    checkpoint_s: float
+    evals: int
+    eval_s: float
+    seconds: float
+    low_s: float
+    high_s: float
+    paid: tuple[PaidDevice, ...]
+    usd: float
+    low_usd: float
+    high_usd: float
+
+    @property
+    def hours(self) -> float:
+        return self.seconds / 3600.0
+
+    @property
+    def usd_per_hour(self) -> float:
+        """What the paid devices cost together per hour of the job."""
+        return sum(p.usd_per_hour for p in self.paid)
+
+    def lines(self) -> list[str]:
+        """The forecast for people (``arceusd submit --quote``)."""
+        return [
+            f"plan      {len(self.devices)} device(s), predicted {1000 * self.predicted_step_s:.1f} ms/step "
+            f"(the planner's model)",
+            f"time      {_secs(self.seconds)} ({_secs(self.low_s)} to {_secs(self.high_s)}): start {self.start_s:.0f} s"
+            f" + {self.steps} steps x {1000 * self.step_s:.1f} ms + {self.checkpoints} checkpoint(s) x "
+            f"{self.checkpoint_s:.1f} s + {self.evals} eval(s) x {self.eval_s:.2f} s + end {END_S:.0f} s",
+            f"cost      ${self.usd:.6f} (${self.low_usd:.6f} to ${self.high_usd:.6f}) for {len(self.paid)} paid "
+            f"device(s) at ${self.usd_per_hour:.4f}/h together: your own is not billed",
+        ]
+
+
+def count_checkpoints(steps: int, interval: int) -> int:
+    """Commits of a run of ``steps``: every ``interval`` steps (0: none) and the last step."""
+    if steps <= 0:
+        return 0
+    return steps // interval + (1 if steps % interval else 0) if interval > 0 else 1
+
+
+def count_evals(steps: int, checkpoint_interval: int, eval_interval: int) -> int:
+    """Evaluations of a run: at every checkpoint and every ``eval_interval`` steps (``arceusd.worker.process``)."""
+    if steps <= 0:
+        return 0
+    a = steps // checkpoint_interval if checkpoint_interval > 0 else 0
+    b = steps // eval_interval if eval_interval > 0 else 0
+    both = steps // math.lcm(checkpoint_interval, eval_interval) if a and b else 0
+    last = 0 if (checkpoint_interval > 0 and steps % checkpoint_interval == 0) or (
+        eval_interval > 0 and steps % eval_interval == 0) else 1  # fmt: skip
+    return a + b - both + last
+
+
+def eval_seconds(spec: JobSpec, step_s: float) -> float:
+    """One evaluation: its batches' forward pass, priced at the step time x forward FLOPs over training FLOPs x
+    eval samples over the step's batch."""
+    costs = block_costs(spec.model, optimizer=spec.training.optimizer)
+    forward = sum(c.forward_flops_per_sample for c in costs)
+    total = sum(c.forward_flops_per_sample + c.backward_flops_per_sample for c in costs)
+    if total <= 0:
+        return 0.0
+    if isinstance(spec.data, MnistDataSpec):
+        samples = spec.data.holdout_count
+    else:
+        samples = spec.training.eval_iters * spec.training.batch_size
+    return step_s * (forward / total) * samples / max(spec.training.batch_size, 1)
+
+
+def forecast(spec: JobSpec, offers: list[Offer], owner: str, demand: Demand = NEUTRAL,
+             rtt_s: dict[tuple[str, str], float] | None = None,
+             links: Mapping[tuple[str, str], Link] | None = None) -> Forecast:  # fmt: skip
+    """The forecast for ``spec`` on ``offers`` (``owner``'s among them), planned as the daemon plans it.
+
+    Error handling: :class:`partitioner.PlanError` (what is missing) when no plan fits the offers."""
+    _, rp = make_job_plan(spec, offers, rtt_s or {}, links, leader=owner)
+    return from_plan(spec, rp, offers, owner, demand)
+
+
+def from_plan(spec: JobSpec, rp: ReplicaPlan, offers: list[Offer], owner: str,
+              demand: Demand = NEUTRAL) -> Forecast:  # fmt: skip
+    """The forecast of ``spec`` under the plan ``rp`` (over ``offers``)."""
+    t = spec.training
+    devices = tuple(dict.fromkeys(p for plan in rp.replicas for p in plan.peer_ids))
+    step_s = rp.predicted_step_time_s * STEP_FACTOR
+    interval = spec.checkpoint.interval_steps
+    checkpoints = count_checkpoints(t.steps, interval)
+    evals = count_evals(t.steps, interval, t.eval_interval_steps)
+    eval_s = eval_seconds(spec, step_s)
+    seconds = START_S + t.steps * step_s + checkpoints * CHECKPOINT_S + evals * eval_s + END_S
+    by_id = {o.peer_id: o for o in offers}
+    cap = float(spec.needs.max_price_per_hour)
+    paid = tuple(PaidDevice(d, by_id[d].flops_per_s, pay(by_id[d].flops_per_s, cap, demand))
+                 for d in devices if d != owner and d in by_id)  # fmt: skip
+    per_s = sum(p.usd_per_hour for p in paid) / 3600.0
+    billed_s = seconds - UNBILLED_START_S - END_S
+    low, high = 1.0 - LOW_SHARE, 1.0 + HIGH_SHARE
+    return Forecast(devices, rp.predicted_step_time_s, step_s, t.steps, START_S, checkpoints, CHECKPOINT_S, evals,
+                    eval_s, seconds, seconds * low, seconds * high, paid, billed_s * per_s, billed_s * per_s * low,
+                    billed_s * per_s * high)  # fmt: skip
+
+
+def _secs(s: float) -> str:
+    return f"{s:.1f} s" if s < 120 else f"{s / 60:.1f} min" if s < 7200 else f"{s / 3600:.2f} h"
+
+
+__all__ = [
+    "CHECKPOINT_S",
+    "END_S",
+    "START_S",
+    "STEP_FACTOR",
+    "Forecast",
+    "PaidDevice",
+    "count_checkpoints",
+    "count_evals",
+    "eval_seconds",
+    "forecast",
+    "from_plan",
+]
