@@ -297,7 +297,7 @@ class Job:
             out.update({
                 "term": self.term, "epoch": self.epoch, "lr": self.lr, "history": history,
                 "history_at": self.history_at[-len(history):] if history else [],
-                "committed_step": self.committed_step, "plan": self.plan_summary(),
+                "committed_step": self.committed_step, "plan": self.plan_summary(), "spares": self.spares(),
                 "contributions": self.contributions(), "recoveries": [r.summary() for r in self.leading.recoveries],
                 "model": type(self.spec.model).__name__, "data": self.spec.data.kind,
                 "worker_pid": self.worker.pid if self.worker is not None else None,
@@ -314,6 +314,13 @@ class Job:
                 "checkpoints": [{"step": s, "at": round(t, 3)} for s, t in self.leading.checkpoints],
             })  # fmt: skip
         return out
+
+    def spares(self) -> list[str]:
+        """The members the leader's plan leaves out (the step is predicted faster without them): unpaid, they
+        take a place when one is lost. Empty on a device that does not lead the job, or before a plan."""
+        if self.leader != self.core.me or self.plan is None:
+            return []
+        return sorted(set(self.members) - set(self.plan_peers()))
 
     def member_ids(self) -> list[str]:
         """The job's members as this device knows them: while it leads, the peers whose offers it holds;

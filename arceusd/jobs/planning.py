@@ -60,6 +60,7 @@ from partitioner import (
     verify_replicas,
 )
 from partitioner.replicas import cut_alike
+from partitioner.search import EXACT_MAX_DEVICES
 
 DEFAULT_RTT_S = 1e-3
 DEFAULT_BANDWIDTH = 100e6  # bytes/s, until links are measured
@@ -146,17 +147,65 @@ def make_plan(
     offers: list[Offer],
     rtt_s: dict[tuple[str, str], float],
     measured: Mapping[tuple[str, str], Link] | None = None,
+    include: str | None = None,
 ) -> tuple[PlanInputs, Plan]:
-    """The plan over ``offers``: every member gets work if that fits, else the best plan over a subset.
+    """The plan over ``offers``: the fastest predicted one, so a device is in it only where the step is faster
+    with it (or the model needs its memory); the members left out are spares. ``include`` (the leader, whose
+    worker serves the data) is in every plan: when the fastest plan leaves it out, the fastest that gives it work
+    (:func:`_fastest_with`). ``training.use_all_devices``: every member gets work if that fits, else the best plan
+    over a subset (the plans before this rule).
 
     Error handling: :class:`partitioner.PlanError` (what is missing) when nothing fits.
     """
-    try:
-        inputs = plan_inputs(spec, offers, rtt_s, use_all_devices=True, measured=measured)
-        return inputs, plan(inputs)
-    except PlanError:
-        inputs = plan_inputs(spec, offers, rtt_s, use_all_devices=False, measured=measured)
-        return inputs, plan(inputs)
+    if spec.training.use_all_devices:
+        try:
+            inputs = plan_inputs(spec, offers, rtt_s, use_all_devices=True, measured=measured)
+            return inputs, plan(inputs)
+        except PlanError:
+            pass
+    inputs = plan_inputs(spec, offers, rtt_s, use_all_devices=False, measured=measured)
+    best = plan(inputs)
+    if include is None or include in {p for stage in best.stages for p in stage.devices}:
+        return inputs, best
+    return _fastest_with(spec, offers, rtt_s, measured, include) or (inputs, best)
+
+
+def _fastest_with(
+    spec: JobSpec,
+    offers: list[Offer],
+    rtt_s: dict[tuple[str, str], float],
+    measured: Mapping[tuple[str, str], Link] | None,
+    include: str,
+) -> tuple[PlanInputs, Plan] | None:
+    """The fastest plan that gives ``include`` work: each group of offers with it (up to the partitioner's exact
+    size; beyond it, all of them), each device of the group working; ties go to fewer devices. None when no
+    group with it fits."""
+    others = sorted((o for o in offers if o.peer_id != include), key=lambda o: o.peer_id)
+    mine = [o for o in offers if o.peer_id == include]
+    if not mine:
+        return None
+    if len(offers) > EXACT_MAX_DEVICES:
+        groups: list[list[Offer]] = [offers]
+    else:
+        groups = [[*mine, *(o for i, o in enumerate(others) if mask >> i & 1)] for mask in range(1 << len(others))]
+    found: tuple[PlanInputs, Plan] | None = None
+    for group in groups:
+        inputs = plan_inputs(spec, group, rtt_s, use_all_devices=True, measured=measured)
+        try:
+            candidate = plan(inputs)
+        except PlanError:
+            continue
+        if found is None or _faster(candidate, found[1]):
+            found = (inputs, candidate)
+    return found
+
+
+def _faster(a: Plan, b: Plan) -> bool:
+    """Whether plan ``a`` beats ``b``: a faster predicted step, or as fast (1e-9 relative) on fewer devices."""
+    ta, tb = a.predicted_step_time_s, b.predicted_step_time_s
+    if abs(ta - tb) <= 1e-9 * max(ta, tb):
+        return len(a.peer_ids) < len(b.peer_ids)
+    return ta < tb
 
 
 SYNC_MODES: dict[str, ReplicaSyncMode | None] = {
@@ -220,7 +269,7 @@ def make_job_plan(
 
     Error handling: :class:`partitioner.PlanError` (what is missing) when nothing fits."""
     if one_pipeline(spec):
-        inputs, the_plan = make_plan(spec, offers, rtt_s, measured)
+        inputs, the_plan = make_plan(spec, offers, rtt_s, measured, include=leader)
         return inputs, single(the_plan)
     return make_replica_plan(spec, offers, rtt_s, measured, include=leader)
 

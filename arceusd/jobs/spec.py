@@ -20,7 +20,8 @@ Schema (TOML; JSON with the same nesting is accepted, chosen by a ``.json`` suff
     [training] steps | epochs, batch_size, micro_batches, optimizer ("sgd" | "adamw"), lr, weight_decay,
               momentum (sgd only), betas (adamw only), warmup_steps, lr_decay ("none" | "cosine"), min_lr,
               grad_clip, precision, compression, topk_fraction (topk only), schedule, eval_interval_steps,
-              eval_iters, replicas (int or "auto"; default 1), sync ("auto" | "every_step" | "diloco")
+              eval_iters, replicas (int or "auto"; default 1), sync ("auto" | "every_step" | "diloco"),
+              use_all_devices (default false: a device is planned only where the step gets faster with it)
     [training.diloco] inner_steps (500), outer_lr (0.7), outer_momentum (0.9), compression ("int8")
     [checkpoint] interval_steps, keep
     [admission]  mode = "open" | "allowlist", peers = [peer ids] (allowlist only)

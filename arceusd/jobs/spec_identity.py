@@ -70,6 +70,8 @@ def to_dict(spec: JobSpec) -> dict[str, Any]:
         training["replicas"] = t.replicas
     if t.sync != "auto":
         training["sync"] = t.sync
+    if t.use_all_devices:
+        training["use_all_devices"] = True
     if t.diloco != DiLoCoSpec():
         dl = t.diloco
         training["diloco"] = {"inner_steps": dl.inner_steps, "outer_lr": dl.outer_lr,

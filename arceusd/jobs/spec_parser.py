@@ -79,7 +79,7 @@ TEXT_KEYS = ("kind", "path", "val_fraction", "sha256")
 TRAINING_KEYS = (
     "steps", "epochs", "batch_size", "micro_batches", "optimizer", "lr", "weight_decay", "momentum", "betas",
     "warmup_steps", "lr_decay", "min_lr", "grad_clip", "precision", "compression", "topk_fraction",
-    "schedule", "eval_interval_steps", "eval_iters", "replicas", "sync", "diloco",
+    "schedule", "eval_interval_steps", "eval_iters", "replicas", "sync", "diloco", "use_all_devices",
 )  # fmt: skip
 DILOCO_KEYS = ("inner_steps", "outer_lr", "outer_momentum", "compression")
 CHECKPOINT_KEYS = ("interval_steps", "keep")
@@ -305,6 +305,7 @@ class _Parser:
         replicas = self._replicas(t)
         sync = r.choice(t, "sync", p, REPLICA_SYNCS, "auto")
         diloco = self._diloco(t)
+        use_all = r.boolean(t, "use_all_devices", p, False)
         if replicas == 1 and sync == "diloco":
             r.problem("training.sync", "'diloco' needs training.replicas >= 2 or 'auto'; one pipeline has no peer")
         if "diloco" in t and sync == "every_step":
@@ -349,7 +350,7 @@ class _Parser:
             "lr_decay": decay, "min_lr": min_lr, "grad_clip": grad_clip, "precision": precision,
             "compression": compression, "topk_fraction": topk, "schedule": schedule,
             "eval_interval_steps": eval_interval, "eval_iters": eval_iters, "replicas": replicas, "sync": sync,
-            "diloco": diloco,
+            "diloco": diloco, "use_all_devices": use_all,
         }  # fmt: skip
         given = t.get("diloco")
         inner_given = isinstance(given, dict) and "inner_steps" in given

@@ -132,6 +132,10 @@ class TrainingSpec:
     planner picks from the measured links). ``compression`` (fp16, bf16, int8) also compresses the every-step
     gradient all-reduce (replicas stay identical; no longer exactly one process's computation)."""
     diloco: DiLoCoSpec = DiLoCoSpec()
+    use_all_devices: bool = False
+    """Give every member work even where the predicted step is slower with it (to see the job spread, or to test
+    the distribution itself). By default a device is in the plan only where the step gets faster with it, or the
+    model needs its memory; the members left out are spares (unpaid; they take a place when one is lost)."""
 
     @property
     def micro_batch_size(self) -> int:

