@@ -3,7 +3,7 @@
 Owns: :class:`HFTPSplit` (query heads, key/value heads and MLP hidden columns per rank), :func:`hf_split`, which
 reads a plain :class:`~arceusd.worker.tp_split.TPSplit` (what the planner and the worker protocol carry) for an
 :class:`~arceusd.models.hf.config.HFModelConfig` and checks it, :func:`hf_even_split` and
-:func:`max_hf_tensor_parallel`.
+:func:`max_hf_tensor_parallel`, and the planner's cap :func:`planner_tensor_parallel`.
 
 The split unit is the key/value head: with grouped-query attention ``n_head / n_kv_head`` query heads share one
 key/value head, and a rank must hold whole groups, so for these models a ``TPSplit``'s ``heads`` count *key/value
@@ -66,6 +66,19 @@ def max_hf_tensor_parallel(config: HFModelConfig) -> int:
     return min(config.n_kv_head, config.intermediate)
 
 
+PLANNER_MAX_TP = 4
+"""The largest tensor-parallel group the planner forms (as for the built-in GPT)."""
+
+
+def planner_tensor_parallel(config: HFModelConfig) -> int:
+    """The largest tensor-parallel group the planner may give a stage of ``config`` (1: no split). Not split:
+    LoRA jobs (adapters on a split layer are not built) and tied embeddings (a split first or last stage would
+    hold one end of the tied weight on every rank, but the tie stream joins rank 0s only)."""
+    if config.lora is not None or config.tied:
+        return 1
+    return min(PLANNER_MAX_TP, max_hf_tensor_parallel(config))
+
+
 def hf_split(split: TPSplit, config: HFModelConfig) -> HFTPSplit:
     """``split`` (key/value heads and columns per rank) checked against ``config`` (``ValueError`` naming the
     problem), with each rank's query heads (its KV heads' groups)."""
@@ -97,4 +110,7 @@ def hf_even_split(config: HFModelConfig, world_size: int) -> TPSplit:
     return TPSplit(spread(config.n_kv_head), spread(config.intermediate))
 
 
-__all__ = ["HFTPSplit", "hf_even_split", "hf_split", "kv_group", "max_hf_tensor_parallel"]
+__all__ = [
+    "PLANNER_MAX_TP", "HFTPSplit", "hf_even_split", "hf_split", "kv_group", "max_hf_tensor_parallel",
+    "planner_tensor_parallel",
+]  # fmt: skip

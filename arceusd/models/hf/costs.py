@@ -2,8 +2,12 @@
 
 Parameters come from :mod:`arceusd.models.hf.keys` (exact), activations are the hidden states (B, T, C) between
 blocks and the logits after the head, FLOPs are 2 per multiply-add of the matrices plus attention's QK^T and AV.
-``heads`` and ``mlp_columns`` stay 0: these blocks are not tensor-parallel split yet, so the planner places each
-whole on one device.
+A decoder layer's tensor-parallel split units (``arceusd/worker/hf_tensor_parallel.py``): ``heads`` counts its
+key/value heads (a rank holds whole grouped-query groups, each with its query heads; a model with one KV head
+does not split) and ``mlp_columns`` its MLP hidden width; the partitioner's share of a layer on a rank is its
+fraction of these, and a split layer all-reduces its (B, T, C) output twice forward and twice backward. The
+embedding and the head stay whole (0, 0). Whether a job's planner may split at all is
+:func:`arceusd.worker.hf_tp_split.planner_tensor_parallel`.
 
 Tied embeddings: the head counts its own copy of the tied weight (parameters, gradient and optimizer state),
 which it holds in every plan of two stages or more (``arceusd/worker/tied.py``); a one-stage plan shares one
@@ -51,10 +55,12 @@ def hf_block_costs(
             fwd = matmul + 4.0 * T * T * attn_width
             # inputs of each matmul and norm, q/k/v, the MLP's hidden (x3 for gated ones), attention weights
             stash = (8 * T * C + 3 * T * config.intermediate + config.n_head * T * T) * dtype_bytes
+        layer = 0 < i < n - 1
         costs.append(BlockCost(
             name=name, param_bytes=params, optimizer_bytes=optimizer_bytes(params),
             activation_bytes_per_sample=out_bytes, stash_bytes_per_sample=stash,
             forward_flops_per_sample=fwd, backward_flops_per_sample=2.0 * fwd,
+            heads=config.n_kv_head if layer else 0, mlp_columns=config.intermediate if layer else 0,
         ))  # fmt: skip
     return costs
 

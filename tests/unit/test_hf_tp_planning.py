@@ -1,0 +1,68 @@
+"""The planner splits a stock LM's decoder layers over a tensor-parallel group: its cost model gives the layers
+key/value heads and MLP columns as split units, every split it makes is one the workers build, and the planned
+pipeline trains as a plain transformers loop (fp32, 1e-4)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from arceusd.jobs.planning import worker_stages
+from arceusd.models.costs import block_costs
+from arceusd.models.hf.config import HFModelConfig
+from arceusd.models.hf.lora_spec import LoraSpec
+from arceusd.worker.hf_tp_split import hf_split, planner_tensor_parallel
+from arceusd.worker.schedule import ScheduleKind
+from partitioner import DeviceProfile, Link, LinkMatrix, PlanInputs, TrainingParams, plan
+from tests.unit import hf_cases
+from tests.unit.test_hf_exact import BATCH, MICRO, OPTS, reference_run
+from tests.unit.test_hf_tp_exact import Layout, assert_same, tp_pipeline_run
+
+
+def planned_layout(cfg: HFModelConfig, devices: int) -> Layout:
+    """The stages the planner picks for ``cfg`` on ``devices`` unequal devices linked fast (compute-bound: a
+    tensor-parallel group pays off), in the workers' terms."""
+    blocks = tuple(block_costs(cfg))
+    devs = tuple(DeviceProfile(f"d{i}", 1e8 * (1 + i), 1 << 30, "cpu") for i in range(devices))
+    links = LinkMatrix.symmetric(
+        [(f"d{i}", f"d{j}", Link(1e-6, 1e12)) for i in range(devices) for j in range(i + 1, devices)]
+    )
+    training = TrainingParams(BATCH, (MICRO,), max_tensor_parallel=planner_tensor_parallel(cfg))
+    return [(st.start, st.end, st.split()) for st in worker_stages(plan(PlanInputs(blocks, devs, links, training)))]
+
+
+def test_decoder_layers_split_by_kv_heads_and_columns() -> None:
+    cfg = hf_cases.config("llama")  # 4 heads sharing 2 KV heads, 48 columns
+    costs = block_costs(cfg)
+    assert [(c.heads, c.mlp_columns) for c in costs] == [(0, 0)] + [(2, 48)] * cfg.n_layer + [(0, 0)]
+    assert planner_tensor_parallel(cfg) == 2
+    assert planner_tensor_parallel(hf_cases.config("gpt2")) == 4  # 4 heads: up to the planner's 4
+    assert planner_tensor_parallel(hf_cases.config("qwen2")) == 1  # one KV head: no split
+    assert planner_tensor_parallel(hf_cases.config("llama", tie_word_embeddings=True)) == 1
+    lora = HFModelConfig(cfg.model_type, cfg.fields, cfg.block_size, lora=LoraSpec(r=2, alpha=4, targets=("q_proj",)))
+    assert planner_tensor_parallel(lora) == 1
+
+
+PLANNED: list[tuple[str, dict[str, Any], str]] = [
+    ("llama", {}, "adamw"),
+    ("gpt2", {}, "sgd"),
+    ("qwen2", {"num_key_value_heads": 4}, "sgd"),
+]
+
+
+@pytest.mark.parametrize(("name", "overrides", "opt_name"), PLANNED)
+def test_a_planned_tensor_parallel_stage_trains_as_plain_transformers(
+    name: str, overrides: dict[str, Any], opt_name: str
+) -> None:
+    cfg = hf_cases.config(name, **overrides)
+    layout = planned_layout(cfg, 4)
+    splits = [split for _, _, split in layout if split is not None]
+    assert splits, layout  # the planner did split a stage
+    for split in splits:
+        hs = hf_split(split, cfg)  # a split the workers build: whole KV groups, every column
+        assert sum(hs.heads) == cfg.n_head and sum(split.columns) == cfg.intermediate
+    clip = 1.0 if opt_name == "adamw" else 0.5
+    ref = reference_run(cfg, OPTS[opt_name], clip)
+    got = tp_pipeline_run(cfg, layout, opt_name, ScheduleKind.ONE_F_ONE_B, clip)
+    assert_same(cfg, ref, got)
