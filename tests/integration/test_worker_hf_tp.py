@@ -1,0 +1,112 @@
+"""A stock Llama (grouped-query attention) with a tensor-parallel stage, trained by real stage-worker processes
+over the authenticated transport, equals a plain single-process ``transformers`` loop.
+
+Three workers: the embedding and the first decoder layer on one, the other two layers and the head split over
+two ranks (one KV head and its two query heads each, MLP columns 30/18). Every worker's losses and the weights
+gathered from the workers' last checkpoint shards (``reslice``, as the export does) match
+``AutoModelForCausalLM`` trained on the same batches within 1e-4, and the export loads in ``from_pretrained``.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import AutoModelForCausalLM, PreTrainedModel
+
+from arceusd.checkpoint import step_dir
+from arceusd.jobs.export import assemble
+from arceusd.jobs.source import open_batch_source
+from arceusd.jobs.spec import JobSpec
+from arceusd.models.build import build_blocks
+from arceusd.models.hf.blocks import transformers_config
+from arceusd.models.hf.config import HFModelConfig
+from arceusd.models.hf.export import write_hf_export
+from arceusd.models.hf.keys import hf_key
+from arceusd.worker.protocol import StepEvent
+from arceusd.worker.tp_split import TPSplit
+from tests.integration.worker_harness import DATA, Layout, WorkerJob, make_spec
+
+pytestmark = pytest.mark.slow
+
+STEPS = 3
+TOL = 1e-4
+CONFIG: dict[str, Any] = {
+    "model_type": "llama", "vocab_size": 2048, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 3,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64, "tie_word_embeddings": False,
+}  # fmt: skip
+
+
+def llama_spec(tmp: Path) -> JobSpec:
+    text = tmp / "text.txt"
+    text.write_text((DATA / "tinyshakespeare" / "input.txt").read_text()[:20000])
+    return make_spec({
+        "name": "tp-llama", "seed": 5,
+        "model": {"type": "hf", "config": CONFIG, "block_size": 16},
+        "data": {"kind": "tokens", "path": str(text), "tokenizer": str(DATA / "tokenizers" / "shakespeare-bpe.json"),
+                 "val_fraction": 0.1},
+        "training": {"steps": STEPS, "batch_size": 8, "micro_batches": 2, "optimizer": "sgd", "lr": 0.5,
+                     "momentum": 0.9, "grad_clip": 0.5, "eval_iters": 1},
+    })  # fmt: skip
+
+
+def transformers_run(spec: JobSpec) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """The plain loop: ``AutoModelForCausalLM`` from the Arceus blocks' initial tensors, the job's batches."""
+    cfg = spec.model
+    assert isinstance(cfg, HFModelConfig)
+    model: PreTrainedModel = AutoModelForCausalLM.from_config(transformers_config(cfg))  # type: ignore[no-untyped-call]
+    initial = {
+        hf_key(cfg, i, local): p.detach().clone()
+        for i, block in enumerate(build_blocks(cfg, spec.seed))
+        for local, p in block.named_parameters()
+    }
+    missing, unexpected = model.load_state_dict(initial, strict=False)
+    assert not missing and not unexpected, (missing, unexpected)
+    t = spec.training
+    params = list(model.parameters())
+    optimizer = torch.optim.SGD(params, lr=t.lr, momentum=t.momentum)
+    source = open_batch_source(spec)
+    losses = []
+    for step in range(STEPS):
+        x, y = source.batch(step)
+        optimizer.zero_grad()
+        logits = model(input_ids=x).logits
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+        loss.backward()  # type: ignore[no-untyped-call]
+        torch.nn.utils.clip_grad_norm_(params, t.grad_clip)
+        optimizer.step()
+        losses.append(float(loss.detach()))
+    assert all(math.isfinite(v) for v in losses)
+    return losses, {k: v.detach() for k, v in model.state_dict().items()}
+
+
+def test_a_tensor_parallel_llama_stage_over_worker_processes_equals_plain_transformers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ARCEUS_TOKEN_CACHE", str(tmp_path / "tokens"))  # the workers inherit it
+    spec = llama_spec(tmp_path)
+    cfg = spec.model
+    assert isinstance(cfg, HFModelConfig)
+    ref_losses, ref_state = transformers_run(spec)
+    layout: Layout = [(0, 2, None), (2, 5, TPSplit(heads=(1, 1), columns=(30, 18)))]
+    with WorkerJob(tmp_path, spec, layout, schedule="1f1b", checkpoint_interval=STEPS) as job:
+        job.start(timeout=120)
+        job.run(timeout=240)
+        for w in job.workers:
+            losses = [e.loss for e in w.of(StepEvent)]
+            torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=0, atol=TOL)
+        shards = [p.read_bytes() for p in sorted(step_dir(job.checkpoint_dir, STEPS).glob("stage*.safetensors"))]
+    assert len(shards) == 3
+    state = assemble(cfg, shards)  # "<block>.<local>", the split layers gathered
+    got = {hf_key(cfg, int(k.partition(".")[0]), k.partition(".")[2]): v for k, v in state.items()}
+    assert set(got) == set(ref_state)
+    for key, value in ref_state.items():
+        torch.testing.assert_close(got[key], value, rtol=0, atol=TOL, msg=key)
+    write_hf_export(tmp_path / "export", cfg, state)
+    loaded: PreTrainedModel = AutoModelForCausalLM.from_pretrained(str(tmp_path / "export"))
+    q = "model.layers.1.self_attn.q_proj.weight"
+    assert torch.equal(dict(loaded.named_parameters())[q].detach(), got[q])
