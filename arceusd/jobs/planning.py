@@ -36,6 +36,7 @@ from arceusd.jobs.claims import MAX_DISCOUNT
 from arceusd.jobs.spec_types import JobSpec
 from arceusd.models.config import GPTConfig
 from arceusd.models.costs import block_costs
+from arceusd.worker.hf_tp_split import planner_tensor_parallel
 from arceusd.worker.protocol import MemberConfig, ReplicaSyncConfig, StageConfig
 from partitioner import (
     DeviceProfile,
@@ -132,7 +133,7 @@ def plan_inputs(
             rtt = rtt_s.get((a, b)) or rtt_s.get((b, a)) or DEFAULT_RTT_S
             # a message costs its sender and its receiver: the mean of the two ends' measured per-message cost
             pairs.append((a, b, Link(round(rtt, 6), DEFAULT_BANDWIDTH, (message[a] + message[b]) / 2)))
-    tp = 4 if isinstance(spec.model, GPTConfig) else 1
+    tp = 4 if isinstance(spec.model, GPTConfig) else planner_tensor_parallel(spec.model)  # stock LMs: by KV heads
     training = TrainingParams(
         global_batch_size=spec.training.batch_size,
         micro_batch_counts=(spec.training.micro_batches,),

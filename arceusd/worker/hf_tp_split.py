@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from arceusd.models.config import ModelConfig
 from arceusd.models.hf.config import HFModelConfig
 from arceusd.worker.tp_split import TPSplit
 
@@ -70,11 +71,12 @@ PLANNER_MAX_TP = 4
 """The largest tensor-parallel group the planner forms (as for the built-in GPT)."""
 
 
-def planner_tensor_parallel(config: HFModelConfig) -> int:
-    """The largest tensor-parallel group the planner may give a stage of ``config`` (1: no split). Not split:
-    LoRA jobs (adapters on a split layer are not built) and tied embeddings (a split first or last stage would
-    hold one end of the tied weight on every rank, but the tie stream joins rank 0s only)."""
-    if config.lora is not None or config.tied:
+def planner_tensor_parallel(config: ModelConfig) -> int:
+    """The largest tensor-parallel group the planner may give a stage of stock LM ``config`` (1: no split; 1 for
+    any other model: the planner's rule for the built-in GPT is its own). Not split: LoRA jobs (adapters on a
+    split layer are not built) and tied embeddings (a split first or last stage would hold one end of the tied
+    weight on every rank, but the tie stream joins rank 0s only)."""
+    if not isinstance(config, HFModelConfig) or config.lora is not None or config.tied:
         return 1
     return min(PLANNER_MAX_TP, max_hf_tensor_parallel(config))
 

@@ -4,11 +4,14 @@ pipeline trains as a plain transformers loop (fp32, 1e-4)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from arceusd.jobs.planning import worker_stages
+from arceusd.jobs.planning import Offer, plan_inputs, worker_stages
+from arceusd.jobs.spec import load_spec
 from arceusd.models.costs import block_costs
 from arceusd.models.hf.config import HFModelConfig
 from arceusd.models.hf.lora_spec import LoraSpec
@@ -18,6 +21,8 @@ from partitioner import DeviceProfile, Link, LinkMatrix, PlanInputs, TrainingPar
 from tests.unit import hf_cases
 from tests.unit.test_hf_exact import BATCH, MICRO, OPTS, reference_run
 from tests.unit.test_hf_tp_exact import Layout, assert_same, tp_pipeline_run
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def planned_layout(cfg: HFModelConfig, devices: int) -> Layout:
@@ -30,6 +35,16 @@ def planned_layout(cfg: HFModelConfig, devices: int) -> Layout:
     )
     training = TrainingParams(BATCH, (MICRO,), max_tensor_parallel=planner_tensor_parallel(cfg))
     return [(st.start, st.end, st.split()) for st in worker_stages(plan(PlanInputs(blocks, devs, links, training)))]
+
+
+def test_the_daemons_plan_inputs_let_a_stock_lm_split_by_its_kv_heads() -> None:
+    spec = load_spec(ROOT / "examples" / "llama-shakespeare.toml")
+    offers = [Offer(c * 32, f"h:{i}", 1e8 * (1 + i), 1 << 30) for i, c in enumerate("abcd")]
+    caps = {}
+    for name, overrides in [("llama", {}), ("gpt2", {}), ("qwen2", {}), ("llama", {"tie_word_embeddings": True})]:
+        model = hf_cases.config(name, **overrides)
+        caps[(name, bool(overrides))] = plan_inputs(replace(spec, model=model), offers, {}).training.max_tensor_parallel
+    assert caps == {("llama", False): 2, ("gpt2", False): 4, ("qwen2", False): 1, ("llama", True): 1}
 
 
 def test_decoder_layers_split_by_kv_heads_and_columns() -> None:
