@@ -7,7 +7,7 @@ The shards run in threads over the in-memory ``Collective`` the GPT tensor-paral
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
@@ -86,7 +86,7 @@ def _run_ranks(world: int, work: Callable[[int], None]) -> None:
     assert not any(t.is_alive() for t in threads)
 
 
-def _grads_as_block(shards: list[HFDecoderBlock], cfg: HFModelConfig, split: TPSplit) -> dict[str, torch.Tensor]:
+def _grads_as_block(shards: Sequence[HFDecoderBlock], cfg: HFModelConfig, split: TPSplit) -> dict[str, torch.Tensor]:
     """Every parameter's gradient gathered over the ranks (replicated ones: rank 0's)."""
     out: dict[str, torch.Tensor] = {}
     per_rank = [dict(s.named_parameters()) for s in shards]
