@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from arceusd.jobs.planning import Offer, plan_inputs, worker_stages
+from arceusd.jobs.planning import Offer, encode_start, make_plan, plan_inputs, verify_start, worker_stages
 from arceusd.jobs.spec import load_spec
 from arceusd.models.costs import block_costs
 from arceusd.models.hf.config import HFModelConfig
@@ -45,6 +45,26 @@ def test_the_daemons_plan_inputs_let_a_stock_lm_split_by_its_kv_heads() -> None:
         model = hf_cases.config(name, **overrides)
         caps[(name, bool(overrides))] = plan_inputs(replace(spec, model=model), offers, {}).training.max_tensor_parallel
     assert caps == {("llama", False): 2, ("gpt2", False): 4, ("qwen2", False): 1, ("llama", True): 1}
+
+
+def test_the_leader_plans_a_split_stock_lm_stage_and_every_member_verifies_it() -> None:
+    """``make_plan`` over four unequal members linked fast (measured): the example Llama's middle stage split by
+    its two KV heads (uneven columns, by speed), a split the workers build, and each member's check passes."""
+    spec = load_spec(ROOT / "examples" / "llama-shakespeare.toml")
+    cfg = spec.model
+    assert isinstance(cfg, HFModelConfig)
+    offers = [Offer(c * 32, f"h:{i}", 1e8 * (1 + i), 1 << 30) for i, c in enumerate("abcd")]
+    ids = [o.peer_id for o in offers]
+    fast = {(a, b): Link(1e-6, 1e12, 0.0) for i, a in enumerate(ids) for b in ids[i + 1 :]}
+    inputs, the_plan = make_plan(spec, offers, {}, measured=fast, include=ids[0])
+    splits = [st.split() for st in worker_stages(the_plan) if st.split() is not None]
+    assert splits
+    for split in splits:
+        assert split is not None and split.world_size == 2
+        assert hf_split(split, cfg).heads == (2, 2) and len(set(split.columns)) == 2  # uneven: by speed
+    data = encode_start(inputs, the_plan)
+    for own in offers:
+        verify_start(spec, *data, own)
 
 
 def test_decoder_layers_split_by_kv_heads_and_columns() -> None:
