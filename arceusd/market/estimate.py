@@ -12,7 +12,9 @@ them with the :class:`arceusd.market.quote.Quote` (the FLOPs' lower bound) and t
 The devices a forecast plans over: this device's measured offer (its cached profile, with its calibration) and,
 for each further device, one like it lending what the peer the daemon asked lends (peers tell their memory, not
 their speed: each is assumed as fast as this device, and the quote says so); links at the planner's defaults
-until the job measures them (``arceusd.jobs.planning.DEFAULT_BANDWIDTH``).
+until the job measures them (``arceusd.jobs.planning.DEFAULT_BANDWIDTH``). The prices are the market's while the
+job runs: the demand the daemon sees with this job added, its devices no longer idle (as the leader prices each
+commit: ``MarketService.demand``).
 """
 
 from __future__ import annotations
@@ -207,6 +209,18 @@ def market_demand(state_dir: Path) -> Demand:
         return NEUTRAL
 
 
+def first_job(state_dir: Path, daemon_running: bool) -> bool:
+    """Whether a job submitted now would be this daemon's first since it started (it pays more to start:
+    :data:`arceusd.market.forecast.FIRST_JOB_S`); True without a daemon (it starts for the job)."""
+    if not daemon_running:
+        return True
+    try:
+        jobs = call(StatePaths(state_dir).control_socket, "jobs", timeout=5.0)
+        return not any(isinstance(j, dict) and not j.get("restored") for j in jobs)
+    except (ControlError, TypeError):
+        return False
+
+
 def seen_lending(state_dir: Path, device: DeviceGuess) -> Lent | None:
     """What the devices the daemon sees lend (its ``lending`` method); without a daemon, this device's measured
     profile alone (None when it has none)."""
@@ -234,8 +248,10 @@ def estimate(state_dir: Path, spec: JobSpec, members: int) -> Estimate:
     demand = market_demand(state_dir)
     q = quote(job_flops(spec), n, device.flops_per_s, device.efficiency, demand, needs.budget_usd,
               needs.deadline_hours, needs.max_price_per_hour)  # fmt: skip
+    running = Demand(demand.jobs_wanting, max(0, demand.idle_devices - n))  # its devices are busy while it runs
     try:
-        fc: Forecast | None = forecast(spec, offers_for(device, n, lent), "this-device", demand)
+        fc: Forecast | None = forecast(spec, offers_for(device, n, lent), "this-device", running,
+                                       first_job=first_job(state_dir, daemon))  # fmt: skip
         why = ""
     except PlanError as exc:
         fc, why = None, str(exc)
@@ -248,6 +264,7 @@ __all__ = [
     "Estimate",
     "device_guess",
     "estimate",
+    "first_job",
     "market_demand",
     "offers_for",
     "seen_lending",

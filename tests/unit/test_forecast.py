@@ -20,11 +20,13 @@ from arceusd.market.admission import Spend
 from arceusd.market.forecast import (
     CHECKPOINT_S,
     END_S,
+    FIRST_JOB_S,
     START_S,
     UNBILLED_START_S,
     count_checkpoints,
     count_evals,
     forecast,
+    step_factor,
 )
 from arceusd.market.needs import pay
 from arceusd.market.progress import cost_progress
@@ -53,6 +55,7 @@ def test_the_time_is_the_planners_step_time_times_the_steps_plus_the_measured_ov
     expected = START_S + t.steps * f.step_s + f.checkpoints * CHECKPOINT_S + f.evals * f.eval_s + END_S
     assert f.seconds == pytest.approx(expected)
     assert f.checkpoints == 8 and f.evals == 8  # 2000 steps, checkpoints and evals every 250
+    assert f.step_s == pytest.approx(rp.predicted_step_time_s * step_factor(spec)) and step_factor(spec) > 1
     assert f.seconds > t.steps * rp.predicted_step_time_s  # not the old perfect-pipeline lower bound
 
 
@@ -76,6 +79,8 @@ def test_the_range_holds_the_point_and_the_owners_device_is_not_billed() -> None
     assert [p.peer_id for p in f.paid] == [PEER]
     price = pay(FAST, 0.0)
     assert f.usd == pytest.approx((f.seconds - UNBILLED_START_S - END_S) * price / 3600.0)
+    first = forecast(spec, [offer(OWNER), offer(PEER)], OWNER, first_job=True)  # its wait is before the book starts
+    assert first.seconds == pytest.approx(f.seconds + FIRST_JOB_S) and first.usd == pytest.approx(f.usd)
     alone = forecast(spec, [offer(OWNER)], OWNER)
     assert alone.paid == () and alone.usd == 0.0 and alone.high_usd == 0.0
 
