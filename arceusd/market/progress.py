@@ -65,10 +65,12 @@ def cost_progress(spend: Spend, budget_usd: float, step: int, total_steps: int, 
 
 
 def job_cost(node: Any, job: Any) -> dict[str, Any] | None:
-    """The job's :class:`CostProgress` as JSON, on its leader (None elsewhere, or without the market service)."""
+    """The job's :class:`CostProgress` as JSON, on its leader or a device that kept a book of it (None elsewhere, or
+    without the market service)."""
     market = getattr(node, "market", None)
-    if market is None or job.job_id not in getattr(market, "books", {}):
-        return None
+    leads = str(getattr(job, "leader", "") or "") == node.identity.peer_id
+    if market is None or (job.job_id not in getattr(market, "books", {}) and not leads):
+        return None  # (a leader that took over keeps its book after it is no longer the leader)
     speed = job.speed()
     running = str(getattr(job.state, "value", job.state)) == "running"
     progress = cost_progress(market.spend(job), float(job.spec.needs.budget_usd), int(job.step),

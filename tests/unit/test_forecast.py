@@ -136,3 +136,27 @@ def test_status_and_watch_show_the_leaders_cost_figures() -> None:
     console.print(rich_job(job))
     assert "spent $0.002000" in console.export_text()
     assert "cost " not in render_job({**job, "cost": None})
+
+
+def test_the_job_method_gives_the_cost_figures_on_the_leader_only() -> None:
+    from types import SimpleNamespace
+
+    from arceusd.jobs.throughput import Speed
+    from arceusd.market.progress import job_cost
+
+    class Market:
+        def __init__(self) -> None:
+            self.books: dict[str, object] = {}
+
+        def spend(self, _job: object) -> Spend:
+            return Spend(0.001, 0.00002)
+
+    job = SimpleNamespace(job_id="j1", leader="me", state="running", step=50, total_steps=150,
+                          spec=SimpleNamespace(needs=SimpleNamespace(budget_usd=0.01)),
+                          speed=lambda: Speed(eta_s=30.0))  # fmt: skip
+    node = SimpleNamespace(market=Market(), identity=SimpleNamespace(peer_id="me"))
+    cost = job_cost(node, job)
+    assert cost is not None and cost["to_finish_usd"] == pytest.approx(0.002) and cost["spent_usd"] == 0.001
+    assert cost["remaining_budget_usd"] == pytest.approx(0.009) and cost["to_finish_s"] == pytest.approx(30 + END_S)
+    assert job_cost(SimpleNamespace(market=Market(), identity=SimpleNamespace(peer_id="other")), job) is None
+    assert job_cost(SimpleNamespace(market=None, identity=SimpleNamespace(peer_id="me")), job) is None
