@@ -6,8 +6,9 @@ default plan (a device is planned only where the predicted step is faster with i
 use every member (``training.use_all_devices = true``, the plans before this rule). Each daemon's worker gets a core
 of its own where there are enough (``--worker-cpus``, as the demo); every daemon plans with one measurement of the
 machine (taken once, before the first run), so the runs' predictions compare. Prints, per run, the plan's devices
-and its predicted step, and the measured step (wall time over the steps after the first ``--skip``), and the ratios
-to the baseline: (b) should never be worse than (a) (give or take the machine's noise); (c) shows what the old rule cost.
+and its predicted step, and the measured step (wall time over the steps after the first ``--skip``), and the
+ratios to the baseline: (b) should never be worse than (a) (give or take the machine's noise); (c) shows what the
+old rule cost.
 
     python bench/plan_helps.py [--steps 120] [--skip 20]
 """
