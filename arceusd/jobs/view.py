@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import textwrap
 from typing import Any
 
 
@@ -47,6 +48,12 @@ def count(value: Any) -> str:
     return str(int(value)) if _number(value) and value == int(value) else "-"
 
 
+def wrapped(line: str, width: int = 110) -> list[str]:
+    """``line`` in full, wrapped at ``width`` with its continuation indented past its label: reasons name devices
+    and causes in full (issue 31: they were cut at 80 characters, the device that died cut off)."""
+    return textwrap.wrap(line, width, subsequent_indent=" " * 11, break_long_words=False, break_on_hyphens=False)
+
+
 def job_line(j: dict[str, Any]) -> str:
     """One job of ``arceusd jobs``; a job known only from this device's records (``restored``: the daemon
     restarted since, :mod:`arceusd.jobs.known`) says what it earned there and why it is not running here."""
@@ -84,7 +91,7 @@ def claim_lines(j: dict[str, Any]) -> list[str]:
     for peer in j.get("cleared") or []:
         lines.append(f"  cleared  {peer[:12]}  kept to its offer beside the leader")
     for peer, why in sorted((j.get("excluded") or {}).items()):
-        lines.append(f"  excluded {peer[:12]}  {why[:100]}")
+        lines += wrapped(f"  excluded {peer[:12]}  {why}")
     return lines
 
 
@@ -143,11 +150,11 @@ def render_job(j: dict[str, Any]) -> str:
     for r in j.get("recoveries") or []:
         after = r.get("first_step_after_s")
         timing = f"training again after {after:.1f} s" if isinstance(after, int | float) else "in progress"
-        lines.append(f"  recovery epoch {r['epoch']}: {r['reason'][:80]}; resumed at step {r['resumed_step']} "
-                     f"({r['recomputed_steps']} recomputed), {timing}")  # fmt: skip
+        lines += wrapped(f"  recovery epoch {r['epoch']}: {r['reason']}; resumed at step {r['resumed_step']} "
+                         f"({r['recomputed_steps']} recomputed), {timing}")  # fmt: skip
     for d in j.get("dropped_replicas") or []:
-        lines.append(f"  dropped  a replica at step {d['step']} ({', '.join(p[:12] for p in d['devices'])}): "
-                     f"{d['reason'][:80]}; {d['replicas_left']} replica(s) went on")  # fmt: skip
+        lines += wrapped(f"  dropped  a replica at step {d['step']} ({', '.join(p[:12] for p in d['devices'])}): "
+                         f"{d['reason']}; {d['replicas_left']} replica(s) went on")  # fmt: skip
     for r in j.get("rebuilt_replicas") or []:
         on = ", ".join(p[:12] for p in r["devices"])
         lines.append(f"  rebuilt  a replica at step {r['step']} on {on} (from that checkpoint; the others held there)")

@@ -262,3 +262,18 @@ def test_the_leader_names_the_members_its_plan_leaves_out_as_spares(tmp_path: Pa
     assert f"spares   {'b' * 12}: not in the plan" in shown
     job.core.follow("a" * 32)
     assert job.spares() == []  # a member does not know the leader's members
+
+
+def test_a_recovery_reason_is_shown_in_full(tmp_path: Path) -> None:
+    """Issue 31: the reason of a recovery names the device that died and the link that broke first; the view cut it
+    at 80 characters (the dead device's id fell off). It is wrapped, never cut."""
+    dead, neighbour = "d" * 32, "e" * 32
+    reason = (f"member {dead} declared dead (first seen as: the worker of {neighbour} failed: LinkError: peer "
+              f"{dead} closed the activation stream at step 41)")  # fmt: skip
+    job = _job(tmp_path)
+    summary = {**job.summary(full=True), "recoveries": [{"epoch": 2, "reason": reason, "resumed_step": 40,
+               "recomputed_steps": 1, "first_step_after_s": 1.3}], "excluded": {dead: reason}}  # fmt: skip
+    shown = render_job(summary)
+    flat = " ".join(line.strip() for line in shown.splitlines())
+    assert reason in flat and flat.count(dead) >= 4, shown
+    assert all(len(line) <= 120 for line in shown.splitlines()), shown

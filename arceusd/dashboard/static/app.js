@@ -345,7 +345,7 @@ function renderJob(job, me) {
       "each device: median compute (solid) and link waiting (light) per step, the plan's predicted compute as a tick" : "")));
   main.append(section("Compute against waiting", "", stageTiming(job, me)));
   main.append(section("Recoveries", "", (job.recoveries || []).length ? table(["reason", "lost step", "resumed", "first step after"],
-    job.recoveries.map((r) => [String(r.reason), String(r.lost_step), String(r.resumed_step),
+    job.recoveries.map((r) => [el("td", { class: "wrap" }, String(r.reason)), String(r.lost_step), String(r.resumed_step),
       typeof r.first_step_after_s === "number" ? r.first_step_after_s.toFixed(1) + " s" : "–"])) : el("p", { class: "muted" }, "none")));
   const links = Object.entries(job.links || {});
   main.append(section("Contributions", "", table(["device", "share", "steps", "TFLOP"],
