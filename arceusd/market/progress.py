@@ -45,14 +45,15 @@ class CostProgress:
 
 
 def cost_progress(spend: Spend, budget_usd: float, step: int, total_steps: int, eta_s: float | None,
-                  running: bool) -> CostProgress:  # fmt: skip
-    """The figures of a job at ``step`` of ``total_steps`` that has spent ``spend`` (pure)."""
+                  running: bool, committed: bool = False) -> CostProgress:  # fmt: skip
+    """The figures of a job at ``step`` of ``total_steps`` that has spent ``spend`` (pure); ``committed``: the
+    leader has settled a commit since it began (a cost per step of 0 then means no device is paid: $0 to finish)."""
     remaining = max(total_steps - step, 0)
     to_finish_s = None if not running or eta_s is None else eta_s + END_S
     if not running:
         to_finish_usd: float | None = 0.0 if remaining == 0 else None
     else:
-        to_finish_usd = spend.per_step_usd * remaining if spend.per_step_usd > 0 else None
+        to_finish_usd = spend.per_step_usd * remaining if spend.per_step_usd > 0 or committed else None
     return CostProgress(
         spend.usd,
         budget_usd,
@@ -73,8 +74,10 @@ def job_cost(node: Any, job: Any) -> dict[str, Any] | None:
         return None  # (a leader that took over keeps its book after it is no longer the leader)
     speed = job.speed()
     running = str(getattr(job.state, "value", job.state)) == "running"
+    book = market.books.get(job.job_id)
+    committed = book is not None and book.last[0] > book.first
     progress = cost_progress(market.spend(job), float(job.spec.needs.budget_usd), int(job.step),
-                             int(job.total_steps), speed.eta_s, running)  # fmt: skip
+                             int(job.total_steps), speed.eta_s, running, committed)  # fmt: skip
     return {**asdict(progress), "line": progress.line()}
 
 

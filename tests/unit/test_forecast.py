@@ -117,6 +117,8 @@ def test_a_running_jobs_cost_to_finish_is_its_measured_cost_per_step_times_the_s
     unpaid = cost_progress(Spend(0.0, 0.0), 0.0, 10, 300, None, running=True)
     assert unpaid.to_finish_usd is None and unpaid.remaining_budget_usd is None and unpaid.to_finish_s is None
     assert "unknown until a checkpoint is paid" in unpaid.line() and "no budget set" in unpaid.line()
+    free = cost_progress(Spend(0.0, 0.0), 0.0, 100, 300, 40.0, running=True, committed=True)  # no paid device
+    assert free.to_finish_usd == 0.0 and "$0.000000 more" in free.line()
     done = cost_progress(Spend(0.004, 0.00001), 0.0, 300, 300, None, running=False)
     assert done.to_finish_usd == 0.0 and done.at_finish_usd == pytest.approx(0.004)
 
