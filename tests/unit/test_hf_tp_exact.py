@@ -78,6 +78,7 @@ CASES: list[tuple[str, dict[str, Any], Layout, str]] = [
     # llama: 4 heads sharing 2 KV heads (GQA), 48 MLP columns, 3 layers (blocks 1-3)
     ("llama", {}, [(0, 1, None), (1, 3, TPSplit((1, 1), (30, 18))), (3, 5, None)], "adamw"),
     ("llama", {}, [(0, 2, TPSplit((1, 1), (24, 24))), (2, 5, None)], "sgd"),
+    ("mistral", {}, [(0, 2, None), (2, 4, TPSplit((1, 1), (25, 15)))], "adamw"),
     # qwen2 with 4 KV heads: split over 3 ranks, the head replicated in the split stage
     ("qwen2", {"num_key_value_heads": 4}, [(0, 2, None), (2, 4, TPSplit((2, 1, 1), (10, 20, 10)))], "sgd"),
     ("gpt2", {}, [(0, 1, None), (1, 3, TPSplit((3, 1), (100, 28))), (3, 4, None)], "sgd"),
