@@ -7,13 +7,15 @@ over their offers: measured FLOP/s, calibration and links) predicts a step time,
     start (+ first job) + steps x step + checkpoints x checkpoint + evals x eval + end
 
 - ``step``: the plan's predicted step time (``predicted_step_time_s``) x the model kind's :data:`STEP_FACTORS`: what
-  ``bench/quote.py`` measured the workers' median step to be against the plan's prediction, alike on two machines
-  (2 busy cores, 16 idle ones): 1.6-1.7x for the GPT blocks, 0.6-0.65x for the MNIST MLP. The planner's cost model
-  misses that much (``arceusd.profile``'s calibration is its to fix); a model kind not measured takes 1.
+  ``bench/quote.py`` measured a step to take (the time between the first and the last step less the checkpoints
+  and evaluations, over the steps) against the quote's plan's prediction on an idle 16-core machine, 2 runs:
+  1.1-1.6x for the char-GPTs (1.6-1.7x the median step on a busy 2-core one), 0.55-0.65x for the MNIST MLP. The
+  planner's cost model misses that much (``arceusd.profile``'s calibration is its to fix); a model kind not measured
+  takes 1.
 - ``start``: :data:`START_S`, submit to the first step (the members' joins, the plan, the links measured, the stage
   workers started from a warm worker server): 2.9-3.8 s measured. A daemon's first job since it started pays
-  :data:`FIRST_JOB_S` more (its first election waits out a timeout; 7.7 s in all measured).
-- ``end``: :data:`END_S`, the last commit to ``done`` (the model gathered and exported): 0.1-3.5 s measured.
+  :data:`FIRST_JOB_S` more (its first election waits out a timeout; 7.7-10.0 s in all measured).
+- ``end``: :data:`END_BY_MODEL`, the last commit to ``done`` (the last evaluation, the model gathered and exported).
 - ``checkpoint``: :data:`CHECKPOINT_S` per commit (every ``checkpoint.interval_steps`` and the last step): the
   shards written, reported and the manifest committed.
 - ``eval``: a forward pass of the evaluation batches (at every checkpoint and every ``eval_interval_steps``),
@@ -47,14 +49,18 @@ from partitioner import Link, ReplicaPlan
 START_S = 3.0
 """Submit to the first step on a daemon that has run a job before (``bench/quote.py``: 2.9-3.8 s)."""
 FIRST_JOB_S = 4.5
-"""What a daemon's first job since it started pays more to its first step (``bench/quote.py``: 7.7 s in all)."""
+"""What a daemon's first job since it started pays more to its first step (``bench/quote.py``: 7.7-10.0 s in all)."""
 UNBILLED_START_S = 2.0
 """Of the start, the part before the leader starts its book (the joins, the election): not billed."""
 END_S = 2.0
-"""The last commit to ``done``: the model gathered and exported (not billed; ``bench/quote.py``: 0.1-3.5 s)."""
+"""The last commit to ``done`` for a model kind not measured: the last evaluation, the model gathered and exported
+(not billed)."""
+END_BY_MODEL = {"GPTConfig": 2.8, "MLPConfig": 0.2}
+"""The last commit to ``done`` by model config, measured by ``bench/quote.py`` (2.5-3.8 s for the char-GPTs, 0.0-0.2 s
+for the MNIST MLP)."""
 CHECKPOINT_S = 0.15
 """One checkpoint's commit (shards written and reported, manifest committed), measured by ``bench/quote.py``."""
-STEP_FACTORS = {"GPTConfig": 1.65, "MLPConfig": 0.65}
+STEP_FACTORS = {"GPTConfig": 1.45, "MLPConfig": 0.6}
 """The workers' measured median step over the plan's prediction, by model config (``bench/quote.py``)."""
 LOW_SHARE = 0.2
 HIGH_SHARE = 0.25
@@ -63,6 +69,11 @@ HIGH_SHARE = 0.25
 def step_factor(spec: JobSpec) -> float:
     """The measured step over the planner's prediction for ``spec``'s kind of model (1: not measured)."""
     return STEP_FACTORS.get(type(spec.model).__name__, 1.0)
+
+
+def end_seconds(spec: JobSpec) -> float:
+    """The last commit to ``done`` for ``spec``'s kind of model (:data:`END_S` when not measured)."""
+    return END_BY_MODEL.get(type(spec.model).__name__, END_S)
 
 
 @dataclass(frozen=True)
@@ -90,6 +101,8 @@ class Forecast:
     checkpoint_s: float
     evals: int
     eval_s: float
+    end_s: float
+    """The last commit to ``done`` (:data:`END_BY_MODEL`)."""
     seconds: float
     low_s: float
     high_s: float
@@ -114,7 +127,7 @@ class Forecast:
             f"(the planner's model)",
             f"time      {_secs(self.seconds)} ({_secs(self.low_s)} to {_secs(self.high_s)}): start {self.start_s:.1f} s"
             f" + {self.steps} steps x {1000 * self.step_s:.1f} ms + {self.checkpoints} checkpoint(s) x "
-            f"{self.checkpoint_s:.1f} s + {self.evals} eval(s) x {self.eval_s:.2f} s + end {END_S:.0f} s",
+            f"{self.checkpoint_s:.2f} s + {self.evals} eval(s) x {self.eval_s:.2f} s + end {self.end_s:.1f} s",
             f"cost      ${self.usd:.6f} (${self.low_usd:.6f} to ${self.high_usd:.6f}) for {len(self.paid)} paid "
             f"device(s) at ${self.usd_per_hour:.4f}/h together: your own is not billed",
         ]
@@ -176,17 +189,18 @@ def from_plan(spec: JobSpec, rp: ReplicaPlan, offers: list[Offer], owner: str, d
     checkpoints = count_checkpoints(t.steps, interval)
     evals = count_evals(t.steps, interval, t.eval_interval_steps)
     eval_s = eval_seconds(spec, step_s)
-    seconds = start_s + t.steps * step_s + checkpoints * CHECKPOINT_S + evals * eval_s + END_S
+    end_s = end_seconds(spec)
+    seconds = start_s + t.steps * step_s + checkpoints * CHECKPOINT_S + evals * eval_s + end_s
     by_id = {o.peer_id: o for o in offers}
     cap = float(spec.needs.max_price_per_hour)
     paid = tuple(PaidDevice(d, by_id[d].flops_per_s, pay(by_id[d].flops_per_s, cap, demand))
                  for d in devices if d != owner and d in by_id)  # fmt: skip
     per_s = sum(p.usd_per_hour for p in paid) / 3600.0
-    billed_s = seconds - UNBILLED_START_S - (start_s - START_S) - END_S  # a first job waits its election unbilled
+    billed_s = seconds - UNBILLED_START_S - (start_s - START_S) - end_s  # a first job waits its election unbilled
     low, high = 1.0 - LOW_SHARE, 1.0 + HIGH_SHARE
     return Forecast(devices, rp.predicted_step_time_s, step_s, t.steps, start_s, checkpoints, CHECKPOINT_S, evals,
-                    eval_s, seconds, seconds * low, seconds * high, paid, billed_s * per_s, billed_s * per_s * low,
-                    billed_s * per_s * high)  # fmt: skip
+                    eval_s, end_s, seconds, seconds * low, seconds * high, paid, billed_s * per_s,
+                    billed_s * per_s * low, billed_s * per_s * high)  # fmt: skip
 
 
 def _secs(s: float) -> str:
@@ -195,6 +209,7 @@ def _secs(s: float) -> str:
 
 __all__ = [
     "CHECKPOINT_S",
+    "END_BY_MODEL",
     "END_S",
     "FIRST_JOB_S",
     "START_S",
@@ -203,6 +218,7 @@ __all__ = [
     "PaidDevice",
     "count_checkpoints",
     "count_evals",
+    "end_seconds",
     "eval_seconds",
     "forecast",
     "from_plan",

@@ -6,7 +6,7 @@ keeps: what its receipts add up to and the dollars per step they measure (``arce
 through ``MarketService.spend``), the job's ``needs.budget_usd`` and its measured rate of steps (its time left,
 ``arceusd.jobs.throughput``). The cost to finish is the measured dollars per step x the steps left (unknown until
 the first checkpoint is paid); the time to finish is the measured time left plus the model's export
-(:data:`arceusd.market.forecast.END_S`). Only the job's leader holds the book: other devices show none.
+(:func:`arceusd.market.forecast.end_seconds`). Only the job's leader holds the book: other devices show none.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from arceusd.market.admission import Spend
-from arceusd.market.forecast import END_S
+from arceusd.market.forecast import END_S, end_seconds
 
 
 @dataclass(frozen=True)
@@ -45,11 +45,12 @@ class CostProgress:
 
 
 def cost_progress(spend: Spend, budget_usd: float, step: int, total_steps: int, eta_s: float | None,
-                  running: bool, committed: bool = False) -> CostProgress:  # fmt: skip
+                  running: bool, committed: bool = False, end_s: float = END_S) -> CostProgress:  # fmt: skip
     """The figures of a job at ``step`` of ``total_steps`` that has spent ``spend`` (pure); ``committed``: the
-    leader has settled a commit since it began (a cost per step of 0 then means no device is paid: $0 to finish)."""
+    leader has settled a commit since it began (a cost per step of 0 then means no device is paid: $0 to finish);
+    ``end_s``: the last commit to ``done``."""
     remaining = max(total_steps - step, 0)
-    to_finish_s = None if not running or eta_s is None else eta_s + END_S
+    to_finish_s = None if not running or eta_s is None else eta_s + end_s
     if not running:
         to_finish_usd: float | None = 0.0 if remaining == 0 else None
     else:
@@ -77,7 +78,7 @@ def job_cost(node: Any, job: Any) -> dict[str, Any] | None:
     book = market.books.get(job.job_id)
     committed = book is not None and book.last[0] > book.first
     progress = cost_progress(market.spend(job), float(job.spec.needs.budget_usd), int(job.step),
-                             int(job.total_steps), speed.eta_s, running, committed)  # fmt: skip
+                             int(job.total_steps), speed.eta_s, running, committed, end_seconds(job.spec))  # fmt: skip
     return {**asdict(progress), "line": progress.line()}
 
 

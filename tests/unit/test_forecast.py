@@ -25,6 +25,7 @@ from arceusd.market.forecast import (
     UNBILLED_START_S,
     count_checkpoints,
     count_evals,
+    end_seconds,
     forecast,
     step_factor,
 )
@@ -52,7 +53,7 @@ def test_the_time_is_the_planners_step_time_times_the_steps_plus_the_measured_ov
     _, rp = make_job_plan(spec, offers, {}, leader=OWNER)
     assert f.predicted_step_s == rp.predicted_step_time_s
     t = spec.training
-    expected = START_S + t.steps * f.step_s + f.checkpoints * CHECKPOINT_S + f.evals * f.eval_s + END_S
+    expected = START_S + t.steps * f.step_s + f.checkpoints * CHECKPOINT_S + f.evals * f.eval_s + end_seconds(spec)
     assert f.seconds == pytest.approx(expected)
     assert f.checkpoints == 8 and f.evals == 8  # 2000 steps, checkpoints and evals every 250
     assert f.step_s == pytest.approx(rp.predicted_step_time_s * step_factor(spec)) and step_factor(spec) > 1
@@ -78,7 +79,7 @@ def test_the_range_holds_the_point_and_the_owners_device_is_not_billed() -> None
     assert f.low_s < f.seconds < f.high_s and f.low_usd < f.usd < f.high_usd
     assert [p.peer_id for p in f.paid] == [PEER]
     price = pay(FAST, 0.0)
-    assert f.usd == pytest.approx((f.seconds - UNBILLED_START_S - END_S) * price / 3600.0)
+    assert f.usd == pytest.approx((f.seconds - UNBILLED_START_S - end_seconds(spec)) * price / 3600.0)
     first = forecast(spec, [offer(OWNER), offer(PEER)], OWNER, first_job=True)  # its wait is before the book starts
     assert first.seconds == pytest.approx(f.seconds + FIRST_JOB_S) and first.usd == pytest.approx(f.usd)
     alone = forecast(spec, [offer(OWNER)], OWNER)
@@ -154,7 +155,7 @@ def test_the_job_method_gives_the_cost_figures_on_the_leader_only() -> None:
             return Spend(0.001, 0.00002)
 
     job = SimpleNamespace(job_id="j1", leader="me", state="running", step=50, total_steps=150,
-                          spec=SimpleNamespace(needs=SimpleNamespace(budget_usd=0.01)),
+                          spec=SimpleNamespace(needs=SimpleNamespace(budget_usd=0.01), model=None),
                           speed=lambda: Speed(eta_s=30.0))  # fmt: skip
     node = SimpleNamespace(market=Market(), identity=SimpleNamespace(peer_id="me"))
     cost = job_cost(node, job)
