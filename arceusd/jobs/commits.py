@@ -21,10 +21,12 @@ from typing import Any
 
 import trio
 
+from arceusd.checkpoint import Manifest, ShardRecord, atomic_write, commit_manifest, file_matches, matches, step_dir
 from arceusd.jobs import shard_checks
 from arceusd.jobs.core import Stamp, actions, events
 from arceusd.jobs.job import Job
 from arceusd.jobs.manager_base import JobContext, Lifecycle
+from arceusd.jobs.recovery import corrupt_shards
 from arceusd.market.hooks import on_commit
 
 log = logging.getLogger(__name__)
@@ -78,8 +80,6 @@ class Commits:
         """Copy every shard of ``step`` to the leader, check it, sign the manifest, issue the receipts. Returns
         why it failed (or None: committed, or moot), why the job must stop (its budget is spent) or None, and the
         member whose shard could not be copied (or ``""``)."""
-        from arceusd.checkpoint import Manifest, ShardRecord, atomic_write, file_matches, step_dir
-
         root = job.directory / "checkpoints"
         records, names = [], {}
         for peer, shard in sorted(job.leading.reports.get(step, {}).items()):
@@ -125,16 +125,11 @@ class Commits:
 
     def _commit_manifest(self, root: Path, manifest: Any, keep: int) -> None:
         """Check the shards against ``manifest`` and sign it (a thread: file reads and hashing)."""
-        from arceusd.checkpoint import commit_manifest
-
         commit_manifest(root, manifest, self.ctx.node.identity, keep)
 
     async def repair_checkpoint(self, job: Job) -> list[Path]:
         """Copy from members every shard of the newest committed step whose local copy is missing or corrupt;
         return the replica roots to read them from (empty when the local copies are intact)."""
-        from arceusd.checkpoint import atomic_write, matches, step_dir
-        from arceusd.jobs.recovery import corrupt_shards
-
         root = job.directory / "checkpoints"
         step, bad = await trio.to_thread.run_sync(corrupt_shards, root, sorted(job.leaders))
         if not bad:
