@@ -44,6 +44,7 @@ class ControlMethods:
                 "cancel": self.m_cancel, "leave": self.m_leave, "lending": self.m_lending}  # fmt: skip
 
     async def m_submit(self, params: dict[str, Any]) -> dict[str, Any]:
+        # local: the spec parser stays off the daemon's start (manager._load_modules loads it in a thread)
         from arceusd.jobs.spec import JobSpecError, job_id, load_spec, spec_hash, to_dict
 
         path = params.get("spec_path")

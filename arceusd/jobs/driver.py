@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
+from arceusd.checkpoint import step_dir
 from arceusd.jobs import filework
 from arceusd.jobs.core import Role
 from arceusd.jobs.core import actions as a
@@ -283,8 +284,6 @@ class Driver:
     async def _export_committed(self, job: Job, step: int) -> None:
         """The final checkpoint is committed: hand it to the owner when this leader is not the owner, then
         assemble the model here."""
-        from arceusd.checkpoint import step_dir
-
         names = sorted(job.leading.committed_shards.get(step, {}).values())
         await self.m.standbys.sync_owner(job, step, names)
         folder = step_dir(job.directory / "checkpoints", step)

@@ -16,6 +16,7 @@ import torch
 
 from arceusd.checkpoint import atomic_write
 from arceusd.jobs.reslice import ResliceError, full_state, parse_shard
+from arceusd.models.build import build_reference_model
 from arceusd.models.config import GPTConfig, MLPConfig, ModelConfig
 from arceusd.safetensors_io import save_bytes
 
@@ -46,8 +47,6 @@ def model_description(config: MLPConfig | GPTConfig, extra: dict[str, Any] | Non
 def write_model(directory: Path, config: MLPConfig | GPTConfig, state: dict[str, torch.Tensor],
                 extra: dict[str, Any] | None = None) -> Path:  # fmt: skip
     """Write ``model.safetensors`` and ``model.json`` (config + e.g. the vocabulary) atomically; return the path."""
-    from arceusd.models.build import build_reference_model
-
     reference = build_reference_model(config, seed=0)
     expected = set(reference.state_dict())
     if set(state) != expected:

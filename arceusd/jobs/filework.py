@@ -24,11 +24,18 @@ import json
 import logging
 import sys
 import time
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from arceusd.jobs import recovery
+from arceusd.jobs.planning import plan_from_start, worker_stages
 from arceusd.jobs.recovery import ResumeFile, ResumePoint
+from arceusd.jobs.warm_starts import warm_starts
+from arceusd.models.config import GPTConfig, MLPConfig
+from arceusd.models.hf.config import HFModelConfig
+from partitioner import plan_from_bytes
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +48,6 @@ class FileworkError(RuntimeError):
 
 # ------------------------------------------------------------------------------------------------ the daemon
 async def _run(task: str, request: dict[str, Any]) -> dict[str, Any]:
-    from arceusd.jobs.warm_starts import warm_starts
-
     # forked from the fork server when it runs: re-slicing is on a recovery's critical path (issue 33)
     returncode, stdout, stderr = await warm_starts().run(
         "arceusd.jobs.filework", [task], json.dumps(request).encode()
@@ -107,6 +112,8 @@ async def plan_shapes(
 
 
 # ------------------------------------------------------------------------------------------------ the child
+# The imports inside these functions load torch (or transformers), or the spec parser (kept off the daemon's start):
+# the daemon imports this module for its side above.
 def _non_finite(tensors: Any) -> str | None:
     """The first tensor name holding a NaN or an infinity, or None."""
     import torch
@@ -120,11 +127,9 @@ def _non_finite(tensors: Any) -> str | None:
 def _shapes(request: dict[str, Any]) -> dict[str, Any]:
     import torch
 
-    from arceusd.jobs.planning import worker_stages
     from arceusd.jobs.reslice import slice_state
     from arceusd.jobs.spec import spec_from_dict
     from arceusd.models.build import build_reference_model
-    from partitioner import plan_from_bytes
 
     spec = spec_from_dict(json.loads(request["spec"]))
     stages = worker_stages(plan_from_bytes(base64.b64decode(request["plan"])))
@@ -136,8 +141,6 @@ def _shapes(request: dict[str, Any]) -> dict[str, Any]:
         for rank, member in enumerate(stage.members):
             sliced = slice_state(spec.model, full, stage, rank)
             shapes[member.peer_id] = {k: list(v.shape) for k, v in sliced.items()}
-    from arceusd.models.config import GPTConfig, MLPConfig
-
     # a model whose initial values come from its seed alone (a stock LM may start from weights on disk: none then)
     seeded = isinstance(spec.model, MLPConfig | GPTConfig)
     initial = {k: float(v.abs().max()) if v.numel() else 0.0 for k, v in full.items()} if seeded else {}
@@ -145,11 +148,7 @@ def _shapes(request: dict[str, Any]) -> dict[str, Any]:
 
 
 def _resume(request: dict[str, Any]) -> dict[str, Any]:
-    import time
-
     started = time.monotonic()
-    from arceusd.jobs import recovery
-    from arceusd.jobs.planning import plan_from_start, worker_stages
     from arceusd.jobs.spec import spec_from_dict
 
     spec = spec_from_dict(json.loads(request["spec"]))
@@ -177,8 +176,6 @@ def _export(request: dict[str, Any]) -> dict[str, Any]:
     if where is not None:
         raise ValueError(f"the assembled model holds non-finite values ({where}); it is not saved")
     extra: dict[str, Any] = {"job_id": request["job_id"], "step": int(request["step"]), "name": spec.name}
-    from arceusd.models.hf.config import HFModelConfig
-
     if isinstance(spec.model, HFModelConfig):  # a folder transformers' from_pretrained loads
         from arceusd.models.hf.export import write_hf_export
 
@@ -206,8 +203,6 @@ def main() -> None:
         task = {"resume": _resume, "export": _export, "shapes": _shapes}[sys.argv[1]]
         answer = task(request)
     except Exception as exc:  # one line for the daemon's log; the traceback goes to stderr
-        import traceback
-
         traceback.print_exc()
         print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}))
         sys.exit(1)

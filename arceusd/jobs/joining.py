@@ -25,6 +25,7 @@ from arceusd.jobs.claims import check_offer_bounds
 from arceusd.jobs.core import JobCore, JobState, Role, events
 from arceusd.jobs.job import TERMINAL, Job
 from arceusd.jobs.manager_base import JobContext, Lifecycle
+from arceusd.jobs.planning import Offer
 from arceusd.jobs.warm_starts import warm_starts
 from arceusd.market.hooks import enough_memory, join_refusal, may_auto_join
 from arceusd.membership.events import MemberState
@@ -108,8 +109,6 @@ class Joining:
         return reply
 
     async def on_join_request(self, header: Header, msg: JoinRequest) -> JoinReply:
-        from arceusd.jobs.planning import Offer
-
         job = self.ctx.jobs.get(msg.job_id)
         if job is None or not self.ctx.leads(job):
             return JoinReply(msg.job_id, False, "this device does not lead that job")
@@ -154,6 +153,7 @@ class Joining:
         return JoinReply(msg.job_id, True, "", tuple(sorted(job.members)))
 
     async def on_announce(self, header: Header, msg: JobAnnounce) -> JobAck:
+        # local: the spec parser stays off the daemon's start (manager._load_modules loads it in a thread)
         from arceusd.jobs.spec import JobSpecError, spec_from_dict, spec_hash
 
         refused = self.announced.admit(header.sender, msg, known=msg.job_id in self.ctx.jobs, now=time.monotonic())

@@ -20,6 +20,7 @@ import trio
 
 from arceusd.jobs.claims import check_offer_bounds
 from arceusd.jobs.memory_fit import Lent
+from arceusd.market.policy import owner_back
 from arceusd.membership.events import MemberState
 from protocol.lend_wire import LendQuery, LendReply
 
@@ -85,7 +86,7 @@ def _not_measured() -> list[Any]:
 def cached_lend(node: Any) -> tuple[int, str] | None:
     """(memory lent, kind) from this device's cached measurement (``arceusd.profile``; the offer's memory is 80 %
     of what was free, capped by ``lend_memory_mib``), or None when there is none for its worker threads today."""
-    from arceusd.profile import best_measurement, load_or_measure, to_device_profile
+    from arceusd.profile import best_measurement, load_or_measure, to_device_profile  # local: off the daemon's start
 
     try:
         found = load_or_measure(node.paths.root, threads=node.config.worker_threads, measure=_not_measured)
@@ -103,8 +104,6 @@ def lends_now(node: Any) -> bool:
     market = getattr(node, "market", None)
     if market is None:
         return True
-    from arceusd.market.policy import owner_back
-
     return not owner_back(market.policy, market.snapshot)
 
 

@@ -22,11 +22,23 @@ from arceusd.jobs import claims, probation, reports, shard_checks, witnesses
 from arceusd.jobs.core import Role, Stamp, actions, events
 from arceusd.jobs.job import TERMINAL, Job
 from arceusd.jobs.manager_base import JobContext, Lifecycle
+from arceusd.jobs.planning import (
+    PlanRefused,
+    replica_flops_shares,
+    replica_peers,
+    replica_sync_config,
+    verify_grown_start,
+    verify_job_start,
+    worker_replicas,
+    worker_stages,
+)
+from arceusd.jobs.recovery import ResumeError, ResumePoint
 from arceusd.jobs.spec_types import resolve_path
 from arceusd.jobs.speed_checks import SpeedChecks
 from arceusd.jobs.supervisor import WorkerFailed, WorkerProcess
 from arceusd.jobs.transfers import leader_data
 from arceusd.jobs.warm_starts import preloads_for, warm_starts
+from arceusd.worker.protocol import WorkerConfig
 from protocol.envelope import Header
 from protocol.errors import RemoteProtocolError
 from protocol.job_wire import JobAck, JobGo, JobReport, JobStart, JobStartReply, ReportKind
@@ -44,9 +56,7 @@ class LocalWorker:
         self.speed = speed  # the leader's timed challenges of its members (issue #19)
 
     async def on_start(self, header: Header, msg: JobStart) -> JobStartReply:
-        from arceusd.jobs.planning import PlanRefused, replica_flops_shares, verify_grown_start, verify_job_start
-        from arceusd.jobs.recovery import ResumeError, ResumePoint
-        from arceusd.jobs.regrow import GrowStart
+        from arceusd.jobs.regrow import GrowStart  # local: a cycle at the top (regrow -> starting -> here)
 
         job = self.ctx.jobs.get(msg.job_id)
         if job is None:
@@ -113,9 +123,6 @@ class LocalWorker:
     async def start_worker(self, job: Job, resume: Any = None) -> JobStartReply:
         """Start this device's worker for its place in ``job.replica_plan`` (its replica's stages; with
         replicas, every replica's stages and how they sync)."""
-        from arceusd.jobs.planning import replica_peers, replica_sync_config, worker_replicas, worker_stages
-        from arceusd.worker.protocol import WorkerConfig
-
         rp = job.replica_plan
         if rp is None:
             return JobStartReply(job.job_id, False, "no plan to start a worker for")

@@ -58,11 +58,13 @@ from __future__ import annotations
 import json
 import logging
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import trio
 
+from arceusd.checkpoint import committed_steps
 from arceusd.jobs.commits import Commits
 from arceusd.jobs.control_methods import ControlMethods
 from arceusd.jobs.core import JobCore, JobState, Role, Stamp
@@ -75,6 +77,7 @@ from arceusd.jobs.known import read_records
 from arceusd.jobs.lending import answerer
 from arceusd.jobs.local_worker import LocalWorker, worker_device
 from arceusd.jobs.manager_base import OWNER_FILE, JobContext
+from arceusd.jobs.recovery import corrupt_shards
 from arceusd.jobs.regrow import Regrowing
 from arceusd.jobs.replica_drop import ReplicaDrops
 from arceusd.jobs.speed_checks import SpeedChecks
@@ -152,8 +155,7 @@ class JobManager(JobContext):
         """Jobs this device owns that had not ended when it stopped (crash, reboot): they resume from their
         newest committed checkpoint once members rejoin. A job whose saved state does not verify is skipped
         with a warning, never half-restored."""
-        from arceusd.checkpoint import committed_steps
-        from arceusd.jobs.spec import JobSpecError, parse_spec, spec_hash
+        from arceusd.jobs.spec import JobSpecError, parse_spec, spec_hash  # local: off the daemon's start (a thread)
 
         restored: list[Job] = []
         if not self.root.is_dir():
@@ -296,10 +298,6 @@ class JobManager(JobContext):
     async def take_over(self, job: Job) -> None:
         """Standby elected after the leader died: gather the survivors and the newest intact checkpoint, then
         lead them from it (the core repartitions)."""
-        from dataclasses import replace
-
-        from arceusd.jobs.recovery import corrupt_shards
-
         me, old = self.node.identity.peer_id, job.leader
         if job.plan is None:
             return

@@ -25,11 +25,13 @@ from typing import Any, Protocol
 
 import trio
 
+from arceusd.checkpoint import atomic_write
 from arceusd.control import RequestError
 from arceusd.jobs import leadership
 from arceusd.jobs.core import Role, Stamp, actions, events
 from arceusd.jobs.job import TERMINAL, Job
 from arceusd.jobs.known import MEMBER_FILE, KnownJob, known_jobs, member_record
+from arceusd.jobs.planning import Offer
 from arceusd.jobs.transfers import Transfers
 from arceusd.market.hooks import job_receipts
 from arceusd.node import Node
@@ -61,8 +63,6 @@ class JobContext:
         """The durable record of a job: the owner's (enough to resume it after this daemon restarts), a
         member's (enough to list it after a restart: :mod:`arceusd.jobs.known`; kept once written, also after
         it left the job)."""
-        from arceusd.checkpoint import atomic_write
-
         record = member_record(job)
         if job.role == Role.OWNER:
             name = OWNER_FILE
@@ -109,8 +109,6 @@ class JobContext:
     async def offer(self) -> Any:
         """This device's offer (measured once in a child process, cached on disk for a day); the memory it lends
         is capped by ``lend_memory_mib`` when the device's owner set one."""
-        from arceusd.jobs.planning import Offer
-
         if self._offer is None:
             result = await trio.run_process(
                 [sys.executable, "-m", "arceusd.jobs.probe", str(self.node.paths.root),

@@ -13,6 +13,8 @@ import json
 import sys
 from pathlib import Path
 
+from arceusd.profile import DeviceMeasurement, best_measurement, load_or_measure, measure_all, to_device_profile
+
 
 def main() -> None:
     if len(sys.argv) not in (2, 3):
@@ -22,7 +24,6 @@ def main() -> None:
         if not sys.argv[2].isdigit() or int(sys.argv[2]) < 1:
             sys.exit(f"THREADS must be a whole number >= 1, got {sys.argv[2]!r}")
         threads = int(sys.argv[2])
-    from arceusd.profile import DeviceMeasurement, best_measurement, load_or_measure, measure_all, to_device_profile
 
     def measure() -> tuple[DeviceMeasurement, ...]:
         import torch  # only to measure: a cached figure is read without it (2 s of CPU saved per start)

@@ -121,7 +121,7 @@ def prepare_resume(
     Error handling: :class:`arceusd.jobs.reslice.ResliceError` when the checkpoint's shards do not make a whole
     model (cannot happen for a manifest we committed ourselves, short of a bug).
     """
-    import torch  # run in a child (arceusd.jobs.filework)
+    import torch  # this and the two below load torch: run in a child (arceusd.jobs.filework)
 
     from arceusd.jobs.reslice import full_state, slice_state
     from arceusd.safetensors_io import save_bytes

@@ -33,17 +33,19 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from arceusd.checkpoint import step_dir
+from arceusd.checkpoint import CheckpointError, read_manifest, step_dir
 from arceusd.jobs.core import actions, events
 from arceusd.jobs.job import Job
 from arceusd.jobs.manager_base import JobContext, Lifecycle
+from arceusd.jobs.planning import replica_flops_shares
+from arceusd.jobs.recovery import ResumeFile, ResumePoint, file_name, resume_dir
 from arceusd.jobs.supervisor import WorkerFailed
+from partitioner import inputs_bytes, replica_plan_bytes
 from partitioner.replicas import ReplicaPlan, with_devices
 from protocol.envelope import Header
 from protocol.job_wire import JobAck, JobGo, JobGrowReplica, JobStart, JobStartReply, JobStop, PeerAddress
 
 if TYPE_CHECKING:
-    from arceusd.jobs.recovery import ResumeFile
     from arceusd.jobs.starting import Starting
 
 log = logging.getLogger(__name__)
@@ -112,9 +114,6 @@ def _resume_files(job: Job, step: int, plan: ReplicaPlan, position: int) -> dict
     """The committed shard of each place, linked (or copied) for the new replica's device there, described by the
     step's signed manifest (what we signed, not read again; blocking: a thread). ``RegrowError`` when the step's
     manifest does not verify or lacks a shard."""
-    from arceusd.checkpoint import CheckpointError, read_manifest
-    from arceusd.jobs.recovery import ResumeFile, file_name, resume_dir
-
     folder = step_dir(job.directory / "checkpoints", step)
     try:
         manifest, _ = read_manifest(folder, sorted(job.leaders))
@@ -163,9 +162,6 @@ class Regrowing:
         self.life.feed(job, events.Regrown(action.stamp, position, devices))
 
     async def _rebuild(self, job: Job, action: actions.Regrow) -> tuple[int, tuple[str, ...]]:
-        from arceusd.jobs.recovery import ResumePoint
-        from partitioner import inputs_bytes, replica_plan_bytes
-
         plan, inputs = job.replica_plan, job.inputs
         if plan is None or inputs is None or job.core.stamp != action.stamp:
             raise RegrowError("the plan changed")
@@ -285,8 +281,6 @@ class Regrowing:
             job.leading.shard_shapes = {}  # another replica writes the shards now: its places' shapes
         job.replica_plan, job.plan = grown, grown.replicas[0]
         if job.inputs is not None:  # the ledger credits the rebuilt replica's devices from now on
-            from arceusd.jobs.planning import replica_flops_shares
-
             job.shares = replica_flops_shares(grown, job.inputs)
         job.replica_slots = tuple(sorted((*job.slots(), msg.slot)))
         job.data_shares, job.ring_generation = shares, msg.generation

@@ -25,6 +25,7 @@ import trio
 from arceusd.jobs.core import actions, events
 from arceusd.jobs.job import Job, ReplicaDrop
 from arceusd.jobs.manager_base import JobContext, Lifecycle
+from arceusd.jobs.planning import replica_flops_shares
 from arceusd.jobs.supervisor import WorkerFailed
 from partitioner.replicas import ReplicaPlan, ReplicaSyncMode
 from protocol.envelope import Header
@@ -70,8 +71,6 @@ class ReplicaDrops:
 
     def _apply(self, job: Job, plan: ReplicaPlan, count: int, index: int, reason: str) -> tuple[str, ...]:
         """Take the smaller plan; returns the dropped replica's devices."""
-        from arceusd.jobs.planning import replica_flops_shares
-
         devices = plan.replicas[index].peer_ids
         smaller = dropped_plan(plan, count, index)
         slots = job.slots()

@@ -25,13 +25,20 @@ values further from the last committed checkpoint's than the optimizer can move 
 from __future__ import annotations
 
 import enum
+import logging
 import re
 from pathlib import Path
 from typing import Any
 
-from arceusd.checkpoint import shard_file_name
+import trio
+
+from arceusd.checkpoint import shard_file_name, step_dir
+from arceusd.jobs import filework
+from arceusd.jobs.core import JobState
 from arceusd.jobs.job import Job
+from arceusd.jobs.planning import encode_start
 from arceusd.jobs.plausibility import implausible, merge
+from arceusd.jobs.shard_scan import ShardScanError, scan_all, scan_shard
 from protocol.job_wire import JobReport
 
 SIZE_MARGIN = 2
@@ -137,9 +144,6 @@ async def plan_shapes(job: Job) -> dict[str, dict[str, tuple[int, ...]]]:
     """The parameter shapes each place in the job's current plan implies (peer -> name -> shape), computed once
     per plan epoch in a child process (:func:`arceusd.jobs.filework.plan_shapes`) and kept on the job.
     :class:`RuntimeError` when no plan runs or the child failed."""
-    from arceusd.jobs import filework
-    from arceusd.jobs.planning import encode_start
-
     async with job.shapes_lock:  # one child per plan, whoever asks first (the prefetch or the first commit)
         epoch, plan, inputs = job.epoch, job.plan, job.inputs
         if plan is None or inputs is None:
@@ -162,12 +166,6 @@ async def prefetch_shapes(job: Job) -> None:
     """Compute the plan's shapes once its workers run, so the first commit of a plan does not wait for a child
     process (a first checkpoint used to lag the workers by 7 s on two busy cores). Not while they start: building
     the reference model beside a recovery's re-slicing took a stock Llama's re-slice from 0.5 to 4 s."""
-    import logging
-
-    import trio
-
-    from arceusd.jobs.core import JobState
-
     epoch = job.epoch
     with trio.move_on_after(PREFETCH_AFTER_S):
         while job.epoch == epoch and job.state in (JobState.PLANNING, JobState.STARTING, JobState.RECOVERING):
@@ -192,10 +190,6 @@ async def check_contents(job: Job, folder: Path, step: int, me: str) -> str | No
     :class:`arceusd.jobs.filework.FileworkError` when the shapes could not be computed (a :class:`RuntimeError`,
     as is no running plan): this device's trouble,
     not the member's, so nobody is excluded and the commit fails (the next checkpoint supersedes it)."""
-    import trio
-
-    from arceusd.jobs.shard_scan import ShardScanError, scan_shard
-
     if job.plan is None:
         raise RuntimeError("no plan is running to check the shards against")
     shapes = await plan_shapes(job)
@@ -231,13 +225,6 @@ async def reference_magnitudes(job: Job, root: Path) -> tuple[int, dict[str, flo
     value there: kept from its own check, read again from its shards under ``root`` (a leader that took over, an
     owner that restarted), or the job's initial values before the first commit (from the plan's shapes child).
     None when none can be had (its shards unreadable here): the values are then not judged."""
-    import logging
-
-    import trio
-
-    from arceusd.checkpoint import step_dir
-    from arceusd.jobs.shard_scan import ShardScanError, scan_all
-
     start = job.committed_step
     if start == 0:
         return 0, job.leading.initial_magnitudes or None

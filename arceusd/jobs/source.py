@@ -10,7 +10,7 @@ from __future__ import annotations
 from arceusd.data.batches import BatchSource, MnistBatches, TextBatches
 from arceusd.data.errors import DataError
 from arceusd.data.mnist import load_mnist
-from arceusd.data.text import load_text
+from arceusd.data.text import file_sha256, load_text
 from arceusd.jobs.datafacts import mnist_facts, text_facts
 from arceusd.jobs.spec_types import JobSpec, MnistDataSpec, TokensDataSpec, resolve_path
 from arceusd.models.config import GPTConfig
@@ -54,8 +54,7 @@ def open_batch_source(spec: JobSpec, *, eval_batch_size: int = 1000) -> BatchSou
 
 def _tokens(spec: JobSpec) -> BatchSource:
     """A stock LM's tokenized data (``arceusd/data/tokenized.py``), its files checked against the spec's digests."""
-    from arceusd.data.text import file_sha256
-    from arceusd.data.tokenized import TokenBatches, load_tokens
+    from arceusd.data.tokenized import TokenBatches, load_tokens  # local: tokenizers, for a stock LM's data only
 
     d, t = spec.data, spec.training
     assert isinstance(d, TokensDataSpec)

@@ -29,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from arceusd.data.mnist_files import find_mnist_files
+from arceusd.data.text_files import file_sha256
+from arceusd.jobs.datafacts import mnist_facts
 from arceusd.jobs.planning import Offer
 
 DATA_FOLDER = "data"
@@ -82,9 +84,6 @@ def copy_entry(job_dir: Path, data: Mapping[str, Any], names: Sequence[str]) -> 
 
 def data_digest(data: Mapping[str, Any]) -> str:
     """The content digest the spec's ``data.sha256`` states, computed from the files of ``data``."""
-    from arceusd.data.text_files import file_sha256
-    from arceusd.jobs.datafacts import mnist_facts
-
     files = data_files(data)
     if data.get("kind") == "text":
         return file_sha256(files[0])

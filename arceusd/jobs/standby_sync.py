@@ -15,6 +15,7 @@ from typing import Any
 
 import trio
 
+from arceusd.checkpoint import MANIFEST_NAME, CheckpointError, parse_manifest, prune, step_dir
 from arceusd.jobs import leadership
 from arceusd.jobs.core import Role
 from arceusd.jobs.core.events import FollowsOther, StandbyCommitted
@@ -38,8 +39,7 @@ class StandbySyncing:
         """Leader: tell the standby that ``step`` is committed (the signed manifest), the shards to copy from us
         (every one but its own: then each shard has three copies, its writer's, ours and the standby's), and the
         data set's files, so it can lead if we die."""
-        from arceusd.checkpoint import MANIFEST_NAME, step_dir
-        from arceusd.jobs.standby import data_files, offers_to_wire
+        from arceusd.jobs.standby import data_files, offers_to_wire  # local: off the daemon's start
 
         standby = job.standby
         offer = job.members.get(standby)
@@ -60,8 +60,7 @@ class StandbySyncing:
                 self.life.feed(job, FollowsOther(leader, standby))  # with most of the job saying so: hand over
 
     async def on_standby_sync(self, header: Header, msg: StandbySync) -> JobAck:
-        from arceusd.checkpoint import CheckpointError, parse_manifest
-        from arceusd.jobs.standby import StandbyError, check_names, offers_from_wire
+        from arceusd.jobs.standby import StandbyError, check_names, offers_from_wire  # local: off the daemon's start
 
         job = self.ctx.jobs.get(msg.job_id)
         if job is None:
@@ -94,8 +93,6 @@ class StandbySyncing:
         leader, the final checkpoint (the signed manifest and its shards' names) before exporting, so the model
         lands on the owner's disk as well. The owner copies, checks and exports before it answers; a failure
         only costs the owner its copy (the model is still saved here)."""
-        from arceusd.checkpoint import MANIFEST_NAME, step_dir
-
         offer = job.members.get(job.owner)
         if job.owner == self.ctx.node.identity.peer_id or offer is None:
             return
@@ -111,8 +108,6 @@ class StandbySyncing:
     async def _receive_final(self, job: Job, leader: str, msg: StandbySync) -> JobAck:
         """Owner that handed its job over: copy the final checkpoint from the leader, check every shard against
         the leader's signed manifest, and export the model here (the answer says whether that worked)."""
-        from arceusd.checkpoint import CheckpointError, parse_manifest, step_dir
-
         try:
             manifest, _ = parse_manifest(msg.manifest, sorted(job.leaders), "the leader's manifest")
             if manifest.job_id != job.job_id or manifest.step != msg.step or msg.step < job.total_steps:
@@ -135,8 +130,6 @@ class StandbySyncing:
     async def _standby_copy(self, job: Job, leader: str, msg: StandbySync, manifest: Any) -> None:
         """Standby: copy the data (once) and the leader's shards of a committed step; each is checked before
         it is kept; the manifest is written last, so a step is complete here only when all of it is."""
-        from arceusd.checkpoint import prune
-
         async with job.sync_lock:
             data_missing = job.standby_data is None and bool(msg.data_files)
             if data_missing and not await self.ctx.transfers.copy_data(job, leader, msg.data_files):

@@ -24,7 +24,10 @@ from arceusd.jobs.core import JobState, actions, events
 from arceusd.jobs.job import Job
 from arceusd.jobs.local_worker import LocalWorker
 from arceusd.jobs.manager_base import JobContext, Lifecycle
+from arceusd.jobs.planning import PlanError, encode_job_start, estimated_links, make_job_plan, replica_flops_shares
 from arceusd.jobs.standby_sync import choose_standby
+from arceusd.worker.protocol import ResumeConfig
+from partitioner import Link
 from protocol.envelope import Header
 from protocol.job_wire import JobAck, JobGo, JobStart, JobStartReply, LinkEcho, PeerAddress
 
@@ -47,8 +50,6 @@ class Starting:
 
     async def plan(self, job: Job) -> None:
         """The core's ``Plan``: plan over ``job.members`` and tell the core what came of it."""
-        from arceusd.jobs.planning import PlanError, estimated_links, make_job_plan, replica_flops_shares
-
         stamp = job.core.stamp
         me = self.ctx.node.identity.peer_id
         rtt = {(me, p): (i.rtt_ms or 1.0) / 1000 for p, i in self.ctx.peers.info.items()}
@@ -96,8 +97,6 @@ class Starting:
     async def start(self, job: Job, action: actions.SendStart) -> None:
         """The core's ``SendStart``: slice the resume checkpoint for the new plan (a child process), send every
         member its start (each verifies the plan itself and starts its worker), and tell the core who refused."""
-        from arceusd.jobs.planning import encode_job_start
-
         me = self.ctx.node.identity.peer_id
         if job.inputs is None or job.replica_plan is None or job.core.stamp != action.stamp:
             return  # the plan it starts is gone (a repartition began): the core plans again
@@ -128,8 +127,6 @@ class Starting:
             if peer == me:
                 local = None
                 if resume is not None:
-                    from arceusd.worker.protocol import ResumeConfig
-
                     local = ResumeConfig(start_step, str(resume.directory / resume.files[me].name), resume.cursor)
                 reply = await self.local.start_worker(job, local)
             elif peer not in reach:
@@ -196,8 +193,7 @@ class Starting:
         """Leader: the link to each member, measured over the transport (``arceusd.profile.measure_link``: round
         trip, bandwidth, per-message cost) one member at a time, reused for :data:`LINK_TTL_S`. A member that
         does not echo in time keeps the defaults (round trip from membership, nominal bandwidth)."""
-        from arceusd.profile import measure_link
-        from partitioner import Link
+        from arceusd.profile import measure_link  # local: off the daemon's start
 
         me, now, out = self.ctx.node.identity.peer_id, time.monotonic(), {}
         for peer in sorted(job.members):

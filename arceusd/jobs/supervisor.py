@@ -21,6 +21,7 @@ from typing import Any
 import trio
 
 from arceusd.jobs.warm_starts import ChildProcess, warm_starts
+from arceusd.worker.protocol import WorkerProtocolError, parse_event
 
 log = logging.getLogger(__name__)
 
@@ -77,8 +78,6 @@ class WorkerProcess:
 
     async def events(self) -> AsyncIterator[dict[str, Any]]:
         """Worker events, one dict per stdout line, until the worker closes stdout."""
-        from arceusd.worker.protocol import WorkerProtocolError, parse_event
-
         assert self.process is not None and self.process.stdout is not None
         while True:
             while b"\n" not in self._buffer:

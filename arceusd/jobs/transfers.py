@@ -18,14 +18,19 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
 import trio
 
+from arceusd.checkpoint import MANIFEST_NAME, SHARD_NAME, atomic_write, file_matches, matches, step_dir
 from arceusd.jobs.job import Job
+from arceusd.jobs.recovery import ResumeError, check_file, resume_dir
+from arceusd.jobs.spec_types import resolve_path
 from arceusd.peers import PeerService
+from arceusd.worker.protocol import ResumeConfig
 from protocol.envelope import Header
 from protocol.job_wire import SHARD_CHUNK, DataRequest, JobAck, ResumeRequest, ShardData, ShardRequest, StandbySync
 
@@ -90,10 +95,6 @@ class Transfers:
 
     async def fetch_resume(self, job: Job, leader: str, step: int, mine: Any) -> Any:
         """Download this device's resume slice from the leader, check it, store it; its ResumeConfig."""
-        from arceusd.checkpoint import atomic_write
-        from arceusd.jobs.recovery import ResumeError, check_file, resume_dir
-        from arceusd.worker.protocol import ResumeConfig
-
         data = await self.download(job, leader, job.leader_address,
                                     lambda offset: ResumeRequest(job.job_id, job.epoch, mine.name, offset),
                                     int(mine.size))  # fmt: skip
@@ -108,8 +109,6 @@ class Transfers:
         """Copy the leader's shards ``msg.shards`` of step ``msg.step`` (each checked against its manifest record;
         one already here and intact is kept), then the manifest, last: the step is complete here only when all
         of it is. Returns the name of a shard that did not arrive intact (nothing more is written then)."""
-        from arceusd.checkpoint import MANIFEST_NAME, atomic_write, file_matches, matches, step_dir
-
         folder = step_dir(job.directory / "checkpoints", msg.step)
         for name in msg.shards:
             if await trio.to_thread.run_sync(file_matches, folder / name, records[name]):
@@ -126,9 +125,7 @@ class Transfers:
     async def copy_data(self, job: Job, leader: str, names: tuple[str, ...]) -> bool:
         """Standby: download the leader's data files and check them against the spec's digest; a copy that
         does not arrive whole or does not match is removed, never kept half-written."""
-        import shutil
-
-        from arceusd.checkpoint import atomic_write
+        # local: off the daemon's start
         from arceusd.jobs.standby import DATA_FOLDER, StandbyError, check_copy, copy_entry
 
         folder = job.directory / DATA_FOLDER
@@ -154,8 +151,6 @@ class Transfers:
 
     # ---------------------------------------------------------------------------------------------- serving
     async def on_shard_request(self, header: Header, msg: ShardRequest) -> ShardData | JobAck:
-        from arceusd.checkpoint import SHARD_NAME, step_dir
-
         job = self.jobs.get(msg.job_id)
         if job is None:
             return JobAck(False, "unknown job")
@@ -167,8 +162,6 @@ class Transfers:
         return serve_chunk(step_dir(job.directory / "checkpoints", msg.step) / msg.name, msg.offset)
 
     async def on_resume_request(self, header: Header, msg: ResumeRequest) -> ShardData | JobAck:
-        from arceusd.jobs.recovery import resume_dir
-
         job = self.jobs.get(msg.job_id)
         if job is None or not self._leads(job):
             return JobAck(False, "not the leader of that job")
@@ -177,7 +170,7 @@ class Transfers:
         return serve_chunk(resume_dir(job.directory, msg.epoch) / msg.name, msg.offset)
 
     async def on_data_request(self, header: Header, msg: DataRequest) -> ShardData | JobAck:
-        from arceusd.jobs.standby import data_files
+        from arceusd.jobs.standby import data_files  # local: off the daemon's start
 
         job = self.jobs.get(msg.job_id)
         if job is None or not self._leads(job) or header.sender != job.standby:
@@ -191,8 +184,6 @@ class Transfers:
 def leader_data(job: Job) -> dict[str, Any]:
     """The data entry of the leader's worker (it serves the batches): on the owner the spec's files with
     absolute paths (the spec's are relative to its file), on a standby that took over its checked copy."""
-    from arceusd.jobs.spec_types import resolve_path
-
     if job.role != "owner":  # a Role (a str enum)
         if job.standby_data is None:
             raise RuntimeError("this device leads the job without a checked copy of its data (a bug)")

@@ -34,6 +34,8 @@ from typing import Protocol
 
 import trio
 
+from arceusd.models.hf.config import HFModelConfig
+
 log = logging.getLogger(__name__)
 
 SERVER = "arceusd.jobs.fork_server"
@@ -351,8 +353,6 @@ async def _stop(proc: ChildProcess) -> None:
 
 def preloads_for(model: object) -> tuple[str, ...]:
     """What the programs of a job with this model config import beyond torch (``fork_server.PRELOADS``)."""
-    from arceusd.models.hf.config import HFModelConfig
-
     if not isinstance(model, HFModelConfig):
         return ()
     lora = ("arceusd.models.hf.lora", "arceusd.models.hf.lora_export") if model.lora is not None else ()
