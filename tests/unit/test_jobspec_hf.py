@@ -126,3 +126,15 @@ def test_tokens_data_needs_a_stock_model_and_steps(tmp_path: Path) -> None:
     text = gpt.read_text().replace('kind = "text"', 'kind = "tokens"\ntokenizer = "x.json"')
     (tmp_path / "g.toml").write_text(text.replace("../data/", str(ROOT / "data") + "/"))
     assert any("model.type" in p for p in _problems(tmp_path / "g.toml"))
+
+
+def test_the_11m_example_is_a_10_to_20m_llama_on_the_shipped_tokenizer_and_its_lora_follows_it() -> None:
+    """Issue 30 item 9: the example sized for five minutes on two CPU daemons (``bench/example_llama.py`` runs it)
+    is a Llama of 10-20 M parameters with the shipped BPE; its LoRA spec fine-tunes that model's export."""
+    spec = load_spec(ROOT / "examples" / "llama-shakespeare-11m.toml")
+    assert isinstance(spec.model, HFModelConfig) and spec.model.model_type == "llama"
+    assert isinstance(spec.data, TokensDataSpec) and spec.data.tokenizer.endswith("shakespeare-bpe.json")
+    params = sum(c.param_bytes for c in block_costs(spec.model)) // 4
+    assert 10_000_000 <= params <= 20_000_000, params
+    lora = (ROOT / "examples" / "llama-shakespeare-11m-lora.toml").read_text()
+    assert 'config = "llama-11m.config.json"' in lora and 'weights = "llama-shakespeare-11m-base.safetensors"' in lora
