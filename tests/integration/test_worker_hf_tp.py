@@ -9,18 +9,15 @@ gathered from the workers' last checkpoint shards (``reslice``, as the export do
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from arceusd.checkpoint import step_dir
 from arceusd.jobs.export import assemble
-from arceusd.jobs.source import open_batch_source
 from arceusd.jobs.spec import JobSpec
 from arceusd.models.build import build_blocks
 from arceusd.models.hf.blocks import transformers_config
@@ -29,7 +26,7 @@ from arceusd.models.hf.export import write_hf_export
 from arceusd.models.hf.keys import hf_key
 from arceusd.worker.protocol import StepEvent
 from arceusd.worker.tp_split import TPSplit
-from tests.integration.worker_harness import DATA, Layout, WorkerJob, make_spec
+from tests.integration.worker_harness import DATA, Layout, WorkerJob, make_spec, transformers_sgd_run
 
 pytestmark = pytest.mark.slow
 
@@ -66,22 +63,7 @@ def transformers_run(spec: JobSpec) -> tuple[list[float], dict[str, torch.Tensor
     }
     missing, unexpected = model.load_state_dict(initial, strict=False)
     assert not missing and not unexpected, (missing, unexpected)
-    t = spec.training
-    params = list(model.parameters())
-    optimizer = torch.optim.SGD(params, lr=t.lr, momentum=t.momentum)
-    source = open_batch_source(spec)
-    losses = []
-    for step in range(STEPS):
-        x, y = source.batch(step)
-        optimizer.zero_grad()
-        logits = model(input_ids=x).logits
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
-        loss.backward()  # type: ignore[no-untyped-call]
-        torch.nn.utils.clip_grad_norm_(params, t.grad_clip)
-        optimizer.step()
-        losses.append(float(loss.detach()))
-    assert all(math.isfinite(v) for v in losses)
-    return losses, {k: v.detach() for k, v in model.state_dict().items()}
+    return transformers_sgd_run(model, spec, STEPS)
 
 
 def test_a_tensor_parallel_llama_stage_over_worker_processes_equals_plain_transformers(

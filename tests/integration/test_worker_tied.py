@@ -10,18 +10,15 @@ embedding's and the head's copies are bit-identical; the export folder stores th
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from arceusd.checkpoint import step_dir
 from arceusd.jobs.export import assemble
-from arceusd.jobs.source import open_batch_source
 from arceusd.jobs.spec import JobSpec
 from arceusd.models.build import build_blocks
 from arceusd.models.hf.blocks import transformers_config
@@ -29,7 +26,7 @@ from arceusd.models.hf.config import HFModelConfig
 from arceusd.models.hf.export import write_hf_export
 from arceusd.models.hf.keys import hf_key, tied_names
 from arceusd.worker.protocol import ReplicaSyncConfig, StepEvent
-from tests.integration.worker_harness import DATA, Layout, WorkerJob, make_spec
+from tests.integration.worker_harness import DATA, Layout, WorkerJob, make_spec, transformers_sgd_run
 
 pytestmark = pytest.mark.slow
 
@@ -70,22 +67,7 @@ def transformers_run(spec: JobSpec) -> tuple[list[float], dict[str, torch.Tensor
     missing, unexpected = model.load_state_dict(initial, strict=False)
     assert set(missing) <= {"lm_head.weight"} and not unexpected, (missing, unexpected)
     assert model.get_output_embeddings().weight is model.get_input_embeddings().weight  # type: ignore[no-untyped-call]
-    t = spec.training
-    params = list(model.parameters())
-    optimizer = torch.optim.SGD(params, lr=t.lr, momentum=t.momentum)
-    source = open_batch_source(spec)
-    losses = []
-    for step in range(STEPS):
-        x, y = source.batch(step)
-        optimizer.zero_grad()
-        logits = model(input_ids=x).logits
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
-        loss.backward()  # type: ignore[no-untyped-call]
-        torch.nn.utils.clip_grad_norm_(params, t.grad_clip)
-        optimizer.step()
-        losses.append(float(loss.detach()))
-    assert all(math.isfinite(v) for v in losses)
-    return losses, {k: v.detach() for k, v in model.state_dict().items()}
+    return transformers_sgd_run(model, spec, STEPS)
 
 
 @pytest.mark.parametrize(

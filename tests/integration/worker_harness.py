@@ -353,3 +353,27 @@ def reference_run(spec: JobSpec, steps: int) -> tuple[list[float], dict[str, tor
         losses.append(float(loss.detach()))
     assert all(math.isfinite(v) for v in losses)
     return losses, {n: p.detach() for n, p in model.named_parameters()}
+
+
+def transformers_sgd_run(model: Any, spec: JobSpec, steps: int) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """A plain transformers loop of ``model`` (loaded with the job's initial tensors) on the job's batches: SGD
+    with the spec's momentum and clipping; per-step losses and the final state dict (the reference of the stock-LM
+    worker tests)."""
+    import torch.nn.functional as F
+
+    t = spec.training
+    params = list(model.parameters())
+    optimizer = torch.optim.SGD(params, lr=t.lr, momentum=t.momentum)
+    source = open_batch_source(spec)
+    losses = []
+    for step in range(steps):
+        x, y = source.batch(step)
+        optimizer.zero_grad()
+        logits = model(input_ids=x).logits
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+        loss.backward()  # type: ignore[no-untyped-call]
+        torch.nn.utils.clip_grad_norm_(params, t.grad_clip)
+        optimizer.step()
+        losses.append(float(loss.detach()))
+    assert all(math.isfinite(v) for v in losses)
+    return losses, {k: v.detach() for k, v in model.state_dict().items()}
