@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint typecheck bench clean
+.PHONY: demo test test-fast lint format typecheck bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,7 +28,11 @@ test-fast: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check arceus arceusd protocol partitioner tests bench
+	$(BIN)/ruff format --check arceus arceusd protocol partitioner tests bench
 	$(BIN)/mypy
+
+format: $(STAMP)
+	$(BIN)/ruff format arceus arceusd protocol partitioner tests bench
 
 bench: $(STAMP)
 	for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b --quick || exit 1; done

@@ -40,21 +40,48 @@ from arceus.status import JobState, JobStatus, Progress
 from arceusd.market.estimate import Estimate
 
 
-def quote(spec: SpecInput, *, members: int = 1, state_dir: str | os.PathLike[str] | None = None,
-          base_dir: str | os.PathLike[str] | None = None) -> Estimate:  # fmt: skip
+def quote(
+    spec: SpecInput,
+    *,
+    members: int = 1,
+    state_dir: str | os.PathLike[str] | None = None,
+    base_dir: str | os.PathLike[str] | None = None,
+) -> Estimate:
     """The estimate for ``spec`` (a path or a dict) on ``members`` devices like this one, as ``arceusd submit
     SPEC --quote`` prints it (``Estimate.lines()``); nothing is announced and no daemon is needed."""
     return Client(state_dir).quote(spec, members=members, base_dir=base_dir)
 
 
-def submit(spec: SpecInput, *, members: int = 1, state_dir: str | os.PathLike[str] | None = None,
-           base_dir: str | os.PathLike[str] | None = None) -> Job:  # fmt: skip
+def submit(
+    spec: SpecInput,
+    *,
+    members: int = 1,
+    state_dir: str | os.PathLike[str] | None = None,
+    base_dir: str | os.PathLike[str] | None = None,
+) -> Job:
     """Submit ``spec`` to the daemon of ``state_dir`` (default: the CLI's); see :meth:`Client.submit`."""
     return Client(state_dir).submit(spec, members=members, base_dir=base_dir)
 
 
 __all__ = [
-    "ArceusError", "Client", "DaemonError", "Estimate", "Job", "JobEndedError", "JobState", "JobStatus",
-    "JobTimeoutError", "ModelChoices", "ModelJob", "NoDaemonError", "NotExportedError", "Progress", "SpecError",
-    "SpecInput", "UnsupportedModelError", "connect", "quote", "submit",
-]  # fmt: skip
+    "ArceusError",
+    "Client",
+    "DaemonError",
+    "Estimate",
+    "Job",
+    "JobEndedError",
+    "JobState",
+    "JobStatus",
+    "JobTimeoutError",
+    "ModelChoices",
+    "ModelJob",
+    "NoDaemonError",
+    "NotExportedError",
+    "Progress",
+    "SpecError",
+    "SpecInput",
+    "UnsupportedModelError",
+    "connect",
+    "quote",
+    "submit",
+]

@@ -55,13 +55,34 @@ class Client:
         return estimate(self.state_dir, parsed, _members(members, parsed))
 
     @overload
-    def submit(self, spec: SpecInput, *, members: int = 1, quote: Literal[False] = False,
-               base_dir: PathArg | None = None, folder: PathArg | None = None) -> Job: ...  # fmt: skip
+    def submit(
+        self,
+        spec: SpecInput,
+        *,
+        members: int = 1,
+        quote: Literal[False] = False,
+        base_dir: PathArg | None = None,
+        folder: PathArg | None = None,
+    ) -> Job: ...
     @overload
-    def submit(self, spec: SpecInput, *, members: int = 1, quote: Literal[True],
-               base_dir: PathArg | None = None, folder: PathArg | None = None) -> Estimate: ...  # fmt: skip
-    def submit(self, spec: SpecInput, *, members: int = 1, quote: bool = False, base_dir: PathArg | None = None,
-               folder: PathArg | None = None) -> Job | Estimate:  # fmt: skip
+    def submit(
+        self,
+        spec: SpecInput,
+        *,
+        members: int = 1,
+        quote: Literal[True],
+        base_dir: PathArg | None = None,
+        folder: PathArg | None = None,
+    ) -> Estimate: ...
+    def submit(
+        self,
+        spec: SpecInput,
+        *,
+        members: int = 1,
+        quote: bool = False,
+        base_dir: PathArg | None = None,
+        folder: PathArg | None = None,
+    ) -> Job | Estimate:
         """Submit ``spec`` (a spec file's path, or a dict in the spec's schema whose relative paths resolve from
         ``base_dir``, default the working folder): this device owns the job and announces it; it starts once
         ``members`` devices (this one included) joined. ``quote=True``: only the estimate, nothing announced.
@@ -81,14 +102,40 @@ class Client:
             return self._send(spec_file(spec, where, base_dir), n)
 
     @overload
-    def submit_model(self, model: Any, tokenizer: Any, data: PathArg, *, members: int = 1,
-                     quote: Literal[False] = False, folder: PathArg | None = None,
-                     **choices: Unpack[ModelChoices]) -> Job: ...  # fmt: skip
+    def submit_model(
+        self,
+        model: Any,
+        tokenizer: Any,
+        data: PathArg,
+        *,
+        members: int = 1,
+        quote: Literal[False] = False,
+        folder: PathArg | None = None,
+        **choices: Unpack[ModelChoices],
+    ) -> Job: ...
     @overload
-    def submit_model(self, model: Any, tokenizer: Any, data: PathArg, *, members: int = 1, quote: Literal[True],
-                     folder: PathArg | None = None, **choices: Unpack[ModelChoices]) -> Estimate: ...  # fmt: skip
-    def submit_model(self, model: Any, tokenizer: Any, data: PathArg, *, members: int = 1, quote: bool = False,
-                     folder: PathArg | None = None, **choices: Unpack[ModelChoices]) -> Job | Estimate:  # fmt: skip
+    def submit_model(
+        self,
+        model: Any,
+        tokenizer: Any,
+        data: PathArg,
+        *,
+        members: int = 1,
+        quote: Literal[True],
+        folder: PathArg | None = None,
+        **choices: Unpack[ModelChoices],
+    ) -> Estimate: ...
+    def submit_model(
+        self,
+        model: Any,
+        tokenizer: Any,
+        data: PathArg,
+        *,
+        members: int = 1,
+        quote: bool = False,
+        folder: PathArg | None = None,
+        **choices: Unpack[ModelChoices],
+    ) -> Job | Estimate:
         """Train a stock transformers causal LM (``model_type`` gpt2, llama, qwen2 or mistral) from its current
         weights on ``data`` (a UTF-8 text file, or JSONL), tokenized with ``tokenizer`` (a
         ``tokenizers.Tokenizer`` or a transformers fast tokenizer). ``choices`` are the fields of
@@ -123,8 +170,9 @@ class Client:
         return [JobStatus.from_summary(j) for j in self.connection.call("jobs")]
 
     def _send(self, spec_path: Path, members: int) -> Job:
-        result = self.connection.call("submit", {"spec_path": str(spec_path.absolute()), "min_members": members},
-                                      timeout=120.0)  # fmt: skip
+        result = self.connection.call(
+            "submit", {"spec_path": str(spec_path.absolute()), "min_members": members}, timeout=120.0
+        )
         return Job(self.connection, str(result["job_id"]))
 
     @contextlib.contextmanager

@@ -61,5 +61,13 @@ class JobTimeoutError(ArceusError, TimeoutError):
     """A bounded wait for a job ran out of time; the job goes on."""
 
 
-__all__ = ["ArceusError", "DaemonError", "JobEndedError", "JobTimeoutError", "NoDaemonError", "NotExportedError",
-           "SpecError", "UnsupportedModelError"]  # fmt: skip
+__all__ = [
+    "ArceusError",
+    "DaemonError",
+    "JobEndedError",
+    "JobTimeoutError",
+    "NoDaemonError",
+    "NotExportedError",
+    "SpecError",
+    "UnsupportedModelError",
+]

@@ -29,11 +29,13 @@ def model_type_of(model: Any) -> str:
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
     if not callable(getattr(model, "named_parameters", None)) or not isinstance(model_type, str):
-        raise UnsupportedModelError(f"expected a transformers causal LM (a torch module with a .config), got "
-                                    f"{type(model).__name__}")  # fmt: skip
+        raise UnsupportedModelError(
+            f"expected a transformers causal LM (a torch module with a .config), got {type(model).__name__}"
+        )
     if model_type not in MODEL_TYPES:
-        raise UnsupportedModelError(f"Arceus trains {', '.join(MODEL_TYPES)} models; this {type(model).__name__} "
-                                    f"is {model_type!r}")  # fmt: skip
+        raise UnsupportedModelError(
+            f"Arceus trains {', '.join(MODEL_TYPES)} models; this {type(model).__name__} is {model_type!r}"
+        )
     return model_type
 
 
@@ -63,8 +65,10 @@ def tokenizer_json(tokenizer: Any) -> str:
     to_str = getattr(backend, "to_str", None)
     text = to_str() if callable(to_str) else None
     if not isinstance(text, str):
-        raise UnsupportedModelError(f"expected a tokenizers.Tokenizer or a transformers fast tokenizer (one with a "
-                                    f"tokenizer.json), got {type(tokenizer).__name__}")  # fmt: skip
+        raise UnsupportedModelError(
+            f"expected a tokenizers.Tokenizer or a transformers fast tokenizer (one with a "
+            f"tokenizer.json), got {type(tokenizer).__name__}"
+        )
     return text
 
 
@@ -87,5 +91,14 @@ def write_weights(model: Any, folder: Path) -> Path:
     return path
 
 
-__all__ = ["CONFIG_FILE", "TOKENIZER_FILE", "WEIGHTS_FILE", "config_json", "model_type_of", "positions_of",
-           "tokenizer_json", "write_text_files", "write_weights"]  # fmt: skip
+__all__ = [
+    "CONFIG_FILE",
+    "TOKENIZER_FILE",
+    "WEIGHTS_FILE",
+    "config_json",
+    "model_type_of",
+    "positions_of",
+    "tokenizer_json",
+    "write_text_files",
+    "write_weights",
+]

@@ -51,8 +51,10 @@ class Job:
             if status.ended:
                 return
             if elapsed >= timeout_s:
-                raise JobTimeoutError(f"job {self.job_id[:12]} did not end within {timeout_s:g} s (it is "
-                                      f"{status.state} at step {status.step} of {status.total_steps}; it goes on)")
+                raise JobTimeoutError(
+                    f"job {self.job_id[:12]} did not end within {timeout_s:g} s (it is "
+                    f"{status.state} at step {status.step} of {status.total_steps}; it goes on)"
+                )
             time.sleep(min(poll_s, max(0.0, timeout_s - elapsed)))
 
     def wait(self, timeout_s: float = DEFAULT_TIMEOUT_S, poll_s: float = 1.0, check: bool = True) -> JobStatus:
@@ -66,8 +68,10 @@ class Job:
         status = self.status()
         if check and status.state != JobState.DONE:
             why = f": {status.error}" if status.error else ""
-            raise JobEndedError(f"job {self.job_id[:12]} ended {status.state} at step {status.step} of "
-                                f"{status.total_steps}{why}", status)  # fmt: skip
+            raise JobEndedError(
+                f"job {self.job_id[:12]} ended {status.state} at step {status.step} of {status.total_steps}{why}",
+                status,
+            )
         return status
 
     def export_path(self) -> Path:
@@ -79,8 +83,10 @@ class Job:
         status = self.status()
         if status.state != JobState.DONE or status.model_path is None:
             hint = "; job.wait() first" if not status.ended else ""
-            raise NotExportedError(f"job {self.job_id[:12]} has no exported model: it is {status.state} at step "
-                                   f"{status.step} of {status.total_steps}{hint}")  # fmt: skip
+            raise NotExportedError(
+                f"job {self.job_id[:12]} has no exported model: it is {status.state} at step "
+                f"{status.step} of {status.total_steps}{hint}"
+            )
         return status.model_path.parent
 
     def load(self) -> Any:

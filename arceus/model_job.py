@@ -78,16 +78,29 @@ def spec_doc(job: ModelJob, model_type: str, positions: int, weights: bool) -> d
     ``model.safetensors`` when ``weights``), the data at its absolute path."""
     data = job.data.expanduser().absolute()
     fmt = job.data_format or ("jsonl" if data.suffix.lower() == ".jsonl" else "text")
-    model: dict[str, Any] = {"type": "hf", "config": hf_files.CONFIG_FILE,
-                             "block_size": job.block_size or min(DEFAULT_BLOCK_SIZE, positions)}  # fmt: skip
+    model: dict[str, Any] = {
+        "type": "hf",
+        "config": hf_files.CONFIG_FILE,
+        "block_size": job.block_size or min(DEFAULT_BLOCK_SIZE, positions),
+    }
     if weights:
         model["weights"] = hf_files.WEIGHTS_FILE
-    tokens: dict[str, Any] = {"kind": "tokens", "path": str(data), "tokenizer": hf_files.TOKENIZER_FILE,
-                              "format": fmt, "val_fraction": job.val_fraction}  # fmt: skip
+    tokens: dict[str, Any] = {
+        "kind": "tokens",
+        "path": str(data),
+        "tokenizer": hf_files.TOKENIZER_FILE,
+        "format": fmt,
+        "val_fraction": job.val_fraction,
+    }
     if fmt == "jsonl":
         tokens["text_field"] = job.text_field
-    doc: dict[str, Any] = {"name": job.name or default_name(model_type, data), "seed": job.seed, "model": model,
-                           "data": tokens, "training": {**DEFAULT_TRAINING, **job.training}}  # fmt: skip
+    doc: dict[str, Any] = {
+        "name": job.name or default_name(model_type, data),
+        "seed": job.seed,
+        "model": model,
+        "data": tokens,
+        "training": {**DEFAULT_TRAINING, **job.training},
+    }
     if job.checkpoint is not None:
         doc["checkpoint"] = dict(job.checkpoint)
     if job.needs is not None:
@@ -118,5 +131,12 @@ def prepare_model_job(model: Any, tokenizer: Any, job: ModelJob, folder: Path, w
     return PreparedJob(folder, path, validate(path) if weights else spec)
 
 
-__all__ = ["DEFAULT_TRAINING", "ModelChoices", "ModelJob", "PreparedJob", "default_name", "prepare_model_job",
-           "spec_doc"]  # fmt: skip
+__all__ = [
+    "DEFAULT_TRAINING",
+    "ModelChoices",
+    "ModelJob",
+    "PreparedJob",
+    "default_name",
+    "prepare_model_job",
+    "spec_doc",
+]

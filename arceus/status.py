@@ -57,15 +57,24 @@ class JobStatus:
         path = d.get("model_path")
         committed = d.get("committed_step")
         return cls(
-            job_id=str(d.get("job_id", "")), name=str(d.get("name", "")), state=JobState(str(d.get("state"))),
-            step=_int(d.get("step")), total_steps=_int(d.get("total_steps")), loss=_float(d.get("loss")),
-            val_loss=_float(d.get("val_loss")), error=str(d.get("error") or ""), role=str(d.get("role", "")),
-            owner=str(d.get("owner", "")), leader=str(d.get("leader", "")),
+            job_id=str(d.get("job_id", "")),
+            name=str(d.get("name", "")),
+            state=JobState(str(d.get("state"))),
+            step=_int(d.get("step")),
+            total_steps=_int(d.get("total_steps")),
+            loss=_float(d.get("loss")),
+            val_loss=_float(d.get("val_loss")),
+            error=str(d.get("error") or ""),
+            role=str(d.get("role", "")),
+            owner=str(d.get("owner", "")),
+            leader=str(d.get("leader", "")),
             members=tuple(str(m) for m in members) if isinstance(members, list) else (),
             model_path=Path(path) if isinstance(path, str) and path else None,
             committed_step=_int(committed) if committed is not None else None,
-            tokens_per_s=_float(d.get("tokens_per_s")), lr=_float(d.get("lr")), raw=dict(d),
-        )  # fmt: skip
+            tokens_per_s=_float(d.get("tokens_per_s")),
+            lr=_float(d.get("lr")),
+            raw=dict(d),
+        )
 
     @property
     def ended(self) -> bool:
@@ -94,8 +103,16 @@ class Progress:
 
     @classmethod
     def of(cls, status: JobStatus, elapsed_s: float) -> Progress:
-        return cls(status.job_id, status.state, status.step, status.total_steps, status.loss, status.val_loss,
-                   status.tokens_per_s, elapsed_s)  # fmt: skip
+        return cls(
+            status.job_id,
+            status.state,
+            status.step,
+            status.total_steps,
+            status.loss,
+            status.val_loss,
+            status.tokens_per_s,
+            elapsed_s,
+        )
 
     @property
     def ended(self) -> bool:

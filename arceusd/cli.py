@@ -39,9 +39,14 @@ def _late_state_dir(ctx: click.Context, _param: click.Parameter, value: Path | N
 
 def _state_dir_option(expose: bool) -> click.Option:
     return click.Option(
-        ["--state-dir"], type=click.Path(file_okay=False, path_type=Path), default=None, help=STATE_DIR_HELP,
-        expose_value=expose, is_eager=not expose, callback=None if expose else _late_state_dir,
-    )  # fmt: skip
+        ["--state-dir"],
+        type=click.Path(file_okay=False, path_type=Path),
+        default=None,
+        help=STATE_DIR_HELP,
+        expose_value=expose,
+        is_eager=not expose,
+        callback=None if expose else _late_state_dir,
+    )
 
 
 class StateDirGroup(click.Group):
@@ -72,10 +77,18 @@ def _start_options(fn: Any) -> Any:
         click.option("--interface", default=None, help="Network interface for mDNS (default: skip virtual ones)."),
         click.option("--mdns/--no-mdns", default=None, help="Announce and browse on the LAN with mDNS."),
         click.option("--auto-join/--no-auto-join", default=None, help="Join every announced job automatically."),
-        click.option("--worker-cpus", default=None, metavar="LIST",
-                     help="Pin this device's stage workers to these cores (Linux), e.g. 0,2-3; \"\" = not pinned."),
-        click.option("--lend-memory-mib", type=int, default=None,
-                     help="The most memory (MiB) this device offers a job; 0 = whatever is free."),
+        click.option(
+            "--worker-cpus",
+            default=None,
+            metavar="LIST",
+            help='Pin this device\'s stage workers to these cores (Linux), e.g. 0,2-3; "" = not pinned.',
+        ),
+        click.option(
+            "--lend-memory-mib",
+            type=int,
+            default=None,
+            help="The most memory (MiB) this device offers a job; 0 = whatever is free.",
+        ),
         click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default=None),
         click.option("--log-file", type=click.Path(dir_okay=False, path_type=Path), default=None),
     ]
@@ -150,9 +163,17 @@ def _start_detached(obj: Context, flags: dict[str, Any]) -> None:
         raise click.ClickException(f"a daemon is already running for {obj.state_dir} (pid {_daemon_pid(obj)})")
     log_file = flags.get("log_file") or obj.paths.log_file
     command = [
-        sys.executable, "-m", "arceusd", "--state-dir", str(obj.state_dir), "start", "--foreground",
-        "--log-file", str(log_file), *_forwarded_args(flags),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "arceusd",
+        "--state-dir",
+        str(obj.state_dir),
+        "start",
+        "--foreground",
+        "--log-file",
+        str(log_file),
+        *_forwarded_args(flags),
+    ]
     from arceusd.logs import open_private_log
 
     with os.fdopen(open_private_log(Path(log_file)), "ab") as log:
@@ -164,9 +185,10 @@ def _start_detached(obj: Context, flags: dict[str, Any]) -> None:
         if proc.poll() is not None:
             reason = _last_failure(Path(log_file))
             raise click.ClickException(
-                f"the daemon exited at start: {reason}" if reason
+                f"the daemon exited at start: {reason}"
+                if reason
                 else f"the daemon exited at start (code {proc.returncode}); see `arceusd logs` ({log_file})"
-            )  # fmt: skip
+            )
         try:
             status = call(obj.paths.control_socket, "status", timeout=2.0)
         except ControlError:
@@ -305,8 +327,9 @@ def status(obj: Context, job: str | None, as_json: bool, watch: bool, interval: 
 @pass_ctx
 def peers(obj: Context, as_json: bool) -> None:
     """Show the membership view: each peer's state, incarnation, round-trip time, last heard, device."""
-    _echo_list(obj.call("peers"), as_json, _peer_line,
-               "no peers known yet (same LAN with mDNS, or --peer host:port seeds)")  # fmt: skip
+    _echo_list(
+        obj.call("peers"), as_json, _peer_line, "no peers known yet (same LAN with mDNS, or --peer host:port seeds)"
+    )
 
 
 def _echo_list(result: list[dict[str, Any]], as_json: bool, line: Any, empty: str) -> None:
@@ -343,8 +366,13 @@ def _status_extras(result: dict[str, Any]) -> list[str]:
 
 @cli.command()
 @click.argument("spec", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--members", type=click.IntRange(1, 256), default=1, show_default=True,
-              help="Start once this many devices (this one included) have joined (at least [needs] min_members).")
+@click.option(
+    "--members",
+    type=click.IntRange(1, 256),
+    default=1,
+    show_default=True,
+    help="Start once this many devices (this one included) have joined (at least [needs] min_members).",
+)
 @click.option("--watch", is_flag=True, help="Follow the job's progress until it ends.")
 @click.option("--quote", is_flag=True, help="Print the estimate (time, cost, the cloud's cost) and announce nothing.")
 @click.option("--json", "as_json", is_flag=True, help="With --quote: the estimate as JSON.")
@@ -467,12 +495,27 @@ def logs(obj: Context, lines: int, follow: bool) -> None:
 
 
 @cli.command()
-@click.option("--size", type=click.IntRange(1, 16), default=2, show_default=True,
-              help="How many local daemons (2 on a 2-core machine: each has a core; more only add overhead).")
-@click.option("--dir", "root", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Where the swarm keeps its state (default: a new temporary directory).")
-@click.option("--steps", type=click.IntRange(10, 100_000), default=1000, show_default=True,
-              help="Training steps of the demo job (about 2k tokens each).")
+@click.option(
+    "--size",
+    type=click.IntRange(1, 16),
+    default=2,
+    show_default=True,
+    help="How many local daemons (2 on a 2-core machine: each has a core; more only add overhead).",
+)
+@click.option(
+    "--dir",
+    "root",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where the swarm keeps its state (default: a new temporary directory).",
+)
+@click.option(
+    "--steps",
+    type=click.IntRange(10, 100_000),
+    default=1000,
+    show_default=True,
+    help="Training steps of the demo job (about 2k tokens each).",
+)
 def demo(size: int, root: Path | None, steps: int) -> None:
     """A local swarm of daemons on loopback trains a character GPT on Tiny Shakespeare."""
     from arceusd.demo import run_demo

@@ -50,9 +50,7 @@ class Context:
         try:
             return call(self.paths.control_socket, method, params, timeout=timeout)
         except NoDaemon:
-            click.echo(
-                f"arceusd: no daemon is running for {self.state_dir} (start one with `arceusd start`)", err=True
-            )
+            click.echo(f"arceusd: no daemon is running for {self.state_dir} (start one with `arceusd start`)", err=True)
             sys.exit(EXIT_NO_DAEMON)
         except ControlError as exc:
             raise click.ClickException(str(exc)) from None

@@ -136,9 +136,14 @@ def _progress_bar(console: Any = None) -> Any:
     )
 
     return Progress(
-        TextColumn("  step"), MofNCompleteColumn(), BarColumn(bar_width=16), TextColumn("ETA"),
-        TimeRemainingColumn(compact=True), TextColumn("{task.fields[stats]}"), console=console,
-    )  # fmt: skip
+        TextColumn("  step"),
+        MofNCompleteColumn(),
+        BarColumn(bar_width=16),
+        TextColumn("ETA"),
+        TimeRemainingColumn(compact=True),
+        TextColumn("{task.fields[stats]}"),
+        console=console,
+    )
 
 
 def _stats(job: dict[str, Any]) -> str:
@@ -152,5 +157,7 @@ def _progress(job: dict[str, Any]) -> str:
     def num(v: Any, fmt: str) -> str:
         return format(v, fmt) if isinstance(v, int | float) else "-"
 
-    return (f"  [{job['state']:<8}] step {job['step']:>5}/{job['total_steps']}  loss {num(job['loss'], '.3f')}  "
-            f"val {num(job['val_loss'], '.3f')}  {num(job['tokens_per_s'], '.0f')} tokens/s")  # fmt: skip
+    return (
+        f"  [{job['state']:<8}] step {job['step']:>5}/{job['total_steps']}  loss {num(job['loss'], '.3f')}  "
+        f"val {num(job['val_loss'], '.3f')}  {num(job['tokens_per_s'], '.0f')} tokens/s"
+    )

@@ -45,9 +45,27 @@ log = logging.getLogger(__name__)
 
 SERVICE_TYPE = "_arceus._tcp.local."
 VIRTUAL_PREFIXES = (
-    "docker", "br-", "veth", "virbr", "vmnet", "vboxnet", "lxc", "lxd", "cni", "flannel", "cali", "podman",
-    "kube", "vnet", "tap", "tun", "utun", "zt", "awdl", "llw",
-)  # fmt: skip
+    "docker",
+    "br-",
+    "veth",
+    "virbr",
+    "vmnet",
+    "vboxnet",
+    "lxc",
+    "lxd",
+    "cni",
+    "flannel",
+    "cali",
+    "podman",
+    "kube",
+    "vnet",
+    "tap",
+    "tun",
+    "utun",
+    "zt",
+    "awdl",
+    "llw",
+)
 _PEER_ID = re.compile(r"^[0-9a-f]{32}$")
 
 

@@ -62,9 +62,7 @@ class ElectionConfig:
 
     def __post_init__(self) -> None:
         if not 0 < self.heartbeat_interval < self.election_timeout:
-            raise ValueError(
-                "need 0 < heartbeat_interval < election_timeout (several heartbeats per timeout)"
-            )
+            raise ValueError("need 0 < heartbeat_interval < election_timeout (several heartbeats per timeout)")
 
 
 def election_lan() -> ElectionConfig:
@@ -165,9 +163,7 @@ class StateChanged:
     leader: PeerId | None
 
 
-ElectionAction = (
-    PersistTerm | SendVoteRequest | SendVoteReply | SendLeaderAnnounce | BecameLeader | StateChanged
-)
+ElectionAction = PersistTerm | SendVoteRequest | SendVoteReply | SendLeaderAnnounce | BecameLeader | StateChanged
 
 
 @dataclass(frozen=True, slots=True)
@@ -372,9 +368,7 @@ class Election:
     def _on_vote_request(self, event: VoteRequested, now: float, actions: list[ElectionAction]) -> None:
         willing = self._would_vote_for(event.sender, now)
         if event.pre_vote:
-            fresh_term = event.term > self.term or (
-                event.term == self.term and self.voted_for in (None, event.sender)
-            )
+            fresh_term = event.term > self.term or (event.term == self.term and self.voted_for in (None, event.sender))
             granted = willing and fresh_term
             actions.append(SendVoteReply(event.sender, self.job, self.term, granted, True, self.leader or ""))
             return

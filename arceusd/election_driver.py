@@ -126,9 +126,7 @@ class JobElections:
     ``membership``/``listeners``/``identity``). :meth:`run` must be running for messages to flow.
     """
 
-    def __init__(
-        self, peers: Any, terms_path: Path, config: ElectionConfig, rng: random.Random | None = None
-    ) -> None:
+    def __init__(self, peers: Any, terms_path: Path, config: ElectionConfig, rng: random.Random | None = None) -> None:
         self.peers = peers
         self.self_id: str = peers.identity.peer_id
         self.config = config
@@ -162,8 +160,10 @@ class JobElections:
         if bad:
             raise ValueError(f"member ids must be 32 lowercase hex characters; bad: {bad!r}")
         if self.self_id not in members:
-            raise ValueError(f"this peer ({self.self_id}) is not among the members of job {job_id}; "
-                             "only members run a job's election")  # fmt: skip
+            raise ValueError(
+                f"this peer ({self.self_id}) is not among the members of job {job_id}; "
+                "only members run a job's election"
+            )
         current = self._elections.get(job_id)
         wanted = tuple(ranking) if ranking is not None else None
         if current is not None and current.members == frozenset(members) and current.ranking == wanted:
@@ -171,8 +171,9 @@ class JobElections:
         if current is not None:
             self._remember(current)
         term, vote = self._persisted.get(job_id, (0, None))
-        election = Election(job_id, self.self_id, members, self.config, self._rng, self._now(), term, vote,
-                            ranking=wanted)  # fmt: skip
+        election = Election(
+            job_id, self.self_id, members, self.config, self._rng, self._now(), term, vote, ranking=wanted
+        )
         if current is not None:
             election.carry_over(current, self._now())
         self._elections[job_id] = election
@@ -237,9 +238,12 @@ class JobElections:
         for job, e in sorted(self._elections.items()):
             leader = self.leader(job)
             out[job] = {
-                "leader": leader[0] if leader else None, "term": e.term, "state": e.state.value,
-                "members": sorted(e.members), "candidate": e.candidate(),
-            }  # fmt: skip
+                "leader": leader[0] if leader else None,
+                "term": e.term,
+                "state": e.state.value,
+                "members": sorted(e.members),
+                "candidate": e.candidate(),
+            }
         return out
 
     # ------------------------------------------------------------------------------------------ running
@@ -288,8 +292,9 @@ class JobElections:
             elif isinstance(action, BecameLeader):
                 log.info("leader of job %s in term %d", action.job[:12], action.term)
             elif isinstance(action, StateChanged):
-                log.debug("job %s: %s at term %d (leader %s)", action.job[:12], action.state.value,
-                          action.term, action.leader)  # fmt: skip
+                log.debug(
+                    "job %s: %s at term %d (leader %s)", action.job[:12], action.state.value, action.term, action.leader
+                )
         leader = self.leader(job_id)
         if leader != self._leaders.get(job_id):
             self._leaders[job_id] = leader
@@ -329,9 +334,7 @@ class JobElections:
             return
         self._nursery.start_soon(self._deliver, address, action)
 
-    async def _deliver(
-        self, address: str, action: SendVoteRequest | SendLeaderAnnounce | SendVoteReply
-    ) -> None:
+    async def _deliver(self, address: str, action: SendVoteRequest | SendLeaderAnnounce | SendVoteReply) -> None:
         msg: object
         if isinstance(action, SendVoteRequest):
             msg = ElectionVoteRequest(action.job, action.term, action.pre_vote)
@@ -339,11 +342,14 @@ class JobElections:
             msg = LeaderAnnounce(action.job, action.term)
         else:
             msg = ElectionVoteReply(action.job, action.term, action.granted, action.pre_vote, action.leader)
-        answer = await self.peers.request(address, action.to, msg, timeout=self.config.election_timeout,
-                                          job_id=action.job, term=action.term)  # fmt: skip
+        answer = await self.peers.request(
+            address, action.to, msg, timeout=self.config.election_timeout, job_id=action.job, term=action.term
+        )
         if isinstance(answer, ElectionVoteReply) and answer.job == action.job:
-            self._feed(action.job, VoteReplied(action.to, answer.job, answer.term, answer.granted,
-                                               answer.pre_vote, answer.leader))  # fmt: skip
+            self._feed(
+                action.job,
+                VoteReplied(action.to, answer.job, answer.term, answer.granted, answer.pre_vote, answer.leader),
+            )
 
     # ------------------------------------------------------------------------------------------ inbound
     def _accepts(self, header: Header, job: str) -> bool:
@@ -433,6 +439,12 @@ def install_elections(node: Any, peers: Any) -> JobElections:
         accepted, reason = elections.check_command_reason(job, term, sender)
         return {"accepted": accepted, "reason": reason}
 
-    node.methods.update({"elections": elections_method, "track_job": track_job, "untrack_job": untrack_job,
-                         "check_command": check_command})  # fmt: skip
+    node.methods.update(
+        {
+            "elections": elections_method,
+            "track_job": track_job,
+            "untrack_job": untrack_job,
+            "check_command": check_command,
+        }
+    )
     return elections

@@ -75,8 +75,9 @@ async def serve_peer_network(node: Node, *, task_status: trio.TaskStatus[None] =
         bound = False
         try:
             gate = limits_for(nofile())  # the port's connections, per source and in total, below the files limit
-            async with open_transport(node.identity, config.listen_host, port, unary_handler=on_call,
-                                      stream_handler=_refuse_stream, gate=gate) as transport:  # fmt: skip
+            async with open_transport(
+                node.identity, config.listen_host, port, unary_handler=on_call, stream_handler=_refuse_stream, gate=gate
+            ) as transport:
                 bound = True
                 await _run_network(node, transport, holder, task_status)
             return
@@ -139,10 +140,15 @@ async def _run_network(
 
             async def discovery(task_status: trio.TaskStatus[None]) -> None:
                 await serve_discovery(
-                    peer_id=node.identity.peer_id, port=transport.port, fingerprint=node.identity.fingerprint,
-                    interface=config.interface, found=found_send, status=discovery_status,
-                    instance=f"{node.boot_id:x}"[:12], task_status=task_status,
-                )  # fmt: skip
+                    peer_id=node.identity.peer_id,
+                    port=transport.port,
+                    fingerprint=node.identity.fingerprint,
+                    interface=config.interface,
+                    found=found_send,
+                    status=discovery_status,
+                    instance=f"{node.boot_id:x}"[:12],
+                    task_status=task_status,
+                )
 
             await nursery.start(discovery)
             nursery.start_soon(_join_announced, peers, found_recv)

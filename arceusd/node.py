@@ -64,8 +64,7 @@ class Node:
     @staticmethod
     async def _m_modules(_params: dict[str, Any]) -> dict[str, Any]:
         """The top-level packages this process has imported (``torch`` must never be among them)."""
-        return {"packages": sorted({name.partition(".")[0] for name in list(sys.modules)}),
-                "count": len(sys.modules)}  # fmt: skip
+        return {"packages": sorted({name.partition(".")[0] for name in list(sys.modules)}), "count": len(sys.modules)}
 
     @property
     def paths(self) -> StatePaths:

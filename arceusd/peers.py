@@ -93,8 +93,12 @@ OTHER_RATE = 500.0
 MAX_UNVERIFIED_KEYS = 256
 _SWIM_MESSAGES = (SwimPing, SwimPingReq, SwimGossip, SwimPushPull)
 _SWIM_TYPE_IDS = frozenset(type_id_of(cls) for cls in _SWIM_MESSAGES)
-_KIND_TO_WIRE = {CoreKind.ALIVE: UpdateKind.ALIVE, CoreKind.SUSPECT: UpdateKind.SUSPECT,
-                 CoreKind.DEAD: UpdateKind.DEAD, CoreKind.LEFT: UpdateKind.LEFT}  # fmt: skip
+_KIND_TO_WIRE = {
+    CoreKind.ALIVE: UpdateKind.ALIVE,
+    CoreKind.SUSPECT: UpdateKind.SUSPECT,
+    CoreKind.DEAD: UpdateKind.DEAD,
+    CoreKind.LEFT: UpdateKind.LEFT,
+}
 _KIND_FROM_WIRE = {v: k for k, v in _KIND_TO_WIRE.items()}
 
 
@@ -302,8 +306,7 @@ class PeerService:
         if isinstance(action, SendPing):
             t0 = time.monotonic()
             ping = SwimPing(action.seq, action.to, self._wire(action.gossip))
-            reply = await self.request(action.address, action.to, ping,
-                                       timeout=self.config.probe_timeout * 2)  # fmt: skip
+            reply = await self.request(action.address, action.to, ping, timeout=self.config.probe_timeout * 2)
             if isinstance(reply, SwimAck) and reply.seq == action.seq:
                 self.info.setdefault(action.to, PeerInfo()).rtt_ms = (time.monotonic() - t0) * 1000
                 self.feed(AckReceived(action.to, reply.seq, self._core(reply.gossip)))
@@ -358,8 +361,17 @@ class PeerService:
                 self._hello_addresses.popitem(last=False)
         return hello
 
-    async def request(self, address: str, peer: str | None, msg: object, timeout: float, *,
-                      job_id: str | None = None, term: int = 0, epoch: int = 0) -> object | None:  # fmt: skip
+    async def request(
+        self,
+        address: str,
+        peer: str | None,
+        msg: object,
+        timeout: float,
+        *,
+        job_id: str | None = None,
+        term: int = 0,
+        epoch: int = 0,
+    ) -> object | None:
         """Send ``msg`` sealed to ``peer`` at ``address``; return its decoded answer, or None (no answer/lost)."""
         if peer is None or peer not in self.keyring:
             hello = await self.hello(address, timeout)
@@ -368,9 +380,16 @@ class PeerService:
             peer = hello.peer_id
         for _attempt in range(2):
             frame = b"E" + seal_message(
-                self.identity, msg, boot_id=self.boot_id, seq=next(self._seq), timestamp_ms=wall_ms(),
-                recipient=peer, job_id=job_id or NO_JOB, term=term, epoch=epoch,
-            )  # fmt: skip
+                self.identity,
+                msg,
+                boot_id=self.boot_id,
+                seq=next(self._seq),
+                timestamp_ms=wall_ms(),
+                recipient=peer,
+                job_id=job_id or NO_JOB,
+                term=term,
+                epoch=epoch,
+            )
             self.sent[type(msg).__name__] += 1
             self.bytes_sent += len(frame)
             try:
@@ -435,9 +454,16 @@ class PeerService:
             return b""
         try:
             return b"E" + seal_message(
-                self.identity, answer, boot_id=self.boot_id, seq=next(self._seq), timestamp_ms=wall_ms(),
-                recipient=header.sender, job_id=header.job_id, term=header.term, epoch=header.epoch,
-            )  # fmt: skip
+                self.identity,
+                answer,
+                boot_id=self.boot_id,
+                seq=next(self._seq),
+                timestamp_ms=wall_ms(),
+                recipient=header.sender,
+                job_id=header.job_id,
+                term=header.term,
+                epoch=header.epoch,
+            )
         except Exception as exc:  # an answer we cannot encode is our bug; the caller gets no answer, we go on
             self.send_failures[type(answer).__name__] += 1
             log.warning("could not encode a %s answer: %s", type(answer).__name__, exc)
@@ -450,9 +476,14 @@ class PeerService:
     def _open_envelope(self, frame: bytes) -> tuple[Header, memoryview]:
         """Authenticate a frame (signature, recipient, replay); its payload is not decoded yet."""
         header, payload = open_envelope(
-            frame, lookup_key=self.keyring.get, expect_recipient=self.identity.peer_id, expect_job=None,
-            replay_guard=self._replay, now_ms=wall_ms(), accept_broadcast=False,
-        )  # fmt: skip
+            frame,
+            lookup_key=self.keyring.get,
+            expect_recipient=self.identity.peer_id,
+            expect_job=None,
+            replay_guard=self._replay,
+            now_ms=wall_ms(),
+            accept_broadcast=False,
+        )
         info = self.info.setdefault(header.sender, PeerInfo())
         info.last_heard = time.monotonic()
         return header, payload
@@ -501,8 +532,9 @@ class PeerService:
 
     # ------------------------------------------------------------------------------------------ hello
     def _own_hello(self) -> PeerHello:
-        hello = PeerHello(self.identity.peer_id, self.identity.public_key_raw, self.address, wall_ms(),
-                          self.boot_id, self.device)  # fmt: skip
+        hello = PeerHello(
+            self.identity.peer_id, self.identity.public_key_raw, self.address, wall_ms(), self.boot_id, self.device
+        )
         return PeerHello(**{**hello.__dict__, "signature": self.identity.sign(hello.signed_bytes())})
 
     def _accept_hello(self, data: bytes) -> PeerHello | None:
@@ -598,15 +630,17 @@ class PeerService:
             if peer == self.identity.peer_id:
                 continue
             info = self.info.get(peer, PeerInfo())
-            out.append({
-                "peer_id": peer,
-                "state": member.state.value,
-                "incarnation": member.incarnation,
-                "address": member.address,
-                "rtt_ms": None if info.rtt_ms is None else round(info.rtt_ms, 3),
-                "last_heard_s": None if info.last_heard is None else round(now - info.last_heard, 3),
-                "device": info.device,
-            })  # fmt: skip
+            out.append(
+                {
+                    "peer_id": peer,
+                    "state": member.state.value,
+                    "incarnation": member.incarnation,
+                    "address": member.address,
+                    "rtt_ms": None if info.rtt_ms is None else round(info.rtt_ms, 3),
+                    "last_heard_s": None if info.last_heard is None else round(now - info.last_heard, 3),
+                    "device": info.device,
+                }
+            )
         return out
 
     def alive_peers(self) -> dict[str, str]:
@@ -630,6 +664,11 @@ class PeerService:
         return dict(sorted(out.items()))
 
     def counters(self) -> dict[str, Any]:
-        return {"rejected": dict(self.rejected), "sent": dict(self.sent), "bytes_sent": self.bytes_sent,
-                "duplicates": list(self.duplicates), "incarnation": self.membership.incarnation,
-                "health": self.membership.health_score}  # fmt: skip
+        return {
+            "rejected": dict(self.rejected),
+            "sent": dict(self.sent),
+            "bytes_sent": self.bytes_sent,
+            "duplicates": list(self.duplicates),
+            "incarnation": self.membership.incarnation,
+            "health": self.membership.health_score,
+        }

@@ -86,9 +86,14 @@ class DeviceMeasurement:
     calibrated_on: str = ""
 
     def with_calibration(self, c: Calibration) -> DeviceMeasurement:
-        return replace(self, block_efficiency=c.block_efficiency, dispatch_s=c.dispatch_s,
-                       adamw_s_per_param=c.adamw_s_per_param, sgd_s_per_param=c.sgd_s_per_param,
-                       calibrated_on=c.model)  # fmt: skip
+        return replace(
+            self,
+            block_efficiency=c.block_efficiency,
+            dispatch_s=c.dispatch_s,
+            adamw_s_per_param=c.adamw_s_per_param,
+            sgd_s_per_param=c.sgd_s_per_param,
+            calibrated_on=c.model,
+        )
 
 
 @dataclass(frozen=True)
@@ -212,8 +217,7 @@ def chain_blocks(model: ModelConfig) -> tuple[int, ...]:
 def _tiny_like(model: ModelConfig) -> ModelConfig:
     """A model of the same family and chain length with negligible FLOPs: what is left is dispatch."""
     if isinstance(model, GPTConfig):
-        return GPTConfig(n_layer=min(model.n_layer, MAX_CHAIN_LAYERS), n_head=1, n_embd=4, block_size=2,
-                         vocab_size=4)  # fmt: skip
+        return GPTConfig(n_layer=min(model.n_layer, MAX_CHAIN_LAYERS), n_head=1, n_embd=4, block_size=2, vocab_size=4)
     return MLPConfig(tuple(4 for _ in model.layer_sizes))
 
 
@@ -225,8 +229,9 @@ def _chain_input(model: ModelConfig, micro_batch: int, device: str, gen: torch.G
     return torch.randn(micro_batch, model.layer_sizes[0], generator=gen).to(device)
 
 
-def _time_chain(model: ModelConfig, kind: str, micro_batch: int, repeats: int,
-                clock: Callable[[], float]) -> tuple[list[float], list[torch.nn.Parameter]]:  # fmt: skip
+def _time_chain(
+    model: ModelConfig, kind: str, micro_batch: int, repeats: int, clock: Callable[[], float]
+) -> tuple[list[float], list[torch.nn.Parameter]]:
     """Seconds of one forward + backward of ``chain_blocks(model)`` at ``micro_batch`` samples, as a stage
     runs it (through the loss when the chain ends with the model's last block, else from a gradient of the
     output's shape), once per repeat after a warm-up; and the chain's parameters (their gradients set)."""
@@ -269,7 +274,10 @@ def _time_chain(model: ModelConfig, kind: str, micro_batch: int, repeats: int,
 
 
 def _optimizer_s_per_param(
-    params: Sequence[torch.nn.Parameter], kind: str, repeats: int, pick: Callable[[list[float]], float],
+    params: Sequence[torch.nn.Parameter],
+    kind: str,
+    repeats: int,
+    pick: Callable[[list[float]], float],
     clock: Callable[[], float],
 ) -> tuple[float, float]:
     """(AdamW, SGD) seconds per parameter of the worker's own optimizers stepping ``params`` (with grads)."""
@@ -325,9 +333,15 @@ def measure_calibration(
     return calibration_from_timings(model, micro_batch, flops_per_s, pick(tiny), pick(real), adamw, sgd)
 
 
-def calibration_from_timings(model: ModelConfig, micro_batch: int, flops_per_s: float, tiny_s: float,
-                             real_s: float, adamw_s_per_param: float,
-                             sgd_s_per_param: float) -> Calibration:  # fmt: skip
+def calibration_from_timings(
+    model: ModelConfig,
+    micro_batch: int,
+    flops_per_s: float,
+    tiny_s: float,
+    real_s: float,
+    adamw_s_per_param: float,
+    sgd_s_per_param: float,
+) -> Calibration:
     """The calibration from a timed forward + backward of ``chain_blocks(model)``: ``tiny_s`` for the tiny
     model of its family (dispatch), ``real_s`` for the model itself at ``micro_batch`` samples.
 
@@ -351,8 +365,10 @@ def calibration_from_timings(model: ModelConfig, micro_batch: int, flops_per_s: 
 def model_label(model: ModelConfig, micro_batch: int) -> str:
     """A short text naming the shape a calibration was measured on (stored with it, shown in logs)."""
     if isinstance(model, GPTConfig):
-        return (f"gpt n_layer={model.n_layer} n_head={model.n_head} n_embd={model.n_embd} "
-                f"block_size={model.block_size} vocab_size={model.vocab_size} micro_batch={micro_batch}")  # fmt: skip
+        return (
+            f"gpt n_layer={model.n_layer} n_head={model.n_head} n_embd={model.n_embd} "
+            f"block_size={model.block_size} vocab_size={model.vocab_size} micro_batch={micro_batch}"
+        )
     return f"mlp {list(model.layer_sizes)} micro_batch={micro_batch}"
 
 
@@ -387,8 +403,9 @@ def load_or_measure(
     found = tuple(measure())
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"version": CACHE_VERSION, "measured_at": t,
-                               "devices": [asdict(d) for d in found]}, sort_keys=True))
+    tmp.write_text(
+        json.dumps({"version": CACHE_VERSION, "measured_at": t, "devices": [asdict(d) for d in found]}, sort_keys=True)
+    )
     os.replace(tmp, path)
     return found
 
@@ -434,8 +451,9 @@ def best_measurement(found: Sequence[DeviceMeasurement]) -> DeviceMeasurement:
     return max(found, key=lambda d: (d.flops_per_s, d.kind))
 
 
-def to_device_profile(m: DeviceMeasurement, peer_id: str, memory_fraction: float = 0.8,
-                      optimizer: str = "adamw") -> DeviceProfile:  # fmt: skip
+def to_device_profile(
+    m: DeviceMeasurement, peer_id: str, memory_fraction: float = 0.8, optimizer: str = "adamw"
+) -> DeviceProfile:
     """The planner's view of a measured device, offering ``memory_fraction`` of its free memory, with its
     calibration (the optimizer cost of ``optimizer``: ``"adamw"`` or ``"sgd"``)."""
     if not 0 < memory_fraction <= 1:
@@ -443,9 +461,15 @@ def to_device_profile(m: DeviceMeasurement, peer_id: str, memory_fraction: float
     per_param = {"adamw": m.adamw_s_per_param, "sgd": m.sgd_s_per_param}
     if optimizer not in per_param:
         raise ValueError(f"unknown optimizer {optimizer!r}; expected one of {sorted(per_param)}")
-    return DeviceProfile(peer_id, m.flops_per_s, int(m.memory_bytes * memory_fraction), m.kind,
-                         block_efficiency=m.block_efficiency, dispatch_s=m.dispatch_s,
-                         optimizer_s_per_param=per_param[optimizer])  # fmt: skip
+    return DeviceProfile(
+        peer_id,
+        m.flops_per_s,
+        int(m.memory_bytes * memory_fraction),
+        m.kind,
+        block_efficiency=m.block_efficiency,
+        dispatch_s=m.dispatch_s,
+        optimizer_s_per_param=per_param[optimizer],
+    )
 
 
 # --- links ------------------------------------------------------------------------------------------------

@@ -107,10 +107,25 @@ class LocalSwarm:
             shutil.copyfile(self.profile, mine)
         log = state / "arceusd.log"
         cmd = [
-            sys.executable, "-m", "arceusd", "--state-dir", str(state), "start", "--foreground",
-            "--preset", self.preset, "--host", "127.0.0.1", "--no-mdns", "--port", str(self.ports[i]),
-            "--log-file", str(log), *seeds, *self.extra_args,
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "arceusd",
+            "--state-dir",
+            str(state),
+            "start",
+            "--foreground",
+            "--preset",
+            self.preset,
+            "--host",
+            "127.0.0.1",
+            "--no-mdns",
+            "--port",
+            str(self.ports[i]),
+            "--log-file",
+            str(log),
+            *seeds,
+            *self.extra_args,
+        ]
         if self.pin_workers:
             cmd += worker_cpu_args(i, self.size, usable_cores())
         return subprocess.Popen(
@@ -161,8 +176,10 @@ class LocalSwarm:
         while not self.converged():
             if time.monotonic() > deadline:
                 seen = [sum(p["state"] == "alive" for p in self.call(i, "peers")) for i in range(self.size)]
-                raise TimeoutError(f"the swarm did not converge in {timeout:.0f} s: daemons see {seen} peers alive, "
-                                   f"expected {self.size - 1} each")  # fmt: skip
+                raise TimeoutError(
+                    f"the swarm did not converge in {timeout:.0f} s: daemons see {seen} peers alive, "
+                    f"expected {self.size - 1} each"
+                )
             time.sleep(0.2)
 
     def call(self, i: int, method: str, params: dict[str, Any] | None = None, timeout: float = 10.0) -> Any:

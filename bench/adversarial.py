@@ -101,10 +101,21 @@ def job_attacks(quick: bool) -> int:
     # (attack, job): the claims attacks train 2048-wide layers on batches of 1024 (a lie about speed shows
     # above the overheads only there), against an honest run of that job; the witness attack two replicas of a
     # smaller MLP (issue 29 item 6), against an honest run of it; the others the small MLP
-    for attack, job in (("none", "small"), ("path", "small"), ("huge", "small"), ("nan", "small"),
-                        ("finite", "small"), ("serve-big", "small"), ("checkpoint-error", "small"),
-                        ("bigmem", "small"), ("none", "big"), ("overclaim-hidden", "big"),
-                        ("challenge-forge", "big"), ("none", "replicas"), ("witness", "replicas")):  # fmt: skip
+    for attack, job in (
+        ("none", "small"),
+        ("path", "small"),
+        ("huge", "small"),
+        ("nan", "small"),
+        ("finite", "small"),
+        ("serve-big", "small"),
+        ("checkpoint-error", "small"),
+        ("bigmem", "small"),
+        ("none", "big"),
+        ("overclaim-hidden", "big"),
+        ("challenge-forge", "big"),
+        ("none", "replicas"),
+        ("witness", "replicas"),
+    ):
         heavy = job == "big"
         if attack == "none":
             base = None
@@ -136,11 +147,14 @@ def job_attacks(quick: bool) -> int:
             excluded = ",".join(p[:8] for p in end.get("excluded", {}))
             discounted = ",".join(f"{p[:8]}:{f:g}" for p, f in end.get("discounted", {}).items())
             name = f"{attack}{'' if job == 'small' else f' ({job})'}"
-            print(f"{name:<24} {w.report.peak_rss_mib:8.1f} {_ratio(w.report.peak_rss_mib, base.peak_rss_mib)} "
-                  f"{(_p50(w.report) or 0) * 1e3:14.2f} {w.report.status_max_s * 1e3:8.2f} {took:6.1f}  "
-                  f"{end['state']} excluded={excluded or '-'} discounted={discounted or '-'} "
-                  f"refused={end.get('refused_reports')} escaped={outside.exists()} "
-                  f"standby={str(end.get('standby'))[:8]} hostile={hostile[:8]}", flush=True)  # fmt: skip
+            print(
+                f"{name:<24} {w.report.peak_rss_mib:8.1f} {_ratio(w.report.peak_rss_mib, base.peak_rss_mib)} "
+                f"{(_p50(w.report) or 0) * 1e3:14.2f} {w.report.status_max_s * 1e3:8.2f} {took:6.1f}  "
+                f"{end['state']} excluded={excluded or '-'} discounted={discounted or '-'} "
+                f"refused={end.get('refused_reports')} escaped={outside.exists()} "
+                f"standby={str(end.get('standby'))[:8]} hostile={hostile[:8]}",
+                flush=True,
+            )
     return 0
 
 
@@ -170,9 +184,11 @@ def main() -> int:
         daemon = start_daemon(Path(tmp), "victim", "--no-auto-join")
         try:
             target = peer_address(daemon)
-            print(f"{'attack':<20} {'RSS MiB base':>12} {'attack':>8} {'ratio':>6}   "
-                  f"{'status p50 ms base':>18} {'attack':>7} {'ratio':>6}   {'max ms base':>11} {'attack':>7} "
-                  f"{'ratio':>6}  attack took  outcome")  # fmt: skip
+            print(
+                f"{'attack':<20} {'RSS MiB base':>12} {'attack':>8} {'ratio':>6}   "
+                f"{'status p50 ms base':>18} {'attack':>7} {'ratio':>6}   {'max ms base':>11} {'attack':>7} "
+                f"{'ratio':>6}  attack took  outcome"
+            )
             for name, argv in attacks(args.quick):
                 quiet = 3.0 if args.quick else 6.0
                 with Watch(daemon) as before:  # the no-attack baseline, right before the attack

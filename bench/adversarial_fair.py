@@ -54,12 +54,24 @@ def fair_attacks(quick: bool) -> int:
                     if argv is None:
                         time.sleep(3.0 if quick else 6.0)
                     else:
-                        hostile("announce-flood", peer_address(victim), "--count", argv, "--identities", "100",
-                                "--spec-kib", "16", timeout=600)  # fmt: skip
+                        hostile(
+                            "announce-flood",
+                            peer_address(victim),
+                            "--count",
+                            argv,
+                            "--identities",
+                            "100",
+                            "--spec-kib",
+                            "16",
+                            timeout=600,
+                        )
                 took = time.monotonic() - began
                 r = w.report
-                print(f"{name:<22} {r.peak_rss_mib:8.1f} {_p50(r) * 1e3:14.2f} {r.status_max_s * 1e3:8.2f} "
-                      f"{took:7.1f}  {_outcome(victim, honest)}", flush=True)  # fmt: skip
+                print(
+                    f"{name:<22} {r.peak_rss_mib:8.1f} {_p50(r) * 1e3:14.2f} {r.status_max_s * 1e3:8.2f} "
+                    f"{took:7.1f}  {_outcome(victim, honest)}",
+                    flush=True,
+                )
         finally:
             for d in (*owners, victim):
                 d.stop()

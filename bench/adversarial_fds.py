@@ -74,8 +74,11 @@ def run_scenario(root: Path, floods: list[tuple[int, list[str]]], seconds: float
             helpers.append(newcomer)
             joined = time.monotonic()  # the newcomer is up; from here its hello and the victim's answer
             try:
-                wait_for(lambda: any(p["peer_id"] == victim_id and p["state"] == "alive"
-                                     for p in newcomer.call("peers")), 20, 0.1)  # fmt: skip
+                wait_for(
+                    lambda: any(p["peer_id"] == victim_id and p["state"] == "alive" for p in newcomer.call("peers")),
+                    20,
+                    0.1,
+                )
                 wait_for(lambda: sum(p["state"] == "alive" for p in victim.call("peers")) == 2, 20, 0.1)
                 hello_s = time.monotonic() - joined
             except (AssertionError, OSError):
@@ -83,8 +86,14 @@ def run_scenario(root: Path, floods: list[tuple[int, list[str]]], seconds: float
             floods_seen = [result(a, seconds + 60) for a in attackers]
             time.sleep(max(0.0, seconds - (time.monotonic() - began)))
             gate = victim.status()["transport"].get("gate", {}) if victim.proc and victim.proc.poll() is None else {}
-        return {"report": watch.report, "views": views.states, "hello_s": hello_s, "gate": gate,
-                "floods": floods_seen, "exited": watch.report.exited}  # fmt: skip
+        return {
+            "report": watch.report,
+            "views": views.states,
+            "hello_s": hello_s,
+            "gate": gate,
+            "floods": floods_seen,
+            "exited": watch.report.exited,
+        }
     finally:
         for d in helpers:
             d.stop()
@@ -94,8 +103,10 @@ def run_scenario(root: Path, floods: list[tuple[int, list[str]]], seconds: float
 def fd_attacks(quick: bool) -> int:
     seconds = 6.0 if quick else 12.0
     print(f"open files {NOFILE} (soft and hard), {seconds:.0f} s per scenario, lan preset")
-    print(f"{'scenario':<26} {'RSS MiB':>8} {'fds':>5} {'status p50 ms':>14} {'max ms':>7} {'hello s':>8} "
-          f"{'peer saw':<18} outcome; gate")  # fmt: skip
+    print(
+        f"{'scenario':<26} {'RSS MiB':>8} {'fds':>5} {'status p50 ms':>14} {'max ms':>7} {'hello s':>8} "
+        f"{'peer saw':<18} outcome; gate"
+    )
     for name, floods in scenarios():
         with tempfile.TemporaryDirectory(prefix="arceus-adv-fds-") as tmp:
             out = run_scenario(Path(tmp), floods, seconds)
@@ -129,11 +140,13 @@ def gate_cost(calls: int = 500, big: int = 40) -> None:
     async def measure(gated: bool) -> tuple[float, float]:
         limits = limits_for(NOFILE) if gated else None
         async with (
-            open_transport(Identity.generate(), "127.0.0.1", 0, unary_handler=echo, stream_handler=no_streams,
-                           gate=limits) as server,
-            open_transport(Identity.generate(), "127.0.0.1", 0, unary_handler=echo,
-                           stream_handler=no_streams) as client,
-        ):  # fmt: skip
+            open_transport(
+                Identity.generate(), "127.0.0.1", 0, unary_handler=echo, stream_handler=no_streams, gate=limits
+            ) as server,
+            open_transport(
+                Identity.generate(), "127.0.0.1", 0, unary_handler=echo, stream_handler=no_streams
+            ) as client,
+        ):
             await client.call(server.address, b"hello", 5.0)
             began = time.monotonic()
             for _ in range(calls):

@@ -59,8 +59,11 @@ def pay_attacks(quick: bool) -> None:
             honest, other = owed.get(ids[1], 0.0), owed.get(ids[2], 0.0)
             name = f"{attack} {arg}x" if arg else attack
             ratio = f"{other / honest:6.2f}" if honest else "     -"
-            print(f"{name:<18} {took:6.1f} {honest:10.6f} {other:11.6f} {ratio}  {paid.get('paid_gflops')} of "
-                  f"{paid.get('offered_gflops')} GFLOP/s ({paid.get('basis')}); job {end['state']}", flush=True)
+            print(
+                f"{name:<18} {took:6.1f} {honest:10.6f} {other:11.6f} {ratio}  {paid.get('paid_gflops')} of "
+                f"{paid.get('offered_gflops')} GFLOP/s ({paid.get('basis')}); job {end['state']}",
+                flush=True,
+            )
 
 
 def unpaid_attacks(quick: bool) -> None:
@@ -85,8 +88,11 @@ def unpaid_attacks(quick: bool) -> None:
                     market = s.call(i, "status")["market"]
                     left = [x for x in market["left_unpaid"] if x["job_id"] == job_id]
                     usd = market["pay"].get(job_id, {}).get("paid_usd", 0.0)
-                    rows.append(f"{left[0]['worker_step']} / {left[0]['unpaid_checkpoints']} / {usd:.6f}" if left
-                                else f"stayed / - / {usd:.6f}")  # fmt: skip
+                    rows.append(
+                        f"{left[0]['worker_step']} / {left[0]['unpaid_checkpoints']} / {usd:.6f}"
+                        if left
+                        else f"stayed / - / {usd:.6f}"
+                    )
             finally:
                 s.close()
             print(f"{attack:<10} {took:6.1f}  {' | '.join(rows)}; job {end['state']}", flush=True)

@@ -46,29 +46,74 @@ def synthetic_job(steps: int, seed: int = 0) -> dict[str, Any]:
     history = [[s, round(4.2 * math.exp(-s / 2500) + 1.3 + rng.gauss(0, 0.05), 5)] for s in range(1, steps + 1)]
     shares = [{"peer_id": p, "heads": [], "mlp_columns": []} for p in PEERS]
     return {
-        "job_id": JOB_ID, "name": "tiny-gpt <b>&amp;</b>", "owner": PEERS[0], "role": "owner", "state": "running",
-        "step": steps, "total_steps": steps + 2000, "loss": history[-1][1], "val_loss": 1.52, "val_accuracy": None,
+        "job_id": JOB_ID,
+        "name": "tiny-gpt <b>&amp;</b>",
+        "owner": PEERS[0],
+        "role": "owner",
+        "state": "running",
+        "step": steps,
+        "total_steps": steps + 2000,
+        "loss": history[-1][1],
+        "val_loss": 1.52,
+        "val_accuracy": None,
         "history_at": [round(time.time() - (steps - s) * 0.1, 3) for s in range(1, steps + 1)],
-        "members": PEERS, "error": "", "model_path": "", "spec_hash": "00" * 32, "leader": PEERS[0], "term": 1,
-        "epoch": 3, "lr": 3e-4, "samples_per_s": 40.0, "tokens_per_s": 10240.0, "history": history,
-        "committed_step": steps - steps % 500, "model": "GPTSpec", "data": "text", "worker_pid": 1234,
-        "stale_reports": 0, "standby": PEERS[1], "standby_ready": True, "links": {
-            p: {"rtt_ms": 0.3, "bandwidth_mb_s": 900.0, "message_ms": 0.4} for p in PEERS[1:]},
+        "members": PEERS,
+        "error": "",
+        "model_path": "",
+        "spec_hash": "00" * 32,
+        "leader": PEERS[0],
+        "term": 1,
+        "epoch": 3,
+        "lr": 3e-4,
+        "samples_per_s": 40.0,
+        "tokens_per_s": 10240.0,
+        "history": history,
+        "committed_step": steps - steps % 500,
+        "model": "GPTSpec",
+        "data": "text",
+        "worker_pid": 1234,
+        "stale_reports": 0,
+        "standby": PEERS[1],
+        "standby_ready": True,
+        "links": {p: {"rtt_ms": 0.3, "bandwidth_mb_s": 900.0, "message_ms": 0.4} for p in PEERS[1:]},
         "stage_timing": {"steps": 20, "step_time_s": 0.128, "wait_fraction": 0.17},
-        "stage_times": {p: {"compute_s": 0.09 + 0.01 * i, "wait_s": 0.03 - 0.005 * i, "predicted_s": 0.1}
-                        for i, p in enumerate(PEERS)},
+        "stage_times": {
+            p: {"compute_s": 0.09 + 0.01 * i, "wait_s": 0.03 - 0.005 * i, "predicted_s": 0.1}
+            for i, p in enumerate(PEERS)
+        },
         "checkpoints": [{"step": s, "at": time.time() - (steps - s) * 0.1} for s in range(500, steps + 1, 500)],
-        "plan": {"schedule": "1f1b", "micro_batches": 4, "predicted_step_time_s": 0.12, "bubble_fraction": 0.2,
-                 "stages": [{"index": 0, "blocks": [0, 2], "devices": [shares[0]]},
-                            {"index": 1, "blocks": [2, 3], "devices": [
-                                {"peer_id": PEERS[1], "heads": [0, 3], "mlp_columns": [0, 180]},
-                                {"peer_id": PEERS[2], "heads": [3, 4], "mlp_columns": [180, 256]}]},
-                            {"index": 2, "blocks": [3, 5], "devices": [shares[3]]}]},
+        "plan": {
+            "schedule": "1f1b",
+            "micro_batches": 4,
+            "predicted_step_time_s": 0.12,
+            "bubble_fraction": 0.2,
+            "stages": [
+                {"index": 0, "blocks": [0, 2], "devices": [shares[0]]},
+                {
+                    "index": 1,
+                    "blocks": [2, 3],
+                    "devices": [
+                        {"peer_id": PEERS[1], "heads": [0, 3], "mlp_columns": [0, 180]},
+                        {"peer_id": PEERS[2], "heads": [3, 4], "mlp_columns": [180, 256]},
+                    ],
+                },
+                {"index": 2, "blocks": [3, 5], "devices": [shares[3]]},
+            ],
+        },
         "contributions": [{"peer_id": p, "share": 0.25, "steps": steps, "tflop": 1.5} for p in PEERS],
-        "recoveries": [{"reason": "member 33333333 declared dead", "epoch": 2, "lost_step": steps // 2,
-                        "resumed_step": steps // 2 - 200, "recomputed_steps": 200, "first_step_after_s": 4.1,
-                        "began_at": time.time() - 60, "first_step_at": time.time() - 56}],
-    }  # fmt: skip
+        "recoveries": [
+            {
+                "reason": "member 33333333 declared dead",
+                "epoch": 2,
+                "lost_step": steps // 2,
+                "resumed_step": steps // 2 - 200,
+                "recomputed_steps": 200,
+                "first_step_after_s": 4.1,
+                "began_at": time.time() - 60,
+                "first_step_at": time.time() - 56,
+            }
+        ],
+    }
 
 
 class SyntheticSnapshots:
@@ -82,18 +127,41 @@ class SyntheticSnapshots:
 
     def advance(self, loss: float = 1.0) -> None:
         step = self.job_data["step"] + 1
-        self.job_data = {**self.job_data, "step": step, "loss": loss,
-                         "history": [*self.job_data["history"], [step, loss]],
-                         "history_at": [*self.job_data["history_at"], round(time.time(), 3)]}  # fmt: skip
+        self.job_data = {
+            **self.job_data,
+            "step": step,
+            "loss": loss,
+            "history": [*self.job_data["history"], [step, loss]],
+            "history_at": [*self.job_data["history_at"], round(time.time(), 3)],
+        }
 
     async def status(self) -> dict[str, Any]:
-        peers = [{"peer_id": p, "state": "alive", "incarnation": 1, "address": f"127.0.0.1:{47071 + i}",
-                  "rtt_ms": 0.2 + i / 10, "last_heard_s": 0.1, "device": f"cpu x{i + 2}"}
-                 for i, p in enumerate(PEERS[1:])]  # fmt: skip
-        summary = {k: self.job_data[k] for k in ("job_id", "name", "owner", "role", "state", "step", "total_steps",
-                                                 "loss", "members")}  # fmt: skip
-        return {"peer_id": PEERS[0], "version": "bench", "uptime_s": 1.0, "preset": "local", "addresses": {},
-                "peers": peers, "jobs": [summary], "membership": {"incarnation": 0, "health": 0}}  # fmt: skip
+        peers = [
+            {
+                "peer_id": p,
+                "state": "alive",
+                "incarnation": 1,
+                "address": f"127.0.0.1:{47071 + i}",
+                "rtt_ms": 0.2 + i / 10,
+                "last_heard_s": 0.1,
+                "device": f"cpu x{i + 2}",
+            }
+            for i, p in enumerate(PEERS[1:])
+        ]
+        summary = {
+            k: self.job_data[k]
+            for k in ("job_id", "name", "owner", "role", "state", "step", "total_steps", "loss", "members")
+        }
+        return {
+            "peer_id": PEERS[0],
+            "version": "bench",
+            "uptime_s": 1.0,
+            "preset": "local",
+            "addresses": {},
+            "peers": peers,
+            "jobs": [summary],
+            "membership": {"incarnation": 0, "health": 0},
+        }
 
     async def job(self, job_id: str) -> dict[str, Any] | None:
         return self.job_data if JOB_ID.startswith(job_id) and job_id else None
@@ -161,8 +229,11 @@ async def _run(rounds: int, steps: int, use_browser: bool) -> int:
         results: dict[str, list[float]] = {"baseline": [], "data": [], "page": []}
         sizes: dict[str, int] = {}
         for _ in range(rounds):
-            for name, fn in (("baseline", lambda: _get(base + "static/style.css")),
-                             ("data", lambda: _get(base + f"api/job?id={JOB_ID}")), ("page", lambda: _page(base))):
+            for name, fn in (
+                ("baseline", lambda: _get(base + "static/style.css")),
+                ("data", lambda: _get(base + f"api/job?id={JOB_ID}")),
+                ("page", lambda: _page(base)),
+            ):
                 ms, size = await trio.to_thread.run_sync(fn)
                 results[name].append(ms)
                 sizes[name] = size
@@ -172,15 +243,19 @@ async def _run(rounds: int, steps: int, use_browser: bool) -> int:
     print(f"dashboard, job with {steps:,} steps of history, {rounds} rounds (medians):")
     for name in ("baseline", "data", "page"):
         med = statistics.median(results[name])
-        print(f"  {name:<9} {med:7.2f} ms  ({sizes[name]:,} bytes)  ratio {med / base_ms:5.1f}x baseline"
-              f"  [max {max(results[name]):.1f} ms]")
+        print(
+            f"  {name:<9} {med:7.2f} ms  ({sizes[name]:,} bytes)  ratio {med / base_ms:5.1f}x baseline"
+            f"  [max {max(results[name]):.1f} ms]"
+        )
     page_ms = statistics.median(results["page"])
     worst = page_ms
     if browser:
         med = statistics.median(browser)
         worst = max(worst, med)
-        print(f"  browser   {med:7.2f} ms  (headless chromium until the curve is drawn)  ratio {med / base_ms:5.1f}x"
-              f" baseline  [max {max(browser):.1f} ms]")
+        print(
+            f"  browser   {med:7.2f} ms  (headless chromium until the curve is drawn)  ratio {med / base_ms:5.1f}x"
+            f" baseline  [max {max(browser):.1f} ms]"
+        )
     else:
         print("  browser   skipped (no playwright or /usr/bin/chromium)")
     verdict = "under" if worst < LIMIT_MS else "OVER"

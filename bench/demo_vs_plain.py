@@ -66,8 +66,17 @@ def run_swarm(spec_path: Path, root: Path, seconds: float) -> dict[str, Any]:
                 break
             time.sleep(0.2)
         began = time.monotonic()
-        submit = [sys.executable, "-m", "arceusd", "--state-dir", str(swarm.state_dir(0)), "submit", str(spec_path),
-                  "--members", "3"]  # fmt: skip
+        submit = [
+            sys.executable,
+            "-m",
+            "arceusd",
+            "--state-dir",
+            str(swarm.state_dir(0)),
+            "submit",
+            str(spec_path),
+            "--members",
+            "3",
+        ]
         out = subprocess.run(submit, capture_output=True, text=True, timeout=300)
         job_id = out.stdout.split()[2]
         job: dict[str, Any] = {}
@@ -84,8 +93,13 @@ def run_swarm(spec_path: Path, root: Path, seconds: float) -> dict[str, Any]:
         swarm.call(0, "cancel", {"job_id": job_id}, timeout=60)
         spec = load_spec(spec_path)
         tokens = job["step"] * spec.training.batch_size * gpt_of(spec).block_size
-        return {"steps": job["step"], "val_loss": job["val_loss"], "tokens_per_s": tokens / elapsed,
-                "startup_s": (first_step_at or time.monotonic()) - began, "devices": len(job["members"])}  # fmt: skip
+        return {
+            "steps": job["step"],
+            "val_loss": job["val_loss"],
+            "tokens_per_s": tokens / elapsed,
+            "startup_s": (first_step_at or time.monotonic()) - began,
+            "devices": len(job["members"]),
+        }
     finally:
         swarm.close()
 
@@ -139,8 +153,10 @@ def main() -> int:
         swarm = run_swarm(spec_path, Path(tmp) / "swarm", seconds)
         plain = run_plain(spec_path, seconds)
     cores = os.cpu_count()
-    print(f"budget {seconds / 60:.1f} min each, one after the other, on {cores} cores "
-          f"(model and batches of examples/shakespeare-gpt.toml, evaluated every {EVAL_EVERY} steps)")  # fmt: skip
+    print(
+        f"budget {seconds / 60:.1f} min each, one after the other, on {cores} cores "
+        f"(model and batches of examples/shakespeare-gpt.toml, evaluated every {EVAL_EVERY} steps)"
+    )
     print(
         f"  swarm: 3 daemons, {swarm['devices']} devices: {swarm['steps']} steps, val loss {swarm['val_loss']:.3f}, "
         f"{swarm['tokens_per_s']:.0f} tokens/s over the budget (first step after {swarm['startup_s']:.0f} s)"

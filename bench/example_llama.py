@@ -37,8 +37,12 @@ BUDGET_S = 300.0
 
 def unigram_nats(cache: Path) -> float:
     """Cross-entropy per validation token of the training split's add-one smoothed token frequencies."""
-    data = load_tokens(ROOT / "data/tinyshakespeare/input.txt", ROOT / "data/tokenizers/shakespeare-bpe.json",
-                       val_fraction=0.1, cache_dir=cache)  # fmt: skip
+    data = load_tokens(
+        ROOT / "data/tinyshakespeare/input.txt",
+        ROOT / "data/tokenizers/shakespeare-bpe.json",
+        val_fraction=0.1,
+        cache_dir=cache,
+    )
     counts, total = Counter(data.train.tolist()), int(data.train.numel())
     val = data.val.tolist()
     return -sum(math.log((counts[t] + 1) / (total + data.vocab_size)) for t in val) / len(val)
@@ -69,25 +73,33 @@ def main() -> None:
             swarm.start()
             swarm.wait_converged(60)
             seconds, view = run(swarm, BASE)
-            devices = sorted({d["peer_id"][:8] for st in (view.get("plan") or {}).get("stages", [])
-                              for d in st["devices"]})  # fmt: skip
-            print(f"base  {view['state']} in {seconds:.0f} s (budget {BUDGET_S:.0f} s) on {len(devices)} device(s): "
-                  f"validation loss {view.get('val_loss')} nats/token, unigram {unigram:.3f} "
-                  f"({(view.get('val_loss') or math.nan) - unigram:+.3f}); {view.get('tokens_per_s')} tokens/s",
-                  flush=True)  # fmt: skip
+            devices = sorted(
+                {d["peer_id"][:8] for st in (view.get("plan") or {}).get("stages", []) for d in st["devices"]}
+            )
+            print(
+                f"base  {view['state']} in {seconds:.0f} s (budget {BUDGET_S:.0f} s) on {len(devices)} device(s): "
+                f"validation loss {view.get('val_loss')} nats/token, unigram {unigram:.3f} "
+                f"({(view.get('val_loss') or math.nan) - unigram:+.3f}); {view.get('tokens_per_s')} tokens/s",
+                flush=True,
+            )
             if view["state"] != "done" or not args.lora:
                 return
             folder = Path(tmp) / "lora"
             folder.mkdir()
-            shutil.copyfile(Path(str(view["model_path"])).parent / "model.safetensors",
-                            folder / "llama-shakespeare-11m-base.safetensors")  # fmt: skip
+            shutil.copyfile(
+                Path(str(view["model_path"])).parent / "model.safetensors",
+                folder / "llama-shakespeare-11m-base.safetensors",
+            )
             text = LORA.read_text().replace('"../data/', f'"{ROOT / "data"}/')
             text = text.replace('config = "llama-11m.config.json"', f'config = "{EXAMPLES / "llama-11m.config.json"}"')
             spec = folder / LORA.name
             spec.write_text(text)
             seconds, tuned = run(swarm, spec)
-            print(f"lora  {tuned['state']} in {seconds:.0f} s: validation loss {tuned.get('val_loss')} "
-                  f"(base {view.get('val_loss')})", flush=True)  # fmt: skip
+            print(
+                f"lora  {tuned['state']} in {seconds:.0f} s: validation loss {tuned.get('val_loss')} "
+                f"(base {view.get('val_loss')})",
+                flush=True,
+            )
             if tuned["state"] == "done":
                 from transformers import AutoModelForCausalLM
 

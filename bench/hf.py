@@ -39,18 +39,36 @@ LLAMA_EXAMPLE = ROOT / "examples" / "llama-shakespeare.toml"
 
 
 def llama_config(layers: int, width: int, heads: int, context: int, vocab: int) -> HFModelConfig:
-    return hf_config_from_dict({
-        "model_type": "llama", "vocab_size": vocab, "hidden_size": width, "intermediate_size": 4 * width,
-        "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": heads,
-        "max_position_embeddings": context, "tie_word_embeddings": False,
-    }, context)  # fmt: skip
+    return hf_config_from_dict(
+        {
+            "model_type": "llama",
+            "vocab_size": vocab,
+            "hidden_size": width,
+            "intermediate_size": 4 * width,
+            "num_hidden_layers": layers,
+            "num_attention_heads": heads,
+            "num_key_value_heads": heads,
+            "max_position_embeddings": context,
+            "tie_word_embeddings": False,
+        },
+        context,
+    )
 
 
 def gpt2_config(layers: int, width: int, heads: int, context: int, vocab: int) -> HFModelConfig:
-    return hf_config_from_dict({
-        "model_type": "gpt2", "vocab_size": vocab, "n_embd": width, "n_layer": layers, "n_head": heads,
-        "n_positions": context, "n_inner": 4 * width, "tie_word_embeddings": False,
-    }, context)  # fmt: skip
+    return hf_config_from_dict(
+        {
+            "model_type": "gpt2",
+            "vocab_size": vocab,
+            "n_embd": width,
+            "n_layer": layers,
+            "n_head": heads,
+            "n_positions": context,
+            "n_inner": 4 * width,
+            "tie_word_embeddings": False,
+        },
+        context,
+    )
 
 
 class Blocks(nn.Module):
@@ -108,8 +126,9 @@ class Trainer:
         return steps * self.tokens / (time.perf_counter() - began)
 
 
-def compare(a: nn.Module, b: nn.Module, batch: int, context: int, vocab: int, steps: int,
-            rounds: int) -> tuple[float, float]:  # fmt: skip
+def compare(
+    a: nn.Module, b: nn.Module, batch: int, context: int, vocab: int, steps: int, rounds: int
+) -> tuple[float, float]:
     """Tokens/s of ``a`` and ``b``, alternating ``rounds`` times (the best round of each: the machine is shared)."""
     ta, tb = Trainer(a, batch, context, vocab), Trainer(b, batch, context, vocab)
     best_a = best_b = 0.0
@@ -123,19 +142,34 @@ def part_one(quick: bool) -> None:
     layers, width, heads, context, vocab, batch = (2, 256, 4, 128, 4096, 8) if quick else (6, 384, 6, 256, 8192, 8)
     steps, rounds = (3, 3) if quick else (5, 5)
     torch.set_num_threads(os.cpu_count() or 1)
-    print(f"part 1: one process, {torch.get_num_threads()} threads; {layers} layers x {width} wide, {heads} heads, "
-          f"context {context}, vocabulary {vocab}, batch {batch}; best of {rounds} alternating rounds of {steps} "
-          f"AdamW steps")  # fmt: skip
-    for name, config in (("llama", llama_config(layers, width, heads, context, vocab)),
-                         ("gpt2", gpt2_config(layers, width, heads, context, vocab))):  # fmt: skip
+    print(
+        f"part 1: one process, {torch.get_num_threads()} threads; {layers} layers x {width} wide, {heads} heads, "
+        f"context {context}, vocabulary {vocab}, batch {batch}; best of {rounds} alternating rounds of {steps} "
+        f"AdamW steps"
+    )
+    for name, config in (
+        ("llama", llama_config(layers, width, heads, context, vocab)),
+        ("gpt2", gpt2_config(layers, width, heads, context, vocab)),
+    ):
         ours, plain = compare(Blocks(config), Plain(config), batch, context, vocab, steps, rounds)
-        print(f"  {name}: Arceus's blocks {ours:,.0f} tokens/s, plain transformers {plain:,.0f}: "
-              f"{ours / plain:.2f}x (goal about 1.0x)")  # fmt: skip
+        print(
+            f"  {name}: Arceus's blocks {ours:,.0f} tokens/s, plain transformers {plain:,.0f}: "
+            f"{ours / plain:.2f}x (goal about 1.0x)"
+        )
     built_in = GPTConfig(n_layer=layers, n_head=heads, n_embd=width, block_size=context, vocab_size=vocab)
-    hf, gpt = compare(Blocks(gpt2_config(layers, width, heads, context, vocab)),
-                      build_reference_model(built_in, seed=0), batch, context, vocab, steps, rounds)  # fmt: skip
-    print(f"  GPT-2 blocks {hf:,.0f} tokens/s against the built-in GPT of the same size {gpt:,.0f}: "
-          f"{hf / gpt:.2f}x (goal at least 0.90x)")  # fmt: skip
+    hf, gpt = compare(
+        Blocks(gpt2_config(layers, width, heads, context, vocab)),
+        build_reference_model(built_in, seed=0),
+        batch,
+        context,
+        vocab,
+        steps,
+        rounds,
+    )
+    print(
+        f"  GPT-2 blocks {hf:,.0f} tokens/s against the built-in GPT of the same size {gpt:,.0f}: "
+        f"{hf / gpt:.2f}x (goal at least 0.90x)"
+    )
 
 
 def swarm_tokens_per_s(spec: Path, root: Path, seconds: float) -> dict[str, Any]:
@@ -145,8 +179,17 @@ def swarm_tokens_per_s(spec: Path, root: Path, seconds: float) -> dict[str, Any]
     try:
         swarm.start()
         swarm.wait_converged(120)
-        submit = [sys.executable, "-m", "arceusd", "--state-dir", str(swarm.state_dir(0)), "submit", str(spec),
-                  "--members", "2"]  # fmt: skip
+        submit = [
+            sys.executable,
+            "-m",
+            "arceusd",
+            "--state-dir",
+            str(swarm.state_dir(0)),
+            "submit",
+            str(spec),
+            "--members",
+            "2",
+        ]
         out = subprocess.run(submit, capture_output=True, text=True, timeout=300, check=True)
         job_id = out.stdout.split()[2]
         deadline = time.monotonic() + 600
@@ -163,8 +206,12 @@ def swarm_tokens_per_s(spec: Path, root: Path, seconds: float) -> dict[str, Any]
         steps = job["step"] - first
         elapsed = time.monotonic() - began
         swarm.call(0, "cancel", {"job_id": job_id}, timeout=60)
-        return {"status": job.get("tokens_per_s"), "counted_steps": steps, "elapsed": elapsed,
-                "devices": len(job["members"])}  # fmt: skip
+        return {
+            "status": job.get("tokens_per_s"),
+            "counted_steps": steps,
+            "elapsed": elapsed,
+            "devices": len(job["members"]),
+        }
     finally:
         swarm.close()
 
@@ -195,8 +242,10 @@ def part_two(quick: bool) -> None:
     plain = step * tokens_per_step / (time.perf_counter() - began)
     status = swarm["status"]
     print(f"part 2: {LLAMA_EXAMPLE.name}'s model, {seconds:.0f} s each, one after the other")
-    print(f"  swarm: 2 daemons, {swarm['devices']} devices: {counted:,.0f} tokens/s from its step counter, "
-          f"{status if status is None else format(status, ',.0f')} from status")  # fmt: skip
+    print(
+        f"  swarm: 2 daemons, {swarm['devices']} devices: {counted:,.0f} tokens/s from its step counter, "
+        f"{status if status is None else format(status, ',.0f')} from status"
+    )
     print(f"  plain: 1 process, {torch.get_num_threads()} threads: {plain:,.0f} tokens/s")
     print(f"  swarm/plain: {counted / plain:.2f}x")
 

@@ -68,10 +68,21 @@ class BenchSwarm(LocalSwarm):
                 seeds += ["--peer", f"127.0.0.1:{port}"]
         state = self.state_dir(i)
         cmd = [
-            sys.executable, "-m", "arceusd", "--state-dir", str(state), "start", "--foreground",
-            "--preset", "local", "--port", str(self.ports[i]), "--log-file", str(state / "arceusd.log"),
+            sys.executable,
+            "-m",
+            "arceusd",
+            "--state-dir",
+            str(state),
+            "start",
+            "--foreground",
+            "--preset",
+            "local",
+            "--port",
+            str(self.ports[i]),
+            "--log-file",
+            str(state / "arceusd.log"),
             *seeds,
-        ]  # fmt: skip
+        ]
         self.procs[i] = subprocess.Popen(
             cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
@@ -177,9 +188,7 @@ def real_daemons(kills: int, window: float) -> dict[str, Any]:
                             failover = time.monotonic() - t0
                     time.sleep(0.01)
                 if first is None or full is None or failover is None:
-                    raise RuntimeError(
-                        f"kill {k}: no detection/failover within 60 s ({first}, {full}, {failover})"
-                    )
+                    raise RuntimeError(f"kill {k}: no detection/failover within 60 s ({first}, {full}, {failover})")
                 out["first"].append(first)
                 out["full"].append(full)
                 out["failover"].append(failover)
@@ -188,8 +197,11 @@ def real_daemons(kills: int, window: float) -> dict[str, Any]:
                 wait(lambda: converged(swarm, ids), 60, "re-convergence after restart")
                 out["rejoin"].append(time.monotonic() - t1)
                 swarm.call(victim, "track_job", {"job_id": job, "members": ids})
-                print(f"  kill {k + 1}/{kills}: first {first:.2f}s, all dead {full:.2f}s, "
-                      f"new leader {failover:.2f}s, rejoin {out['rejoin'][-1]:.2f}s", flush=True)  # fmt: skip
+                print(
+                    f"  kill {k + 1}/{kills}: first {first:.2f}s, all dead {full:.2f}s, "
+                    f"new leader {failover:.2f}s, rejoin {out['rejoin'][-1]:.2f}s",
+                    flush=True,
+                )
         finally:
             swarm.close()
     return out
@@ -214,26 +226,24 @@ def model_small(cfg: MembershipConfig, runs: int) -> dict[str, float]:
 # ------------------------------------------------------------------------------------------------ printing
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--quick", action="store_true", help="5 kills, short windows, fewer simulated victims"
-    )
+    parser.add_argument("--quick", action="store_true", help="5 kills, short windows, fewer simulated victims")
     args = parser.parse_args()
     kills, window = (5, 3.0) if args.quick else (20, 10.0)
     cfg = local()
     T = cfg.probe_interval
     swim_first = SWIM_FIRST * T
     memberlist_full = 1.58 * T + cfg.suspicion_min_timeout(N)
-    print(f"real daemons: N={N}, local preset (probe {T}s, timeout {cfg.probe_timeout}s, suspicion "
-          f"x{cfg.suspicion_mult}, push/pull {cfg.push_pull_interval}s), election timeout "
-          f"{election_local().election_timeout}s, {kills} SIGKILLs of the current leader")  # fmt: skip
+    print(
+        f"real daemons: N={N}, local preset (probe {T}s, timeout {cfg.probe_timeout}s, suspicion "
+        f"x{cfg.suspicion_mult}, push/pull {cfg.push_pull_interval}s), election timeout "
+        f"{election_local().election_timeout}s, {kills} SIGKILLs of the current leader"
+    )
     t_wall = time.perf_counter()
     real = real_daemons(kills, window)
     model = model_small(cfg, runs=10 if args.quick else 40)
     print(f"  (real runs took {time.perf_counter() - t_wall:.0f}s wall)")
     print()
-    print(
-        f"{'figure':<34} {'real':>8} {'model(sim)':>10} {'real/model':>10} {'baseline':>9} {'real/base':>9}"
-    )
+    print(f"{'figure':<34} {'real':>8} {'model(sim)':>10} {'real/model':>10} {'baseline':>9} {'real/base':>9}")
 
     def row(name: str, value: float, model_value: float | None, base: float | None, unit: str = "s") -> None:
         m = f"{model_value:>9.2f}{unit}" if model_value is not None else f"{'-':>10}"
@@ -262,33 +272,41 @@ def main() -> None:
     row("bytes/s per member, + 1 job", real["bps_with_job"], real["bps_gossip"], None, "B")
     frames = ", ".join(f"{k} {v:.1f}" for k, v in sorted(real["frames_with_job"].items()))
     print(f"  frames/s (all {N} members together) with 1 job: {frames}")
-    print(f"  baselines: SWIM first detection T*e/(e-1) = {swim_first:.3f}s; memberlist full detection "
-          f"1.58T + suspicion_mult*max(1,log10 n)*T = {memberlist_full:.3f}s; det+ET = mean full detection "
-          "+ election timeout; pp = push/pull interval; ml = memberlist; the '+1 job' row's model column is "
-          "the gossip-only real figure")  # fmt: skip
+    print(
+        f"  baselines: SWIM first detection T*e/(e-1) = {swim_first:.3f}s; memberlist full detection "
+        f"1.58T + suspicion_mult*max(1,log10 n)*T = {memberlist_full:.3f}s; det+ET = mean full detection "
+        "+ election timeout; pp = push/pull interval; ml = memberlist; the '+1 job' row's model column is "
+        "the gossip-only real figure"
+    )
     print()
 
     lan_cfg = lan()
     LT = lan_cfg.probe_interval
     plans = [(100, 10 if args.quick else 40), (1000, 3 if args.quick else 12)]
     print(f"pure core in the simulator, lan preset (probe {LT:.1f}s):")
-    print(f"{'n':>5} {'victims':>7} {'first p50':>9} {'/SWIM':>6} {'dead p50':>8} {'dead p99':>8} "
-          f"{'/memberlist':>11} {'missed':>6} {'false':>5} {'B/s/member':>10} {'wall s':>6}")  # fmt: skip
+    print(
+        f"{'n':>5} {'victims':>7} {'first p50':>9} {'/SWIM':>6} {'dead p50':>8} {'dead p99':>8} "
+        f"{'/memberlist':>11} {'missed':>6} {'false':>5} {'B/s/member':>10} {'wall s':>6}"
+    )
     for n, victims in plans:
         start = time.perf_counter()
         r = sim.detection(n, victims, lan_cfg, seed=n)
         swim = SWIM_FIRST * LT
         ml = 1.58 * LT + lan_cfg.suspicion_min_timeout(n)
-        print(f"{n:>5} {victims:>7} {r['first_p50']:>8.2f}s {r['first_p50'] / swim:>5.2f}x "
-              f"{r['full_p50']:>7.2f}s {r['full_p99']:>7.2f}s {r['full_p50'] / ml:>10.2f}x "
-              f"{int(r['missing']):>6} {int(r['false_dead']):>5} {r['steady_bps']:>10.0f} "
-              f"{time.perf_counter() - start:>6.1f}")  # fmt: skip
+        print(
+            f"{n:>5} {victims:>7} {r['first_p50']:>8.2f}s {r['first_p50'] / swim:>5.2f}x "
+            f"{r['full_p50']:>7.2f}s {r['full_p99']:>7.2f}s {r['full_p50'] / ml:>10.2f}x "
+            f"{int(r['missing']):>6} {int(r['false_dead']):>5} {r['steady_bps']:>10.0f} "
+            f"{time.perf_counter() - start:>6.1f}"
+        )
     for n in [100] if args.quick else [100, 1000]:
         start = time.perf_counter()
         t = sim.convergence(n, lan_cfg, seed=7)
         pp = lan_cfg.push_pull_interval_for(n)
-        print(f"  convergence n={n}: {t:.2f}s (push/pull interval {pp:.0f}s -> {t / pp:.2f}x; "
-              f"wall {time.perf_counter() - start:.1f}s)")  # fmt: skip
+        print(
+            f"  convergence n={n}: {t:.2f}s (push/pull interval {pp:.0f}s -> {t / pp:.2f}x; "
+            f"wall {time.perf_counter() - start:.1f}s)"
+        )
 
 
 if __name__ == "__main__":

@@ -49,9 +49,7 @@ def percentile(values: list[float], q: float) -> float:
 
 def size_model_ratio() -> float:
     """estimated_size / msgpack size of a typical ping carrying three gossip updates."""
-    gossip = tuple(
-        Update(UpdateKind.ALIVE, "ab" * 16, 7, "ab" * 16, "192.168.1.20:7946", bytes(32)) for _ in range(3)
-    )
+    gossip = tuple(Update(UpdateKind.ALIVE, "ab" * 16, 7, "ab" * 16, "192.168.1.20:7946", bytes(32)) for _ in range(3))
     ping = SendPing("cd" * 16, "192.168.1.21:7946", 12345, gossip)
 
     def plain(value: object) -> object:
@@ -124,9 +122,7 @@ def convergence(n: int, cfg: MembershipConfig, seed: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--quick", action="store_true", help="fewer victims, 1,000-member convergence skipped"
-    )
+    parser.add_argument("--quick", action="store_true", help="fewer victims, 1,000-member convergence skipped")
     args = parser.parse_args()
     cfg = lan()
     T = cfg.probe_interval

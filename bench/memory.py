@@ -51,9 +51,17 @@ def gpt(layers: int) -> GPTConfig:
 
 
 def llama(layers: int) -> ModelConfig:
-    fields = {"model_type": "llama", "hidden_size": 1024, "intermediate_size": 2752, "num_hidden_layers": layers,
-              "num_attention_heads": 16, "num_key_value_heads": 16, "vocab_size": 8192,
-              "tie_word_embeddings": False, "max_position_embeddings": 256}  # fmt: skip
+    fields = {
+        "model_type": "llama",
+        "hidden_size": 1024,
+        "intermediate_size": 2752,
+        "num_hidden_layers": layers,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 16,
+        "vocab_size": 8192,
+        "tie_word_embeddings": False,
+        "max_position_embeddings": 256,
+    }
     return hf_config_from_dict(fields, block_size=256)
 
 
@@ -86,8 +94,9 @@ def placeable(config: ModelConfig, devices: int, lend_bytes: int, tensor_paralle
     return True
 
 
-def most_layers(family: Callable[[int], ModelConfig], devices: int, lend_bytes: int, tensor_parallel: int,
-                batch: Batch) -> int:
+def most_layers(
+    family: Callable[[int], ModelConfig], devices: int, lend_bytes: int, tensor_parallel: int, batch: Batch
+) -> int:
     """The most layers of ``family`` the planner places (0: not even one)."""
     lo, hi = 0, 1
     while placeable(family(hi), devices, lend_bytes, tensor_parallel, batch):
@@ -104,8 +113,10 @@ def run(quick: bool, lend_mib: int, batch: Batch) -> int:
     families: list[tuple[str, Callable[[int], ModelConfig], int]] = [("gpt 1024-wide", gpt, 4)]
     if not quick:
         families.append(("llama 1024-wide", llama, 1))
-    print(f"largest model the planner places, each device lending {lend_mib} MiB; batch {batch.size} in "
-          f"{batch.micro_batches} micro-batches (goal: params(N) / params(1) >= {GOAL} N)")  # fmt: skip
+    print(
+        f"largest model the planner places, each device lending {lend_mib} MiB; batch {batch.size} in "
+        f"{batch.micro_batches} micro-batches (goal: params(N) / params(1) >= {GOAL} N)"
+    )
     short = 0
     for name, family, tp in families:
         t0 = time.perf_counter()
@@ -121,9 +132,11 @@ def run(quick: bool, lend_mib: int, batch: Batch) -> int:
             used = blocks_memory(block_costs(family(layers)), batch.size, batch.micro_batches).total_bytes / (n * lend)
             ratio = p / base
             short += ratio < GOAL * n
-            print(f"{name}: {n} devices {layers:4d} layers  {p / 1e6:8.1f} M params  {ratio:5.2f}x one device "
-                  f"({ratio / n:.2f} N; goal {GOAL} N){'' if ratio >= GOAL * n else '  BELOW GOAL'}; training "
-                  f"state {used:.0%} of the {n} x {lend_mib} MiB lent")  # fmt: skip
+            print(
+                f"{name}: {n} devices {layers:4d} layers  {p / 1e6:8.1f} M params  {ratio:5.2f}x one device "
+                f"({ratio / n:.2f} N; goal {GOAL} N){'' if ratio >= GOAL * n else '  BELOW GOAL'}; training "
+                f"state {used:.0%} of the {n} x {lend_mib} MiB lent"
+            )
         print(f"{name}: searched in {time.perf_counter() - t0:.1f} s")
     if short:
         print(f"{short} size(s) below the goal (see the module docstring for why)")

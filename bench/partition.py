@@ -73,9 +73,11 @@ def run(quick: bool, seed: int) -> int:
                 else:
                     ratios[name].append(theirs.predicted_step_time_s / ours.predicted_step_time_s)
     total = len(plan_times)
-    print(f"model: GPT-like, {len(blocks)} blocks, "
-          f"{sum(b.param_bytes for b in blocks) / 4 / 1e9:.2f} B params; clusters of {list(sizes)} devices, "
-          f"{total} feasible instances (ours infeasible: {ours_infeasible})")
+    print(
+        f"model: GPT-like, {len(blocks)} blocks, "
+        f"{sum(b.param_bytes for b in blocks) / 4 / 1e9:.2f} B params; clusters of {list(sizes)} devices, "
+        f"{total} feasible instances (ours infeasible: {ours_infeasible})"
+    )
     print(f"{'baseline':<10} {'geo-mean step-time ratio (baseline/ours)':>42} {'min':>6} {'no fit':>7}")
     worst = float("inf")
     for name in BASELINES:
@@ -83,22 +85,27 @@ def run(quick: bool, seed: int) -> int:
         worst = min(worst, g)
         lo = min(ratios[name]) if ratios[name] else float("nan")
         print(f"{name:<10} {g:>42.2f}x {lo:>6.2f} {infeasible[name]:>4}/{total}")
-    print(f"planning CPU time: median {statistics.median(plan_times) * 1e3:.0f} ms, "
-          f"max {max(plan_times) * 1e3:.0f} ms over {total} plans")
+    print(
+        f"planning CPU time: median {statistics.median(plan_times) * 1e3:.0f} ms, "
+        f"max {max(plan_times) * 1e3:.0f} ms over {total} plans"
+    )
     # DP vs exhaustive (ground truth) on small instances
     small_blocks = gpt_like_blocks(n_layer=6, n_embd=512, n_head=8, seq=256, vocab=8192)
     small_training = TrainingParams(16, (1, 2, 4, 8), wire_bytes_per_element=2, max_tensor_parallel=2)
     gaps = []
     for k in range(4 if quick else 12):
-        inputs = random_inputs(random.Random(seed * 1000 + k), 4, small_blocks, small_training,
-                               mem_range_gib=(0.1, 0.6))
+        inputs = random_inputs(
+            random.Random(seed * 1000 + k), 4, small_blocks, small_training, mem_range_gib=(0.1, 0.6)
+        )
         truth = exhaustive_plan(inputs)
         if truth is None:
             continue
         gaps.append(plan(inputs).predicted_step_time_s / truth.predicted_step_time_s - 1)
     if gaps:
-        print(f"DP vs exhaustive (4 devices, {len(small_blocks)} blocks, {len(gaps)} instances): "
-              f"max gap {max(gaps) * 100:.3f}%")
+        print(
+            f"DP vs exhaustive (4 devices, {len(small_blocks)} blocks, {len(gaps)} instances): "
+            f"max gap {max(gaps) * 100:.3f}%"
+        )
     target = 1.3
     print(f"target >= {target}x for every baseline: {'met' if worst >= target else 'NOT met'}")
     return 0
@@ -108,8 +115,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="fewer, smaller instances")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--measured", action="store_true",
-                        help="also compare predicted with measured step time of real stage workers")
+    parser.add_argument(
+        "--measured", action="store_true", help="also compare predicted with measured step time of real stage workers"
+    )
     args = parser.parse_args()
     code = run(args.quick, args.seed)
     if args.measured:

@@ -153,11 +153,27 @@ def tc_commands(cap_mbit: float, delay_ms: float, mtu: int = 16384) -> list[list
     cmds = [["ip", "link", "set", "lo", "mtu", str(mtu)], ["ip", "link", "set", "lo", "up"]]
     parent = ["root"]
     if delay_ms > 0:
-        cmds.append(["tc", "qdisc", "add", "dev", "lo", "root", "handle", "1:", "netem", "delay",
-                     f"{delay_ms}ms"])  # fmt: skip
+        cmds.append(["tc", "qdisc", "add", "dev", "lo", "root", "handle", "1:", "netem", "delay", f"{delay_ms}ms"])
         parent = ["parent", "1:1"]
-    cmds.append(["tc", "qdisc", "add", "dev", "lo", *parent, "handle", "10:", "tbf", "rate", f"{cap_mbit}mbit",
-                 "burst", str(burst), "latency", "200ms"])  # fmt: skip
+    cmds.append(
+        [
+            "tc",
+            "qdisc",
+            "add",
+            "dev",
+            "lo",
+            *parent,
+            "handle",
+            "10:",
+            "tbf",
+            "rate",
+            f"{cap_mbit}mbit",
+            "burst",
+            str(burst),
+            "latency",
+            "200ms",
+        ]
+    )
     return cmds
 
 
@@ -203,9 +219,16 @@ def _run_children(jobs: Sequence[tuple[list[str], int]], together: bool, timeout
     if not together:
         return [_run_child([*args, "--stat", "min"], threads=t, timeout=timeout) for args, t in jobs]
     at = time.time() + 4.0  # after every child's torch import
-    procs = [subprocess.Popen([sys.executable, __file__, *args, "--stat", "median", "--at", f"{at:.3f}"],
-                              env=_child_env(t), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-             for args, t in jobs]  # fmt: skip
+    procs = [
+        subprocess.Popen(
+            [sys.executable, __file__, *args, "--stat", "median", "--at", f"{at:.3f}"],
+            env=_child_env(t),
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for args, t in jobs
+    ]
     out = []
     try:
         for (args, _), p in zip(jobs, procs, strict=True):
@@ -228,8 +251,14 @@ def _wait_until(at: float) -> None:
 
 
 def _run_child(args: list[str], prefix: Sequence[str] = (), threads: int = 1, timeout: float = 120) -> Any:
-    out = subprocess.run([*prefix, sys.executable, __file__, *args], env=_child_env(threads), cwd=ROOT,
-                         capture_output=True, timeout=timeout, check=False)  # fmt: skip
+    out = subprocess.run(
+        [*prefix, sys.executable, __file__, *args],
+        env=_child_env(threads),
+        cwd=ROOT,
+        capture_output=True,
+        timeout=timeout,
+        check=False,
+    )
     lines = [ln for ln in out.stdout.decode().splitlines() if ln.startswith("{")]
     if out.returncode != 0 or not lines:
         raise RuntimeError(f"child {args} failed ({out.returncode}):\n{out.stderr.decode()[-3000:]}")
@@ -291,12 +320,8 @@ def link_child() -> None:
 
     async def main() -> None:
         async with (
-            open_transport(
-                Identity.generate(), "127.0.0.1", 0, unary_handler=echo, stream_handler=no_stream
-            ) as server,  # fmt: skip
-            open_transport(
-                Identity.generate(), "127.0.0.1", 0, unary_handler=echo, stream_handler=no_stream
-            ) as client,  # fmt: skip
+            open_transport(Identity.generate(), "127.0.0.1", 0, unary_handler=echo, stream_handler=no_stream) as server,
+            open_transport(Identity.generate(), "127.0.0.1", 0, unary_handler=echo, stream_handler=no_stream) as client,
         ):
             address = f"127.0.0.1:{server.port}"
 
@@ -308,8 +333,7 @@ def link_child() -> None:
             best = max(found, key=lambda m: m.bandwidth_bytes_per_s)
             rtt = statistics.median(m.rtt_s for m in found)
             message = statistics.median(m.message_s for m in found)
-            print(json.dumps({"rtt_s": rtt, "bandwidth_bytes_per_s": best.bandwidth_bytes_per_s,
-                              "message_s": message}))  # fmt: skip
+            print(json.dumps({"rtt_s": rtt, "bandwidth_bytes_per_s": best.bandwidth_bytes_per_s, "message_s": message}))
 
     trio.run(main)
 
@@ -368,8 +392,17 @@ def stage_child(start: int, end: int, micro_batch: int, threads: int, reps: int,
 def _spec(steps: int) -> Any:
     from tests.integration.worker_harness import gpt_spec
 
-    return gpt_spec(steps, n_layer=MODEL["n_layer"], n_head=MODEL["n_head"], n_embd=MODEL["n_embd"],
-                    block=MODEL["block"], batch=BATCH, micro=MICRO, eval_iters=0, lr=1e-3)  # fmt: skip
+    return gpt_spec(
+        steps,
+        n_layer=MODEL["n_layer"],
+        n_head=MODEL["n_head"],
+        n_embd=MODEL["n_embd"],
+        block=MODEL["block"],
+        batch=BATCH,
+        micro=MICRO,
+        eval_iters=0,
+        lr=1e-3,
+    )
 
 
 def _spawn(job: Any, threads_of: Mapping[str, int], prefix: Sequence[str]) -> None:
@@ -382,9 +415,12 @@ def _spawn(job: Any, threads_of: Mapping[str, int], prefix: Sequence[str]) -> No
         with w.log_path.open("wb") as log:
             w.proc = subprocess.Popen(
                 [*prefix, sys.executable, "-m", "arceusd.worker", "--config", str(w.config_path)],
-                cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                cwd=ROOT,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
                 env=_child_env(threads_of[w.peer_id]),
-            )  # fmt: skip
+            )
         threading.Thread(target=w._read, daemon=True).start()
 
 
@@ -448,22 +484,41 @@ def run_config(config: Config, steps: int, warmup: int, together: bool = True) -
         link = _run_child(["--link-child"], prefix=prefix)
         # 2. plan, as the daemon's leader does, with the measured link
         spec = _spec(steps)
-        offers = [Offer(pid, "", m.flops_per_s, int(m.memory_bytes * 0.8), block_efficiency=m.block_efficiency,
-                        dispatch_s=m.dispatch_s, adamw_s_per_param=m.adamw_s_per_param,
-                        sgd_s_per_param=m.sgd_s_per_param, message_s=link["message_s"])
-                  for pid, m in found.items()]  # fmt: skip
+        offers = [
+            Offer(
+                pid,
+                "",
+                m.flops_per_s,
+                int(m.memory_bytes * 0.8),
+                block_efficiency=m.block_efficiency,
+                dispatch_s=m.dispatch_s,
+                adamw_s_per_param=m.adamw_s_per_param,
+                sgd_s_per_param=m.sgd_s_per_param,
+                message_s=link["message_s"],
+            )
+            for pid, m in found.items()
+        ]
         inputs = plan_inputs(spec, offers, {})
         lk = Link(round(link["rtt_s"], 6), link["bandwidth_bytes_per_s"], link["message_s"])
-        inputs = dataclasses.replace(inputs, links=LinkMatrix.symmetric(
-            (a, b, lk) for i, a in enumerate(ids) for b in ids[i + 1:]))  # fmt: skip
+        inputs = dataclasses.replace(
+            inputs, links=LinkMatrix.symmetric((a, b, lk) for i, a in enumerate(ids) for b in ids[i + 1 :])
+        )
         the_plan = plan(inputs)
         uncalibrated = uncalibrated_step_s(inputs, the_plan)
         stages = worker_stages(the_plan)
         # 3. workers for that plan; the harness names its own identities, mapped from the plan's by position
         layout = [(st.start, st.end, st.split()) for st in stages]
         tmp = stack.enter_context(tempfile.TemporaryDirectory())
-        job = stack.enter_context(WorkerJob(Path(tmp), spec, layout, micro_batches=the_plan.micro_batches,
-                                            schedule=the_plan.schedule, total_steps=steps))  # fmt: skip
+        job = stack.enter_context(
+            WorkerJob(
+                Path(tmp),
+                spec,
+                layout,
+                micro_batches=the_plan.micro_batches,
+                schedule=the_plan.schedule,
+                total_steps=steps,
+            )
+        )
         planned = {(s, r): m.peer_id for s, st in enumerate(stages) for r, m in enumerate(st.members)}
         threads_of = {w.peer_id: config.threads[ids.index(planned[(w.stage, w.rank)])] for w in job.workers}
         _spawn(job, threads_of, prefix)
@@ -482,17 +537,35 @@ def run_config(config: Config, steps: int, warmup: int, together: bool = True) -
     simple = all(len(st.devices) == 1 for st in the_plan.stages)
     if simple:
         threads_at = [config.threads[ids.index(st.devices[0])] for st in the_plan.stages]
-        local = _run_children([(["--stage-child", str(st.start), str(st.end), str(the_plan.micro_batch_size),
-                                 str(t), "10" if together else "5"], t)
-                               for st, t in zip(the_plan.stages, threads_at, strict=True)], together)  # fmt: skip
+        local = _run_children(
+            [
+                (
+                    [
+                        "--stage-child",
+                        str(st.start),
+                        str(st.end),
+                        str(the_plan.micro_batch_size),
+                        str(t),
+                        "10" if together else "5",
+                    ],
+                    t,
+                )
+                for st, t in zip(the_plan.stages, threads_at, strict=True)
+            ],
+            together,
+        )
     for s, st in enumerate(the_plan.stages):
         who = "+".join(d.split("-")[0] + f"({found[d].flops_per_s / 1e9:.1f} GF/s)" for d in st.devices)
-        text = (f"[{st.start},{st.end}) on {who}: compute {st.compute_s * 1e3:.0f} ms, "
-                f"allreduce {st.allreduce_s * 1e3:.0f} ms, transfer {st.transfer_s * 1e3:.0f} ms")  # fmt: skip
+        text = (
+            f"[{st.start},{st.end}) on {who}: compute {st.compute_s * 1e3:.0f} ms, "
+            f"allreduce {st.allreduce_s * 1e3:.0f} ms, transfer {st.transfer_s * 1e3:.0f} ms"
+        )
         if simple:
             got = local[s]
-            text += (f" | plain loop: fwd+bwd {got['fwd_bwd_s'] * 1e3:.0f} ms (benchmark efficiency "
-                     f"{st.compute_s / got['fwd_bwd_s']:.2f}), optimizer {got['optim_s'] * 1e3:.1f} ms")  # fmt: skip
+            text += (
+                f" | plain loop: fwd+bwd {got['fwd_bwd_s'] * 1e3:.0f} ms (benchmark efficiency "
+                f"{st.compute_s / got['fwd_bwd_s']:.2f}), optimizer {got['optim_s'] * 1e3:.1f} ms"
+            )
         parts.append(text)
     calibrated = None
     if len(local) == len(the_plan.stages):
@@ -504,19 +577,23 @@ def run_config(config: Config, steps: int, warmup: int, together: bool = True) -
     cpu_s, wall_s = cpu
     calib_cpu = sum(the_plan.micro_batches * g["fwd_bwd_s"] + g["optim_s"] for g in local)
     load = Path("/proc/loadavg").read_text().split()[0]
-    cal = "; ".join(f"{d.split('-')[0]}: efficiency {m.block_efficiency:.2f}, dispatch "
-                    f"{m.dispatch_s * 1e3:.2f} ms/block, AdamW {m.adamw_s_per_param * 1e9:.2f} ns/param"
-                    for d, m in found.items())  # fmt: skip
-    detail = (f"load {load}; {cal}; link message {link['message_s'] * 1e3:.2f} ms; "
-              f"workers' CPU over steady steps {cpu_s / wall_s:.2f} cores busy, "
-              f"{cpu_s / len(steady) * 1e3:.0f} ms CPU/step"
-              + (f" vs {calib_cpu * 1e3:.0f} ms in the plain loop" if calib_cpu else "") + "; "
-              f"link rtt {link['rtt_s'] * 1e3:.2f} ms, {link['bandwidth_bytes_per_s'] / 1e6:.1f} MB/s; "
-              f"{the_plan.schedule}, {the_plan.micro_batches} x {the_plan.micro_batch_size}; "
-              + "; ".join(parts)
-              + f"; steady steps {', '.join(f'{s:.2f}' for s in steady)} s (median {median:.3f})")  # fmt: skip
-    return Outcome(config.name, the_plan.predicted_step_time_s, measured, len(steady), detail, calibrated,
-                   uncalibrated)
+    cal = "; ".join(
+        f"{d.split('-')[0]}: efficiency {m.block_efficiency:.2f}, dispatch "
+        f"{m.dispatch_s * 1e3:.2f} ms/block, AdamW {m.adamw_s_per_param * 1e9:.2f} ns/param"
+        for d, m in found.items()
+    )
+    detail = (
+        f"load {load}; {cal}; link message {link['message_s'] * 1e3:.2f} ms; "
+        f"workers' CPU over steady steps {cpu_s / wall_s:.2f} cores busy, "
+        f"{cpu_s / len(steady) * 1e3:.0f} ms CPU/step"
+        + (f" vs {calib_cpu * 1e3:.0f} ms in the plain loop" if calib_cpu else "")
+        + "; "
+        f"link rtt {link['rtt_s'] * 1e3:.2f} ms, {link['bandwidth_bytes_per_s'] / 1e6:.1f} MB/s; "
+        f"{the_plan.schedule}, {the_plan.micro_batches} x {the_plan.micro_batch_size}; "
+        + "; ".join(parts)
+        + f"; steady steps {', '.join(f'{s:.2f}' for s in steady)} s (median {median:.3f})"
+    )
+    return Outcome(config.name, the_plan.predicted_step_time_s, measured, len(steady), detail, calibrated, uncalibrated)
 
 
 def uncalibrated_step_s(inputs: Any, the_plan: Any) -> float:
@@ -552,9 +629,11 @@ CONFIGS = (
 def run(quick: bool, only: Sequence[str], together: bool) -> int:
     steps, warmup = (7, 2) if quick else (16, 3)
     chosen = [c for c in CONFIGS if not only or c.name in only]
-    print(f"GPT {MODEL}, batch {BATCH} (micro-batch count as planned), {steps} steps ({warmup} warm-up), "
-          f"target |measured/predicted - 1| <= {TARGET:.0%}; devices profiled "
-          + ("all at once (they share this machine)" if together else "each alone"))  # fmt: skip
+    print(
+        f"GPT {MODEL}, batch {BATCH} (micro-batch count as planned), {steps} steps ({warmup} warm-up), "
+        f"target |measured/predicted - 1| <= {TARGET:.0%}; devices profiled "
+        + ("all at once (they share this machine)" if together else "each alone")
+    )
     outcomes: list[Outcome] = []
     for config in chosen:
         if config.cap_mbit > 0 and (why := netns_problem()) is not None:
@@ -564,13 +643,17 @@ def run(quick: bool, only: Sequence[str], together: bool) -> int:
         out = run_config(config, steps, warmup, together)
         outcomes.append(out)
         print(f"{config.name}: {out.detail} ({time.monotonic() - began:.0f} s)", flush=True)
-    print(f"{'config':<8} {'predicted s':>12} {'measured s':>11} {'measured/predicted':>19}  within 25%"
-          f"  {'measured/uncalibrated':>21}  {'measured/plain-loop':>19}")  # fmt: skip
+    print(
+        f"{'config':<8} {'predicted s':>12} {'measured s':>11} {'measured/predicted':>19}  within 25%"
+        f"  {'measured/uncalibrated':>21}  {'measured/plain-loop':>19}"
+    )
     for o in outcomes:
         cal = f"{o.measured_s / o.calibrated_s:>19.2f}" if o.calibrated_s else f"{'n/a':>19}"
         unc = f"{o.measured_s / o.uncalibrated_s:>21.2f}" if o.uncalibrated_s else f"{'n/a':>21}"
-        print(f"{o.name:<8} {o.predicted_s:>12.3f} {o.measured_s:>11.3f} {o.ratio:>19.2f}  "
-              f"{'yes' if o.within else 'NO':<10}  {unc}  {cal}")  # fmt: skip
+        print(
+            f"{o.name:<8} {o.predicted_s:>12.3f} {o.measured_s:>11.3f} {o.ratio:>19.2f}  "
+            f"{'yes' if o.within else 'NO':<10}  {unc}  {cal}"
+        )
     print(
         "predicted = the planner's calibrated cost model; uncalibrated = the same plan without the measured "
         "calibration (as before it); plain-loop = the same formula with stage compute timed in a plain loop + the "

@@ -46,8 +46,9 @@ def _run(root: Path, size: int, steps: int, skip: int, use_all: bool) -> dict[st
     try:
         swarm.start()
         swarm.wait_converged(60)
-        job_id = swarm.call(0, "submit", {"spec_path": str(_spec(root, steps, use_all)), "min_members": size},
-                            timeout=300)["job_id"]  # fmt: skip
+        job_id = swarm.call(
+            0, "submit", {"spec_path": str(_spec(root, steps, use_all)), "min_members": size}, timeout=300
+        )["job_id"]
         first: tuple[int, float] | None = None
         last: tuple[int, float] | None = None
         view: dict[str, Any] = {}
@@ -65,9 +66,13 @@ def _run(root: Path, size: int, steps: int, skip: int, use_all: bool) -> dict[st
             raise RuntimeError(f"the job did not run past step {skip}: {view.get('state')} {view.get('error')}")
         plan = view.get("plan") or {}
         devices = sorted({d["peer_id"][:8] for st in plan.get("stages", []) for d in st["devices"]})
-        return {"step_s": (last[1] - first[1]) / (last[0] - first[0]), "devices": devices,
-                "stages": len(plan.get("stages", [])), "predicted_s": plan.get("predicted_step_time_s"),
-                "spares": [p[:8] for p in view.get("spares") or []]}  # fmt: skip
+        return {
+            "step_s": (last[1] - first[1]) / (last[0] - first[0]),
+            "devices": devices,
+            "stages": len(plan.get("stages", [])),
+            "predicted_s": plan.get("predicted_step_time_s"),
+            "spares": [p[:8] for p in view.get("spares") or []],
+        }
     finally:
         swarm.close()
 
@@ -77,17 +82,23 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=120)
     parser.add_argument("--skip", type=int, default=20, help="steps left out of the timing (start-up)")
     args = parser.parse_args()
-    runs = [("one daemon alone", 1, False), ("two daemons, planned where they help", 2, False),
-            ("two daemons, every member used", 2, True)]  # fmt: skip
+    runs = [
+        ("one daemon alone", 1, False),
+        ("two daemons, planned where they help", 2, False),
+        ("two daemons, every member used", 2, True),
+    ]
     results = []
     with tempfile.TemporaryDirectory(prefix="arceus-plan-helps-") as tmp:
         os.environ[PROFILE_ENV] = str(Path(tmp) / "profile")  # one measurement of the machine for every run
         for i, (label, size, use_all) in enumerate(runs):
             got = _run(Path(tmp) / f"run{i}", size, args.steps, args.skip, use_all)
             results.append((label, got))
-            print(f"{label:<40} {got['step_s'] * 1e3:8.1f} ms/step measured, plan {got['stages']} stage(s) on "
-                  f"{len(got['devices'])} device(s) (predicted {got['predicted_s'] * 1e3:.1f} ms), "
-                  f"spares {len(got['spares'])}", flush=True)  # fmt: skip
+            print(
+                f"{label:<40} {got['step_s'] * 1e3:8.1f} ms/step measured, plan {got['stages']} stage(s) on "
+                f"{len(got['devices'])} device(s) (predicted {got['predicted_s'] * 1e3:.1f} ms), "
+                f"spares {len(got['spares'])}",
+                flush=True,
+            )
     base = results[0][1]["step_s"]
     for label, got in results[1:]:
         print(f"ratio  {label:<40} {got['step_s'] / base:.2f}x the step of one daemon alone")

@@ -171,9 +171,18 @@ def run_case(swarm: LocalSwarm, case: JobCase, spec_dir: Path) -> Result:
     timing = job.get("stage_timing") or {}
     devices = {d.get("peer_id") for s in plan.get("stages", []) for d in s.get("devices", [])}
     load = os.getloadavg()[0]
-    return Result(case.name, quote, actual, first or 0.0, last or actual, bill_usd(owner, job_id),
-                  float(plan.get("predicted_step_time_s") or 0.0), float(timing.get("step_time_s") or 0.0),
-                  len(devices), load)  # fmt: skip
+    return Result(
+        case.name,
+        quote,
+        actual,
+        first or 0.0,
+        last or actual,
+        bill_usd(owner, job_id),
+        float(plan.get("predicted_step_time_s") or 0.0),
+        float(timing.get("step_time_s") or 0.0),
+        len(devices),
+        load,
+    )
 
 
 def ratio(actual: float, quoted: float) -> str:
@@ -183,8 +192,10 @@ def ratio(actual: float, quoted: float) -> str:
 
 
 def report(results: list[Result]) -> bool:
-    print(f"{'job':<10} {'quoted time (range)':<26} {'actual':>8} {'ratio':>6}   {'quoted cost (range)':<32} "
-          f"{'billed':>10} {'ratio':>6}  first/last step s  step ms plan/measured  devices  load")  # fmt: skip
+    print(
+        f"{'job':<10} {'quoted time (range)':<26} {'actual':>8} {'ratio':>6}   {'quoted cost (range)':<32} "
+        f"{'billed':>10} {'ratio':>6}  first/last step s  step ms plan/measured  devices  load"
+    )
     ok = True
     for r in results:
         q = r.quote
@@ -193,10 +204,12 @@ def report(results: list[Result]) -> bool:
         ok = ok and t_ok and c_ok
         span = f"{q['seconds']:.1f} s ({q['low_s']:.1f}-{q['high_s']:.1f})"
         cost = f"${q['usd']:.6f} ({q['low_usd']:.6f}-{q['high_usd']:.6f})"
-        print(f"{r.name:<10} {span:<26} {r.actual_s:7.1f}s {ratio(r.actual_s, q['seconds'])}{'' if t_ok else '!'}  "
-              f"{cost:<32} ${r.billed_usd:.6f} {ratio(r.billed_usd, q['usd'])}{'' if c_ok else '!'}  "
-              f"{r.first_step_s:5.1f}/{r.last_step_s:5.1f}  {1000 * r.predicted_step_s:6.1f}/"
-              f"{1000 * r.measured_step_s:6.1f}  {r.plan_devices}  {r.load:4.1f}")  # fmt: skip
+        print(
+            f"{r.name:<10} {span:<26} {r.actual_s:7.1f}s {ratio(r.actual_s, q['seconds'])}{'' if t_ok else '!'}  "
+            f"{cost:<32} ${r.billed_usd:.6f} {ratio(r.billed_usd, q['usd'])}{'' if c_ok else '!'}  "
+            f"{r.first_step_s:5.1f}/{r.last_step_s:5.1f}  {1000 * r.predicted_step_s:6.1f}/"
+            f"{1000 * r.measured_step_s:6.1f}  {r.plan_devices}  {r.load:4.1f}"
+        )
     print(f"goal: within {GOAL:.0%} of the quote ('!' marks a miss): {'met' if ok else 'NOT met'}")
     return ok
 

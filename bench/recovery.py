@@ -117,15 +117,34 @@ def pick_victim(plan: dict[str, Any], owner: str, standby: str | None) -> str:
 def one_run(root: Path, preset: str, kill_at: int, victim_role: str = "middle", model: str = "mlp") -> dict[str, Any]:
     spec = root / "job.toml"
     spec.write_text(spec_text(model, kill_at + 8 * INTERVAL))
-    swarm = LocalSwarm(root / "swarm", 3, ["--auto-join"], preset=preset,
-                       env={"ARCEUSD_FAILPOINTS": "worker.step=sleep:0.05"})  # fmt: skip
+    swarm = LocalSwarm(
+        root / "swarm", 3, ["--auto-join"], preset=preset, env={"ARCEUSD_FAILPOINTS": "worker.step=sleep:0.05"}
+    )
     try:
         swarm.start()
-        poll(lambda: all(sum(p["state"] == "alive" for p in swarm.call(i, "peers")) == 2 for i in range(3)),
-             60, "the swarm to converge", 0.2)  # fmt: skip
+        poll(
+            lambda: all(sum(p["state"] == "alive" for p in swarm.call(i, "peers")) == 2 for i in range(3)),
+            60,
+            "the swarm to converge",
+            0.2,
+        )
         submitted = time.time()
-        out = subprocess.run([sys.executable, "-m", "arceusd", "--state-dir", str(swarm.state_dir(0)), "submit",
-                              str(spec), "--members", "3"], capture_output=True, text=True, timeout=120)  # fmt: skip
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "arceusd",
+                "--state-dir",
+                str(swarm.state_dir(0)),
+                "submit",
+                str(spec),
+                "--members",
+                "3",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         job_id = out.stdout.split()[2]
 
         def job(i: int = 0) -> dict[str, Any]:
@@ -146,11 +165,19 @@ def one_run(root: Path, preset: str, kill_at: int, victim_role: str = "middle", 
             index = next(i for i in range(3) if swarm.call(i, "status")["peer_id"] == victim)
         killed = time.time()
         swarm.signal(index, signal.SIGKILL)
-        rec = poll(lambda: (r := job(reader)["recoveries"]) and r[-1]["first_step_at"] and r[-1], 120,
-                   "the resumed step")  # fmt: skip
-        return {"cold_s": cold, "detect_s": rec["began_at"] - killed, "restart_s": rec["first_step_after_s"],
-                "total_s": rec["first_step_at"] - killed, "recomputed": rec["recomputed_steps"],
-                "lost_step": rec["lost_step"], **_phases(rec), "detail": _detail(swarm, index, killed)}  # fmt: skip
+        rec = poll(
+            lambda: (r := job(reader)["recoveries"]) and r[-1]["first_step_at"] and r[-1], 120, "the resumed step"
+        )
+        return {
+            "cold_s": cold,
+            "detect_s": rec["began_at"] - killed,
+            "restart_s": rec["first_step_after_s"],
+            "total_s": rec["first_step_at"] - killed,
+            "recomputed": rec["recomputed_steps"],
+            "lost_step": rec["lost_step"],
+            **_phases(rec),
+            "detail": _detail(swarm, index, killed),
+        }
     finally:
         swarm.close()
 
@@ -194,32 +221,48 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="one run per preset (default: three)")
     parser.add_argument("--presets", nargs="+", default=["local", "lan"], choices=sorted(TARGET_S))
-    parser.add_argument("--victim", choices=["middle", "leader"], default="middle",
-                        help="whose daemon to SIGKILL: the middle stage's, or the leader's (the standby takes over)")
-    parser.add_argument("--model", choices=["mlp", "llama"], default="mlp",
-                        help="the job: the MNIST MLP, or a tiny stock transformers Llama (heavier worker imports)")
+    parser.add_argument(
+        "--victim",
+        choices=["middle", "leader"],
+        default="middle",
+        help="whose daemon to SIGKILL: the middle stage's, or the leader's (the standby takes over)",
+    )
+    parser.add_argument(
+        "--model",
+        choices=["mlp", "llama"],
+        default="mlp",
+        help="the job: the MNIST MLP, or a tiny stock transformers Llama (heavier worker imports)",
+    )
     args = parser.parse_args()
     runs = 1 if args.quick else 3
-    whose = ("a member's daemon (the middle stage's, never the owner's)" if args.victim == "middle"
-             else "the leader's daemon (the owner)")  # fmt: skip
+    whose = (
+        "a member's daemon (the middle stage's, never the owner's)"
+        if args.victim == "middle"
+        else "the leader's daemon (the owner)"
+    )
     job = "MLP on MNIST" if args.model == "mlp" else "a tiny transformers Llama on Tiny Shakespeare"
-    print(f"recovery after SIGKILL of {whose} (3 daemons, {job}, checkpoint every "
-          f"{INTERVAL} steps); {runs} run(s) per preset")  # fmt: skip
+    print(
+        f"recovery after SIGKILL of {whose} (3 daemons, {job}, checkpoint every "
+        f"{INTERVAL} steps); {runs} run(s) per preset"
+    )
     ok = True
     for preset in args.presets:
         results = []
         for r in range(runs):
             with tempfile.TemporaryDirectory(prefix="arceus-recovery-") as tmp:
-                results.append(one_run(Path(tmp), preset, kill_at=30 + 7 * r, victim_role=args.victim,
-                                       model=args.model))
+                results.append(
+                    one_run(Path(tmp), preset, kill_at=30 + 7 * r, victim_role=args.victim, model=args.model)
+                )
         for res in results:
             met = res["total_s"] <= TARGET_S[preset] and res["recomputed"] <= INTERVAL
             ok = ok and met
-            print(f"  {preset:<5} kill->detected {res['detect_s']:5.2f} s  detected->first step "
-                  f"{res['restart_s']:5.2f} s  total {res['total_s']:5.2f} s (target {TARGET_S[preset]:.0f} s, "
-                  f"{res['total_s'] / TARGET_S[preset]:.2f}x of it; {res['total_s'] / res['cold_s']:.2f}x this "
-                  f"run's cold start of {res['cold_s']:.1f} s)  recomputed {res['recomputed']} steps "
-                  f"(<= {INTERVAL})  {'ok' if met else 'MISSED'}")  # fmt: skip
+            print(
+                f"  {preset:<5} kill->detected {res['detect_s']:5.2f} s  detected->first step "
+                f"{res['restart_s']:5.2f} s  total {res['total_s']:5.2f} s (target {TARGET_S[preset]:.0f} s, "
+                f"{res['total_s'] / TARGET_S[preset]:.2f}x of it; {res['total_s'] / res['cold_s']:.2f}x this "
+                f"run's cold start of {res['cold_s']:.1f} s)  recomputed {res['recomputed']} steps "
+                f"(<= {INTERVAL})  {'ok' if met else 'MISSED'}"
+            )
             where = ", ".join(f"{p} {res[p]:.2f} s" for p in (*PHASES, "resume") if p in res)
             print(f"        after detection: {where}")
             for line in res["detail"]:

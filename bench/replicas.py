@@ -60,13 +60,24 @@ class ShapedRing(InMemoryRing):
 
 def _engine(model: GPTConfig, sync: ReplicaSync | None) -> StageEngine:
     module = build_stage(model, 1, StageSpec(0, num_blocks(model), None, 0), None)
-    config = EngineConfig(stage=0, num_stages=1, num_micro_batches=1, schedule=ScheduleKind.ONE_F_ONE_B,
-                          optimizer=AdamWConfig(lr=1e-3), max_grad_norm=1.0)
+    config = EngineConfig(
+        stage=0,
+        num_stages=1,
+        num_micro_batches=1,
+        schedule=ScheduleKind.ONE_F_ONE_B,
+        optimizer=AdamWConfig(lr=1e-3),
+        max_grad_norm=1.0,
+    )
     return StageEngine(module, InMemoryFabric([1]).links(0), config, replicas=sync)
 
 
-def _run(model: GPTConfig, batches: list[tuple[torch.Tensor, torch.Tensor]], replicas: int,
-         ring: InMemoryRing | None, mode: SyncMode) -> tuple[float, int]:
+def _run(
+    model: GPTConfig,
+    batches: list[tuple[torch.Tensor, torch.Tensor]],
+    replicas: int,
+    ring: InMemoryRing | None,
+    mode: SyncMode,
+) -> tuple[float, int]:
     """(tokens/s over all steps but the first, ring bytes)."""
     config = ReplicaConfig(replicas, mode=mode, diloco=DiLoCoConfig(h=50))
     engines = [_engine(model, ReplicaSync(config, ring.link(r)) if ring else None) for r in range(replicas)]
@@ -103,14 +114,15 @@ def main() -> int:
     model = GPTConfig(n_layer=2, n_head=4, n_embd=width, block_size=64, vocab_size=data.vocab.size)
     gen = torch.Generator().manual_seed(3)
     hi = data.train.numel() - model.block_size - 1
-    batches = [context_windows(data.train, torch.randint(0, hi, (GLOBAL_BATCH,), generator=gen), model.block_size)
-               for _ in range(args.steps)]
+    batches = [
+        context_windows(data.train, torch.randint(0, hi, (GLOBAL_BATCH,), generator=gen), model.block_size)
+        for _ in range(args.steps)
+    ]
     slow = args.slow_mbit * 1e6 / 8
     runs = [
         ("(a) one device alone", 1, None, SyncMode.ALLREDUCE),
         ("(b) 2 replicas, all-reduce, fast", 2, InMemoryRing(2, timeout_s=300), SyncMode.ALLREDUCE),
-        (f"(c) 2 replicas, all-reduce, {args.slow_mbit:g} Mbit/s", 2, ShapedRing(2, slow, 1e-3),
-         SyncMode.ALLREDUCE),
+        (f"(c) 2 replicas, all-reduce, {args.slow_mbit:g} Mbit/s", 2, ShapedRing(2, slow, 1e-3), SyncMode.ALLREDUCE),
         (f"(d) 2 replicas, DiLoCo H=50, {args.slow_mbit:g} Mbit/s", 2, ShapedRing(2, slow, 1e-3), SyncMode.DILOCO),
     ]
     base = 0.0

@@ -38,9 +38,13 @@ def daemon_status_s(timeout: float = 30.0) -> float:
         state = Path(tmp) / "state"
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         began = time.monotonic()
-        proc = subprocess.Popen([sys.executable, "-m", "arceusd", "--state-dir", str(state), "start",
-                                 "--foreground", "--preset", "local"], env=env, cwd=ROOT,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "arceusd", "--state-dir", str(state), "start", "--foreground", "--preset", "local"],
+            env=env,
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         try:
             while time.monotonic() - began < timeout:
                 try:

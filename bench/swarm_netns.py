@@ -210,8 +210,17 @@ class Run:
     grad_codec: str = "raw"
 
 
-def run_one(run: Run, spec: JobSpec, devices: list[Device], tmp: Path, steps: int, diloco_h: int,
-            netns: bool, timeout_s: float, bucket_bytes: int) -> float:  # fmt: skip
+def run_one(
+    run: Run,
+    spec: JobSpec,
+    devices: list[Device],
+    tmp: Path,
+    steps: int,
+    diloco_h: int,
+    netns: bool,
+    timeout_s: float,
+    bucket_bytes: int,
+) -> float:
     """Tokens/s of ``run`` (see the module docstring)."""
     from arceusd.models.build import num_blocks
 
@@ -229,8 +238,9 @@ def run_one(run: Run, spec: JobSpec, devices: list[Device], tmp: Path, steps: in
     if run.replicas > 1:
         reps = tuple((StageConfig(0, blocks, (MemberConfig(ids[r]),)),) for r in range(run.replicas))
         own = {ids[r]: reps[r] for r in range(run.replicas)}
-        sync = ReplicaSyncConfig(mode=run.sync, diloco_h=diloco_h, codec="int8", grad_codec=run.grad_codec,
-                                 bucket_bytes=bucket_bytes)  # fmt: skip
+        sync = ReplicaSyncConfig(
+            mode=run.sync, diloco_h=diloco_h, codec="int8", grad_codec=run.grad_codec, bucket_bytes=bucket_bytes
+        )
     else:
         cuts = [round(blocks * i / run.devices) for i in range(run.devices + 1)]
         stages = tuple(StageConfig(cuts[i], cuts[i + 1], (MemberConfig(ids[i]),)) for i in range(run.devices))
@@ -241,19 +251,38 @@ def run_one(run: Run, spec: JobSpec, devices: list[Device], tmp: Path, steps: in
     try:
         for i, pid in enumerate(ids):
             cfg = WorkerConfig(
-                job_id="bench", term=1, epoch=1, spec=doc, stages=own[pid], replicas=reps, replica_sync=sync,
-                micro_batches=doc["training"]["micro_batches"], schedule="1f1b", peer_id=pid,
-                state_dir=str(work / f"state-{i}"), listen_host=used[i].address, owner=ids[0],
-                checkpoint_dir=str(work / "ckpt"), checkpoint_interval=0, total_steps=steps, threads=1,
-                link_timeout_s=timeout_s, cpus=(used[i].core,),
-            )  # fmt: skip
+                job_id="bench",
+                term=1,
+                epoch=1,
+                spec=doc,
+                stages=own[pid],
+                replicas=reps,
+                replica_sync=sync,
+                micro_batches=doc["training"]["micro_batches"],
+                schedule="1f1b",
+                peer_id=pid,
+                state_dir=str(work / f"state-{i}"),
+                listen_host=used[i].address,
+                owner=ids[0],
+                checkpoint_dir=str(work / "ckpt"),
+                checkpoint_interval=0,
+                total_steps=steps,
+                threads=1,
+                link_timeout_s=timeout_s,
+                cpus=(used[i].core,),
+            )
             path = work / f"worker-{i}.json"
             path.write_text(cfg.to_json())
             log = work / f"worker-{i}.log"
             with log.open("wb") as err:
-                popen = subprocess.Popen(used[i].wrap([sys.executable, "-m", "arceusd.worker", "--config", str(path)]),
-                                         cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
-                                         env=env)  # fmt: skip
+                popen = subprocess.Popen(
+                    used[i].wrap([sys.executable, "-m", "arceusd.worker", "--config", str(path)]),
+                    cwd=ROOT,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=err,
+                    env=env,
+                )
             proc = Proc(pid, i, popen, log)
             threading.Thread(target=proc.read, daemon=True).start()
             procs.append(proc)
@@ -273,10 +302,17 @@ def run_one(run: Run, spec: JobSpec, devices: list[Device], tmp: Path, steps: in
                 views[p.peer_id] = real
                 continue
             args = [f"0={real[q.peer_id]}" for q in remote]
-            cmd = [sys.executable, str(Path(__file__).resolve()), "--forward", *args, "--delay", str(delay),
-                   "--rate", "0" if netns else str(rate)]  # fmt: skip
-            fwd = subprocess.Popen(used[p.device].wrap(cmd), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                   env=env)  # fmt: skip
+            cmd = [
+                sys.executable,
+                str(Path(__file__).resolve()),
+                "--forward",
+                *args,
+                "--delay",
+                str(delay),
+                "--rate",
+                "0" if netns else str(rate),
+            ]
+            fwd = subprocess.Popen(used[p.device].wrap(cmd), stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
             forwarders.append(fwd)
             assert fwd.stdout is not None
             ports = fwd.stdout.readline().decode().split()
@@ -325,8 +361,21 @@ def shaped_devices(netns: bool, bit_s: float) -> Iterator[list[Device]]:
     with virtual_lan(2, subnet=31) as hosts:
         for h in hosts:
             burst = max(64 * 1024, int(bit_s / 8 / 250))  # at least one timer tick's worth of bytes
-            cmd = ["tc", "qdisc", "replace", "dev", h.interface, "root", "tbf", "rate", f"{int(bit_s)}bit",
-                   "burst", str(burst), "latency", "200ms"]  # fmt: skip
+            cmd = [
+                "tc",
+                "qdisc",
+                "replace",
+                "dev",
+                h.interface,
+                "root",
+                "tbf",
+                "rate",
+                f"{int(bit_s)}bit",
+                "burst",
+                str(burst),
+                "latency",
+                "200ms",
+            ]
             subprocess.run(h.wrap(cmd), check=True, capture_output=True, timeout=30)
         yield [Device(h, c) for h, c in zip(hosts, cores, strict=True)]
 
@@ -351,21 +400,42 @@ def main(argv: list[str] | None = None) -> int:
     h = 2 if args.quick else args.diloco_h
     width, layers, batch = (32, 2, 8) if args.quick else (args.width, 2, args.batch)
     spec = parse_spec(
-        {"name": "swarm-bench", "seed": 1,
-         "model": {"type": "gpt", "n_layer": layers, "n_head": 4, "n_embd": width, "block_size": 64,
-                   "vocab_size": "auto"},
-         "data": {"kind": "text", "path": str(ROOT / "data" / "tinyshakespeare" / "input.txt"), "val_fraction": 0.1},
-         "training": {"steps": steps, "batch_size": batch, "micro_batches": 1, "optimizer": "adamw", "lr": 1e-3,
-                      "eval_iters": 0}},
-        base_dir=ROOT, check_files=True,
-    )  # fmt: skip
+        {
+            "name": "swarm-bench",
+            "seed": 1,
+            "model": {
+                "type": "gpt",
+                "n_layer": layers,
+                "n_head": 4,
+                "n_embd": width,
+                "block_size": 64,
+                "vocab_size": "auto",
+            },
+            "data": {"kind": "text", "path": str(ROOT / "data" / "tinyshakespeare" / "input.txt"), "val_fraction": 0.1},
+            "training": {
+                "steps": steps,
+                "batch_size": batch,
+                "micro_batches": 1,
+                "optimizer": "adamw",
+                "lr": 1e-3,
+                "eval_iters": 0,
+            },
+        },
+        base_dir=ROOT,
+        check_files=True,
+    )
     why = None if not args.no_netns else "--no-netns"
     why = why or netns_available()
     netns = why is None
-    where = "network namespaces, tc tbf shaping, our delaying forwarder" if netns else (
-        f"loopback ({why}): our forwarder delays and paces")
-    print(f"swarm bench: GPT {layers}x{width}, context 64, global batch {batch}, {steps} steps, DiLoCo H={h}; "
-          f"{where}; cores {os.cpu_count()}")  # fmt: skip
+    where = (
+        "network namespaces, tc tbf shaping, our delaying forwarder"
+        if netns
+        else (f"loopback ({why}): our forwarder delays and paces")
+    )
+    print(
+        f"swarm bench: GPT {layers}x{width}, context 64, global batch {batch}, {steps} steps, DiLoCo H={h}; "
+        f"{where}; cores {os.cpu_count()}"
+    )
     runs = [
         ("a", Run("(a) one device alone", 1)),
         ("b", Run("(b) fast 1 Gbit/s: 2 replicas, all-reduce", 2, replicas=2)),
@@ -374,8 +444,10 @@ def main(argv: list[str] | None = None) -> int:
         ("e", Run("(e) slow 50 Mbit/s 20 ms: pipeline, int8", 2, slow=True, compression="int8")),
         ("f", Run("(f) slow 50 Mbit/s 20 ms: 2 replicas, all-reduce", 2, replicas=2, slow=True)),
         ("g", Run(f"(g) slow 50 Mbit/s 20 ms: 2 replicas, DiLoCo H={h}", 2, replicas=2, slow=True, sync="diloco")),
-        ("h", Run("(h) slow 50 Mbit/s 20 ms: 2 replicas, all-reduce int8", 2, replicas=2, slow=True,
-                  grad_codec="int8")),
+        (
+            "h",
+            Run("(h) slow 50 Mbit/s 20 ms: 2 replicas, all-reduce int8", 2, replicas=2, slow=True, grad_codec="int8"),
+        ),
     ]
     chosen = set(args.only.split(",")) if args.only else {k for k, _ in runs}
     chosen.add("a")  # every ratio is against (a) of this run
@@ -395,12 +467,16 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{run.name:52s} {tps:9.0f} tokens/s  {tps / base:5.2f}x", flush=True)
     slow_best = max((results[k] for k in "defgh" if k in results), default=None)
     if "b" in results:
-        print(f"fast link, best of two devices: {max(results[k] for k in 'bc' if k in results) / results['a']:.2f}x "
-              "(target >= 1.6x)")  # fmt: skip
+        print(
+            f"fast link, best of two devices: {max(results[k] for k in 'bc' if k in results) / results['a']:.2f}x "
+            "(target >= 1.6x)"
+        )
     if slow_best is not None:
         pick = max(slow_best, results["a"])  # the planner never picks a plan predicted slower than one device
-        print(f"slow link, best of two devices: {slow_best / results['a']:.2f}x; with the one-device floor "
-              f"{pick / results['a']:.2f}x (target >= 1.0x)")  # fmt: skip
+        print(
+            f"slow link, best of two devices: {slow_best / results['a']:.2f}x; with the one-device floor "
+            f"{pick / results['a']:.2f}x (target >= 1.0x)"
+        )
     return 0
 
 

@@ -340,12 +340,9 @@ def run_bulk(frames: int, rounds: int) -> None:
                 runs[mode].append(modes[mode]())
         ratio_grpc = [a.mb_s / g.mb_s for a, g in zip(runs["auth"], runs["grpc"], strict=True)]
         ratio_tcp = [a.mb_s / t.mb_s for a, t in zip(runs["auth"], runs["tcp"], strict=True)]
-        cpu_grpc = [
-            a.cpu_s_per_gib / g.cpu_s_per_gib for a, g in zip(runs["auth"], runs["grpc"], strict=True)
-        ]
+        cpu_grpc = [a.cpu_s_per_gib / g.cpu_s_per_gib for a, g in zip(runs["auth"], runs["grpc"], strict=True)]
         print(
-            f"bulk: {frames} x 4 MiB float32 frames, two processes on 127.0.0.1, median of {rounds} "
-            "interleaved rounds:"
+            f"bulk: {frames} x 4 MiB float32 frames, two processes on 127.0.0.1, median of {rounds} interleaved rounds:"
         )
         names = {"tcp": "raw TCP socket", "grpc": "raw grpcio bytes stream", "auth": "authenticated stream"}
         for mode in ("tcp", "grpc", "auth"):
@@ -398,9 +395,7 @@ def run_small(count: int, rounds: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="short run (5 rounds of 128 MiB, 2,000 small)")
     parser.add_argument("--rounds", type=int, help="interleaved rounds (default 5 quick, 9 full)")
     parser.add_argument("--frames", type=int, help="4 MiB frames per bulk measurement (default 32 / 128)")

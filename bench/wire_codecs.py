@@ -130,9 +130,7 @@ def control_rows(quick: bool, rounds: int | None = None) -> list[dict[str, Any]]
 
     def signed() -> None:
         for _ in range(n):
-            frame = envelope.seal_message(
-                alice, msg, boot_id=1, seq=next(seq), timestamp_ms=now, recipient=bob.peer_id
-            )
+            frame = envelope.seal_message(alice, msg, boot_id=1, seq=next(seq), timestamp_ms=now, recipient=bob.peer_id)
             envelope.open_message(
                 frame,
                 lookup_key=keys.get,
@@ -148,9 +146,7 @@ def control_rows(quick: bool, rounds: int | None = None) -> list[dict[str, Any]]
 
     def plain() -> None:
         for _ in range(n):
-            msgpack.unpackb(
-                msgpack.packb({"seq": 1, "target": bob.peer_id, "incarnation": 3, "piggyback": []})
-            )
+            msgpack.unpackb(msgpack.packb({"seq": 1, "target": bob.peer_id, "incarnation": 3, "piggyback": []}))
 
     def ours_unsigned() -> None:
         for _ in range(n):
@@ -222,9 +218,7 @@ def _fmt(v: object) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
     parser.add_argument("--rounds", type=int, help="interleaved rounds of the control-message figures")
     parser.add_argument("--control-only", action="store_true", help="skip the tensor codec rows")

@@ -45,8 +45,12 @@ _DEVICE_CALIBRATION = (("block_efficiency", 1.0), ("dispatch_s", 0.0), ("optimiz
 
 
 def _device_to_dict(d: DeviceProfile) -> dict[str, Any]:
-    out: dict[str, Any] = {"peer_id": d.peer_id, "flops_per_s": float(d.flops_per_s),
-                           "memory_bytes": d.memory_bytes, "kind": d.kind}  # fmt: skip
+    out: dict[str, Any] = {
+        "peer_id": d.peer_id,
+        "flops_per_s": float(d.flops_per_s),
+        "memory_bytes": d.memory_bytes,
+        "kind": d.kind,
+    }
     for name, default in _DEVICE_CALIBRATION:
         value = float(getattr(d, name))
         if value != default:
@@ -123,14 +127,19 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
 
 def _stage_to_dict(s: Stage) -> dict[str, Any]:
     out: dict[str, Any] = {
-        "index": s.index, "start": s.start, "end": s.end, "devices": list(s.devices),
+        "index": s.index,
+        "start": s.start,
+        "end": s.end,
+        "devices": list(s.devices),
         "shares": [
-            {"peer_id": sh.peer_id, "heads": list(sh.heads), "mlp_columns": list(sh.mlp_columns)}
-            for sh in s.shares
+            {"peer_id": sh.peer_id, "heads": list(sh.heads), "mlp_columns": list(sh.mlp_columns)} for sh in s.shares
         ],
-        "compute_s": s.compute_s, "allreduce_s": s.allreduce_s, "transfer_s": s.transfer_s,
-        "time_s": s.time_s, "stash_micro_batches": s.stash_micro_batches,
-    }  # fmt: skip
+        "compute_s": s.compute_s,
+        "allreduce_s": s.allreduce_s,
+        "transfer_s": s.transfer_s,
+        "time_s": s.time_s,
+        "stash_micro_batches": s.stash_micro_batches,
+    }
     if s.optimizer_s != 0.0:  # only calibrated inputs charge it: uncalibrated plans keep their old bytes
         out["optimizer_s"] = s.optimizer_s
     return out
@@ -140,15 +149,20 @@ def plan_from_dict(d: dict[str, Any]) -> Plan:
     """Rebuild a plan from ``plan_to_dict`` output; raises ValueError/KeyError/TypeError if bad."""
     stages = tuple(
         Stage(
-            index=int(s["index"]), start=int(s["start"]), end=int(s["end"]),
+            index=int(s["index"]),
+            start=int(s["start"]),
+            end=int(s["end"]),
             devices=tuple(str(p) for p in s["devices"]),
             shares=tuple(
-                DeviceShare(str(sh["peer_id"]), tuple(int(h) for h in sh["heads"]),
-                            tuple(int(c) for c in sh["mlp_columns"]))
+                DeviceShare(
+                    str(sh["peer_id"]), tuple(int(h) for h in sh["heads"]), tuple(int(c) for c in sh["mlp_columns"])
+                )
                 for sh in s["shares"]
             ),
-            compute_s=float(s["compute_s"]), allreduce_s=float(s["allreduce_s"]),
-            transfer_s=float(s["transfer_s"]), time_s=float(s["time_s"]),
+            compute_s=float(s["compute_s"]),
+            allreduce_s=float(s["allreduce_s"]),
+            transfer_s=float(s["transfer_s"]),
+            time_s=float(s["time_s"]),
             stash_micro_batches=int(s["stash_micro_batches"]),
             optimizer_s=float(s.get("optimizer_s", 0.0)),
         )

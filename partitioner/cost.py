@@ -80,8 +80,9 @@ class GroupInfo:
         "static_pref",
     )
 
-    def __init__(self, cm: CostModel, members: tuple[int, ...], ar_rtt: float, ar_bw: float,
-                 ar_msg: float = 0.0) -> None:
+    def __init__(
+        self, cm: CostModel, members: tuple[int, ...], ar_rtt: float, ar_bw: float, ar_msg: float = 0.0
+    ) -> None:
         self.members = members
         self.head = members[0]
         self.size = len(members)
@@ -102,10 +103,12 @@ class GroupInfo:
                 shares[0].append((blk.heads, blk.mlp_columns))
                 fracs[0].append(1.0)
                 continue
-            hs = (proportional_split(blk.heads, self.speeds, keys) if blk.heads >= self.size
-                  else (0,) * self.size)
-            cs = (proportional_split(blk.mlp_columns, self.speeds, keys) if blk.mlp_columns >= self.size
-                  else (0,) * self.size)
+            hs = proportional_split(blk.heads, self.speeds, keys) if blk.heads >= self.size else (0,) * self.size
+            cs = (
+                proportional_split(blk.mlp_columns, self.speeds, keys)
+                if blk.mlp_columns >= self.size
+                else (0,) * self.size
+            )
             for k in range(self.size):
                 parts = []
                 if blk.heads >= self.size:
@@ -157,8 +160,7 @@ class CostModel:
             self.links[(self.index[src], self.index[dst])] = (lk.rtt_s, lk.bandwidth_bytes_per_s, lk.message_s)
         # tensor-parallel capacity of each block: the most devices it can be split over (0: not splittable)
         self.tp_cap = tuple(
-            min(x for x in (b.heads, b.mlp_columns) if x > 0) if (b.heads or b.mlp_columns) else 0
-            for b in self.blocks
+            min(x for x in (b.heads, b.mlp_columns) if x > 0) if (b.heads or b.mlp_columns) else 0 for b in self.blocks
         )
         nsub_pref, nsub_act_pref, flops_pref = [0], [0.0], [0.0]
         for b in self.blocks:
@@ -341,11 +343,21 @@ class CostModel:
                 need = self.static_bytes(g, k, j0, j1) + self.stash_bytes(g, k, j0, j1, b) * in_flight[s]
                 memory[self.ids[dev]] = math.ceil(need)
             c, a, t = parts[s]
-            out_stages.append(Stage(
-                index=s, start=j0, end=j1, devices=tuple(self.ids[d] for d in g.members), shares=shares,
-                compute_s=c, allreduce_s=a, transfer_s=t, time_s=times[s], stash_micro_batches=in_flight[s],
-                optimizer_s=optimizer[s],
-            ))
+            out_stages.append(
+                Stage(
+                    index=s,
+                    start=j0,
+                    end=j1,
+                    devices=tuple(self.ids[d] for d in g.members),
+                    shares=shares,
+                    compute_s=c,
+                    allreduce_s=a,
+                    transfer_s=t,
+                    time_s=times[s],
+                    stash_micro_batches=in_flight[s],
+                    optimizer_s=optimizer[s],
+                )
+            )
         return Plan(
             stages=tuple(out_stages),
             micro_batches=m,

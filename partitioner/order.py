@@ -50,7 +50,7 @@ def chain_order(cm: CostModel, max_passes: int = 50) -> tuple[int, ...]:
         improved = False
         for i in range(1, n - 1):
             for k in range(i + 1, n):
-                cand = order[:i] + order[i:k + 1][::-1] + order[k + 1:]
+                cand = order[:i] + order[i : k + 1][::-1] + order[k + 1 :]
                 before, after = _path_cost(order, dist), _path_cost(cand, dist)
                 if after < before and not math.isnan(after) and after < math.inf:
                     order = cand

@@ -73,4 +73,3 @@ class Plan:
     def peer_ids(self) -> tuple[str, ...]:
         """Every device the plan uses, in stage order."""
         return tuple(p for s in self.stages for p in s.devices)
-

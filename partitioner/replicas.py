@@ -220,9 +220,7 @@ def _replicated(
         cm = CostModel(sub)
         index = {d.peer_id: i for i, d in enumerate(sub.devices)}
         rank_of = {p: i for i, p in enumerate(groups[0])}
-        stages = [
-            (tuple(index[g[rank_of[p]]] for p in s.devices), s.start, s.end) for s in first.stages
-        ]
+        stages = [(tuple(index[g[rank_of[p]]] for p in s.devices), s.start, s.end) for s in first.stages]
         other = cm.evaluate(stages, first.micro_batches)
         if other is None or not _same_slices(first, other):
             return None
@@ -261,7 +259,7 @@ def _ring_s(inputs: PlanInputs, plans: list[Plan]) -> float | None:
     r = len(plans)
     worst = 0.0
     for s, stage in enumerate(plans[0].stages):
-        params = sum(b.param_bytes for b in inputs.blocks[stage.start:stage.end])
+        params = sum(b.param_bytes for b in inputs.blocks[stage.start : stage.end])
         values = params / inputs.training.compute_bytes_per_element
         for rank in range(len(stage.devices)):
             ring = [p.stages[s].devices[rank] for p in plans]
@@ -349,9 +347,14 @@ def with_devices(plan: Plan, devices: tuple[str, ...]) -> Plan:
     if len(devices) != len(old) or len(set(devices)) != len(devices):
         raise ValueError(f"{len(old)} distinct devices replace a pipeline of {len(old)}, got {len(devices)}")
     to = dict(zip(old, devices, strict=True))
-    stages = tuple(replace(st, devices=tuple(to[d] for d in st.devices),
-                           shares=tuple(replace(sh, peer_id=to[sh.peer_id]) for sh in st.shares))
-                   for st in plan.stages)  # fmt: skip
+    stages = tuple(
+        replace(
+            st,
+            devices=tuple(to[d] for d in st.devices),
+            shares=tuple(replace(sh, peer_id=to[sh.peer_id]) for sh in st.shares),
+        )
+        for st in plan.stages
+    )
     return replace(plan, stages=stages, memory_bytes=tuple(sorted((to.get(p, p), b) for p, b in plan.memory_bytes)))
 
 

@@ -72,7 +72,7 @@ def _chain_mode(cm: CostModel, max_tp: int) -> tuple[int, _Preds]:
         for size in range(1, max_tp + 1):
             if a + size > n:
                 break
-            g = cm.group(order[a:a + size])
+            g = cm.group(order[a : a + size])
             if g is not None:
                 runs[(a, size)] = g
     ending: dict[int, list[tuple[GroupInfo, int]]] = {e: [] for e in range(n + 1)}
@@ -104,8 +104,16 @@ def _fit(static: float, stash: float, budget: int, cap: int) -> int:
     return n
 
 
-def _search_m(cm: CostModel, m: int, terminal: int, preds: _Preds, incumbent: float,
-              best_speed: float, max_labels: int = 0, final_ctx: int | None = None) -> tuple[float, _Label] | None:
+def _search_m(
+    cm: CostModel,
+    m: int,
+    terminal: int,
+    preds: _Preds,
+    incumbent: float,
+    best_speed: float,
+    max_labels: int = 0,
+    final_ctx: int | None = None,
+) -> tuple[float, _Label] | None:
     """Best (objective, label) for m micro-batches that beats ``incumbent``, or None.
 
     ``max_labels`` > 0 keeps at most that many labels per state (heuristic, fast); 0 keeps the Pareto set.
@@ -174,8 +182,9 @@ def _search_m(cm: CostModel, m: int, terminal: int, preds: _Preds, incumbent: fl
                         if dominated:
                             continue
                         new: _Label = (big, total, kk, slowest, (g.members, j0, j, label))
-                        target[:] = [o for o in target
-                                     if not (big <= o[0] and total <= o[1] and kk <= o[2] and slowest <= o[3])]
+                        target[:] = [
+                            o for o in target if not (big <= o[0] and total <= o[1] and kk <= o[2] and slowest <= o[3])
+                        ]
                         target.append(new)
                         if max_labels and len(target) > max_labels:
                             # heuristic cap: keep the best objective so far (then fewer stages)
@@ -245,7 +254,8 @@ def plan(inputs: PlanInputs, exact_max_devices: int = EXACT_MAX_DEVICES) -> Plan
         if candidate is None:  # cannot happen: the DP checks the same constraints; guard against a bug loudly
             raise PlanError(f"internal error: DP produced an infeasible placement for m={m}")
         if best_plan is None or (candidate.predicted_step_time_s, m) <= (
-            best_plan.predicted_step_time_s, best_plan.micro_batches
+            best_plan.predicted_step_time_s,
+            best_plan.micro_batches,
         ):
             best_plan = candidate
     if best_plan is None:
@@ -282,8 +292,7 @@ def explain_infeasible(cm: CostModel, max_tp: int) -> str:
             return (
                 f"block {blk.name!r} (#{j}) fits on no device: it needs {_size(need_j, 2)}, the largest "
                 f"device offers {_size(top[0], 2)}"
-                + (f" and the best tensor-parallel group about {_size(best_group, 2)}"
-                   if width > 1 else "")
+                + (f" and the best tensor-parallel group about {_size(best_group, 2)}" if width > 1 else "")
                 + f"; the members offer {_size(offered, 1)} in total"
             )
     return (

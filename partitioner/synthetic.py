@@ -13,8 +13,9 @@ from partitioner.inputs import DeviceProfile, Link, LinkMatrix, PlanInputs, Trai
 GIB = 1 << 30
 
 
-def gpt_like_blocks(n_layer: int, n_embd: int, n_head: int, seq: int, vocab: int,
-                    bytes_per_el: int = 4) -> tuple[BlockCost, ...]:
+def gpt_like_blocks(
+    n_layer: int, n_embd: int, n_head: int, seq: int, vocab: int, bytes_per_el: int = 4
+) -> tuple[BlockCost, ...]:
     """Embedding, ``n_layer`` transformer blocks (attention heads + 4x MLP columns), final norm + LM head.
 
     FLOPs per sample: 2 x params x tokens forward (+ attention scores), backward 2x forward. Optimizer
@@ -24,19 +25,37 @@ def gpt_like_blocks(n_layer: int, n_embd: int, n_head: int, seq: int, vocab: int
     d, t = n_embd, seq
     act = t * d * bytes_per_el
     emb_params = vocab * d + seq * d
-    blocks = [BlockCost("embed", emb_params * bytes_per_el, 2 * emb_params * bytes_per_el, act, act,
-                        2.0 * t * d, 4.0 * t * d)]
+    blocks = [
+        BlockCost("embed", emb_params * bytes_per_el, 2 * emb_params * bytes_per_el, act, act, 2.0 * t * d, 4.0 * t * d)
+    ]
     layer_params = 12 * d * d + 13 * d
     fwd = 2.0 * layer_params * t + 4.0 * t * t * d
     for i in range(n_layer):
-        blocks.append(BlockCost(
-            f"h.{i}", layer_params * bytes_per_el, 2 * layer_params * bytes_per_el, act, 16 * act,
-            fwd, 2 * fwd, heads=n_head, mlp_columns=4 * d,
-        ))
+        blocks.append(
+            BlockCost(
+                f"h.{i}",
+                layer_params * bytes_per_el,
+                2 * layer_params * bytes_per_el,
+                act,
+                16 * act,
+                fwd,
+                2 * fwd,
+                heads=n_head,
+                mlp_columns=4 * d,
+            )
+        )
     head_params = vocab * d + 2 * d
-    blocks.append(BlockCost("lm_head", head_params * bytes_per_el, 2 * head_params * bytes_per_el,
-                            t * vocab * bytes_per_el, t * (vocab + d) * bytes_per_el,
-                            2.0 * head_params * t, 4.0 * head_params * t))
+    blocks.append(
+        BlockCost(
+            "lm_head",
+            head_params * bytes_per_el,
+            2 * head_params * bytes_per_el,
+            t * vocab * bytes_per_el,
+            t * (vocab + d) * bytes_per_el,
+            2.0 * head_params * t,
+            4.0 * head_params * t,
+        )
+    )
     return tuple(blocks)
 
 
@@ -63,7 +82,12 @@ def random_cluster(
     return devices, LinkMatrix.symmetric(pairs)
 
 
-def random_inputs(rng: random.Random, n_devices: int, blocks: tuple[BlockCost, ...],
-                  training: TrainingParams, mem_range_gib: tuple[float, float] = (2.0, 32.0)) -> PlanInputs:
+def random_inputs(
+    rng: random.Random,
+    n_devices: int,
+    blocks: tuple[BlockCost, ...],
+    training: TrainingParams,
+    mem_range_gib: tuple[float, float] = (2.0, 32.0),
+) -> PlanInputs:
     devices, links = random_cluster(rng, n_devices, mem_range_gib=mem_range_gib)
     return PlanInputs(blocks, devices, links, training)

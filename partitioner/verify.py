@@ -17,8 +17,7 @@ def verify(received: Plan, inputs: PlanInputs) -> None:
     expected_inputs = inputs_hash(inputs)
     if received.inputs_hash != expected_inputs:
         raise PlanMismatch(
-            f"plan was computed from inputs {received.inputs_hash[:16]}..., "
-            f"ours hash to {expected_inputs[:16]}..."
+            f"plan was computed from inputs {received.inputs_hash[:16]}..., ours hash to {expected_inputs[:16]}..."
         )
     try:
         ours = compute_plan(inputs)

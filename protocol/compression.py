@@ -55,9 +55,7 @@ def _require_float(dtype: torch.dtype, name: str) -> None:
 
 def _remote_require_float(dtype: torch.dtype, name: str) -> None:
     if dtype not in FLOAT_DTYPES:
-        raise RemoteProtocolError(
-            "bad_codec_dtype", f"a {name} frame must carry a floating dtype, not {dtype}"
-        )
+        raise RemoteProtocolError("bad_codec_dtype", f"a {name} frame must carry a floating dtype, not {dtype}")
 
 
 def _no_params(params: bytes, name: str) -> None:
@@ -90,9 +88,7 @@ class Fp16Codec:
             and bool(t.abs().max() > 65504.0)
             and bool((torch.isinf(h) & torch.isfinite(t)).any())
         ):
-            raise LocalProtocolError(
-                "fp16_overflow", "values beyond +-65504 do not fit fp16; use the bf16 codec"
-            )
+            raise LocalProtocolError("fp16_overflow", "values beyond +-65504 do not fit fp16; use the bf16 codec")
         return b"", [tensor_memoryview(h)]
 
 
@@ -229,9 +225,7 @@ def _decode_topk(params: bytes, body: memoryview, dtype: torch.dtype, shape: Sha
     if k > n:
         raise RemoteProtocolError("bad_codec_params", f"top-k k={k} > numel {n}")
     if body.nbytes != k * (4 + itemsize(dtype)):
-        raise RemoteProtocolError(
-            "length_mismatch", f"top-k with k={k} needs {k * (4 + itemsize(dtype))} bytes"
-        )
+        raise RemoteProtocolError("length_mismatch", f"top-k with k={k} needs {k * (4 + itemsize(dtype))} bytes")
     idx = tensor_from_bytes(body[: k * 4], torch.int32, (k,))
     vals = tensor_from_bytes(body[k * 4 :], dtype, (k,))
     if k and (int(idx[0]) < 0 or int(idx[-1]) >= n or (k > 1 and not bool((idx[1:] > idx[:-1]).all()))):

@@ -123,9 +123,7 @@ def _parse_id(name: str, value: str) -> bytes:
     except ValueError:
         raw = b""
     if len(raw) != ID_BYTES or value != value.lower():
-        raise LocalProtocolError(
-            "bad_id", f"{name} must be {2 * ID_BYTES} lowercase hex chars, got {value!r}"
-        )
+        raise LocalProtocolError("bad_id", f"{name} must be {2 * ID_BYTES} lowercase hex chars, got {value!r}")
     return raw
 
 
@@ -306,24 +304,18 @@ def open_envelope(
         raise RemoteProtocolError("unknown_sender", f"no public key for peer {head.sender}")
     key_peer_id, key = _public_key(bytes(pub))
     if key_peer_id != head.sender:
-        raise LocalProtocolError(
-            "key_mismatch", f"lookup_key returned a key that is not peer {head.sender}'s"
-        )
+        raise LocalProtocolError("key_mismatch", f"lookup_key returned a key that is not peer {head.sender}'s")
     try:
         if key is None:
             raise InvalidSignature
         key.verify(bytes(mv[HEADER_LEN : HEADER_LEN + SIG_LEN]), SIGNING_TAG + bytes(mv[:HEADER_LEN]))
     except InvalidSignature:
-        raise RemoteProtocolError(
-            "bad_signature", f"signature does not verify for peer {head.sender}"
-        ) from None
+        raise RemoteProtocolError("bad_signature", f"signature does not verify for peer {head.sender}") from None
     payload = mv[HEADER_LEN + SIG_LEN :]
     if hashlib.sha256(payload).digest() != head.payload_digest:
         raise RemoteProtocolError("bad_digest", "payload does not match the signed digest")
     if head.recipient != expect_recipient and not (accept_broadcast and head.recipient == BROADCAST):
-        raise RemoteProtocolError(
-            "wrong_recipient", f"frame is for {head.recipient}, we are {expect_recipient}"
-        )
+        raise RemoteProtocolError("wrong_recipient", f"frame is for {head.recipient}, we are {expect_recipient}")
     if expect_job is not None and head.job_id != expect_job:
         raise RemoteProtocolError("wrong_job", f"frame is for job {head.job_id}, expected {expect_job}")
     if head.term < min_term:

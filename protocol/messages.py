@@ -145,8 +145,7 @@ def message(type_id: int, *, max_size: int) -> Callable[[type[T]], type[T]]:
             other = _BY_ID[type_id].cls.__name__
             raise LocalProtocolError(
                 "duplicate_type_id",
-                f"{cls.__name__}: type id {type_id} is already used by {other}; "
-                "ids are append-only, pick a new one",
+                f"{cls.__name__}: type id {type_id} is already used by {other}; ids are append-only, pick a new one",
             )
         if not (0 < max_size <= limits.MAX_MESSAGE_SIZE):
             raise LocalProtocolError(
@@ -163,9 +162,7 @@ def message(type_id: int, *, max_size: int) -> Callable[[type[T]], type[T]]:
             ft = _compile(cls.__name__, f.name, hints[f.name], f.metadata.get("max_len"))
             fields.append((f.name, ft))
         if len(fields) > limits.MAX_MAP_LEN:
-            raise LocalProtocolError(
-                "too_many_fields", f"{cls.__name__}: more than {limits.MAX_MAP_LEN} fields"
-            )
+            raise LocalProtocolError("too_many_fields", f"{cls.__name__}: more than {limits.MAX_MAP_LEN} fields")
         depth = 1 + max((_depth(ft) for _, ft in fields), default=0)
         if depth > limits.MAX_SCHEMA_DEPTH:
             raise LocalProtocolError(

@@ -85,8 +85,7 @@ class ReplayGuard:
         if timestamp_ms > now_ms + self.skew_ms:
             raise RemoteProtocolError(
                 "future_timestamp",
-                f"timestamp {timestamp_ms} is more than {self.skew_ms} ms after now {now_ms}; "
-                "check clocks (NTP)",
+                f"timestamp {timestamp_ms} is more than {self.skew_ms} ms after now {now_ms}; check clocks (NTP)",
             )
         self._expire_tombstones(now_ms)
         win = self._windows.get(key)

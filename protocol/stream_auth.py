@@ -173,9 +173,7 @@ def as_bytes_view(payload: bytes | bytearray | memoryview) -> memoryview:
     """A flat unsigned-byte view of ``payload`` (no copy); LocalProtocolError when it is not contiguous."""
     view = payload if isinstance(payload, memoryview) else memoryview(payload)
     if not view.c_contiguous:
-        raise LocalProtocolError(
-            "non_contiguous", "frame payloads must be C-contiguous buffers; copy it first"
-        )
+        raise LocalProtocolError("non_contiguous", "frame payloads must be C-contiguous buffers; copy it first")
     if view.format != "B" or view.ndim != 1:
         view = view.cast("B")
     return view
@@ -190,9 +188,7 @@ class FrameSealer:
         self.sequence = 0
         self.closed = False
 
-    def seal(
-        self, header: bytes, payload: bytes | bytearray | memoryview, *, kind: int = FRAME_DATA
-    ) -> bytes:
+    def seal(self, header: bytes, payload: bytes | bytearray | memoryview, *, kind: int = FRAME_DATA) -> bytes:
         """The wire bytes of one frame. Raises LocalProtocolError when over the limits or after CLOSE."""
         wire = self._seal(header, payload, kind, split=False)
         assert isinstance(wire, bytes)
@@ -228,9 +224,7 @@ class FrameSealer:
                 f"split it into smaller frames or raise the limit on both ends",
             )
         if self.sequence >= MAX_FRAMES:
-            raise LocalProtocolError(
-                "too_many_frames", "a stream carries at most 2**32 frames; open a new one"
-            )
+            raise LocalProtocolError("too_many_frames", "a stream carries at most 2**32 frames; open a new one")
         prefix = FRAME_PREFIX.pack(kind, len(header), view.nbytes)
         if split:
             tag = self._mac.tag_parts(self.sequence, (prefix, header, view))
@@ -284,9 +278,7 @@ class FrameOpener:
         first (RemoteProtocolError ``frame_too_large``, and the opener stays failed), so a transport that
         reassembles a frame from several messages never allocates more than the limits allow."""
         if self.failed:
-            raise RemoteProtocolError(
-                "bad_mac", "the stream already failed authentication; it must be closed"
-            )
+            raise RemoteProtocolError("bad_mac", "the stream already failed authentication; it must be closed")
         if message.nbytes - offset < FRAME_PREFIX.size:
             return None
         _, header_len, payload_len = FRAME_PREFIX.unpack_from(message, offset)
@@ -305,9 +297,7 @@ class FrameOpener:
         Returns the frame and the offset just after it. Raises RemoteProtocolError and stays failed.
         """
         if self.failed:
-            raise RemoteProtocolError(
-                "bad_mac", "the stream already failed authentication; it must be closed"
-            )
+            raise RemoteProtocolError("bad_mac", "the stream already failed authentication; it must be closed")
         try:
             return self._open(message, offset)
         except RemoteProtocolError:
@@ -362,23 +352,17 @@ class Session:
 
 def _check_prefix(data: bytes, kind: int) -> None:
     if len(data) < _PREFIX.size:
-        raise RemoteProtocolError(
-            "malformed_handshake", f"handshake message of {len(data)} bytes is too short"
-        )
+        raise RemoteProtocolError("malformed_handshake", f"handshake message of {len(data)} bytes is too short")
     magic, version, got_kind = _PREFIX.unpack_from(data, 0)
     if magic != MAGIC:
-        raise RemoteProtocolError(
-            "malformed_handshake", "handshake message does not start with the Arceus magic"
-        )
+        raise RemoteProtocolError("malformed_handshake", "handshake message does not start with the Arceus magic")
     if version != VERSION:
         raise RemoteProtocolError(
             "unsupported_version",
             f"peer speaks stream protocol v{version}, we speak v{VERSION}; upgrade one side",
         )
     if got_kind != kind:
-        raise RemoteProtocolError(
-            "malformed_handshake", f"expected handshake message kind {kind}, got {got_kind}"
-        )
+        raise RemoteProtocolError("malformed_handshake", f"expected handshake message kind {kind}, got {got_kind}")
 
 
 def _check_time(timestamp_ms: int, now_ms: int, max_skew_ms: int) -> None:
@@ -399,9 +383,7 @@ def _derive(private: X25519PrivateKey, peer_ephemeral: bytes, th: bytes) -> tupl
     try:
         secret = private.exchange(X25519PublicKey.from_public_bytes(peer_ephemeral))
     except ValueError:
-        raise RemoteProtocolError(
-            "bad_ephemeral_key", "peer's ephemeral X25519 key is invalid (low order)"
-        ) from None
+        raise RemoteProtocolError("bad_ephemeral_key", "peer's ephemeral X25519 key is invalid (low order)") from None
     okm = HKDF(algorithm=hashes.SHA256(), length=96, salt=th, info=KEY_INFO).derive(secret)
     return okm[:32], okm[32:64], okm[64:]
 
@@ -414,9 +396,7 @@ def _recipient_bytes(peer_id: str | None) -> bytes:
     except ValueError:
         raw = b""
     if len(raw) != PEER_ID_BYTES:
-        raise LocalProtocolError(
-            "bad_peer_id", f"a peer id is {2 * PEER_ID_BYTES} hex characters, got {peer_id!r}"
-        )
+        raise LocalProtocolError("bad_peer_id", f"a peer id is {2 * PEER_ID_BYTES} hex characters, got {peer_id!r}")
     return raw
 
 
@@ -435,9 +415,7 @@ class ClientHandshake:
         max_skew_ms: int = DEFAULT_MAX_SKEW_MS,
     ) -> None:
         if len(purpose) > MAX_PURPOSE:
-            raise LocalProtocolError(
-                "purpose_too_long", f"purpose is {len(purpose)} bytes, limit {MAX_PURPOSE}"
-            )
+            raise LocalProtocolError("purpose_too_long", f"purpose is {len(purpose)} bytes, limit {MAX_PURPOSE}")
         self._expect = expect_peer_id
         self._limits = limits
         self._max_skew_ms = max_skew_ms
@@ -478,9 +456,7 @@ class ClientHandshake:
         _check_time(timestamp_ms, now_ms, self._max_skew_ms)
         th = hashlib.sha256(self.hello + ack).digest()
         c2s, s2c, finish_key = _derive(self._ephemeral, server_eph, th)
-        finish = _PREFIX.pack(MAGIC, VERSION, KIND_FINISH) + hmac.digest(
-            finish_key, FINISH_LABEL + th, "sha256"
-        )
+        finish = _PREFIX.pack(MAGIC, VERSION, KIND_FINISH) + hmac.digest(finish_key, FINISH_LABEL + th, "sha256")
         session = Session(
             server_id,
             server_key,
@@ -558,7 +534,5 @@ class ServerHandshake:
         _check_prefix(finish, KIND_FINISH)
         expected = hmac.digest(self._finish_key, FINISH_LABEL + self._th, "sha256")
         if len(finish) != FINISH_BYTES or not hmac.compare_digest(finish[_PREFIX.size :], expected):
-            raise RemoteProtocolError(
-                "bad_finish", "the client's Finish does not match the handshake transcript"
-            )
+            raise RemoteProtocolError("bad_finish", "the client's Finish does not match the handshake transcript")
         return self._session

@@ -224,9 +224,7 @@ def read_tensor_header(frame: Buffer, *, max_bytes: int = limits.TENSOR_MAX_BYTE
         raise RemoteProtocolError("bad_tensor_frame", f"{mv.nbytes} bytes is shorter than a frame header")
     magic, version, code, codec_id, ndim, plen = _HEAD.unpack_from(mv, 0)
     if magic != FRAME_MAGIC or version != FRAME_VERSION:
-        raise RemoteProtocolError(
-            "bad_tensor_frame", f"magic {magic!r} version {version} is not a tensor frame"
-        )
+        raise RemoteProtocolError("bad_tensor_frame", f"magic {magic!r} version {version} is not a tensor frame")
     dtype = DTYPES_BY_CODE.get(code)
     if dtype is None:
         raise RemoteProtocolError("bad_dtype", f"dtype code {code} is not on the allow-list")
@@ -240,14 +238,10 @@ def read_tensor_header(frame: Buffer, *, max_bytes: int = limits.TENSOR_MAX_BYTE
         raise RemoteProtocolError("bad_tensor_frame", "frame ends inside its header")
     shape = tuple(_DIM.unpack_from(mv, off + i * _DIM.size)[0] for i in range(ndim))
     if any(d > limits.TENSOR_MAX_DIM for d in shape):
-        raise RemoteProtocolError(
-            "bad_shape", f"a dimension of {list(shape)} exceeds {limits.TENSOR_MAX_DIM}"
-        )
+        raise RemoteProtocolError("bad_shape", f"a dimension of {list(shape)} exceeds {limits.TENSOR_MAX_DIM}")
     nbytes = math.prod(shape) * _ITEMSIZE[dtype]
     if nbytes > max_bytes:
-        raise RemoteProtocolError(
-            "tensor_too_large", f"{dtype} {list(shape)} is {nbytes} bytes > {max_bytes}"
-        )
+        raise RemoteProtocolError("tensor_too_large", f"{dtype} {list(shape)} is {nbytes} bytes > {max_bytes}")
     params = bytes(mv[end - plen : end])
     return TensorHeader(dtype=dtype, shape=shape, codec_id=codec_id, params=params, body_offset=end)
 

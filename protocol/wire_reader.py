@@ -60,8 +60,16 @@ Reader = Callable[[bytes, int], tuple[Any, int]]
 _U8 = struct.Struct(">B")
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
-_INTS = {0xCC: _U8, 0xCD: _U16, 0xCE: _U32, 0xCF: struct.Struct(">Q"), 0xD0: struct.Struct(">b"),
-         0xD1: struct.Struct(">h"), 0xD2: struct.Struct(">i"), 0xD3: struct.Struct(">q")}  # fmt: skip
+_INTS = {
+    0xCC: _U8,
+    0xCD: _U16,
+    0xCE: _U32,
+    0xCF: struct.Struct(">Q"),
+    0xD0: struct.Struct(">b"),
+    0xD1: struct.Struct(">h"),
+    0xD2: struct.Struct(">i"),
+    0xD3: struct.Struct(">q"),
+}
 _FLOATS = {0xCA: struct.Struct(">f"), 0xCB: struct.Struct(">d")}
 _STR_SIZED = {0xD9: _U8, 0xDA: _U16, 0xDB: _U32}
 _BIN_SIZED = {0xC4: _U8, 0xC5: _U16, 0xC6: _U32}

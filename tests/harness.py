@@ -44,8 +44,13 @@ def wait_for(predicate: Callable[[], T | None], timeout: float, interval: float 
 class Daemon:
     """One ``arceusd start --foreground`` process."""
 
-    def __init__(self, state_dir: Path, extra_args: list[str] | None = None, env: dict[str, str] | None = None,
-                 preexec_fn: Callable[[], None] | None = None):  # fmt: skip
+    def __init__(
+        self,
+        state_dir: Path,
+        extra_args: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        preexec_fn: Callable[[], None] | None = None,
+    ):
         self.state_dir = state_dir
         self.extra_args = extra_args or []
         self.env = env

@@ -54,8 +54,7 @@ SLOW_TICK_S = 1.0
 """The same for the other views (their status changes every tick: uptimes, last heard)."""
 KEEPALIVE_S = 15.0
 PAGES = {"swarm": "The swarm", "job": "Job", "owner": "This device", "market": "The market"}
-STATIC_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8",
-                ".svg": "image/svg+xml"}  # fmt: skip
+STATIC_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8", ".svg": "image/svg+xml"}
 MAX_FORM_BYTES = 2048
 """The largest body the device page's form may POST."""
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
@@ -99,8 +98,9 @@ def origin_refusal(origin: str | None, referer: str | None, server: tuple[str, i
     if not claimed:
         return "this request names no origin (Origin or Referer); change terms from the dashboard's own page"
     if claimed.lower() not in own_origins(server):
-        return (f"requests from {claimed[:80]} may not change this device's terms; "
-                "use the page `arceusd dashboard` prints")  # fmt: skip
+        return (
+            f"requests from {claimed[:80]} may not change this device's terms; use the page `arceusd dashboard` prints"
+        )
     return None
 
 
@@ -120,8 +120,11 @@ class TokenGate:
         path: str = scope["path"]
         head, sep, rest = path[1:].partition("/")
         if not hmac.compare_digest(f"/{head}".encode(), self.prefix):
-            await PlainTextResponse("403: this dashboard needs the URL `arceusd dashboard` prints (with its token)",
-                                    status_code=403, headers=SECURITY_HEADERS)(scope, receive, send)  # fmt: skip
+            await PlainTextResponse(
+                "403: this dashboard needs the URL `arceusd dashboard` prints (with its token)",
+                status_code=403,
+                headers=SECURITY_HEADERS,
+            )(scope, receive, send)
             return
         if not sep:  # /<token> without the slash: the pages' relative links need it
             await Response(status_code=307, headers={"location": f"/{head}/"})(scope, receive, send)
@@ -139,11 +142,15 @@ def build_app(snapshots: Snapshots, token: str) -> ASGIApp:
     timelines = Timelines()
 
     def page(kind: str, job_id: str = "") -> Response:
-        body = (shell.replace("{{base}}", html.escape(f"/{token}/"))
-                .replace("{{page}}", kind).replace("{{title}}", html.escape(PAGES[kind]))
-                .replace("{{job}}", html.escape(job_id)))  # fmt: skip
-        return Response(body, media_type="text/html; charset=utf-8",
-                        headers={**SECURITY_HEADERS, "cache-control": "no-store"})  # fmt: skip
+        body = (
+            shell.replace("{{base}}", html.escape(f"/{token}/"))
+            .replace("{{page}}", kind)
+            .replace("{{title}}", html.escape(PAGES[kind]))
+            .replace("{{job}}", html.escape(job_id))
+        )
+        return Response(
+            body, media_type="text/html; charset=utf-8", headers={**SECURITY_HEADERS, "cache-control": "no-store"}
+        )
 
     async def swarm_page(_request: Request) -> Response:
         return page("swarm")
@@ -185,8 +192,14 @@ def build_app(snapshots: Snapshots, token: str) -> ASGIApp:
             job = await snapshots.job(str(summary.get("job_id", "")))
             for c in (job or {}).get("contributions", []) or []:
                 if c.get("peer_id") == me:
-                    contributions.append({"job_id": summary.get("job_id"), "name": summary.get("name"),
-                                          "state": summary.get("state"), **c})  # fmt: skip
+                    contributions.append(
+                        {
+                            "job_id": summary.get("job_id"),
+                            "name": summary.get("name"),
+                            "state": summary.get("state"),
+                            **c,
+                        }
+                    )
         return {**await snapshots.owner(), "contributions": contributions}
 
     def views(request: Request) -> Callable[[], Awaitable[dict[str, Any] | None]] | None:
@@ -207,33 +220,46 @@ def build_app(snapshots: Snapshots, token: str) -> ASGIApp:
         data = await view()
         if data is None:
             return JSONResponse({"error": "no such job"}, status_code=404, headers=SECURITY_HEADERS)
-        return Response(_dumps(data), media_type="application/json",
-                        headers={**SECURITY_HEADERS, "cache-control": "no-store"})  # fmt: skip
+        return Response(
+            _dumps(data), media_type="application/json", headers={**SECURITY_HEADERS, "cache-control": "no-store"}
+        )
 
     async def events(request: Request) -> Response:
         view = views(request)
         if view is None:
             return PlainTextResponse("no such view", status_code=404)
         tick = TICK_S if request.path_params["view"] == "job" else SLOW_TICK_S
-        return StreamingResponse(_stream(view, tick), media_type="text/event-stream",
-                                 headers={**SECURITY_HEADERS, "cache-control": "no-store"})  # fmt: skip
+        return StreamingResponse(
+            _stream(view, tick),
+            media_type="text/event-stream",
+            headers={**SECURITY_HEADERS, "cache-control": "no-store"},
+        )
 
     async def csv(request: Request) -> Response:
         job = await snapshots.job(request.path_params["job_id"])
         if job is None:
             return PlainTextResponse("no such job", status_code=404, headers=SECURITY_HEADERS)
         name = "".join(c for c in str(job.get("job_id", ""))[:12] if c in "0123456789abcdef") or "job"
-        return Response(loss_csv(job, timelines.observe(job)), media_type="text/csv; charset=utf-8",
-                        headers={**SECURITY_HEADERS, "cache-control": "no-store",
-                                 "content-disposition": f'attachment; filename="loss-{name}.csv"'})  # fmt: skip
+        return Response(
+            loss_csv(job, timelines.observe(job)),
+            media_type="text/csv; charset=utf-8",
+            headers={
+                **SECURITY_HEADERS,
+                "cache-control": "no-store",
+                "content-disposition": f'attachment; filename="loss-{name}.csv"',
+            },
+        )
 
     async def set_term(request: Request) -> Response:
         def answer(code: int, line: str) -> Response:
             return PlainTextResponse(line, status_code=code, headers={**SECURITY_HEADERS, "cache-control": "no-store"})
 
         server = request.scope.get("server")
-        refusal = origin_refusal(request.headers.get("origin"), request.headers.get("referer"),
-                                 (str(server[0]), int(server[1])) if server else None)  # fmt: skip
+        refusal = origin_refusal(
+            request.headers.get("origin"),
+            request.headers.get("referer"),
+            (str(server[0]), int(server[1])) if server else None,
+        )
         if refusal is not None:
             return answer(403, f"403: {refusal}")
         body = b""
@@ -249,10 +275,16 @@ def build_app(snapshots: Snapshots, token: str) -> ASGIApp:
         return answer(200, f"saved: policy.{key} = {value}")
 
     routes = [
-        Route("/", swarm_page), Route("/job/{job_id}", job_page), Route("/job/{job_id}/loss.csv", csv),
-        Route("/owner", owner_page), Route("/market", market_page), Route("/static/{name}", asset),
-        Route("/api/{view}", api), Route("/events/{view}", events), Route("/policy", set_term, methods=["POST"]),
-    ]  # fmt: skip
+        Route("/", swarm_page),
+        Route("/job/{job_id}", job_page),
+        Route("/job/{job_id}/loss.csv", csv),
+        Route("/owner", owner_page),
+        Route("/market", market_page),
+        Route("/static/{name}", asset),
+        Route("/api/{view}", api),
+        Route("/events/{view}", events),
+        Route("/policy", set_term, methods=["POST"]),
+    ]
     return TokenGate(Starlette(routes=routes), token)
 
 

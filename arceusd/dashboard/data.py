@@ -40,9 +40,22 @@ PRICES_WATCHED_S = 60.0
 MACHINE_SAMPLES = 900
 """CPU and memory readings kept for the device page's chart (30 minutes at :data:`MACHINE_EVERY_S`)."""
 MACHINE_EVERY_S = 2.0
-EDITABLE_TERMS = ("lend", "idle_minutes", "require_ac", "min_battery_percent", "max_owner_cpu_percent", "hours",
-                  "max_cores", "max_memory_mib", "gpu", "min_price_per_hour", "owners", "max_model_params",
-                  "unpaid_checkpoints", "receipt_grace_s")  # fmt: skip
+EDITABLE_TERMS = (
+    "lend",
+    "idle_minutes",
+    "require_ac",
+    "min_battery_percent",
+    "max_owner_cpu_percent",
+    "hours",
+    "max_cores",
+    "max_memory_mib",
+    "gpu",
+    "min_price_per_hour",
+    "owners",
+    "max_model_params",
+    "unpaid_checkpoints",
+    "receipt_grace_s",
+)
 """The terms the device page may change: every key of ``[policy]`` but ``probe_root`` (a test's fake machine)."""
 MAX_TERM_VALUE = 400
 """The longest value the device page's form may send (``owners`` holds a few 32-character peer ids)."""
@@ -122,18 +135,25 @@ class NodeSnapshots:
 
     async def owner(self) -> dict[str, Any]:
         self.owner_seen = time.monotonic()
-        out: dict[str, Any] = {"peer_id": self.node.identity.peer_id, "policy": None,
-                               "earnings": earnings_view(await self._read()),
-                               "machine_samples": self.samples.rows()}  # fmt: skip
+        out: dict[str, Any] = {
+            "peer_id": self.node.identity.peer_id,
+            "policy": None,
+            "earnings": earnings_view(await self._read()),
+            "machine_samples": self.samples.rows(),
+        }
         market = getattr(self.node, "market", None)
         if market is not None:
             from arceusd.market.policy import lend_reasons, policy_terms
 
             reasons = lend_reasons(market.policy, market.snapshot)
             terms = policy_terms(market.policy, market.snapshot, int(self.node.config.worker_threads), self.prices)
-            out["policy"] = {"policy": _plain(asdict(market.policy)), "terms": [asdict(t) for t in terms],
-                             "editable": list(EDITABLE_TERMS), "lends_now": not reasons,
-                             "reasons": [str(r) for r in reasons]}  # fmt: skip
+            out["policy"] = {
+                "policy": _plain(asdict(market.policy)),
+                "terms": [asdict(t) for t in terms],
+                "editable": list(EDITABLE_TERMS),
+                "lends_now": not reasons,
+                "reasons": [str(r) for r in reasons],
+            }
         return out
 
     async def set_term(self, key: str, value: str) -> None:
@@ -162,8 +182,11 @@ class NodeSnapshots:
         key = (st.st_mtime, st.st_size)
         if self._earnings[0] != key:
             verified = await trio.to_thread.run_sync(verify_file, path)
-            value = (earnings(verified.entries, self.node.identity.peer_id) if verified.ok
-                     else {"error": f"the ledger does not verify: {verified.error}"})  # fmt: skip
+            value = (
+                earnings(verified.entries, self.node.identity.peer_id)
+                if verified.ok
+                else {"error": f"the ledger does not verify: {verified.error}"}
+            )
             self._earnings = (key, value)
         return self._earnings[1]
 
@@ -226,7 +249,7 @@ def downsample(points: Sequence[Sequence[float]], max_points: int) -> list[list[
     size = len(rows) / buckets
     out: list[list[float]] = []
     for b in range(buckets):
-        chunk = rows[int(b * size): int((b + 1) * size)]
+        chunk = rows[int(b * size) : int((b + 1) * size)]
         if not chunk:
             continue
         lo = min(range(len(chunk)), key=lambda i: chunk[i][1])
@@ -284,8 +307,11 @@ def step_times(job: dict[str, Any]) -> dict[int, float]:
     history, at = job.get("history"), job.get("history_at")
     if not isinstance(history, list) or not isinstance(at, list) or len(at) != len(history):
         return {}
-    return {int(p[0]): float(t) for p, t in zip(history, at, strict=True)
-            if isinstance(p, list | tuple) and len(p) >= 2 and _finite(p[0]) and _finite(t)}  # fmt: skip
+    return {
+        int(p[0]): float(t)
+        for p, t in zip(history, at, strict=True)
+        if isinstance(p, list | tuple) and len(p) >= 2 and _finite(p[0]) and _finite(t)
+    }
 
 
 def job_view(job: dict[str, Any], timeline: Timeline, max_points: int = MAX_POINTS) -> dict[str, Any]:
@@ -337,10 +363,14 @@ def earnings_view(e: dict[str, Any] | None) -> dict[str, Any] | None:
     if not isinstance(e, dict) or e.get("error"):
         return e
     hours = e.get("device_hours")
-    return {**e, "total_shown": usd(e.get("total_usd")), "receipts_shown": count(e.get("receipts")),
-            "device_hours_shown": f"{hours:.3f}" if _finite(hours) else "-",
-            "by_job_shown": [[str(j), usd(u)] for j, u in (e.get("by_job") or {}).items()],
-            "by_day_shown": [[str(d), usd(u)] for d, u in (e.get("by_day") or {}).items()]}  # fmt: skip
+    return {
+        **e,
+        "total_shown": usd(e.get("total_usd")),
+        "receipts_shown": count(e.get("receipts")),
+        "device_hours_shown": f"{hours:.3f}" if _finite(hours) else "-",
+        "by_job_shown": [[str(j), usd(u)] for j, u in (e.get("by_job") or {}).items()],
+        "by_day_shown": [[str(d), usd(u)] for d, u in (e.get("by_day") or {}).items()],
+    }
 
 
 def market_view(market: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -354,12 +384,16 @@ def market_view(market: dict[str, Any] | None) -> dict[str, Any] | None:
     rows = []
     for j in market.get("jobs") or []:
         members = count(j.get("members")) + (f" / {count(j['max_members'])}" if j.get("max_members") else "")
-        rows.append({**j, "price_shown": usd_per_hour(j.get("price_per_hour")), "members_shown": members,
-                     "max_price_shown": usd_per_hour(j["max_price_per_hour"]) if j.get("max_price_per_hour")
-                     else "any"})  # fmt: skip
+        rows.append(
+            {
+                **j,
+                "price_shown": usd_per_hour(j.get("price_per_hour")),
+                "members_shown": members,
+                "max_price_shown": usd_per_hour(j["max_price_per_hour"]) if j.get("max_price_per_hour") else "any",
+            }
+        )
     demand = market.get("demand") or {}
-    return {**market, "jobs": rows,
-            "demand_shown": {k: count(v) if _finite(v) else str(v) for k, v in demand.items()}}  # fmt: skip
+    return {**market, "jobs": rows, "demand_shown": {k: count(v) if _finite(v) else str(v) for k, v in demand.items()}}
 
 
 def term_form(body: bytes) -> tuple[str, str]:
@@ -379,8 +413,9 @@ def term_form(body: bytes) -> tuple[str, str]:
     if key not in EDITABLE_TERMS:
         raise ValueError(f"{key[:40]!r} is not a term the page may change; one of: {', '.join(EDITABLE_TERMS)}")
     if not value or len(value) > MAX_TERM_VALUE or not value.isprintable():
-        raise ValueError(f"policy.{key}: give a value of 1 to {MAX_TERM_VALUE} printable characters "
-                         "(for example 10, true, [22, 7])")  # fmt: skip
+        raise ValueError(
+            f"policy.{key}: give a value of 1 to {MAX_TERM_VALUE} printable characters (for example 10, true, [22, 7])"
+        )
     return key, value
 
 
@@ -409,8 +444,14 @@ def memory_percent(meminfo: str | None) -> float | None:
     if meminfo is None:
         return None
     available = parse_meminfo_available(meminfo)
-    total = next((int(line.split()[1]) * 1024 for line in meminfo.splitlines()
-                  if line.startswith("MemTotal:") and len(line.split()) >= 2 and line.split()[1].isdigit()), None)
+    total = next(
+        (
+            int(line.split()[1]) * 1024
+            for line in meminfo.splitlines()
+            if line.startswith("MemTotal:") and len(line.split()) >= 2 and line.split()[1].isdigit()
+        ),
+        None,
+    )
     if available is None or not total:
         return None
     return max(0.0, min(100.0, 100.0 * (total - available) / total))
@@ -434,12 +475,31 @@ class MachineSamples:
 
     def rows(self) -> list[list[float | None]]:
         """``[at, cpu %, owner's cpu %, memory %]`` per reading, oldest first (one decimal)."""
+
         def r(v: float | None) -> float | None:
             return None if v is None else round(v, 1)
 
         return [[round(x.at, 3), r(x.cpu_percent), r(x.owner_cpu_percent), r(x.memory_percent)] for x in self.ring]
 
 
-__all__ = ["EDITABLE_TERMS", "MAX_POINTS", "MAX_TERM_VALUE", "MachineSample", "MachineSamples", "NodeSnapshots",
-           "Snapshots", "Timeline", "Timelines", "cpu_percent", "downsample", "earnings_view", "job_view",
-           "keep_reading", "loss_csv", "market_view", "memory_percent", "step_times", "term_form"]
+__all__ = [
+    "EDITABLE_TERMS",
+    "MAX_POINTS",
+    "MAX_TERM_VALUE",
+    "MachineSample",
+    "MachineSamples",
+    "NodeSnapshots",
+    "Snapshots",
+    "Timeline",
+    "Timelines",
+    "cpu_percent",
+    "downsample",
+    "earnings_view",
+    "job_view",
+    "keep_reading",
+    "loss_csv",
+    "market_view",
+    "memory_percent",
+    "step_times",
+    "term_form",
+]

@@ -64,9 +64,10 @@ class Dashboard:
                 error = _first(exc, OSError)
                 if error is None:
                     raise
-                raise RequestError(f"cannot serve the dashboard on {host}:{self.node.config.dashboard_port}: "
-                                   f"{error.strerror or error}; set dashboard_port in config.toml to a free port"
-                                   ) from None
+                raise RequestError(
+                    f"cannot serve the dashboard on {host}:{self.node.config.dashboard_port}: "
+                    f"{error.strerror or error}; set dashboard_port in config.toml to a free port"
+                ) from None
             self.port = int(binds[0].rsplit(":", 1)[1])
             self.nursery.start_soon(keep_reading, snapshots)  # the device page's CPU and memory, its prices
             if self.host not in ("127.0.0.1", "::1", "localhost"):

@@ -51,8 +51,17 @@ def _ms(seconds: Any) -> str:
     return f"{1000 * seconds:.1f}" if ok else "-"
 
 
-STATE_STYLE = {"alive": "green", "running": "green", "done": "green", "suspect": "yellow", "recovering": "yellow",
-               "paused": "yellow", "dead": "red", "failed": "red", "cancelled": "red"}  # fmt: skip
+STATE_STYLE = {
+    "alive": "green",
+    "running": "green",
+    "done": "green",
+    "suspect": "yellow",
+    "recovering": "yellow",
+    "paused": "yellow",
+    "dead": "red",
+    "failed": "red",
+    "cancelled": "red",
+}
 
 
 def progress_line(job: dict[str, Any]) -> Table:
@@ -76,28 +85,51 @@ def render_job(job: dict[str, Any]) -> RenderableType:
     """One job in detail: progress, figures, the plan, contributions and recoveries."""
     job = safe_tree(job)
     state = str(job.get("state"))
-    head = Text.assemble((str(job.get("name")), "bold"), "  ", (str(job.get("job_id", ""))[:12], "dim"), "  ",
-                         (state, STATE_STYLE.get(state, "")))  # fmt: skip
+    head = Text.assemble(
+        (str(job.get("name")), "bold"),
+        "  ",
+        (str(job.get("job_id", ""))[:12], "dim"),
+        "  ",
+        (state, STATE_STYLE.get(state, "")),
+    )
     figures = Table.grid(padding=(0, 2))
-    figures.add_row(Text("loss", style="dim"), _num(job.get("loss"), ".4f"), Text("val", style="dim"),
-                    _num(job.get("val_loss"), ".4f"), Text("tokens/s", style="dim"),
-                    _num(job.get("tokens_per_s"), ".0f"), Text("lr", style="dim"), _num(job.get("lr"), ".2e"))
-    figures.add_row(Text("epoch", style="dim"), _t(job.get("epoch")), Text("leader", style="dim"),
-                    _t(str(job.get("leader", ""))[:12]), Text("standby", style="dim"),
-                    _t(str(job.get("standby") or "-")[:12]), Text("checkpoint", style="dim"),
-                    _t(job.get("committed_step")))  # fmt: skip
+    figures.add_row(
+        Text("loss", style="dim"),
+        _num(job.get("loss"), ".4f"),
+        Text("val", style="dim"),
+        _num(job.get("val_loss"), ".4f"),
+        Text("tokens/s", style="dim"),
+        _num(job.get("tokens_per_s"), ".0f"),
+        Text("lr", style="dim"),
+        _num(job.get("lr"), ".2e"),
+    )
+    figures.add_row(
+        Text("epoch", style="dim"),
+        _t(job.get("epoch")),
+        Text("leader", style="dim"),
+        _t(str(job.get("leader", ""))[:12]),
+        Text("standby", style="dim"),
+        _t(str(job.get("standby") or "-")[:12]),
+        Text("checkpoint", style="dim"),
+        _t(job.get("committed_step")),
+    )
     parts: list[RenderableType] = [head, progress_line(job), figures]
     cost = job.get("cost")  # the leader's: spent, budget left, time and cost to finish (arceusd.market.progress)
     if isinstance(cost, dict) and isinstance(cost.get("line"), str):
         parts.append(Text(f"cost: {cost['line']}", style="cyan"))
     plan = job.get("plan")
     if isinstance(plan, dict):
-        table = Table(title=Text(f"plan: {plan.get('schedule')}, {plan.get('micro_batches')} micro-batches, "
-                                 f"predicted {1000 * float(plan.get('predicted_step_time_s') or 0):.1f} ms/step"),
-                      expand=False)  # fmt: skip
+        table = Table(
+            title=Text(
+                f"plan: {plan.get('schedule')}, {plan.get('micro_batches')} micro-batches, "
+                f"predicted {1000 * float(plan.get('predicted_step_time_s') or 0):.1f} ms/step"
+            ),
+            expand=False,
+        )
         for col in ("stage", "blocks", "device", "heads", "MLP columns", "compute / wait ms"):
-            table.add_column(col, no_wrap=col in ("device", "compute / wait ms"),
-                             min_width=12 if col == "device" else None)  # fmt: skip
+            table.add_column(
+                col, no_wrap=col in ("device", "compute / wait ms"), min_width=12 if col == "device" else None
+            )
         times = job.get("stage_times")
         times = times if isinstance(times, dict) else {}
         for stage in plan.get("stages", []):
@@ -105,10 +137,14 @@ def render_job(job: dict[str, Any]) -> RenderableType:
                 split = len(stage.get("devices", [])) > 1
                 t = times.get(str(d.get("peer_id")))
                 t = t if isinstance(t, dict) else {}
-                table.add_row(_t(stage.get("index")), _t(block_range(stage.get("blocks"))),
-                              _t(str(d.get("peer_id"))[:12]),
-                              _t(d.get("heads") if split else "all"), _t(d.get("mlp_columns") if split else "all"),
-                              Text(f"{_ms(t.get('compute_s'))} / {_ms(t.get('wait_s'))}"))  # fmt: skip
+                table.add_row(
+                    _t(stage.get("index")),
+                    _t(block_range(stage.get("blocks"))),
+                    _t(str(d.get("peer_id"))[:12]),
+                    _t(d.get("heads") if split else "all"),
+                    _t(d.get("mlp_columns") if split else "all"),
+                    Text(f"{_ms(t.get('compute_s'))} / {_ms(t.get('wait_s'))}"),
+                )
         parts.append(table)
     timing = job.get("stage_timing")
     if isinstance(timing, dict):
@@ -121,12 +157,20 @@ def render_job(job: dict[str, Any]) -> RenderableType:
         for col in ("device", "share", "steps", "TFLOP"):
             table.add_column(col)
         for c in contributions:
-            table.add_row(_t(str(c.get("peer_id"))[:12]), _num(c.get("share"), ".3f"), _t(c.get("steps")),
-                          _num(c.get("tflop"), ".4f"))  # fmt: skip
+            table.add_row(
+                _t(str(c.get("peer_id"))[:12]),
+                _num(c.get("share"), ".3f"),
+                _t(c.get("steps")),
+                _num(c.get("tflop"), ".4f"),
+            )
         parts.append(table)
     for r in job.get("recoveries") or []:
-        parts.append(Text(f"recovery: {r.get('reason')} (lost step {r.get('lost_step')}, resumed from "
-                          f"{r.get('resumed_step')})", style="yellow"))  # fmt: skip
+        parts.append(
+            Text(
+                f"recovery: {r.get('reason')} (lost step {r.get('lost_step')}, resumed from {r.get('resumed_step')})",
+                style="yellow",
+            )
+        )
     if job.get("error"):
         parts.append(Text(str(job["error"]), style="red"))
     return Panel(Group(*parts), title="arceusd status", border_style="blue")
@@ -136,8 +180,13 @@ def render_status(status: dict[str, Any]) -> RenderableType:
     """The daemon: itself, its peers (state, incarnation, round trip) and its jobs with progress bars."""
     status = safe_tree(status)
     uptime = int(float(status.get("uptime_s") or 0))
-    head = Text.assemble(("arceusd ", "bold"), str(status.get("version")), "  peer ",
-                         (str(status.get("peer_id")), "bold"), f"  up {uptime} s  preset {status.get('preset')}")
+    head = Text.assemble(
+        ("arceusd ", "bold"),
+        str(status.get("version")),
+        "  peer ",
+        (str(status.get("peer_id")), "bold"),
+        f"  up {uptime} s  preset {status.get('preset')}",
+    )
     parts: list[RenderableType] = [head]
     peers = status.get("peers") or []
     table = Table(title=Text(f"peers ({len(peers)})"), expand=False)
@@ -145,11 +194,15 @@ def render_status(status: dict[str, Any]) -> RenderableType:
         table.add_column(col)
     for p in peers:
         state = str(p.get("state"))
-        table.add_row(_t(str(p.get("peer_id"))[:12]), _t(state, STATE_STYLE.get(state, "")), _t(p.get("incarnation")),
-                      Text(f"{p['rtt_ms']:.2f} ms" if isinstance(p.get("rtt_ms"), int | float) else "-"),
-                      Text(f"{p['last_heard_s']:.1f}s ago" if isinstance(p.get("last_heard_s"), int | float)
-                           else "never"),
-                      _t(p.get("address")), _t(p.get("device")))  # fmt: skip
+        table.add_row(
+            _t(str(p.get("peer_id"))[:12]),
+            _t(state, STATE_STYLE.get(state, "")),
+            _t(p.get("incarnation")),
+            Text(f"{p['rtt_ms']:.2f} ms" if isinstance(p.get("rtt_ms"), int | float) else "-"),
+            Text(f"{p['last_heard_s']:.1f}s ago" if isinstance(p.get("last_heard_s"), int | float) else "never"),
+            _t(p.get("address")),
+            _t(p.get("device")),
+        )
     parts.append(table)
     jobs = status.get("jobs") or []
     jt = Table(title=Text(f"jobs ({len(jobs)})"), expand=False)
@@ -157,14 +210,25 @@ def render_status(status: dict[str, Any]) -> RenderableType:
         jt.add_column(col)
     for j in jobs:
         state = str(j.get("state"))
-        jt.add_row(_t(str(j.get("job_id"))[:12]), _t(j.get("name")), _t(state, STATE_STYLE.get(state, "")),
-                   _t(j.get("role")), _num(j.get("loss"), ".4f"), progress_line(j))  # fmt: skip
+        jt.add_row(
+            _t(str(j.get("job_id"))[:12]),
+            _t(j.get("name")),
+            _t(state, STATE_STYLE.get(state, "")),
+            _t(j.get("role")),
+            _num(j.get("loss"), ".4f"),
+            progress_line(j),
+        )
     parts.append(jt)
     return Panel(Group(*parts), title="arceusd status", border_style="blue")
 
 
-def watch(call: Callable[[str, dict[str, Any] | None], Any], job: str | None, interval: float,
-          console: Console | None = None, rounds: int | None = None) -> None:
+def watch(
+    call: Callable[[str, dict[str, Any] | None], Any],
+    job: str | None,
+    interval: float,
+    console: Console | None = None,
+    rounds: int | None = None,
+) -> None:
     """Redraw the daemon's status (or one job's) every ``interval`` seconds until Ctrl-C or the job ends
     (``rounds`` bounds the redraws, for tests). Piped (not a terminal), each drawing follows the last."""
     console = console or Console()
@@ -175,8 +239,13 @@ def watch(call: Callable[[str, dict[str, Any] | None], Any], job: str | None, in
         _loop(call, job, interval, rounds, lambda r: live.update(r, refresh=True))
 
 
-def _loop(call: Callable[[str, dict[str, Any] | None], Any], job: str | None, interval: float,
-          rounds: int | None, draw: Callable[[RenderableType], None]) -> None:
+def _loop(
+    call: Callable[[str, dict[str, Any] | None], Any],
+    job: str | None,
+    interval: float,
+    rounds: int | None,
+    draw: Callable[[RenderableType], None],
+) -> None:
     done = 0
     while rounds is None or done < rounds:
         if job is not None:

@@ -14,15 +14,30 @@ import importlib
 from typing import Any
 
 _WHERE = {
-    "BatchSource": "batches", "MnistBatches": "batches", "TextBatches": "batches",
-    "DataError": "errors", "IdxFormatError": "errors",
-    "IdxHeader": "idx_header", "read_idx": "idx", "read_idx_header": "idx_header",
-    "MnistData": "mnist", "MnistInfo": "mnist_files", "find_mnist_files": "mnist_files", "load_mnist": "mnist",
+    "BatchSource": "batches",
+    "MnistBatches": "batches",
+    "TextBatches": "batches",
+    "DataError": "errors",
+    "IdxFormatError": "errors",
+    "IdxHeader": "idx_header",
+    "read_idx": "idx",
+    "read_idx_header": "idx_header",
+    "MnistData": "mnist",
+    "MnistInfo": "mnist_files",
+    "find_mnist_files": "mnist_files",
+    "load_mnist": "mnist",
     "read_mnist_info": "mnist_files",
-    "Cursor": "steps", "EpochSampler": "sampler", "WindowSampler": "sampler", "cursor_at": "sampler",
-    "derive_seed": "steps", "global_step": "sampler",
-    "CharVocab": "text", "TextData": "text", "context_windows": "text", "load_text": "text",
-}  # fmt: skip
+    "Cursor": "steps",
+    "EpochSampler": "sampler",
+    "WindowSampler": "sampler",
+    "cursor_at": "sampler",
+    "derive_seed": "steps",
+    "global_step": "sampler",
+    "CharVocab": "text",
+    "TextData": "text",
+    "context_windows": "text",
+    "load_text": "text",
+}
 
 __all__ = sorted(_WHERE)
 

@@ -37,16 +37,18 @@ from arceusd.data.idx_header import (
 
 #: IDX dtype code -> torch dtype (sizes: :data:`arceusd.data.idx_header.IDX_ITEMSIZES`).
 IDX_DTYPES: dict[int, torch.dtype] = {
-    0x08: torch.uint8, 0x09: torch.int8, 0x0B: torch.int16, 0x0C: torch.int32, 0x0D: torch.float32,
+    0x08: torch.uint8,
+    0x09: torch.int8,
+    0x0B: torch.int16,
+    0x0C: torch.int32,
+    0x0D: torch.float32,
     0x0E: torch.float64,
-}  # fmt: skip
+}
 
 __all__ = ["DEFAULT_MAX_BYTES", "GZIP_MAGIC", "IDX_DTYPES", "MAX_NDIM", "IdxHeader", "read_idx", "read_idx_header"]
 
 
-def read_idx(
-    path: str | Path, *, expect_magic: int | None = None, max_bytes: int = DEFAULT_MAX_BYTES
-) -> torch.Tensor:
+def read_idx(path: str | Path, *, expect_magic: int | None = None, max_bytes: int = DEFAULT_MAX_BYTES) -> torch.Tensor:
     """Read a whole IDX file into a tensor of its declared dtype and shape (uint8 for MNIST).
 
     ``expect_magic`` (e.g. 2051 for images, 2049 for labels) rejects a file of the wrong kind.

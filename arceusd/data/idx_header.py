@@ -92,9 +92,7 @@ def parse_header(f: io.BufferedIOBase, path: Path, max_bytes: int) -> IdxHeader:
         raise IdxFormatError(f"{path}: IDX header declares {ndim} dimensions; allowed 1..{MAX_NDIM}")
     dims = struct.unpack(f">{ndim}I", read_exact(f, 4 * ndim, path, "IDX dimensions"))
     if any(d == 0 for d in dims):
-        raise IdxFormatError(
-            f"{path}: IDX dimensions {list(dims)} contain a zero; every dimension must be >= 1"
-        )
+        raise IdxFormatError(f"{path}: IDX dimensions {list(dims)} contain a zero; every dimension must be >= 1")
     header = IdxHeader(magic=int.from_bytes(magic_bytes, "big"), code=code, itemsize=IDX_ITEMSIZES[code], shape=dims)
     if header.payload_bytes > max_bytes:
         raise IdxFormatError(
@@ -111,5 +109,14 @@ def read_idx_header(path: str | Path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> 
         return parse_header(f, p, max_bytes)
 
 
-__all__ = ["DEFAULT_MAX_BYTES", "GZIP_MAGIC", "IDX_ITEMSIZES", "MAX_NDIM", "IdxHeader", "open_idx", "parse_header",
-           "read_exact", "read_idx_header"]  # fmt: skip
+__all__ = [
+    "DEFAULT_MAX_BYTES",
+    "GZIP_MAGIC",
+    "IDX_ITEMSIZES",
+    "MAX_NDIM",
+    "IdxHeader",
+    "open_idx",
+    "parse_header",
+    "read_exact",
+    "read_idx_header",
+]

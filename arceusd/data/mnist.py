@@ -31,9 +31,22 @@ from arceusd.data.mnist_files import (
     read_mnist_info,
 )
 
-__all__ = ["DEFAULT_MEAN", "DEFAULT_STD", "IMAGES_MAGIC", "LABELS_MAGIC", "MNIST_FILE_PAIRS", "NUM_CLASSES",
-           "MnistData", "MnistInfo", "find_mnist_files", "load_mnist", "normalise_images", "read_mnist_info",
-           "split_order"]  # fmt: skip
+__all__ = [
+    "DEFAULT_MEAN",
+    "DEFAULT_STD",
+    "IMAGES_MAGIC",
+    "LABELS_MAGIC",
+    "MNIST_FILE_PAIRS",
+    "NUM_CLASSES",
+    "MnistData",
+    "MnistInfo",
+    "find_mnist_files",
+    "load_mnist",
+    "normalise_images",
+    "read_mnist_info",
+    "split_order",
+]
+
 
 @dataclass(frozen=True)
 class MnistData:
@@ -88,9 +101,7 @@ def load_mnist(
         ip, lp = Path(directory) / images, Path(directory) / labels
     info = read_mnist_info(ip, lp)
     if train_count < 1 or holdout_count < 0:
-        raise DataError(
-            f"train_count must be >= 1 and holdout_count >= 0, got {train_count}, {holdout_count}"
-        )
+        raise DataError(f"train_count must be >= 1 and holdout_count >= 0, got {train_count}, {holdout_count}")
     if train_count + holdout_count > info.count:
         raise DataError(
             f"{ip}: holds {info.count} examples, fewer than train_count + holdout_count = "

@@ -70,5 +70,14 @@ def read_mnist_info(images: str | Path, labels: str | Path) -> MnistInfo:
     return _check_headers(ip, lp, read_idx_header(ip), read_idx_header(lp))
 
 
-__all__ = ["DEFAULT_MEAN", "DEFAULT_STD", "IMAGES_MAGIC", "LABELS_MAGIC", "MNIST_FILE_PAIRS", "NUM_CLASSES",
-           "MnistInfo", "find_mnist_files", "read_mnist_info"]  # fmt: skip
+__all__ = [
+    "DEFAULT_MEAN",
+    "DEFAULT_STD",
+    "IMAGES_MAGIC",
+    "LABELS_MAGIC",
+    "MNIST_FILE_PAIRS",
+    "NUM_CLASSES",
+    "MnistInfo",
+    "find_mnist_files",
+    "read_mnist_info",
+]

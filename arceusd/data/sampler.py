@@ -56,9 +56,7 @@ def global_step(sampler: Sampler, cursor: Cursor) -> int:
     return cursor.epoch * sampler.steps_per_epoch + cursor.step
 
 
-def iterate(
-    sampler: Sampler, start: Cursor | None = None, *, limit: int
-) -> Iterator[tuple[Cursor, torch.Tensor]]:
+def iterate(sampler: Sampler, start: Cursor | None = None, *, limit: int) -> Iterator[tuple[Cursor, torch.Tensor]]:
     """Yield ``(cursor, indices)`` for ``limit`` steps from ``start`` (default: the beginning)."""
     k = 0 if start is None else global_step(sampler, start)
     for step in range(k, k + limit):
@@ -102,13 +100,9 @@ class WindowSampler:
 
     def __init__(self, n_tokens: int, block_size: int, batch_size: int, seed: int) -> None:
         if block_size < 1 or batch_size < 1:
-            raise DataError(
-                f"WindowSampler needs block_size >= 1 and batch_size >= 1, got {block_size}, {batch_size}"
-            )
+            raise DataError(f"WindowSampler needs block_size >= 1 and batch_size >= 1, got {block_size}, {batch_size}")
         if n_tokens < block_size + 1:
-            raise DataError(
-                f"{n_tokens} tokens are too few for one window of block_size {block_size} (+1 target)"
-            )
+            raise DataError(f"{n_tokens} tokens are too few for one window of block_size {block_size} (+1 target)")
         self.n_tokens = n_tokens
         self.n_offsets = n_tokens - block_size
         self.block_size = block_size

@@ -59,9 +59,7 @@ class CharVocab:
         try:
             raw = text.encode("utf-32-le")
         except UnicodeEncodeError as e:
-            raise DataError(
-                f"text holds an unencodable character at position {e.start} (a lone surrogate?)"
-            ) from None
+            raise DataError(f"text holds an unencodable character at position {e.start} (a lone surrogate?)") from None
         codes = torch.frombuffer(bytearray(raw), dtype=torch.int32).to(torch.int64)
         table = self._table()
         inside = codes < table.numel()
@@ -93,9 +91,7 @@ class TextData:
     val: torch.Tensor
 
 
-def load_text(
-    path: str | Path, *, val_fraction: float = 0.1, max_bytes: int = DEFAULT_MAX_TEXT_BYTES
-) -> TextData:
+def load_text(path: str | Path, *, val_fraction: float = 0.1, max_bytes: int = DEFAULT_MAX_TEXT_BYTES) -> TextData:
     """Read, build the vocabulary, encode and split a text file."""
     text = read_text(path, max_bytes=max_bytes)
     vocab = CharVocab.from_text(text)
@@ -104,9 +100,7 @@ def load_text(
     return TextData(vocab=vocab, train=ids[:cut].clone(), val=ids[cut:].clone())
 
 
-def context_windows(
-    data: torch.Tensor, offsets: torch.Tensor, block_size: int
-) -> tuple[torch.Tensor, torch.Tensor]:
+def context_windows(data: torch.Tensor, offsets: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``(x, y)``, each ``(len(offsets), block_size)``: ``x[i] = data[o:o+T]``, ``y[i] = data[o+1:o+T+1]``."""
     if offsets.numel() and (int(offsets.min()) < 0 or int(offsets.max()) + block_size + 1 > data.numel()):
         raise DataError(

@@ -113,9 +113,15 @@ def tokenize(tok: Tokenizer, docs: list[str]) -> torch.Tensor:
 
 
 def load_tokens(
-    path: Path, tokenizer: Path, *, fmt: TextFormat = "text", text_field: str = "text", val_fraction: float = 0.1,
-    cache_dir: Path | None = None, max_bytes: int = DEFAULT_MAX_TEXT_BYTES,
-) -> TokenData:  # fmt: skip
+    path: Path,
+    tokenizer: Path,
+    *,
+    fmt: TextFormat = "text",
+    text_field: str = "text",
+    val_fraction: float = 0.1,
+    cache_dir: Path | None = None,
+    max_bytes: int = DEFAULT_MAX_TEXT_BYTES,
+) -> TokenData:
     """Tokenize ``path`` with ``tokenizer`` (cached by content hash) and split it."""
     tok_raw = _read(tokenizer, MAX_TOKENIZER_BYTES, "tokenizer")
     data_raw = _read(path, max_bytes, "data file")
@@ -156,8 +162,10 @@ class TokenBatches(TextBatches):
 
     def __init__(self, data: TokenData, block_size: int, batch_size: int, seed: int, *, eval_iters: int = 20) -> None:
         if data.train.numel() < block_size + 1:
-            raise DataError(f"the training split has {data.train.numel()} tokens, fewer than the context length "
-                            f"+ 1 = {block_size + 1}; use more text or a smaller model.block_size")  # fmt: skip
+            raise DataError(
+                f"the training split has {data.train.numel()} tokens, fewer than the context length "
+                f"+ 1 = {block_size + 1}; use more text or a smaller model.block_size"
+            )
         super().__init__(data, block_size, batch_size, seed, eval_iters=eval_iters)
 
 

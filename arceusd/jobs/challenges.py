@@ -238,9 +238,13 @@ class Timed:
 
     def summary(self) -> dict[str, float | str]:
         """What ``arceusd status JOB`` shows under ``speed_checks``."""
-        return {"offered_gflops": round(self.offered_flops / 1e9, 3), "measured_gflops":
-                round(self.measured_flops / 1e9, 3), "seconds": round(self.seconds, 3),
-                "slowdown": round(self.slowdown, 2), "failed": self.why}  # fmt: skip
+        return {
+            "offered_gflops": round(self.offered_flops / 1e9, 3),
+            "measured_gflops": round(self.measured_flops / 1e9, 3),
+            "seconds": round(self.seconds, 3),
+            "slowdown": round(self.slowdown, 2),
+            "failed": self.why,
+        }
 
 
 def challenge_factor(timed: Mapping[str, Timed], peer: str) -> float | None:
@@ -271,9 +275,35 @@ def wait_for(offered_flops: float, size: int, rounds: int) -> float:
 
 
 __all__ = [
-    "BLOCK_ROWS", "CHALLENGE_ID_LEN", "CONFIRM_BELOW", "MAX_ROUNDS", "MAX_WAIT_S", "MIN_WAIT_S", "OPENED", "READY_S",
-    "ROUND_EXCESS_S", "SIZES", "TARGET_S", "TOLERANCE", "WAIT_FACTOR", "Timed", "blocks_to_open",
-    "challenge_factor", "challenge_flops", "challenge_size", "check_request", "check_seed", "check_size",
-    "leaf_count", "leaf_hash", "leaf_position", "merkle_proof", "merkle_root", "new_seed", "seed_value",
-    "verify_proof", "wait_for", "worth_confirming",
-]  # fmt: skip
+    "BLOCK_ROWS",
+    "CHALLENGE_ID_LEN",
+    "CONFIRM_BELOW",
+    "MAX_ROUNDS",
+    "MAX_WAIT_S",
+    "MIN_WAIT_S",
+    "OPENED",
+    "READY_S",
+    "ROUND_EXCESS_S",
+    "SIZES",
+    "TARGET_S",
+    "TOLERANCE",
+    "WAIT_FACTOR",
+    "Timed",
+    "blocks_to_open",
+    "challenge_factor",
+    "challenge_flops",
+    "challenge_size",
+    "check_request",
+    "check_seed",
+    "check_size",
+    "leaf_count",
+    "leaf_hash",
+    "leaf_position",
+    "merkle_proof",
+    "merkle_root",
+    "new_seed",
+    "seed_value",
+    "verify_proof",
+    "wait_for",
+    "worth_confirming",
+]

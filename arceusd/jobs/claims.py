@@ -140,8 +140,7 @@ def own_step_times(job: Any, me: str) -> dict[str, float]:
     empty when unknown."""
     if job.plan is None or not job.stage_times:
         return {}
-    found = next(((p, st) for p in pipelines(job) for st in p.stages if any(s.peer_id == me for s in st.shares)),
-                 None)  # fmt: skip
+    found = next(((p, st) for p in pipelines(job) for st in p.stages if any(s.peer_id == me for s in st.shares)), None)
     if found is None:
         return {}
     the_plan, stage = found
@@ -217,16 +216,24 @@ def _stage_view(stages: list[Any], k: int, waits: Mapping[str, LinkWaits]) -> tu
     previous stage's wait for its gradients, the next stage's wait for its activations scaled to a whole
     step), and who saw it; None when a neighbour stage did not report or there is none."""
     before = [(s.peer_id, waits[s.peer_id].down_s) for s in stages[k - 1].shares if s.peer_id in waits] if k else []
-    after = [(s.peer_id, waits[s.peer_id].up_s * (1.0 + BACKWARD_PER_FORWARD))
-             for s in stages[k + 1].shares if s.peer_id in waits] if k < len(stages) - 1 else []  # fmt: skip
+    after = (
+        [
+            (s.peer_id, waits[s.peer_id].up_s * (1.0 + BACKWARD_PER_FORWARD))
+            for s in stages[k + 1].shares
+            if s.peer_id in waits
+        ]
+        if k < len(stages) - 1
+        else []
+    )
     sides = [side for side in (before, after) if side]
     if not sides or len(sides) != (k > 0) + (k < len(stages) - 1):
         return None
     return min(w for side in sides for _, w in side), [p for side in sides for p, _ in side]
 
 
-def seen_by_neighbours(plan: Any, waits: Mapping[str, LinkWaits], compute: Mapping[str, float], leader: str,
-                       step_s: float | None) -> dict[str, float]:  # fmt: skip
+def seen_by_neighbours(
+    plan: Any, waits: Mapping[str, LinkWaits], compute: Mapping[str, float], leader: str, step_s: float | None
+) -> dict[str, float]:
     """Each member's seconds per step as the devices it works with saw it, never more than ``step_s`` (the
     leader's own step time, on its own clock; None: nothing is seen). ``compute``: each device's reported
     compute seconds per step (without its waits).
@@ -313,9 +320,29 @@ def discounted(offer: Any, factor: float) -> Any:
 
 
 __all__ = [
-    "BACKWARD_PER_FORWARD", "BOTTLENECK", "MAX_DISCOUNT", "MAX_OFFER_FLOPS", "MAX_OFFER_MEMORY", "MIN_EXCESS_S",
-    "NO_WAITS", "RELATIVE_SLOW", "STOP_STATES", "SUSTAINED_REPORTS", "LinkWaits", "StageTime", "check_offer_bounds",
-    "discounted", "judged_times", "overclaim", "own_step_times", "own_step_total",
-    "pipelines", "record_link_waits", "record_step_time", "record_wait_time", "seen_by_neighbours",
-    "seen_in_every_replica", "stop_state",
-]  # fmt: skip
+    "BACKWARD_PER_FORWARD",
+    "BOTTLENECK",
+    "MAX_DISCOUNT",
+    "MAX_OFFER_FLOPS",
+    "MAX_OFFER_MEMORY",
+    "MIN_EXCESS_S",
+    "NO_WAITS",
+    "RELATIVE_SLOW",
+    "STOP_STATES",
+    "SUSTAINED_REPORTS",
+    "LinkWaits",
+    "StageTime",
+    "check_offer_bounds",
+    "discounted",
+    "judged_times",
+    "overclaim",
+    "own_step_times",
+    "own_step_total",
+    "pipelines",
+    "record_link_waits",
+    "record_step_time",
+    "record_wait_time",
+    "seen_by_neighbours",
+    "seen_in_every_replica",
+    "stop_state",
+]

@@ -90,8 +90,14 @@ class Commits:
                 with trio.move_on_after(fetch_deadline(record.size)):
                     data = await self.ctx.transfers.fetch_shard(job, peer, step, record)
                 if data is None:  # refused (more than its report said), not served, or too slowly: its doing
-                    return (f"could not copy shard {record.name} of step {step} from {peer[:12]} within "
-                            f"{fetch_deadline(record.size):.0f} s and its {record.size} bytes"), None, peer  # fmt: skip
+                    return (
+                        (
+                            f"could not copy shard {record.name} of step {step} from {peer[:12]} within "
+                            f"{fetch_deadline(record.size):.0f} s and its {record.size} bytes"
+                        ),
+                        None,
+                        peer,
+                    )
                 await trio.to_thread.run_sync(atomic_write, path, data)
             records.append(record)
         if self._commit_moot(job, stamp):
@@ -136,8 +142,12 @@ class Commits:
             return []
         replicas = job.directory / "replicas"
         for record in bad:
-            log.warning("job %s: shard %s of step %d is missing or corrupt here; fetching a replica",
-                        job.job_id, record.name, step)  # fmt: skip
+            log.warning(
+                "job %s: shard %s of step %d is missing or corrupt here; fetching a replica",
+                job.job_id,
+                record.name,
+                step,
+            )
             for peer in sorted(job.members):
                 if peer == self.ctx.node.identity.peer_id:
                     continue

@@ -40,8 +40,15 @@ class ControlMethods:
 
     def methods(self) -> dict[str, Callable[[dict[str, Any]], Awaitable[Any]]]:
         """The control methods by the name the CLI calls them."""
-        return {"submit": self.m_submit, "join": self.m_join, "jobs": self.m_jobs, "job": self.m_job,
-                "cancel": self.m_cancel, "leave": self.m_leave, "lending": self.m_lending}  # fmt: skip
+        return {
+            "submit": self.m_submit,
+            "join": self.m_join,
+            "jobs": self.m_jobs,
+            "job": self.m_job,
+            "cancel": self.m_cancel,
+            "leave": self.m_leave,
+            "lending": self.m_lending,
+        }
 
     async def m_submit(self, params: dict[str, Any]) -> dict[str, Any]:
         # local: the spec parser stays off the daemon's start (manager._load_modules loads it in a thread)
@@ -68,8 +75,17 @@ class ControlMethods:
         spec_bytes = json.dumps(to_dict(spec), sort_keys=True).encode()
         node = self.ctx.node
         core = JobCore.owned(node.identity.peer_id, spec.training.steps, min_members=min_members)
-        job = Job(jid, spec, spec_bytes, digest, node.identity.peer_id, node.addresses.get("peer", ""),
-                  self.ctx.root / jid, core, total_steps=spec.training.steps)  # fmt: skip
+        job = Job(
+            jid,
+            spec,
+            spec_bytes,
+            digest,
+            node.identity.peer_id,
+            node.addresses.get("peer", ""),
+            self.ctx.root / jid,
+            core,
+            total_steps=spec.training.steps,
+        )
         job.directory.mkdir(parents=True, exist_ok=True)
         (job.directory / "spec.json").write_bytes(spec_bytes)
         self.ctx.jobs[jid] = job
@@ -117,8 +133,9 @@ class ControlMethods:
         if self.ctx.leads(job):
             raise RequestError("this device leads the job now (its owner is gone); cancel it instead")
         report = JobReport(job.job_id, job.epoch, ReportKind.LEAVE)
-        reply = await self.ctx.peers.request(job.leader_address, job.leader, report, timeout=10.0, job_id=job.job_id,
-                                         term=job.term, epoch=job.epoch)  # fmt: skip
+        reply = await self.ctx.peers.request(
+            job.leader_address, job.leader, report, timeout=10.0, job_id=job.job_id, term=job.term, epoch=job.epoch
+        )
         told = isinstance(reply, JobAck) and reply.ok
         self.life.feed(job, events.LeaveJob())  # stops our worker after the leader knows why our links break
         return {"job_id": job.job_id, "reason": "" if told else "the leader did not answer; it will notice"}

@@ -43,9 +43,7 @@ def mnist_facts(directory: Path, images: str | None, labels: str | None) -> Mnis
         ip, lp = directory / images, directory / labels
     info = read_mnist_info(ip, lp)
     combined = hashlib.sha256((file_sha256(ip) + file_sha256(lp)).encode()).hexdigest()
-    return MnistFacts(
-        count=info.count, features=info.features, images=ip.name, labels=lp.name, sha256=combined
-    )
+    return MnistFacts(count=info.count, features=info.features, images=ip.name, labels=lp.name, sha256=combined)
 
 
 def text_facts(path: Path, val_fraction: float) -> TextFacts:

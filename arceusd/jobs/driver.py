@@ -115,7 +115,8 @@ class Driver:
 
     def execute(self, job: Job, actions: list[a.Action]) -> None:
         untrack_after_stops = any(isinstance(x, a.UntrackElection) for x in actions) and any(
-            isinstance(x, a.StopWorkers) and x.peers for x in actions)  # fmt: skip
+            isinstance(x, a.StopWorkers) and x.peers for x in actions
+        )
         queued = False
         for action in actions:
             if isinstance(action, LONG_ACTIONS):
@@ -147,8 +148,12 @@ class Driver:
             m.spawn(m.commits.commit, job, action)
         elif isinstance(action, a.SyncStandby):
             shards = job.leading.committed_shards.get(action.step, {})
-            m.spawn(m.standbys.sync_standby, job, action.step,
-                    tuple(name for peer, name in sorted(shards.items()) if peer != job.standby))  # fmt: skip
+            m.spawn(
+                m.standbys.sync_standby,
+                job,
+                action.step,
+                tuple(name for peer, name in sorted(shards.items()) if peer != job.standby),
+            )
         elif isinstance(action, a.Export):
             m.spawn(self._export_committed, job, action.step)
         elif isinstance(action, a.Pause):
@@ -221,8 +226,9 @@ class Driver:
         to answer a handshake in time, while a leader that is not the owner could never invite it back (only
         the owner announces jobs). If it then fails to start, the next restart drops it."""
         m = self.m
-        live = {p for p, mem in m.peers.membership.members.items()
-                if mem.state in (MemberState.ALIVE, MemberState.SUSPECT)}  # fmt: skip
+        live = {
+            p for p, mem in m.peers.membership.members.items() if mem.state in (MemberState.ALIVE, MemberState.SUSPECT)
+        }
         reachable = await self.reachable(job, [p for p in job.members if p in action.peers])
         reachable |= {p for p in job.members if p not in action.peers and p in live}
         self.feed(job, e.MembersReachable(action.stamp, frozenset(reachable)))
@@ -261,8 +267,9 @@ class Driver:
 
                 m.spawn(stop_local)
         alive = m.peers.alive_peers()
-        peers = [(p, job.members[p].address) for p in action.peers
-                 if p in job.members and (p in alive or job.core.terminal)]  # fmt: skip
+        peers = [
+            (p, job.members[p].address) for p in action.peers if p in job.members and (p in alive or job.core.terminal)
+        ]
         if not peers and not untrack:
             return
         stop = JobStop(job.job_id, action.stamp.term, action.reason)
@@ -277,8 +284,9 @@ class Driver:
         m.spawn(tell)
 
     async def _send_stop(self, job: Job, peer: str, stop: JobStop, address: str) -> None:
-        await self.m.peers.request(address, peer, stop, timeout=STOP_TIMEOUT_S, job_id=job.job_id, term=stop.term,
-                                   epoch=job.epoch)  # fmt: skip
+        await self.m.peers.request(
+            address, peer, stop, timeout=STOP_TIMEOUT_S, job_id=job.job_id, term=stop.term, epoch=job.epoch
+        )
 
     # ------------------------------------------------------------------------------------------ the end
     async def _export_committed(self, job: Job, step: int) -> None:
@@ -297,13 +305,13 @@ class Driver:
         initial = getattr(job.spec.model, "weights", None)  # a LoRA job's merged export rebuilds its base
         weights = resolve_path(initial, job.spec.base_dir).resolve() if initial else None
         try:
-            path = await filework.export_model(job.directory, job.spec_bytes, job.job_id, step, paths, vocab,
-                                               weights)  # fmt: skip
+            path = await filework.export_model(job.directory, job.spec_bytes, job.job_id, step, paths, vocab, weights)
         except Exception as exc:
             self.feed(job, e.ExportFailed(str(exc)))
             return
         job.model_path = str(path)
         log.info("job %s: model saved to %s", job.job_id, path)
         self.feed(job, e.ExportDone(str(path)))
+
 
 __all__ = ["LONG_ACTIONS", "STOP_TIMEOUT_S", "Driver"]

@@ -44,15 +44,17 @@ def model_description(config: MLPConfig | GPTConfig, extra: dict[str, Any] | Non
     return {"model": {"type": kind, **fields}, **(extra or {})}
 
 
-def write_model(directory: Path, config: MLPConfig | GPTConfig, state: dict[str, torch.Tensor],
-                extra: dict[str, Any] | None = None) -> Path:  # fmt: skip
+def write_model(
+    directory: Path, config: MLPConfig | GPTConfig, state: dict[str, torch.Tensor], extra: dict[str, Any] | None = None
+) -> Path:
     """Write ``model.safetensors`` and ``model.json`` (config + e.g. the vocabulary) atomically; return the path."""
     reference = build_reference_model(config, seed=0)
     expected = set(reference.state_dict())
     if set(state) != expected:
         missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
-        raise ExportError(f"the gathered model does not match its config: missing {missing[:5]}, "
-                          f"unexpected {unexpected[:5]}")  # fmt: skip
+        raise ExportError(
+            f"the gathered model does not match its config: missing {missing[:5]}, unexpected {unexpected[:5]}"
+        )
     description = model_description(config, extra)
     path = directory / "model.safetensors"
     atomic_write(path, save_bytes(state, {"arceus": json.dumps(description)}))

@@ -57,9 +57,7 @@ class FieldReader:
     def join(self, prefix: str, key: str) -> str:
         return f"{prefix}.{key}" if prefix else key
 
-    def table(
-        self, parent: Mapping[str, Any], key: str, prefix: str, *, required: bool
-    ) -> dict[str, Any] | None:
+    def table(self, parent: Mapping[str, Any], key: str, prefix: str, *, required: bool) -> dict[str, Any] | None:
         path = self.join(prefix, key)
         if key not in parent:
             if required:
@@ -154,9 +152,7 @@ class FieldReader:
             return None if isinstance(value, _Missing) else value
         allowed = list(choices)
         if not isinstance(value, str) or value not in allowed:
-            self.problem(
-                self.join(prefix, key), f"got {_show(value)}; allowed: {', '.join(repr(c) for c in allowed)}"
-            )
+            self.problem(self.join(prefix, key), f"got {_show(value)}; allowed: {', '.join(repr(c) for c in allowed)}")
             return None
         return value
 

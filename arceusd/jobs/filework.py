@@ -49,31 +49,38 @@ class FileworkError(RuntimeError):
 # ------------------------------------------------------------------------------------------------ the daemon
 async def _run(task: str, request: dict[str, Any]) -> dict[str, Any]:
     # forked from the fork server when it runs: re-slicing is on a recovery's critical path (issue 33)
-    returncode, stdout, stderr = await warm_starts().run(
-        "arceusd.jobs.filework", [task], json.dumps(request).encode()
-    )
+    returncode, stdout, stderr = await warm_starts().run("arceusd.jobs.filework", [task], json.dumps(request).encode())
     lines = stdout.decode(errors="replace").strip().splitlines()
     try:
         answer = json.loads(lines[-1]) if lines else None
     except ValueError:
         answer = None
     if not isinstance(answer, dict):
-        raise FileworkError(f"{task} in a child process failed (exit {returncode}): "
-                            f"{stderr.decode(errors='replace')[-800:]}")  # fmt: skip
+        raise FileworkError(
+            f"{task} in a child process failed (exit {returncode}): {stderr.decode(errors='replace')[-800:]}"
+        )
     if returncode != 0 or "error" in answer:
         raise FileworkError(f"{task} failed: {answer.get('error', 'no reason given')}")
     return answer
 
 
-async def prepare_resume(job_dir: Path, spec_bytes: bytes, plan_data: bytes, epoch: int, trusted: Sequence[str],
-                         replicas: Sequence[Path]) -> ResumePoint | None:  # fmt: skip
+async def prepare_resume(
+    job_dir: Path, spec_bytes: bytes, plan_data: bytes, epoch: int, trusted: Sequence[str], replicas: Sequence[Path]
+) -> ResumePoint | None:
     """Slice the newest verified checkpoint of ``job_dir`` for the plan (in a child process); None when no
     checkpoint verifies (start fresh)."""
     began = time.monotonic()
-    answer = await _run("resume", {
-        "job_dir": str(job_dir), "spec": spec_bytes.decode(), "plan": base64.b64encode(plan_data).decode(),
-        "epoch": epoch, "trusted": list(trusted), "replicas": [str(r) for r in replicas],
-    })  # fmt: skip
+    answer = await _run(
+        "resume",
+        {
+            "job_dir": str(job_dir),
+            "spec": spec_bytes.decode(),
+            "plan": base64.b64encode(plan_data).decode(),
+            "epoch": epoch,
+            "trusted": list(trusted),
+            "replicas": [str(r) for r in replicas],
+        },
+    )
     # where a slow re-slice went (issue 33): the child's own phases, the rest is its start and the pipes
     log.info("re-sliced in %.3f s (in the child: %s)", time.monotonic() - began, answer.get("timings"))
     body = answer.get("resume")
@@ -81,18 +88,32 @@ async def prepare_resume(job_dir: Path, spec_bytes: bytes, plan_data: bytes, epo
         return None
     files = {str(p): ResumeFile(str(n), str(h), int(s)) for p, (n, h, s) in body["files"].items()}
     cursor = body.get("cursor")
-    return ResumePoint(int(body["step"]), files, cursor if isinstance(cursor, dict) else None,
-                       Path(body["directory"]))  # fmt: skip
+    return ResumePoint(int(body["step"]), files, cursor if isinstance(cursor, dict) else None, Path(body["directory"]))
 
 
-async def export_model(job_dir: Path, spec_bytes: bytes, job_id: str, step: int, paths: Sequence[Path],
-                       vocab_path: str | None, weights: Path | None = None) -> Path:  # fmt: skip
+async def export_model(
+    job_dir: Path,
+    spec_bytes: bytes,
+    job_id: str,
+    step: int,
+    paths: Sequence[Path],
+    vocab_path: str | None,
+    weights: Path | None = None,
+) -> Path:
     """Assemble the model from the shards at ``paths`` and write it into ``job_dir`` (in a child process);
     ``weights``: a stock LM's initial weights, resolved (a LoRA job's merged export rebuilds its base from them)."""
-    answer = await _run("export", {
-        "job_dir": str(job_dir), "spec": spec_bytes.decode(), "job_id": job_id, "step": step,
-        "paths": [str(p) for p in paths], "vocab_path": vocab_path, "weights": str(weights) if weights else None,
-    })  # fmt: skip
+    answer = await _run(
+        "export",
+        {
+            "job_dir": str(job_dir),
+            "spec": spec_bytes.decode(),
+            "job_id": job_id,
+            "step": step,
+            "paths": [str(p) for p in paths],
+            "vocab_path": vocab_path,
+            "weights": str(weights) if weights else None,
+        },
+    )
     return Path(answer["model_path"])
 
 
@@ -107,8 +128,10 @@ async def plan_shapes(
     shapes, initial = answer.get("shapes"), answer.get("initial")
     if not isinstance(shapes, dict) or not isinstance(initial, dict):
         raise FileworkError("shapes: no shapes in the child's answer")
-    return ({str(peer): {str(k): tuple(int(d) for d in v) for k, v in names.items()} for peer, names in shapes.items()},
-            {str(k): float(v) for k, v in initial.items()})  # fmt: skip
+    return (
+        {str(peer): {str(k): tuple(int(d) for d in v) for k, v in names.items()} for peer, names in shapes.items()},
+        {str(k): float(v) for k, v in initial.items()},
+    )
 
 
 # ------------------------------------------------------------------------------------------------ the child
@@ -155,15 +178,27 @@ def _resume(request: dict[str, Any]) -> dict[str, Any]:
     # data-parallel replicas: every replica's devices get the slice of their place
     pipelines = [worker_stages(p) for p in plan_from_start(base64.b64decode(request["plan"])).replicas]
     prepared = time.monotonic()
-    point = recovery.prepare_resume(Path(request["job_dir"]), spec.model, pipelines[0], int(request["epoch"]),
-                                    [str(t) for t in request["trusted"]],
-                                    [Path(r) for r in request["replicas"]], pipelines[1:])  # fmt: skip
+    point = recovery.prepare_resume(
+        Path(request["job_dir"]),
+        spec.model,
+        pipelines[0],
+        int(request["epoch"]),
+        [str(t) for t in request["trusted"]],
+        [Path(r) for r in request["replicas"]],
+        pipelines[1:],
+    )
     if point is None:  # (a non-finite value in the checkpoint it slices is refused there: ResumeError)
         return {"resume": None}
     timings = {"parsed": prepared - started, "sliced": time.monotonic() - prepared}
-    return {"resume": {"step": point.step, "cursor": point.cursor, "directory": str(point.directory),
-                       "files": {p: [f.name, f.sha256, f.size] for p, f in point.files.items()}},
-            "timings": {k: round(v, 4) for k, v in timings.items()}}  # fmt: skip
+    return {
+        "resume": {
+            "step": point.step,
+            "cursor": point.cursor,
+            "directory": str(point.directory),
+            "files": {p: [f.name, f.sha256, f.size] for p, f in point.files.items()},
+        },
+        "timings": {k: round(v, 4) for k, v in timings.items()},
+    }
 
 
 def _export(request: dict[str, Any]) -> dict[str, Any]:

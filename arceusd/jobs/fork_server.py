@@ -223,8 +223,9 @@ def serve(sock: socket.socket) -> None:
     with contextlib.suppress(OSError):
         os.setpriority(os.PRIO_PROCESS, 0, PRELOAD_NICENESS)
     done = threading.Event()
-    watcher = threading.Thread(target=_give_priority_back_on_order,
-                               args=(sock, threading.get_native_id(), priority, done), daemon=True)  # fmt: skip
+    watcher = threading.Thread(
+        target=_give_priority_back_on_order, args=(sock, threading.get_native_id(), priority, done), daemon=True
+    )
     watcher.start()
     _preload()
     done.set()

@@ -70,12 +70,17 @@ class Recovery:
         self.phases[phase] = round(time.monotonic() - self.began, 3)
 
     def summary(self) -> dict[str, Any]:
-        return {"reason": self.reason, "epoch": self.epoch, "lost_step": self.lost_step,
-                "resumed_step": self.resumed_step, "recomputed_steps": max(0, self.lost_step - self.resumed_step),
-                "first_step_after_s": self.first_step_after_s, "began_at": self.began_at,
-                "phases": dict(self.phases),
-                "first_step_at": None if self.first_step_after_s is None
-                else self.began_at + self.first_step_after_s}  # fmt: skip
+        return {
+            "reason": self.reason,
+            "epoch": self.epoch,
+            "lost_step": self.lost_step,
+            "resumed_step": self.resumed_step,
+            "recomputed_steps": max(0, self.lost_step - self.resumed_step),
+            "first_step_after_s": self.first_step_after_s,
+            "began_at": self.began_at,
+            "phases": dict(self.phases),
+            "first_step_at": None if self.first_step_after_s is None else self.began_at + self.first_step_after_s,
+        }
 
 
 @dataclass(frozen=True)
@@ -90,8 +95,13 @@ class ReplicaDrop:
     at: float = field(default_factory=time.time)
 
     def summary(self) -> dict[str, Any]:
-        return {"reason": self.reason, "step": self.step, "devices": list(self.devices),
-                "replicas_left": self.replicas_left, "at": round(self.at, 3)}  # fmt: skip
+        return {
+            "reason": self.reason,
+            "step": self.step,
+            "devices": list(self.devices),
+            "replicas_left": self.replicas_left,
+            "at": round(self.at, 3),
+        }
 
 
 @dataclass
@@ -278,41 +288,68 @@ class Job:
         if self.state != JobState.RUNNING and self.state not in TERMINAL:
             return Speed()
         context = getattr(self.spec.model, "block_size", None)
-        speed = self.throughput.speed(self.step, self.total_steps, self.spec.training.batch_size,
-                                      context if isinstance(context, int) else None)  # fmt: skip
+        speed = self.throughput.speed(
+            self.step, self.total_steps, self.spec.training.batch_size, context if isinstance(context, int) else None
+        )
         return speed if self.state == JobState.RUNNING else replace(speed, eta_s=None)
 
     def summary(self, full: bool = False, whole_history: bool = False, me: str = "") -> dict[str, Any]:
         """What ``arceusd status`` shows; ``full`` for ``status JOB`` (``me``: this device, whose stage times
         come from its own worker's steps rather than from its last checkpoint report)."""
         out: dict[str, Any] = {
-            "job_id": self.job_id, "name": self.spec.name, "owner": self.owner, "role": self.role,
-            "state": self.state, "step": self.step, "total_steps": self.total_steps, "loss": self.loss,
-            "val_loss": self.val_loss, "val_accuracy": self.val_accuracy, "members": self.member_ids(),
-            "error": self.error, "model_path": self.model_path, "spec_hash": self.spec_hash,
-            "leader": self.leader, **asdict(self.speed()),
-        }  # fmt: skip
+            "job_id": self.job_id,
+            "name": self.spec.name,
+            "owner": self.owner,
+            "role": self.role,
+            "state": self.state,
+            "step": self.step,
+            "total_steps": self.total_steps,
+            "loss": self.loss,
+            "val_loss": self.val_loss,
+            "val_accuracy": self.val_accuracy,
+            "members": self.member_ids(),
+            "error": self.error,
+            "model_path": self.model_path,
+            "spec_hash": self.spec_hash,
+            "leader": self.leader,
+            **asdict(self.speed()),
+        }
         if full:
             history = list(self.history) if whole_history else self.history[-HISTORY_TAIL:]
-            out.update({
-                "term": self.term, "epoch": self.epoch, "lr": self.lr, "history": history,
-                "history_at": self.history_at[-len(history):] if history else [],
-                "committed_step": self.committed_step, "plan": self.plan_summary(), "spares": self.spares(),
-                "contributions": self.contributions(), "recoveries": [r.summary() for r in self.leading.recoveries],
-                "model": type(self.spec.model).__name__, "data": self.spec.data.kind,
-                "worker_pid": self.worker.pid if self.worker is not None else None,
-                "stale_reports": self.leading.stale_reports, "standby": self.standby, "links": self.leading.links,
-                "refused_reports": dict(self.leading.refused_reports), "excluded": dict(self.leading.excluded),
-                "measured_step_s": {p: list(t) for p, t in self.leading.measured.items()},
-                "discounted": {p: round(f, 2) for p, f in self.leading.discounts.items()},
-                "speed_checks": {p: t.summary() for p, t in self.leading.timed.items()},
-                "probation": self.leading.probation, "cleared": sorted(self.leading.cleared),
-                "standby_ready": self.standby_data is not None, "stage_timing": self.stage_timing(),
-                "stage_times": self.stage_times_by_device(me), "ring_bytes": self.ring_bytes,
-                "dropped_replicas": [d.summary() for d in self.replica_drops],
-                "rebuilt_replicas": [{"step": step, "devices": list(d)} for step, d in self.rebuilt_replicas],
-                "checkpoints": [{"step": s, "at": round(t, 3)} for s, t in self.leading.checkpoints],
-            })  # fmt: skip
+            out.update(
+                {
+                    "term": self.term,
+                    "epoch": self.epoch,
+                    "lr": self.lr,
+                    "history": history,
+                    "history_at": self.history_at[-len(history) :] if history else [],
+                    "committed_step": self.committed_step,
+                    "plan": self.plan_summary(),
+                    "spares": self.spares(),
+                    "contributions": self.contributions(),
+                    "recoveries": [r.summary() for r in self.leading.recoveries],
+                    "model": type(self.spec.model).__name__,
+                    "data": self.spec.data.kind,
+                    "worker_pid": self.worker.pid if self.worker is not None else None,
+                    "stale_reports": self.leading.stale_reports,
+                    "standby": self.standby,
+                    "links": self.leading.links,
+                    "refused_reports": dict(self.leading.refused_reports),
+                    "excluded": dict(self.leading.excluded),
+                    "measured_step_s": {p: list(t) for p, t in self.leading.measured.items()},
+                    "discounted": {p: round(f, 2) for p, f in self.leading.discounts.items()},
+                    "speed_checks": {p: t.summary() for p, t in self.leading.timed.items()},
+                    "probation": self.leading.probation,
+                    "cleared": sorted(self.leading.cleared),
+                    "standby_ready": self.standby_data is not None,
+                    "stage_timing": self.stage_timing(),
+                    "stage_times": self.stage_times_by_device(me),
+                    "ring_bytes": self.ring_bytes,
+                    "dropped_replicas": [d.summary() for d in self.replica_drops],
+                    "rebuilt_replicas": [{"step": step, "devices": list(d)} for step, d in self.rebuilt_replicas],
+                    "checkpoints": [{"step": s, "at": round(t, 3)} for s, t in self.leading.checkpoints],
+                }
+            )
         return out
 
     def spares(self) -> list[str]:
@@ -335,8 +372,11 @@ class Job:
         seconds = sorted(t.total_s for t in self.stage_times)
         total = sum(seconds)
         waited = sum(t.wait_s for t in self.stage_times)
-        return {"steps": len(seconds), "step_time_s": seconds[len(seconds) // 2],
-                "wait_fraction": waited / total if total > 0 else 0.0}  # fmt: skip
+        return {
+            "steps": len(seconds),
+            "step_time_s": seconds[len(seconds) // 2],
+            "wait_fraction": waited / total if total > 0 else 0.0,
+        }
 
     def stage_times_by_device(self, me: str = "") -> dict[str, dict[str, float | None]]:
         """Each device's measured compute and link-wait seconds per step (medians) beside the plan's prediction:
@@ -345,14 +385,22 @@ class Job:
         the device's neighbours in the pipeline saw it take (None when they did not all report;
         :func:`arceusd.jobs.claims.seen_by_neighbours`)."""
         out: dict[str, dict[str, float | None]] = {
-            peer: {"compute_s": got, "wait_s": self.leading.waits.get(peer), "predicted_s": predicted,
-                   "seen_s": self.leading.seen.get(peer)}
+            peer: {
+                "compute_s": got,
+                "wait_s": self.leading.waits.get(peer),
+                "predicted_s": predicted,
+                "seen_s": self.leading.seen.get(peer),
+            }
             for peer, (got, predicted) in sorted(self.leading.measured.items())
-        }  # fmt: skip
+        }
         own = claims.own_step_times(self, me) if me else {}
         if own:
-            out[me] = {"compute_s": own["step_s"], "wait_s": own.get("wait_s"), "predicted_s": own["predicted_s"],
-                       "seen_s": self.leading.seen.get(me)}  # fmt: skip
+            out[me] = {
+                "compute_s": own["step_s"],
+                "wait_s": own.get("wait_s"),
+                "predicted_s": own["predicted_s"],
+                "seen_s": self.leading.seen.get(me),
+            }
         return out
 
     def plan_peers(self) -> tuple[str, ...]:
@@ -377,26 +425,42 @@ class Job:
 
         def stages(the_plan: Any) -> list[dict[str, Any]]:
             return [
-                {"index": s.index, "blocks": [s.start, s.end],
-                 "devices": [{"peer_id": sh.peer_id, "heads": list(sh.heads), "mlp_columns": list(sh.mlp_columns),
-                              "flops_per_s": planned.get(sh.peer_id)}  # the speed planned with (claims.discounted)
-                             for sh in s.shares]}
+                {
+                    "index": s.index,
+                    "blocks": [s.start, s.end],
+                    "devices": [
+                        {
+                            "peer_id": sh.peer_id,
+                            "heads": list(sh.heads),
+                            "mlp_columns": list(sh.mlp_columns),
+                            "flops_per_s": planned.get(sh.peer_id),
+                        }  # the speed planned with (claims.discounted)
+                        for sh in s.shares
+                    ],
+                }
                 for s in the_plan.stages
-            ]  # fmt: skip
+            ]
 
         out: dict[str, Any] = {
-            "schedule": self.plan.schedule, "micro_batches": self.plan.micro_batches,
-            "predicted_step_time_s": self.plan.predicted_step_time_s, "bubble_fraction": self.plan.bubble_fraction,
+            "schedule": self.plan.schedule,
+            "micro_batches": self.plan.micro_batches,
+            "predicted_step_time_s": self.plan.predicted_step_time_s,
+            "bubble_fraction": self.plan.bubble_fraction,
             "stages": stages(self.plan),
-        }  # fmt: skip
+        }
         rp = self.replica_plan
         if rp is not None and len(rp.replicas) > 1:
-            out.update({
-                "predicted_step_time_s": rp.predicted_step_time_s, "sync": rp.sync_mode.value,
-                "sync_s": rp.sync_s, "diloco_h": rp.diloco_h if rp.sync_mode.value == "diloco" else None,
-                "replicas": [{"stages": stages(p), "predicted_step_time_s": p.predicted_step_time_s}
-                             for p in rp.replicas],
-            })  # fmt: skip
+            out.update(
+                {
+                    "predicted_step_time_s": rp.predicted_step_time_s,
+                    "sync": rp.sync_mode.value,
+                    "sync_s": rp.sync_s,
+                    "diloco_h": rp.diloco_h if rp.sync_mode.value == "diloco" else None,
+                    "replicas": [
+                        {"stages": stages(p), "predicted_step_time_s": p.predicted_step_time_s} for p in rp.replicas
+                    ],
+                }
+            )
         return out
 
     def contributions(self) -> list[dict[str, Any]]:
@@ -408,10 +472,14 @@ class Job:
         batch = self.spec.training.batch_size
         peers = sorted(set(self.shares) | set(self.work))
         return [
-            {"peer_id": peer, "share": round(self.shares.get(peer, 0.0), 4), "steps": self.steps_done.get(peer, 0),
-             "tflop": round(self.work.get(peer, 0.0) * per_sample * batch / 1e12, 6)}
+            {
+                "peer_id": peer,
+                "share": round(self.shares.get(peer, 0.0), 4),
+                "steps": self.steps_done.get(peer, 0),
+                "tflop": round(self.work.get(peer, 0.0) * per_sample * batch / 1e12, 6),
+            }
             for peer in peers
-        ]  # fmt: skip
+        ]
 
     def credit(self, steps: int) -> None:
         """Account ``steps`` completed training steps to the current plan's devices, by their share."""

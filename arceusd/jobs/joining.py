@@ -41,7 +41,6 @@ AUTO_JOIN_ATTEMPTS = 8
 """How many times an auto-join asks (backing off 0.5 s to 4 s: about 20 s in all)."""
 
 
-
 class Joining:
     """Announcements, joins and the owner's hand-over (see the module docstring)."""
 
@@ -67,8 +66,9 @@ class Joining:
             lead = job.core.lead
             known = set(job.plan_peers()) | set(job.members) | (set(lead.expected) if lead is not None else set())
             if leader not in known:  # only a device that was in the job can have been elected to lead it
-                log.warning("job %s: a peer says %s leads it, who was never a member; not handing over", job.job_id,
-                            leader[:12])  # fmt: skip
+                log.warning(
+                    "job %s: a peer says %s leads it, who was never a member; not handing over", job.job_id, leader[:12]
+                )
                 self.life.feed(job, events.HandOverAnswered(leader, False))
                 return
             member = self.ctx.peers.membership.members.get(leader)
@@ -79,8 +79,12 @@ class Joining:
             reply = await self.request_join(job, leader, member.address)
             accepted, done = reply is not None and reply.accepted, reply is not None and reply.done
             if not (accepted or done):
-                log.warning("job %s: %s leads it and did not take this device in: %s", job.job_id, leader[:12],
-                            reply.reason if reply is not None else "no answer")  # fmt: skip
+                log.warning(
+                    "job %s: %s leads it and did not take this device in: %s",
+                    job.job_id,
+                    leader[:12],
+                    reply.reason if reply is not None else "no answer",
+                )
             # The core follows the leader with a stamp of (0, 0): terms and epochs count the leader's commands;
             # ours (raised by our own repartitions while we still thought we led) say nothing about its.
             self.life.feed(job, events.HandOverAnswered(leader, accepted, done))
@@ -94,10 +98,19 @@ class Joining:
     async def request_join(self, job: Job, leader: str, address: str) -> JoinReply | None:
         offer = await self.ctx.offer()
         host, _, port = offer.address.rpartition(":")
-        request = JoinRequest(job.job_id, self.ctx.node.identity.peer_id, Address(host, int(port)),
-                              offer.memory_bytes, offer.flops_per_s, offer.block_efficiency, offer.dispatch_s,
-                              offer.adamw_s_per_param, offer.sgd_s_per_param, offer.message_s,
-                              offer.kind)  # fmt: skip
+        request = JoinRequest(
+            job.job_id,
+            self.ctx.node.identity.peer_id,
+            Address(host, int(port)),
+            offer.memory_bytes,
+            offer.flops_per_s,
+            offer.block_efficiency,
+            offer.dispatch_s,
+            offer.adamw_s_per_param,
+            offer.sgd_s_per_param,
+            offer.message_s,
+            offer.kind,
+        )
         reply = await self.ctx.peers.request(address, leader, request, timeout=10.0, job_id=job.job_id)
         if not isinstance(reply, JoinReply):
             return None
@@ -123,16 +136,29 @@ class Joining:
         if held is not None and held.state in (MemberState.DEAD, MemberState.LEFT):
             # a join sent before it died and delivered after the leader dropped it would bring it back as a new
             # member (a rebalance at the next checkpoint, onto a device that is gone)
-            return JoinReply(msg.job_id, False, f"this leader holds the device {held.state.value}; it joins again "
-                                                "once membership sees it alive", retry=True)  # fmt: skip
+            return JoinReply(
+                msg.job_id,
+                False,
+                f"this leader holds the device {held.state.value}; it joins again once membership sees it alive",
+                retry=True,
+            )
         if msg.flops_per_s <= 0 or msg.free_memory_bytes <= 0:
             return JoinReply(msg.job_id, False, "the offer must have positive speed and memory")
         why = check_offer_bounds(msg.free_memory_bytes, msg.flops_per_s) or job.leading.excluded.get(msg.peer_id)
         if why:  # a physically implausible offer, or a member excluded for a bad report (issue #19)
             return JoinReply(msg.job_id, False, f"refused: {why}")
-        offer = Offer(msg.peer_id, f"{msg.address.host}:{msg.address.port}", msg.flops_per_s,
-                      msg.free_memory_bytes, msg.kind, msg.block_efficiency, msg.dispatch_s, msg.adamw_s_per_param,
-                      msg.sgd_s_per_param, msg.message_s)  # fmt: skip
+        offer = Offer(
+            msg.peer_id,
+            f"{msg.address.host}:{msg.address.port}",
+            msg.flops_per_s,
+            msg.free_memory_bytes,
+            msg.kind,
+            msg.block_efficiency,
+            msg.dispatch_s,
+            msg.adamw_s_per_param,
+            msg.sgd_s_per_param,
+            msg.message_s,
+        )
         try:
             offer.check()
         except ValueError as exc:
@@ -179,8 +205,17 @@ class Joining:
         member = self.ctx.peers.membership.members.get(msg.owner)
         owner_address = member.address if member is not None else ""
         core = JobCore(self.ctx.node.identity.peer_id, msg.owner, spec.training.steps)  # seen, announced
-        job = Job(msg.job_id, spec, msg.spec, msg.spec_hash.hex(), msg.owner, owner_address,
-                  self.ctx.root / msg.job_id, core, total_steps=spec.training.steps)  # fmt: skip
+        job = Job(
+            msg.job_id,
+            spec,
+            msg.spec,
+            msg.spec_hash.hex(),
+            msg.owner,
+            owner_address,
+            self.ctx.root / msg.job_id,
+            core,
+            total_steps=spec.training.steps,
+        )
         self.ctx.jobs[msg.job_id] = job
         # fair shares of the table: an owner in our membership (it answers our probes there) before a key
         # that only said hello, then by its address host and key (arceusd.announce_guard)

@@ -63,18 +63,42 @@ class KnownJob:
     def summary(self) -> dict[str, Any]:
         """The row, with the keys of :meth:`arceusd.jobs.job.Job.summary` (nothing measured: no loss, no speed),
         what this device earned (``earned_usd``, ``receipts``) and ``restored``: it comes from this device's files."""
-        return {"job_id": self.job_id, "name": self.name, "owner": self.owner, "role": self.role.value,
-                "state": self.state.value, "step": self.step, "total_steps": self.total_steps, "loss": None,
-                "val_loss": None, "val_accuracy": None, "members": list(self.members), "error": self.note,
-                "model_path": self.model_path, "spec_hash": "", "leader": "", **asdict(Speed()),
-                "earned_usd": self.earned_usd, "receipts": self.receipts, "restored": True}  # fmt: skip
+        return {
+            "job_id": self.job_id,
+            "name": self.name,
+            "owner": self.owner,
+            "role": self.role.value,
+            "state": self.state.value,
+            "step": self.step,
+            "total_steps": self.total_steps,
+            "loss": None,
+            "val_loss": None,
+            "val_accuracy": None,
+            "members": list(self.members),
+            "error": self.note,
+            "model_path": self.model_path,
+            "spec_hash": "",
+            "leader": "",
+            **asdict(Speed()),
+            "earned_usd": self.earned_usd,
+            "receipts": self.receipts,
+            "restored": True,
+        }
 
 
 def member_record(job: Job) -> dict[str, Any]:
     """What a member keeps of ``job`` (:data:`MEMBER_FILE`); the owner's ``owner.json`` carries these keys too."""
-    return {"job_id": job.job_id, "owner": job.owner, "name": job.spec.name[:NAME_MAX], "state": job.state.value,
-            "step": job.step, "total_steps": job.total_steps, "members": job.member_ids()[:JOB_MEMBERS_MAX],
-            "created": round(job.created, 3), "model_path": job.model_path}  # fmt: skip
+    return {
+        "job_id": job.job_id,
+        "owner": job.owner,
+        "name": job.spec.name[:NAME_MAX],
+        "state": job.state.value,
+        "step": job.step,
+        "total_steps": job.total_steps,
+        "members": job.member_ids()[:JOB_MEMBERS_MAX],
+        "created": round(job.created, 3),
+        "model_path": job.model_path,
+    }
 
 
 def _count(value: object) -> int | None:
@@ -102,8 +126,18 @@ def parse_record(data: object, job_id: str, role: Role) -> KnownJob | None:
         return None
     if not isinstance(model_path, str) or len(model_path) > 4096:
         return None
-    return KnownJob(job_id, owner, role, JobState(state), name or UNKNOWN_NAME, step, total,
-                    tuple(sorted(set(members))), float(created), model_path)  # fmt: skip
+    return KnownJob(
+        job_id,
+        owner,
+        role,
+        JobState(state),
+        name or UNKNOWN_NAME,
+        step,
+        total,
+        tuple(sorted(set(members))),
+        float(created),
+        model_path,
+    )
 
 
 def known_jobs(
@@ -119,17 +153,28 @@ def known_jobs(
         if record is None:
             if paid is None:
                 continue
-            record = KnownJob(job_id, paid.owner, Role.OWNER if paid.owner == me else Role.MEMBER, JobState.LEFT,
-                              note="known from this device's ledger only")  # fmt: skip
+            record = KnownJob(
+                job_id,
+                paid.owner,
+                Role.OWNER if paid.owner == me else Role.MEMBER,
+                JobState.LEFT,
+                note="known from this device's ledger only",
+            )
         elif record.state not in TERMINAL:
-            record = KnownJob(**{**asdict(record), "state": JobState.LEFT,
-                                 "note": f"this daemon restarted while the job was {record.state.value} here; it "
-                                         "is in the job again only if it joins again"})  # fmt: skip
+            record = KnownJob(
+                **{
+                    **asdict(record),
+                    "state": JobState.LEFT,
+                    "note": f"this daemon restarted while the job was {record.state.value} here; it "
+                    "is in the job again only if it joins again",
+                }
+            )
         if paid is not None:
             step = max(record.step, paid.last_step)
             step = min(step, record.total_steps) if record.total_steps else step
-            record = KnownJob(**{**asdict(record), "step": step, "earned_usd": paid.earned_usd,
-                                 "receipts": paid.receipts})  # fmt: skip
+            record = KnownJob(
+                **{**asdict(record), "step": step, "earned_usd": paid.earned_usd, "receipts": paid.receipts}
+            )
         out.append(record)
     return sorted(out, key=lambda k: (k.created, k.job_id))
 

@@ -107,9 +107,22 @@ def start_outcome(me: str, refusals: Iterable[tuple[str, str, str]]) -> StartOut
         leader = followed_leader(follows)
         if leader is not None and leader != me:
             return HandOver(leader)
-    return Restart("members refused or failed to start: "
-                   + "; ".join(f"{p[:12]}: {r}" if p else r for p, r, _ in failed))  # fmt: skip
+    return Restart(
+        "members refused or failed to start: " + "; ".join(f"{p[:12]}: {r}" if p else r for p, r, _ in failed)
+    )
 
 
-__all__ = ["Accept", "AskElection", "Go", "HandOver", "Refuse", "Restart", "StartOutcome",
-           "Verdict", "followed_leader", "judge_command", "refusal", "start_outcome"]  # fmt: skip
+__all__ = [
+    "Accept",
+    "AskElection",
+    "Go",
+    "HandOver",
+    "Refuse",
+    "Restart",
+    "StartOutcome",
+    "Verdict",
+    "followed_leader",
+    "judge_command",
+    "refusal",
+    "start_outcome",
+]

@@ -45,8 +45,9 @@ MAX_ASKED = 64
 def seen_peers(peers: Any) -> dict[str, str]:
     """peer id -> address of every member this daemon holds alive or suspects (a suspect is most often alive:
     a busy machine answers its probes late)."""
-    return {p: m.address for p, m in peers.membership.members.items()
-            if m.state in (MemberState.ALIVE, MemberState.SUSPECT)}  # fmt: skip
+    return {
+        p: m.address for p, m in peers.membership.members.items() if m.state in (MemberState.ALIVE, MemberState.SUSPECT)
+    }
 
 
 async def seen_lending(ctx: LendingContext) -> Lent:
@@ -121,5 +122,13 @@ def answerer(ctx: LendingContext) -> Callable[[Any, LendQuery], Awaitable[LendRe
     return answer
 
 
-__all__ = ["ASK_TIMEOUT_S", "MAX_ASKED", "LendingContext", "answerer", "cached_lend", "lends_now", "seen_lending",
-           "seen_peers"]  # fmt: skip
+__all__ = [
+    "ASK_TIMEOUT_S",
+    "MAX_ASKED",
+    "LendingContext",
+    "answerer",
+    "cached_lend",
+    "lends_now",
+    "seen_lending",
+    "seen_peers",
+]

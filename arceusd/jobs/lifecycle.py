@@ -64,8 +64,10 @@ def after_commit_failure(step: int, total_steps: int, attempt: int, error: str) 
         return KeepRunning(error)
     if attempt < FINAL_COMMIT_ATTEMPTS:
         return RetryCommit(COMMIT_RETRY_S[min(attempt, len(COMMIT_RETRY_S)) - 1])
-    return FailJob(f"the final checkpoint (step {step}) could not be committed after {attempt} attempts: {error}; "
-                   "the members' shards of earlier checkpoints are kept, submit the job again to retrain")
+    return FailJob(
+        f"the final checkpoint (step {step}) could not be committed after {attempt} attempts: {error}; "
+        "the members' shards of earlier checkpoints are kept, submit the job again to retrain"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,8 +120,19 @@ def replica_to_drop(replicas: tuple[tuple[str, ...], ...], lost: str, leader: st
 
 
 __all__ = [
-    "COMMIT_RETRY_S", "FINAL_COMMIT_ATTEMPTS", "GO_ATTEMPTS", "CommitDecision", "FailJob", "GoAcknowledged",
-    "GoDecision", "KeepRunning", "ResendGo", "RestartPlan", "RetryCommit", "after_commit_failure", "after_go",
-    "ends_election", "replica_to_drop",
-]  # fmt: skip
-
+    "COMMIT_RETRY_S",
+    "FINAL_COMMIT_ATTEMPTS",
+    "GO_ATTEMPTS",
+    "CommitDecision",
+    "FailJob",
+    "GoAcknowledged",
+    "GoDecision",
+    "KeepRunning",
+    "ResendGo",
+    "RestartPlan",
+    "RetryCommit",
+    "after_commit_failure",
+    "after_go",
+    "ends_election",
+    "replica_to_drop",
+]

@@ -75,10 +75,12 @@ class LocalWorker:
             grow = GrowStart.from_wire(msg.grow)  # a spare rebuilding a dropped replica (arceusd.jobs.regrow)
             if grow is not None:
                 inputs, replica_plan = await trio.to_thread.run_sync(
-                    verify_grown_start, job.spec, msg.inputs, msg.plan, await self.ctx.offer(), grow.position)
+                    verify_grown_start, job.spec, msg.inputs, msg.plan, await self.ctx.offer(), grow.position
+                )
             else:
                 inputs, replica_plan = await trio.to_thread.run_sync(
-                    verify_job_start, job.spec, msg.inputs, msg.plan, await self.ctx.offer(), header.sender)
+                    verify_job_start, job.spec, msg.inputs, msg.plan, await self.ctx.offer(), header.sender
+                )
         except (PlanRefused, ResumeError, ValueError, RemoteProtocolError) as exc:
             log.warning("job %s: refusing the start: %s", job.job_id, exc)
             return JobStartReply(msg.job_id, False, f"start refused: {exc}")
@@ -95,7 +97,8 @@ class LocalWorker:
         job.inputs = inputs
         job.plan, job.replica_plan = replica_plan.replicas[0], replica_plan
         job.replica_slots, job.data_shares, job.ring_generation = (
-            (grow.slots, grow.shares, grow.generation) if grow is not None else ((), 0, 0))
+            (grow.slots, grow.shares, grow.generation) if grow is not None else ((), 0, 0)
+        )
         job.shares = replica_flops_shares(replica_plan, inputs)
         job.standby = msg.standby
         job.told_members = told or job.told_members
@@ -115,9 +118,16 @@ class LocalWorker:
         if reply.accepted:
             self.life.feed(job, events.WorkerStarted(stamp))
             # where a slow start went (issue 33; bench/recovery.py prints these lines)
-            log.info("job %s: worker of epoch %d listening %.3f s after the start came (plan verified %.3f s, "
-                     "resume slice fetched %.3f s, worker started %.3f s)", job.job_id, job.epoch,
-                     time.monotonic() - began, verified - began, fetched - verified, time.monotonic() - fetched)
+            log.info(
+                "job %s: worker of epoch %d listening %.3f s after the start came (plan verified %.3f s, "
+                "resume slice fetched %.3f s, worker started %.3f s)",
+                job.job_id,
+                job.epoch,
+                time.monotonic() - began,
+                verified - began,
+                fetched - verified,
+                time.monotonic() - fetched,
+            )
         return reply
 
     async def start_worker(self, job: Job, resume: Any = None) -> JobStartReply:
@@ -138,17 +148,30 @@ class LocalWorker:
             spec_dict["model"]["weights"] = str(resolve_path(weights, job.spec.base_dir).resolve())
         offer = await self.ctx.offer()
         config = WorkerConfig(
-            job_id=job.job_id, term=job.term, epoch=job.epoch, spec=spec_dict, stages=worker_stages(the_plan),
-            micro_batches=the_plan.micro_batches, schedule=_schedule(job, the_plan),
-            peer_id=self.ctx.node.identity.peer_id, state_dir=str(self.ctx.node.paths.root),
-            listen_host=self.ctx.node.config.listen_host, owner=job.leader,
+            job_id=job.job_id,
+            term=job.term,
+            epoch=job.epoch,
+            spec=spec_dict,
+            stages=worker_stages(the_plan),
+            micro_batches=the_plan.micro_batches,
+            schedule=_schedule(job, the_plan),
+            peer_id=self.ctx.node.identity.peer_id,
+            state_dir=str(self.ctx.node.paths.root),
+            listen_host=self.ctx.node.config.listen_host,
+            owner=job.leader,
             checkpoint_dir=str(job.directory / "checkpoints"),
-            checkpoint_interval=job.spec.checkpoint.interval_steps, total_steps=job.total_steps,
-            threads=self.ctx.node.config.worker_threads, cpus=self.ctx.node.config.worker_cpus, resume=resume,
-            device=worker_device(offer.kind), replicas=worker_replicas(rp),
-            replica_sync=replica_sync_config(job.spec, rp), replica_slots=job.replica_slots,
-            data_shares=job.data_shares, ring_generation=job.ring_generation,
-        )  # fmt: skip
+            checkpoint_interval=job.spec.checkpoint.interval_steps,
+            total_steps=job.total_steps,
+            threads=self.ctx.node.config.worker_threads,
+            cpus=self.ctx.node.config.worker_cpus,
+            resume=resume,
+            device=worker_device(offer.kind),
+            replicas=worker_replicas(rp),
+            replica_sync=replica_sync_config(job.spec, rp),
+            replica_slots=job.replica_slots,
+            data_shares=job.data_shares,
+            ring_generation=job.ring_generation,
+        )
         path = job.directory / f"worker-{job.epoch}.json"
         path.write_text(config.to_json())
         if job.local_stopped is not None:  # the previous plan's worker is on its way out: let it go first
@@ -212,16 +235,23 @@ class LocalWorker:
         code = await worker.kill()
         if job.worker is not worker or finished or job.state in TERMINAL:
             return
-        await self._report(job, epoch, {"event": "lost",
-                                        "message": f"the worker exited with code {code}: {worker.log_tail(3)}"})
+        await self._report(
+            job, epoch, {"event": "lost", "message": f"the worker exited with code {code}: {worker.log_tail(3)}"}
+        )
 
     def _on_step(self, job: Job, event: dict[str, Any]) -> None:
         # the event names the step index just run; job.step counts completed steps
         job.step, job.loss, job.lr = int(event["step"]) + 1, float(event["loss"]), float(event["lr"])
         job.record_loss(job.step, job.loss)
         job.ring_bytes = max(0, int(event.get("ring_bytes", 0)))
-        job.stage_times.append(claims.StageTime(*(float(event.get(k, 0.0)) for k in (
-            "seconds", "wait_seconds", "wait_up_seconds", "wait_down_seconds", "group_wait_seconds"))))
+        job.stage_times.append(
+            claims.StageTime(
+                *(
+                    float(event.get(k, 0.0))
+                    for k in ("seconds", "wait_seconds", "wait_up_seconds", "wait_down_seconds", "group_wait_seconds")
+                )
+            )
+        )
         job.credit(1)
         if self.speed is not None:
             self.speed.on_step(job)
@@ -244,8 +274,9 @@ class LocalWorker:
         if self.ctx.leads(job):
             await self._handle_report(job, me, report)
             return
-        await self.ctx.peers.request(job.leader_address, job.leader, report, timeout=30.0,
-                                 job_id=job.job_id, term=job.term, epoch=epoch)  # fmt: skip
+        await self.ctx.peers.request(
+            job.leader_address, job.leader, report, timeout=30.0, job_id=job.job_id, term=job.term, epoch=epoch
+        )
 
     async def on_report(self, header: Header, msg: JobReport) -> JobAck:
         job = self.ctx.jobs.get(msg.job_id)
@@ -273,8 +304,9 @@ class LocalWorker:
             # A worker's failure is usually a neighbour's: a killed process breaks its links. The core drops
             # that worker's replica (the others go on) or repartitions; a job that fails again and again at the
             # same checkpoint gives up.
-            self.life.feed(job, events.WorkerFailed(job.core.stamp, peer, report.message[:300],
-                                                    lost=kind is ReportKind.LOST))  # fmt: skip
+            self.life.feed(
+                job, events.WorkerFailed(job.core.stamp, peer, report.message[:300], lost=kind is ReportKind.LOST)
+            )
         elif kind is ReportKind.CHECKPOINT:
             try:  # the name from the plan, the size within its bound (issue #19)
                 step, shard = shard_checks.check_checkpoint_report(job, peer, report)
@@ -348,8 +380,11 @@ class LocalWorker:
         judged = claims.judged_times(job.leading.measured, job.leading.seen)
         reasons = self.speed.judge(job) if self.speed is not None else []  # its own clock first
         step_s = claims.own_step_total(job)
-        found = [pair for the_plan in claims.pipelines(job)
-                 for pair in probation.disputes(the_plan, job.leading.link_waits, me, step_s)]  # fmt: skip
+        found = [
+            pair
+            for the_plan in claims.pipelines(job)
+            for pair in probation.disputes(the_plan, job.leading.link_waits, me, step_s)
+        ]
         contradicted = probation.suspects(found)  # their neighbours' views say nothing: probation settles it
         for peer in sorted(judged):
             if peer in contradicted:
@@ -359,10 +394,16 @@ class LocalWorker:
             job.leading.slow_reports[peer] = 0 if factor is None else job.leading.slow_reports.get(peer, 0) + 1
             if factor is not None and job.leading.slow_reports[peer] >= claims.SUSTAINED_REPORTS:
                 job.leading.discounts[peer] = factor  # planned again at the speed it showed
-                log.warning("job %s: %s ran %.1fx slower than its offer; planning again at its measured speed",
-                            job.job_id, peer[:12], factor)  # fmt: skip
-                reasons.append(f"member {peer[:12]} ran {factor:.1f}x slower than its offer (measured against the "
-                               "other members); planning again at its measured speed")  # fmt: skip
+                log.warning(
+                    "job %s: %s ran %.1fx slower than its offer; planning again at its measured speed",
+                    job.job_id,
+                    peer[:12],
+                    factor,
+                )
+                reasons.append(
+                    f"member {peer[:12]} ran {factor:.1f}x slower than its offer (measured against the "
+                    "other members); planning again at its measured speed"
+                )
         if job.plan is not None:
             settled = probation.judge(job.leading, claims.pipelines(job), [] if reasons else found, me)
             if settled and not reasons:

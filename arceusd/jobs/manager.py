@@ -147,8 +147,13 @@ class JobManager(JobContext):
             self.jobs[job.job_id] = job
             job.members[self.node.identity.peer_id] = await self.offer()
             self.spawn(self.lead, job)
-            log.info("job %s (%s): resuming as its owner from step %d (term %d)", job.job_id, job.spec.name,
-                     job.committed_step, job.term)  # fmt: skip
+            log.info(
+                "job %s (%s): resuming as its owner from step %d (term %d)",
+                job.job_id,
+                job.spec.name,
+                job.committed_step,
+                job.term,
+            )
         self._ready.set()
 
     def _restore_owned_jobs(self) -> list[Job]:
@@ -167,8 +172,9 @@ class JobManager(JobContext):
             try:
                 saved = json.loads(path.read_bytes())
                 spec_bytes = (directory / "spec.json").read_bytes()
-                spec = parse_spec(json.loads(spec_bytes), base_dir=Path(saved["base_dir"]),
-                                  source=str(directory / "spec.json"))  # fmt: skip
+                spec = parse_spec(
+                    json.loads(spec_bytes), base_dir=Path(saved["base_dir"]), source=str(directory / "spec.json")
+                )
                 if saved["job_id"] != directory.name or spec_hash(spec) != saved["spec_hash"]:
                     raise ValueError("the saved spec does not match the job's id or hash")
                 if saved["owner"] != self.node.identity.peer_id:
@@ -177,13 +183,28 @@ class JobManager(JobContext):
                     continue
                 committed = committed_steps(directory / "checkpoints")
                 step = committed[-1] if committed else 0
-                core = JobCore.owned(self.node.identity.peer_id, spec.training.steps,
-                                     stamp=Stamp(int(saved["term"]) + 1, int(saved["epoch"])), committed_step=step,
-                                     gather_until=time.monotonic() + REJOIN_GRACE_S,
-                                     expected=frozenset(str(p) for p in saved.get("members", [])))  # fmt: skip
-                restored.append(Job(saved["job_id"], spec, spec_bytes, saved["spec_hash"], saved["owner"],
-                                    self.node.addresses.get("peer", ""), directory, core,
-                                    total_steps=spec.training.steps, step=step))  # fmt: skip
+                core = JobCore.owned(
+                    self.node.identity.peer_id,
+                    spec.training.steps,
+                    stamp=Stamp(int(saved["term"]) + 1, int(saved["epoch"])),
+                    committed_step=step,
+                    gather_until=time.monotonic() + REJOIN_GRACE_S,
+                    expected=frozenset(str(p) for p in saved.get("members", [])),
+                )
+                restored.append(
+                    Job(
+                        saved["job_id"],
+                        spec,
+                        spec_bytes,
+                        saved["spec_hash"],
+                        saved["owner"],
+                        self.node.addresses.get("peer", ""),
+                        directory,
+                        core,
+                        total_steps=spec.training.steps,
+                        step=step,
+                    )
+                )
             except (OSError, ValueError, KeyError, TypeError, JobSpecError) as exc:
                 log.warning("not resuming the job in %s: %s", directory, exc)
         return restored
@@ -288,8 +309,7 @@ class JobManager(JobContext):
         if peer == me and not self.leads(job):
             holds = job.standby == me and job.standby_data is not None and job.plan is not None
             if not self.feed(job, e.TakeoverElected(term, holds)):
-                log.warning("job %s: elected, but this device holds no checked copy of the data; not leading",
-                            job_id)  # fmt: skip
+                log.warning("job %s: elected, but this device holds no checked copy of the data; not leading", job_id)
         elif peer != me and self.leads(job):
             log.warning("job %s: %s was elected leader (term %d); stepping down", job_id, peer[:12], term)
             self.feed(job, e.OtherElected(peer, term))
@@ -303,14 +323,18 @@ class JobManager(JobContext):
             return
         alive = self.peers.alive_peers()  # the members' offers as the leader last had them, at today's address
         old_plan = job.plan_peers()
-        job.members = {p: replace(o, address=alive[p]) for p, o in job.standby_offers.items()
-                       if p in alive and p in old_plan and p not in (old, me)}  # fmt: skip
+        job.members = {
+            p: replace(o, address=alive[p])
+            for p, o in job.standby_offers.items()
+            if p in alive and p in old_plan and p not in (old, me)
+        }
         job.members[me] = await self.offer()
         step, _ = await trio.to_thread.run_sync(corrupt_shards, job.directory / "checkpoints", sorted(job.leaders))
         if self.leads(job) or job.leader != old or job.core.terminal:
             return  # led, or another leader was elected, meanwhile
-        log.warning("job %s: the leader %s is gone; taking over as its standby (from step %d)", job.job_id,
-                    old[:12], step)  # fmt: skip
+        log.warning(
+            "job %s: the leader %s is gone; taking over as its standby (from step %d)", job.job_id, old[:12], step
+        )
         job.leader_address = self.node.addresses.get("peer", "")
         self.feed(job, e.TakeoverReady(frozenset(job.members), step, tuple(p for p in old_plan if p != old)))
         self.spawn(self.lead, job)

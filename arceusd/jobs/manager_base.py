@@ -66,8 +66,15 @@ class JobContext:
         record = member_record(job)
         if job.role == Role.OWNER:
             name = OWNER_FILE
-            record.update({"spec_hash": job.spec_hash, "base_dir": str(job.spec.base_dir), "term": job.term,
-                           "epoch": job.epoch, "members": sorted(job.members)})  # fmt: skip
+            record.update(
+                {
+                    "spec_hash": job.spec_hash,
+                    "base_dir": str(job.spec.base_dir),
+                    "term": job.term,
+                    "epoch": job.epoch,
+                    "members": sorted(job.members),
+                }
+            )
         elif job.role == Role.MEMBER or (job.directory / MEMBER_FILE).is_file():
             name = MEMBER_FILE
         else:
@@ -111,20 +118,34 @@ class JobContext:
         is capped by ``lend_memory_mib`` when the device's owner set one."""
         if self._offer is None:
             result = await trio.run_process(
-                [sys.executable, "-m", "arceusd.jobs.probe", str(self.node.paths.root),
-                 str(self.node.config.worker_threads)],
-                capture_stdout=True, capture_stderr=True, check=False,
-            )  # fmt: skip
+                [
+                    sys.executable,
+                    "-m",
+                    "arceusd.jobs.probe",
+                    str(self.node.paths.root),
+                    str(self.node.config.worker_threads),
+                ],
+                capture_stdout=True,
+                capture_stderr=True,
+                check=False,
+            )
             if result.returncode != 0:
                 raise RequestError(f"measuring this device failed: {result.stderr.decode()[-500:]}")
             m = json.loads(result.stdout.decode().strip().splitlines()[-1])
             memory = int(m["memory_bytes"])
             if self.node.config.lend_memory_mib:  # the device's owner caps what a job may use
                 memory = min(memory, self.node.config.lend_memory_mib << 20)
-            self._offer = Offer(self.node.identity.peer_id, self.node.addresses.get("peer", ""),
-                                m["flops_per_s"], memory, m["kind"], float(m.get("block_efficiency", 1.0)),
-                                float(m.get("dispatch_s", 0.0)), float(m.get("adamw_s_per_param", 0.0)),
-                                float(m.get("sgd_s_per_param", 0.0)))  # fmt: skip
+            self._offer = Offer(
+                self.node.identity.peer_id,
+                self.node.addresses.get("peer", ""),
+                m["flops_per_s"],
+                memory,
+                m["kind"],
+                float(m.get("block_efficiency", 1.0)),
+                float(m.get("dispatch_s", 0.0)),
+                float(m.get("adamw_s_per_param", 0.0)),
+                float(m.get("sgd_s_per_param", 0.0)),
+            )
         return self._offer
 
     def find(self, job_ref: str) -> Job:
@@ -132,10 +153,15 @@ class JobContext:
         if len(matches) != 1:
             known = ", ".join(sorted(self.jobs)) or "none"
             if not matches and job_ref and any(k.startswith(job_ref) for k in self.known_ids()):
-                raise RequestError(f"job {job_ref!r} is known here only from this device's records (the daemon "
-                                   "restarted since): `arceusd jobs` lists it, `arceusd earnings` what it paid")
-            raise RequestError(f"no job matches {job_ref!r} (known jobs: {known})" if not matches
-                               else f"{job_ref!r} matches several jobs; give more of the id")  # fmt: skip
+                raise RequestError(
+                    f"job {job_ref!r} is known here only from this device's records (the daemon "
+                    "restarted since): `arceusd jobs` lists it, `arceusd earnings` what it paid"
+                )
+            raise RequestError(
+                f"no job matches {job_ref!r} (known jobs: {known})"
+                if not matches
+                else f"{job_ref!r} matches several jobs; give more of the id"
+            )
         return matches[0]
 
     async def drop_own_worker(self, job: Job) -> None:
@@ -162,8 +188,9 @@ class JobContext:
         with a newer term from the peer the job's election made leader (a standby that took over), which then
         becomes our leader. A refusal because we follow another peer names it (:func:`leadership.refusal`), so
         a leader that was replaced while membership thought it dead learns whom to join."""
-        verdict = leadership.judge_command(header.sender, header.term, header.epoch, job.leader, job.term,
-                                           job.epoch, epochs)  # fmt: skip
+        verdict = leadership.judge_command(
+            header.sender, header.term, header.epoch, job.leader, job.term, job.epoch, epochs
+        )
         if isinstance(verdict, leadership.Accept):
             return None
         if isinstance(verdict, leadership.Refuse):
@@ -227,7 +254,6 @@ class JobContext:
         if self.node.elections is not None and job.job_id in self.node.elections.jobs():
             self.node.elections.untrack(job.job_id)
             log.info("job %s: %s; left its election", job.job_id, job.state)
-
 
 
 class Lifecycle(Protocol):

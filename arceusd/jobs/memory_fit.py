@@ -80,10 +80,12 @@ class Lent:
 def summary(need: TrainingMemory, lent: Lent) -> str:
     """Needed against lent, one sentence: the numbers of the refusal and of the quote."""
     peers = sum(max(b, 0) for b in lent.peer_bytes) >> 20
-    text = (f"the model's training state needs {need.mib} MiB (weights, gradients and optimizer state "
-            f"{math.ceil(need.state_bytes / MIB)} MiB, activations {math.ceil(need.activation_bytes / MIB)} MiB); "
-            f"this device lends {lent.own_bytes >> 20} MiB and the {len(lent.peer_bytes)} other device(s) it sees "
-            f"lend {peers} MiB, {lent.total_bytes >> 20} MiB in all")  # fmt: skip
+    text = (
+        f"the model's training state needs {need.mib} MiB (weights, gradients and optimizer state "
+        f"{math.ceil(need.state_bytes / MIB)} MiB, activations {math.ceil(need.activation_bytes / MIB)} MiB); "
+        f"this device lends {lent.own_bytes >> 20} MiB and the {len(lent.peer_bytes)} other device(s) it sees "
+        f"lend {peers} MiB, {lent.total_bytes >> 20} MiB in all"
+    )
     if lent.unanswered:
         text += f" ({lent.unanswered} more did not say what they lend and are not counted)"
     return text
@@ -106,11 +108,16 @@ def devices_needed(need: TrainingMemory, per_device_bytes: int) -> int:
 def what_to_do(need: TrainingMemory, lent: Lent) -> str:
     """What the submitter can do about a job that does not fit."""
     short = max(need.total_bytes - lent.total_bytes, 0)
-    more = f" (about {devices_needed(TrainingMemory(short, 0), lent.own_bytes)} more like this one)" \
-        if lent.own_bytes > 0 else ""  # fmt: skip
-    return (f"add devices that lend {math.ceil(short / MIB)} MiB more{more}, train a smaller model or a smaller "
-            f"batch (training.batch_size, more training.micro_batches), or lend more memory "
-            f"(arceusd start --lend-memory-mib, lend_memory_mib in config.toml)")  # fmt: skip
+    more = (
+        f" (about {devices_needed(TrainingMemory(short, 0), lent.own_bytes)} more like this one)"
+        if lent.own_bytes > 0
+        else ""
+    )
+    return (
+        f"add devices that lend {math.ceil(short / MIB)} MiB more{more}, train a smaller model or a smaller "
+        f"batch (training.batch_size, more training.micro_batches), or lend more memory "
+        f"(arceusd start --lend-memory-mib, lend_memory_mib in config.toml)"
+    )
 
 
 def refusal(need: TrainingMemory, lent: Lent) -> str | None:
@@ -121,5 +128,15 @@ def refusal(need: TrainingMemory, lent: Lent) -> str | None:
     return f"{summary(need, lent)}: it cannot be trained on them. {what[:1].upper()}{what[1:]}"
 
 
-__all__ = ["MIB", "Lent", "TrainingMemory", "blocks_memory", "devices_needed", "fits", "refusal", "summary",
-           "training_memory", "what_to_do"]  # fmt: skip
+__all__ = [
+    "MIB",
+    "Lent",
+    "TrainingMemory",
+    "blocks_memory",
+    "devices_needed",
+    "fits",
+    "refusal",
+    "summary",
+    "training_memory",
+    "what_to_do",
+]

@@ -92,9 +92,15 @@ class Offer:
         per_param = {"adamw": self.adamw_s_per_param, "sgd": self.sgd_s_per_param}
         if optimizer not in per_param:
             raise ValueError(f"unknown optimizer {optimizer!r}; expected one of {sorted(per_param)}")
-        return DeviceProfile(self.peer_id, self.flops_per_s, self.memory_bytes, self.kind,
-                             block_efficiency=self.block_efficiency, dispatch_s=self.dispatch_s,
-                             optimizer_s_per_param=per_param[optimizer])  # fmt: skip
+        return DeviceProfile(
+            self.peer_id,
+            self.flops_per_s,
+            self.memory_bytes,
+            self.kind,
+            block_efficiency=self.block_efficiency,
+            dispatch_s=self.dispatch_s,
+            optimizer_s_per_param=per_param[optimizer],
+        )
 
     def check(self) -> None:
         """Raise ``ValueError`` naming the field unless the planner can use this offer (an offer that came
@@ -378,8 +384,14 @@ def replica_sync_config(spec: JobSpec, replica_plan: ReplicaPlan) -> ReplicaSync
     # the job's wire compression applies to the gradient all-reduce too (top-k has no ring form: exact there)
     compression = spec.training.compression
     grad_codec = compression if compression in ("fp16", "bf16", "int8") else "raw"
-    return ReplicaSyncConfig(mode=mode, diloco_h=replica_plan.diloco_h, outer_lr=d.outer_lr,
-                             outer_momentum=d.outer_momentum, codec=codec, grad_codec=grad_codec)  # fmt: skip
+    return ReplicaSyncConfig(
+        mode=mode,
+        diloco_h=replica_plan.diloco_h,
+        outer_lr=d.outer_lr,
+        outer_momentum=d.outer_momentum,
+        codec=codec,
+        grad_codec=grad_codec,
+    )
 
 
 def estimated_links(leader: str, measured: Mapping[str, Link], members: Sequence[str]) -> dict[tuple[str, str], Link]:
@@ -394,8 +406,11 @@ def estimated_links(leader: str, measured: Mapping[str, Link], members: Sequence
     for i, a in enumerate(others):
         for b in others[i + 1 :]:
             la, lb = measured[a], measured[b]
-            out[(a, b)] = Link(max(la.rtt_s, lb.rtt_s), min(la.bandwidth_bytes_per_s, lb.bandwidth_bytes_per_s),
-                               max(la.message_s, lb.message_s))  # fmt: skip
+            out[(a, b)] = Link(
+                max(la.rtt_s, lb.rtt_s),
+                min(la.bandwidth_bytes_per_s, lb.bandwidth_bytes_per_s),
+                max(la.message_s, lb.message_s),
+            )
     return out
 
 
@@ -482,8 +497,24 @@ def flops_shares(the_plan: Plan, inputs: PlanInputs) -> dict[str, float]:
 
 
 __all__ = [
-    "Offer", "PlanError", "PlanRefused", "encode_job_start", "encode_start", "flops_shares", "make_job_plan",
-    "make_plan", "make_replica_plan", "one_pipeline", "plan_from_start", "plan_inputs", "replica_flops_shares",
-    "replica_peers", "replica_sync_config", "single", "verify_job_start", "verify_start", "worker_replicas",
+    "Offer",
+    "PlanError",
+    "PlanRefused",
+    "encode_job_start",
+    "encode_start",
+    "flops_shares",
+    "make_job_plan",
+    "make_plan",
+    "make_replica_plan",
+    "one_pipeline",
+    "plan_from_start",
+    "plan_inputs",
+    "replica_flops_shares",
+    "replica_peers",
+    "replica_sync_config",
+    "single",
+    "verify_job_start",
+    "verify_start",
+    "worker_replicas",
     "worker_stages",
-]  # fmt: skip
+]

@@ -131,9 +131,11 @@ def implausible(
             continue
         allowed = ceiling(training, start, end, before)
         if found[name].lower > allowed:
-            return (f"its shard's values moved further than training can move them ({name}: at least "
-                    f"{found[name].lower:.3g} at step {end}, at most {before:.3g} at step {start}; "
-                    f"{end - start} steps allow at most {allowed:.3g})")  # fmt: skip
+            return (
+                f"its shard's values moved further than training can move them ({name}: at least "
+                f"{found[name].lower:.3g} at step {end}, at most {before:.3g} at step {start}; "
+                f"{end - start} steps allow at most {allowed:.3g})"
+            )
     return None
 
 

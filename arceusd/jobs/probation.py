@@ -38,8 +38,9 @@ CONTRADICTION = 0.5
 each other (an honest pipeline's fill and drain make both wait a third of it at most with 4 micro-batches)."""
 
 
-def disputes(plan: Any, waits: Mapping[str, claims.LinkWaits], leader: str,
-             step_s: float | None) -> list[tuple[str, ...]]:  # fmt: skip
+def disputes(
+    plan: Any, waits: Mapping[str, claims.LinkWaits], leader: str, step_s: float | None
+) -> list[tuple[str, ...]]:
     """Members that contradict each other, each waiting at least :data:`CONTRADICTION` of ``step_s`` (the
     leader's own step) and :data:`claims.MIN_EXCESS_S`:
 
@@ -101,8 +102,7 @@ def judge(lead: Any, pipelines: Sequence[Any], found: Sequence[tuple[str, ...]],
             return ""
         if not any({sh.peer_id for st in p.stages for sh in st.shares} == {leader, on} for p in pipelines):
             lead.probation = ""  # the planner left one of them out, or made them replicas: the leader cannot see it
-            return (f"member {on[:12]} could not be planned alone beside the leader; planning with every member "
-                    "again")  # fmt: skip
+            return f"member {on[:12]} could not be planned alone beside the leader; planning with every member again"
         lead.probation_reports += 1
         if lead.probation_reports < claims.SUSTAINED_REPORTS:
             return ""
@@ -125,8 +125,10 @@ def judge(lead: Any, pipelines: Sequence[Any], found: Sequence[tuple[str, ...]],
         lead.probed.add(target)
         lead.dispute_reports.clear()
         named = ", ".join(p[:12] for p in pair[:-1]) + f" and {pair[-1][:12]}"
-        return (f"members {named} each say they waited on the other; planning {target[:12]} alone beside the "
-                "leader, which sees it on its own clock")  # fmt: skip
+        return (
+            f"members {named} each say they waited on the other; planning {target[:12]} alone beside the "
+            "leader, which sees it on its own clock"
+        )
     return ""
 
 

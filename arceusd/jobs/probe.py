@@ -34,9 +34,19 @@ def main() -> None:
 
     m = best_measurement(load_or_measure(Path(sys.argv[1]), threads=threads, measure=measure))
     device = to_device_profile(m, peer_id="this-device")
-    print(json.dumps({"flops_per_s": float(f"{device.flops_per_s:.6g}"), "memory_bytes": device.memory_bytes,
-                      "kind": device.kind, "block_efficiency": m.block_efficiency, "dispatch_s": m.dispatch_s,
-                      "adamw_s_per_param": m.adamw_s_per_param, "sgd_s_per_param": m.sgd_s_per_param}))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "flops_per_s": float(f"{device.flops_per_s:.6g}"),
+                "memory_bytes": device.memory_bytes,
+                "kind": device.kind,
+                "block_efficiency": m.block_efficiency,
+                "dispatch_s": m.dispatch_s,
+                "adamw_s_per_param": m.adamw_s_per_param,
+                "sgd_s_per_param": m.sgd_s_per_param,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -162,5 +162,13 @@ def check_file(data: bytes, expected: ResumeFile) -> None:
         raise ResumeError(f"resume file {expected.name} does not match the leader's description (size or hash)")
 
 
-__all__ = ["ResumeError", "ResumeFile", "ResumePoint", "check_file", "corrupt_shards", "file_name",
-           "prepare_resume", "resume_dir"]  # fmt: skip
+__all__ = [
+    "ResumeError",
+    "ResumeFile",
+    "ResumePoint",
+    "check_file",
+    "corrupt_shards",
+    "file_name",
+    "prepare_resume",
+    "resume_dir",
+]

@@ -74,8 +74,10 @@ class GrowStart:
         return self.slots.index(self.slot)
 
     def to_wire(self) -> bytes:
-        return json.dumps({"slot": self.slot, "slots": list(self.slots), "shares": self.shares,
-                           "generation": self.generation}, separators=(",", ":")).encode()  # fmt: skip
+        return json.dumps(
+            {"slot": self.slot, "slots": list(self.slots), "shares": self.shares, "generation": self.generation},
+            separators=(",", ":"),
+        ).encode()
 
     @staticmethod
     def from_wire(data: bytes) -> GrowStart | None:
@@ -157,8 +159,12 @@ class Regrowing:
             await self.release(job)
             self.life.feed(job, events.RegrowFailed(action.stamp, str(exc)))
             return
-        log.info("job %s: the dropped replica was rebuilt on %s from step %d", job.job_id,
-                 ", ".join(p[:12] for p in devices), action.step)  # fmt: skip
+        log.info(
+            "job %s: the dropped replica was rebuilt on %s from step %d",
+            job.job_id,
+            ", ".join(p[:12] for p in devices),
+            action.step,
+        )
         self.life.feed(job, events.Regrown(action.stamp, position, devices))
 
     async def _rebuild(self, job: Job, action: actions.Regrow) -> tuple[int, tuple[str, ...]]:
@@ -170,8 +176,11 @@ class Regrowing:
         me = self.ctx.node.identity.peer_id  # (its worker serves the data: not a spare, even when retired)
         # the alive first, then suspects (a loaded member is often suspected for a moment: it answers the start
         # or is refused like any other)
-        spares = [p for p in self.ctx.peers.answering_peers() if p in job.members and p not in plan.peer_ids
-                  and p != me and p not in job.leading.excluded]  # fmt: skip
+        spares = [
+            p
+            for p in self.ctx.peers.answering_peers()
+            if p in job.members and p not in plan.peer_ids and p != me and p not in job.leading.excluded
+        ]
         need = len(plan.replicas[0].peer_ids)
         if not free or len(spares) < need:
             raise RegrowError(f"{len(spares)} spare member(s) answer; a replica needs {need}")
@@ -180,15 +189,26 @@ class Regrowing:
         grow = GrowStart(slot, tuple(sorted((*slots, slot))), shares, job.ring_generation + 1)
         files = await trio.to_thread.run_sync(_resume_files, job, action.step, grown, position)
         job.leading.resume_files.update({p: f.name for p, f in files.items()})
-        start = JobStart(job.job_id, job.term, job.epoch, job.spec_bytes, replica_plan_bytes(grown),
-                         inputs_bytes(inputs), action.step, ResumePoint(action.step, files).to_wire(), job.standby,
-                         grow.to_wire(), tuple(sorted(job.members)))  # fmt: skip
+        start = JobStart(
+            job.job_id,
+            job.term,
+            job.epoch,
+            job.spec_bytes,
+            replica_plan_bytes(grown),
+            inputs_bytes(inputs),
+            action.step,
+            ResumePoint(action.step, files).to_wire(),
+            job.standby,
+            grow.to_wire(),
+            tuple(sorted(job.members)),
+        )
         addresses: dict[str, str] = {}
         refused: list[str] = []
 
         async def start_one(peer: str) -> None:
-            got = await self.ctx.peers.request(job.members[peer].address, peer, start, timeout=240.0,
-                                               job_id=job.job_id, term=job.term, epoch=job.epoch)  # fmt: skip
+            got = await self.ctx.peers.request(
+                job.members[peer].address, peer, start, timeout=240.0, job_id=job.job_id, term=job.term, epoch=job.epoch
+            )
             if isinstance(got, JobStartReply) and got.accepted:
                 addresses[peer] = got.worker_address
             else:
@@ -201,15 +221,26 @@ class Regrowing:
             await self._stop(job, list(addresses))
             raise RegrowError("; ".join(refused) or "the plan changed")
         job.leading.go_addresses.update(addresses)
-        go = JobGo(job.job_id, job.term, job.epoch,
-                   tuple(PeerAddress(p, a) for p, a in sorted(job.leading.go_addresses.items())))  # fmt: skip
-        unacknowledged = await self.starting.send_go(job, go, list(devices),
-                                                     {p: job.members[p].address for p in devices})  # fmt: skip
+        go = JobGo(
+            job.job_id,
+            job.term,
+            job.epoch,
+            tuple(PeerAddress(p, a) for p, a in sorted(job.leading.go_addresses.items())),
+        )
+        unacknowledged = await self.starting.send_go(
+            job, go, list(devices), {p: job.members[p].address for p in devices}
+        )
         if unacknowledged:
             await self._stop(job, list(devices))
             raise RegrowError(f"go not acknowledged by {', '.join(p[:12] for p in unacknowledged)}")
-        message = JobGrowReplica(job.job_id, action.step, slot, grow.generation, devices,
-                                 tuple(PeerAddress(p, addresses[p]) for p in devices))  # fmt: skip
+        message = JobGrowReplica(
+            job.job_id,
+            action.step,
+            slot,
+            grow.generation,
+            devices,
+            tuple(PeerAddress(p, addresses[p]) for p in devices),
+        )
         left = [p for p in plan.peer_ids if p != self.ctx.node.identity.peer_id]
         await self.grow_here(job, message)
         async with trio.open_nursery() as nursery:
@@ -233,8 +264,9 @@ class Regrowing:
         offer = job.members.get(peer)
         if offer is None:
             return
-        answer = await self.ctx.peers.request(offer.address, peer, message, timeout=GROW_TIMEOUT_S, job_id=job.job_id,
-                                              term=job.term, epoch=job.epoch)  # fmt: skip
+        answer = await self.ctx.peers.request(
+            offer.address, peer, message, timeout=GROW_TIMEOUT_S, job_id=job.job_id, term=job.term, epoch=job.epoch
+        )
         if not isinstance(answer, JobAck) or not answer.ok:
             why = answer.reason if isinstance(answer, JobAck) else "no answer"
             log.warning("job %s: %s did not take the rebuilt replica: %s", job.job_id, peer[:12], why[:200])
@@ -244,8 +276,9 @@ class Regrowing:
         for peer in peers:
             offer = job.members.get(peer)
             if offer is not None:
-                await self.ctx.peers.request(offer.address, peer, stop, timeout=GROW_TIMEOUT_S, job_id=job.job_id,
-                                             term=job.term, epoch=job.epoch)  # fmt: skip
+                await self.ctx.peers.request(
+                    offer.address, peer, stop, timeout=GROW_TIMEOUT_S, job_id=job.job_id, term=job.term, epoch=job.epoch
+                )
 
     # -- every device left (the leader for itself too) -----------------------------------------------------
 
@@ -270,8 +303,10 @@ class Regrowing:
             raise ValueError("this device runs no plan of that job")
         shares = job.data_shares or len(plan.replicas)
         if msg.generation != job.ring_generation + 1 or not 0 <= msg.slot < shares:
-            raise ValueError(f"a rebuild in ring generation {msg.generation}, slot {msg.slot}, does not follow this "
-                             f"device's generation {job.ring_generation} of {shares} slots")  # fmt: skip
+            raise ValueError(
+                f"a rebuild in ring generation {msg.generation}, slot {msg.slot}, does not follow this "
+                f"device's generation {job.ring_generation} of {shares} slots"
+            )
         addresses = {a.peer_id: a.address for a in msg.addresses}
         if set(addresses) != set(msg.devices):
             raise ValueError("the rebuilt replica's addresses do not match its devices")
@@ -289,9 +324,16 @@ class Regrowing:
         if worker is None:
             return
         try:
-            await worker.send({"cmd": "grow_replica", "step": msg.step, "slot": msg.slot, "generation": msg.generation,
-                               "stages": [[sh.peer_id for sh in st.shares] for st in new.stages],
-                               "addresses": addresses})  # fmt: skip
+            await worker.send(
+                {
+                    "cmd": "grow_replica",
+                    "step": msg.step,
+                    "slot": msg.slot,
+                    "generation": msg.generation,
+                    "stages": [[sh.peer_id for sh in st.shares] for st in new.stages],
+                    "addresses": addresses,
+                }
+            )
         except WorkerFailed as exc:
             log.warning("job %s: the worker is gone before the rebuild: %s", job.job_id, exc)
 

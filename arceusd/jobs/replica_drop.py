@@ -84,16 +84,25 @@ class ReplicaDrops:
         if job.inputs is not None:
             job.shares = replica_flops_shares(smaller, job.inputs)
         job.replica_drops.append(ReplicaDrop(reason, job.step, tuple(devices), len(smaller.replicas)))
-        log.warning("job %s: replica %d of %d dropped (%s); %d replica(s) go on", job.job_id, index, count,
-                    reason, len(smaller.replicas))  # fmt: skip
+        log.warning(
+            "job %s: replica %d of %d dropped (%s); %d replica(s) go on",
+            job.job_id,
+            index,
+            count,
+            reason,
+            len(smaller.replicas),
+        )
         return tuple(devices)
 
     async def _tell_worker(self, job: Job, count: int, index: int, hold_at: int, retire: bool = False) -> None:
         worker = job.worker
         if worker is None:
             return
-        command = {"cmd": "retire"} if retire else {"cmd": "drop_replica", "replicas": count, "index": index,
-                                                    "hold_at": hold_at}  # fmt: skip
+        command = (
+            {"cmd": "retire"}
+            if retire
+            else {"cmd": "drop_replica", "replicas": count, "index": index, "hold_at": hold_at}
+        )
         try:
             await worker.send(command)
         except WorkerFailed as exc:  # it is gone already: its own failure report follows
@@ -123,8 +132,12 @@ class ReplicaDrops:
         self.life.feed(job, events.HoldAt(action.stamp, hold_at))
         message = JobDropReplica(job.job_id, action.count, action.index, hold_at)
         peers = [(p, job.members[p].address) for p in sorted(left) if p != me and p in job.members]
-        log.info("job %s: telling %d device(s) to go on without %s", job.job_id, len(peers),
-                 ", ".join(p[:12] for p in dropped))  # fmt: skip
+        log.info(
+            "job %s: telling %d device(s) to go on without %s",
+            job.job_id,
+            len(peers),
+            ", ".join(p[:12] for p in dropped),
+        )
 
         async def tell() -> None:
             async with trio.open_nursery() as nursery:
@@ -135,8 +148,9 @@ class ReplicaDrops:
         self.ctx.spawn(tell)
 
     async def _send(self, job: Job, peer: str, address: str, message: JobDropReplica) -> None:
-        answer = await self.ctx.peers.request(address, peer, message, timeout=DROP_TIMEOUT_S, job_id=job.job_id,
-                                              term=job.term, epoch=job.epoch)  # fmt: skip
+        answer = await self.ctx.peers.request(
+            address, peer, message, timeout=DROP_TIMEOUT_S, job_id=job.job_id, term=job.term, epoch=job.epoch
+        )
         if not isinstance(answer, JobAck) or not answer.ok:
             why = answer.reason if isinstance(answer, JobAck) else "no answer"
             log.warning("job %s: %s did not take the replica drop: %s", job.job_id, peer[:12], why[:200])

@@ -77,12 +77,21 @@ def report_of_event(job_id: str, epoch: int, event: Mapping[str, Any]) -> JobRep
     message = event.get("message")
     claims = {key: _float(event.get(key)) for key in CLAIMS}
     report = JobReport(
-        job_id, epoch, kind, step=_int(event.get("step")), shard=_shard(event.get("shard")),
-        cursor=_cursor(event.get("cursor")), digest=_text(event.get("digest")) or "",
+        job_id,
+        epoch,
+        kind,
+        step=_int(event.get("step")),
+        shard=_shard(event.get("shard")),
+        cursor=_cursor(event.get("cursor")),
+        digest=_text(event.get("digest")) or "",
         message="" if message is None else clip(str(message), REPORT_MESSAGE_MAX),
-        step_s=claims["step_s"], predicted_s=claims["predicted_s"], wait_s=claims["wait_s"],
-        wait_up_s=claims["wait_up_s"], wait_down_s=claims["wait_down_s"], group_wait_s=claims["group_wait_s"],
-    )  # fmt: skip
+        step_s=claims["step_s"],
+        predicted_s=claims["predicted_s"],
+        wait_s=claims["wait_s"],
+        wait_up_s=claims["wait_up_s"],
+        wait_down_s=claims["wait_down_s"],
+        group_wait_s=claims["group_wait_s"],
+    )
     try:
         codec.encode(report)
     except LocalProtocolError as exc:

@@ -67,9 +67,7 @@ def parse_shard(data: bytes) -> Shard:
         raise ResliceError(f"a shard is not valid safetensors: {exc}") from None
 
 
-def full_state(
-    config: ModelConfig, shards: Sequence[Shard], params_only: bool = False
-) -> dict[str, torch.Tensor]:
+def full_state(config: ModelConfig, shards: Sequence[Shard], params_only: bool = False) -> dict[str, torch.Tensor]:
     """The whole model's training state (parameters and, unless ``params_only``, optimizer buffers) from every
     worker's shard of one step, tensor-parallel slices gathered."""
     by_stage: dict[int, list[tuple[int, Mapping[str, str], Mapping[str, torch.Tensor]]]] = defaultdict(list)

@@ -108,17 +108,21 @@ def check_checkpoint_report(job: Job, peer: str, report: JobReport) -> tuple[int
         raise ReportRefused(ReportProblem.NOT_IN_PLAN, f"{peer[:12]} holds no share of the current plan")
     step = report.step
     if step is None or not 0 < step <= job.total_steps:
-        raise ReportRefused(ReportProblem.STEP, f"checkpoint step {str(step)[:40]!r} is not one of "
-                                                f"the job's steps 1..{job.total_steps}")  # fmt: skip
+        raise ReportRefused(
+            ReportProblem.STEP, f"checkpoint step {str(step)[:40]!r} is not one of the job's steps 1..{job.total_steps}"
+        )
     shard = report.shard
     if shard is None:
         raise ReportRefused(ReportProblem.MALFORMED, "a checkpoint report without its shard record")
     if shard.name != name:
-        raise ReportRefused(ReportProblem.NAME, f"shard named {shard.name[:80]!r}; its place in the "
-                                                f"plan writes {name!r}")  # fmt: skip
+        raise ReportRefused(
+            ReportProblem.NAME, f"shard named {shard.name[:80]!r}; its place in the plan writes {name!r}"
+        )
     if not 0 < shard.size <= bound:
-        raise ReportRefused(ReportProblem.SIZE, f"shard size {str(shard.size)[:40]} is outside 1..{bound} "
-                                                f"bytes, what its share of the plan holds")  # fmt: skip
+        raise ReportRefused(
+            ReportProblem.SIZE,
+            f"shard size {str(shard.size)[:40]} is outside 1..{bound} bytes, what its share of the plan holds",
+        )
     if _SHA256.fullmatch(shard.sha256) is None:
         raise ReportRefused(ReportProblem.DIGEST, "the shard's sha256 is not 64 lowercase hex characters")
     return step, {"name": name, "sha256": shard.sha256, "size": shard.size}
@@ -234,8 +238,9 @@ async def reference_magnitudes(job: Job, root: Path) -> tuple[int, dict[str, flo
     try:
         found = await trio.to_thread.run_sync(scan_all, step_dir(root, start))
     except (OSError, ShardScanError) as exc:
-        logging.getLogger(__name__).warning("job %s: checkpoint %d's values cannot be read to judge the next: %s",
-                                            job.job_id, start, exc)  # fmt: skip
+        logging.getLogger(__name__).warning(
+            "job %s: checkpoint %d's values cannot be read to judge the next: %s", job.job_id, start, exc
+        )
         return start, None
     job.leading.magnitudes[start] = merge(found)
     return start, job.leading.magnitudes[start]
@@ -256,4 +261,4 @@ __all__ = [
     "prefetch_shapes",
     "reference_magnitudes",
     "shard_size_bound",
-]  # fmt: skip
+]

@@ -122,11 +122,17 @@ def _entries(header: object, body: int) -> dict[str, tuple[str, tuple[int, ...],
         dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
         if dtype not in ITEM_BYTES:
             raise ShardScanError(f"tensor {name[:80]!r} has an unknown dtype {str(dtype)[:20]!r}")
-        if (not isinstance(shape, list) or len(shape) > 8
-                or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):  # fmt: skip
+        if (
+            not isinstance(shape, list)
+            or len(shape) > 8
+            or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
+        ):
             raise ShardScanError(f"tensor {name[:80]!r} has a malformed shape")
-        if (not isinstance(offsets, list) or len(offsets) != 2
-                or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)):  # fmt: skip
+        if (
+            not isinstance(offsets, list)
+            or len(offsets) != 2
+            or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
+        ):
             raise ShardScanError(f"tensor {name[:80]!r} has malformed data offsets")
         begin, end = offsets
         if not 0 <= begin <= end <= body or end - begin != math.prod(shape) * ITEM_BYTES[str(dtype)]:

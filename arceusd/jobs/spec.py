@@ -87,9 +87,7 @@ MAX_SPEC_BYTES = 1 << 20
 class JobSpecError(ValueError):
     """A job spec was invalid. ``problems`` lists every problem; the message has one line per problem."""
 
-    def __init__(
-        self, problems: list[SpecProblem] | tuple[SpecProblem, ...], source: str = "job spec"
-    ) -> None:
+    def __init__(self, problems: list[SpecProblem] | tuple[SpecProblem, ...], source: str = "job spec") -> None:
         self.problems = tuple(problems)
         self.source = source
         count = len(self.problems)
@@ -114,13 +112,9 @@ def load_spec(path: str | Path, *, check_files: bool = True) -> JobSpec:
     try:
         raw = p.read_bytes()
     except OSError as e:
-        raise JobSpecError(
-            [SpecProblem("(file)", f"cannot read the spec: {e.strerror or e}")], source
-        ) from None
+        raise JobSpecError([SpecProblem("(file)", f"cannot read the spec: {e.strerror or e}")], source) from None
     if len(raw) > MAX_SPEC_BYTES:
-        raise JobSpecError(
-            [SpecProblem("(file)", f"spec is {len(raw)} bytes; at most {MAX_SPEC_BYTES}")], source
-        )
+        raise JobSpecError([SpecProblem("(file)", f"spec is {len(raw)} bytes; at most {MAX_SPEC_BYTES}")], source)
     try:
         text = raw.decode("utf-8")
         doc = json.loads(text) if p.suffix.lower() == ".json" else tomllib.loads(text)
@@ -135,18 +129,12 @@ def spec_from_dict(doc: object, *, source: str = "job spec from the wire") -> Jo
     return parse_spec(doc, base_dir=None, source=source, check_files=False)
 
 
-def parse_spec(
-    doc: object, *, base_dir: Path | None, source: str = "job spec", check_files: bool = True
-) -> JobSpec:
+def parse_spec(doc: object, *, base_dir: Path | None, source: str = "job spec", check_files: bool = True) -> JobSpec:
     """Validate a parsed TOML/JSON document into a :class:`JobSpec` (see the module docstring)."""
     r = FieldReader()
     if not isinstance(doc, dict):
-        raise JobSpecError(
-            [SpecProblem("(top)", f"a spec must be a table/object, got {type(doc).__name__}")], source
-        )
+        raise JobSpecError([SpecProblem("(top)", f"a spec must be a table/object, got {type(doc).__name__}")], source)
     spec = parse_document(r, doc, base_dir, check_files)
     if r.problems or spec is None:
         raise JobSpecError(r.problems or [SpecProblem("(top)", "invalid spec")], source)
     return spec
-
-

@@ -126,15 +126,27 @@ def parse_tokens_data(r: FieldReader, t: Mapping[str, Any], digest: str | None) 
         r.problem("data.text_field", "applies only with data.format = 'jsonl'")
     if path is None or tokenizer is None or fmt is None or field is None or val is None:
         return None
-    return TokensDataSpec(path=path, tokenizer=tokenizer, val_fraction=val, format=fmt,  # type: ignore[arg-type]
-                          text_field=field, sha256=digest, tokenizer_sha256=tok_digest)  # fmt: skip
+    return TokensDataSpec(
+        path=path,
+        tokenizer=tokenizer,
+        val_fraction=val,
+        format=fmt,  # type: ignore[arg-type]
+        text_field=field,
+        sha256=digest,
+        tokenizer_sha256=tok_digest,
+    )
 
 
 def tokens_dict(d: TokensDataSpec) -> dict[str, Any]:
     out: dict[str, Any] = {
-        "kind": "tokens", "path": d.path, "tokenizer": d.tokenizer, "format": d.format,
-        "val_fraction": d.val_fraction, "sha256": d.sha256, "tokenizer_sha256": d.tokenizer_sha256,
-    }  # fmt: skip
+        "kind": "tokens",
+        "path": d.path,
+        "tokenizer": d.tokenizer,
+        "format": d.format,
+        "val_fraction": d.val_fraction,
+        "sha256": d.sha256,
+        "tokenizer_sha256": d.tokenizer_sha256,
+    }
     if d.format == "jsonl":
         out["text_field"] = d.text_field
     return {k: v for k, v in out.items() if v is not None}
@@ -173,29 +185,45 @@ def tokens_facts(r: FieldReader, d: TokensDataSpec, base_dir: Path | None) -> To
     if d.sha256 is not None and d.sha256 != facts.sha256:
         r.problem("data.sha256", f"the data file's digest is {facts.sha256}, not {d.sha256}; the file changed")
     if d.tokenizer_sha256 is not None and d.tokenizer_sha256 != facts.tokenizer_sha256:
-        r.problem("data.tokenizer_sha256", f"the tokenizer's digest is {facts.tokenizer_sha256}, not "
-                  f"{d.tokenizer_sha256}; the file changed")  # fmt: skip
+        r.problem(
+            "data.tokenizer_sha256",
+            f"the tokenizer's digest is {facts.tokenizer_sha256}, not {d.tokenizer_sha256}; the file changed",
+        )
     return facts
 
 
 def check_hf(r: FieldReader, m: HFModelConfig, facts: TokensFacts | None) -> None:
     if facts is not None and facts.vocab_size > m.vocab_size:
-        r.problem("model.config.vocab_size", f"{m.vocab_size} is smaller than the tokenizer's {facts.vocab_size} "
-                  f"tokens; allowed: >= {facts.vocab_size}")  # fmt: skip
+        r.problem(
+            "model.config.vocab_size",
+            f"{m.vocab_size} is smaller than the tokenizer's {facts.vocab_size} tokens; allowed: >= {facts.vocab_size}",
+        )
 
 
 def check_hf_training(r: FieldReader, m: HFModelConfig, training: TrainingSpec | None) -> None:
     """A tied embedding split across stages has two copies kept equal by summing their gradients every step
     (``arceusd/worker/tied.py``); DiLoCo's replicas would average each copy on its own ring, so they drift."""
     if m.tied and m.lora is None and training is not None and training.sync == "diloco":
-        r.problem("training.sync", "'diloco' cannot train tied embeddings (model.config.tie_word_embeddings = "
-                  "true: the embedding's and the LM head's copies would drift apart); use 'every_step' or 'auto' "
-                  "(a tied model's replicas then sync every step), or set tie_word_embeddings to false")  # fmt: skip
+        r.problem(
+            "training.sync",
+            "'diloco' cannot train tied embeddings (model.config.tie_word_embeddings = "
+            "true: the embedding's and the LM head's copies would drift apart); use 'every_step' or 'auto' "
+            "(a tied model's replicas then sync every step), or set tie_word_embeddings to false",
+        )
 
 
 def with_tokens_facts(d: TokensDataSpec, facts: TokensFacts) -> TokensDataSpec:
     return replace(d, sha256=facts.sha256, tokenizer_sha256=facts.tokenizer_sha256)
 
 
-__all__ = ["TokensFacts", "check_hf", "check_hf_training", "hf_model_dict", "parse_hf_model", "parse_tokens_data",
-           "tokens_dict", "tokens_facts", "with_tokens_facts"]  # fmt: skip
+__all__ = [
+    "TokensFacts",
+    "check_hf",
+    "check_hf_training",
+    "hf_model_dict",
+    "parse_hf_model",
+    "parse_tokens_data",
+    "tokens_dict",
+    "tokens_facts",
+    "with_tokens_facts",
+]

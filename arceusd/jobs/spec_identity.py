@@ -36,29 +36,53 @@ def to_dict(spec: JobSpec) -> dict[str, Any]:
     else:
         m = spec.model
         model = {
-            "type": "gpt", "n_layer": m.n_layer, "n_head": m.n_head, "n_embd": m.n_embd,
-            "block_size": m.block_size, "vocab_size": m.vocab_size, "dropout": m.dropout, "bias": m.bias,
-        }  # fmt: skip
+            "type": "gpt",
+            "n_layer": m.n_layer,
+            "n_head": m.n_head,
+            "n_embd": m.n_embd,
+            "block_size": m.block_size,
+            "vocab_size": m.vocab_size,
+            "dropout": m.dropout,
+            "bias": m.bias,
+        }
     d = spec.data
     data: dict[str, Any]
     if isinstance(d, MnistDataSpec):
         data = {
-            "kind": "mnist", "dir": d.dir, "train_count": d.train_count, "holdout_count": d.holdout_count,
-            "mean": d.mean, "std": d.std, "split_seed": d.split_seed, "images": d.images, "labels": d.labels,
+            "kind": "mnist",
+            "dir": d.dir,
+            "train_count": d.train_count,
+            "holdout_count": d.holdout_count,
+            "mean": d.mean,
+            "std": d.std,
+            "split_seed": d.split_seed,
+            "images": d.images,
+            "labels": d.labels,
             "sha256": d.sha256,
-        }  # fmt: skip
+        }
     elif isinstance(d, TokensDataSpec):
         data = tokens_dict(d)
     else:
         data = {"kind": "text", "path": d.path, "val_fraction": d.val_fraction, "sha256": d.sha256}
     t = spec.training
     training: dict[str, Any] = {
-        "steps": t.steps, "epochs": t.epochs, "batch_size": t.batch_size, "micro_batches": t.micro_batches,
-        "optimizer": t.optimizer, "lr": t.lr, "weight_decay": t.weight_decay,
-        "warmup_steps": t.warmup_steps, "lr_decay": t.lr_decay, "min_lr": t.min_lr, "grad_clip": t.grad_clip,
-        "precision": t.precision, "compression": t.compression, "schedule": t.schedule,
-        "eval_interval_steps": t.eval_interval_steps, "eval_iters": t.eval_iters,
-    }  # fmt: skip
+        "steps": t.steps,
+        "epochs": t.epochs,
+        "batch_size": t.batch_size,
+        "micro_batches": t.micro_batches,
+        "optimizer": t.optimizer,
+        "lr": t.lr,
+        "weight_decay": t.weight_decay,
+        "warmup_steps": t.warmup_steps,
+        "lr_decay": t.lr_decay,
+        "min_lr": t.min_lr,
+        "grad_clip": t.grad_clip,
+        "precision": t.precision,
+        "compression": t.compression,
+        "schedule": t.schedule,
+        "eval_interval_steps": t.eval_interval_steps,
+        "eval_iters": t.eval_iters,
+    }
     if t.optimizer == "sgd":
         training["momentum"] = t.momentum
     else:
@@ -74,8 +98,12 @@ def to_dict(spec: JobSpec) -> dict[str, Any]:
         training["use_all_devices"] = True
     if t.diloco != DiLoCoSpec():
         dl = t.diloco
-        training["diloco"] = {"inner_steps": dl.inner_steps, "outer_lr": dl.outer_lr,
-                              "outer_momentum": dl.outer_momentum, "compression": dl.compression}  # fmt: skip
+        training["diloco"] = {
+            "inner_steps": dl.inner_steps,
+            "outer_lr": dl.outer_lr,
+            "outer_momentum": dl.outer_momentum,
+            "compression": dl.compression,
+        }
     admission: dict[str, Any] = {"mode": spec.admission.mode}
     if spec.admission.mode == "allowlist":
         admission["peers"] = list(spec.admission.peers)
@@ -94,19 +122,21 @@ def to_dict(spec: JobSpec) -> dict[str, Any]:
     if spec.needs != NeedsSpec():  # a spec without needs keeps the hash it had before [needs] existed
         n = spec.needs
         out["needs"] = {
-            "memory_total_mib": n.memory_total_mib, "memory_per_device_mib": n.memory_per_device_mib,
-            "device_kinds": list(n.device_kinds), "min_members": n.min_members, "max_members": n.max_members,
-            "deadline_hours": n.deadline_hours, "max_price_per_hour": n.max_price_per_hour,
+            "memory_total_mib": n.memory_total_mib,
+            "memory_per_device_mib": n.memory_per_device_mib,
+            "device_kinds": list(n.device_kinds),
+            "min_members": n.min_members,
+            "max_members": n.max_members,
+            "deadline_hours": n.deadline_hours,
+            "max_price_per_hour": n.max_price_per_hour,
             "budget_usd": n.budget_usd,
-        }  # fmt: skip
+        }
     return out
 
 
 def canonical_json(spec: JobSpec) -> bytes:
     """Sorted keys, no whitespace, UTF-8, no NaN: the same spec gives the same bytes on every machine."""
-    text = json.dumps(
-        to_dict(spec), sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    )
+    text = json.dumps(to_dict(spec), sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     return text.encode("utf-8")
 
 
@@ -124,9 +154,7 @@ def job_id(spec_hash_hex: str, owner_peer_id: str, nonce: bytes) -> str:
         raise ValueError(f"owner peer id must be 32 lowercase hex characters, got {owner_peer_id!r}")
     if not 16 <= len(nonce) <= 64:
         raise ValueError(f"nonce must be 16 to 64 bytes, got {len(nonce)}")
-    h = hashlib.sha256(
-        b"arceus-job-id-v1\x00" + bytes.fromhex(spec_hash_hex) + bytes.fromhex(owner_peer_id) + nonce
-    )
+    h = hashlib.sha256(b"arceus-job-id-v1\x00" + bytes.fromhex(spec_hash_hex) + bytes.fromhex(owner_peer_id) + nonce)
     return h.digest()[:16].hex()
 
 

@@ -39,13 +39,18 @@ def _targets(r: FieldReader, t: Mapping[str, Any], model: HFModelConfig | None) 
     value = t.get("target_modules")
     hint = f"; {model.model_type} offers: {', '.join(names_for(model.model_type))}" if model is not None else ""
     if value is None:
-        r.problem("lora.target_modules", f"missing required field: the layers to adapt, e.g. [\"q_proj\", "
-                  f"\"v_proj\"]{hint}")  # fmt: skip
+        r.problem(
+            "lora.target_modules", f'missing required field: the layers to adapt, e.g. ["q_proj", "v_proj"]{hint}'
+        )
         return None
-    if (not isinstance(value, list) or not 1 <= len(value) <= MAX_TARGETS
-            or not all(isinstance(v, str) and 0 < len(v) <= 64 for v in value)):  # fmt: skip
-        r.problem("lora.target_modules", f"must be a list of 1 to {MAX_TARGETS} module names, got "
-                  f"{str(value)[:60]}{hint}")  # fmt: skip
+    if (
+        not isinstance(value, list)
+        or not 1 <= len(value) <= MAX_TARGETS
+        or not all(isinstance(v, str) and 0 < len(v) <= 64 for v in value)
+    ):
+        r.problem(
+            "lora.target_modules", f"must be a list of 1 to {MAX_TARGETS} module names, got {str(value)[:60]}{hint}"
+        )
         return None
     if len(set(value)) != len(value):
         r.problem("lora.target_modules", f"names a module twice ({value}); list each once")
@@ -54,8 +59,11 @@ def _targets(r: FieldReader, t: Mapping[str, Any], model: HFModelConfig | None) 
         return tuple(sorted(value))
     bad = [v for v in value if not matched_paths(model.model_type, (v,))]
     if bad:
-        r.problem("lora.target_modules", f"{bad[0]!r} names no module of a {model.model_type} decoder layer; "
-                  f"use one of: {', '.join(names_for(model.model_type))}")  # fmt: skip
+        r.problem(
+            "lora.target_modules",
+            f"{bad[0]!r} names no module of a {model.model_type} decoder layer; "
+            f"use one of: {', '.join(names_for(model.model_type))}",
+        )
         return None
     return tuple(sorted(value))
 
@@ -69,10 +77,13 @@ def parse_lora(r: FieldReader, doc: Mapping[str, Any], model: object) -> LoraSpe
     r.unknown_keys(t, LORA_KEYS, "lora")
     hf = model if isinstance(model, HFModelConfig) else None
     if model is not None and hf is None:
-        r.problem("lora", "LoRA adapts a stock transformers model: use [model] type = \"hf\" or remove [lora]")
+        r.problem("lora", 'LoRA adapts a stock transformers model: use [model] type = "hf" or remove [lora]')
     if hf is not None and hf.tied:
-        r.problem("lora", "LoRA with model.config.tie_word_embeddings = true is not supported yet; set it to false "
-                  "(the LM head then starts as a copy of the embedding)")  # fmt: skip
+        r.problem(
+            "lora",
+            "LoRA with model.config.tie_word_embeddings = true is not supported yet; set it to false "
+            "(the LM head then starts as a copy of the embedding)",
+        )
     rank = r.integer(t, "r", "lora", 8, lo=1, hi=MAX_RANK)
     if rank is not None and hf is not None and rank > hf.hidden:
         r.problem("lora.r", f"{rank} exceeds the model's hidden size {hf.hidden}; allowed: 1..{hf.hidden}")
@@ -96,8 +107,13 @@ def with_lora(r: FieldReader, doc: Mapping[str, Any], model: Any) -> Any:
 
 def lora_dict(lora: LoraSpec) -> dict[str, Any]:
     """The ``[lora]`` table of a spec's canonical form."""
-    return {"r": lora.r, "alpha": lora.alpha, "dropout": lora.dropout, "target_modules": list(lora.targets),
-            "merge": lora.merge}  # fmt: skip
+    return {
+        "r": lora.r,
+        "alpha": lora.alpha,
+        "dropout": lora.dropout,
+        "target_modules": list(lora.targets),
+        "merge": lora.merge,
+    }
 
 
 __all__ = ["LORA_KEYS", "lora_dict", "parse_lora", "with_lora"]

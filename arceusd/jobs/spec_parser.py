@@ -59,8 +59,7 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 _HEX64_RE = re.compile(r"^[0-9a-f]{64}$")
 _PEER_ID_RE = re.compile(r"^[0-9a-f]{32}$")
 
-TOP_KEYS = ("spec_version", "name", "seed", "model", "data", "training", "checkpoint", "admission", "needs",
-            "lora")
+TOP_KEYS = ("spec_version", "name", "seed", "model", "data", "training", "checkpoint", "admission", "needs", "lora")
 MLP_KEYS = ("type", "layer_sizes")
 GPT_KEYS = ("type", "n_layer", "n_head", "n_embd", "block_size", "vocab_size", "dropout", "bias")
 MNIST_KEYS = (
@@ -77,20 +76,45 @@ MNIST_KEYS = (
 )
 TEXT_KEYS = ("kind", "path", "val_fraction", "sha256")
 TRAINING_KEYS = (
-    "steps", "epochs", "batch_size", "micro_batches", "optimizer", "lr", "weight_decay", "momentum", "betas",
-    "warmup_steps", "lr_decay", "min_lr", "grad_clip", "precision", "compression", "topk_fraction",
-    "schedule", "eval_interval_steps", "eval_iters", "replicas", "sync", "diloco", "use_all_devices",
-)  # fmt: skip
+    "steps",
+    "epochs",
+    "batch_size",
+    "micro_batches",
+    "optimizer",
+    "lr",
+    "weight_decay",
+    "momentum",
+    "betas",
+    "warmup_steps",
+    "lr_decay",
+    "min_lr",
+    "grad_clip",
+    "precision",
+    "compression",
+    "topk_fraction",
+    "schedule",
+    "eval_interval_steps",
+    "eval_iters",
+    "replicas",
+    "sync",
+    "diloco",
+    "use_all_devices",
+)
 DILOCO_KEYS = ("inner_steps", "outer_lr", "outer_momentum", "compression")
 CHECKPOINT_KEYS = ("interval_steps", "keep")
 ADMISSION_KEYS = ("mode", "peers")
 NEEDS_KEYS = (
-    "memory_total_mib", "memory_per_device_mib", "device_kinds", "min_members", "max_members", "deadline_hours",
-    "max_price_per_hour", "budget_usd",
-)  # fmt: skip
+    "memory_total_mib",
+    "memory_per_device_mib",
+    "device_kinds",
+    "min_members",
+    "max_members",
+    "deadline_hours",
+    "max_price_per_hour",
+    "budget_usd",
+)
 MAX_MEMORY_MIB = 1 << 30
 MAX_MEMBERS = 256
-
 
 
 def parse_document(r: FieldReader, doc: dict[str, Any], base_dir: Path | None, check_files: bool) -> JobSpec | None:
@@ -119,9 +143,7 @@ class _Parser:
         r.unknown_keys(doc, TOP_KEYS, "")
         version = r.integer(doc, "spec_version", "", SPEC_VERSION)
         if version is not None and version != SPEC_VERSION:
-            r.problem(
-                "spec_version", f"unsupported version {version}; this daemon reads version {SPEC_VERSION}"
-            )
+            r.problem("spec_version", f"unsupported version {version}; this daemon reads version {SPEC_VERSION}")
         name = r.string(doc, "name", "", max_len=64)
         if name is not None and not _NAME_RE.match(name):
             r.problem("name", f"got {name!r}; allowed: 1-64 characters of A-Z a-z 0-9 . _ -")
@@ -163,9 +185,7 @@ class _Parser:
             return _Model("hf", hf=spec_hf.parse_hf_model(r, t, self.base_dir, self.check_files))
         if kind == "mlp":
             r.unknown_keys(t, MLP_KEYS, "model")
-            sizes = r.int_list(
-                t, "layer_sizes", "model", min_len=2, max_len=MAX_LAYERS + 1, lo=1, hi=MAX_WIDTH
-            )
+            sizes = r.int_list(t, "layer_sizes", "model", min_len=2, max_len=MAX_LAYERS + 1, lo=1, hi=MAX_WIDTH)
             return _Model("mlp", layer_sizes=sizes)
         if kind == "gpt":
             r.unknown_keys(t, GPT_KEYS, "model")
@@ -214,15 +234,20 @@ class _Parser:
             images = r.string(t, "images", "data", None, max_len=255)
             labels = r.string(t, "labels", "data", None, max_len=255)
             if ("images" in t) != ("labels" in t):
-                r.problem(
-                    "data.images", "give both data.images and data.labels, or neither (to find them in dir)"
-                )
+                r.problem("data.images", "give both data.images and data.labels, or neither (to find them in dir)")
             if directory is None or train is None or hold is None or mean is None or std is None:
                 return None
             return MnistDataSpec(
-                dir=directory, train_count=train, holdout_count=hold, mean=mean, std=std,
-                split_seed=split_seed, images=images, labels=labels, sha256=digest,
-            )  # fmt: skip
+                dir=directory,
+                train_count=train,
+                holdout_count=hold,
+                mean=mean,
+                std=std,
+                split_seed=split_seed,
+                images=images,
+                labels=labels,
+                sha256=digest,
+            )
         if kind == "text":
             r.unknown_keys(t, TEXT_KEYS, "data")
             path = r.string(t, "path", "data")
@@ -235,9 +260,7 @@ class _Parser:
     def _digest(self, t: Mapping[str, Any]) -> str | None:
         d = self.r.string(t, "sha256", "data", None, max_len=64)
         if d is not None and not _HEX64_RE.match(d):
-            self.r.problem(
-                "data.sha256", f"got {d!r}; allowed: 64 lowercase hex characters (a sha256 digest)"
-            )
+            self.r.problem("data.sha256", f"got {d!r}; allowed: 64 lowercase hex characters (a sha256 digest)")
             return None
         return d
 
@@ -255,9 +278,7 @@ class _Parser:
                 facts = text_facts(resolve_path(data.path, self.base_dir), data.val_fraction)
         except DataError as e:
             where = "data.dir" if isinstance(data, MnistDataSpec) else "data.path"
-            self.r.problem(
-                where, f"{e} (relative paths resolve from the spec file's folder: {self.base_dir})"
-            )
+            self.r.problem(where, f"{e} (relative paths resolve from the spec file's folder: {self.base_dir})")
             return None
         if data.sha256 is not None and data.sha256 != facts.sha256:
             self.r.problem(
@@ -341,17 +362,31 @@ class _Parser:
             r.problem("training.min_lr", f"{min_lr} is above training.lr = {lr}; allowed: 0..lr")
         steps = self._resolve_steps(t, steps, epochs, batch, data, model, facts)
         if steps is not None and warmup is not None and warmup > steps:
-            r.problem(
-                "training.warmup_steps", f"{warmup} exceeds the run's {steps} steps; allowed: 0..{steps}"
-            )
+            r.problem("training.warmup_steps", f"{warmup} exceeds the run's {steps} steps; allowed: 0..{steps}")
         kw: dict[str, Any] = {
-            "steps": steps, "batch_size": batch, "micro_batches": micro, "optimizer": optimizer, "lr": lr,
-            "weight_decay": weight_decay, "momentum": momentum, "betas": betas, "warmup_steps": warmup,
-            "lr_decay": decay, "min_lr": min_lr, "grad_clip": grad_clip, "precision": precision,
-            "compression": compression, "topk_fraction": topk, "schedule": schedule,
-            "eval_interval_steps": eval_interval, "eval_iters": eval_iters, "replicas": replicas, "sync": sync,
-            "diloco": diloco, "use_all_devices": use_all,
-        }  # fmt: skip
+            "steps": steps,
+            "batch_size": batch,
+            "micro_batches": micro,
+            "optimizer": optimizer,
+            "lr": lr,
+            "weight_decay": weight_decay,
+            "momentum": momentum,
+            "betas": betas,
+            "warmup_steps": warmup,
+            "lr_decay": decay,
+            "min_lr": min_lr,
+            "grad_clip": grad_clip,
+            "precision": precision,
+            "compression": compression,
+            "topk_fraction": topk,
+            "schedule": schedule,
+            "eval_interval_steps": eval_interval,
+            "eval_iters": eval_iters,
+            "replicas": replicas,
+            "sync": sync,
+            "diloco": diloco,
+            "use_all_devices": use_all,
+        }
         given = t.get("diloco")
         inner_given = isinstance(given, dict) and "inner_steps" in given
         if inner_given and steps is not None and diloco is not None and diloco.inner_steps > steps:
@@ -415,9 +450,7 @@ class _Parser:
                 per_epoch = window_epoch_steps(facts.train_tokens, block, batch)
         if per_epoch is None:
             if steps is None and isinstance(data, TextDataSpec) and not self.check_files:
-                r.problem(
-                    "training.epochs", "a text job without its file cannot count epochs; give training.steps"
-                )
+                r.problem("training.epochs", "a text job without its file cannot count epochs; give training.steps")
             return steps
         if steps is not None and steps != epochs * per_epoch:
             r.problem(
@@ -456,9 +489,7 @@ class _Parser:
             return None
         peers = t.get("peers")
         if not isinstance(peers, list) or not peers:
-            r.problem(
-                "admission.peers", f"mode 'allowlist' needs a non-empty list of peer ids, got {peers!r}"
-            )
+            r.problem("admission.peers", f"mode 'allowlist' needs a non-empty list of peer ids, got {peers!r}")
             return None
         bad = [p for p in peers if not (isinstance(p, str) and _PEER_ID_RE.match(p))]
         if bad:
@@ -485,8 +516,9 @@ class _Parser:
         budget = r.number(t, "budget_usd", "needs", 0.0, lo=0.0, hi=1e9)
         kinds = t.get("device_kinds", [])
         if not isinstance(kinds, list) or not all(k in DEVICE_KINDS for k in kinds) or len(set(kinds)) != len(kinds):
-            r.problem("needs.device_kinds",
-                      f"got {kinds!r}; allowed: a list of distinct kinds from {', '.join(DEVICE_KINDS)}")  # fmt: skip
+            r.problem(
+                "needs.device_kinds", f"got {kinds!r}; allowed: a list of distinct kinds from {', '.join(DEVICE_KINDS)}"
+            )
             return None
         if lo is not None and hi is not None and hi and hi < lo:
             r.problem("needs.max_members", f"must be >= min_members ({lo}) or 0 (no maximum), got {hi}")
@@ -494,10 +526,15 @@ class _Parser:
         if None in (total, per_device, lo, hi, deadline, price, budget):
             return None
         return NeedsSpec(
-            memory_total_mib=total or 0, memory_per_device_mib=per_device or 0,
-            device_kinds=tuple(sorted(kinds, key=DEVICE_KINDS.index)), min_members=lo or 1, max_members=hi or 0,
-            deadline_hours=deadline or 0.0, max_price_per_hour=price or 0.0, budget_usd=budget or 0.0,
-        )  # fmt: skip
+            memory_total_mib=total or 0,
+            memory_per_device_mib=per_device or 0,
+            device_kinds=tuple(sorted(kinds, key=DEVICE_KINDS.index)),
+            min_members=lo or 1,
+            max_members=hi or 0,
+            deadline_hours=deadline or 0.0,
+            max_price_per_hour=price or 0.0,
+            budget_usd=budget or 0.0,
+        )
 
     # -- cross-section checks; builds the model config
     def _cross_check(
@@ -608,16 +645,21 @@ def _with_facts(data: DataSpec, facts: MnistFacts | TextFacts | TokensFacts | No
     """Record what inspecting the files resolved: the MNIST file names and the content digest."""
     if isinstance(data, MnistDataSpec) and isinstance(facts, MnistFacts):
         return MnistDataSpec(
-            dir=data.dir, train_count=data.train_count, holdout_count=data.holdout_count, mean=data.mean,
-            std=data.std, split_seed=data.split_seed, images=facts.images, labels=facts.labels,
+            dir=data.dir,
+            train_count=data.train_count,
+            holdout_count=data.holdout_count,
+            mean=data.mean,
+            std=data.std,
+            split_seed=data.split_seed,
+            images=facts.images,
+            labels=facts.labels,
             sha256=facts.sha256,
-        )  # fmt: skip
+        )
     if isinstance(data, TokensDataSpec) and isinstance(facts, TokensFacts):
         return spec_hf.with_tokens_facts(data, facts)
     if isinstance(data, TextDataSpec) and isinstance(facts, TextFacts):
         return TextDataSpec(path=data.path, val_fraction=data.val_fraction, sha256=facts.sha256)
     return data
-
 
 
 __all__ = ["MAX_MEMBERS", "MAX_MEMORY_MIB", "parse_document"]

@@ -83,8 +83,10 @@ class ChallengeChild:
     async def start(cls, size: int, rounds: int, threads: int) -> ChallengeChild:
         process = await trio.lowlevel.open_process(
             [sys.executable, "-m", "arceusd.worker.speed_challenge", "solve", str(size), str(rounds), str(threads)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        )
         child = cls(process)
         try:
             await child.expect("ready", challenges.READY_S)
@@ -132,12 +134,15 @@ class ChallengeChild:
 
 async def check_blocks(size: int, rounds: int, seed: str, leaves: tuple[int, ...], blocks: list[bytes]) -> float:
     """The largest relative error of the opened ``blocks`` against this device's own products (a child)."""
-    request = json.dumps({"size": size, "rounds": rounds, "seed": seed, "open": list(leaves),
-                          "blocks": [b.hex() for b in blocks]}).encode() + b"\n"  # fmt: skip
+    request = (
+        json.dumps(
+            {"size": size, "rounds": rounds, "seed": seed, "open": list(leaves), "blocks": [b.hex() for b in blocks]}
+        ).encode()
+        + b"\n"
+    )
     with trio.move_on_after(VERIFY_S):
         command = [sys.executable, "-m", "arceusd.worker.speed_challenge", "verify"]
-        result = await trio.run_process(command, stdin=request, capture_stdout=True, capture_stderr=True,
-                                        check=False)  # fmt: skip
+        result = await trio.run_process(command, stdin=request, capture_stdout=True, capture_stderr=True, check=False)
         if result.returncode == 0:
             try:
                 return float(json.loads(result.stdout.decode().strip().splitlines()[-1])["error"])
@@ -182,8 +187,13 @@ class SpeedChecks:
         if not untimed or not (slow or hooks.wants_timing(self.ctx.node, job)):  # the market pays what it measured
             return
         job.leading.challenging = True
-        log.info("job %s: running %.2f s a step against %.2f s planned; timing %d device(s)", job.job_id, total or 0.0,
-                 job.plan.predicted_step_time_s, len(untimed))  # fmt: skip
+        log.info(
+            "job %s: running %.2f s a step against %.2f s planned; timing %d device(s)",
+            job.job_id,
+            total or 0.0,
+            job.plan.predicted_step_time_s,
+            len(untimed),
+        )
         self.ctx.spawn(self.challenge_all, job, untimed)
 
     async def challenge_all(self, job: Job, peers: list[str]) -> None:
@@ -200,8 +210,9 @@ class SpeedChecks:
             return
         job.leading.challenged.update(peers)
         work = {sh.peer_id: (st.end - st.start) / len(st.shares) for st in job.plan.stages for sh in st.shares}
-        members = sorted((p for p in peers if p != me),
-                         key=lambda p: (-work.get(p, 0.0), -job.members[p].flops_per_s, p))  # fmt: skip
+        members = sorted(
+            (p for p in peers if p != me), key=lambda p: (-work.get(p, 0.0), -job.members[p].flops_per_s, p)
+        )
         refused: list[str] = []
         for peer in [me, *members] if me in peers else members:
             if not self._still_leading(job):
@@ -235,8 +246,13 @@ class SpeedChecks:
             if again is not None and not again.why and again.seconds < timed.seconds:
                 job.leading.timed[peer] = again
         kept = job.leading.timed[peer]
-        log.info("job %s: %s ran its speed challenge %.1fx slower than its offer%s", job.job_id, peer[:12],
-                 kept.slowdown, f" ({kept.why})" if kept.why else "")  # fmt: skip
+        log.info(
+            "job %s: %s ran its speed challenge %.1fx slower than its offer%s",
+            job.job_id,
+            peer[:12],
+            kept.slowdown,
+            f" ({kept.why})" if kept.why else "",
+        )
 
     async def _time(self, job: Job, peer: str) -> Timed | None:
         offer = job.members.get(peer)
@@ -249,8 +265,13 @@ class SpeedChecks:
         wait = challenges.wait_for(offer.flops_per_s, size, rounds)
         challenge = secrets.token_hex(challenges.CHALLENGE_ID_LEN // 2)
         kw: dict[str, Any] = {"job_id": job.job_id, "term": job.term, "epoch": job.epoch}
-        ready = await self.ctx.peers.request(offer.address, peer, SpeedChallenge(job.job_id, challenge, size, rounds,
-                                             wait), challenges.READY_S + REPLY_S, **kw)  # fmt: skip
+        ready = await self.ctx.peers.request(
+            offer.address,
+            peer,
+            SpeedChallenge(job.job_id, challenge, size, rounds, wait),
+            challenges.READY_S + REPLY_S,
+            **kw,
+        )
         if not isinstance(ready, JobAck):
             return None  # gone or unreachable: membership deals with that, not this
         if not ready.ok:
@@ -262,15 +283,17 @@ class SpeedChecks:
         if not isinstance(root, ChallengeRoot) or root.challenge != challenge or len(root.root) != 64:
             return Timed(offer.flops_per_s, work, max(seconds, wait))  # no answer in time: it ran at most this fast
         leaves = challenges.blocks_to_open(size, rounds)
-        shown = await self.ctx.peers.request(offer.address, peer, ChallengeOpen(job.job_id, challenge, leaves),
-                                             REPLY_S + wait, **kw)  # fmt: skip
+        shown = await self.ctx.peers.request(
+            offer.address, peer, ChallengeOpen(job.job_id, challenge, leaves), REPLY_S + wait, **kw
+        )
         why = await self._check_shown(shown, challenge, size, rounds, seed, leaves, root.root)
         if why is None:
             return None  # this device could not check the blocks: an unchecked time proves nothing
         return Timed(offer.flops_per_s, work, seconds, why)
 
-    async def _check_shown(self, shown: object, challenge: str, size: int, rounds: int, seed: str,
-                           leaves: tuple[int, ...], root_hex: str) -> str | None:  # fmt: skip
+    async def _check_shown(
+        self, shown: object, challenge: str, size: int, rounds: int, seed: str, leaves: tuple[int, ...], root_hex: str
+    ) -> str | None:
         """Why the member's opened blocks fail (wrong proofs or values), ``""`` when they hold, None when this
         device could not check them."""
         if not isinstance(shown, ChallengeBlocks) or shown.challenge != challenge:
@@ -326,10 +349,18 @@ class SpeedChecks:
                 continue
             job.leading.discounts[peer] = factor
             why = job.leading.timed[peer].why
-            log.warning("job %s: %s ran its speed challenge %.1fx slower than its offer%s; planning again at its "
-                        "measured speed", job.job_id, peer[:12], factor, f" ({why})" if why else "")  # fmt: skip
-            reasons.append(f"member {peer[:12]} ran {factor:.1f}x slower than its offer in the leader's timed "
-                           f"speed challenge{f' ({why})' if why else ''}; planning again at its measured speed")
+            log.warning(
+                "job %s: %s ran its speed challenge %.1fx slower than its offer%s; planning again at its "
+                "measured speed",
+                job.job_id,
+                peer[:12],
+                factor,
+                f" ({why})" if why else "",
+            )
+            reasons.append(
+                f"member {peer[:12]} ran {factor:.1f}x slower than its offer in the leader's timed "
+                f"speed challenge{f' ({why})' if why else ''}; planning again at its measured speed"
+            )
         return reasons
 
     # -- a member -------------------------------------------------------------------------------------------
@@ -350,8 +381,14 @@ class SpeedChecks:
         if self._pending is not None:  # another took the place while this one loaded
             await child.close()
             return JobAck(False, "busy with another challenge")
-        pending = Pending(msg.challenge, msg.job_id, header.sender, child, msg.deadline_s,
-                          trio.CancelScope(deadline=trio.current_time() + challenges.READY_S + REPLY_S))  # fmt: skip
+        pending = Pending(
+            msg.challenge,
+            msg.job_id,
+            header.sender,
+            child,
+            msg.deadline_s,
+            trio.CancelScope(deadline=trio.current_time() + challenges.READY_S + REPLY_S),
+        )
         self._pending = pending
         self.ctx.spawn(self._expire, pending)
         return JobAck(True)

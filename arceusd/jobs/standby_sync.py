@@ -45,16 +45,23 @@ class StandbySyncing:
         offer = job.members.get(standby)
         if not standby or offer is None:
             return
-        manifest = await trio.to_thread.run_sync((step_dir(job.directory / "checkpoints", step) / MANIFEST_NAME)
-                                                 .read_bytes)  # fmt: skip
+        manifest = await trio.to_thread.run_sync(
+            (step_dir(job.directory / "checkpoints", step) / MANIFEST_NAME).read_bytes
+        )
         names = tuple(p.name for p in data_files(leader_data(job)))
         offers = offers_to_wire(job.members[p] for p in sorted(job.members) if p in job.plan_peers())
         sync = StandbySync(job.job_id, step, manifest, shards, names, offers)
-        reply = await self.ctx.peers.request(offer.address, standby, sync, timeout=10.0, job_id=job.job_id,
-                                         term=job.term, epoch=job.epoch)  # fmt: skip
+        reply = await self.ctx.peers.request(
+            offer.address, standby, sync, timeout=10.0, job_id=job.job_id, term=job.term, epoch=job.epoch
+        )
         if not (isinstance(reply, JobAck) and reply.ok):
-            log.warning("job %s: the standby %s refused checkpoint %d: %s", job.job_id, standby[:12], step,
-                        getattr(reply, "reason", "no answer"))  # fmt: skip
+            log.warning(
+                "job %s: the standby %s refused checkpoint %d: %s",
+                job.job_id,
+                standby[:12],
+                step,
+                getattr(reply, "reason", "no answer"),
+            )
             leader = leadership.followed_leader(reply.follows) if isinstance(reply, JobAck) else None
             if leader is not None and leader != self.ctx.node.identity.peer_id:
                 self.life.feed(job, FollowsOther(leader, standby))  # with most of the job saying so: hand over
@@ -96,14 +103,20 @@ class StandbySyncing:
         offer = job.members.get(job.owner)
         if job.owner == self.ctx.node.identity.peer_id or offer is None:
             return
-        manifest = await trio.to_thread.run_sync((step_dir(job.directory / "checkpoints", step) / MANIFEST_NAME)
-                                                 .read_bytes)  # fmt: skip
+        manifest = await trio.to_thread.run_sync(
+            (step_dir(job.directory / "checkpoints", step) / MANIFEST_NAME).read_bytes
+        )
         sync = StandbySync(job.job_id, step, manifest, tuple(names))
-        reply = await self.ctx.peers.request(offer.address, job.owner, sync, timeout=60.0, job_id=job.job_id,
-                                         term=job.term, epoch=job.epoch)  # fmt: skip
+        reply = await self.ctx.peers.request(
+            offer.address, job.owner, sync, timeout=60.0, job_id=job.job_id, term=job.term, epoch=job.epoch
+        )
         if not (isinstance(reply, JobAck) and reply.ok):
-            log.warning("job %s: the owner %s did not take the final checkpoint: %s", job.job_id, job.owner[:12],
-                        getattr(reply, "reason", "no answer"))  # fmt: skip
+            log.warning(
+                "job %s: the owner %s did not take the final checkpoint: %s",
+                job.job_id,
+                job.owner[:12],
+                getattr(reply, "reason", "no answer"),
+            )
 
     async def _receive_final(self, job: Job, leader: str, msg: StandbySync) -> JobAck:
         """Owner that handed its job over: copy the final checkpoint from the leader, check every shard against
@@ -136,8 +149,9 @@ class StandbySyncing:
                 return
             failed = await self.ctx.transfers.copy_step(job, leader, msg, {r.name: r for r in manifest.shards})
             if failed is not None:
-                log.warning("job %s: the leader's shard %s of step %d did not arrive intact", job.job_id, failed,
-                            msg.step)  # fmt: skip
+                log.warning(
+                    "job %s: the leader's shard %s of step %d did not arrive intact", job.job_id, failed, msg.step
+                )
                 return
             await trio.to_thread.run_sync(prune, job.directory / "checkpoints", job.spec.checkpoint.keep)
             self.life.feed(job, StandbyCommitted(msg.step))

@@ -60,8 +60,13 @@ class Starting:
         offers = probation.probation_offers(every, me, job.leading.probation)
         measured = await self._measure_links(job)
         job.leading.links = {
-            p: {"rtt_ms": round(m.rtt_s * 1e3, 3), "bandwidth_mb_s": round(m.bandwidth_bytes_per_s / 1e6, 2),
-                "message_ms": round(m.message_s * 1e3, 4)} for p, m in measured.items()}  # fmt: skip
+            p: {
+                "rtt_ms": round(m.rtt_s * 1e3, 3),
+                "bandwidth_mb_s": round(m.bandwidth_bytes_per_s / 1e6, 2),
+                "message_ms": round(m.message_s * 1e3, 4),
+            }
+            for p, m in measured.items()
+        }
         links = estimated_links(me, measured, sorted(job.members))
         try:
             try:
@@ -69,8 +74,12 @@ class Starting:
             except PlanError as exc:
                 if not job.leading.probation:
                     raise
-                log.warning("job %s: no plan fits %s alone beside the leader (%s); planning with every member",
-                            job.job_id, job.leading.probation[:12], exc)  # fmt: skip
+                log.warning(
+                    "job %s: no plan fits %s alone beside the leader (%s); planning with every member",
+                    job.job_id,
+                    job.leading.probation[:12],
+                    exc,
+                )
                 job.leading.probation = ""
                 offers = every
                 inputs, replica_plan = await trio.to_thread.run_sync(make_job_plan, job.spec, offers, rtt, links, me)
@@ -87,8 +96,9 @@ class Starting:
         job.shares = replica_flops_shares(replica_plan, inputs)
         job.standby = choose_standby(job, me)
         _mark(job, "planned")
-        self.life.feed(job, events.PlanFound(job.plan_peers(), job.standby,
-                                             tuple(r.peer_ids for r in replica_plan.replicas)))
+        self.life.feed(
+            job, events.PlanFound(job.plan_peers(), job.standby, tuple(r.peer_ids for r in replica_plan.replicas))
+        )
         if job.core.stamp != stamp:  # the core took the plan (a new epoch)
             job.leading.link_waits.clear()  # who waits on whom depends on the plan: judged afresh (claims)
             job.leading.seen.clear()
@@ -105,8 +115,9 @@ class Starting:
         if action.resuming:
             replicas = await self.commits.repair_checkpoint(job)
             _mark(job, "checked")
-            resume = await filework.prepare_resume(job.directory, job.spec_bytes, plan_data, job.epoch,
-                                                   sorted(job.leaders), replicas)  # fmt: skip
+            resume = await filework.prepare_resume(
+                job.directory, job.spec_bytes, plan_data, job.epoch, sorted(job.leaders), replicas
+            )
         if job.core.stamp != action.stamp:
             return
         _mark(job, "sliced")
@@ -116,9 +127,18 @@ class Starting:
         job.cut_history(start_step)
         if job.leading.recoveries and job.leading.recoveries[-1].epoch == job.epoch:
             job.leading.recoveries[-1].resumed_step = start_step
-        start = JobStart(job.job_id, job.term, job.epoch, job.spec_bytes, plan_data, inputs_data, start_step,
-                         resume.to_wire() if resume is not None else b"", job.standby,
-                         members=tuple(sorted(job.members)))  # fmt: skip
+        start = JobStart(
+            job.job_id,
+            job.term,
+            job.epoch,
+            job.spec_bytes,
+            plan_data,
+            inputs_data,
+            start_step,
+            resume.to_wire() if resume is not None else b"",
+            job.standby,
+            members=tuple(sorted(job.members)),
+        )
         job.leading.go_addresses = addresses = {}
         failures: list[tuple[str, str, str]] = []
         reach = {p: o.address for p, o in job.members.items()}  # as planned: a member may leave meanwhile
@@ -132,8 +152,9 @@ class Starting:
             elif peer not in reach:
                 reply = JobStartReply(job.job_id, False, "no longer a member")
             else:
-                got = await self.ctx.peers.request(reach[peer], peer, start, timeout=240.0,
-                                                   job_id=job.job_id, term=job.term, epoch=job.epoch)  # fmt: skip
+                got = await self.ctx.peers.request(
+                    reach[peer], peer, start, timeout=240.0, job_id=job.job_id, term=job.term, epoch=job.epoch
+                )
                 reply = got if isinstance(got, JobStartReply) else JobStartReply(job.job_id, False, "no answer")
             if reply.accepted:
                 addresses[peer] = reply.worker_address
@@ -154,8 +175,12 @@ class Starting:
     async def go_round(self, job: Job, action: actions.SendGo) -> None:
         """The core's ``SendGo``: send ``go`` to the peers it names, in plan order, and tell the core which
         ones did not acknowledge it (it sends again, then restarts the plan: :func:`lifecycle.after_go`)."""
-        go = JobGo(job.job_id, action.stamp.term, action.stamp.epoch,
-                   tuple(PeerAddress(p, a) for p, a in sorted(job.leading.go_addresses.items())))  # fmt: skip
+        go = JobGo(
+            job.job_id,
+            action.stamp.term,
+            action.stamp.epoch,
+            tuple(PeerAddress(p, a) for p, a in sorted(job.leading.go_addresses.items())),
+        )
         reach = {p: o.address for p, o in job.members.items()}
         unacknowledged = await self.send_go(job, go, list(action.peers), reach)
         _mark(job, "went")
@@ -163,8 +188,14 @@ class Starting:
             log.warning("job %s: go not acknowledged by %s", job.job_id, ", ".join(p[:12] for p in unacknowledged))
         self.life.feed(job, events.GoAnswered(action.stamp, unacknowledged))
         if job.state == JobState.RUNNING and job.core.stamp == action.stamp and not unacknowledged:
-            log.info("job %s running on %d devices (term %d, epoch %d, from step %d)", job.job_id,
-                     len(job.leading.go_addresses), job.term, job.epoch, job.step)  # fmt: skip
+            log.info(
+                "job %s running on %d devices (term %d, epoch %d, from step %d)",
+                job.job_id,
+                len(job.leading.go_addresses),
+                job.term,
+                job.epoch,
+                job.step,
+            )
 
     async def send_go(self, job: Job, go: JobGo, peers: list[str], reach: dict[str, str]) -> dict[str, str]:
         """Send ``go`` to ``peers`` in plan order (as before); the ones that did not acknowledge it, with why."""
@@ -175,8 +206,9 @@ class Starting:
             if peer == me:
                 await self.local.go(job, go)
                 return
-            reply = await self.ctx.peers.request(reach[peer], peer, go, timeout=30.0,
-                                             job_id=job.job_id, term=job.term, epoch=job.epoch)  # fmt: skip
+            reply = await self.ctx.peers.request(
+                reach[peer], peer, go, timeout=30.0, job_id=job.job_id, term=job.term, epoch=job.epoch
+            )
             if not isinstance(reply, JobAck):
                 unacknowledged[peer] = "no answer"
             elif not reply.ok:
@@ -236,4 +268,3 @@ def _mark(job: Job, phase: str) -> None:
 
 
 __all__ = ["LINK_TTL_S", "Starting"]
-

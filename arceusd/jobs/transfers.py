@@ -52,8 +52,9 @@ class Described(Protocol):
 class Transfers:
     """Serves this device's files to the peers entitled to them and fetches files from peers."""
 
-    def __init__(self, peers: PeerService, jobs: Mapping[str, Job], me: str,
-                 elected: Callable[[Job, str], Awaitable[bool]]) -> None:  # fmt: skip
+    def __init__(
+        self, peers: PeerService, jobs: Mapping[str, Job], me: str, elected: Callable[[Job, str], Awaitable[bool]]
+    ) -> None:
         self.peers = peers
         self.jobs = jobs
         self.me = me
@@ -72,8 +73,13 @@ class Transfers:
             reply = await self.peers.request(address, peer, request(len(data)), timeout=60.0, job_id=job.job_id)
             if not isinstance(reply, ShardData) or not 0 <= reply.total <= limit:
                 if isinstance(reply, ShardData):
-                    log.warning("job %s: %s offered %d bytes where at most %d are expected; refused",
-                                job.job_id, peer[:12], reply.total, limit)  # fmt: skip
+                    log.warning(
+                        "job %s: %s offered %d bytes where at most %d are expected; refused",
+                        job.job_id,
+                        peer[:12],
+                        reply.total,
+                        limit,
+                    )
                 return None
             data += reply.data
             if len(data) > limit:
@@ -89,15 +95,19 @@ class Transfers:
         if offer is None:
             return None
         name = record.name
-        return await self.download(job, peer, offer.address,
-                                    lambda offset: ShardRequest(job.job_id, step, name, offset),
-                                    record.size)  # fmt: skip
+        return await self.download(
+            job, peer, offer.address, lambda offset: ShardRequest(job.job_id, step, name, offset), record.size
+        )
 
     async def fetch_resume(self, job: Job, leader: str, step: int, mine: Any) -> Any:
         """Download this device's resume slice from the leader, check it, store it; its ResumeConfig."""
-        data = await self.download(job, leader, job.leader_address,
-                                    lambda offset: ResumeRequest(job.job_id, job.epoch, mine.name, offset),
-                                    int(mine.size))  # fmt: skip
+        data = await self.download(
+            job,
+            leader,
+            job.leader_address,
+            lambda offset: ResumeRequest(job.job_id, job.epoch, mine.name, offset),
+            int(mine.size),
+        )
         if data is None:
             raise ResumeError("the leader did not serve it")
         check_file(data, mine)
@@ -113,9 +123,13 @@ class Transfers:
         for name in msg.shards:
             if await trio.to_thread.run_sync(file_matches, folder / name, records[name]):
                 continue
-            data = await self.download(job, leader, job.leader_address,
-                                        lambda offset, n=name: ShardRequest(job.job_id, msg.step, n, offset),
-                                        records[name].size)
+            data = await self.download(
+                job,
+                leader,
+                job.leader_address,
+                lambda offset, n=name: ShardRequest(job.job_id, msg.step, n, offset),
+                records[name].size,
+            )
             if data is None or not matches(data, records[name]):
                 return name
             await trio.to_thread.run_sync(atomic_write, folder / name, data)
@@ -130,9 +144,13 @@ class Transfers:
 
         folder = job.directory / DATA_FOLDER
         for index, name in enumerate(names):
-            data = await self.download(job, leader, job.leader_address,
-                                        lambda offset, i=index: DataRequest(job.job_id, i, offset),
-                                        MAX_DATA_FILE)  # fmt: skip
+            data = await self.download(
+                job,
+                leader,
+                job.leader_address,
+                lambda offset, i=index: DataRequest(job.job_id, i, offset),
+                MAX_DATA_FILE,
+            )
             if data is None:
                 log.warning("job %s: the leader did not serve data file %s", job.job_id, name)
                 break

@@ -15,7 +15,6 @@ def _ms(seconds: Any) -> str:
     return f"{seconds * 1000:.1f} ms" if isinstance(seconds, int | float) else "-"
 
 
-
 def block_range(blocks: Any) -> str:
     """A stage's blocks as every view writes them: ``[start, end)`` from the plan as ``2-5`` (both ends held) or
     ``3`` (issue 31: the CLI, ``--watch`` and the dashboard wrote three forms, one of which read as overlapping
@@ -57,8 +56,10 @@ def wrapped(line: str, width: int = 110) -> list[str]:
 def job_line(j: dict[str, Any]) -> str:
     """One job of ``arceusd jobs``; a job known only from this device's records (``restored``: the daemon
     restarted since, :mod:`arceusd.jobs.known`) says what it earned there and why it is not running here."""
-    line = (f"{j['job_id'][:12]}  {j['name']:<20} {j['state']:<10} {j['role']:<6} step {j['step']}/{j['total_steps']}"
-            f"  loss {_num(j.get('loss'))}  members {len(j.get('members', []))}")  # fmt: skip
+    line = (
+        f"{j['job_id'][:12]}  {j['name']:<20} {j['state']:<10} {j['role']:<6} step {j['step']}/{j['total_steps']}"
+        f"  loss {_num(j.get('loss'))}  members {len(j.get('members', []))}"
+    )
     if j.get("restored"):
         line += f"  earned {usd(j.get('earned_usd'))} ({count(j.get('receipts'))} receipt(s))"
         line += f"  ({j['error']})" if j.get("error") else ""
@@ -81,13 +82,17 @@ def claim_lines(j: dict[str, Any]) -> list[str]:
     lines = []
     for peer, c in sorted((j.get("speed_checks") or {}).items()):
         result = f"failed: {c['failed']}" if c.get("failed") else f"{c['slowdown']:.1f}x slower than offered"
-        lines.append(f"  timed    {peer[:12]}  offered {c['offered_gflops']:.1f} GFLOP/s, measured "
-                     f"{c['measured_gflops']:.1f} in {c['seconds']:.2f} s ({result})")  # fmt: skip
+        lines.append(
+            f"  timed    {peer[:12]}  offered {c['offered_gflops']:.1f} GFLOP/s, measured "
+            f"{c['measured_gflops']:.1f} in {c['seconds']:.2f} s ({result})"
+        )
     for peer, factor in sorted((j.get("discounted") or {}).items()):
         lines.append(f"  slower   {peer[:12]}  planned at its offer / {factor:g} (it ran that much slower)")
     if j.get("probation"):
-        lines.append(f"  probation {j['probation'][:12]}  planned alone beside the leader (it and its neighbour each "
-                     "said they waited on the other)")  # fmt: skip
+        lines.append(
+            f"  probation {j['probation'][:12]}  planned alone beside the leader (it and its neighbour each "
+            "said they waited on the other)"
+        )
     for peer in j.get("cleared") or []:
         lines.append(f"  cleared  {peer[:12]}  kept to its offer beside the leader")
     for peer, why in sorted((j.get("excluded") or {}).items()):
@@ -108,23 +113,30 @@ def render_job(j: dict[str, Any]) -> str:
         lines.append(f"  cost     {cost['line']}")
     plan = j.get("plan")
     if plan:
-        lines.append(f"  plan     {plan['schedule']}, {plan['micro_batches']} micro-batches, predicted "
-                     f"{plan['predicted_step_time_s'] * 1000:.1f} ms/step, "
-                     f"bubble {plan['bubble_fraction']:.0%}")  # fmt: skip
+        lines.append(
+            f"  plan     {plan['schedule']}, {plan['micro_batches']} micro-batches, predicted "
+            f"{plan['predicted_step_time_s'] * 1000:.1f} ms/step, "
+            f"bubble {plan['bubble_fraction']:.0%}"
+        )
         replicas = plan.get("replicas") or [{"stages": plan["stages"]}]
         if len(replicas) > 1:
-            sync = f"DiLoCo every {plan.get('diloco_h')} steps" if plan.get("sync") == "diloco" else \
-                "gradients averaged every step"
-            lines.append(f"    {len(replicas)} data-parallel replicas, {sync}; this device sent "
-                         f"{j.get('ring_bytes', 0) / 1e6:.1f} MB to its ring")  # fmt: skip
+            sync = (
+                f"DiLoCo every {plan.get('diloco_h')} steps"
+                if plan.get("sync") == "diloco"
+                else "gradients averaged every step"
+            )
+            lines.append(
+                f"    {len(replicas)} data-parallel replicas, {sync}; this device sent "
+                f"{j.get('ring_bytes', 0) / 1e6:.1f} MB to its ring"
+            )
         for r, replica in enumerate(replicas):
             where = f"replica {r} " if len(replicas) > 1 else ""
             for stage in replica["stages"]:
                 devices = ", ".join(
-                    d["peer_id"][:12] + (f" (heads {sum(d['heads'])}, cols {sum(d['mlp_columns'])})"
-                                         if len(stage["devices"]) > 1 else "")
+                    d["peer_id"][:12]
+                    + (f" (heads {sum(d['heads'])}, cols {sum(d['mlp_columns'])})" if len(stage["devices"]) > 1 else "")
                     for d in stage["devices"]
-                )  # fmt: skip
+                )
                 lines.append(f"    {where}stage {stage['index']}: blocks {block_range(stage['blocks'])} on {devices}")
         times = j.get("stage_times") or {}
         for stage in plan["stages"]:
@@ -133,28 +145,38 @@ def render_job(j: dict[str, Any]) -> str:
                 if t:
                     seen = t.get("seen_s")  # the leader's view: what the devices beside it saw it take
                     shown = f"; seen by its neighbours: {_ms(seen)})" if seen is not None else ")"
-                    lines.append(f"    {d['peer_id'][:12]} (stage {stage['index']}): {_ms(t.get('compute_s'))} "
-                                 f"compute, {_ms(t.get('wait_s'))} waiting per step "
-                                 f"(plan: {_ms(t.get('predicted_s'))} compute{shown}")  # fmt: skip
+                    lines.append(
+                        f"    {d['peer_id'][:12]} (stage {stage['index']}): {_ms(t.get('compute_s'))} "
+                        f"compute, {_ms(t.get('wait_s'))} waiting per step "
+                        f"(plan: {_ms(t.get('predicted_s'))} compute{shown}"
+                    )
     spares = j.get("spares") or []
     if spares:
-        lines.append(f"  spares   {', '.join(p[:12] for p in spares)}: not in the plan (the step is predicted "
-                     "faster without them); unpaid, they take a place when one is lost")  # fmt: skip
+        lines.append(
+            f"  spares   {', '.join(p[:12] for p in spares)}: not in the plan (the step is predicted "
+            "faster without them); unpaid, they take a place when one is lost"
+        )
     timing = j.get("stage_timing")
     if timing:
-        lines.append(f"  measured {timing['step_time_s'] * 1000:.1f} ms/step on this device (median of the last "
-                     f"{timing['steps']}), {timing['wait_fraction']:.0%} of it waiting on links")  # fmt: skip
+        lines.append(
+            f"  measured {timing['step_time_s'] * 1000:.1f} ms/step on this device (median of the last "
+            f"{timing['steps']}), {timing['wait_fraction']:.0%} of it waiting on links"
+        )
     lines += contribution_lines(j) + claim_lines(j)
     if j.get("committed_step"):
         lines.append(f"  checkpoint  step {j['committed_step']} committed")
     for r in j.get("recoveries") or []:
         after = r.get("first_step_after_s")
         timing = f"training again after {after:.1f} s" if isinstance(after, int | float) else "in progress"
-        lines += wrapped(f"  recovery epoch {r['epoch']}: {r['reason']}; resumed at step {r['resumed_step']} "
-                         f"({r['recomputed_steps']} recomputed), {timing}")  # fmt: skip
+        lines += wrapped(
+            f"  recovery epoch {r['epoch']}: {r['reason']}; resumed at step {r['resumed_step']} "
+            f"({r['recomputed_steps']} recomputed), {timing}"
+        )
     for d in j.get("dropped_replicas") or []:
-        lines += wrapped(f"  dropped  a replica at step {d['step']} ({', '.join(p[:12] for p in d['devices'])}): "
-                         f"{d['reason']}; {d['replicas_left']} replica(s) went on")  # fmt: skip
+        lines += wrapped(
+            f"  dropped  a replica at step {d['step']} ({', '.join(p[:12] for p in d['devices'])}): "
+            f"{d['reason']}; {d['replicas_left']} replica(s) went on"
+        )
     for r in j.get("rebuilt_replicas") or []:
         on = ", ".join(p[:12] for p in r["devices"])
         lines.append(f"  rebuilt  a replica at step {r['step']} on {on} (from that checkpoint; the others held there)")

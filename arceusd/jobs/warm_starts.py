@@ -167,9 +167,11 @@ class WarmStarts:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self._server = await trio.lowlevel.open_process(
-                [sys.executable, "-m", SERVER], stdin=theirs.fileno(), stdout=subprocess.DEVNULL,
+                [sys.executable, "-m", SERVER],
+                stdin=theirs.fileno(),
+                stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
-            )  # fmt: skip
+            )
         except OSError as exc:
             log.warning("could not start the fork server (programs start cold): %s", exc)
             ours.close()
@@ -245,9 +247,15 @@ class WarmStarts:
                         out += chunk
                 answered = trio.current_time()
                 code = await proc.wait()
-                log.info("ran %s %s (%s): started %.3f s, answered %.3f s, exit code %.3f s later", module, argv,
-                         "warm" if isinstance(proc, ForkedProcess) else "cold", spawned - began, answered - spawned,
-                         trio.current_time() - answered)  # fmt: skip
+                log.info(
+                    "ran %s %s (%s): started %.3f s, answered %.3f s, exit code %.3f s later",
+                    module,
+                    argv,
+                    "warm" if isinstance(proc, ForkedProcess) else "cold",
+                    spawned - began,
+                    answered - spawned,
+                    trio.current_time() - answered,
+                )
             finally:
                 await _stop(proc)
             err = err_path.read_bytes() if err_path.exists() else b""

@@ -47,10 +47,14 @@ def check_witness(job: Job, peer: str, report: JobReport) -> tuple[int, str]:
         raise ReportRefused(ReportProblem.NOT_IN_PLAN, f"{peer[:12]} holds no place in the plan's replicas")
     step = report.step
     interval = job.spec.checkpoint.interval_steps
-    if (step is None or not 0 < step <= job.total_steps
-            or (step != job.total_steps and (not interval or step % interval))):  # fmt: skip
-        raise ReportRefused(ReportProblem.STEP, f"witness step {str(step)[:40]!r} is not one of the job's "
-                                                "checkpoint steps")  # fmt: skip
+    if (
+        step is None
+        or not 0 < step <= job.total_steps
+        or (step != job.total_steps and (not interval or step % interval))
+    ):
+        raise ReportRefused(
+            ReportProblem.STEP, f"witness step {str(step)[:40]!r} is not one of the job's checkpoint steps"
+        )
     digest = report.digest
     if len(digest) != 64 or not set(digest) <= _HEX:
         raise ReportRefused(ReportProblem.DIGEST, "the witness digest is not 64 lowercase hex characters")
@@ -93,8 +97,10 @@ def judge(job: Job, step: int, digests: Mapping[str, str], me: str = "") -> Verd
             else:
                 split.append(f"stage {s} rank {r}")
     if split:
-        reason = (f"the replicas hold different states at step {step} ({', '.join(split)}); "
-                  "planning again from the last commit")  # fmt: skip
+        reason = (
+            f"the replicas hold different states at step {step} ({', '.join(split)}); "
+            "planning again from the last commit"
+        )
     elif odd:
         reason = f"member(s) {', '.join(p[:12] for p in odd)} diverged from the other replicas at step {step}"
     else:

@@ -57,9 +57,19 @@ class Spend:
     """The most one step can cost under the current plan (0: unknown): receipts cap their seconds."""
 
 
-def join_refusal(*, members: int, max_members: int, kinds: tuple[str, ...], kind: str, lends_mib: int,
-                 per_device_mib: int, budget_usd: float, spend: Spend, remaining_steps: int,
-                 remaining_usd: float) -> str | None:  # fmt: skip
+def join_refusal(
+    *,
+    members: int,
+    max_members: int,
+    kinds: tuple[str, ...],
+    kind: str,
+    lends_mib: int,
+    per_device_mib: int,
+    budget_usd: float,
+    spend: Spend,
+    remaining_steps: int,
+    remaining_usd: float,
+) -> str | None:
     """Why the leader does not admit a new member (None: it does). ``remaining_usd``: :func:`projected_usd` for
     the rest of the job on the members with this device."""
     if max_members and members >= max_members:
@@ -71,8 +81,10 @@ def join_refusal(*, members: int, max_members: int, kinds: tuple[str, ...], kind
     if budget_usd:
         rest = max(remaining_usd, spend.per_step_usd * max(remaining_steps, 0))
         if spend.usd + rest > budget_usd:
-            return (f"the job's budget cannot pay for it: ${spend.usd:.6f} spent and about ${rest:.6f} for the "
-                    f"remaining {remaining_steps} step(s) exceed needs.budget_usd ${budget_usd:.6f}")  # fmt: skip
+            return (
+                f"the job's budget cannot pay for it: ${spend.usd:.6f} spent and about ${rest:.6f} for the "
+                f"remaining {remaining_steps} step(s) exceed needs.budget_usd ${budget_usd:.6f}"
+            )
     return None
 
 
@@ -99,10 +111,11 @@ def budget_stop(budget_usd: float, spend: Spend, step: int, total_steps: int, in
     following = max(spend.per_step_usd, spend.most_per_step_usd) * (upto - step)
     if spend.usd + following <= budget_usd:
         return None
-    return (f"stopped at step {step} of {total_steps}: the budget is spent (needs.budget_usd ${budget_usd:.6f}; "
-            f"${spend.usd:.6f} paid so far and up to ${following:.6f} more by the next checkpoint); the checkpoint "
-            f"of step {step} is kept. Submit the job with a larger budget to train it to the end")  # fmt: skip
+    return (
+        f"stopped at step {step} of {total_steps}: the budget is spent (needs.budget_usd ${budget_usd:.6f}; "
+        f"${spend.usd:.6f} paid so far and up to ${following:.6f} more by the next checkpoint); the checkpoint "
+        f"of step {step} is kept. Submit the job with a larger budget to train it to the end"
+    )
 
 
-__all__ = ["Member", "Spend", "budget_stop", "devices_for_memory", "join_refusal", "memory_shortfall",
-           "projected_usd"]  # fmt: skip
+__all__ = ["Member", "Spend", "budget_stop", "devices_for_memory", "join_refusal", "memory_shortfall", "projected_usd"]

@@ -52,15 +52,24 @@ class Authorisation:
 
 def encode_body(a: Authorisation) -> bytes:
     a.check()
-    body: bytes = msgpack.packb({f.name: getattr(a, f.name) for f in fields(Authorisation)}, use_bin_type=True,
-                                strict_types=True)  # fmt: skip
+    body: bytes = msgpack.packb(
+        {f.name: getattr(a, f.name) for f in fields(Authorisation)}, use_bin_type=True, strict_types=True
+    )
     return body
 
 
 def decode_body(body: bytes) -> Authorisation:
     try:
-        data = msgpack.unpackb(body, raw=False, strict_map_key=True, max_str_len=64, max_bin_len=0,
-                               max_array_len=0, max_map_len=len(fields(Authorisation)), max_ext_len=0)  # fmt: skip
+        data = msgpack.unpackb(
+            body,
+            raw=False,
+            strict_map_key=True,
+            max_str_len=64,
+            max_bin_len=0,
+            max_array_len=0,
+            max_map_len=len(fields(Authorisation)),
+            max_ext_len=0,
+        )
     except (ValueError, msgpack.UnpackException) as exc:
         raise AuthorityError(f"authorisation body is not msgpack: {exc}") from None
     names = [f.name for f in fields(Authorisation)]
@@ -120,5 +129,13 @@ def leader_allowed(job_id: str, owner: str, leader: str, granted: set[tuple[str,
     return leader == owner or (job_id, owner, leader) in granted
 
 
-__all__ = ["AUTH_DOMAIN", "MAX_AUTH", "Authorisation", "AuthorityError", "SignedAuthorisation", "authorise",
-           "from_bytes", "leader_allowed"]  # fmt: skip
+__all__ = [
+    "AUTH_DOMAIN",
+    "MAX_AUTH",
+    "Authorisation",
+    "AuthorityError",
+    "SignedAuthorisation",
+    "authorise",
+    "from_bytes",
+    "leader_allowed",
+]

@@ -32,14 +32,21 @@ def _snapshot_line(snap: Snapshot) -> str:
             return "unknown"
         return ("yes" if v else "no") if isinstance(v, bool) else format(v, fmt) + unit
 
-    return (f"idle {show(snap.idle_s, '.0f', ' s')}, on mains {show(snap.on_ac, '')}, battery "
-            f"{show(snap.battery_percent, '.0f', '%')}, owner's CPU {show(snap.owner_cpu_percent, '.0f', '%')}, "
-            f"hour {snap.local_hour}")  # fmt: skip
+    return (
+        f"idle {show(snap.idle_s, '.0f', ' s')}, on mains {show(snap.on_ac, '')}, battery "
+        f"{show(snap.battery_percent, '.0f', '%')}, owner's CPU {show(snap.owner_cpu_percent, '.0f', '%')}, "
+        f"hour {snap.local_hour}"
+    )
 
 
 @click.command("policy")
-@click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE",
-              help="Change a key of [policy] in config.toml (repeatable), e.g. --set idle_minutes=10.")
+@click.option(
+    "--set",
+    "assignments",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Change a key of [policy] in config.toml (repeatable), e.g. --set idle_minutes=10.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_obj
 def policy_command(obj: Context, assignments: tuple[str, ...], as_json: bool) -> None:
@@ -58,8 +65,12 @@ def policy_command(obj: Context, assignments: tuple[str, ...], as_json: bool) ->
     snap = probe.snapshot(time.time())
     reasons = lend_reasons(policy, snap)
     if as_json:
-        body = {"policy": asdict(policy), "machine": asdict(snap), "lends_now": not reasons,
-                "reasons": [str(r) for r in reasons]}  # fmt: skip
+        body = {
+            "policy": asdict(policy),
+            "machine": asdict(snap),
+            "lends_now": not reasons,
+            "reasons": [str(r) for r in reasons],
+        }
         click.echo(json.dumps(body, indent=2, sort_keys=True))
         return
     if assignments:
@@ -96,9 +107,11 @@ def print_quote(obj: Context, spec: Any, members: int, as_json: bool = False) ->
 
 def _market_line(row: dict[str, Any]) -> str:
     cap = f"max {usd_per_hour(row['max_price_per_hour'])}" if row["max_price_per_hour"] else "no max price"
-    head = (f"{row['job_id'][:12]}  {row['name']:<16} {row['state']:<10} members {count(row['members'])}"
-            f"{'/' + count(row['max_members']) if row['max_members'] else ''}  {usd_per_hour(row['price_per_hour'])}"
-            f" ({cap})")
+    head = (
+        f"{row['job_id'][:12]}  {row['name']:<16} {row['state']:<10} members {count(row['members'])}"
+        f"{'/' + count(row['max_members']) if row['max_members'] else ''}  {usd_per_hour(row['price_per_hour'])}"
+        f" ({cap})"
+    )
     head += "  qualifies" if row["qualifies"] else "  does not qualify: " + "; ".join(row["reasons"])
     return head + "".join(f"\n    warning: {w}" for w in row.get("warnings", []))
 
@@ -115,8 +128,10 @@ def market_command(obj: Context, as_json: bool) -> None:
         return
     result = safe_tree(result)  # announced jobs' names and reasons come from strangers: escaped
     d = result["device"]
-    click.echo(f"this device: {d['kind']}, {d['flops_per_s'] / 1e9:.1f} GFLOP/s, lends {d['memory_bytes'] >> 20} MiB;"
-               f" demand {result['demand']['jobs_wanting']} job(s) wanting, {result['demand']['idle_devices']} idle")
+    click.echo(
+        f"this device: {d['kind']}, {d['flops_per_s'] / 1e9:.1f} GFLOP/s, lends {d['memory_bytes'] >> 20} MiB;"
+        f" demand {result['demand']['jobs_wanting']} job(s) wanting, {result['demand']['idle_devices']} idle"
+    )
     if not result["jobs"]:
         click.echo("no announced jobs")
     for row in result["jobs"]:
@@ -143,8 +158,10 @@ def _ledger_entries(obj: Context) -> list[Any]:
         return []
     verified = verify_file(path, _own_key(obj))
     if not verified.ok:
-        raise click.ClickException(f"the ledger {path} does not verify: {verified.error}. "
-                                   "It was changed outside Arceus; run `arceusd verify-ledger` on it and keep a copy.")
+        raise click.ClickException(
+            f"the ledger {path} does not verify: {verified.error}. "
+            "It was changed outside Arceus; run `arceusd verify-ledger` on it and keep a copy."
+        )
     return verified.entries
 
 
@@ -165,8 +182,10 @@ def earnings_command(obj: Context, as_json: bool) -> None:
         click.echo(json.dumps(result, indent=2, sort_keys=True))
         return
     result = safe_tree(result)  # receipts' ids come from the network: escaped
-    click.echo(f"earned ${result['total_usd']:.4f} for {result['device_hours']:.3f} device-hours "
-               f"({result['flops']:.3g} FLOPs, {result['receipts']} receipt(s))")  # fmt: skip
+    click.echo(
+        f"earned ${result['total_usd']:.4f} for {result['device_hours']:.3f} device-hours "
+        f"({result['flops']:.3g} FLOPs, {result['receipts']} receipt(s))"
+    )
     for job, usd in result["by_job"].items():
         click.echo(f"  job {job[:12]}  ${usd:.4f}")
     for day, usd in result["by_day"].items():
@@ -191,8 +210,11 @@ def bill_command(obj: Context, job: str, as_json: bool) -> None:
     entries = _ledger_entries(obj)
     ids = sorted({s.receipt.job_id for s in entries if s.receipt.job_id.startswith(job)})
     if len(ids) != 1:
-        raise click.ClickException(f"no receipts for a job {job!r} in this ledger" if not ids
-                                   else f"{job!r} matches several jobs; give more of the id")  # fmt: skip
+        raise click.ClickException(
+            f"no receipts for a job {job!r} in this ledger"
+            if not ids
+            else f"{job!r} matches several jobs; give more of the id"
+        )
     result = bill(entries, ids[0])
     result["complete"] = result["owner"] == me  # only the owner's ledger holds every device's receipts
     if as_json:
@@ -200,9 +222,11 @@ def bill_command(obj: Context, job: str, as_json: bool) -> None:
         return
     result, ids = safe_tree(result), safe_tree(ids)  # receipts' ids come from the network: escaped
     if not result["complete"]:
-        click.echo(f"job {ids[0]}: this device's part only (${result['total_usd']:.4f} for "
-                   f"{result['device_hours']:.3f} device-hours); the whole bill is in the owner's ledger: run "
-                   f"`arceusd bill {ids[0][:12]}` on {str(result['owner'])[:12]}")  # fmt: skip
+        click.echo(
+            f"job {ids[0]}: this device's part only (${result['total_usd']:.4f} for "
+            f"{result['device_hours']:.3f} device-hours); the whole bill is in the owner's ledger: run "
+            f"`arceusd bill {ids[0][:12]}` on {str(result['owner'])[:12]}"
+        )
         return
     click.echo(f"job {ids[0]}: ${result['total_usd']:.4f} for {result['device_hours']:.3f} device-hours")
     for device, usd in result["by_device"].items():
@@ -225,5 +249,7 @@ def verify_ledger_command(obj: Context, file: Path) -> None:
     if not verified.ok:
         raise click.ClickException(f"{file}: {verified.error} ({verified.lines} line(s) before it verify)")
     signers = {s.receipt.leader for s in verified.entries} | {s.receipt.device for s in verified.entries}
-    click.echo(f"{file}: {len(verified.entries)} receipt(s) verify, chain intact, kept by {verified.keeper[:12]}, "
-               f"{len(signers)} signer(s), {len(verified.auths)} leader authorisation(s)")
+    click.echo(
+        f"{file}: {len(verified.entries)} receipt(s) verify, chain intact, kept by {verified.keeper[:12]}, "
+        f"{len(signers)} signer(s), {len(verified.auths)} leader authorisation(s)"
+    )

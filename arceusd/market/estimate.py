@@ -90,16 +90,28 @@ class Estimate:
         """``arceusd submit --quote --json``: the figures stated, the devices assumed, the lower bound and the cloud."""
         q, f = self.quote, self.forecast
         return {
-            "name": self.name, "devices": self.devices, "device": asdict(self.device), "demand": asdict(self.demand),
-            "seconds": self.seconds, "usd": self.usd,
-            "low_s": f.low_s if f else None, "high_s": f.high_s if f else None,
-            "low_usd": f.low_usd if f else None, "high_usd": f.high_usd if f else None,
-            "forecast": asdict(f) if f else None, "plan_error": self.plan_error,
-            "lower_bound": {"flops": q.flops, "seconds": q.hours * 3600.0, "usd": q.usd,
-                            "price_per_device_hour": q.price_per_device_hour},
-            "cloud": [asdict(c) for c in q.cloud], "problems": self.problems(),
+            "name": self.name,
+            "devices": self.devices,
+            "device": asdict(self.device),
+            "demand": asdict(self.demand),
+            "seconds": self.seconds,
+            "usd": self.usd,
+            "low_s": f.low_s if f else None,
+            "high_s": f.high_s if f else None,
+            "low_usd": f.low_usd if f else None,
+            "high_usd": f.high_usd if f else None,
+            "forecast": asdict(f) if f else None,
+            "plan_error": self.plan_error,
+            "lower_bound": {
+                "flops": q.flops,
+                "seconds": q.hours * 3600.0,
+                "usd": q.usd,
+                "price_per_device_hour": q.price_per_device_hour,
+            },
+            "cloud": [asdict(c) for c in q.cloud],
+            "problems": self.problems(),
             "memory": {"needs_mib": self.need.mib if self.need else None, "fits": self.fits},
-        }  # fmt: skip
+        }
 
     def problems(self) -> list[str]:
         """What in ``[needs]`` the stated figures cannot meet (empty: everything)."""
@@ -107,8 +119,10 @@ class Estimate:
         if q.budget_usd and self.usd > q.budget_usd:
             out.append(f"the budget cannot be met: about ${self.usd:.6f}, over needs.budget_usd ${q.budget_usd:.6f}")
         if q.deadline_hours and self.seconds > q.deadline_hours * 3600.0:
-            out.append(f"the deadline cannot be met: about {self.seconds / 3600:.2f} h, past needs.deadline_hours "
-                       f"{q.deadline_hours:g} h")  # fmt: skip
+            out.append(
+                f"the deadline cannot be met: about {self.seconds / 3600:.2f} h, past needs.deadline_hours "
+                f"{q.deadline_hours:g} h"
+            )
         return out
 
     @property
@@ -119,11 +133,15 @@ class Estimate:
     def lines(self) -> list[str]:
         """The estimate for people, as ``arceusd submit --quote`` prints it."""
         d = self.demand
-        out = [f"quote for {self.name} (not announced): {self.devices} device(s) like {self.device.source}; demand "
-               f"{d.jobs_wanting} job(s) wanting, {d.idle_devices} idle device(s)"]  # fmt: skip
+        out = [
+            f"quote for {self.name} (not announced): {self.devices} device(s) like {self.device.source}; demand "
+            f"{d.jobs_wanting} job(s) wanting, {d.idle_devices} idle device(s)"
+        ]
         if self.memory_total_mib and self.lends_mib:
-            out.append(f"  memory    needs.memory_total_mib {self.memory_total_mib} MiB: {self.for_memory} device(s) "
-                       f"of {self.lends_mib} MiB hold it")  # fmt: skip
+            out.append(
+                f"  memory    needs.memory_total_mib {self.memory_total_mib} MiB: {self.for_memory} device(s) "
+                f"of {self.lends_mib} MiB hold it"
+            )
         out += self.memory_lines()
         if self.forecast is None:
             out += [f"  {line}" for line in quote_lines(self.quote)]
@@ -134,8 +152,10 @@ class Estimate:
             out.append(f"  devices   {_devices_line(self.devices, self.device)}")
             out += [f"  {line}" for line in self.forecast.lines()]
             out += [f"  warning   {p}" for p in self.problems()]
-            out += [f"  cloud     ${c.usd:.4f} on {c.name} ({c.instance}, {c.hours * 3600:.1f} s at its fp32 peak)"
-                    for c in q.cloud]  # fmt: skip
+            out += [
+                f"  cloud     ${c.usd:.4f} on {c.name} ({c.instance}, {c.hours * 3600:.1f} s at its fp32 peak)"
+                for c in q.cloud
+            ]
         out.append(f"  cloud prices: on-demand list prices as of {CLOUD_PRICES_AS_OF} ({CLOUD_PRICES_SOURCE})")
         return out
 
@@ -144,14 +164,21 @@ class Estimate:
         if self.need is None:
             return []
         if self.lent is None:
-            why = ("the daemon did not say in time: it is still measuring this device; ask again in half a minute"
-                   if self.daemon_running else "start the daemon")  # fmt: skip
-            return [f"  memory    the model's training state needs {self.need.mib} MiB (what the devices lend is "
-                    f"unknown: {why})"]  # fmt: skip
+            why = (
+                "the daemon did not say in time: it is still measuring this device; ask again in half a minute"
+                if self.daemon_running
+                else "start the daemon"
+            )
+            return [
+                f"  memory    the model's training state needs {self.need.mib} MiB (what the devices lend is "
+                f"unknown: {why})"
+            ]
         out = [f"  memory    {summary(self.need, self.lent)}"]
         if not self.fits:
-            out.append(f"  warning   it cannot be trained on the devices this daemon sees: submit would refuse it; "
-                       f"{what_to_do(self.need, self.lent)}")  # fmt: skip
+            out.append(
+                f"  warning   it cannot be trained on the devices this daemon sees: submit would refuse it; "
+                f"{what_to_do(self.need, self.lent)}"
+            )
         return out
 
 
@@ -159,8 +186,12 @@ MEASURED = "this device's measured profile"
 
 
 def _devices_line(n: int, d: DeviceGuess) -> str:
-    others = (f"; the other {n - 1} assumed as fast (peers tell what they lend, not their speed), links at the "
-              f"planner's defaults until measured" if n > 1 else "")  # fmt: skip
+    others = (
+        f"; the other {n - 1} assumed as fast (peers tell what they lend, not their speed), links at the "
+        f"planner's defaults until measured"
+        if n > 1
+        else ""
+    )
     return f"{n} x {d.flops_per_s / 1e9:.1f} GFLOP/s at block efficiency {d.efficiency:.2f} ({d.source}{others})"
 
 
@@ -172,17 +203,30 @@ def offers_for(device: DeviceGuess, n: int, lent: Lent | None) -> list[Offer]:
     out = []
     for i in range(n):
         lends = memory if i == 0 or i - 1 >= len(peers) or not peers[i - 1] else peers[i - 1]
-        out.append(Offer("this-device" if i == 0 else f"peer-{i}", "", device.flops_per_s, lends, device.kind,
-                         min(max(device.efficiency, 1e-3), 1.0), device.dispatch_s, device.adamw_s_per_param,
-                         device.sgd_s_per_param))  # fmt: skip
+        out.append(
+            Offer(
+                "this-device" if i == 0 else f"peer-{i}",
+                "",
+                device.flops_per_s,
+                lends,
+                device.kind,
+                min(max(device.efficiency, 1e-3), 1.0),
+                device.dispatch_s,
+                device.adamw_s_per_param,
+                device.sgd_s_per_param,
+            )
+        )
     return out
 
 
 def unmeasured_source(daemon_running: bool) -> str:
     """What a quote says it assumed when this device is not measured yet (issue 31: it told the user to start
     the daemon while the daemon was running, and measuring)."""
-    why = ("the daemon is measuring it now; ask again in about half a minute for its own figures" if daemon_running
-           else "start the daemon, which measures it")  # fmt: skip
+    why = (
+        "the daemon is measuring it now; ask again in about half a minute for its own figures"
+        if daemon_running
+        else "start the daemon, which measures it"
+    )
     return f"a typical laptop (this device is not measured yet: {why})"
 
 
@@ -192,10 +236,16 @@ def device_guess(state_dir: Path, daemon_running: bool = False) -> DeviceGuess:
     try:
         data = json.loads((state_dir / CACHE_FILE).read_text())
         best = max(data["devices"], key=lambda d: float(d["flops_per_s"]))
-        return DeviceGuess(float(best["flops_per_s"]), float(best.get("block_efficiency", 1.0)),
-                           int(best.get("memory_bytes", 0)), MEASURED, float(best.get("dispatch_s", 0.0)),
-                           float(best.get("adamw_s_per_param", 0.0)), float(best.get("sgd_s_per_param", 0.0)),
-                           str(best.get("kind", "cpu")))  # fmt: skip
+        return DeviceGuess(
+            float(best["flops_per_s"]),
+            float(best.get("block_efficiency", 1.0)),
+            int(best.get("memory_bytes", 0)),
+            MEASURED,
+            float(best.get("dispatch_s", 0.0)),
+            float(best.get("adamw_s_per_param", 0.0)),
+            float(best.get("sgd_s_per_param", 0.0)),
+            str(best.get("kind", "cpu")),
+        )
     except (OSError, ValueError, KeyError, TypeError):
         return DeviceGuess(TYPICAL_LAPTOP_FLOPS, 1.0, 0, unmeasured_source(daemon_running))
 
@@ -246,17 +296,27 @@ def estimate(state_dir: Path, spec: JobSpec, members: int) -> Estimate:
     for_state = devices_needed(need, lends_mib << 20) if lends_mib else 1
     n = max(members, needs.min_members, for_memory, for_state)
     demand = market_demand(state_dir)
-    q = quote(job_flops(spec), n, device.flops_per_s, device.efficiency, demand, needs.budget_usd,
-              needs.deadline_hours, needs.max_price_per_hour)  # fmt: skip
+    q = quote(
+        job_flops(spec),
+        n,
+        device.flops_per_s,
+        device.efficiency,
+        demand,
+        needs.budget_usd,
+        needs.deadline_hours,
+        needs.max_price_per_hour,
+    )
     running = Demand(demand.jobs_wanting, max(0, demand.idle_devices - n))  # its devices are busy while it runs
     try:
-        fc: Forecast | None = forecast(spec, offers_for(device, n, lent), "this-device", running,
-                                       first_job=first_job(state_dir, daemon))  # fmt: skip
+        fc: Forecast | None = forecast(
+            spec, offers_for(device, n, lent), "this-device", running, first_job=first_job(state_dir, daemon)
+        )
         why = ""
     except PlanError as exc:
         fc, why = None, str(exc)
-    return Estimate(spec.name, q, n, device, demand, needs.memory_total_mib, for_memory, lends_mib, need, lent,
-                    daemon, fc, why)  # fmt: skip
+    return Estimate(
+        spec.name, q, n, device, demand, needs.memory_total_mib, for_memory, lends_mib, need, lent, daemon, fc, why
+    )
 
 
 __all__ = [

@@ -147,8 +147,12 @@ def count_evals(steps: int, checkpoint_interval: int, eval_interval: int) -> int
     a = steps // checkpoint_interval if checkpoint_interval > 0 else 0
     b = steps // eval_interval if eval_interval > 0 else 0
     both = steps // math.lcm(checkpoint_interval, eval_interval) if a and b else 0
-    last = 0 if (checkpoint_interval > 0 and steps % checkpoint_interval == 0) or (
-        eval_interval > 0 and steps % eval_interval == 0) else 1  # fmt: skip
+    last = (
+        0
+        if (checkpoint_interval > 0 and steps % checkpoint_interval == 0)
+        or (eval_interval > 0 and steps % eval_interval == 0)
+        else 1
+    )
     return a + b - both + last
 
 
@@ -167,9 +171,15 @@ def eval_seconds(spec: JobSpec, step_s: float) -> float:
     return step_s * (forward / total) * samples / max(spec.training.batch_size, 1)
 
 
-def forecast(spec: JobSpec, offers: list[Offer], owner: str, demand: Demand = NEUTRAL,
-             rtt_s: dict[tuple[str, str], float] | None = None,
-             links: Mapping[tuple[str, str], Link] | None = None, first_job: bool = False) -> Forecast:  # fmt: skip
+def forecast(
+    spec: JobSpec,
+    offers: list[Offer],
+    owner: str,
+    demand: Demand = NEUTRAL,
+    rtt_s: dict[tuple[str, str], float] | None = None,
+    links: Mapping[tuple[str, str], Link] | None = None,
+    first_job: bool = False,
+) -> Forecast:
     """The forecast for ``spec`` on ``offers`` (``owner``'s among them), planned as the daemon plans it, paid at
     ``demand`` (the market's while the job runs); ``first_job``: the daemon has run no job since it started.
 
@@ -178,8 +188,9 @@ def forecast(spec: JobSpec, offers: list[Offer], owner: str, demand: Demand = NE
     return from_plan(spec, rp, offers, owner, demand, first_job)
 
 
-def from_plan(spec: JobSpec, rp: ReplicaPlan, offers: list[Offer], owner: str, demand: Demand = NEUTRAL,
-              first_job: bool = False) -> Forecast:  # fmt: skip
+def from_plan(
+    spec: JobSpec, rp: ReplicaPlan, offers: list[Offer], owner: str, demand: Demand = NEUTRAL, first_job: bool = False
+) -> Forecast:
     """The forecast of ``spec`` under the plan ``rp`` (over ``offers``)."""
     t = spec.training
     devices = tuple(dict.fromkeys(p for plan in rp.replicas for p in plan.peer_ids))
@@ -193,14 +204,33 @@ def from_plan(spec: JobSpec, rp: ReplicaPlan, offers: list[Offer], owner: str, d
     seconds = start_s + t.steps * step_s + checkpoints * CHECKPOINT_S + evals * eval_s + end_s
     by_id = {o.peer_id: o for o in offers}
     cap = float(spec.needs.max_price_per_hour)
-    paid = tuple(PaidDevice(d, by_id[d].flops_per_s, pay(by_id[d].flops_per_s, cap, demand))
-                 for d in devices if d != owner and d in by_id)  # fmt: skip
+    paid = tuple(
+        PaidDevice(d, by_id[d].flops_per_s, pay(by_id[d].flops_per_s, cap, demand))
+        for d in devices
+        if d != owner and d in by_id
+    )
     per_s = sum(p.usd_per_hour for p in paid) / 3600.0
     billed_s = seconds - UNBILLED_START_S - (start_s - START_S) - end_s  # a first job waits its election unbilled
     low, high = 1.0 - LOW_SHARE, 1.0 + HIGH_SHARE
-    return Forecast(devices, rp.predicted_step_time_s, step_s, t.steps, start_s, checkpoints, CHECKPOINT_S, evals,
-                    eval_s, end_s, seconds, seconds * low, seconds * high, paid, billed_s * per_s,
-                    billed_s * per_s * low, billed_s * per_s * high)  # fmt: skip
+    return Forecast(
+        devices,
+        rp.predicted_step_time_s,
+        step_s,
+        t.steps,
+        start_s,
+        checkpoints,
+        CHECKPOINT_S,
+        evals,
+        eval_s,
+        end_s,
+        seconds,
+        seconds * low,
+        seconds * high,
+        paid,
+        billed_s * per_s,
+        billed_s * per_s * low,
+        billed_s * per_s * high,
+    )
 
 
 def _secs(s: float) -> str:

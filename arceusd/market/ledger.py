@@ -53,8 +53,9 @@ KEEPER_DOMAIN = b"arceus-ledger-keeper-v1\x00"
 HEAD_DOMAIN = b"arceus-ledger-head-v1\x00"
 GENESIS = "0" * 64
 MAX_LINE = 16 * 1024
-_RECEIPT_KEYS = frozenset({"seq", "prev", "body", "leader_key", "leader_sig", "device_key", "device_sig", "hash",
-                           "keeper_sig"})  # fmt: skip
+_RECEIPT_KEYS = frozenset(
+    {"seq", "prev", "body", "leader_key", "leader_sig", "device_key", "device_sig", "hash", "keeper_sig"}
+)
 _AUTH_KEYS = frozenset({"seq", "prev", "auth", "hash", "keeper_sig"})
 
 
@@ -98,9 +99,16 @@ def _line(prev: str, seq: int, e: Entry, keeper: Identity) -> tuple[bytes, str]:
         obj: dict[str, Any] = {"seq": seq, "prev": prev, "auth": e.to_bytes().hex(), "hash": h}
     else:
         h = entry_hash(prev, seq, e)
-        obj = {"seq": seq, "prev": prev, "body": encode(e.receipt).hex(), "leader_key": e.leader_key.hex(),
-               "leader_sig": e.leader_sig.hex(), "device_key": e.device_key.hex(), "device_sig": e.device_sig.hex(),
-               "hash": h}  # fmt: skip
+        obj = {
+            "seq": seq,
+            "prev": prev,
+            "body": encode(e.receipt).hex(),
+            "leader_key": e.leader_key.hex(),
+            "leader_sig": e.leader_sig.hex(),
+            "device_key": e.device_key.hex(),
+            "device_sig": e.device_sig.hex(),
+            "hash": h,
+        }
     obj["keeper_sig"] = keeper.sign(keeper_bytes(seq, prev, h)).hex()
     return json.dumps(obj, separators=(",", ":")).encode() + b"\n", h
 
@@ -111,8 +119,10 @@ def describe(e: Entry) -> str:
         a = e.auth
         return f"authorisation of {a.leader[:12]} for job {a.job_id[:12]}"
     r = e.receipt
-    return (f"receipt job {r.job_id[:12]} leader {r.leader[:12]} device {r.device[:12]} steps "
-            f"{r.step_from}..{r.step_to} ${r.usd:.2f}")  # fmt: skip
+    return (
+        f"receipt job {r.job_id[:12]} leader {r.leader[:12]} device {r.device[:12]} steps "
+        f"{r.step_from}..{r.step_to} ${r.usd:.2f}"
+    )
 
 
 def _parse(raw: bytes, number: int) -> tuple[int, str, str, bytes, Entry]:
@@ -140,8 +150,9 @@ def _parse(raw: bytes, number: int) -> tuple[int, str, str, bytes, Entry]:
             entry = from_bytes(parts["auth"])
         else:
             receipt = decode(parts["body"])
-            entry = SignedReceipt(receipt, parts["leader_key"], parts["leader_sig"], parts["device_key"],
-                                  parts["device_sig"])  # fmt: skip
+            entry = SignedReceipt(
+                receipt, parts["leader_key"], parts["leader_sig"], parts["device_key"], parts["device_sig"]
+            )
     except (ReceiptError, AuthorityError) as exc:
         raise LedgerError(f"{where}: {exc}") from None
     return obj["seq"], obj["prev"], obj["hash"], parts["keeper_sig"], entry
@@ -181,8 +192,9 @@ def verify_lines(lines: Iterable[bytes], keeper_key: bytes) -> Verified:
                 raise LedgerError(f"line {number}: seq {seq}, expected {number - 1} (a line was removed or moved)")
             if prev != out.last_hash:
                 raise LedgerError(f"line {number}: does not chain to the line before it")
-            computed = auth_hash(prev, seq, entry) if isinstance(entry, SignedAuthorisation) else \
-                entry_hash(prev, seq, entry)
+            computed = (
+                auth_hash(prev, seq, entry) if isinstance(entry, SignedAuthorisation) else entry_hash(prev, seq, entry)
+            )
             if computed != claimed:
                 raise LedgerError(f"line {number}: its hash does not match its content (the line was changed)")
             if isinstance(entry, SignedReceipt):
@@ -192,11 +204,15 @@ def verify_lines(lines: Iterable[bytes], keeper_key: bytes) -> Verified:
                     raise LedgerError(f"{where}: {exc}") from None
                 r = entry.receipt
                 if not leader_allowed(r.job_id, r.owner, r.leader, granted):
-                    raise LedgerError(f"{where}: signed by {r.leader[:12]}, neither the job's owner nor a leader "
-                                      "the owner authorised (a receipt signed with made-up keys)")  # fmt: skip
+                    raise LedgerError(
+                        f"{where}: signed by {r.leader[:12]}, neither the job's owner nor a leader "
+                        "the owner authorised (a receipt signed with made-up keys)"
+                    )
             if not verify_signature(keeper_key, keeper_sig, keeper_bytes(seq, prev, claimed)):
-                raise LedgerError(f"{where}: the keeper's signature does not hold (a line was removed, inserted or "
-                                  "changed and the chain recomputed)")  # fmt: skip
+                raise LedgerError(
+                    f"{where}: the keeper's signature does not hold (a line was removed, inserted or "
+                    "changed and the chain recomputed)"
+                )
         except LedgerError as exc:
             out.error = str(exc)
             return out
@@ -260,12 +276,16 @@ def verify_file(path: Path, keeper_key: bytes | None = None) -> Verified:
     except LedgerError as exc:
         return Verified(error=str(exc))
     if keeper_key is not None and key != keeper_key:
-        return Verified(error=f"kept by {_peer(key)[:12]}, not by this daemon ({_peer(keeper_key)[:12]}): its lines "
-                              "were signed again with another key")  # fmt: skip
+        return Verified(
+            error=f"kept by {_peer(key)[:12]}, not by this daemon ({_peer(keeper_key)[:12]}): its lines "
+            "were signed again with another key"
+        )
     out = verify_lines(data.split(b"\n")[:-1], key)
     if out.ok and out.lines < count:
-        out.error = (f"the ledger ends at line {out.lines} but its keeper's signed head counts {count} lines: "
-                     f"line(s) {out.lines + 1}..{count} were removed")  # fmt: skip
+        out.error = (
+            f"the ledger ends at line {out.lines} but its keeper's signed head counts {count} lines: "
+            f"line(s) {out.lines + 1}..{count} were removed"
+        )
     elif out.ok and count and _hash_at(data, count) != last:
         out.error = f"line {count}: not the line its keeper's signed head names (the ledger was rewritten)"
     return out
@@ -368,8 +388,12 @@ class Ledger:
     def _write_head(self) -> None:
         key = self.keeper.public_key_raw
         count, last = self.verified.lines, self.verified.last_hash
-        obj = {"count": count, "hash": last, "keeper_key": key.hex(),
-               "sig": self.keeper.sign(head_bytes(count, last, key)).hex()}  # fmt: skip
+        obj = {
+            "count": count,
+            "hash": last,
+            "keeper_key": key.hex(),
+            "sig": self.keeper.sign(head_bytes(count, last, key)).hex(),
+        }
         where = head_path(self.path)
         tmp = where.with_name(where.name + ".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -404,9 +428,15 @@ def earnings(entries: Iterable[SignedReceipt], me: str) -> dict[str, Any]:
         seconds += r.device_seconds
         flops += r.flops
         count += 1
-    return {"device": me, "receipts": count, "device_hours": seconds / 3600.0, "flops": flops,
-            "by_job": dict(sorted(by_job.items())), "by_day": dict(sorted(by_day.items())),
-            "total_usd": sum(by_job.values())}  # fmt: skip
+    return {
+        "device": me,
+        "receipts": count,
+        "device_hours": seconds / 3600.0,
+        "flops": flops,
+        "by_job": dict(sorted(by_job.items())),
+        "by_day": dict(sorted(by_day.items())),
+        "total_usd": sum(by_job.values()),
+    }
 
 
 @dataclass(frozen=True)
@@ -464,6 +494,12 @@ def bill(entries: Iterable[SignedReceipt], job_id: str) -> dict[str, Any]:
             continue
         by_device[r.device] += r.usd
         seconds += r.device_seconds
-    return {"job_id": job_id, "owner": owner, "by_device": dict(sorted(by_device.items())),
-            "device_hours": seconds / 3600.0, "total_usd": sum(by_device.values()),
-            "unaccepted_receipts": unaccepted, "own_device_receipts": own}  # fmt: skip
+    return {
+        "job_id": job_id,
+        "owner": owner,
+        "by_device": dict(sorted(by_device.items())),
+        "device_hours": seconds / 3600.0,
+        "total_usd": sum(by_device.values()),
+        "unaccepted_receipts": unaccepted,
+        "own_device_receipts": own,
+    }

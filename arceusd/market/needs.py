@@ -59,8 +59,16 @@ class JobNeeds:
         if isinstance(model, HFModelConfig) and model.tied:  # the head's copy in the costs: one weight
             params -= model.vocab_size * model.hidden
         n = spec.needs
-        return cls(job_id, owner, params, members, n.memory_per_device_mib, tuple(n.device_kinds), n.max_members,
-                   n.max_price_per_hour)  # fmt: skip
+        return cls(
+            job_id,
+            owner,
+            params,
+            members,
+            n.memory_per_device_mib,
+            tuple(n.device_kinds),
+            n.max_members,
+            n.max_price_per_hour,
+        )
 
 
 class Unfit(enum.Enum):
@@ -113,8 +121,9 @@ def effective_kind(offer: DeviceOffer, policy: Policy) -> str:
     return offer.kind if policy.gpu or offer.kind == "cpu" else "cpu"
 
 
-def match(offer: DeviceOffer, policy: Policy, snap: Snapshot, job: JobNeeds, demand: Demand = NEUTRAL,
-          member: bool = False) -> Match:  # fmt: skip
+def match(
+    offer: DeviceOffer, policy: Policy, snap: Snapshot, job: JobNeeds, demand: Demand = NEUTRAL, member: bool = False
+) -> Match:
     """Whether this device qualifies for ``job`` now, at its asking price, and every reason it does not."""
     price = pay(offer.flops_per_s, job.max_price_per_hour, demand)
     facts = JobFacts(job.owner, job.model_params, price)

@@ -49,8 +49,11 @@ class Paid:
     basis: str
 
     def summary(self) -> dict[str, float | str]:
-        return {"offered_gflops": round(self.offered / 1e9, 3), "paid_gflops": round(self.flops / 1e9, 3),
-                "basis": self.basis}  # fmt: skip
+        return {
+            "offered_gflops": round(self.offered / 1e9, 3),
+            "paid_gflops": round(self.flops / 1e9, 3),
+            "basis": self.basis,
+        }
 
 
 def timed_out(t: Timed) -> bool:
@@ -86,8 +89,11 @@ def paid_flops(offered: float, discount: float, challenge: Timed | None, scale: 
         shown = challenge.measured_flops * scale
         if shown < planned:
             return Paid(offered, shown, "its speed challenge")
-        return Paid(offered, planned, "its offer, confirmed by its speed challenge" if planned == offered
-                    else "its discounted offer")  # fmt: skip
+        return Paid(
+            offered,
+            planned,
+            "its offer, confirmed by its speed challenge" if planned == offered else "its discounted offer",
+        )
     why = "its speed challenge ran out of time" if challenge is not None else "not measured yet"
     if planned > limit:
         return Paid(offered, limit, f"{why}: capped at the leader's own speed")
@@ -102,8 +108,13 @@ def paid_speeds(job: Any, leader: str) -> dict[str, Paid]:
     limit = cap(float(own.flops_per_s) if own is not None else None)
     timed: Mapping[str, Timed] = job.leading.timed
     discounts: Mapping[str, float] = job.leading.discounts
-    out = {peer: paid_flops(float(offer.flops_per_s), float(discounts.get(peer, 1.0)), timed.get(peer),
-                            baseline(timed, peer), limit) for peer, offer in members.items() if peer != leader}
+    out = {
+        peer: paid_flops(
+            float(offer.flops_per_s), float(discounts.get(peer, 1.0)), timed.get(peer), baseline(timed, peer), limit
+        )
+        for peer, offer in members.items()
+        if peer != leader
+    }
     if own is not None:  # its own challenge is the baseline of how much slower devices run beside the job
         out[leader] = Paid(float(own.flops_per_s), float(own.flops_per_s), "the leader's own device")
     return out
@@ -113,9 +124,24 @@ def beyond_cap(job: Any, leader: str) -> list[str]:
     """Plan devices the leader has not asked to time that offer more than the cap (timed before they are paid more)."""
     own = job.members.get(leader)
     limit = cap(float(own.flops_per_s) if own is not None else None)
-    return [p for p in job.plan_peers() if p in job.members and p not in job.leading.challenged
-            and float(job.members[p].flops_per_s) > TIME_ABOVE * limit]  # fmt: skip
+    return [
+        p
+        for p in job.plan_peers()
+        if p in job.members
+        and p not in job.leading.challenged
+        and float(job.members[p].flops_per_s) > TIME_ABOVE * limit
+    ]
 
 
-__all__ = ["CAP_SLACK", "TIME_ABOVE", "Paid", "answered", "baseline", "beyond_cap", "cap", "paid_flops", "paid_speeds",
-           "timed_out"]  # fmt: skip
+__all__ = [
+    "CAP_SLACK",
+    "TIME_ABOVE",
+    "Paid",
+    "answered",
+    "baseline",
+    "beyond_cap",
+    "cap",
+    "paid_flops",
+    "paid_speeds",
+    "timed_out",
+]

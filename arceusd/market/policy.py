@@ -172,38 +172,90 @@ def _machine_checks(policy: Policy, snap: Snapshot) -> list[tuple[Term, Refusal 
     """Each lending condition of ``policy`` judged on ``snap``: the term as shown, and the refusal when it fails.
     The one place these conditions are decided (:func:`lend_reasons` and :func:`lend_terms` both read it)."""
     out: list[tuple[Term, Refusal | None]] = [
-        (Term("lend", "lend this device" if policy.lend else "lend to no job", "on" if policy.lend else "off",
-              policy.lend), None if policy.lend else Refusal(Reason.OFF))]  # fmt: skip
+        (
+            Term(
+                "lend",
+                "lend this device" if policy.lend else "lend to no job",
+                "on" if policy.lend else "off",
+                policy.lend,
+            ),
+            None if policy.lend else Refusal(Reason.OFF),
+        )
+    ]
     need = policy.idle_minutes * 60.0
     idle = snap.idle_s
     fails = idle is not None and idle < need
-    out.append((Term("idle_minutes", f"idle at least {policy.idle_minutes:g} min" if need else "idle: any time",
-                     "this machine cannot tell (passes)" if idle is None
-                     else f"idle {idle:.0f} s {'<' if fails else '>='} {need:.0f} s", not fails),
-                Refusal(Reason.NOT_IDLE, f"idle {idle:.0f} s < {need:.0f} s") if fails and idle is not None
-                else None))  # fmt: skip
+    out.append(
+        (
+            Term(
+                "idle_minutes",
+                f"idle at least {policy.idle_minutes:g} min" if need else "idle: any time",
+                "this machine cannot tell (passes)"
+                if idle is None
+                else f"idle {idle:.0f} s {'<' if fails else '>='} {need:.0f} s",
+                not fails,
+            ),
+            Refusal(Reason.NOT_IDLE, f"idle {idle:.0f} s < {need:.0f} s") if fails and idle is not None else None,
+        )
+    )
     fails = policy.require_ac and snap.on_ac is False
     power = {True: "on mains", False: "on battery", None: "this machine cannot tell (passes)"}[snap.on_ac]
-    out.append((Term("require_ac", "on mains power" if policy.require_ac else "mains power: not required", power,
-                     not fails), Refusal(Reason.ON_BATTERY) if fails else None))  # fmt: skip
+    out.append(
+        (
+            Term(
+                "require_ac", "on mains power" if policy.require_ac else "mains power: not required", power, not fails
+            ),
+            Refusal(Reason.ON_BATTERY) if fails else None,
+        )
+    )
     battery, least = snap.battery_percent, policy.min_battery_percent
     fails = battery is not None and snap.on_ac is not True and battery < least
-    now = ("no battery (passes)" if battery is None else f"on mains, battery {battery:.0f}% (passes)"
-           if snap.on_ac is True else f"battery {battery:.0f}% {'<' if fails else '>='} {least:.0f}%")  # fmt: skip
-    out.append((Term("min_battery_percent", f"battery at least {least:.0f}%" if least else "battery: any level", now,
-                     not fails), Refusal(Reason.LOW_BATTERY, f"{battery:.0f}% < {least:.0f}%")
-                if fails and battery is not None else None))  # fmt: skip
+    now = (
+        "no battery (passes)"
+        if battery is None
+        else f"on mains, battery {battery:.0f}% (passes)"
+        if snap.on_ac is True
+        else f"battery {battery:.0f}% {'<' if fails else '>='} {least:.0f}%"
+    )
+    out.append(
+        (
+            Term(
+                "min_battery_percent",
+                f"battery at least {least:.0f}%" if least else "battery: any level",
+                now,
+                not fails,
+            ),
+            Refusal(Reason.LOW_BATTERY, f"{battery:.0f}% < {least:.0f}%") if fails and battery is not None else None,
+        )
+    )
     cpu, most = snap.owner_cpu_percent, policy.max_owner_cpu_percent
     fails = cpu is not None and cpu > most
-    out.append((Term("max_owner_cpu_percent", f"owner's own CPU use at most {most:.0f}%",
-                     "not measured yet (passes)" if cpu is None
-                     else f"owner CPU {cpu:.0f}% {'>' if fails else '<='} {most:.0f}%", not fails),
-                Refusal(Reason.OWNER_CPU, f"{cpu:.0f}% > {most:.0f}%") if fails and cpu is not None else None))
+    out.append(
+        (
+            Term(
+                "max_owner_cpu_percent",
+                f"owner's own CPU use at most {most:.0f}%",
+                "not measured yet (passes)"
+                if cpu is None
+                else f"owner CPU {cpu:.0f}% {'>' if fails else '<='} {most:.0f}%",
+                not fails,
+            ),
+            Refusal(Reason.OWNER_CPU, f"{cpu:.0f}% > {most:.0f}%") if fails and cpu is not None else None,
+        )
+    )
     fails = not in_hours(policy.hours, snap.local_hour)
     span = f"{policy.hours[0]}-{policy.hours[1]}" if policy.hours else ""
-    out.append((Term("hours", f"hours {span} (local, end excluded)" if span else "hours: any",
-                     f"hour {snap.local_hour}" + (f" {'not in' if fails else 'in'} {span}" if span else ""),
-                     not fails), Refusal(Reason.HOURS, f"hour {snap.local_hour} not in {span}") if fails else None))
+    out.append(
+        (
+            Term(
+                "hours",
+                f"hours {span} (local, end excluded)" if span else "hours: any",
+                f"hour {snap.local_hour}" + (f" {'not in' if fails else 'in'} {span}" if span else ""),
+                not fails,
+            ),
+            Refusal(Reason.HOURS, f"hour {snap.local_hour} not in {span}") if fails else None,
+        )
+    )
     return out
 
 
@@ -234,26 +286,76 @@ def policy_terms(policy: Policy, snap: Snapshot, threads: int, prices: list[floa
     checked against when it comes (``met`` None)."""
     terms = list(lend_terms(policy, snap))
     ok = cores_within(policy, threads)
-    terms.append(Term("max_cores", f"at most {policy.max_cores} cores" if policy.max_cores else "cores: no cap",
-                      f"workers use {threads} thread(s)" + ("" if ok else f" > {policy.max_cores}"), ok))
-    terms.append(Term("max_memory_mib", f"lend at most {policy.max_memory_mib:,} MiB of memory"
-                      if policy.max_memory_mib else "memory: no cap", "applied to every offer", True))  # fmt: skip
-    terms.append(Term("gpu", "jobs may use the GPU" if policy.gpu else "CPU only (no GPU for jobs)",
-                      "applied to every offer", True))  # fmt: skip
+    terms.append(
+        Term(
+            "max_cores",
+            f"at most {policy.max_cores} cores" if policy.max_cores else "cores: no cap",
+            f"workers use {threads} thread(s)" + ("" if ok else f" > {policy.max_cores}"),
+            ok,
+        )
+    )
+    terms.append(
+        Term(
+            "max_memory_mib",
+            f"lend at most {policy.max_memory_mib:,} MiB of memory" if policy.max_memory_mib else "memory: no cap",
+            "applied to every offer",
+            True,
+        )
+    )
+    terms.append(
+        Term(
+            "gpu",
+            "jobs may use the GPU" if policy.gpu else "CPU only (no GPU for jobs)",
+            "applied to every offer",
+            True,
+        )
+    )
     floor = usd_per_hour(policy.min_price_per_hour)
     paying = [p for p in prices or [] if pays_enough(policy, p)]
-    terms.append(Term("min_price_per_hour", f"floor price {floor}",
-                      "not known yet" if prices is None else "no job announced" if not prices
-                      else f"{len(paying)} of {len(prices)} announced job(s) pay at least {floor}",
-                      None if not prices else bool(paying)))  # fmt: skip
-    terms.append(Term("owners", f"only jobs of {len(policy.owners)} owner(s)" if policy.owners
-                      else "jobs of any owner", "checked for each job", None))  # fmt: skip
-    terms.append(Term("max_model_params", f"models up to {policy.max_model_params:,} parameters"
-                      if policy.max_model_params else "models of any size", "checked for each job", None))
-    terms.append(Term("unpaid_checkpoints", f"leave a job after {policy.unpaid_checkpoints} unpaid checkpoint(s)",
-                      "checked for each job", None))  # fmt: skip
-    terms.append(Term("receipt_grace_s", f"a checkpoint's receipt is due {policy.receipt_grace_s:g} s after it",
-                      "checked for each job", None))  # fmt: skip
+    terms.append(
+        Term(
+            "min_price_per_hour",
+            f"floor price {floor}",
+            "not known yet"
+            if prices is None
+            else "no job announced"
+            if not prices
+            else f"{len(paying)} of {len(prices)} announced job(s) pay at least {floor}",
+            None if not prices else bool(paying),
+        )
+    )
+    terms.append(
+        Term(
+            "owners",
+            f"only jobs of {len(policy.owners)} owner(s)" if policy.owners else "jobs of any owner",
+            "checked for each job",
+            None,
+        )
+    )
+    terms.append(
+        Term(
+            "max_model_params",
+            f"models up to {policy.max_model_params:,} parameters" if policy.max_model_params else "models of any size",
+            "checked for each job",
+            None,
+        )
+    )
+    terms.append(
+        Term(
+            "unpaid_checkpoints",
+            f"leave a job after {policy.unpaid_checkpoints} unpaid checkpoint(s)",
+            "checked for each job",
+            None,
+        )
+    )
+    terms.append(
+        Term(
+            "receipt_grace_s",
+            f"a checkpoint's receipt is due {policy.receipt_grace_s:g} s after it",
+            "checked for each job",
+            None,
+        )
+    )
     return tuple(terms)
 
 
@@ -265,8 +367,11 @@ def job_reasons(policy: Policy, job: JobFacts) -> tuple[Refusal, ...]:
     if policy.max_model_params and job.model_params > policy.max_model_params:
         out.append(Refusal(Reason.MODEL_TOO_LARGE, f"{job.model_params:,} > {policy.max_model_params:,}"))
     if not pays_enough(policy, job.price_per_hour):
-        out.append(Refusal(Reason.PRICE_TOO_LOW,
-                           f"{usd_per_hour(job.price_per_hour)} < {usd_per_hour(policy.min_price_per_hour)}"))
+        out.append(
+            Refusal(
+                Reason.PRICE_TOO_LOW, f"{usd_per_hour(job.price_per_hour)} < {usd_per_hour(policy.min_price_per_hour)}"
+            )
+        )
     return tuple(out)
 
 

@@ -133,7 +133,18 @@ def cost_of(flops: float, flops_per_s: float, demand: Demand = NEUTRAL) -> float
 
 
 __all__ = [
-    "BASE_RATE_PER_HOUR", "CLOUD_GPUS", "CLOUD_PRICES_AS_OF", "CLOUD_PRICES_SOURCE", "CLOUD_SHARE", "NEUTRAL",
-    "TYPICAL_LAPTOP_FLOPS", "CloudGpu", "Demand", "cheapest_cloud", "cost_of", "demand_factor",
-    "max_price_per_hour", "price_per_hour",
-]  # fmt: skip
+    "BASE_RATE_PER_HOUR",
+    "CLOUD_GPUS",
+    "CLOUD_PRICES_AS_OF",
+    "CLOUD_PRICES_SOURCE",
+    "CLOUD_SHARE",
+    "NEUTRAL",
+    "TYPICAL_LAPTOP_FLOPS",
+    "CloudGpu",
+    "Demand",
+    "cheapest_cloud",
+    "cost_of",
+    "demand_factor",
+    "max_price_per_hour",
+    "price_per_hour",
+]

@@ -210,8 +210,12 @@ class LinuxProbe:
     """Linux, files under ``root`` (``/`` for the real machine). ``own_pids`` gives Arceus's processes (the
     daemon and its workers), whose CPU use is not the owner's."""
 
-    def __init__(self, root: Path = Path("/"), commands: Commands | None = None,
-                 own_pids: Callable[[], Iterable[int]] = lambda: ()) -> None:  # fmt: skip
+    def __init__(
+        self,
+        root: Path = Path("/"),
+        commands: Commands | None = None,
+        own_pids: Callable[[], Iterable[int]] = lambda: (),
+    ) -> None:
         self.root = root
         self.commands: Commands = commands or RealCommands()
         self.own_pids = own_pids
@@ -280,15 +284,15 @@ class LinuxProbe:
 class MacProbe:
     """macOS, through ``pmset``, ``ioreg`` and ``ps`` output."""
 
-    def __init__(self, commands: Commands | None = None,
-                 own_pids: Callable[[], Iterable[int]] = lambda: ()) -> None:  # fmt: skip
+    def __init__(self, commands: Commands | None = None, own_pids: Callable[[], Iterable[int]] = lambda: ()) -> None:
         self.commands: Commands = commands or RealCommands()
         self.own_pids = own_pids
 
     def snapshot(self, now: float) -> Snapshot:
         on_ac, battery = parse_pmset_batt(self.commands.output("pmset-g-batt", ["pmset", "-g", "batt"]) or "")
-        idle = parse_ioreg_idle(self.commands.output("ioreg-IOHIDSystem", ["ioreg", "-c", "IOHIDSystem", "-d", "4"])
-                                or "")  # fmt: skip
+        idle = parse_ioreg_idle(
+            self.commands.output("ioreg-IOHIDSystem", ["ioreg", "-c", "IOHIDSystem", "-d", "4"]) or ""
+        )
         ps = self.commands.output("ps-cpu", ["ps", "-A", "-o", "pid=,%cpu="])
         cpu = parse_ps_cpu(ps, set(self.own_pids()), os.cpu_count() or 1) if ps else None
         return Snapshot(idle, on_ac, battery, cpu, _hour(now))

@@ -36,16 +36,30 @@ class CostProgress:
 
     def line(self) -> str:
         """The figures for people (``arceusd status JOB``)."""
-        budget = (f", budget ${self.budget_usd:.6f} (${self.remaining_budget_usd or 0.0:.6f} left)"
-                  if self.budget_usd else ", no budget set")  # fmt: skip
+        budget = (
+            f", budget ${self.budget_usd:.6f} (${self.remaining_budget_usd or 0.0:.6f} left)"
+            if self.budget_usd
+            else ", no budget set"
+        )
         left = "time to finish -" if self.to_finish_s is None else f"about {self.to_finish_s:.0f} s to finish"
-        usd = ("cost to finish unknown until a checkpoint is paid" if self.to_finish_usd is None
-               else f"${self.to_finish_usd:.6f} more (${self.at_finish_usd or 0.0:.6f} in all)")  # fmt: skip
+        usd = (
+            "cost to finish unknown until a checkpoint is paid"
+            if self.to_finish_usd is None
+            else f"${self.to_finish_usd:.6f} more (${self.at_finish_usd or 0.0:.6f} in all)"
+        )
         return f"spent ${self.spent_usd:.6f}{budget}; {left}, {usd}"
 
 
-def cost_progress(spend: Spend, budget_usd: float, step: int, total_steps: int, eta_s: float | None,
-                  running: bool, committed: bool = False, end_s: float = END_S) -> CostProgress:  # fmt: skip
+def cost_progress(
+    spend: Spend,
+    budget_usd: float,
+    step: int,
+    total_steps: int,
+    eta_s: float | None,
+    running: bool,
+    committed: bool = False,
+    end_s: float = END_S,
+) -> CostProgress:
     """The figures of a job at ``step`` of ``total_steps`` that has spent ``spend`` (pure); ``committed``: the
     leader has settled a commit since it began (a cost per step of 0 then means no device is paid: $0 to finish);
     ``end_s``: the last commit to ``done``."""
@@ -77,8 +91,16 @@ def job_cost(node: Any, job: Any) -> dict[str, Any] | None:
     running = str(getattr(job.state, "value", job.state)) == "running"
     book = market.books.get(job.job_id)
     committed = book is not None and book.last[0] > book.first
-    progress = cost_progress(market.spend(job), float(job.spec.needs.budget_usd), int(job.step),
-                             int(job.total_steps), speed.eta_s, running, committed, end_seconds(job.spec))  # fmt: skip
+    progress = cost_progress(
+        market.spend(job),
+        float(job.spec.needs.budget_usd),
+        int(job.step),
+        int(job.total_steps),
+        speed.eta_s,
+        running,
+        committed,
+        end_seconds(job.spec),
+    )
     return {**asdict(progress), "line": progress.line()}
 
 

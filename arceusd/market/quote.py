@@ -42,11 +42,12 @@ class Quote:
         """What in ``[needs]`` this estimate cannot meet, for people (empty: everything it states)."""
         out = []
         if not self.within_budget:
-            out.append(f"the budget cannot be met: about ${self.usd:.6f}, over needs.budget_usd "
-                       f"${self.budget_usd:.6f}")  # fmt: skip
+            out.append(f"the budget cannot be met: about ${self.usd:.6f}, over needs.budget_usd ${self.budget_usd:.6f}")
         if not self.within_deadline:
-            out.append(f"the deadline cannot be met: about {_hours(self.hours)} on {self.members} device(s), past "
-                       f"needs.deadline_hours {self.deadline_hours:g} h")  # fmt: skip
+            out.append(
+                f"the deadline cannot be met: about {_hours(self.hours)} on {self.members} device(s), past "
+                f"needs.deadline_hours {self.deadline_hours:g} h"
+            )
         return out
 
 
@@ -68,9 +69,16 @@ def job_flops(spec: object) -> float:
     return step_flops(spec) * spec.training.steps
 
 
-def quote(flops: float, members: int, device_flops_per_s: float, efficiency: float = 1.0,
-          demand: Demand = NEUTRAL, budget_usd: float = 0.0, deadline_hours: float = 0.0,
-          max_price_per_hour: float = 0.0) -> Quote:  # fmt: skip
+def quote(
+    flops: float,
+    members: int,
+    device_flops_per_s: float,
+    efficiency: float = 1.0,
+    demand: Demand = NEUTRAL,
+    budget_usd: float = 0.0,
+    deadline_hours: float = 0.0,
+    max_price_per_hour: float = 0.0,
+) -> Quote:
     """The estimate for ``flops`` of work on ``members`` devices like this one (``device_flops_per_s`` each), the
     owner's own among them: every other one paid the market price, at most ``max_price_per_hour`` (0: none), as
     the job's leader pays it (the owner's device is not billed to its owner: ``receipts.billed``)."""
@@ -83,10 +91,19 @@ def quote(flops: float, members: int, device_flops_per_s: float, efficiency: flo
         price = min(price, max_price_per_hour)
     usd = hours * (members - 1) * price
     cloud = tuple(CloudCost(g.name, g.instance, *g.cost_for(flops)) for g in CLOUD_GPUS)
-    return Quote(flops, members, device_flops_per_s, hours, usd, price, cloud,
-                 within_budget=not budget_usd or usd <= budget_usd,
-                 within_deadline=not deadline_hours or hours <= deadline_hours, budget_usd=budget_usd,
-                 deadline_hours=deadline_hours)  # fmt: skip
+    return Quote(
+        flops,
+        members,
+        device_flops_per_s,
+        hours,
+        usd,
+        price,
+        cloud,
+        within_budget=not budget_usd or usd <= budget_usd,
+        within_deadline=not deadline_hours or hours <= deadline_hours,
+        budget_usd=budget_usd,
+        deadline_hours=deadline_hours,
+    )
 
 
 def quote_lines(q: Quote) -> list[str]:

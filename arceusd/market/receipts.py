@@ -76,8 +76,9 @@ class Receipt:
             if not _HEX32.match(getattr(self, name)):
                 raise ReceiptError(f"receipt {name} must be 32 lowercase hex characters")
         if not (0 <= self.term < 2**62 and 0 <= self.epoch < 2**62 and 0 <= self.step_from < self.step_to < 2**62):
-            raise ReceiptError(f"receipt term/epoch/steps out of range ({self.term}, {self.epoch}, "
-                               f"{self.step_from}..{self.step_to})")  # fmt: skip
+            raise ReceiptError(
+                f"receipt term/epoch/steps out of range ({self.term}, {self.epoch}, {self.step_from}..{self.step_to})"
+            )
         for name in ("device_seconds", "flops", "price_per_hour", "issued_at"):
             v = getattr(self, name)
             if not math.isfinite(v) or v < 0:
@@ -87,8 +88,9 @@ class Receipt:
 def encode(r: Receipt) -> bytes:
     """The canonical body: a msgpack map in declaration order."""
     r.check()
-    body: bytes = msgpack.packb({f.name: getattr(r, f.name) for f in fields(Receipt)}, use_bin_type=True,
-                                strict_types=True)  # fmt: skip
+    body: bytes = msgpack.packb(
+        {f.name: getattr(r, f.name) for f in fields(Receipt)}, use_bin_type=True, strict_types=True
+    )
     return body
 
 
@@ -97,8 +99,16 @@ def decode(body: bytes) -> Receipt:
     if len(body) > MAX_BODY:
         raise ReceiptError(f"receipt body is {len(body)} bytes; at most {MAX_BODY}")
     try:
-        data = msgpack.unpackb(body, raw=False, strict_map_key=True, max_str_len=64, max_bin_len=0,
-                               max_array_len=0, max_map_len=len(fields(Receipt)), max_ext_len=0)  # fmt: skip
+        data = msgpack.unpackb(
+            body,
+            raw=False,
+            strict_map_key=True,
+            max_str_len=64,
+            max_bin_len=0,
+            max_array_len=0,
+            max_map_len=len(fields(Receipt)),
+            max_ext_len=0,
+        )
     except (ValueError, msgpack.UnpackException) as exc:
         raise ReceiptError(f"receipt body is not msgpack: {exc}") from None
     names = [f.name for f in fields(Receipt)]
@@ -251,8 +261,22 @@ class LeaderBook:
                 continue
             steps = c.step - from_step
             seconds = min(max(0.0, c.at - from_at), steps * c.predicted_step_s * PLAN_SLACK)
-            out.append(Receipt(c.job_id, c.owner, leader, device, c.term, c.epoch, from_step, c.step, seconds,
-                               steps * share * c.flops_per_step, c.prices[device], c.at))  # fmt: skip
+            out.append(
+                Receipt(
+                    c.job_id,
+                    c.owner,
+                    leader,
+                    device,
+                    c.term,
+                    c.epoch,
+                    from_step,
+                    c.step,
+                    seconds,
+                    steps * share * c.flops_per_step,
+                    c.prices[device],
+                    c.at,
+                )
+            )
             self.paid_to[device] = (c.step, c.at)
             self.spent_usd += out[-1].usd
         if c.step > self.last[0]:

@@ -116,8 +116,13 @@ class Market:
         self.snapshot: Snapshot = Snapshot(None, None, None, None, time.localtime().tm_hour)
         self.ledger = Ledger.open(node.paths.root, node.identity)
         if not self.ledger.verified.ok:
-            log.error("the ledger %s does not verify: %s; no receipt is added to it until it is looked at "
-                      "(arceusd verify-ledger %s)", self.ledger.path, self.ledger.verified.error, self.ledger.path)
+            log.error(
+                "the ledger %s does not verify: %s; no receipt is added to it until it is looked at "
+                "(arceusd verify-ledger %s)",
+                self.ledger.path,
+                self.ledger.verified.error,
+                self.ledger.path,
+            )
         self.books: dict[str, LeaderBook] = {}
         self.since: dict[str, float] = {}  # job -> when this device was first seen working in it (wall clock)
         self.running_since: dict[str, float] = {}  # job -> when it was first seen running (wall clock)
@@ -171,8 +176,13 @@ class Market:
 
     async def offer(self) -> DeviceOffer:
         o = await self._jobs().offer()
-        return DeviceOffer(self.node.identity.peer_id, o.kind, int(o.memory_bytes), float(o.flops_per_s),
-                           self.node.config.worker_threads)
+        return DeviceOffer(
+            self.node.identity.peer_id,
+            o.kind,
+            int(o.memory_bytes),
+            float(o.flops_per_s),
+            self.node.config.worker_threads,
+        )
 
     async def listing(self) -> dict[str, Any]:
         policy = self.reload()
@@ -189,14 +199,28 @@ class Market:
             m = match(offer, policy, self.snapshot, needs, demand, member=member)
             unpaid_left = self.left_unpaid.get(job.job_id)
             reasons = [str(r) for r in m.reasons] + ([f"left unpaid: {unpaid_left['reason']}"] if unpaid_left else [])
-            rows.append({"job_id": job.job_id, "name": job.spec.name, "owner": job.owner, "state": job.state,
-                         "members": needs.members, "max_members": needs.max_members,
-                         "max_price_per_hour": needs.max_price_per_hour, "price_per_hour": m.price_per_hour,
-                         "qualifies": m.qualifies and not unpaid_left, "reasons": reasons,
-                         "warnings": self.outlook(job, offer, efficiency, demand, member)})  # fmt: skip
-        return {"device": asdict(offer), "machine": asdict(self.snapshot), "demand": asdict(demand), "jobs": rows,
-                "left_unpaid": list(self.left_unpaid.values())}  # fmt: skip
-
+            rows.append(
+                {
+                    "job_id": job.job_id,
+                    "name": job.spec.name,
+                    "owner": job.owner,
+                    "state": job.state,
+                    "members": needs.members,
+                    "max_members": needs.max_members,
+                    "max_price_per_hour": needs.max_price_per_hour,
+                    "price_per_hour": m.price_per_hour,
+                    "qualifies": m.qualifies and not unpaid_left,
+                    "reasons": reasons,
+                    "warnings": self.outlook(job, offer, efficiency, demand, member),
+                }
+            )
+        return {
+            "device": asdict(offer),
+            "machine": asdict(self.snapshot),
+            "demand": asdict(demand),
+            "jobs": rows,
+            "left_unpaid": list(self.left_unpaid.values()),
+        }
 
     @staticmethod
     def outlook(job: Any, offer: DeviceOffer, efficiency: float, demand: Demand, member: bool) -> list[str]:
@@ -208,19 +232,37 @@ class Market:
         steps = max(0, int(job.total_steps) - int(job.step))
         # the owner's device is one of them, always (a device that only saw the announce knows no members): the
         # quote leaves that one unpaid
-        count = max(len({*job.member_ids(), job.owner}) + (0 if member else 1), n.min_members,
-                    devices_for_memory(n.memory_total_mib, offer.memory_bytes >> 20))  # fmt: skip
-        q = quote(steps * step_flops(job.spec), count, offer.flops_per_s, efficiency, demand, n.budget_usd, 0.0,
-                  n.max_price_per_hour)  # fmt: skip
-        out = [] if q.within_budget else [
-            f"the budget cannot be met: about ${q.usd:.6f} for the remaining {steps} step(s) on {count} device(s) "
-            f"like this one, over needs.budget_usd ${n.budget_usd:.6f}"]  # fmt: skip
+        count = max(
+            len({*job.member_ids(), job.owner}) + (0 if member else 1),
+            n.min_members,
+            devices_for_memory(n.memory_total_mib, offer.memory_bytes >> 20),
+        )
+        q = quote(
+            steps * step_flops(job.spec),
+            count,
+            offer.flops_per_s,
+            efficiency,
+            demand,
+            n.budget_usd,
+            0.0,
+            n.max_price_per_hour,
+        )
+        out = (
+            []
+            if q.within_budget
+            else [
+                f"the budget cannot be met: about ${q.usd:.6f} for the remaining {steps} step(s) on {count} device(s) "
+                f"like this one, over needs.budget_usd ${n.budget_usd:.6f}"
+            ]
+        )
         if n.deadline_hours:
             left = n.deadline_hours - max(0.0, time.time() - float(job.created)) / 3600.0
             if q.hours > left:
-                out.append(f"the deadline cannot be met: about {q.hours * 60:.1f} min for the remaining {steps} "
-                           f"step(s), {max(left, 0.0) * 60:.1f} min left of needs.deadline_hours "
-                           f"{n.deadline_hours:g}")  # fmt: skip
+                out.append(
+                    f"the deadline cannot be met: about {q.hours * 60:.1f} min for the remaining {steps} "
+                    f"step(s), {max(left, 0.0) * 60:.1f} min left of needs.deadline_hours "
+                    f"{n.deadline_hours:g}"
+                )
         return out
 
     # --- joining and leaving -------------------------------------------------------------------------------
@@ -262,8 +304,14 @@ class Market:
             try:
                 result = await self.node.methods["join"]({"job_id": job.job_id})
                 log.info("offered this device again to job %s: %s", job.job_id[:12], result)
-                self.reoffers.append({"job_id": job.job_id, "at": time.time(), "accepted": bool(result["accepted"]),
-                                      "reason": str(result.get("reason", ""))})  # fmt: skip
+                self.reoffers.append(
+                    {
+                        "job_id": job.job_id,
+                        "at": time.time(),
+                        "accepted": bool(result["accepted"]),
+                        "reason": str(result.get("reason", "")),
+                    }
+                )
             except RequestError as exc:
                 self.deferred[job.job_id] = now
                 log.warning("offering this device again to job %s failed: %s", job.job_id[:12], exc)
@@ -282,8 +330,9 @@ class Market:
                 log.warning("the owner is back but leaving job %s failed: %s", job.job_id[:12], exc)
                 continue
             self.deferred[job.job_id] = time.monotonic()
-            self.left_for_owner.append({"job_id": job.job_id, "at": time.time(),
-                                        "seconds": round(time.monotonic() - began, 3)})  # fmt: skip
+            self.left_for_owner.append(
+                {"job_id": job.job_id, "at": time.time(), "seconds": round(time.monotonic() - began, 3)}
+            )
             log.warning("the owner is back: left job %s in %.2f s", job.job_id[:12], time.monotonic() - began)
 
     async def tick(self) -> None:
@@ -337,15 +386,26 @@ class Market:
             top, zero, usd = self.paid_to(job.job_id)
             steps = unpaid(w, top, now, self.policy.receipt_grace_s)
             limit = self.policy.unpaid_checkpoints
-            self.pay[job.job_id] = {"paid_to_step": top, "paid_usd": usd, "zero_receipts": zero,
-                                    "unpaid_checkpoints": steps[-8:], "limit": limit}  # fmt: skip
+            self.pay[job.job_id] = {
+                "paid_to_step": top,
+                "paid_usd": usd,
+                "zero_receipts": zero,
+                "unpaid_checkpoints": steps[-8:],
+                "limit": limit,
+            }
             why = leave_reason(steps, limit, zero, str(job.owner))
             if why is not None and "leave" in self.node.methods:
                 await self._leave_unpaid(job, why, steps, step)
 
     async def _leave_unpaid(self, job: Any, why: str, steps: list[int], step: int) -> None:
-        self.left_unpaid[job.job_id] = {"job_id": job.job_id, "owner": job.owner, "at": time.time(), "reason": why,
-                                        "unpaid_checkpoints": steps[-8:], "worker_step": step}  # fmt: skip
+        self.left_unpaid[job.job_id] = {
+            "job_id": job.job_id,
+            "owner": job.owner,
+            "at": time.time(),
+            "reason": why,
+            "unpaid_checkpoints": steps[-8:],
+            "worker_step": step,
+        }
         log.warning("job %s: %s", job.job_id[:12], why)
         try:
             await self.node.methods["leave"]({"job_id": job.job_id})
@@ -369,11 +429,17 @@ class Market:
         receipts = book.issue(me, commit)
         if receipts and self.nursery is not None:
             addresses = {p: getattr(o, "address", "") for p, o in job.members.items()}
-            self.nursery.start_soon(self._settle, job, [sign_leader(self.node.identity, r) for r in receipts],
-                                    addresses, self._authority(job))  # fmt: skip
+            self.nursery.start_soon(
+                self._settle,
+                job,
+                [sign_leader(self.node.identity, r) for r in receipts],
+                addresses,
+                self._authority(job),
+            )
         spend = replace(self.spend(job), most_per_step_usd=most_per_step_usd(commit))
-        stop = budget_stop(float(job.spec.needs.budget_usd), spend, step, int(job.total_steps),
-                           int(job.spec.checkpoint.interval_steps))  # fmt: skip
+        stop = budget_stop(
+            float(job.spec.needs.budget_usd), spend, step, int(job.total_steps), int(job.spec.checkpoint.interval_steps)
+        )
         if stop is not None:
             log.warning("job %s: %s", job.job_id[:12], stop)
         return stop
@@ -410,19 +476,33 @@ class Market:
         n = job.spec.needs
         demand = self.demand(self.job_needs())
         cap = float(n.max_price_per_hour)
-        members = [Member(float(o.flops_per_s), float(o.block_efficiency),  # the owner's own device: not paid
-                          pay(float(o.flops_per_s), cap, demand) if billed(job.owner, o.peer_id) else 0.0)
-                   for o in [*job.members.values(), offer]]  # fmt: skip
+        members = [
+            Member(
+                float(o.flops_per_s),
+                float(o.block_efficiency),  # the owner's own device: not paid
+                pay(float(o.flops_per_s), cap, demand) if billed(job.owner, o.peer_id) else 0.0,
+            )
+            for o in [*job.members.values(), offer]
+        ]
         remaining = max(0, int(job.total_steps) - int(job.committed_step))
         _, usd = projected_usd(remaining * step_flops(job.spec), members)
-        why = join_refusal(members=len(job.members), max_members=int(n.max_members), kinds=tuple(n.device_kinds),
-                           kind=str(offer.kind), lends_mib=int(offer.memory_bytes) >> 20,
-                           per_device_mib=int(n.memory_per_device_mib), budget_usd=float(n.budget_usd),
-                           spend=self.spend(job), remaining_steps=remaining, remaining_usd=usd)  # fmt: skip
+        why = join_refusal(
+            members=len(job.members),
+            max_members=int(n.max_members),
+            kinds=tuple(n.device_kinds),
+            kind=str(offer.kind),
+            lends_mib=int(offer.memory_bytes) >> 20,
+            per_device_mib=int(n.memory_per_device_mib),
+            budget_usd=float(n.budget_usd),
+            spend=self.spend(job),
+            remaining_steps=remaining,
+            remaining_usd=usd,
+        )
         if why is not None:
             log.info("job %s: not admitting %s: %s", job.job_id[:12], offer.peer_id[:12], why)
-            self.refused_joins.append({"job_id": job.job_id, "peer_id": offer.peer_id, "at": time.time(),
-                                       "reason": why})  # fmt: skip
+            self.refused_joins.append(
+                {"job_id": job.job_id, "peer_id": offer.peer_id, "at": time.time(), "reason": why}
+            )
             del self.refused_joins[:-20]
             if job.state == "waiting":
                 job.error = f"not admitting {offer.peer_id[:12]}: {why}"
@@ -439,13 +519,26 @@ class Market:
         prices = {peer: pay(p.flops, cap, demand) for peer, p in speeds.items()}
         # the shard writers, and the other replicas' devices whose witness matched theirs (arceusd.jobs.witnesses)
         reported = frozenset(job.leading.reports.get(step, {})) | job.leading.complete.get(step, frozenset())
-        predicted = job.replica_plan.predicted_step_time_s if job.replica_plan is not None else \
-            job.plan.predicted_step_time_s
-        return Commit(job.job_id, job.owner, term, epoch, step, time.time(), reported, dict(job.shares),
-                      per_sample * job.spec.training.batch_size, float(predicted), prices)  # fmt: skip
+        predicted = (
+            job.replica_plan.predicted_step_time_s if job.replica_plan is not None else job.plan.predicted_step_time_s
+        )
+        return Commit(
+            job.job_id,
+            job.owner,
+            term,
+            epoch,
+            step,
+            time.time(),
+            reported,
+            dict(job.shares),
+            per_sample * job.spec.training.batch_size,
+            float(predicted),
+            prices,
+        )
 
-    async def _settle(self, job: Any, signed: list[SignedReceipt], addresses: dict[str, str],
-                      authority: bytes = b"") -> None:  # fmt: skip
+    async def _settle(
+        self, job: Any, signed: list[SignedReceipt], addresses: dict[str, str], authority: bytes = b""
+    ) -> None:
         me = self.node.identity.peer_id
         for s in signed:
             r = s.receipt
@@ -456,8 +549,15 @@ class Market:
                     final = countersign(self.node.identity, s)
             else:
                 offer = ReceiptOffer(decode_body(s), s.leader_key, s.leader_sig, authority)
-                reply = await self._peers().request(addresses.get(r.device, ""), r.device, offer, RECEIPT_TIMEOUT_S,
-                                                    job_id=r.job_id, term=r.term, epoch=r.epoch)  # fmt: skip
+                reply = await self._peers().request(
+                    addresses.get(r.device, ""),
+                    r.device,
+                    offer,
+                    RECEIPT_TIMEOUT_S,
+                    job_id=r.job_id,
+                    term=r.term,
+                    epoch=r.epoch,
+                )
                 if isinstance(reply, ReceiptReply) and reply.device_sig:
                     candidate = SignedReceipt(r, s.leader_key, s.leader_sig, reply.device_key, reply.device_sig)
                     try:
@@ -467,8 +567,14 @@ class Market:
                         log.warning("job %s: %s's countersignature is invalid: %s", r.job_id[:12], r.device[:12], exc)
                 else:
                     refused = reply.reason if isinstance(reply, ReceiptReply) else "no answer"
-                    log.warning("job %s: %s did not countersign steps %d..%d: %s", r.job_id[:12], r.device[:12],
-                                r.step_from, r.step_to, refused)  # fmt: skip
+                    log.warning(
+                        "job %s: %s did not countersign steps %d..%d: %s",
+                        r.job_id[:12],
+                        r.device[:12],
+                        r.step_from,
+                        r.step_to,
+                        refused,
+                    )
             self._append(final)
 
     def _append(self, s: SignedReceipt) -> None:
@@ -496,9 +602,15 @@ class Market:
         from arceusd.models.costs import block_costs
 
         per_sample = sum(c.forward_flops_per_sample + c.backward_flops_per_sample for c in block_costs(job.spec.model))
-        record = DeviceRecord(r.job_id, self.node.identity.peer_id, int(job.epoch), int(job.step),
-                              self.since.get(r.job_id, job.created), per_sample * job.spec.training.batch_size,
-                              self.policy.min_price_per_hour)  # fmt: skip
+        record = DeviceRecord(
+            r.job_id,
+            self.node.identity.peer_id,
+            int(job.epoch),
+            int(job.step),
+            self.since.get(r.job_id, job.created),
+            per_sample * job.spec.training.batch_size,
+            self.policy.min_price_per_hour,
+        )
         return device_check(r, record, time.time())
 
     async def on_receipt(self, header: Any, msg: ReceiptOffer) -> ReceiptReply:
@@ -513,8 +625,13 @@ class Market:
         self._keep_authority(receipt, msg.authority)
         why = self._check(signed)
         if why:
-            log.warning("job %s: not countersigning steps %d..%d: %s", receipt.job_id[:12], receipt.step_from,
-                        receipt.step_to, "; ".join(why))  # fmt: skip
+            log.warning(
+                "job %s: not countersigning steps %d..%d: %s",
+                receipt.job_id[:12],
+                receipt.step_from,
+                receipt.step_to,
+                "; ".join(why),
+            )
             return ReceiptReply(me.public_key_raw, b"", "; ".join(why)[:300])
         both = countersign(me, signed)
         self._append(both)
@@ -580,8 +697,9 @@ class Market:
         out: list[SignedReceipt] = []
         start = 0
         for _ in range(MAX_PAGES_PER_PEER):
-            reply = await self._peers().request(address, peer, ReceiptsRequest(job.job_id, start), RECEIPT_TIMEOUT_S,
-                                                  job_id=job.job_id)  # fmt: skip
+            reply = await self._peers().request(
+                address, peer, ReceiptsRequest(job.job_id, start), RECEIPT_TIMEOUT_S, job_id=job.job_id
+            )
             if not isinstance(reply, ReceiptBatch) or reply.job_id != job.job_id:
                 break
             for entry in reply.entries:
@@ -600,13 +718,24 @@ class Market:
         return page(kept_for(self.ledger.entries, msg.job_id, header.sender), msg.job_id, msg.start)
 
     def status(self) -> dict[str, Any]:
-        return {"ledger": {"path": str(self.ledger.path), "ok": self.ledger.verified.ok,
-                           "error": self.ledger.verified.error, "receipts": len(self.ledger.entries)},
-                "machine": asdict(self.snapshot), "owner_back": owner_back(self.policy, self.snapshot),
-                "left_for_owner": self.left_for_owner[-20:], "reoffers": self.reoffers[-20:],
-                "deferred": sorted(self.deferred), "collected": self.collected, "paid_speed": self.paid,
-                "pay": self.pay, "left_unpaid": list(self.left_unpaid.values()),
-                "refused_joins": self.refused_joins}  # fmt: skip
+        return {
+            "ledger": {
+                "path": str(self.ledger.path),
+                "ok": self.ledger.verified.ok,
+                "error": self.ledger.verified.error,
+                "receipts": len(self.ledger.entries),
+            },
+            "machine": asdict(self.snapshot),
+            "owner_back": owner_back(self.policy, self.snapshot),
+            "left_for_owner": self.left_for_owner[-20:],
+            "reoffers": self.reoffers[-20:],
+            "deferred": sorted(self.deferred),
+            "collected": self.collected,
+            "paid_speed": self.paid,
+            "pay": self.pay,
+            "left_unpaid": list(self.left_unpaid.values()),
+            "refused_joins": self.refused_joins,
+        }
 
 
 def decode_body(s: SignedReceipt) -> bytes:

@@ -80,9 +80,11 @@ def leave_reason(steps: list[int], limit: int, zero_receipts: int, owner: str) -
         return None
     how = f"its receipts pay $0 ({zero_receipts} of them)" if zero_receipts else "no receipt came for them"
     shown = ", ".join(str(s) for s in steps[-4:])
-    return (f"the owner {owner[:12]} left {len(steps)} checkpoint(s) of this device's work unpaid (steps "
-            f"{'..., ' if len(steps) > 4 else ''}{shown}): {how}; more than policy.unpaid_checkpoints = {limit}, "
-            "so this device left the job")  # fmt: skip
+    return (
+        f"the owner {owner[:12]} left {len(steps)} checkpoint(s) of this device's work unpaid (steps "
+        f"{'..., ' if len(steps) > 4 else ''}{shown}): {how}; more than policy.unpaid_checkpoints = {limit}, "
+        "so this device left the job"
+    )
 
 
 __all__ = ["GRACE_S", "MAX_TRACKED", "PayWatch", "leave_reason", "unpaid"]

@@ -58,9 +58,7 @@ class MembershipConfig:
         if self.awareness_max_multiplier < 1:
             raise ValueError("awareness_max_multiplier must be >= 1 (1 disables local health awareness)")
         if self.tombstone_ttl < self.gossip_to_the_dead_time:
-            raise ValueError(
-                "tombstone_ttl must be >= gossip_to_the_dead_time, or dead members could resurrect"
-            )
+            raise ValueError("tombstone_ttl must be >= gossip_to_the_dead_time, or dead members could resurrect")
         if min(self.max_members, self.max_members_per_host, self.max_pending, self.max_pending_per_source) < 1:
             raise ValueError("max_members, max_members_per_host, max_pending and max_pending_per_source must be >= 1")
         if self.packet_budget < 200:

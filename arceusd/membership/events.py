@@ -225,9 +225,7 @@ PACKET_OVERHEAD = 24
 
 
 def update_size(update: Update) -> int:
-    return (
-        UPDATE_OVERHEAD + len(update.peer) + len(update.origin) + len(update.address) + len(update.public_key)
-    )
+    return UPDATE_OVERHEAD + len(update.peer) + len(update.origin) + len(update.address) + len(update.public_key)
 
 
 def estimated_size(action: Send) -> int:

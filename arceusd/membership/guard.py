@@ -44,9 +44,7 @@ class Drop(enum.Enum):
     TABLE_FULL = "new_member_table_full"
 
 
-def check_update(
-    update: Update, known_incarnation: int | None, origin_is_member: bool
-) -> Drop | None:
+def check_update(update: Update, known_incarnation: int | None, origin_is_member: bool) -> Drop | None:
     """``None`` when ``update`` may be applied; otherwise why not.
 
     ``known_incarnation``: our record of the subject (None if unknown); ``origin_is_member``: the origin is

@@ -246,9 +246,7 @@ class Cluster:
         self._counter += 1
         heapq.heappush(self._heap, (time, self._counter, kind, address, group, payload))
 
-    def _send(
-        self, node: SimNode, address: ev.Address, kind: str, event: object, size: int, label: str
-    ) -> None:
+    def _send(self, node: SimNode, address: ev.Address, kind: str, event: object, size: int, label: str) -> None:
         self.stats.messages += 1
         self.stats.bytes += size
         self.stats.by_kind[label] += 1
@@ -280,9 +278,7 @@ class Cluster:
             elif isinstance(action, ev.SendNack):
                 event = ev.NackReceived(me, action.seq)
             elif isinstance(action, ev.SendPingReq):
-                event = ev.PingReqReceived(
-                    me, addr, action.seq, action.target, action.target_address, action.gossip
-                )
+                event = ev.PingReqReceived(me, addr, action.seq, action.target, action.target_address, action.gossip)
             elif isinstance(action, ev.SendGossip):
                 event = ev.GossipReceived(me, action.gossip)
             else:
@@ -310,9 +306,7 @@ class Cluster:
                 if isinstance(action, el.SendVoteRequest):
                     event = el.VoteRequested(me, action.job, action.term, action.pre_vote)
                 elif isinstance(action, el.SendVoteReply):
-                    event = el.VoteReplied(
-                        me, action.job, action.term, action.granted, action.pre_vote, action.leader
-                    )
+                    event = el.VoteReplied(me, action.job, action.term, action.granted, action.pre_vote, action.leader)
                 else:
                     event = el.LeaderAnnounced(me, action.job, action.term)
                 self._send(node, self.address_of[action.to], "election", event, 64, type(action).__name__)

@@ -57,9 +57,7 @@ def target_state(kind: UpdateKind) -> MemberState:
     return _TARGET[kind]
 
 
-def decide(
-    current: MemberState | None, current_incarnation: int, kind: UpdateKind, incarnation: int
-) -> Decision:
+def decide(current: MemberState | None, current_incarnation: int, kind: UpdateKind, incarnation: int) -> Decision:
     """What to do with an update of ``kind`` at ``incarnation`` about a member we hold in ``current``."""
     if current is None:
         return Decision.APPLY if kind is UpdateKind.ALIVE else Decision.IGNORE

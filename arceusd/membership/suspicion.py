@@ -57,6 +57,4 @@ class Suspicion:
 
     @property
     def deadline(self) -> float:
-        return self.start + suspicion_timeout(
-            self.confirmations, self.expected, self.min_timeout, self.max_timeout
-        )
+        return self.start + suspicion_timeout(self.confirmations, self.expected, self.min_timeout, self.max_timeout)

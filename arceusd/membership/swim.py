@@ -286,9 +286,7 @@ class Membership:
         actions: list[Action] = []
         for update in known:
             if update.kind is not UpdateKind.ALIVE:
-                raise ValueError(
-                    f"bootstrap takes ALIVE updates only, got {update.kind.value} for {update.peer}"
-                )
+                raise ValueError(f"bootstrap takes ALIVE updates only, got {update.kind.value} for {update.peer}")
             self._apply(update, now, actions, rebroadcast=False)
         return actions
 
@@ -380,9 +378,7 @@ class Membership:
                 self._answered.discard(gone)
                 self._met.pop(gone, None)
                 actions.append(
-                    MemberChanged(
-                        gone, member.state, None, member.incarnation, member.address, member.public_key
-                    )
+                    MemberChanged(gone, member.state, None, member.incarnation, member.address, member.public_key)
                 )
 
     def _start_probe(self, now: float, actions: list[Action]) -> None:
@@ -436,9 +432,7 @@ class Membership:
         probe.expected_nacks = len(helpers)
         for helper in helpers:
             actions.append(
-                SendPingReq(
-                    helper.peer, helper.address, probe.seq, target.peer, target.address, self._piggyback()
-                )
+                SendPingReq(helper.peer, helper.address, probe.seq, target.peer, target.address, self._piggyback())
             )
 
     def _probe_failed(self, probe: _Probe, now: float, actions: list[Action]) -> None:
@@ -631,9 +625,7 @@ class Membership:
             return
         new_state = target_state(update.kind)
         if member is None:
-            member = Member(
-                update.peer, new_state, update.incarnation, update.address, update.public_key, now
-            )
+            member = Member(update.peer, new_state, update.incarnation, update.address, update.public_key, now)
             self._members[update.peer] = member
             self._insert_in_order(update.peer)
             bisect.insort(self._ring, (ring_key(update.peer), update.peer))
@@ -675,14 +667,10 @@ class Membership:
             )
         elif new_state in _GONE:
             self._answered.discard(update.peer)
-            heapq.heappush(
-                self._tombstones, (now + self.config.tombstone_ttl, update.peer, member.state_change)
-            )
+            heapq.heappush(self._tombstones, (now + self.config.tombstone_ttl, update.peer, member.state_change))
         if changed:
             actions.append(
-                MemberChanged(
-                    update.peer, previous, new_state, member.incarnation, member.address, member.public_key
-                )
+                MemberChanged(update.peer, previous, new_state, member.incarnation, member.address, member.public_key)
             )
 
     def _about_self(self, update: Update, actions: list[Action]) -> None:
@@ -730,9 +718,7 @@ class Membership:
     # ------------------------------------------------------------------------------------------- helpers
     def _self_alive(self) -> Update:
         me = self._members[self.self_id]
-        return Update(
-            UpdateKind.ALIVE, self.self_id, me.incarnation, self.self_id, self.address, self.public_key
-        )
+        return Update(UpdateKind.ALIVE, self.self_id, me.incarnation, self.self_id, self.address, self.public_key)
 
     def _full_state(self) -> Gossip:
         out = []

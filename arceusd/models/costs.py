@@ -33,9 +33,7 @@ def _optimizer_bytes(param_bytes: int, optimizer: OptimizerKind) -> int:
     return param_bytes * (1 + _STATE_PER_PARAM[optimizer])
 
 
-def mlp_block_costs(
-    config: MLPConfig, dtype_bytes: int = 4, optimizer: OptimizerKind = "adamw"
-) -> list[BlockCost]:
+def mlp_block_costs(config: MLPConfig, dtype_bytes: int = 4, optimizer: OptimizerKind = "adamw") -> list[BlockCost]:
     costs = []
     sizes = config.layer_sizes
     for i in range(len(sizes) - 1):
@@ -69,9 +67,7 @@ def gpt_block_params(config: GPTConfig) -> tuple[int, int, int]:
     return embedding, block, head
 
 
-def gpt_block_costs(
-    config: GPTConfig, dtype_bytes: int = 4, optimizer: OptimizerKind = "adamw"
-) -> list[BlockCost]:
+def gpt_block_costs(config: GPTConfig, dtype_bytes: int = 4, optimizer: OptimizerKind = "adamw") -> list[BlockCost]:
     C, V, T, nh = config.n_embd, config.vocab_size, config.block_size, config.n_head
     p_emb, p_block, p_head = gpt_block_params(config)
     matmul_block = 12 * C * C  # weights of c_attn (3C^2), attn c_proj (C^2), c_fc (4C^2), mlp c_proj (4C^2)
@@ -117,9 +113,7 @@ def gpt_block_costs(
     return costs
 
 
-def block_costs(
-    config: ModelConfig, dtype_bytes: int = 4, optimizer: OptimizerKind = "adamw"
-) -> list[BlockCost]:
+def block_costs(config: ModelConfig, dtype_bytes: int = 4, optimizer: OptimizerKind = "adamw") -> list[BlockCost]:
     """One ``BlockCost`` per placeable block, in model order."""
     if dtype_bytes <= 0:
         raise ValueError(f"dtype_bytes must be positive (4 for fp32, 2 for bf16), got {dtype_bytes}")

@@ -177,5 +177,4 @@ class Admission:
             del self._hosts[host]
 
     def snapshot(self) -> dict[str, int]:
-        return {"calls": self.calls, "streams": self.streams, "handshakes": self.pending,
-                "hosts": len(self._hosts)}  # fmt: skip
+        return {"calls": self.calls, "streams": self.streams, "handshakes": self.pending, "hosts": len(self._hosts)}

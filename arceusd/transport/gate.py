@@ -56,9 +56,21 @@ _ACCEPT_BATCH = 64
 _RESET = struct.pack("ii", 1, 0)
 #: Errors of accept about the one connection it tried to take, not the listener (trio's SocketListener's list).
 _TRANSIENT_ACCEPT_ERRNOS = frozenset(
-    getattr(errno, name) for name in ("EPERM", "ECONNABORTED", "EPROTO", "ENETDOWN", "ENOPROTOOPT", "EHOSTDOWN",
-                                      "ENONET", "EHOSTUNREACH", "EOPNOTSUPP", "ENETUNREACH") if hasattr(errno, name)
-)  # fmt: skip
+    getattr(errno, name)
+    for name in (
+        "EPERM",
+        "ECONNABORTED",
+        "EPROTO",
+        "ENETDOWN",
+        "ENOPROTOOPT",
+        "EHOSTDOWN",
+        "ENONET",
+        "EHOSTUNREACH",
+        "EOPNOTSUPP",
+        "ENETUNREACH",
+    )
+    if hasattr(errno, name)
+)
 
 
 def open_gate_dir() -> Path:
@@ -142,10 +154,14 @@ class Gate:
     def counters(self) -> dict[str, Any]:
         """Connections held, the limits, and what was refused or closed by reason."""
         with self._lock:
-            return {**self.table.snapshot(), "max_connections": self.limits.max_connections,
-                    "max_per_source": self.limits.max_per_source, **dict(self.table.counts),
-                    **{f"accept_{k}": v for k, v in self.backoff.counts.items()},
-                    **dict(self.failures)}  # fmt: skip
+            return {
+                **self.table.snapshot(),
+                "max_connections": self.limits.max_connections,
+                "max_per_source": self.limits.max_per_source,
+                **dict(self.table.counts),
+                **{f"accept_{k}": v for k, v in self.backoff.counts.items()},
+                **dict(self.failures),
+            }
 
     # ------------------------------------------------------------------ trio
 

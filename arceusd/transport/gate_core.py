@@ -138,8 +138,9 @@ class ConnectionTable:
         heaviest, held = max(self.per_source.items(), key=lambda item: (item[1], item[0]))
         if held < 2 * newcomer_held + 2:
             return None
-        candidates = [(c.busy > 0, c.proven, c.last_active, cid)
-                      for cid, c in self.connections.items() if c.source == heaviest]  # fmt: skip
+        candidates = [
+            (c.busy > 0, c.proven, c.last_active, cid) for cid, c in self.connections.items() if c.source == heaviest
+        ]
         return min(candidates)[3] if candidates else None
 
     def release(self, cid: int) -> None:
@@ -186,8 +187,9 @@ class ConnectionTable:
         for cid, conn in list(self.connections.items()):
             if conn.busy > 0:
                 continue
-            if not conn.proven and (now - conn.last_inbound >= self.limits.hello_timeout
-                                    or now - conn.opened >= self.limits.hello_limit):  # fmt: skip
+            if not conn.proven and (
+                now - conn.last_inbound >= self.limits.hello_timeout or now - conn.opened >= self.limits.hello_limit
+            ):
                 self.counts["hello_timeout"] += 1
             elif now - conn.last_active >= self.limits.idle_timeout:
                 self.counts["idle_timeout"] += 1

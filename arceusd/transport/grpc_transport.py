@@ -112,9 +112,7 @@ def _rpc_error(exc: grpc.RpcError) -> TransportError:
     return TransportError(name, details or name)
 
 
-def _pump(
-    messages: Iterator[bytes], inbox: FrameQueue, token: trio.lowlevel.TrioToken, done: trio.Event
-) -> None:
+def _pump(messages: Iterator[bytes], inbox: FrameQueue, token: trio.lowlevel.TrioToken, done: trio.Event) -> None:
     """Reader thread: queue each received message for trio; once trio stops listening, drain and discard."""
     try:
         for message in messages:
@@ -250,8 +248,12 @@ class GrpcTransport:
         """Refused peers and frames by reason, our failed outgoing calls by code, and the slots in use."""
         gate = {"gate": self.gate.counters()} if self.gate is not None else {}
         with self._lock:
-            return {"rejected": dict(self.rejected), "failures": dict(self.failures),
-                    **self.admission.snapshot(), **gate}  # fmt: skip
+            return {
+                "rejected": dict(self.rejected),
+                "failures": dict(self.failures),
+                **self.admission.snapshot(),
+                **gate,
+            }
 
     def _source(self, grpc_peer: str) -> str:
         """The remote address of a server call: through the gate, the relayed connection's source."""
@@ -514,9 +516,7 @@ class GrpcTransport:
         try:
             with scope:
                 try:
-                    stream = await server_handshake(
-                        conduit, self.identity, config=self.config, rejected=self.rejected
-                    )
+                    stream = await server_handshake(conduit, self.identity, config=self.config, rejected=self.rejected)
                 except (RemoteProtocolError, TransportError):
                     self._handshake_done(slot, "")
                     return  # counted in rejected (protocol) or the client went away: nothing to serve
@@ -581,8 +581,9 @@ async def open_transport(
     server = grpc.server(executor, options=options, maximum_concurrent_rpcs=workers)
     gate_dir = open_gate_dir() if gate is not None else None
     try:
-        async with _serving(identity, host, port, config, server, executor, unary_handler, stream_handler,
-                            gate, gate_dir) as transport:  # fmt: skip
+        async with _serving(
+            identity, host, port, config, server, executor, unary_handler, stream_handler, gate, gate_dir
+        ) as transport:
             yield transport
     finally:
         if gate_dir is not None:

@@ -191,9 +191,7 @@ class MemoryTransport:
 
     async def _serve_stream(self, conduit: _MemoryConduit) -> None:
         try:
-            stream = await server_handshake(
-                conduit, self.identity, config=self.config, rejected=self.rejected
-            )
+            stream = await server_handshake(conduit, self.identity, config=self.config, rejected=self.rejected)
         except (RemoteProtocolError, TransportError):
             return
         async with stream:

@@ -79,6 +79,7 @@ class TransportConfig:
     #: stream's frame limit never raises what an unauthenticated call may make us buffer.
     max_message: int = MAX_CONTROL_MESSAGE
 
+
 #: What a conduit queues: one wire message, or one frame already cut into consecutive messages.
 Outgoing = bytes | tuple[bytes, ...]
 
@@ -213,9 +214,7 @@ class Stream:
         try:
             return memoryview(await self._conduit.receive())
         except trio.EndOfChannel:
-            raise RemoteProtocolError(
-                "truncated", "the peer ended the stream without its CLOSE frame"
-            ) from None
+            raise RemoteProtocolError("truncated", "the peer ended the stream without its CLOSE frame") from None
 
     async def _next_frame(self) -> tuple[memoryview, int]:
         """A buffer and the offset of the next whole frame in it.

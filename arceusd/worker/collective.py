@@ -105,8 +105,7 @@ class InMemoryAllReduce:
                 self._cond.notify_all()
             elif not self._cond.wait_for(lambda: self._generation != gen, self.timeout_s):
                 raise CollectiveTimeout(
-                    f"rank {rank} waited {self.timeout_s}s for "
-                    f"{self.world_size - self._arrived} other rank(s)"
+                    f"rank {rank} waited {self.timeout_s}s for {self.world_size - self._arrived} other rank(s)"
                 )
             result = self._result
             self._taken -= 1

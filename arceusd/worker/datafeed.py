@@ -160,9 +160,7 @@ class DataServer:
                 request = Request.decode(header)
                 allowed = self.input_peers if request.part == "inputs" else self.target_peers
                 if stream.peer_id not in allowed:
-                    raise RemoteProtocolError(
-                        "not_entitled", f"peer {stream.peer_id} may not fetch {request.part}"
-                    )
+                    raise RemoteProtocolError("not_entitled", f"peer {stream.peer_id} may not fetch {request.part}")
                 tensor = self.get(request, stream.peer_id)
             except RemoteProtocolError as exc:
                 self.refused[exc.reason] += 1
@@ -178,13 +176,9 @@ class DataServer:
 class DataClient:
     """Fetches inputs/targets from the owner (one request at a time), or locally on the owner."""
 
-    def __init__(
-        self, *, stream: Stream | None = None, local: DataServer | None = None, timeout_s: float
-    ) -> None:
+    def __init__(self, *, stream: Stream | None = None, local: DataServer | None = None, timeout_s: float) -> None:
         if (stream is None) == (local is None):
-            raise ValueError(
-                "a DataClient needs exactly one of stream (remote owner) or local (we are the owner)"
-            )
+            raise ValueError("a DataClient needs exactly one of stream (remote owner) or local (we are the owner)")
         self._stream = stream
         self._local = local
         self._lock = trio.Lock()

@@ -246,9 +246,7 @@ class StageEngine:
                     raise ValueError(f"checkpoint tensor {key!r} does not belong to this stage")
         missing = sorted(set(params) - seen)
         if missing:
-            raise ValueError(
-                f"checkpoint lacks {len(missing)} parameter(s) of this stage, e.g. {missing[0]!r}"
-            )
+            raise ValueError(f"checkpoint lacks {len(missing)} parameter(s) of this stage, e.g. {missing[0]!r}")
         self.optimizer.load_state_tensors(optim, step)
         self.step = step
         if self.replicas is not None and self.replicas.mode is SyncMode.DILOCO:
@@ -392,8 +390,14 @@ class StageEngine:
             run.wait_s += time.perf_counter() - began_outer
         spent = time.perf_counter() - began - (run.wait_s - waited)
         result = StepResult(
-            step=self.step, loss=loss, grad_norm=grad_norm, lr=lr, wait_s=run.wait_s, wait_up_s=run.wait_up_s,
-            wait_down_s=run.wait_down_s, optimizer_s=spent,
+            step=self.step,
+            loss=loss,
+            grad_norm=grad_norm,
+            lr=lr,
+            wait_s=run.wait_s,
+            wait_up_s=run.wait_up_s,
+            wait_down_s=run.wait_down_s,
+            optimizer_s=spent,
             group_wait_s=self.group_timer.take() if self.group_timer is not None else 0.0,
         )
         self.step += 1

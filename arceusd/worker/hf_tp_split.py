@@ -113,6 +113,11 @@ def hf_even_split(config: HFModelConfig, world_size: int) -> TPSplit:
 
 
 __all__ = [
-    "PLANNER_MAX_TP", "HFTPSplit", "hf_even_split", "hf_split", "kv_group", "max_hf_tensor_parallel",
+    "PLANNER_MAX_TP",
+    "HFTPSplit",
+    "hf_even_split",
+    "hf_split",
+    "kv_group",
+    "max_hf_tensor_parallel",
     "planner_tensor_parallel",
-]  # fmt: skip
+]

@@ -26,20 +26,27 @@ from arceusd.worker.tp_split import TPSplit
 
 # name inside an HFDecoderBlock -> (dimension it is split along, what it is split by)
 _LLAMA = {
-    "layer.self_attn.q_proj.weight": (0, "heads"), "layer.self_attn.q_proj.bias": (0, "heads"),
-    "layer.self_attn.k_proj.weight": (0, "kv"), "layer.self_attn.k_proj.bias": (0, "kv"),
-    "layer.self_attn.v_proj.weight": (0, "kv"), "layer.self_attn.v_proj.bias": (0, "kv"),
+    "layer.self_attn.q_proj.weight": (0, "heads"),
+    "layer.self_attn.q_proj.bias": (0, "heads"),
+    "layer.self_attn.k_proj.weight": (0, "kv"),
+    "layer.self_attn.k_proj.bias": (0, "kv"),
+    "layer.self_attn.v_proj.weight": (0, "kv"),
+    "layer.self_attn.v_proj.bias": (0, "kv"),
     "layer.self_attn.o_proj.weight": (1, "heads"),
-    "layer.mlp.gate_proj.weight": (0, "columns"), "layer.mlp.gate_proj.bias": (0, "columns"),
-    "layer.mlp.up_proj.weight": (0, "columns"), "layer.mlp.up_proj.bias": (0, "columns"),
+    "layer.mlp.gate_proj.weight": (0, "columns"),
+    "layer.mlp.gate_proj.bias": (0, "columns"),
+    "layer.mlp.up_proj.weight": (0, "columns"),
+    "layer.mlp.up_proj.bias": (0, "columns"),
     "layer.mlp.down_proj.weight": (1, "columns"),
-}  # fmt: skip
+}
 _GPT2 = {
-    "layer.attn.c_attn.weight": (-1, "qkv"), "layer.attn.c_attn.bias": (-1, "qkv"),
+    "layer.attn.c_attn.weight": (-1, "qkv"),
+    "layer.attn.c_attn.bias": (-1, "qkv"),
     "layer.attn.c_proj.weight": (0, "heads"),
-    "layer.mlp.c_fc.weight": (-1, "columns"), "layer.mlp.c_fc.bias": (-1, "columns"),
+    "layer.mlp.c_fc.weight": (-1, "columns"),
+    "layer.mlp.c_fc.bias": (-1, "columns"),
     "layer.mlp.c_proj.weight": (0, "columns"),
-}  # fmt: skip
+}
 
 
 def _layout(name: str, config: HFModelConfig) -> tuple[int, str] | None:

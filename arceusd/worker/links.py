@@ -67,9 +67,7 @@ class InMemoryFabric:
 
     def links(self, stage: int, rank: int = 0) -> InMemoryLinks:
         if not 0 <= stage < len(self.tp_sizes) or not 0 <= rank < self.tp_sizes[stage]:
-            raise ValueError(
-                f"no worker (stage {stage}, rank {rank}) in a fabric with tp sizes {self.tp_sizes}"
-            )
+            raise ValueError(f"no worker (stage {stage}, rank {rank}) in a fabric with tp sizes {self.tp_sizes}")
         return InMemoryLinks(self, stage, rank, self._scalar.rank_view(self._offsets[stage] + rank))
 
     def _fan_out(self, src_stage: int, src_rank: int, dst_stage: int, kind: str, msg: _Msg) -> None:
@@ -86,9 +84,7 @@ class InMemoryFabric:
         try:
             got, tensor = table[(stage, rank)].get(timeout=self.timeout_s)
         except queue.Empty:
-            raise LinkError(
-                f"stage {stage} rank {rank} waited {self.timeout_s}s for {kind} {micro_batch}"
-            ) from None
+            raise LinkError(f"stage {stage} rank {rank} waited {self.timeout_s}s for {kind} {micro_batch}") from None
         if got != micro_batch:
             raise LinkError(f"stage {stage} rank {rank} expected {kind} {micro_batch} but got {got}")
         return tensor

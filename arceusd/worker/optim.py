@@ -185,9 +185,7 @@ class AdamW(StageOptimizer):
         return {"exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq}
 
 
-def make_optimizer(
-    named_params: Iterable[tuple[str, nn.Parameter]], config: OptimizerConfig
-) -> StageOptimizer:
+def make_optimizer(named_params: Iterable[tuple[str, nn.Parameter]], config: OptimizerConfig) -> StageOptimizer:
     """The optimizer named by ``config`` over ``named_params``."""
     if isinstance(config, SGDConfig):
         return SGD(named_params, config)
@@ -251,9 +249,7 @@ class LRSchedule:
         if self.warmup_steps < 0 or self.decay_steps < 0:
             raise ValueError("warmup_steps and decay_steps must be >= 0")
         if self.decay_steps and self.decay_steps <= self.warmup_steps:
-            raise ValueError(
-                f"decay_steps ({self.decay_steps}) must exceed warmup_steps ({self.warmup_steps})"
-            )
+            raise ValueError(f"decay_steps ({self.decay_steps}) must exceed warmup_steps ({self.warmup_steps})")
 
     def __call__(self, step: int) -> float:
         return lr_at(step, self.max_lr, self.min_lr, self.warmup_steps, self.decay_steps)

@@ -132,8 +132,9 @@ def defer_weights(config: WorkerConfig) -> bool:
     plan's stage times says it pays (equal stages assumed when the start command carries no times)."""
     times = [st.micro_batch_s for st in config.stages]
     known = [t for t in times if t is not None]
-    return deferring_pays(config.schedule, known if len(known) == len(times) else [1.0] * len(times),
-                          config.micro_batches)  # fmt: skip
+    return deferring_pays(
+        config.schedule, known if len(known) == len(times) else [1.0] * len(times), config.micro_batches
+    )
 
 
 def optimizer_config(t: TrainingSpec) -> OptimizerConfig:
@@ -178,9 +179,7 @@ class EventWriter:
     def __init__(self, out: TextIO) -> None:
         self._out = out
 
-    def emit(
-        self, event: Event
-    ) -> None:
+    def emit(self, event: Event) -> None:
         self._out.write(event.to_line() + "\n")
         self._out.flush()
 
@@ -200,14 +199,23 @@ class Worker:
         self.is_owner = config.peer_id == config.owner
         self.source: BatchSource | None = None
         self.server: DataServer | None = None
-        self.fabric = WireFabric(config, codec_for(self.spec.training), data_handler=self._serve_data,
-                                 tied=tied_pair(self.spec.model) is not None)  # fmt: skip
+        self.fabric = WireFabric(
+            config,
+            codec_for(self.spec.training),
+            data_handler=self._serve_data,
+            tied=tied_pair(self.spec.model) is not None,
+        )
         st = config.stages[self.stage]
         split = st.split()
         group = TimedCollective(self.fabric.collective()) if split is not None else None  # its waits are reported
         weights = getattr(self.spec.model, "weights", None)  # a stock LM's initial weights (only its blocks read)
-        module = build_stage(self.spec.model, self.spec.seed, StageSpec(st.start, st.end, split, self.rank), group,
-                             weights=Path(weights) if weights else None)  # fmt: skip
+        module = build_stage(
+            self.spec.model,
+            self.spec.seed,
+            StageSpec(st.start, st.end, split, self.rank),
+            group,
+            weights=Path(weights) if weights else None,
+        )
         t = self.spec.training
         if getattr(self.spec.model, "lora", None) is not None and t.precision == "bf16":
             from arceusd.models.hf.lora import hold_base
@@ -223,9 +231,12 @@ class Worker:
                     f"{config.micro_batches} micro-batches"
                 )
             one_core = config.device == "cpu" and len(config.cpus) == 1
-            replicas = ReplicaSync(replica_config(config.replica_count(), config.replica_sync, one_core),
-                                   self.fabric.ring_link(), self.fabric.ring.change,
-                                   change_timeout_s=config.link_timeout_s)  # fmt: skip
+            replicas = ReplicaSync(
+                replica_config(config.replica_count(), config.replica_sync, one_core),
+                self.fabric.ring_link(),
+                self.fabric.ring.change,
+                change_timeout_s=config.link_timeout_s,
+            )
         self.engine = StageEngine(
             module,
             self.fabric.links(),
@@ -264,9 +275,7 @@ class Worker:
         if resume is not None and resume.cursor is not None:
             at = self.source.step_of(Cursor.from_dict(dict(resume.cursor)))
             if at != resume.step:
-                raise WorkerProtocolError(
-                    f"resume cursor {dict(resume.cursor)} is step {at}, not {resume.step}"
-                )
+                raise WorkerProtocolError(f"resume cursor {dict(resume.cursor)} is step {at}, not {resume.step}")
 
     async def _serve_data(self, stream: Stream) -> None:
         await self._data_ready.wait()
@@ -298,8 +307,11 @@ class Worker:
         ) as transport:
             self.events.emit(Listening(transport.port))
             # where a slow start went (issue 33): the daemon's log has the whole start, this its parts
-            print(f"stage worker: listening (stage built {self.built_s:.3f} s, data {loaded - began:.3f} s, "
-                  f"transport {time.monotonic() - loaded:.3f} s)", file=sys.stderr)  # fmt: skip
+            print(
+                f"stage worker: listening (stage built {self.built_s:.3f} s, data {loaded - began:.3f} s, "
+                f"transport {time.monotonic() - loaded:.3f} s)",
+                file=sys.stderr,
+            )
             async with trio.open_nursery() as nursery:
                 start: list[StartCommand] = []
                 started = trio.Event()
@@ -359,14 +371,24 @@ class Worker:
         if not (math.isfinite(result.loss) and math.isfinite(result.grad_norm or 0.0)):
             raise RuntimeError(f"step {step}: loss {result.loss} is not finite; training diverged")
         self.events.emit(
-            StepEvent(step, result.loss, result.lr, float(result.grad_norm or 0.0), samples, tokens,
-                      time.perf_counter() - began, result.wait_s, result.optimizer_s, self.fabric.ring_bytes,
-                      result.wait_up_s, result.wait_down_s, result.group_wait_s)
-        )  # fmt: skip
-        done = step + 1
-        checkpoint = done == cfg.total_steps or (
-            cfg.checkpoint_interval and done % cfg.checkpoint_interval == 0
+            StepEvent(
+                step,
+                result.loss,
+                result.lr,
+                float(result.grad_norm or 0.0),
+                samples,
+                tokens,
+                time.perf_counter() - began,
+                result.wait_s,
+                result.optimizer_s,
+                self.fabric.ring_bytes,
+                result.wait_up_s,
+                result.wait_down_s,
+                result.group_wait_s,
+            )
         )
+        done = step + 1
+        checkpoint = done == cfg.total_steps or (cfg.checkpoint_interval and done % cfg.checkpoint_interval == 0)
         evaluate = checkpoint or (t.eval_interval_steps and done % t.eval_interval_steps == 0)
         shard_digest = None
         ring = self.fabric.ring
@@ -376,9 +398,7 @@ class Worker:
             await self._witness(done, shard_digest)
         if evaluate and n_eval:
             batches = await prefetch.eval_batches(n_eval)
-            loss, acc = await trio.to_thread.run_sync(
-                self._evaluate, done, batches, abandon_on_cancel=True
-            )
+            loss, acc = await trio.to_thread.run_sync(self._evaluate, done, batches, abandon_on_cancel=True)
             self.events.emit(EvalEvent(done, loss, acc))
         if checkpoint and done == self.control.hold_at and done < cfg.total_steps:
             await self.control.hold(done)
@@ -427,8 +447,11 @@ class Worker:
         gradients averaged every step, the digest of the shard the first replica writes (``shard_digest`` there,
         the same bytes serialised here elsewhere); with DiLoCo, of the outer anchor and momentum."""
         if self.config.replica_sync is not None and self.config.replica_sync.mode == "diloco":
-            tensors = {k: v.detach().clone() for k, v in self.engine.state_tensors().items()
-                       if k.endswith((f".{OUTER_ANCHOR}", f".{OUTER_MOMENTUM}"))}  # fmt: skip
+            tensors = {
+                k: v.detach().clone()
+                for k, v in self.engine.state_tensors().items()
+                if k.endswith((f".{OUTER_ANCHOR}", f".{OUTER_MOMENTUM}"))
+            }
             metadata = {"step": str(step), "stage": str(self.stage), "rank": str(self.rank)}
         elif shard_digest is not None:
             self.events.emit(WitnessEvent(step, shard_digest))
@@ -487,9 +510,11 @@ async def _commands(stream: trio.abc.ReceiveStream) -> AsyncGenerator[Command, N
 
 
 async def _read_commands(
-    commands: trio.abc.ReceiveStream, start: list[StartCommand], started: trio.Event,
+    commands: trio.abc.ReceiveStream,
+    start: list[StartCommand],
+    started: trio.Event,
     replicas: Callable[[ReplicaCommand], Awaitable[None]],
-) -> None:  # fmt: skip
+) -> None:
     async with contextlib.aclosing(_commands(commands)) as received:
         async for command in received:
             if isinstance(command, StopCommand):
@@ -550,9 +575,7 @@ async def _stop_follows(commands: trio.abc.ReceiveStream, grace_s: float) -> boo
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m arceusd.worker", description="Arceus stage worker")
-    parser.add_argument(
-        "--config", required=True, help="path of the worker config JSON written by the daemon"
-    )
+    parser.add_argument("--config", required=True, help="path of the worker config JSON written by the daemon")
     args = parser.parse_args(argv)
     events = EventWriter(sys.stdout)
     code = 1

@@ -142,9 +142,7 @@ class ReplicaSyncConfig:
         if not (math.isfinite(self.outer_lr) and 0 < self.outer_lr <= 10):
             raise WorkerProtocolError(f"replica_sync.outer_lr: must be in (0, 10], got {self.outer_lr}")
         if not (math.isfinite(self.outer_momentum) and 0 <= self.outer_momentum < 1):
-            raise WorkerProtocolError(
-                f"replica_sync.outer_momentum: must be in [0, 1), got {self.outer_momentum}"
-            )
+            raise WorkerProtocolError(f"replica_sync.outer_momentum: must be in [0, 1), got {self.outer_momentum}")
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str) -> ReplicaSyncConfig:
@@ -219,8 +217,7 @@ class WorkerConfig:
                 raise WorkerProtocolError(f"stages[{s}]: a stage needs at least one member")
             if s and st.start != self.stages[s - 1].end:
                 raise WorkerProtocolError(
-                    f"stages[{s}]: starts at block {st.start}, the previous stage ends at "
-                    f"{self.stages[s - 1].end}"
+                    f"stages[{s}]: starts at block {st.start}, the previous stage ends at {self.stages[s - 1].end}"
                 )
             for m in st.members:
                 if m.peer_id in seen:
@@ -268,8 +265,10 @@ class WorkerConfig:
                     every.add(m.peer_id)
         slots = self.slots()
         if len(slots) != len(self.replicas) or list(slots) != sorted(set(slots)) or slots[-1] >= self.share_count():
-            raise WorkerProtocolError(f"replica_slots: {len(self.replicas)} distinct increasing slots below "
-                                      f"{self.share_count()} (data_shares), got {list(slots)}")  # fmt: skip
+            raise WorkerProtocolError(
+                f"replica_slots: {len(self.replicas)} distinct increasing slots below "
+                f"{self.share_count()} (data_shares), got {list(slots)}"
+            )
         if not self.replica_count() <= self.share_count() <= MAX_REPLICAS or not 0 <= self.ring_generation <= 1024:
             raise WorkerProtocolError("data_shares must be in replicas..1024 and ring_generation in 0..1024")
         return every
@@ -421,8 +420,12 @@ def _int_list(d: Mapping[str, Any], key: str, where: str) -> list[int]:
 
 
 def _stage_dict(st: StageConfig) -> dict[str, Any]:
-    return {"start": st.start, "end": st.end, "members": [asdict(m) for m in st.members],
-            "micro_batch_s": st.micro_batch_s}  # fmt: skip
+    return {
+        "start": st.start,
+        "end": st.end,
+        "members": [asdict(m) for m in st.members],
+        "micro_batch_s": st.micro_batch_s,
+    }
 
 
 def _parse_stages(raw_stages: list[Any], where_all: str) -> list[StageConfig]:
@@ -436,9 +439,7 @@ def _parse_stages(raw_stages: list[Any], where_all: str) -> list[StageConfig]:
             if not isinstance(m, dict):
                 raise WorkerProtocolError(f"{where}.members[{j}]: expected an object")
             mw = f"{where}.members[{j}]"
-            members.append(
-                MemberConfig(_get(m, "peer_id", str, mw), int(m.get("heads", 0)), int(m.get("columns", 0)))
-            )
+            members.append(MemberConfig(_get(m, "peer_id", str, mw), int(m.get("heads", 0)), int(m.get("columns", 0))))
         timing = None if raw.get("micro_batch_s") is None else _float(raw, "micro_batch_s", where)
         if timing is not None and not (math.isfinite(timing) and timing >= 0):
             raise WorkerProtocolError(f"{where}.micro_batch_s: expected a finite number >= 0 or null")
@@ -562,15 +563,20 @@ def parse_event(line: str) -> Event:
         return Listening(_int(d, "port", w))
     if kind == "step":
         return StepEvent(
-            _int(d, "step", w), _float(d, "loss", w), _float(d, "lr", w), _float(d, "grad_norm", w),
-            _int(d, "samples", w), _int(d, "tokens", w), _float(d, "seconds", w),
+            _int(d, "step", w),
+            _float(d, "loss", w),
+            _float(d, "lr", w),
+            _float(d, "grad_norm", w),
+            _int(d, "samples", w),
+            _int(d, "tokens", w),
+            _float(d, "seconds", w),
             _float(d, "wait_seconds", w) if "wait_seconds" in d else 0.0,
             _float(d, "optimizer_seconds", w) if "optimizer_seconds" in d else 0.0,
             _int(d, "ring_bytes", w) if "ring_bytes" in d else 0,
             _float(d, "wait_up_seconds", w) if "wait_up_seconds" in d else 0.0,
             _float(d, "wait_down_seconds", w) if "wait_down_seconds" in d else 0.0,
             _float(d, "group_wait_seconds", w) if "group_wait_seconds" in d else 0.0,
-        )  # fmt: skip
+        )
     if kind == "eval":
         acc = d.get("val_accuracy")
         if acc is not None and not isinstance(acc, int | float):
@@ -578,8 +584,9 @@ def parse_event(line: str) -> Event:
         return EvalEvent(_int(d, "step", w), _float(d, "val_loss", w), None if acc is None else float(acc))
     if kind == "checkpoint":
         s = _get(d, "shard", dict, w)
-        shard = ShardInfo(_get(s, "name", str, w + ".shard"), _get(s, "sha256", str, w + ".shard"),
-                          _int(s, "size", w + ".shard"))  # fmt: skip
+        shard = ShardInfo(
+            _get(s, "name", str, w + ".shard"), _get(s, "sha256", str, w + ".shard"), _int(s, "size", w + ".shard")
+        )
         cursor = d.get("cursor")
         if cursor is not None and not isinstance(cursor, dict):
             raise WorkerProtocolError(f"{w}.cursor: expected an object or null")
@@ -644,8 +651,16 @@ class GrowReplicaCommand:
     addresses: Mapping[str, str]
 
     def to_line(self) -> str:
-        return _line({"cmd": "grow_replica", "step": self.step, "slot": self.slot, "generation": self.generation,
-                      "stages": [list(st) for st in self.stages], "addresses": dict(self.addresses)})  # fmt: skip
+        return _line(
+            {
+                "cmd": "grow_replica",
+                "step": self.step,
+                "slot": self.slot,
+                "generation": self.generation,
+                "stages": [list(st) for st in self.stages],
+                "addresses": dict(self.addresses),
+            }
+        )
 
 
 @dataclass(frozen=True)
@@ -686,11 +701,17 @@ def parse_command(line: str) -> Command:
     if kind == "grow_replica":
         w = "grow_replica command"
         raw = _get(d, "stages", list, w)
-        if not 1 <= len(raw) <= 1024 or not all(isinstance(st, list) and 1 <= len(st) <= 1024
-                                                 and all(isinstance(p, str) for p in st) for st in raw):
-            raise WorkerProtocolError(f"{w}.stages: expected lists of peer ids, one per stage")  # fmt: skip
-        return GrowReplicaCommand(_int(d, "step", w), _int(d, "slot", w), _int(d, "generation", w, 1),
-                                  tuple(tuple(st) for st in raw), _addresses(d, w))  # fmt: skip
+        if not 1 <= len(raw) <= 1024 or not all(
+            isinstance(st, list) and 1 <= len(st) <= 1024 and all(isinstance(p, str) for p in st) for st in raw
+        ):
+            raise WorkerProtocolError(f"{w}.stages: expected lists of peer ids, one per stage")
+        return GrowReplicaCommand(
+            _int(d, "step", w),
+            _int(d, "slot", w),
+            _int(d, "generation", w, 1),
+            tuple(tuple(st) for st in raw),
+            _addresses(d, w),
+        )
     if kind == "start":
         return StartCommand(_addresses(d, "start command"))
     raise WorkerProtocolError(f"daemon command: unknown command {kind!r}")

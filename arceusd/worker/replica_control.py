@@ -47,6 +47,7 @@ class WorkerParts(Protocol):
     fabric: WireFabric
     engine: StageEngine
 
+
 ReplicaCommand = DropReplicaCommand | GrowReplicaCommand | GoOnCommand | RetireCommand
 
 
@@ -79,8 +80,11 @@ class ReplicaControl:
             except ValueError as exc:
                 raise WorkerProtocolError(f"drop_replica command: {exc}") from exc
             self.hold_at = command.hold_at or self.hold_at
-            print(f"stage worker: replica {command.index} of {command.replicas} dropped; the ring goes on with "
-                  f"replicas {list(w.fabric.ring.replicas)} of the plan", file=sys.stderr)  # fmt: skip
+            print(
+                f"stage worker: replica {command.index} of {command.replicas} dropped; the ring goes on with "
+                f"replicas {list(w.fabric.ring.replicas)} of the plan",
+                file=sys.stderr,
+            )
             return
         if isinstance(command, GoOnCommand) and (not self.hold_at or self._released.is_set()):
             return  # it went on already (its hold timed out): nothing to release
@@ -101,10 +105,15 @@ class ReplicaControl:
             print(f"stage worker: going on without the dropped replica after step {step}", file=sys.stderr)
             return
         stages = command.stages
-        if command.step != step or len(stages) != w.num_stages or \
-                len(stages[w.stage]) != len(w.config.stages[w.stage].members):  # fmt: skip
-            raise WorkerProtocolError(f"grow_replica command: a replica rebuilt at step {command.step} with "
-                                      f"{len(stages)} stage(s) for a worker holding at step {step}")  # fmt: skip
+        if (
+            command.step != step
+            or len(stages) != w.num_stages
+            or len(stages[w.stage]) != len(w.config.stages[w.stage].members)
+        ):
+            raise WorkerProtocolError(
+                f"grow_replica command: a replica rebuilt at step {command.step} with "
+                f"{len(stages)} stage(s) for a worker holding at step {step}"
+            )
         peer = stages[w.stage][w.rank]
         if peer not in command.addresses:
             raise WorkerProtocolError(f"grow_replica command: no address for peer {peer}")
@@ -116,8 +125,11 @@ class ReplicaControl:
             raise WorkerProtocolError(f"grow_replica command: {exc}") from exc
         if w.engine.replicas is not None:
             w.engine.replicas.grown(link)  # between two steps: nothing is in flight on the ring
-        print(f"stage worker: the replica of slot {command.slot} was rebuilt at step {step}; the ring goes on "
-              f"with replicas {list(w.fabric.ring.replicas)}", file=sys.stderr)  # fmt: skip
+        print(
+            f"stage worker: the replica of slot {command.slot} was rebuilt at step {step}; the ring goes on "
+            f"with replicas {list(w.fabric.ring.replicas)}",
+            file=sys.stderr,
+        )
 
     async def retire_after(self, broke: BaseException) -> bool:
         """The data owner's worker, whose replica broke: whether the leader retires it (drops its replica and lets

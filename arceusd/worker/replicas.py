@@ -223,8 +223,10 @@ class ReplicaSync:
                 self._overlap.restart()
                 self._switch(exc)
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        flat = self._allreduce_mean(lambda: torch.cat([flatten(grads), torch.tensor([report], dtype=torch.float32)]),
-                                    self.config.grad_codec.codec())  # fmt: skip
+        flat = self._allreduce_mean(
+            lambda: torch.cat([flatten(grads), torch.tensor([report], dtype=torch.float32)]),
+            self.config.grad_codec.codec(),
+        )
         with torch.no_grad():
             for p, g in zip(params, _split(flat, grads), strict=True):
                 p.grad = g.view_as(p).to(p.device, p.dtype)
@@ -283,12 +285,10 @@ class ReplicaSync:
             cfg.codec.codec(),
         )
         with torch.no_grad():
-            for anchor, mom, g, p in zip(self._anchor, self._momentum, _split(flat, self._anchor), params,
-                                         strict=True):
+            for anchor, mom, g, p in zip(self._anchor, self._momentum, _split(flat, self._anchor), params, strict=True):
                 outer_nesterov_step_(anchor, mom, g.view_as(anchor), cfg.outer_lr, cfg.outer_momentum)
                 p.copy_(anchor.to(p.device, p.dtype))
         self.outer_steps += 1
-
 
     # -- the ring, and a smaller one after a drop ---------------------------------------------------------
 
@@ -355,8 +355,10 @@ class _Overlap:
         self.error: str | None = None
         self._todo: queue.Queue[tuple[int, torch.Tensor] | None] = queue.Queue()
         self._done: queue.Queue[tuple[int, torch.Tensor] | BaseException] = queue.Queue()
-        self.handles = [p.register_post_accumulate_grad_hook(self._hook(i))  # type: ignore[no-untyped-call]
-                        for i, p in enumerate(params)]  # fmt: skip
+        self.handles = [
+            p.register_post_accumulate_grad_hook(self._hook(i))  # type: ignore[no-untyped-call]
+            for i, p in enumerate(params)
+        ]
         self._thread = threading.Thread(target=self._communicate, name="replica-allreduce", daemon=True)
         self._thread.start()
 
@@ -376,8 +378,9 @@ class _Overlap:
     def _send(self, b: int, report: float | None) -> None:
         members = self.buckets[b]
         grads = [self.params[i].grad for i in members]
-        flat = flatten([g if g is not None else torch.zeros_like(self.params[i]) for g, i in zip(grads, members,
-                                                                                               strict=True)])
+        flat = flatten(
+            [g if g is not None else torch.zeros_like(self.params[i]) for g, i in zip(grads, members, strict=True)]
+        )
         if report is not None:
             flat = torch.cat([flat, torch.tensor([report], dtype=torch.float32)])
         self._todo.put((b, flat))
@@ -430,7 +433,7 @@ class _Overlap:
                 offset = 0
                 for i in members:
                     p = self.params[i]
-                    p.grad = flat[offset:offset + p.numel()].view_as(p).to(p.device, p.dtype)
+                    p.grad = flat[offset : offset + p.numel()].view_as(p).to(p.device, p.dtype)
                     offset += p.numel()
         self._reset()
         self.sync.rounds += 1
@@ -461,6 +464,6 @@ class _Overlap:
 def _split(flat: torch.Tensor, like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     out, offset = [], 0
     for t in like:
-        out.append(flat[offset:offset + t.numel()])
+        out.append(flat[offset : offset + t.numel()])
         offset += t.numel()
     return out

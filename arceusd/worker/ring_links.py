@@ -40,9 +40,7 @@ MAX_GENERATIONS = 1024
 
 
 class StreamOpener(Protocol):
-    async def connect_stream(
-        self, address: str, purpose: bytes, expect_peer_id: str | None = None
-    ) -> Stream: ...
+    async def connect_stream(self, address: str, purpose: bytes, expect_peer_id: str | None = None) -> Stream: ...
 
 
 def ring_kind(generation: int) -> str:
@@ -95,7 +93,6 @@ class Generation:
     @property
     def prev(self) -> str:
         return self.peers[(self.rank - 1) % len(self.peers)]
-
 
 
 class WireRing:
@@ -182,8 +179,9 @@ class WireRing:
         if peer not in self._addresses:
             raise LinkError(f"the start command lacks the address of ring peer {peer}")
         try:
-            stream = await self._opener.connect_stream(self._addresses[peer], self.purpose(gen.kind),
-                                                       expect_peer_id=peer)  # fmt: skip
+            stream = await self._opener.connect_stream(
+                self._addresses[peer], self.purpose(gen.kind), expect_peer_id=peer
+            )
         except (TransportError, RemoteProtocolError) as exc:
             raise LinkError(f"cannot open the {gen.kind} stream to peer {peer}: {exc}") from exc
         self._outgoing[gen.number] = stream

@@ -367,8 +367,7 @@ class _Sim:
             return True
         if isinstance(a, OptimizerStep):
             at_barrier = all(
-                self.pos[t] == len(self.schedules[t])
-                or isinstance(self.schedules[t][self.pos[t]], OptimizerStep)
+                self.pos[t] == len(self.schedules[t]) or isinstance(self.schedules[t][self.pos[t]], OptimizerStep)
                 for t in range(n)
             )
             if not at_barrier:

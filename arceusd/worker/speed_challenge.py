@@ -45,8 +45,9 @@ def _key(seed: int, round_: int, matrix: int) -> int:
     return (seed * 0x9E3779B97F4A7C15 + (round_ * 2 + matrix) * 0xBF58476D1CE4E5B9 + 1) % (1 << 64) >> 33
 
 
-def entries(seed: int, round_: int, matrix: int, first_row: int, rows: int, size: int,
-            device: torch.device) -> torch.Tensor:  # fmt: skip
+def entries(
+    seed: int, round_: int, matrix: int, first_row: int, rows: int, size: int, device: torch.device
+) -> torch.Tensor:
     """Rows ``first_row .. first_row + rows`` of matrix ``matrix`` (0: left, 1: right) of round ``round_``: values
     in [-0.5, 0.5) from a 32-bit integer hash of their position and the round's key (int32 arithmetic wraps the
     same way on every device)."""
@@ -60,8 +61,15 @@ def entries(seed: int, round_: int, matrix: int, first_row: int, rows: int, size
     return (x & 0xFFFFFF).to(torch.float32).mul_(2.0**-24).sub_(0.5).view(rows, size)
 
 
-def digests(seed: int, round_: int, first_row: int, rows: int, size: int, device: torch.device,
-            right: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+def digests(
+    seed: int,
+    round_: int,
+    first_row: int,
+    rows: int,
+    size: int,
+    device: torch.device,
+    right: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Rows ``first_row .. first_row + rows`` of round ``round_``'s digest: for each row of the product of the
     round's two matrices, the sum of ``tanh(scale * value)`` over the row (float64 on the CPU). Nonlinear: no
     shortcut gives it without every value of the row; a few floats per row to hash instead of the whole row."""
@@ -139,8 +147,12 @@ def _solve_main(size: int, rounds: int, threads: int) -> None:
     opened = [int(i) for i in _read()["open"]]
     if not all(0 <= i < leaf_count(size, rounds) for i in opened):
         sys.exit("a leaf to open is out of range")
-    _say({"blocks": [blocks[i].hex() for i in opened],
-          "proofs": [[h.hex() for h in merkle_proof(leaves, i)] for i in opened]})  # fmt: skip
+    _say(
+        {
+            "blocks": [blocks[i].hex() for i in opened],
+            "proofs": [[h.hex() for h in merkle_proof(leaves, i)] for i in opened],
+        }
+    )
 
 
 def _verify_main() -> None:

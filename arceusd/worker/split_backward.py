@@ -60,8 +60,9 @@ def _consumers(root: Node) -> dict[Node, list[Node]]:
     return consumers
 
 
-def _towards_root(starts: Iterable[Node], consumers: dict[Node, list[Node]], stop: dict[Node, None]) -> tuple[
-        dict[Node, None], dict[Node, None]]:  # fmt: skip
+def _towards_root(
+    starts: Iterable[Node], consumers: dict[Node, list[Node]], stop: dict[Node, None]
+) -> tuple[dict[Node, None], dict[Node, None]]:
     """Nodes reached from ``starts`` walking towards the root without entering ``stop``; and the ``stop``
     nodes met on the way (ordered sets)."""
     closure: dict[Node, None] = {}
@@ -158,8 +159,9 @@ def _post_accumulate(param: torch.nn.Parameter) -> None:
         hook(param)
 
 
-def _groups(param_nodes: Iterable[Node], consumers: dict[Node, list[Node]], input_path: dict[Node, None]
-            ) -> list[_Group]:  # fmt: skip
+def _groups(
+    param_nodes: Iterable[Node], consumers: dict[Node, list[Node]], input_path: dict[Node, None]
+) -> list[_Group]:
     """Group the parameters by the boundary nodes where their branches join the input's path."""
     by_boundary: dict[Node, _Group] = {}
     for pnode in param_nodes:

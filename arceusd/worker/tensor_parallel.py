@@ -166,9 +166,7 @@ def shard_tensor(name: str, full: torch.Tensor, config: GPTConfig, split: TPSpli
     return full.clone()
 
 
-def gather_tensor(
-    name: str, shards: Sequence[torch.Tensor], config: GPTConfig, split: TPSplit
-) -> torch.Tensor:
+def gather_tensor(name: str, shards: Sequence[torch.Tensor], config: GPTConfig, split: TPSplit) -> torch.Tensor:
     """Inverse of ``shard_tensor``: the full tensor from all ranks' slices (replicated: rank 0's)."""
     if len(shards) != split.world_size:
         raise ValueError(f"need {split.world_size} shards of {name}, got {len(shards)}")
@@ -194,8 +192,7 @@ def shard_transformer_block(
     split.check(config)
     if group.world_size != split.world_size or group.rank != rank:
         raise ValueError(
-            f"collective is rank {group.rank} of {group.world_size}, "
-            f"split wants rank {rank} of {split.world_size}"
+            f"collective is rank {group.rank} of {group.world_size}, split wants rank {rank} of {split.world_size}"
         )
     shard = materialize(lambda: TPTransformerBlock(config, split.heads[rank], split.columns[rank], group))
     full = dict(block.named_parameters())

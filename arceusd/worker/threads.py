@@ -20,6 +20,4 @@ def pin_threads(num_threads: int, interop_threads: int | None = None) -> None:
         try:
             torch.set_num_interop_threads(interop_threads)
         except RuntimeError as exc:  # torch allows this only before the first parallel work
-            raise RuntimeError(
-                "set the inter-op thread count before any torch work in the worker process"
-            ) from exc
+            raise RuntimeError("set the inter-op thread count before any torch work in the worker process") from exc

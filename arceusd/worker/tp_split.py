@@ -33,9 +33,7 @@ class TPSplit:
         if sum(self.heads) != config.n_head:
             raise ValueError(f"heads per rank {self.heads} must add up to n_head = {config.n_head}")
         if sum(self.columns) != 4 * config.n_embd:
-            raise ValueError(
-                f"columns per rank {self.columns} must add up to 4 * n_embd = {4 * config.n_embd}"
-            )
+            raise ValueError(f"columns per rank {self.columns} must add up to 4 * n_embd = {4 * config.n_embd}")
 
     def head_range(self, rank: int) -> tuple[int, int]:
         start = sum(self.heads[:rank])

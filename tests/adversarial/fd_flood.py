@@ -33,8 +33,7 @@ def _raise_limit(count: int) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     want = count + 64
     if soft != resource.RLIM_INFINITY and soft < want:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (min(want, hard) if hard != resource.RLIM_INFINITY else want,
-                                                    hard))  # fmt: skip
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(want, hard) if hard != resource.RLIM_INFINITY else want, hard))
 
 
 def _open(host: str, port: int, source: str, failures: Counter[str]) -> socket.socket | None:
@@ -103,19 +102,39 @@ def flood(target: str, count: int, sources: list[str], seconds: float, reopen: i
     for sock in slots:
         if sock is not None:
             sock.close()
-    return {"opened": opened, "connect_failed": dict(failures), "closed_by_victim": closes, "most_held": most,
-            "held_at_end": held_at_end, "rounds": rounds}  # fmt: skip
+    return {
+        "opened": opened,
+        "connect_failed": dict(failures),
+        "closed_by_victim": closes,
+        "most_held": most,
+        "held_at_end": held_at_end,
+        "rounds": rounds,
+    }
 
 
 def launch(target: str, count: int, sources: list[str], seconds: float) -> subprocess.Popen[str]:
     """Run :func:`flood` in a process of its own (read its result with :func:`result`)."""
     root = Path(__file__).resolve().parents[2]
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.adversarial.fd_flood", "--target", target, "--count", str(count),
-         "--sources", ",".join(sources), "--seconds", str(seconds)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=root,
+        [
+            sys.executable,
+            "-m",
+            "tests.adversarial.fd_flood",
+            "--target",
+            target,
+            "--count",
+            str(count),
+            "--sources",
+            ",".join(sources),
+            "--seconds",
+            str(seconds),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=root,
         env={**os.environ, "PYTHONPATH": str(root)},
-    )  # fmt: skip
+    )
 
 
 def result(proc: subprocess.Popen[str], timeout: float = 120.0) -> dict[str, Any]:

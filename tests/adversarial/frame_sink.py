@@ -63,8 +63,9 @@ async def on_call(_request: bytes) -> bytes:
 
 
 async def main() -> None:
-    async with open_transport(Identity.generate(), "127.0.0.1", 0, unary_handler=on_call,
-                              stream_handler=on_stream) as transport:  # fmt: skip
+    async with open_transport(
+        Identity.generate(), "127.0.0.1", 0, unary_handler=on_call, stream_handler=on_stream
+    ) as transport:
         print(transport.port, flush=True)
         await trio.sleep_forever()
 

@@ -60,9 +60,26 @@ if str(ROOT) not in sys.path:
 from arceusd.swarm import LocalSwarm  # noqa: E402
 
 HUGE = 16 << 30
-ATTACKS = ("none", "path", "mismatch", "huge", "nan", "finite", "serve-big", "serve-slow", "checkpoint-error",
-           "witness", "bigmem", "claims", "overclaim", "overclaim-hidden", "refuse",
-           "challenge-forge", "challenge-abuse", "sandbag")
+ATTACKS = (
+    "none",
+    "path",
+    "mismatch",
+    "huge",
+    "nan",
+    "finite",
+    "serve-big",
+    "serve-slow",
+    "checkpoint-error",
+    "witness",
+    "bigmem",
+    "claims",
+    "overclaim",
+    "overclaim-hidden",
+    "refuse",
+    "challenge-forge",
+    "challenge-abuse",
+    "sandbag",
+)
 """``none``: an honest member (a baseline run through the same module)."""
 
 
@@ -133,8 +150,7 @@ def install(attack: str, arg: str, after: int) -> None:
 
             job = self.jobs.get(msg.job_id)
             if job is not None:
-                return serve_chunk(step_dir(job.directory / "checkpoints", msg.step) / real_names[msg.step],
-                                   msg.offset)  # fmt: skip
+                return serve_chunk(step_dir(job.directory / "checkpoints", msg.step) / real_names[msg.step], msg.offset)
         return await real_serve(self, header, msg)
 
     if attack == "refuse":
@@ -161,10 +177,17 @@ def install(attack: str, arg: str, after: int) -> None:
             excess = times["step_s"] - times["predicted_s"] if times else 0.0
             if excess <= 0:
                 return times
-            print(f"hostile: reports {times['predicted_s']:.3f} s of its {times['step_s']:.3f} s", file=sys.stderr,
-                  flush=True)  # fmt: skip
-            return {**times, "step_s": times["predicted_s"], "wait_s": times["wait_s"] + excess,
-                    "wait_up_s": times["wait_up_s"] + excess}  # fmt: skip
+            print(
+                f"hostile: reports {times['predicted_s']:.3f} s of its {times['step_s']:.3f} s",
+                file=sys.stderr,
+                flush=True,
+            )
+            return {
+                **times,
+                "step_s": times["predicted_s"],
+                "wait_s": times["wait_s"] + excess,
+                "wait_up_s": times["wait_up_s"] + excess,
+            }
 
         claims.own_step_times = hidden_times
     if attack == "sandbag":
@@ -218,16 +241,31 @@ def forge_challenges() -> None:
     async def on_open(self: Any, header: Any, msg: Any) -> Any:
         size, rounds = shapes.get(msg.challenge, (256, 1))
         depth = max(1, (challenges.leaf_count(size, rounds) - 1).bit_length())
-        return ChallengeBlocks(msg.challenge, tuple(os.urandom(challenges.BLOCK_ROWS * 4) for _ in msg.leaves),
-                               tuple(os.urandom(32 * depth) for _ in msg.leaves))  # fmt: skip
+        return ChallengeBlocks(
+            msg.challenge,
+            tuple(os.urandom(challenges.BLOCK_ROWS * 4) for _ in msg.leaves),
+            tuple(os.urandom(32 * depth) for _ in msg.leaves),
+        )
 
     SpeedChecks.on_challenge = on_challenge  # type: ignore[method-assign]
     SpeedChecks.on_go = on_go  # type: ignore[method-assign]
     SpeedChecks.on_open = on_open  # type: ignore[method-assign]
 
 
-ABUSES = ("size", "rounds", "long wait", "nan wait", "bad id", "go unknown", "open unknown", "first", "second",
-          "bad seed after first", "go after ended", "pending")
+ABUSES = (
+    "size",
+    "rounds",
+    "long wait",
+    "nan wait",
+    "bad id",
+    "go unknown",
+    "open unknown",
+    "first",
+    "second",
+    "bad seed after first",
+    "go after ended",
+    "pending",
+)
 """What :func:`abuse_challenges` sends each member, in order (``first`` and ``pending``: well-formed)."""
 
 
@@ -289,12 +327,17 @@ class HostileSwarm(LocalSwarm):
     """Three daemons on loopback; daemon ``hostile`` (:data:`HOSTILE`, a member, by default) runs this module with
     ``attack`` from checkpoint step ``after`` on."""
 
-    def __init__(self, root: Path, attack: str, arg: str = "", after: int = 0, hostile: int = HOSTILE,
-                 preset: str = "local") -> None:  # fmt: skip
+    def __init__(
+        self, root: Path, attack: str, arg: str = "", after: int = 0, hostile: int = HOSTILE, preset: str = "local"
+    ) -> None:
         super().__init__(root, 3, ["--auto-join"], preset=preset)
         self.hostile = hostile
-        self.hostile_env = {**self.env, "ARCEUS_HOSTILE": attack, "ARCEUS_HOSTILE_ARG": arg,
-                            "ARCEUS_HOSTILE_AFTER": str(after)}  # fmt: skip
+        self.hostile_env = {
+            **self.env,
+            "ARCEUS_HOSTILE": attack,
+            "ARCEUS_HOSTILE_ARG": arg,
+            "ARCEUS_HOSTILE_AFTER": str(after),
+        }
         if attack == "sandbag":  # its workers sleep before every step
             self.hostile_env["ARCEUSD_FAILPOINTS"] = f"worker.step=sleep:{arg}"
 
@@ -304,12 +347,34 @@ class HostileSwarm(LocalSwarm):
         seeds = [a for j, port in enumerate(self.ports) if j != i for a in ("--peer", f"127.0.0.1:{port}")]
         state = self.state_dir(i)
         state.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "tests.adversarial.hostile_job", "--state-dir", str(state), "start",
-               "--foreground", "--preset", self.preset, "--host", "127.0.0.1", "--no-mdns", "--port",
-               str(self.ports[i]), "--log-file", str(state / "arceusd.log"), *seeds, *self.extra_args]  # fmt: skip
-        return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=(state.parent / "hostile.stderr").open("ab"), env=self.hostile_env,
-                                cwd=ROOT)  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "tests.adversarial.hostile_job",
+            "--state-dir",
+            str(state),
+            "start",
+            "--foreground",
+            "--preset",
+            self.preset,
+            "--host",
+            "127.0.0.1",
+            "--no-mdns",
+            "--port",
+            str(self.ports[i]),
+            "--log-file",
+            str(state / "arceusd.log"),
+            *seeds,
+            *self.extra_args,
+        ]
+        return subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=(state.parent / "hostile.stderr").open("ab"),
+            env=self.hostile_env,
+            cwd=ROOT,
+        )
 
 
 def main() -> None:

@@ -39,15 +39,20 @@ def install(attack: str) -> None:
 
     if attack == "withhold":
 
-        async def settle(self: Any, job: Any, signed: list[Any], addresses: dict[str, str],
-                         authority: bytes = b"") -> None:  # fmt: skip
+        async def settle(
+            self: Any, job: Any, signed: list[Any], addresses: dict[str, str], authority: bytes = b""
+        ) -> None:
             me = self.node.identity.peer_id
             for s in signed:
                 if s.receipt.device == me:
                     self._append(countersign(self.node.identity, s))
                 else:
-                    print(f"hostile: withholding the receipt of {s.receipt.device[:12]} for steps "
-                          f"{s.receipt.step_from}..{s.receipt.step_to}", file=sys.stderr, flush=True)  # fmt: skip
+                    print(
+                        f"hostile: withholding the receipt of {s.receipt.device[:12]} for steps "
+                        f"{s.receipt.step_from}..{s.receipt.step_to}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
 
         service.Market._settle = settle  # type: ignore[method-assign]
     if attack == "zero":
@@ -64,12 +69,24 @@ class MarketSwarm(LocalSwarm):
     with ``attack`` (and ``arg``, from the first checkpoint), its workers napping ``nap`` seconds before each step.
     ``module="tests.adversarial.hostile_job"`` runs that module's member attacks instead."""
 
-    def __init__(self, root: Path, attack: str, nap: float = 0.0, size: int = 3, hostile: int = OWNER,
-                 module: str = "tests.adversarial.hostile_market", arg: str = "") -> None:  # fmt: skip
+    def __init__(
+        self,
+        root: Path,
+        attack: str,
+        nap: float = 0.0,
+        size: int = 3,
+        hostile: int = OWNER,
+        module: str = "tests.adversarial.hostile_market",
+        arg: str = "",
+    ) -> None:
         super().__init__(root, size, ["--auto-join"], preset="local")
         self.hostile, self.module = hostile, module
-        self.hostile_env = {**self.env, "ARCEUS_HOSTILE": attack, "ARCEUS_HOSTILE_ARG": arg,
-                            "ARCEUS_HOSTILE_AFTER": "0"}  # fmt: skip
+        self.hostile_env = {
+            **self.env,
+            "ARCEUS_HOSTILE": attack,
+            "ARCEUS_HOSTILE_ARG": arg,
+            "ARCEUS_HOSTILE_AFTER": "0",
+        }
         if nap:
             self.hostile_env["ARCEUSD_FAILPOINTS"] = f"worker.step=sleep:{nap}"
 
@@ -79,12 +96,34 @@ class MarketSwarm(LocalSwarm):
         seeds = [a for j, port in enumerate(self.ports) if j != i for a in ("--peer", f"127.0.0.1:{port}")]
         state = self.state_dir(i)
         state.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", self.module, "--state-dir", str(state), "start",
-               "--foreground", "--preset", self.preset, "--host", "127.0.0.1", "--no-mdns", "--port",
-               str(self.ports[i]), "--log-file", str(state / "arceusd.log"), *seeds, *self.extra_args]  # fmt: skip
-        return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=(state.parent / "hostile.stderr").open("ab"), env=self.hostile_env,
-                                cwd=ROOT)  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            self.module,
+            "--state-dir",
+            str(state),
+            "start",
+            "--foreground",
+            "--preset",
+            self.preset,
+            "--host",
+            "127.0.0.1",
+            "--no-mdns",
+            "--port",
+            str(self.ports[i]),
+            "--log-file",
+            str(state / "arceusd.log"),
+            *seeds,
+            *self.extra_args,
+        ]
+        return subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=(state.parent / "hostile.stderr").open("ab"),
+            env=self.hostile_env,
+            cwd=ROOT,
+        )
 
 
 def main() -> None:

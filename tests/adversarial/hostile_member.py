@@ -49,24 +49,37 @@ class Hostile:
         self.answers: Counter[str] = Counter()
 
     async def hello(self) -> str:
-        hello = PeerHello(self.identity.peer_id, self.identity.public_key_raw, self.address,
-                          int(time.time() * 1000), self.boot_id, "hostile")  # fmt: skip
+        hello = PeerHello(
+            self.identity.peer_id,
+            self.identity.public_key_raw,
+            self.address,
+            int(time.time() * 1000),
+            self.boot_id,
+            "hostile",
+        )
         hello = PeerHello(**{**hello.__dict__, "signature": self.identity.sign(hello.signed_bytes())})
         answer = await self.transport.call(self.target, b"H" + codec.encode(hello), 5.0)
         assert answer[:1] == b"H", f"no hello answer: {answer[:20]!r}"
         self.target_id = codec.decode_as(PeerHello, answer[1:]).peer_id
         return self.target_id
 
-    def update(self, kind: UpdateKind, peer: str, incarnation: int, signer: Identity | None = None,
-               address: str = "") -> GossipUpdate:  # fmt: skip
+    def update(
+        self, kind: UpdateKind, peer: str, incarnation: int, signer: Identity | None = None, address: str = ""
+    ) -> GossipUpdate:
         signer = signer or self.identity
         key = signer.public_key_raw if kind is UpdateKind.ALIVE else b""
         unsigned = GossipUpdate(kind, peer, incarnation, signer.peer_id, address, key)
         return GossipUpdate(**{**unsigned.__dict__, "signature": signer.sign(unsigned.signed_bytes())})
 
     async def send(self, msg: object, timeout: float = 5.0) -> None:
-        frame = b"E" + seal_message(self.identity, msg, boot_id=self.boot_id, seq=next(self.seq),
-                                    timestamp_ms=int(time.time() * 1000), recipient=self.target_id)  # fmt: skip
+        frame = b"E" + seal_message(
+            self.identity,
+            msg,
+            boot_id=self.boot_id,
+            seq=next(self.seq),
+            timestamp_ms=int(time.time() * 1000),
+            recipient=self.target_id,
+        )
         try:
             answer = await self.transport.call(self.target, frame, timeout)
         except Exception as exc:
@@ -82,19 +95,24 @@ async def overflow(h: Hostile, victim: str) -> dict[str, Any]:
     await h.send(SwimPushPull((h.update(UpdateKind.ALIVE, h.identity.peer_id, 1, address=h.address),)))
     await trio.sleep(0.3)
     for incarnation in (TOP, 2**62, 2**62 - 1, 2**40, 2**21 + 5):  # as a member: range, then window
-        await h.send(SwimGossip((h.update(UpdateKind.SUSPECT, target, incarnation),
-                                 h.update(UpdateKind.DEAD, victim, incarnation))))  # fmt: skip
+        await h.send(
+            SwimGossip(
+                (h.update(UpdateKind.SUSPECT, target, incarnation), h.update(UpdateKind.DEAD, victim, incarnation))
+            )
+        )
     return {"target": target}
 
 
 async def fake_members(h: Hostile, count: int, per_message: int, rounds: int) -> dict[str, Any]:
     await h.hello()
     fakes = [Identity.generate() for _ in range(count)]
-    entries = [h.update(UpdateKind.ALIVE, f.peer_id, 1, signer=f, address=f"127.0.0.1:{1 + i % 1000}")
-               for i, f in enumerate(fakes)]  # fmt: skip
+    entries = [
+        h.update(UpdateKind.ALIVE, f.peer_id, 1, signer=f, address=f"127.0.0.1:{1 + i % 1000}")
+        for i, f in enumerate(fakes)
+    ]
     for _ in range(rounds):
         for start in range(0, count, per_message):
-            await h.send(SwimPushPull(tuple(entries[start:start + per_message])), timeout=15.0)
+            await h.send(SwimPushPull(tuple(entries[start : start + per_message])), timeout=15.0)
         await trio.sleep(0.5)
     return {"fakes": count}
 
@@ -127,8 +145,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     async def no_stream(_stream: Any) -> None:
         return
 
-    async with open_transport(identity, "127.0.0.1", 0, unary_handler=no_answer,
-                              stream_handler=no_stream) as transport:  # fmt: skip
+    async with open_transport(identity, "127.0.0.1", 0, unary_handler=no_answer, stream_handler=no_stream) as transport:
         h = Hostile(transport, identity, f"127.0.0.1:{transport.port}", args.target)
         if args.attack == "overflow":
             result = await overflow(h, args.victim)

@@ -206,8 +206,15 @@ async def dense_maps(target: str, count: int, mib: int, batch: int) -> dict[str,
 
         async def one(i: int) -> None:
             nonlocal slowest
-            frame = seal(service.identity, msg_type=big_types[i % len(big_types)], payload=payload,
-                         boot_id=service.boot_id, seq=i + 1, timestamp_ms=wall_ms(), recipient=target_id)  # fmt: skip
+            frame = seal(
+                service.identity,
+                msg_type=big_types[i % len(big_types)],
+                payload=payload,
+                boot_id=service.boot_id,
+                seq=i + 1,
+                timestamp_ms=wall_ms(),
+                recipient=target_id,
+            )
             began = trio.current_time()
             try:
                 answer = await transport.call(target, b"E" + frame, 20.0)
@@ -225,8 +232,9 @@ async def dense_maps(target: str, count: int, mib: int, batch: int) -> dict[str,
 
 
 async def _serve_transport(identity: Identity, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-    async with open_transport(identity, "127.0.0.1", 0, unary_handler=_refuse,
-                              stream_handler=_refuse_stream) as transport:  # fmt: skip
+    async with open_transport(
+        identity, "127.0.0.1", 0, unary_handler=_refuse, stream_handler=_refuse_stream
+    ) as transport:
         task_status.started(transport)
         await trio.sleep_forever()
 
@@ -238,8 +246,9 @@ async def device(target: str, text: str, seconds: float) -> dict[str, Any]:
     async def on_call(request: bytes) -> bytes:
         return await holder["s"].handle_call(request) if "s" in holder else b""
 
-    async with open_transport(identity, "127.0.0.1", 0, unary_handler=on_call,
-                              stream_handler=_refuse_stream) as transport:  # fmt: skip
+    async with open_transport(
+        identity, "127.0.0.1", 0, unary_handler=on_call, stream_handler=_refuse_stream
+    ) as transport:
         service = PeerService(identity, transport, local(), transport.address, 12345, text)
         holder["s"] = service
         async with trio.open_nursery() as nursery:
@@ -297,8 +306,9 @@ def _hello_fuzz(target: str, count: int, rng: random.Random) -> Counter[str]:
     channel = grpc.insecure_channel(target)
     try:
         for _ in range(count):
-            hs = sa.ClientHandshake(identity, purpose=b"fuzz", expect_peer_id=None, now_ms=int(time.time() * 1000),
-                                    random_bytes=os.urandom)  # fmt: skip
+            hs = sa.ClientHandshake(
+                identity, purpose=b"fuzz", expect_peer_id=None, now_ms=int(time.time() * 1000), random_bytes=os.urandom
+            )
             hello = _mutate(rng, hs.hello, 4096)
             call = channel.stream_stream(STREAM_METHOD)(iter([hello]), timeout=5)
             try:
@@ -320,8 +330,9 @@ async def frame_fuzz(target: str, frames: int, hellos: int, batch: int, raw_ever
     outcomes: Counter[str] = Counter()
     sent = streams = 0
     deadline = trio.current_time() + 120
-    async with open_transport(identity, "127.0.0.1", 0, unary_handler=_refuse,
-                              stream_handler=_refuse_stream) as transport:  # fmt: skip
+    async with open_transport(
+        identity, "127.0.0.1", 0, unary_handler=_refuse, stream_handler=_refuse_stream
+    ) as transport:
         while sent < frames:
             try:
                 stream = await transport.connect_stream(target, b"fuzz/0/act")

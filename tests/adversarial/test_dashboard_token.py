@@ -54,9 +54,12 @@ def test_the_token_is_on_no_command_line_and_the_log_is_private(tmp_path: Path) 
         assert len(token) >= 24, url
         env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY")}
         cli = subprocess.Popen(
-            arceusd_cmd(d0.state_dir, "dashboard", "--open"), cwd=ROOT, env={**env, "BROWSER": str(browser)},
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        )  # fmt: skip
+            arceusd_cmd(d0.state_dir, "dashboard", "--open"),
+            cwd=ROOT,
+            env={**env, "BROWSER": str(browser)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         browsers_seen = scans = 0
         leaks: list[int] = []
         try:

@@ -71,8 +71,9 @@ def test_dense_empty_maps_cost_what_their_bytes_cost(pair: tuple[Daemon, Daemon]
     d0, d1 = pair
     base = baseline(d0)
     with ViewOf(d1, d0.status()["peer_id"]) as view, Watch(d0) as watch:
-        result = hostile("dense-maps", peer_address(d0), "--count", str(FRAMES), "--mib", "4", "--batch", "4",
-                         timeout=200)  # fmt: skip
+        result = hostile(
+            "dense-maps", peer_address(d0), "--count", str(FRAMES), "--mib", "4", "--batch", "4", timeout=200
+        )
     print(f"attack: {result}; d1's view of d0: {dict(view.states)}")
     assert result["payload_bytes"] > 4_000_000, result
     assert result["answers"] == {"empty": FRAMES}, result  # each refused, none timed out

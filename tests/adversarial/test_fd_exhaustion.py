@@ -62,8 +62,12 @@ def _attack(tmp_path: Path, floods: list[tuple[int, list[str]]], fds_extra: int)
                 time.sleep(2.0)  # the flood is on
                 d2 = _start(tmp_path, "d2", "--peer", target)  # a real peer's first hello, mid-attack
                 began = time.monotonic()  # d2 is up (its start alone takes seconds on a loaded machine)
-                wait_for(lambda: any(p["peer_id"] == victim_id and p["state"] == "alive"
-                                     for p in d2.call("peers")), 15, 0.1, "d2 sees d0")  # fmt: skip
+                wait_for(
+                    lambda: any(p["peer_id"] == victim_id and p["state"] == "alive" for p in d2.call("peers")),
+                    15,
+                    0.1,
+                    "d2 sees d0",
+                )
                 wait_for(lambda: sum(p["state"] == "alive" for p in d0.call("peers")) == 2, 15, 0.1, "d0 sees d2")
                 hello_s = time.monotonic() - began
                 results = [result(a, ATTACK_S + 60) for a in attackers]
@@ -104,8 +108,9 @@ def test_the_soft_limit_is_raised_to_the_hard_limit_at_start(tmp_path: Path) -> 
     def soft_1024_hard_4096() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 4096))
 
-    d0 = Daemon(tmp_path / "d0", ["--host", "127.0.0.1", "--port", "0", "--no-mdns"],
-                preexec_fn=soft_1024_hard_4096).start()  # fmt: skip
+    d0 = Daemon(
+        tmp_path / "d0", ["--host", "127.0.0.1", "--port", "0", "--no-mdns"], preexec_fn=soft_1024_hard_4096
+    ).start()
     try:
         assert resource.prlimit(d0.pid, resource.RLIMIT_NOFILE) == (4096, 4096)
         gate = d0.status()["transport"]["gate"]

@@ -29,8 +29,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 def test_ten_thousand_mutated_frames(tmp_path: Path) -> None:
-    sink = subprocess.Popen([sys.executable, "-m", "tests.adversarial.frame_sink"], stdout=subprocess.PIPE,
-                            text=True, cwd=ROOT)  # fmt: skip
+    sink = subprocess.Popen(
+        [sys.executable, "-m", "tests.adversarial.frame_sink"], stdout=subprocess.PIPE, text=True, cwd=ROOT
+    )
     d0 = start_daemon(tmp_path, "d0")
     try:
         assert sink.stdout is not None
@@ -40,10 +41,22 @@ def test_ten_thousand_mutated_frames(tmp_path: Path) -> None:
         with Watch(None, pids=(sink.pid,)) as sink_base:
             pass
         with Watch(d0) as watch, Watch(None, pids=(sink.pid,)) as sink_watch:
-            fuzz = hostile("frame-fuzz", sink_address, "--frames", "10000", "--hellos", "60", "--seed", "19",
-                           timeout=240)  # fmt: skip
-            at_daemon = hostile("frame-fuzz", target, "--frames", "1000", "--hellos", "120", "--batch", "50",
-                                "--seed", "20", timeout=240)  # fmt: skip
+            fuzz = hostile(
+                "frame-fuzz", sink_address, "--frames", "10000", "--hellos", "60", "--seed", "19", timeout=240
+            )
+            at_daemon = hostile(
+                "frame-fuzz",
+                target,
+                "--frames",
+                "1000",
+                "--hellos",
+                "120",
+                "--batch",
+                "50",
+                "--seed",
+                "20",
+                timeout=240,
+            )
         assert fuzz["frames"] >= 10_000, fuzz
         counts = json.loads(raw_call(sink_address, b"stats", timeout=5))
         assert counts["frames"] >= 9_000, counts  # the rest were cut with their stream (raw mutations)

@@ -152,8 +152,9 @@ def test_an_offer_beyond_physical_bounds_is_refused_at_the_join(swarm_of: Any, t
     assert_equals_failure_free(end, spec)
 
 
-def test_a_member_that_refuses_every_start_is_excluded_and_the_job_ends_without_it(swarm_of: Any,
-                                                                                  tmp_path: Path) -> None:  # fmt: skip
+def test_a_member_that_refuses_every_start_is_excluded_and_the_job_ends_without_it(
+    swarm_of: Any, tmp_path: Path
+) -> None:
     """It joins, then refuses each start: after two in a row it is excluded (named in ``status``) and the job
     ends ``done`` over the two honest devices with the failure-free run's model (it used to spend the job's
     restarts and fail it)."""
@@ -174,13 +175,15 @@ def test_a_member_that_refuses_every_start_is_excluded_and_the_job_ends_without_
 
 def planned_speed(view: dict[str, Any], peer: str) -> float | None:
     """The FLOP/s the job view's plan rates ``peer`` at (None when the plan leaves it out)."""
-    return next((float(d["flops_per_s"]) for st in view["plan"]["stages"] for d in st["devices"]
-                 if d["peer_id"] == peer), None)  # fmt: skip
+    return next(
+        (float(d["flops_per_s"]) for st in view["plan"]["stages"] for d in st["devices"] if d["peer_id"] == peer), None
+    )
 
 
 @pytest.mark.parametrize("attack", ["overclaim", "overclaim-hidden"])
-def test_a_member_that_overstates_its_speed_is_planned_again_at_its_measured_speed(swarm_of: Any, tmp_path: Path,
-                                                                                   attack: str) -> None:  # fmt: skip
+def test_a_member_that_overstates_its_speed_is_planned_again_at_its_measured_speed(
+    swarm_of: Any, tmp_path: Path, attack: str
+) -> None:
     """``overclaim``: its own step times give it away. ``overclaim-hidden``: it reports the step times its offer
     predicts, and is caught by what its neighbours in the pipeline measured (``seen_s``)."""
     from arceusd.jobs import claims
@@ -199,13 +202,15 @@ def test_a_member_that_overstates_its_speed_is_planned_again_at_its_measured_spe
     if attack == "overclaim-hidden":  # its own figures said it kept to its offer: the neighbours' caught it
         assert end["measured_step_s"][hostile_peer][0] <= end["measured_step_s"][hostile_peer][1] * 1.001, end
         assert any("slower than its offer" in r["reason"] for r in end["recoveries"])
-    named = [r for r in end["recoveries"]
-             if hostile_peer[:12] in r["reason"] and "slower than its offer" in r["reason"]]  # fmt: skip
+    named = [
+        r for r in end["recoveries"] if hostile_peer[:12] in r["reason"] and "slower than its offer" in r["reason"]
+    ]
     assert named, f"no recovery names the member that overstated its speed: {end['recoveries']}"
     # planned at its offer first, then at the offer divided by what was measured
     offered, planned = planned_speed(first, hostile_peer), planned_speed(end, hostile_peer)
-    assert offered and (planned is None or planned == pytest.approx(offered / end["discounted"][hostile_peer],
-                                                                    rel=0.02)), (offered, planned)  # fmt: skip
+    assert offered and (
+        planned is None or planned == pytest.approx(offered / end["discounted"][hostile_peer], rel=0.02)
+    ), (offered, planned)
     # resumed exactly, within rounding: with 2048-wide layers the plain loop alone differs by 2.4e-3 between one
     # and two torch threads after these 60 steps; the small model's recoveries are held to 1e-5
     assert_equals_failure_free(end, spec, tolerance=1e-2)
@@ -241,8 +246,9 @@ def big_spec(tmp_path: Path, steps: int, interval: int, width: int, batch: int, 
     and a run failed in CI at 1e-4 (3.5e-3). Calm: rounding 5e-5, a lost step at least 8e-4 (measured with the
     reference loop of ``tests.integration.worker_harness``)."""
     spec = write_spec(tmp_path, steps=steps, interval=interval)
-    text = spec.read_text().replace("layer_sizes = [784, 64, 32, 10]", f"layer_sizes = [784, {width}, {width}, "
-                                    f"{width}, 10]")  # fmt: skip
+    text = spec.read_text().replace(
+        "layer_sizes = [784, 64, 32, 10]", f"layer_sizes = [784, {width}, {width}, {width}, 10]"
+    )
     if calm:
         text = text.replace("lr = 0.05\nmomentum = 0.9", "lr = 0.02\nmomentum = 0.5")
         assert "momentum = 0.5" in text
@@ -252,8 +258,7 @@ def big_spec(tmp_path: Path, steps: int, interval: int, width: int, batch: int, 
 
 
 @pytest.mark.parametrize("attack", ["overclaim-hidden", "challenge-forge"])
-def test_the_leader_times_each_member_and_plans_an_overclaimer_at_what_it_measured(tmp_path: Path,
-                                                                                    attack: str) -> None:  # fmt: skip
+def test_the_leader_times_each_member_and_plans_an_overclaimer_at_what_it_measured(tmp_path: Path, attack: str) -> None:
     """A member offering 100 times its speed whose checkpoint reports cover the lie from the first one on: the
     leader's timed speed challenge (its own clock, nobody's word: the case a neighbour alone sees it is word
     against word) catches it, before its step times could (they need two reports in a row: step 60 here). With
@@ -284,8 +289,9 @@ def test_the_leader_times_each_member_and_plans_an_overclaimer_at_what_it_measur
             # its reports said it kept to its offer all along
             assert end["measured_step_s"][hostile_peer][0] <= end["measured_step_s"][hostile_peer][1] * 1.001, end
         offered, planned = planned_speed(first, hostile_peer), planned_speed(end, hostile_peer)
-        assert offered and (planned is None or planned == pytest.approx(offered / end["discounted"][hostile_peer],
-                                                                        rel=0.02)), (offered, planned)  # fmt: skip
+        assert offered and (
+            planned is None or planned == pytest.approx(offered / end["discounted"][hostile_peer], rel=0.02)
+        ), (offered, planned)
         assert_equals_failure_free(end, spec, tolerance=1e-2)
 
 
@@ -324,8 +330,11 @@ def test_a_leader_that_abuses_speed_challenges_is_refused_and_leaves_no_child_be
             stderr = s.root / "hostile.stderr"
 
             def answered() -> dict[tuple[str, str], str]:
-                lines = [ln.split("hostile: answer ", 1)[1] for ln in stderr.read_text().splitlines()
-                         if "hostile: answer " in ln]  # fmt: skip
+                lines = [
+                    ln.split("hostile: answer ", 1)[1]
+                    for ln in stderr.read_text().splitlines()
+                    if "hostile: answer " in ln
+                ]
                 return {(ln[:12], ln[13:].split(": ", 1)[0]): ln.split(": ", 1)[1] for ln in lines}
 
             wait_for(lambda: len(answered()) == 2 * len(ABUSES), 120, 0.5, "every abuse answered")
@@ -351,7 +360,8 @@ def test_a_leader_that_abuses_speed_challenges_is_refused_and_leaves_no_child_be
 
 
 def test_a_member_that_slows_the_job_on_purpose_and_blames_its_neighbour_is_found_wherever_it_sits(
-        tmp_path: Path) -> None:  # fmt: skip
+    tmp_path: Path,
+) -> None:
     """An honest offer (it passes its speed challenge), but it naps 0.5 s before every step and says it spent
     that waiting on its neighbour. Next to the leader, the leader's own clock catches it; at the far end, it and
     its neighbour contradict each other, neither is judged on its neighbours' views (the honest one would be
@@ -373,8 +383,9 @@ def test_a_member_that_slows_the_job_on_purpose_and_blames_its_neighbour_is_foun
         assert_equals_failure_free(end, spec, tolerance=1e-4)
 
 
-def run_blamed(tmp_path: Path, spec: Path, attack: str, arg: str, after: int, why: str,
-               tolerance: float = 1e-5) -> dict[str, Any]:  # fmt: skip
+def run_blamed(
+    tmp_path: Path, spec: Path, attack: str, arg: str, after: int, why: str, tolerance: float = 1e-5
+) -> dict[str, Any]:
     """Issue #29 item 6: ``attack`` from checkpoint step ``after`` on used to fail the job after its restarts,
     the attacker never named. Now the failure is pinned on it: it is excluded (``why`` in ``excluded``), the job
     plans again without it and ends ``done`` with the failure-free model."""
@@ -387,14 +398,22 @@ def run_blamed(tmp_path: Path, spec: Path, attack: str, arg: str, after: int, wh
         first = wait_for(lambda: (v := job_of(s, job_id)).get("plan") and v, 240, 0.2, "the first plan")
         end = wait_end(s, job_id, timeout=840)  # (two busy cores: a member may look dead while torch loads)
         assert all(p.poll() is None for p in s.procs), "a daemon exited"
-        placed_first = {d["peer_id"] for r in first["plan"].get("replicas", [first["plan"]]) for st in r["stages"]
-                        for d in st["devices"]}  # fmt: skip
+        placed_first = {
+            d["peer_id"]
+            for r in first["plan"].get("replicas", [first["plan"]])
+            for st in r["stages"]
+            for d in st["devices"]
+        }
         assert hostile_peer in placed_first, "the attacker was not in the first plan: nothing was tested"
         assert end["state"] == "done", (end["error"], end["excluded"], end["recoveries"])
         assert why in end["excluded"].get(hostile_peer, ""), end["excluded"]
         assert list(end["excluded"]) == [hostile_peer], "an honest member was excluded"
-        placed = {d["peer_id"] for r in end["plan"].get("replicas", [end["plan"]]) for st in r["stages"]
-                  for d in st["devices"]}  # fmt: skip
+        placed = {
+            d["peer_id"]
+            for r in end["plan"].get("replicas", [end["plan"]])
+            for st in r["stages"]
+            for d in st["devices"]
+        }
         assert hostile_peer not in placed and hostile_peer not in end["members"]
         assert_equals_failure_free(end, spec, tolerance=tolerance)
         return end

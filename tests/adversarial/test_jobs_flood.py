@@ -25,8 +25,9 @@ def test_announce_flood_is_bounded_and_hostile_ids_never_stored(tmp_path: Path) 
         base = baseline(d0)
         with Watch(d0) as watch:
             # 3,000 announcements of a valid spec padded to 300 KiB (unbounded, ~900 MB kept), from 100 keys.
-            result = hostile("announce-flood", target, "--count", "3000", "--identities", "100",
-                             "--spec-kib", "300", timeout=200)  # fmt: skip
+            result = hostile(
+                "announce-flood", target, "--count", "3000", "--identities", "100", "--spec-kib", "300", timeout=200
+            )
         answers = result["answers"]
         assert result["identities"] == 100, result
         assert answers.get("accepted", 0) > 0, answers
@@ -62,8 +63,17 @@ def test_announce_flood_leaves_every_honest_job_in_the_market(tmp_path: Path) ->
         wait_for(lambda: set(honest) <= {j["job_id"] for j in d0.status()["jobs"]}, 30, 0.2, "d0 sees the jobs")
         base = baseline(d0)
         with Watch(d0) as watch:
-            result = hostile("announce-flood", peer_address(d0), "--count", "3000", "--identities", "100",
-                             "--spec-kib", "16", timeout=200)  # fmt: skip
+            result = hostile(
+                "announce-flood",
+                peer_address(d0),
+                "--count",
+                "3000",
+                "--identities",
+                "100",
+                "--spec-kib",
+                "16",
+                timeout=200,
+            )
         assert result["identities"] == 100 and result["answers"].get("accepted", 0) > 0, result
         assert_healthy(watch.report, base, rss_extra_mib=150)
         status = d0.status()

@@ -38,8 +38,9 @@ def owners_bill(s: Any, job_id: str) -> dict[str, Any]:
 def test_a_member_offering_1000x_its_speed_earns_at_most_1_5x_an_honest_member(tmp_path: Path) -> None:
     spec = write_spec(tmp_path, steps=160, interval=20)
     # two daemons (the fewest processes on a shared machine): the owner, an honest device, and the liar
-    s = MarketSwarm(tmp_path / "swarm", "overclaim", size=2, hostile=1, module="tests.adversarial.hostile_job",
-                    arg="1000")  # fmt: skip
+    s = MarketSwarm(
+        tmp_path / "swarm", "overclaim", size=2, hostile=1, module="tests.adversarial.hostile_job", arg="1000"
+    )
     try:
         s.start()
         s.wait_converged()
@@ -62,16 +63,19 @@ def test_a_member_offering_1000x_its_speed_earns_at_most_1_5x_an_honest_member(t
         assert owed[honest] > 0 and owed[liar] <= 1.5 * owed[honest], (owed, paid)
         assert paid[liar]["offered_gflops"] >= 500 * paid[honest]["offered_gflops"], paid
         assert paid[liar]["paid_gflops"] <= paid[honest]["offered_gflops"] * 1.001, paid
-        print(f"\nmeasured: liar ${owed[liar]:.6f}, honest ${owed[honest]:.6f} ({owed[liar] / owed[honest]:.2f}x); "
-              f"liar paid for {paid[liar]['paid_gflops']} of {paid[liar]['offered_gflops']} GFLOP/s offered "
-              f"({paid[liar]['basis']})")  # fmt: skip
+        print(
+            f"\nmeasured: liar ${owed[liar]:.6f}, honest ${owed[honest]:.6f} ({owed[liar] / owed[honest]:.2f}x); "
+            f"liar paid for {paid[liar]['paid_gflops']} of {paid[liar]['offered_gflops']} GFLOP/s offered "
+            f"({paid[liar]['basis']})"
+        )
     finally:
         s.close()
 
 
 @pytest.mark.parametrize("attack, why", [("withhold", "no receipt came"), ("zero", "pay $0")])
-def test_an_owner_that_does_not_pay_is_left_by_every_honest_member_each_saying_why(tmp_path: Path, attack: str,
-                                                                                   why: str) -> None:  # fmt: skip
+def test_an_owner_that_does_not_pay_is_left_by_every_honest_member_each_saying_why(
+    tmp_path: Path, attack: str, why: str
+) -> None:
     """The members' policy gives receipts 15 s (``receipt_grace_s``; the default minute would need a long job):
     each member leaves once its third checkpoint is unpaid that long, having worked at most that much past it."""
     interval, limit, nap, grace = 20, Policy().unpaid_checkpoints, 0.5, 15.0
@@ -87,8 +91,9 @@ def test_an_owner_that_does_not_pay_is_left_by_every_honest_member_each_saying_w
         job_id = submit(s, spec)
 
         def left() -> dict[int, dict[str, Any]] | None:
-            got = {i: [x for x in s.call(i, "status")["market"]["left_unpaid"] if x["job_id"] == job_id]
-                   for i in members}  # fmt: skip
+            got = {
+                i: [x for x in s.call(i, "status")["market"]["left_unpaid"] if x["job_id"] == job_id] for i in members
+            }
             return {i: g[0] for i, g in got.items()} if all(got.values()) else None
 
         gone = wait_for(left, 420, 0.5, "every honest member left the job that does not pay")
@@ -101,8 +106,10 @@ def test_an_owner_that_does_not_pay_is_left_by_every_honest_member_each_saying_w
             assert entry["worker_step"] <= last + max(grace / nap, interval) + interval, entry
             row = [r for r in s.call(i, "market", timeout=60)["jobs"] if r["job_id"] == job_id]
             assert row and not row[0]["qualifies"] and any("left unpaid" in r for r in row[0]["reasons"]), row
-            print(f"\nmeasured ({attack}): member {i} left at its worker's step {entry['worker_step']} with "
-                  f"checkpoints {entry['unpaid_checkpoints']} unpaid")  # fmt: skip
+            print(
+                f"\nmeasured ({attack}): member {i} left at its worker's step {entry['worker_step']} with "
+                f"checkpoints {entry['unpaid_checkpoints']} unpaid"
+            )
         end = wait_end(s, job_id, timeout=150)
         assert end["state"] == "done", end
         assert not set(members.values()) & set(end["members"]), "a member that left was planned again"

@@ -27,8 +27,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 def hostile_member(attack: str, target: str, *args: str, timeout: float = 120.0) -> dict[str, Any]:
     proc = subprocess.run(
         [sys.executable, "-m", "tests.adversarial.hostile_member", attack, "--target", target, *args],
-        capture_output=True, text=True, timeout=timeout, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert proc.returncode == 0, f"hostile member failed ({proc.returncode}):\n{proc.stderr[-4000:]}"
     result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     return result

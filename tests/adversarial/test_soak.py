@@ -59,7 +59,10 @@ def test_two_minutes_of_interleaved_attacks_against_a_training_job(tmp_path: Pat
             began = time.monotonic()
             plan = attacks(target, s.call(1, "status")["peer_id"])
             while time.monotonic() - began < SOAK_S or s.call(0, "job", {"job_id": job_id})["state"] not in (
-                "done", "failed", "cancelled"):  # fmt: skip
+                "done",
+                "failed",
+                "cancelled",
+            ):
                 assert time.monotonic() - began < 360, "the job did not end within 6 minutes under attack"
                 if time.monotonic() - began < SOAK_S:
                     cmd = plan[len(ran) % len(plan)]

@@ -32,8 +32,10 @@ def test_a_strangers_device_string_is_escaped_in_every_view(tmp_path: Path) -> N
         with Watch(d0) as watch:
             peers = wait_for(lambda: [p for p in d0.call("peers") if "owned" in p["device"]], 8, 0.1, "hostile")
             assert peers[0]["device"].startswith("linux\x1b]0;owned")  # stored as sent, shown escaped
-            outputs = {name: run_cli(d0.state_dir, *args) for name, args in
-                       {"peers": ("peers",), "status": ("status",), "logs": ("logs", "-n", "200")}.items()}  # fmt: skip
+            outputs = {
+                name: run_cli(d0.state_dir, *args)
+                for name, args in {"peers": ("peers",), "status": ("status",), "logs": ("logs", "-n", "200")}.items()
+            }
             finish(attack)
         for name, proc in outputs.items():
             assert proc.returncode == 0 or name == "logs", (name, proc.stderr)

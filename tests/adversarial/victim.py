@@ -50,10 +50,15 @@ class Report:
 
     def summary(self) -> dict[str, Any]:
         lat = sorted(self.status_latencies)
-        return {"peak_rss_mib": round(self.peak_rss_mib, 1), "max_threads": self.max_threads,
-                "max_fds": self.max_fds, "status_max_s": round(self.status_max_s, 3),
-                "status_p50_s": round(lat[len(lat) // 2], 4) if lat else None,
-                "status_failures": self.status_failures, "exited": self.exited}  # fmt: skip
+        return {
+            "peak_rss_mib": round(self.peak_rss_mib, 1),
+            "max_threads": self.max_threads,
+            "max_fds": self.max_fds,
+            "status_max_s": round(self.status_max_s, 3),
+            "status_p50_s": round(lat[len(lat) // 2], 4) if lat else None,
+            "status_failures": self.status_failures,
+            "exited": self.exited,
+        }
 
 
 class Watch:
@@ -110,8 +115,9 @@ def baseline(daemon: Daemon, seconds: float = 1.5) -> Report:
     return w.report
 
 
-def assert_healthy(report: Report, base: Report, *, rss_extra_mib: float, threads_extra: int = 80,
-                   fds_extra: int = 200) -> None:  # fmt: skip
+def assert_healthy(
+    report: Report, base: Report, *, rss_extra_mib: float, threads_extra: int = 80, fds_extra: int = 200
+) -> None:
     """No exit, every status answered within STATUS_BOUND_S, and RSS/threads/fds within stated bounds over the
     no-attack baseline measured just before."""
     s = report.summary()
@@ -131,9 +137,12 @@ def hostile(attack: str, target: str, *args: str, timeout: float = 120.0) -> dic
     """Run one attack in its own process; its JSON result line."""
     proc = subprocess.run(
         [sys.executable, "-m", "tests.adversarial.hostile_peer", attack, "--target", target, *args],
-        capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )  # fmt: skip
+    )
     assert proc.returncode == 0, f"hostile peer failed ({proc.returncode}):\n{proc.stderr[-4000:]}"
     result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     return result
@@ -153,9 +162,12 @@ def hostile_background(attack: str, target: str, *args: str) -> subprocess.Popen
     """Start one attack in its own process without waiting; read its result with :func:`finish`."""
     return subprocess.Popen(
         [sys.executable, "-m", "tests.adversarial.hostile_peer", attack, "--target", target, *args],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )  # fmt: skip
+    )
 
 
 def finish(proc: subprocess.Popen[str], timeout: float = 120.0) -> dict[str, Any]:

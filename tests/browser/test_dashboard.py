@@ -40,8 +40,13 @@ if not os.path.exists(CHROMIUM):
 
 
 def cli(state_dir: Path, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "arceusd", "--state-dir", str(state_dir), *args],
-                          capture_output=True, text=True, timeout=timeout, env={**os.environ, "CI": "1"})  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "arceusd", "--state-dir", str(state_dir), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "CI": "1"},
+    )
 
 
 class Setup:
@@ -107,8 +112,16 @@ def test_a_request_without_the_token_is_refused(setup: Setup) -> None:
     token = setup.url.rstrip("/").rsplit("/", 1)[1]
     assert _status(setup.url) == 200
     assert _status(setup.url + "api/swarm") == 200
-    for path in ("/", "/api/swarm", f"/job/{setup.job_id}", "/static/app.js", "/events/swarm",
-                 "/" + token[:-1] + "/api/swarm", "/" + token.upper() + "/api/swarm", f"/x/{token}/api/swarm"):
+    for path in (
+        "/",
+        "/api/swarm",
+        f"/job/{setup.job_id}",
+        "/static/app.js",
+        "/events/swarm",
+        "/" + token[:-1] + "/api/swarm",
+        "/" + token.upper() + "/api/swarm",
+        f"/x/{token}/api/swarm",
+    ):
         assert _status(base + path) == 403, path
 
 
@@ -119,8 +132,11 @@ def test_a_new_step_appears_without_a_reload_within_2s(setup: Setup, browser: An
     page.evaluate("window.__sameDocument = true")
     first = page.inner_text("#step")
     t0 = time.monotonic()
-    page.wait_for_function("(first) => document.querySelector('#step') && "
-                           "document.querySelector('#step').textContent !== first", arg=first, timeout=2000)
+    page.wait_for_function(
+        "(first) => document.querySelector('#step') && document.querySelector('#step').textContent !== first",
+        arg=first,
+        timeout=2000,
+    )
     assert time.monotonic() - t0 < 2.0
     assert page.evaluate("window.__sameDocument === true"), "the page was reloaded"
     assert page.evaluate("performance.getEntriesByType('navigation').length") == 1
@@ -156,9 +172,12 @@ def _checkpoint_marks(page: Any) -> list[int]:
 
 def _timings(page: Any) -> dict[str, dict[str, Any]]:
     """Each device's compute/wait figure in the plan drawing, by its full peer id."""
-    rows = page.eval_on_selector_all("#plan .timing", "els => els.map(e => [e.getAttribute('data-peer'), "
-                                     "e.getAttribute('data-compute-s'), e.getAttribute('data-wait-s'), "
-                                     "e.querySelectorAll('rect.compute').length, e.textContent])")  # fmt: skip
+    rows = page.eval_on_selector_all(
+        "#plan .timing",
+        "els => els.map(e => [e.getAttribute('data-peer'), "
+        "e.getAttribute('data-compute-s'), e.getAttribute('data-wait-s'), "
+        "e.querySelectorAll('rect.compute').length, e.textContent])",
+    )
     return {r[0]: {"compute_s": r[1], "wait_s": r[2], "bars": r[3], "text": r[4]} for r in rows}
 
 
@@ -218,8 +237,10 @@ def _curve(page: Any) -> list[tuple[float, float]]:
 
 def _terms(page: Any) -> dict[str, tuple[str, str, str]]:
     """The device page's terms: key -> (what it asks, what the machine shows now, met / not met / per job)."""
-    rows = page.eval_on_selector_all("#terms tbody tr", "els => els.map(e => [e.getAttribute('data-key'), "
-                                     "...[...e.querySelectorAll('td')].map(td => td.textContent)])")  # fmt: skip
+    rows = page.eval_on_selector_all(
+        "#terms tbody tr",
+        "els => els.map(e => [e.getAttribute('data-key'), ...[...e.querySelectorAll('td')].map(td => td.textContent)])",
+    )
     return {r[0]: (r[1], r[3], r[4]) for r in rows}
 
 
@@ -262,8 +283,9 @@ def test_the_device_page_shows_each_term_whether_it_holds_and_changes_one_as_pol
     text = page.inner_text("main")
     assert "owner cpu percent" not in text and "idle s" not in text and "null" not in text
     # the machine over time: several readings of all CPU use, the owner's own and memory (a bounded ring)
-    page.wait_for_function("() => Number(document.querySelector('#machine-chart').getAttribute('data-count')) >= 3",
-                           timeout=15_000)  # fmt: skip
+    page.wait_for_function(
+        "() => Number(document.querySelector('#machine-chart').getAttribute('data-count')) >= 3", timeout=15_000
+    )
     assert page.eval_on_selector("#machine-chart polyline.cpu-all", "e => Number(e.getAttribute('data-count'))") >= 2
     assert page.eval_on_selector("#machine-chart polyline.memory", "e => Number(e.getAttribute('data-count'))") >= 2
     # a term changed from the page: hours that exclude the present hour (for the next two hours at least)
@@ -272,8 +294,10 @@ def test_the_device_page_shows_each_term_whether_it_holds_and_changes_one_as_pol
     try:
         assert _set_term(page, "hours", json.dumps(span)) == f"saved: policy.hours = {json.dumps(span)}"
         assert _policy(setup)["hours"] == span
-        page.wait_for_function("() => document.querySelector('#terms tr[data-key=\"hours\"] td.met')"
-                               ".textContent === 'not met'", timeout=10_000)  # fmt: skip
+        page.wait_for_function(
+            "() => document.querySelector('#terms tr[data-key=\"hours\"] td.met').textContent === 'not met'",
+            timeout=10_000,
+        )
         now = _terms(page)["hours"]
         assert now[0] == f"hours {span[0]}-{span[1]} (local, end excluded)" and " not in " in now[1], now
         assert page.inner_text("#lends-now") == "no"
@@ -287,15 +311,16 @@ def test_the_device_page_shows_each_term_whether_it_holds_and_changes_one_as_pol
     finally:
         assert _set_term(page, "hours", "[]") == "saved: policy.hours = []"
     assert _policy(setup)["hours"] == []
-    page.wait_for_function("() => document.querySelector('#terms tr[data-key=\"hours\"] td.met').textContent "
-                           "=== 'met'",
-                           timeout=10_000)  # fmt: skip
+    page.wait_for_function(
+        "() => document.querySelector('#terms tr[data-key=\"hours\"] td.met').textContent === 'met'", timeout=10_000
+    )
     page.close()
 
 
 def _post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, str]:
-    request = urllib.request.Request(url, data=body, method="POST",
-                                     headers={"content-type": "application/x-www-form-urlencoded", **headers})
+    request = urllib.request.Request(
+        url, data=body, method="POST", headers={"content-type": "application/x-www-form-urlencoded", **headers}
+    )
     try:
         with urllib.request.urlopen(request, timeout=10) as resp:
             return int(resp.status), resp.read().decode()
@@ -307,8 +332,13 @@ def test_a_cross_origin_or_token_less_post_changes_no_term(setup: Setup, browser
     origin = "/".join(setup.url.split("/", 3)[:3])  # http://127.0.0.1:PORT, the dashboard's own
     change = b"key=unpaid_checkpoints&value=7"
     before = _policy(setup)["unpaid_checkpoints"]
-    for headers in ({"origin": "http://evil.example"}, {"referer": "http://evil.example/page"}, {"origin": "null"},
-                    {}, {"origin": setup.other_url.rsplit("/", 2)[0]}):  # fmt: skip
+    for headers in (
+        {"origin": "http://evil.example"},
+        {"referer": "http://evil.example/page"},
+        {"origin": "null"},
+        {},
+        {"origin": setup.other_url.rsplit("/", 2)[0]},
+    ):
         status, line = _post(setup.url + "policy", change, headers)
         assert status == 403 and line.startswith("403: ") and "\n" not in line.strip(), (headers, status, line)
     status, line = _post(origin + "/policy", change, {"origin": origin})  # the right origin, no token
@@ -316,8 +346,11 @@ def test_a_cross_origin_or_token_less_post_changes_no_term(setup: Setup, browser
     # a page of another origin in the browser: its POST carries that origin and is refused
     page = browser.new_page()
     page.goto("about:blank")
-    page.evaluate("(url) => fetch(url, {method: 'POST', mode: 'no-cors', body: new URLSearchParams("
-                  "{key: 'unpaid_checkpoints', value: '7'})}).catch(() => null)", setup.url + "policy")  # fmt: skip
+    page.evaluate(
+        "(url) => fetch(url, {method: 'POST', mode: 'no-cors', body: new URLSearchParams("
+        "{key: 'unpaid_checkpoints', value: '7'})}).catch(() => null)",
+        setup.url + "policy",
+    )
     page.close()
     assert _policy(setup)["unpaid_checkpoints"] == before != 7
 
@@ -368,8 +401,9 @@ def test_the_curve_has_the_points_of_status_json_history(setup: Setup, browser: 
     # the terminal's live view draws the same job: its plan, progress and ETA (one round: the job has ended)
     watched = cli(setup.swarm.state_dir(0), "status", setup.job_id, "--watch")
     assert watched.returncode == 0, watched.stderr
-    assert "ETA" in watched.stdout and all(d["peer_id"][:12] in watched.stdout
-                                           for s in job["plan"]["stages"] for d in s["devices"])  # fmt: skip
+    assert "ETA" in watched.stdout and all(
+        d["peer_id"][:12] in watched.stdout for s in job["plan"]["stages"] for d in s["devices"]
+    )
     for peer, t in job["stage_times"].items():  # each device's row: its compute / wait in ms
         row = next(line for line in watched.stdout.splitlines() if peer[:12] in line)
         assert f"{t['compute_s'] * 1000:.1f} / {t['wait_s'] * 1000:.1f}" in row, (row, t)
@@ -389,9 +423,10 @@ def test_the_loss_chart_has_a_wall_clock_axis_and_its_csv_the_rows_of_status_jso
     page = browser.new_page()
     page.goto(setup.url + f"job/{setup.job_id}")
     page.wait_for_selector("#loss-chart text.time-tick")
-    ticks = page.eval_on_selector_all("#loss-chart text.time-tick", "els => els.map(e => "
-                                      "[Number(e.getAttribute('data-step')), Number(e.getAttribute('data-at')), "
-                                      "e.textContent])")  # fmt: skip
+    ticks = page.eval_on_selector_all(
+        "#loss-chart text.time-tick",
+        "els => els.map(e => [Number(e.getAttribute('data-step')), Number(e.getAttribute('data-at')), e.textContent])",
+    )
     at = {int(p[0]): t for p, t in zip(job["history"], job["history_at"], strict=True)}
     assert len(ticks) == 6
     for step, when, shown in ticks:
@@ -414,8 +449,12 @@ def test_the_loss_chart_has_a_wall_clock_axis_and_its_csv_the_rows_of_status_jso
 def test_a_screenshot_of_every_page(setup: Setup, browser: Any) -> None:
     setup.shots.mkdir(parents=True, exist_ok=True)
     page = browser.new_page(viewport={"width": 1280, "height": 900})
-    for name, path, ready in (("swarm", "", "#swarm-map"), ("job", f"job/{setup.job_id}", "#plan"),
-                              ("owner", "owner", "#earnings, .kv"), ("market", "market", "section")):
+    for name, path, ready in (
+        ("swarm", "", "#swarm-map"),
+        ("job", f"job/{setup.job_id}", "#plan"),
+        ("owner", "owner", "#earnings, .kv"),
+        ("market", "market", "section"),
+    ):
         page.goto(setup.url + path)
         page.wait_for_selector(ready)
         page.wait_for_timeout(300)
@@ -438,8 +477,9 @@ def test_a_replicated_job_draws_each_replica_and_how_they_sync(setup: Setup, bro
     page = browser.new_page()
     page.goto(setup.url + f"job/{job_id}")
     page.wait_for_selector("#plan-replicas")
-    assert "2 data-parallel replicas · gradients averaged across the replicas every step" in \
-        page.inner_text("#plan-replicas")
+    assert "2 data-parallel replicas · gradients averaged across the replicas every step" in page.inner_text(
+        "#plan-replicas"
+    )
     for i, replica in enumerate(plan["replicas"]):
         svg = "#plan" if i == 0 else f"#plan-replica-{i}"
         names = page.eval_on_selector_all(f"{svg} .device-name", "els => els.map(e => e.textContent)")

@@ -27,18 +27,32 @@ def test_a_model_object_trains_on_a_daemon_and_its_export_loads(tmp_path: Path) 
     data = tmp_path / "shakespeare.txt"
     data.write_text((ROOT / "data" / "tinyshakespeare" / "input.txt").read_text()[:20000])
     tok = Tokenizer.from_file(str(ROOT / "data" / "tokenizers" / "shakespeare-bpe.json"))
-    config = LlamaConfig(vocab_size=tok.get_vocab_size(), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                         tie_word_embeddings=False)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=tok.get_vocab_size(),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(0)
     model = LlamaForCausalLM(config)
     swarm = LocalSwarm(tmp_path / "swarm", 1, preset="lan", env={"ARCEUS_TOKEN_CACHE": str(tmp_path / "tokens")})
     try:
         swarm.start()
         client = arceus.connect(swarm.state_dir(0))
-        job = client.submit_model(model, tok, data, members=1, folder=tmp_path / "job", block_size=32,
-                                  training={"steps": STEPS, "batch_size": 4, "lr": 3e-3, "eval_iters": 1},
-                                  checkpoint={"interval_steps": 3})  # fmt: skip
+        job = client.submit_model(
+            model,
+            tok,
+            data,
+            members=1,
+            folder=tmp_path / "job",
+            block_size=32,
+            training={"steps": STEPS, "batch_size": 4, "lr": 3e-3, "eval_iters": 1},
+            checkpoint={"interval_steps": 3},
+        )
         began = time.monotonic()
         seen = list(job.progress(poll_s=0.5, timeout_s=450))  # 2 min on a 2-core machine at load 13
         took = time.monotonic() - began
@@ -60,7 +74,8 @@ def test_a_model_object_trains_on_a_daemon_and_its_export_loads(tmp_path: Path) 
     assert status.loss is not None and status.model_path is not None, status
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in folder.iterdir()}
     assert {"config.json", "model.safetensors", "tokenizer.json", "job.json"} <= {
-        p.name for p in (tmp_path / "job").iterdir()}  # fmt: skip
+        p.name for p in (tmp_path / "job").iterdir()
+    }
     assert isinstance(loaded, LlamaForCausalLM) and loaded.config.vocab_size == tok.get_vocab_size()
     moved = (loaded.model.embed_tokens.weight - model.model.embed_tokens.weight).abs().max().item()
     assert moved > 0, "the export starts from the submitted weights and trains them"

@@ -24,7 +24,7 @@ from tests.harness import ROOT
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
 
-AUDIT_HOOK = '''
+AUDIT_HOOK = """
 import os, sys
 
 _OUTSIDE = tuple(p for p in os.environ.get("ARCEUS_AUDIT_OUTSIDE", "").split(os.pathsep) if p)
@@ -48,7 +48,7 @@ if _OPENED:
     with open(os.environ["ARCEUS_AUDIT_STARTED"], "a") as fh:
         fh.write(f"{os.getpid()}\\n")
     sys.addaudithook(_hook)
-'''
+"""
 
 
 def test_demo_runs_in_a_bare_clone(tmp_path: Path) -> None:
@@ -71,8 +71,12 @@ def test_demo_runs_in_a_bare_clone(tmp_path: Path) -> None:
     env["ARCEUS_AUDIT_ALLOWED"] = os.pathsep.join(p.rstrip(os.sep) + os.sep for p in prefixes)
     proc = subprocess.run(
         [sys.executable, "-m", "arceusd", "demo", "--steps", "20", "--dir", str(tmp_path / "swarm")],
-        cwd=clone, env=env, capture_output=True, text=True, timeout=360,
-    )  # fmt: skip
+        cwd=clone,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=360,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert "model saved to" in out and "a sample from the trained model" in out, out[-4000:]
@@ -80,10 +84,17 @@ def test_demo_runs_in_a_bare_clone(tmp_path: Path) -> None:
     processes = started.read_text().split()
     assert len(processes) >= 4, processes  # the demo, its daemons and their workers all ran the hook
     assert not opened.exists(), opened.read_text()[:4000]  # nothing outside the clone was read
-    assert str(clone) in subprocess.run(
-        [sys.executable, "-c", "import arceusd; print(arceusd.__file__)"], cwd=clone, env=env, capture_output=True,
-        text=True, timeout=60,
-    ).stdout  # fmt: skip
+    assert (
+        str(clone)
+        in subprocess.run(
+            [sys.executable, "-c", "import arceusd; print(arceusd.__file__)"],
+            cwd=clone,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
+    )
 
 
 def run_in_terminal(command: list[str], env: dict[str, str], timeout: float) -> tuple[int, str]:

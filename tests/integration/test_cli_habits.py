@@ -57,9 +57,11 @@ def test_state_dir_before_or_after_the_command(tmp_path: Path) -> None:
     same = arceusd("--state-dir", str(state), "id", "--state-dir", str(state))
     assert same.returncode == 0 and same.stdout == after.stdout
     with daemons(tmp_path, 1) as (d,):
-        for argv in (("status", "--json", "--state-dir", str(d.state_dir)),
-                     ("--state-dir", str(d.state_dir), "status", "--json"),
-                     ("peers", "--state-dir", str(d.state_dir), "--json")):  # fmt: skip
+        for argv in (
+            ("status", "--json", "--state-dir", str(d.state_dir)),
+            ("--state-dir", str(d.state_dir), "status", "--json"),
+            ("peers", "--state-dir", str(d.state_dir), "--json"),
+        ):
             proc = arceusd(*argv)
             assert proc.returncode == 0, (argv, proc.stderr)
         status = json.loads(arceusd("status", "--json", "--state-dir", str(d.state_dir)).stdout)
@@ -108,8 +110,17 @@ def test_interface_lo_makes_a_one_machine_swarm_over_mdns(tmp_path: Path) -> Non
 
 
 def test_unknown_interface_is_one_line(tmp_path: Path) -> None:
-    proc = arceusd("start", "--foreground", "--preset", "local", "--mdns", "--interface", "nosuch0",
-                   "--state-dir", str(tmp_path / "s"))  # fmt: skip
+    proc = arceusd(
+        "start",
+        "--foreground",
+        "--preset",
+        "local",
+        "--mdns",
+        "--interface",
+        "nosuch0",
+        "--state-dir",
+        str(tmp_path / "s"),
+    )
     assert_one_line_failure(proc, "nosuch0", "--interface", "--no-mdns")
 
 

@@ -53,9 +53,16 @@ def test_torch_is_never_loaded_in_a_daemon_before_during_or_after_a_job(tmp_path
         k = next(i for i in range(3) if s.call(i, "status")["peer_id"] == member)
         pid = wait_for(lambda: job_of(s, job_id, k).get("worker_pid"), 30, 0.1, "the member's worker")
         os.kill(int(pid), signal.SIGKILL)
-        wait_for(lambda: job_of(s, job_id)["recoveries"] and job_of(s, job_id)["state"] == "running"
-                 and job_of(s, job_id)["recoveries"][-1]["first_step_after_s"] is not None, 120, 0.2,
-                 "trained again after the repartition")  # fmt: skip
+        wait_for(
+            lambda: (
+                job_of(s, job_id)["recoveries"]
+                and job_of(s, job_id)["state"] == "running"
+                and job_of(s, job_id)["recoveries"][-1]["first_step_after_s"] is not None
+            ),
+            120,
+            0.2,
+            "trained again after the repartition",
+        )
         torch_free(s)
         end = wait_end(s, job_id, timeout=150)
         assert end["state"] == "done", end["error"]
@@ -106,7 +113,12 @@ def test_five_idle_local_daemons_suspect_nobody_in_their_first_ten_seconds(tmp_p
 
 def test_the_startup_bench_runs() -> None:
     """bench/startup.py measures the same thing with a baseline; one run keeps it working."""
-    out = subprocess.run([sys.executable, "bench/startup.py", "--runs", "1"], capture_output=True, text=True,
-                         timeout=120, cwd=Path(__file__).resolve().parents[2])  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "bench/startup.py", "--runs", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[2],
+    )
     assert out.returncode == 0, out.stderr
     assert "ratio daemon / bare python" in out.stdout

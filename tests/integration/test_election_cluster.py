@@ -80,9 +80,7 @@ def test_one_leader_then_failover_with_higher_term_and_stale_commands_refused(sw
     job = track_everywhere(swarm, ids)
     everyone = list(range(N))
 
-    leader, term = wait_for(
-        lambda: agreed_leader(swarm, everyone, job), ELECT_BOUND, 0.1, "one agreed leader"
-    )
+    leader, term = wait_for(lambda: agreed_leader(swarm, everyone, job), ELECT_BOUND, 0.1, "one agreed leader")
     assert leader in ids and term >= 1
     # It stays put while nothing fails: no new term and no second leader. (A member may briefly lose sight of
     # the leader when a loaded box delays probes past the local preset's 50 ms timeout; that is not churn.)
@@ -116,13 +114,9 @@ def test_one_leader_then_failover_with_higher_term_and_stale_commands_refused(sw
     stale = swarm.call(follower, "check_command", {"job_id": job, "term": term, "sender": leader})
     assert stale["accepted"] is False and "stale term" in stale["reason"]
     usurper = next(ids[i] for i in survivors if ids[i] != new_leader)
-    wrong = swarm.call(
-        follower, "check_command", {"job_id": job, "term": new_term, "sender": usurper}
-    )
+    wrong = swarm.call(follower, "check_command", {"job_id": job, "term": new_term, "sender": usurper})
     assert wrong["accepted"] is False and "not the leader" in wrong["reason"]
-    ok = swarm.call(
-        follower, "check_command", {"job_id": job, "term": new_term, "sender": new_leader}
-    )
+    ok = swarm.call(follower, "check_command", {"job_id": job, "term": new_term, "sender": new_leader})
     assert ok["accepted"] is True, ok
 
     # Terms are durable: every survivor's term file holds at least the new term for the job.
@@ -138,9 +132,7 @@ def test_minority_side_pauses_and_recovers(swarm: LocalSwarm) -> None:
     wait_for(lambda: converged(swarm, ids), 30, 0.1, "5 daemons converge")
     job = track_everywhere(swarm, ids)
     everyone = list(range(N))
-    leader, term = wait_for(
-        lambda: agreed_leader(swarm, everyone, job), ELECT_BOUND, 0.1, "one agreed leader"
-    )
+    leader, term = wait_for(lambda: agreed_leader(swarm, everyone, job), ELECT_BOUND, 0.1, "one agreed leader")
 
     # Stop the leader and two more: the 2 left are a minority of 5.
     old = ids.index(leader)

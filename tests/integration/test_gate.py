@@ -58,11 +58,13 @@ def _closed_at(sock: socket.socket, began: float, limit: float = 8.0) -> float:
 async def test_gate_relays_and_bounds_connections() -> None:
     limits = GateLimits(max_connections=8, max_per_source=2, hello_timeout=1.0, idle_timeout=30.0)
     async with (
-        open_transport(Identity.generate(), "127.0.0.1", 0, unary_handler=echo_call, stream_handler=echo_stream,
-                       gate=limits) as server,
-        open_transport(Identity.generate(), "127.0.0.1", 0, unary_handler=echo_call,
-                       stream_handler=echo_stream) as client,
-    ):  # fmt: skip
+        open_transport(
+            Identity.generate(), "127.0.0.1", 0, unary_handler=echo_call, stream_handler=echo_stream, gate=limits
+        ) as server,
+        open_transport(
+            Identity.generate(), "127.0.0.1", 0, unary_handler=echo_call, stream_handler=echo_stream
+        ) as client,
+    ):
         sources: list[str] = []
         lookup = server._source
 

@@ -20,9 +20,16 @@ MEMBERS = int(os.environ.get("ARCEUS_HF_TEST_MEMBERS", "2"))
 """Daemons in the swarm, all members of the job (a run here split the 4 blocks 1 + 3 over both; the lan preset:
 on a loaded two-core machine the local one declared busy members dead again and again, each a restart)."""
 CONFIG = {
-    "model_type": "llama", "vocab_size": 2048, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64, "tie_word_embeddings": False,
-}  # fmt: skip
+    "model_type": "llama",
+    "vocab_size": 2048,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 64,
+    "tie_word_embeddings": False,
+}
 SPEC = """
 name = "tiny-llama"
 seed = 3
@@ -54,8 +61,9 @@ def test_daemons_train_a_tiny_llama_whose_export_loads_in_transformers(tmp_path:
     (tmp_path / "shakespeare.txt").write_text((ROOT / "data" / "tinyshakespeare" / "input.txt").read_text()[:40000])
     spec = tmp_path / "job.toml"
     spec.write_text(SPEC.format(tokenizer=ROOT / "data" / "tokenizers" / "shakespeare-bpe.json"))
-    s = LocalSwarm(tmp_path / "swarm", MEMBERS, ["--auto-join"], preset="lan",
-                   env={"ARCEUS_TOKEN_CACHE": str(tmp_path / "tokens")})  # fmt: skip
+    s = LocalSwarm(
+        tmp_path / "swarm", MEMBERS, ["--auto-join"], preset="lan", env={"ARCEUS_TOKEN_CACHE": str(tmp_path / "tokens")}
+    )
     try:
         s.start()
         s.wait_converged()
@@ -69,7 +77,8 @@ def test_daemons_train_a_tiny_llama_whose_export_loads_in_transformers(tmp_path:
     finally:
         s.close()
     assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= {
-        p.name for p in folder.iterdir()}  # fmt: skip
+        p.name for p in folder.iterdir()
+    }
 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer

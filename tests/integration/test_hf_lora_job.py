@@ -56,8 +56,14 @@ def _base(path: Path) -> None:
     from arceusd.models.hf.keys import hf_key
 
     config = hf_config_from_dict(CONFIG, 32)
-    save_file({hf_key(config, i, k): p.detach().contiguous() for i, b in enumerate(build_blocks(config, 11))
-               for k, p in b.named_parameters()}, str(path))  # fmt: skip
+    save_file(
+        {
+            hf_key(config, i, k): p.detach().contiguous()
+            for i, b in enumerate(build_blocks(config, 11))
+            for k, p in b.named_parameters()
+        },
+        str(path),
+    )
 
 
 @pytest.mark.timeout(600)
@@ -67,8 +73,9 @@ def test_daemons_fine_tune_lora_adapters_whose_export_loads_in_peft(tmp_path: Pa
     _base(tmp_path / "base.safetensors")
     spec = tmp_path / "job.toml"
     spec.write_text(SPEC.format(tokenizer=ROOT / "data" / "tokenizers" / "shakespeare-bpe.json"))
-    s = LocalSwarm(tmp_path / "swarm", 2, ["--auto-join"], preset="lan",
-                   env={"ARCEUS_TOKEN_CACHE": str(tmp_path / "tokens")})  # fmt: skip
+    s = LocalSwarm(
+        tmp_path / "swarm", 2, ["--auto-join"], preset="lan", env={"ARCEUS_TOKEN_CACHE": str(tmp_path / "tokens")}
+    )
     try:
         s.start()
         s.wait_converged()
@@ -83,7 +90,8 @@ def test_daemons_fine_tune_lora_adapters_whose_export_loads_in_peft(tmp_path: Pa
     finally:
         s.close()
     assert {"adapter_config.json", "adapter_model.safetensors", "tokenizer.json", "merged"} <= {
-        p.name for p in folder.iterdir()}  # fmt: skip
+        p.name for p in folder.iterdir()
+    }
 
     import torch
     from peft import PeftModel

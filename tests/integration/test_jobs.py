@@ -21,8 +21,12 @@ pytestmark = [pytest.mark.slow]
 
 
 def cli(state_dir: Path, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "arceusd", "--state-dir", str(state_dir), *args],
-                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "arceusd", "--state-dir", str(state_dir), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.fixture
@@ -120,8 +124,7 @@ def test_bad_specs_are_refused_and_nothing_is_announced(tmp_path: Path) -> None:
     try:
         s.start()
         mnist_dir = (SPECS / "../../../data/mnist").resolve()
-        good = (SPECS / "mnist-mlp-3.toml").read_text().replace(
-            'dir = "../../../data/mnist"', f'dir = "{mnist_dir}"')
+        good = (SPECS / "mnist-mlp-3.toml").read_text().replace('dir = "../../../data/mnist"', f'dir = "{mnist_dir}"')
         for label, (change, field) in BAD_SPECS.items():
             if change.startswith("[model]"):
                 text = good.split("[model]")[0] + change + "\n[data]" + good.split("[data]")[1]
@@ -136,8 +139,11 @@ def test_bad_specs_are_refused_and_nothing_is_announced(tmp_path: Path) -> None:
             assert field in proc.stderr, f"{label}: {proc.stderr}"
         short = tmp_path / "short.txt"
         short.write_text("too short")
-        gpt = (SPECS / "tiny-gpt-3.toml").read_text().replace(
-            'path = "../../../data/tinyshakespeare/input.txt"', f'path = "{short}"')
+        gpt = (
+            (SPECS / "tiny-gpt-3.toml")
+            .read_text()
+            .replace('path = "../../../data/tinyshakespeare/input.txt"', f'path = "{short}"')
+        )
         spec = tmp_path / "short-text.toml"
         spec.write_text(gpt)
         proc = cli(s.state_dir(0), "submit", str(spec))
@@ -156,8 +162,7 @@ def test_device_not_admitted_cannot_join(tmp_path: Path) -> None:
         ids = [s.call(i, "status")["peer_id"] for i in range(3)]
         wait_for(lambda: len([p for p in s.call(0, "peers") if p["state"] == "alive"]) == 2, 30, 0.2, "converged")
         mnist_dir = (SPECS / "../../../data/mnist").resolve()
-        text = (SPECS / "mnist-mlp-3.toml").read_text().replace(
-            'dir = "../../../data/mnist"', f'dir = "{mnist_dir}"')
+        text = (SPECS / "mnist-mlp-3.toml").read_text().replace('dir = "../../../data/mnist"', f'dir = "{mnist_dir}"')
         spec = tmp_path / "allowlist.toml"
         spec.write_text(text + f'\n[admission]\nmode = "allowlist"\npeers = ["{ids[1]}"]\n')
         submitted = cli(s.state_dir(0), "submit", str(spec), "--members", "3")

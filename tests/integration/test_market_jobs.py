@@ -23,8 +23,12 @@ pytestmark = [pytest.mark.slow]
 
 
 def cli(state_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "arceusd", "--state-dir", str(state_dir), *args],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "arceusd", "--state-dir", str(state_dir), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.fixture
@@ -66,8 +70,9 @@ def test_price_gate_bill_equals_earnings_and_a_tampered_ledger_is_found(swarm: L
         return rows[0] if rows and not rows[0]["qualifies"] else None
 
     row = wait_for(refused, 60, 0.5, "the dear device lists the job")
-    assert any("the job pays less than policy.min_price_per_hour" in r and "/h < $50.0000/h" in r
-               for r in row["reasons"]), row
+    assert any(
+        "the job pays less than policy.min_price_per_hour" in r and "/h < $50.0000/h" in r for r in row["reasons"]
+    ), row
     end = wait_end(swarm, job_id, timeout=240)
     assert end["state"] == "done", end
     placed = {d["peer_id"] for st in end["plan"]["stages"] for d in st["devices"]}
@@ -75,8 +80,9 @@ def test_price_gate_bill_equals_earnings_and_a_tampered_ledger_is_found(swarm: L
 
     # three commits (steps 20, 40, 60), a receipt each for the device the owner pays, countersigned and kept on
     # both sides; the owner's own device (in the plan beside it) is not billed to the owner (issue 31)
-    wait_for(lambda: (ledger_receipts(swarm, 0) >= 3 and ledger_receipts(swarm, 2) >= 3) or None, 30, 0.5,
-             "receipts settled")  # fmt: skip
+    wait_for(
+        lambda: (ledger_receipts(swarm, 0) >= 3 and ledger_receipts(swarm, 2) >= 3) or None, 30, 0.5, "receipts settled"
+    )
     bill = json.loads(cli(swarm.state_dir(0), "bill", job_id[:10], "--json").stdout)
     earned = [json.loads(cli(swarm.state_dir(i), "earnings", "--json").stdout) for i in range(3)]
     assert bill["unaccepted_receipts"] == 0 and set(bill["by_device"]) == {ids[2]} and bill["complete"]
@@ -131,8 +137,9 @@ def write_machine(root: Path, plugged: bool) -> None:
 
 
 @pytest.mark.timeout(400)
-def test_owner_back_leaves_within_2s_and_the_job_ends_as_the_failure_free_run(swarm: LocalSwarm,
-                                                                             tmp_path: Path) -> None:  # fmt: skip
+def test_owner_back_leaves_within_2s_and_the_job_ends_as_the_failure_free_run(
+    swarm: LocalSwarm, tmp_path: Path
+) -> None:
     machine = tmp_path / "machine"
     write_machine(machine, plugged=True)
     start(swarm, {2: f'require_ac = true\nprobe_root = "{machine}"'})
@@ -197,8 +204,9 @@ def test_owner_back_leaves_within_2s_and_the_job_ends_as_the_failure_free_run(sw
 
 def bill_and_earnings(s: LocalSwarm, job_id: str) -> tuple[dict[str, Any], list[float]]:
     bill = json.loads(cli(s.state_dir(0), "bill", job_id, "--json").stdout)
-    earned = [json.loads(cli(s.state_dir(i), "earnings", "--json").stdout)["by_job"].get(job_id, 0.0)
-              for i in range(s.size)]  # fmt: skip
+    earned = [
+        json.loads(cli(s.state_dir(i), "earnings", "--json").stdout)["by_job"].get(job_id, 0.0) for i in range(s.size)
+    ]
     return bill, earned
 
 
@@ -212,8 +220,9 @@ def test_after_a_standby_took_over_the_owners_bill_still_equals_the_devices_earn
     from arceusd.market.ledger import verify_file
     from tests.integration.test_recovery import index_of
 
-    s = LocalSwarm(tmp_path / "swarm", 3, ["--auto-join"], preset="local",
-                   env={"ARCEUSD_FAILPOINTS": "worker.step=sleep:0.15"})  # fmt: skip
+    s = LocalSwarm(
+        tmp_path / "swarm", 3, ["--auto-join"], preset="local", env={"ARCEUSD_FAILPOINTS": "worker.step=sleep:0.15"}
+    )
     try:
         start(s, {})
         spec = write_spec(tmp_path, steps=240, interval=20)
@@ -221,13 +230,23 @@ def test_after_a_standby_took_over_the_owners_bill_still_equals_the_devices_earn
         owner_view = wait_step(s, job_id, 50, timeout=120)
         standby = str(owner_view["standby"])
         k = index_of(s, standby)
-        wait_for(lambda: s.call(k, "job", {"job_id": job_id})["standby_ready"]
-                 and s.call(k, "job", {"job_id": job_id})["committed_step"] >= 40, 60, 0.1,
-                 "the standby holds the data and a committed checkpoint")  # fmt: skip
+        wait_for(
+            lambda: (
+                s.call(k, "job", {"job_id": job_id})["standby_ready"]
+                and s.call(k, "job", {"job_id": job_id})["committed_step"] >= 40
+            ),
+            60,
+            0.1,
+            "the standby holds the data and a committed checkpoint",
+        )
         s.signal(0, signal.SIGKILL)
         s.wait(0, timeout=10)
-        wait_for(lambda: job_of(s, job_id, k)["leader"] == standby and job_of(s, job_id, k)["state"] == "running",
-                 60, 0.1, "the standby leads")  # fmt: skip
+        wait_for(
+            lambda: job_of(s, job_id, k)["leader"] == standby and job_of(s, job_id, k)["state"] == "running",
+            60,
+            0.1,
+            "the standby leads",
+        )
         s.restart(0)
         end = wait_end(s, job_id, timeout=240, index=k)
         assert end["state"] == "done" and end["leader"] == standby, end
@@ -268,8 +287,12 @@ def test_needs_the_leader_enforces_budget_and_total_memory(swarm: LocalSwarm, tm
 
     def refused_everywhere() -> dict[str, Any] | None:
         refusals = swarm.call(0, "status")["market"]["refused_joins"]
-        return job_of(swarm, job_id) if {r["peer_id"] for r in refusals if r["job_id"] == job_id} == {
-            swarm.call(i, "status")["peer_id"] for i in (1, 2)} else None  # fmt: skip
+        return (
+            job_of(swarm, job_id)
+            if {r["peer_id"] for r in refusals if r["job_id"] == job_id}
+            == {swarm.call(i, "status")["peer_id"] for i in (1, 2)}
+            else None
+        )
 
     waiting = wait_for(refused_everywhere, 60, 0.5, "the leader refused both devices")
     assert waiting["state"] == "waiting" and list(waiting["members"]) == [waiting["owner"]], waiting
@@ -300,8 +323,9 @@ def test_a_running_job_stops_when_its_budget_is_spent(swarm: LocalSwarm, tmp_pat
     spec.write_text(spec.read_text() + f"\n[needs]\nbudget_usd = {budget}\n")
     job_id = submit(swarm, spec, members=3)
     end = wait_end(swarm, job_id, timeout=300)
-    assert end["state"] == "failed" and end["error"].startswith(f"stopped at step {end['committed_step']} of 400: "
-                                                                "the budget is spent"), end  # fmt: skip
+    assert end["state"] == "failed" and end["error"].startswith(
+        f"stopped at step {end['committed_step']} of 400: the budget is spent"
+    ), end
     assert 10 <= end["committed_step"] < 400
     from arceusd.market.collect import unique
     from arceusd.market.ledger import verify_file
@@ -315,6 +339,8 @@ def test_a_running_job_stops_when_its_budget_is_spent(swarm: LocalSwarm, tmp_pat
     first = min(r.step_to for r in receipts)
     first_cost = sum(r.usd for r in receipts if r.step_to == first)
     total = sum(r.usd for r in receipts)
-    print(f"budget ${budget}, stopped at step {end['committed_step']}, paid ${total:.8f} "
-          f"(first checkpoint ${first_cost:.8f})")
+    print(
+        f"budget ${budget}, stopped at step {end['committed_step']}, paid ${total:.8f} "
+        f"(first checkpoint ${first_cost:.8f})"
+    )
     assert total <= max(budget, first_cost) * (1 + 1e-9), (total, budget, first_cost)

@@ -114,8 +114,10 @@ def test_status_and_peers_cli_show_the_view(swarm: LocalSwarm) -> None:
     wait_for(lambda: converged(swarm, list(range(N)), ids), 20, 0.1, "converge")
     out = subprocess.run(
         [sys.executable, "-m", "arceusd", "--state-dir", str(swarm.state_dir(0)), "peers", "--json"],
-        capture_output=True, text=True, timeout=30,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert out.returncode == 0, out.stderr
     peers = json.loads(out.stdout)
     assert {p["peer_id"] for p in peers} == set(ids[1:])
@@ -125,6 +127,8 @@ def test_status_and_peers_cli_show_the_view(swarm: LocalSwarm) -> None:
         assert p["device"] and p["last_heard_s"] is not None
     human = subprocess.run(
         [sys.executable, "-m", "arceusd", "--state-dir", str(swarm.state_dir(0)), "status"],
-        capture_output=True, text=True, timeout=30,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert "peers  4 known" in human.stdout

@@ -39,8 +39,7 @@ def states(s: LocalSwarm, i: int) -> dict[str, str]:
 
 def all_alive(s: LocalSwarm, ids: list[str]) -> bool:
     return all(
-        {p for p, st in states(s, i).items() if st == "alive"} == {ids[j] for j in range(N) if j != i}
-        for i in range(N)
+        {p for p, st in states(s, i).items() if st == "alive"} == {ids[j] for j in range(N) if j != i} for i in range(N)
     )
 
 

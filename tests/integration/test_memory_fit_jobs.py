@@ -55,8 +55,12 @@ interval_steps = 12
 
 
 def cli(state_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "arceusd", "--state-dir", str(state_dir), *args],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "arceusd", "--state-dir", str(state_dir), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.mark.timeout(300)
@@ -73,9 +77,11 @@ def test_four_devices_train_what_one_device_refuses(tmp_path: Path) -> None:
         assert "warning   it cannot be trained on the devices this daemon sees" in quoted.stdout, quoted.stdout
         refused = cli(alone.state_dir(0), "submit", str(spec))
         assert refused.returncode != 0 and refused.stdout == "", refused.stdout
-        assert (f"the model's training state needs 11 MiB (weights, gradients and optimizer state 10 MiB, "
-                f"activations 1 MiB); this device lends {LEND_MIB} MiB and the 0 other device(s) it sees lend 0 MiB, "
-                f"{LEND_MIB} MiB in all: it cannot be trained on them.") in refused.stderr, refused.stderr  # fmt: skip
+        assert (
+            f"the model's training state needs 11 MiB (weights, gradients and optimizer state 10 MiB, "
+            f"activations 1 MiB); this device lends {LEND_MIB} MiB and the 0 other device(s) it sees lend 0 MiB, "
+            f"{LEND_MIB} MiB in all: it cannot be trained on them."
+        ) in refused.stderr, refused.stderr
         assert "--lend-memory-mib" in refused.stderr and alone.call(0, "jobs") == [], "nothing was announced"
         profile = alone.state_dir(0) / "device_profile.json"
     alone_s = time.monotonic() - began
@@ -87,7 +93,8 @@ def test_four_devices_train_what_one_device_refuses(tmp_path: Path) -> None:
     with swarm:
         quoted = cli(swarm.state_dir(0), "submit", str(spec), "--quote")
         assert f"the 3 other device(s) it sees lend {3 * LEND_MIB} MiB, {4 * LEND_MIB} MiB in all" in quoted.stdout, (
-            quoted.stdout)  # fmt: skip
+            quoted.stdout
+        )
         assert "warning   it cannot" not in quoted.stdout, quoted.stdout
         submitted = cli(swarm.state_dir(0), "submit", str(spec), "--members", "4")
         assert submitted.returncode == 0, submitted.stderr

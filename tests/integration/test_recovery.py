@@ -44,7 +44,8 @@ interval_steps = {interval}
 the failure-free run tolerates over these short runs; every member gets work (``use_all_devices``: on one
 machine a plan over fewer devices is faster, and these tests are about what happens across devices)."""
 
-SPEC = """
+SPEC = (
+    """
 name = "recovery-mlp"
 seed = 5
 
@@ -58,7 +59,9 @@ dir = "{mnist}"
 train_count = 4000
 holdout_count = 500
 
-""" + TRAINING
+"""
+    + TRAINING
+)
 
 
 def write_spec(tmp_path: Path, steps: int, interval: int) -> Path:
@@ -84,8 +87,22 @@ def make_swarm(tmp_path: Path) -> Iterator[Callable[..., LocalSwarm]]:
 
 
 def submit(s: LocalSwarm, spec: Path, members: int = 3) -> str:
-    out = subprocess.run([sys.executable, "-m", "arceusd", "--state-dir", str(s.state_dir(0)), "submit", str(spec),
-                          "--members", str(members)], capture_output=True, text=True, timeout=120)  # fmt: skip
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "arceusd",
+            "--state-dir",
+            str(s.state_dir(0)),
+            "submit",
+            str(spec),
+            "--members",
+            str(members),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     return out.stdout.split()[2]
 
@@ -236,9 +253,15 @@ def test_killed_leader_is_replaced_by_its_elected_standby(make_swarm: Any, tmp_p
     standby = str(owner_view["standby"])
     assert standby and standby != owner_view["owner"], "the plan names a standby among the members"
     k = index_of(s, standby)
-    wait_for(lambda: s.call(k, "job", {"job_id": job_id})["standby_ready"]
-             and s.call(k, "job", {"job_id": job_id})["committed_step"] >= 40, 60, 0.1,
-             "the standby holds the data and a committed checkpoint")  # fmt: skip
+    wait_for(
+        lambda: (
+            s.call(k, "job", {"job_id": job_id})["standby_ready"]
+            and s.call(k, "job", {"job_id": job_id})["committed_step"] >= 40
+        ),
+        60,
+        0.1,
+        "the standby holds the data and a committed checkpoint",
+    )
     before = s.call(k, "job", {"job_id": job_id})
     from arceusd.jobs.recovery import corrupt_shards
 
@@ -246,8 +269,16 @@ def test_killed_leader_is_replaced_by_its_elected_standby(make_swarm: Any, tmp_p
     assert step >= 40 and missing == [], "the standby holds every shard of a signed checkpoint (a third copy)"
     s.signal(0, signal.SIGKILL)
     s.wait(0, timeout=10)
-    wait_for(lambda: job_of(s, job_id, k)["leader"] == standby and job_of(s, job_id, k)["state"] == "running"
-             and job_of(s, job_id, k)["epoch"] > before["epoch"], 60, 0.1, "the standby leads")  # fmt: skip
+    wait_for(
+        lambda: (
+            job_of(s, job_id, k)["leader"] == standby
+            and job_of(s, job_id, k)["state"] == "running"
+            and job_of(s, job_id, k)["epoch"] > before["epoch"]
+        ),
+        60,
+        0.1,
+        "the standby leads",
+    )
     survivors = {d["peer_id"] for stage in job_of(s, job_id, k)["plan"]["stages"] for d in stage["devices"]}
     assert survivors == set(owner_view["members"]) - {owner_view["owner"]}, "the new plan uses the two survivors"
     assert s.call(k, "elections")[job_id]["leader"] == standby, "the job's election made the standby leader"
@@ -271,8 +302,9 @@ def test_killed_leader_is_replaced_by_its_elected_standby(make_swarm: Any, tmp_p
     assert recovery["first_step_after_s"] is not None and recovery["recomputed_steps"] <= 40
     assert Path(end["model_path"]).is_relative_to(s.state_dir(k)), "the model is saved on the new leader"
     owner_end = job_of(s, job_id, 0)
-    assert owner_end["model_path"] and Path(owner_end["model_path"]).is_relative_to(s.state_dir(0)), \
+    assert owner_end["model_path"] and Path(owner_end["model_path"]).is_relative_to(s.state_dir(0)), (
         "the leader handed the owner the final checkpoint and the owner exported the model too"
+    )
     assert_equals_failure_free(end, spec)
 
 
@@ -291,8 +323,12 @@ def test_without_a_majority_the_job_waits_for_its_owner(make_swarm: Any, tmp_pat
     s.signal(k, signal.SIGKILL)
     s.wait(0, timeout=10)
     s.wait(k, timeout=10)
-    wait_for(lambda: s.call(third, "job", {"job_id": job_id})["state"] == "paused", 30, 0.2,
-             "the last member paused while the owner is gone")  # fmt: skip
+    wait_for(
+        lambda: s.call(third, "job", {"job_id": job_id})["state"] == "paused",
+        30,
+        0.2,
+        "the last member paused while the owner is gone",
+    )
     time.sleep(2.0)  # several election timeouts (local preset: 0.3 s): nobody may take over without a majority
     alone = s.call(third, "job", {"job_id": job_id})
     assert alone["state"] == "paused" and alone["worker_pid"] is None and alone["leader"] == before["owner"]
@@ -300,7 +336,9 @@ def test_without_a_majority_the_job_waits_for_its_owner(make_swarm: Any, tmp_pat
     end = wait_end(s, job_id, timeout=200)
     assert end["term"] > before["term"] and end["epoch"] > before["epoch"]
     assert {d["peer_id"] for st in end["plan"]["stages"] for d in st["devices"]} == {
-        before["owner"], s.call(third, "status")["peer_id"]}, "the owner and the member that stayed"
+        before["owner"],
+        s.call(third, "status")["peer_id"],
+    }, "the owner and the member that stayed"
     assert_equals_failure_free(end, spec)
 
 
@@ -323,14 +361,21 @@ def test_member_declared_dead_comes_back_stale_then_rejoins(make_swarm: Any, tmp
     os.kill(worker, signal.SIGSTOP)
     s.signal(i, signal.SIGSTOP)
     try:
-        wait_for(lambda: len(job_of(s, job_id)["recoveries"]) >= 1 and job_of(s, job_id)["state"] == "running",
-                 60, 0.1, "repartitioned without the stopped member")  # fmt: skip
+        wait_for(
+            lambda: len(job_of(s, job_id)["recoveries"]) >= 1 and job_of(s, job_id)["state"] == "running",
+            60,
+            0.1,
+            "repartitioned without the stopped member",
+        )
     finally:
         s.signal(i, signal.SIGCONT)
         os.kill(worker, signal.SIGCONT)
+
     def back() -> bool:
-        return any(p["peer_id"] == victim and p["state"] == "alive" and p["incarnation"] > incarnation
-                   for p in s.call(0, "peers"))  # fmt: skip
+        return any(
+            p["peer_id"] == victim and p["state"] == "alive" and p["incarnation"] > incarnation
+            for p in s.call(0, "peers")
+        )
 
     wait_for(back, 30, 0.2, "the member is back with a new incarnation")
     end = wait_end(s, job_id, timeout=240)
@@ -349,8 +394,12 @@ def test_leave_hands_work_off_without_waiting_for_detection(make_swarm: Any, tmp
     job = wait_step(s, job_id, 30, timeout=120)
     leaver = member_stage_peer(job)
     i = index_of(s, leaver)
-    out = subprocess.run([sys.executable, "-m", "arceusd", "--state-dir", str(s.state_dir(i)), "leave", job_id[:10]],
-                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "arceusd", "--state-dir", str(s.state_dir(i)), "leave", job_id[:10]],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0 and "left job" in out.stdout, out.stderr
     end = wait_end(s, job_id, timeout=200)
     assert leaver not in {d["peer_id"] for st in end["plan"]["stages"] for d in st["devices"]}
@@ -359,7 +408,8 @@ def test_leave_hands_work_off_without_waiting_for_detection(make_swarm: Any, tmp
     assert_equals_failure_free(end, spec)
 
 
-TP_SPEC = """
+TP_SPEC = (
+    """
 name = "recovery-tp-gpt"
 seed = 9
 
@@ -376,7 +426,9 @@ kind = "text"
 path = "{text}"
 val_fraction = 0.1
 
-""" + TRAINING
+"""
+    + TRAINING
+)
 
 
 def tensor_parallel_shares(job: dict[str, Any]) -> list[tuple[str, int, int]]:

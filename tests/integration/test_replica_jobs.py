@@ -57,7 +57,7 @@ layer_sizes = [784, 64, 10]
 
 [data]
 kind = "mnist"
-dir = "{ROOT / 'data' / 'mnist'}"
+dir = "{ROOT / "data" / "mnist"}"
 train_count = 8000
 holdout_count = 2000
 
@@ -103,8 +103,9 @@ def _member_ring_bytes(s: LocalSwarm, job_id: str) -> int:
 
 
 @pytest.mark.timeout(600)
-def test_two_replicas_through_daemons_equal_one_process_and_diloco_talks_less(swarm2: LocalSwarm,
-                                                                              tmp_path: Path) -> None:  # fmt: skip
+def test_two_replicas_through_daemons_equal_one_process_and_diloco_talks_less(
+    swarm2: LocalSwarm, tmp_path: Path
+) -> None:
     import torch
     from safetensors.torch import load_file
 
@@ -134,7 +135,9 @@ def test_two_replicas_through_daemons_equal_one_process_and_diloco_talks_less(sw
     # paid for its half of the work (equal shares): its receipts' FLOPs are its contribution's
     member = next(c for c in job["contributions"] if c["peer_id"] != job["owner"])
     assert abs(earned[1]["flops"] - member["tflop"] * 1e12) <= max(1e6, 0.01 * member["tflop"] * 1e12), (
-        earned[1], member)
+        earned[1],
+        member,
+    )
     assert allreduce_bytes > 0, "the member's worker sent its gradients to the other replica"
 
     # The first replica's checkpoint, exported, is one process's training on the whole global batch.
@@ -152,8 +155,10 @@ def test_two_replicas_through_daemons_equal_one_process_and_diloco_talks_less(sw
     assert diloco["plan"]["sync"] == "diloco" and diloco["plan"]["diloco_h"] == 6, diloco["plan"]
     diloco_bytes = _member_ring_bytes(swarm2, diloco["job_id"])
     assert diloco["refused_reports"] == {} and diloco["excluded"] == {}, diloco  # the outer states agreed
-    print(f"replicas: exported vs one process {worst:.2e}; ring bytes all-reduce {allreduce_bytes}, "
-          f"DiLoCo {diloco_bytes} ({allreduce_bytes / max(diloco_bytes, 1):.1f}x fewer)")
+    print(
+        f"replicas: exported vs one process {worst:.2e}; ring bytes all-reduce {allreduce_bytes}, "
+        f"DiLoCo {diloco_bytes} ({allreduce_bytes / max(diloco_bytes, 1):.1f}x fewer)"
+    )
     assert 0 < diloco_bytes * 10 < allreduce_bytes, (diloco_bytes, allreduce_bytes)
     assert diloco["val_accuracy"] is not None and diloco["val_accuracy"] > 0.5
     assert not torch.isnan(torch.tensor(diloco["loss"]))
@@ -175,8 +180,12 @@ def test_a_killed_replica_device_drops_its_replica_and_the_other_trains_on_then_
     from tests.integration.test_recovery import index_of, job_of, wait_end, wait_step
 
     spec = tmp_path / "replicas-drop.toml"
-    spec.write_text(_spec(tmp_path, "replicas-drop", sync).read_text()
-                    .replace(f"steps = {STEPS}", "steps = 300").replace("interval_steps = 12", "interval_steps = 100"))
+    spec.write_text(
+        _spec(tmp_path, "replicas-drop", sync)
+        .read_text()
+        .replace(f"steps = {STEPS}", "steps = 300")
+        .replace("interval_steps = 12", "interval_steps = 100")
+    )
     with LocalSwarm(tmp_path / "swarm", 3, ["--auto-join"], preset="local") as s:
         submitted = cli(s.state_dir(0), "submit", str(spec), "--members", "3")
         assert submitted.returncode == 0, submitted.stderr
@@ -210,8 +219,11 @@ def test_a_killed_replica_device_drops_its_replica_and_the_other_trains_on_then_
         assert end["state"] == "done", end
         # the owner's replica held after checkpoint 200; once it was committed the spare rebuilt the second replica
         # from it, and the ring grew back: still no repartition, the owner's worker never restarted
-        assert "replicas" in end["plan"], ("the dropped replica was never rebuilt", end["rebuilt_replicas"],
-                                           _log_lines(s, "replica", "rebuil", "hold", "dead", "suspect"))
+        assert "replicas" in end["plan"], (
+            "the dropped replica was never rebuilt",
+            end["rebuilt_replicas"],
+            _log_lines(s, "replica", "rebuil", "hold", "dead", "suspect"),
+        )
         final = {d["peer_id"] for r in end["plan"]["replicas"] for st in r["stages"] for d in st["devices"]}
         assert final == {job["owner"], spare}, end["plan"]
         assert end["rebuilt_replicas"] == [{"step": 200, "devices": [spare]}], end["rebuilt_replicas"]
@@ -238,9 +250,13 @@ def test_a_lost_device_of_the_owners_replica_retires_the_owners_worker_and_the_o
     from tests.integration.test_recovery import index_of, job_of, wait_end, wait_step
 
     spec = tmp_path / "replicas-retire.toml"
-    spec.write_text(_spec(tmp_path, "replicas-retire", "every_step").read_text()
-                    .replace("layer_sizes = [784, 64, 10]", "layer_sizes = [784, 512, 512, 10]")
-                    .replace(f"steps = {STEPS}", "steps = 300").replace("interval_steps = 12", "interval_steps = 100"))
+    spec.write_text(
+        _spec(tmp_path, "replicas-retire", "every_step")
+        .read_text()
+        .replace("layer_sizes = [784, 64, 10]", "layer_sizes = [784, 512, 512, 10]")
+        .replace(f"steps = {STEPS}", "steps = 300")
+        .replace("interval_steps = 12", "interval_steps = 100")
+    )
     with LocalSwarm(tmp_path / "swarm", 4, ["--auto-join", "--lend-memory-mib", "8"], preset="local") as s:
         submitted = cli(s.state_dir(0), "submit", str(spec), "--members", "4")
         assert submitted.returncode == 0, submitted.stderr

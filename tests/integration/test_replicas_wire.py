@@ -52,8 +52,7 @@ def test_two_replicas_of_two_stages_over_the_wire_equal_one_process(tmp_path: Pa
         layout: Layout = [(0, 1, None), (1, 3, None)]
         schedule = "gpipe"
     else:  # SGD for the reason test_worker_exact gives (AdamW turns 1e-9 noise on rare rows into full steps)
-        spec = gpt_spec(steps, batch=8, micro=2, grad_clip=0.5, optimizer="sgd", lr=0.1, momentum=0.9,
-                        weight_decay=0.0)  # fmt: skip
+        spec = gpt_spec(steps, batch=8, micro=2, grad_clip=0.5, optimizer="sgd", lr=0.1, momentum=0.9, weight_decay=0.0)
         layout = [(0, 2, None), (2, 4, None)]
         schedule = "1f1b"
     # small buckets: every stage's gradients travel in several ring rounds
@@ -86,8 +85,7 @@ def test_diloco_over_the_wire_syncs_every_h_steps_with_int8_pseudo_gradients(tmp
     steps, h = 4, 2
     spec = gpt_spec(steps, batch=8, micro=2)
     sync = ReplicaSyncConfig(mode="diloco", diloco_h=h, codec="int8")
-    with WorkerJob(tmp_path, spec, [(0, 2, None), (2, 4, None)], schedule="1f1b", replicas=2,
-                   replica_sync=sync) as job:  # fmt: skip
+    with WorkerJob(tmp_path, spec, [(0, 2, None), (2, 4, None)], schedule="1f1b", replicas=2, replica_sync=sync) as job:
         job.start()
         job.run(timeout=120)
         for w in job.workers:
@@ -113,8 +111,9 @@ def test_a_dropped_replica_leaves_the_others_training_over_a_smaller_ring(tmp_pa
     steps = 8
     spec = mnist_spec([784, 32, 10], steps, batch=24, micro=2)
     sync = ReplicaSyncConfig(mode="allreduce", bucket_bytes=8192)
-    with WorkerJob(tmp_path, spec, [(0, 2, None)], replicas=3, replica_sync=sync, checkpoint_interval=4,
-                   link_timeout_s=30) as job:  # fmt: skip
+    with WorkerJob(
+        tmp_path, spec, [(0, 2, None)], replicas=3, replica_sync=sync, checkpoint_interval=4, link_timeout_s=30
+    ) as job:
         job.start()
         survivors, dead = job.workers[:2], job.workers[2]
         deadline = time.monotonic() + 60
@@ -147,8 +146,9 @@ def test_a_dropped_replica_is_rebuilt_from_a_checkpoint_while_the_other_holds(tm
     steps, interval = 14, 6
     spec = mnist_spec([784, 32, 10], steps, batch=24, micro=2)
     sync = ReplicaSyncConfig(mode="allreduce", bucket_bytes=8192)
-    with WorkerJob(tmp_path, spec, [(0, 2, None)], replicas=2, replica_sync=sync, checkpoint_interval=interval,
-                   link_timeout_s=30) as job:  # fmt: skip
+    with WorkerJob(
+        tmp_path, spec, [(0, 2, None)], replicas=2, replica_sync=sync, checkpoint_interval=interval, link_timeout_s=30
+    ) as job:
         real = job.start()
         survivor, dead = job.workers
         deadline = time.monotonic() + 60
@@ -165,10 +165,18 @@ def test_a_dropped_replica_is_rebuilt_from_a_checkpoint_while_the_other_holds(tm
         base = job.configs[survivor.peer_id]
         mine = (StageConfig(0, 2, (MemberConfig(pid, 0, 0),)),)
         shard = step_dir(job.checkpoint_dir, held) / "stage0-rank0.safetensors"
-        config = replace(base, peer_id=pid, state_dir=str(state), stages=mine, replicas=(base.stages, mine),
-                         replica_slots=(0, 1), data_shares=2, ring_generation=2,
-                         checkpoint_dir=str(tmp_path / "rebuilt-checkpoints"),
-                         resume=ResumeConfig(held, str(shard)))  # fmt: skip
+        config = replace(
+            base,
+            peer_id=pid,
+            state_dir=str(state),
+            stages=mine,
+            replicas=(base.stages, mine),
+            replica_slots=(0, 1),
+            data_shares=2,
+            ring_generation=2,
+            checkpoint_dir=str(tmp_path / "rebuilt-checkpoints"),
+            resume=ResumeConfig(held, str(shard)),
+        )
         rebuilt = job.add_worker(config, "rebuilt", replica=1)
         listening = rebuilt.next_event(deadline)
         assert isinstance(listening, Listening), rebuilt.log()
@@ -195,8 +203,15 @@ def test_the_data_owners_replica_dropped_its_worker_serves_the_others_to_the_end
     steps, interval = 12, 4
     spec = mnist_spec([784, 32, 10], steps, batch=24, micro=2)
     sync = ReplicaSyncConfig(mode="allreduce", bucket_bytes=8192)
-    with WorkerJob(tmp_path, spec, [(0, 1, None), (1, 2, None)], replicas=2, replica_sync=sync,
-                   checkpoint_interval=interval, link_timeout_s=30) as job:  # fmt: skip
+    with WorkerJob(
+        tmp_path,
+        spec,
+        [(0, 1, None), (1, 2, None)],
+        replicas=2,
+        replica_sync=sync,
+        checkpoint_interval=interval,
+        link_timeout_s=30,
+    ) as job:
         job.start()
         owner, lost, first, second = job.workers
         deadline = time.monotonic() + 60

@@ -114,9 +114,7 @@ async def test_unary_round_trip_and_refusal(pair: Opener) -> None:
 @trio_test
 async def test_stream_round_trip(pair: Opener) -> None:
     async with pair() as (server, client, server_id):
-        async with client.open_stream(
-            server.address, b"job-1/stage-0", expect_peer_id=server_id.peer_id
-        ) as s:
+        async with client.open_stream(server.address, b"job-1/stage-0", expect_peer_id=server_id.peer_id) as s:
             assert s.peer_id == server_id.peer_id
             payloads = [bytes([i]) * (i * 1000 + 1) for i in range(20)]
             big = memoryview(bytearray(range(256)) * (13 * 1024 * 1024 // 256))  # 4 wire messages
@@ -226,12 +224,8 @@ async def test_cancellation_does_not_hang_grpc() -> None:
 
     server_id, client_id = Identity.generate(), Identity.generate()
     async with (
-        open_transport(
-            server_id, "127.0.0.1", 0, unary_handler=slow_call, stream_handler=echo_stream
-        ) as server,
-        open_transport(
-            client_id, "127.0.0.1", 0, unary_handler=slow_call, stream_handler=echo_stream
-        ) as client,
+        open_transport(server_id, "127.0.0.1", 0, unary_handler=slow_call, stream_handler=echo_stream) as server,
+        open_transport(client_id, "127.0.0.1", 0, unary_handler=slow_call, stream_handler=echo_stream) as client,
     ):
         start = time.monotonic()
         with trio.move_on_after(0.3):
@@ -333,13 +327,15 @@ async def test_a_peer_that_starts_listening_is_reached_within_moments_grpc() -> 
 
     port = free_ports(1)[0]
     address = f"127.0.0.1:{port}"
-    async with open_transport(Identity.generate(), "127.0.0.1", 0, unary_handler=echo_call,
-                              stream_handler=echo_stream) as client:  # fmt: skip
+    async with open_transport(
+        Identity.generate(), "127.0.0.1", 0, unary_handler=echo_call, stream_handler=echo_stream
+    ) as client:
         with pytest.raises(TransportError) as err:
             await client.call(address, b"early", 2)  # nobody listens there yet: refused
         assert err.value.code == "unavailable"
-        async with open_transport(Identity.generate(), "127.0.0.1", port, unary_handler=echo_call,
-                                  stream_handler=echo_stream):  # fmt: skip
+        async with open_transport(
+            Identity.generate(), "127.0.0.1", port, unary_handler=echo_call, stream_handler=echo_stream
+        ):
             await trio.sleep(0.3)  # past the 100 ms first backoff, well inside gRPC's default 1 s
             began = time.monotonic()
             assert await client.call(address, b"late", 2) == b"echo:late"
@@ -356,13 +352,15 @@ async def test_a_call_right_after_a_refused_one_dials_afresh_grpc() -> None:
 
     port = free_ports(1)[0]
     address = f"127.0.0.1:{port}"
-    async with open_transport(Identity.generate(), "127.0.0.1", 0, unary_handler=echo_call,
-                              stream_handler=echo_stream) as client:  # fmt: skip
+    async with open_transport(
+        Identity.generate(), "127.0.0.1", 0, unary_handler=echo_call, stream_handler=echo_stream
+    ) as client:
         for _ in range(3):  # refused a few times: the old channel's backoff grows
             with pytest.raises(TransportError) as err:
                 await client.call(address, b"early", 2)
             assert err.value.code == "unavailable"
-        async with open_transport(Identity.generate(), "127.0.0.1", port, unary_handler=echo_call,
-                                  stream_handler=echo_stream):  # fmt: skip
+        async with open_transport(
+            Identity.generate(), "127.0.0.1", port, unary_handler=echo_call, stream_handler=echo_stream
+        ):
             assert await client.call(address, b"now", 2) == b"echo:now"  # no wait: a fresh channel dials
         assert not client._retired, "retired channels are closed once their calls ended"

@@ -101,6 +101,7 @@ def test_a_program_whose_server_died_ends_without_waiting_for_its_exit_code(tmp_
 def test_the_first_program_starts_the_server_and_is_forked_once_it_imported() -> None:
     """No import paid twice: the first program waits for the server's import (at the daemon's priority) instead
     of importing torch itself beside it."""
+
     async def main() -> None:
         starts = WarmStarts()
         assert starts.server_pid is None
@@ -137,9 +138,19 @@ def test_a_preload_imports_transformers_once_in_the_server_for_every_later_progr
     next program (orders are taken in turn), so that program and all later ones start with it."""
     from arceusd.models.hf.config import hf_config_from_dict
 
-    llama = hf_config_from_dict({"model_type": "llama", "vocab_size": 64, "hidden_size": 16, "intermediate_size": 32,
-                                 "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
-                                 "max_position_embeddings": 16}, 8)  # fmt: skip
+    llama = hf_config_from_dict(
+        {
+            "model_type": "llama",
+            "vocab_size": 64,
+            "hidden_size": 16,
+            "intermediate_size": 32,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "max_position_embeddings": 16,
+        },
+        8,
+    )
     assert preloads_for(llama) == ("arceusd.models.hf.blocks",) and preloads_for(object()) == ()
 
     async def main() -> None:
@@ -168,9 +179,14 @@ def test_a_preload_names_only_the_modules_it_may() -> None:
 
 @pytest.mark.parametrize(
     "order",
-    [b"[]", b'{"module": "os", "argv": []}', b'{"module": "arceusd.worker", "argv": [1]}',
-     b'{"module": "arceusd.worker", "argv": ' + json.dumps(["a"] * 65).encode() + b"}", b"x" * 70000],
-)  # fmt: skip
+    [
+        b"[]",
+        b'{"module": "os", "argv": []}',
+        b'{"module": "arceusd.worker", "argv": [1]}',
+        b'{"module": "arceusd.worker", "argv": ' + json.dumps(["a"] * 65).encode() + b"}",
+        b"x" * 70000,
+    ],
+)
 def test_an_order_names_only_the_daemons_own_programs(order: bytes) -> None:
     with pytest.raises(ValueError):
         parse_order(order)

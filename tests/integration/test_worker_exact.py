@@ -42,19 +42,14 @@ def _check_exact(job: WorkerJob, spec: JobSpec, steps: int) -> None:
 def test_mlp_on_mnist_equals_plain_loop(tmp_path: Path, schedule: str, layout: Layout) -> None:
     steps = 4
     spec = mnist_spec([784, 32, 16, 10], steps, batch=32, micro=4)
-    with WorkerJob(
-        tmp_path, spec, layout, schedule=schedule, checkpoint_interval=2, owner=(len(layout) - 1, 0)
-    ) as job:
+    with WorkerJob(tmp_path, spec, layout, schedule=schedule, checkpoint_interval=2, owner=(len(layout) - 1, 0)) as job:
         job.start()
         job.run(timeout=60)
         _check_exact(job, spec, steps)
         evals = job.workers[0].of(EvalEvent)
         assert [e.step for e in evals] == [2, 4]
         assert all(e.val_accuracy is not None and 0.0 <= e.val_accuracy <= 1.0 for e in evals)
-        assert (
-            len({(e.val_loss, e.val_accuracy) for w in job.workers for e in w.of(EvalEvent) if e.step == 4})
-            == 1
-        )
+        assert len({(e.val_loss, e.val_accuracy) for w in job.workers for e in w.of(EvalEvent) if e.step == 4}) == 1
 
 
 def test_gpt_with_a_tensor_parallel_stage_equals_plain_loop(tmp_path: Path) -> None:
@@ -90,8 +85,19 @@ def test_gpt_with_a_tensor_parallel_stage_equals_plain_loop(tmp_path: Path) -> N
 def test_one_worker_on_cuda_and_one_on_cpu_equal_plain_loop(tmp_path: Path, schedule: str) -> None:
     """A job mixing devices: the first stage's worker trains on CUDA, the second on the CPU."""
     steps = 3
-    spec = gpt_spec(steps, n_layer=2, n_head=4, n_embd=32, block=16, batch=8, micro=4, optimizer="sgd", lr=0.1,
-                    momentum=0.9, weight_decay=0.0)  # fmt: skip
+    spec = gpt_spec(
+        steps,
+        n_layer=2,
+        n_head=4,
+        n_embd=32,
+        block=16,
+        batch=8,
+        micro=4,
+        optimizer="sgd",
+        lr=0.1,
+        momentum=0.9,
+        weight_decay=0.0,
+    )
     with WorkerJob(tmp_path, spec, [(0, 2, None), (2, 4, None)], schedule=schedule, devices=["cuda", "cpu"]) as job:
         job.start()
         job.run(timeout=120)

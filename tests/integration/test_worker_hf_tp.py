@@ -33,22 +33,44 @@ pytestmark = pytest.mark.slow
 STEPS = 3
 TOL = 1e-4
 CONFIG: dict[str, Any] = {
-    "model_type": "llama", "vocab_size": 2048, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 3,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64, "tie_word_embeddings": False,
-}  # fmt: skip
+    "model_type": "llama",
+    "vocab_size": 2048,
+    "hidden_size": 32,
+    "intermediate_size": 48,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 64,
+    "tie_word_embeddings": False,
+}
 
 
 def llama_spec(tmp: Path) -> JobSpec:
     text = tmp / "text.txt"
     text.write_text((DATA / "tinyshakespeare" / "input.txt").read_text()[:20000])
-    return make_spec({
-        "name": "tp-llama", "seed": 5,
-        "model": {"type": "hf", "config": CONFIG, "block_size": 16},
-        "data": {"kind": "tokens", "path": str(text), "tokenizer": str(DATA / "tokenizers" / "shakespeare-bpe.json"),
-                 "val_fraction": 0.1},
-        "training": {"steps": STEPS, "batch_size": 8, "micro_batches": 2, "optimizer": "sgd", "lr": 0.5,
-                     "momentum": 0.9, "grad_clip": 0.5, "eval_iters": 1},
-    })  # fmt: skip
+    return make_spec(
+        {
+            "name": "tp-llama",
+            "seed": 5,
+            "model": {"type": "hf", "config": CONFIG, "block_size": 16},
+            "data": {
+                "kind": "tokens",
+                "path": str(text),
+                "tokenizer": str(DATA / "tokenizers" / "shakespeare-bpe.json"),
+                "val_fraction": 0.1,
+            },
+            "training": {
+                "steps": STEPS,
+                "batch_size": 8,
+                "micro_batches": 2,
+                "optimizer": "sgd",
+                "lr": 0.5,
+                "momentum": 0.9,
+                "grad_clip": 0.5,
+                "eval_iters": 1,
+            },
+        }
+    )
 
 
 def transformers_run(spec: JobSpec) -> tuple[list[float], dict[str, torch.Tensor]]:

@@ -153,9 +153,7 @@ def test_int8_wire_compression_stays_within_two_percent_of_fp32(tmp_path: Path) 
     steps = 8
     curves = {}
     for compression in ("none", "int8"):
-        spec = gpt_spec(
-            steps, n_layer=2, n_head=4, n_embd=32, block=32, batch=8, micro=2, compression=compression
-        )
+        spec = gpt_spec(steps, n_layer=2, n_head=4, n_embd=32, block=32, batch=8, micro=2, compression=compression)
         with WorkerJob(tmp_path / compression, spec, [(0, 2, None), (2, 4, None)], schedule="1f1b") as job:
             job.start()
             job.run(timeout=60)

@@ -32,12 +32,30 @@ pytestmark = pytest.mark.slow
 
 STEPS = 3
 CONFIGS: dict[str, dict[str, Any]] = {
-    "gpt2": {"model_type": "gpt2", "vocab_size": 2048, "n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 32,
-             "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0, "tie_word_embeddings": True},
-    "llama": {"model_type": "llama", "vocab_size": 2048, "hidden_size": 32, "intermediate_size": 48,
-              "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
-              "max_position_embeddings": 64, "tie_word_embeddings": True},
-}  # fmt: skip
+    "gpt2": {
+        "model_type": "gpt2",
+        "vocab_size": 2048,
+        "n_embd": 32,
+        "n_layer": 2,
+        "n_head": 4,
+        "n_positions": 32,
+        "resid_pdrop": 0.0,
+        "embd_pdrop": 0.0,
+        "attn_pdrop": 0.0,
+        "tie_word_embeddings": True,
+    },
+    "llama": {
+        "model_type": "llama",
+        "vocab_size": 2048,
+        "hidden_size": 32,
+        "intermediate_size": 48,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 64,
+        "tie_word_embeddings": True,
+    },
+}
 
 
 def tied_spec(tmp: Path, name: str) -> JobSpec:
@@ -45,14 +63,29 @@ def tied_spec(tmp: Path, name: str) -> JobSpec:
     noise on rare embedding rows into whole steps, as test_worker_exact says)."""
     text = tmp / "text.txt"
     text.write_text((DATA / "tinyshakespeare" / "input.txt").read_text()[:20000])
-    return make_spec({
-        "name": f"tied-{name}", "seed": 5,
-        "model": {"type": "hf", "config": CONFIGS[name], "block_size": 16},
-        "data": {"kind": "tokens", "path": str(text), "tokenizer": str(DATA / "tokenizers" / "shakespeare-bpe.json"),
-                 "val_fraction": 0.1},
-        "training": {"steps": STEPS, "batch_size": 8, "micro_batches": 2, "optimizer": "sgd", "lr": 0.5,
-                     "momentum": 0.9, "grad_clip": 0.5, "eval_iters": 1},
-    })  # fmt: skip
+    return make_spec(
+        {
+            "name": f"tied-{name}",
+            "seed": 5,
+            "model": {"type": "hf", "config": CONFIGS[name], "block_size": 16},
+            "data": {
+                "kind": "tokens",
+                "path": str(text),
+                "tokenizer": str(DATA / "tokenizers" / "shakespeare-bpe.json"),
+                "val_fraction": 0.1,
+            },
+            "training": {
+                "steps": STEPS,
+                "batch_size": 8,
+                "micro_batches": 2,
+                "optimizer": "sgd",
+                "lr": 0.5,
+                "momentum": 0.9,
+                "grad_clip": 0.5,
+                "eval_iters": 1,
+            },
+        }
+    )
 
 
 def transformers_run(spec: JobSpec) -> tuple[list[float], dict[str, torch.Tensor]]:
@@ -88,8 +121,9 @@ def test_a_tied_model_split_over_worker_processes_equals_plain_transformers(
     assert isinstance(cfg, HFModelConfig)
     ref_losses, ref_state = transformers_run(spec)
     sync = ReplicaSyncConfig(mode="allreduce", bucket_bytes=4096) if replicas > 1 else None
-    with WorkerJob(tmp_path, spec, layout, schedule="1f1b", checkpoint_interval=STEPS, replicas=replicas,
-                   replica_sync=sync) as job:  # fmt: skip
+    with WorkerJob(
+        tmp_path, spec, layout, schedule="1f1b", checkpoint_interval=STEPS, replicas=replicas, replica_sync=sync
+    ) as job:
         job.start(timeout=120)
         job.run(timeout=240)
         for w in job.workers:

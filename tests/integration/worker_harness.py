@@ -60,35 +60,63 @@ def make_spec(doc: Mapping[str, Any]) -> JobSpec:
     return parse_spec(dict(doc), base_dir=ROOT, check_files=True)
 
 
-def mnist_spec(
-    layer_sizes: Sequence[int], steps: int, *, batch: int = 32, micro: int = 4, **training: Any
-) -> JobSpec:
+def mnist_spec(layer_sizes: Sequence[int], steps: int, *, batch: int = 32, micro: int = 4, **training: Any) -> JobSpec:
     return make_spec(
         {
             "name": "mnist-test",
             "seed": 7,
             "model": {"type": "mlp", "layer_sizes": list(layer_sizes)},
             "data": {"kind": "mnist", "dir": str(MNIST_DIR), "train_count": 8000, "holdout_count": 2000},
-            "training": {"steps": steps, "batch_size": batch, "micro_batches": micro, "optimizer": "sgd",
-                         "lr": 0.05, "momentum": 0.9, **training},
+            "training": {
+                "steps": steps,
+                "batch_size": batch,
+                "micro_batches": micro,
+                "optimizer": "sgd",
+                "lr": 0.05,
+                "momentum": 0.9,
+                **training,
+            },
         }
-    )  # fmt: skip
+    )
 
 
-def gpt_spec(steps: int, *, n_layer: int = 2, n_head: int = 4, n_embd: int = 32, block: int = 16,
-             batch: int = 8,
-             micro: int = 4, eval_iters: int = 2, **training: Any) -> JobSpec:  # fmt: skip
+def gpt_spec(
+    steps: int,
+    *,
+    n_layer: int = 2,
+    n_head: int = 4,
+    n_embd: int = 32,
+    block: int = 16,
+    batch: int = 8,
+    micro: int = 4,
+    eval_iters: int = 2,
+    **training: Any,
+) -> JobSpec:
     return make_spec(
         {
             "name": "gpt-test",
             "seed": 11,
-            "model": {"type": "gpt", "n_layer": n_layer, "n_head": n_head, "n_embd": n_embd,
-                      "block_size": block, "vocab_size": 65},
+            "model": {
+                "type": "gpt",
+                "n_layer": n_layer,
+                "n_head": n_head,
+                "n_embd": n_embd,
+                "block_size": block,
+                "vocab_size": 65,
+            },
             "data": {"kind": "text", "path": str(SHAKESPEARE), "val_fraction": 0.1},
-            "training": {"steps": steps, "batch_size": batch, "micro_batches": micro, "optimizer": "adamw",
-                         "lr": 3e-3, "weight_decay": 0.1, "eval_iters": eval_iters, **training},
+            "training": {
+                "steps": steps,
+                "batch_size": batch,
+                "micro_batches": micro,
+                "optimizer": "adamw",
+                "lr": 3e-3,
+                "weight_decay": 0.1,
+                "eval_iters": eval_iters,
+                **training,
+            },
         }
-    )  # fmt: skip
+    )
 
 
 @dataclass
@@ -118,8 +146,9 @@ class WorkerProc:
         try:
             ev = self.inbox.get(timeout=max(0.01, deadline - time.monotonic()))
         except queue.Empty:
-            raise TimeoutError(f"worker stage {self.stage} rank {self.rank}: no event in time; log:\n"
-                               + self.log()) from None  # fmt: skip
+            raise TimeoutError(
+                f"worker stage {self.stage} rank {self.rank}: no event in time; log:\n" + self.log()
+            ) from None
         if ev is not None:
             self.events.append(ev)
         return ev
@@ -190,15 +219,27 @@ class WorkerJob:
         self.configs: dict[str, WorkerConfig] = {}
         for i, w in enumerate(self.workers):
             cfg = WorkerConfig(
-                job_id=job_id, term=1, epoch=1, spec=to_dict(spec), stages=all_stages[w.replica],
-                replicas=tuple(all_stages) if replicas > 1 else (), replica_sync=sync,
-                micro_batches=micro_batches or spec.training.micro_batches, schedule=schedule,
-                peer_id=w.peer_id, state_dir=str(w.state_dir), listen_host="127.0.0.1", owner=owner_pid,
-                checkpoint_dir=str(self.checkpoint_dir), checkpoint_interval=checkpoint_interval,
-                total_steps=total_steps or spec.training.steps, threads=threads,
-                link_timeout_s=link_timeout_s, cpus=cpus[i] if cpus is not None else (),
+                job_id=job_id,
+                term=1,
+                epoch=1,
+                spec=to_dict(spec),
+                stages=all_stages[w.replica],
+                replicas=tuple(all_stages) if replicas > 1 else (),
+                replica_sync=sync,
+                micro_batches=micro_batches or spec.training.micro_batches,
+                schedule=schedule,
+                peer_id=w.peer_id,
+                state_dir=str(w.state_dir),
+                listen_host="127.0.0.1",
+                owner=owner_pid,
+                checkpoint_dir=str(self.checkpoint_dir),
+                checkpoint_interval=checkpoint_interval,
+                total_steps=total_steps or spec.training.steps,
+                threads=threads,
+                link_timeout_s=link_timeout_s,
+                cpus=cpus[i] if cpus is not None else (),
                 device=devices[i] if devices is not None else "cpu",
-            )  # fmt: skip
+            )
             w.config_path.write_text(cfg.to_json())
             self.configs[w.peer_id] = cfg
 
@@ -217,8 +258,12 @@ class WorkerJob:
         with w.log_path.open("wb") as log:
             w.proc = subprocess.Popen(
                 [sys.executable, "-m", "arceusd.worker", "--config", str(w.config_path)],
-                cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=env,
-            )  # fmt: skip
+                cwd=ROOT,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                env=env,
+            )
         threading.Thread(target=w._read, daemon=True).start()
 
     def new_identity(self, tag: str) -> tuple[str, Path]:
@@ -228,8 +273,15 @@ class WorkerJob:
 
     def add_worker(self, config: WorkerConfig, tag: str, stage: int = 0, rank: int = 0, replica: int = 0) -> WorkerProc:
         """Start one more worker with ``config`` (its identity from :meth:`new_identity`); killed with the rest."""
-        w = WorkerProc(config.peer_id, stage, rank, Path(config.state_dir), self.tmp / f"worker-{tag}.json",
-                       self.tmp / f"worker-{tag}.log", replica=replica)  # fmt: skip
+        w = WorkerProc(
+            config.peer_id,
+            stage,
+            rank,
+            Path(config.state_dir),
+            self.tmp / f"worker-{tag}.json",
+            self.tmp / f"worker-{tag}.log",
+            replica=replica,
+        )
         w.config_path.write_text(config.to_json())
         self.workers.append(w)
         self.configs[w.peer_id] = config
@@ -241,9 +293,7 @@ class WorkerJob:
         for w in self.workers:
             ev = w.next_event(deadline)
             if not isinstance(ev, Listening):
-                raise AssertionError(
-                    f"worker {w.stage}/{w.rank} said {ev!r} instead of listening:\n{w.log()}"
-                )
+                raise AssertionError(f"worker {w.stage}/{w.rank} said {ev!r} instead of listening:\n{w.log()}")
             w.port = ev.port
         return {w.peer_id: f"127.0.0.1:{w.port}" for w in self.workers}
 
@@ -311,8 +361,10 @@ class WorkerJob:
         directory = step_dir(self.checkpoint_dir, step)
         full: dict[str, torch.Tensor] = {}
         for s, (_, _, split) in enumerate(self.layout):
-            ranks = [load_bytes((directory / f"stage{s}-rank{r}.safetensors").read_bytes())
-                     for r in range(1 if split is None else split.world_size)]  # fmt: skip
+            ranks = [
+                load_bytes((directory / f"stage{s}-rank{r}.safetensors").read_bytes())
+                for r in range(1 if split is None else split.world_size)
+            ]
             for key in ranks[0]:
                 if not key.startswith("param.blocks."):
                     continue
@@ -333,9 +385,7 @@ def reference_run(spec: JobSpec, steps: int) -> tuple[list[float], dict[str, tor
     t = spec.training
     optimizer: torch.optim.Optimizer
     if t.optimizer == "sgd":
-        optimizer = torch.optim.SGD(
-            model.parameters(), lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay
-        )
+        optimizer = torch.optim.SGD(model.parameters(), lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
     else:
         optimizer = torch.optim.AdamW(model.parameters(), lr=t.lr, betas=t.betas, weight_decay=t.weight_decay)
     source = open_batch_source(spec)

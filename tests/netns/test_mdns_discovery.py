@@ -57,13 +57,34 @@ def daemon_on(host: Host, state: Path) -> Iterator[subprocess.Popen[bytes]]:
     """``arceusd start --foreground`` inside ``host``'s namespace; killed (SIGKILL after SIGTERM) on exit."""
     state.mkdir(parents=True, exist_ok=True)
     cmd = [
-        sys.executable, "-m", "arceusd", "--state-dir", str(state), "start", "--foreground",
-        "--preset", "local", "--mdns", "--interface", "eth0", "--host", "0.0.0.0", "--port", str(PORT),
-        "--log-file", str(state / "arceusd.log"),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "arceusd",
+        "--state-dir",
+        str(state),
+        "start",
+        "--foreground",
+        "--preset",
+        "local",
+        "--mdns",
+        "--interface",
+        "eth0",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(PORT),
+        "--log-file",
+        str(state / "arceusd.log"),
+    ]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(host.wrap(cmd), cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    proc = subprocess.Popen(
+        host.wrap(cmd),
+        cwd=ROOT,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         yield proc
     finally:
@@ -92,8 +113,11 @@ def alive_peers(state: Path) -> dict[str, str]:
 def test_three_hosts_find_each_other_by_mdns_alone(tmp_path: Path) -> None:
     with virtual_lan(3, subnet=31) as hosts:
         states = [tmp_path / f"h{i}" for i in range(3)]
-        with daemon_on(hosts[0], states[0]) as p0, daemon_on(hosts[1], states[1]) as p1, \
-                daemon_on(hosts[2], states[2]) as p2:  # fmt: skip
+        with (
+            daemon_on(hosts[0], states[0]) as p0,
+            daemon_on(hosts[1], states[1]) as p1,
+            daemon_on(hosts[2], states[2]) as p2,
+        ):
             procs = [p0, p1, p2]
             infos: list[dict[str, Any]] = []
             for proc, state in zip(procs, states, strict=True):

@@ -37,12 +37,33 @@ BOUND_S = 5.0
 def lan_daemon(host: Host, state: Path) -> Iterator[subprocess.Popen[bytes]]:
     state.mkdir(parents=True, exist_ok=True)
     cmd = [
-        sys.executable, "-m", "arceusd", "--state-dir", str(state), "start", "--foreground",
-        "--preset", "lan", "--mdns", "--interface", "eth0", "--host", "0.0.0.0", "--port", str(PORT),
-        "--log-file", str(state / "arceusd.log"),
-    ]  # fmt: skip
-    proc = subprocess.Popen(host.wrap(cmd), cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        sys.executable,
+        "-m",
+        "arceusd",
+        "--state-dir",
+        str(state),
+        "start",
+        "--foreground",
+        "--preset",
+        "lan",
+        "--mdns",
+        "--interface",
+        "eth0",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(PORT),
+        "--log-file",
+        str(state / "arceusd.log"),
+    ]
+    proc = subprocess.Popen(
+        host.wrap(cmd),
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         yield proc
     finally:

@@ -11,9 +11,16 @@ from partitioner.synthetic import gpt_like_blocks, random_inputs
 MIB = 1 << 20
 
 
-def small_instance(seed: int, n_devices: int, n_layer: int, max_tp: int = 2,
-                   mem_gib: tuple[float, float] = (0.02, 0.12), batch: int = 16,
-                   fast_links: bool = False, counts: tuple[int, ...] = (1, 2, 4, 8)) -> PlanInputs:
+def small_instance(
+    seed: int,
+    n_devices: int,
+    n_layer: int,
+    max_tp: int = 2,
+    mem_gib: tuple[float, float] = (0.02, 0.12),
+    batch: int = 16,
+    fast_links: bool = False,
+    counts: tuple[int, ...] = (1, 2, 4, 8),
+) -> PlanInputs:
     """A GPT-like model of ``n_layer + 2`` blocks on ``n_devices`` random devices (tight memory).
 
     ``fast_links``: every link 20 us / 100 GB/s (NVLink-like), where tensor parallelism pays off.
@@ -35,10 +42,15 @@ def calibrated(inputs: PlanInputs, seed: int) -> PlanInputs:
     profile measures on CPUs: large enough to change plans."""
     rng = random.Random(seed)
     devices = tuple(
-        dataclasses.replace(d, block_efficiency=rng.uniform(0.3, 1.2), dispatch_s=rng.uniform(0, 2e-3),
-                            optimizer_s_per_param=rng.uniform(0, 2e-8))
+        dataclasses.replace(
+            d,
+            block_efficiency=rng.uniform(0.3, 1.2),
+            dispatch_s=rng.uniform(0, 2e-3),
+            optimizer_s_per_param=rng.uniform(0, 2e-8),
+        )
         for d in inputs.devices
-    )  # fmt: skip
-    links = LinkMatrix(tuple((a, b, dataclasses.replace(lk, message_s=rng.uniform(0, 5e-3)))
-                             for a, b, lk in inputs.links.links))  # fmt: skip
+    )
+    links = LinkMatrix(
+        tuple((a, b, dataclasses.replace(lk, message_s=rng.uniform(0, 5e-3))) for a, b, lk in inputs.links.links)
+    )
     return dataclasses.replace(inputs, devices=devices, links=links)

@@ -28,8 +28,10 @@ def test_cpu_lists_parse_like_taskset(text: str, cpus: tuple[int, ...]) -> None:
     assert parse_cpu_list(text) == cpus
 
 
-@pytest.mark.parametrize(("text", "needle"), [("a", "not a core number"), ("3-1", "low to high"),
-                                              ("-2", "not a core number"), ("0-99999", "0..4095")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [("a", "not a core number"), ("3-1", "low to high"), ("-2", "not a core number"), ("0-99999", "0..4095")],
+)
 def test_a_bad_cpu_list_says_what_is_wrong(text: str, needle: str) -> None:
     with pytest.raises(AffinityError, match=needle):
         parse_cpu_list(text)
@@ -58,10 +60,23 @@ def test_the_daemon_reads_worker_cpus_from_its_file_and_flags(tmp_path: Path) ->
 def _worker_config(cpus: tuple[int, ...], threads: int = 1) -> WorkerConfig:
     stage = StageConfig(0, 2, (MemberConfig("a" * 32),))
     return WorkerConfig(
-        job_id="job", term=1, epoch=1, spec={}, stages=(stage,), micro_batches=1, schedule="gpipe",
-        peer_id="a" * 32, state_dir="/nonexistent", listen_host="127.0.0.1", owner="a" * 32,
-        checkpoint_dir="/nonexistent", checkpoint_interval=0, total_steps=1, threads=threads, cpus=cpus,
-    )  # fmt: skip
+        job_id="job",
+        term=1,
+        epoch=1,
+        spec={},
+        stages=(stage,),
+        micro_batches=1,
+        schedule="gpipe",
+        peer_id="a" * 32,
+        state_dir="/nonexistent",
+        listen_host="127.0.0.1",
+        owner="a" * 32,
+        checkpoint_dir="/nonexistent",
+        checkpoint_interval=0,
+        total_steps=1,
+        threads=threads,
+        cpus=cpus,
+    )
 
 
 def test_the_worker_config_carries_its_cores_and_refuses_bad_ones() -> None:

@@ -15,9 +15,24 @@ from arceus.status import JobStatus
 
 
 def summary(state: str, step: int, **extra: Any) -> dict[str, Any]:
-    return {"job_id": "ab" * 16, "name": "tiny", "owner": "me", "role": "owner", "state": state, "step": step,
-            "total_steps": 8, "loss": 2.5 if step else None, "val_loss": None, "members": ["me"], "error": "",
-            "model_path": "", "leader": "me", "tokens_per_s": 100.0, "committed_step": 0, **extra}  # fmt: skip
+    return {
+        "job_id": "ab" * 16,
+        "name": "tiny",
+        "owner": "me",
+        "role": "owner",
+        "state": state,
+        "step": step,
+        "total_steps": 8,
+        "loss": 2.5 if step else None,
+        "val_loss": None,
+        "members": ["me"],
+        "error": "",
+        "model_path": "",
+        "leader": "me",
+        "tokens_per_s": 100.0,
+        "committed_step": 0,
+        **extra,
+    }
 
 
 class Scripted(Connection):
@@ -48,8 +63,14 @@ def test_status_is_typed_with_the_daemons_job_states() -> None:
 
 
 def test_progress_yields_each_change_until_the_job_ends() -> None:
-    script = [summary("waiting", 0), summary("waiting", 0), summary("running", 3), summary("running", 3),
-              summary("running", 8), summary("done", 8, model_path="/jobs/j/export/model.safetensors")]  # fmt: skip
+    script = [
+        summary("waiting", 0),
+        summary("waiting", 0),
+        summary("running", 3),
+        summary("running", 3),
+        summary("running", 8),
+        summary("done", 8, model_path="/jobs/j/export/model.safetensors"),
+    ]
     job = arceus.Job(Scripted(script), "ab" * 16)
     seen = [(p.state.value, p.step) for p in job.progress(poll_s=0.001, timeout_s=5)]
     assert seen == [("waiting", 0), ("running", 3), ("running", 8), ("done", 8)]

@@ -32,16 +32,28 @@ def tiny_tokenizer() -> Tokenizer:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["<|endoftext|>"], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB,
+        special_tokens=["<|endoftext|>"],
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator([TEXT], trainer)
     return tok
 
 
 def tiny_llama(vocab: int = VOCAB, **overrides: Any) -> LlamaForCausalLM:
-    config = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                         tie_word_embeddings=False, **overrides)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+        **overrides,
+    )
     return LlamaForCausalLM(config)
 
 
@@ -81,8 +93,14 @@ def test_a_transformers_fast_tokenizer_and_jsonl_data_work_too(tmp_path: Path) -
     lines = tmp_path / "d.jsonl"
     lines.write_text("".join(json.dumps({"body": line}) + "\n" for line in TEXT.splitlines()))
     fast = PreTrainedTokenizerFast(tokenizer_object=tiny_tokenizer())  # type: ignore[no-untyped-call]
-    job = ModelJob(data=lines, name="mine", text_field="body", block_size=16, training={"steps": 3},
-                   lora={"r": 4, "target_modules": ["q_proj", "v_proj"]})  # fmt: skip
+    job = ModelJob(
+        data=lines,
+        name="mine",
+        text_field="body",
+        block_size=16,
+        training={"steps": 3},
+        lora={"r": 4, "target_modules": ["q_proj", "v_proj"]},
+    )
     spec = prepare_model_job(tiny_llama(), fast, job, tmp_path / "j", weights=False).spec
     assert isinstance(spec.model, HFModelConfig) and spec.model.lora is not None and spec.model.lora.r == 4
     assert isinstance(spec.data, TokensDataSpec) and (spec.data.format, spec.data.text_field) == ("jsonl", "body")
@@ -101,8 +119,11 @@ def test_other_architectures_and_tokenizers_are_refused_in_one_line_before_anyth
             return []
 
     folder = tmp_path / "job"
-    with pytest.raises(arceus.UnsupportedModelError, match=r"^Arceus trains gpt2, llama, qwen2, mistral models; "
-                       r"this Bert is 'bert'$"):  # fmt: skip
+    with pytest.raises(
+        arceus.UnsupportedModelError,
+        match=r"^Arceus trains gpt2, llama, qwen2, mistral models; "
+        r"this Bert is 'bert'$",
+    ):
         prepare_model_job(Bert(), tiny_tokenizer(), ModelJob(data=data), folder)
     with pytest.raises(arceus.UnsupportedModelError, match="fast tokenizer"):
         prepare_model_job(tiny_llama(), object(), ModelJob(data=data), folder)
@@ -126,10 +147,12 @@ def test_a_bad_field_is_one_error_naming_it_and_the_fix_before_the_weights_are_w
 
 
 def _dict_spec(data: Path) -> dict[str, Any]:
-    return {"name": "dict-gpt", "model": {"type": "gpt", "n_layer": 1, "n_head": 2, "n_embd": 16, "block_size": 8,
-                                          "vocab_size": "auto"},
-            "data": {"kind": "text", "path": data.name}, "training": {"steps": 4, "batch_size": 2, "lr": 1e-3,
-                                                                      "optimizer": "adamw"}}  # fmt: skip
+    return {
+        "name": "dict-gpt",
+        "model": {"type": "gpt", "n_layer": 1, "n_head": 2, "n_embd": 16, "block_size": 8, "vocab_size": "auto"},
+        "data": {"kind": "text", "path": data.name},
+        "training": {"steps": 4, "batch_size": 2, "lr": 1e-3, "optimizer": "adamw"},
+    }
 
 
 def test_a_dict_spec_resolves_from_base_dir_and_is_written_as_the_file_the_daemon_reads(
@@ -164,14 +187,17 @@ def test_quote_needs_no_daemon_and_says_what_submit_quote_says(tmp_path: Path, d
     est = arceus.quote(_dict_spec(data), members=2, state_dir=tmp_path / "state", base_dir=data.parent)
     assert est.devices == 2 and est.quote.flops > 0 and est.quote.hours > 0
     assert est.lines()[0].startswith("quote for dict-gpt (not announced): 2 device(s)")
-    quoted = arceus.Client(tmp_path / "state").submit_model(tiny_llama(), tiny_tokenizer(), data, quote=True,
-                                                            training={"steps": 7})  # fmt: skip
+    quoted = arceus.Client(tmp_path / "state").submit_model(
+        tiny_llama(), tiny_tokenizer(), data, quote=True, training={"steps": 7}
+    )
     assert quoted.name == "llama-hamlet" and quoted.devices == 1
     assert not list((tmp_path / "state" / "submissions").iterdir())  # a quote's files are not kept
 
 
 def test_importing_arceus_imports_neither_torch_nor_transformers() -> None:
-    code = ("import sys, arceus; print(sorted(m for m in ('torch', 'transformers', 'safetensors', 'tokenizers') "
-            "if m in sys.modules))")  # fmt: skip
+    code = (
+        "import sys, arceus; print(sorted(m for m in ('torch', 'transformers', 'safetensors', 'tokenizers') "
+        "if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr

@@ -82,12 +82,14 @@ def test_uncalibrated_figure_is_the_same_plan_without_the_calibration() -> None:
     cal = calibrated(small_instance(3, 3, 4, mem_gib=(0.05, 0.3)), 1)
     the_plan = plan(cal)
     got = bench.uncalibrated_step_s(cal, the_plan)
-    bare = CostModel(PlanInputs(
-        cal.blocks,
-        tuple(DeviceProfile(d.peer_id, d.flops_per_s, d.memory_bytes, d.kind) for d in cal.devices),
-        LinkMatrix(tuple((a, b, Link(lk.rtt_s, lk.bandwidth_bytes_per_s)) for a, b, lk in cal.links.links)),
-        cal.training,
-    ))  # fmt: skip
+    bare = CostModel(
+        PlanInputs(
+            cal.blocks,
+            tuple(DeviceProfile(d.peer_id, d.flops_per_s, d.memory_bytes, d.kind) for d in cal.devices),
+            LinkMatrix(tuple((a, b, Link(lk.rtt_s, lk.bandwidth_bytes_per_s)) for a, b, lk in cal.links.links)),
+            cal.training,
+        )
+    )
     stages = [(tuple(bare.index[d] for d in st.devices), st.start, st.end) for st in the_plan.stages]
     again = bare.evaluate(stages, the_plan.micro_batches)
     assert again is not None and got == again.predicted_step_time_s

@@ -111,14 +111,17 @@ def test_the_matrices_are_the_same_bits_whoever_builds_them() -> None:
 def test_solved_blocks_prove_themselves_and_a_wrong_block_is_found() -> None:
     size, rounds, seed = 256, 3, 99
     blocks = speed_challenge.solve(size, rounds, seed, CPU)
-    assert len(blocks) == challenges.leaf_count(size, rounds) and all(len(b) == challenges.BLOCK_ROWS * 4
-                                                                      for b in blocks)  # fmt: skip
+    assert len(blocks) == challenges.leaf_count(size, rounds) and all(
+        len(b) == challenges.BLOCK_ROWS * 4 for b in blocks
+    )
     leaves = [challenges.leaf_hash(b) for b in blocks]
     root = challenges.merkle_root(leaves)
     opened = list(challenges.blocks_to_open(size, rounds))
     shown = [blocks[i] for i in opened]
-    assert all(challenges.verify_proof(challenges.leaf_hash(b), i, len(leaves), challenges.merkle_proof(leaves, i),
-                                       root) for i, b in zip(opened, shown, strict=True))  # fmt: skip
+    assert all(
+        challenges.verify_proof(challenges.leaf_hash(b), i, len(leaves), challenges.merkle_proof(leaves, i), root)
+        for i, b in zip(opened, shown, strict=True)
+    )
     assert speed_challenge.max_error(size, seed, opened, shown) < 1e-5  # 16 rows alone give the same digests
     zeros = [bytes(len(shown[0])), *shown[1:]]
     assert speed_challenge.max_error(size, seed, opened, zeros) == pytest.approx(1.0)
@@ -161,8 +164,9 @@ def _line(proc: subprocess.Popen[str], timeout: float = 60.0) -> dict[str, objec
 def test_the_child_process_solves_opens_and_checks_as_the_daemon_drives_it() -> None:
     size, rounds = 256, 2
     cmd = [sys.executable, "-m", "arceusd.worker.speed_challenge"]
-    proc = subprocess.Popen([*cmd, "solve", str(size), str(rounds), "1"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True, cwd=ROOT)  # fmt: skip
+    proc = subprocess.Popen(
+        [*cmd, "solve", str(size), str(rounds), "1"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT
+    )
     try:
         assert proc.stdin is not None
         assert _line(proc) == {"ready": True}
@@ -178,14 +182,23 @@ def test_the_child_process_solves_opens_and_checks_as_the_daemon_drives_it() -> 
         assert all(len(b) == challenges.BLOCK_ROWS * 4 for b in blocks)
         proofs = [[bytes.fromhex(h) for h in p] for p in shown["proofs"]]  # type: ignore[attr-defined]
         count = challenges.leaf_count(size, rounds)
-        assert all(challenges.verify_proof(challenges.leaf_hash(b), i, count, p, root)
-                   for i, b, p in zip(opened, blocks, proofs, strict=True))  # fmt: skip
+        assert all(
+            challenges.verify_proof(challenges.leaf_hash(b), i, count, p, root)
+            for i, b, p in zip(opened, blocks, proofs, strict=True)
+        )
         assert proc.wait(timeout=30) == 0
     finally:
         proc.kill()
     request = {"size": size, "rounds": rounds, "seed": seed, "open": opened, "blocks": [b.hex() for b in blocks]}
-    done = subprocess.run([*cmd, "verify"], input=json.dumps(request) + "\n", capture_output=True, text=True,
-                          timeout=60, cwd=ROOT, check=True)  # fmt: skip
+    done = subprocess.run(
+        [*cmd, "verify"],
+        input=json.dumps(request) + "\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        check=True,
+    )
     assert json.loads(done.stdout)["error"] < 1e-5
     # a shape out of bounds is refused with one line
     bad = subprocess.run([*cmd, "solve", "300", "1", "1"], capture_output=True, text=True, timeout=60, cwd=ROOT)

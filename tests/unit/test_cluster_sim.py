@@ -44,9 +44,7 @@ def run_schedule(seed: int) -> Cluster:
     rng = random.Random(seed)
     n = rng.randint(3, 7)
     cfg = local()
-    net = NetworkModel(
-        delay_min=0.0002, delay_max=rng.choice([0.002, 0.01, 0.03]), loss=rng.choice([0, 0.01, 0.05])
-    )
+    net = NetworkModel(delay_min=0.0002, delay_max=rng.choice([0.002, 0.01, 0.03]), loss=rng.choice([0, 0.01, 0.05]))
     cluster = Cluster(n, cfg, seed=seed, net=net, job_size=n)
     peers = [peer_name(i) for i in range(n)]
     crashed: set[str] = set()
@@ -117,9 +115,7 @@ def check_liveness(cluster: Cluster) -> None:
                 view = election_of(node)
                 assert view.leader == leader.peer and view.term == election_of(leader).term, states
         else:
-            assert all(election_of(n).state is ElectionState.PAUSED for n in side), (
-                f"minority not paused: {states}"
-            )
+            assert all(election_of(n).state is ElectionState.PAUSED for n in side), f"minority not paused: {states}"
 
 
 @pytest.mark.parametrize("block", range(4))

@@ -173,8 +173,9 @@ def test_the_terminal_view_draws_the_job_with_a_progress_bar_and_eta() -> None:
     assert "0–3" not in text and "[0, 3]" in text  # the split stage's heads
     plan_rows = [[c.strip() for c in line.split("│")] for line in text.splitlines() if " / " in line]
     rows = [(c[c.index(p[:12]) - 2], c[c.index(p[:12]) - 1]) for p in PEERS for c in plan_rows if p[:12] in c]
-    assert rows == [("0", "0-1"), ("1", "2"), ("1", "2"), ("2", "3-4")], \
+    assert rows == [("0", "0-1"), ("1", "2"), ("1", "2"), ("2", "3-4")], (
         "blocks as the CLI writes them (arceusd.jobs.view.block_range), not the plan's [start, end)"
+    )
     for i, p in enumerate(PEERS):  # every device's row: its measured compute / wait per step
         row = next(line for line in text.splitlines() if p[:12] in line and " / " in line)
         assert f"{(0.09 + 0.01 * i) * 1000:.1f} / {(0.03 - 0.005 * i) * 1000:.1f}" in row, row
@@ -215,8 +216,18 @@ def test_prices_and_counts_are_written_as_the_cli_writes_them() -> None:
 
     assert usd_per_hour(0.002) == "$0.0020/h" and usd(0.0123456) == "$0.0123" and usd_per_hour(None) == "-"
     assert count(1.0) == "1" and count(3) == "3" and count(True) == "-" and count(float("nan")) == "-"
-    row = {"job_id": JOB_ID, "name": "n", "owner": PEERS[1], "state": "running", "members": 1, "max_members": 4,
-           "max_price_per_hour": 0.0, "price_per_hour": 0.002, "qualifies": True, "reasons": []}
+    row = {
+        "job_id": JOB_ID,
+        "name": "n",
+        "owner": PEERS[1],
+        "state": "running",
+        "members": 1,
+        "max_members": 4,
+        "max_price_per_hour": 0.0,
+        "price_per_hour": 0.002,
+        "qualifies": True,
+        "reasons": [],
+    }
     view = market_view({"jobs": [row], "demand": {"jobs_wanting": 1, "idle_devices": 0}})
     assert view is not None
     shown = view["jobs"][0]
@@ -224,8 +235,15 @@ def test_prices_and_counts_are_written_as_the_cli_writes_them() -> None:
     assert view["demand_shown"] == {"jobs_wanting": "1", "idle_devices": "0"}
     cli_line = _market_line(row)  # `arceusd market` writes the same strings
     assert "$0.0020/h" in cli_line and "members 1/4" in cli_line
-    e = earnings_view({"total_usd": 0.002, "device_hours": 0.5, "receipts": 3, "by_job": {JOB_ID: 0.002},
-                       "by_day": {"2025-01-01": 0.002}})  # fmt: skip
+    e = earnings_view(
+        {
+            "total_usd": 0.002,
+            "device_hours": 0.5,
+            "receipts": 3,
+            "by_job": {JOB_ID: 0.002},
+            "by_day": {"2025-01-01": 0.002},
+        }
+    )
     assert e is not None
     assert (e["total_shown"], e["device_hours_shown"], e["receipts_shown"]) == ("$0.0020", "0.500", "3")
     assert e["by_job_shown"] == [[JOB_ID, "$0.0020"]]
@@ -276,11 +294,14 @@ def test_the_term_form_and_the_origin_are_checked() -> None:
 
     assert term_form(b"key=idle_minutes&value=10") == ("idle_minutes", "10")
     assert term_form(b"key=hours&value=%5B22%2C+7%5D") == ("hours", "[22, 7]")
-    for body, said in ((b"key=probe_root&value=%2Ftmp", "not a term the page may change"),
-                       (b"key=idle_minutes&value=", "1 to 400 printable"),
-                       (b"key=idle_minutes&value=1%0Aw%3D2", "printable"),
-                       (b"key=idle_minutes&value=" + b"1" * 401, "1 to 400"),
-                       (b"key=a&key=b&value=1", "one key and one value"), (b"\xff", "URL-encoded")):  # fmt: skip
+    for body, said in (
+        (b"key=probe_root&value=%2Ftmp", "not a term the page may change"),
+        (b"key=idle_minutes&value=", "1 to 400 printable"),
+        (b"key=idle_minutes&value=1%0Aw%3D2", "printable"),
+        (b"key=idle_minutes&value=" + b"1" * 401, "1 to 400"),
+        (b"key=a&key=b&value=1", "one key and one value"),
+        (b"\xff", "URL-encoded"),
+    ):
         with pytest.raises(ValueError, match=said):
             term_form(body)
     assert own_origins(("127.0.0.1", 8080)) == {"http://127.0.0.1:8080", "http://localhost:8080", "http://[::1]:8080"}

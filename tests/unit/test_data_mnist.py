@@ -86,6 +86,4 @@ def test_mismatched_and_swapped_files(tmp_path: Path) -> None:
     bad = tmp_path / "badlabels"
     bad.write_bytes(bytes([0, 0, 8, 1]) + struct.pack(">I", 10000) + bytes([3]) * 9999 + bytes([12]))
     with pytest.raises(DataError, match=r"label 12 outside 0..9"):
-        load_mnist(
-            MNIST, train_count=5, holdout_count=5, images=MNIST / "t10k-images-idx3-ubyte.gz", labels=bad
-        )
+        load_mnist(MNIST, train_count=5, holdout_count=5, images=MNIST / "t10k-images-idx3-ubyte.gz", labels=bad)

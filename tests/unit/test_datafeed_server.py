@@ -23,8 +23,13 @@ class Source:
 
 def _server() -> DataServer:
     slots = {"a": 0, "b": 1}
-    config = SimpleNamespace(stage_members=lambda stage: ["a", "b"], stages=[None], owner="a",
-                             share_count=lambda: 2, slot_of=lambda peer=None: slots[peer or "a"])  # fmt: skip
+    config = SimpleNamespace(
+        stage_members=lambda stage: ["a", "b"],
+        stages=[None],
+        owner="a",
+        share_count=lambda: 2,
+        slot_of=lambda peer=None: slots[peer or "a"],
+    )
     return DataServer(cast(Any, Source()), cast(Any, config), 10)
 
 

@@ -33,8 +33,12 @@ LR = 1e-3  # nanoGPT's shakespeare_char learning rate
 H = 50
 
 
-def _train(mode: SyncMode, model: GPTConfig, batches: list[tuple[torch.Tensor, torch.Tensor]],
-           val: tuple[torch.Tensor, torch.Tensor]) -> tuple[float, int]:
+def _train(
+    mode: SyncMode,
+    model: GPTConfig,
+    batches: list[tuple[torch.Tensor, torch.Tensor]],
+    val: tuple[torch.Tensor, torch.Tensor],
+) -> tuple[float, int]:
     """(validation loss of replica 0 at the end, bytes the ring carried)."""
     ring = InMemoryRing(2, timeout_s=120)
     config = ReplicaConfig(2, mode=mode, diloco=DiLoCoConfig(h=H, codec=ReplicaCodec.INT8))
@@ -42,12 +46,17 @@ def _train(mode: SyncMode, model: GPTConfig, batches: list[tuple[torch.Tensor, t
     for r in range(2):
         module = build_stage(model, 1, StageSpec(0, num_blocks(model), None, 0), None)
         engine_config = EngineConfig(
-            stage=0, num_stages=1, num_micro_batches=1, schedule=ScheduleKind.ONE_F_ONE_B,
+            stage=0,
+            num_stages=1,
+            num_micro_batches=1,
+            schedule=ScheduleKind.ONE_F_ONE_B,
             optimizer=AdamWConfig(lr=LR, beta2=0.99, weight_decay=0.1),
-            lr_schedule=LRSchedule(LR, LR / 10, 20, STEPS), max_grad_norm=1.0,
+            lr_schedule=LRSchedule(LR, LR / 10, 20, STEPS),
+            max_grad_norm=1.0,
         )
-        engines.append(StageEngine(module, InMemoryFabric([1]).links(0), engine_config,
-                                   replicas=ReplicaSync(config, ring.link(r))))
+        engines.append(
+            StageEngine(module, InMemoryFabric([1]).links(0), engine_config, replicas=ReplicaSync(config, ring.link(r)))
+        )
     errors: list[BaseException] = []
 
     def work(r: int) -> None:
@@ -82,17 +91,22 @@ def test_diloco_h50_is_within_3_percent_of_synchronous_for_50x_fewer_bytes() -> 
         model = GPTConfig(n_layer=2, n_head=4, n_embd=64, block_size=32, vocab_size=data.vocab.size)
         gen = torch.Generator().manual_seed(7)
         hi = data.train.numel() - model.block_size - 1
-        batches = [context_windows(data.train, torch.randint(0, hi, (2 * BATCH_PER_REPLICA,), generator=gen),
-                                   model.block_size) for _ in range(STEPS)]
-        val_offsets = torch.randint(0, data.val.numel() - model.block_size - 1, (256,),
-                                    generator=torch.Generator().manual_seed(8))
+        batches = [
+            context_windows(data.train, torch.randint(0, hi, (2 * BATCH_PER_REPLICA,), generator=gen), model.block_size)
+            for _ in range(STEPS)
+        ]
+        val_offsets = torch.randint(
+            0, data.val.numel() - model.block_size - 1, (256,), generator=torch.Generator().manual_seed(8)
+        )
         val = context_windows(data.val, val_offsets, model.block_size)
         sync_loss, sync_bytes = _train(SyncMode.ALLREDUCE, model, batches, val)
         diloco_loss, diloco_bytes = _train(SyncMode.DILOCO, model, batches, val)
     finally:
         torch.set_num_threads(threads)
-    print(f"sync: val {sync_loss:.4f}, {sync_bytes} B; diloco: val {diloco_loss:.4f}, {diloco_bytes} B; "
-          f"{diloco_loss / sync_loss - 1:+.2%}, {sync_bytes / diloco_bytes:.0f}x fewer bytes")
+    print(
+        f"sync: val {sync_loss:.4f}, {sync_bytes} B; diloco: val {diloco_loss:.4f}, {diloco_bytes} B; "
+        f"{diloco_loss / sync_loss - 1:+.2%}, {sync_bytes / diloco_bytes:.0f}x fewer bytes"
+    )
     assert sync_loss < 2.6  # both really trained (a uniform guess over 65 characters is 4.17)
     assert diloco_loss <= sync_loss * 1.03
     assert sync_bytes >= 50 * diloco_bytes

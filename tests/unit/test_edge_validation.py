@@ -41,9 +41,7 @@ def test_announce_ids_must_be_exact_hex() -> None:
 def test_announcements_are_rate_limited_per_sender() -> None:
     guard = AnnounceGuard(AnnounceLimits(rate=1.0, burst=3.0))
     ids = [f"{i:032x}" for i in range(10)]
-    assert [guard.admit(OWNER, announce(j), known=False, now=0.0) for j in ids[:4]] == [None] * 3 + [
-        "announce_rate"
-    ]
+    assert [guard.admit(OWNER, announce(j), known=False, now=0.0) for j in ids[:4]] == [None] * 3 + ["announce_rate"]
     assert guard.admit("cd" * 16, announce(ids[5], owner="cd" * 16), known=False, now=0.0) is None
     assert guard.admit(OWNER, announce(ids[0]), known=True, now=0.0) is None  # a known job costs nothing
     assert guard.admit(OWNER, announce(ids[6]), known=False, now=1.0) is None

@@ -81,9 +81,7 @@ def test_votes_once_per_term_and_persists_before_replying() -> None:
     e = make("c")
     e.handle(ViewChanged(frozenset({"b", "c", "d", "e"})), 0.0)  # 'a' is dead in this view; 'b' is candidate
     out = e.handle(VoteRequested("b", "job", 4, False), 0.0)
-    assert out.index(PersistTerm("job", 4, "b")) < next(
-        i for i, x in enumerate(out) if isinstance(x, SendVoteReply)
-    )
+    assert out.index(PersistTerm("job", 4, "b")) < next(i for i, x in enumerate(out) if isinstance(x, SendVoteReply))
     assert SendVoteReply("b", "job", 4, True, False, "") in out
     # another candidate in the same term gets nothing, even if our view now ranks it first
     e.handle(ViewChanged(frozenset({"a", "b", "c", "d"})), 0.0)
@@ -201,20 +199,23 @@ def test_a_new_plans_members_keep_the_leader_and_its_term() -> None:
     assert follower.leader == "a" and follower.term == 1
     now = CFG.election_timeout + 0.1
     members = ("a", "b", "c", "f")
-    new_leader = Election("job", "a", members, CFG, random.Random(1), now, leader.term, leader.voted_for,
-                          ranking=("a", "b"))  # fmt: skip
+    new_leader = Election(
+        "job", "a", members, CFG, random.Random(1), now, leader.term, leader.voted_for, ranking=("a", "b")
+    )
     new_leader.carry_over(leader, now)
     out = new_leader.handle(ViewChanged(frozenset(members)), now)
     assert state_of(new_leader) is ElectionState.LEADER and new_leader.term == 1
     assert {x.to for x in out if isinstance(x, SendLeaderAnnounce)} == {"b", "c", "f"}
     assert not [x for x in out if isinstance(x, SendVoteRequest | PersistTerm)]
-    new_follower = Election("job", "c", members, CFG, random.Random(1), now, follower.term, follower.voted_for,
-                            ranking=("a", "b"))  # fmt: skip
+    new_follower = Election(
+        "job", "c", members, CFG, random.Random(1), now, follower.term, follower.voted_for, ranking=("a", "b")
+    )
     new_follower.carry_over(follower, now)
     new_follower.handle(ViewChanged(frozenset(members)), now)
     assert new_follower.state is ElectionState.FOLLOWER and new_follower.leader == "a"
-    assert not [x for x in new_follower.handle(ElectionTick(), now + CFG.election_timeout / 2)
-                if isinstance(x, SendVoteRequest)]  # fmt: skip
+    assert not [
+        x for x in new_follower.handle(ElectionTick(), now + CFG.election_timeout / 2) if isinstance(x, SendVoteRequest)
+    ]
     for kept, ranking in ((("b", "c", "f"), None), (members, ("b",))):
         fresh = Election("job", "c", kept, CFG, random.Random(1), now, 1, None, ranking=ranking)
         fresh.carry_over(follower, now)

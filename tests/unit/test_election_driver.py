@@ -37,9 +37,7 @@ class Node:
         self.peers, self.elections, self.scope = peers, elections, scope
 
 
-async def _node(
-    net: MemoryNetwork, i: int, terms: Path, *, task_status: Any = trio.TASK_STATUS_IGNORED
-) -> None:
+async def _node(net: MemoryNetwork, i: int, terms: Path, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
     identity = Identity.generate()
     holder: dict[str, PeerService] = {}
 
@@ -48,8 +46,9 @@ async def _node(
 
     seeds = tuple(f"10.0.0.{j}:7000" for j in range(N) if j != i)
     with trio.CancelScope() as scope:
-        async with net.open_transport(identity, f"10.0.0.{i}", 7000, unary_handler=on_call,
-                                      stream_handler=_refuse) as transport:  # fmt: skip
+        async with net.open_transport(
+            identity, f"10.0.0.{i}", 7000, unary_handler=on_call, stream_handler=_refuse
+        ) as transport:
             peers = PeerService(
                 identity, cast(UnaryTransport, transport), local(), transport.address, boot_id=i + 1, seed=i
             )
@@ -82,9 +81,7 @@ def test_one_leader_durable_terms_callbacks_and_failover(tmp_path: Path) -> None
     async def main() -> None:
         net = MemoryNetwork()
         async with trio.open_nursery() as nursery:
-            nodes: list[Node] = [
-                await nursery.start(_node, net, i, tmp_path / f"terms{i}.json") for i in range(N)
-            ]
+            nodes: list[Node] = [await nursery.start(_node, net, i, tmp_path / f"terms{i}.json") for i in range(N)]
             ids = [n.peers.identity.peer_id for n in nodes]
             await _wait(lambda: all(len(n.peers.membership.live_peers()) == N for n in nodes), 30)
             changes: list[tuple[str, tuple[str, int] | None]] = []

@@ -99,9 +99,7 @@ def build_engines(
 ) -> list[list[StageEngine]]:
     """``devices``: each stage's torch device (all its ranks alike); None: all on the CPU. ``group_timers``: a
     tensor-parallel rank's group is a :class:`TimedCollective` and its engine reports ``group_wait_s``."""
-    fabric = InMemoryFabric(
-        [1 if split is None else split.world_size for _, _, split in case.layout], timeout_s=20
-    )
+    fabric = InMemoryFabric([1 if split is None else split.world_size for _, _, split in case.layout], timeout_s=20)
     engines: list[list[StageEngine]] = []
     tied = InMemoryTiedPair(timeout_s=20)  # a stock LM's tied embedding and head on two stages
     for s, (start, end, split) in enumerate(case.layout):
@@ -129,9 +127,7 @@ def build_engines(
     return engines
 
 
-def drive(
-    engines: list[list[StageEngine]], batches: list[tuple[torch.Tensor, torch.Tensor]]
-) -> list[StepResult]:
+def drive(engines: list[list[StageEngine]], batches: list[tuple[torch.Tensor, torch.Tensor]]) -> list[StepResult]:
     """Run every engine in its own thread for all batches; return stage 0 rank 0's results."""
     results: dict[tuple[int, int], list[StepResult]] = {}
     errors: list[BaseException] = []
@@ -207,9 +203,7 @@ def test_pipeline_equals_plain_training(case_name: str, schedule: ScheduleKind, 
     results = drive(engines, _batches(case.model, case.batch))
     assert [r.step for r in results] == list(range(STEPS))
     assert [r.lr for r in results] == [lr(s) for s in range(STEPS)]
-    torch.testing.assert_close(
-        torch.tensor([r.loss for r in results]), torch.tensor(ref_losses), rtol=0, atol=1e-5
-    )
+    torch.testing.assert_close(torch.tensor([r.loss for r in results]), torch.tensor(ref_losses), rtol=0, atol=1e-5)
     norms = [r.grad_norm for r in results]
     assert all(n is not None for n in norms)
     torch.testing.assert_close(torch.tensor(norms), torch.tensor(ref_norms), rtol=1e-5, atol=1e-5)
@@ -239,9 +233,7 @@ def test_a_job_mixing_cuda_and_cpu_stages_equals_plain_training(case_name: str, 
     engines = build_engines(case, schedule, opt, None, None, devices=devices)
     assert next(engines[0][0].module.parameters()).device.type == devices[0]
     results = drive(engines, _batches(case.model, case.batch))
-    torch.testing.assert_close(
-        torch.tensor([r.loss for r in results]), torch.tensor(ref_losses), rtol=0, atol=1e-5
-    )
+    torch.testing.assert_close(torch.tensor([r.loss for r in results]), torch.tensor(ref_losses), rtol=0, atol=1e-5)
     params = gathered_params(case, engines)
     for name, p in ref_params.items():
         torch.testing.assert_close(params[name].cpu(), p, rtol=0, atol=1e-5, msg=prefixed(name))
@@ -320,9 +312,7 @@ def test_resume_from_state_tensors_continues_exactly(opt_name: str) -> None:
             e.load_state_tensors(state, step=2)
     last = drive(resumed, batches[2:])
     assert last[0].step == 2 and last[0].loss == straight_results[2].loss
-    for a, b in zip(
-        gathered_params(case, straight).items(), gathered_params(case, resumed).items(), strict=True
-    ):
+    for a, b in zip(gathered_params(case, straight).items(), gathered_params(case, resumed).items(), strict=True):
         assert a[0] == b[0] and torch.equal(a[1], b[1])
     with pytest.raises(ValueError, match="does not belong"):
         resumed[0][0].load_state_tensors({"param.blocks.9.x": torch.zeros(1)}, step=0)
@@ -365,8 +355,13 @@ def test_step_results_say_how_long_each_stage_waited_on_its_links() -> None:
     engines = build_engines(case, ScheduleKind.ONE_F_ONE_B, opt, LRSchedule(max_lr=opt.lr), 0.5)
     results = drive(engines, _batches(case.model, case.batch))
     assert all(r.wait_s > 0 and r.optimizer_s > 0 for r in results)
-    alone = build_engines(Case(GPT, [(0, 4, None)], micro_batches=3, batch=5), ScheduleKind.ONE_F_ONE_B, opt,
-                          LRSchedule(max_lr=opt.lr), 0.5)  # fmt: skip
+    alone = build_engines(
+        Case(GPT, [(0, 4, None)], micro_batches=3, batch=5),
+        ScheduleKind.ONE_F_ONE_B,
+        opt,
+        LRSchedule(max_lr=opt.lr),
+        0.5,
+    )
     solo = drive(alone, _batches(GPT, 5))
     assert all(r.optimizer_s > 0 for r in solo)
     assert all(r.wait_s < 0.05 for r in solo)  # one stage never waits for a neighbour

@@ -87,8 +87,9 @@ _CONTROL_AT_EMFILE = textwrap.dedent("""
 
 
 def test_the_control_socket_outlives_emfile(tmp_path: object) -> None:
-    proc = subprocess.run([sys.executable, "-c", _CONTROL_AT_EMFILE, str(tmp_path)], capture_output=True, text=True,
-                          timeout=60, cwd=ROOT)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", _CONTROL_AT_EMFILE, str(tmp_path)], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.splitlines() == ['{"ok": true, "result": "ok"}', "ok"], proc.stdout
     assert "out of file descriptors (EMFILE)" in proc.stderr or proc.stderr == "", proc.stderr

@@ -69,8 +69,10 @@ def test_a_slower_device_or_a_slower_link_raises_the_time() -> None:
     slow = {(OWNER, PEER): Link(0.2, 1e5, 0.0)}  # 200 ms, 100 kB/s: the peer no longer pays its way
     slow_link = forecast(spec, [offer(OWNER), offer(PEER)], OWNER, links=slow)
     assert slow_link.seconds > base.seconds
-    assert slow_link.predicted_step_s == make_job_plan(spec, [offer(OWNER), offer(PEER)], {}, slow, OWNER)[1].\
-        predicted_step_time_s  # fmt: skip
+    assert (
+        slow_link.predicted_step_s
+        == make_job_plan(spec, [offer(OWNER), offer(PEER)], {}, slow, OWNER)[1].predicted_step_time_s
+    )
 
 
 def test_the_range_holds_the_point_and_the_owners_device_is_not_billed() -> None:
@@ -131,9 +133,19 @@ def test_status_and_watch_show_the_leaders_cost_figures() -> None:
     from arceusd.jobs.view import render_job
 
     p = cost_progress(Spend(0.002, 0.00001), 0.01, 100, 300, 40.0, running=True)
-    job: dict[str, Any] = {"job_id": "ab" * 16, "name": "g", "model": "gpt", "data": "text", "state": "running",
-                           "term": 1, "epoch": 1, "role": "owner", "step": 100, "total_steps": 300,
-                           "cost": {**asdict(p), "line": p.line()}}  # fmt: skip
+    job: dict[str, Any] = {
+        "job_id": "ab" * 16,
+        "name": "g",
+        "model": "gpt",
+        "data": "text",
+        "state": "running",
+        "term": 1,
+        "epoch": 1,
+        "role": "owner",
+        "step": 100,
+        "total_steps": 300,
+        "cost": {**asdict(p), "line": p.line()},
+    }
     assert f"  cost     {p.line()}" in render_job(job).splitlines()
     console = Console(width=200, record=True)
     console.print(rich_job(job))
@@ -154,9 +166,15 @@ def test_the_job_method_gives_the_cost_figures_on_the_leader_only() -> None:
         def spend(self, _job: object) -> Spend:
             return Spend(0.001, 0.00002)
 
-    job = SimpleNamespace(job_id="j1", leader="me", state="running", step=50, total_steps=150,
-                          spec=SimpleNamespace(needs=SimpleNamespace(budget_usd=0.01), model=None),
-                          speed=lambda: Speed(eta_s=30.0))  # fmt: skip
+    job = SimpleNamespace(
+        job_id="j1",
+        leader="me",
+        state="running",
+        step=50,
+        total_steps=150,
+        spec=SimpleNamespace(needs=SimpleNamespace(budget_usd=0.01), model=None),
+        speed=lambda: Speed(eta_s=30.0),
+    )
     node = SimpleNamespace(market=Market(), identity=SimpleNamespace(peer_id="me"))
     cost = job_cost(node, job)
     assert cost is not None and cost["to_finish_usd"] == pytest.approx(0.002) and cost["spent_usd"] == 0.001

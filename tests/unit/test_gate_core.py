@@ -58,8 +58,9 @@ def test_full_table_evicts_from_the_heaviest_source_unproven_first() -> None:
 
 
 def test_hello_and_idle_deadlines() -> None:
-    table = ConnectionTable(GateLimits(max_connections=8, max_per_source=8, hello_timeout=3.0, idle_timeout=30.0,
-                                       hello_limit=10.0))  # fmt: skip
+    table = ConnectionTable(
+        GateLimits(max_connections=8, max_per_source=8, hello_timeout=3.0, idle_timeout=30.0, hello_limit=10.0)
+    )
     for i in range(5):
         table.admit(i, "10.0.0.9", 0.0)
     table.prove(1)  # completed a call

@@ -63,13 +63,19 @@ def reference_run(
     return losses, {k: v.detach() for k, v in model.state_dict().items()}
 
 
-def train_plain(model: torch.nn.Module, params: list[torch.nn.Parameter], cfg: HFModelConfig, opt: OptimizerConfig,
-                clip: float | None) -> list[float]:  # fmt: skip
+def train_plain(
+    model: torch.nn.Module,
+    params: list[torch.nn.Parameter],
+    cfg: HFModelConfig,
+    opt: OptimizerConfig,
+    clip: float | None,
+) -> list[float]:
     """A plain single-process loop over ``batches(cfg)`` training ``params`` of a transformers model: the losses."""
     optimizer: torch.optim.Optimizer = (
-        torch.optim.SGD(params, lr=opt.lr, momentum=opt.momentum) if isinstance(opt, SGDConfig)
+        torch.optim.SGD(params, lr=opt.lr, momentum=opt.momentum)
+        if isinstance(opt, SGDConfig)
         else torch.optim.AdamW(params, lr=opt.lr, weight_decay=opt.weight_decay)
-    )  # fmt: skip
+    )
     losses = []
     for x, y in batches(cfg):
         optimizer.zero_grad()
@@ -84,9 +90,12 @@ def train_plain(model: torch.nn.Module, params: list[torch.nn.Parameter], cfg: H
 
 
 def pipeline_run(
-    cfg: HFModelConfig, layout: list[tuple[int, int]], opt: OptimizerConfig, schedule: ScheduleKind,
+    cfg: HFModelConfig,
+    layout: list[tuple[int, int]],
+    opt: OptimizerConfig,
+    schedule: ScheduleKind,
     clip: float | None,
-) -> tuple[list[float], dict[str, torch.Tensor]]:  # fmt: skip
+) -> tuple[list[float], dict[str, torch.Tensor]]:
     case = Case(cfg, [(a, b, None) for a, b in layout], micro_batches=MICRO, batch=BATCH)
     engines = build_engines(case, schedule, opt, LRSchedule(max_lr=opt.lr), clip)
     results = drive(engines, batches(cfg))
@@ -99,8 +108,11 @@ def pipeline_run(
     return [r.loss for r in results], state
 
 
-def assert_same(cfg: HFModelConfig, ref: tuple[list[float], dict[str, torch.Tensor]],
-                got: tuple[list[float], dict[str, torch.Tensor]]) -> float:  # fmt: skip
+def assert_same(
+    cfg: HFModelConfig,
+    ref: tuple[list[float], dict[str, torch.Tensor]],
+    got: tuple[list[float], dict[str, torch.Tensor]],
+) -> float:
     """Asserts losses and weights agree to ``TOL``; returns the largest absolute weight difference."""
     torch.testing.assert_close(torch.tensor(got[0]), torch.tensor(ref[0]), rtol=0, atol=TOL)
     worst = 0.0

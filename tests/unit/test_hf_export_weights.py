@@ -36,8 +36,12 @@ def test_the_export_loads_in_transformers_and_computes_the_same_logits(name: str
         torch.testing.assert_close(hf(ids).logits, model(ids), rtol=0, atol=1e-6)
     assert tok.decode(ids[0]) == "ROMEO: But soft"
     # the exported config.json is a valid model.config again (fine-tuning the result)
-    again = parse_hf_config(json.loads((tmp_path / "config.json").read_text()), cfg.block_size, "model.config",
-                            lambda p, m: pytest.fail(f"{p}: {m}"))  # fmt: skip
+    again = parse_hf_config(
+        json.loads((tmp_path / "config.json").read_text()),
+        cfg.block_size,
+        "model.config",
+        lambda p, m: pytest.fail(f"{p}: {m}"),
+    )
     assert again == cfg
 
 

@@ -45,8 +45,13 @@ def lora_config(name: str, merge: bool = False) -> HFModelConfig:
 
 def peft_config(cfg: HFModelConfig) -> LoraConfig:
     assert cfg.lora is not None
-    return LoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=0.0, target_modules=list(cfg.lora.targets),
-                      fan_in_fan_out=cfg.is_gpt2)  # fmt: skip
+    return LoraConfig(
+        r=cfg.lora.r,
+        lora_alpha=cfg.lora.alpha,
+        lora_dropout=0.0,
+        target_modules=list(cfg.lora.targets),
+        fan_in_fan_out=cfg.is_gpt2,
+    )
 
 
 def base_model(cfg: HFModelConfig) -> PreTrainedModel:
@@ -76,8 +81,9 @@ def reference_run(
     return losses, {k: v.detach() for k, v in get_peft_model_state_dict(model).items()}
 
 
-def pipeline(cfg: HFModelConfig, layout: list[tuple[int, int]], opt: OptimizerConfig, schedule: ScheduleKind,
-             clip: float | None) -> tuple[list[float], list[StageEngine]]:  # fmt: skip
+def pipeline(
+    cfg: HFModelConfig, layout: list[tuple[int, int]], opt: OptimizerConfig, schedule: ScheduleKind, clip: float | None
+) -> tuple[list[float], list[StageEngine]]:
     case = Case(cfg, [(a, b, None) for a, b in layout], micro_batches=MICRO, batch=BATCH)
     engines = build_engines(case, schedule, opt, LRSchedule(max_lr=opt.lr), clip)
     results = drive(engines, batches(cfg))
@@ -97,8 +103,9 @@ CASES = [
 
 
 @pytest.mark.parametrize(("name", "layout", "opt_name", "schedule"), CASES)
-def test_lora_pipeline_equals_single_process_peft(name: str, layout: list[tuple[int, int]], opt_name: str,
-                                                   schedule: ScheduleKind) -> None:  # fmt: skip
+def test_lora_pipeline_equals_single_process_peft(
+    name: str, layout: list[tuple[int, int]], opt_name: str, schedule: ScheduleKind
+) -> None:
     cfg = lora_config(name)
     assert layout[-1][1] == num_blocks(cfg)
     clip = 1.0 if opt_name == "adamw" else None
@@ -181,15 +188,25 @@ def test_a_bf16_base_computes_what_autocast_computes_with_an_fp32_base(name: str
 
 def _second_batches(cfg: HFModelConfig) -> list[tuple[torch.Tensor, torch.Tensor]]:
     gen = torch.Generator().manual_seed(8)
-    return [(torch.randint(0, cfg.vocab_size, (BATCH, cfg.block_size), generator=gen),
-             torch.randint(0, cfg.vocab_size, (BATCH, cfg.block_size), generator=gen)) for _ in range(3)]  # fmt: skip
+    return [
+        (
+            torch.randint(0, cfg.vocab_size, (BATCH, cfg.block_size), generator=gen),
+            torch.randint(0, cfg.vocab_size, (BATCH, cfg.block_size), generator=gen),
+        )
+        for _ in range(3)
+    ]
 
 
 def test_a_lora_checkpoint_resumes_in_another_layout_as_if_never_stopped() -> None:
     cfg, opt = lora_config("llama"), OPTS["adamw"]
     old, new = [(0, 1), (1, 3), (3, 5)], [(0, 2), (2, 5)]  # the old first stage holds nothing to train
-    ref = build_engines(Case(cfg, [(a, b, None) for a, b in new], MICRO, BATCH), ScheduleKind.ONE_F_ONE_B, opt,
-                        LRSchedule(max_lr=opt.lr), 1.0)  # fmt: skip
+    ref = build_engines(
+        Case(cfg, [(a, b, None) for a, b in new], MICRO, BATCH),
+        ScheduleKind.ONE_F_ONE_B,
+        opt,
+        LRSchedule(max_lr=opt.lr),
+        1.0,
+    )
     drive(ref, batches(cfg))
     ref_losses = [r.loss for r in drive(ref, _second_batches(cfg))]
     _, first = pipeline(cfg, old, opt, ScheduleKind.GPIPE, 1.0)
@@ -199,8 +216,13 @@ def test_a_lora_checkpoint_resumes_in_another_layout_as_if_never_stopped() -> No
         shards.append(parse_shard(save_bytes({k: v.clone() for k, v in engine.state_tensors().items()}, meta)))
     full = full_state(cfg, shards)
     assert full and all(".lora_" in k for k in full)
-    resumed = build_engines(Case(cfg, [(a, b, None) for a, b in new], MICRO, BATCH), ScheduleKind.ONE_F_ONE_B, opt,
-                            LRSchedule(max_lr=opt.lr), 1.0)  # fmt: skip
+    resumed = build_engines(
+        Case(cfg, [(a, b, None) for a, b in new], MICRO, BATCH),
+        ScheduleKind.ONE_F_ONE_B,
+        opt,
+        LRSchedule(max_lr=opt.lr),
+        1.0,
+    )
     for (a, b), ranks in zip(new, resumed, strict=True):
         ranks[0].load_state_tensors(slice_state(cfg, full, StageConfig(a, b, (MemberConfig("p", 0, 0),)), 0), 3)
     losses = [r.loss for r in drive(resumed, _second_batches(cfg))]
@@ -215,8 +237,15 @@ def test_two_replicas_all_reduce_only_the_adapters_and_equal_one_peft_process(la
     cfg = lora_config("llama")
     ref_losses, ref_adapters = reference_run(cfg, OPTS["adamw"], 1.0)
     case = Case(cfg, [(a, b, None) for a, b in layout], micro_batches=MICRO, batch=BATCH)
-    pipelines, rings = build_replicas(case, 2, ScheduleKind.ONE_F_ONE_B, ReplicaConfig(replicas=2, bucket_bytes=1000),
-                                      "adamw", LRSchedule(max_lr=OPTS["adamw"].lr), 1.0)  # fmt: skip
+    pipelines, rings = build_replicas(
+        case,
+        2,
+        ScheduleKind.ONE_F_ONE_B,
+        ReplicaConfig(replicas=2, bucket_bytes=1000),
+        "adamw",
+        LRSchedule(max_lr=OPTS["adamw"].lr),
+        1.0,
+    )
     per_replica = drive_replicas(pipelines, batches(cfg))
     for rep, results in enumerate(per_replica):
         torch.testing.assert_close(torch.tensor([r.loss for r in results]), torch.tensor(ref_losses), rtol=0, atol=TOL)

@@ -37,8 +37,9 @@ def tp_pipeline_run(
 ) -> tuple[list[float], dict[str, torch.Tensor]]:
     """Losses and the whole model's weights (split layers gathered over their ranks) under the checkpoint keys."""
     opt = OPTS[opt_name]
-    engines = build_engines(Case(cfg, layout, micro_batches=MICRO, batch=BATCH), schedule, opt,
-                            LRSchedule(max_lr=opt.lr), clip)  # fmt: skip
+    engines = build_engines(
+        Case(cfg, layout, micro_batches=MICRO, batch=BATCH), schedule, opt, LRSchedule(max_lr=opt.lr), clip
+    )
     results = drive(engines, batches(cfg))
     state: dict[str, torch.Tensor] = {}
     for (_, _, split), ranks in zip(layout, engines, strict=True):

@@ -33,10 +33,13 @@ def training_state(cfg: HFModelConfig) -> dict[str, torch.Tensor]:
 def layout(cfg: HFModelConfig, cuts: list[int], tp: dict[int, list[tuple[int, int]]]) -> list[StageConfig]:
     bounds = [0, *cuts, num_blocks(cfg)]
     return [
-        StageConfig(bounds[s], bounds[s + 1],
-                    tuple(MemberConfig(f"p{s}-{r}", h, c) for r, (h, c) in enumerate(tp.get(s, [(0, 0)]))))
+        StageConfig(
+            bounds[s],
+            bounds[s + 1],
+            tuple(MemberConfig(f"p{s}-{r}", h, c) for r, (h, c) in enumerate(tp.get(s, [(0, 0)]))),
+        )
         for s in range(len(bounds) - 1)
-    ]  # fmt: skip
+    ]
 
 
 def shards_of(cfg: HFModelConfig, full: dict[str, torch.Tensor], stages: list[StageConfig]) -> list[bytes]:
@@ -44,8 +47,12 @@ def shards_of(cfg: HFModelConfig, full: dict[str, torch.Tensor], stages: list[St
     for s, stage in enumerate(stages):
         split = stage.split()
         for r in range(len(stage.members)):
-            meta = {"stage": str(s), "rank": str(r), "tp_heads": ",".join(map(str, split.heads)) if split else "",
-                    "tp_columns": ",".join(map(str, split.columns)) if split else ""}  # fmt: skip
+            meta = {
+                "stage": str(s),
+                "rank": str(r),
+                "tp_heads": ",".join(map(str, split.heads)) if split else "",
+                "tp_columns": ",".join(map(str, split.columns)) if split else "",
+            }
             out.append(save_bytes(slice_state(cfg, full, stage, r), meta))
     return out
 

@@ -41,9 +41,11 @@ def find(actions: list[a.Action], kind: type[T]) -> list[T]:
 
 
 def running(
-    total: int = 100, members: tuple[str, ...] = (ME, B), min_members: int = 2,
+    total: int = 100,
+    members: tuple[str, ...] = (ME, B),
+    min_members: int = 2,
     replicas: tuple[tuple[str, ...], ...] = (),
-) -> JobCore:  # fmt: skip
+) -> JobCore:
     """An owner whose plan over ``members`` runs (one shard per member; ``replicas``: how they are grouped)."""
     core = JobCore.owned(ME, total, min_members=min_members)
     for peer in members[1:]:
@@ -480,8 +482,7 @@ def test_stale_stamps_are_refused() -> None:
 
 
 def test_the_owner_restored_after_its_restart_waits_for_its_members_not_for_long() -> None:
-    core = JobCore.owned(ME, 100, stamp=Stamp(3, 2), committed_step=40, gather_until=15.0,
-                         expected=frozenset({B, C}))  # fmt: skip
+    core = JobCore.owned(ME, 100, stamp=Stamp(3, 2), committed_step=40, gather_until=15.0, expected=frozenset({B, C}))
     assert not find(core.handle(e.Tick(), 1.0), a.Plan)
     assert not find(core.handle(e.MemberJoined(B), 2.0), a.Plan)
     assert find(core.handle(e.Tick(), 15.0), a.Plan) == [a.Plan(frozenset({ME, B}), True)]
@@ -491,19 +492,29 @@ def test_the_owner_restored_after_its_restart_waits_for_its_members_not_for_long
 PEERS = (ME, B, C)
 EVENTS = st.one_of(
     st.builds(e.MemberJoined, st.sampled_from(PEERS[1:]), st.booleans()),
-    st.builds(e.RestartAsked, st.just("a member was excluded")), st.builds(e.Fail, st.just("budget spent")),
+    st.builds(e.RestartAsked, st.just("a member was excluded")),
+    st.builds(e.Fail, st.just("budget spent")),
     st.builds(e.MemberDead, st.sampled_from(PEERS[1:])),
     st.builds(e.MemberLeft, st.sampled_from(PEERS[1:])),
     st.builds(e.PlanFound, st.sampled_from([(ME, B), (ME, C), (ME, B, C), (B,)]), st.sampled_from(["", B])),
     st.builds(e.NoPlanFits, st.just("too small")),
-    st.just("start"), st.just("start-refused"), st.just("go"), st.just("go-lost"), st.just("checkpoint"),
-    st.just("commit"), st.just("commit-failed"), st.just("worker-failed"), st.just("reachable"),
-    st.builds(e.ExportDone, st.just("/m")), st.builds(e.ExportFailed, st.just("disk full")),
-    st.builds(e.Tick, st.booleans()), st.just(e.Cancel()),
+    st.just("start"),
+    st.just("start-refused"),
+    st.just("go"),
+    st.just("go-lost"),
+    st.just("checkpoint"),
+    st.just("commit"),
+    st.just("commit-failed"),
+    st.just("worker-failed"),
+    st.just("reachable"),
+    st.builds(e.ExportDone, st.just("/m")),
+    st.builds(e.ExportFailed, st.just("disk full")),
+    st.builds(e.Tick, st.booleans()),
+    st.just(e.Cancel()),
     st.builds(e.FollowsOther, st.just(C), st.sampled_from(PEERS)),
     st.builds(e.HandOverAnswered, st.just(C), st.booleans(), st.booleans()),
     st.builds(e.OtherElected, st.sampled_from(PEERS), st.integers(1, 9)),
-)  # fmt: skip
+)
 
 
 def concrete(core: JobCore, raw: object, step: int) -> e.Event:
@@ -512,12 +523,16 @@ def concrete(core: JobCore, raw: object, step: int) -> e.Event:
         return cast(e.Event, raw)
     s = core.stamp
     made: dict[str, e.Event] = {
-        "start": e.StartAnswered(s), "start-refused": e.StartAnswered(s, ((B, "no", ""),)),
-        "go": e.GoAnswered(s), "go-lost": e.GoAnswered(s, {B: "no answer"}),
-        "checkpoint": e.CheckpointComplete(s, step), "commit": e.CommitDone(s, step),
-        "commit-failed": e.CommitFailed(s, step, "x"), "worker-failed": e.WorkerFailed(s, B, "x"),
+        "start": e.StartAnswered(s),
+        "start-refused": e.StartAnswered(s, ((B, "no", ""),)),
+        "go": e.GoAnswered(s),
+        "go-lost": e.GoAnswered(s, {B: "no answer"}),
+        "checkpoint": e.CheckpointComplete(s, step),
+        "commit": e.CommitDone(s, step),
+        "commit-failed": e.CommitFailed(s, step, "x"),
+        "worker-failed": e.WorkerFailed(s, B, "x"),
         "reachable": e.MembersReachable(s, frozenset(PEERS)),
-    }  # fmt: skip
+    }
     return made[raw]
 
 

@@ -33,8 +33,9 @@ def test_a_failed_intermediate_commit_keeps_running() -> None:
 
 
 def test_a_failed_final_commit_is_retried_then_fails_the_job() -> None:
-    decisions = [lifecycle.after_commit_failure(100, 100, a, "no shard")
-                 for a in range(1, lifecycle.FINAL_COMMIT_ATTEMPTS + 1)]  # fmt: skip
+    decisions = [
+        lifecycle.after_commit_failure(100, 100, a, "no shard") for a in range(1, lifecycle.FINAL_COMMIT_ATTEMPTS + 1)
+    ]
     assert all(isinstance(d, lifecycle.RetryCommit) for d in decisions[:-1])
     last = decisions[-1]
     assert isinstance(last, lifecycle.FailJob)
@@ -85,8 +86,12 @@ class FakePeers:
 
 def manager(tmp_path: Path, peers: FakePeers) -> tuple[JobManager, FakeElections]:
     elections = FakeElections()
-    node = SimpleNamespace(paths=SimpleNamespace(jobs_dir=tmp_path), identity=SimpleNamespace(peer_id=ME),
-                           elections=elections, addresses={"peer": "127.0.0.1:1"})  # fmt: skip
+    node = SimpleNamespace(
+        paths=SimpleNamespace(jobs_dir=tmp_path),
+        identity=SimpleNamespace(peer_id=ME),
+        elections=elections,
+        addresses={"peer": "127.0.0.1:1"},
+    )
     return JobManager(node, peers), elections  # type: ignore[arg-type]
 
 

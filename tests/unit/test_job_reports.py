@@ -39,8 +39,14 @@ from protocol.messages import type_id_of
 from tests.unit.test_job_lifecycle import JOB, OTHER, FakePeers, leading_job, manager
 
 SHARD: dict[str, Any] = {"name": "stage0-rank0.safetensors", "sha256": "ab" * 32, "size": 4096}
-CLAIMS = {"step_s": 0.04, "predicted_s": 0.042, "wait_s": 0.01, "wait_up_s": 0.005, "wait_down_s": 0.005,
-          "group_wait_s": 0.0}  # fmt: skip
+CLAIMS = {
+    "step_s": 0.04,
+    "predicted_s": 0.042,
+    "wait_s": 0.01,
+    "wait_up_s": 0.005,
+    "wait_down_s": 0.005,
+    "group_wait_s": 0.0,
+}
 EVENTS: dict[ReportKind, dict[str, Any]] = {  # one worker event of each kind, as its JSON line reads
     ReportKind.CHECKPOINT: {
         "event": "checkpoint",
@@ -82,8 +88,17 @@ def test_a_worker_event_becomes_a_report_within_the_wire_bounds() -> None:
     codec.encode(long)
     ints = report_of_event(JOB, 0, {**EVENTS[ReportKind.CHECKPOINT], "wait_s": 0, "step_s": 1})
     assert type(ints.wait_s) is float and type(ints.step_s) is float  # a JSON integer is a float on the wire
-    odd = report_of_event(JOB, 0, {"event": "checkpoint", "step": True, "shard": {**SHARD, "size": "12"},
-                                   "cursor": {"epoch": 1, "step": 4, "extra": 0}, "wait_s": "0.1"})  # fmt: skip
+    odd = report_of_event(
+        JOB,
+        0,
+        {
+            "event": "checkpoint",
+            "step": True,
+            "shard": {**SHARD, "size": "12"},
+            "cursor": {"epoch": 1, "step": 4, "extra": 0},
+            "wait_s": "0.1",
+        },
+    )
     assert (odd.step, odd.shard, odd.cursor, odd.wait_s) == (None, None, None, None)  # left out; the leader refuses
     for event in (
         {**EVENTS[ReportKind.CHECKPOINT], "shard": {**SHARD, "name": "x" * (SHARD_NAME_MAX + 1)}},
@@ -148,8 +163,9 @@ async def _service(nursery: trio.Nursery, net: MemoryNetwork, i: int) -> PeerSer
         return None
 
     async def serve(task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
-        async with net.open_transport(identity, f"10.0.0.{i}", 7000, unary_handler=on_call,
-                                      stream_handler=refuse) as transport:  # fmt: skip
+        async with net.open_transport(
+            identity, f"10.0.0.{i}", 7000, unary_handler=on_call, stream_handler=refuse
+        ) as transport:
             task_status.started(transport)
             await trio.sleep_forever()
 
@@ -172,22 +188,42 @@ def test_a_leader_drops_and_counts_refused_reports_and_keeps_serving(tmp_path: P
             me = member.identity.peer_id
             # two stages (the member's first), so that no step is complete and nothing is committed
             job.members[me] = cast(Any, SimpleNamespace(address=member.address))
-            cast(Any, job).plan = SimpleNamespace(peer_ids=(me, OTHER), stages=tuple(
-                SimpleNamespace(start=i, end=i + 1, shares=(SimpleNamespace(peer_id=p),)) for i, p in
-                enumerate((me, OTHER))))  # fmt: skip
+            cast(Any, job).plan = SimpleNamespace(
+                peer_ids=(me, OTHER),
+                stages=tuple(
+                    SimpleNamespace(start=i, end=i + 1, shares=(SimpleNamespace(peer_id=p),))
+                    for i, p in enumerate((me, OTHER))
+                ),
+            )
             block = SimpleNamespace(param_bytes=4096, optimizer_bytes=4096)
             cast(Any, job).inputs = SimpleNamespace(blocks=(block,) * 2)
             mgr.jobs[JOB] = job
             leader.register(JobReport, mgr.local.on_report)
 
             async def send(report: JobReport) -> Any:
-                return await member.request(leader.address, leader.identity.peer_id, report, timeout=5, job_id=JOB,
-                                            term=job.term, epoch=job.epoch)  # fmt: skip
+                return await member.request(
+                    leader.address,
+                    leader.identity.peer_id,
+                    report,
+                    timeout=5,
+                    job_id=JOB,
+                    term=job.term,
+                    epoch=job.epoch,
+                )
 
             async def send_raw(payload: bytes) -> bytes:
-                frame = seal(member.identity, msg_type=type_id_of(JobReport), payload=payload, boot_id=member.boot_id,
-                             seq=next(member._seq), timestamp_ms=wall_ms(), recipient=leader.identity.peer_id,
-                             job_id=JOB, term=job.term, epoch=job.epoch)  # fmt: skip
+                frame = seal(
+                    member.identity,
+                    msg_type=type_id_of(JobReport),
+                    payload=payload,
+                    boot_id=member.boot_id,
+                    seq=next(member._seq),
+                    timestamp_ms=wall_ms(),
+                    recipient=leader.identity.peer_id,
+                    job_id=JOB,
+                    term=job.term,
+                    epoch=job.epoch,
+                )
                 return await member.transport.call(leader.address, b"E" + frame, 5)
 
             good = report_of_event(JOB, job.epoch, EVENTS[ReportKind.CHECKPOINT])
@@ -255,11 +291,19 @@ def test_a_witness_carries_its_devices_claims_to_the_leader(tmp_path: Path) -> N
     second = "d" * 32
     first_plan = SimpleNamespace(peer_ids=(OTHER,), stages=(SimpleNamespace(shares=(SimpleNamespace(peer_id=OTHER),)),))
     cast(Any, job).plan = first_plan
-    cast(Any, job).replica_plan = SimpleNamespace(replicas=(first_plan, SimpleNamespace(peer_ids=(second,))),
-                                       peer_ids=(OTHER, second),
-                                       replica_of=lambda p: {OTHER: 0, second: 1}.get(p))  # fmt: skip
-    event = {**EVENTS[ReportKind.WITNESS], "step_s": 0.3, "predicted_s": 0.1, "wait_s": 0.02, "wait_up_s": 0.01,
-             "wait_down_s": 0.01}  # fmt: skip
+    cast(Any, job).replica_plan = SimpleNamespace(
+        replicas=(first_plan, SimpleNamespace(peer_ids=(second,))),
+        peer_ids=(OTHER, second),
+        replica_of=lambda p: {OTHER: 0, second: 1}.get(p),
+    )
+    event = {
+        **EVENTS[ReportKind.WITNESS],
+        "step_s": 0.3,
+        "predicted_s": 0.1,
+        "wait_s": 0.02,
+        "wait_up_s": 0.01,
+        "wait_down_s": 0.01,
+    }
     report = report_of_event(JOB, job.epoch, event)
     trio.run(mgr.local._handle_report, job, second, report)
     assert job.leading.witnesses[20] == {second: "cd" * 32}

@@ -131,14 +131,30 @@ def test_stage_times_cover_every_measured_device_and_this_device_from_its_own_st
 
     me, other, third = "aa" * 16, "bb" * 16, "cc" * 16
     job = _job(tmp_path)
-    stages = [SimpleNamespace(index=i, start=i, end=i + 1, compute_s=0.01, optimizer_s=0.002,
-                              shares=(SimpleNamespace(peer_id=p, heads=(), mlp_columns=()),))
-              for i, p in enumerate((me, other, third))]  # fmt: skip
-    cast(Any, job).plan = SimpleNamespace(stages=stages, micro_batches=4, schedule="1f1b", predicted_step_time_s=0.1,
-                               bubble_fraction=0.2, peer_ids=(me, other, third))  # fmt: skip
-    for peer, report in ((me, _claims(step_s=9.0, wait_s=9.0, predicted_s=1.0)),
-                         (other, _claims(step_s=0.03, wait_s=0.012, predicted_s=0.042)),
-                         (third, _claims(step_s=0.05, predicted_s=0.042, wait_s=-1.0))):  # fmt: skip
+    stages = [
+        SimpleNamespace(
+            index=i,
+            start=i,
+            end=i + 1,
+            compute_s=0.01,
+            optimizer_s=0.002,
+            shares=(SimpleNamespace(peer_id=p, heads=(), mlp_columns=()),),
+        )
+        for i, p in enumerate((me, other, third))
+    ]
+    cast(Any, job).plan = SimpleNamespace(
+        stages=stages,
+        micro_batches=4,
+        schedule="1f1b",
+        predicted_step_time_s=0.1,
+        bubble_fraction=0.2,
+        peer_ids=(me, other, third),
+    )
+    for peer, report in (
+        (me, _claims(step_s=9.0, wait_s=9.0, predicted_s=1.0)),
+        (other, _claims(step_s=0.03, wait_s=0.012, predicted_s=0.042)),
+        (third, _claims(step_s=0.05, predicted_s=0.042, wait_s=-1.0)),
+    ):
         claims.record_step_time(job.leading.measured, peer, report)
         claims.record_wait_time(job.leading.waits, peer, report)
     for seconds, waited in [(0.05, 0.01), (0.5, 0.0), (0.06, 0.02)]:
@@ -152,8 +168,10 @@ def test_stage_times_cover_every_measured_device_and_this_device_from_its_own_st
     }
     assert shown["measured_step_s"][other] == [0.03, 0.042]  # the older key still answers
     text = render_job({**shown, "model": "mlp", "data": "mnist"})
-    assert (f"{other[:12]} (stage 1): 30.0 ms compute, 12.0 ms waiting per step (plan: 42.0 ms compute; seen by "
-            "its neighbours: 250.0 ms)") in text  # fmt: skip
+    assert (
+        f"{other[:12]} (stage 1): 30.0 ms compute, 12.0 ms waiting per step (plan: 42.0 ms compute; seen by "
+        "its neighbours: 250.0 ms)"
+    ) in text
     assert f"{third[:12]} (stage 2): 50.0 ms compute, - waiting" in text
 
 
@@ -197,8 +215,11 @@ def test_status_shows_what_the_leader_measured_of_its_members_claims(tmp_path: P
 
     job = _job(tmp_path)
     honest, liar, forger = "a" * 32, "b" * 32, "c" * 32
-    job.leading.timed = {honest: Timed(1e11, 1.5e10, 0.3), liar: Timed(1e13, 1.5e12, 10.0),
-                         forger: Timed(1e13, 1.5e12, 0.01, "block 3 is not the one its root committed to")}  # fmt: skip
+    job.leading.timed = {
+        honest: Timed(1e11, 1.5e10, 0.3),
+        liar: Timed(1e13, 1.5e12, 10.0),
+        forger: Timed(1e13, 1.5e12, 0.01, "block 3 is not the one its root committed to"),
+    }
     job.leading.discounts = {liar: 33.3, forger: 1000.0}
     job.leading.excluded = {"d" * 32: "its shard has non-finite values"}
     job.leading.probation, job.leading.cleared = "e" * 32, {"f" * 32}
@@ -268,11 +289,18 @@ def test_a_recovery_reason_is_shown_in_full(tmp_path: Path) -> None:
     """Issue 31: the reason of a recovery names the device that died and the link that broke first; the view cut it
     at 80 characters (the dead device's id fell off). It is wrapped, never cut."""
     dead, neighbour = "d" * 32, "e" * 32
-    reason = (f"member {dead} declared dead (first seen as: the worker of {neighbour} failed: LinkError: peer "
-              f"{dead} closed the activation stream at step 41)")  # fmt: skip
+    reason = (
+        f"member {dead} declared dead (first seen as: the worker of {neighbour} failed: LinkError: peer "
+        f"{dead} closed the activation stream at step 41)"
+    )
     job = _job(tmp_path)
-    summary = {**job.summary(full=True), "recoveries": [{"epoch": 2, "reason": reason, "resumed_step": 40,
-               "recomputed_steps": 1, "first_step_after_s": 1.3}], "excluded": {dead: reason}}  # fmt: skip
+    summary = {
+        **job.summary(full=True),
+        "recoveries": [
+            {"epoch": 2, "reason": reason, "resumed_step": 40, "recomputed_steps": 1, "first_step_after_s": 1.3}
+        ],
+        "excluded": {dead: reason},
+    }
     shown = render_job(summary)
     flat = " ".join(line.strip() for line in shown.splitlines())
     assert reason in flat and flat.count(dead) >= 4, shown

@@ -28,8 +28,10 @@ def test_the_example_reads_with_its_files_and_travels_inline() -> None:
     assert again == spec and spec_hash(again) == spec_hash(spec)
     costs = block_costs(spec.model)
     assert [c.name for c in costs] == ["embedding", "layer0", "layer1", "layer2", "layer3", "head"]
-    assert sum(c.param_bytes for c in costs) // 4 == 2048 * 128 * 2 + 4 * (
-        128 * 128 * 2 + 2 * 128 * 64 + 3 * 128 * 344 + 2 * 128) + 128  # fmt: skip
+    assert (
+        sum(c.param_bytes for c in costs) // 4
+        == 2048 * 128 * 2 + 4 * (128 * 128 * 2 + 2 * 128 * 64 + 3 * 128 * 344 + 2 * 128) + 128
+    )
 
 
 def _write(tmp_path: Path, config: dict[str, object], **model: object) -> Path:
@@ -113,8 +115,10 @@ def test_initial_weights_are_checked_and_hashed_into_the_identity(tmp_path: Path
     tensors["model.norm.weight"] = torch.ones(7)
     save_file(tensors, str(tmp_path / "w.safetensors"))
     problems = _problems(_write(tmp_path, config, weights="w.safetensors"))
-    assert problems == ["model.weights: model.norm.weight has shape [7], the config says [32]; give the weights of "
-                        "this config (the architecture's own keys)"]  # fmt: skip
+    assert problems == [
+        "model.weights: model.norm.weight has shape [7], the config says [32]; give the weights of "
+        "this config (the architecture's own keys)"
+    ]
 
 
 def test_tokens_data_needs_a_stock_model_and_steps(tmp_path: Path) -> None:

@@ -33,8 +33,11 @@ def _weights(path: Path) -> None:
     from arceusd.models.hf.keys import hf_key
 
     config = hf_config_from_dict(json.loads((ROOT / "examples" / "llama-tiny.config.json").read_text()), 128)
-    tensors = {hf_key(config, i, k): p.detach().contiguous() for i, b in enumerate(build_blocks(config, 0))
-               for k, p in b.named_parameters()}  # fmt: skip
+    tensors = {
+        hf_key(config, i, k): p.detach().contiguous()
+        for i, b in enumerate(build_blocks(config, 0))
+        for k, p in b.named_parameters()
+    }
     save_file(tensors, str(path))
 
 
@@ -54,16 +57,13 @@ def _write(tmp_path: Path, lora: str | None = None, model_type: str | None = Non
     return spec
 
 
-
-
 def test_the_example_reads_travels_inline_and_is_part_of_the_identity(tmp_path: Path) -> None:
     spec = load_spec(_write(tmp_path))
     assert isinstance(spec.model, HFModelConfig)
     assert spec.model.lora == LoraSpec(r=8, alpha=16, targets=("q_proj", "v_proj"), dropout=0.0, merge=True)
     assert spec.model.weights_sha256 is not None  # the base is hashed into the job, as without LoRA
     wire = to_dict(spec)
-    assert wire["lora"] == {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"],
-                            "merge": True}  # fmt: skip
+    assert wire["lora"] == {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"], "merge": True}
     again = spec_from_dict(json.loads(json.dumps(wire)))
     assert again == spec and spec_hash(again) == spec_hash(spec)
     other = spec_from_dict({**wire, "lora": {**wire["lora"], "r": 4}})
@@ -78,8 +78,12 @@ def test_the_example_reads_travels_inline_and_is_part_of_the_identity(tmp_path: 
 @pytest.mark.parametrize(
     ("body", "field", "says"),
     [
-        ('target_modules = ["qkv"]', "lora.target_modules", "'qkv' names no module of a llama decoder layer; "
-         "use one of: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj"),
+        (
+            'target_modules = ["qkv"]',
+            "lora.target_modules",
+            "'qkv' names no module of a llama decoder layer; "
+            "use one of: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj",
+        ),
         ('target_modules = ["c_attn"]', "lora.target_modules", "'c_attn' names no module of a llama decoder"),
         ('target_modules = ["lm_head"]', "lora.target_modules", "names no module of a llama decoder layer"),
         ("target_modules = []", "lora.target_modules", "must be a list of 1 to 16 module names"),
@@ -95,8 +99,7 @@ def test_the_example_reads_travels_inline_and_is_part_of_the_identity(tmp_path: 
         ('rank = 8\ntarget_modules = ["q_proj"]', "lora.rank", "unknown key"),
     ],
 )
-def test_a_bad_lora_field_is_one_line_naming_it_and_the_fix(tmp_path: Path, body: str, field: str,
-                                                             says: str) -> None:  # fmt: skip
+def test_a_bad_lora_field_is_one_line_naming_it_and_the_fix(tmp_path: Path, body: str, field: str, says: str) -> None:
     problems = _problems(_write(tmp_path, lora=body))
     assert len(problems) == 1, problems
     assert problems[0].startswith(f"{field}: ") and says in problems[0], problems
@@ -111,11 +114,14 @@ def test_lora_on_a_model_that_is_not_a_stock_lm_is_refused() -> None:
     assert 'use [model] type = "hf" or remove [lora]' in str(info.value.problems[0])
 
 
-@pytest.mark.parametrize(("name", "targets", "paths"), [
-    ("gpt2", ("c_proj",), ["attn.c_proj", "mlp.c_proj"]),
-    ("gpt2", ("attn.c_proj",), ["attn.c_proj"]),
-    ("llama", ("q_proj", "down_proj"), ["self_attn.q_proj", "mlp.down_proj"]),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("name", "targets", "paths"),
+    [
+        ("gpt2", ("c_proj",), ["attn.c_proj", "mlp.c_proj"]),
+        ("gpt2", ("attn.c_proj",), ["attn.c_proj"]),
+        ("llama", ("q_proj", "down_proj"), ["self_attn.q_proj", "mlp.down_proj"]),
+    ],
+)
 def test_targets_match_as_peft_matches_them(name: str, targets: tuple[str, ...], paths: list[str]) -> None:
     cfg = replace(hf_cases.config(name), lora=LoraSpec(r=2, alpha=4, targets=targets))
     tensors = lora_tensors(cfg, 1)
@@ -141,8 +147,10 @@ def test_costs_count_the_base_held_and_only_the_adapters_trained() -> None:
 
 
 def test_the_lora_spec_modules_import_no_torch() -> None:
-    code = ("import sys; import arceusd.jobs.spec_lora, arceusd.models.hf.lora_keys, arceusd.models.hf.lora_costs; "
-            "import arceusd.jobs.spec; assert 'torch' not in sys.modules and 'peft' not in sys.modules")  # fmt: skip
+    code = (
+        "import sys; import arceusd.jobs.spec_lora, arceusd.models.hf.lora_keys, arceusd.models.hf.lora_costs; "
+        "import arceusd.jobs.spec; assert 'torch' not in sys.modules and 'peft' not in sys.modules"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
@@ -153,4 +161,5 @@ def test_lora_on_a_tied_model_is_refused_with_one_line(tmp_path: Path) -> None:
         spec_from_dict(wire)
     assert [str(p) for p in info.value.problems] == [
         "lora: LoRA with model.config.tie_word_embeddings = true is not supported yet; set it to false (the LM head "
-        "then starts as a copy of the embedding)"]  # fmt: skip
+        "then starts as a copy of the embedding)"
+    ]

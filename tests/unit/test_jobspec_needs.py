@@ -25,9 +25,16 @@ def test_no_needs_is_the_default_and_keeps_the_hash() -> None:
 
 def test_needs_are_read_and_round_trip() -> None:
     doc = mnist_doc()
-    doc["needs"] = {"memory_total_mib": 4096, "memory_per_device_mib": 512, "device_kinds": ["mps", "cpu"],
-                    "min_members": 2, "max_members": 4, "deadline_hours": 1.5, "max_price_per_hour": 0.2,
-                    "budget_usd": 3}  # fmt: skip
+    doc["needs"] = {
+        "memory_total_mib": 4096,
+        "memory_per_device_mib": 512,
+        "device_kinds": ["mps", "cpu"],
+        "min_members": 2,
+        "max_members": 4,
+        "deadline_hours": 1.5,
+        "max_price_per_hour": 0.2,
+        "budget_usd": 3,
+    }
     spec = parse(doc)
     assert spec.needs == NeedsSpec(4096, 512, ("cpu", "mps"), 2, 4, 1.5, 0.2, 3.0)
     back = spec_from_dict(to_dict(spec))
@@ -35,16 +42,19 @@ def test_needs_are_read_and_round_trip() -> None:
     assert spec_hash(spec) != spec_hash(parse(mnist_doc()))
 
 
-@pytest.mark.parametrize("needs, path", [
-    ({"memory_total_mib": -1}, "needs.memory_total_mib"),
-    ({"min_members": 0}, "needs.min_members"),
-    ({"min_members": 3, "max_members": 2}, "needs.max_members"),
-    ({"device_kinds": ["tpu"]}, "needs.device_kinds"),
-    ({"device_kinds": "cpu"}, "needs.device_kinds"),
-    ({"max_price_per_hour": "cheap"}, "needs.max_price_per_hour"),
-    ({"deadline_hours": -2}, "needs.deadline_hours"),
-    ({"budget": 5}, "needs.budget"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "needs, path",
+    [
+        ({"memory_total_mib": -1}, "needs.memory_total_mib"),
+        ({"min_members": 0}, "needs.min_members"),
+        ({"min_members": 3, "max_members": 2}, "needs.max_members"),
+        ({"device_kinds": ["tpu"]}, "needs.device_kinds"),
+        ({"device_kinds": "cpu"}, "needs.device_kinds"),
+        ({"max_price_per_hour": "cheap"}, "needs.max_price_per_hour"),
+        ({"deadline_hours": -2}, "needs.deadline_hours"),
+        ({"budget": 5}, "needs.budget"),
+    ],
+)
 def test_bad_needs_name_their_field(needs: dict[str, Any], path: str) -> None:
     doc = copy.deepcopy(mnist_doc())
     doc["needs"] = needs

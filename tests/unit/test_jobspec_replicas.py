@@ -14,8 +14,7 @@ from tests.unit.test_jobspec import ROOT, mnist_doc
 
 def doc(**training: Any) -> dict[str, Any]:
     d = mnist_doc()
-    d["training"] = {"steps": 1000, "batch_size": 64, "micro_batches": 4, "optimizer": "sgd", "lr": 0.1,
-                     **training}  # fmt: skip
+    d["training"] = {"steps": 1000, "batch_size": 64, "micro_batches": 4, "optimizer": "sgd", "lr": 0.1, **training}
     return d
 
 
@@ -30,13 +29,19 @@ def test_defaults_are_one_pipeline_and_keep_the_hash() -> None:
     assert not {"replicas", "sync", "diloco"} & set(to_dict(spec)["training"])
 
 
-@pytest.mark.parametrize("training", [
-    {"replicas": "auto"},
-    {"replicas": 4, "sync": "every_step"},
-    {"replicas": 2, "sync": "diloco", "diloco": {"inner_steps": 50, "outer_lr": 0.5, "outer_momentum": 0.8,
-                                                 "compression": "fp16"}},
-    {"replicas": "auto", "diloco": {"inner_steps": 100}},
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "training",
+    [
+        {"replicas": "auto"},
+        {"replicas": 4, "sync": "every_step"},
+        {
+            "replicas": 2,
+            "sync": "diloco",
+            "diloco": {"inner_steps": 50, "outer_lr": 0.5, "outer_momentum": 0.8, "compression": "fp16"},
+        },
+        {"replicas": "auto", "diloco": {"inner_steps": 100}},
+    ],
+)
 def test_replica_keys_are_read_and_round_trip(training: dict[str, Any]) -> None:
     spec = parse(doc(**training))
     back = spec_from_dict(to_dict(spec))
@@ -47,21 +52,24 @@ def test_replica_keys_are_read_and_round_trip(training: dict[str, Any]) -> None:
         assert spec.training.diloco.inner_steps == training["diloco"]["inner_steps"]
 
 
-@pytest.mark.parametrize(("training", "path", "words"), [
-    ({"replicas": 0}, "training.replicas", "<= 256"),
-    ({"replicas": "many"}, "training.replicas", "'auto'"),
-    ({"replicas": 3}, "training.replicas", "multiple of 12"),
-    ({"sync": "sometimes"}, "training.sync", "'every_step'"),
-    ({"sync": "diloco"}, "training.sync", "needs training.replicas >= 2"),
-    ({"replicas": 2, "sync": "every_step", "diloco": {"inner_steps": 5}}, "training.diloco", "applies only"),
-    ({"replicas": 2, "diloco": {"inner_steps": 0}}, "training.diloco.inner_steps", ">= 1"),
-    ({"replicas": 2, "diloco": {"inner_steps": 5000}}, "training.diloco.inner_steps", "never sync"),
-    ({"replicas": 2, "diloco": {"outer_momentum": 1.0}}, "training.diloco.outer_momentum", "must be"),
-    ({"replicas": 2, "diloco": {"outer_lr": 0}}, "training.diloco.outer_lr", "must be"),
-    ({"replicas": 2, "diloco": {"compression": "topk"}}, "training.diloco.compression", "'int8'"),
-    ({"replicas": 2, "diloco": {"h": 5}}, "training.diloco.h", "unknown key"),
-    ({"replicas": 2, "diloco": 5}, "training.diloco", "must be a table"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("training", "path", "words"),
+    [
+        ({"replicas": 0}, "training.replicas", "<= 256"),
+        ({"replicas": "many"}, "training.replicas", "'auto'"),
+        ({"replicas": 3}, "training.replicas", "multiple of 12"),
+        ({"sync": "sometimes"}, "training.sync", "'every_step'"),
+        ({"sync": "diloco"}, "training.sync", "needs training.replicas >= 2"),
+        ({"replicas": 2, "sync": "every_step", "diloco": {"inner_steps": 5}}, "training.diloco", "applies only"),
+        ({"replicas": 2, "diloco": {"inner_steps": 0}}, "training.diloco.inner_steps", ">= 1"),
+        ({"replicas": 2, "diloco": {"inner_steps": 5000}}, "training.diloco.inner_steps", "never sync"),
+        ({"replicas": 2, "diloco": {"outer_momentum": 1.0}}, "training.diloco.outer_momentum", "must be"),
+        ({"replicas": 2, "diloco": {"outer_lr": 0}}, "training.diloco.outer_lr", "must be"),
+        ({"replicas": 2, "diloco": {"compression": "topk"}}, "training.diloco.compression", "'int8'"),
+        ({"replicas": 2, "diloco": {"h": 5}}, "training.diloco.h", "unknown key"),
+        ({"replicas": 2, "diloco": 5}, "training.diloco", "must be a table"),
+    ],
+)
 def test_bad_replica_keys_name_their_field_in_one_line(training: dict[str, Any], path: str, words: str) -> None:
     with pytest.raises(JobSpecError) as err:
         parse(doc(**training))

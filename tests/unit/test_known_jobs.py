@@ -33,16 +33,36 @@ def member_job(tmp_path: Path, state: JobState = JobState.DONE) -> Job:
 def test_a_members_record_reads_back_as_the_job_it_names(tmp_path: Path) -> None:
     record = member_record(member_job(tmp_path))
     known = parse_record(json.loads(json.dumps(record)), JOB, Role.MEMBER)
-    assert known == KnownJob(JOB, OWNER, Role.MEMBER, JobState.DONE, "shakespeare", 300, 300,
-                             tuple(sorted((OWNER, ME, OTHER))), known.created if known else 0.0)  # fmt: skip
+    assert known == KnownJob(
+        JOB,
+        OWNER,
+        Role.MEMBER,
+        JobState.DONE,
+        "shakespeare",
+        300,
+        300,
+        tuple(sorted((OWNER, ME, OTHER))),
+        known.created if known else 0.0,
+    )
 
 
-@pytest.mark.parametrize("change", [
-    {"job_id": JOB2},  # another job's record
-    {"owner": "../../etc"}, {"state": "exploded"}, {"state": ["done"]}, {"step": -1}, {"step": 1.5},
-    {"total_steps": True}, {"name": "x" * 201}, {"members": ["not a peer id"]}, {"members": [ME] * 1025},
-    {"created": float("nan")}, {"model_path": 7},
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"job_id": JOB2},  # another job's record
+        {"owner": "../../etc"},
+        {"state": "exploded"},
+        {"state": ["done"]},
+        {"step": -1},
+        {"step": 1.5},
+        {"total_steps": True},
+        {"name": "x" * 201},
+        {"members": ["not a peer id"]},
+        {"members": [ME] * 1025},
+        {"created": float("nan")},
+        {"model_path": 7},
+    ],
+)
 def test_a_record_out_of_bounds_is_not_listed(tmp_path: Path, change: dict[str, Any]) -> None:
     record = {**member_record(member_job(tmp_path)), **change}
     assert parse_record(record, JOB, Role.MEMBER) is None
@@ -67,7 +87,9 @@ def test_jobs_held_are_not_listed_twice_and_the_rest_show_what_they_paid(tmp_pat
     paid = {JOB: JobReceipts(OWNER, 3, 0.0021, 300), JOB2: JobReceipts(OWNER, 1, 0.0005, 40)}
     rows = known_jobs({JOB: done}, paid, ME, held=())
     assert [(k.job_id, k.state, k.earned_usd, k.receipts) for k in rows] == [
-        (JOB2, JobState.LEFT, 0.0005, 1), (JOB, JobState.DONE, 0.0021, 3)]  # fmt: skip
+        (JOB2, JobState.LEFT, 0.0005, 1),
+        (JOB, JobState.DONE, 0.0021, 3),
+    ]
     assert rows[0].role == Role.MEMBER and rows[0].step == 40 and "ledger only" in rows[0].note
     assert known_jobs({JOB: done}, paid, ME, held=(JOB, JOB2)) == []  # held again: the live job's row only
     # a job that had not ended when this device last wrote its record: not running here any more

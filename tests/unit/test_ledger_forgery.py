@@ -70,8 +70,10 @@ def rechain(lines: list[str], keeper: Identity | None, head: Path) -> list[str]:
         if "auth" in obj:
             obj["hash"] = auth_hash(prev, seq, from_bytes(bytes.fromhex(obj["auth"])))
         else:
-            s = SignedReceipt(decode(bytes.fromhex(obj["body"])), *(bytes.fromhex(obj[k]) for k in
-                              ("leader_key", "leader_sig", "device_key", "device_sig")))  # fmt: skip
+            s = SignedReceipt(
+                decode(bytes.fromhex(obj["body"])),
+                *(bytes.fromhex(obj[k]) for k in ("leader_key", "leader_sig", "device_key", "device_sig")),
+            )
             obj["hash"] = entry_hash(prev, seq, s)
         if keeper is not None:
             obj["keeper_sig"] = keeper.sign(keeper_bytes(seq, prev, obj["hash"])).hex()
@@ -79,15 +81,31 @@ def rechain(lines: list[str], keeper: Identity | None, head: Path) -> list[str]:
         out.append(json.dumps(obj, separators=(",", ":")) + "\n")
     if keeper is not None:
         key = keeper.public_key_raw
-        head.write_text(json.dumps({"count": len(out), "hash": prev, "keeper_key": key.hex(),
-                                    "sig": keeper.sign(head_bytes(len(out), prev, key)).hex()}))  # fmt: skip
+        head.write_text(
+            json.dumps(
+                {
+                    "count": len(out),
+                    "hash": prev,
+                    "keeper_key": key.hex(),
+                    "sig": keeper.sign(head_bytes(len(out), prev, key)).hex(),
+                }
+            )
+        )
     return out
 
 
 def line_of(s: SignedReceipt) -> str:
-    obj = {"seq": 0, "prev": "0" * 64, "body": encode(s.receipt).hex(), "leader_key": s.leader_key.hex(),
-           "leader_sig": s.leader_sig.hex(), "device_key": s.device_key.hex(), "device_sig": s.device_sig.hex(),
-           "hash": "0" * 64, "keeper_sig": "00" * 64}  # fmt: skip
+    obj = {
+        "seq": 0,
+        "prev": "0" * 64,
+        "body": encode(s.receipt).hex(),
+        "leader_key": s.leader_key.hex(),
+        "leader_sig": s.leader_sig.hex(),
+        "device_key": s.device_key.hex(),
+        "device_sig": s.device_sig.hex(),
+        "hash": "0" * 64,
+        "keeper_sig": "00" * 64,
+    }
     return json.dumps(obj, separators=(",", ":")) + "\n"
 
 
@@ -118,13 +136,14 @@ Forgery = Callable[[list[str], Identity], tuple[list[str], bool]]
 
 FORGERIES: dict[str, tuple[Forgery, str]] = {
     "field changed": (lambda ls, me: (field_changed(ls, me), False), "line 2: its hash does not match"),
-    "changed and re-chained": (lambda ls, me: (field_changed(ls, me), True),
-                               "line 2 (receipt job efefefefefef leader"),
+    "changed and re-chained": (lambda ls, me: (field_changed(ls, me), True), "line 2 (receipt job efefefefefef leader"),
     "removed and re-chained": (lambda ls, me: (ls[:1] + ls[2:], True), "line 2 (receipt job"),
-    "self-made keys for the real job and owner": (lambda ls, me: ([*ls, self_made_keys(me)], True),
-                                                  "line 6 (receipt job efefefefefef leader"),
+    "self-made keys for the real job and owner": (
+        lambda ls, me: ([*ls, self_made_keys(me)], True),
+        "line 6 (receipt job efefefefefef leader",
+    ),
     "forged as the owner": (lambda ls, me: ([*ls, as_the_owner(me)], True), "line 6 (receipt job"),
-}  # fmt: skip
+}
 WHY = {
     "field changed": "",
     "changed and re-chained": "the leader's signature does not verify",
@@ -139,8 +158,9 @@ counterpart's ledger holds the receipt)."""
 
 @pytest.mark.parametrize("with_keeper_key", [False, True], ids=["forger", "keeper-forges"])
 @pytest.mark.parametrize("name", list(FORGERIES))
-def test_verify_ledger_and_bill_refuse_each_forgery_with_one_line(tmp_path: Path, name: str,
-                                                                  with_keeper_key: bool) -> None:  # fmt: skip
+def test_verify_ledger_and_bill_refuse_each_forgery_with_one_line(
+    tmp_path: Path, name: str, with_keeper_key: bool
+) -> None:
     state = tmp_path / "state"
     me = owners_ledger(state)
     path = state / "ledger.jsonl"

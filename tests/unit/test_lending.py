@@ -58,8 +58,9 @@ class Peers:
         self.replies = replies
         states = {"aa" * 16: MemberState.ALIVE, "d1" * 16: MemberState.DEAD, "d2" * 16: MemberState.LEFT}
         states.update({p: MemberState.SUSPECT if p == "b2" * 16 else MemberState.ALIVE for p in replies})
-        self.membership = SimpleNamespace(members={p: SimpleNamespace(address=f"{p}:1", state=s)
-                                                   for p, s in states.items()})  # fmt: skip
+        self.membership = SimpleNamespace(
+            members={p: SimpleNamespace(address=f"{p}:1", state=s) for p, s in states.items()}
+        )
 
     async def request(self, address: str, peer: str, msg: object, timeout: float) -> object:
         assert isinstance(msg, LendQuery)
@@ -81,8 +82,9 @@ class Ctx:
 
 def write_profile(root: Path, free_mib: int, threads: int = 1) -> None:
     m = DeviceMeasurement("cpu", 1e10, free_mib * MIB, threads, "test cpu", time.time())
-    (root / CACHE_FILE).write_text(json.dumps({"version": CACHE_VERSION, "measured_at": time.time(),
-                                               "devices": [asdict(m)]}))  # fmt: skip
+    (root / CACHE_FILE).write_text(
+        json.dumps({"version": CACHE_VERSION, "measured_at": time.time(), "devices": [asdict(m)]})
+    )
 
 
 def test_the_cached_measurement_gives_the_offers_memory_without_measuring(tmp_path: Path) -> None:
@@ -114,11 +116,19 @@ def test_the_answer_is_the_cache_or_the_offer_and_nothing_while_the_owner_is_bac
     assert trio.run(answer, None, LendQuery()) == LendReply(0, "cpu")
 
 
-def test_a_submit_counts_answers_within_bounds_and_the_rest_as_unknown(tmp_path: Path,
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_submit_counts_answers_within_bounds_and_the_rest_as_unknown(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(lending, "ASK_TIMEOUT_S", 0.2)
-    peers = Peers({"b1" * 16: LendReply(8 * MIB), "b2" * 16: LendReply(0), "b3" * 16: LendReply(1 << 60),
-                   "b4" * 16: None, "b5" * 16: "slow"})  # fmt: skip
+    peers = Peers(
+        {
+            "b1" * 16: LendReply(8 * MIB),
+            "b2" * 16: LendReply(0),
+            "b3" * 16: LendReply(1 << 60),
+            "b4" * 16: None,
+            "b5" * 16: "slow",
+        }
+    )
     lent = trio.run(seen_lending, Ctx(Node(Paths(tmp_path)), peers, offer_mib=4))
     assert lent.own_bytes == 4 * MIB and sorted(lent.peer_bytes) == [0, 8 * MIB], lent
     assert lent.unanswered == 3  # past 16 TiB, no answer, too late; the suspect one is asked, the dead and left not

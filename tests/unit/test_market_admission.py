@@ -22,8 +22,18 @@ from arceusd.market.admission import (
 )
 from arceusd.market.receipts import PLAN_SLACK, Commit, LeaderBook, most_per_step_usd
 
-BASE: dict[str, object] = dict(members=2, max_members=0, kinds=(), kind="cpu", lends_mib=4096, per_device_mib=0,
-                               budget_usd=0.0, spend=Spend(), remaining_steps=100, remaining_usd=1.0)  # fmt: skip
+BASE: dict[str, object] = dict(
+    members=2,
+    max_members=0,
+    kinds=(),
+    kind="cpu",
+    lends_mib=4096,
+    per_device_mib=0,
+    budget_usd=0.0,
+    spend=Spend(),
+    remaining_steps=100,
+    remaining_usd=1.0,
+)
 
 
 def refusal(**kw: object) -> str | None:
@@ -34,14 +44,17 @@ def test_a_job_without_needs_admits_anyone() -> None:
     assert refusal() is None
 
 
-@pytest.mark.parametrize("kw, message", [
-    (dict(members=3, max_members=3), "all the members it wants (3 of needs.max_members 3)"),
-    (dict(kinds=("cuda",)), "only cuda devices (needs.device_kinds), not cpu"),
-    (dict(per_device_mib=8192), "lends 4096 MiB; the job needs 8192 MiB per device"),
-    (dict(budget_usd=0.5), "about $1.000000 for the remaining 100 step(s) exceed needs.budget_usd $0.500000"),
-    (dict(budget_usd=1.5, spend=Spend(0.6, 0.0)), "$0.600000 spent"),
-    (dict(budget_usd=1.5, spend=Spend(0.1, 0.02)), "about $2.000000 for the remaining 100"),  # measured > modelled
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        (dict(members=3, max_members=3), "all the members it wants (3 of needs.max_members 3)"),
+        (dict(kinds=("cuda",)), "only cuda devices (needs.device_kinds), not cpu"),
+        (dict(per_device_mib=8192), "lends 4096 MiB; the job needs 8192 MiB per device"),
+        (dict(budget_usd=0.5), "about $1.000000 for the remaining 100 step(s) exceed needs.budget_usd $0.500000"),
+        (dict(budget_usd=1.5, spend=Spend(0.6, 0.0)), "$0.600000 spent"),
+        (dict(budget_usd=1.5, spend=Spend(0.1, 0.02)), "about $2.000000 for the remaining 100"),  # measured > modelled
+    ],
+)
 def test_what_the_leader_refuses(kw: dict[str, object], message: str) -> None:
     why = refusal(**kw)
     assert why is not None and message in why, why
@@ -76,8 +89,9 @@ def test_budget_stop() -> None:
 
 
 @given(st.floats(0.001, 10.0), st.floats(1e-5, 0.5), st.integers(1, 50), st.integers(1, 500))
-def test_at_a_steady_cost_per_step_a_job_never_spends_past_its_budget(budget: float, per_step: float, interval: int,
-                                                                      total: int) -> None:  # fmt: skip
+def test_at_a_steady_cost_per_step_a_job_never_spends_past_its_budget(
+    budget: float, per_step: float, interval: int, total: int
+) -> None:
     spent, step = 0.0, 0
     while step < total:
         nxt = min(total, step + interval)
@@ -89,10 +103,16 @@ def test_at_a_steady_cost_per_step_a_job_never_spends_past_its_budget(budget: fl
     assert spent <= max(budget, first) * (1 + 1e-9)
 
 
-@given(st.floats(0.001, 10.0), st.floats(1e-5, 0.5), st.integers(1, 50), st.integers(1, 500),
-       st.lists(st.floats(0.0, 1.0), min_size=1, max_size=50))
+@given(
+    st.floats(0.001, 10.0),
+    st.floats(1e-5, 0.5),
+    st.integers(1, 50),
+    st.integers(1, 500),
+    st.lists(st.floats(0.0, 1.0), min_size=1, max_size=50),
+)
 def test_when_the_cost_per_step_varies_within_its_cap_a_job_never_spends_past_its_budget(
-        budget: float, most: float, interval: int, total: int, fractions: list[float]) -> None:  # fmt: skip
+    budget: float, most: float, interval: int, total: int, fractions: list[float]
+) -> None:
     """Fast intervals then a slow one (the case the measured rate alone overspent in CI): the cap bounds it."""
     spent, step, i = 0.0, 0, 0
     while step < total:
@@ -107,8 +127,9 @@ def test_when_the_cost_per_step_varies_within_its_cap_a_job_never_spends_past_it
 
 def test_the_most_a_step_costs_is_every_plan_device_paid_for_the_slack() -> None:
     a, b, c, owner = (Identity.generate().peer_id for _ in range(4))
-    commit = Commit("ef" * 16, owner, 1, 1, 40, 1036.0, frozenset({a, b}), {a: 0.5, b: 0.5}, 1e9, 10.0,
-                    {a: 0.3, b: 0.6, c: 5.0})  # c is priced but not in the plan  # fmt: skip
+    commit = Commit(
+        "ef" * 16, owner, 1, 1, 40, 1036.0, frozenset({a, b}), {a: 0.5, b: 0.5}, 1e9, 10.0, {a: 0.3, b: 0.6, c: 5.0}
+    )  # c is priced but not in the plan
     assert most_per_step_usd(commit) == pytest.approx(10.0 * PLAN_SLACK * 0.9 / 3600)
     # the owner's own device in the plan is not paid (issue 31): the most a step costs leaves it out
     assert most_per_step_usd(replace(commit, owner=a)) == pytest.approx(10.0 * PLAN_SLACK * 0.6 / 3600)
@@ -122,8 +143,7 @@ def test_the_leaders_book_counts_what_it_issued() -> None:
     a, b, owner = (Identity.generate().peer_id for _ in range(3))
     book = LeaderBook()
     book.start(20, 1000.0)  # took over at step 20 (a leads; the owner's own device is not in the plan)
-    c = Commit("ef" * 16, owner, 1, 1, 40, 1036.0, frozenset({a, b}), {a: 0.5, b: 0.5}, 1e9, 10.0,
-               {a: 0.3, b: 0.6})  # fmt: skip
+    c = Commit("ef" * 16, owner, 1, 1, 40, 1036.0, frozenset({a, b}), {a: 0.5, b: 0.5}, 1e9, 10.0, {a: 0.3, b: 0.6})
     receipts = book.issue(a, c)
     assert book.spent_usd == pytest.approx(sum(r.usd for r in receipts)) == pytest.approx(36 / 3600 * 0.9)
     assert book.per_step_usd() == pytest.approx(0.009 / 20)

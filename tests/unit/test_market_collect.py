@@ -23,8 +23,14 @@ STRANGER = Identity.generate()
 JOB = "ab" * 16
 
 
-def signed(leader: Identity = STANDBY, device: Identity = DEV, step: int = 10, job: str = JOB,
-           owner: Identity = OWNER, counter: bool = True) -> SignedReceipt:  # fmt: skip
+def signed(
+    leader: Identity = STANDBY,
+    device: Identity = DEV,
+    step: int = 10,
+    job: str = JOB,
+    owner: Identity = OWNER,
+    counter: bool = True,
+) -> SignedReceipt:
     r = Receipt(job, owner.peer_id, leader.peer_id, device.peer_id, 2, 3, step - 10, step, 30.0, 1e12, 0.3, 1.7e9)
     s = sign_leader(leader, r)
     return countersign(device, s) if counter else s
@@ -40,16 +46,19 @@ def test_the_owner_keeps_a_receipt_of_its_job_signed_by_a_leader_it_knows() -> N
     assert accept(to_entry(plain), JOB, OWNER.peer_id, LEADERS) == plain
 
 
-@pytest.mark.parametrize("make, message", [
-    (lambda: to_entry(signed(job="cd" * 16)), "not this job"),
-    (lambda: to_entry(signed(owner=STRANGER)), "names another owner"),
-    (lambda: to_entry(signed(leader=STRANGER)), "did not lead this job"),
-    (lambda: replace(to_entry(signed()), leader_sig=bytes(64)), "leader's signature does not verify"),
-    (lambda: replace(to_entry(signed()), device_sig=bytes(64)), "countersignature does not verify"),
-    (lambda: replace(to_entry(signed()), device_key=STRANGER.public_key_raw), "device key is not"),
-    (lambda: replace(to_entry(signed()), device_sig=b""), "device key without a countersignature"),
-    (lambda: replace(to_entry(signed()), body=to_entry(signed()).body[:-1]), "not msgpack"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: to_entry(signed(job="cd" * 16)), "not this job"),
+        (lambda: to_entry(signed(owner=STRANGER)), "names another owner"),
+        (lambda: to_entry(signed(leader=STRANGER)), "did not lead this job"),
+        (lambda: replace(to_entry(signed()), leader_sig=bytes(64)), "leader's signature does not verify"),
+        (lambda: replace(to_entry(signed()), device_sig=bytes(64)), "countersignature does not verify"),
+        (lambda: replace(to_entry(signed()), device_key=STRANGER.public_key_raw), "device key is not"),
+        (lambda: replace(to_entry(signed()), device_sig=b""), "device key without a countersignature"),
+        (lambda: replace(to_entry(signed()), body=to_entry(signed()).body[:-1]), "not msgpack"),
+    ],
+)
 def test_what_the_owner_refuses(make: object, message: str) -> None:
     with pytest.raises(ReceiptError, match=message):
         accept(make(), JOB, OWNER.peer_id, LEADERS)  # type: ignore[operator]

@@ -30,18 +30,45 @@ JOB = "ef" * 16
 
 def device_market(tmp_path: Path, step: int = 30) -> tuple[Market, Any]:
     spec = parse_spec(gpt_doc(), base_dir=ROOT, check_files=True)
-    job = SimpleNamespace(job_id=JOB, owner=LEADER.peer_id, leader=LEADER.peer_id, leaders={LEADER.peer_id},
-                          spec=spec, epoch=2, step=step, created=time.time() - 60.0, members={}, state="running",
-                          role="member", worker=None)  # fmt: skip
-    node = SimpleNamespace(paths=SimpleNamespace(config=tmp_path / "config.toml", root=tmp_path), identity=DEVICE,
-                           jobs=SimpleNamespace(jobs={JOB: job}), peers=None, market=None)  # fmt: skip
+    job = SimpleNamespace(
+        job_id=JOB,
+        owner=LEADER.peer_id,
+        leader=LEADER.peer_id,
+        leaders={LEADER.peer_id},
+        spec=spec,
+        epoch=2,
+        step=step,
+        created=time.time() - 60.0,
+        members={},
+        state="running",
+        role="member",
+        worker=None,
+    )
+    node = SimpleNamespace(
+        paths=SimpleNamespace(config=tmp_path / "config.toml", root=tmp_path),
+        identity=DEVICE,
+        jobs=SimpleNamespace(jobs={JOB: job}),
+        peers=None,
+        market=None,
+    )
     return Market(node), job  # type: ignore[arg-type]
 
 
 def offer(spec: Any, leader: Identity = LEADER, **kw: Any) -> ReceiptOffer:
-    base: dict[str, Any] = dict(job_id=JOB, owner=LEADER.peer_id, leader=leader.peer_id, device=DEVICE.peer_id,
-                                term=3, epoch=2, step_from=20, step_to=30, device_seconds=20.0, price_per_hour=0.3,
-                                flops=10 * 0.5 * step_flops(spec), issued_at=time.time())  # fmt: skip
+    base: dict[str, Any] = dict(
+        job_id=JOB,
+        owner=LEADER.peer_id,
+        leader=leader.peer_id,
+        device=DEVICE.peer_id,
+        term=3,
+        epoch=2,
+        step_from=20,
+        step_to=30,
+        device_seconds=20.0,
+        price_per_hour=0.3,
+        flops=10 * 0.5 * step_flops(spec),
+        issued_at=time.time(),
+    )
     signed = sign_leader(leader, Receipt(**{**base, **kw}))
     return ReceiptOffer(encode(signed.receipt), signed.leader_key, signed.leader_sig)
 
@@ -58,17 +85,21 @@ def test_the_device_countersigns_what_its_worker_did_and_keeps_it(tmp_path: Path
     assert len(kept) == 1 and kept[0].countersigned and kept[0].receipt.step_to == 30
 
 
-@pytest.mark.parametrize("change, sender, why", [
-    (dict(step_to=40), None, "steps up to 40 but this device's worker reached 30"),
-    (dict(epoch=3), None, "epoch 3 is newer than this device's 2"),
-    (dict(device_seconds=3600.0), None, "more device-seconds than this device has worked for the job"),
-    (dict(flops=1e30), None, "more FLOPs than the whole model takes for those steps"),
-    ({}, STRANGER, "a receipt must come from its leader"),
-    ({}, "stranger-signs", "the receipt's leader does not lead this job"),
-    (dict(job_id="ab" * 16), None, "this device knows no such job"),
-])  # fmt: skip
-def test_the_device_refuses_a_receipt_for_work_it_did_not_do(tmp_path: Path, change: dict[str, Any],
-                                                             sender: object, why: str) -> None:  # fmt: skip
+@pytest.mark.parametrize(
+    "change, sender, why",
+    [
+        (dict(step_to=40), None, "steps up to 40 but this device's worker reached 30"),
+        (dict(epoch=3), None, "epoch 3 is newer than this device's 2"),
+        (dict(device_seconds=3600.0), None, "more device-seconds than this device has worked for the job"),
+        (dict(flops=1e30), None, "more FLOPs than the whole model takes for those steps"),
+        ({}, STRANGER, "a receipt must come from its leader"),
+        ({}, "stranger-signs", "the receipt's leader does not lead this job"),
+        (dict(job_id="ab" * 16), None, "this device knows no such job"),
+    ],
+)
+def test_the_device_refuses_a_receipt_for_work_it_did_not_do(
+    tmp_path: Path, change: dict[str, Any], sender: object, why: str
+) -> None:
     market, job = device_market(tmp_path)
     if sender == "stranger-signs":
         msg, frm = offer(job.spec, leader=STRANGER, **change), STRANGER.peer_id

@@ -61,8 +61,9 @@ def test_policy_reasons_come_through() -> None:
 
 
 @given(st.floats(0, 2), st.floats(0, 2), st.floats(1e9, 1e14))
-def test_a_device_joins_only_at_a_pay_between_its_floor_and_the_jobs_highest(floor: float, cap: float,
-                                                                             flops: float) -> None:  # fmt: skip
+def test_a_device_joins_only_at_a_pay_between_its_floor_and_the_jobs_highest(
+    floor: float, cap: float, flops: float
+) -> None:
     offer = DeviceOffer("aa" * 16, "cpu", 1 << 30, flops)
     m = match(offer, Policy(min_price_per_hour=floor), IDLE, job(max_price_per_hour=cap))
     assert m.price_per_hour == pay(flops, cap) <= price_per_hour(flops)
@@ -132,7 +133,8 @@ def test_the_markets_outlook_counts_the_owners_device_as_the_unpaid_one() -> Non
     doc = gpt_doc()
     doc["needs"] = {"budget_usd": 1e-12}
     spec = parse_spec(doc, base_dir=ROOT, check_files=True)
-    seen = SimpleNamespace(spec=spec, total_steps=spec.training.steps, step=0, owner="bb" * 16, created=0.0,
-                           member_ids=lambda: [])  # fmt: skip
+    seen = SimpleNamespace(
+        spec=spec, total_steps=spec.training.steps, step=0, owner="bb" * 16, created=0.0, member_ids=lambda: []
+    )
     warnings = Market.outlook(seen, LAPTOP_DEVICE, 1.0, NEUTRAL, member=False)
     assert any(w.startswith("the budget cannot be met: about $") and "on 2 device(s)" in w for w in warnings), warnings

@@ -45,16 +45,23 @@ def test_a_failed_or_timed_out_challenge_and_a_discount() -> None:
 
 
 def test_the_baseline_is_the_median_of_the_others_answered_in_time() -> None:
-    timed = {"a": Timed(HONEST, WORK, 0.3), "b": Timed(HONEST, WORK, 0.45), "me": Timed(HONEST, WORK, 0.15),
-             "liar": Timed(1000 * HONEST, 1000 * WORK, 10.0)}  # fmt: skip
+    timed = {
+        "a": Timed(HONEST, WORK, 0.3),
+        "b": Timed(HONEST, WORK, 0.45),
+        "me": Timed(HONEST, WORK, 0.15),
+        "liar": Timed(1000 * HONEST, 1000 * WORK, 10.0),
+    }
     assert baseline(timed, "a") == pytest.approx(2.0)  # the median of b's 3 and me's 1 (the liar's left out)
     assert baseline({}, "a") == 1.0
 
 
 def test_a_1000x_liar_earns_at_most_1_5x_an_honest_member_before_and_after_it_is_caught() -> None:
     honest_price = pay(paid_flops(HONEST, 1.0, None, 1.0, LIMIT).flops, 0.0)
-    for discount, challenge in ((1.0, None), (40.0, Timed(1000 * HONEST, 1000 * WORK, 10.0)),
-                                (MAX_DISCOUNT, Timed(1000 * HONEST, 1000 * WORK, 0.01, "forged"))):  # fmt: skip
+    for discount, challenge in (
+        (1.0, None),
+        (40.0, Timed(1000 * HONEST, 1000 * WORK, 10.0)),
+        (MAX_DISCOUNT, Timed(1000 * HONEST, 1000 * WORK, 0.01, "forged")),
+    ):
         liar_price = pay(paid_flops(1000 * HONEST, discount, challenge, 1.0, LIMIT).flops, 0.0)
         assert liar_price <= 1.5 * honest_price, (discount, liar_price, honest_price)
 

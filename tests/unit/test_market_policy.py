@@ -56,9 +56,16 @@ def test_an_idle_plugged_machine_lends() -> None:
 def test_every_failed_condition_is_named() -> None:
     busy = Snapshot(idle_s=20.0, on_ac=False, battery_percent=30.0, owner_cpu_percent=80.0, local_hour=14)
     policy = replace(LAPTOP, hours=(22, 7), owners=("cd" * 16,), max_model_params=1000, min_price_per_hour=1.0)
-    assert reasons(policy, busy) == {Reason.NOT_IDLE, Reason.ON_BATTERY, Reason.LOW_BATTERY, Reason.OWNER_CPU,
-                                     Reason.HOURS, Reason.OWNER_NOT_ALLOWED, Reason.MODEL_TOO_LARGE,
-                                     Reason.PRICE_TOO_LOW}  # fmt: skip
+    assert reasons(policy, busy) == {
+        Reason.NOT_IDLE,
+        Reason.ON_BATTERY,
+        Reason.LOW_BATTERY,
+        Reason.OWNER_CPU,
+        Reason.HOURS,
+        Reason.OWNER_NOT_ALLOWED,
+        Reason.MODEL_TOO_LARGE,
+        Reason.PRICE_TOO_LOW,
+    }
     text = str(evaluate(policy, busy, JOB))
     assert "idle 20 s < 300 s" in text and "30% < 50%" in text and "$0.3000/h < $1.0000/h" in text
 
@@ -88,11 +95,17 @@ def test_owner_back() -> None:
     assert not owner_back(DEFAULT_POLICY, Snapshot(0.0, False, 5.0, 100.0, 2))
 
 
-@pytest.mark.parametrize("kwargs, key", [
-    ({"idle_minutes": -1}, "idle_minutes"), ({"max_cores": -2}, "max_cores"), ({"hours": (1, 2, 3)}, "hours"),
-    ({"owners": ("nope",)}, "owners"), ({"min_price_per_hour": float("nan")}, "min_price_per_hour"),
-    ({"max_owner_cpu_percent": 101.0}, "percentages"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "kwargs, key",
+    [
+        ({"idle_minutes": -1}, "idle_minutes"),
+        ({"max_cores": -2}, "max_cores"),
+        ({"hours": (1, 2, 3)}, "hours"),
+        ({"owners": ("nope",)}, "owners"),
+        ({"min_price_per_hour": float("nan")}, "min_price_per_hour"),
+        ({"max_owner_cpu_percent": 101.0}, "percentages"),
+    ],
+)
 def test_bad_values_are_refused_by_name(kwargs: dict[str, object], key: str) -> None:
     with pytest.raises(PolicyError, match=key):
         Policy(**kwargs)  # type: ignore[arg-type]
@@ -117,8 +130,9 @@ policies = st.builds(
 
 
 @given(policies, snapshots, st.floats(0, 10), st.floats(0, 10))
-def test_a_higher_price_is_never_refused_where_a_lower_is_accepted(policy: Policy, snap: Snapshot,
-                                                                   a: float, b: float) -> None:  # fmt: skip
+def test_a_higher_price_is_never_refused_where_a_lower_is_accepted(
+    policy: Policy, snap: Snapshot, a: float, b: float
+) -> None:
     lo, hi = sorted((a, b))
     if evaluate(policy, snap, JobFacts(OWNER, 10, lo)).accept:
         assert evaluate(policy, snap, JobFacts(OWNER, 10, hi)).accept
@@ -151,11 +165,16 @@ def test_policy_table_round_trips_and_keeps_the_rest_of_the_file(tmp_path: Path)
     assert load_config(tmp_path).port == 0
 
 
-@pytest.mark.parametrize("table, message", [
-    ("bogus = 1", "unknown key policy.bogus"), ("require_ac = 1", "require_ac must be a boolean"),
-    ('idle_minutes = "x"', "idle_minutes must be a number"), ("hours = 5", "hours must be a list"),
-    ("hours = [25, 1]", "hours in 0..24"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "table, message",
+    [
+        ("bogus = 1", "unknown key policy.bogus"),
+        ("require_ac = 1", "require_ac must be a boolean"),
+        ('idle_minutes = "x"', "idle_minutes must be a number"),
+        ("hours = 5", "hours must be a list"),
+        ("hours = [25, 1]", "hours in 0..24"),
+    ],
+)
 def test_policy_file_errors_name_the_key(tmp_path: Path, table: str, message: str) -> None:
     path = tmp_path / "config.toml"
     path.write_text(f"[policy]\n{table}\n")
@@ -174,8 +193,10 @@ INTERRUPTS = """           CPU0       CPU1
 
 def fake_root(tmp_path: Path, *, mains: str = "1", capacity: str = "80", kbd: int = 10) -> Path:
     root = tmp_path / "machine"
-    for name, files in {"AC": {"type": "Mains", "online": mains},
-                        "BAT0": {"type": "Battery", "capacity": capacity, "status": "Charging"}}.items():  # fmt: skip
+    for name, files in {
+        "AC": {"type": "Mains", "online": mains},
+        "BAT0": {"type": "Battery", "capacity": capacity, "status": "Charging"},
+    }.items():
         d = root / "sys/class/power_supply" / name
         d.mkdir(parents=True, exist_ok=True)
         for k, v in files.items():
@@ -229,9 +250,11 @@ def test_mac_probe_reads_command_outputs(tmp_path: Path) -> None:
     (root / "commands").mkdir(parents=True)
     (root / "commands/pmset-g-batt").write_text(
         "Now drawing from 'Battery Power'\n -InternalBattery-0 (id=4653155)\t72%; discharging; 5:01 remaining "
-        "present: true\n")  # fmt: skip
+        "present: true\n"
+    )
     (root / "commands/ioreg-IOHIDSystem").write_text(
-        '    | |   "HIDIdleTime" = 42000000000\n    | |   "HIDKeyboardModifierMappingPairs" = ()\n')
+        '    | |   "HIDIdleTime" = 42000000000\n    | |   "HIDKeyboardModifierMappingPairs" = ()\n'
+    )
     (root / "commands/ps-cpu").write_text(f"    1   0.5\n  {os.getpid()}  300.0\n  77  12.0\n")
     probe = probe_for(str(root), own_pids=lambda: [os.getpid()])
     assert isinstance(probe, MacProbe)

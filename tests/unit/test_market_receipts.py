@@ -36,17 +36,38 @@ JOB = "cd" * 16
 
 
 def receipt(**kw: object) -> Receipt:
-    base: dict[str, object] = dict(job_id=JOB, owner=LEADER.peer_id, leader=LEADER.peer_id, device=DEV_A.peer_id,
-                                   term=1, epoch=1, step_from=0, step_to=10, device_seconds=36.0, flops=1e12,
-                                   price_per_hour=0.3, issued_at=1.7e9)  # fmt: skip
+    base: dict[str, object] = dict(
+        job_id=JOB,
+        owner=LEADER.peer_id,
+        leader=LEADER.peer_id,
+        device=DEV_A.peer_id,
+        term=1,
+        epoch=1,
+        step_from=0,
+        step_to=10,
+        device_seconds=36.0,
+        flops=1e12,
+        price_per_hour=0.3,
+        issued_at=1.7e9,
+    )
     return Receipt(**{**base, **kw})  # type: ignore[arg-type]
 
 
 def commit(step: int, at: float, reported: set[str], epoch: int = 1, **kw: object) -> Commit:
     shares = {DEV_A.peer_id: 0.25, DEV_B.peer_id: 0.75}
-    base: dict[str, object] = dict(job_id=JOB, owner=LEADER.peer_id, term=1, epoch=epoch, step=step, at=at,
-                                   reported=frozenset(reported), shares=shares, flops_per_step=1e9,
-                                   predicted_step_s=0.5, prices={p: 0.3 for p in shares})  # fmt: skip
+    base: dict[str, object] = dict(
+        job_id=JOB,
+        owner=LEADER.peer_id,
+        term=1,
+        epoch=epoch,
+        step=step,
+        at=at,
+        reported=frozenset(reported),
+        shares=shares,
+        flops_per_step=1e9,
+        predicted_step_s=0.5,
+        prices={p: 0.3 for p in shares},
+    )
     return Commit(**{**base, **kw})  # type: ignore[arg-type]
 
 
@@ -58,14 +79,17 @@ def test_encoding_is_canonical_and_round_trips() -> None:
     assert r.usd == pytest.approx(0.003)
 
 
-@pytest.mark.parametrize("mutate, message", [
-    (lambda d: d.update(term=1.0), "term must be int"),
-    (lambda d: d.update(flops=5), "flops must be float"),
-    (lambda d: d.pop("price_per_hour"), "exactly the fields"),
-    (lambda d: d.update(device="XY"), "device must be 32"),
-    (lambda d: d.update(step_to=0), "steps out of range"),
-    (lambda d: d.update(flops=float("nan")), "flops must be a finite"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda d: d.update(term=1.0), "term must be int"),
+        (lambda d: d.update(flops=5), "flops must be float"),
+        (lambda d: d.pop("price_per_hour"), "exactly the fields"),
+        (lambda d: d.update(device="XY"), "device must be 32"),
+        (lambda d: d.update(step_to=0), "steps out of range"),
+        (lambda d: d.update(flops=float("nan")), "flops must be a finite"),
+    ],
+)
 def test_malformed_bodies_are_refused(mutate: object, message: str) -> None:
     d = {k: getattr(receipt(), k) for k in msgpack.unpackb(encode(receipt()))}
     mutate(d)  # type: ignore[operator]
@@ -100,7 +124,8 @@ def test_receipts_follow_commits_and_shares() -> None:
     book = LeaderBook()
     first = book.issue(LEADER.peer_id, commit(10, 100.0, {DEV_A.peer_id, DEV_B.peer_id}))
     assert [(r.device, r.step_from, r.step_to) for r in first] == sorted(
-        [(DEV_A.peer_id, 0, 10), (DEV_B.peer_id, 0, 10)])
+        [(DEV_A.peer_id, 0, 10), (DEV_B.peer_id, 0, 10)]
+    )
     a = next(r for r in first if r.device == DEV_A.peer_id)
     assert a.flops == pytest.approx(10 * 0.25 * 1e9)
     assert a.device_seconds == pytest.approx(10 * 0.5 * PLAN_SLACK)  # 100 s measured, bounded by the plan
@@ -110,8 +135,9 @@ def test_receipts_follow_commits_and_shares() -> None:
 
 def test_no_receipt_for_steps_a_device_did_not_work() -> None:
     book = LeaderBook()
-    book.issue(LEADER.peer_id, commit(40, 10.0, {DEV_B.peer_id}, shares={DEV_B.peer_id: 1.0},
-                                      prices={DEV_B.peer_id: 0.3}))  # fmt: skip
+    book.issue(
+        LEADER.peer_id, commit(40, 10.0, {DEV_B.peer_id}, shares={DEV_B.peer_id: 1.0}, prices={DEV_B.peer_id: 0.3})
+    )
     # A joins; the plan is redone (epoch 2) from step 40: A is paid from 40, never for 0..40
     joined = book.issue(LEADER.peer_id, commit(50, 20.0, {DEV_A.peer_id, DEV_B.peer_id}, epoch=2))
     a = next(r for r in joined if r.device == DEV_A.peer_id)
@@ -123,8 +149,10 @@ def test_no_receipt_for_steps_a_device_did_not_work() -> None:
     later = book.issue(LEADER.peer_id, commit(70, 40.0, {DEV_A.peer_id}, epoch=2))
     assert [(r.step_from, r.step_to) for r in later] == [(50, 70)]
     # a device the plan gives no work (share 0) gets nothing, whatever it reported
-    idle = book.issue(LEADER.peer_id, commit(80, 50.0, {DEV_A.peer_id, DEV_B.peer_id}, epoch=2,
-                                             shares={DEV_A.peer_id: 0.0, DEV_B.peer_id: 1.0}))  # fmt: skip
+    idle = book.issue(
+        LEADER.peer_id,
+        commit(80, 50.0, {DEV_A.peer_id, DEV_B.peer_id}, epoch=2, shares={DEV_A.peer_id: 0.0, DEV_B.peer_id: 1.0}),
+    )
     assert [r.device for r in idle] == [DEV_B.peer_id]
 
 
@@ -151,7 +179,8 @@ def test_the_owners_own_device_is_not_billed_to_the_owner(tmp_path: Path) -> Non
 
 @given(st.lists(st.tuples(st.integers(1, 30), st.booleans(), st.booleans(), st.booleans()), max_size=30))
 def test_paid_ranges_never_overlap_and_lie_within_plans_the_device_reported_in(
-        events: list[tuple[int, bool, bool, bool]]) -> None:  # fmt: skip
+    events: list[tuple[int, bool, bool, bool]],
+) -> None:
     book, step, epoch, at = LeaderBook(), 0, 1, 0.0
     member_since = {DEV_A.peer_id: 0, DEV_B.peer_id: 0}
     paid: dict[str, list[tuple[int, int]]] = {DEV_A.peer_id: [], DEV_B.peer_id: []}
@@ -172,8 +201,9 @@ def test_paid_ranges_never_overlap_and_lie_within_plans_the_device_reported_in(
 
 # --- the device's check --------------------------------------------------------------------------------------
 def test_device_countersigns_only_what_its_worker_did() -> None:
-    rec = DeviceRecord(JOB, DEV_A.peer_id, epoch=1, last_step=10, since=1000.0, flops_per_step=1e9,
-                       min_price_per_hour=0.2)  # fmt: skip
+    rec = DeviceRecord(
+        JOB, DEV_A.peer_id, epoch=1, last_step=10, since=1000.0, flops_per_step=1e9, min_price_per_hour=0.2
+    )
     good = receipt(step_to=10, flops=10 * 0.25e9, device_seconds=30.0)
     assert device_check(good, rec, now=1040.0) == []
     assert "worker reached 10" in device_check(replace(good, step_to=12), rec, 1040.0)[0]
@@ -217,15 +247,22 @@ def _edit(line: str, key: str, change: object) -> str:
     return json.dumps(obj, separators=(",", ":")) + "\n"
 
 
-@pytest.mark.parametrize("tamper, found", [
-    (lambda lines: lines.__setitem__(1, lines[1].replace('"seq":1', '"seq":7')), "line 2: seq 7"),
-    (lambda lines: lines.pop(1), "line 2: seq 2"),
-    (lambda lines: lines.__setitem__(2, _edit(lines[2], "hash", lambda h: ("1" if h[0] == "0" else "0") + h[1:])),
-     "line 3: its hash does not match"),
-    (lambda lines: lines.__setitem__(1, _edit(lines[1], "device_sig", lambda h: "")), "line 2: its hash"),
-    (lambda lines: lines.insert(0, lines[0]), "line 2: seq 0"),
-    (lambda lines: lines.__setitem__(3, "{not json\n"), "line 4: not JSON"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "tamper, found",
+    [
+        (lambda lines: lines.__setitem__(1, lines[1].replace('"seq":1', '"seq":7')), "line 2: seq 7"),
+        (lambda lines: lines.pop(1), "line 2: seq 2"),
+        (
+            lambda lines: lines.__setitem__(
+                2, _edit(lines[2], "hash", lambda h: ("1" if h[0] == "0" else "0") + h[1:])
+            ),
+            "line 3: its hash does not match",
+        ),
+        (lambda lines: lines.__setitem__(1, _edit(lines[1], "device_sig", lambda h: "")), "line 2: its hash"),
+        (lambda lines: lines.insert(0, lines[0]), "line 2: seq 0"),
+        (lambda lines: lines.__setitem__(3, "{not json\n"), "line 4: not JSON"),
+    ],
+)
 def test_a_tampered_line_is_found(tmp_path: Path, tamper: object, found: str) -> None:
     filled(tmp_path)
     path = tmp_path / "ledger.jsonl"

@@ -34,8 +34,9 @@ from tests.integration.test_recovery import write_spec
 def write_cache(state: Path, measured_at: float, version: int = CACHE_VERSION, threads: int = 2) -> None:
     m = DeviceMeasurement("cpu", 5e10, 8 << 30, threads, "cpu", measured_at)
     state.mkdir(parents=True, exist_ok=True)
-    (state / CACHE_FILE).write_text(json.dumps({"version": version, "measured_at": measured_at,
-                                                "devices": [asdict(m)]}))  # fmt: skip
+    (state / CACHE_FILE).write_text(
+        json.dumps({"version": version, "measured_at": measured_at, "devices": [asdict(m)]})
+    )
 
 
 def test_the_note_is_said_only_while_a_running_daemon_has_a_measurement_to_make() -> None:
@@ -80,7 +81,7 @@ def test_the_quote_says_the_daemon_is_measuring_not_to_start_it(tmp_path: Path) 
 @pytest.mark.parametrize("command", ["market", "join", "submit", "quote"])
 def test_a_command_that_waits_on_the_measurement_says_so_before_it_waits(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str
-) -> None:  # fmt: skip
+) -> None:
     """Before the call that waits (the daemon measures first), the note is on stderr: it is the first thing the
     command says, so it comes within a second whatever the measurement takes. Once measured, nothing is said."""
     state = tmp_path / "state"
@@ -106,8 +107,12 @@ def test_a_command_that_waits_on_the_measurement_says_so_before_it_waits(
     monkeypatch.setattr("arceusd.cli_context.daemon_answers", lambda _path: True)
     monkeypatch.setattr("arceusd.market.estimate.daemon_answers", lambda _path: True)
     spec = write_spec(tmp_path, steps=10, interval=5)
-    args = {"market": ["market"], "join": ["join", "ab" * 16], "submit": ["submit", str(spec)],
-            "quote": ["submit", str(spec), "--quote"]}[command]  # fmt: skip
+    args = {
+        "market": ["market"],
+        "join": ["join", "ab" * 16],
+        "submit": ["submit", str(spec)],
+        "quote": ["submit", str(spec), "--quote"],
+    }[command]
     result = CliRunner().invoke(cli, ["--state-dir", str(state), *args])
     assert events[:2] == [("say", MEASURING_NOTE), ("wait", "")], (events, result.output)
     if command == "quote":  # it went on with a typical laptop, saying the daemon measures this device

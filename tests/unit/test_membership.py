@@ -191,9 +191,7 @@ def test_relay_acks_or_nacks_for_the_requester() -> None:
 
 def test_ping_for_another_target_is_ignored() -> None:
     core = Membership(local(), "me", "addr-me", b"k", random.Random(0), now=0.0)
-    assert not [
-        a for a in core.handle(PingReceived("x", "addr-x", 1, "someone-else"), 0.0) if isinstance(a, SendAck)
-    ]
+    assert not [a for a in core.handle(PingReceived("x", "addr-x", 1, "someone-else"), 0.0) if isinstance(a, SendAck)]
     assert [a for a in core.handle(PingReceived("x", "addr-x", 2, "me"), 0.0) if isinstance(a, SendAck)]
 
 

@@ -111,8 +111,13 @@ def test_thousands_of_self_signed_alives_wait_pending_bounded_per_source() -> No
     # nobody answers: they are pinged a bounded number of times, then forgotten
     pings = 0
     for step in range(1, 100):
-        pings += len([a for a in c.handle(Tick(), step * cfg.probe_interval / 2) if isinstance(a, SendPing)
-                      and a.to.startswith("fake")])  # fmt: skip
+        pings += len(
+            [
+                a
+                for a in c.handle(Tick(), step * cfg.probe_interval / 2)
+                if isinstance(a, SendPing) and a.to.startswith("fake")
+            ]
+        )
     assert not c.pending and pings <= 2 * cfg.max_pending_per_source
     assert set(c.members) == {"me", "real"}
 

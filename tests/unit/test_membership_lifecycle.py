@@ -57,8 +57,14 @@ def _check(cluster: Cluster, life: Life, episodes: dict[tuple[str, str], float],
         del episodes[key]
 
 
-def _advance(cluster: Cluster, life: Life, episodes: dict[tuple[str, str], float], until: float,
-             bound: float, pauses: dict[str, float]) -> None:  # fmt: skip
+def _advance(
+    cluster: Cluster,
+    life: Life,
+    episodes: dict[tuple[str, str], float],
+    until: float,
+    bound: float,
+    pauses: dict[str, float],
+) -> None:
     for _ in range(int((until - cluster.now) / SAMPLE) + 2):
         if cluster.now >= until:
             return

@@ -87,8 +87,7 @@ ACCUSERS = ("x", "accuser", "first", "second")
 
 
 def _new_core(incarnation: int = 1, config: MembershipConfig | None = None) -> Membership:
-    core = Membership(config or local(), "me", "addr-me", b"key-me", random.Random(0), now=0.0,
-                      incarnation=incarnation)  # fmt: skip
+    core = Membership(config or local(), "me", "addr-me", b"key-me", random.Random(0), now=0.0, incarnation=incarnation)
     core.bootstrap(tuple(Update(UpdateKind.ALIVE, p, 1, p, f"addr-{p}", b"k") for p in ACCUSERS), 0.0)
     return core
 
@@ -171,8 +170,5 @@ def test_claims_about_self_are_refuted_unless_stale(kind: UpdateKind, rel: int) 
         assert core.incarnation == BASE + rel + 1
         assert core.health_score == 1  # Lifeguard: being suspected hints that WE are slow
         pending = core._queue.pending()
-        assert any(
-            u.kind is UpdateKind.ALIVE and u.peer == "me" and u.incarnation == core.incarnation
-            for u in pending
-        )
+        assert any(u.kind is UpdateKind.ALIVE and u.peer == "me" and u.incarnation == core.incarnation for u in pending)
     assert core.state_of("me") is A

@@ -75,9 +75,11 @@ def test_the_refusal_says_needed_and_offered_and_what_to_do() -> None:
     need = TrainingMemory(10 * MIB, MIB // 2)
     line = refusal(need, Lent(4 * MIB, (2 * MIB,), 0))
     assert line is not None and "\n" not in line
-    assert line.startswith("the model's training state needs 11 MiB (weights, gradients and optimizer state 10 MiB, "
-                           "activations 1 MiB); this device lends 4 MiB and the 1 other device(s) it sees lend 2 MiB, "
-                           "6 MiB in all: it cannot be trained on them."), line  # fmt: skip
+    assert line.startswith(
+        "the model's training state needs 11 MiB (weights, gradients and optimizer state 10 MiB, "
+        "activations 1 MiB); this device lends 4 MiB and the 1 other device(s) it sees lend 2 MiB, "
+        "6 MiB in all: it cannot be trained on them."
+    ), line
     assert "trained on them. Add devices that lend 5 MiB more (about 2 more like this one)" in line
     assert "smaller model or a smaller batch" in line and "--lend-memory-mib" in line
 

@@ -87,10 +87,7 @@ def test_block_costs_match_the_modules(config: ModelConfig, dtype_bytes: int) ->
         assert sgd_cost.optimizer_bytes == 2 * cost.param_bytes  # grad + momentum
         x = block(x)
         assert cost.activation_bytes_per_sample == x[0].numel() * dtype_bytes
-        assert (
-            cost.forward_flops_per_sample > 0
-            and cost.backward_flops_per_sample == 2 * cost.forward_flops_per_sample
-        )
+        assert cost.forward_flops_per_sample > 0 and cost.backward_flops_per_sample == 2 * cost.forward_flops_per_sample
         assert cost.stash_bytes_per_sample > 0
         if isinstance(block, TransformerBlock):
             assert isinstance(config, GPTConfig)

@@ -54,8 +54,11 @@ def run_all(engines: list[list[StageEngine]], batches: list[Any]) -> Run:
             out.append((result, time.perf_counter() - began))
         runs[(s, r)] = out
 
-    threads = [threading.Thread(target=work, args=(s, r, e), daemon=True)
-               for s, ranks in enumerate(engines) for r, e in enumerate(ranks)]  # fmt: skip
+    threads = [
+        threading.Thread(target=work, args=(s, r, e), daemon=True)
+        for s, ranks in enumerate(engines)
+        for r, e in enumerate(ranks)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -94,8 +97,12 @@ def test_the_ranks_of_a_group_wait_for_its_slow_rank_and_it_waits_for_none() -> 
     """A real three-rank tensor-parallel stage (GPT block split 2/1/1 heads) between two stages, its rank 1
     slowed: its partners' ``group_wait_s`` (TimedCollective) holds the delay, its own does not, and
     :func:`claims.seen_by_neighbours` puts the delay on rank 1 alone."""
-    case = Case(GPT, [(0, 1, None), (1, 3, TPSplit(heads=(2, 1, 1), columns=(64, 32, 32))), (3, 4, None)],
-                micro_batches=3, batch=6)  # fmt: skip
+    case = Case(
+        GPT,
+        [(0, 1, None), (1, 3, TPSplit(heads=(2, 1, 1), columns=(64, 32, 32))), (3, 4, None)],
+        micro_batches=3,
+        batch=6,
+    )
     opt = OPTIMIZERS["sgd"]
     engines = build_engines(case, ScheduleKind.GPIPE, opt, LRSchedule(max_lr=opt.lr), None, group_timers=True)
     engines[1][1].module.register_forward_pre_hook(lambda _m, _a: time.sleep(SLEEP_S))
@@ -108,11 +115,13 @@ def test_the_ranks_of_a_group_wait_for_its_slow_rank_and_it_waits_for_none() -> 
     assert group_wait[1] < 0.25 * slow, group_wait  # rank 1 waits for nobody
     assert all(runs[(0, 0)][i][0].group_wait_s == 0.0 for i in steps)  # no group, nothing counted
     plan = plan_of(("L",), ("r0", "r1", "r2"), ("c",))
-    waits = {"L": claims.LinkWaits(0.0, 1.0), "c": claims.LinkWaits(1.0, 0.0),
-             **{f"r{r}": claims.LinkWaits(0.0, 0.0, group_wait[r]) for r in range(3)}}  # fmt: skip
+    waits = {
+        "L": claims.LinkWaits(0.0, 1.0),
+        "c": claims.LinkWaits(1.0, 0.0),
+        **{f"r{r}": claims.LinkWaits(0.0, 0.0, group_wait[r]) for r in range(3)},
+    }
     # each rank's own compute, as its report says: its step less its waits on links and in the group
-    own = {f"r{r}": median([took - res.wait_s - res.group_wait_s for res, took in runs[(1, r)][1:]])
-           for r in range(3)}  # fmt: skip
+    own = {f"r{r}": median([took - res.wait_s - res.group_wait_s for res, took in runs[(1, r)][1:]]) for r in range(3)}
     assert own["r1"] > 0.5 * slow > max(own["r0"], own["r2"]), own  # told truly, its own figure shows it
     seen = claims.seen_by_neighbours(plan, waits, own, "L", 10.0)
     assert seen["r1"] > 0.5 * slow and seen["r0"] < 0.25 * slow and seen["r2"] < 0.25 * slow, seen
@@ -153,8 +162,9 @@ def test_an_end_stage_is_framed_by_its_one_neighbour_only_when_that_neighbour_is
 def test_a_tensor_parallel_rank_is_seen_by_its_partners_waits_in_the_group() -> None:
     plan = plan_of(("L",), ("b1", "b2", "b3"), ("c",))
     # b2 is slow: b1 and b3 wait for it in every all-reduce; it waits for nobody; the stage's neighbours wait
-    waits = lw({"L": (0.0, 0.9), "b1": (0.0, 0.0, 0.5), "b2": (0.0, 0.0, 0.01), "b3": (0.0, 0.0, 0.45),
-                "c": (0.3, 0.0)})  # fmt: skip
+    waits = lw(
+        {"L": (0.0, 0.9), "b1": (0.0, 0.0, 0.5), "b2": (0.0, 0.0, 0.01), "b3": (0.0, 0.0, 0.45), "c": (0.3, 0.0)}
+    )
     compute = {"b1": 0.1, "b2": 0.6, "b3": 0.12}  # without the group waits
     seen = claims.seen_by_neighbours(plan, waits, compute, "L", 10.0)
     assert seen["b2"] == pytest.approx(0.45)  # the group's 0.57 s (b3: 0.12 + 0.45) less b3's own 0.12
@@ -166,19 +176,21 @@ def test_a_tensor_parallel_rank_is_seen_by_its_partners_waits_in_the_group() -> 
     # ... though it makes its partners look alike (none is then 3x any other: nobody is judged)
     assert seen["b1"] == pytest.approx(0.45) and seen["b3"] == pytest.approx(0.5)
     # one partner alone cannot single out a rank: b1 says it waited 5 s for a fast group
-    fast = lw({"L": (0.0, 0.1), "b1": (0.0, 0.0, 5.0), "b2": (0.0, 0.0, 0.01), "b3": (0.0, 0.0, 0.02),
-               "c": (0.3, 0.0)})  # fmt: skip
+    fast = lw({"L": (0.0, 0.1), "b1": (0.0, 0.0, 5.0), "b2": (0.0, 0.0, 0.01), "b3": (0.0, 0.0, 0.02), "c": (0.3, 0.0)})
     seen = claims.seen_by_neighbours(plan, fast, {"b1": 0.1, "b2": 0.11, "b3": 0.1}, "L", 10.0)
     assert max(seen.values()) <= 0.02 + 1e-9, seen
     # never more than what the stage's pipeline neighbours saw of the whole stage
-    assert claims.seen_by_neighbours(plan, {**waits, "c": claims.LinkWaits(0.01, 0.0)}, compute, "L",
-                                     10.0)["b2"] == pytest.approx(0.03)  # fmt: skip
+    assert claims.seen_by_neighbours(plan, {**waits, "c": claims.LinkWaits(0.01, 0.0)}, compute, "L", 10.0)[
+        "b2"
+    ] == pytest.approx(0.03)
     # a partner that did not report: not seen
     assert "b2" not in claims.seen_by_neighbours(plan, waits, {"b1": 0.1, "b2": 0.6}, "L", 10.0)
 
 
 def test_a_group_of_two_is_word_against_word_unless_the_partner_leads() -> None:
-    plan = plan_of(("a", "b"),)
+    plan = plan_of(
+        ("a", "b"),
+    )
     waits = lw({"a": (0.0, 0.0, 0.5), "b": (0.0, 0.0, 0.45)})  # both say they waited for the other
     seen = claims.seen_by_neighbours(plan, waits, {"a": 0.1, "b": 0.1}, "L", 1.0)
     assert seen == {"a": pytest.approx(0.45), "b": pytest.approx(0.5)}  # the partner's wait: it is alone
@@ -202,10 +214,16 @@ def test_link_waits_are_kept_only_when_they_are_valid_seconds() -> None:
     assert waits == {"a": (0.1, 0.0, 0.0)}  # no group wait: none
     claims.record_link_waits(waits, "a", _waits(wait_up_s=0.1, wait_down_s=0.0, group_wait_s=0.3))
     assert waits["a"].group_s == 0.3
-    for bad in (_waits(wait_up_s=float("nan"), wait_down_s=0.1), _waits(wait_up_s=-1.0, wait_down_s=0.1),
-                _waits(wait_up_s=0.1), _waits(wait_down_s=0.1), _waits(wait_up_s=float("inf"), wait_down_s=0.0),
-                _waits(wait_up_s=0.1, wait_down_s=1e9), _waits(wait_up_s=0.0, wait_down_s=0.0, group_wait_s=-2.0),
-                _waits(wait_up_s=0.0, wait_down_s=0.0, group_wait_s=float("nan"))):  # fmt: skip
+    for bad in (
+        _waits(wait_up_s=float("nan"), wait_down_s=0.1),
+        _waits(wait_up_s=-1.0, wait_down_s=0.1),
+        _waits(wait_up_s=0.1),
+        _waits(wait_down_s=0.1),
+        _waits(wait_up_s=float("inf"), wait_down_s=0.0),
+        _waits(wait_up_s=0.1, wait_down_s=1e9),
+        _waits(wait_up_s=0.0, wait_down_s=0.0, group_wait_s=-2.0),
+        _waits(wait_up_s=0.0, wait_down_s=0.0, group_wait_s=float("nan")),
+    ):
         claims.record_link_waits(waits, "a", _waits(wait_up_s=0.1, wait_down_s=0.2))
         claims.record_link_waits(waits, "a", bad)
         assert "a" not in waits, bad  # a report without valid waits forgets the old ones
@@ -224,8 +242,12 @@ def test_every_replica_is_judged_within_its_own_pipeline() -> None:
         for st in p.stages:
             st.compute_s, st.optimizer_s = compute, 0.0
     waits = lw({leader: (0.0, 0.9), a: (0.1, 0.0), b: (0.0, 0.8), c: (0.05, 0.0)})
-    job = SimpleNamespace(plan=first, replica_plan=SimpleNamespace(replicas=(first, second)),
-                          stage_times=deque([claims.StageTime(1.0, 0.0)]), leading=SimpleNamespace(link_waits=waits))
+    job = SimpleNamespace(
+        plan=first,
+        replica_plan=SimpleNamespace(replicas=(first, second)),
+        stage_times=deque([claims.StageTime(1.0, 0.0)]),
+        leading=SimpleNamespace(link_waits=waits),
+    )
     assert claims.own_step_times(job, c)["predicted_s"] == pytest.approx(0.12)  # its replica's stage, not the first's
     assert claims.own_step_times(job, a)["predicted_s"] == pytest.approx(0.04)
     seen = claims.seen_in_every_replica(job, {a: 0.05, b: 0.05, c: 0.05}, leader)

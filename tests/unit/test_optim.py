@@ -87,8 +87,9 @@ def test_optimizer_matches_torch_optim(config: OptimizerConfig) -> None:
     assert isinstance(ours, SGD | AdamW)
 
 
-def _adamw_run(config: AdamWConfig, steps: range, opt: AdamW | None = None, model: nn.Module | None = None
-               ) -> tuple[nn.Module, AdamW]:  # fmt: skip
+def _adamw_run(
+    config: AdamWConfig, steps: range, opt: AdamW | None = None, model: nn.Module | None = None
+) -> tuple[nn.Module, AdamW]:
     model = model if model is not None else _model(0)
     opt = opt if opt is not None else AdamW(model.named_parameters(), config)
     for step in steps:

@@ -70,10 +70,11 @@ def check_plan_invariants(p: Plan, inputs: PlanInputs) -> None:
         expect_stash = p.micro_batches if p.schedule == "gpipe" else in_1f1b
         assert s.stash_micro_batches == expect_stash
         if len(s.devices) == 1:  # independent memory recomputation for whole-block stages
-            blk = blocks[s.start:s.end]
-            need = sum(2 * b.param_bytes + b.optimizer_bytes for b in blk) + sum(
-                b.stash_bytes_per_sample for b in blk
-            ) * p.micro_batch_size * s.stash_micro_batches
+            blk = blocks[s.start : s.end]
+            need = (
+                sum(2 * b.param_bytes + b.optimizer_bytes for b in blk)
+                + sum(b.stash_bytes_per_sample for b in blk) * p.micro_batch_size * s.stash_micro_batches
+            )
             assert dict(p.memory_bytes)[s.devices[0]] == pytest.approx(need, rel=1e-9, abs=2)
     # memory never exceeded
     for peer, need in p.memory_bytes:
@@ -137,8 +138,7 @@ def test_verify_accepts_the_genuine_plan_and_rejects_tampering() -> None:
     tampered = [
         dataclasses.replace(p, predicted_step_time_s=p.predicted_step_time_s * 0.5),
         dataclasses.replace(p, micro_batches=p.micro_batches * 2),
-        dataclasses.replace(p, stages=(dataclasses.replace(p.stages[0], devices=p.stages[1].devices),
-                                       *p.stages[1:])),
+        dataclasses.replace(p, stages=(dataclasses.replace(p.stages[0], devices=p.stages[1].devices), *p.stages[1:])),
         dataclasses.replace(p, inputs_hash="0" * 64),
     ]
     for bad in tampered:
@@ -207,11 +207,13 @@ def test_missing_links_make_multi_device_plans_impossible() -> None:
 def test_slow_badly_linked_device_is_left_out() -> None:
     blocks = tuple(_block(f"b{i}", 1 << 20) for i in range(6))
     devices = (_dev("fast1", 1e12, GIB), _dev("fast2", 1e12, GIB), _dev("slow", 1e9, GIB))
-    links = LinkMatrix.symmetric([
-        ("fast1", "fast2", Link(1e-4, 1e9)),
-        ("fast1", "slow", Link(0.05, 1.25e6)),
-        ("fast2", "slow", Link(0.05, 1.25e6)),
-    ])
+    links = LinkMatrix.symmetric(
+        [
+            ("fast1", "fast2", Link(1e-4, 1e9)),
+            ("fast1", "slow", Link(0.05, 1.25e6)),
+            ("fast2", "slow", Link(0.05, 1.25e6)),
+        ]
+    )
     p = plan(PlanInputs(blocks, devices, links, TrainingParams(8, (1, 2, 4, 8))))
     assert "slow" not in p.peer_ids
     assert set(p.peer_ids) == {"fast1", "fast2"}

@@ -46,18 +46,29 @@ def _params(blocks: tuple[BlockCost, ...]) -> float:
     return sum(b.param_bytes for b in blocks) / 4  # fp32
 
 
-def _inputs(blocks: tuple[BlockCost, ...], devices: tuple[DeviceProfile, ...], link: Link | None = None,
-            max_tp: int = 1) -> PlanInputs:  # fmt: skip
+def _inputs(
+    blocks: tuple[BlockCost, ...], devices: tuple[DeviceProfile, ...], link: Link | None = None, max_tp: int = 1
+) -> PlanInputs:
     ids = [d.peer_id for d in devices]
     links = LinkMatrix.symmetric((a, b, link) for a in ids for b in ids if a < b) if link else LinkMatrix(())
     return PlanInputs(blocks, devices, links, TrainingParams(BATCH, (M,), max_tensor_parallel=max_tp))
 
 
-def _one(blocks: tuple[BlockCost, ...] = BLOCKS, block_efficiency: float = 1.0, dispatch_s: float = 0.0,
-         optimizer_s_per_param: float = 0.0) -> float:
+def _one(
+    blocks: tuple[BlockCost, ...] = BLOCKS,
+    block_efficiency: float = 1.0,
+    dispatch_s: float = 0.0,
+    optimizer_s_per_param: float = 0.0,
+) -> float:
     """Predicted step time of the whole model on one device of 1e10 FLOP/s with this calibration."""
-    dev = DeviceProfile("a", 1e10, BIG, block_efficiency=block_efficiency, dispatch_s=dispatch_s,
-                        optimizer_s_per_param=optimizer_s_per_param)  # fmt: skip
+    dev = DeviceProfile(
+        "a",
+        1e10,
+        BIG,
+        block_efficiency=block_efficiency,
+        dispatch_s=dispatch_s,
+        optimizer_s_per_param=optimizer_s_per_param,
+    )
     p = plan(_inputs(blocks, (dev,)))
     assert len(p.stages) == 1 and p.micro_batches == M
     return p.predicted_step_time_s
@@ -88,11 +99,14 @@ def test_optimizer_cost_scales_with_parameters_once_per_step() -> None:
 
 
 def test_stages_step_their_optimizers_at_once_so_the_slowest_counts() -> None:
-    devices = (DeviceProfile("a", 1e10, BIG, optimizer_s_per_param=1e-8),
-               DeviceProfile("b", 1e10, BIG, optimizer_s_per_param=3e-9))  # fmt: skip
+    devices = (
+        DeviceProfile("a", 1e10, BIG, optimizer_s_per_param=1e-8),
+        DeviceProfile("b", 1e10, BIG, optimizer_s_per_param=3e-9),
+    )
     cm = CostModel(_inputs(BLOCKS, devices, Link(0.0, 1e30)))
-    bare = CostModel(_inputs(BLOCKS, tuple(dataclasses.replace(d, optimizer_s_per_param=0.0) for d in devices),
-                             Link(0.0, 1e30)))  # fmt: skip
+    bare = CostModel(
+        _inputs(BLOCKS, tuple(dataclasses.replace(d, optimizer_s_per_param=0.0) for d in devices), Link(0.0, 1e30))
+    )
     for cut in range(1, len(BLOCKS)):
         stages = [((0,), 0, cut), ((1,), cut, len(BLOCKS))]
         p, q = cm.evaluate(stages, M), bare.evaluate(stages, M)
@@ -137,8 +151,14 @@ def test_the_steps_scalar_exchange_is_a_star_over_the_first_stages_head() -> Non
     times = [s.time_s for s in three.stages]
     assert three.predicted_step_time_s == pytest.approx((M - 1) * max(times) + sum(times) + three.sync_s)
     # without a link between the root and a worker the worker cannot exchange: infeasible
-    cut = CostModel(PlanInputs(BLOCKS, devices, LinkMatrix.symmetric([("a", "b", near), ("b", "c", near)]),
-                               TrainingParams(BATCH, (M,), max_tensor_parallel=1)))  # fmt: skip
+    cut = CostModel(
+        PlanInputs(
+            BLOCKS,
+            devices,
+            LinkMatrix.symmetric([("a", "b", near), ("b", "c", near)]),
+            TrainingParams(BATCH, (M,), max_tensor_parallel=1),
+        )
+    )
     assert cut.evaluate([((0,), 0, 2), ((1,), 2, 4), ((2,), 4, n)], M) is None
     assert cut.evaluate([((1,), 0, 2), ((0,), 2, n)], M) is not None
 
@@ -170,8 +190,11 @@ def test_every_calibration_field_enters_the_hash_and_round_trips() -> None:
     assert inputs_hash(inputs_from_dict(inputs_to_dict(cal))) == inputs_hash(cal)
     seen = {inputs_hash(base), inputs_hash(cal)}
     first = base.devices[0]
-    for dev in (dataclasses.replace(first, block_efficiency=0.5), dataclasses.replace(first, dispatch_s=1e-4),
-                dataclasses.replace(first, optimizer_s_per_param=1e-9)):
+    for dev in (
+        dataclasses.replace(first, block_efficiency=0.5),
+        dataclasses.replace(first, dispatch_s=1e-4),
+        dataclasses.replace(first, optimizer_s_per_param=1e-9),
+    ):
         seen.add(inputs_hash(dataclasses.replace(base, devices=(dev, *base.devices[1:]))))
     a, b, lk = base.links.links[0]
     links = LinkMatrix(((a, b, dataclasses.replace(lk, message_s=1e-3)), *base.links.links[1:]))

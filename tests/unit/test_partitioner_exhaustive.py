@@ -11,10 +11,18 @@ from tests.unit._partitioner_cases import calibrated, small_instance
 
 # (seed, devices, layers -> blocks = layers + 2, max tensor-parallel group)
 CASES = [
-    (0, 2, 4, 2), (1, 3, 3, 2), (2, 3, 6, 1), (3, 4, 4, 2), (4, 4, 6, 1), (5, 5, 4, 1), (6, 4, 5, 3),
-    (7, 6, 3, 1), (8, 2, 10, 2),
+    (0, 2, 4, 2),
+    (1, 3, 3, 2),
+    (2, 3, 6, 1),
+    (3, 4, 4, 2),
+    (4, 4, 6, 1),
+    (5, 5, 4, 1),
+    (6, 4, 5, 3),
+    (7, 6, 3, 1),
+    (8, 2, 10, 2),
     # deep pipelines stay optimal here even with the step's scalar exchange charged over slow links
-    (23, 4, 6, 1), (24, 4, 6, 1),
+    (23, 4, 6, 1),
+    (24, 4, 6, 1),
 ]
 
 
@@ -77,8 +85,9 @@ def test_exact_dp_is_never_worse_than_any_baseline(seed: int) -> None:
 def test_dp_matches_exhaustive_with_calibration(seed: int, n: int, layers: int, max_tp: int) -> None:
     """Measured efficiency, dispatch, optimizer and message costs (the optimizer a 4th label dimension)."""
     fast = (seed, n, layers, max_tp) in TP_CASES
-    inputs = calibrated(small_instance(seed, n, layers, max_tp=max_tp, fast_links=fast,
-                                       counts=(1, 2) if fast else (1, 2, 4, 8)), seed)  # fmt: skip
+    inputs = calibrated(
+        small_instance(seed, n, layers, max_tp=max_tp, fast_links=fast, counts=(1, 2) if fast else (1, 2, 4, 8)), seed
+    )
     truth = exhaustive_plan(inputs)
     if truth is None:
         with pytest.raises(PlanError):

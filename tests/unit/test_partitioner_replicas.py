@@ -23,7 +23,9 @@ def _best_single_s(inputs: PlanInputs) -> float | None:
     best = None
     for d in inputs.devices:
         sub = dataclasses.replace(
-            inputs, devices=(d,), links=LinkMatrix(()),
+            inputs,
+            devices=(d,),
+            links=LinkMatrix(()),
             training=dataclasses.replace(inputs.training, use_all_devices=False),
         )
         try:
@@ -47,8 +49,9 @@ def test_never_predicted_slower_than_the_best_single_device(seed: int, n: int, b
     """Random clusters (speeds 1-8x, tight memory); ``fast``: every link 0.1 ms, 10 Gbit/s (replicas then win
     about half the time, all-reduce or DiLoCo; with the random links mostly one device does)."""
     blocks = gpt_like_blocks(2, 128, 4, 64, 512)
-    inputs = random_inputs(random.Random(seed), n, blocks, TrainingParams(batch, (1, 2, 4)),
-                           mem_range_gib=(0.005, 0.05))
+    inputs = random_inputs(
+        random.Random(seed), n, blocks, TrainingParams(batch, (1, 2, 4)), mem_range_gib=(0.005, 0.05)
+    )
     if fast:
         ids = [d.peer_id for d in inputs.devices]
         links = LinkMatrix.symmetric([(a, b, Link(1e-4, 1.25e9)) for a in ids for b in ids if a < b])
@@ -104,14 +107,20 @@ def test_the_same_facts_in_any_order_give_the_same_plan() -> None:
 def test_use_all_devices_keeps_every_device_busy() -> None:
     inputs = _equal(3, Link(1e-4, 1.25e8))
     slow = dataclasses.replace(inputs.devices[2], flops_per_s=1e8)
-    inputs = dataclasses.replace(inputs, devices=(*inputs.devices[:2], slow),
-                                 training=dataclasses.replace(inputs.training, use_all_devices=True))
+    inputs = dataclasses.replace(
+        inputs, devices=(*inputs.devices[:2], slow), training=dataclasses.replace(inputs.training, use_all_devices=True)
+    )
     assert sorted(plan_replicas(inputs).peer_ids) == ["dev0", "dev1", "dev2"]
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.integers(0, 2**31), st.integers(2, 5), st.sampled_from([2, 3]),
-       st.sampled_from([None, ReplicaSyncMode.ALLREDUCE, ReplicaSyncMode.DILOCO]), st.booleans())  # fmt: skip
+@given(
+    st.integers(0, 2**31),
+    st.integers(2, 5),
+    st.sampled_from([2, 3]),
+    st.sampled_from([None, ReplicaSyncMode.ALLREDUCE, ReplicaSyncMode.DILOCO]),
+    st.booleans(),
+)
 def test_the_specs_fixed_replicas_and_sync_are_honoured(
     seed: int, n: int, r: int, sync: ReplicaSyncMode | None, fast: bool
 ) -> None:
@@ -142,8 +151,9 @@ def test_the_specs_fixed_replicas_and_sync_are_honoured(
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.integers(0, 2**31), st.integers(1, 4), st.sampled_from([None, ReplicaSyncMode.ALLREDUCE,
-                                                                   ReplicaSyncMode.DILOCO]))  # fmt: skip
+@given(
+    st.integers(0, 2**31), st.integers(1, 4), st.sampled_from([None, ReplicaSyncMode.ALLREDUCE, ReplicaSyncMode.DILOCO])
+)
 def test_auto_replicas_with_a_fixed_sync_still_never_lose_to_one_device(
     seed: int, n: int, sync: ReplicaSyncMode | None
 ) -> None:

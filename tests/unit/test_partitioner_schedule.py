@@ -26,8 +26,14 @@ from partitioner.cost import CostModel
 from partitioner.synthetic import gpt_like_blocks
 
 
-def simulate_step(kind: str, forward: Sequence[float], backward: Sequence[float], optimizer: Sequence[float],
-                  m: int, defer_weights: bool = False) -> float:  # fmt: skip
+def simulate_step(
+    kind: str,
+    forward: Sequence[float],
+    backward: Sequence[float],
+    optimizer: Sequence[float],
+    m: int,
+    defer_weights: bool = False,
+) -> float:
     """Wall time of one step of the worker's ``kind`` schedule: every stage to the barrier, then the slowest
     optimizer step. A split backward costs what it measured in the engine."""
     n = len(forward)
@@ -39,10 +45,16 @@ def _stage_times(seed: int, n: int) -> tuple[CostModel, list[tuple[tuple[int, ..
     rng = random.Random(seed)
     blocks = gpt_like_blocks(rng.randint(n, 8), 64, 4, 32, 65)
     devices = tuple(
-        DeviceProfile(f"d{i}", rng.uniform(1e9, 8e9), 1 << 40, block_efficiency=rng.uniform(0.3, 1.0),
-                      dispatch_s=rng.uniform(0, 1e-3), optimizer_s_per_param=rng.uniform(0, 1e-8))
+        DeviceProfile(
+            f"d{i}",
+            rng.uniform(1e9, 8e9),
+            1 << 40,
+            block_efficiency=rng.uniform(0.3, 1.0),
+            dispatch_s=rng.uniform(0, 1e-3),
+            optimizer_s_per_param=rng.uniform(0, 1e-8),
+        )
         for i in range(n)
-    )  # fmt: skip
+    )
     ids = [d.peer_id for d in devices]
     free = Link(0.0, 1e300)  # links of no cost: the test is about the schedule, not the transport
     links = LinkMatrix.symmetric((a, b, free) for a in ids for b in ids if a < b)

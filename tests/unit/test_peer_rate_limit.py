@@ -84,8 +84,15 @@ def test_the_limit_applies_before_the_payload_is_decoded() -> None:
             assert await flooder.hello(victim.address, 5) is not None
             junk = b"\x81\xa6job_id" + b"\xdc\x00\x10" + b"\x80" * 16  # a map where a str belongs
             for seq in range(burst + 200):
-                frame = seal(flooder.identity, msg_type=type_id_of(JoinRequest), payload=junk, boot_id=1,
-                             seq=seq + 1, timestamp_ms=wall_ms(), recipient=victim.identity.peer_id)  # fmt: skip
+                frame = seal(
+                    flooder.identity,
+                    msg_type=type_id_of(JoinRequest),
+                    payload=junk,
+                    boot_id=1,
+                    seq=seq + 1,
+                    timestamp_ms=wall_ms(),
+                    recipient=victim.identity.peer_id,
+                )
                 assert await victim.handle_call(b"E" + frame) == b""
             assert victim.rejected["wrong_type"] == burst
             assert victim.dropped["rate_limited_other"] == 200
@@ -94,9 +101,15 @@ def test_the_limit_applies_before_the_payload_is_decoded() -> None:
     trio.run(main, clock=trio.testing.MockClock())
 
 
-async def _open(net: MemoryNetwork, identity: Identity, i: int, on_call: Any,
-                task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:  # fmt: skip
-    async with net.open_transport(identity, f"10.0.0.{i}", 7000, unary_handler=on_call,
-                                  stream_handler=_refuse) as transport:  # fmt: skip
+async def _open(
+    net: MemoryNetwork,
+    identity: Identity,
+    i: int,
+    on_call: Any,
+    task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    async with net.open_transport(
+        identity, f"10.0.0.{i}", 7000, unary_handler=on_call, stream_handler=_refuse
+    ) as transport:
         task_status.started(transport)
         await trio.sleep_forever()

@@ -23,8 +23,9 @@ class _Refusing:
 
 
 def _service() -> PeerService:
-    return PeerService(Identity.generate(), cast(UnaryTransport, _Refusing()), local(), "127.0.0.1:1", boot_id=1,
-                       seed=0)  # fmt: skip
+    return PeerService(
+        Identity.generate(), cast(UnaryTransport, _Refusing()), local(), "127.0.0.1:1", boot_id=1, seed=0
+    )
 
 
 def _hello(identity: Identity) -> bytes:
@@ -76,8 +77,10 @@ def test_answering_peers_are_the_alive_then_the_suspects_never_the_dead() -> Non
 
     async def main() -> PeerService:
         peers = _service()
-        updates = tuple(Update(UpdateKind.ALIVE, m.peer_id, 1, m.peer_id, f"127.0.0.1:{2 + i}", m.public_key_raw)
-                        for i, m in enumerate(members))  # fmt: skip
+        updates = tuple(
+            Update(UpdateKind.ALIVE, m.peer_id, 1, m.peer_id, f"127.0.0.1:{2 + i}", m.public_key_raw)
+            for i, m in enumerate(members)
+        )
         for action in peers.membership.bootstrap(updates, 0.0):
             peers._dispatch(action)
         for peer, state in ((suspect, MemberState.SUSPECT), (dead, MemberState.DEAD), (left, MemberState.LEFT)):

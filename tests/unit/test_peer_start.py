@@ -26,10 +26,16 @@ async def _refuse(_stream: Stream) -> None:
     return None
 
 
-async def _open(net: MemoryNetwork, identity: Identity, i: int, on_call: Any,
-                task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:  # fmt: skip
-    async with net.open_transport(identity, f"10.0.0.{i}", 7000, unary_handler=on_call,
-                                  stream_handler=_refuse) as transport:  # fmt: skip
+async def _open(
+    net: MemoryNetwork,
+    identity: Identity,
+    i: int,
+    on_call: Any,
+    task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    async with net.open_transport(
+        identity, f"10.0.0.{i}", 7000, unary_handler=on_call, stream_handler=_refuse
+    ) as transport:
         task_status.started(transport)
         await trio.sleep_forever()
 
@@ -61,8 +67,9 @@ def test_a_service_that_is_not_started_stays_out_of_the_membership_until_activat
                     return await holder["p"].handle_call(request)
 
                 transport = _Counting(await nursery.start(_open, net, identity, i, on_call))
-                service = PeerService(identity, cast(UnaryTransport, transport), local(), transport.inner.address,
-                                      1, active=(i == 0))  # fmt: skip
+                service = PeerService(
+                    identity, cast(UnaryTransport, transport), local(), transport.inner.address, 1, active=(i == 0)
+                )
                 holder["p"] = service
                 services.append(service)
                 wrapped.append(transport)

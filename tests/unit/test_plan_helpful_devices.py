@@ -32,10 +32,19 @@ HELPFUL, EVERY = _spec(False), _spec(True)
 def _cluster(seed: int, n: int) -> tuple[list[Offer], dict[tuple[str, str], float]]:
     """``n`` devices of random speed (100x apart at most), memory and calibration; random round trips."""
     rng = random.Random(seed)
-    offers = [Offer(f"{i:02d}" * 16, f"10.0.0.{i}:1", rng.uniform(1e9, 1e11), rng.choice((8, 64, 4096)) * MIB,
-                    block_efficiency=rng.uniform(0.3, 1.0), dispatch_s=rng.uniform(0, 1e-3),
-                    adamw_s_per_param=rng.uniform(0, 2e-8), message_s=rng.uniform(0, 2e-3))
-              for i in range(n)]  # fmt: skip
+    offers = [
+        Offer(
+            f"{i:02d}" * 16,
+            f"10.0.0.{i}:1",
+            rng.uniform(1e9, 1e11),
+            rng.choice((8, 64, 4096)) * MIB,
+            block_efficiency=rng.uniform(0.3, 1.0),
+            dispatch_s=rng.uniform(0, 1e-3),
+            adamw_s_per_param=rng.uniform(0, 2e-8),
+            message_s=rng.uniform(0, 2e-3),
+        )
+        for i in range(n)
+    ]
     rtt = {(a.peer_id, b.peer_id): rng.uniform(1e-4, 2e-2) for a in offers for b in offers if a.peer_id < b.peer_id}
     return offers, rtt
 

@@ -19,21 +19,42 @@ GIB = 1 << 30
 
 
 def _spec(optimizer: str) -> JobSpec:
-    return spec_from_dict({
-        "name": "cal", "seed": 1,
-        "model": {"type": "gpt", "n_layer": 4, "n_head": 4, "n_embd": 64, "block_size": 32, "vocab_size": 65},
-        "data": {"kind": "text", "path": "unused.txt", "val_fraction": 0.1},
-        "training": {"steps": 10, "batch_size": 8, "micro_batches": 4, "optimizer": optimizer, "lr": 1e-3},
-    })  # fmt: skip
+    return spec_from_dict(
+        {
+            "name": "cal",
+            "seed": 1,
+            "model": {"type": "gpt", "n_layer": 4, "n_head": 4, "n_embd": 64, "block_size": 32, "vocab_size": 65},
+            "data": {"kind": "text", "path": "unused.txt", "val_fraction": 0.1},
+            "training": {"steps": 10, "batch_size": 8, "micro_batches": 4, "optimizer": optimizer, "lr": 1e-3},
+        }
+    )
 
 
 def _offers() -> list[Offer]:
     return [
-        Offer("a" * 32, "h:1", 1e11, 4 * GIB, block_efficiency=0.7, dispatch_s=3e-4, adamw_s_per_param=2e-9,
-              sgd_s_per_param=5e-10, message_s=4e-4),
-        Offer("b" * 32, "h:2", 5e10, 4 * GIB, block_efficiency=0.8, dispatch_s=2e-4, adamw_s_per_param=3e-9,
-              sgd_s_per_param=6e-10, message_s=2e-4),
-    ]  # fmt: skip
+        Offer(
+            "a" * 32,
+            "h:1",
+            1e11,
+            4 * GIB,
+            block_efficiency=0.7,
+            dispatch_s=3e-4,
+            adamw_s_per_param=2e-9,
+            sgd_s_per_param=5e-10,
+            message_s=4e-4,
+        ),
+        Offer(
+            "b" * 32,
+            "h:2",
+            5e10,
+            4 * GIB,
+            block_efficiency=0.8,
+            dispatch_s=2e-4,
+            adamw_s_per_param=3e-9,
+            sgd_s_per_param=6e-10,
+            message_s=2e-4,
+        ),
+    ]
 
 
 @pytest.mark.parametrize("optimizer,per_param", [("adamw", (2e-9, 3e-9)), ("sgd", (5e-10, 6e-10))])
@@ -94,8 +115,14 @@ def test_measured_links_replace_the_defaults_and_member_pairs_take_the_slower_le
 def test_an_offer_from_the_wire_is_checked_field_by_field() -> None:
     good = _offers()[0]
     good.check()
-    for field, value in [("message_s", -1e-3), ("dispatch_s", float("nan")), ("sgd_s_per_param", float("inf")),
-                         ("block_efficiency", 0.0), ("flops_per_s", 0.0), ("kind", "tpu")]:  # fmt: skip
+    for field, value in [
+        ("message_s", -1e-3),
+        ("dispatch_s", float("nan")),
+        ("sgd_s_per_param", float("inf")),
+        ("block_efficiency", 0.0),
+        ("flops_per_s", 0.0),
+        ("kind", "tpu"),
+    ]:
         with pytest.raises(ValueError, match=field if field != "kind" else "kind must be one of"):
             bad: dict[str, Any] = {field: value}  # deliberately wrong types/values, as from the wire
             dataclasses.replace(good, **bad).check()
@@ -112,8 +139,7 @@ def test_a_member_accepts_a_plan_rating_it_slower_than_it_offered_never_faster()
     faster = [dataclasses.replace(offers[0], flops_per_s=offers[0].flops_per_s * 2), offers[1]]
     with pytest.raises(PlanRefused, match="misstates"):
         verify_start(spec, *encode_start(*make_plan(spec, faster, {})), offers[0])
-    beyond = [dataclasses.replace(offers[0], flops_per_s=offers[0].flops_per_s / (claims.MAX_DISCOUNT * 2)),
-              offers[1]]  # fmt: skip
+    beyond = [dataclasses.replace(offers[0], flops_per_s=offers[0].flops_per_s / (claims.MAX_DISCOUNT * 2)), offers[1]]
     with pytest.raises(PlanRefused, match="misstates"):
         verify_start(spec, *encode_start(*make_plan(spec, beyond, {})), offers[0])
 

@@ -19,8 +19,7 @@ GIB = 1 << 30
 
 def _spec(**training: Any) -> JobSpec:
     d = mnist_doc()
-    d["training"] = {"steps": 200, "batch_size": 64, "micro_batches": 2, "optimizer": "sgd", "lr": 0.1,
-                     **training}  # fmt: skip
+    d["training"] = {"steps": 200, "batch_size": 64, "micro_batches": 2, "optimizer": "sgd", "lr": 0.1, **training}
     return parse_spec(d, base_dir=ROOT, check_files=False)
 
 
@@ -53,18 +52,34 @@ def test_auto_replicas_on_fast_links_become_the_workers_layout() -> None:
     assert sync == ReplicaSyncConfig(mode=mode, diloco_h=200, outer_lr=0.7, outer_momentum=0.9, codec="int8")
     first = layout[0][0].members[0].peer_id
     config = WorkerConfig(
-        job_id="j", term=1, epoch=1, spec={}, stages=layout[0], micro_batches=2, schedule="1f1b", peer_id=first,
-        state_dir="/x", listen_host="127.0.0.1", owner=first, checkpoint_dir="/x", checkpoint_interval=0,
-        total_steps=1, replicas=layout, replica_sync=sync,
-    )  # fmt: skip
+        job_id="j",
+        term=1,
+        epoch=1,
+        spec={},
+        stages=layout[0],
+        micro_batches=2,
+        schedule="1f1b",
+        peer_id=first,
+        state_dir="/x",
+        listen_host="127.0.0.1",
+        owner=first,
+        checkpoint_dir="/x",
+        checkpoint_interval=0,
+        total_steps=1,
+        replicas=layout,
+        replica_sync=sync,
+    )
     assert config.replica_count() == len(plan.replicas)
     assert all(isinstance(m, MemberConfig) for rep in layout for st in rep for m in st.members)
 
 
 @pytest.mark.parametrize("sync", ["every_step", "diloco"])
 def test_fixed_replicas_and_sync_are_what_the_spec_says(sync: str) -> None:
-    spec = _spec(replicas=2, sync=sync, diloco={"inner_steps": 20, "compression": "none"})  \
-        if sync == "diloco" else _spec(replicas=2, sync=sync)  # fmt: skip
+    spec = (
+        _spec(replicas=2, sync=sync, diloco={"inner_steps": 20, "compression": "none"})
+        if sync == "diloco"
+        else _spec(replicas=2, sync=sync)
+    )
     _, plan = make_replica_plan(spec, _offers(3), {}, _links(3, SLOW))
     assert len(plan.replicas) == 2
     config = replica_sync_config(spec, plan)
@@ -116,8 +131,12 @@ def test_members_recompute_the_replica_plan_and_refuse_a_changed_one() -> None:
     # a leader that swaps the replicas' devices, or the sync mode, or sends garbage, is refused
     swapped = dataclasses.replace(plan, replicas=plan.replicas[::-1])
     diloco = dataclasses.replace(plan, sync_mode=ReplicaSyncMode.DILOCO)
-    for bad in (replica_plan_bytes(swapped), replica_plan_bytes(diloco), b'{"replica_plan": 1, "replicas": 7}',
-                plan_bytes(plan.replicas[0])):  # fmt: skip
+    for bad in (
+        replica_plan_bytes(swapped),
+        replica_plan_bytes(diloco),
+        b'{"replica_plan": 1, "replicas": 7}',
+        plan_bytes(plan.replicas[0]),
+    ):
         with pytest.raises(PlanRefused):
             verify_job_start(spec, inputs_data, bad, offers[0])
     # a spec that keeps one pipeline sends today's plan bytes

@@ -19,8 +19,15 @@ from arceusd.safetensors_io import save_bytes
 
 
 def training(optimizer: str, **kw: object) -> TrainingSpec:
-    base: dict[str, object] = {"steps": 400, "epochs": None, "batch_size": 8, "micro_batches": 1,
-                               "optimizer": optimizer, "lr": 0.01, "weight_decay": 0.0}  # fmt: skip
+    base: dict[str, object] = {
+        "steps": 400,
+        "epochs": None,
+        "batch_size": 8,
+        "micro_batches": 1,
+        "optimizer": optimizer,
+        "lr": 0.01,
+        "weight_decay": 0.0,
+    }
     base.update(kw)
     return TrainingSpec(**base)  # type: ignore[arg-type]
 
@@ -58,13 +65,17 @@ def run(spec: TrainingSpec, grads: list[torch.Tensor], start: torch.Tensor) -> t
 
 
 @pytest.mark.parametrize("kind", ["huge", "flip", "sparse"])
-@pytest.mark.parametrize("spec", [
-    training("adamw"),
-    training("adamw", lr=0.1, weight_decay=0.1, warmup_steps=20, lr_decay="cosine", min_lr=0.001),
-    training("adamw", betas=(0.5, 0.9)),
-    training("sgd", momentum=0.9, grad_clip=1.0, lr=0.05),
-    training("sgd", momentum=0.0, grad_clip=0.5, lr=0.2, weight_decay=0.01),
-], ids=["adamw", "adamw-schedule-decay", "adamw-betas", "sgd-momentum-clip", "sgd-clip-decay"])  # fmt: skip
+@pytest.mark.parametrize(
+    "spec",
+    [
+        training("adamw"),
+        training("adamw", lr=0.1, weight_decay=0.1, warmup_steps=20, lr_decay="cosine", min_lr=0.001),
+        training("adamw", betas=(0.5, 0.9)),
+        training("sgd", momentum=0.9, grad_clip=1.0, lr=0.05),
+        training("sgd", momentum=0.0, grad_clip=0.5, lr=0.2, weight_decay=0.01),
+    ],
+    ids=["adamw", "adamw-schedule-decay", "adamw-betas", "sgd-momentum-clip", "sgd-clip-decay"],
+)
 def test_the_real_optimizers_never_move_a_value_past_the_ceiling(spec: TrainingSpec, kind: str) -> None:
     start = torch.randn(64, generator=torch.Generator().manual_seed(1)) * 0.05
     grads = hostile_gradients(kind, 64, 300, 2)
@@ -87,10 +98,16 @@ def test_sgd_without_clipping_refuses_only_a_huge_growth() -> None:
     spec = training("sgd", momentum=0.9, lr=0.05)
     assert plausibility.ceiling(spec, 0, 20, 0.1) == plausibility.UNCLIPPED_GROWTH
     assert plausibility.ceiling(spec, 0, 20, 3.0) == 3.0 * plausibility.UNCLIPPED_GROWTH
-    assert plausibility.implausible(spec, 80, 100, {"param.blocks.0.w": 2.0},
-                                    {"param.blocks.0.w": Magnitude(2.0**99, 2.0**100)}) is not None  # fmt: skip
-    assert plausibility.implausible(spec, 80, 100, {"param.blocks.0.w": 2.0},
-                                    {"param.blocks.0.w": Magnitude(8.0, 16.0)}) is None  # fmt: skip
+    assert (
+        plausibility.implausible(
+            spec, 80, 100, {"param.blocks.0.w": 2.0}, {"param.blocks.0.w": Magnitude(2.0**99, 2.0**100)}
+        )
+        is not None
+    )
+    assert (
+        plausibility.implausible(spec, 80, 100, {"param.blocks.0.w": 2.0}, {"param.blocks.0.w": Magnitude(8.0, 16.0)})
+        is None
+    )
 
 
 def test_a_shard_of_1e30_is_refused_and_an_honest_one_passes(tmp_path: Path) -> None:
@@ -100,8 +117,11 @@ def test_a_shard_of_1e30_is_refused_and_an_honest_one_passes(tmp_path: Path) -> 
     honest = run(spec, hostile_gradients("huge", 32 * 16, 20, 3), before["param.blocks.0.weight"].flatten())
     shapes = {k: tuple(v.shape) for k, v in before.items()}
     path = tmp_path / "s.safetensors"
-    path.write_bytes(save_bytes({"param.blocks.0.weight": honest.reshape(32, 16),
-                                 "param.blocks.0.bias": torch.full((16,), 0.015)}, {}))  # fmt: skip
+    path.write_bytes(
+        save_bytes(
+            {"param.blocks.0.weight": honest.reshape(32, 16), "param.blocks.0.bias": torch.full((16,), 0.015)}, {}
+        )
+    )
     assert plausibility.implausible(spec, 0, 20, reference, scan_shard(path, shapes)) is None
     path.write_bytes(save_bytes({k: torch.full_like(v, 1e30) for k, v in before.items()}, {}))
     why = plausibility.implausible(spec, 0, 20, reference, scan_shard(path, shapes))
@@ -109,10 +129,15 @@ def test_a_shard_of_1e30_is_refused_and_an_honest_one_passes(tmp_path: Path) -> 
 
 
 @settings(max_examples=80, deadline=None)
-@given(dtype=st.sampled_from((torch.float32, torch.float16, torch.bfloat16, torch.float64)),
-       n=st.integers(1, 200), exponent=st.integers(-30, 30), zero=st.booleans())  # fmt: skip
-def test_the_magnitude_bracket_holds_in_every_dtype(tmp_path_factory: pytest.TempPathFactory, dtype: torch.dtype,
-                                                     n: int, exponent: int, zero: bool) -> None:  # fmt: skip
+@given(
+    dtype=st.sampled_from((torch.float32, torch.float16, torch.bfloat16, torch.float64)),
+    n=st.integers(1, 200),
+    exponent=st.integers(-30, 30),
+    zero=st.booleans(),
+)
+def test_the_magnitude_bracket_holds_in_every_dtype(
+    tmp_path_factory: pytest.TempPathFactory, dtype: torch.dtype, n: int, exponent: int, zero: bool
+) -> None:
     if dtype == torch.float16:
         exponent = max(-14, min(exponent, 14))
     values = torch.zeros(n, dtype=dtype) if zero else (torch.randn(n, dtype=torch.float64) * 2.0**exponent).to(dtype)

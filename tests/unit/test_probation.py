@@ -26,8 +26,9 @@ STEP_S = 0.7
 
 def test_two_neighbours_that_each_waited_on_the_other_are_a_dispute() -> None:
     assert probation.disputes(PLAN, BLAMING, "L", STEP_S) == [("v", "x")]
-    assert probation.disputes(_plan(("v",), ("x",), ("L",)), lw({"v": (0, 0.6), "x": (0.6, 0.6), "L": (0.6, 0)}),
-                              "L", STEP_S) == [("v", "x")]  # fmt: skip
+    assert probation.disputes(
+        _plan(("v",), ("x",), ("L",)), lw({"v": (0, 0.6), "x": (0.6, 0.6), "L": (0.6, 0)}), "L", STEP_S
+    ) == [("v", "x")]
     # a leader's own word is its clock's: no dispute with it (the ordinary judgement settles it)
     assert probation.disputes(_plan(("L",), ("x",)), lw({"L": (0, 0.6), "x": (0.6, 0)}), "L", STEP_S) == []
     # an honest pipeline's fill and drain: both wait a third of the step, not a contradiction

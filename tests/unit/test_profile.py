@@ -209,9 +209,20 @@ def test_profile_carries_its_calibration_to_the_planner() -> None:
 
 
 def test_a_cache_from_before_calibration_is_measured_again(tmp_path: Path) -> None:
-    old = {"version": 1, "measured_at": 100.0, "devices": [
-        {"kind": "cpu", "flops_per_s": 1e9, "memory_bytes": 1 << 30, "threads": 2, "name": "cpu", "measured_at": 100.0}
-    ]}  # fmt: skip
+    old = {
+        "version": 1,
+        "measured_at": 100.0,
+        "devices": [
+            {
+                "kind": "cpu",
+                "flops_per_s": 1e9,
+                "memory_bytes": 1 << 30,
+                "threads": 2,
+                "name": "cpu",
+                "measured_at": 100.0,
+            }
+        ],
+    }
     (tmp_path / "device_profile.json").write_text(json.dumps(old))
     fresh = _fake(2e9, 100.0).with_calibration(Calibration(0.8, 1e-4, 1e-9, 1e-10, "gpt"))
     got = load_or_measure(tmp_path, max_age_s=60, now=110.0, measure=lambda: (fresh,))

@@ -98,9 +98,7 @@ def test_reasons() -> None:
     # A payload that is signed but not a valid message still gets no further than the codec's error.
     raw = seal(ALICE, msg_type=10, payload=b"\xc1", boot_id=1, seq=2, timestamp_ms=NOW, recipient=BOB.peer_id)
     assert _reason(raw) == "malformed"
-    unknown = seal(
-        ALICE, msg_type=64000, payload=b"", boot_id=1, seq=3, timestamp_ms=NOW, recipient=BOB.peer_id
-    )
+    unknown = seal(ALICE, msg_type=64000, payload=b"", boot_id=1, seq=3, timestamp_ms=NOW, recipient=BOB.peer_id)
     assert _reason(unknown) == "unknown_type"
 
 

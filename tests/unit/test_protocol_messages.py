@@ -238,9 +238,7 @@ def test_max_len_metadata_tightens() -> None:
 
 
 def _update(i: int) -> messages.MemberUpdate:
-    return messages.MemberUpdate(
-        f"{i:032x}", messages.Address("10.0.0.1", 7000 + i), i, messages.MemberState.SUSPECT
-    )
+    return messages.MemberUpdate(f"{i:032x}", messages.Address("10.0.0.1", 7000 + i), i, messages.MemberState.SUSPECT)
 
 
 def test_optional_fields_round_trip() -> None:

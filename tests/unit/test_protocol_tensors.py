@@ -121,9 +121,7 @@ def _frame(dtype_code: int, shape: list[int], body: bytes, codec: int = 0, param
         (_frame(1, [4], b"\x00" * 8, codec=3, params=struct.pack(">I", 0)), "bad_codec_params"),
         (_frame(1, [4], b"\x00" * 7, codec=3, params=struct.pack(">I", 4)), "length_mismatch"),
         (
-            _frame(
-                1, [4], struct.pack("<f", float("nan")) + b"\x00" * 4, codec=3, params=struct.pack(">I", 4)
-            ),
+            _frame(1, [4], struct.pack("<f", float("nan")) + b"\x00" * 4, codec=3, params=struct.pack(">I", 4)),
             "bad_scale",
         ),
         (_frame(1, [4], b"", codec=4, params=struct.pack(">Q", 5)), "bad_codec_params"),

@@ -26,11 +26,15 @@ def test_a_grow_description_is_bounded_and_checked() -> None:
     grow = GrowStart(1, (0, 1), 2, 2)
     assert GrowStart.from_wire(grow.to_wire()) == grow and grow.position == 1
     assert GrowStart.from_wire(b"") is None
-    for bad in (b"{", b'{"slot": 1}', b'{"slot": 1, "slots": [0, 1], "shares": 2, "generation": 0}',
-                b'{"slot": 2, "slots": [0, 1], "shares": 2, "generation": 1}',
-                b'{"slot": 1, "slots": [1, 0], "shares": 2, "generation": 1}',
-                b'{"slot": 1, "slots": [0, 1], "shares": 5000, "generation": 1}',
-                b'{"slot": 1, "slots": [0, 1], "shares": 2, "generation": "1"}'):  # fmt: skip
+    for bad in (
+        b"{",
+        b'{"slot": 1}',
+        b'{"slot": 1, "slots": [0, 1], "shares": 2, "generation": 0}',
+        b'{"slot": 2, "slots": [0, 1], "shares": 2, "generation": 1}',
+        b'{"slot": 1, "slots": [1, 0], "shares": 2, "generation": 1}',
+        b'{"slot": 1, "slots": [0, 1], "shares": 5000, "generation": 1}',
+        b'{"slot": 1, "slots": [0, 1], "shares": 2, "generation": "1"}',
+    ):
         with pytest.raises(ValueError):
             GrowStart.from_wire(bad)
 
@@ -106,15 +110,25 @@ def test_a_device_left_takes_the_rebuilt_replica_in_and_tells_its_worker(tmp_pat
     assert sorted(after) == sorted([*before, (SPARE,)]) and after[sorted((*job.replica_slots,)).index(free)] == (SPARE,)
     assert (job.replica_slots, job.ring_generation) == ((0, 1, 2), 2)
     assert cut_alike(job.replica_plan.replicas[0], job.replica_plan.replicas[-1])
-    assert worker.commands == [{"cmd": "grow_replica", "step": 200, "slot": free, "generation": 2,
-                                "stages": [[SPARE]], "addresses": {SPARE: "127.0.0.1:7"}}]  # fmt: skip
+    assert worker.commands == [
+        {
+            "cmd": "grow_replica",
+            "step": 200,
+            "slot": free,
+            "generation": 2,
+            "stages": [[SPARE]],
+            "addresses": {SPARE: "127.0.0.1:7"},
+        }
+    ]
     assert job.rebuilt_replicas == [(200, (SPARE,))]
     # the same rebuild again, a taken slot, a slot past the shares, a device of the plan: refused, no change
     taken = next(iter(set(job.replica_slots) - {free}))
-    for bad, why in ((grow, "does not follow"), (dataclasses.replace(grow, generation=3, slot=taken), "taken"),
-                     (dataclasses.replace(grow, generation=3, slot=5), "does not follow"),
-                     (dataclasses.replace(grow, generation=3, devices=(ME,),
-                                          addresses=(PeerAddress(ME, "127.0.0.1:8"),)), "taken")):  # fmt: skip
+    for bad, why in (
+        (grow, "does not follow"),
+        (dataclasses.replace(grow, generation=3, slot=taken), "taken"),
+        (dataclasses.replace(grow, generation=3, slot=5), "does not follow"),
+        (dataclasses.replace(grow, generation=3, devices=(ME,), addresses=(PeerAddress(ME, "127.0.0.1:8"),)), "taken"),
+    ):
         answer = trio.run(mgr.regrow.on_grow, _header(), bad)
         assert not answer.ok and why in answer.reason, (bad, answer)
     assert len(worker.commands) == 1

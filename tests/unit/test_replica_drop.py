@@ -241,8 +241,11 @@ def test_ring_generations_and_drops_are_checked() -> None:
         with pytest.raises(ValueError, match=match):
             drop_from((0, 2), *args[:2], mine=args[2])
     assert parse_command('{"cmd": "drop_replica", "replicas": 3, "index": 2}') == DropReplicaCommand(3, 2)
-    for bad in ('{"cmd": "drop_replica", "replicas": 1, "index": 0}', '{"cmd": "drop_replica", "replicas": 3}',
-                '{"cmd": "drop_replica", "replicas": 3, "index": 3}'):  # fmt: skip
+    for bad in (
+        '{"cmd": "drop_replica", "replicas": 1, "index": 0}',
+        '{"cmd": "drop_replica", "replicas": 3}',
+        '{"cmd": "drop_replica", "replicas": 3, "index": 3}',
+    ):
         with pytest.raises(WorkerProtocolError):
             parse_command(bad)
 

@@ -31,8 +31,9 @@ class FakeWorker:
 
 
 def _plan(*replicas: tuple[str, ...]) -> ReplicaPlan:
-    return ReplicaPlan(tuple(cast(Any, SimpleNamespace(peer_ids=r)) for r in replicas), ReplicaSyncMode.ALLREDUCE,
-                       0.01, 1, 0.1)  # fmt: skip
+    return ReplicaPlan(
+        tuple(cast(Any, SimpleNamespace(peer_ids=r)) for r in replicas), ReplicaSyncMode.ALLREDUCE, 0.01, 1, 0.1
+    )
 
 
 def member_job(tmp_path: Path) -> tuple[Job, FakeWorker]:
@@ -70,14 +71,17 @@ def test_a_drop_from_the_leader_shrinks_the_plan_and_tells_the_worker_once(tmp_p
     assert len(worker.commands) == 1 and len(job.replica_drops) == 1
 
 
-@pytest.mark.parametrize(("header", "msg", "why"), [
-    (_header(sender=THIRD), JobDropReplica(JOB, 3, 2), "follow"),  # not our leader
-    (_header(epoch=2), JobDropReplica(JOB, 3, 2), "stale"),  # an older plan's
-    (_header(), JobDropReplica(JOB, 3, 1), "in the dropped replica"),  # our own: our worker is stopped instead
-    (_header(), JobDropReplica(JOB, 3, 3), "no replica 3"),
-    (_header(), JobDropReplica(JOB, 4, 0), "does not fit"),
-    (_header(), JobDropReplica("9" * 32, 3, 2), "unknown job"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("header", "msg", "why"),
+    [
+        (_header(sender=THIRD), JobDropReplica(JOB, 3, 2), "follow"),  # not our leader
+        (_header(epoch=2), JobDropReplica(JOB, 3, 2), "stale"),  # an older plan's
+        (_header(), JobDropReplica(JOB, 3, 1), "in the dropped replica"),  # our own: our worker is stopped instead
+        (_header(), JobDropReplica(JOB, 3, 3), "no replica 3"),
+        (_header(), JobDropReplica(JOB, 4, 0), "does not fit"),
+        (_header(), JobDropReplica("9" * 32, 3, 2), "unknown job"),
+    ],
+)
 def test_a_drop_that_does_not_fit_is_refused_and_changes_nothing(
     tmp_path: Path, header: Header, msg: JobDropReplica, why: str
 ) -> None:

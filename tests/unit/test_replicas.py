@@ -166,8 +166,14 @@ def test_a_frame_of_the_wrong_size_is_refused() -> None:
 
 
 def build_replicas(
-    case: Case, replicas: int, schedule: ScheduleKind, config: ReplicaConfig, opt_name: str,
-    lr: LRSchedule | None, clip: float | None, changes: dict[tuple[int, int, int], RingChange] | None = None,
+    case: Case,
+    replicas: int,
+    schedule: ScheduleKind,
+    config: ReplicaConfig,
+    opt_name: str,
+    lr: LRSchedule | None,
+    clip: float | None,
+    changes: dict[tuple[int, int, int], RingChange] | None = None,
 ) -> tuple[list[list[list[StageEngine]]], list[InMemoryRing]]:
     """``replicas`` pipelines of ``case.layout``; tensor-parallel rank k of stage s of every replica on one
     ring. Returns engines[replica][stage][rank] and the rings. ``changes``: (replica, stage, rank) -> where that
@@ -182,11 +188,17 @@ def build_replicas(
             group = InMemoryAllReduce(widths[s], timeout_s=20) if split is not None else None
             ranks = []
             for k in range(widths[s]):
-                module = build_stage(case.model, SEED, StageSpec(start, end, split, k),
-                                     group.rank_view(k) if group else None)
+                module = build_stage(
+                    case.model, SEED, StageSpec(start, end, split, k), group.rank_view(k) if group else None
+                )
                 engine_config = EngineConfig(
-                    stage=s, num_stages=len(case.layout), num_micro_batches=case.micro_batches,
-                    schedule=schedule, optimizer=OPTIMIZERS[opt_name], lr_schedule=lr, max_grad_norm=clip,
+                    stage=s,
+                    num_stages=len(case.layout),
+                    num_micro_batches=case.micro_batches,
+                    schedule=schedule,
+                    optimizer=OPTIMIZERS[opt_name],
+                    lr_schedule=lr,
+                    max_grad_norm=clip,
                 )
                 change = changes.get((rep, s, k)) if changes is not None else None
                 sync = ReplicaSync(config, rings[(s, k)].link(rep), change, change_timeout_s=20)
@@ -233,9 +245,7 @@ def test_two_replicas_of_two_stages_equal_one_process(case_name: str, schedule: 
     pipelines, rings = build_replicas(case, 2, schedule, config, opt_name, lr, clip)
     per_replica = drive_replicas(pipelines, _batches(case.model, case.batch))
     for results in per_replica:
-        torch.testing.assert_close(
-            torch.tensor([r.loss for r in results]), torch.tensor(ref_losses), rtol=0, atol=1e-5
-        )
+        torch.testing.assert_close(torch.tensor([r.loss for r in results]), torch.tensor(ref_losses), rtol=0, atol=1e-5)
         torch.testing.assert_close(
             torch.tensor([r.grad_norm for r in results]), torch.tensor(ref_norms), rtol=1e-5, atol=1e-5
         )

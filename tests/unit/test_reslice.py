@@ -55,9 +55,14 @@ def shards_of(config: GPTConfig | MLPConfig, full: dict[str, torch.Tensor], stag
     for s, stage in enumerate(stages):
         split = stage.split()
         for r in range(len(stage.members)):
-            meta = {"stage": str(s), "rank": str(r), "start": str(stage.start), "end": str(stage.end),
-                    "tp_heads": ",".join(map(str, split.heads)) if split else "",
-                    "tp_columns": ",".join(map(str, split.columns)) if split else ""}  # fmt: skip
+            meta = {
+                "stage": str(s),
+                "rank": str(r),
+                "start": str(stage.start),
+                "end": str(stage.end),
+                "tp_heads": ",".join(map(str, split.heads)) if split else "",
+                "tp_columns": ",".join(map(str, split.columns)) if split else "",
+            }
             out.append(save_bytes(slice_state(config, full, stage, r), meta))
     return out
 
@@ -114,8 +119,14 @@ def test_a_missing_stage_or_rank_is_named() -> None:
         parse_shard(b"\xff" * 40)
 
 
-def commit(root: Path, identity: Identity, step: int, config: GPTConfig | MLPConfig,
-           full: dict[str, torch.Tensor], stages: list[StageConfig]) -> None:  # fmt: skip
+def commit(
+    root: Path,
+    identity: Identity,
+    step: int,
+    config: GPTConfig | MLPConfig,
+    full: dict[str, torch.Tensor],
+    stages: list[StageConfig],
+) -> None:
     records = []
     for data in shards_of(config, full, stages):
         meta, tensors = parse_shard(data)
@@ -180,8 +191,13 @@ def test_prepare_resume_ignores_untrusted_manifests_and_uses_replicas(tmp_path: 
 
 @pytest.mark.parametrize(
     "wire",
-    [b"{", b'{"step": -1, "files": {}}', b'{"step": 1, "files": {"p": ["../x.safetensors", "' + b"0" * 64 + b'", 1]}}',
-     b'{"step": 1, "files": {"p": ["a.safetensors", "short", 1]}}', b'{"files": {}}'],
+    [
+        b"{",
+        b'{"step": -1, "files": {}}',
+        b'{"step": 1, "files": {"p": ["../x.safetensors", "' + b"0" * 64 + b'", 1]}}',
+        b'{"step": 1, "files": {"p": ["a.safetensors", "short", 1]}}',
+        b'{"files": {}}',
+    ],
 )
 def test_malformed_resume_descriptions_are_refused(wire: bytes) -> None:
     with pytest.raises(ResumeError):

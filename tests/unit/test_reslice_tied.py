@@ -51,8 +51,11 @@ def test_a_split_tied_checkpoint_reslices_to_one_stage_and_to_three() -> None:
     assert "param.blocks.3.lm_head.weight" in head_state and "optim.blocks.3.lm_head.weight.exp_avg" in head_state
     full = full_state(cfg, shards)
     assert not [k for k in full if "lm_head" in k]  # stored once: the embedding's
-    for key in ("param.blocks.0.wte.weight", "optim.blocks.0.wte.weight.exp_avg",
-                "optim.blocks.0.wte.weight.exp_avg_sq"):  # fmt: skip
+    for key in (
+        "param.blocks.0.wte.weight",
+        "optim.blocks.0.wte.weight.exp_avg",
+        "optim.blocks.0.wte.weight.exp_avg_sq",
+    ):
         copy = key.replace("blocks.0.wte", "blocks.3.lm_head")
         assert torch.equal(full[key], head_state[copy]), key  # the two copies were bit-identical
 
@@ -78,6 +81,8 @@ def test_the_shapes_of_a_split_tied_plan_include_the_heads_copy() -> None:
     first, last = stages(cfg, [2])
     assert "param.blocks.0.embed_tokens.weight" in slice_state(cfg, full, first, 0)
     head = slice_state(cfg, full, last, 0)
-    assert {k for k in head if k.startswith("param.blocks.4.")} == {"param.blocks.4.norm.weight",
-                                                                    "param.blocks.4.lm_head.weight"}  # fmt: skip
+    assert {k for k in head if k.startswith("param.blocks.4.")} == {
+        "param.blocks.4.norm.weight",
+        "param.blocks.4.lm_head.weight",
+    }
     assert torch.equal(head["param.blocks.4.lm_head.weight"], full["param.blocks.0.embed_tokens.weight"])

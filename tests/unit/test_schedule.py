@@ -35,6 +35,8 @@ def _backward_at(acts: tuple[Action, ...], i: int) -> int:
     """Index of micro-batch ``i``'s ``Backward`` (whole, or input-only with the weights deferred)."""
     (at,) = [k for k, a in enumerate(acts) if isinstance(a, Backward) and a.micro_batch == i]
     return at
+
+
 GRID = [(S, m) for S in range(1, 6) for m in range(1, 10)]
 
 
@@ -107,6 +109,7 @@ def test_1f1b_lookahead_keeps_the_backward_order_and_runs_the_next_forward_befor
 def test_1f1b_lookahead_shortens_a_two_stage_step_when_messages_take_time() -> None:
     """Timed replay of the action lists (forward 1, backward 2, each message 0.3): the look-ahead hides the
     gradient's round trip that textbook 1F1B waits for at every micro-batch."""
+
     def makespan(schedules: list[tuple[Action, ...]]) -> float:
         return barrier_time(schedules, [1.0, 1.0], [2.0, 2.0], latency=0.3)
 
@@ -183,10 +186,12 @@ def test_deferred_weights_shorten_even_pipelines(kind: ScheduleKind) -> None:
     deferring the weights shortens every even pipeline by at least a third of a forward per stage boundary."""
     for S, m in ((2, 4), (2, 8), (3, 8), (4, 8), (4, 16)):
         fwd, bwd = [1.0] * S, [2.0] * S
-        plain = barrier_time([build_schedule(kind, s, S, m, defer_weights=False) for s in range(S)], fwd, bwd,
-                             latency=0.01)  # fmt: skip
-        split = barrier_time([build_schedule(kind, s, S, m) for s in range(S)], fwd, bwd, latency=0.01,
-                             split=SPLIT_COST)  # fmt: skip
+        plain = barrier_time(
+            [build_schedule(kind, s, S, m, defer_weights=False) for s in range(S)], fwd, bwd, latency=0.01
+        )
+        split = barrier_time(
+            [build_schedule(kind, s, S, m) for s in range(S)], fwd, bwd, latency=0.01, split=SPLIT_COST
+        )
         assert split <= plain - 0.33 * (S - 1), (kind, S, m, split, plain)
 
 
@@ -203,8 +208,9 @@ def test_the_worker_defers_weights_where_the_replay_says_it_pays(kind: ScheduleK
         fwd, bwd = [t / 3 for t in times], [2 * t / 3 for t in times]
 
         def step(defer: bool, S: int = S, m: int = m, fwd: list[float] = fwd, bwd: list[float] = bwd) -> float:
-            return barrier_time([build_schedule(kind, s, S, m, defer_weights=defer) for s in range(S)], fwd, bwd,
-                                split=SPLIT_COST)  # fmt: skip
+            return barrier_time(
+                [build_schedule(kind, s, S, m, defer_weights=defer) for s in range(S)], fwd, bwd, split=SPLIT_COST
+            )
 
         whole, split = step(False), step(True)
         lost += split > whole

@@ -32,11 +32,19 @@ def block(param_bytes: int) -> Any:
 
 
 def fake_job() -> Job:
-    stages = tuple(SimpleNamespace(start=i, end=i + 1, shares=(SimpleNamespace(peer_id=p),)) for i, p in
-                   enumerate(PEERS))  # fmt: skip
-    job = cast(Job, SimpleNamespace(plan=SimpleNamespace(stages=stages), total_steps=100, members={p: object() for p in
-                                    PEERS}, leading=LeaderRecord(),
-                                    inputs=SimpleNamespace(blocks=(block(1000), block(4000), block(10)))))  # fmt: skip
+    stages = tuple(
+        SimpleNamespace(start=i, end=i + 1, shares=(SimpleNamespace(peer_id=p),)) for i, p in enumerate(PEERS)
+    )
+    job = cast(
+        Job,
+        SimpleNamespace(
+            plan=SimpleNamespace(stages=stages),
+            total_steps=100,
+            members={p: object() for p in PEERS},
+            leading=LeaderRecord(),
+            inputs=SimpleNamespace(blocks=(block(1000), block(4000), block(10))),
+        ),
+    )
     return job
 
 
@@ -69,10 +77,15 @@ def test_sizes_are_bounded_by_the_plans_share_and_a_16_gib_claim_is_refused() ->
 def test_other_bad_reports_are_refused_and_exclusion_counts_and_names() -> None:
     job = fake_job()
     name = "stage2-rank0.safetensors"
-    cases = [(report(name, sha="Z" * 64), "shard_digest"), (report(name, sha="0" * 63), "shard_digest"),
-             (report(name, sha="A" * 64), "shard_digest"), (report(name, step=0), "step"),
-             (report(name, step=101), "step"), (replace(report(name), step=None), "step"),
-             (JobReport("j" * 32, 0, ReportKind.CHECKPOINT, step=20), "malformed")]  # fmt: skip
+    cases = [
+        (report(name, sha="Z" * 64), "shard_digest"),
+        (report(name, sha="0" * 63), "shard_digest"),
+        (report(name, sha="A" * 64), "shard_digest"),
+        (report(name, step=0), "step"),
+        (report(name, step=101), "step"),
+        (replace(report(name), step=None), "step"),
+        (JobReport("j" * 32, 0, ReportKind.CHECKPOINT, step=20), "malformed"),
+    ]
     for bad, problem in cases:
         with pytest.raises(shard_checks.ReportRefused) as info:
             shard_checks.check_checkpoint_report(job, PEERS[2], bad)
@@ -114,7 +127,12 @@ def test_offers_within_physical_bounds_and_stop_states() -> None:
     assert "speed" in str(claims.check_offer_bounds(8 << 30, 1e20))
     assert "speed" in str(claims.check_offer_bounds(8 << 30, float("nan")))
     assert [claims.stop_state(r) for r in ("done", "replanning", "\x1b[2Jpwned", "", "failed")] == [
-        "done", "replanning", "stopped", "stopped", "failed"]  # fmt: skip
+        "done",
+        "replanning",
+        "stopped",
+        "stopped",
+        "failed",
+    ]
 
 
 def test_the_plans_shapes_and_the_scan_find_a_nan_shard_and_a_misshapen_one(tmp_path: Path) -> None:
@@ -161,27 +179,50 @@ def test_step_times_are_reported_kept_and_the_standby_is_chosen_among_measured_m
 
     stage = SimpleNamespace(shares=(SimpleNamespace(peer_id=PEERS[1]),), compute_s=0.01, optimizer_s=0.002)
     plan = SimpleNamespace(stages=(stage,), micro_batches=4, peer_ids=PEERS)
-    job = SimpleNamespace(plan=plan, replica_plan=None, stage_times=deque([claims.StageTime(0.05, 0.01, 0.01, 0.0),
-                                                        claims.StageTime(0.5, 0.0, 0.0, 0.0),
-                                                        claims.StageTime(0.06, 0.02, 0.005, 0.015)]))  # fmt: skip
+    job = SimpleNamespace(
+        plan=plan,
+        replica_plan=None,
+        stage_times=deque(
+            [
+                claims.StageTime(0.05, 0.01, 0.01, 0.0),
+                claims.StageTime(0.5, 0.0, 0.0, 0.0),
+                claims.StageTime(0.06, 0.02, 0.005, 0.015),
+            ]
+        ),
+    )
     own = claims.own_step_times(job, PEERS[1])
-    assert own == {"step_s": 0.04, "wait_s": 0.01, "wait_up_s": 0.005, "wait_down_s": 0.0, "group_wait_s": 0.0,
-                   "predicted_s": pytest.approx(0.042)}  # fmt: skip
+    assert own == {
+        "step_s": 0.04,
+        "wait_s": 0.01,
+        "wait_up_s": 0.005,
+        "wait_down_s": 0.0,
+        "group_wait_s": 0.0,
+        "predicted_s": pytest.approx(0.042),
+    }
     job.stage_times.append(claims.StageTime(0.07, 0.01, 0.01, 0.0, 0.02))  # a tensor-parallel rank's step
     assert claims.own_step_times(job, PEERS[1])["step_s"] == pytest.approx(0.04)  # less its wait in the group
     assert claims.own_step_total(job) == 0.07  # the median of 0.05, 0.5, 0.06, 0.07 (the upper middle)
     times: dict[str, tuple[float, float]] = {}
     claims.record_step_time(times, PEERS[1], report_of_event("j" * 32, 0, {"event": "checkpoint", **own}))
     base = JobReport("j" * 32, 0, ReportKind.CHECKPOINT)
-    for bad in (replace(base, step_s=float("nan"), predicted_s=1.0), replace(base, step_s=1.0, predicted_s=-1.0),
-                replace(base, step_s=float("inf"), predicted_s=1.0), replace(base, predicted_s=1.0), base):  # fmt: skip
+    for bad in (
+        replace(base, step_s=float("nan"), predicted_s=1.0),
+        replace(base, step_s=1.0, predicted_s=-1.0),
+        replace(base, step_s=float("inf"), predicted_s=1.0),
+        replace(base, predicted_s=1.0),
+        base,
+    ):
         claims.record_step_time(times, PEERS[2], bad)
     assert set(times) == {PEERS[1]}
     big = SimpleNamespace(memory_bytes=1 << 40)
     members = {PEERS[0]: big, PEERS[1]: SimpleNamespace(memory_bytes=1 << 30), PEERS[2]: big}
     used = SimpleNamespace(memory_bytes=((PEERS[0], 1 << 20), (PEERS[1], 1 << 20), (PEERS[2], 1 << 20)))
-    standby_job = cast(Job, SimpleNamespace(plan_peers=lambda: PEERS, members=members, leading=LeaderRecord(),
-                                            plan=used, replica_plan=None))  # fmt: skip
+    standby_job = cast(
+        Job,
+        SimpleNamespace(
+            plan_peers=lambda: PEERS, members=members, leading=LeaderRecord(), plan=used, replica_plan=None
+        ),
+    )
     assert choose_standby(standby_job, PEERS[0]) == PEERS[1]  # the plan uses as much of each: the smaller claim
     standby_job.plan = cast(Any, SimpleNamespace(memory_bytes=((PEERS[1], 1 << 20), (PEERS[2], 1 << 21))))
     assert choose_standby(standby_job, PEERS[0]) == PEERS[2]  # nobody measured yet: the plan uses more of it
@@ -203,11 +244,18 @@ def test_an_offer_of_8_tib_does_not_make_a_member_the_standby() -> None:
     it, what its worker shows by running, never by its offer: 8 TiB offered beside 16 GiB changes nothing."""
     from arceusd.jobs.standby_sync import choose_standby
 
-    members = {PEERS[0]: SimpleNamespace(memory_bytes=16 << 30), PEERS[1]: SimpleNamespace(memory_bytes=16 << 30),
-               PEERS[2]: SimpleNamespace(memory_bytes=8 << 40)}  # fmt: skip
+    members = {
+        PEERS[0]: SimpleNamespace(memory_bytes=16 << 30),
+        PEERS[1]: SimpleNamespace(memory_bytes=16 << 30),
+        PEERS[2]: SimpleNamespace(memory_bytes=8 << 40),
+    }
     the_plan = SimpleNamespace(memory_bytes=((PEERS[0], 5 << 20), (PEERS[1], 3 << 20), (PEERS[2], 2 << 20)))
-    job = cast(Job, SimpleNamespace(plan_peers=lambda: PEERS, members=members, leading=LeaderRecord(),
-                                    plan=the_plan, replica_plan=None))  # fmt: skip
+    job = cast(
+        Job,
+        SimpleNamespace(
+            plan_peers=lambda: PEERS, members=members, leading=LeaderRecord(), plan=the_plan, replica_plan=None
+        ),
+    )
     assert choose_standby(job, PEERS[0]) == PEERS[1]
     job.leading.measured = {PEERS[1]: (0.1, 0.1), PEERS[2]: (0.1, 0.1)}
     assert choose_standby(job, PEERS[0]) == PEERS[1]

@@ -31,10 +31,16 @@ def shapes(tensors: dict[str, torch.Tensor]) -> dict[str, tuple[int, ...]]:
 
 
 @settings(max_examples=60, deadline=None)
-@given(dtype=st.sampled_from(DTYPES), n=st.integers(1, 300), at=st.integers(0, 299),
-       special=st.sampled_from((None, *SPECIALS)), scale=st.sampled_from((1e-3, 1.0, 1e4)))  # fmt: skip
-def test_the_scan_agrees_with_torch_isfinite(tmp_path_factory: pytest.TempPathFactory, dtype: torch.dtype, n: int,
-                                              at: int, special: float | None, scale: float) -> None:  # fmt: skip
+@given(
+    dtype=st.sampled_from(DTYPES),
+    n=st.integers(1, 300),
+    at=st.integers(0, 299),
+    special=st.sampled_from((None, *SPECIALS)),
+    scale=st.sampled_from((1e-3, 1.0, 1e4)),
+)
+def test_the_scan_agrees_with_torch_isfinite(
+    tmp_path_factory: pytest.TempPathFactory, dtype: torch.dtype, n: int, at: int, special: float | None, scale: float
+) -> None:
     values = (torch.randn(n, dtype=torch.float64) * scale).to(dtype)
     if special is not None:
         values[at % n] = special
@@ -52,8 +58,11 @@ def test_a_non_finite_optimizer_buffer_is_found_across_chunks(tmp_path: Path, mo
     monkeypatch.setattr(shard_scan, "CHUNK_BYTES", 64)  # many chunks: the last one holds the infinity
     buffer = torch.zeros(1000)
     buffer[-1] = float("inf")
-    tensors = {"param.blocks.0.w": torch.ones(10, 3), "optim.blocks.0.w.exp_avg_sq": buffer,
-               "optim.step": torch.tensor([3], dtype=torch.int64)}  # fmt: skip
+    tensors = {
+        "param.blocks.0.w": torch.ones(10, 3),
+        "optim.blocks.0.w.exp_avg_sq": buffer,
+        "optim.step": torch.tensor([3], dtype=torch.int64),
+    }
     path = write(tmp_path / "s.safetensors", tensors)
     with pytest.raises(ShardScanError, match="exp_avg_sq"):
         scan_shard(path, shapes(tensors))
@@ -76,22 +85,35 @@ def raw(header: object, body: bytes) -> bytes:
     return struct.pack("<Q", len(text)) + text + body
 
 
-@pytest.mark.parametrize(("data", "why"), [
-    (b"\x01\x02", "shorter than a safetensors header"),
-    (struct.pack("<Q", 1 << 40) + b"{}", "header length is out of range"),
-    (struct.pack("<Q", 4) + b"nope", "not JSON"),
-    (raw([1, 2], b""), "not an object"),
-    (raw({"param.blocks.0.w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 1 << 30]}}, b"\0" * 16),
-     "does not fit the file"),
-    (raw({"param.blocks.0.w": {"dtype": "F32", "shape": [5], "data_offsets": [0, 16]}}, b"\0" * 16),
-     "does not fit the file"),
-    (raw({"param.blocks.0.w": {"dtype": "F32", "shape": [-4], "data_offsets": [0, 16]}}, b"\0" * 16),
-     "malformed shape"),
-    (raw({"param.blocks.0.w": {"dtype": "PICKLE", "shape": [4], "data_offsets": [0, 16]}}, b"\0" * 16),
-     "unknown dtype"),
-    (raw({"param.blocks.0.w": {"dtype": "F32", "shape": [4], "data_offsets": "0-16"}}, b"\0" * 16),
-     "malformed data offsets"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("data", "why"),
+    [
+        (b"\x01\x02", "shorter than a safetensors header"),
+        (struct.pack("<Q", 1 << 40) + b"{}", "header length is out of range"),
+        (struct.pack("<Q", 4) + b"nope", "not JSON"),
+        (raw([1, 2], b""), "not an object"),
+        (
+            raw({"param.blocks.0.w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 1 << 30]}}, b"\0" * 16),
+            "does not fit the file",
+        ),
+        (
+            raw({"param.blocks.0.w": {"dtype": "F32", "shape": [5], "data_offsets": [0, 16]}}, b"\0" * 16),
+            "does not fit the file",
+        ),
+        (
+            raw({"param.blocks.0.w": {"dtype": "F32", "shape": [-4], "data_offsets": [0, 16]}}, b"\0" * 16),
+            "malformed shape",
+        ),
+        (
+            raw({"param.blocks.0.w": {"dtype": "PICKLE", "shape": [4], "data_offsets": [0, 16]}}, b"\0" * 16),
+            "unknown dtype",
+        ),
+        (
+            raw({"param.blocks.0.w": {"dtype": "F32", "shape": [4], "data_offsets": "0-16"}}, b"\0" * 16),
+            "malformed data offsets",
+        ),
+    ],
+)
 def test_a_lying_header_is_refused_before_any_value_is_read(tmp_path: Path, data: bytes, why: str) -> None:
     path = tmp_path / "s.safetensors"
     path.write_bytes(data)

@@ -20,8 +20,12 @@ def _readme_digests() -> dict[str, str]:
 
 def test_every_shipped_data_file_matches_its_readme_digest() -> None:
     digests = _readme_digests()
-    assert set(digests) == {"mnist/t10k-images-idx3-ubyte.gz", "mnist/t10k-labels-idx1-ubyte.gz",
-                            "tinyshakespeare/input.txt", "tokenizers/shakespeare-bpe.json"}
+    assert set(digests) == {
+        "mnist/t10k-images-idx3-ubyte.gz",
+        "mnist/t10k-labels-idx1-ubyte.gz",
+        "tinyshakespeare/input.txt",
+        "tokenizers/shakespeare-bpe.json",
+    }
     for name, digest in digests.items():
         assert hashlib.sha256((DATA / name).read_bytes()).hexdigest() == digest, name
 

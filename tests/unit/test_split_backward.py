@@ -17,8 +17,9 @@ def _stage(config: GPTConfig | MLPConfig, start: int, end: int) -> torch.nn.Sequ
     return torch.nn.Sequential(*build_blocks(config, 3, start, end))
 
 
-def _whole_and_split(stage: torch.nn.Module, x: torch.Tensor, root_of: object, seed_grad: torch.Tensor | None) -> tuple[
-        list[torch.Tensor], torch.Tensor | None, list[torch.Tensor], torch.Tensor | None]:  # fmt: skip
+def _whole_and_split(
+    stage: torch.nn.Module, x: torch.Tensor, root_of: object, seed_grad: torch.Tensor | None
+) -> tuple[list[torch.Tensor], torch.Tensor | None, list[torch.Tensor], torch.Tensor | None]:
     params = list(stage.parameters())
     outs = []
     for split in (False, True):
@@ -53,8 +54,9 @@ def test_a_last_stage_from_its_loss_and_an_mlp() -> None:
     gen = torch.Generator().manual_seed(1)
     stage = _stage(GPT, 2, 4)  # a block and the head: the root is the scalar loss
     targets = torch.randint(0, 20, (2, 16), generator=gen)
-    whole, wx, split, sx = _whole_and_split(stage, torch.randn(2, 16, 32, generator=gen),
-                                            lambda y: loss_sum(y, targets), None)  # fmt: skip
+    whole, wx, split, sx = _whole_and_split(
+        stage, torch.randn(2, 16, 32, generator=gen), lambda y: loss_sum(y, targets), None
+    )
     assert wx is not None and sx is not None and torch.equal(wx, sx)
     assert all(torch.equal(a, b) for a, b in zip(whole, split, strict=True))
     mlp = MLPConfig(layer_sizes=(6, 5, 4, 3))

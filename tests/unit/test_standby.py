@@ -28,8 +28,15 @@ TEXT = SHARED / "tinyshakespeare" / "input.txt"
 def test_names_must_be_plain_and_fit_the_kind() -> None:
     check_names("text", ["input.txt"])
     check_names("mnist", ["images.gz", "labels.gz"])
-    for kind, names in [("text", ["../etc/passwd"]), ("text", [".hidden"]), ("text", ["a/b"]), ("text", []),
-                        ("mnist", ["one"]), ("mnist", ["same", "same"]), ("text", ["x" * 200])]:  # fmt: skip
+    for kind, names in [
+        ("text", ["../etc/passwd"]),
+        ("text", [".hidden"]),
+        ("text", ["a/b"]),
+        ("text", []),
+        ("mnist", ["one"]),
+        ("mnist", ["same", "same"]),
+        ("text", ["x" * 200]),
+    ]:
         with pytest.raises(StandbyError):
             check_names(kind, names)
 
@@ -83,8 +90,14 @@ def test_offers_travel_with_their_calibration_and_bad_ones_are_refused() -> None
     with pytest.raises(StandbyError, match="not in the plan"):
         offers_from_wire(wire, [a.peer_id])
     good = json.loads(wire)
-    for field, value in [("block_efficiency", -1.0), ("dispatch_s", float("nan")), ("flops_per_s", "fast"),
-                         ("memory_bytes", 1.5), ("peer_id", 7), ("adamw_s_per_param", True)]:  # fmt: skip
+    for field, value in [
+        ("block_efficiency", -1.0),
+        ("dispatch_s", float("nan")),
+        ("flops_per_s", "fast"),
+        ("memory_bytes", 1.5),
+        ("peer_id", 7),
+        ("adamw_s_per_param", True),
+    ]:
         bad = [dict(good[0], **{field: value})]
         with pytest.raises(StandbyError):
             offers_from_wire(json.dumps(bad).encode(), [a.peer_id])

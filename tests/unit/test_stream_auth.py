@@ -64,9 +64,7 @@ def test_handshake_success_both_sides_learn_proven_ids() -> None:
 def test_handshake_is_deterministic_given_the_rng_and_clock() -> None:
     a, b = handshake()[0], handshake()[0]
     assert a.hello == b.hello
-    c = sa.ClientHandshake(
-        CLIENT, purpose=b"tensors/job-1", expect_peer_id=None, now_ms=NOW, random_bytes=rng(9)
-    )
+    c = sa.ClientHandshake(CLIENT, purpose=b"tensors/job-1", expect_peer_id=None, now_ms=NOW, random_bytes=rng(9))
     assert c.hello != a.hello
 
 
@@ -136,9 +134,7 @@ def test_client_signing_with_wrong_key_is_rejected() -> None:
 
 def test_server_signing_with_wrong_key_is_rejected() -> None:
     client = sa.ClientHandshake(CLIENT, purpose=b"p", expect_peer_id=None, now_ms=NOW, random_bytes=rng(1))
-    server = sa.ServerHandshake(
-        _Impostor(SERVER, Identity.generate()), client.hello, now_ms=NOW, random_bytes=rng(2)
-    )
+    server = sa.ServerHandshake(_Impostor(SERVER, Identity.generate()), client.hello, now_ms=NOW, random_bytes=rng(2))
     with pytest.raises(RemoteProtocolError) as err:
         client.receive_ack(server.ack, now_ms=NOW)
     assert err.value.reason == "bad_signature"
@@ -148,9 +144,7 @@ def test_server_whose_id_does_not_match_the_expected_one_is_rejected() -> None:
     other = Identity.generate()
     client = sa.ClientHandshake(CLIENT, purpose=b"p", expect_peer_id=None, now_ms=NOW, random_bytes=rng(1))
     # A genuine, well-signed server, but not the one we meant to reach.
-    expecting = sa.ClientHandshake(
-        CLIENT, purpose=b"p", expect_peer_id=SERVER.peer_id, now_ms=NOW, random_bytes=rng(1)
-    )
+    expecting = sa.ClientHandshake(CLIENT, purpose=b"p", expect_peer_id=SERVER.peer_id, now_ms=NOW, random_bytes=rng(1))
     server = sa.ServerHandshake(other, client.hello, now_ms=NOW, random_bytes=rng(2))
     client.receive_ack(server.ack, now_ms=NOW)  # no expectation: accepted
     with pytest.raises(RemoteProtocolError) as err:
@@ -162,9 +156,7 @@ def test_server_whose_id_does_not_match_the_expected_one_is_rejected() -> None:
 
 def test_ack_from_unexpected_peer_is_rejected_even_if_it_ignores_the_recipient() -> None:
     other = Identity.generate()
-    expecting = sa.ClientHandshake(
-        CLIENT, purpose=b"p", expect_peer_id=SERVER.peer_id, now_ms=NOW, random_bytes=rng(1)
-    )
+    expecting = sa.ClientHandshake(CLIENT, purpose=b"p", expect_peer_id=SERVER.peer_id, now_ms=NOW, random_bytes=rng(1))
     # A server that ignores the recipient field: answer a Hello by building the Ack with its own key.
     plain = sa.ClientHandshake(CLIENT, purpose=b"p", expect_peer_id=None, now_ms=NOW, random_bytes=rng(1))
     ack = sa.ServerHandshake(other, plain.hello, now_ms=NOW, random_bytes=rng(2)).ack
@@ -250,9 +242,7 @@ def test_every_byte_flip_of_a_frame_is_rejected_before_use() -> None:
         with pytest.raises(RemoteProtocolError) as err:
             new_opener().open(bad)
         # A changed length is caught by the bounds checks (or the tag); everything else by the tag.
-        allowed = (
-            ("bad_mac", "malformed_frame", "frame_too_large") if i // 2 in length_bytes else ("bad_mac",)
-        )
+        allowed = ("bad_mac", "malformed_frame", "frame_too_large") if i // 2 in length_bytes else ("bad_mac",)
         assert err.value.reason in allowed
     assert len(variants) == 2 * (sa.FRAME_PREFIX.size + 12 + 64 + sa.TAG_BYTES)
 

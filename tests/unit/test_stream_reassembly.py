@@ -49,8 +49,7 @@ class ListConduit:
 
 def sessions(limits: sa.Limits, server_limits: sa.Limits | None = None) -> tuple[sa.Session, sa.Session]:
     client, server = Identity.generate(), Identity.generate()
-    hs = sa.ClientHandshake(client, purpose=b"p", expect_peer_id=None, now_ms=1, random_bytes=os.urandom,
-                            limits=limits)  # fmt: skip
+    hs = sa.ClientHandshake(client, purpose=b"p", expect_peer_id=None, now_ms=1, random_bytes=os.urandom, limits=limits)
     srv = sa.ServerHandshake(server, hs.hello, now_ms=1, random_bytes=os.urandom, limits=server_limits or limits)
     client_session, finish = hs.receive_ack(srv.ack, now_ms=1)
     return client_session, srv.receive_finish(finish)

@@ -45,9 +45,7 @@ def _full_block() -> TransformerBlock:
 def test_shard_then_gather_round_trips(split: TPSplit) -> None:
     full = _full_block()
     group = InMemoryAllReduce(split.world_size)
-    shards = [
-        shard_transformer_block(full, GPT, split, r, group.rank_view(r)) for r in range(split.world_size)
-    ]
+    shards = [shard_transformer_block(full, GPT, split, r, group.rank_view(r)) for r in range(split.world_size)]
     for r, shard in enumerate(shards):
         assert shard.attn.c_attn.weight.shape == (3 * split.heads[r] * 8, 32)
         assert shard.mlp.c_fc.weight.shape == (split.columns[r], 32)
@@ -104,9 +102,7 @@ def test_tp_block_forward_backward_equals_full_block(split: TPSplit) -> None:
                 lead_grad = dict(shards[0].named_parameters())[n].grad
                 assert lead_grad is not None
                 assert torch.equal(p.grad, lead_grad), n
-    grad_shards = [
-        TPTransformerBlock(GPT, split.heads[r], split.columns[r], colls[r]) for r in range(split.world_size)
-    ]
+    grad_shards = [TPTransformerBlock(GPT, split.heads[r], split.columns[r], colls[r]) for r in range(split.world_size)]
     with torch.no_grad():
         for r, gs in enumerate(grad_shards):
             src = dict(shards[r].named_parameters())

@@ -35,8 +35,9 @@ from tests.unit.test_wire_links_async import with_fabrics
         ("llama", [(0, 1), (1, 3), (3, 5)], "adamw"),
     ],
 )
-def test_tied_weight_over_the_wire_trains_as_one_process(name: str, layout: list[tuple[int, int]],
-                                                         opt_name: str) -> None:  # fmt: skip
+def test_tied_weight_over_the_wire_trains_as_one_process(
+    name: str, layout: list[tuple[int, int]], opt_name: str
+) -> None:
     cfg = hf_cases.config(name, tie_word_embeddings=True)
     opt = OPTS[opt_name]
     clip = 1.0 if opt_name == "adamw" else 0.5
@@ -50,8 +51,14 @@ def test_tied_weight_over_the_wire_trains_as_one_process(name: str, layout: list
         for fabric in fabrics:
             start, end = layout[fabric.stage]
             module = build_stage(cfg, SEED, StageSpec(start, end))
-            config = EngineConfig(stage=fabric.stage, num_stages=len(layout), num_micro_batches=MICRO,
-                                  schedule=ScheduleKind.ONE_F_ONE_B, optimizer=opt, max_grad_norm=clip)  # fmt: skip
+            config = EngineConfig(
+                stage=fabric.stage,
+                num_stages=len(layout),
+                num_micro_batches=MICRO,
+                schedule=ScheduleKind.ONE_F_ONE_B,
+                optimizer=opt,
+                max_grad_norm=clip,
+            )
             tied = fabric.tied_link() if module.tied is not None else None
             engines.append(StageEngine(module, fabric.links(), config, tied=tied))
         assert [e.tied is not None for e in engines] == [s in (0, last) for s in range(len(layout))]
@@ -111,5 +118,8 @@ def test_a_tied_end_without_its_link_is_refused_with_one_line() -> None:
     cfg = hf_cases.config("gpt2", tie_word_embeddings=True)
     module = build_stage(cfg, SEED, StageSpec(2, 4))
     with pytest.raises(ValueError, match="holds one end of a tied weight"):
-        StageEngine(module, object(), EngineConfig(stage=1, num_stages=2, num_micro_batches=1,  # type: ignore[arg-type]
-                                                   optimizer=SGDConfig(lr=0.1)))  # fmt: skip
+        StageEngine(
+            module,
+            object(),  # type: ignore[arg-type]
+            EngineConfig(stage=1, num_stages=2, num_micro_batches=1, optimizer=SGDConfig(lr=0.1)),
+        )

@@ -78,7 +78,8 @@ def test_peer_service_ticks_at_its_timers_rate_not_in_a_spin() -> None:
 
 
 async def _open(net: MemoryNetwork, identity: Identity, i: int, on_call: Any, *, task_status: Any) -> None:
-    async with net.open_transport(identity, f"10.0.0.{i}", 7000, unary_handler=on_call,
-                                  stream_handler=_refuse) as transport:  # fmt: skip
+    async with net.open_transport(
+        identity, f"10.0.0.{i}", 7000, unary_handler=on_call, stream_handler=_refuse
+    ) as transport:
         task_status.started(transport)
         await trio.sleep_forever()

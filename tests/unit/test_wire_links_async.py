@@ -243,8 +243,9 @@ async def with_fabrics(
         await ready.wait()
         async with trio.open_nursery() as connecting:
             for fabric in fabrics:
-                connecting.start_soon(fabric.connect, network.transports[addresses[fabric.config.peer_id]],
-                                      addresses, nursery)  # fmt: skip
+                connecting.start_soon(
+                    fabric.connect, network.transports[addresses[fabric.config.peer_id]], addresses, nursery
+                )
         try:
             return await body(fabrics)
         finally:

@@ -57,11 +57,18 @@ def reference_decode(schema: Schema, data: bytes) -> object:
         raise RemoteProtocolError("message_too_large", "")
     try:
         raw = msgpack.unpackb(
-            data, raw=False, use_list=False, strict_map_key=True, object_pairs_hook=_Pairs, ext_hook=_refuse_ext,
-            max_str_len=min(len(data), limits.MAX_STR_LEN), max_bin_len=min(len(data), limits.MAX_BIN_LEN),
-            max_array_len=min(len(data), limits.MAX_ARRAY_LEN), max_map_len=min(len(data), limits.MAX_MAP_LEN),
+            data,
+            raw=False,
+            use_list=False,
+            strict_map_key=True,
+            object_pairs_hook=_Pairs,
+            ext_hook=_refuse_ext,
+            max_str_len=min(len(data), limits.MAX_STR_LEN),
+            max_bin_len=min(len(data), limits.MAX_BIN_LEN),
+            max_array_len=min(len(data), limits.MAX_ARRAY_LEN),
+            max_map_len=min(len(data), limits.MAX_MAP_LEN),
             max_ext_len=0,
-        )  # fmt: skip
+        )
     except (ValueError, TypeError, OverflowError, msgpack.UnpackException):
         raise RemoteProtocolError("malformed", "") from None
     return _ref_msg(schema, raw)

@@ -21,8 +21,12 @@ def _job(replicas: int) -> Any:
     spec = _spec(replicas=replicas, sync="every_step", batch_size=96)
     _, rp = make_job_plan(spec, _offers(replicas), {}, _links(replicas, FAST))
     assert len(rp.replicas) == replicas
-    return SimpleNamespace(plan=rp.replicas[0], replica_plan=rp, total_steps=200,
-                           spec=SimpleNamespace(checkpoint=SimpleNamespace(interval_steps=50)))  # fmt: skip
+    return SimpleNamespace(
+        plan=rp.replicas[0],
+        replica_plan=rp,
+        total_steps=200,
+        spec=SimpleNamespace(checkpoint=SimpleNamespace(interval_steps=50)),
+    )
 
 
 def _witness(step: int | None, digest: str) -> JobReport:

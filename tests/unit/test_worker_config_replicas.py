@@ -17,11 +17,23 @@ def _config(replicas: int = 2, me: tuple[int, int] = (1, 1), **sync: object) -> 
     reps = tuple(_replica(r) for r in range(replicas))
     own = reps[me[0]]
     return WorkerConfig(
-        job_id="job", term=1, epoch=1, spec={}, stages=own, micro_batches=2, schedule="1f1b",
-        peer_id=own[me[1]].members[0].peer_id, state_dir="/nonexistent", listen_host="127.0.0.1",
-        owner=reps[0][0].members[0].peer_id, checkpoint_dir="/nonexistent", checkpoint_interval=0, total_steps=1,
-        replicas=reps, replica_sync=ReplicaSyncConfig(**sync),  # type: ignore[arg-type]
-    )  # fmt: skip
+        job_id="job",
+        term=1,
+        epoch=1,
+        spec={},
+        stages=own,
+        micro_batches=2,
+        schedule="1f1b",
+        peer_id=own[me[1]].members[0].peer_id,
+        state_dir="/nonexistent",
+        listen_host="127.0.0.1",
+        owner=reps[0][0].members[0].peer_id,
+        checkpoint_dir="/nonexistent",
+        checkpoint_interval=0,
+        total_steps=1,
+        replicas=reps,
+        replica_sync=ReplicaSyncConfig(**sync),  # type: ignore[arg-type]
+    )
 
 
 def test_replicas_survive_the_round_trip_and_name_the_ring() -> None:
@@ -45,9 +57,13 @@ def test_differently_cut_replicas_are_refused() -> None:
 
 @pytest.mark.parametrize(
     ("field", "value", "match"),
-    [("mode", "sometimes", "replica_sync.mode"), ("diloco_h", 0, "diloco_h"), ("outer_momentum", 1.0, "outer_mom"),
-     ("codec", "zip", "replica_sync.codec")],
-)  # fmt: skip
+    [
+        ("mode", "sometimes", "replica_sync.mode"),
+        ("diloco_h", 0, "diloco_h"),
+        ("outer_momentum", 1.0, "outer_mom"),
+        ("codec", "zip", "replica_sync.codec"),
+    ],
+)
 def test_bad_sync_settings_are_refused(field: str, value: object, match: str) -> None:
     raw = json.loads(_config().to_json())
     raw["replica_sync"][field] = value

@@ -12,14 +12,23 @@ from arceusd.worker.protocol import MemberConfig, StageConfig, WorkerConfig, Wor
 
 
 def _config(times: list[float | None], schedule: str = "1f1b", micro: int = 8) -> WorkerConfig:
-    stages = tuple(
-        StageConfig(2 * s, 2 * s + 2, (MemberConfig(f"{s:032x}"),), t) for s, t in enumerate(times)
-    )
+    stages = tuple(StageConfig(2 * s, 2 * s + 2, (MemberConfig(f"{s:032x}"),), t) for s, t in enumerate(times))
     return WorkerConfig(
-        job_id="job", term=1, epoch=1, spec={}, stages=stages, micro_batches=micro, schedule=schedule,
-        peer_id=stages[0].members[0].peer_id, state_dir="/nonexistent", listen_host="127.0.0.1",
-        owner=stages[0].members[0].peer_id, checkpoint_dir="/nonexistent", checkpoint_interval=0, total_steps=1,
-    )  # fmt: skip
+        job_id="job",
+        term=1,
+        epoch=1,
+        spec={},
+        stages=stages,
+        micro_batches=micro,
+        schedule=schedule,
+        peer_id=stages[0].members[0].peer_id,
+        state_dir="/nonexistent",
+        listen_host="127.0.0.1",
+        owner=stages[0].members[0].peer_id,
+        checkpoint_dir="/nonexistent",
+        checkpoint_interval=0,
+        total_steps=1,
+    )
 
 
 def test_stage_times_survive_the_round_trip_and_older_commands_parse() -> None:

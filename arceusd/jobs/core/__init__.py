@@ -18,6 +18,12 @@ from arceusd.jobs.core.machine import MAX_RESTARTS_PER_CHECKPOINT, JobCore, Lead
 from arceusd.jobs.core.states import LEADING_STATES, TERMINAL, JobState, Role, Stamp
 
 __all__ = [
-    "LEADING_STATES", "MAX_RESTARTS_PER_CHECKPOINT", "TERMINAL", "JobCore", "JobState", "LeaderState", "Role",
+    "LEADING_STATES",
+    "MAX_RESTARTS_PER_CHECKPOINT",
+    "TERMINAL",
+    "JobCore",
+    "JobState",
+    "LeaderState",
+    "Role",
     "Stamp",
-]  # fmt: skip
+]

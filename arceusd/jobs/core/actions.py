@@ -218,15 +218,60 @@ class Finish:
 
 
 Action = (
-    Announce | Plan | TrackElection | UntrackElection | SendStart | CancelStart | SendGo | CheckReachable | Commit
-    | SyncStandby | Export | StopWorkers | Pause | Resume | StartRecovery | LetWorkerGo | Refuse | PrepareTakeover
-    | HandOver | Persist | Finish | DropReplica | Exclude | Regrow | ReleaseHold | RecoveryCause
-)  # fmt: skip
+    Announce
+    | Plan
+    | TrackElection
+    | UntrackElection
+    | SendStart
+    | CancelStart
+    | SendGo
+    | CheckReachable
+    | Commit
+    | SyncStandby
+    | Export
+    | StopWorkers
+    | Pause
+    | Resume
+    | StartRecovery
+    | LetWorkerGo
+    | Refuse
+    | PrepareTakeover
+    | HandOver
+    | Persist
+    | Finish
+    | DropReplica
+    | Exclude
+    | Regrow
+    | ReleaseHold
+    | RecoveryCause
+)
 
 __all__ = [
-    "Action", "Announce", "CancelStart", "CheckReachable", "Commit", "DropReplica", "Exclude", "Export", "Finish",
-    "HandOver", "LetWorkerGo", "Pause", "Persist", "Plan", "PrepareTakeover", "RecoveryCause", "Refuse", "Regrow",
+    "Action",
+    "Announce",
+    "CancelStart",
+    "CheckReachable",
+    "Commit",
+    "DropReplica",
+    "Exclude",
+    "Export",
+    "Finish",
+    "HandOver",
+    "LetWorkerGo",
+    "Pause",
+    "Persist",
+    "Plan",
+    "PrepareTakeover",
+    "RecoveryCause",
+    "Refuse",
+    "Regrow",
     "ReleaseHold",
-    "Resume", "SendGo", "SendStart", "StartRecovery", "StopWorkers", "SyncStandby", "TrackElection",
+    "Resume",
+    "SendGo",
+    "SendStart",
+    "StartRecovery",
+    "StopWorkers",
+    "SyncStandby",
+    "TrackElection",
     "UntrackElection",
-]  # fmt: skip
+]

@@ -291,17 +291,76 @@ class HandOverAnswered:
 
 
 Event = (
-    MemberJoined | MemberDead | MemberLeft | MembersReachable | PlanFound | NoPlanFits | StartAnswered | GoAnswered
-    | CheckpointComplete | RestartAsked | WorkerFailed | CommitDone | CommitFailed | ExportDone | ExportFailed | Tick
-    | Cancel | Fail | Joined | LeaveJob | StartReceived | StandbyCommitted | WorkerStarted | GoReceived
-    | StopReceived | LeaderGone | TakeoverElected | TakeoverReady | OtherElected | FollowsOther | HandOverAnswered
-    | HoldAt | Regrown | RegrowFailed
-)  # fmt: skip
+    MemberJoined
+    | MemberDead
+    | MemberLeft
+    | MembersReachable
+    | PlanFound
+    | NoPlanFits
+    | StartAnswered
+    | GoAnswered
+    | CheckpointComplete
+    | RestartAsked
+    | WorkerFailed
+    | CommitDone
+    | CommitFailed
+    | ExportDone
+    | ExportFailed
+    | Tick
+    | Cancel
+    | Fail
+    | Joined
+    | LeaveJob
+    | StartReceived
+    | StandbyCommitted
+    | WorkerStarted
+    | GoReceived
+    | StopReceived
+    | LeaderGone
+    | TakeoverElected
+    | TakeoverReady
+    | OtherElected
+    | FollowsOther
+    | HandOverAnswered
+    | HoldAt
+    | Regrown
+    | RegrowFailed
+)
 
 __all__ = [
-    "Cancel", "CheckpointComplete", "CommitDone", "CommitFailed", "Event", "ExportDone", "ExportFailed", "Fail",
-    "FollowsOther", "GoAnswered", "GoReceived", "HandOverAnswered", "HoldAt", "Joined", "LeaderGone", "LeaveJob",
-    "MemberDead", "MemberJoined", "MemberLeft", "MembersReachable", "NoPlanFits", "OtherElected", "PlanFound",
-    "RegrowFailed", "Regrown", "RestartAsked", "StandbyCommitted", "StartAnswered", "StartReceived", "StopReceived",
-    "TakeoverElected", "TakeoverReady", "Tick", "WorkerFailed", "WorkerStarted",
-]  # fmt: skip
+    "Cancel",
+    "CheckpointComplete",
+    "CommitDone",
+    "CommitFailed",
+    "Event",
+    "ExportDone",
+    "ExportFailed",
+    "Fail",
+    "FollowsOther",
+    "GoAnswered",
+    "GoReceived",
+    "HandOverAnswered",
+    "HoldAt",
+    "Joined",
+    "LeaderGone",
+    "LeaveJob",
+    "MemberDead",
+    "MemberJoined",
+    "MemberLeft",
+    "MembersReachable",
+    "NoPlanFits",
+    "OtherElected",
+    "PlanFound",
+    "RegrowFailed",
+    "Regrown",
+    "RestartAsked",
+    "StandbyCommitted",
+    "StartAnswered",
+    "StartReceived",
+    "StopReceived",
+    "TakeoverElected",
+    "TakeoverReady",
+    "Tick",
+    "WorkerFailed",
+    "WorkerStarted",
+]

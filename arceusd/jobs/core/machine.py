@@ -100,9 +100,16 @@ class JobCore:
 
     @classmethod
     def owned(
-        cls, me: str, total_steps: int, *, min_members: int = 1, stamp: Stamp = FIRST_STAMP, committed_step: int = 0,
-        gather_until: float = 0.0, expected: frozenset[str] = frozenset(),
-    ) -> JobCore:  # fmt: skip
+        cls,
+        me: str,
+        total_steps: int,
+        *,
+        min_members: int = 1,
+        stamp: Stamp = FIRST_STAMP,
+        committed_step: int = 0,
+        gather_until: float = 0.0,
+        expected: frozenset[str] = frozenset(),
+    ) -> JobCore:
         """A job this device submitted (or restored after its restart: ``gather_until`` waits for ``expected``)."""
         core = cls(me, me, total_steps, Role.OWNER, JobState.WAITING, stamp, me, committed_step)
         core.lead = LeaderState({me}, min_members, gather_until=gather_until, expected=expected - {me})
@@ -119,8 +126,9 @@ class JobCore:
 
     def judge(self, sender: str, stamp: Stamp, *, epochs: bool = True) -> leadership.Verdict:
         """A member's verdict on a leader command stamped ``stamp`` (:func:`leadership.judge_command`)."""
-        return leadership.judge_command(sender, stamp.term, stamp.epoch, self.leader, self.stamp.term,
-                                        self.stamp.epoch, epochs)  # fmt: skip
+        return leadership.judge_command(
+            sender, stamp.term, stamp.epoch, self.leader, self.stamp.term, self.stamp.epoch, epochs
+        )
 
     def follow(self, leader: str, stamp: Stamp | None = None) -> None:
         """Follow ``leader`` (the election made it leader, or we joined it); a leader that follows another
@@ -145,11 +153,21 @@ class JobCore:
             return self._finish(JobState.DONE, "")
         if isinstance(event, e.ExportFailed):
             return self._finish(JobState.FAILED, f"exporting the model failed: {event.error}")
-        if isinstance(event, (e.GoReceived, e.StopReceived, e.WorkerStarted, e.LeaderGone, e.Joined, e.LeaveJob,
-                              e.StartReceived, e.StandbyCommitted)):  # fmt: skip
+        if isinstance(
+            event,
+            (
+                e.GoReceived,
+                e.StopReceived,
+                e.WorkerStarted,
+                e.LeaderGone,
+                e.Joined,
+                e.LeaveJob,
+                e.StartReceived,
+                e.StandbyCommitted,
+            ),
+        ):
             return self._as_member(event)
-        if isinstance(event, (e.TakeoverElected, e.TakeoverReady, e.OtherElected, e.FollowsOther,
-                              e.HandOverAnswered)):  # fmt: skip
+        if isinstance(event, (e.TakeoverElected, e.TakeoverReady, e.OtherElected, e.FollowsOther, e.HandOverAnswered)):
             return self._leadership(event)
         if not self.leads:
             return []
@@ -177,8 +195,7 @@ class JobCore:
             return []
         if isinstance(event, e.GoReceived):
             if event.stamp.epoch != self.stamp.epoch:
-                return [a.Refuse(f"go for epoch {event.stamp.epoch}, but this device started epoch "
-                                 f"{self.stamp.epoch}")]  # fmt: skip
+                return [a.Refuse(f"go for epoch {event.stamp.epoch}, but this device started epoch {self.stamp.epoch}")]
             if self.went == self.stamp.epoch:
                 return []  # a go sent again after a lost answer
             self.went = self.stamp.epoch
@@ -241,8 +258,9 @@ class JobCore:
             out: list[a.Action] = [a.CancelStart(), a.StopWorkers(self.stamp, (), "joined")]
             if event.done:
                 self.state = JobState.DONE
-                self.error = (f"the job finished on {event.leader[:12]}, which took over as its leader; the model "
-                              "is there")  # fmt: skip
+                self.error = (
+                    f"the job finished on {event.leader[:12]}, which took over as its leader; the model is there"
+                )
                 return [*out, a.UntrackElection(), a.Persist()]
             self.state = JobState.JOINED
             self.error = f"{event.leader[:12]} leads the job (its standby took over while this device was away)"
@@ -266,10 +284,15 @@ class JobCore:
         if isinstance(event, (e.MemberDead, e.MemberLeft)):
             how = "left the job" if isinstance(event, e.MemberLeft) else f"is {event.how}"
             in_plan = event.peer in lead.plan
-            if isinstance(event, e.MemberLeft) or not in_plan or self.state in (
-                JobState.WAITING,
-                JobState.PAUSED,
-                JobState.RECOVERING,
+            if (
+                isinstance(event, e.MemberLeft)
+                or not in_plan
+                or self.state
+                in (
+                    JobState.WAITING,
+                    JobState.PAUSED,
+                    JobState.RECOVERING,
+                )
             ):
                 lead.members.discard(event.peer)  # (not in the plan: no spare to rebuild a replica on)
             if self.state == JobState.RECOVERING and event.peer in lead.recovering_from:
@@ -290,7 +313,8 @@ class JobCore:
             resuming = lead.resuming
             self.state = JobState.PAUSED if resuming else JobState.WAITING
             self.error = f"no plan fits the {len(lead.members)} member(s): {event.reason}" + (
-                "; paused until more capacity joins" if resuming else "")  # fmt: skip
+                "; paused until more capacity joins" if resuming else ""
+            )
             lead.min_members = len(lead.members) + 1
             return [a.Pause(self.error), a.Persist()] if resuming else [a.Persist()]
         if isinstance(event, e.StartAnswered):
@@ -371,7 +395,8 @@ class JobCore:
             naming = {peer for peer, _, follows in event.refusals if follows == outcome.leader}
             if self.role != Role.OWNER or not self._corroborated(outcome.leader, naming):
                 return self._blame(failed) + self._request_restart(
-                    f"members refused the start, some saying they follow {outcome.leader[:12]}")
+                    f"members refused the start, some saying they follow {outcome.leader[:12]}"
+                )
             lead.hand_over_from_start = outcome.leader  # the plan cannot start: restart if that leader refuses us
             return [a.HandOver(outcome.leader)]
         if isinstance(outcome, leadership.Restart):
@@ -449,8 +474,12 @@ class JobCore:
         if event.stamp != self.stamp or not lead.plan:
             return [a.Refuse(self._stale(event.stamp))]
         if event.step <= self.committed_step or event.step > self.total_steps:
-            return [a.Refuse(f"checkpoint {event.step} is not after the committed step {self.committed_step} "
-                             f"and within the job's {self.total_steps} steps")]  # fmt: skip
+            return [
+                a.Refuse(
+                    f"checkpoint {event.step} is not after the committed step {self.committed_step} "
+                    f"and within the job's {self.total_steps} steps"
+                )
+            ]
         if event.step in lead.committing:
             return []  # once per step
         lead.committing.add(event.step)
@@ -486,8 +515,9 @@ class JobCore:
             lead.serve_blamed_at[culprit] = now
             count = lead.serve_failures[culprit] = lead.serve_failures.get(culprit, 0) + 1
             if count >= MAX_BLAMED_FAILURES:
-                return self._exclude(culprit, f"its shard serving failed {count} commits in a row "
-                                              f"({event.error[:200]})")  # fmt: skip
+                return self._exclude(
+                    culprit, f"its shard serving failed {count} commits in a row ({event.error[:200]})"
+                )
         attempt = lead.commit_attempts.get(event.step, 0) + 1
         lead.commit_attempts[event.step] = attempt
         if lead.regrow and event.step == lead.regrow_at:  # they hold at this checkpoint: no rebuild, they go on
@@ -556,10 +586,14 @@ class JobCore:
         lead.regrow = bool(lead.members - set(lead.plan) - {peer, self.me})
         if lead.standby in dropped:
             lead.standby = ""
-        return [a.DropReplica(self.stamp, index, count, peer, reason, hold=lead.regrow, retire=retire),
-                a.StopWorkers(self.stamp, tuple(p for p in dropped if p != self.me), JobState.REPLANNING.value,
-                              local=False),
-                self._track(), a.Persist()]  # fmt: skip
+        return [
+            a.DropReplica(self.stamp, index, count, peer, reason, hold=lead.regrow, retire=retire),
+            a.StopWorkers(
+                self.stamp, tuple(p for p in dropped if p != self.me), JobState.REPLANNING.value, local=False
+            ),
+            self._track(),
+            a.Persist(),
+        ]
 
     def _track(self) -> a.TrackElection:
         """The job's election over the plan's devices and this leader (whose worker may only serve the data)."""
@@ -580,8 +614,14 @@ class JobCore:
         tries = lead.restarts_at.get(self.committed_step, 0) + 1
         lead.restarts_at[self.committed_step] = tries
         if tries > MAX_RESTARTS_PER_CHECKPOINT:
-            return [a.CancelStart(), *self._finish(JobState.FAILED, f"{reason} (gave up after {tries - 1} "
-                    f"repartitions that made no progress past step {self.committed_step})")]  # fmt: skip
+            return [
+                a.CancelStart(),
+                *self._finish(
+                    JobState.FAILED,
+                    f"{reason} (gave up after {tries - 1} "
+                    f"repartitions that made no progress past step {self.committed_step})",
+                ),
+            ]
         old = lead.plan
         lead.recovering_from = old
         lead.regrow, lead.regrow_at = False, 0
@@ -589,9 +629,12 @@ class JobCore:
         self.stamp = self.stamp.next_term()
         lead.plan, lead.committing, lead.rebalance = (), set(), False
         others = tuple(p for p in old if p != self.me and p in lead.members)
-        return [a.CancelStart(), a.StartRecovery(reason, self.stamp.epoch + 1),
-                a.StopWorkers(self.stamp, others, JobState.REPLANNING.value),
-                a.CheckReachable(self.stamp, others)]  # fmt: skip
+        return [
+            a.CancelStart(),
+            a.StartRecovery(reason, self.stamp.epoch + 1),
+            a.StopWorkers(self.stamp, others, JobState.REPLANNING.value),
+            a.CheckReachable(self.stamp, others),
+        ]
 
     def _name_the_cause(self, death: str) -> list[a.Action]:
         """A member of the plan the repartition began from was declared dead: that is why (a neighbour's broken

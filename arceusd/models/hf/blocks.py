@@ -41,8 +41,11 @@ from arceusd.models.hf.keys import block_tensors
 from arceusd.models.init import block_generator, fill_normal
 
 _LAYERS: dict[str, Any] = {
-    "gpt2": GPT2Block, "llama": LlamaDecoderLayer, "qwen2": Qwen2DecoderLayer, "mistral": MistralDecoderLayer,
-}  # fmt: skip
+    "gpt2": GPT2Block,
+    "llama": LlamaDecoderLayer,
+    "qwen2": Qwen2DecoderLayer,
+    "mistral": MistralDecoderLayer,
+}
 
 
 def transformers_config(config: HFModelConfig) -> PretrainedConfig:

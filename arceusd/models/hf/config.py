@@ -30,16 +30,50 @@ MAX_POSITIONS = 1 << 24
 Problem = Callable[[str, str], None]
 
 #: Keys a config.json may carry that do not change the blocks' computation; dropped.
-_METADATA = frozenset({
-    "architectures", "model_type", "torch_dtype", "dtype", "transformers_version", "bos_token_id", "eos_token_id",
-    "pad_token_id", "use_cache", "_name_or_path", "output_attentions", "output_hidden_states", "return_dict",
-    "task_specific_params", "summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
-    "summary_first_dropout", "id2label", "label2id", "chunk_size_feed_forward", "is_decoder",
-    "is_encoder_decoder", "tokenizer_class", "prefix", "problem_type", "max_window_layers", "num_labels",
-})  # fmt: skip
+_METADATA = frozenset(
+    {
+        "architectures",
+        "model_type",
+        "torch_dtype",
+        "dtype",
+        "transformers_version",
+        "bos_token_id",
+        "eos_token_id",
+        "pad_token_id",
+        "use_cache",
+        "_name_or_path",
+        "output_attentions",
+        "output_hidden_states",
+        "return_dict",
+        "task_specific_params",
+        "summary_type",
+        "summary_use_proj",
+        "summary_activation",
+        "summary_proj_to_labels",
+        "summary_first_dropout",
+        "id2label",
+        "label2id",
+        "chunk_size_feed_forward",
+        "is_decoder",
+        "is_encoder_decoder",
+        "tokenizer_class",
+        "prefix",
+        "problem_type",
+        "max_window_layers",
+        "num_labels",
+    }
+)
 
-_DECODER_INTS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                 "num_key_value_heads", "head_dim", "max_position_embeddings")  # fmt: skip
+_DECODER_INTS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "max_position_embeddings",
+)
 _GPT2_INTS = ("vocab_size", "n_embd", "n_layer", "n_head", "n_positions", "n_inner")
 
 
@@ -131,8 +165,16 @@ def num_hf_blocks(config: HFModelConfig) -> int:
     return config.n_layer + 2
 
 
-def _number(doc: Mapping[str, Any], key: str, default: float, lo: float, hi: float, where: str,
-            problem: Problem, lo_open: bool = False) -> float | None:  # fmt: skip
+def _number(
+    doc: Mapping[str, Any],
+    key: str,
+    default: float,
+    lo: float,
+    hi: float,
+    where: str,
+    problem: Problem,
+    lo_open: bool = False,
+) -> float | None:
     v = doc.get(key, default)
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
         problem(f"{where}.{key}", f"got {v!r}; allowed: a number")
@@ -163,8 +205,7 @@ def _boolean(doc: Mapping[str, Any], key: str, default: bool, where: str, proble
     return v
 
 
-def _must(doc: Mapping[str, Any], key: str, allowed: tuple[Any, ...], where: str, problem: Problem,
-          why: str) -> None:  # fmt: skip
+def _must(doc: Mapping[str, Any], key: str, allowed: tuple[Any, ...], where: str, problem: Problem, why: str) -> None:
     if key in doc and doc[key] not in allowed:
         shown = " or ".join(json.dumps(a) for a in allowed)
         problem(f"{where}.{key}", f"got {doc[key]!r}; Arceus supports only {shown} ({why})")
@@ -174,8 +215,11 @@ def _rope_theta(doc: Mapping[str, Any], where: str, problem: Problem) -> float |
     params = doc.get("rope_parameters")
     if params is not None:
         if not isinstance(params, Mapping) or params.get("rope_type", "default") != "default":
-            problem(f"{where}.rope_parameters", f"got {params!r}; Arceus supports only rope_type 'default' "
-                    "(plain rotary embeddings); remove the scaling")  # fmt: skip
+            problem(
+                f"{where}.rope_parameters",
+                f"got {params!r}; Arceus supports only rope_type 'default' "
+                "(plain rotary embeddings); remove the scaling",
+            )
             return None
         return _number(params, "rope_theta", 10000.0, 0.0, 1e12, f"{where}.rope_parameters", problem, True)
     if doc.get("rope_scaling") is not None:
@@ -184,11 +228,25 @@ def _rope_theta(doc: Mapping[str, Any], where: str, problem: Problem) -> float |
     return _number(doc, "rope_theta", 10000.0, 0.0, 1e12, where, problem, lo_open=True)
 
 
-def _decoder_fields(model_type: str, doc: Mapping[str, Any], block_size: int, where: str,
-                    problem: Problem) -> dict[str, Any] | None:  # fmt: skip
-    known = set(_DECODER_INTS) | {"rms_norm_eps", "rope_theta", "rope_scaling", "rope_parameters",
-        "tie_word_embeddings", "hidden_act", "attention_bias", "mlp_bias", "attention_dropout", "initializer_range",
-        "sliding_window", "use_sliding_window", "pretraining_tp", "layer_types"}  # fmt: skip
+def _decoder_fields(
+    model_type: str, doc: Mapping[str, Any], block_size: int, where: str, problem: Problem
+) -> dict[str, Any] | None:
+    known = set(_DECODER_INTS) | {
+        "rms_norm_eps",
+        "rope_theta",
+        "rope_scaling",
+        "rope_parameters",
+        "tie_word_embeddings",
+        "hidden_act",
+        "attention_bias",
+        "mlp_bias",
+        "attention_dropout",
+        "initializer_range",
+        "sliding_window",
+        "use_sliding_window",
+        "pretraining_tp",
+        "layer_types",
+    }
     _unknown(doc, known, where, problem)
     out: dict[str, Any] = {}
     heads = _integer(doc, "num_attention_heads", None, where, problem)
@@ -201,10 +259,15 @@ def _decoder_fields(model_type: str, doc: Mapping[str, Any], block_size: int, wh
     if heads is not None and hidden is not None:
         given = doc.get("head_dim")
         if given is None and hidden % heads:
-            problem(f"{where}.hidden_size", f"{hidden} is not divisible by num_attention_heads = {heads}; "
-                    "give head_dim or make it divisible")  # fmt: skip
-        head_dim = _integer(doc, "head_dim", hidden // heads or 1, where, problem) if given is not None else (
-            hidden // heads if hidden % heads == 0 else None)
+            problem(
+                f"{where}.hidden_size",
+                f"{hidden} is not divisible by num_attention_heads = {heads}; give head_dim or make it divisible",
+            )
+        head_dim = (
+            _integer(doc, "head_dim", hidden // heads or 1, where, problem)
+            if given is not None
+            else (hidden // heads if hidden % heads == 0 else None)
+        )
         if kv is not None and heads % kv:
             problem(f"{where}.num_key_value_heads", f"{kv} does not divide num_attention_heads = {heads}")
     out["head_dim"] = head_dim
@@ -228,8 +291,11 @@ def _decoder_fields(model_type: str, doc: Mapping[str, Any], block_size: int, wh
         window = doc.get("sliding_window")
         sliding = model_type == "mistral" or bool(doc.get("use_sliding_window", False))
         if sliding and window is not None and (not isinstance(window, int) or window < block_size):
-            problem(f"{where}.sliding_window", f"got {window!r}: a window shorter than the training context "
-                    f"model.block_size = {block_size} is not supported; set it to null or >= {block_size}")  # fmt: skip
+            problem(
+                f"{where}.sliding_window",
+                f"got {window!r}: a window shorter than the training context "
+                f"model.block_size = {block_size} is not supported; set it to null or >= {block_size}",
+            )
         layer_types = doc.get("layer_types")
         full = isinstance(layer_types, list) and all(t == "full_attention" for t in layer_types)
         if layer_types is not None and not full and sliding:
@@ -243,9 +309,20 @@ def _decoder_fields(model_type: str, doc: Mapping[str, Any], block_size: int, wh
 
 
 def _gpt2_fields(doc: Mapping[str, Any], where: str, problem: Problem) -> dict[str, Any] | None:
-    known = set(_GPT2_INTS) | {"activation_function", "resid_pdrop", "embd_pdrop", "attn_pdrop",
-        "layer_norm_epsilon", "initializer_range", "scale_attn_weights", "scale_attn_by_inverse_layer_idx",
-        "reorder_and_upcast_attn", "tie_word_embeddings", "n_ctx", "add_cross_attention"}  # fmt: skip
+    known = set(_GPT2_INTS) | {
+        "activation_function",
+        "resid_pdrop",
+        "embd_pdrop",
+        "attn_pdrop",
+        "layer_norm_epsilon",
+        "initializer_range",
+        "scale_attn_weights",
+        "scale_attn_by_inverse_layer_idx",
+        "reorder_and_upcast_attn",
+        "tie_word_embeddings",
+        "n_ctx",
+        "add_cross_attention",
+    }
     _unknown(doc, known, where, problem)
     out: dict[str, Any] = {}
     for key in ("vocab_size", "n_embd", "n_layer", "n_head", "n_positions"):
@@ -253,8 +330,11 @@ def _gpt2_fields(doc: Mapping[str, Any], where: str, problem: Problem) -> dict[s
     if out["n_embd"] is not None and out["n_head"] is not None and out["n_embd"] % out["n_head"]:
         problem(f"{where}.n_embd", f"{out['n_embd']} is not divisible by n_head = {out['n_head']}")
     inner = doc.get("n_inner")
-    out["n_inner"] = _integer(doc, "n_inner", None, where, problem) if inner is not None else (
-        4 * out["n_embd"] if out["n_embd"] is not None else None)
+    out["n_inner"] = (
+        _integer(doc, "n_inner", None, where, problem)
+        if inner is not None
+        else (4 * out["n_embd"] if out["n_embd"] is not None else None)
+    )
     for key in ("resid_pdrop", "embd_pdrop", "attn_pdrop"):
         _must(doc, key, (0, 0.0), where, problem, "dropout differs between processes; set it to 0.0")
         out[key] = 0.0
@@ -275,8 +355,11 @@ def _gpt2_fields(doc: Mapping[str, Any], where: str, problem: Problem) -> dict[s
 def _unknown(doc: Mapping[str, Any], known: set[str], where: str, problem: Problem) -> None:
     extra = sorted(k for k in doc if k not in known and k not in _METADATA)
     if extra:
-        problem(f"{where}.{extra[0]}", f"unknown config field{'s' if len(extra) > 1 else ''} {', '.join(extra)}; "
-                "Arceus would not know whether it changes the architecture: remove it")  # fmt: skip
+        problem(
+            f"{where}.{extra[0]}",
+            f"unknown config field{'s' if len(extra) > 1 else ''} {', '.join(extra)}; "
+            "Arceus would not know whether it changes the architecture: remove it",
+        )
 
 
 def parse_hf_config(doc: object, block_size: int | None, where: str, problem: Problem) -> HFModelConfig | None:
@@ -286,11 +369,17 @@ def parse_hf_config(doc: object, block_size: int | None, where: str, problem: Pr
         return None
     model_type = doc.get("model_type")
     if model_type not in MODEL_TYPES:
-        problem(f"{where}.model_type", f"got {model_type!r}; Arceus trains {', '.join(MODEL_TYPES)} "
-                "(give one of these architectures' config.json)")  # fmt: skip
+        problem(
+            f"{where}.model_type",
+            f"got {model_type!r}; Arceus trains {', '.join(MODEL_TYPES)} "
+            "(give one of these architectures' config.json)",
+        )
         return None
-    fields = (_gpt2_fields(doc, where, problem) if model_type == "gpt2"
-              else _decoder_fields(model_type, doc, block_size or 0, where, problem))  # fmt: skip
+    fields = (
+        _gpt2_fields(doc, where, problem)
+        if model_type == "gpt2"
+        else _decoder_fields(model_type, doc, block_size or 0, where, problem)
+    )
     if fields is None:
         return None
     positions = int(fields["n_positions" if model_type == "gpt2" else "max_position_embeddings"])

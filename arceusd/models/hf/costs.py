@@ -56,12 +56,19 @@ def hf_block_costs(
             # inputs of each matmul and norm, q/k/v, the MLP's hidden (x3 for gated ones), attention weights
             stash = (8 * T * C + 3 * T * config.intermediate + config.n_head * T * T) * dtype_bytes
         layer = 0 < i < n - 1
-        costs.append(BlockCost(
-            name=name, param_bytes=params, optimizer_bytes=optimizer_bytes(params),
-            activation_bytes_per_sample=out_bytes, stash_bytes_per_sample=stash,
-            forward_flops_per_sample=fwd, backward_flops_per_sample=2.0 * fwd,
-            heads=config.n_kv_head if layer else 0, mlp_columns=config.intermediate if layer else 0,
-        ))  # fmt: skip
+        costs.append(
+            BlockCost(
+                name=name,
+                param_bytes=params,
+                optimizer_bytes=optimizer_bytes(params),
+                activation_bytes_per_sample=out_bytes,
+                stash_bytes_per_sample=stash,
+                forward_flops_per_sample=fwd,
+                backward_flops_per_sample=2.0 * fwd,
+                heads=config.n_kv_head if layer else 0,
+                mlp_columns=config.intermediate if layer else 0,
+            )
+        )
     return costs
 
 

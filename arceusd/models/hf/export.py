@@ -24,8 +24,12 @@ from arceusd.models.hf.config import HFModelConfig
 from arceusd.models.hf.keys import expected_tensors, hf_key
 from arceusd.models.hf.tokenizer_files import tokenizer_config
 
-ARCHITECTURES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                 "mistral": "MistralForCausalLM"}  # fmt: skip
+ARCHITECTURES = {
+    "gpt2": "GPT2LMHeadModel",
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "mistral": "MistralForCausalLM",
+}
 
 
 def hf_state(config: HFModelConfig, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

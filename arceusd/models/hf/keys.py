@@ -52,18 +52,35 @@ def block_tensors(config: HFModelConfig, index: int) -> dict[str, Shape]:
     if not 0 < index < n - 1:
         raise ValueError(f"block index {index} out of range: the model has {n} blocks")
     if config.is_gpt2:
-        return {f"layer.{k}": s for k, s in {
-            "ln_1.weight": (C,), "ln_1.bias": (C,), "attn.c_attn.weight": (C, 3 * C), "attn.c_attn.bias": (3 * C,),
-            "attn.c_proj.weight": (C, C), "attn.c_proj.bias": (C,), "ln_2.weight": (C,), "ln_2.bias": (C,),
-            "mlp.c_fc.weight": (C, inner), "mlp.c_fc.bias": (inner,), "mlp.c_proj.weight": (inner, C),
-            "mlp.c_proj.bias": (C,),
-        }.items()}  # fmt: skip
+        return {
+            f"layer.{k}": s
+            for k, s in {
+                "ln_1.weight": (C,),
+                "ln_1.bias": (C,),
+                "attn.c_attn.weight": (C, 3 * C),
+                "attn.c_attn.bias": (3 * C,),
+                "attn.c_proj.weight": (C, C),
+                "attn.c_proj.bias": (C,),
+                "ln_2.weight": (C,),
+                "ln_2.bias": (C,),
+                "mlp.c_fc.weight": (C, inner),
+                "mlp.c_fc.bias": (inner,),
+                "mlp.c_proj.weight": (inner, C),
+                "mlp.c_proj.bias": (C,),
+            }.items()
+        }
     q, kv = config.n_head * config.head_dim, config.n_kv_head * config.head_dim
     t: dict[str, Shape] = {
-        "self_attn.q_proj.weight": (q, C), "self_attn.k_proj.weight": (kv, C), "self_attn.v_proj.weight": (kv, C),
-        "self_attn.o_proj.weight": (C, q), "mlp.gate_proj.weight": (inner, C), "mlp.up_proj.weight": (inner, C),
-        "mlp.down_proj.weight": (C, inner), "input_layernorm.weight": (C,), "post_attention_layernorm.weight": (C,),
-    }  # fmt: skip
+        "self_attn.q_proj.weight": (q, C),
+        "self_attn.k_proj.weight": (kv, C),
+        "self_attn.v_proj.weight": (kv, C),
+        "self_attn.o_proj.weight": (C, q),
+        "mlp.gate_proj.weight": (inner, C),
+        "mlp.up_proj.weight": (inner, C),
+        "mlp.down_proj.weight": (C, inner),
+        "input_layernorm.weight": (C,),
+        "post_attention_layernorm.weight": (C,),
+    }
     attn_bias = config.model_type == "qwen2" or (config.model_type == "llama" and config.get("attention_bias"))
     if attn_bias:
         t.update({"self_attn.q_proj.bias": (q,), "self_attn.k_proj.bias": (kv,), "self_attn.v_proj.bias": (kv,)})

@@ -47,9 +47,13 @@ def add_lora(block: nn.Module, config: HFModelConfig, index: int, seed: int) -> 
         from peft import LoraConfig, inject_adapter_in_model  # imported only by LoRA jobs' workers
 
         peft_config = LoraConfig(
-            r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=list(modules),
-            fan_in_fan_out=config.is_gpt2, bias="none",
-        )  # fmt: skip
+            r=lora.r,
+            lora_alpha=lora.alpha,
+            lora_dropout=lora.dropout,
+            target_modules=list(modules),
+            fan_in_fan_out=config.is_gpt2,
+            bias="none",
+        )
         inject_adapter_in_model(peft_config, block)
         _init(block, block_generator(seed, num_hf_blocks(config) + index))  # not any block's own stream
     _freeze(block)

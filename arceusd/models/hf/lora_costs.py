@@ -41,12 +41,15 @@ def lora_block_costs(
         else:
             matmul = cost.forward_flops_per_sample - attention
             backward = matmul + 2.0 * attention + 2.0 * adapter_flops
-        out.append(replace(
-            cost, param_bytes=cost.param_bytes + adapters * dtype_bytes,
-            optimizer_bytes=optimizer_bytes(adapters * dtype_bytes),
-            forward_flops_per_sample=cost.forward_flops_per_sample + adapter_flops,
-            backward_flops_per_sample=backward,
-        ))  # fmt: skip
+        out.append(
+            replace(
+                cost,
+                param_bytes=cost.param_bytes + adapters * dtype_bytes,
+                optimizer_bytes=optimizer_bytes(adapters * dtype_bytes),
+                forward_flops_per_sample=cost.forward_flops_per_sample + adapter_flops,
+                backward_flops_per_sample=backward,
+            )
+        )
     return out
 
 

@@ -49,8 +49,9 @@ def adapter_tensors(config: HFModelConfig, state: dict[str, torch.Tensor]) -> di
 
 
 @torch.no_grad()
-def merged_state(config: HFModelConfig, state: dict[str, torch.Tensor], seed: int,
-                 weights: Path | None) -> dict[str, torch.Tensor]:  # fmt: skip
+def merged_state(
+    config: HFModelConfig, state: dict[str, torch.Tensor], seed: int, weights: Path | None
+) -> dict[str, torch.Tensor]:
     """The base's parameters (``"<block>.<local>"``, rebuilt from ``weights`` or ``seed``) with the adapters of
     ``state`` merged into their layers' weights."""
     from arceusd.models.build import build_block
@@ -76,13 +77,24 @@ def _write_adapter_config(directory: Path, config: HFModelConfig) -> None:
     assert config.lora is not None
     lora = config.lora
     LoraConfig(
-        task_type="CAUSAL_LM", r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-        target_modules=list(lora.targets), fan_in_fan_out=config.is_gpt2, bias="none",
-    ).save_pretrained(str(directory))  # fmt: skip
+        task_type="CAUSAL_LM",
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=list(lora.targets),
+        fan_in_fan_out=config.is_gpt2,
+        bias="none",
+    ).save_pretrained(str(directory))
 
 
-def write_lora_export(directory: Path, config: HFModelConfig, state: dict[str, torch.Tensor],
-                      tokenizer: Path | None, seed: int, weights: Path | None) -> Path:  # fmt: skip
+def write_lora_export(
+    directory: Path,
+    config: HFModelConfig,
+    state: dict[str, torch.Tensor],
+    tokenizer: Path | None,
+    seed: int,
+    weights: Path | None,
+) -> Path:
     """Write the export folder (see the module docstring); returns the adapter weights' path."""
     from arceusd.models.hf.export import write_hf_export
 
@@ -98,8 +110,9 @@ def write_lora_export(directory: Path, config: HFModelConfig, state: dict[str, t
         described.pop("eos_token_id", None)
         (directory / "tokenizer_config.json").write_text(json.dumps(described, indent=2) + "\n", encoding="utf-8")
     if config.lora.merge:
-        write_hf_export(directory / MERGED, replace(config, lora=None), merged_state(config, state, seed, weights),
-                        tokenizer)  # fmt: skip
+        write_hf_export(
+            directory / MERGED, replace(config, lora=None), merged_state(config, state, seed, weights), tokenizer
+        )
     return path
 
 

@@ -63,5 +63,4 @@ def peft_key(config: HFModelConfig, index: int, local: str) -> str:
     return PEFT_PREFIX + hf_key(config, index, plain)
 
 
-__all__ = ["ADAPTER", "PEFT_PREFIX", "adapted_modules", "lora_blocks", "lora_param_count", "lora_tensors",
-           "peft_key"]  # fmt: skip
+__all__ = ["ADAPTER", "PEFT_PREFIX", "adapted_modules", "lora_blocks", "lora_param_count", "lora_tensors", "peft_key"]

@@ -18,8 +18,15 @@ MAX_ALPHA = 65536
 MAX_DROPOUT = 0.5
 MAX_TARGETS = 16
 
-_DECODER = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
-            "mlp.up_proj", "mlp.down_proj")  # fmt: skip
+_DECODER = (
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+)
 
 LAYER_LINEARS: dict[str, tuple[str, ...]] = {
     "llama": _DECODER,
@@ -63,5 +70,13 @@ def matched_paths(model_type: str, targets: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(p for p in LAYER_LINEARS[model_type] if any(p == t or p.endswith("." + t) for t in targets))
 
 
-__all__ = ["LAYER_LINEARS", "MAX_ALPHA", "MAX_DROPOUT", "MAX_RANK", "MAX_TARGETS", "LoraSpec", "matched_paths",
-           "names_for"]  # fmt: skip
+__all__ = [
+    "LAYER_LINEARS",
+    "MAX_ALPHA",
+    "MAX_DROPOUT",
+    "MAX_RANK",
+    "MAX_TARGETS",
+    "LoraSpec",
+    "matched_paths",
+    "names_for",
+]

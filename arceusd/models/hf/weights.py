@@ -27,12 +27,14 @@ def load_block_tensors(path: Path, config: HFModelConfig, index: int) -> dict[st
             if key not in keys and source is not None and source in keys:  # a tied checkpoint: the head starts as it
                 key = source
             if key not in keys:
-                raise ValueError(f"initial weights {path}: missing {key} (block {index}); the file does not match "
-                                 "model.config")  # fmt: skip
+                raise ValueError(
+                    f"initial weights {path}: missing {key} (block {index}); the file does not match model.config"
+                )
             t = f.get_tensor(key)
             if tuple(t.shape) != shape:
-                raise ValueError(f"initial weights {path}: {key} has shape {list(t.shape)}, model.config says "
-                                 f"{list(shape)}")  # fmt: skip
+                raise ValueError(
+                    f"initial weights {path}: {key} has shape {list(t.shape)}, model.config says {list(shape)}"
+                )
             out[local] = t.to(torch.float32)
     return out
 

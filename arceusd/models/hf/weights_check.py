@@ -53,8 +53,9 @@ def weights_problems(path: Path, config: HFModelConfig) -> list[str]:
     if missing:
         problems.append(f"{len(missing)} tensor(s) the config needs are missing, e.g. {missing[0]}")
     if extra:
-        problems.append(f"{len(extra)} tensor(s) the config does not have, e.g. {extra[0]} (another architecture "
-                        "or size?)")  # fmt: skip
+        problems.append(
+            f"{len(extra)} tensor(s) the config does not have, e.g. {extra[0]} (another architecture or size?)"
+        )
     for key, (_, _, shape) in expected.items():
         entry = header.get(key, header.get(untied_head_source(config, key) or ""))
         if not isinstance(entry, dict):
