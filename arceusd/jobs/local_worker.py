@@ -348,11 +348,12 @@ class LocalWorker:
             digests = job.leading.witnesses.get(step, {})
             if len(digests) < len(job.plan_peers()):
                 return
-            verdict = witnesses.judge(job, step, digests, self.ctx.node.identity.peer_id)
+            me = self.ctx.node.identity.peer_id
+            verdict = witnesses.judge(job, step, digests, me, witnesses.shard_digests(job, step))
             if verdict.reason:
                 job.leading.complete[step] = frozenset()
                 for peer in verdict.odd:
-                    if peer == self.ctx.node.identity.peer_id:
+                    if peer == me:
                         continue  # the leader does not exclude itself: the replan is the remedy
                     refused = shard_checks.ReportRefused(shard_checks.ReportProblem.WITNESS, verdict.reason)
                     shard_checks.exclude(job, peer, refused)

@@ -15,9 +15,18 @@ every device of the plan reported (shards and witnesses) it compares them place 
 - two replicas that differ where the leader holds one of the places itself: its own worker's witness is what it
   computed, so the other replica's device is the odd one and is excluded like one outvoted (issue #29 item 6: a
   member sending a wrong witness used to fail every job of two replicas, never named);
-- two replicas that differ at a place the leader does not hold: word against word, nobody can be named: the job
-  replans from the last commit without excluding anyone (counted under ``refused_reports`` as
-  ``replica_witness``).
+- two replicas that differ at a place the leader does not hold, gradients averaged every step: the first
+  replica's witness is a commitment the leader can check, the other's is not. The first replica's device also
+  reported its checkpoint shard's sha256 (the bytes the leader fetches, checks against that digest and the
+  plausibility bound before it commits them), and its witness is that very digest. A first-replica device whose
+  witness differs from its own shard's digest contradicts itself and is the odd one (with any number of
+  replicas, all alike included: its shard is not what it witnessed, so it is never committed); else the other replica's
+  device, whose witness disagrees with the state the leader holds the bytes of, is the odd one (issue #29 item 6:
+  the dispute is settled as a job of one replica would trust that shard, and the job replans from the last
+  commit without the odd device; nothing of the disputed interval is committed);
+- with DiLoCo (the witness is the outer anchor and momentum, not the shard's bytes) two replicas that differ at a
+  place the leader does not hold stay word against word: the job replans from the last commit without excluding
+  anyone (counted under ``refused_reports`` as ``replica_witness``).
 
 Pure functions over the job record.
 """
@@ -30,6 +39,7 @@ from dataclasses import dataclass
 
 from arceusd.jobs.job import Job
 from arceusd.jobs.shard_checks import ReportProblem, ReportRefused
+from partitioner.replicas import ReplicaSyncMode
 from protocol.job_wire import JobReport
 
 _HEX = frozenset("0123456789abcdef")
@@ -71,22 +81,38 @@ class Verdict:
     reason: str
 
 
-def judge(job: Job, step: int, digests: Mapping[str, str], me: str = "") -> Verdict:
+def shard_digests(job: Job, step: int) -> dict[str, str]:
+    """The sha256 each first-replica device reported for its checkpoint shard of ``step`` (checked by
+    :func:`arceusd.jobs.shard_checks.check_checkpoint_report`: 64 hex characters)."""
+    return {peer: str(shard["sha256"]) for peer, shard in job.leading.reports.get(step, {}).items()}
+
+
+def judge(
+    job: Job, step: int, digests: Mapping[str, str], me: str = "", shards: Mapping[str, str] | None = None
+) -> Verdict:
     """Compare the replicas' witnesses of ``step`` place by place (see the module docstring); ``me``: the leader,
-    whose own witness settles a place it holds."""
+    whose own witness settles a place it holds; ``shards``: the first replica's reported shard digests
+    (:func:`shard_digests`), which settle a place the leader does not hold when gradients are averaged every
+    step."""
     rp = job.replica_plan
     if rp is None:
         raise ValueError("judging witnesses needs a plan with replicas (a bug: checked by replicated())")
+    backed = rp.sync_mode is ReplicaSyncMode.ALLREDUCE and shards is not None
     first = rp.replicas[0]
     alike: set[str] = set()
     odd: list[str] = []
     split: list[str] = []
+    by_shard = False
     for s, stage in enumerate(first.stages):
         for r in range(len(stage.shares)):
             members = [replica.stages[s].shares[r].peer_id for replica in rp.replicas]  # cut alike: same places
+            held = shards.get(members[0], "") if backed and shards is not None else ""
             votes = Counter(digests.get(p, "") for p in members)
             top, count = votes.most_common(1)[0]
-            if count == len(members):
+            if held and digests.get(members[0]) != held:  # its witness contradicts its own shard: it is the odd one
+                odd.append(members[0])
+                by_shard = True
+            elif count == len(members):
                 alike.update(members[1:])
             elif len(members) >= 3 and count * 2 > len(members) and top:
                 odd.extend(p for p in members if digests.get(p) != top)
@@ -94,6 +120,10 @@ def judge(job: Job, step: int, digests: Mapping[str, str], me: str = "") -> Verd
             elif me in members and digests.get(me):  # the leader's own computation settles its place
                 odd.extend(p for p in members if digests.get(p) != digests[me])
                 alike.update(p for p in members[1:] if digests.get(p) == digests[me])
+            elif held:  # the first replica's shard, whose bytes the leader holds, settles the place
+                by_shard = True
+                odd.extend(p for p in members[1:] if digests.get(p) != held)
+                alike.update(p for p in members[1:] if digests.get(p) == held)
             else:
                 split.append(f"stage {s} rank {r}")
     if split:
@@ -103,9 +133,11 @@ def judge(job: Job, step: int, digests: Mapping[str, str], me: str = "") -> Verd
         )
     elif odd:
         reason = f"member(s) {', '.join(p[:12] for p in odd)} diverged from the other replicas at step {step}"
+        if by_shard:
+            reason += " (settled by the first replica's shard, whose bytes the leader holds)"
     else:
         reason = ""
     return Verdict(frozenset(alike), tuple(odd), reason)
 
 
-__all__ = ["Verdict", "check_witness", "judge", "replicated"]
+__all__ = ["Verdict", "check_witness", "judge", "replicated", "shard_digests"]

@@ -11,14 +11,15 @@ from arceusd.jobs import witnesses
 from arceusd.jobs.job import Job
 from arceusd.jobs.planning import make_job_plan
 from arceusd.jobs.shard_checks import ReportProblem, ReportRefused
+from partitioner.replicas import ReplicaSyncMode
 from protocol.job_wire import JobReport, ReportKind
 from tests.unit.test_planning_replicas import FAST, _links, _offers, _spec
 
 A, B = "a" * 64, "b" * 64
 
 
-def _job(replicas: int) -> Any:
-    spec = _spec(replicas=replicas, sync="every_step", batch_size=96)
+def _job(replicas: int, sync: str = "every_step") -> Any:
+    spec = _spec(replicas=replicas, sync=sync, batch_size=96)
     _, rp = make_job_plan(spec, _offers(replicas), {}, _links(replicas, FAST))
     assert len(rp.replicas) == replicas
     return SimpleNamespace(
@@ -92,6 +93,38 @@ def test_with_two_replicas_the_leaders_own_witness_settles_the_places_it_holds()
     assert alike.reason == "" and alike.alike == {p1}
     stranger = witnesses.judge(cast(Job, two), 50, {p0: A, p1: B}, "e" * 32)  # the leader holds neither
     assert stranger.odd == () and "different states" in stranger.reason
+
+
+def test_with_two_replicas_a_place_the_leader_does_not_hold_is_settled_by_the_first_replicas_shard() -> None:
+    """Issue #29 item 6, the rest: where the leader holds neither place, the first replica's witness is the sha256
+    of the shard it reported (bytes the leader fetches and checks): a witness that differs from it is the odd one;
+    a first-replica device whose witness contradicts its own shard is. With DiLoCo (the witness is not the shard)
+    it stays word against word."""
+    two = _job(2)
+    assert two.replica_plan.sync_mode is ReplicaSyncMode.ALLREDUCE
+    p0, p1 = _peers(two)
+    leader = "e" * 32  # holds neither place
+    other = witnesses.judge(cast(Job, two), 50, {p0: A, p1: B}, leader, {p0: A})
+    assert other.odd == (p1,) and "diverged" in other.reason and "first replica's shard" in other.reason, other
+    liar = witnesses.judge(cast(Job, two), 50, {p0: B, p1: A}, leader, {p0: A})  # contradicts its own shard
+    assert liar.odd == (p0,) and liar.reason, liar
+    both = witnesses.judge(cast(Job, two), 50, {p0: B, p1: B}, leader, {p0: A})  # alike, but not the shard
+    assert both.odd == (p0,) and both.reason, both
+    alike = witnesses.judge(cast(Job, two), 50, {p0: A, p1: A}, leader, {p0: A})
+    assert alike.reason == "" and alike.alike == {p1} and alike.odd == ()
+    unreported = witnesses.judge(cast(Job, two), 50, {p0: A, p1: B}, leader, {})  # no shard digest in hand
+    assert unreported.odd == () and "different states" in unreported.reason
+    diloco = _job(2, sync="diloco")
+    d0, d1 = _peers(diloco)
+    assert diloco.replica_plan.sync_mode is ReplicaSyncMode.DILOCO
+    word = witnesses.judge(cast(Job, diloco), 50, {d0: A, d1: B}, leader, {d0: A})
+    assert word.odd == () and "different states" in word.reason
+
+
+def test_the_shard_digests_are_the_first_replicas_reported_ones() -> None:
+    job = SimpleNamespace(leading=SimpleNamespace(reports={50: {"p": {"name": "s", "sha256": A, "size": 9}}}))
+    assert witnesses.shard_digests(cast(Job, job), 50) == {"p": A}
+    assert witnesses.shard_digests(cast(Job, job), 100) == {}
 
 
 def test_the_worker_witness_event_round_trips_and_a_bad_digest_is_refused() -> None:
