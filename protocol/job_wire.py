@@ -1,4 +1,4 @@
-"""Wire messages of the job lifecycle (ids 70-89 and 95-96, append-only). Announce/join use ids 30-32 of
+"""Wire messages of the job lifecycle (ids 70-89 and 95-97, append-only). Announce/join use ids 30-32 of
 :mod:`protocol.messages`.
 
 ==== ================ ========== =====================================================================
@@ -32,6 +32,9 @@ id   type             max_size   meaning
 89   ChallengeRoot    512        member -> leader: the Merkle root of every product's blocks
 95   ChallengeOpen    1 KiB      leader -> member: the blocks (leaves) to show
 96   ChallengeBlocks  64 KiB     member -> leader: those blocks' digests (float32) and Merkle proofs
+97   WeightsRequest   1 KiB      member -> leader: a chunk of this member's place's initial weights for (job,
+                                 epoch) (their raw bytes in the order the signed spec implies), or, ``whole``,
+                                 standby -> leader: a chunk of the whole weights file
 ==== ================ ========== =====================================================================
 
 ``JobStart.grow`` (JSON, empty for a plan's start) starts a spare device's worker in a dropped replica's slot, from
@@ -235,6 +238,18 @@ class DataRequest:
     job_id: str = field(metadata=_ID)
     index: int
     offset: int = 0
+
+
+@message(97, max_size=1024)
+@dataclass(frozen=True)
+class WeightsRequest:
+    """A chunk from ``offset`` of the sender's slice of a stock LM's initial weights in plan epoch ``epoch``
+    (:mod:`arceusd.models.hf.weights_slice`), or, with ``whole``, of the whole weights file (to the standby)."""
+
+    job_id: str = field(metadata=_ID)
+    epoch: int
+    offset: int = 0
+    whole: bool = False
 
 
 LINK_ECHO_MAX = 2 * 1024 * 1024

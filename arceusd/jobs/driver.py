@@ -29,8 +29,7 @@ from arceusd.jobs.core import Role
 from arceusd.jobs.core import actions as a
 from arceusd.jobs.core import events as e
 from arceusd.jobs.job import Job, Recovery
-from arceusd.jobs.spec_types import resolve_path
-from arceusd.jobs.transfers import leader_data
+from arceusd.jobs.transfers import job_weights, leader_data
 from arceusd.membership.events import MemberState
 from protocol.job_wire import JobStop
 
@@ -302,8 +301,7 @@ class Driver:
         data = leader_data(job)
         # a character job's vocabulary comes from its text, a stock LM's export carries its tokenizer.json
         vocab = str(data["path"]) if data.get("kind") == "text" else data.get("tokenizer")
-        initial = getattr(job.spec.model, "weights", None)  # a LoRA job's merged export rebuilds its base
-        weights = resolve_path(initial, job.spec.base_dir).resolve() if initial else None
+        weights = job_weights(job)  # a LoRA job's merged export rebuilds its base (the owner's file, or a copy)
         try:
             path = await filework.export_model(job.directory, job.spec_bytes, job.job_id, step, paths, vocab, weights)
         except Exception as exc:

@@ -14,12 +14,14 @@ from __future__ import annotations
 import json
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 import trio
 
 from arceusd.jobs import claims, probation, reports, shard_checks, witnesses
 from arceusd.jobs.core import Role, Stamp, actions, events
+from arceusd.jobs.initial_weights import needs_weights, place_of, worker_spec_weights
 from arceusd.jobs.job import TERMINAL, Job
 from arceusd.jobs.manager_base import JobContext, Lifecycle
 from arceusd.jobs.planning import (
@@ -33,11 +35,11 @@ from arceusd.jobs.planning import (
     worker_stages,
 )
 from arceusd.jobs.recovery import ResumeError, ResumePoint
-from arceusd.jobs.spec_types import resolve_path
 from arceusd.jobs.speed_checks import SpeedChecks
 from arceusd.jobs.supervisor import WorkerFailed, WorkerProcess
-from arceusd.jobs.transfers import leader_data
+from arceusd.jobs.transfers import job_weights, leader_data
 from arceusd.jobs.warm_starts import preloads_for, warm_starts
+from arceusd.models.hf.weights_slice import WeightsSliceError
 from arceusd.worker.protocol import WorkerConfig
 from protocol.envelope import Header
 from protocol.errors import RemoteProtocolError
@@ -112,9 +114,17 @@ class LocalWorker:
                 local = await self.ctx.transfers.fetch_resume(job, header.sender, resume.step, mine)
             except (ResumeError, OSError) as exc:
                 return JobStartReply(msg.job_id, False, f"could not get the resume slice: {exc}")
+        weights = None
+        if needs_weights(job.spec.model, resume is not None) and not self.ctx.leads(job):
+            place = place_of(replica_plan, self.ctx.node.identity.peer_id)
+            try:  # only its place's tensors, checked against the signed spec (arceusd.jobs.initial_weights)
+                weights = await self.ctx.transfers.fetch_weights(job, header.sender, place or (0, 0))
+            except (WeightsSliceError, OSError) as exc:
+                log.warning("job %s: %s", job.job_id, exc)
+                return JobStartReply(msg.job_id, False, f"could not get the initial weights: {exc}")
         job.step = msg.resume_step
         fetched = time.monotonic()
-        reply = await self.start_worker(job, local)
+        reply = await self.start_worker(job, local, weights)
         if reply.accepted:
             self.life.feed(job, events.WorkerStarted(stamp))
             # where a slow start went (issue 33; bench/recovery.py prints these lines)
@@ -130,9 +140,10 @@ class LocalWorker:
             )
         return reply
 
-    async def start_worker(self, job: Job, resume: Any = None) -> JobStartReply:
+    async def start_worker(self, job: Job, resume: Any = None, weights: Path | None = None) -> JobStartReply:
         """Start this device's worker for its place in ``job.replica_plan`` (its replica's stages; with
-        replicas, every replica's stages and how they sync)."""
+        replicas, every replica's stages and how they sync). ``weights``: a member's slice of the job's initial
+        weights (:meth:`arceusd.jobs.transfers.Transfers.fetch_weights`); a leader's worker reads its whole file."""
         rp = job.replica_plan
         if rp is None:
             return JobStartReply(job.job_id, False, "no plan to start a worker for")
@@ -143,9 +154,11 @@ class LocalWorker:
         spec_dict = json.loads(job.spec_bytes)
         if self.ctx.leads(job):
             spec_dict["data"] = leader_data(job)
-        weights = spec_dict.get("model", {}).get("weights")
-        if isinstance(weights, str):  # a stock LM's initial weights: every device reads its blocks from this path
-            spec_dict["model"]["weights"] = str(resolve_path(weights, job.spec.base_dir).resolve())
+        if self.ctx.leads(job):  # the owner's file, or a standby's checked copy once it took over
+            weights = job_weights(job)
+        if weights is None and needs_weights(job.spec.model, resume is not None):
+            return JobStartReply(job.job_id, False, "this device holds none of the job's initial weights")
+        worker_spec_weights(spec_dict, weights if needs_weights(job.spec.model, resume is not None) else None)
         offer = await self.ctx.offer()
         config = WorkerConfig(
             job_id=job.job_id,

@@ -71,6 +71,7 @@ from arceusd.jobs.core import JobCore, JobState, Role, Stamp
 from arceusd.jobs.core import actions as a
 from arceusd.jobs.core import events as e
 from arceusd.jobs.driver import Driver
+from arceusd.jobs.initial_weights import copy_path, weights_model
 from arceusd.jobs.job import TERMINAL, Job
 from arceusd.jobs.joining import Joining
 from arceusd.jobs.known import read_records
@@ -104,6 +105,7 @@ from protocol.job_wire import (
     ShardRequest,
     SpeedChallenge,
     StandbySync,
+    WeightsRequest,
 )
 from protocol.lend_wire import LendQuery
 from protocol.messages import JobAnnounce, JoinRequest
@@ -234,6 +236,7 @@ class JobManager(JobContext):
         peers.register(ResumeRequest, gate(self.transfers.on_resume_request))
         peers.register(StandbySync, gate(self.standbys.on_standby_sync))
         peers.register(DataRequest, gate(self.transfers.on_data_request))
+        peers.register(WeightsRequest, gate(self.transfers.on_weights_request))
         peers.register(LinkEcho, self.starting.on_link_echo)
         peers.register(LendQuery, gate(answerer(self)))  # what this device lends (arceusd.jobs.lending)
         peers.listeners.append(self._on_member_changed)
@@ -308,8 +311,13 @@ class JobManager(JobContext):
         me, (peer, term) = self.node.identity.peer_id, leader
         if peer == me and not self.leads(job):
             holds = job.standby == me and job.standby_data is not None and job.plan is not None
+            holds = holds and (weights_model(job.spec.model) is None or copy_path(job.directory).is_file())
             if not self.feed(job, e.TakeoverElected(term, holds)):
-                log.warning("job %s: elected, but this device holds no checked copy of the data; not leading", job_id)
+                log.warning(
+                    "job %s: elected, but this device holds no checked copy of the data (or the initial weights); "
+                    "not leading",
+                    job_id,
+                )
         elif peer != me and self.leads(job):
             log.warning("job %s: %s was elected leader (term %d); stepping down", job_id, peer[:12], term)
             self.feed(job, e.OtherElected(peer, term))

@@ -5,7 +5,9 @@ Owns::
 
     [model]  type = "hf", config = "config.json" (a path, relative to the spec's folder; or the config inline as
              a table, the form a spec travels in), block_size (training context length), weights? (a safetensors
-             file under the architecture's keys), weights_sha256? (recorded when the file is read)
+             file under the architecture's keys), weights_sha256? and weights_tensors? (the file's digest and
+             each tensor's, key -> [dtype, sha256]: recorded when the file is read; members check the slice
+             they receive against them, arceusd/models/hf/weights_slice.py)
     [data]   kind = "tokens", path, tokenizer (a tokenizers tokenizer.json), format ("text" | "jsonl"),
              text_field ("text"), val_fraction, sha256?, tokenizer_sha256?
 
@@ -25,9 +27,11 @@ from arceusd.data.text_files import file_sha256
 from arceusd.jobs.fields import FieldReader
 from arceusd.jobs.spec_types import TOKENS_FORMATS, TokensDataSpec, TrainingSpec, resolve_path
 from arceusd.models.hf.config import HFModelConfig, parse_hf_config
+from arceusd.models.hf.keys import expected_tensors
 from arceusd.models.hf.weights_check import weights_problems
+from arceusd.models.hf.weights_slice import DTYPE_BYTES, WeightsSliceError, digest_file
 
-HF_KEYS = ("type", "config", "block_size", "weights", "weights_sha256")
+HF_KEYS = ("type", "config", "block_size", "weights", "weights_sha256", "weights_tensors")
 TOKENS_KEYS = ("kind", "path", "tokenizer", "format", "text_field", "val_fraction", "sha256", "tokenizer_sha256")
 MAX_CONFIG_BYTES = 1 << 20
 MAX_TOKENIZER_BYTES = 64 << 20
@@ -87,6 +91,7 @@ def parse_hf_model(
     config = parse_hf_config(doc, block, "model.config", r.problem)
     if config is None:
         return None
+    tensors = _tensor_table(r, t.get("weights_tensors"), config)
     if weights is not None and check_files:
         path = resolve_path(weights, base_dir)
         problems = weights_problems(path, config)
@@ -94,14 +99,60 @@ def parse_hf_model(
             r.problem("model.weights", f"{line}; give the weights of this config (the architecture's own keys)")
         if problems:
             return None
-        actual = file_sha256(path)
+        try:  # the file's digest and each tensor's, in one pass: members check their slices against these
+            actual, table = digest_file(path)
+        except (OSError, WeightsSliceError) as e:
+            r.problem("model.weights", f"cannot read {path}: {e}")
+            return None
         if digest is not None and digest != actual:
             r.problem("model.weights_sha256", f"the weights' digest is {actual}, not {digest}; the file changed")
             return None
-        digest = actual
-    elif digest is not None and weights is None:
-        r.problem("model.weights_sha256", "applies only with model.weights")
-    return replace(config, weights=weights, weights_sha256=digest)
+        found = tuple(sorted((k, d, h) for k, (d, h) in table.items()))
+        if tensors is not None and tensors != found:
+            r.problem("model.weights_tensors", "the weights' tensors differ from these digests; the file changed")
+            return None
+        digest, tensors = actual, found
+    elif weights is not None and tensors is None and "weights_tensors" not in t:
+        r.problem(
+            "model.weights_tensors",
+            "missing: a spec from the wire carries its weights' tensor digests (the owner records them at submit)",
+        )
+        return None
+    elif weights is None:
+        if digest is not None:
+            r.problem("model.weights_sha256", "applies only with model.weights")
+        if "weights_tensors" in t:
+            r.problem("model.weights_tensors", "applies only with model.weights")
+    return replace(config, weights=weights, weights_sha256=digest, weights_tensors=tensors)
+
+
+def _tensor_table(r: FieldReader, raw: Any, config: HFModelConfig) -> tuple[tuple[str, str, str], ...] | None:
+    """``model.weights_tensors`` (key -> [dtype, sha256]) bounded by the config's own keys, or None."""
+    if raw is None:
+        return None
+    names = set(expected_tensors(config)) | {"lm_head.weight"}  # a tied checkpoint may store the head too
+    if not isinstance(raw, Mapping) or not 0 < len(raw) <= len(names):
+        r.problem("model.weights_tensors", f"must be a table of 1 to {len(names)} tensors (key = [dtype, sha256])")
+        return None
+    out = []
+    for key, value in raw.items():
+        if key not in names:
+            r.problem("model.weights_tensors", f"{str(key)[:80]!r} is no tensor of this config")
+            return None
+        if (
+            not isinstance(value, list)
+            or len(value) != 2
+            or value[0] not in DTYPE_BYTES
+            or not isinstance(value[1], str)
+            or not _HEX64_RE.match(value[1])
+        ):
+            r.problem(
+                "model.weights_tensors",
+                f"{key}: got {str(value)[:80]}; allowed: [dtype ({', '.join(DTYPE_BYTES)}), 64 lowercase hex]",
+            )
+            return None
+        out.append((str(key), str(value[0]), str(value[1])))
+    return tuple(sorted(out))
 
 
 def hf_model_dict(m: HFModelConfig) -> dict[str, Any]:
@@ -111,6 +162,8 @@ def hf_model_dict(m: HFModelConfig) -> dict[str, Any]:
         out["weights"] = m.weights
     if m.weights_sha256 is not None:
         out["weights_sha256"] = m.weights_sha256
+    if m.weights_tensors is not None:
+        out["weights_tensors"] = {k: [d, h] for k, d, h in m.weights_tensors}
     return out
 
 

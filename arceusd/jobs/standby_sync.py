@@ -1,11 +1,12 @@
 """Keeping a standby ready to lead, and the owner's copy of the final checkpoint.
 
 After every commit the leader sends the plan's standby a :class:`protocol.job_wire.StandbySync`: the signed
-manifest, the shards to copy from the leader and (once) the data set's files, so the standby can lead if the
-leader dies (:mod:`arceusd.jobs.standby` owns the file side). A leader that is not the job's owner (its standby
-took over) sends the owner the final checkpoint the same way, and the owner exports the model too. The bytes
-travel through :class:`arceusd.jobs.transfers.Transfers`; this module owns who sends what when, and what the
-receiver accepts. :func:`choose_standby` picks the plan member that stands by.
+manifest, the shards to copy from the leader and (once) the data set's files and a stock LM's initial weights
+(checked against the signed ``weights_sha256``), so the standby can lead if the leader dies
+(:mod:`arceusd.jobs.standby` owns the file side). A leader that is not the job's owner (its standby took over)
+sends the owner the final checkpoint the same way, and the owner exports the model too. The bytes travel through
+:class:`arceusd.jobs.transfers.Transfers`; this module owns who sends what when, and what the receiver accepts.
+:func:`choose_standby` picks the plan member that stands by.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from arceusd.checkpoint import MANIFEST_NAME, CheckpointError, parse_manifest, p
 from arceusd.jobs import leadership
 from arceusd.jobs.core import Role
 from arceusd.jobs.core.events import FollowsOther, StandbyCommitted
+from arceusd.jobs.initial_weights import copy_path, weights_model
 from arceusd.jobs.job import Job
 from arceusd.jobs.manager_base import JobContext, Lifecycle
 from arceusd.jobs.transfers import leader_data
@@ -141,11 +143,15 @@ class StandbySyncing:
         return JobAck(bool(job.model_path), job.error[:400])
 
     async def _standby_copy(self, job: Job, leader: str, msg: StandbySync, manifest: Any) -> None:
-        """Standby: copy the data (once) and the leader's shards of a committed step; each is checked before
-        it is kept; the manifest is written last, so a step is complete here only when all of it is."""
+        """Standby: copy the data and the initial weights (once) and the leader's shards of a committed step;
+        each is checked before it is kept; the manifest is written last, so a step is complete here only when all
+        of it is."""
         async with job.sync_lock:
             data_missing = job.standby_data is None and bool(msg.data_files)
             if data_missing and not await self.ctx.transfers.copy_data(job, leader, msg.data_files):
+                return
+            weights_missing = weights_model(job.spec.model) is not None and not copy_path(job.directory).is_file()
+            if weights_missing and not await self.ctx.transfers.copy_weights(job, leader):
                 return
             failed = await self.ctx.transfers.copy_step(job, leader, msg, {r.name: r for r in manifest.shards})
             if failed is not None:

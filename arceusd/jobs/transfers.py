@@ -5,8 +5,10 @@ Every file travels the same way: the asker sends a request naming a file and an 
 size (:func:`serve_chunk`), and :meth:`Transfers.download` asks again until it has the whole file. Who may ask for
 what is checked by the holder: a checkpoint shard goes to the job's leader (or an elected newer one) and the
 leader's to its standby and the owner; a resume slice to the plan member it was cut for; the data set to the
-standby only. What arrives is checked before it is kept (against the signed manifest, the resume point, or the
-spec's data digest) and written atomically.
+standby only; a stock LM's initial weights, the tensors of its place to each member of the current plan (the
+holder works out the place; :mod:`arceusd.jobs.initial_weights`) and the whole file to the standby. What arrives
+is checked before it is kept (against the signed manifest, the resume point, the spec's data digest, or the
+signed spec's tensor digests and ``weights_sha256``) and written atomically.
 
 :class:`Transfers` is given exactly what it needs: the peer network to send over, the manager's jobs by id, this
 device's peer id (to know which jobs it leads) and the election check for a leader that took over. The job
@@ -15,6 +17,7 @@ manager (:mod:`arceusd.jobs.manager`) registers its handlers and calls its fetch
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -26,13 +29,30 @@ from typing import Any, Protocol
 import trio
 
 from arceusd.checkpoint import MANIFEST_NAME, SHARD_NAME, atomic_write, file_matches, matches, step_dir
+from arceusd.jobs.initial_weights import copy_path, leader_weights, place_layout, place_of, slice_path, whole_limit
 from arceusd.jobs.job import Job
 from arceusd.jobs.recovery import ResumeError, check_file, resume_dir
 from arceusd.jobs.spec_types import resolve_path
+from arceusd.models.hf.weights_slice import (
+    WeightsSliceError,
+    assemble_slice,
+    read_slice,
+    slice_file_matches,
+    slice_size,
+)
 from arceusd.peers import PeerService
 from arceusd.worker.protocol import ResumeConfig
 from protocol.envelope import Header
-from protocol.job_wire import SHARD_CHUNK, DataRequest, JobAck, ResumeRequest, ShardData, ShardRequest, StandbySync
+from protocol.job_wire import (
+    SHARD_CHUNK,
+    DataRequest,
+    JobAck,
+    ResumeRequest,
+    ShardData,
+    ShardRequest,
+    StandbySync,
+    WeightsRequest,
+)
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +135,48 @@ class Transfers:
         await trio.to_thread.run_sync(atomic_write, path, data)
         return ResumeConfig(step, str(path), None)
 
+    async def fetch_weights(self, job: Job, leader: str, place: tuple[int, int]) -> Path:
+        """Download this device's slice of the job's initial weights (the tensors blocks ``place`` are built
+        from) from the leader, check every tensor against the signed spec's digests and keep it as this device's
+        own safetensors file (a file kept from an earlier plan of the same place is checked and used again);
+        its path. :class:`WeightsSliceError` (one line) when the leader serves anything else."""
+        layout = await trio.to_thread.run_sync(place_layout, job.spec.model, *place)
+        path = slice_path(job.directory, *place)
+        if not await trio.to_thread.run_sync(slice_file_matches, path, layout):
+            data = await self.download(
+                job,
+                leader,
+                job.leader_address,
+                lambda offset: WeightsRequest(job.job_id, job.epoch, offset),
+                slice_size(layout),
+            )
+            if data is None:
+                raise WeightsSliceError("the leader did not serve this device's initial weights")
+            body = await trio.to_thread.run_sync(assemble_slice, data, layout, f"the leader {leader[:12]}")
+            await trio.to_thread.run_sync(atomic_write, path, body)
+        for old in path.parent.glob("blocks-*.safetensors"):  # one place at a time: the others are stale
+            if old != path:
+                old.unlink(missing_ok=True)
+        return path
+
+    async def copy_weights(self, job: Job, leader: str) -> bool:
+        """Standby: download the leader's whole weights file and check it against the spec's ``weights_sha256``
+        (what it serves and reads if it takes over); a copy that does not match is never kept."""
+        data = await self.download(
+            job,
+            leader,
+            job.leader_address,
+            lambda offset: WeightsRequest(job.job_id, job.epoch, offset, whole=True),
+            whole_limit(job.spec.model),
+        )
+        want = getattr(job.spec.model, "weights_sha256", None)
+        if data is None or hashlib.sha256(data).hexdigest() != want:
+            log.warning("job %s: the leader's initial weights did not arrive intact; not standing by", job.job_id)
+            return False
+        await trio.to_thread.run_sync(atomic_write, copy_path(job.directory), data)
+        log.info("job %s: holding a checked copy of the initial weights as the standby", job.job_id)
+        return True
+
     async def copy_step(self, job: Job, leader: str, msg: StandbySync, records: Mapping[str, Any]) -> str | None:
         """Copy the leader's shards ``msg.shards`` of step ``msg.step`` (each checked against its manifest record;
         one already here and intact is kept), then the manifest, last: the step is complete here only when all
@@ -187,6 +249,30 @@ class Transfers:
             return JobAck(False, "that resume slice is not this device's in the current plan")
         return serve_chunk(resume_dir(job.directory, msg.epoch) / msg.name, msg.offset)
 
+    async def on_weights_request(self, header: Header, msg: WeightsRequest) -> ShardData | JobAck:
+        """A plan member's place's initial weights (the holder works out the place from its own plan; the
+        sender names only an offset), or the whole file to the standby."""
+        job = self.jobs.get(msg.job_id)
+        if job is None or not self._leads(job):
+            return JobAck(False, "not the leader of that job")
+        path = job_weights(job)
+        if path is None:
+            return JobAck(False, "this device holds no initial weights of that job")
+        if msg.whole:
+            if header.sender != job.standby:
+                return JobAck(False, "the whole weights file goes to the job's standby only")
+            return serve_chunk(path, msg.offset)
+        place = place_of(job.replica_plan, header.sender) if job.replica_plan is not None else None
+        if msg.epoch != job.epoch or place is None or msg.offset < 0:
+            return JobAck(False, "that device has no place in the current plan")
+        try:
+            layout = await trio.to_thread.run_sync(place_layout, job.spec.model, *place)
+            data = await trio.to_thread.run_sync(read_slice, path, layout, msg.offset, SHARD_CHUNK)
+        except (OSError, WeightsSliceError) as exc:
+            log.warning("job %s: cannot serve initial weights: %s", job.job_id, exc)
+            return JobAck(False, "the initial weights cannot be read here")
+        return ShardData(slice_size(layout), data)
+
     async def on_data_request(self, header: Header, msg: DataRequest) -> ShardData | JobAck:
         from arceusd.jobs.standby import data_files  # local: off the daemon's start
 
@@ -197,6 +283,12 @@ class Transfers:
         if not 0 <= msg.index < len(files):
             return JobAck(False, "no such data file")
         return serve_chunk(files[msg.index], msg.offset)
+
+
+def job_weights(job: Job) -> Path | None:
+    """The whole initial-weights file this device holds for ``job`` as its leader (the owner's, or the
+    standby's checked copy), or None."""
+    return leader_weights(job.directory, job.role == "owner", job.spec.model, job.spec.base_dir)
 
 
 def leader_data(job: Job) -> dict[str, Any]:
@@ -224,4 +316,4 @@ def serve_chunk(path: Path, offset: int) -> ShardData | JobAck:
         return JobAck(False, "no such file")
 
 
-__all__ = ["Transfers", "leader_data", "serve_chunk"]
+__all__ = ["Transfers", "job_weights", "leader_data", "serve_chunk"]

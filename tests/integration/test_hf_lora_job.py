@@ -66,6 +66,30 @@ def _base(path: Path) -> None:
     )
 
 
+def _member_read_only_its_slice(tmp: Path, state: Path, configs: list[Path], files: list[Path]) -> None:
+    """Issue 30: the member's worker read the base from a file in its own state directory holding only the
+    tensors of its place (fetched from the owner and checked against the signed spec), never the owner's file."""
+    from safetensors import safe_open
+
+    from arceusd.models.hf.config import hf_config_from_dict
+    from arceusd.models.hf.weights_slice import digest_file, place_keys
+
+    assert configs and files
+    table = digest_file(tmp / "base.safetensors")[1]
+    config = hf_config_from_dict(CONFIG, 32)
+    for path in configs:
+        worker = json.loads(path.read_text())
+        weights = Path(worker["spec"]["model"]["weights"])
+        assert weights.is_relative_to(state) and weights.parent.name == "weights", weights
+        stage = next(st for st in worker["stages"] if any(m["peer_id"] == worker["peer_id"] for m in st["members"]))
+        assert 0 < stage["end"] - stage["start"] < 2 + int(str(CONFIG["num_hidden_layers"])), (
+            stage
+        )  # a part of the model
+        with safe_open(str(weights), framework="pt") as f:
+            assert sorted(f.keys()) == list(place_keys(config, stage["start"], stage["end"], table))
+    assert [p.name for p in files] == [Path(json.loads(configs[-1].read_text())["spec"]["model"]["weights"]).name]
+
+
 @pytest.mark.timeout(600)
 def test_daemons_fine_tune_lora_adapters_whose_export_loads_in_peft(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(CONFIG))
@@ -87,8 +111,11 @@ def test_daemons_fine_tune_lora_adapters_whose_export_loads_in_peft(tmp_path: Pa
             assert not {"torch", "transformers", "peft"} & set(packages), packages
         folder = Path(end["model_path"]).parent
         shards = sorted(folder.parent.glob("checkpoints/step-*/stage*.safetensors"))
+        member_configs = sorted((s.state_dir(1) / "jobs" / job_id).glob("worker-*.json"))
+        member_files = sorted((s.state_dir(1) / "jobs" / job_id / "weights").iterdir())
     finally:
         s.close()
+    _member_read_only_its_slice(tmp_path, s.state_dir(1), member_configs, member_files)
     assert {"adapter_config.json", "adapter_model.safetensors", "tokenizer.json", "merged"} <= {
         p.name for p in folder.iterdir()
     }

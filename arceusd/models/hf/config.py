@@ -105,6 +105,10 @@ class HFModelConfig:
     weights: str | None = None
     weights_sha256: str | None = None
     lora: LoraSpec | None = None
+    weights_tensors: tuple[tuple[str, str, str], ...] | None = None
+    """Every tensor of ``weights``: (key, dtype, sha256 of its raw bytes), sorted by key; recorded with
+    ``weights_sha256`` so that a member checks its slice against the signed spec
+    (:mod:`arceusd.models.hf.weights_slice`)."""
 
     def get(self, key: str) -> Any:
         for k, v in self.fields:

@@ -1,0 +1,116 @@
+"""Where a job's initial weights are on each device, and which part of them each device needs (torch-free).
+
+A stock LM's spec may name initial weights (``[model] weights``, relative to the spec's folder on the job's
+owner). The owner's worker reads that file directly; so does the worker of a standby that took over, from the
+whole copy it keeps (``<job>/weights/model.safetensors``, copied with the data at the first checkpoint it stands
+by for and checked against the signed ``weights_sha256``). Every other member holds only its place's tensors:
+at each plan's start it fetches them from the leader (:meth:`arceusd.jobs.transfers.Transfers.fetch_weights`),
+checks each against the digests the signed spec records (``weights_tensors``,
+:mod:`arceusd.models.hf.weights_slice`) and keeps them as ``<job>/weights/blocks-<start>-<end>.safetensors``;
+its worker reads that file. A start that resumes from a checkpoint needs no initial weights (the checkpoint
+holds every trained tensor), except in a LoRA job, whose frozen base is rebuilt from them every time.
+
+File names here are this device's own (from block indices it verified), never a peer's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from arceusd.jobs.spec_types import resolve_path
+from arceusd.models.hf.config import HFModelConfig
+from arceusd.models.hf.weights_slice import SliceEntry, WeightsSliceError, place_keys, slice_layout
+
+WEIGHTS_FOLDER = "weights"
+COPY_NAME = "model.safetensors"
+"""The standby's whole copy of the owner's weights file (what it serves and reads if it takes over)."""
+
+
+def weights_model(model: object) -> HFModelConfig | None:
+    """The job's model when it has initial weights (with their signed tensor digests), else None."""
+    if isinstance(model, HFModelConfig) and model.weights is not None and model.weights_tensors is not None:
+        return model
+    return None
+
+
+def needs_weights(model: object, resuming: bool) -> bool:
+    """Whether a worker must read initial weights: a fresh start, or any start of a LoRA job (its frozen base)."""
+    m = weights_model(model)
+    return m is not None and (not resuming or m.lora is not None)
+
+
+def copy_path(job_dir: Path) -> Path:
+    return job_dir / WEIGHTS_FOLDER / COPY_NAME
+
+
+def slice_path(job_dir: Path, start: int, end: int) -> Path:
+    return job_dir / WEIGHTS_FOLDER / f"blocks-{start}-{end}.safetensors"
+
+
+def leader_weights(job_dir: Path, owner: bool, model: object, base_dir: Path | None) -> Path | None:
+    """The whole weights file a leader serves slices of and its own worker reads: the owner's at the spec's
+    path, a standby's checked copy once it has one; None when this device holds none."""
+    m = weights_model(model)
+    if m is None or m.weights is None:
+        return None
+    if owner:
+        return resolve_path(m.weights, base_dir).resolve()
+    path = copy_path(job_dir)
+    return path if path.is_file() else None
+
+
+def place_of(replica_plan: Any, peer: str) -> tuple[int, int] | None:
+    """The block range ``[start, end)`` of ``peer``'s stage in the plan (any replica), or None."""
+    for the_plan in replica_plan.replicas:
+        for stage in the_plan.stages:
+            if peer in stage.devices:
+                return int(stage.start), int(stage.end)
+    return None
+
+
+def place_layout(model: object, start: int, end: int) -> tuple[SliceEntry, ...]:
+    """The tensors (signed dtypes, digests; shapes from the config) the blocks ``[start, end)`` are built from."""
+    m = weights_model(model)
+    if m is None or m.weights_tensors is None:
+        raise WeightsSliceError("the job has no signed initial weights")
+    table = {k: (d, h) for k, d, h in m.weights_tensors}
+    return slice_layout(m, place_keys(m, start, end, table), table)
+
+
+def whole_limit(model: object) -> int:
+    """At most how many bytes the whole weights file is: its tensors as signed, and a bounded header."""
+    from arceusd.models.hf.weights_slice import MAX_HEADER_BYTES, slice_size
+
+    m = weights_model(model)
+    if m is None or m.weights_tensors is None:
+        return 0
+    table = {k: (d, h) for k, d, h in m.weights_tensors}
+    return 8 + MAX_HEADER_BYTES + slice_size(slice_layout(m, sorted(table), table))
+
+
+def worker_spec_weights(spec_dict: dict[str, Any], path: Path | None) -> None:
+    """Point the worker's spec at the weights file it reads, or drop the weights when it reads none."""
+    model = spec_dict.get("model")
+    if not isinstance(model, dict) or "weights" not in model:
+        return
+    if path is None:
+        for key in ("weights", "weights_sha256", "weights_tensors"):
+            model.pop(key, None)
+    else:
+        model["weights"] = str(path)
+
+
+__all__ = [
+    "COPY_NAME",
+    "WEIGHTS_FOLDER",
+    "copy_path",
+    "leader_weights",
+    "needs_weights",
+    "place_layout",
+    "place_of",
+    "slice_path",
+    "weights_model",
+    "whole_limit",
+    "worker_spec_weights",
+]
