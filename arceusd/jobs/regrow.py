@@ -189,6 +189,7 @@ class Regrowing:
         grow = GrowStart(slot, tuple(sorted((*slots, slot))), shares, job.ring_generation + 1)
         files = await trio.to_thread.run_sync(_resume_files, job, action.step, grown, position)
         job.leading.resume_files.update({p: f.name for p, f in files.items()})
+        self.ctx.transfers.grown(job, grown)  # a LoRA job's spares fetch their place's base weights from us
         start = JobStart(
             job.job_id,
             job.term,

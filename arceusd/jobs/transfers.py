@@ -79,9 +79,22 @@ class Transfers:
         self.jobs = jobs
         self.me = me
         self._elected = elected
+        self._grown: dict[str, tuple[int, Any]] = {}  # job id -> (epoch, a grown plan its spares start in)
 
     def _leads(self, job: Job) -> bool:
         return job.leader == self.me
+
+    def grown(self, job: Job, replica_plan: Any) -> None:
+        """Leader: spares start in ``replica_plan`` (a dropped replica rebuilt, :mod:`arceusd.jobs.regrow`) in
+        this epoch, before it becomes the job's plan: their places in it may fetch initial weights."""
+        self._grown[job.job_id] = (job.epoch, replica_plan)
+
+    def _place(self, job: Job, peer: str) -> tuple[int, int] | None:
+        place = place_of(job.replica_plan, peer) if job.replica_plan is not None else None
+        epoch, grown = self._grown.get(job.job_id, (-1, None))
+        if place is None and epoch == job.epoch and grown is not None:
+            place = place_of(grown, peer)
+        return place
 
     # ---------------------------------------------------------------------------------------------- fetching
     async def download(self, job: Job, peer: str, address: str, request: Any, limit: int) -> bytes | None:
@@ -262,7 +275,7 @@ class Transfers:
             if header.sender != job.standby:
                 return JobAck(False, "the whole weights file goes to the job's standby only")
             return serve_chunk(path, msg.offset)
-        place = place_of(job.replica_plan, header.sender) if job.replica_plan is not None else None
+        place = self._place(job, header.sender)
         if msg.epoch != job.epoch or place is None or msg.offset < 0:
             return JobAck(False, "that device has no place in the current plan")
         try:

@@ -1,0 +1,117 @@
+"""Initial weights between daemons (issue 30; ``arceusd/jobs/transfers.py``, torch-free): a member fetches only
+its place's tensors from the leader into its own job directory (the leader works out the place from its plan; the
+member names an offset only), the whole file goes to the standby alone and is checked against the signed
+``weights_sha256``, and a standby's checked copy is what it serves once it leads."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+import trio
+from safetensors import safe_open
+
+from arceusd.jobs.core import JobCore, JobState, Role, Stamp
+from arceusd.jobs.initial_weights import copy_path
+from arceusd.jobs.job import Job
+from arceusd.jobs.spec import load_spec
+from arceusd.jobs.transfers import Transfers, job_weights
+from arceusd.models.hf.weights_slice import WeightsSliceError, place_keys
+from protocol.job_wire import JobAck, ShardData, WeightsRequest
+from tests.unit import hf_cases
+from tests.unit.test_initial_weights_slice import ROOT, _table, _weights
+
+JOB, LEADER, MEMBER, STANDBY, STRANGER = "a" * 32, "b" * 32, "c" * 32, "d" * 32, "e" * 32
+
+
+def _spec(tmp: Path) -> Any:
+    raw = {**hf_cases.RAW["llama"], "vocab_size": 2048, "max_position_embeddings": 256}
+    _weights(tmp / "w.safetensors", hf_cases.config("llama", vocab_size=2048, max_position_embeddings=256))
+    (tmp / "config.json").write_text(json.dumps(raw))
+    text = (ROOT / "examples" / "llama-shakespeare.toml").read_text()
+    text = text.replace('config = "llama-tiny.config.json"', 'config = "config.json"')
+    text = text.replace("../data/", str(ROOT / "data") + "/")
+    text = text.replace("block_size = 128\n", 'block_size = 128\nweights = "w.safetensors"\n')
+    (tmp / "job.toml").write_text(text)
+    return load_spec(tmp / "job.toml")
+
+
+def _job(spec: Any, directory: Path, me: str, leader: str, role: Role) -> Job:
+    core = JobCore(me, LEADER, 100, role, JobState.RUNNING, Stamp(2, 3), leader)
+    job = Job(JOB, spec, b"{}", "0" * 64, LEADER, "127.0.0.1:1", directory, core, total_steps=100)
+    stages = (
+        SimpleNamespace(start=0, end=2, devices=(LEADER,)),
+        SimpleNamespace(start=2, end=4, devices=(STANDBY,)),
+        SimpleNamespace(start=4, end=5, devices=(MEMBER,)),
+    )
+    job.replica_plan = cast(Any, SimpleNamespace(replicas=(SimpleNamespace(stages=stages),)))
+    job.standby = STANDBY
+    return job
+
+
+class Wire:
+    """Every request reaches the holder's handler as if sent by ``sender``."""
+
+    def __init__(self, holder: Transfers, sender: str) -> None:
+        self.holder, self.sender = holder, sender
+
+    async def request(self, address: str, peer: str, msg: Any, **_: Any) -> Any:
+        assert isinstance(msg, WeightsRequest)
+        return await self.holder.on_weights_request(cast(Any, SimpleNamespace(sender=self.sender)), msg)
+
+
+async def _never(*_: Any) -> bool:
+    return False
+
+
+def _pair(tmp: Path, me: str) -> tuple[Transfers, Job, Transfers, Job]:
+    spec = _spec(tmp)
+    leader_job = _job(spec, tmp / "leader", LEADER, LEADER, Role.OWNER)
+    leader = Transfers(cast(Any, None), {JOB: leader_job}, LEADER, _never)
+    job = _job(spec, tmp / me, me, LEADER, Role.MEMBER)
+    return leader, leader_job, Transfers(cast(Any, Wire(leader, me)), {JOB: job}, me, _never), job
+
+
+def test_a_member_fetches_only_its_place_into_its_own_job_directory(tmp_path: Path) -> None:
+    _, _, member, job = _pair(tmp_path, MEMBER)
+    path = trio.run(member.fetch_weights, job, LEADER, (4, 5))
+    assert path.parent == tmp_path / MEMBER / "weights"
+    cfg = hf_cases.config("llama", vocab_size=2048, max_position_embeddings=256)
+    with safe_open(str(path), framework="pt") as f:
+        assert sorted(f.keys()) == list(place_keys(cfg, 4, 5, _table(tmp_path / "w.safetensors")))
+        assert sorted(f.keys()) == ["lm_head.weight", "model.norm.weight"]
+    assert job_weights(job) is None  # a member holds no whole file to serve
+
+
+def test_the_leader_serves_places_of_its_plan_only_and_the_whole_file_to_the_standby(tmp_path: Path) -> None:
+    leader, _, _, _ = _pair(tmp_path, MEMBER)
+
+    def ask(sender: str, msg: WeightsRequest) -> ShardData | JobAck:
+        return trio.run(leader.on_weights_request, cast(Any, SimpleNamespace(sender=sender)), msg)
+
+    assert isinstance(ask(MEMBER, WeightsRequest(JOB, 3)), ShardData)
+    assert ask(STRANGER, WeightsRequest(JOB, 3)) == JobAck(False, "that device has no place in the current plan")
+    assert ask(MEMBER, WeightsRequest(JOB, 2)) == JobAck(False, "that device has no place in the current plan")
+    refused = ask(MEMBER, WeightsRequest(JOB, 3, whole=True))
+    assert refused == JobAck(False, "the whole weights file goes to the job's standby only")
+    whole = ask(STANDBY, WeightsRequest(JOB, 3, whole=True))
+    assert isinstance(whole, ShardData) and whole.total == (tmp_path / "w.safetensors").stat().st_size
+
+
+def test_the_standby_keeps_a_checked_whole_copy_and_serves_it_once_it_leads(tmp_path: Path) -> None:
+    _, leader_job, standby, job = _pair(tmp_path, STANDBY)
+    job.standby = STANDBY
+    assert trio.run(standby.copy_weights, job, LEADER)
+    assert copy_path(job.directory).read_bytes() == (tmp_path / "w.safetensors").read_bytes()
+    job.core.leader, job.core.role = STANDBY, Role.MEMBER  # it took over: it serves its copy
+    assert job_weights(job) == copy_path(job.directory)
+    (tmp_path / "w.safetensors").write_bytes(b"\0" * 64)  # the owner's file changed: the copy is not taken
+    copy_path(job.directory).unlink()
+    job.core.leader = LEADER
+    assert not trio.run(standby.copy_weights, job, LEADER) and not copy_path(job.directory).exists()
+    with pytest.raises(WeightsSliceError, match="did not serve"):  # nor a slice of a changed file
+        trio.run(standby.fetch_weights, job, LEADER, (2, 4))
+    assert leader_job.role == Role.OWNER
