@@ -174,21 +174,43 @@ class Transfers:
 
     async def copy_weights(self, job: Job, leader: str) -> bool:
         """Standby: download the leader's whole weights file and check it against the spec's ``weights_sha256``
-        (what it serves and reads if it takes over); a copy that does not match is never kept."""
-        data = await self.download(
-            job,
-            leader,
-            job.leader_address,
-            lambda offset: WeightsRequest(job.job_id, job.epoch, offset, whole=True),
-            whole_limit(job.spec.model),
-        )
-        want = getattr(job.spec.model, "weights_sha256", None)
-        if data is None or hashlib.sha256(data).hexdigest() != want:
-            log.warning("job %s: the leader's initial weights did not arrive intact; not standing by", job.job_id)
-            return False
-        await trio.to_thread.run_sync(atomic_write, copy_path(job.directory), data)
-        log.info("job %s: holding a checked copy of the initial weights as the standby", job.job_id)
-        return True
+        (what it serves and reads if it takes over); a copy that does not match is never kept. The file goes to
+        disk chunk by chunk, hashed as it arrives: the daemon never holds the whole model in memory."""
+        path, limit = copy_path(job.directory), whole_limit(job.spec.model)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        digest, size, total = hashlib.sha256(), 0, -1
+        try:
+            with tmp.open("wb") as fh:
+                while size != total:
+                    reply = await self.peers.request(
+                        job.leader_address,
+                        leader,
+                        WeightsRequest(job.job_id, job.epoch, size, whole=True),
+                        timeout=60.0,
+                        job_id=job.job_id,
+                    )
+                    if (
+                        not isinstance(reply, ShardData)
+                        or not 0 <= reply.total <= limit
+                        or total not in (-1, reply.total)
+                    ):
+                        break
+                    if not reply.data or size + len(reply.data) > reply.total:
+                        break
+                    total = reply.total
+                    digest.update(reply.data)
+                    size += len(reply.data)
+                    await trio.to_thread.run_sync(fh.write, reply.data)
+                await trio.to_thread.run_sync(os.fsync, fh.fileno())
+            if size == total and digest.hexdigest() == getattr(job.spec.model, "weights_sha256", None):
+                os.replace(tmp, path)
+                log.info("job %s: holding a checked copy of the initial weights as the standby", job.job_id)
+                return True
+        finally:
+            tmp.unlink(missing_ok=True)
+        log.warning("job %s: the leader's initial weights did not arrive intact; not standing by", job.job_id)
+        return False
 
     async def copy_step(self, job: Job, leader: str, msg: StandbySync, records: Mapping[str, Any]) -> str | None:
         """Copy the leader's shards ``msg.shards`` of step ``msg.step`` (each checked against its manifest record;
