@@ -12,7 +12,8 @@ parts carry out its actions; ``driver`` runs them)::
     plan          starting.plan                planning.make_job_plan over measured offers and links
       |                                        -> core: PlanFound / NoPlanFits (waiting, or paused)
     start         starting.start               resume slices (filework), JobStart to every member, which
-      |           local_worker.on_start        verifies the plan itself and starts its worker (supervisor)
+      |           local_worker.on_start        verifies the plan itself, fetches its place's initial weights
+      |                                        (initial_weights, transfers) and starts its worker (supervisor)
       |                                        -> core: StartAnswered -> SendGo
     go            starting.go_round            JobGo in plan order -> core: GoAnswered (running, or sent again)
       |           local_worker.on_go
@@ -58,9 +59,10 @@ What each module owns:
   (a replica dropped and rebuilt, on the leader and the members); ``transfers`` (files between daemons);
 - pure or file-level helpers: ``planning`` (offers, plan inputs, plan verification; every job planned as
   data-parallel replicas of a pipeline, one replica by default), ``recovery`` and ``reslice`` (checkpoints cut for
-  a new plan), ``standby`` (the standby's files), ``export`` (the final model), ``probe`` (measuring this device
-  in a child process), ``supervisor`` (the worker child process), ``filework`` (re-slicing and export in a child
-  process: the daemon never imports torch);
+  a new plan), ``initial_weights`` (a stock LM's initial weights: the whole file on the owner and the standby,
+  each other member's place's tensors), ``standby`` (the standby's files), ``export`` (the final model),
+  ``probe`` (measuring this device in a child process), ``supervisor`` (the worker child process), ``filework``
+  (re-slicing and export in a child process: the daemon never imports torch);
 - what other devices say, checked before use: ``reports`` (a worker's event as the typed ``JobReport`` the leader
   takes, made once on the worker's device), ``claims`` (offers in physical bounds; each member's step times as
   it reported them and as the devices it works with saw them; discounts), ``challenges`` and ``speed_checks``
