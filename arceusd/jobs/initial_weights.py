@@ -1,14 +1,16 @@
 """Where a job's initial weights are on each device, and which part of them each device needs (torch-free).
 
 A stock LM's spec may name initial weights (``[model] weights``, relative to the spec's folder on the job's
-owner). The owner's worker reads that file directly; so does the worker of a standby that took over, from the
-whole copy it keeps (``<job>/weights/model.safetensors``, copied with the data at the first checkpoint it stands
-by for and checked against the signed ``weights_sha256``). Every other member holds only its place's tensors:
-at each plan's start it fetches them from the leader (:meth:`arceusd.jobs.transfers.Transfers.fetch_weights`),
-checks each against the digests the signed spec records (``weights_tensors``,
-:mod:`arceusd.models.hf.weights_slice`) and keeps them as ``<job>/weights/blocks-<start>-<end>.safetensors``;
-its worker reads that file. A start that resumes from a checkpoint needs no initial weights (the checkpoint
-holds every trained tensor), except in a LoRA job, whose frozen base is rebuilt from them every time.
+owner). The owner's worker reads that file directly; so does the worker of a LoRA job's standby that took over,
+from the whole copy it keeps (``<job>/weights/model.safetensors``, copied with the data at the first checkpoint
+it stands by for and checked against the signed ``weights_sha256``; :func:`standby_copies`: a standby takes over
+from a committed checkpoint, so only a frozen base is still needed then). Every other member holds only its
+place's tensors: at each plan's start it fetches them from the leader
+(:meth:`arceusd.jobs.transfers.Transfers.fetch_weights`), checks each against the digests the signed spec records
+(``weights_tensors``, :mod:`arceusd.models.hf.weights_slice`) and keeps them as
+``<job>/weights/blocks-<start>-<end>.safetensors``; its worker reads that file. A start that resumes from a
+checkpoint needs no initial weights (the checkpoint holds every trained tensor), except in a LoRA job, whose
+frozen base is rebuilt from them every time.
 
 File names here are this device's own (from block indices it verified), never a peer's.
 """
@@ -38,6 +40,12 @@ def needs_weights(model: object, resuming: bool) -> bool:
     """Whether a worker must read initial weights: a fresh start, or any start of a LoRA job (its frozen base)."""
     m = weights_model(model)
     return m is not None and (not resuming or m.lora is not None)
+
+
+def standby_copies(model: object) -> bool:
+    """Whether the standby keeps a whole copy of the weights: only where a leader that took over (always from a
+    committed checkpoint) still needs them, a LoRA job's frozen base (its members' starts, the merged export)."""
+    return needs_weights(model, resuming=True)
 
 
 def copy_path(job_dir: Path) -> Path:
@@ -110,6 +118,7 @@ __all__ = [
     "place_layout",
     "place_of",
     "slice_path",
+    "standby_copies",
     "weights_model",
     "whole_limit",
     "worker_spec_weights",

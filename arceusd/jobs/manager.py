@@ -71,7 +71,7 @@ from arceusd.jobs.core import JobCore, JobState, Role, Stamp
 from arceusd.jobs.core import actions as a
 from arceusd.jobs.core import events as e
 from arceusd.jobs.driver import Driver
-from arceusd.jobs.initial_weights import copy_path, weights_model
+from arceusd.jobs.initial_weights import copy_path, standby_copies
 from arceusd.jobs.job import TERMINAL, Job
 from arceusd.jobs.joining import Joining
 from arceusd.jobs.known import read_records
@@ -311,7 +311,7 @@ class JobManager(JobContext):
         me, (peer, term) = self.node.identity.peer_id, leader
         if peer == me and not self.leads(job):
             holds = job.standby == me and job.standby_data is not None and job.plan is not None
-            holds = holds and (weights_model(job.spec.model) is None or copy_path(job.directory).is_file())
+            holds = holds and (not standby_copies(job.spec.model) or copy_path(job.directory).is_file())
             if not self.feed(job, e.TakeoverElected(term, holds)):
                 log.warning(
                     "job %s: elected, but this device holds no checked copy of the data (or the initial weights); "

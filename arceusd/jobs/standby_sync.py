@@ -20,7 +20,7 @@ from arceusd.checkpoint import MANIFEST_NAME, CheckpointError, parse_manifest, p
 from arceusd.jobs import leadership
 from arceusd.jobs.core import Role
 from arceusd.jobs.core.events import FollowsOther, StandbyCommitted
-from arceusd.jobs.initial_weights import copy_path, weights_model
+from arceusd.jobs.initial_weights import copy_path, standby_copies
 from arceusd.jobs.job import Job
 from arceusd.jobs.manager_base import JobContext, Lifecycle
 from arceusd.jobs.transfers import leader_data
@@ -150,7 +150,7 @@ class StandbySyncing:
             data_missing = job.standby_data is None and bool(msg.data_files)
             if data_missing and not await self.ctx.transfers.copy_data(job, leader, msg.data_files):
                 return
-            weights_missing = weights_model(job.spec.model) is not None and not copy_path(job.directory).is_file()
+            weights_missing = standby_copies(job.spec.model) and not copy_path(job.directory).is_file()
             if weights_missing and not await self.ctx.transfers.copy_weights(job, leader):
                 return
             failed = await self.ctx.transfers.copy_step(job, leader, msg, {r.name: r for r in manifest.shards})

@@ -4,6 +4,7 @@ own that the worker reads like the owner's (``arceusd/models/hf/weights_slice.py
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
@@ -12,10 +13,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from arceusd.jobs.initial_weights import place_layout, worker_spec_weights
+from arceusd.jobs.initial_weights import needs_weights, place_layout, standby_copies, worker_spec_weights
 from arceusd.jobs.spec import JobSpecError, load_spec, spec_from_dict, to_dict
 from arceusd.models.hf.config import HFModelConfig
 from arceusd.models.hf.keys import expected_tensors
+from arceusd.models.hf.lora_spec import LoraSpec
 from arceusd.models.hf.weights import load_block_tensors
 from arceusd.models.hf.weights_slice import (
     SliceEntry,
@@ -148,6 +150,9 @@ def test_the_spec_signs_each_tensor_and_a_spec_from_the_wire_must_carry_the_dige
     table = wire["model"]["weights_tensors"]
     assert {k: tuple(v) for k, v in table.items()} == _table(tmp_path / "w.safetensors")
     assert spec_from_dict(json.loads(json.dumps(wire))) == spec
+    assert not standby_copies(spec.model)  # a takeover resumes from a checkpoint: it holds every trained tensor
+    lora = dataclasses.replace(spec.model, lora=LoraSpec(r=4, alpha=8, targets=("q_proj",), dropout=0.0, merge=False))
+    assert standby_copies(lora) and needs_weights(lora, resuming=True) and not needs_weights(spec.model, True)
     layout = place_layout(spec.model, 1, 2)
     assert [e.key for e in layout] == sorted(k for k in table if k.startswith("model.layers.0."))
     del wire["model"]["weights_tensors"]
