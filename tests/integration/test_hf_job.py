@@ -1,6 +1,7 @@
-"""Real daemons train a tiny Llama from a spec (``[model] type = "hf"``, ``[data] kind = "tokens"``) and the
-export folder loads in plain transformers (``AutoModelForCausalLM`` / ``AutoTokenizer``) with no Arceus code;
-the daemons never import torch or transformers."""
+"""Real daemons train a tiny Llama from a spec (``[model] type = "hf"``, ``[data] kind = "tokens"``), starting
+from initial weights only the owner holds (each member fetches its place's tensors, issue 30), and the export
+folder loads in plain transformers (``AutoModelForCausalLM`` / ``AutoTokenizer``) with no Arceus code; the daemons
+never import torch or transformers."""
 
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ seed = 3
 type = "hf"
 config = "config.json"
 block_size = 32
+weights = "init.safetensors"
 [data]
 kind = "tokens"
 path = "shakespeare.txt"
@@ -55,10 +57,60 @@ interval_steps = 8
 """
 
 
+def _base(path: Path) -> None:
+    """The base: the architecture's initial tensors of another seed, under its own keys."""
+    from safetensors.torch import save_file
+
+    from arceusd.models.build import build_blocks
+    from arceusd.models.hf.config import hf_config_from_dict
+    from arceusd.models.hf.keys import hf_key
+
+    config = hf_config_from_dict(CONFIG, 32)
+    save_file(
+        {
+            hf_key(config, i, k): p.detach().contiguous()
+            for i, b in enumerate(build_blocks(config, 11))
+            for k, p in b.named_parameters()
+        },
+        str(path),
+    )
+
+
+def member_read_only_its_slice(weights_file: Path, state: Path, configs: list[Path], files: list[Path]) -> None:
+    """Issue 30: the member's worker read its initial weights (``weights_file`` on the owner) from a file in its
+    own state directory holding only the tensors of its place (fetched from the owner and checked against the
+    signed spec), never from the owner's file."""
+    from safetensors import safe_open
+
+    from arceusd.models.hf.config import hf_config_from_dict
+    from arceusd.models.hf.weights_slice import digest_file, place_keys
+
+    assert configs and files
+    table = digest_file(weights_file)[1]
+    config = hf_config_from_dict(CONFIG, 32)
+    read = []
+    for path in configs:
+        worker = json.loads(path.read_text())
+        if "weights" not in worker["spec"]["model"]:  # a start from a checkpoint: it holds every trained tensor
+            assert worker.get("resume") and "lora" not in worker["spec"], path
+            continue
+        weights = Path(worker["spec"]["model"]["weights"])
+        assert weights.is_relative_to(state) and weights.parent.name == "weights", weights
+        stage = next(st for st in worker["stages"] if any(m["peer_id"] == worker["peer_id"] for m in st["members"]))
+        assert 0 < stage["end"] - stage["start"] < 2 + int(str(CONFIG["num_hidden_layers"])), stage  # a part
+        read.append((weights, stage))
+    assert read, "no worker of the member read initial weights"
+    weights, stage = read[-1]  # the file of its latest place (one place's file is kept at a time)
+    assert files == [weights]
+    with safe_open(str(weights), framework="pt") as f:
+        assert sorted(f.keys()) == list(place_keys(config, stage["start"], stage["end"], table))
+
+
 @pytest.mark.timeout(600)
 def test_daemons_train_a_tiny_llama_whose_export_loads_in_transformers(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(CONFIG))
     (tmp_path / "shakespeare.txt").write_text((ROOT / "data" / "tinyshakespeare" / "input.txt").read_text()[:40000])
+    _base(tmp_path / "init.safetensors")  # pretraining from a checkpoint the owner alone holds (issue 30)
     spec = tmp_path / "job.toml"
     spec.write_text(SPEC.format(tokenizer=ROOT / "data" / "tokenizers" / "shakespeare-bpe.json"))
     s = LocalSwarm(
@@ -74,8 +126,11 @@ def test_daemons_train_a_tiny_llama_whose_export_loads_in_transformers(tmp_path:
             packages = s.call(i, "modules")["packages"]
             assert "torch" not in packages and "transformers" not in packages, packages
         folder = Path(end["model_path"]).parent
+        job_dir = s.state_dir(MEMBERS - 1) / "jobs" / job_id
+        member_configs, member_files = sorted(job_dir.glob("worker-*.json")), sorted((job_dir / "weights").iterdir())
     finally:
         s.close()
+    member_read_only_its_slice(tmp_path / "init.safetensors", s.state_dir(MEMBERS - 1), member_configs, member_files)
     assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= {
         p.name for p in folder.iterdir()
     }

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from arceusd.swarm import LocalSwarm
-from tests.integration.test_hf_job import CONFIG
+from tests.integration.test_hf_job import CONFIG, _base, member_read_only_its_slice
 from tests.integration.test_recovery import submit, wait_end
 
 pytestmark = [pytest.mark.slow]
@@ -47,49 +47,6 @@ interval_steps = 4
 """
 
 
-def _base(path: Path) -> None:
-    """The base: the architecture's initial tensors of another seed, under its own keys."""
-    from safetensors.torch import save_file
-
-    from arceusd.models.build import build_blocks
-    from arceusd.models.hf.config import hf_config_from_dict
-    from arceusd.models.hf.keys import hf_key
-
-    config = hf_config_from_dict(CONFIG, 32)
-    save_file(
-        {
-            hf_key(config, i, k): p.detach().contiguous()
-            for i, b in enumerate(build_blocks(config, 11))
-            for k, p in b.named_parameters()
-        },
-        str(path),
-    )
-
-
-def _member_read_only_its_slice(tmp: Path, state: Path, configs: list[Path], files: list[Path]) -> None:
-    """Issue 30: the member's worker read the base from a file in its own state directory holding only the
-    tensors of its place (fetched from the owner and checked against the signed spec), never the owner's file."""
-    from safetensors import safe_open
-
-    from arceusd.models.hf.config import hf_config_from_dict
-    from arceusd.models.hf.weights_slice import digest_file, place_keys
-
-    assert configs and files
-    table = digest_file(tmp / "base.safetensors")[1]
-    config = hf_config_from_dict(CONFIG, 32)
-    for path in configs:
-        worker = json.loads(path.read_text())
-        weights = Path(worker["spec"]["model"]["weights"])
-        assert weights.is_relative_to(state) and weights.parent.name == "weights", weights
-        stage = next(st for st in worker["stages"] if any(m["peer_id"] == worker["peer_id"] for m in st["members"]))
-        assert 0 < stage["end"] - stage["start"] < 2 + int(str(CONFIG["num_hidden_layers"])), (
-            stage
-        )  # a part of the model
-        with safe_open(str(weights), framework="pt") as f:
-            assert sorted(f.keys()) == list(place_keys(config, stage["start"], stage["end"], table))
-    assert [p.name for p in files] == [Path(json.loads(configs[-1].read_text())["spec"]["model"]["weights"]).name]
-
-
 @pytest.mark.timeout(600)
 def test_daemons_fine_tune_lora_adapters_whose_export_loads_in_peft(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(CONFIG))
@@ -115,7 +72,7 @@ def test_daemons_fine_tune_lora_adapters_whose_export_loads_in_peft(tmp_path: Pa
         member_files = sorted((s.state_dir(1) / "jobs" / job_id / "weights").iterdir())
     finally:
         s.close()
-    _member_read_only_its_slice(tmp_path, s.state_dir(1), member_configs, member_files)
+    member_read_only_its_slice(tmp_path / "base.safetensors", s.state_dir(1), member_configs, member_files)
     assert {"adapter_config.json", "adapter_model.safetensors", "tokenizer.json", "merged"} <= {
         p.name for p in folder.iterdir()
     }
