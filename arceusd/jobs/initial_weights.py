@@ -17,6 +17,7 @@ File names here are this device's own (from block indices it verified), never a 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +98,22 @@ def whole_limit(model: object) -> int:
     return 8 + MAX_HEADER_BYTES + slice_size(slice_layout(m, sorted(table), table))
 
 
+def write_parts(path: Path, parts: tuple[bytes | memoryview, ...]) -> None:
+    """Write ``parts`` one after the other to ``path`` atomically (a slice's header, then its bytes as they came:
+    no second copy of them in memory)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with tmp.open("wb") as fh:
+            for part in parts:
+                fh.write(part)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def worker_spec_weights(spec_dict: dict[str, Any], path: Path | None) -> None:
     """Point the worker's spec at the weights file it reads, or drop the weights when it reads none."""
     model = spec_dict.get("model")
@@ -122,4 +139,5 @@ __all__ = [
     "weights_model",
     "whole_limit",
     "worker_spec_weights",
+    "write_parts",
 ]

@@ -29,15 +29,24 @@ from typing import Any, Protocol
 import trio
 
 from arceusd.checkpoint import MANIFEST_NAME, SHARD_NAME, atomic_write, file_matches, matches, step_dir
-from arceusd.jobs.initial_weights import copy_path, leader_weights, place_layout, place_of, slice_path, whole_limit
+from arceusd.jobs.initial_weights import (
+    copy_path,
+    leader_weights,
+    place_layout,
+    place_of,
+    slice_path,
+    whole_limit,
+    write_parts,
+)
 from arceusd.jobs.job import Job
 from arceusd.jobs.recovery import ResumeError, check_file, resume_dir
 from arceusd.jobs.spec_types import resolve_path
 from arceusd.models.hf.weights_slice import (
     WeightsSliceError,
-    assemble_slice,
+    check_slice,
     read_slice,
     slice_file_matches,
+    slice_header,
     slice_size,
 )
 from arceusd.peers import PeerService
@@ -165,8 +174,8 @@ class Transfers:
             )
             if data is None:
                 raise WeightsSliceError("the leader did not serve this device's initial weights")
-            body = await trio.to_thread.run_sync(assemble_slice, data, layout, f"the leader {leader[:12]}")
-            await trio.to_thread.run_sync(atomic_write, path, body)
+            await trio.to_thread.run_sync(check_slice, data, layout, f"the leader {leader[:12]}")
+            await trio.to_thread.run_sync(write_parts, path, (slice_header(layout), data))
         for old in path.parent.glob("blocks-*.safetensors"):  # one place at a time: the others are stale
             if old != path:
                 old.unlink(missing_ok=True)

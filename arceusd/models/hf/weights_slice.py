@@ -192,7 +192,9 @@ def read_slice(path: Path, layout: Sequence[SliceEntry], offset: int, length: in
     return bytes(out)
 
 
-def _safetensors(layout: Sequence[SliceEntry], parts: Sequence[bytes | memoryview]) -> bytes:
+def slice_header(layout: Sequence[SliceEntry]) -> bytes:
+    """The safetensors header of the file a slice is kept as (its 8-byte length, then the JSON padded to 8 bytes):
+    names, dtypes, shapes and offsets from ``layout`` alone; the tensors' bytes follow it in layout order."""
     header: dict[str, Any] = {}
     offset = 0
     for e in layout:
@@ -200,33 +202,32 @@ def _safetensors(layout: Sequence[SliceEntry], parts: Sequence[bytes | memoryvie
         offset += e.nbytes
     text = json.dumps(header, separators=(",", ":"), sort_keys=True).encode()
     text += b" " * (-len(text) % 8)
-    out = bytearray(struct.pack("<Q", len(text)))
-    out += text
-    for part in parts:
-        out += part
-    return bytes(out)
+    return struct.pack("<Q", len(text)) + text
 
 
-def assemble_slice(data: bytes, layout: Sequence[SliceEntry], source: str = "the leader") -> bytes:
-    """Member: check the served bytes tensor by tensor against the signed digests and return the safetensors
-    file the worker reads. :class:`WeightsSliceError` (one line naming the tensor) when anything differs."""
+def check_slice(data: bytes | memoryview, layout: Sequence[SliceEntry], source: str = "the leader") -> None:
+    """Member: check the served bytes tensor by tensor against the signed digests; :class:`WeightsSliceError`
+    (one line naming the tensor) when anything differs."""
     if len(data) != slice_size(layout):
         raise WeightsSliceError(
             f"initial weights from {source}: {len(data)} bytes where the signed tensors are {slice_size(layout)}; "
             "refused"
         )
-    view, pos, parts = memoryview(data), 0, []
+    view, pos = memoryview(data), 0
     for e in layout:
-        part = view[pos : pos + e.nbytes]
-        got = hashlib.sha256(part).hexdigest()
+        got = hashlib.sha256(view[pos : pos + e.nbytes]).hexdigest()
         if got != e.sha256:
             raise WeightsSliceError(
                 f"initial weights from {source}: tensor {e.key} does not match the job's signed digest "
                 f"(sha256 {got[:16]}..., signed {e.sha256[:16]}...); refused"
             )
-        parts.append(part)
         pos += e.nbytes
-    return _safetensors(layout, parts)
+
+
+def assemble_slice(data: bytes, layout: Sequence[SliceEntry], source: str = "the leader") -> bytes:
+    """:func:`check_slice`, then the safetensors file the worker reads (:func:`slice_header` and the bytes)."""
+    check_slice(data, layout, source)
+    return slice_header(layout) + bytes(data)
 
 
 def slice_file_matches(path: Path, layout: Sequence[SliceEntry]) -> bool:
@@ -249,10 +250,12 @@ __all__ = [
     "TensorDigests",
     "WeightsSliceError",
     "assemble_slice",
+    "check_slice",
     "digest_file",
     "place_keys",
     "read_slice",
     "slice_file_matches",
+    "slice_header",
     "slice_layout",
     "slice_size",
 ]
