@@ -85,6 +85,7 @@ class ControlMethods:
             self.ctx.root / jid,
             core,
             total_steps=spec.training.steps,
+            first_of_daemon=not self.ctx.jobs,  # (its first election waits out a timeout: the quote's start)
         )
         job.directory.mkdir(parents=True, exist_ok=True)
         (job.directory / "spec.json").write_bytes(spec_bytes)

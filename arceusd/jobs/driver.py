@@ -25,11 +25,13 @@ import trio
 
 from arceusd.checkpoint import step_dir
 from arceusd.jobs import filework
-from arceusd.jobs.core import Role
+from arceusd.jobs.core import JobState, Role
 from arceusd.jobs.core import actions as a
 from arceusd.jobs.core import events as e
 from arceusd.jobs.job import Job, Recovery
 from arceusd.jobs.transfers import job_weights, leader_data
+from arceusd.market.forecast import CHECKPOINT_S, count_checkpoints, count_evals, eval_seconds
+from arceusd.market.timings import JobTiming, measured_step, record_timing
 from arceusd.membership.events import MemberState
 from protocol.job_wire import JobStop
 
@@ -44,6 +46,36 @@ if TYPE_CHECKING:
     from arceusd.peers import PeerService
 
 log = logging.getLogger(__name__)
+
+
+def job_timing(job: Job, now: float) -> JobTiming | None:
+    """What an owned job that ended ``done`` at ``now`` took: submit to its first step, its last commit to done,
+    its step over the plan's prediction (None: a restored job, one that recovered, or one that never stepped or
+    committed here: its figures are not a plain run's)."""
+    checkpoints = job.leading.checkpoints
+    if job.leading.recoveries or not job.first_step_at or not checkpoints or not job.history or job.history[0][0] != 1:
+        return None  # (a restored job resumes past step 1)
+    t = job.spec.training
+    rp = job.replica_plan
+    predicted = rp.predicted_step_time_s if rp is not None else 0.0
+    interval = job.spec.checkpoint.interval_steps
+    n_ckpt, n_eval = count_checkpoints(t.steps, interval), count_evals(t.steps, interval, t.eval_interval_steps)
+    ratio = 0.0
+    if predicted > 0:
+        # the evaluations are priced at the step they measure: solve step = (span - ckpts - evals x k x step) / n
+        k = eval_seconds(job.spec, 1.0)
+        span = measured_step(job.first_step_at, job.history_at[-1], t.steps, n_ckpt, CHECKPOINT_S, 0, 0.0)
+        ratio = span * (t.steps - 1) / ((t.steps - 1) + n_eval * k) / predicted if span else 0.0
+    return JobTiming(
+        type(job.spec.model).__name__,
+        round(job.first_step_at - job.created, 3),
+        round(max(now - checkpoints[-1][1], 0.0), 3),
+        job.first_of_daemon,
+        round(ratio, 4),
+        round(now, 3),
+        round(predicted, 6),
+    )
+
 
 LONG_ACTIONS = (a.Plan, a.SendStart, a.SendGo, a.CheckReachable, a.Regrow)
 """Actions the leader's loop runs one at a time, in order (each waits on the network or a child process)."""
@@ -177,9 +209,22 @@ class Driver:
                 log.warning("job %s: %s: %s", job.job_id, action.state.value, action.error)
             else:
                 log.info("job %s: %s", job.job_id, action.state.value)
+            if action.state == JobState.DONE and job.role == Role.OWNER:
+                self._record_timing(job)
             job.finished.set()
             job.poke()
         # Refuse and LetWorkerGo answer the message that caused them: the handler that fed it carries them out.
+
+    def _record_timing(self, job: Job) -> None:
+        """What the job's start, end and steps took on this daemon, kept for its quotes
+        (:mod:`arceusd.market.timings`)."""
+        timing = job_timing(job, time.time())
+        if timing is None:
+            return
+        try:
+            record_timing(self.m.node.paths.root, timing)
+        except OSError as exc:
+            log.warning("job %s: cannot keep its timings for the quote: %s", job.job_id, exc)
 
     # ------------------------------------------------------------------------------------------ the leader loop's
     async def run_queue(self, job: Job) -> None:

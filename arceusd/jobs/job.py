@@ -205,6 +205,9 @@ class Job:
     local_stopped: trio.Event | None = None  # set once the worker this device last detached has stopped
     went: tuple[int, WorkerProcess] | None = None  # the epoch and worker that this device's last go started
     created: float = field(default_factory=time.time)
+    first_step_at: float = 0.0  # wall clock of this device's first training step (0: none yet)
+    first_of_daemon: bool = False  # submitted here before any other job since this daemon started
+    spare_in: tuple[int, int] | None = None  # the (term, epoch) of the leader's plan that left this device out
     finished: trio.Event = field(default_factory=trio.Event)
     wake: trio.Event = field(default_factory=trio.Event)  # set to wake the leader's loop (poke)
     leading: LeaderRecord = field(default_factory=lambda: LeaderRecord())  # what it keeps while it leads
@@ -272,6 +275,7 @@ class Job:
         once it holds :data:`MAX_HISTORY` points."""
         self.history.append((step, round(loss, 5)))
         self.history_at.append(round(time.time() if at is None else at, 3))
+        self.first_step_at = self.first_step_at or self.history_at[-1]
         if len(self.history) > MAX_HISTORY:
             self.history = self.history[::-2][::-1]  # every other point, counted back from the newest
             self.history_at = self.history_at[::-2][::-1]
@@ -312,6 +316,7 @@ class Job:
             "model_path": self.model_path,
             "spec_hash": self.spec_hash,
             "leader": self.leader,
+            "spare": self.is_spare(),
             **asdict(self.speed()),
         }
         if full:
@@ -358,6 +363,18 @@ class Job:
         if self.leader != self.core.me or self.plan is None:
             return []
         return sorted(set(self.members) - set(self.plan_peers()))
+
+    def is_spare(self) -> bool:
+        """Whether this device is a member the leader's current plan leaves out (it was sent the plan and holds
+        no place in it: :meth:`mark_spare`): in no stage, paid nothing, it takes a place if one is lost."""
+        return self.spare_in is not None and self.state not in TERMINAL and self.leader != self.core.me
+
+    def mark_spare(self, term: int, epoch: int, told: tuple[str, ...]) -> None:
+        """The leader's plan of ``(term, epoch)`` came and leaves this device out (``told``: the job's members as
+        the leader holds them). A plan that gives it a place clears it (``spare_in = None``)."""
+        if self.spare_in is None or (term, epoch) >= self.spare_in:
+            self.spare_in = (term, epoch)
+            self.told_members = told or self.told_members
 
     def member_ids(self) -> list[str]:
         """The job's members as this device knows them: while it leads, the peers whose offers it holds;

@@ -163,7 +163,7 @@ class Joining:
             offer.check()
         except ValueError as exc:
             return JoinReply(msg.job_id, False, f"the offer is not usable: {exc}")
-        refused = join_refusal(self.ctx.node, job, offer)  # the job's needs and budget (arceusd.market)
+        refused = await join_refusal(self.ctx.node, job, offer)  # the job's needs and budget (arceusd.market)
         if refused is not None:
             return JoinReply(msg.job_id, False, refused[:1000])
         new = msg.peer_id not in job.members

@@ -89,6 +89,9 @@ class LocalWorker:
         if resume is not None and resume.step != msg.resume_step:
             return JobStartReply(msg.job_id, False, "start refused: the resume step is inconsistent")
         if self.ctx.node.identity.peer_id not in replica_plan.peer_ids:
+            if grow is None:  # the plan the leader tells its spares (Starting.tell_spares): this device is one
+                job.mark_spare(header.term, header.epoch, told)
+                log.info("job %s: a spare of plan epoch %d: in no stage, paid nothing", job.job_id, header.epoch)
             return JobStartReply(msg.job_id, False, "start refused: this device has no place in the plan")
         if msg.standby and msg.standby not in replica_plan.peer_ids:
             return JobStartReply(msg.job_id, False, "start refused: the standby is not in the plan")
@@ -104,6 +107,7 @@ class LocalWorker:
         job.shares = replica_flops_shares(replica_plan, inputs)
         job.standby = msg.standby
         job.told_members = told or job.told_members
+        job.spare_in = None  # a place in the plan
         self.ctx.track(job, list(job.plan_peers()), [header.sender, msg.standby])
         local = None
         if resume is not None:

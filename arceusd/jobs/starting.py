@@ -33,6 +33,8 @@ from protocol.job_wire import JobAck, JobGo, JobStart, JobStartReply, LinkEcho, 
 
 log = logging.getLogger(__name__)
 
+SPARE_TELL_TIMEOUT_S = 30.0
+"""How long the leader waits for a spare's answer to the plan it is told (it changes nothing)."""
 LINK_TTL_S = 600.0
 """How long a measured link (round trip, bandwidth, per-message cost) is used for plans before it is measured
 again."""
@@ -142,6 +144,7 @@ class Starting:
         job.leading.go_addresses = addresses = {}
         failures: list[tuple[str, str, str]] = []
         reach = {p: o.address for p, o in job.members.items()}  # as planned: a member may leave meanwhile
+        self.ctx.spawn(self.tell_spares, job, start, {p: reach[p] for p in job.spares() if p in reach})
 
         async def start_one(peer: str) -> None:
             if peer == me:
@@ -171,6 +174,20 @@ class Starting:
         if scope.cancelled_caught:
             failures.append(("", "a member of the new plan failed while it started", ""))
         self.life.feed(job, events.StartAnswered(action.stamp, tuple(failures)))
+
+    async def tell_spares(self, job: Job, start: JobStart, spares: dict[str, str]) -> None:
+        """Send the plan's start to the members it leaves out, beside the plan's own starts (nothing waits on
+        them): each verifies the plan, finds no place in it and says it is a spare (``status JOB`` on its own
+        daemon). Their answers (a refusal: no place) change nothing."""
+
+        async def tell(peer: str, address: str) -> None:
+            await self.ctx.peers.request(
+                address, peer, start, timeout=SPARE_TELL_TIMEOUT_S, job_id=job.job_id, term=job.term, epoch=job.epoch
+            )
+
+        async with trio.open_nursery() as nursery:
+            for peer, address in sorted(spares.items()):
+                nursery.start_soon(tell, peer, address)
 
     async def go_round(self, job: Job, action: actions.SendGo) -> None:
         """The core's ``SendGo``: send ``go`` to the peers it names, in plan order, and tell the core which

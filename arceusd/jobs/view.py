@@ -47,6 +47,10 @@ def count(value: Any) -> str:
     return str(int(value)) if _number(value) and value == int(value) else "-"
 
 
+SPARE = "in no stage, paid nothing, takes a place if one is lost"
+"""What a spare's own daemon says of it (a member the leader's plan leaves out: ``Job.is_spare``)."""
+
+
 def wrapped(line: str, width: int = 110) -> list[str]:
     """``line`` in full, wrapped at ``width`` with its continuation indented past its label: reasons name devices
     and causes in full (issue 31: they were cut at 80 characters, the device that died cut off)."""
@@ -60,6 +64,8 @@ def job_line(j: dict[str, Any]) -> str:
         f"{j['job_id'][:12]}  {j['name']:<20} {j['state']:<10} {j['role']:<6} step {j['step']}/{j['total_steps']}"
         f"  loss {_num(j.get('loss'))}  members {len(j.get('members', []))}"
     )
+    if j.get("spare"):
+        line += f"  (spare: {SPARE})"
     if j.get("restored"):
         line += f"  earned {usd(j.get('earned_usd'))} ({count(j.get('receipts'))} receipt(s))"
         line += f"  ({j['error']})" if j.get("error") else ""
@@ -150,6 +156,8 @@ def render_job(j: dict[str, Any]) -> str:
                         f"compute, {_ms(t.get('wait_s'))} waiting per step "
                         f"(plan: {_ms(t.get('predicted_s'))} compute{shown}"
                     )
+    if j.get("spare"):
+        lines.append(f"  spare    this device: {SPARE}")
     spares = j.get("spares") or []
     if spares:
         lines.append(

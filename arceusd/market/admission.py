@@ -5,8 +5,8 @@ take its word for it and checks what it can see itself:
 
 - :func:`join_refusal`: a device that wants to join (a new member) is refused when the job has all the members it
   wants (``max_members``), when its kind is not one the job takes (``device_kinds``), when it lends less memory
-  than ``memory_per_device_mib``, or when the job's budget cannot pay for the rest of the job with it
-  (:func:`projected_usd`, whatever the device's price: the price is capped at ``max_price_per_hour``);
+  than ``memory_per_device_mib``, or when the job's budget cannot pay for the rest of the job with it (priced by
+  the caller as the quote prices it, whatever the device's price: the price is capped at ``max_price_per_hour``);
 - :func:`memory_shortfall`: the leader plans only once the members lend ``memory_total_mib`` between them;
 - :func:`budget_stop`: at every committed checkpoint, a job with a budget stops (``failed``, with the reason) when
   what it has spent and the most the next checkpoint interval can cost exceed the budget: the owner never owes
@@ -16,9 +16,12 @@ take its word for it and checks what it can see itself:
   (a job that began under another leader). The rate measured so far alone is not a bound: one slow interval
   after fast ones overspent the budget by 2 % (CI, 2026-11-27).
 
-The projection (:func:`projected_usd`) is the quote's (``arceusd.market.quote``): the remaining FLOPs over the
-members' FLOP/s at their measured block efficiency, a perfect pipeline, each member paid its price for that time;
-once the job has a measured cost per step (receipts issued), the larger of the two is used.
+The rest of the job is priced by the leader as the quote prices it, one cost model
+(:func:`arceusd.market.forecast.rest_usd`: its plan over the members and the new device, the steps at the step
+factor it measured, each paid device at its price; a device the plan leaves out costs nothing); only when no plan
+fits the members yet, by :func:`projected_usd`, the perfect pipeline's lower bound (the remaining FLOPs over the
+members' FLOP/s at their block efficiency). Once the job has a measured cost per step (receipts issued), the
+larger of that and the projection is used.
 """
 
 from __future__ import annotations

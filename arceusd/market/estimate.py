@@ -7,7 +7,9 @@ the model's training state), the demand the daemon's market sees now (neutral wh
 the devices the daemon sees lend (its ``lending`` method; this device's cached profile alone when no daemon
 answers) against the training state's (:mod:`arceusd.jobs.memory_fit`), and the :class:`Estimate` that bundles
 them with the :class:`arceusd.market.quote.Quote` (the FLOPs' lower bound) and the
-:class:`arceusd.market.forecast.Forecast` (the time and bill it states: the daemon's plan over those devices).
+:class:`arceusd.market.forecast.Forecast` (the time and bill it states: the daemon's plan over those devices, with
+the start, end and step factor this daemon measured its past jobs to take, :mod:`arceusd.market.timings`; the JSON's
+``assumed`` names those it has not measured yet).
 
 The devices a forecast plans over: this device's measured offer (its cached profile, with its calibration) and,
 for each further device, one like it lending what the peer the daemon asked lends (peers tell their memory, not
@@ -32,6 +34,7 @@ from arceusd.market.admission import devices_for_memory
 from arceusd.market.forecast import Forecast, forecast
 from arceusd.market.pricing import CLOUD_PRICES_AS_OF, CLOUD_PRICES_SOURCE, NEUTRAL, TYPICAL_LAPTOP_FLOPS, Demand
 from arceusd.market.quote import Quote, job_flops, quote, quote_lines
+from arceusd.market.timings import read_timings
 from arceusd.paths import StatePaths
 from arceusd.profile import CACHE_FILE
 from partitioner import PlanError
@@ -101,6 +104,7 @@ class Estimate:
             "low_usd": f.low_usd if f else None,
             "high_usd": f.high_usd if f else None,
             "forecast": asdict(f) if f else None,
+            "assumed": list(f.assumed) if f else None,
             "plan_error": self.plan_error,
             "lower_bound": {
                 "flops": q.flops,
@@ -309,7 +313,12 @@ def estimate(state_dir: Path, spec: JobSpec, members: int) -> Estimate:
     running = Demand(demand.jobs_wanting, max(0, demand.idle_devices - n))  # its devices are busy while it runs
     try:
         fc: Forecast | None = forecast(
-            spec, offers_for(device, n, lent), "this-device", running, first_job=first_job(state_dir, daemon)
+            spec,
+            offers_for(device, n, lent),
+            "this-device",
+            running,
+            first_job=first_job(state_dir, daemon),
+            timings=read_timings(state_dir),
         )
         why = ""
     except PlanError as exc:

@@ -12,10 +12,13 @@ over their offers: measured FLOP/s, calibration and links) predicts a step time,
   1.1-1.6x for the char-GPTs (1.6-1.7x the median step on a busy 2-core one), 0.55-0.65x for the MNIST MLP. The
   planner's cost model misses that much (``arceusd.profile``'s calibration is its to fix); a model kind not measured
   takes 1.
-- ``start``: :data:`START_S`, submit to the first step (the members' joins, the plan, the links measured, the stage
-  workers started from a warm worker server): 2.9-3.8 s measured. A daemon's first job since it started pays
-  :data:`FIRST_JOB_S` more (its first election waits out a timeout; 7.7-10.0 s in all measured).
-- ``end``: :data:`END_BY_MODEL`, the last commit to ``done`` (the last evaluation, the model gathered and exported).
+- ``start``: submit to the first step (the members' joins, the plan, the links measured, the stage workers started
+  from a warm worker server), and ``end``: the last commit to ``done`` (the last evaluation, the model gathered and
+  exported): what this daemon measured its own past jobs to take (:mod:`arceusd.market.timings`, from
+  ``job_timings.json`` in its state directory), and the step factor likewise. Until it has measured them, the
+  figures of an idle 16-core machine, said to be assumed: :data:`START_S` (2.9-3.8 s measured there; 1.7-3.6 s on a
+  quiet 2-core machine), :data:`FIRST_JOB_S` more on a daemon's first job since it started (its first election
+  waits out a timeout; 7.7-10.0 s in all there), :data:`END_BY_MODEL` and :data:`STEP_FACTORS`.
 - ``checkpoint``: :data:`CHECKPOINT_S` per commit (every ``checkpoint.interval_steps`` and the last step): the
   shards written, reported and the manifest committed.
 - ``eval``: a forward pass of the evaluation batches (at every checkpoint and every ``eval_interval_steps``),
@@ -26,23 +29,27 @@ The bill: the plan's devices but the owner's own (``arceusd.market.receipts.bill
 caller's: :func:`arceusd.market.estimate.estimate` counts the job's devices busy then, as the leader's price at each
 commit does) for the time the job runs after its leader starts (a receipt counts wall seconds between commits:
 ``LeaderBook.issue``), i.e. the wall time less the part of the start before the leader plans
-(:data:`UNBILLED_START_S`) and less the end.
+(a third of the start, at most 1 s: :data:`UNBILLED_START_S` of :data:`START_S`) and less the end.
 
-The range: the point estimate x (1 - :data:`LOW_SHARE`, 1 + :data:`HIGH_SHARE`), the spread ``bench/quote.py``
-measured between jobs on an idle machine. A machine busy with other work runs every step slower than its profile
+The range: the steps, checkpoints and evaluations at the step factor's range (the fastest to the slowest this
+daemon measured, or an assumed factor's wider one) x (1 - :data:`LOW_SHARE`, 1 + :data:`HIGH_SHARE`), the spread
+``bench/quote.py`` measured between jobs on an idle machine, plus the start's and the end's ranges (measured: the
+fastest to the slowest past job; assumed: :data:`arceusd.market.timings.ASSUMED_LOW` to ``ASSUMED_HIGH`` of the
+figure). A machine busy with other work runs every step slower than its profile
 says (on 2 cores at load 9-13, 2-4x): no range covers that.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from arceusd.jobs.planning import Offer, make_job_plan
 from arceusd.jobs.spec_types import JobSpec, MnistDataSpec
 from arceusd.market.needs import pay
 from arceusd.market.pricing import NEUTRAL, Demand
+from arceusd.market.timings import JobTiming, Term, end_term, start_term, step_term
 from arceusd.models.costs import block_costs
 from partitioner import Link, ReplicaPlan
 
@@ -96,13 +103,14 @@ class Forecast:
     step_s: float
     steps: int
     start_s: float
-    """Submit to the first step (:data:`START_S`, and :data:`FIRST_JOB_S` on a daemon's first job)."""
+    """Submit to the first step (this daemon's measured; else :data:`START_S`, + :data:`FIRST_JOB_S` on a
+    daemon's first job)."""
     checkpoints: int
     checkpoint_s: float
     evals: int
     eval_s: float
     end_s: float
-    """The last commit to ``done`` (:data:`END_BY_MODEL`)."""
+    """The last commit to ``done`` (this daemon's measured; else :data:`END_BY_MODEL`)."""
     seconds: float
     low_s: float
     high_s: float
@@ -110,6 +118,15 @@ class Forecast:
     usd: float
     low_usd: float
     high_usd: float
+    step_factor: float = 1.0
+    """The step over the plan's predicted step (this daemon's measured; else :data:`STEP_FACTORS`)."""
+    sources: tuple[tuple[str, str], ...] = ()
+    """Where the start, the end and the step factor come from: (term, its figure, range and "measured: ..." or
+    "assumed: ...")."""
+    assumed: tuple[str, ...] = ()
+    """The terms this daemon has not measured (figures from another machine)."""
+    steps_usd: float = 0.0
+    """The bill's part for the steps, checkpoints and evaluations (without the start)."""
 
     @property
     def hours(self) -> float:
@@ -130,6 +147,7 @@ class Forecast:
             f"{self.checkpoint_s:.2f} s + {self.evals} eval(s) x {self.eval_s:.2f} s + end {self.end_s:.1f} s",
             f"cost      ${self.usd:.6f} (${self.low_usd:.6f} to ${self.high_usd:.6f}) for {len(self.paid)} paid "
             f"device(s) at ${self.usd_per_hour:.4f}/h together: your own is not billed",
+            *(f"{term:<9} {source}" for term, source in self.sources),
         ]
 
 
@@ -179,29 +197,77 @@ def forecast(
     rtt_s: dict[tuple[str, str], float] | None = None,
     links: Mapping[tuple[str, str], Link] | None = None,
     first_job: bool = False,
+    timings: Sequence[JobTiming] = (),
 ) -> Forecast:
     """The forecast for ``spec`` on ``offers`` (``owner``'s among them), planned as the daemon plans it, paid at
-    ``demand`` (the market's while the job runs); ``first_job``: the daemon has run no job since it started.
+    ``demand`` (the market's while the job runs); ``first_job``: the daemon has run no job since it started;
+    ``timings``: what this daemon measured its past jobs to take (:func:`arceusd.market.timings.read_timings`).
 
     Error handling: :class:`partitioner.PlanError` (what is missing) when no plan fits the offers."""
     _, rp = make_job_plan(spec, offers, rtt_s or {}, links, leader=owner)
-    return from_plan(spec, rp, offers, owner, demand, first_job)
+    return from_plan(spec, rp, offers, owner, demand, first_job, timings)
+
+
+def rest_usd(
+    spec: JobSpec,
+    offers: list[Offer],
+    leader: str,
+    owner: str,
+    remaining_steps: int,
+    demand: Demand = NEUTRAL,
+    timings: Sequence[JobTiming] = (),
+) -> float:
+    """What the job's ``remaining_steps`` would cost on ``offers`` as the quote prices them (one cost model): the
+    leader's plan over them (``leader``'s device in every plan), the steps, checkpoints and evaluations at the
+    step factor, each paid device (not ``owner``'s) at its price at ``demand``. A device the plan leaves out (a
+    spare) costs nothing. The leader's budget check at a join (``arceusd.market.service.Market.join_refusal``).
+
+    Error handling: :class:`partitioner.PlanError` when no plan fits the offers."""
+    if remaining_steps <= 0:
+        return 0.0
+    _, rp = make_job_plan(spec, offers, {}, None, leader=leader)
+    f = from_plan(spec, rp, offers, owner, demand, timings=timings)
+    return f.steps_usd * min(remaining_steps, f.steps) / max(f.steps, 1)
+
+
+def terms(
+    spec: JobSpec, predicted_step_s: float, first_job: bool, timings: Sequence[JobTiming]
+) -> tuple[Term, Term, Term]:
+    """The start, the end and the step factor of ``spec``'s forecast (its plan predicting ``predicted_step_s``):
+    measured by this daemon, else assumed."""
+    model = type(spec.model).__name__
+    return (
+        start_term(timings, first_job, START_S, FIRST_JOB_S),
+        end_term(timings, model, end_seconds(spec)),
+        step_term(timings, model, predicted_step_s, step_factor(spec)),
+    )
 
 
 def from_plan(
-    spec: JobSpec, rp: ReplicaPlan, offers: list[Offer], owner: str, demand: Demand = NEUTRAL, first_job: bool = False
+    spec: JobSpec,
+    rp: ReplicaPlan,
+    offers: list[Offer],
+    owner: str,
+    demand: Demand = NEUTRAL,
+    first_job: bool = False,
+    timings: Sequence[JobTiming] = (),
 ) -> Forecast:
     """The forecast of ``spec`` under the plan ``rp`` (over ``offers``)."""
     t = spec.training
     devices = tuple(dict.fromkeys(p for plan in rp.replicas for p in plan.peer_ids))
-    step_s = rp.predicted_step_time_s * step_factor(spec)
-    start_s = START_S + (FIRST_JOB_S if first_job else 0.0)
+    start, end, factor = terms(spec, rp.predicted_step_time_s, first_job, timings)
     interval = spec.checkpoint.interval_steps
     checkpoints = count_checkpoints(t.steps, interval)
     evals = count_evals(t.steps, interval, t.eval_interval_steps)
-    eval_s = eval_seconds(spec, step_s)
-    end_s = end_seconds(spec)
-    seconds = start_s + t.steps * step_s + checkpoints * CHECKPOINT_S + evals * eval_s + end_s
+
+    def work(f: float) -> float:  # the steps, checkpoints and evaluations at a step factor f
+        step = rp.predicted_step_time_s * f
+        return t.steps * step + checkpoints * CHECKPOINT_S + evals * eval_seconds(spec, step)
+
+    step_s = rp.predicted_step_time_s * factor.value
+    seconds = start.value + work(factor.value) + end.value
+    low_s = start.low + work(factor.low) * (1.0 - LOW_SHARE) + end.low
+    high_s = start.high + work(factor.high) * (1.0 + HIGH_SHARE) + end.high
     by_id = {o.peer_id: o for o in offers}
     cap = float(spec.needs.max_price_per_hour)
     paid = tuple(
@@ -210,26 +276,37 @@ def from_plan(
         if d != owner and d in by_id
     )
     per_s = sum(p.usd_per_hour for p in paid) / 3600.0
-    billed_s = seconds - UNBILLED_START_S - (start_s - START_S) - end_s  # a first job waits its election unbilled
-    low, high = 1.0 - LOW_SHARE, 1.0 + HIGH_SHARE
+    billed_start = min(start.value, START_S) * (1.0 - UNBILLED_START_S / START_S)  # a first job waits unbilled
+    usd = (work(factor.value) + billed_start) * per_s
+    low_usd = work(factor.low) * (1.0 - LOW_SHARE) * per_s
+    high_usd = (work(factor.high) * (1.0 + HIGH_SHARE) + billed_start) * per_s
+    sources = (
+        ("start", f"{start.value:.1f} s ({start.low:.1f} to {start.high:.1f} s), {start.source}"),
+        ("end", f"{end.value:.1f} s ({end.low:.1f} to {end.high:.1f} s), {end.source}"),
+        ("step", f"x{factor.value:.2f} the plan's ({factor.low:.2f} to {factor.high:.2f}), {factor.source}"),
+    )
     return Forecast(
         devices,
         rp.predicted_step_time_s,
         step_s,
         t.steps,
-        start_s,
+        start.value,
         checkpoints,
         CHECKPOINT_S,
         evals,
-        eval_s,
-        end_s,
+        eval_seconds(spec, step_s),
+        end.value,
         seconds,
-        seconds * low,
-        seconds * high,
+        low_s,
+        high_s,
         paid,
-        billed_s * per_s,
-        billed_s * per_s * low,
-        billed_s * per_s * high,
+        usd,
+        low_usd,
+        high_usd,
+        factor.value,
+        sources,
+        tuple(name for name, term in (("start", start), ("end", end), ("step", factor)) if not term.measured),
+        work(factor.value) * per_s,
     )
 
 
@@ -252,5 +329,7 @@ __all__ = [
     "eval_seconds",
     "forecast",
     "from_plan",
+    "rest_usd",
     "step_factor",
+    "terms",
 ]

@@ -34,10 +34,11 @@ def on_commit(node: Any, job: Any, step: int, term: int, epoch: int) -> str | No
     return None if market is None else market.on_commit(job, step, term, epoch)
 
 
-def join_refusal(node: Any, job: Any, offer: Any) -> str | None:
-    """Call before the leader admits ``offer`` (a checked ``planning.Offer``); a reason: refuse the join with it."""
+async def join_refusal(node: Any, job: Any, offer: Any) -> str | None:
+    """Call before the leader admits ``offer`` (a checked ``planning.Offer``); a reason: refuse the join with it.
+    With a budget, the leader plans the rest of the job with ``offer`` (in a thread) to price it."""
     market = getattr(node, "market", None)
-    return None if market is None else market.join_refusal(job, offer)
+    return None if market is None else await market.join_refusal(job, offer)
 
 
 def wants_timing(node: Any, job: Any) -> bool:

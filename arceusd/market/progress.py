@@ -5,8 +5,9 @@ Owns :class:`CostProgress` (pure, :func:`cost_progress`) and :func:`job_cost`, w
 keeps: what its receipts add up to and the dollars per step they measure (``arceusd.market.receipts.LeaderBook``,
 through ``MarketService.spend``), the job's ``needs.budget_usd`` and its measured rate of steps (its time left,
 ``arceusd.jobs.throughput``). The cost to finish is the measured dollars per step x the steps left (unknown until
-the first checkpoint is paid); the time to finish is the measured time left plus the model's export
-(:func:`arceusd.market.forecast.end_seconds`). Only the job's leader holds the book: other devices show none.
+the first checkpoint is paid); the time to finish is the measured time left plus the model's export (what this
+daemon measured its past jobs of that model to take, :func:`arceusd.market.timings.end_term`; else
+:func:`arceusd.market.forecast.end_seconds`). Only the job's leader holds the book: other devices show none.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 from arceusd.market.admission import Spend
 from arceusd.market.forecast import END_S, end_seconds
+from arceusd.market.timings import end_term, read_timings
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,8 @@ def job_cost(node: Any, job: Any) -> dict[str, Any] | None:
     running = str(getattr(job.state, "value", job.state)) == "running"
     book = market.books.get(job.job_id)
     committed = book is not None and book.last[0] > book.first
+    paths = getattr(node, "paths", None)
+    timings = read_timings(paths.root) if paths is not None else []
     progress = cost_progress(
         market.spend(job),
         float(job.spec.needs.budget_usd),
@@ -99,7 +103,7 @@ def job_cost(node: Any, job: Any) -> dict[str, Any] | None:
         speed.eta_s,
         running,
         committed,
-        end_seconds(job.spec),
+        end_term(timings, type(job.spec.model).__name__, end_seconds(job.spec)).value,
     )
     return {**asdict(progress), "line": progress.line()}
 

@@ -43,6 +43,7 @@ from arceusd.jobs.warm_starts import warm_starts
 from arceusd.market.admission import Member, Spend, budget_stop, devices_for_memory, join_refusal, projected_usd
 from arceusd.market.authority import AuthorityError, authorise, from_bytes
 from arceusd.market.collect import MAX_PAGES_PER_PEER, MAX_PEERS, ROUNDS_S, accept, kept_for, new_ones, page
+from arceusd.market.forecast import rest_usd
 from arceusd.market.ledger import Ledger, LedgerError
 from arceusd.market.needs import DeviceOffer, JobNeeds, demand_in_view, match, pay
 from arceusd.market.paid_speed import paid_speeds
@@ -64,8 +65,10 @@ from arceusd.market.receipts import (
     most_per_step_usd,
     sign_leader,
 )
+from arceusd.market.timings import read_timings
 from arceusd.market.unpaid import PayWatch, leave_reason, unpaid
 from arceusd.node import JobService, Node
+from partitioner import PlanError
 from protocol.market_wire import ReceiptBatch, ReceiptOffer, ReceiptReply, ReceiptsRequest
 
 if TYPE_CHECKING:
@@ -469,23 +472,45 @@ class Market:
         book = self.books.get(job.job_id)
         return Spend() if book is None else Spend(book.spent_estimate(), book.per_step_usd())
 
-    def join_refusal(self, job: Any, offer: Any) -> str | None:
-        """The leader: why it does not admit ``offer`` as a new member (``admission.join_refusal``)."""
+    def rest_usd(self, job: Any, offers: list[Any], demand: Demand, remaining: int) -> float:
+        """What the rest of the job would cost on ``offers``, as the quote prices it
+        (:func:`arceusd.market.forecast.rest_usd`: this leader's plan over them, its own measured step factor);
+        when no plan fits them yet, the perfect pipeline's lower bound (:func:`admission.projected_usd`). Plans:
+        call it in a thread."""
+        try:
+            return rest_usd(
+                job.spec,
+                offers,
+                self.node.identity.peer_id,
+                str(job.owner),
+                remaining,
+                demand,
+                read_timings(self.node.paths.root),
+            )
+        except PlanError:
+            cap = float(job.spec.needs.max_price_per_hour)
+            members = [
+                Member(
+                    float(o.flops_per_s),
+                    float(o.block_efficiency),  # the owner's own device: not paid
+                    pay(float(o.flops_per_s), cap, demand) if billed(job.owner, o.peer_id) else 0.0,
+                )
+                for o in offers
+            ]
+            return projected_usd(remaining * step_flops(job.spec), members)[1]
+
+    async def join_refusal(self, job: Any, offer: Any) -> str | None:
+        """The leader: why it does not admit ``offer`` as a new member (``admission.join_refusal``); with a
+        budget, the rest of the job priced as the quote prices it, with this device (:meth:`rest_usd`)."""
         if offer.peer_id in job.members:
             return None  # a member joining again (after a restart, or the owner back) keeps its place
         n = job.spec.needs
-        demand = self.demand(self.job_needs())
-        cap = float(n.max_price_per_hour)
-        members = [
-            Member(
-                float(o.flops_per_s),
-                float(o.block_efficiency),  # the owner's own device: not paid
-                pay(float(o.flops_per_s), cap, demand) if billed(job.owner, o.peer_id) else 0.0,
-            )
-            for o in [*job.members.values(), offer]
-        ]
         remaining = max(0, int(job.total_steps) - int(job.committed_step))
-        _, usd = projected_usd(remaining * step_flops(job.spec), members)
+        usd = 0.0
+        if float(n.budget_usd) > 0:
+            demand = self.demand(self.job_needs())
+            offers = [*job.members.values(), offer]
+            usd = await trio.to_thread.run_sync(self.rest_usd, job, offers, demand, remaining)
         why = join_refusal(
             members=len(job.members),
             max_members=int(n.max_members),

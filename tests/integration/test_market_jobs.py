@@ -10,11 +10,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from arceusd.market.timings import TIMINGS_FILE, JobTiming
 from arceusd.swarm import LocalSwarm
 from tests.harness import wait_for
 from tests.integration.test_recovery import assert_equals_failure_free, job_of, wait_end, wait_step, write_spec
@@ -316,7 +318,14 @@ def test_needs_the_leader_enforces_budget_and_total_memory(swarm: LocalSwarm, tm
 def test_a_running_job_stops_when_its_budget_is_spent(swarm: LocalSwarm, tmp_path: Path) -> None:
     """A budget the quote's estimate fits but the real run does not: the leader stops the job at the checkpoint
     after which the next interval would overspend (state ``failed``, saying so), and the owner's bill stays within
-    the budget (the first checkpoint aside, which is paid before any cost is measured)."""
+    the budget (the first checkpoint aside, which is paid before any cost is measured). The leader prices a join
+    as its quote does, from what its own past MLP jobs measured (issue 31): it is told they stepped 10x faster
+    than its plan predicts, so it admits the members at a budget this run, at the plan's own speed, overspends."""
+    fast = [  # a record of every predicted step from 0.1 ms to 10 s (a past job's factor stands for a like step)
+        JobTiming("MLPConfig", 1.0, 0.2, False, 0.1, 0.0, 1e-4 * 1.4**i) for i in range(35)
+    ]
+    swarm.state_dir(0).mkdir(parents=True, exist_ok=True)
+    (swarm.state_dir(0) / TIMINGS_FILE).write_text(json.dumps([asdict(t) for t in fast]))
     start(swarm, {})
     budget = 2e-5
     spec = write_spec(tmp_path, steps=400, interval=10)

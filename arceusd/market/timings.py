@@ -1,0 +1,197 @@
+"""What this daemon measured its own jobs' fixed terms to take, for the quote (issue 31). Torch-free.
+
+The quote's start (submit to the first step) and end (the last commit to ``done``: the last evaluation, the model
+gathered and exported) do not scale with the steps: on an idle 16-core machine they took 3 s (+ 4.5 s on a
+daemon's first job) and 2.8 s for a char-GPT; on a quiet 2-core one the first step came after 1.7-3.6 s. A figure
+fitted on one machine is wrong on another, so each daemon keeps what its own jobs took: when a job it owns ends
+``done`` without a recovery, the driver (``arceusd.jobs.driver``) appends a :class:`JobTiming` to
+``job_timings.json`` in its state directory (the newest :data:`KEEP`), and the quote (``arceusd.market.estimate``,
+:mod:`arceusd.market.forecast`) takes each term from there:
+
+- start: the median of the daemon's past jobs of the same kind (a first job since the daemon started, or a later
+  one; a later job with only first jobs measured takes those), the range from the fastest to the slowest of them;
+- end: the median of its past jobs of the same model config (a GPT's export is not an MLP's), the range likewise;
+- step factor (the measured step over the plan's predicted step): the median of its past jobs of the same model
+  config whose plan predicted a step within :data:`LIKE_STEP` of this one's (the planner's error depends on the
+  model's size: 0.95x for a 2-layer, 64-wide char-GPT and 1.8x for a 4-layer, 128-wide one, measured on the same
+  2-core machine), the range likewise.
+
+When nothing is measured yet, the term is the 16-core machine's figure, said to be assumed (the quote's text and
+JSON name it), with a wider range (:data:`ASSUMED_LOW`, :data:`ASSUMED_HIGH`).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from arceusd.checkpoint import atomic_write
+
+TIMINGS_FILE = "job_timings.json"
+KEEP = 40
+"""Timings the file keeps (the newest)."""
+RECENT = 8
+"""Timings of one kind a term is taken from (the newest): a machine changes (load, a new library)."""
+LIKE_STEP = 1.5
+"""A past job's step factor stands for a job whose plan's predicted step is within this factor of its own."""
+ASSUMED_LOW = 0.3
+ASSUMED_HIGH = 1.5
+"""An assumed term's range, as shares of it: it was measured on another machine (0.5-1.3x there and here)."""
+ASSUMED_STEP_LOW = 0.7
+ASSUMED_STEP_HIGH = 1.3
+"""An assumed step factor's range, as shares of it (0.55-1.6x over the kinds measured on two machines)."""
+
+
+@dataclass(frozen=True)
+class JobTiming:
+    """What one finished job took on its owner, measured by the owner's daemon."""
+
+    model: str
+    """The model config's class name (``GPTConfig``, ``MLPConfig``, ...)."""
+    start_s: float
+    """Submit to the first step."""
+    end_s: float
+    """The last commit to ``done``."""
+    first: bool
+    """The daemon's first job since it started."""
+    step_ratio: float = 0.0
+    """The measured step (first to last step, less the checkpoints and evaluations, over the steps between) over
+    the plan's predicted step (0: not measured)."""
+    at: float = 0.0
+    """Unix time it ended."""
+    predicted_step_s: float = 0.0
+    """The plan's predicted step (0: no plan)."""
+
+
+@dataclass(frozen=True)
+class Term:
+    """One term of the quote: its value and range, and whether this daemon measured it."""
+
+    value: float
+    low: float
+    high: float
+    measured: int
+    """How many of this daemon's past jobs it comes from (0: assumed)."""
+    source: str
+    """Where it comes from, for people."""
+
+
+def measured_step(
+    first_at: float, last_at: float, steps: int, checkpoints: int, checkpoint_s: float, evals: int, eval_s: float
+) -> float:
+    """A step as the job took it: the time from its first to its last step, less its checkpoints and evaluations
+    (priced as the quote prices them), over the steps between (0: too few steps to say)."""
+    if steps < 2 or last_at <= first_at:
+        return 0.0
+    return max(last_at - first_at - checkpoints * checkpoint_s - evals * eval_s, 0.0) / (steps - 1)
+
+
+def _term(values: Sequence[float], what: str) -> Term:
+    recent = list(values)[-RECENT:]
+    return Term(
+        statistics.median(recent),
+        min(recent),
+        max(recent),
+        len(recent),
+        f"measured: the median of this daemon's last {len(recent)} {what}",
+    )
+
+
+def _assumed(value: float, why: str, low: float = ASSUMED_LOW, high: float = ASSUMED_HIGH) -> Term:
+    return Term(value, value * low, value * high, 0, f"assumed: {why}")
+
+
+def start_term(records: Sequence[JobTiming], first_job: bool, assumed_s: float, assumed_first_s: float) -> Term:
+    """The start of a job (``first_job``: the daemon's first since it started) from ``records``; else
+    ``assumed_s`` (+ ``assumed_first_s`` on a first job)."""
+    firsts = [r.start_s for r in records if r.first]
+    laters = [r.start_s for r in records if not r.first]
+    if first_job and firsts:
+        return _term(firsts, "first jobs' start (submit to the first step)")
+    if first_job and laters:  # a first job waits out an election timeout more, at most
+        t = _term(laters, "jobs' start, plus an assumed first job's wait")
+        return Term(t.value + assumed_first_s, t.low, t.high + assumed_first_s, t.measured, t.source)
+    if laters or firsts:
+        what = "jobs' start (submit to the first step)" if laters else "first jobs' start (a later one starts faster)"
+        t = _term(laters or firsts, what)
+        return t if laters else Term(t.value, min(t.low, assumed_s * ASSUMED_LOW), t.high, t.measured, t.source)
+    why = "this daemon has finished no job yet (measured on an idle 16-core machine)"
+    if first_job:
+        return _assumed(assumed_s + assumed_first_s, f"{why}; its first job waits out an election timeout")
+    return _assumed(assumed_s, why)
+
+
+def end_term(records: Sequence[JobTiming], model: str, assumed_s: float) -> Term:
+    """The last commit to ``done`` of a ``model`` job, from ``records`` of that model; else ``assumed_s``."""
+    ends = [r.end_s for r in records if r.model == model]
+    if ends:
+        return _term(ends, f"{model} jobs' end (the last commit to done)")
+    return _assumed(assumed_s, f"this daemon has finished no {model} job yet (measured on an idle 16-core machine)")
+
+
+def step_term(records: Sequence[JobTiming], model: str, predicted_step_s: float, assumed: float) -> Term:
+    """The measured step over the plan's predicted step for a ``model`` job whose plan predicts
+    ``predicted_step_s``, from ``records`` of that model and a like predicted step (:data:`LIKE_STEP`); else
+    ``assumed``."""
+    ratios = [
+        r.step_ratio
+        for r in records
+        if r.model == model
+        and r.step_ratio > 0
+        and r.predicted_step_s > 0
+        and 1 / LIKE_STEP <= predicted_step_s / r.predicted_step_s <= LIKE_STEP
+    ]
+    if ratios:
+        return _term(ratios, f"{model} jobs' measured step over the plan's, of a like predicted step")
+    return _assumed(
+        assumed,
+        f"this daemon has finished no {model} job of a like predicted step yet (measured on an idle 16-core machine)",
+        ASSUMED_STEP_LOW,
+        ASSUMED_STEP_HIGH,
+    )
+
+
+def read_timings(state_dir: Path) -> list[JobTiming]:
+    """This daemon's measured timings, oldest first (none: no file, or one that does not parse)."""
+    try:
+        raw = json.loads((state_dir / TIMINGS_FILE).read_text())
+        return [
+            JobTiming(
+                str(r["model"]),
+                float(r["start_s"]),
+                float(r["end_s"]),
+                bool(r["first"]),
+                float(r.get("step_ratio", 0.0)),
+                float(r.get("at", 0.0)),
+                float(r.get("predicted_step_s", 0.0)),
+            )
+            for r in raw
+        ]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+
+
+def record_timing(state_dir: Path, timing: JobTiming) -> None:
+    """Append ``timing`` to this daemon's file (the newest :data:`KEEP` kept). Error handling: OSError."""
+    records = [*read_timings(state_dir), timing][-KEEP:]
+    atomic_write(state_dir / TIMINGS_FILE, json.dumps([asdict(r) for r in records], indent=1).encode())
+
+
+__all__ = [
+    "ASSUMED_HIGH",
+    "ASSUMED_LOW",
+    "KEEP",
+    "LIKE_STEP",
+    "TIMINGS_FILE",
+    "JobTiming",
+    "Term",
+    "end_term",
+    "measured_step",
+    "read_timings",
+    "record_timing",
+    "start_term",
+    "step_term",
+]

@@ -1,0 +1,158 @@
+"""Issue 31, what the quote still lacked: its fixed terms (start, end) and step factor come from what this daemon
+measured of its own past jobs (assumed, and said so, until it has); a spare's own daemon says it is a spare; the
+leader's budget check at a join prices the rest of the job as the quote does."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+import trio
+from click.testing import CliRunner
+
+from arceusd.cli import cli
+from arceusd.jobs.core import JobCore
+from arceusd.jobs.driver import job_timing
+from arceusd.jobs.job import Job
+from arceusd.jobs.planning import Offer
+from arceusd.jobs.spec import load_spec
+from arceusd.jobs.spec_types import JobSpec
+from arceusd.jobs.view import job_line, render_job
+from arceusd.market.admission import Member, Spend, projected_usd
+from arceusd.market.forecast import FIRST_JOB_S, forecast, rest_usd
+from arceusd.market.needs import pay
+from arceusd.market.pricing import NEUTRAL
+from arceusd.market.quote import step_flops
+from arceusd.market.service import Market
+from arceusd.market.timings import JobTiming, read_timings, record_timing
+from tests.unit.test_jobspec import EXAMPLES
+
+OWNER, PEER = "owner", "peer"
+FAST = 60e9
+
+
+def gpt() -> JobSpec:
+    return load_spec(EXAMPLES / "shakespeare-gpt.toml")
+
+
+def offer(peer: str, flops: float = FAST) -> Offer:
+    return Offer(peer, "", flops, 8 << 30, "cpu", 0.7, 5e-4, 1e-9, 1e-9)
+
+
+def test_the_quote_takes_start_end_and_step_from_what_this_daemon_measured() -> None:
+    """On a quiet 2-core machine the first step came after 1.7-3.6 s, not the 3 s + 4.5 s fitted on a 16-core
+    one: the quote now uses what this daemon measured, and says which terms it assumed."""
+    spec, offers = gpt(), [offer(OWNER)]
+    assumed = forecast(spec, offers, OWNER)
+    assert assumed.assumed == ("start", "end", "step")
+    assert sum("assumed:" in line for line in assumed.lines()) == 3
+    predicted = assumed.predicted_step_s
+    past = [
+        JobTiming("GPTConfig", 1.2, 0.9, False, 1.1, 0.0, predicted),
+        JobTiming("GPTConfig", 1.6, 1.1, False, 0.9, 0.0, predicted * 1.2),
+        JobTiming("MLPConfig", 5.0, 0.1, True, 0.3, 0.0, predicted),  # another model: not this end or step
+        JobTiming("GPTConfig", 1.4, 1.0, False, 3.0, 0.0, predicted * 4),  # a much larger step: not its factor
+    ]
+    f = forecast(spec, offers, OWNER, timings=past)
+    assert f.assumed == ()
+    assert f.start_s == pytest.approx(1.4) and f.end_s == pytest.approx(1.0) and f.step_factor == pytest.approx(1.0)
+    assert f.step_s == pytest.approx(predicted)
+    work = f.steps * f.step_s + f.checkpoints * f.checkpoint_s + f.evals * f.eval_s
+    assert f.seconds == pytest.approx(1.4 + work + 1.0)
+    assert f.low_s < f.seconds < f.high_s
+    at_lowest_factor = (f.steps * f.step_s + f.evals * f.eval_s) * 0.9 + f.checkpoints * f.checkpoint_s
+    assert f.low_s == pytest.approx(1.2 + at_lowest_factor * 0.8 + 0.9)  # the fastest past jobs' terms, -20 %
+    assert sum("measured:" in line for line in f.lines()) == 3
+    first = forecast(spec, offers, OWNER, first_job=True, timings=past)  # its first jobs: one measured (5.0 s)
+    assert first.start_s == pytest.approx(5.0)
+    no_first = forecast(spec, offers, OWNER, first_job=True, timings=past[:2])  # none: the later ones + a wait
+    assert no_first.start_s == pytest.approx(statistics.median([1.2, 1.6]) + FIRST_JOB_S)
+
+
+def test_the_daemon_keeps_what_its_finished_job_took_and_the_quote_reads_it(tmp_path: Path) -> None:
+    spec = gpt()
+    t = spec.training
+    job = Job("ab" * 16, spec, b"", "h", OWNER, "", tmp_path, JobCore.owned(OWNER, t.steps), total_steps=t.steps)
+    job.created, job.first_of_daemon = 1000.0, True
+    assert job_timing(job, 1100.0) is None  # it never stepped
+    for step in range(1, t.steps + 1):
+        job.record_loss(step, 2.0, at=1003.0 + 0.01 * (step - 1))
+    job.leading.record_checkpoint(t.steps, at=1030.0)
+    job.replica_plan = cast(Any, SimpleNamespace(predicted_step_time_s=0.005))
+    timing = job_timing(job, 1032.5)
+    assert timing is not None and timing.model == "GPTConfig" and timing.first
+    assert timing.start_s == pytest.approx(3.0) and timing.end_s == pytest.approx(2.5)
+    assert 0 < timing.step_ratio < 2.0 and timing.predicted_step_s == 0.005  # about 0.01 s a step, less its evals
+    state = tmp_path / "state"
+    state.mkdir()
+    record_timing(state, timing)
+    assert read_timings(state) == [timing]
+    out = CliRunner().invoke(
+        cli, ["--state-dir", str(state), "submit", str(EXAMPLES / "shakespeare-gpt.toml"), "--quote", "--json"]
+    )
+    assert out.exit_code == 0, out.output
+    body = json.loads(out.stdout)
+    assert "end" not in body["assumed"] and "start" not in body["assumed"]  # (no daemon: a first job, measured)
+    assert body["forecast"]["end_s"] == pytest.approx(2.5) and body["forecast"]["start_s"] == pytest.approx(3.0)
+
+
+def test_a_spare_says_so_on_its_own_daemon(tmp_path: Path) -> None:
+    """The leader's plan reaches its spares too (``Starting.tell_spares``); a member not in it is a spare and its
+    own ``status JOB`` and ``jobs`` say so (only the leader listed its spares)."""
+    spec = SimpleNamespace(name="tiny", model=SimpleNamespace(), data=SimpleNamespace(kind="shakespeare"))
+    job = Job("ab" * 16, cast(Any, spec), b"", "h", OWNER, "", tmp_path, JobCore.owned("me", 100))
+    job.core.follow(OWNER)  # a member: the owner leads
+    assert not job.summary()["spare"] and "spare" not in render_job(job.summary(full=True))
+    job.mark_spare(1, 2, (OWNER, "me"))
+    summary = job.summary(full=True)
+    assert summary["spare"] and summary["members"] == ["me", OWNER]
+    said = "in no stage, paid nothing, takes a place if one is lost"
+    assert f"spare    this device: {said}" in render_job(summary)
+    assert f"(spare: {said})" in job_line(job.summary())
+    job.mark_spare(1, 1, ())  # an older plan's word changes nothing
+    assert job.spare_in == (1, 2)
+    job.spare_in = None  # a later plan gives it a place (LocalWorker.on_start)
+    assert not job.is_spare()
+
+
+def test_the_budget_check_at_a_join_prices_the_rest_as_the_quote_does() -> None:
+    """It used the perfect pipeline's lower bound: a budget that bound fits but the quote does not admitted the
+    device, and the job then stopped for its budget."""
+    spec = gpt()
+    offers = [offer(OWNER), offer(PEER)]
+    f = forecast(spec, offers, OWNER)
+    price = pay(FAST, float(spec.needs.max_price_per_hour))
+    rest = rest_usd(spec, offers, OWNER, OWNER, spec.training.steps)
+    assert rest == pytest.approx(f.steps_usd) and rest > 0 and [p.peer_id for p in f.paid] == [PEER]
+    assert rest_usd(spec, offers, OWNER, OWNER, spec.training.steps // 2) == pytest.approx(rest / 2)
+    members = [Member(FAST, 0.7, 0.0), Member(FAST, 0.7, price)]
+    _, bound = projected_usd(spec.training.steps * step_flops(spec), members)
+    assert bound < rest / 2  # the lower bound the join check used
+    budget = (bound + rest) / 2
+    job = SimpleNamespace(
+        job_id="j" * 32,
+        spec=replace(spec, needs=replace(spec.needs, budget_usd=budget)),
+        members={OWNER: offers[0]},
+        owner=OWNER,
+        total_steps=spec.training.steps,
+        committed_step=0,
+        state="waiting",
+        error="",
+    )
+    market = SimpleNamespace(
+        node=SimpleNamespace(identity=SimpleNamespace(peer_id=OWNER), paths=SimpleNamespace(root=Path("/nonexistent"))),
+        demand=lambda _needs: NEUTRAL,
+        job_needs=list,
+        spend=lambda _job: Spend(),
+        refused_joins=[],
+    )
+    market.rest_usd = lambda *args: Market.rest_usd(cast(Any, market), *args)
+    why = trio.run(Market.join_refusal, cast(Any, market), job, offers[1])
+    assert why is not None and "budget cannot pay" in why, why
+    job.spec = replace(spec, needs=replace(spec.needs, budget_usd=rest * 1.01))  # the quote's price: admitted
+    assert trio.run(Market.join_refusal, cast(Any, market), job, offers[1]) is None
