@@ -119,7 +119,8 @@ function renderSwarm(s) {
       String(p.address || ""), String(p.device || "")]))));
   main.append(section("Jobs", "wide", jobs.length ? table(["job", "state", "step", "loss", "members", "role"],
     jobs.map((j) => [jobLink(j), el("td", { class: stateCls(j.state) }, String(j.state)), `${j.step} / ${j.total_steps}`,
-      num(j.loss, 4), String((j.members || []).length), String(j.role)])) : el("p", { class: "muted" }, "no jobs known")));
+      num(j.loss, 4), String((j.members || []).length), String(j.role) + (j.spare ? " (spare)" : "")]))
+    : el("p", { class: "muted" }, "no jobs known")));
 }
 
 // ---- a job -----------------------------------------------------------------------------------------------------
@@ -334,6 +335,7 @@ function renderJob(job, me) {
     ["leader", short(job.leader)], ["standby", !job.standby ? "–" : ["done", "failed", "cancelled"].includes(job.state) ? short(job.standby)
       : short(job.standby) + (job.standby_ready ? " (ready)" : " (syncing)")],
     ["committed checkpoint", String(job.committed_step ?? "–")], ["model", `${job.model} on ${job.data}`],
+    ...(job.spare ? [["this device", "spare: in no stage, paid nothing, takes a place if one is lost"]] : []),
     ...costRows(job.cost),
   ]), bar, job.error ? el("p", { class: "no" }, String(job.error)) : null));
   const fill = bar.firstChild; fill.style.width = fill.dataset.pct + "%";
