@@ -381,6 +381,8 @@ def submit(obj: Context, spec: Path, members: int, watch: bool, quote: bool, as_
     """Submit the job SPEC (TOML or JSON): this device becomes its owner and announces it."""
     from arceusd.jobs.spec import JobSpecError, load_spec
 
+    asked_at = time.time()  # the job's start as its quote times it: from the command, not from the daemon's answer
+
     try:
         parsed = load_spec(spec)  # the same checks the daemon makes, with the same messages, before anything is sent
     except JobSpecError as exc:
@@ -393,7 +395,9 @@ def submit(obj: Context, spec: Path, members: int, watch: bool, quote: bool, as_
 
         return print_quote(obj, parsed, members, as_json)
     obj.note_measuring()  # the daemon measures this device before it takes the job (its offer, what it lends)
-    result = obj.call("submit", {"spec_path": str(spec.absolute()), "min_members": members}, timeout=120.0)
+    result = obj.call(
+        "submit", {"spec_path": str(spec.absolute()), "min_members": members, "asked_at": asked_at}, timeout=120.0
+    )
     click.echo(f"submitted job {result['job_id']} ({result['name']}), spec hash {result['spec_hash'][:16]}")
     click.echo(f"  waiting for {members} member(s); follow it with `arceusd status {result['job_id'][:8]} --watch`")
     if watch:

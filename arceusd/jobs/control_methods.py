@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -29,6 +30,9 @@ from arceusd.market.progress import job_cost
 from protocol.job_wire import JobAck, JobReport, ReportKind
 
 log = logging.getLogger(__name__)
+
+ASKED_WITHIN_S = 60.0
+"""A submit's ``asked_at`` (when the command began) is taken as the job's start when at most this much earlier."""
 
 
 class ControlMethods:
@@ -53,6 +57,11 @@ class ControlMethods:
     async def m_submit(self, params: dict[str, Any]) -> dict[str, Any]:
         # local: the spec parser stays off the daemon's start (manager._load_modules loads it in a thread)
         from arceusd.jobs.spec import JobSpecError, job_id, load_spec, spec_hash, to_dict
+
+        submitted = time.time()  # the job's start, as the quote times it (arceusd.market.timings)
+        asked = params.get("asked_at")  # when the command began, on this machine's clock (the CLI's submit)
+        if isinstance(asked, (int, float)) and submitted - ASKED_WITHIN_S <= float(asked) <= submitted:
+            submitted = float(asked)
 
         path = params.get("spec_path")
         if not isinstance(path, str):
@@ -86,6 +95,7 @@ class ControlMethods:
             core,
             total_steps=spec.training.steps,
             first_of_daemon=not self.ctx.jobs,  # (its first election waits out a timeout: the quote's start)
+            created=submitted,
         )
         job.directory.mkdir(parents=True, exist_ok=True)
         (job.directory / "spec.json").write_bytes(spec_bytes)

@@ -62,10 +62,11 @@ def job_timing(job: Job, now: float) -> JobTiming | None:
     n_ckpt, n_eval = count_checkpoints(t.steps, interval), count_evals(t.steps, interval, t.eval_interval_steps)
     ratio = 0.0
     if predicted > 0:
-        # the evaluations are priced at the step they measure: solve step = (span - ckpts - evals x k x step) / n
+        # between the first and the last step: every checkpoint and evaluation but the last step's (after it);
+        # an evaluation is priced at the step it measures: step = (span - ckpts - evals x k x step) / (steps - 1)
         k = eval_seconds(job.spec, 1.0)
-        span = measured_step(job.first_step_at, job.history_at[-1], t.steps, n_ckpt, CHECKPOINT_S, 0, 0.0)
-        ratio = span * (t.steps - 1) / ((t.steps - 1) + n_eval * k) / predicted if span else 0.0
+        span = measured_step(job.first_step_at, job.history_at[-1], t.steps, n_ckpt - 1, CHECKPOINT_S, 0, 0.0)
+        ratio = span * (t.steps - 1) / ((t.steps - 1) + (n_eval - 1) * k) / predicted if span else 0.0
     return JobTiming(
         type(job.spec.model).__name__,
         round(job.first_step_at - job.created, 3),
@@ -74,7 +75,22 @@ def job_timing(job: Job, now: float) -> JobTiming | None:
         round(ratio, 4),
         round(now, 3),
         round(predicted, 6),
+        len(job.plan_peers()),
+        slowest_link(job.leading.links),
     )
+
+
+def slowest_link(links: dict[str, dict[str, float]]) -> tuple[float, float, float]:
+    """The slowest of the links a leader measured to its members (``job.leading.links``: ms, MB/s, ms) as
+    (round trip s, bytes/s, per-message s); zeros when it measured none."""
+    try:
+        rows = [(v["rtt_ms"] / 1e3, v["bandwidth_mb_s"] * 1e6, v["message_ms"] / 1e3) for v in links.values()]
+    except (KeyError, TypeError):
+        return 0.0, 0.0, 0.0
+    rows = [r for r in rows if r[1] > 0]
+    if not rows:
+        return 0.0, 0.0, 0.0
+    return max(r[0] for r in rows), min(r[1] for r in rows), max(r[2] for r in rows)
 
 
 LONG_ACTIONS = (a.Plan, a.SendStart, a.SendGo, a.CheckReachable, a.Regrow)

@@ -43,13 +43,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from arceusd.jobs.planning import Offer, make_job_plan
 from arceusd.jobs.spec_types import JobSpec, MnistDataSpec
 from arceusd.market.needs import pay
 from arceusd.market.pricing import NEUTRAL, Demand
-from arceusd.market.timings import JobTiming, Term, end_term, start_term, step_term
+from arceusd.market.timings import JobTiming, Term, end_term, measured_link, start_term, step_term
 from arceusd.models.costs import block_costs
 from partitioner import Link, ReplicaPlan
 
@@ -204,6 +204,20 @@ def forecast(
     ``timings``: what this daemon measured its past jobs to take (:func:`arceusd.market.timings.read_timings`).
 
     Error handling: :class:`partitioner.PlanError` (what is missing) when no plan fits the offers."""
+    if links is None and len(offers) > 1:
+        link = measured_link(timings)
+        ids = [o.peer_id for o in offers]
+        if link is not None:
+            links = {(a, b): link for i, a in enumerate(ids) for b in ids[i + 1 :]}
+        _, rp = make_job_plan(spec, offers, rtt_s or {}, links, leader=owner)
+        f = from_plan(spec, rp, offers, owner, demand, first_job, timings)
+        source = (
+            f"round trip {1000 * link.rtt_s:.2f} ms, {link.bandwidth_bytes_per_s / 1e6:.0f} MB/s, "
+            f"{1000 * link.message_s:.2f} ms a message, measured: this daemon's newest job with a member"
+            if link is not None
+            else "assumed: the planner's defaults (this daemon has measured no link in a job yet)"
+        )
+        return replace(f, sources=(*f.sources, ("links", source)), assumed=f.assumed + (() if link else ("links",)))
     _, rp = make_job_plan(spec, offers, rtt_s or {}, links, leader=owner)
     return from_plan(spec, rp, offers, owner, demand, first_job, timings)
 
@@ -231,13 +245,13 @@ def rest_usd(
 
 
 def terms(
-    spec: JobSpec, predicted_step_s: float, first_job: bool, timings: Sequence[JobTiming]
+    spec: JobSpec, predicted_step_s: float, first_job: bool, timings: Sequence[JobTiming], devices: int = 0
 ) -> tuple[Term, Term, Term]:
-    """The start, the end and the step factor of ``spec``'s forecast (its plan predicting ``predicted_step_s``):
-    measured by this daemon, else assumed."""
+    """The start, the end and the step factor of ``spec``'s forecast (its plan predicting ``predicted_step_s`` on
+    ``devices``): measured by this daemon, else assumed."""
     model = type(spec.model).__name__
     return (
-        start_term(timings, first_job, START_S, FIRST_JOB_S),
+        start_term(timings, first_job, START_S, FIRST_JOB_S, devices),
         end_term(timings, model, end_seconds(spec)),
         step_term(timings, model, predicted_step_s, step_factor(spec)),
     )
@@ -255,7 +269,7 @@ def from_plan(
     """The forecast of ``spec`` under the plan ``rp`` (over ``offers``)."""
     t = spec.training
     devices = tuple(dict.fromkeys(p for plan in rp.replicas for p in plan.peer_ids))
-    start, end, factor = terms(spec, rp.predicted_step_time_s, first_job, timings)
+    start, end, factor = terms(spec, rp.predicted_step_time_s, first_job, timings, len(devices))
     interval = spec.checkpoint.interval_steps
     checkpoints = count_checkpoints(t.steps, interval)
     evals = count_evals(t.steps, interval, t.eval_interval_steps)

@@ -9,12 +9,17 @@ fitted on one machine is wrong on another, so each daemon keeps what its own job
 :mod:`arceusd.market.forecast`) takes each term from there:
 
 - start: the median of the daemon's past jobs of the same kind (a first job since the daemon started, or a later
-  one; a later job with only first jobs measured takes those), the range from the fastest to the slowest of them;
+  one; a later job with only first jobs measured takes theirs less an assumed first job's wait) on as many
+  devices (each starts a worker and measures its links: 0.4-1.9 s on one device, 2.2-4.1 s on two, on a 2-core
+  machine), the range from the fastest to the slowest of them;
 - end: the median of its past jobs of the same model config (a GPT's export is not an MLP's), the range likewise;
 - step factor (the measured step over the plan's predicted step): the median of its past jobs of the same model
   config whose plan predicted a step within :data:`LIKE_STEP` of this one's (the planner's error depends on the
   model's size: 0.95x for a 2-layer, 64-wide char-GPT and 1.8x for a 4-layer, 128-wide one, measured on the same
   2-core machine), the range likewise.
+
+The links between the quote's devices: the one this daemon measured to a member in its newest job that had one
+(:func:`measured_link`), else the planner's defaults.
 
 When nothing is measured yet, the term is the 16-core machine's figure, said to be assumed (the quote's text and
 JSON name it), with a wider range (:data:`ASSUMED_LOW`, :data:`ASSUMED_HIGH`).
@@ -29,6 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from arceusd.checkpoint import atomic_write
+from partitioner import Link
 
 TIMINGS_FILE = "job_timings.json"
 KEEP = 40
@@ -64,6 +70,11 @@ class JobTiming:
     """Unix time it ended."""
     predicted_step_s: float = 0.0
     """The plan's predicted step (0: no plan)."""
+    devices: int = 0
+    """The plan's devices (0: not recorded)."""
+    link: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    """The slowest link the leader measured to a member: round trip (s), bandwidth (bytes/s), per-message cost (s);
+    zeros: none measured (a job alone)."""
 
 
 @dataclass(frozen=True)
@@ -104,9 +115,14 @@ def _assumed(value: float, why: str, low: float = ASSUMED_LOW, high: float = ASS
     return Term(value, value * low, value * high, 0, f"assumed: {why}")
 
 
-def start_term(records: Sequence[JobTiming], first_job: bool, assumed_s: float, assumed_first_s: float) -> Term:
-    """The start of a job (``first_job``: the daemon's first since it started) from ``records``; else
-    ``assumed_s`` (+ ``assumed_first_s`` on a first job)."""
+def start_term(
+    records: Sequence[JobTiming], first_job: bool, assumed_s: float, assumed_first_s: float, devices: int = 0
+) -> Term:
+    """The start of a job on ``devices`` (``first_job``: the daemon's first since it started) from ``records`` (of
+    as many devices where there are some: each starts a worker and measures its links); else ``assumed_s`` (+
+    ``assumed_first_s`` on a first job)."""
+    alike = [r for r in records if r.devices == devices]
+    records = alike or records
     firsts = [r.start_s for r in records if r.first]
     laters = [r.start_s for r in records if not r.first]
     if first_job and firsts:
@@ -114,10 +130,13 @@ def start_term(records: Sequence[JobTiming], first_job: bool, assumed_s: float, 
     if first_job and laters:  # a first job waits out an election timeout more, at most
         t = _term(laters, "jobs' start, plus an assumed first job's wait")
         return Term(t.value + assumed_first_s, t.low, t.high + assumed_first_s, t.measured, t.source)
-    if laters or firsts:
-        what = "jobs' start (submit to the first step)" if laters else "first jobs' start (a later one starts faster)"
-        t = _term(laters or firsts, what)
-        return t if laters else Term(t.value, min(t.low, assumed_s * ASSUMED_LOW), t.high, t.measured, t.source)
+    if laters:
+        return _term(laters, "jobs' start (submit to the first step)")
+    floor = assumed_s * ASSUMED_LOW
+    if firsts:  # a later job starts faster: by the first job's wait, assumed
+        t = _term(firsts, f"first jobs' start, less an assumed first job's wait ({assumed_first_s:g} s)")
+        value = max(t.value - assumed_first_s, floor)
+        return Term(value, min(value, floor), t.high, t.measured, t.source)
     why = "this daemon has finished no job yet (measured on an idle 16-core machine)"
     if first_job:
         return _assumed(assumed_s + assumed_first_s, f"{why}; its first job waits out an election timeout")
@@ -167,11 +186,30 @@ def read_timings(state_dir: Path) -> list[JobTiming]:
                 float(r.get("step_ratio", 0.0)),
                 float(r.get("at", 0.0)),
                 float(r.get("predicted_step_s", 0.0)),
+                int(r.get("devices", 0)),
+                _link(r.get("link")),
             )
             for r in raw
         ]
     except (OSError, ValueError, KeyError, TypeError):
         return []
+
+
+def _link(raw: object) -> tuple[float, float, float]:
+    if isinstance(raw, list | tuple) and len(raw) == 3:
+        return float(raw[0]), float(raw[1]), float(raw[2])
+    return 0.0, 0.0, 0.0
+
+
+def measured_link(records: Sequence[JobTiming]) -> Link | None:
+    """The link this daemon measured to a member in its newest job that had one (None: none yet): what a quote
+    assumes between every two devices, where the planner's defaults were (issue 31: the daemon's real plan, over
+    the links it measured, left out a device the quote planned on)."""
+    for r in reversed(records):
+        rtt, bandwidth, message = r.link
+        if bandwidth > 0:
+            return Link(rtt, bandwidth, message)
+    return None
 
 
 def record_timing(state_dir: Path, timing: JobTiming) -> None:
@@ -189,6 +227,7 @@ __all__ = [
     "JobTiming",
     "Term",
     "end_term",
+    "measured_link",
     "measured_step",
     "read_timings",
     "record_timing",

@@ -24,12 +24,12 @@ from arceusd.jobs.spec import load_spec
 from arceusd.jobs.spec_types import JobSpec
 from arceusd.jobs.view import job_line, render_job
 from arceusd.market.admission import Member, Spend, projected_usd
-from arceusd.market.forecast import FIRST_JOB_S, forecast, rest_usd
+from arceusd.market.forecast import FIRST_JOB_S, START_S, forecast, rest_usd
 from arceusd.market.needs import pay
 from arceusd.market.pricing import NEUTRAL
 from arceusd.market.quote import step_flops
 from arceusd.market.service import Market
-from arceusd.market.timings import JobTiming, read_timings, record_timing
+from arceusd.market.timings import JobTiming, read_timings, record_timing, start_term
 from tests.unit.test_jobspec import EXAMPLES
 
 OWNER, PEER = "owner", "peer"
@@ -88,6 +88,15 @@ def test_the_daemon_keeps_what_its_finished_job_took_and_the_quote_reads_it(tmp_
     assert timing is not None and timing.model == "GPTConfig" and timing.first
     assert timing.start_s == pytest.approx(3.0) and timing.end_s == pytest.approx(2.5)
     assert 0 < timing.step_ratio < 2.0 and timing.predicted_step_s == 0.005  # about 0.01 s a step, less its evals
+    assert timing.link == (0.0, 0.0, 0.0)  # it measured no link (a job alone)
+    job.leading.links = {"a": {"rtt_ms": 0.5, "bandwidth_mb_s": 80.0, "message_ms": 2.0}}
+    linked = job_timing(job, 1032.5)
+    assert linked is not None and linked.link == pytest.approx((5e-4, 8e7, 2e-3))
+    two = [offer(OWNER), offer(PEER)]
+    assumed = forecast(spec, two, OWNER)
+    measured = forecast(spec, two, OWNER, timings=[linked])
+    assert "links" in assumed.assumed and "links" not in measured.assumed
+    assert any(line.startswith("links     round trip 0.50 ms, 80 MB/s") for line in measured.lines())
     state = tmp_path / "state"
     state.mkdir()
     record_timing(state, timing)
@@ -156,3 +165,16 @@ def test_the_budget_check_at_a_join_prices_the_rest_as_the_quote_does() -> None:
     assert why is not None and "budget cannot pay" in why, why
     job.spec = replace(spec, needs=replace(spec.needs, budget_usd=rest * 1.01))  # the quote's price: admitted
     assert trio.run(Market.join_refusal, cast(Any, market), job, offers[1]) is None
+
+
+def test_a_start_is_taken_from_jobs_on_as_many_devices_and_a_later_job_does_not_wait_a_first_jobs_wait() -> None:
+    """On the 2-core machine a one-device job's first step came 0.4-1.9 s after submit, a two-device job's after
+    2.2-4.1 s, and the daemon's first job's after 4.6 s (its first election waits out a timeout)."""
+    one, two = JobTiming("MLPConfig", 0.5, 0.2, False, devices=1), JobTiming("GPTConfig", 3.0, 1.0, False, devices=2)
+    assert start_term([one, two], False, START_S, FIRST_JOB_S, devices=2).value == 3.0
+    assert start_term([one, two], False, START_S, FIRST_JOB_S, devices=1).value == 0.5
+    assert start_term([one, two], False, START_S, FIRST_JOB_S, devices=3).value == pytest.approx(1.75)  # none alike
+    first = JobTiming("MLPConfig", 4.6, 0.2, True, devices=1)
+    later = start_term([first], False, START_S, FIRST_JOB_S, devices=1)
+    assert later.value == pytest.approx(max(4.6 - FIRST_JOB_S, START_S * 0.3)) and later.high == 4.6
+    assert start_term([first], True, START_S, FIRST_JOB_S, devices=1).value == 4.6
