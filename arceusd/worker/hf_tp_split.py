@@ -73,10 +73,13 @@ PLANNER_MAX_TP = 4
 
 def planner_tensor_parallel(config: ModelConfig) -> int:
     """The largest tensor-parallel group the planner may give a stage of stock LM ``config`` (1: no split; 1 for
-    any other model: the planner's rule for the built-in GPT is its own). Not split: LoRA jobs (adapters on a
-    split layer are not built) and tied embeddings (a split first or last stage would hold one end of the tied
-    weight on every rank, but the tie stream joins rank 0s only)."""
-    if not isinstance(config, HFModelConfig) or config.lora is not None or config.tied:
+    any other model: the planner's rule for the built-in GPT is its own). A LoRA job's layers split with their
+    adapters (:mod:`arceusd.worker.hf_tensor_parallel`). Not split: LoRA with dropout (each rank would draw its
+    own mask) and tied embeddings (a split first or last stage would hold one end of the tied weight on every
+    rank, but the tie stream joins rank 0s only)."""
+    if not isinstance(config, HFModelConfig) or config.tied:
+        return 1
+    if config.lora is not None and config.lora.dropout > 0:
         return 1
     return min(PLANNER_MAX_TP, max_hf_tensor_parallel(config))
 

@@ -12,6 +12,12 @@ them without importing transformers. A ``TPSplit`` counts key/value heads per ra
 * gpt2 (``Conv1D``: weight (in, out)): ``c_attn``'s last dimension, the rank's heads of each of its q, k and v
   sections; ``attn.c_proj`` rows by heads; ``c_fc``'s last dimension and ``mlp.c_proj`` rows by columns.
 Biases of the output projections are replicated.
+
+LoRA (:mod:`arceusd.models.hf.lora`): a frozen base tensor under peft's ``<module>.base_layer.<weight|bias>``
+splits as ``<module>.<weight|bias>``. An adapter splits with its layer: on a column-parallel projection (q/k/v,
+gate/up; gpt2 ``c_attn``, ``c_fc``: the output split) ``lora_B`` (out, r) by its output rows as the base's, and
+``lora_A`` (r, in) is replicated; on a row-parallel one (``o_proj``, ``down_proj``; gpt2 ``c_proj``s: the input
+split) ``lora_A`` by its input columns as the base's, and ``lora_B`` is replicated.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from collections.abc import Sequence
 import torch
 
 from arceusd.models.hf.config import HFModelConfig
+from arceusd.models.hf.lora_keys import ADAPTER
 from arceusd.worker.hf_tp_split import HFTPSplit, hf_split
 from arceusd.worker.tp_split import TPSplit
 
@@ -49,8 +56,33 @@ _GPT2 = {
 }
 
 
+_LORA_A, _LORA_B = f".lora_A.{ADAPTER}.weight", f".lora_B.{ADAPTER}.weight"
+
+
 def _layout(name: str, config: HFModelConfig) -> tuple[int, str] | None:
-    return (_GPT2 if config.is_gpt2 else _LLAMA).get(name)
+    table = _GPT2 if config.is_gpt2 else _LLAMA
+    if ".base_layer." in name:  # a LoRA job's frozen base of an adapted module
+        return table.get(name.replace(".base_layer.", ".", 1))
+    for suffix in (_LORA_A, _LORA_B):
+        if name.endswith(suffix):
+            module = name.removesuffix(suffix)
+            kind = hf_parallel_kind(module, config)
+            if kind is None:
+                return None
+            by = table[f"{module}.weight"][1]
+            if kind == "column":  # lora_B (out, r) by the base's output rows; lora_A replicated
+                return (0, by) if suffix == _LORA_B else None
+            return (1, by) if suffix == _LORA_A else None  # row: lora_A (r, in) by the base's input columns
+    return table.get(name)
+
+
+def hf_parallel_kind(module: str, config: HFModelConfig) -> str | None:
+    """``"column"`` (output features split) or ``"row"`` (input features split) for the linear layer at path
+    ``module`` inside a decoder block (``layer.self_attn.q_proj``), None when it is not split."""
+    base = (_GPT2 if config.is_gpt2 else _LLAMA).get(f"{module}.weight")
+    if base is None:
+        return None
+    return "column" if base[0] == (-1 if config.is_gpt2 else 0) else "row"
 
 
 def hf_is_sharded(name: str, config: HFModelConfig) -> bool:
@@ -102,4 +134,4 @@ def gather_hf_tensor(name: str, shards: Sequence[torch.Tensor], config: HFModelC
     return torch.cat(sections, dim=dim)
 
 
-__all__ = ["gather_hf_tensor", "hf_is_sharded", "shard_hf_tensor"]
+__all__ = ["gather_hf_tensor", "hf_is_sharded", "hf_parallel_kind", "shard_hf_tensor"]

@@ -121,8 +121,8 @@ def build_stage(
             spec.split.check(config)
             tp = (config, spec.split, group)
         elif isinstance(config, HFModelConfig):
-            if config.lora is not None:
-                raise ValueError("tensor parallelism of LoRA-adapted layers is not built")
+            if config.lora is not None and config.lora.dropout > 0:  # each rank would draw its own mask
+                raise ValueError("tensor parallelism of LoRA layers with dropout is not built: set lora.dropout = 0")
             hf_split(spec.split, config)  # ValueError when it does not fit the model
             hf_tp = (config, spec.split, group)
         else:

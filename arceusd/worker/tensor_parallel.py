@@ -79,6 +79,8 @@ reduce_from_group = cast(_GroupOp, _ReduceFromGroup.apply)
 class RowParallelLinear(nn.Module):
     """``y = all_reduce(x_local @ W_local^T) + b``: weight sharded by input columns, bias replicated."""
 
+    matmul_weight = True  # a LoRA job's frozen base holds ``weight`` in bf16 under autocast (models/hf/lora.py)
+
     def __init__(self, in_local: int, out_features: int, bias: bool, group: Collective) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_local))

@@ -76,7 +76,7 @@ def test_decoder_layers_split_by_kv_heads_and_columns() -> None:
     assert planner_tensor_parallel(hf_cases.config("qwen2")) == 1  # one KV head: no split
     assert planner_tensor_parallel(hf_cases.config("llama", tie_word_embeddings=True)) == 1
     lora = HFModelConfig(cfg.model_type, cfg.fields, cfg.block_size, lora=LoraSpec(r=2, alpha=4, targets=("q_proj",)))
-    assert planner_tensor_parallel(lora) == 1
+    assert planner_tensor_parallel(lora) == 2  # adapters split with their layers (test_hf_tp_lora.py)
 
 
 PLANNED: list[tuple[str, dict[str, Any], str]] = [

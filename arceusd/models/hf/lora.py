@@ -1,7 +1,7 @@
 """LoRA on one block of a stock causal LM: peft's adapters injected, drawn from the block's own RNG, the base
 frozen (workers and the export child only).
 
-Owns: :func:`add_lora` and :func:`hold_base`.
+Owns: :func:`add_lora`, :func:`freeze_base` and :func:`hold_base`.
 
 Why peft, per block: ``peft.inject_adapter_in_model`` works on any ``nn.Module``, so each Arceus block (a
 ``LlamaDecoderLayer`` wrapped as ``layer``) gets peft's own ``lora.Linear`` / Conv1D layers (the same forward,
@@ -56,7 +56,7 @@ def add_lora(block: nn.Module, config: HFModelConfig, index: int, seed: int) -> 
         )
         inject_adapter_in_model(peft_config, block)
         _init(block, block_generator(seed, num_hf_blocks(config) + index))  # not any block's own stream
-    _freeze(block)
+    freeze_base(block)
     got = {k: tuple(p.shape) for k, p in block.named_parameters()}
     expected = lora_tensors(config, index)
     if got != expected:  # peft built other tensors than lora_keys.py names: a peft version we do not know
@@ -73,7 +73,7 @@ def _init(block: nn.Module, gen: torch.Generator) -> None:
             p.zero_()
 
 
-def _freeze(block: nn.Module) -> None:
+def freeze_base(block: nn.Module) -> None:
     """Every parameter but the adapters becomes a buffer of its module (same name, same tensor)."""
     for prefix, module in block.named_modules():
         for name, p in list(module._parameters.items()):
@@ -86,7 +86,8 @@ def _freeze(block: nn.Module) -> None:
 def _matmul_module(module: nn.Module) -> bool:
     from transformers.pytorch_utils import Conv1D
 
-    return isinstance(module, nn.Linear | Conv1D)
+    # a tensor-parallel rank's row-parallel projection says so (``matmul_weight``: hf_tensor_parallel.py)
+    return isinstance(module, nn.Linear | Conv1D) or bool(getattr(module, "matmul_weight", False))
 
 
 @torch.no_grad()
@@ -103,4 +104,4 @@ def hold_base(module: nn.Module, dtype: torch.dtype) -> int:
     return saved
 
 
-__all__ = ["add_lora", "hold_base"]
+__all__ = ["add_lora", "freeze_base", "hold_base"]
