@@ -28,11 +28,12 @@ split, under peft's names (``q_proj.base_layer.weight``, ``q_proj.lora_A.default
 (buffers), so the rank's shard computes its part of the unsplit peft layer exactly:
 
 * a column-parallel projection (:class:`ColumnParallelLoRA`; q/k/v, gate/up, gpt2 ``c_attn``/``c_fc``): the base's
-  output rows and ``lora_B``'s (out, r) rows are the rank's, ``lora_A`` is whole on every rank. ``u = A x`` goes
-  through ``f`` (identity forward, all-reduce backward), so every rank's ``A`` gets the gradient summed over the
-  ranks' ``B_k^T dy_k`` (the same on all: a replicated parameter stays replicated); the input's gradient through
-  ``A`` is taken on rank 0 alone (the other ranks run ``A`` on a detached input), since ``f`` in front of the
-  layer sums the ranks' input gradients again. One extra all-reduce of (B, T, r) per adapted projection, backward.
+  output rows and ``lora_B``'s (out, r) rows are the rank's, ``lora_A`` is whole on every rank. ``u = A x`` is
+  taken from the norm's output *before* ``f`` and goes through ``f`` with it (the norm's hook; one all-reduce of
+  the norm output's and every ``u``'s gradients together, backward): every rank's ``A`` gets the gradient
+  summed over the ranks' ``B_k^T dy_k`` (the same on all: a replicated parameter stays replicated), and the
+  gradient through ``A`` reaches the norm already whole, not summed again. No extra all-reduce, (B, T, r)
+  values more per adapted projection in the sub-layer's backward one.
 * a row-parallel projection (:class:`RowParallelLoRA`; o/down, gpt2's ``c_proj``s): ``lora_A``'s (r, in) input
   columns are the rank's, ``lora_B`` is whole; the partial ``A_k x_k`` rides in the layer's existing all-reduce
   (concatenated to the base's partial output), then ``B`` and the bias are applied once, identically on every
@@ -45,7 +46,7 @@ LoRA's dropout included (``build_stage`` refuses it and the planner keeps such l
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import torch
@@ -115,19 +116,43 @@ class _LoraParts(nn.Module):
         return out
 
 
-class ColumnParallelLoRA(_LoraParts):
-    """A column-parallel projection with its adapter: ``y_k = base_k(x) + s B_k f(A x)``, ``A`` replicated
-    (module docstring). ``base_layer``: the rank's slice of the projection (``nn.Linear`` or gpt2's ``Conv1D``)."""
+class _CopyManyToGroup(torch.autograd.Function):
+    """f over several tensors of the same leading dimensions: identity forward; backward one all-reduce of all
+    their gradients, concatenated along the last dimension (in the first one's dtype)."""
 
-    def __init__(self, base_layer: nn.Module, fan_in: int, out_local: int, lora: LoraSpec, group: Collective) -> None:
+    @staticmethod
+    def forward(ctx: Any, group: Collective, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        ctx.group = group
+        ctx.widths = [x.shape[-1] for x in xs]
+        return tuple(x.view_as(x) for x in xs)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        dtype = grads[0].dtype
+        summed = ctx.group.all_reduce_sum(torch.cat([g.to(dtype) for g in grads], dim=-1))
+        parts = torch.split(summed, ctx.widths, dim=-1)
+        return (None, *(p.to(g.dtype) for p, g in zip(parts, grads, strict=True)))
+
+
+_copy_many_to_group = cast(Callable[..., tuple[torch.Tensor, ...]], _CopyManyToGroup.apply)
+"""f(group, *xs) over several tensors at once (:class:`_CopyManyToGroup`)."""
+
+
+class ColumnParallelLoRA(_LoraParts):
+    """A column-parallel projection with its adapter: ``y_k = base_k(x) + s B_k u``, ``u = f(A x)`` given by its
+    sub-layer's norm hook (:class:`_EnterGroup`) in ``pending``, ``A`` replicated (module docstring).
+    ``base_layer``: the rank's slice of the projection (``nn.Linear`` or gpt2's ``Conv1D``)."""
+
+    def __init__(self, base_layer: nn.Module, fan_in: int, out_local: int, lora: LoraSpec) -> None:
         super().__init__(fan_in, out_local, lora)
         self.base_layer = base_layer
-        self.group = group
+        self.pending: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         result: torch.Tensor = self.base_layer(x)
-        lead = self.group.rank == 0  # only rank 0's A passes a gradient to x: f in front of the layer sums them
-        u = copy_to_group(self.down(x if lead else x.detach()), self.group)  # (B, T, r), its gradient summed
+        u, self.pending = self.pending, None
+        if u is None:
+            raise RuntimeError("a split LoRA projection ran without its norm's hook (it gives A x)")
         return (result + self.up(u)).to(result.dtype)
 
 
@@ -168,14 +193,18 @@ def _set_module(root: nn.Module, path: str, module: nn.Module) -> None:
     root.get_submodule(parent).add_module(name, module)
 
 
-def _add_tp_lora(layer: nn.Module, config: HFModelConfig, index: int, group: Collective) -> None:
-    """Wrap block ``index``'s adapted projections of the rank's ``layer`` (module docstring); freeze the base."""
+def _add_tp_lora(
+    layer: nn.Module, config: HFModelConfig, index: int, group: Collective
+) -> dict[str, list[ColumnParallelLoRA]]:
+    """Wrap block ``index``'s adapted projections of the rank's ``layer`` (module docstring); freeze the base.
+    Returns the column-parallel ones by sub-layer (``attn`` / ``mlp``), for their norm's hook."""
     assert config.lora is not None
     if config.lora.dropout > 0:
         raise ValueError(
             "LoRA dropout on a tensor-parallel layer is not built (each rank would draw its own mask): set "
             "lora.dropout = 0 or keep the layer whole"
         )
+    columns: dict[str, list[ColumnParallelLoRA]] = {"attn": [], "mlp": []}
     for path, (fan_in, fan_out) in adapted_modules(config, index).items():
         local = path.removeprefix("layer.")
         base = layer.get_submodule(local)
@@ -183,7 +212,9 @@ def _add_tp_lora(layer: nn.Module, config: HFModelConfig, index: int, group: Col
         if kind == "column":
             weight = base.get_parameter("weight")  # not frozen yet
             out_local = int(weight.shape[1] if config.is_gpt2 else weight.shape[0])
-            _set_module(layer, local, ColumnParallelLoRA(base, fan_in, out_local, config.lora, group))
+            adapted = ColumnParallelLoRA(base, fan_in, out_local, config.lora)
+            columns["mlp" if local.startswith("mlp.") else "attn"].append(adapted)
+            _set_module(layer, local, adapted)
         elif kind == "row":
             assert isinstance(base, RowParallelLinear | RowParallelConv1D)
             in_local = int(base.weight.shape[0] if config.is_gpt2 else base.weight.shape[1])
@@ -193,16 +224,38 @@ def _add_tp_lora(layer: nn.Module, config: HFModelConfig, index: int, group: Col
         else:
             raise ValueError(f"{path}: an adapted module that a tensor-parallel split does not cover")
     freeze_base(layer)
+    return columns
 
 
 class _EnterGroup:
-    """A forward hook applying ``f`` to a module's output (the entry of the column-parallel layers after it)."""
+    """A forward hook applying ``f`` to a module's output (the entry of the column-parallel layers after it).
+    With LoRA, ``adapters`` (the sub-layer's adapted column-parallel projections) each get ``f(A x)`` of the
+    output ``x`` in ``pending``, their gradients all-reduced together with the output's."""
 
-    def __init__(self, group: Collective) -> None:
+    def __init__(self, group: Collective, adapters: Sequence[ColumnParallelLoRA] = ()) -> None:
         self.group = group
+        self.adapters = tuple(adapters)
 
     def __call__(self, module: nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
-        return copy_to_group(output, self.group)
+        if not self.adapters:
+            return copy_to_group(output, self.group)
+        x, *fed = _copy_many_to_group(self.group, output, *(a.down(output) for a in self.adapters))
+        for adapter, u in zip(self.adapters, fed, strict=True):
+            adapter.pending = u  # (B, T, r)
+        entered: torch.Tensor = x
+        return entered
+
+
+_NORMS = {True: ("ln_1", "ln_2"), False: ("input_layernorm", "post_attention_layernorm")}
+"""The norm in front of the attention and of the MLP, by ``is_gpt2``."""
+
+
+def _enter_hooks(
+    layer: nn.Module, config: HFModelConfig, group: Collective, adapters: dict[str, list[ColumnParallelLoRA]]
+) -> None:
+    """``f`` after the norm in front of each sub-layer (with the sub-layer's adapted column projections' ``A``)."""
+    for norm, sub in zip(_NORMS[config.is_gpt2], ("attn", "mlp"), strict=True):
+        layer.get_submodule(norm).register_forward_hook(_EnterGroup(group, adapters.get(sub, ())))
 
 
 def _rank_config(tc: PretrainedConfig, config: HFModelConfig, split: HFTPSplit, rank: int) -> PretrainedConfig:
@@ -218,13 +271,13 @@ def _rank_config(tc: PretrainedConfig, config: HFModelConfig, split: HFTPSplit, 
 
 
 def _rank_layer(config: HFModelConfig, layer_idx: int, split: HFTPSplit, rank: int, group: Collective) -> nn.Module:
-    """The library's layer for rank ``rank``'s heads and columns (uninitialised), made tensor-parallel."""
+    """The library's layer for rank ``rank``'s heads and columns (uninitialised), its output projections
+    row-parallel (the norms' ``f`` hooks: :func:`_enter_hooks`)."""
     rc = _rank_config(transformers_config(config), config, split, rank)
     with torch.device("meta"):
         layer: nn.Module = _LAYERS[config.model_type](rc, layer_idx=layer_idx)
     layer = layer.to_empty(device="cpu")
     C, heads_in = config.hidden, split.heads[rank] * config.head_dim
-    enter = _EnterGroup(group)
     if isinstance(layer, GPT2Block):
         attn = layer.attn
         assert isinstance(attn, GPT2Attention)
@@ -233,15 +286,11 @@ def _rank_layer(config: HFModelConfig, layer_idx: int, split: HFTPSplit, rank: i
         attn.split_size = heads_in
         attn.add_module("c_proj", RowParallelConv1D(heads_in, C, group))  # replaces the library's Conv1D
         layer.mlp.add_module("c_proj", RowParallelConv1D(split.columns[rank], C, group))
-        layer.ln_1.register_forward_hook(enter)
-        layer.ln_2.register_forward_hook(enter)
         return layer
     attn = getattr(layer, "self_attn")  # noqa: B009  # the library's attention class of this model type
     mlp = getattr(layer, "mlp")  # noqa: B009
     attn.o_proj = RowParallelLinear(heads_in, C, attn.o_proj.bias is not None, group)
     mlp.down_proj = RowParallelLinear(split.columns[rank], C, mlp.down_proj.bias is not None, group)
-    getattr(layer, "input_layernorm").register_forward_hook(enter)  # noqa: B009
-    getattr(layer, "post_attention_layernorm").register_forward_hook(enter)  # noqa: B009
     return layer
 
 
@@ -271,8 +320,8 @@ def shard_hf_block(
         )
     index = _layer_idx(block)
     layer = _rank_layer(config, index, hsplit, rank, group)
-    if config.lora is not None:
-        _add_tp_lora(layer, config, index + 1, group)  # block index: the embeddings are block 0
+    adapters = _add_tp_lora(layer, config, index + 1, group) if config.lora is not None else {}  # block index
+    _enter_hooks(layer, config, group, adapters)
     shard = TPHFDecoderBlock(config, layer, block.rotary)
     for what, full, mine in (
         ("parameters", dict(block.named_parameters()), dict(shard.named_parameters())),
