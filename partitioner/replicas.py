@@ -26,13 +26,16 @@ predicted at least ``DILOCO_MIN_GAIN`` times faster than all-reduce.
 The job spec may fix what ``"auto"`` leaves to this search (``training.replicas`` / ``training.sync``):
 ``replicas = R`` keeps only candidates of exactly R replicas (R = 1: today's plan, unchanged), ``sync`` keeps
 only that mode for the replicated candidates. A fixed R is what the user asked for, so the single-device floor
-does not apply to it. The winner has the least predicted step
+does not apply to it; when no plan of R replicas fits the devices there are (one was lost or excluded) and the
+replicas average gradients every step, fewer replicas are planned (the same global batch, the same weights)
+rather than none. The winner has the least predicted step
 time for the same global batch (= the most tokens/s); ties go to fewer replicas, then fewer devices, then the
 earlier candidate.
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
 from dataclasses import dataclass, replace
@@ -92,7 +95,8 @@ def plan_replicas(
     job's owner, who serves the data): the fastest devices are taken with it rather than without it.
 
     Error handling: raises ``PlanError`` when not even today's plan exists, or no plan of the fixed number of
-    replicas fits (its message says why)."""
+    replicas fits (its message says why; with gradients averaged every step, fewer replicas are planned first:
+    :func:`_fixed_or_fewer`)."""
     if diloco_h < 1:
         raise ValueError(f"diloco_h must be >= 1, got {diloco_h}")
     if replicas is not None and replicas < 1:
@@ -104,7 +108,7 @@ def plan_replicas(
         today = plan_pipeline(inputs)
         return ReplicaPlan((today,), ReplicaSyncMode.NONE, 0.0, diloco_h, today.predicted_step_time_s)
     if replicas is not None:
-        return _fixed(inputs, replicas, diloco_h, sync, include)
+        return _fixed_or_fewer(inputs, replicas, diloco_h, sync, include)
     best: tuple[tuple[float, int, int], ReplicaPlan] | None = None
 
     def consider(candidate: ReplicaPlan | None) -> None:
@@ -129,10 +133,10 @@ def plan_replicas(
         for r in range(2, k + 1):
             if k % r or gb % r:
                 continue
-            groups = _snake(_fastest(ranked, k, include), r)
-            candidate = _replicated(inputs, groups, diloco_h, sync)
-            if candidate is None or not every or len(candidate.peer_ids) == k:
-                consider(candidate)
+            for groups in _groupings(ranked, k, include, r):
+                candidate = _replicated(inputs, groups, diloco_h, sync)
+                if candidate is None or not every or len(candidate.peer_ids) == k:
+                    consider(candidate)
     if best is None:
         raise error or PlanError("no plan fits on any device or group of devices")
     return best[1]
@@ -144,6 +148,28 @@ def _fastest(ranked: list[DeviceProfile], k: int, include: str | None) -> list[s
     if include is None or include in ids[:k] or include not in ids:
         return ids[:k]
     return [p for p in ids if p in ids[: k - 1] or p == include]
+
+
+def _fixed_or_fewer(
+    inputs: PlanInputs, r: int, h: int, sync: ReplicaSyncMode | None, include: str | None
+) -> ReplicaPlan:
+    """The fastest plan of the spec's ``r`` replicas; when none fits (a member was lost or excluded) and the
+    replicas average their gradients every step, the fastest of fewer replicas, down to one pipeline: every
+    replica count trains the same global batch to the same weights then, as a dropped replica already does (issue
+    29: a settled witness dispute leaves the job on the devices it has, not paused). DiLoCo's result depends on
+    the number of replicas: it keeps the spec's or none."""
+    try:
+        return _fixed(inputs, r, h, sync, include)
+    except PlanError:
+        if sync is not ReplicaSyncMode.ALLREDUCE:
+            raise
+    for fewer in range(r - 1, 1, -1):
+        with contextlib.suppress(PlanError):
+            return _fixed(inputs, fewer, h, sync, include)
+    one = _single(_try_plan(inputs), h)
+    if one is None or (include is not None and include not in one.peer_ids):
+        return _fixed(inputs, r, h, sync, include)  # raises the fixed count's own PlanError
+    return one
 
 
 def _fixed(inputs: PlanInputs, r: int, h: int, sync: ReplicaSyncMode | None, include: str | None) -> ReplicaPlan:
@@ -159,14 +185,15 @@ def _fixed(inputs: PlanInputs, r: int, h: int, sync: ReplicaSyncMode | None, inc
     for k in range(len(ranked) if every else r, len(ranked) + 1, 1):
         if k % r:
             continue
-        candidate = _replicated(inputs, _snake(_fastest(ranked, k, include), r), h, sync)
-        if candidate is None or (every and len(candidate.peer_ids) != k):
-            continue
-        if include is not None and include not in candidate.peer_ids:
-            continue
-        key = (candidate.predicted_step_time_s * (1 + 1e-9), len(candidate.peer_ids))
-        if best is None or key < best[0]:
-            best = (key, candidate)
+        for groups in _groupings(ranked, k, include, r):
+            candidate = _replicated(inputs, groups, h, sync)
+            if candidate is None or (every and len(candidate.peer_ids) != k):
+                continue
+            if include is not None and include not in candidate.peer_ids:
+                continue
+            key = (candidate.predicted_step_time_s * (1 + 1e-9), len(candidate.peer_ids))
+            if best is None or key < best[0]:
+                best = (key, candidate)
     if best is None:
         raise PlanError(
             f"no plan of {r} replicas fits these devices (each replica needs devices that can hold the model "
@@ -196,6 +223,17 @@ def _subset(inputs: PlanInputs, peers: tuple[str, ...], batch: int) -> PlanInput
         links=type(inputs.links)(tuple(t for t in inputs.links.links if t[0] in keep and t[1] in keep)),
         training=replace(inputs.training, global_batch_size=batch, use_all_devices=False),
     )
+
+
+def _groupings(ranked: list[DeviceProfile], k: int, include: str | None, r: int) -> list[list[tuple[str, ...]]]:
+    """Ways to deal the ``k`` fastest devices (``include`` among them) into ``r`` replicas: dealt by speed (each
+    replica as fast as the others), and dealt by memory (each replica gets its share of the large devices: two
+    small devices in one replica may hold no cut of the model while a large and a small one would)."""
+    chosen = _fastest(ranked, k, include)
+    by_speed = _snake(chosen, r)
+    memory = {d.peer_id: d.memory_bytes for d in ranked}
+    by_memory = _snake(sorted(chosen, key=lambda p: (-memory[p], chosen.index(p))), r)
+    return [by_speed] if by_memory == by_speed else [by_speed, by_memory]
 
 
 def _snake(peers: list[str], r: int) -> list[tuple[str, ...]]:

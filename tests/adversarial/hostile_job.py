@@ -324,13 +324,20 @@ LEADER = 0
 
 
 class HostileSwarm(LocalSwarm):
-    """Three daemons on loopback; daemon ``hostile`` (:data:`HOSTILE`, a member, by default) runs this module with
-    ``attack`` from checkpoint step ``after`` on."""
+    """Three daemons (``size``) on loopback; daemon ``hostile``
+    (:data:`HOSTILE`, a member, by default) runs this module with ``attack`` from checkpoint step ``after`` on."""
 
     def __init__(
-        self, root: Path, attack: str, arg: str = "", after: int = 0, hostile: int = HOSTILE, preset: str = "local"
+        self,
+        root: Path,
+        attack: str,
+        arg: str = "",
+        after: int = 0,
+        hostile: int = HOSTILE,
+        preset: str = "local",
+        size: int = 3,
     ) -> None:
-        super().__init__(root, 3, ["--auto-join"], preset=preset)
+        super().__init__(root, size, ["--auto-join"], preset=preset)
         self.hostile = hostile
         self.hostile_env = {
             **self.env,

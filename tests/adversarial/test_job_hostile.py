@@ -384,17 +384,29 @@ def test_a_member_that_slows_the_job_on_purpose_and_blames_its_neighbour_is_foun
 
 
 def run_blamed(
-    tmp_path: Path, spec: Path, attack: str, arg: str, after: int, why: str, tolerance: float = 1e-5
+    tmp_path: Path,
+    spec: Path,
+    attack: str,
+    arg: str,
+    after: int,
+    why: str,
+    tolerance: float = 1e-5,
+    size: int = 3,
+    lend_mib: tuple[int, ...] = (),
 ) -> dict[str, Any]:
     """Issue #29 item 6: ``attack`` from checkpoint step ``after`` on used to fail the job after its restarts,
     the attacker never named. Now the failure is pinned on it: it is excluded (``why`` in ``excluded``), the job
-    plans again without it and ends ``done`` with the failure-free model."""
-    s = HostileSwarm(tmp_path / "swarm", attack, arg, after=after, preset=SLOW_MACHINE)
+    plans again without it and ends ``done`` with the failure-free model. ``lend_mib``: each daemon's
+    ``lend_memory_mib``. Returns the job's first and last views, the leader's and the attacker's ids."""
+    s = HostileSwarm(tmp_path / "swarm", attack, arg, after=after, preset=SLOW_MACHINE, size=size)
     try:
+        for i, mib in enumerate(lend_mib):
+            s.state_dir(i).mkdir(parents=True, exist_ok=True)
+            (s.state_dir(i) / "config.toml").write_text(f"lend_memory_mib = {mib}\n")
         s.start()
         s.wait_converged()
         hostile_peer = s.call(HOSTILE, "status")["peer_id"]
-        job_id = submit(s, spec)
+        job_id = submit(s, spec, members=size)
         first = wait_for(lambda: (v := job_of(s, job_id)).get("plan") and v, 240, 0.2, "the first plan")
         end = wait_end(s, job_id, timeout=840)  # (two busy cores: a member may look dead while torch loads)
         assert all(p.poll() is None for p in s.procs), "a daemon exited"
@@ -416,7 +428,7 @@ def run_blamed(
         }
         assert hostile_peer not in placed and hostile_peer not in end["members"]
         assert_equals_failure_free(end, spec, tolerance=tolerance)
-        return end
+        return {"first": first, "end": end, "leader": s.call(LEADER, "status")["peer_id"], "hostile": hostile_peer}
     finally:
         s.close()
 
@@ -446,3 +458,29 @@ def test_a_wrong_witness_with_two_replicas_is_settled_by_the_leaders_own_and_the
     text = spec.read_text().replace("[training]\n", '[training]\nreplicas = 2\nsync = "every_step"\n')
     spec.write_text(text.replace("layer_sizes = [784, 64, 32, 10]", "layer_sizes = [784, 64, 10]"))
     run_blamed(tmp_path, spec, "witness", "3", 0, "diverged from the other replicas", tolerance=1e-4)
+
+
+@pytest.mark.timeout(900)
+def test_a_wrong_witness_at_a_place_the_leader_does_not_hold_is_settled_by_the_first_replicas_shard(
+    tmp_path: Path,
+) -> None:
+    """Two replicas of two places (stages or tensor ranks) on four daemons: the attacker's place is not the
+    leader's, so no witness of the leader's own can settle it; the first replica's reported shard digest does
+    (the attacker's made-up witness differs from it, or, in the first replica, from its own shard). It used to be
+    word against word."""
+    spec = write_spec(tmp_path, steps=60, interval=20)
+    text = spec.read_text().replace("[training]\n", '[training]\nreplicas = 2\nsync = "every_step"\n')
+    spec.write_text(text.replace("layer_sizes = [784, 64, 32, 10]", "layer_sizes = [784, 256, 256, 10]"))
+    # its training state needs about 4.3 MiB, its first layer 3.8: two devices a replica, the leader (4 MiB) at
+    # the first layer, the attacker (3 MiB, index 2) at the rest
+    lend = (4, 4, 3, 3)
+    seen = run_blamed(
+        tmp_path, spec, "witness", "3", 0, "diverged from the other replicas", tolerance=1e-4, size=4, lend_mib=lend
+    )
+    replicas = seen["first"]["plan"]["replicas"]
+    place_of = {  # (stage, rank): stages or tensor ranks, whichever the planner chose for four devices
+        d["peer_id"]: (i, j) for r in replicas for i, st in enumerate(r["stages"]) for j, d in enumerate(st["devices"])
+    }
+    assert len(replicas) == 2 and len(place_of) == 4, replicas
+    assert place_of[seen["hostile"]] != place_of[seen["leader"]], "the leader held the attacker's place"
+    assert "first replica's shard" in seen["end"]["excluded"][seen["hostile"]], seen["end"]["excluded"]

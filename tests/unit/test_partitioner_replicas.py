@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import random
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -124,8 +125,8 @@ def test_use_all_devices_keeps_every_device_busy() -> None:
 def test_the_specs_fixed_replicas_and_sync_are_honoured(
     seed: int, n: int, r: int, sync: ReplicaSyncMode | None, fast: bool
 ) -> None:
-    """``replicas = R`` gives exactly R pipelines cut alike (or a PlanError saying it does not fit), ``sync``
-    that mode; ``replicas = 1`` is today's plan, unchanged."""
+    """``replicas = R`` gives exactly R pipelines cut alike (or a PlanError saying it does not fit; averaging every
+    step, fewer replicas when R do not fit), ``sync`` that mode; ``replicas = 1`` is today's plan, unchanged."""
     blocks = gpt_like_blocks(2, 128, 4, 64, 512)
     inputs = random_inputs(random.Random(seed), n, blocks, TrainingParams(12, (1, 2)), mem_range_gib=(0.02, 0.05))
     if fast:
@@ -142,6 +143,11 @@ def test_the_specs_fixed_replicas_and_sync_are_honoured(
         chosen = plan_replicas(inputs, 10, replicas=r, sync=sync)
     except PlanError as exc:
         assert str(exc)  # says why
+        return
+    if sync is ReplicaSyncMode.ALLREDUCE and len(chosen.replicas) < r:  # fewer only when R replicas do not fit
+        with pytest.raises(PlanError):
+            plan_replicas(inputs, 10, replicas=r, sync=ReplicaSyncMode.DILOCO)
+        assert len(chosen.replicas) >= 1 and (len(chosen.replicas) > 1 or chosen.sync_mode is ReplicaSyncMode.NONE)
         return
     assert len(chosen.replicas) == r
     assert chosen.sync_mode is (sync or chosen.sync_mode) and chosen.sync_mode is not ReplicaSyncMode.NONE

@@ -11,7 +11,7 @@ from arceusd.jobs.planning import Offer, make_replica_plan, replica_sync_config,
 from arceusd.jobs.spec import parse_spec
 from arceusd.jobs.spec_types import JobSpec
 from arceusd.worker.protocol import MemberConfig, ReplicaSyncConfig, WorkerConfig
-from partitioner import Link, ReplicaSyncMode
+from partitioner import Link, PlanError, ReplicaSyncMode
 from tests.unit.test_jobspec import ROOT, mnist_doc
 
 GIB = 1 << 30
@@ -162,3 +162,37 @@ def test_the_leader_who_serves_the_data_is_in_every_replica_plan_and_members_che
         assert verify_job_start(spec, inputs_data, plan_data, offers[0], slowest)[1] == plan
         with pytest.raises(PlanRefused):  # a plan made without the sender (the leader) in it is refused
             verify_job_start(spec, *encode_job_start(spec, inputs, free), offers[0], slowest)
+
+
+MIB = 1 << 20
+
+
+def _wide_spec(sync: str) -> JobSpec:
+    """Two replicas of an MLP whose first layer's training state (3.8 MiB) fills a 4 MiB device: 4.3 MiB in all."""
+    d = mnist_doc()
+    d["model"]["layer_sizes"] = [784, 256, 256, 10]
+    d["training"] = {"steps": 200, "batch_size": 64, "micro_batches": 2, "optimizer": "sgd", "lr": 0.1}
+    d["training"] |= {"replicas": 2, "sync": sync}
+    return parse_spec(d, base_dir=ROOT, check_files=False)
+
+
+def test_replicas_are_dealt_so_each_can_hold_the_model_when_memory_differs() -> None:
+    """Two 4 MiB and two 3 MiB devices, the small ones the fastest: dealt by speed alone, both small ones land in
+    one replica, which cannot hold the model; dealt by memory each replica gets a large one."""
+    sizes = [(1e10, 4 * MIB), (1e10, 4 * MIB), (3e10, 3 * MIB), (2.9e10, 3 * MIB)]
+    offers = [Offer(f"{i:032x}", f"127.0.0.1:{9000 + i}", f, m) for i, (f, m) in enumerate(sizes)]
+    _, plan = make_replica_plan(_wide_spec("every_step"), offers, {}, _links(4, FAST))
+    assert len(plan.replicas) == 2
+    for replica in plan.replicas:
+        assert {p[-1] for p in replica.peer_ids} & {"0", "1"}, replica.peer_ids  # a large device in each
+
+
+def test_a_fixed_replica_count_that_no_longer_fits_plans_fewer_when_gradients_are_averaged_every_step() -> None:
+    """Three devices left of four (one excluded) cannot hold two replicas cut alike: averaging every step, the job
+    trains on as one pipeline (the same weights) instead of pausing; DiLoCo keeps its count or none."""
+    sizes = [4 * MIB, 4 * MIB, 3 * MIB]
+    offers = [Offer(f"{i:032x}", f"127.0.0.1:{9000 + i}", 1e10, m) for i, m in enumerate(sizes)]
+    _, plan = make_replica_plan(_wide_spec("every_step"), offers, {}, _links(3, FAST))
+    assert len(plan.replicas) == 1 and plan.sync_mode is ReplicaSyncMode.NONE
+    with pytest.raises(PlanError, match="no plan of 2 replicas"):
+        make_replica_plan(_wide_spec("diloco"), offers, {}, _links(3, FAST))
