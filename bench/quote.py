@@ -88,9 +88,9 @@ CASES = (
 """``gpt-2dev``: the ``gpt`` job with ``training.use_all_devices``, so the second daemon works and is billed (the
 planner leaves out a device that does not make the step faster, and these two share one machine's cores)."""
 WARMUPS = (
-    JobCase("first-mnist", "mnist-mlp.toml", {"epochs": "1"}),
-    JobCase("first-gpt-small", "shakespeare-gpt.toml", {**CASES[1].changes, "steps": "60", "interval_steps": "30"}),
-    JobCase("first-gpt", "shakespeare-gpt.toml", {**CASES[2].changes, "steps": "30", "interval_steps": "15"}),
+    JobCase("first-mnist", "mnist-mlp.toml", {"epochs": "2"}),
+    JobCase("first-gpt-small", "shakespeare-gpt.toml", {**CASES[1].changes, "steps": "100", "interval_steps": "50"}),
+    JobCase("first-gpt", "shakespeare-gpt.toml", {**CASES[2].changes, "steps": "40", "interval_steps": "20"}),
 )
 """A short job of each model first (the daemon's first jobs), quoted and timed like the others but not counted:
 a daemon quotes from what it measured of its own past jobs (``arceusd.market.timings``); before its first job of a

@@ -30,8 +30,7 @@ from arceusd.jobs.core import actions as a
 from arceusd.jobs.core import events as e
 from arceusd.jobs.job import Job, Recovery
 from arceusd.jobs.transfers import job_weights, leader_data
-from arceusd.market.forecast import CHECKPOINT_S, count_checkpoints, count_evals, eval_seconds
-from arceusd.market.timings import JobTiming, measured_step, record_timing
+from arceusd.market.timings import JobTiming, record_timing, typical_step
 from arceusd.membership.events import MemberState
 from protocol.job_wire import JobStop
 
@@ -50,23 +49,15 @@ log = logging.getLogger(__name__)
 
 def job_timing(job: Job, now: float) -> JobTiming | None:
     """What an owned job that ended ``done`` at ``now`` took: submit to its first step, its last commit to done,
-    its step over the plan's prediction (None: a restored job, one that recovered, or one that never stepped or
+    its typical step over the plan's prediction (None: a restored job, one that recovered, or one that never stepped or
     committed here: its figures are not a plain run's)."""
     checkpoints = job.leading.checkpoints
     if job.leading.recoveries or not job.first_step_at or not checkpoints or not job.history or job.history[0][0] != 1:
         return None  # (a restored job resumes past step 1)
-    t = job.spec.training
     rp = job.replica_plan
     predicted = rp.predicted_step_time_s if rp is not None else 0.0
-    interval = job.spec.checkpoint.interval_steps
-    n_ckpt, n_eval = count_checkpoints(t.steps, interval), count_evals(t.steps, interval, t.eval_interval_steps)
-    ratio = 0.0
-    if predicted > 0:
-        # between the first and the last step: every checkpoint and evaluation but the last step's (after it);
-        # an evaluation is priced at the step it measures: step = (span - ckpts - evals x k x step) / (steps - 1)
-        k = eval_seconds(job.spec, 1.0)
-        span = measured_step(job.first_step_at, job.history_at[-1], t.steps, n_ckpt - 1, CHECKPOINT_S, 0, 0.0)
-        ratio = span * (t.steps - 1) / ((t.steps - 1) + (n_eval - 1) * k) / predicted if span else 0.0
+    step = typical_step([(s, at) for (s, _), at in zip(job.history, job.history_at, strict=False)])
+    ratio = step / predicted if predicted > 0 else 0.0
     return JobTiming(
         type(job.spec.model).__name__,
         round(job.first_step_at - job.created, 3),

@@ -251,7 +251,7 @@ def terms(
     ``devices``): measured by this daemon, else assumed."""
     model = type(spec.model).__name__
     return (
-        start_term(timings, first_job, START_S, FIRST_JOB_S, devices),
+        start_term(timings, first_job, START_S, FIRST_JOB_S, devices, model),
         end_term(timings, model, end_seconds(spec)),
         step_term(timings, model, predicted_step_s, step_factor(spec)),
     )

@@ -9,14 +9,15 @@ fitted on one machine is wrong on another, so each daemon keeps what its own job
 :mod:`arceusd.market.forecast`) takes each term from there:
 
 - start: the median of the daemon's past jobs of the same kind (a first job since the daemon started, or a later
-  one; a later job with only first jobs measured takes theirs less an assumed first job's wait) on as many
-  devices (each starts a worker and measures its links: 0.4-1.9 s on one device, 2.2-4.1 s on two, on a 2-core
-  machine), the range from the fastest to the slowest of them;
+  one; a later job with only first jobs measured takes theirs less an assumed first job's wait) of the same model
+  on as many devices, else on as many devices (each starts a worker, builds its part of the model and measures
+  its links: on a 2-core machine 0.3 s for the MNIST MLP and 1.5-2.8 s for a char-GPT on one device, 1.9-3.3 s on
+  two), the range from the fastest to the slowest of them;
 - end: the median of its past jobs of the same model config (a GPT's export is not an MLP's), the range likewise;
-- step factor (the measured step over the plan's predicted step): the median of its past jobs of the same model
-  config whose plan predicted a step within :data:`LIKE_STEP` of this one's (the planner's error depends on the
-  model's size: 0.95x for a 2-layer, 64-wide char-GPT and 1.8x for a 4-layer, 128-wide one, measured on the same
-  2-core machine), the range likewise.
+- step factor (a typical step, :func:`typical_step`, over the plan's predicted step): the median of its past
+  jobs of the same model config whose plan predicted a step within :data:`LIKE_STEP` of this one's (the planner's
+  error depends on the model's size: 1.6x for a 2-layer, 64-wide char-GPT and 1.8x for a 4-layer, 128-wide one,
+  0.5x for the MNIST MLP, measured on the same 2-core machine), the range likewise.
 
 The links between the quote's devices: the one this daemon measured to a member in its newest job that had one
 (:func:`measured_link`), else the planner's defaults.
@@ -27,6 +28,7 @@ JSON name it), with a wider range (:data:`ASSUMED_LOW`, :data:`ASSUMED_HIGH`).
 
 from __future__ import annotations
 
+import itertools
 import json
 import statistics
 from collections.abc import Sequence
@@ -90,14 +92,25 @@ class Term:
     """Where it comes from, for people."""
 
 
-def measured_step(
-    first_at: float, last_at: float, steps: int, checkpoints: int, checkpoint_s: float, evals: int, eval_s: float
-) -> float:
-    """A step as the job took it: the time from its first to its last step, less its checkpoints and evaluations
-    (priced as the quote prices them), over the steps between (0: too few steps to say)."""
-    if steps < 2 or last_at <= first_at:
-        return 0.0
-    return max(last_at - first_at - checkpoints * checkpoint_s - evals * eval_s, 0.0) / (steps - 1)
+SKIP_STEPS = 3
+"""The first steps a typical step leaves out (a worker's first steps allocate and warm up)."""
+TRIM = 0.1
+"""The share of the slowest step intervals a typical step leaves out: those that held a checkpoint or an
+evaluation (the quote prices them apart) and hiccups of a busy machine."""
+
+
+def typical_step(points: Sequence[tuple[int, float]]) -> float:
+    """A step as the job took it, from its (step, wall time) points: the mean time per step between consecutive
+    points, less the first :data:`SKIP_STEPS` steps and the slowest :data:`TRIM` of the intervals (0: too few
+    points to say). A 30-step job's span from its first to its last step measured twice its 300-step run's step
+    on the same machine (its first steps were slow); the trimmed mean of its intervals does not."""
+    per = sorted(
+        (t2 - t1) / (s2 - s1)
+        for (s1, t1), (s2, t2) in itertools.pairwise(points)
+        if s2 > s1 and s1 > SKIP_STEPS and t2 >= t1
+    )
+    kept = per[: max(1, int(len(per) * (1.0 - TRIM)))] if len(per) >= 3 else []
+    return statistics.fmean(kept) if kept else 0.0
 
 
 def _term(values: Sequence[float], what: str) -> Term:
@@ -116,13 +129,19 @@ def _assumed(value: float, why: str, low: float = ASSUMED_LOW, high: float = ASS
 
 
 def start_term(
-    records: Sequence[JobTiming], first_job: bool, assumed_s: float, assumed_first_s: float, devices: int = 0
+    records: Sequence[JobTiming],
+    first_job: bool,
+    assumed_s: float,
+    assumed_first_s: float,
+    devices: int = 0,
+    model: str = "",
 ) -> Term:
-    """The start of a job on ``devices`` (``first_job``: the daemon's first since it started) from ``records`` (of
-    as many devices where there are some: each starts a worker and measures its links); else ``assumed_s`` (+
-    ``assumed_first_s`` on a first job)."""
-    alike = [r for r in records if r.devices == devices]
-    records = alike or records
+    """The start of a ``model`` job on ``devices`` (``first_job``: the daemon's first since it started) from
+    ``records`` (of that model on as many devices where there are some, else on as many devices: each starts a
+    worker, builds its part of the model and measures its links); else ``assumed_s`` (+ ``assumed_first_s`` on a
+    first job)."""
+    same = [r for r in records if r.devices == devices]
+    records = [r for r in same if r.model == model] or same or records
     firsts = [r.start_s for r in records if r.first]
     laters = [r.start_s for r in records if not r.first]
     if first_job and firsts:
@@ -228,9 +247,9 @@ __all__ = [
     "Term",
     "end_term",
     "measured_link",
-    "measured_step",
     "read_timings",
     "record_timing",
     "start_term",
     "step_term",
+    "typical_step",
 ]

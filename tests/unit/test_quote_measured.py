@@ -29,7 +29,7 @@ from arceusd.market.needs import pay
 from arceusd.market.pricing import NEUTRAL
 from arceusd.market.quote import step_flops
 from arceusd.market.service import Market
-from arceusd.market.timings import JobTiming, read_timings, record_timing, start_term
+from arceusd.market.timings import JobTiming, read_timings, record_timing, start_term, typical_step
 from tests.unit.test_jobspec import EXAMPLES
 
 OWNER, PEER = "owner", "peer"
@@ -87,7 +87,7 @@ def test_the_daemon_keeps_what_its_finished_job_took_and_the_quote_reads_it(tmp_
     timing = job_timing(job, 1032.5)
     assert timing is not None and timing.model == "GPTConfig" and timing.first
     assert timing.start_s == pytest.approx(3.0) and timing.end_s == pytest.approx(2.5)
-    assert 0 < timing.step_ratio < 2.0 and timing.predicted_step_s == 0.005  # about 0.01 s a step, less its evals
+    assert timing.step_ratio == pytest.approx(2.0) and timing.predicted_step_s == 0.005  # 0.01 s a step
     assert timing.link == (0.0, 0.0, 0.0)  # it measured no link (a job alone)
     job.leading.links = {"a": {"rtt_ms": 0.5, "bandwidth_mb_s": 80.0, "message_ms": 2.0}}
     linked = job_timing(job, 1032.5)
@@ -178,3 +178,15 @@ def test_a_start_is_taken_from_jobs_on_as_many_devices_and_a_later_job_does_not_
     later = start_term([first], False, START_S, FIRST_JOB_S, devices=1)
     assert later.value == pytest.approx(max(4.6 - FIRST_JOB_S, START_S * 0.3)) and later.high == 4.6
     assert start_term([first], True, START_S, FIRST_JOB_S, devices=1).value == 4.6
+
+
+def test_a_typical_step_leaves_out_the_first_steps_and_the_slowest_intervals() -> None:
+    """A 30-step job measured from its first to its last step took twice its 300-step run's step (slow first
+    steps); a checkpoint or an evaluation (priced apart) falls in the slowest intervals."""
+    at, points = 0.0, []
+    for step in range(1, 101):
+        at += 0.5 if step <= 3 else 1.0 if step % 25 == 0 else 0.01  # slow start, 4 checkpoints
+        points.append((step, at))
+    assert typical_step(points) == pytest.approx(0.01)
+    assert typical_step(points[::2]) == pytest.approx(0.01)  # a halved history: per step
+    assert typical_step(points[:5]) == 0.0  # too few to say
