@@ -8,7 +8,7 @@ format. The ranks run in threads over the in-memory collective, as ``test_hf_tp_
 
 from __future__ import annotations
 
-import threading
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ from arceusd.jobs.spec import load_spec
 from arceusd.models.build import build_block, num_blocks
 from arceusd.models.hf.blocks import HFDecoderBlock
 from arceusd.models.hf.config import HFModelConfig
+from arceusd.models.hf.lora import hold_base
 from arceusd.models.hf.lora_export import write_lora_export
 from arceusd.models.hf.lora_keys import lora_tensors, peft_key
 from arceusd.models.hf.lora_spec import LoraSpec
@@ -42,6 +43,7 @@ from tests.unit import hf_cases
 from tests.unit.test_engine import SEED, Case, build_engines, drive, prefixed
 from tests.unit.test_hf_exact import BATCH, MICRO, batches
 from tests.unit.test_hf_lora import OPTS, base_model, peft_config, reference_run
+from tests.unit.test_hf_tensor_parallel import _run_ranks
 from tests.unit.test_hf_tp_planning import ROOT, planned_layout
 
 TOL = 1e-4
@@ -179,12 +181,7 @@ def test_a_split_lora_layer_equals_the_unsplit_one_in_gradients_and_all_reduces(
         assert xs.grad is not None
         outs[r] = (y.detach(), xs.grad)
 
-    threads = [threading.Thread(target=work, args=(r,), daemon=True) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    assert set(outs) == {0, 1}
+    _run_ranks(2, work)
     assert colls[0].calls == 2 + 2  # as without adapters: one per sub-layer forward, one backward
     for y, gx in outs.values():
         torch.testing.assert_close(y, y_ref, rtol=0, atol=TOL)
@@ -199,6 +196,42 @@ def test_a_split_lora_layer_equals_the_unsplit_one_in_gradients_and_all_reduces(
         torch.testing.assert_close(got, p.grad, rtol=0, atol=TOL, msg=prefixed(n))
         if not hf_is_sharded(n, cfg):
             assert torch.equal(per_rank[0][n].grad, per_rank[1][n].grad), n  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("name", "targets"), [("llama", ("down_proj", "q_proj")), ("gpt2", ("c_attn", "c_proj"))])
+def test_a_split_lora_layer_with_a_bf16_base_computes_what_autocast_computes_with_an_fp32_base(
+    name: str, targets: tuple[str, ...]
+) -> None:
+    """``hold_base`` casts every frozen matmul weight of a rank's shard (adapted or not, row-parallel included):
+    under bf16 autocast the split layer's output and the adapters' gradients are the fp32 base's, bit for bit."""
+    cfg = lora_cfg(name, targets)
+    split = TPSplit((1, 1), (30, 18)) if name == "llama" else TPSplit((2, 2), (64, 64))
+    x = torch.randn(2, hf_cases.BLOCK, cfg.hidden, generator=torch.Generator().manual_seed(6))
+    runs: list[dict[int, tuple[torch.Tensor, list[torch.Tensor]]]] = []
+    for bf16 in (False, True):
+        full = build_block(cfg, 1, SEED)
+        assert isinstance(full, HFDecoderBlock)
+        group = InMemoryAllReduce(2, timeout_s=30)
+        shards = [shard_hf_block(full, cfg, split, r, group.rank_view(r)) for r in range(2)]
+        if bf16:
+            for shard in shards:
+                assert hold_base(shard, torch.bfloat16) > 0
+                matmuls = [b for n, b in shard.named_buffers() if n.endswith("weight") and b.dim() == 2]
+                assert matmuls and all(b.dtype == torch.bfloat16 for b in matmuls)  # o_proj / mlp.c_fc too
+        out: dict[int, tuple[torch.Tensor, list[torch.Tensor]]] = {}
+
+        def work(r: int, shards: Sequence[HFDecoderBlock] = shards, out: dict[int, Any] = out) -> None:
+            with torch.autocast("cpu", dtype=torch.bfloat16):  # thread-local: inside each rank's thread
+                y = shards[r](x)
+            y.float().square().mean().backward()
+            out[r] = (y.detach().float(), [p.grad for p in shards[r].parameters()])
+
+        _run_ranks(2, work)
+        runs.append(out)
+    for r in range(2):
+        torch.testing.assert_close(runs[1][r][0], runs[0][r][0], rtol=0, atol=0)
+        for g_bf16, g_fp32 in zip(runs[1][r][1], runs[0][r][1], strict=True):
+            torch.testing.assert_close(g_bf16, g_fp32, rtol=0, atol=0)
 
 
 def test_the_planner_may_split_a_lora_job_without_dropout() -> None:
