@@ -45,6 +45,8 @@ from tests.unit.test_hf_exact import BATCH, MICRO, batches
 from tests.unit.test_hf_lora import OPTS, base_model, peft_config, reference_run
 from tests.unit.test_hf_tensor_parallel import _run_ranks
 from tests.unit.test_hf_tp_planning import ROOT, planned_layout
+from tests.unit.test_hf_tp_reslice import Relayout, assert_equal, shards_of, training_state
+from tests.unit.test_hf_tp_reslice import layout as stages_of
 
 TOL = 1e-4
 Layout = list[tuple[int, int, TPSplit | None]]
@@ -273,3 +275,29 @@ def test_the_leader_plans_a_split_lora_stage_every_member_verifies_it_and_it_tra
         if key.startswith("param."):
             _, _, index, local = key.split(".", 3)
             torch.testing.assert_close(value, ref_adapters[peft_key(cfg, int(index), local)], rtol=0, atol=TOL)
+
+
+RELAYOUTS: list[tuple[str, tuple[str, ...], Relayout, Relayout]] = [
+    ("llama", LLAMA_ALL, ([2], {}), ([1, 3], {1: [(1, 30), (1, 18)]})),  # whole -> split (uneven)
+    ("gpt2", ("c_attn", "c_fc", "c_proj"), ([1, 3], {1: [(3, 100), (1, 28)]}), ([], {0: [(1, 40), (2, 40), (1, 48)]})),
+]
+
+
+@pytest.mark.parametrize(("name", "targets", "old", "new"), RELAYOUTS)
+def test_lora_state_survives_relayouts_between_split_and_whole(
+    name: str, targets: tuple[str, ...], old: Relayout, new: Relayout
+) -> None:
+    """The adapters and their optimizer buffers, cut for one layout and gathered, cut for another and gathered:
+    the same tensors (``reslice`` by the adapters' names)."""
+    cfg = lora_cfg(name, targets)
+    full = training_state(cfg)
+    assert full and all(".lora_" in k for k in full)
+    gathered = full_state(cfg, [parse_shard(d) for d in shards_of(cfg, full, stages_of(cfg, *old))])
+    assert_equal(gathered, full)
+    stages = stages_of(cfg, *new)
+    again = full_state(cfg, [parse_shard(d) for d in shards_of(cfg, gathered, stages)])
+    assert_equal(again, full)
+    split = next(st for st in stages if st.split() is not None)
+    cut = slice_state(cfg, full, split, 0)
+    assert any(".lora_A." in k and v.shape != full[k].shape for k, v in cut.items())  # row-parallel A
+    assert any(".lora_B." in k and v.shape != full[k].shape for k, v in cut.items())  # column-parallel B

@@ -9,7 +9,9 @@ The base model's costs (:func:`arceusd.models.hf.costs.hf_block_costs`) changed 
 - compute: the forward adds each adapter's two thin matmuls (2 FLOPs per multiply-add, over the block's
   tokens); the backward of a frozen matmul computes only its input's gradient (1x its forward, no weight
   gradient), attention's QK^T and AV still 2x, the adapters 2x theirs; the embeddings need no backward at all
-  (nothing before them trains).
+  (nothing before them trains);
+- tensor parallelism: a split layer's adapters split with it (``arceusd/worker/hf_tensor_parallel.py``) and add
+  no all-reduce, only ``r`` values per token and adapted projection to the sub-layer's: not counted.
 """
 
 from __future__ import annotations
