@@ -46,8 +46,9 @@ What each module owns:
 - the lifecycle: ``core`` (the pure state machine: states, roles and the ``(term, epoch)`` stamp; events in,
   actions out), ``lifecycle`` (its pure decisions on a failed commit, an unacknowledged ``go``, an ended
   election) and ``leadership`` (who may command);
-- one job's record and its views: ``job`` (the ``Job`` record around its core, what only its leader keeps in
-  ``LeaderRecord``, and ``arceusd status`` JSON),
+- one job's record and its views: ``job`` (the ``Job`` record around its core, built by its three named
+  constructors ``Job.submitted`` / ``Job.restored`` / ``Job.announced``; what only its leader keeps in
+  ``LeaderRecord``, and ``arceusd status`` JSON), ``job_paths`` (every file of a job's folder, named once),
   ``view`` (the text);
 - the daemon's job service, a thin driver of the core: ``manager`` (the service, the leader's loop, member and
   leader changes, the takeover), ``driver`` (feeds the core and carries out its actions), a

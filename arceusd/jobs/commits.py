@@ -80,7 +80,7 @@ class Commits:
         """Copy every shard of ``step`` to the leader, check it, sign the manifest, issue the receipts. Returns
         why it failed (or None: committed, or moot), why the job must stop (its budget is spent) or None, and the
         member whose shard could not be copied (or ``""``)."""
-        root = job.directory / "checkpoints"
+        root = job.paths.checkpoints
         records, names = [], {}
         for peer, shard in sorted(job.leading.reports.get(step, {}).items()):
             record = ShardRecord(str(shard["name"]), str(shard["sha256"]), int(shard["size"]))
@@ -136,11 +136,11 @@ class Commits:
     async def repair_checkpoint(self, job: Job) -> list[Path]:
         """Copy from members every shard of the newest committed step whose local copy is missing or corrupt;
         return the replica roots to read them from (empty when the local copies are intact)."""
-        root = job.directory / "checkpoints"
+        root = job.paths.checkpoints
         step, bad = await trio.to_thread.run_sync(corrupt_shards, root, sorted(job.leaders))
         if not bad:
             return []
-        replicas = job.directory / "replicas"
+        replicas = job.paths.replicas
         for record in bad:
             log.warning(
                 "job %s: shard %s of step %d is missing or corrupt here; fetching a replica",

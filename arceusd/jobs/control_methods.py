@@ -20,7 +20,7 @@ from typing import Any
 import trio
 
 from arceusd.control import RequestError
-from arceusd.jobs.core import JobCore, Role, events
+from arceusd.jobs.core import Role, events
 from arceusd.jobs.job import Job
 from arceusd.jobs.lending import seen_lending
 from arceusd.jobs.manager_base import JobContext, Lifecycle
@@ -83,22 +83,20 @@ class ControlMethods:
         jid = job_id(digest, self.ctx.node.identity.peer_id, os.urandom(16))
         spec_bytes = json.dumps(to_dict(spec), sort_keys=True).encode()
         node = self.ctx.node
-        core = JobCore.owned(node.identity.peer_id, spec.training.steps, min_members=min_members)
-        job = Job(
+        job = Job.submitted(
             jid,
             spec,
             spec_bytes,
             digest,
             node.identity.peer_id,
             node.addresses.get("peer", ""),
-            self.ctx.root / jid,
-            core,
-            total_steps=spec.training.steps,
+            self.ctx.root,
+            min_members=min_members,
             first_of_daemon=not self.ctx.jobs,  # (its first election waits out a timeout: the quote's start)
             created=submitted,
         )
         job.directory.mkdir(parents=True, exist_ok=True)
-        (job.directory / "spec.json").write_bytes(spec_bytes)
+        job.paths.spec.write_bytes(spec_bytes)
         self.ctx.jobs[jid] = job
         job.members[self.ctx.node.identity.peer_id] = await self.ctx.offer()
         self.ctx.persist(job)

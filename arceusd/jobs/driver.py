@@ -345,7 +345,7 @@ class Driver:
         assemble the model here."""
         names = sorted(job.leading.committed_shards.get(step, {}).values())
         await self.m.standbys.sync_owner(job, step, names)
-        folder = step_dir(job.directory / "checkpoints", step)
+        folder = step_dir(job.paths.checkpoints, step)
         await self.export(job, step, [folder / name for name in names])
 
     async def export(self, job: Job, step: int, paths: list[Path]) -> None:

@@ -21,12 +21,11 @@ import os
 from pathlib import Path
 from typing import Any
 
+from arceusd.jobs.job_paths import JobPaths
 from arceusd.jobs.spec_types import resolve_path
 from arceusd.models.hf.config import HFModelConfig
 from arceusd.models.hf.weights_slice import SliceEntry, WeightsSliceError, place_keys, slice_layout
 
-WEIGHTS_FOLDER = "weights"
-COPY_NAME = "model.safetensors"
 """The standby's whole copy of the owner's weights file (what it serves and reads if it takes over)."""
 
 
@@ -49,14 +48,6 @@ def standby_copies(model: object) -> bool:
     return needs_weights(model, resuming=True)
 
 
-def copy_path(job_dir: Path) -> Path:
-    return job_dir / WEIGHTS_FOLDER / COPY_NAME
-
-
-def slice_path(job_dir: Path, start: int, end: int) -> Path:
-    return job_dir / WEIGHTS_FOLDER / f"blocks-{start}-{end}.safetensors"
-
-
 def leader_weights(job_dir: Path, owner: bool, model: object, base_dir: Path | None) -> Path | None:
     """The whole weights file a leader serves slices of and its own worker reads: the owner's at the spec's
     path, a standby's checked copy once it has one; None when this device holds none."""
@@ -65,7 +56,7 @@ def leader_weights(job_dir: Path, owner: bool, model: object, base_dir: Path | N
         return None
     if owner:
         return resolve_path(m.weights, base_dir).resolve()
-    path = copy_path(job_dir)
+    path = JobPaths(job_dir).weights_copy
     return path if path.is_file() else None
 
 
@@ -127,14 +118,10 @@ def worker_spec_weights(spec_dict: dict[str, Any], path: Path | None) -> None:
 
 
 __all__ = [
-    "COPY_NAME",
-    "WEIGHTS_FOLDER",
-    "copy_path",
     "leader_weights",
     "needs_weights",
     "place_layout",
     "place_of",
-    "slice_path",
     "standby_copies",
     "weights_model",
     "whole_limit",

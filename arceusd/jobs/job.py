@@ -25,7 +25,8 @@ import trio
 from arceusd.jobs import challenges, claims
 from arceusd.jobs.core import actions
 from arceusd.jobs.core.machine import JobCore
-from arceusd.jobs.core.states import TERMINAL, JobState, Role
+from arceusd.jobs.core.states import TERMINAL, JobState, Role, Stamp
+from arceusd.jobs.job_paths import JobPaths
 from arceusd.jobs.supervisor import WorkerProcess
 from arceusd.jobs.throughput import Speed, Throughput
 
@@ -225,6 +226,107 @@ class Job:
 
     def __post_init__(self) -> None:
         self.leader_address = self.leader_address or self.owner_address
+
+    # ----------------------------------------------------------------------------- the three ways a job begins
+    @classmethod
+    def submitted(
+        cls,
+        job_id: str,
+        spec: JobSpec,
+        spec_bytes: bytes,
+        digest: str,
+        me: str,
+        address: str,
+        jobs_root: Path,
+        *,
+        min_members: int,
+        first_of_daemon: bool,
+        created: float,
+    ) -> Job:
+        """A job submitted to this device (``me``, listening at ``address``): it owns and leads it, waiting for
+        ``min_members`` members."""
+        core = JobCore.owned(me, spec.training.steps, min_members=min_members)
+        paths = JobPaths.of(jobs_root, job_id)
+        return cls(
+            job_id,
+            spec,
+            spec_bytes,
+            digest,
+            me,
+            address,
+            paths.directory,
+            core,
+            total_steps=spec.training.steps,
+            first_of_daemon=first_of_daemon,
+            created=created,
+        )
+
+    @classmethod
+    def restored(
+        cls,
+        saved: dict[str, Any],
+        spec: JobSpec,
+        spec_bytes: bytes,
+        address: str,
+        paths: JobPaths,
+        *,
+        committed_step: int,
+        gather_until: float,
+    ) -> Job:
+        """A job this device owned when it stopped (``saved``: its owner record), resumed from
+        ``committed_step`` once the members it had (until ``gather_until``) rejoin, in a new term."""
+        me = str(saved["owner"])
+        core = JobCore.owned(
+            me,
+            spec.training.steps,
+            stamp=Stamp(int(saved["term"]) + 1, int(saved["epoch"])),
+            committed_step=committed_step,
+            gather_until=gather_until,
+            expected=frozenset(str(p) for p in saved.get("members", [])),
+        )
+        return cls(
+            str(saved["job_id"]),
+            spec,
+            spec_bytes,
+            str(saved["spec_hash"]),
+            me,
+            address,
+            paths.directory,
+            core,
+            total_steps=spec.training.steps,
+            step=committed_step,
+        )
+
+    @classmethod
+    def announced(
+        cls,
+        job_id: str,
+        spec: JobSpec,
+        spec_bytes: bytes,
+        digest: str,
+        owner: str,
+        owner_address: str,
+        me: str,
+        jobs_root: Path,
+    ) -> Job:
+        """A job another device (``owner``) announced to this one: seen, not joined yet."""
+        core = JobCore(me, owner, spec.training.steps)
+        return cls(
+            job_id,
+            spec,
+            spec_bytes,
+            digest,
+            owner,
+            owner_address,
+            JobPaths.of(jobs_root, job_id).directory,
+            core,
+            total_steps=spec.training.steps,
+        )
+
+    @property
+    def paths(self) -> JobPaths:
+        """Where this job's files live on this device."""
+        return JobPaths(self.directory)
 
     # -------------------------------------------------------------------------------- the core's, read here
     @property

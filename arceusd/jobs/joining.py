@@ -22,7 +22,7 @@ from arceusd.announce_guard import AnnounceGuard, address_host
 from arceusd.control import RequestError
 from arceusd.jobs import leadership
 from arceusd.jobs.claims import check_offer_bounds
-from arceusd.jobs.core import JobCore, JobState, Role, events
+from arceusd.jobs.core import JobState, Role, events
 from arceusd.jobs.job import TERMINAL, Job
 from arceusd.jobs.manager_base import JobContext, Lifecycle
 from arceusd.jobs.planning import Offer
@@ -204,17 +204,15 @@ class Joining:
             return JobAck(False, self.announced.refuse("spec_hash_mismatch"))
         member = self.ctx.peers.membership.members.get(msg.owner)
         owner_address = member.address if member is not None else ""
-        core = JobCore(self.ctx.node.identity.peer_id, msg.owner, spec.training.steps)  # seen, announced
-        job = Job(
+        job = Job.announced(
             msg.job_id,
             spec,
             msg.spec,
             msg.spec_hash.hex(),
             msg.owner,
             owner_address,
-            self.ctx.root / msg.job_id,
-            core,
-            total_steps=spec.training.steps,
+            self.ctx.node.identity.peer_id,
+            self.ctx.root,
         )
         self.ctx.jobs[msg.job_id] = job
         # fair shares of the table: an owner in our membership (it answers our probes there) before a key

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from arceusd.jobs.core.states import TERMINAL, JobState, Role
+from arceusd.jobs.job_paths import JobPaths
 from arceusd.jobs.throughput import Speed
 from protocol.job_wire import JOB_MEMBERS_MAX
 from protocol.validation import is_hex_id
@@ -33,7 +34,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-MEMBER_FILE = "member.json"
 """A member's record of a job it joined, in the job's directory (``<state>/jobs/<job id>/``)."""
 RECORD_MAX_BYTES = 64 * 1024
 """The most of a record file that is read (a longer one is not a record)."""
@@ -179,15 +179,15 @@ def known_jobs(
     return sorted(out, key=lambda k: (k.created, k.job_id))
 
 
-def read_records(root: Path, owner_file: str) -> dict[str, KnownJob]:
+def read_records(root: Path) -> dict[str, KnownJob]:
     """Every record under the jobs directory ``root`` (blocking: a thread): members' :data:`MEMBER_FILE` and the
-    owner's ``owner_file``; one that does not read or parse is skipped with a warning."""
+    owner's :data:`OWNER_FILE`; one that does not read or parse is skipped with a warning."""
     out: dict[str, KnownJob] = {}
     if not root.is_dir():
         return out
     for directory in sorted(root.iterdir()):
-        for name, role in ((owner_file, Role.OWNER), (MEMBER_FILE, Role.MEMBER)):
-            path = directory / name
+        paths = JobPaths(directory)
+        for path, role in ((paths.owner_record, Role.OWNER), (paths.member_record, Role.MEMBER)):
             if not path.is_file():
                 continue
             try:
@@ -198,10 +198,10 @@ def read_records(root: Path, owner_file: str) -> dict[str, KnownJob]:
                 log.warning("not listing the job in %s: %s", directory, exc)
                 continue
             if record is None:
-                log.warning("not listing the job in %s: %s is not a job record", directory, name)
+                log.warning("not listing the job in %s: %s is not a job record", directory, path.name)
                 continue
             out.setdefault(record.job_id, record)  # the owner's record first (it handed over: still its owner)
     return out
 
 
-__all__ = ["MEMBER_FILE", "KnownJob", "known_jobs", "member_record", "parse_record", "read_records"]
+__all__ = ["KnownJob", "known_jobs", "member_record", "parse_record", "read_records"]

@@ -176,7 +176,7 @@ class LocalWorker:
             state_dir=str(self.ctx.node.paths.root),
             listen_host=self.ctx.node.config.listen_host,
             owner=job.leader,
-            checkpoint_dir=str(job.directory / "checkpoints"),
+            checkpoint_dir=str(job.paths.checkpoints),
             checkpoint_interval=job.spec.checkpoint.interval_steps,
             total_steps=job.total_steps,
             threads=self.ctx.node.config.worker_threads,
@@ -189,7 +189,7 @@ class LocalWorker:
             data_shares=job.data_shares,
             ring_generation=job.ring_generation,
         )
-        path = job.directory / f"worker-{job.epoch}.json"
+        path = job.paths.worker_config(job.epoch)
         path.write_text(config.to_json())
         if job.local_stopped is not None:  # the previous plan's worker is on its way out: let it go first
             with trio.move_on_after(5.0):
@@ -197,7 +197,7 @@ class LocalWorker:
         # a stock transformers model: the fork server imports transformers once, for this worker and every later
         # one, re-slicing and export of the job (arceusd.jobs.fork_server)
         await warm_starts().preload(preloads_for(job.spec.model))
-        worker = WorkerProcess(path, job.directory / "worker.log")
+        worker = WorkerProcess(path, job.paths.worker_log)
         job.worker = worker
         job.stage_times.clear()  # a new plan: its stage times are not the old one's
         try:

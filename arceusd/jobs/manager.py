@@ -67,17 +67,18 @@ import trio
 from arceusd.checkpoint import committed_steps
 from arceusd.jobs.commits import Commits
 from arceusd.jobs.control_methods import ControlMethods
-from arceusd.jobs.core import JobCore, JobState, Role, Stamp
+from arceusd.jobs.core import JobState, Role
 from arceusd.jobs.core import actions as a
 from arceusd.jobs.core import events as e
 from arceusd.jobs.driver import Driver
-from arceusd.jobs.initial_weights import copy_path, standby_copies
+from arceusd.jobs.initial_weights import standby_copies
 from arceusd.jobs.job import TERMINAL, Job
+from arceusd.jobs.job_paths import JobPaths
 from arceusd.jobs.joining import Joining
 from arceusd.jobs.known import read_records
 from arceusd.jobs.lending import answerer
 from arceusd.jobs.local_worker import LocalWorker, worker_device
-from arceusd.jobs.manager_base import OWNER_FILE, JobContext
+from arceusd.jobs.manager_base import JobContext
 from arceusd.jobs.recovery import corrupt_shards
 from arceusd.jobs.regrow import Regrowing
 from arceusd.jobs.replica_drop import ReplicaDrops
@@ -144,7 +145,7 @@ class JobManager(JobContext):
     async def _load_modules(self) -> None:
         """Restore the jobs this device owns. The job modules are torch-free (tensor work runs in child
         processes, :mod:`arceusd.jobs.filework`), so nothing here stalls the event loop on an import."""
-        self.known = await trio.to_thread.run_sync(read_records, self.root, OWNER_FILE)  # (arceusd.jobs.known)
+        self.known = await trio.to_thread.run_sync(read_records, self.root)  # (arceusd.jobs.known)
         for job in await trio.to_thread.run_sync(self._restore_owned_jobs):
             self.jobs[job.job_id] = job
             job.members[self.node.identity.peer_id] = await self.offer()
@@ -168,43 +169,29 @@ class JobManager(JobContext):
         if not self.root.is_dir():
             return restored
         for directory in sorted(self.root.iterdir()):
-            path = directory / OWNER_FILE
-            if not path.is_file():
+            paths = JobPaths(directory)
+            if not paths.owner_record.is_file():
                 continue
             try:
-                saved = json.loads(path.read_bytes())
-                spec_bytes = (directory / "spec.json").read_bytes()
-                spec = parse_spec(
-                    json.loads(spec_bytes), base_dir=Path(saved["base_dir"]), source=str(directory / "spec.json")
-                )
+                saved = json.loads(paths.owner_record.read_bytes())
+                spec_bytes = paths.spec.read_bytes()
+                spec = parse_spec(json.loads(spec_bytes), base_dir=Path(saved["base_dir"]), source=str(paths.spec))
                 if saved["job_id"] != directory.name or spec_hash(spec) != saved["spec_hash"]:
                     raise ValueError("the saved spec does not match the job's id or hash")
                 if saved["owner"] != self.node.identity.peer_id:
                     raise ValueError("owned by another identity")
                 if saved["state"] in TERMINAL:
                     continue
-                committed = committed_steps(directory / "checkpoints")
-                step = committed[-1] if committed else 0
-                core = JobCore.owned(
-                    self.node.identity.peer_id,
-                    spec.training.steps,
-                    stamp=Stamp(int(saved["term"]) + 1, int(saved["epoch"])),
-                    committed_step=step,
-                    gather_until=time.monotonic() + REJOIN_GRACE_S,
-                    expected=frozenset(str(p) for p in saved.get("members", [])),
-                )
+                committed = committed_steps(paths.checkpoints)
                 restored.append(
-                    Job(
-                        saved["job_id"],
+                    Job.restored(
+                        saved,
                         spec,
                         spec_bytes,
-                        saved["spec_hash"],
-                        saved["owner"],
                         self.node.addresses.get("peer", ""),
-                        directory,
-                        core,
-                        total_steps=spec.training.steps,
-                        step=step,
+                        paths,
+                        committed_step=committed[-1] if committed else 0,
+                        gather_until=time.monotonic() + REJOIN_GRACE_S,
                     )
                 )
             except (OSError, ValueError, KeyError, TypeError, JobSpecError) as exc:
@@ -311,7 +298,7 @@ class JobManager(JobContext):
         me, (peer, term) = self.node.identity.peer_id, leader
         if peer == me and not self.leads(job):
             holds = job.standby == me and job.standby_data is not None and job.plan is not None
-            holds = holds and (not standby_copies(job.spec.model) or copy_path(job.directory).is_file())
+            holds = holds and (not standby_copies(job.spec.model) or job.paths.weights_copy.is_file())
             if not self.feed(job, e.TakeoverElected(term, holds)):
                 log.warning(
                     "job %s: elected, but this device holds no checked copy of the data (or the initial weights); "
@@ -337,7 +324,7 @@ class JobManager(JobContext):
             if p in alive and p in old_plan and p not in (old, me)
         }
         job.members[me] = await self.offer()
-        step, _ = await trio.to_thread.run_sync(corrupt_shards, job.directory / "checkpoints", sorted(job.leaders))
+        step, _ = await trio.to_thread.run_sync(corrupt_shards, job.paths.checkpoints, sorted(job.leaders))
         if self.leads(job) or job.leader != old or job.core.terminal:
             return  # led, or another leader was elected, meanwhile
         log.warning(
@@ -386,4 +373,4 @@ async def serve_jobs(node: Node, *, task_status: trio.TaskStatus[None] = trio.TA
     await manager.run(task_status=task_status)
 
 
-__all__ = ["OWNER_FILE", "JobManager", "serve_jobs", "worker_device"]
+__all__ = ["JobManager", "serve_jobs", "worker_device"]

@@ -30,7 +30,7 @@ from arceusd.control import RequestError
 from arceusd.jobs import leadership
 from arceusd.jobs.core import Role, Stamp, actions, events
 from arceusd.jobs.job import TERMINAL, Job
-from arceusd.jobs.known import MEMBER_FILE, KnownJob, known_jobs, member_record
+from arceusd.jobs.known import KnownJob, known_jobs, member_record
 from arceusd.jobs.planning import Offer
 from arceusd.jobs.transfers import Transfers
 from arceusd.market.hooks import job_receipts
@@ -40,8 +40,6 @@ from protocol.envelope import Header
 from protocol.job_wire import JobAck
 
 log = logging.getLogger(__name__)
-
-OWNER_FILE = "owner.json"
 
 
 class JobContext:
@@ -65,7 +63,7 @@ class JobContext:
         it left the job)."""
         record = member_record(job)
         if job.role == Role.OWNER:
-            name = OWNER_FILE
+            path = job.paths.owner_record
             record.update(
                 {
                     "spec_hash": job.spec_hash,
@@ -75,13 +73,13 @@ class JobContext:
                     "members": sorted(job.members),
                 }
             )
-        elif job.role == Role.MEMBER or (job.directory / MEMBER_FILE).is_file():
-            name = MEMBER_FILE
+        elif job.role == Role.MEMBER or job.paths.member_record.is_file():
+            path = job.paths.member_record
         else:
             return
         try:
             job.directory.mkdir(parents=True, exist_ok=True)
-            atomic_write(job.directory / name, json.dumps(record, indent=1).encode())
+            atomic_write(path, json.dumps(record, indent=1).encode())
         except OSError as exc:
             log.warning("job %s: cannot save its state: %s", job.job_id, exc)
 
@@ -275,4 +273,4 @@ class Lifecycle(Protocol):
         """Assemble the model from the shards at ``paths`` and finish the job."""
 
 
-__all__ = ["OWNER_FILE", "JobContext", "Lifecycle"]
+__all__ = ["JobContext", "Lifecycle"]

@@ -37,6 +37,7 @@ from arceusd.checkpoint import (
     read_manifest,
     step_dir,
 )
+from arceusd.jobs.job_paths import JobPaths
 from arceusd.models.config import ModelConfig
 from arceusd.worker.protocol import StageConfig
 
@@ -82,10 +83,6 @@ class ResumePoint:
             if not SHARD_NAME.match(f.name) or f.size < 0 or len(f.sha256) != 64:
                 raise ResumeError(f"malformed resume file entry {f}")
         return ResumePoint(step, files)
-
-
-def resume_dir(job_dir: Path, epoch: int) -> Path:
-    return job_dir / "resume" / f"epoch-{epoch:06d}"
 
 
 def file_name(stage: int, rank: int) -> str:
@@ -134,7 +131,7 @@ def prepare_resume(
     for key, tensor in full.items():  # every slice is cut from these: checked once here, not each slice again
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
             raise ResumeError(f"checkpoint {step} holds non-finite values ({key}); not resuming from it")
-    out = resume_dir(job_dir, epoch)
+    out = JobPaths(job_dir).resume(epoch)
     if out.exists():
         shutil.rmtree(out)
     files: dict[str, ResumeFile] = {}
@@ -170,5 +167,4 @@ __all__ = [
     "corrupt_shards",
     "file_name",
     "prepare_resume",
-    "resume_dir",
 ]

@@ -38,7 +38,7 @@ from arceusd.jobs.core import actions, events
 from arceusd.jobs.job import Job
 from arceusd.jobs.manager_base import JobContext, Lifecycle
 from arceusd.jobs.planning import replica_flops_shares
-from arceusd.jobs.recovery import ResumeFile, ResumePoint, file_name, resume_dir
+from arceusd.jobs.recovery import ResumeFile, ResumePoint, file_name
 from arceusd.jobs.supervisor import WorkerFailed
 from partitioner import inputs_bytes, replica_plan_bytes
 from partitioner.replicas import ReplicaPlan, with_devices
@@ -116,13 +116,13 @@ def _resume_files(job: Job, step: int, plan: ReplicaPlan, position: int) -> dict
     """The committed shard of each place, linked (or copied) for the new replica's device there, described by the
     step's signed manifest (what we signed, not read again; blocking: a thread). ``RegrowError`` when the step's
     manifest does not verify or lacks a shard."""
-    folder = step_dir(job.directory / "checkpoints", step)
+    folder = step_dir(job.paths.checkpoints, step)
     try:
         manifest, _ = read_manifest(folder, sorted(job.leaders))
     except CheckpointError as exc:
         raise RegrowError(f"checkpoint {step}: {exc}") from None
     records = {r.name: r for r in manifest.shards}
-    target = resume_dir(job.directory, job.epoch)
+    target = job.paths.resume(job.epoch)
     target.mkdir(parents=True, exist_ok=True)
     out = {}
     for s, stage in enumerate(plan.replicas[position].stages):

@@ -31,9 +31,9 @@ from typing import Any
 from arceusd.data.mnist_files import find_mnist_files
 from arceusd.data.text_files import file_sha256
 from arceusd.jobs.datafacts import mnist_facts
+from arceusd.jobs.job_paths import JobPaths
 from arceusd.jobs.planning import Offer
 
-DATA_FOLDER = "data"
 DATA_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 """What a data file copied to the standby may be called: a plain file name, no path, no leading dot."""
 
@@ -71,7 +71,7 @@ def check_names(kind: str, names: Sequence[str]) -> None:
 
 def copy_entry(job_dir: Path, data: Mapping[str, Any], names: Sequence[str]) -> dict[str, Any]:
     """The data entry of the standby's copy: the spec's entry with its paths pointing into ``<job>/data``."""
-    folder = job_dir / DATA_FOLDER
+    folder = JobPaths(job_dir).data
     out = dict(data)
     if data.get("kind") == "text":
         out["path"] = str(folder / names[0])
@@ -144,7 +144,6 @@ def offers_from_wire(data: bytes, members: Iterable[str]) -> dict[str, Offer]:
 
 
 __all__ = [
-    "DATA_FOLDER",
     "DATA_NAME",
     "StandbyError",
     "check_copy",

@@ -20,7 +20,7 @@ from arceusd.checkpoint import MANIFEST_NAME, CheckpointError, parse_manifest, p
 from arceusd.jobs import leadership
 from arceusd.jobs.core import Role
 from arceusd.jobs.core.events import FollowsOther, StandbyCommitted
-from arceusd.jobs.initial_weights import copy_path, standby_copies
+from arceusd.jobs.initial_weights import standby_copies
 from arceusd.jobs.job import Job
 from arceusd.jobs.manager_base import JobContext, Lifecycle
 from arceusd.jobs.transfers import leader_data
@@ -47,9 +47,7 @@ class StandbySyncing:
         offer = job.members.get(standby)
         if not standby or offer is None:
             return
-        manifest = await trio.to_thread.run_sync(
-            (step_dir(job.directory / "checkpoints", step) / MANIFEST_NAME).read_bytes
-        )
+        manifest = await trio.to_thread.run_sync((step_dir(job.paths.checkpoints, step) / MANIFEST_NAME).read_bytes)
         names = tuple(p.name for p in data_files(leader_data(job)))
         offers = offers_to_wire(job.members[p] for p in sorted(job.members) if p in job.plan_peers())
         sync = StandbySync(job.job_id, step, manifest, shards, names, offers)
@@ -105,9 +103,7 @@ class StandbySyncing:
         offer = job.members.get(job.owner)
         if job.owner == self.ctx.node.identity.peer_id or offer is None:
             return
-        manifest = await trio.to_thread.run_sync(
-            (step_dir(job.directory / "checkpoints", step) / MANIFEST_NAME).read_bytes
-        )
+        manifest = await trio.to_thread.run_sync((step_dir(job.paths.checkpoints, step) / MANIFEST_NAME).read_bytes)
         sync = StandbySync(job.job_id, step, manifest, tuple(names))
         reply = await self.ctx.peers.request(
             offer.address, job.owner, sync, timeout=60.0, job_id=job.job_id, term=job.term, epoch=job.epoch
@@ -132,7 +128,7 @@ class StandbySyncing:
         except CheckpointError as exc:
             log.warning("job %s: refusing the final checkpoint: %s", job.job_id, exc)
             return JobAck(False, f"refused: {exc}")
-        folder = step_dir(job.directory / "checkpoints", msg.step)
+        folder = step_dir(job.paths.checkpoints, msg.step)
         async with job.sync_lock:
             failed = await self.ctx.transfers.copy_step(job, leader, msg, {r.name: r for r in manifest.shards})
             if failed is not None:
@@ -150,7 +146,7 @@ class StandbySyncing:
             data_missing = job.standby_data is None and bool(msg.data_files)
             if data_missing and not await self.ctx.transfers.copy_data(job, leader, msg.data_files):
                 return
-            weights_missing = standby_copies(job.spec.model) and not copy_path(job.directory).is_file()
+            weights_missing = standby_copies(job.spec.model) and not job.paths.weights_copy.is_file()
             if weights_missing and not await self.ctx.transfers.copy_weights(job, leader):
                 return
             failed = await self.ctx.transfers.copy_step(job, leader, msg, {r.name: r for r in manifest.shards})
@@ -159,7 +155,7 @@ class StandbySyncing:
                     "job %s: the leader's shard %s of step %d did not arrive intact", job.job_id, failed, msg.step
                 )
                 return
-            await trio.to_thread.run_sync(prune, job.directory / "checkpoints", job.spec.checkpoint.keep)
+            await trio.to_thread.run_sync(prune, job.paths.checkpoints, job.spec.checkpoint.keep)
             self.life.feed(job, StandbyCommitted(msg.step))
 
 

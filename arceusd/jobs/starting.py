@@ -144,7 +144,8 @@ class Starting:
         job.leading.go_addresses = addresses = {}
         failures: list[tuple[str, str, str]] = []
         reach = {p: o.address for p, o in job.members.items()}  # as planned: a member may leave meanwhile
-        self.ctx.spawn(self.tell_spares, job, start, {p: reach[p] for p in job.spares() if p in reach})
+        planned = set(job.plan_peers())  # (job.spares() waits for the election to name this leader: not yet, here)
+        self.ctx.spawn(self.tell_spares, job, start, {p: a for p, a in reach.items() if p not in planned and p != me})
 
         async def start_one(peer: str) -> None:
             if peer == me:

@@ -30,16 +30,14 @@ import trio
 
 from arceusd.checkpoint import MANIFEST_NAME, SHARD_NAME, atomic_write, file_matches, matches, step_dir
 from arceusd.jobs.initial_weights import (
-    copy_path,
     leader_weights,
     place_layout,
     place_of,
-    slice_path,
     whole_limit,
     write_parts,
 )
 from arceusd.jobs.job import Job
-from arceusd.jobs.recovery import ResumeError, check_file, resume_dir
+from arceusd.jobs.recovery import ResumeError, check_file
 from arceusd.jobs.spec_types import resolve_path
 from arceusd.models.hf.weights_slice import (
     WeightsSliceError,
@@ -153,7 +151,7 @@ class Transfers:
         if data is None:
             raise ResumeError("the leader did not serve it")
         check_file(data, mine)
-        path = resume_dir(job.directory, job.epoch) / mine.name
+        path = job.paths.resume(job.epoch) / mine.name
         await trio.to_thread.run_sync(atomic_write, path, data)
         return ResumeConfig(step, str(path), None)
 
@@ -163,7 +161,7 @@ class Transfers:
         own safetensors file (a file kept from an earlier plan of the same place is checked and used again);
         its path. :class:`WeightsSliceError` (one line) when the leader serves anything else."""
         layout = await trio.to_thread.run_sync(place_layout, job.spec.model, *place)
-        path = slice_path(job.directory, *place)
+        path = job.paths.weights_slice(*place)
         if not await trio.to_thread.run_sync(slice_file_matches, path, layout):
             data = await self.download(
                 job,
@@ -185,7 +183,7 @@ class Transfers:
         """Standby: download the leader's whole weights file and check it against the spec's ``weights_sha256``
         (what it serves and reads if it takes over); a copy that does not match is never kept. The file goes to
         disk chunk by chunk, hashed as it arrives: the daemon never holds the whole model in memory."""
-        path, limit = copy_path(job.directory), whole_limit(job.spec.model)
+        path, limit = job.paths.weights_copy, whole_limit(job.spec.model)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         digest, size, total = hashlib.sha256(), 0, -1
@@ -225,7 +223,7 @@ class Transfers:
         """Copy the leader's shards ``msg.shards`` of step ``msg.step`` (each checked against its manifest record;
         one already here and intact is kept), then the manifest, last: the step is complete here only when all
         of it is. Returns the name of a shard that did not arrive intact (nothing more is written then)."""
-        folder = step_dir(job.directory / "checkpoints", msg.step)
+        folder = step_dir(job.paths.checkpoints, msg.step)
         for name in msg.shards:
             if await trio.to_thread.run_sync(file_matches, folder / name, records[name]):
                 continue
@@ -246,9 +244,9 @@ class Transfers:
         """Standby: download the leader's data files and check them against the spec's digest; a copy that
         does not arrive whole or does not match is removed, never kept half-written."""
         # local: off the daemon's start
-        from arceusd.jobs.standby import DATA_FOLDER, StandbyError, check_copy, copy_entry
+        from arceusd.jobs.standby import StandbyError, check_copy, copy_entry
 
-        folder = job.directory / DATA_FOLDER
+        folder = job.paths.data
         for index, name in enumerate(names):
             data = await self.download(
                 job,
@@ -283,7 +281,7 @@ class Transfers:
             return JobAck(False, "shards go to the job's leader (and the leader's to its standby) only")
         if not SHARD_NAME.match(msg.name):
             return JobAck(False, "bad shard name")
-        return serve_chunk(step_dir(job.directory / "checkpoints", msg.step) / msg.name, msg.offset)
+        return serve_chunk(step_dir(job.paths.checkpoints, msg.step) / msg.name, msg.offset)
 
     async def on_resume_request(self, header: Header, msg: ResumeRequest) -> ShardData | JobAck:
         job = self.jobs.get(msg.job_id)
@@ -291,7 +289,7 @@ class Transfers:
             return JobAck(False, "not the leader of that job")
         if msg.epoch != job.epoch or job.leading.resume_files.get(header.sender) != msg.name:
             return JobAck(False, "that resume slice is not this device's in the current plan")
-        return serve_chunk(resume_dir(job.directory, msg.epoch) / msg.name, msg.offset)
+        return serve_chunk(job.paths.resume(msg.epoch) / msg.name, msg.offset)
 
     async def on_weights_request(self, header: Header, msg: WeightsRequest) -> ShardData | JobAck:
         """A plan member's place's initial weights (the holder works out the place from its own plan; the

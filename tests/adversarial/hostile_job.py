@@ -132,7 +132,7 @@ def install(attack: str, arg: str, after: int) -> None:
             elif attack in ("nan", "finite"):
                 from arceusd.checkpoint import step_dir
 
-                path = step_dir(job.directory / "checkpoints", step) / shard["name"]
+                path = step_dir(job.paths.checkpoints, step) / shard["name"]
                 shard["sha256"], shard["size"] = poison(path, float(arg) if attack == "finite" else float("nan"))
             event = {**event, "shard": shard}
             print(f"hostile: {attack} at step {step}", file=sys.stderr, flush=True)
@@ -150,7 +150,7 @@ def install(attack: str, arg: str, after: int) -> None:
 
             job = self.jobs.get(msg.job_id)
             if job is not None:
-                return serve_chunk(step_dir(job.directory / "checkpoints", msg.step) / real_names[msg.step], msg.offset)
+                return serve_chunk(step_dir(job.paths.checkpoints, msg.step) / real_names[msg.step], msg.offset)
         return await real_serve(self, header, msg)
 
     if attack == "refuse":

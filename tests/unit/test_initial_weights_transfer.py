@@ -15,7 +15,6 @@ import trio
 from safetensors import safe_open
 
 from arceusd.jobs.core import JobCore, JobState, Role, Stamp
-from arceusd.jobs.initial_weights import copy_path
 from arceusd.jobs.job import Job
 from arceusd.jobs.spec import load_spec
 from arceusd.jobs.transfers import Transfers, job_weights
@@ -105,13 +104,13 @@ def test_the_standby_keeps_a_checked_whole_copy_and_serves_it_once_it_leads(tmp_
     _, leader_job, standby, job = _pair(tmp_path, STANDBY)
     job.standby = STANDBY
     assert trio.run(standby.copy_weights, job, LEADER)
-    assert copy_path(job.directory).read_bytes() == (tmp_path / "w.safetensors").read_bytes()
+    assert job.paths.weights_copy.read_bytes() == (tmp_path / "w.safetensors").read_bytes()
     job.core.leader, job.core.role = STANDBY, Role.MEMBER  # it took over: it serves its copy
-    assert job_weights(job) == copy_path(job.directory)
+    assert job_weights(job) == job.paths.weights_copy
     (tmp_path / "w.safetensors").write_bytes(b"\0" * 64)  # the owner's file changed: the copy is not taken
-    copy_path(job.directory).unlink()
+    job.paths.weights_copy.unlink()
     job.core.leader = LEADER
-    assert not trio.run(standby.copy_weights, job, LEADER) and not copy_path(job.directory).exists()
+    assert not trio.run(standby.copy_weights, job, LEADER) and not job.paths.weights_copy.exists()
     with pytest.raises(WeightsSliceError, match="did not serve"):  # nor a slice of a changed file
         trio.run(standby.fetch_weights, job, LEADER, (2, 4))
     assert leader_job.role == Role.OWNER

@@ -12,7 +12,8 @@ import pytest
 
 from arceusd.jobs.core import JobCore, JobState, Role
 from arceusd.jobs.job import Job
-from arceusd.jobs.known import MEMBER_FILE, KnownJob, known_jobs, member_record, parse_record, read_records
+from arceusd.jobs.job_paths import MEMBER_FILE
+from arceusd.jobs.known import KnownJob, known_jobs, member_record, parse_record, read_records
 from arceusd.jobs.view import job_line
 from arceusd.market.ledger import JobReceipts, job_receipts
 from arceusd.market.receipts import countersign, sign_leader
@@ -76,8 +77,8 @@ def test_records_are_read_from_the_jobs_directory_and_a_bad_one_is_skipped(tmp_p
     (tmp_path / JOB2 / MEMBER_FILE).write_text("{not json")
     (tmp_path / ("f" * 32)).mkdir()
     (tmp_path / ("f" * 32) / MEMBER_FILE).write_text(" " * (64 * 1024 + 1))
-    assert list(read_records(tmp_path, "owner.json")) == [JOB]
-    assert read_records(tmp_path / "none", "owner.json") == {}
+    assert list(read_records(tmp_path)) == [JOB]
+    assert read_records(tmp_path / "none") == {}
 
 
 def test_jobs_held_are_not_listed_twice_and_the_rest_show_what_they_paid(tmp_path: Path) -> None:

@@ -648,11 +648,11 @@ class JobCore:
         return [a.RecoveryCause(reason)]
 
     def _finish(self, state: JobState, error: str) -> list[a.Action]:
-        """End the job: tell the plan's members (and the owner) when we lead, then leave the election."""
+        """End the job: tell its members (the plan's, the owner, and the spares, which would otherwise still say
+        they are one) when we lead, then leave the election."""
         peers: tuple[str, ...] = ()
         if self.lead is not None and self.leads:
-            told = set(self.lead.plan) | ({self.owner} & self.lead.members)
-            peers = tuple(sorted(p for p in told if p != self.me and p in self.lead.members))
+            peers = tuple(sorted(p for p in self.lead.members if p != self.me))
         self.state, self.error = state, error
         out: list[a.Action] = [a.StopWorkers(self.stamp, peers, state.value), a.Finish(state, error)]
         if lifecycle.ends_election(state):
