@@ -17,6 +17,8 @@ from click.testing import CliRunner
 
 from arceusd.cli import cli
 from arceusd.jobs.core import JobCore
+from arceusd.jobs.core import actions as a
+from arceusd.jobs.core import events as e
 from arceusd.jobs.driver import job_timing
 from arceusd.jobs.job import Job
 from arceusd.jobs.planning import Offer
@@ -190,3 +192,17 @@ def test_a_typical_step_leaves_out_the_first_steps_and_the_slowest_intervals() -
     assert typical_step(points) == pytest.approx(0.01)
     assert typical_step(points[::2]) == pytest.approx(0.01)  # a halved history: per step
     assert typical_step(points[:5]) == 0.0  # too few to say
+
+
+def test_the_end_of_a_job_reaches_its_spares() -> None:
+    """A spare was never told the job ended (only the plan's members were): its own status still said spare,
+    then 'paused: the job's leader is left'."""
+    me, b, c = "a" * 32, "b" * 32, "c" * 32
+    core = JobCore.owned(me, 20, min_members=3)
+    core.handle(e.MemberJoined(b), 0.0)
+    core.handle(e.MemberJoined(c), 0.0)
+    core.handle(e.PlanFound((me, b), b, ()), 0.0)  # c left out: a spare
+    core.handle(e.StartAnswered(core.stamp), 0.0)
+    core.handle(e.GoAnswered(core.stamp), 0.0)
+    out = core.handle(e.Cancel(), 0.0)
+    assert [x.peers for x in out if isinstance(x, a.StopWorkers)] == [(b, c)]
