@@ -30,7 +30,8 @@ from arceusd.jobs.core import actions as a
 from arceusd.jobs.core import events as e
 from arceusd.jobs.job import Job, Recovery
 from arceusd.jobs.transfers import job_weights, leader_data
-from arceusd.market.timings import JobTiming, record_timing, typical_step
+from arceusd.market.forecast import count_evals
+from arceusd.market.timings import JobTiming, pause_of, record_timing, typical_step
 from arceusd.membership.events import MemberState
 from protocol.job_wire import JobStop
 
@@ -56,8 +57,11 @@ def job_timing(job: Job, now: float) -> JobTiming | None:
         return None  # (a restored job resumes past step 1)
     rp = job.replica_plan
     predicted = rp.predicted_step_time_s if rp is not None else 0.0
-    step = typical_step([(s, at) for (s, _), at in zip(job.history, job.history_at, strict=False)])
+    points = [(s, at) for (s, _), at in zip(job.history, job.history_at, strict=False)]
+    step = typical_step(points)
     ratio = step / predicted if predicted > 0 else 0.0
+    t = job.spec.training  # the points that held a checkpoint or an evaluation, before the last step
+    pauses = count_evals(t.steps, job.spec.checkpoint.interval_steps, t.eval_interval_steps) - 1
     return JobTiming(
         type(job.spec.model).__name__,
         round(job.first_step_at - job.created, 3),
@@ -68,6 +72,7 @@ def job_timing(job: Job, now: float) -> JobTiming | None:
         round(predicted, 6),
         len(job.plan_peers()),
         slowest_link(job.leading.links),
+        round(pause_of(points, step, pauses), 4),
     )
 
 

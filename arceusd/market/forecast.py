@@ -49,7 +49,7 @@ from arceusd.jobs.planning import Offer, make_job_plan
 from arceusd.jobs.spec_types import JobSpec, MnistDataSpec
 from arceusd.market.needs import pay
 from arceusd.market.pricing import NEUTRAL, Demand
-from arceusd.market.timings import JobTiming, Term, end_term, measured_link, start_term, step_term
+from arceusd.market.timings import JobTiming, Term, end_term, measured_link, pause_term, start_term, step_term
 from arceusd.models.costs import block_costs
 from partitioner import Link, ReplicaPlan
 
@@ -127,6 +127,9 @@ class Forecast:
     """The terms this daemon has not measured (figures from another machine)."""
     steps_usd: float = 0.0
     """The bill's part for the steps, checkpoints and evaluations (without the start)."""
+    pause_s: float = -1.0
+    """What a checkpoint or an evaluation adds, each, as this daemon measured it (-1: priced as
+    ``checkpoint_s`` and ``eval_s``)."""
 
     @property
     def hours(self) -> float:
@@ -137,14 +140,20 @@ class Forecast:
         """What the paid devices cost together per hour of the job."""
         return sum(p.usd_per_hour for p in self.paid)
 
+    def _pauses(self) -> str:
+        if self.pause_s >= 0:
+            return f"{self.evals} checkpoint/evaluation point(s) x {self.pause_s:.2f} s"
+        return (
+            f"{self.checkpoints} checkpoint(s) x {self.checkpoint_s:.2f} s + {self.evals} eval(s) x {self.eval_s:.2f} s"
+        )
+
     def lines(self) -> list[str]:
         """The forecast for people (``arceusd submit --quote``)."""
         return [
             f"plan      {len(self.devices)} device(s), predicted {1000 * self.predicted_step_s:.1f} ms/step "
             f"(the planner's model)",
             f"time      {_secs(self.seconds)} ({_secs(self.low_s)} to {_secs(self.high_s)}): start {self.start_s:.1f} s"
-            f" + {self.steps} steps x {1000 * self.step_s:.1f} ms + {self.checkpoints} checkpoint(s) x "
-            f"{self.checkpoint_s:.2f} s + {self.evals} eval(s) x {self.eval_s:.2f} s + end {self.end_s:.1f} s",
+            f" + {self.steps} steps x {1000 * self.step_s:.1f} ms + {self._pauses()} + end {self.end_s:.1f} s",
             f"cost      ${self.usd:.6f} (${self.low_usd:.6f} to ${self.high_usd:.6f}) for {len(self.paid)} paid "
             f"device(s) at ${self.usd_per_hour:.4f}/h together: your own is not billed",
             *(f"{term:<9} {source}" for term, source in self.sources),
@@ -274,14 +283,18 @@ def from_plan(
     checkpoints = count_checkpoints(t.steps, interval)
     evals = count_evals(t.steps, interval, t.eval_interval_steps)
 
-    def work(f: float) -> float:  # the steps, checkpoints and evaluations at a step factor f
+    pause = pause_term(timings, type(spec.model).__name__, rp.predicted_step_time_s)
+
+    def work(f: float, p: float | None) -> float:  # the steps at a step factor f, the pauses p each (None: priced)
         step = rp.predicted_step_time_s * f
-        return t.steps * step + checkpoints * CHECKPOINT_S + evals * eval_seconds(spec, step)
+        pauses = checkpoints * CHECKPOINT_S + evals * eval_seconds(spec, step) if p is None else evals * p
+        return t.steps * step + pauses
 
     step_s = rp.predicted_step_time_s * factor.value
-    seconds = start.value + work(factor.value) + end.value
-    low_s = start.low + work(factor.low) * (1.0 - LOW_SHARE) + end.low
-    high_s = start.high + work(factor.high) * (1.0 + HIGH_SHARE) + end.high
+    mid, least, most = (None, None, None) if pause is None else (pause.value, pause.low, pause.high)
+    seconds = start.value + work(factor.value, mid) + end.value
+    low_s = start.low + work(factor.low, least) * (1.0 - LOW_SHARE) + end.low
+    high_s = start.high + work(factor.high, most) * (1.0 + HIGH_SHARE) + end.high
     by_id = {o.peer_id: o for o in offers}
     cap = float(spec.needs.max_price_per_hour)
     paid = tuple(
@@ -291,14 +304,22 @@ def from_plan(
     )
     per_s = sum(p.usd_per_hour for p in paid) / 3600.0
     billed_start = min(start.value, START_S) * (1.0 - UNBILLED_START_S / START_S)  # a first job waits unbilled
-    usd = (work(factor.value) + billed_start) * per_s
-    low_usd = work(factor.low) * (1.0 - LOW_SHARE) * per_s
-    high_usd = (work(factor.high) * (1.0 + HIGH_SHARE) + billed_start) * per_s
+    usd = (work(factor.value, mid) + billed_start) * per_s
+    low_usd = work(factor.low, least) * (1.0 - LOW_SHARE) * per_s
+    high_usd = (work(factor.high, most) * (1.0 + HIGH_SHARE) + billed_start) * per_s
     sources = (
         ("start", f"{start.value:.1f} s ({start.low:.1f} to {start.high:.1f} s), {start.source}"),
         ("end", f"{end.value:.1f} s ({end.low:.1f} to {end.high:.1f} s), {end.source}"),
         ("step", f"x{factor.value:.2f} the plan's ({factor.low:.2f} to {factor.high:.2f}), {factor.source}"),
+        (
+            "pauses",
+            f"assumed: {CHECKPOINT_S:g} s a checkpoint and a forward pass of the evaluation batches (this daemon has "
+            "measured none for a job like it)"
+            if pause is None
+            else f"{pause.value:.2f} s each ({pause.low:.2f} to {pause.high:.2f} s), {pause.source}",
+        ),
     )
+    measured = (("start", start), ("end", end), ("step", factor))
     return Forecast(
         devices,
         rp.predicted_step_time_s,
@@ -319,8 +340,9 @@ def from_plan(
         high_usd,
         factor.value,
         sources,
-        tuple(name for name, term in (("start", start), ("end", end), ("step", factor)) if not term.measured),
-        work(factor.value) * per_s,
+        tuple(name for name, term in measured if not term.measured) + (("pauses",) if pause is None else ()),
+        work(factor.value, mid) * per_s,
+        -1.0 if pause is None else pause.value,
     )
 
 

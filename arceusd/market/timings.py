@@ -14,7 +14,8 @@ fitted on one machine is wrong on another, so each daemon keeps what its own job
   its links: on a 2-core machine 0.3 s for the MNIST MLP and 1.5-2.8 s for a char-GPT on one device, 1.9-3.3 s on
   two), the range from the fastest to the slowest of them;
 - end: the median of its past jobs of the same model config (a GPT's export is not an MLP's), the range likewise;
-- step factor (a typical step, :func:`typical_step`, over the plan's predicted step): the median of its past
+- pause (what a checkpoint or an evaluation adds, per point that holds one: :func:`pause_term`) and step factor
+  (a typical step, :func:`typical_step`, over the plan's predicted step): the median of its past
   jobs of the same model config whose plan predicted a step within :data:`LIKE_STEP` of this one's (the planner's
   error depends on the model's size: 1.6x for a 2-layer, 64-wide char-GPT and 1.8x for a 4-layer, 128-wide one,
   0.5x for the MNIST MLP, measured on the same 2-core machine), the range likewise.
@@ -66,8 +67,7 @@ class JobTiming:
     first: bool
     """The daemon's first job since it started."""
     step_ratio: float = 0.0
-    """The measured step (first to last step, less the checkpoints and evaluations, over the steps between) over
-    the plan's predicted step (0: not measured)."""
+    """The typical step (:func:`typical_step`) over the plan's predicted step (0: not measured)."""
     at: float = 0.0
     """Unix time it ended."""
     predicted_step_s: float = 0.0
@@ -77,6 +77,9 @@ class JobTiming:
     link: tuple[float, float, float] = (0.0, 0.0, 0.0)
     """The slowest link the leader measured to a member: round trip (s), bandwidth (bytes/s), per-message cost (s);
     zeros: none measured (a job alone)."""
+    pause_s: float = -1.0
+    """What a checkpoint or an evaluation added to the run, per point that held one before the last step: the
+    span from the first to the last step less the typical steps, over those points (-1: not measured)."""
 
 
 @dataclass(frozen=True)
@@ -174,14 +177,7 @@ def step_term(records: Sequence[JobTiming], model: str, predicted_step_s: float,
     """The measured step over the plan's predicted step for a ``model`` job whose plan predicts
     ``predicted_step_s``, from ``records`` of that model and a like predicted step (:data:`LIKE_STEP`); else
     ``assumed``."""
-    ratios = [
-        r.step_ratio
-        for r in records
-        if r.model == model
-        and r.step_ratio > 0
-        and r.predicted_step_s > 0
-        and 1 / LIKE_STEP <= predicted_step_s / r.predicted_step_s <= LIKE_STEP
-    ]
+    ratios = [r.step_ratio for r in records if r.step_ratio > 0 and _like(r, model, predicted_step_s)]
     if ratios:
         return _term(ratios, f"{model} jobs' measured step over the plan's, of a like predicted step")
     return _assumed(
@@ -190,6 +186,35 @@ def step_term(records: Sequence[JobTiming], model: str, predicted_step_s: float,
         ASSUMED_STEP_LOW,
         ASSUMED_STEP_HIGH,
     )
+
+
+def _like(r: JobTiming, model: str, predicted_step_s: float) -> bool:
+    return (
+        r.model == model
+        and r.predicted_step_s > 0
+        and 1 / LIKE_STEP <= predicted_step_s / r.predicted_step_s <= LIKE_STEP
+    )
+
+
+def pause_term(records: Sequence[JobTiming], model: str, predicted_step_s: float) -> Term | None:
+    """What a checkpoint or an evaluation adds to a ``model`` job whose plan predicts ``predicted_step_s``, per
+    point that holds one, from ``records`` of that model and a like predicted step (None: not measured; the
+    quote then prices them as :data:`arceusd.market.forecast.CHECKPOINT_S` and a forward pass of the evaluation
+    batches). An MNIST MLP's checkpoints and evaluations added about nothing on a 2-core machine, where 0.15 s a
+    checkpoint was assumed."""
+    pauses = [r.pause_s for r in records if r.pause_s >= 0 and _like(r, model, predicted_step_s)]
+    return (
+        _term(pauses, f"{model} jobs' pause per checkpoint or evaluation, of a like predicted step") if pauses else None
+    )
+
+
+def pause_of(points: Sequence[tuple[int, float]], step_s: float, pause_points: int) -> float:
+    """:attr:`JobTiming.pause_s` of a run whose (step, wall time) ``points`` hold ``pause_points`` checkpoints or
+    evaluations before the last step, at a typical step ``step_s`` (-1: not enough to say)."""
+    if len(points) < 2 or step_s <= 0 or pause_points <= 0:
+        return -1.0
+    (s1, t1), (s2, t2) = points[0], points[-1]
+    return max(t2 - t1 - (s2 - s1) * step_s, 0.0) / pause_points
 
 
 def read_timings(state_dir: Path) -> list[JobTiming]:
@@ -207,6 +232,7 @@ def read_timings(state_dir: Path) -> list[JobTiming]:
                 float(r.get("predicted_step_s", 0.0)),
                 int(r.get("devices", 0)),
                 _link(r.get("link")),
+                float(r.get("pause_s", -1.0)),
             )
             for r in raw
         ]
@@ -247,6 +273,8 @@ __all__ = [
     "Term",
     "end_term",
     "measured_link",
+    "pause_of",
+    "pause_term",
     "read_timings",
     "record_timing",
     "start_term",

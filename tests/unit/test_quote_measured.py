@@ -51,8 +51,8 @@ def test_the_quote_takes_start_end_and_step_from_what_this_daemon_measured() -> 
     one: the quote now uses what this daemon measured, and says which terms it assumed."""
     spec, offers = gpt(), [offer(OWNER)]
     assumed = forecast(spec, offers, OWNER)
-    assert assumed.assumed == ("start", "end", "step")
-    assert sum("assumed:" in line for line in assumed.lines()) == 3
+    assert assumed.assumed == ("start", "end", "step", "pauses")
+    assert sum("assumed:" in line for line in assumed.lines()) == 4
     predicted = assumed.predicted_step_s
     past = [
         JobTiming("GPTConfig", 1.2, 0.9, False, 1.1, 0.0, predicted),
@@ -61,7 +61,7 @@ def test_the_quote_takes_start_end_and_step_from_what_this_daemon_measured() -> 
         JobTiming("GPTConfig", 1.4, 1.0, False, 3.0, 0.0, predicted * 4),  # a much larger step: not its factor
     ]
     f = forecast(spec, offers, OWNER, timings=past)
-    assert f.assumed == ()
+    assert f.assumed == ("pauses",)  # none of them measured its checkpoints' and evaluations' pauses
     assert f.start_s == pytest.approx(1.4) and f.end_s == pytest.approx(1.0) and f.step_factor == pytest.approx(1.0)
     assert f.step_s == pytest.approx(predicted)
     work = f.steps * f.step_s + f.checkpoints * f.checkpoint_s + f.evals * f.eval_s
@@ -70,6 +70,10 @@ def test_the_quote_takes_start_end_and_step_from_what_this_daemon_measured() -> 
     at_lowest_factor = (f.steps * f.step_s + f.evals * f.eval_s) * 0.9 + f.checkpoints * f.checkpoint_s
     assert f.low_s == pytest.approx(1.2 + at_lowest_factor * 0.8 + 0.9)  # the fastest past jobs' terms, -20 %
     assert sum("measured:" in line for line in f.lines()) == 3
+    paused = forecast(spec, offers, OWNER, timings=[replace(r, pause_s=0.05) for r in past[:2]])
+    assert paused.assumed == () and paused.pause_s == pytest.approx(0.05)  # an MLP's pauses: about nothing
+    assert paused.seconds == pytest.approx(1.4 + f.steps * f.step_s + f.evals * 0.05 + 1.0)
+    assert f"{f.evals} checkpoint/evaluation point(s) x 0.05 s" in paused.lines()[1]
     first = forecast(spec, offers, OWNER, first_job=True, timings=past)  # its first jobs: one measured (5.0 s)
     assert first.start_s == pytest.approx(5.0)
     no_first = forecast(spec, offers, OWNER, first_job=True, timings=past[:2])  # none: the later ones + a wait
@@ -91,6 +95,7 @@ def test_the_daemon_keeps_what_its_finished_job_took_and_the_quote_reads_it(tmp_
     assert timing.start_s == pytest.approx(3.0) and timing.end_s == pytest.approx(2.5)
     assert timing.step_ratio == pytest.approx(2.0) and timing.predicted_step_s == 0.005  # 0.01 s a step
     assert timing.link == (0.0, 0.0, 0.0)  # it measured no link (a job alone)
+    assert timing.pause_s == pytest.approx(0.0)  # its checkpoints and evaluations added nothing here
     job.leading.links = {"a": {"rtt_ms": 0.5, "bandwidth_mb_s": 80.0, "message_ms": 2.0}}
     linked = job_timing(job, 1032.5)
     assert linked is not None and linked.link == pytest.approx((5e-4, 8e7, 2e-3))
