@@ -9,15 +9,22 @@ time by the leader's loop (:meth:`Driver.run_queue`), each feeding back what cam
 is dropped by the core. ``Refuse`` and ``LetWorkerGo`` are answers for the handler that fed the event: it finds
 them in the list :meth:`feed` returns.
 
-Where each action's I/O lives: planning, starting and ``go`` in :mod:`arceusd.jobs.starting`; commits in
-:mod:`arceusd.jobs.commits`; the standby's and owner's copies in :mod:`arceusd.jobs.standby_sync`; the hand-over
-in :mod:`arceusd.jobs.joining`; the export in a child process (:func:`arceusd.jobs.filework.export_model`).
+Who carries out an action is looked up in an :class:`ActionTable` (issue 32: ports, not back-pointers): the
+composition root (:class:`arceusd.jobs.manager.JobManager`) registers the parts' handlers (planning, starting and
+``go`` in :mod:`arceusd.jobs.starting`; commits in :mod:`arceusd.jobs.commits`; the standby's and owner's copies
+in :mod:`arceusd.jobs.standby_sync`; the hand-over in :mod:`arceusd.jobs.joining`; replica drops and rebuilds;
+announcing, the election and the take-over of the manager itself), the driver its own (recoveries, the export in
+a child process: :func:`arceusd.jobs.filework.export_model`, the end). Besides the table the driver is handed
+only what it uses (:class:`DriverPorts`): this device's id and state folder, the peer service, and the manager's
+persist, spawn, leads and untrack.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -36,13 +43,6 @@ from arceusd.membership.events import MemberState
 from protocol.job_wire import JobStop
 
 if TYPE_CHECKING:
-    from arceusd.jobs.commits import Commits
-    from arceusd.jobs.joining import Joining
-    from arceusd.jobs.regrow import Regrowing
-    from arceusd.jobs.replica_drop import ReplicaDrops
-    from arceusd.jobs.standby_sync import StandbySyncing
-    from arceusd.jobs.starting import Starting
-    from arceusd.node import Node
     from arceusd.peers import PeerService
 
 log = logging.getLogger(__name__)
@@ -96,19 +96,37 @@ STOP_TIMEOUT_S = 10.0
 """How long a leader waits for a member to acknowledge its stop."""
 
 
-class DriverPorts(Protocol):
-    """What the driver uses of the job manager (``arceusd.jobs.manager.JobManager`` has it all): the node and
-    its peers, the parts that carry out the long actions, and the manager's own bookkeeping. A port, not the
-    manager's class: the manager imports this module (issue 32: the import cycle it closed)."""
+QuickHandler = Callable[[Job, Any], None]
+"""Carries out one action at once (it may spawn a task): ``(job, action)``."""
+LongHandler = Callable[[Job, Any], Awaitable[None]]
+"""Carries out one long action from the leader's loop, to its end: ``(job, action)``."""
 
-    node: Node
+
+@dataclass
+class ActionTable:
+    """Who carries out each of the core's actions: ``quick`` ones at once, ``long`` ones (:data:`LONG_ACTIONS`)
+    one at a time from the leader's loop. An action with no handler is one the driver or the caller of
+    :meth:`Driver.feed` answers itself (``StopWorkers``, ``UntrackElection``, ``Refuse``, ``LetWorkerGo``)."""
+
+    quick: dict[type[a.Action], QuickHandler] = field(default_factory=dict)
+    long: dict[type[a.Action], LongHandler] = field(default_factory=dict)
+
+    def on(self, kind: type[a.Action], handler: QuickHandler) -> None:
+        if kind in self.quick or kind in self.long:
+            raise ValueError(f"{kind.__name__} has a handler already (a bug: one part carries out each action)")
+        self.quick[kind] = handler
+
+    def on_long(self, kind: type[a.Action], handler: LongHandler) -> None:
+        if kind in self.quick or kind in self.long or kind not in LONG_ACTIONS:
+            raise ValueError(f"{kind.__name__} is not a long action without a handler (a bug)")
+        self.long[kind] = handler
+
+
+class DriverPorts(Protocol):
+    """What the driver uses of the job manager besides the action table: the peer service (who is alive, the
+    handshake, requests) and the manager's own bookkeeping."""
+
     peers: PeerService
-    commits: Commits
-    joining: Joining
-    starting: Starting
-    drops: ReplicaDrops
-    regrow: Regrowing
-    standbys: StandbySyncing
 
     def persist(self, job: Job) -> None: ...
 
@@ -116,20 +134,34 @@ class DriverPorts(Protocol):
 
     def leads(self, job: Job) -> bool: ...
 
-    def track(self, job: Job, members: list[str], ranking: list[str]) -> None: ...
-
     def untrack(self, job: Job) -> None: ...
-
-    def announce_to_new_peers(self, job: Job) -> None: ...
-
-    async def take_over(self, job: Job) -> None: ...
 
 
 class Driver:
     """Carries out a job core's actions for the manager (see the module docstring)."""
 
-    def __init__(self, manager: DriverPorts) -> None:
-        self.m = manager
+    def __init__(
+        self,
+        ports: DriverPorts,
+        table: ActionTable,
+        me: str,
+        state_root: Path,
+        sync_owner: Callable[[Job, int, list[str]], Awaitable[None]],
+    ) -> None:
+        """``me``: this device's peer id; ``state_root``: its state folder (the quote's timings);
+        ``sync_owner``: hands the owner a final checkpoint it lacks (:mod:`arceusd.jobs.standby_sync`)."""
+        self.ports, self.me, self.state_root, self.sync_owner = ports, me, state_root, sync_owner
+        self.table = table
+        table.on(a.CancelStart, self._cancel_start)
+        table.on(a.StartRecovery, self._start_recovery)
+        table.on(a.Export, lambda job, action: ports.spawn(self._export_committed, job, action.step))
+        table.on(a.Pause, lambda job, action: log.warning("job %s: paused: %s", job.job_id, action.reason))
+        table.on(a.Resume, lambda job, _: log.info("job %s: capacity returned; planning again", job.job_id))
+        table.on(a.Exclude, self._exclude)
+        table.on(a.Persist, lambda job, _: ports.persist(job))
+        table.on(a.Finish, self._finish)
+        table.on(a.RecoveryCause, self._recovery_cause)  # (was dropped unrun: run_queue never got it)
+        table.on_long(a.CheckReachable, self._check_reachable)
 
     # ------------------------------------------------------------------------------------------ feeding
     def feed(self, job: Job, event: e.Event) -> list[a.Action]:
@@ -140,7 +172,7 @@ class Driver:
         self._reconcile_members(job)
         self.execute(job, out)
         if job.role != Role.OWNER and (job.role, job.state) != before:
-            self.m.persist(job)  # a member's record of the job (arceusd.jobs.known): listed after a restart
+            self.ports.persist(job)  # a member's record of the job (arceusd.jobs.known): listed after a restart
         return out
 
     def _reconcile_members(self, job: Job) -> None:
@@ -150,7 +182,7 @@ class Driver:
         lead = job.core.lead
         if lead is None or not job.core.leads:
             return
-        me = self.m.node.identity.peer_id
+        me = self.me
         for peer in [p for p in job.members if p not in lead.members and p != me]:
             del job.members[peer]
             job.leading.announced.discard(peer)
@@ -169,63 +201,36 @@ class Driver:
                 self._stop_workers(job, action, untrack_after_stops)
             elif isinstance(action, a.UntrackElection):
                 if not untrack_after_stops:
-                    self.m.untrack(job)
+                    self.ports.untrack(job)
             else:
                 self._quick(job, action)
         if queued:
             job.poke()
 
     def _quick(self, job: Job, action: a.Action) -> None:
-        m = self.m
-        if isinstance(action, a.Announce):
-            m.announce_to_new_peers(job)
-        elif isinstance(action, a.TrackElection):
-            m.track(job, list(action.members), list(action.ranking))
-        elif isinstance(action, a.CancelStart):
-            job.leading.queue.clear()  # what was queued belongs to the plan being cut short
-            if job.leading.start_scope is not None:
-                job.leading.start_scope.cancel()
-        elif isinstance(action, a.StartRecovery):
-            self._start_recovery(job, action)
-        elif isinstance(action, a.Commit):
-            m.spawn(m.commits.commit, job, action)
-        elif isinstance(action, a.SyncStandby):
-            shards = job.leading.committed_shards.get(action.step, {})
-            m.spawn(
-                m.standbys.sync_standby,
-                job,
-                action.step,
-                tuple(name for peer, name in sorted(shards.items()) if peer != job.standby),
-            )
-        elif isinstance(action, a.Export):
-            m.spawn(self._export_committed, job, action.step)
-        elif isinstance(action, a.Pause):
-            log.warning("job %s: paused: %s", job.job_id, action.reason)
-        elif isinstance(action, a.Resume):
-            log.info("job %s: capacity returned; planning again", job.job_id)
-        elif isinstance(action, a.PrepareTakeover):
-            m.spawn(m.take_over, job)
-        elif isinstance(action, a.HandOver):
-            m.spawn(m.joining.hand_over, job, action.leader)
-        elif isinstance(action, a.DropReplica):
-            m.drops.drop(job, action)
-        elif isinstance(action, a.ReleaseHold):
-            m.spawn(m.regrow.release, job)
-        elif isinstance(action, a.Exclude):
-            log.warning("job %s: member %s excluded: %s", job.job_id, action.peer[:12], action.reason)
-            job.leading.excluded.setdefault(action.peer, f"member {action.peer} excluded: {action.reason}"[:300])
-        elif isinstance(action, a.Persist):
-            m.persist(job)
-        elif isinstance(action, a.Finish):
-            if action.error:
-                log.warning("job %s: %s: %s", job.job_id, action.state.value, action.error)
-            else:
-                log.info("job %s: %s", job.job_id, action.state.value)
-            if action.state == JobState.DONE and job.role == Role.OWNER:
-                self._record_timing(job)
-            job.finished.set()
-            job.poke()
+        handler = self.table.quick.get(type(action))
+        if handler is not None:
+            handler(job, action)
         # Refuse and LetWorkerGo answer the message that caused them: the handler that fed it carries them out.
+
+    def _cancel_start(self, job: Job, _: a.CancelStart) -> None:
+        job.leading.queue.clear()  # what was queued belongs to the plan being cut short
+        if job.leading.start_scope is not None:
+            job.leading.start_scope.cancel()
+
+    def _exclude(self, job: Job, action: a.Exclude) -> None:
+        log.warning("job %s: member %s excluded: %s", job.job_id, action.peer[:12], action.reason)
+        job.leading.excluded.setdefault(action.peer, f"member {action.peer} excluded: {action.reason}"[:300])
+
+    def _finish(self, job: Job, action: a.Finish) -> None:
+        if action.error:
+            log.warning("job %s: %s: %s", job.job_id, action.state.value, action.error)
+        else:
+            log.info("job %s: %s", job.job_id, action.state.value)
+        if action.state == JobState.DONE and job.role == Role.OWNER:
+            self._record_timing(job)
+        job.finished.set()
+        job.poke()
 
     def _record_timing(self, job: Job) -> None:
         """What the job's start, end and steps took on this daemon, kept for its quotes
@@ -234,28 +239,18 @@ class Driver:
         if timing is None:
             return
         try:
-            record_timing(self.m.node.paths.root, timing)
+            record_timing(self.state_root, timing)
         except OSError as exc:
             log.warning("job %s: cannot keep its timings for the quote: %s", job.job_id, exc)
 
     # ------------------------------------------------------------------------------------------ the leader loop's
     async def run_queue(self, job: Job) -> None:
         """Run the queued long actions in order while this device leads the job."""
-        m = self.m
-        while job.leading.queue and m.leads(job) and not job.core.terminal:
+        while job.leading.queue and self.ports.leads(job) and not job.core.terminal:
             action = job.leading.queue.popleft()
-            if isinstance(action, a.Plan):
-                await m.starting.plan(job)
-            elif isinstance(action, a.SendStart):
-                await m.starting.start(job, action)
-            elif isinstance(action, a.SendGo):
-                await m.starting.go_round(job, action)
-            elif isinstance(action, a.RecoveryCause):
-                self._recovery_cause(job, action)
-            elif isinstance(action, a.CheckReachable):
-                await self._check_reachable(job, action)
-            elif isinstance(action, a.Regrow):
-                await m.regrow.regrow(job, action)
+            handler = self.table.long.get(type(action))
+            if handler is not None:
+                await handler(job, action)
 
     def _start_recovery(self, job: Job, action: a.StartRecovery) -> None:
         """A repartition begins: record it (the same incident keeps its start), forget the old plan."""
@@ -281,7 +276,7 @@ class Driver:
         membership sees it live: it asked to join moments ago, and a daemon that just restarted can be too busy
         to answer a handshake in time, while a leader that is not the owner could never invite it back (only
         the owner announces jobs). If it then fails to start, the next restart drops it."""
-        m = self.m
+        m = self.ports
         live = {
             p for p, mem in m.peers.membership.members.items() if mem.state in (MemberState.ALIVE, MemberState.SUSPECT)
         }
@@ -291,12 +286,12 @@ class Driver:
 
     async def reachable(self, job: Job, peers: list[str], timeout: float = 1.0) -> set[str]:
         """The members among ``peers`` whose daemon answers a handshake within ``timeout`` (and ourselves)."""
-        me = self.m.node.identity.peer_id
+        me = self.me
         answered = {me}
 
         async def probe(peer: str) -> None:
             offer = job.members.get(peer)
-            if offer is not None and await self.m.peers.hello(offer.address, timeout) is not None:
+            if offer is not None and await self.ports.peers.hello(offer.address, timeout) is not None:
                 answered.add(peer)
 
         async with trio.open_nursery() as nursery:
@@ -309,7 +304,7 @@ class Driver:
     def _stop_workers(self, job: Job, action: a.StopWorkers, untrack: bool) -> None:
         """Detach this device's worker now (a newer plan's must not be the one stopped) and stop it; tell
         ``action.peers`` (the live ones) the plan stopped, then leave the election when the job ended."""
-        m = self.m
+        m = self.ports
         if action.local:
             worker, job.worker = job.worker, None
             if worker is not None:
@@ -340,7 +335,7 @@ class Driver:
         m.spawn(tell)
 
     async def _send_stop(self, job: Job, peer: str, stop: JobStop, address: str) -> None:
-        await self.m.peers.request(
+        await self.ports.peers.request(
             address, peer, stop, timeout=STOP_TIMEOUT_S, job_id=job.job_id, term=stop.term, epoch=job.epoch
         )
 
@@ -349,7 +344,7 @@ class Driver:
         """The final checkpoint is committed: hand it to the owner when this leader is not the owner, then
         assemble the model here."""
         names = sorted(job.leading.committed_shards.get(step, {}).values())
-        await self.m.standbys.sync_owner(job, step, names)
+        await self.sync_owner(job, step, names)
         folder = step_dir(job.paths.checkpoints, step)
         await self.export(job, step, [folder / name for name in names])
 
@@ -369,4 +364,4 @@ class Driver:
         self.feed(job, e.ExportDone(str(path)))
 
 
-__all__ = ["LONG_ACTIONS", "STOP_TIMEOUT_S", "Driver"]
+__all__ = ["LONG_ACTIONS", "STOP_TIMEOUT_S", "ActionTable", "Driver", "DriverPorts", "LongHandler", "QuickHandler"]

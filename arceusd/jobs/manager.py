@@ -70,7 +70,7 @@ from arceusd.jobs.control_methods import ControlMethods
 from arceusd.jobs.core import JobState, Role
 from arceusd.jobs.core import actions as a
 from arceusd.jobs.core import events as e
-from arceusd.jobs.driver import Driver
+from arceusd.jobs.driver import ActionTable, Driver
 from arceusd.jobs.initial_weights import standby_copies
 from arceusd.jobs.job import TERMINAL, Job
 from arceusd.jobs.job_paths import JobPaths
@@ -120,6 +120,12 @@ WAKE_BACKSTOP_S = 5.0
 """The longest the leader loop sleeps without being woken: a safety net, not the way it learns of changes."""
 
 
+def _standby_shards(job: Job, step: int) -> tuple[str, ...]:
+    """The committed shards of ``step`` the standby lacks (all but its own)."""
+    shards = job.leading.committed_shards.get(step, {})
+    return tuple(name for peer, name in sorted(shards.items()) if peer != job.standby)
+
+
 class JobManager(JobContext):
     """Every job this daemon knows: the service, and the lifecycle of the jobs it owns or leads (the
     :class:`arceusd.jobs.manager_base.Lifecycle` its parts call back into). The parts are composed, each handed
@@ -139,8 +145,30 @@ class JobManager(JobContext):
         self.starting = Starting(self, self, self.local, self.commits)
         self.drops = ReplicaDrops(self, self)
         self.regrow = Regrowing(self, self, self.starting)
-        self.driver = Driver(self)
+        self.driver = Driver(
+            self, self._action_table(), node.identity.peer_id, node.paths.root, self.standbys.sync_owner
+        )
         self._ready = trio.Event()  # set once the job modules are imported and owned jobs restored
+
+    def _action_table(self) -> ActionTable:
+        """Who carries out the core's actions (the driver adds its own): each part registered here, the one
+        place that knows them all."""
+        table, spawn = ActionTable(), self.spawn
+        table.on(a.Announce, lambda job, _: self.announce_to_new_peers(job))
+        table.on(a.TrackElection, lambda job, x: self.track(job, list(x.members), list(x.ranking)))
+        table.on(a.Commit, lambda job, x: spawn(self.commits.commit, job, x))
+        table.on(
+            a.SyncStandby, lambda job, x: spawn(self.standbys.sync_standby, job, x.step, _standby_shards(job, x.step))
+        )
+        table.on(a.PrepareTakeover, lambda job, _: spawn(self.take_over, job))
+        table.on(a.HandOver, lambda job, x: spawn(self.joining.hand_over, job, x.leader))
+        table.on(a.DropReplica, self.drops.drop)
+        table.on(a.ReleaseHold, lambda job, _: spawn(self.regrow.release, job))
+        table.on_long(a.Plan, lambda job, _: self.starting.plan(job))
+        table.on_long(a.SendStart, self.starting.start)
+        table.on_long(a.SendGo, self.starting.go_round)
+        table.on_long(a.Regrow, self.regrow.regrow)
+        return table
 
     async def _load_modules(self) -> None:
         """Restore the jobs this device owns. The job modules are torch-free (tensor work runs in child

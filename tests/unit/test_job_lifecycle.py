@@ -87,12 +87,28 @@ class FakePeers:
 def manager(tmp_path: Path, peers: FakePeers) -> tuple[JobManager, FakeElections]:
     elections = FakeElections()
     node = SimpleNamespace(
-        paths=SimpleNamespace(jobs_dir=tmp_path),
+        paths=SimpleNamespace(jobs_dir=tmp_path, root=tmp_path),
         identity=SimpleNamespace(peer_id=ME),
         elections=elections,
         addresses={"peer": "127.0.0.1:1"},
     )
     return JobManager(node, peers), elections  # type: ignore[arg-type]
+
+
+def test_every_action_of_the_core_has_one_handler_or_is_answered_by_its_caller(tmp_path: Path) -> None:
+    """Issue 32: the driver carries out actions through the table the parts register: none is left unhandled
+    (an action the table lacks is silently dropped), long actions are run by the leader's loop."""
+    import typing
+
+    from arceusd.jobs.core import actions
+    from arceusd.jobs.driver import LONG_ACTIONS
+
+    m, _ = manager(tmp_path, FakePeers())
+    table = m.driver.table
+    answered_by_caller = {actions.StopWorkers, actions.UntrackElection, actions.Refuse, actions.LetWorkerGo}
+    every = set(typing.get_args(actions.Action))
+    assert set(table.quick) | set(table.long) | answered_by_caller == every
+    assert not set(table.quick) & set(table.long) and set(table.long) == set(LONG_ACTIONS)
 
 
 def leading_job(tmp_path: Path, total_steps: int = 100) -> Job:
