@@ -59,8 +59,15 @@ async def _run(task: str, request: dict[str, Any]) -> dict[str, Any]:
         raise FileworkError(
             f"{task} in a child process failed (exit {returncode}): {stderr.decode(errors='replace')[-800:]}"
         )
-    if returncode != 0 or "error" in answer:
-        raise FileworkError(f"{task} failed: {answer.get('error', 'no reason given')}")
+    if "error" in answer:
+        raise FileworkError(f"{task} failed: {answer['error']}")
+    if returncode != 0:  # the answer is whole (the child prints it last, after all its work): keep it
+        log.warning(
+            "%s in a child process answered in full, then its exit code read %d (kept the answer): %s",
+            task,
+            returncode,
+            stderr.decode(errors="replace")[-300:],
+        )
     return answer
 
 
