@@ -320,9 +320,10 @@ def test_a_running_job_stops_when_its_budget_is_spent(swarm: LocalSwarm, tmp_pat
     after which the next interval would overspend (state ``failed``, saying so), and the owner's bill stays within
     the budget (the first checkpoint aside, which is paid before any cost is measured). The leader prices a join
     as its quote does, from what its own past MLP jobs measured (issue 31): it is told they stepped 10x faster
-    than its plan predicts, so it admits the members at a budget this run, at the plan's own speed, overspends."""
+    than its plan predicts and paused for no checkpoint, so it admits the members at a budget this run, at the
+    plan's own speed, overspends."""
     fast = [  # a record of every predicted step from 0.1 ms to 10 s (a past job's factor stands for a like step)
-        JobTiming("MLPConfig", 1.0, 0.2, False, 0.1, 0.0, 1e-4 * 1.4**i) for i in range(35)
+        JobTiming("MLPConfig", 1.0, 0.2, False, 0.1, 0.0, 1e-4 * 1.4**i, pause_s=0.0) for i in range(35)
     ]
     swarm.state_dir(0).mkdir(parents=True, exist_ok=True)
     (swarm.state_dir(0) / TIMINGS_FILE).write_text(json.dumps([asdict(t) for t in fast]))
