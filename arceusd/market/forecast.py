@@ -6,23 +6,25 @@ over their offers: measured FLOP/s, calibration and links) predicts a step time,
 
     start (+ first job) + steps x step + checkpoints x checkpoint + evals x eval + end
 
-- ``step``: the plan's predicted step time (``predicted_step_time_s``) x the model kind's :data:`STEP_FACTORS`: what
-  ``bench/quote.py`` measured a step to take (the time between the first and the last step less the checkpoints
-  and evaluations, over the steps) against the quote's plan's prediction on an idle 16-core machine, 2 runs:
-  1.1-1.6x for the char-GPTs (1.6-1.7x the median step on a busy 2-core one), 0.55-0.65x for the MNIST MLP. The
-  planner's cost model misses that much (``arceusd.profile``'s calibration is its to fix); a model kind not measured
-  takes 1.
+- ``step``: the plan's predicted step time (``predicted_step_time_s``) x a step factor: what this daemon measured
+  a typical step of its past jobs of the model with a like predicted step to take over their plan's prediction
+  (:mod:`arceusd.market.timings`, from ``job_timings.json`` in its state directory); until it has, the model kind's
+  :data:`STEP_FACTORS`, fitted by ``bench/quote.py`` on an idle 16-core machine (1.1-1.6x for the char-GPTs,
+  0.55-0.65x for the MNIST MLP; a model kind not measured takes 1). The planner's cost model misses that much
+  (``arceusd.profile``'s calibration is its to fix).
 - ``start``: submit to the first step (the members' joins, the plan, the links measured, the stage workers started
   from a warm worker server), and ``end``: the last commit to ``done`` (the last evaluation, the model gathered and
-  exported): what this daemon measured its own past jobs to take (:mod:`arceusd.market.timings`, from
-  ``job_timings.json`` in its state directory), and the step factor likewise. Until it has measured them, the
-  figures of an idle 16-core machine, said to be assumed: :data:`START_S` (2.9-3.8 s measured there; 1.7-3.6 s on a
-  quiet 2-core machine), :data:`FIRST_JOB_S` more on a daemon's first job since it started (its first election
-  waits out a timeout; 7.7-10.0 s in all there), :data:`END_BY_MODEL` and :data:`STEP_FACTORS`.
-- ``checkpoint``: :data:`CHECKPOINT_S` per commit (every ``checkpoint.interval_steps`` and the last step): the
-  shards written, reported and the manifest committed.
-- ``eval``: a forward pass of the evaluation batches (at every checkpoint and every ``eval_interval_steps``),
-  priced at the step time x the forward share of the FLOPs x eval samples over the step's batch.
+  exported): what this daemon measured its own past jobs to take. Until it has measured them, the figures of an
+  idle 16-core machine, said to be assumed: :data:`START_S` (2.9-3.8 s measured there; 0.3-3.3 s on a 2-core
+  machine), :data:`FIRST_JOB_S` more on a daemon's first job since it started (its first election waits out a
+  timeout; 7.7-10.0 s in all there) and :data:`END_BY_MODEL`.
+- ``checkpoint`` and ``eval``: what a checkpoint or an evaluation adds, per point that holds one, as this daemon
+  measured it for jobs of the model with a like predicted step; until then priced: :data:`CHECKPOINT_S` per
+  commit (every ``checkpoint.interval_steps`` and the last step: the shards written, reported and the manifest
+  committed) and a forward pass of the evaluation batches (at every checkpoint and every ``eval_interval_steps``)
+  at the step time x the forward share of the FLOPs x eval samples over the step's batch.
+- the links between the plan's devices: the one this daemon measured to a member in its newest job with one;
+  until then the planner's defaults.
 
 The bill: the plan's devices but the owner's own (``arceusd.market.receipts.billed``), each paid its market price
 (``arceusd.market.needs.pay``, at most ``needs.max_price_per_hour``) at the demand while the job runs (the
@@ -31,12 +33,12 @@ commit does) for the time the job runs after its leader starts (a receipt counts
 ``LeaderBook.issue``), i.e. the wall time less the part of the start before the leader plans
 (a third of the start, at most 1 s: :data:`UNBILLED_START_S` of :data:`START_S`) and less the end.
 
-The range: the steps, checkpoints and evaluations at the step factor's range (the fastest to the slowest this
-daemon measured, or an assumed factor's wider one) x (1 - :data:`LOW_SHARE`, 1 + :data:`HIGH_SHARE`), the spread
-``bench/quote.py`` measured between jobs on an idle machine, plus the start's and the end's ranges (measured: the
-fastest to the slowest past job; assumed: :data:`arceusd.market.timings.ASSUMED_LOW` to ``ASSUMED_HIGH`` of the
-figure). A machine busy with other work runs every step slower than its profile
-says (on 2 cores at load 9-13, 2-4x): no range covers that.
+The range: the steps, checkpoints and evaluations at the step factor's and the pauses' ranges (the fastest to the
+slowest this daemon measured, or an assumed factor's wider one) x (1 - :data:`LOW_SHARE`, 1 + :data:`HIGH_SHARE`),
+the spread ``bench/quote.py`` measured between jobs on an idle machine, plus the start's and the end's ranges
+(measured: the fastest to the slowest past job; assumed: :data:`arceusd.market.timings.ASSUMED_LOW` to
+``ASSUMED_HIGH`` of the figure). A machine busy with other work runs every step slower than its profile says (on 2
+cores at load 9-13, 2-4x): no range covers that.
 """
 
 from __future__ import annotations
