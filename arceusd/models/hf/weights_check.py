@@ -1,9 +1,9 @@
 """Checking an initial-weights file against the config without reading its tensors (torch-free).
 
-Owns: :func:`read_header` (a safetensors file's JSON header, bounded) and :func:`weights_problems` (one line per
-problem: a missing key, an unknown key, a wrong shape or dtype, naming the key and what the config expects).
-The job's owner runs it when the spec is read; workers read only their blocks' tensors
-(:mod:`arceusd.models.hf.weights`).
+Owns: :func:`read_header` and :func:`header_of` (a safetensors file's JSON header, bounded) and
+:func:`weights_problems` (one line per problem: a missing key, an unknown key, a wrong shape or dtype, naming the
+key and what the config expects). The job's owner runs it when the spec is read; workers read only their blocks'
+tensors (:mod:`arceusd.models.hf.weights`).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import struct
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from arceusd.models.hf.config import HFModelConfig
 from arceusd.models.hf.keys import expected_tensors, untied_head_source
@@ -20,23 +20,29 @@ MAX_HEADER_BYTES = 100 << 20
 FLOAT_DTYPES = ("F32", "F16", "BF16")
 
 
+def header_of(f: BinaryIO, where: str) -> tuple[dict[str, Any], int]:
+    """The safetensors header of the open file ``f`` at its start (``__metadata__`` dropped, its size bounded by
+    :data:`MAX_HEADER_BYTES`) and where its data starts; ``ValueError`` naming ``where`` when it is not one."""
+    raw = f.read(8)
+    if len(raw) != 8:
+        raise ValueError(f"{where} is not a safetensors file (shorter than its 8-byte header length)")
+    (size,) = struct.unpack("<Q", raw)
+    if size > MAX_HEADER_BYTES:
+        raise ValueError(f"{where}: header of {size} bytes; at most {MAX_HEADER_BYTES}")
+    try:
+        header = json.loads(f.read(size))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{where} is not a safetensors file: {e}") from None
+    if not isinstance(header, dict):
+        raise ValueError(f"{where} is not a safetensors file (its header is not an object)")
+    header.pop("__metadata__", None)
+    return header, 8 + size
+
+
 def read_header(path: Path) -> dict[str, Any]:
     """The header of a safetensors file (``__metadata__`` dropped); ``ValueError`` when it is not one."""
     with path.open("rb") as f:
-        raw = f.read(8)
-        if len(raw) != 8:
-            raise ValueError(f"{path} is not a safetensors file (shorter than its 8-byte header length)")
-        (size,) = struct.unpack("<Q", raw)
-        if size > MAX_HEADER_BYTES:
-            raise ValueError(f"{path}: header of {size} bytes; at most {MAX_HEADER_BYTES}")
-        try:
-            header = json.loads(f.read(size))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ValueError(f"{path} is not a safetensors file: {e}") from None
-    if not isinstance(header, dict):
-        raise ValueError(f"{path} is not a safetensors file (its header is not an object)")
-    header.pop("__metadata__", None)
-    return header
+        return header_of(f, str(path))[0]
 
 
 def weights_problems(path: Path, config: HFModelConfig) -> list[str]:
@@ -67,4 +73,4 @@ def weights_problems(path: Path, config: HFModelConfig) -> list[str]:
     return problems[:8]
 
 
-__all__ = ["read_header", "weights_problems"]
+__all__ = ["MAX_HEADER_BYTES", "header_of", "read_header", "weights_problems"]

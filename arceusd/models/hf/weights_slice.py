@@ -33,10 +33,11 @@ from typing import Any, BinaryIO
 
 from arceusd.models.hf.config import HFModelConfig, num_hf_blocks
 from arceusd.models.hf.keys import Shape, block_tensors, expected_tensors, hf_key, untied_head_source
+from arceusd.models.hf.weights_check import MAX_HEADER_BYTES, header_of
 
 DTYPE_BYTES = {"F32": 4, "F16": 2, "BF16": 2}
 """The dtypes initial weights may hold (:data:`arceusd.models.hf.weights_check.FLOAT_DTYPES`) and their sizes."""
-MAX_HEADER_BYTES = 100 << 20
+
 _READ = 1 << 20
 
 TensorDigests = Mapping[str, tuple[str, str]]
@@ -60,20 +61,10 @@ class SliceEntry:
 
 def _header(f: BinaryIO, where: str) -> tuple[dict[str, Any], int]:
     """The safetensors header of the open file (``__metadata__`` dropped) and where its data starts."""
-    raw = f.read(8)
-    if len(raw) != 8:
-        raise WeightsSliceError(f"{where} is not a safetensors file (shorter than its 8-byte header length)")
-    (size,) = struct.unpack("<Q", raw)
-    if size > MAX_HEADER_BYTES:
-        raise WeightsSliceError(f"{where}: header of {size} bytes; at most {MAX_HEADER_BYTES}")
     try:
-        header = json.loads(f.read(size))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise WeightsSliceError(f"{where} is not a safetensors file: {e}") from None
-    if not isinstance(header, dict):
-        raise WeightsSliceError(f"{where} is not a safetensors file (its header is not an object)")
-    header.pop("__metadata__", None)
-    return header, 8 + size
+        return header_of(f, where)
+    except ValueError as e:
+        raise WeightsSliceError(str(e)) from None
 
 
 def _span(header: Mapping[str, Any], key: str, where: str) -> tuple[int, int]:
