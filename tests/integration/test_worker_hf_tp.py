@@ -88,14 +88,9 @@ def transformers_run(spec: JobSpec) -> tuple[list[float], dict[str, torch.Tensor
     return transformers_sgd_run(model, spec, STEPS)
 
 
-def test_a_tensor_parallel_llama_stage_over_worker_processes_equals_plain_transformers(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("ARCEUS_TOKEN_CACHE", str(tmp_path / "tokens"))  # the workers inherit it
-    spec = llama_spec(tmp_path)
-    cfg = spec.model
-    assert isinstance(cfg, HFModelConfig)
-    ref_losses, ref_state = transformers_run(spec)
+def split_stage_state(tmp_path: Path, spec: JobSpec, ref_losses: list[float]) -> dict[str, torch.Tensor]:
+    """Train ``spec`` over worker processes, its first two blocks whole and the rest split over two tensor ranks;
+    every worker's losses must be ``ref_losses`` (within :data:`TOL`); the checkpoint's state, the split gathered."""
     layout: Layout = [(0, 2, None), (2, 5, TPSplit(heads=(1, 1), columns=(30, 18)))]
     with WorkerJob(tmp_path, spec, layout, schedule="1f1b", checkpoint_interval=STEPS) as job:
         job.start(timeout=120)
@@ -105,7 +100,18 @@ def test_a_tensor_parallel_llama_stage_over_worker_processes_equals_plain_transf
             torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=0, atol=TOL)
         shards = [p.read_bytes() for p in sorted(step_dir(job.checkpoint_dir, STEPS).glob("stage*.safetensors"))]
     assert len(shards) == 3
-    state = assemble(cfg, shards)  # "<block>.<local>", the split layers gathered
+    return assemble(spec.model, shards)
+
+
+def test_a_tensor_parallel_llama_stage_over_worker_processes_equals_plain_transformers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ARCEUS_TOKEN_CACHE", str(tmp_path / "tokens"))  # the workers inherit it
+    spec = llama_spec(tmp_path)
+    cfg = spec.model
+    assert isinstance(cfg, HFModelConfig)
+    ref_losses, ref_state = transformers_run(spec)
+    state = split_stage_state(tmp_path, spec, ref_losses)  # "<block>.<local>", the split layers gathered
     got = {hf_key(cfg, int(k.partition(".")[0]), k.partition(".")[2]): v for k, v in state.items()}
     assert set(got) == set(ref_state)
     for key, value in ref_state.items():

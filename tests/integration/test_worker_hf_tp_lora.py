@@ -17,8 +17,6 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from arceusd.checkpoint import step_dir
-from arceusd.jobs.export import assemble
 from arceusd.jobs.spec import JobSpec
 from arceusd.models.build import build_blocks
 from arceusd.models.hf.blocks import transformers_config
@@ -26,10 +24,8 @@ from arceusd.models.hf.config import HFModelConfig
 from arceusd.models.hf.keys import hf_key
 from arceusd.models.hf.lora_export import write_lora_export
 from arceusd.models.hf.lora_keys import peft_key
-from arceusd.worker.protocol import StepEvent
-from arceusd.worker.tp_split import TPSplit
-from tests.integration.test_worker_hf_tp import CONFIG, STEPS, TOL
-from tests.integration.worker_harness import DATA, Layout, WorkerJob, make_spec, transformers_sgd_run
+from tests.integration.test_worker_hf_tp import CONFIG, STEPS, TOL, split_stage_state
+from tests.integration.worker_harness import DATA, make_spec, transformers_sgd_run
 
 pytestmark = pytest.mark.slow
 
@@ -104,16 +100,7 @@ def test_a_tensor_parallel_lora_stage_over_worker_processes_equals_one_peft_proc
     cfg = spec.model
     assert isinstance(cfg, HFModelConfig)
     ref_losses, ref_adapters = peft_run(spec)
-    layout: Layout = [(0, 2, None), (2, 5, TPSplit(heads=(1, 1), columns=(30, 18)))]
-    with WorkerJob(tmp_path, spec, layout, schedule="1f1b", checkpoint_interval=STEPS) as job:
-        job.start(timeout=120)
-        job.run(timeout=240)
-        for w in job.workers:
-            losses = [e.loss for e in w.of(StepEvent)]
-            torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=0, atol=TOL)
-        shards = [p.read_bytes() for p in sorted(step_dir(job.checkpoint_dir, STEPS).glob("stage*.safetensors"))]
-    assert len(shards) == 3
-    state = assemble(cfg, shards)  # "<block>.<local>", the split adapters gathered
+    state = split_stage_state(tmp_path, spec, ref_losses)  # "<block>.<local>", the split adapters gathered
     got = {peft_key(cfg, int(k.partition(".")[0]), k.partition(".")[2]): v for k, v in state.items()}
     assert set(got) == set(ref_adapters)
     for key, value in ref_adapters.items():
