@@ -24,7 +24,8 @@ from typing import Any
 from arceusd.jobs.job_paths import JobPaths
 from arceusd.jobs.spec_types import resolve_path
 from arceusd.models.hf.config import HFModelConfig
-from arceusd.models.hf.weights_slice import SliceEntry, WeightsSliceError, place_keys, slice_layout
+from arceusd.models.hf.weights_check import MAX_HEADER_BYTES
+from arceusd.models.hf.weights_slice import SliceEntry, WeightsSliceError, place_keys, slice_layout, slice_size
 
 """The standby's whole copy of the owner's weights file (what it serves and reads if it takes over)."""
 
@@ -80,8 +81,6 @@ def place_layout(model: object, start: int, end: int) -> tuple[SliceEntry, ...]:
 
 def whole_limit(model: object) -> int:
     """At most how many bytes the whole weights file is: its tensors as signed, and a bounded header."""
-    from arceusd.models.hf.weights_slice import MAX_HEADER_BYTES, slice_size
-
     m = weights_model(model)
     if m is None or m.weights_tensors is None:
         return 0

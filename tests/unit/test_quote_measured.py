@@ -21,9 +21,6 @@ from arceusd.jobs.core import actions as a
 from arceusd.jobs.core import events as e
 from arceusd.jobs.driver import job_timing
 from arceusd.jobs.job import Job
-from arceusd.jobs.planning import Offer
-from arceusd.jobs.spec import load_spec
-from arceusd.jobs.spec_types import JobSpec
 from arceusd.jobs.view import job_line, render_job
 from arceusd.market.admission import Member, Spend, projected_usd
 from arceusd.market.forecast import FIRST_JOB_S, START_S, forecast, rest_usd
@@ -32,18 +29,8 @@ from arceusd.market.pricing import NEUTRAL
 from arceusd.market.quote import step_flops
 from arceusd.market.service import Market
 from arceusd.market.timings import JobTiming, read_timings, record_timing, start_term, typical_step
+from tests.unit.test_forecast import FAST, OWNER, PEER, gpt, offer
 from tests.unit.test_jobspec import EXAMPLES
-
-OWNER, PEER = "owner", "peer"
-FAST = 60e9
-
-
-def gpt() -> JobSpec:
-    return load_spec(EXAMPLES / "shakespeare-gpt.toml")
-
-
-def offer(peer: str, flops: float = FAST) -> Offer:
-    return Offer(peer, "", flops, 8 << 30, "cpu", 0.7, 5e-4, 1e-9, 1e-9)
 
 
 def test_the_quote_takes_start_end_and_step_from_what_this_daemon_measured() -> None:
