@@ -1,9 +1,9 @@
 """The control channel to one local daemon, as the ``arceusd`` command line uses it: newline-framed JSON over
-the unix socket ``control.sock`` in the daemon's state directory (:mod:`arceusd.control`; mode 0600, so only the
+the unix socket ``control.sock`` in the daemon's state directory (:mod:`arceusd.base.control`; mode 0600, so only the
 daemon's user reaches it).
 
 Owns: which state directory (``state_dir``, else the CLI's default: ``$ARCEUS_STATE_DIR`` or the platform's
-folder, :func:`arceusd.paths.default_state_dir`) and turning the control errors into :mod:`arceus.errors`.
+folder, :func:`arceusd.base.paths.default_state_dir`) and turning the control errors into :mod:`arceus.errors`.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from arceus.errors import DaemonError, NoDaemonError
-from arceusd.control import ControlError, NoDaemon, call
-from arceusd.paths import StatePaths, default_state_dir
+from arceusd.base.control import ControlError, NoDaemon, call
+from arceusd.base.paths import StatePaths, default_state_dir
 
 
 class Connection:

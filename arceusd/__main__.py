@@ -1,5 +1,5 @@
 """``python -m arceusd`` is the ``arceusd`` command."""
 
-from arceusd.cli import main
+from arceusd.cli.commands import main
 
 main()

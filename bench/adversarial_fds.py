@@ -127,7 +127,7 @@ def gate_cost(calls: int = 500, big: int = 40) -> None:
     """Small-call round trip and 4 MiB call rate through the gate and without it, in this process."""
     import trio
 
-    from arceusd.identity import Identity
+    from arceusd.base.identity import Identity
     from arceusd.transport import Stream, open_transport
     from arceusd.transport.gate_core import limits_for
 

@@ -28,12 +28,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch
 
-from arceusd.demo import demo_spec
+from arceusd.cli.demo import demo_spec
+from arceusd.cli.swarm import LocalSwarm
 from arceusd.jobs.source import open_batch_source
 from arceusd.jobs.spec import JobSpec, load_spec
 from arceusd.models.build import build_reference_model, loss_mean
 from arceusd.models.config import GPTConfig
-from arceusd.swarm import LocalSwarm
 
 EVAL_EVERY = 100
 HUGE_STEPS = 200_000

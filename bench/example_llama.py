@@ -25,8 +25,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from arceusd.cli.swarm import LocalSwarm
 from arceusd.data.tokenized import load_tokens
-from arceusd.swarm import LocalSwarm
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"

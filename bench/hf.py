@@ -173,7 +173,7 @@ def part_one(quick: bool) -> None:
 
 
 def swarm_tokens_per_s(spec: Path, root: Path, seconds: float) -> dict[str, Any]:
-    from arceusd.swarm import LocalSwarm
+    from arceusd.cli.swarm import LocalSwarm
 
     swarm = LocalSwarm(root, 2, ["--auto-join"], preset="lan")
     try:

@@ -47,10 +47,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import membership_sim as sim
 
-from arceusd.control import ControlError
-from arceusd.election import election_local
+from arceusd.base.control import ControlError
+from arceusd.cli.swarm import LocalSwarm
+from arceusd.elections.core import election_local
 from arceusd.membership.config import MembershipConfig, lan, local
-from arceusd.swarm import LocalSwarm
 
 N = 5
 SWIM_FIRST = math.e / (math.e - 1)

@@ -10,7 +10,7 @@ exhaustive search on small instances.
 
 ``--measured`` also compares predicted with measured step time of real stage workers
 (``bench/partition_measured.py``): devices profiled with the calibration the cost model charges (block
-efficiency, dispatch per block, optimizer per parameter, cost per message; ``arceusd.profile``). The
+efficiency, dispatch per block, optimizer per parameter, cost per message; ``arceusd.device.profile``). The
 synthetic clusters here are uncalibrated (efficiency 1, no fixed costs); ``tests/unit`` checks the DP
 against exhaustive search with calibration too.
 """

@@ -1,10 +1,10 @@
 """Planner calibration: the partitioner's predicted step time against real stage workers' measured step time.
 
 For each configuration, measured in this run:
-  1. profile every device with ``arceusd.profile.measure_device`` (the daemon's own 512x512 matmul benchmark)
+  1. profile every device with ``arceusd.device.profile.measure_device`` (the daemon's own 512x512 matmul benchmark)
      and ``measure_calibration`` (block efficiency, dispatch and optimizer cost, on the job's own model shape
      and micro-batch size) in a child process pinned to the thread count its worker will use, and measure the
-     link between workers (rtt, bandwidth, cost per message) with ``arceusd.profile.measure_link`` over the
+     link between workers (rtt, bandwidth, cost per message) with ``arceusd.device.profile.measure_link`` over the
      real authenticated transport (unary echo). The "devices"
      share this machine, so by default all devices' children measure at once from a common start (median of
      15 calls: what each gets while the others work); ``--isolated`` measures each alone (best of 5), as a
@@ -268,7 +268,7 @@ def _run_child(args: list[str], prefix: Sequence[str] = (), threads: int = 1, ti
 def profile_child(threads: int, stat: str, at: float, window_s: float = PROFILE_WINDOW_S) -> None:
     """Print this device's measurement (JSON) with torch pinned to ``threads`` threads, as a worker is,
     calibrated on the job's model at the planned micro-batch size."""
-    from arceusd.profile import measure_calibration, measure_device
+    from arceusd.device.profile import measure_calibration, measure_device
     from arceusd.worker.threads import pin_threads
 
     pin_threads(threads)
@@ -308,8 +308,8 @@ def link_child() -> None:
     """Print the link measured between two transports of this process (JSON): the daemon's echo method."""
     import trio
 
-    from arceusd.identity import Identity
-    from arceusd.profile import measure_link
+    from arceusd.base.identity import Identity
+    from arceusd.device.profile import measure_link
     from arceusd.transport import Stream, open_transport
 
     async def echo(request: bytes) -> bytes:
@@ -467,8 +467,8 @@ def collect_steps(job: Any, warmup: int, steps: int, timeout: float) -> tuple[fl
 
 
 def run_config(config: Config, steps: int, warmup: int, together: bool = True) -> Outcome:
+    from arceusd.device.profile import DeviceMeasurement
     from arceusd.jobs.planning import Offer, plan_inputs, worker_stages
-    from arceusd.profile import DeviceMeasurement
     from arceusd.worker.protocol import StartCommand, StepEvent
     from partitioner import Link, LinkMatrix, plan
     from tests.integration.worker_harness import WorkerJob

@@ -26,8 +26,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from arceusd.demo import demo_spec
-from arceusd.swarm import PROFILE_ENV, LocalSwarm
+from arceusd.cli.demo import demo_spec
+from arceusd.cli.swarm import PROFILE_ENV, LocalSwarm
 
 
 def _spec(directory: Path, steps: int, use_all: bool) -> Path:

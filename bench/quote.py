@@ -34,9 +34,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from arceusd.control import ControlError
+from arceusd.base.control import ControlError
+from arceusd.cli.swarm import PROFILE_ENV, LocalSwarm
 from arceusd.jobs.spec_types import TrainingSpec
-from arceusd.swarm import PROFILE_ENV, LocalSwarm
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"

@@ -28,7 +28,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from arceusd.swarm import LocalSwarm
+from arceusd.cli.swarm import LocalSwarm
 
 DATA = Path(__file__).resolve().parents[1] / "data"  # the repository's own data sets
 TARGET_S = {"local": 5.0, "lan": 15.0}

@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from arceusd.control import ControlError, call  # noqa: E402
+from arceusd.base.control import ControlError, call  # noqa: E402
 
 
 def bare_python_s() -> float:

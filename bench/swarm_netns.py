@@ -52,7 +52,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from arceusd.identity import load_or_create_identity  # noqa: E402
+from arceusd.base.identity import load_or_create_identity  # noqa: E402
 from arceusd.jobs.spec import JobSpec, parse_spec, to_dict  # noqa: E402
 from arceusd.worker.protocol import (  # noqa: E402
     DoneEvent,

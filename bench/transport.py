@@ -47,7 +47,7 @@ if str(ROOT) not in sys.path:
 import grpc  # noqa: E402
 import trio  # noqa: E402
 
-from arceusd.identity import Identity  # noqa: E402
+from arceusd.base.identity import Identity  # noqa: E402
 from arceusd.transport import Stream, TransportConfig, open_transport  # noqa: E402
 
 FRAME = 4 * 1024 * 1024

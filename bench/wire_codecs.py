@@ -34,7 +34,7 @@ import msgpack  # noqa: E402
 import torch  # noqa: E402
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey  # noqa: E402
 
-from arceusd.identity import Identity  # noqa: E402
+from arceusd.base.identity import Identity  # noqa: E402
 from protocol import codec, compression, envelope  # noqa: E402
 from protocol.messages import Ping  # noqa: E402
 from protocol.replay import ReplayGuard  # noqa: E402

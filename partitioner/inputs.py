@@ -21,7 +21,7 @@ MAX_BLOCK_EFFICIENCY = 4.0
 class DeviceProfile:
     """One member as the planner sees it: measured FLOP/s and the memory it offers to the job, plus the
     calibration that turns the matmul benchmark into the time a stage worker really takes (all measured on
-    the device by ``arceusd.profile``; the defaults mean "no calibration", what profiles older than these
+    the device by ``arceusd.device.profile``; the defaults mean "no calibration", what profiles older than these
     fields say):
 
     - ``block_efficiency``: the fraction of ``flops_per_s`` the model's own blocks reach (forward + backward
@@ -69,7 +69,7 @@ class DeviceProfile:
 class Link:
     """A measured one-way link: ``rtt_s`` round-trip time (seconds), ``bandwidth_bytes_per_s``, and
     ``message_s``, the fixed cost of one message over it beyond the echo's round trip (tensor framing,
-    authentication, the worker's thread hops, decoding: measured by ``arceusd.profile.measure_link``;
+    authentication, the worker's thread hops, decoding: measured by ``arceusd.device.profile.measure_link``;
     0.0 = uncalibrated, what links older than the field say)."""
 
     rtt_s: float

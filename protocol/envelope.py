@@ -67,7 +67,7 @@ _U64_MAX = 2**64 - 1
 
 
 class Signer(Protocol):
-    """What sealing needs from an identity (arceusd.identity.Identity satisfies it)."""
+    """What sealing needs from an identity (arceusd.base.identity.Identity satisfies it)."""
 
     @property
     def peer_id(self) -> str: ...

@@ -46,7 +46,7 @@ as the job's members (``arceusd jobs``, ``market``), kept current by every plan'
 past :data:`JOB_MEMBERS_MAX`.
 
 ``JobStart.standby`` names the plan member that stands by to lead if the leader dies (empty: none); the job's
-election ranks the leader first and the standby second (:mod:`arceusd.election`).
+election ranks the leader first and the standby second (:mod:`arceusd.elections.core`).
 
 ``JobStart.resume`` (JSON, empty for a fresh start): ``{"step": S, "files": {peer: {"name", "sha256",
 "size"}}}``: the checkpoint step every worker resumes from and each worker's re-sliced state file, which the

@@ -375,7 +375,7 @@ class JoinRequest:
     address: Address
     free_memory_bytes: int = 0
     flops_per_s: float = 0.0
-    # the device's measured calibration (arceusd.profile; defaults: uncalibrated)
+    # the device's measured calibration (arceusd.device.profile; defaults: uncalibrated)
     block_efficiency: float = 1.0
     dispatch_s: float = 0.0
     adamw_s_per_param: float = 0.0

@@ -17,7 +17,7 @@ with ``th = sha256(Hello || Ack)``. Both sides compute the X25519 shared secret 
 and derive ``c2s_key || s2c_key || finish_key = HKDF-SHA256(secret, salt=th, info=KEY_INFO)``. The Finish
 proves that the client holding the signed ephemeral key is live now (a replayed Hello cannot produce it:
 ``th`` covers the server's fresh nonce), so a server starts its handler only for a peer that proved its key
-in this session. Peer ids are ``sha256(public key)[:16]`` (:func:`arceusd.identity.peer_id_from_public_key`):
+in this session. Peer ids are ``sha256(public key)[:16]`` (:func:`arceusd.base.identity.peer_id_from_public_key`):
 an id is never sent on its own, it is recomputed from the key that signed.
 
 Frames (after the handshake, each direction with its own key)::
@@ -65,7 +65,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from arceusd.identity import PEER_ID_BYTES, peer_id_from_public_key, verify_signature
+from arceusd.base.identity import PEER_ID_BYTES, peer_id_from_public_key, verify_signature
 from protocol.errors import LocalProtocolError, RemoteProtocolError
 
 VERSION = 2
@@ -121,7 +121,7 @@ RandomBytes = Callable[[int], bytes]
 
 
 class Signer(Protocol):
-    """What the handshake needs of an identity (``arceusd.identity.Identity`` fits)."""
+    """What the handshake needs of an identity (``arceusd.base.identity.Identity`` fits)."""
 
     @property
     def public_key_raw(self) -> bytes: ...

@@ -12,12 +12,12 @@ if str(ROOT) not in sys.path:
 
 def pytest_configure(config: object) -> None:
     """Every local swarm of the run starts its daemons with one measurement of this machine, taken once by the
-    first swarm (``arceusd.swarm.PROFILE_ENV``): three daemons measuring at once on two cores each measured a
+    first swarm (``arceusd.cli.swarm.PROFILE_ENV``): three daemons measuring at once on two cores each measured a
     third of it, and every daemon of the suite paid a torch import and a benchmark for it."""
     import os
     import tempfile
 
-    from arceusd.swarm import PROFILE_ENV
+    from arceusd.cli.swarm import PROFILE_ENV
 
     if not os.environ.get(PROFILE_ENV):
         os.environ[PROFILE_ENV] = _MADE["profile"] = tempfile.mkdtemp(prefix="arceus-profile-")

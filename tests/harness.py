@@ -85,7 +85,7 @@ class Daemon:
         return wait_for(ready, timeout, interval=0.1, what=f"daemon {self.state_dir} ready")
 
     def try_status(self) -> dict[str, Any] | None:
-        from arceusd.control import ControlError, call
+        from arceusd.base.control import ControlError, call
 
         try:
             result: dict[str, Any] = call(self.state_dir / "control.sock", "status", timeout=5.0)
@@ -94,7 +94,7 @@ class Daemon:
         return result
 
     def call(self, method: str, params: dict[str, Any] | None = None, timeout: float = 10.0) -> Any:
-        from arceusd.control import call
+        from arceusd.base.control import call
 
         return call(self.state_dir / "control.sock", method, params, timeout=timeout)
 

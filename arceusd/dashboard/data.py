@@ -96,7 +96,7 @@ class NodeSnapshots:
     """The daemon's own answers, taken in-process (the control methods' handlers, ``Node.status``)."""
 
     def __init__(self, node: Any) -> None:
-        from arceusd.network import device_summary
+        from arceusd.daemon.network_service import device_summary
 
         self.node = node
         self.device = device_summary()  # this machine's hardware line, as its peers see it
@@ -109,7 +109,7 @@ class NodeSnapshots:
         return {**self.node.status(), "device": self.device}
 
     async def job(self, job_id: str) -> dict[str, Any] | None:
-        from arceusd.control import RequestError
+        from arceusd.base.control import RequestError
 
         handler = self.node.methods.get("job")
         if handler is None:
@@ -121,7 +121,7 @@ class NodeSnapshots:
         return result
 
     async def market(self) -> dict[str, Any] | None:
-        from arceusd.control import RequestError
+        from arceusd.base.control import RequestError
 
         handler = self.node.methods.get("market")
         if handler is None:
@@ -439,7 +439,7 @@ def cpu_percent(before: tuple[int, int] | None, after: tuple[int, int] | None) -
 
 def memory_percent(meminfo: str | None) -> float | None:
     """Memory in use (``MemTotal`` less ``MemAvailable`` of ``/proc/meminfo``), in percent."""
-    from arceusd.profile import parse_meminfo_available
+    from arceusd.device.profile import parse_meminfo_available
 
     if meminfo is None:
         return None

@@ -15,8 +15,8 @@ from typing import Any
 
 import trio
 
-from arceusd.control import RequestError
-from arceusd.node import Node
+from arceusd.base.control import RequestError
+from arceusd.device.node import Node
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 Pure rendering (:func:`render_status`, :func:`render_job`: the control methods' JSON in, a rich renderable out)
 and a thin loop (:func:`watch`) that asks the daemon every ``interval`` seconds and redraws in place. Every string
-from the daemon goes through :func:`arceusd.text_safety.safe_tree` and into a ``rich.text.Text`` (never rich
+from the daemon goes through :func:`arceusd.base.text_safety.safe_tree` and into a ``rich.text.Text`` (never rich
 markup), so a stranger's device or job name can neither drive the terminal nor style the view.
 
 Steps/s, tokens/s and the ETA are the daemon's (:mod:`arceusd.jobs.throughput`: one rate over one window), the
@@ -22,8 +22,8 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from arceusd.base.text_safety import safe_tree
 from arceusd.jobs.view import block_range
-from arceusd.text_safety import safe_tree
 
 TERMINAL = ("done", "failed", "cancelled")
 

@@ -21,7 +21,15 @@ from typing import Any
 
 import trio
 
-from arceusd.checkpoint import Manifest, ShardRecord, atomic_write, commit_manifest, file_matches, matches, step_dir
+from arceusd.files.checkpoint import (
+    Manifest,
+    ShardRecord,
+    atomic_write,
+    commit_manifest,
+    file_matches,
+    matches,
+    step_dir,
+)
 from arceusd.jobs import shard_checks
 from arceusd.jobs.core import Stamp, actions, events
 from arceusd.jobs.job import Job

@@ -1,9 +1,9 @@
 """The job manager's control-socket methods: ``submit``, ``join``, ``jobs``, ``job``, ``cancel``, ``leave`` and
 ``lending``.
 
-What the CLI asks this daemon about jobs (:mod:`arceusd.control` routes a request to these by name; the manager
+What the CLI asks this daemon about jobs (:mod:`arceusd.base.control` routes a request to these by name; the manager
 registers them in :meth:`arceusd.jobs.manager.JobManager.run`). Each takes the request's parameters and answers a
-JSON-able result, or raises :class:`arceusd.control.RequestError` saying what was wrong. ``submit`` refuses a job
+JSON-able result, or raises :class:`arceusd.base.control.RequestError` saying what was wrong. ``submit`` refuses a job
 whose training state cannot fit even on every device this daemon sees (:mod:`arceusd.jobs.memory_fit`, the peers
 asked by :mod:`arceusd.jobs.lending`); ``lending`` answers what they lend, for ``submit --quote``.
 """
@@ -19,7 +19,7 @@ from typing import Any
 
 import trio
 
-from arceusd.control import RequestError
+from arceusd.base.control import RequestError
 from arceusd.jobs.core import Role, events
 from arceusd.jobs.job import Job
 from arceusd.jobs.lending import seen_lending

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
-from arceusd.checkpoint import step_dir
+from arceusd.files.checkpoint import step_dir
 from arceusd.jobs import filework
 from arceusd.jobs.core import JobState, Role
 from arceusd.jobs.core import actions as a
@@ -43,7 +43,7 @@ from arceusd.membership.events import MemberState
 from protocol.job_wire import JobStop
 
 if TYPE_CHECKING:
-    from arceusd.peers import PeerService
+    from arceusd.network.peers import PeerService
 
 log = logging.getLogger(__name__)
 

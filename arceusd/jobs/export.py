@@ -14,11 +14,11 @@ from typing import Any
 
 import torch
 
-from arceusd.checkpoint import atomic_write
+from arceusd.files.checkpoint import atomic_write
+from arceusd.files.safetensors_io import save_bytes
 from arceusd.jobs.reslice import ResliceError, full_state, parse_shard
 from arceusd.models.build import build_reference_model
 from arceusd.models.config import GPTConfig, MLPConfig, ModelConfig
-from arceusd.safetensors_io import save_bytes
 
 PARAM_PREFIX = "param.blocks."
 

@@ -6,7 +6,7 @@ where it arrives, so it is a plain name). In it::
 
     spec.json                      the spec as signed (its canonical JSON)
     owner.json | member.json       this device's record of the job (restored / listed after a restart)
-    checkpoints/step-NNNNNNNNNN/   committed checkpoints (:func:`arceusd.checkpoint.step_dir`)
+    checkpoints/step-NNNNNNNNNN/   committed checkpoints (:func:`arceusd.files.checkpoint.step_dir`)
     replicas/                      the other replicas' devices' checkpoint folders of this device's worker
     resume/epoch-NNNNNN/           the resume slices cut for a plan epoch (one file per stage and rank)
     data/                          the standby's checked copy of the data set

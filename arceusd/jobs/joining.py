@@ -3,7 +3,7 @@ leader's answer to a join request, and an owner's hand-over to the leader its me
 took over.
 
 An announcement from a stranger is bounded and validated before anything of it is kept
-(:class:`arceusd.announce_guard.AnnounceGuard`); a join request is checked against the job's admission, the
+(:class:`arceusd.network.announce_guard.AnnounceGuard`); a join request is checked against the job's admission, the
 offer's physical bounds, the job's needs and budget (:mod:`arceusd.market`), and excluded members are not let
 back in. A leader's answer to a join of a finished job says ``done`` (what a returning owner learns the end from);
 a member's answer to its returning owner's announce names the peer it follows (``follows``): both typed fields.
@@ -18,8 +18,7 @@ from typing import Any
 
 import trio
 
-from arceusd.announce_guard import AnnounceGuard, address_host
-from arceusd.control import RequestError
+from arceusd.base.control import RequestError
 from arceusd.jobs import leadership
 from arceusd.jobs.claims import check_offer_bounds
 from arceusd.jobs.core import JobState, Role, events
@@ -29,6 +28,7 @@ from arceusd.jobs.planning import Offer
 from arceusd.jobs.warm_starts import warm_starts
 from arceusd.market.hooks import enough_memory, join_refusal, may_auto_join
 from arceusd.membership.events import MemberState
+from arceusd.network.announce_guard import AnnounceGuard, address_host
 from protocol.envelope import Header
 from protocol.errors import RemoteProtocolError
 from protocol.job_wire import JOB_MEMBERS_MAX, JobAck
@@ -216,7 +216,7 @@ class Joining:
         )
         self.ctx.jobs[msg.job_id] = job
         # fair shares of the table: an owner in our membership (it answers our probes there) before a key
-        # that only said hello, then by its address host and key (arceusd.announce_guard)
+        # that only said hello, then by its address host and key (arceusd.network.announce_guard)
         trusted = member is not None and member.state in (MemberState.ALIVE, MemberState.SUSPECT)
         for old in self.announced.added(msg.job_id, msg.owner, member=trusted, host=address_host(owner_address)):
             stale = self.ctx.jobs.get(old)

@@ -85,9 +85,13 @@ def _not_measured() -> list[Any]:
 
 
 def cached_lend(node: Any) -> tuple[int, str] | None:
-    """(memory lent, kind) from this device's cached measurement (``arceusd.profile``; the offer's memory is 80 %
+    """(memory lent, kind) from this device's cached measurement (``arceusd.device.profile``; the offer's memory is 80 %
     of what was free, capped by ``lend_memory_mib``), or None when there is none for its worker threads today."""
-    from arceusd.profile import best_measurement, load_or_measure, to_device_profile  # local: off the daemon's start
+    from arceusd.device.profile import (  # local: off the daemon's start
+        best_measurement,
+        load_or_measure,
+        to_device_profile,
+    )
 
     try:
         found = load_or_measure(node.paths.root, threads=node.config.worker_threads, measure=_not_measured)

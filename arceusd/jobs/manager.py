@@ -4,7 +4,7 @@ Roles: the *owner* submitted the job (it holds the data and gets the model); *me
 *leader* coordinates planning, starting, checkpoint commits and repartitions; it serves the data and signs the
 checkpoints. The owner leads while it lives. Each plan names a *standby* member, which receives the data set
 once and, after every commit, the signed manifest and the other workers' shards. The job's election
-(:mod:`arceusd.election`, the leader ranked first, the standby second) lets the standby win a new term once
+(:mod:`arceusd.elections.core`, the leader ranked first, the standby second) lets the standby win a new term once
 membership declares the leader dead and a majority of the plan agrees; it then leads (:meth:`JobManager.take_over`):
 gathers the survivors' shards, re-slices, and carries on to the end (the model is saved on it). Without a
 majority, or without a standby that holds the data, the members pause until the owner returns. An owner that
@@ -64,7 +64,8 @@ from typing import Any
 
 import trio
 
-from arceusd.checkpoint import committed_steps
+from arceusd.device.node import Node
+from arceusd.files.checkpoint import committed_steps
 from arceusd.jobs.commits import Commits
 from arceusd.jobs.control_methods import ControlMethods
 from arceusd.jobs.core import JobState, Role
@@ -87,8 +88,7 @@ from arceusd.jobs.standby_sync import StandbySyncing
 from arceusd.jobs.starting import Starting
 from arceusd.market.hooks import enough_memory
 from arceusd.membership.events import MemberChanged, MemberState
-from arceusd.node import Node
-from arceusd.peers import PeerService
+from arceusd.network.peers import PeerService
 from protocol.envelope import Header
 from protocol.job_wire import (
     ChallengeGo,

@@ -25,8 +25,9 @@ from typing import Any, Protocol
 
 import trio
 
-from arceusd.checkpoint import atomic_write
-from arceusd.control import RequestError
+from arceusd.base.control import RequestError
+from arceusd.device.node import Node
+from arceusd.files.checkpoint import atomic_write
 from arceusd.jobs import leadership
 from arceusd.jobs.core import Role, Stamp, actions, events
 from arceusd.jobs.job import TERMINAL, Job
@@ -34,8 +35,7 @@ from arceusd.jobs.known import KnownJob, known_jobs, member_record
 from arceusd.jobs.planning import Offer
 from arceusd.jobs.transfers import Transfers
 from arceusd.market.hooks import job_receipts
-from arceusd.node import Node
-from arceusd.peers import PeerService
+from arceusd.network.peers import PeerService
 from protocol.envelope import Header
 from protocol.job_wire import JobAck
 

@@ -6,11 +6,11 @@ what it reported, and re-runs the partitioner (``partitioner.verify``): a member
 match byte for byte.
 
 Links: the leader measures its link to each member over the transport (round trip, bandwidth, per-message cost;
-``arceusd.profile.measure_link`` in the job manager) and estimates a link between two members from their links
+``arceusd.device.profile.measure_link`` in the job manager) and estimates a link between two members from their links
 to it (:func:`estimated_links`). Where nothing was measured, the round trip is the membership layer's and the
 bandwidth :data:`DEFAULT_BANDWIDTH`. Whatever was used is stated in the plan inputs, which everyone verifies.
 
-Calibration (``arceusd.profile``): an offer may carry what its device measured beyond the matmul benchmark:
+Calibration (``arceusd.device.profile``): an offer may carry what its device measured beyond the matmul benchmark:
 the model blocks' efficiency, the dispatch cost per block, the optimizer's cost per parameter (AdamW and SGD;
 the job's optimizer picks one) and the transport's cost per message. They go into the plan inputs
 (``DeviceProfile`` fields; a link's message cost is the mean of its two ends'), so every member recomputes
@@ -74,7 +74,7 @@ class PlanRefused(Exception):
 @dataclass(frozen=True)
 class Offer:
     """What a member offers a job: its measured speed and the memory it lends, and the calibration its
-    profile measured (``arceusd.profile.DeviceMeasurement``; defaults: uncalibrated)."""
+    profile measured (``arceusd.device.profile.DeviceMeasurement``; defaults: uncalibrated)."""
 
     peer_id: str
     address: str

@@ -1,7 +1,7 @@
 """``python -m arceusd.jobs.probe <cache_dir> [threads]``: measure this device (torch, in a child process so the
 daemon never runs torch) and print its offer as one JSON line: ``flops_per_s``, ``memory_bytes`` (80 % of what is
 free), ``kind``, and the calibration the planner charges (``block_efficiency``, ``dispatch_s``,
-``adamw_s_per_param``, ``sgd_s_per_param``; see :mod:`arceusd.profile`). Cached for a day.
+``adamw_s_per_param``, ``sgd_s_per_param``; see :mod:`arceusd.device.profile`). Cached for a day.
 
 ``threads``: the torch thread count of this device's stage workers (``worker_threads``), so the offer says what a
 worker will do. Measured with every core instead, a device with more cores than its worker uses looks faster than
@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from arceusd.profile import DeviceMeasurement, best_measurement, load_or_measure, measure_all, to_device_profile
+from arceusd.device.profile import DeviceMeasurement, best_measurement, load_or_measure, measure_all, to_device_profile
 
 
 def main() -> None:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from arceusd.checkpoint import (
+from arceusd.files.checkpoint import (
     SHARD_NAME,
     CheckpointError,
     ShardRecord,
@@ -120,8 +120,8 @@ def prepare_resume(
     """
     import torch  # this and the two below load torch: run in a child (arceusd.jobs.filework)
 
+    from arceusd.files.safetensors_io import save_bytes
     from arceusd.jobs.reslice import full_state, slice_state
-    from arceusd.safetensors_io import save_bytes
 
     loaded = load_latest([job_dir / "checkpoints", *replica_roots], trusted)
     if loaded is None:

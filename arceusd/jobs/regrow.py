@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from arceusd.checkpoint import CheckpointError, read_manifest, step_dir
+from arceusd.files.checkpoint import CheckpointError, read_manifest, step_dir
 from arceusd.jobs.core import actions, events
 from arceusd.jobs.job import Job
 from arceusd.jobs.manager_base import JobContext, Lifecycle

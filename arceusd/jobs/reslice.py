@@ -25,11 +25,11 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from arceusd.files.safetensors_io import SafetensorsHeaderError, load_bytes, read_metadata
 from arceusd.models.build import num_blocks, tied_pair
 from arceusd.models.config import GPTConfig, ModelConfig
 from arceusd.models.hf.config import HFModelConfig
 from arceusd.models.hf.lora_keys import lora_blocks
-from arceusd.safetensors_io import SafetensorsHeaderError, load_bytes, read_metadata
 from arceusd.worker.hf_tp_tensors import gather_hf_tensor, shard_hf_tensor
 from arceusd.worker.protocol import StageConfig
 from arceusd.worker.tensor_parallel import TPSplit, gather_tensor, shard_tensor

@@ -6,7 +6,7 @@ A member reports a shard as ``(name, sha256, size)``, the :class:`protocol.job_w
 download bound as sent:
 
 - the file name is derived here from the plan: the reporter's stage and rank (:func:`expected_shard_name`, the
-  same :func:`arceusd.checkpoint.shard_file_name` its worker writes under); a report naming another file (a path,
+  same :func:`arceusd.files.checkpoint.shard_file_name` its worker writes under); a report naming another file (a path,
   another stage's shard) is refused;
 - the size must be at most what the plan implies for that share (:func:`shard_size_bound`: its stage's blocks'
   parameter and optimizer bytes from the planner's inputs, computed on this device, with a margin for the file's
@@ -32,7 +32,7 @@ from typing import Any
 
 import trio
 
-from arceusd.checkpoint import shard_file_name, step_dir
+from arceusd.files.checkpoint import shard_file_name, step_dir
 from arceusd.jobs import filework
 from arceusd.jobs.core import JobState
 from arceusd.jobs.job import Job

@@ -16,7 +16,7 @@ from typing import Any
 
 import trio
 
-from arceusd.checkpoint import MANIFEST_NAME, CheckpointError, parse_manifest, prune, step_dir
+from arceusd.files.checkpoint import MANIFEST_NAME, CheckpointError, parse_manifest, prune, step_dir
 from arceusd.jobs import leadership
 from arceusd.jobs.core import Role
 from arceusd.jobs.core.events import FollowsOther, StandbyCommitted

@@ -240,10 +240,10 @@ class Starting:
         return unacknowledged
 
     async def _measure_links(self, job: Job) -> dict[str, Any]:
-        """Leader: the link to each member, measured over the transport (``arceusd.profile.measure_link``: round
+        """Leader: the link to each member, measured over the transport (``arceusd.device.profile.measure_link``: round
         trip, bandwidth, per-message cost) one member at a time, reused for :data:`LINK_TTL_S`. A member that
         does not echo in time keeps the defaults (round trip from membership, nominal bandwidth)."""
-        from arceusd.profile import measure_link  # local: off the daemon's start
+        from arceusd.device.profile import measure_link  # local: off the daemon's start
 
         me, now, out = self.ctx.node.identity.peer_id, time.monotonic(), {}
         for peer in sorted(job.members):

@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 import trio
 
-from arceusd.checkpoint import MANIFEST_NAME, SHARD_NAME, atomic_write, file_matches, matches, step_dir
+from arceusd.files.checkpoint import MANIFEST_NAME, SHARD_NAME, atomic_write, file_matches, matches, step_dir
 from arceusd.jobs.initial_weights import (
     leader_weights,
     place_layout,
@@ -47,7 +47,7 @@ from arceusd.models.hf.weights_slice import (
     slice_header,
     slice_size,
 )
-from arceusd.peers import PeerService
+from arceusd.network.peers import PeerService
 from arceusd.worker.protocol import ResumeConfig
 from protocol.envelope import Header
 from protocol.job_wire import (

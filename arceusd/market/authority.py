@@ -22,7 +22,7 @@ from typing import Any
 
 import msgpack
 
-from arceusd.identity import Identity, peer_id_from_public_key, verify_signature
+from arceusd.base.identity import Identity, peer_id_from_public_key, verify_signature
 
 AUTH_DOMAIN = b"arceus-leader-authorisation-v1\x00"
 MAX_AUTH = 512

@@ -1,6 +1,6 @@
 """The marketplace's command line: ``arceusd policy``, ``market``, ``earnings``, ``bill``, ``verify-ledger``.
 
-Registered on the ``arceusd`` group by :func:`register` (one line in ``arceusd.cli``). Commands that need the
+Registered on the ``arceusd`` group by :func:`register` (one line in ``arceusd.cli.commands``). Commands that need the
 running daemon go through its control socket (``obj.call``); the policy and the ledgers are files and are read
 without one.
 """
@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from arceusd.base.text_safety import safe_tree
 from arceusd.jobs.view import count, usd_per_hour
 from arceusd.market.policy import PolicyError, lend_reasons
 from arceusd.market.policy_file import change_policy, load_policy
 from arceusd.market.probes import Snapshot, probe_for
-from arceusd.text_safety import safe_tree
 
 if TYPE_CHECKING:
-    from arceusd.cli_context import Context
+    from arceusd.cli.context import Context
 
 
 def _snapshot_line(snap: Snapshot) -> str:
@@ -140,7 +140,7 @@ def market_command(obj: Context, as_json: bool) -> None:
 
 def _own_key(obj: Context) -> bytes | None:
     """This daemon's public key, when its state directory has one (its own ledger must be kept by it)."""
-    from arceusd.identity import IdentityError, key_path, load_or_create_identity
+    from arceusd.base.identity import IdentityError, key_path, load_or_create_identity
 
     if not key_path(obj.state_dir).exists():
         return None
@@ -170,7 +170,7 @@ def _ledger_entries(obj: Context) -> list[Any]:
 @click.pass_obj
 def earnings_command(obj: Context, as_json: bool) -> None:
     """What this device earned: its countersigned receipts by job, by day and in total, in dollars."""
-    from arceusd.identity import IdentityError, load_or_create_identity
+    from arceusd.base.identity import IdentityError, load_or_create_identity
     from arceusd.market.ledger import earnings
 
     try:
@@ -200,7 +200,7 @@ def bill_command(obj: Context, job: str, as_json: bool) -> None:
     """What JOB (an id or a unique prefix) costs its owner: the devices' countersigned receipts (the owner's own
     device is not billed). The whole bill is in the owner's ledger; on another device it is that device's part
     only, and says so."""
-    from arceusd.identity import IdentityError, load_or_create_identity
+    from arceusd.base.identity import IdentityError, load_or_create_identity
     from arceusd.market.ledger import bill
 
     try:

@@ -26,7 +26,9 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from arceusd.control import ControlError, call, daemon_answers
+from arceusd.base.control import ControlError, call, daemon_answers
+from arceusd.base.paths import StatePaths
+from arceusd.device.profile import CACHE_FILE
 from arceusd.jobs.memory_fit import Lent, TrainingMemory, devices_needed, fits, summary, training_memory, what_to_do
 from arceusd.jobs.planning import Offer
 from arceusd.jobs.spec_types import JobSpec
@@ -35,8 +37,6 @@ from arceusd.market.forecast import Forecast, forecast
 from arceusd.market.pricing import CLOUD_PRICES_AS_OF, CLOUD_PRICES_SOURCE, NEUTRAL, TYPICAL_LAPTOP_FLOPS, Demand
 from arceusd.market.quote import Quote, job_flops, quote, quote_lines
 from arceusd.market.timings import read_timings
-from arceusd.paths import StatePaths
-from arceusd.profile import CACHE_FILE
 from partitioner import PlanError
 
 

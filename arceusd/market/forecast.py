@@ -11,7 +11,7 @@ over their offers: measured FLOP/s, calibration and links) predicts a step time,
   (:mod:`arceusd.market.timings`, from ``job_timings.json`` in its state directory); until it has, the model kind's
   :data:`STEP_FACTORS`, fitted by ``bench/quote.py`` on an idle 16-core machine (1.1-1.6x for the char-GPTs,
   0.55-0.65x for the MNIST MLP; a model kind not measured takes 1). The planner's cost model misses that much
-  (``arceusd.profile``'s calibration is its to fix).
+  (``arceusd.device.profile``'s calibration is its to fix).
 - ``start``: submit to the first step (the members' joins, the plan, the links measured, the stage workers started
   from a warm worker server), and ``end``: the last commit to ``done`` (the last evaluation, the model gathered and
   exported): what this daemon measured its own past jobs to take. Until it has measured them, the figures of an

@@ -2,7 +2,7 @@
 
 The formula (all figures below are constants of this module)::
 
-    F      = min(flops_per_s, MAX_FLOPS)                       measured float32 matmul FLOP/s (arceusd.profile)
+    F      = min(flops_per_s, MAX_FLOPS)                       measured float32 matmul FLOP/s (arceusd.device.profile)
     r      = (jobs_wanting + 1) / (idle_devices + 1)           announced jobs against idle devices
     d      = clamp(sqrt(r), DEMAND_MIN, DEMAND_MAX)            demand factor: 1 when supply meets demand
     raw    = BASE_RATE_PER_HOUR * (F / TYPICAL_LAPTOP_FLOPS) * d

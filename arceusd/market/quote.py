@@ -3,7 +3,7 @@ same FLOPs. Pure.
 
 Work: the spec's model costs (``arceusd.models.costs.block_costs``: forward + backward FLOPs per sample) x
 ``batch_size`` x ``steps``. Time: that work over the members' FLOP/s, each taken at its measured block
-efficiency (the share of the matmul benchmark a stage really gets; ``arceusd.profile``), assuming a perfect
+efficiency (the share of the matmul benchmark a stage really gets; ``arceusd.device.profile``), assuming a perfect
 pipeline (so the time is a lower bound and the cost with it). Cost: each member's hours x its price
 (``arceusd.market.pricing``), but the owner's own device's. Cloud: the same FLOPs at each table GPU's float32
 peak, at its list price.

@@ -7,7 +7,7 @@ device-seconds, FLOPs under the plan, price per hour, issue time), its canonical
 
 Encoding: a msgpack map ``{field: value}`` in declaration order (``use_bin_type``, ``strict_types``), as
 ``protocol.codec`` encodes messages, so the bytes are deterministic and can be signed. Signatures are
-Ed25519 (``arceusd.identity``) over domain-separated bytes: the leader signs ``LEADER_DOMAIN || body``, the
+Ed25519 (``arceusd.base.identity``) over domain-separated bytes: the leader signs ``LEADER_DOMAIN || body``, the
 device signs ``DEVICE_DOMAIN || body || leader signature``. A signed receipt carries both raw public keys;
 anyone checks that each key's peer id is the one named in the body and that each signature verifies.
 
@@ -34,7 +34,7 @@ from typing import Any
 
 import msgpack
 
-from arceusd.identity import Identity, peer_id_from_public_key, verify_signature
+from arceusd.base.identity import Identity, peer_id_from_public_key, verify_signature
 
 LEADER_DOMAIN = b"arceus-receipt-v1\x00"
 DEVICE_DOMAIN = b"arceus-receipt-countersign-v1\x00"

@@ -38,7 +38,8 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from arceusd.control import RequestError
+from arceusd.base.control import RequestError
+from arceusd.device.node import JobService, Node
 from arceusd.jobs.warm_starts import warm_starts
 from arceusd.market.admission import Member, Spend, budget_stop, devices_for_memory, join_refusal, projected_usd
 from arceusd.market.authority import AuthorityError, authorise, from_bytes
@@ -67,12 +68,11 @@ from arceusd.market.receipts import (
 )
 from arceusd.market.timings import read_timings
 from arceusd.market.unpaid import PayWatch, leave_reason, unpaid
-from arceusd.node import JobService, Node
 from partitioner import PlanError
 from protocol.market_wire import ReceiptBatch, ReceiptOffer, ReceiptReply, ReceiptsRequest
 
 if TYPE_CHECKING:
-    from arceusd.peers import PeerService
+    from arceusd.network.peers import PeerService
 
 log = logging.getLogger(__name__)
 

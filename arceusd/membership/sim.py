@@ -26,7 +26,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from arceusd import election as el
+from arceusd.elections import core as el
 from arceusd.membership import events as ev
 from arceusd.membership.config import MembershipConfig
 from arceusd.membership.swim import Membership

@@ -9,7 +9,7 @@ real peer's new connection failed (``UNAVAILABLE``) for as long as it kept them.
 grpcio cannot be handed an accepted socket, so this front accepts, decides with the pure
 :class:`~arceusd.transport.gate_core.ConnectionTable` (per source, in total, fair when full, hello and idle
 deadlines), and relays bytes both ways for the connections it keeps. It also backs off on ``EMFILE``
-(:mod:`arceusd.fdlimit`) instead of ending the daemon.
+(:mod:`arceusd.base.fdlimit`) instead of ending the daemon.
 
 gRPC listens on ``unix:DIR/g`` in a private directory (mode 0700, made by :func:`open_gate_dir`), so nobody can
 go around the gate (a loopback TCP port would let any local user in). Each relayed connection dials it from a
@@ -43,7 +43,7 @@ from typing import Any
 
 import trio
 
-from arceusd.fdlimit import AcceptBackoff
+from arceusd.base.fdlimit import AcceptBackoff
 from arceusd.transport.gate_core import ConnectionTable, GateLimits
 
 #: Bytes read at once from either side of a relayed connection.

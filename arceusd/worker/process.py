@@ -50,17 +50,17 @@ from typing import TextIO
 import torch
 import trio
 
-from arceusd import failpoints
-from arceusd.checkpoint import shard_file_name, write_shard
+from arceusd.base import failpoints
+from arceusd.base.identity import load_or_create_identity
 from arceusd.data.batches import BatchSource
 from arceusd.data.sampler import Cursor
-from arceusd.identity import load_or_create_identity
+from arceusd.files.checkpoint import shard_file_name, write_shard
+from arceusd.files.safetensors_io import load_bytes, save_bytes
 from arceusd.jobs.source import open_batch_source
 from arceusd.jobs.spec import JobSpec, spec_from_dict
 from arceusd.jobs.spec_types import TrainingSpec
 from arceusd.models.build import loss_sum, tied_pair
 from arceusd.models.config import MLPConfig
-from arceusd.safetensors_io import load_bytes, save_bytes
 from arceusd.transport import Stream, open_transport
 from arceusd.worker.affinity import pin_cpus
 from arceusd.worker.collective import TimedCollective

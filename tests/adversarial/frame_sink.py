@@ -20,7 +20,7 @@ if str(ROOT) not in sys.path:
 
 import trio  # noqa: E402
 
-from arceusd.identity import Identity  # noqa: E402
+from arceusd.base.identity import Identity  # noqa: E402
 from arceusd.transport import Stream, TransportError, open_transport  # noqa: E402
 from arceusd.worker.links import LinkError  # noqa: E402
 from arceusd.worker.wire_links import _PIPE, _decode  # noqa: E402

@@ -36,7 +36,7 @@ from the first). Attacks (issue #19 items 1, 3, 4 and 5):
   speed challenges out of every bound, seeds and opens for challenges that do not exist, two challenges at once,
   and a challenge whose seed never comes; every answer is printed as ``hostile: answer <case> <ok> <reason>``.
 
-:class:`HostileSwarm` is a :class:`arceusd.swarm.LocalSwarm` whose daemon :data:`HOSTILE` runs this module.
+:class:`HostileSwarm` is a :class:`arceusd.cli.swarm.LocalSwarm` whose daemon :data:`HOSTILE` runs this module.
 
 Lies happen on the member's side only (its reports and serving); the daemon it attacks runs the real code.
 """
@@ -57,7 +57,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from arceusd.swarm import LocalSwarm  # noqa: E402
+from arceusd.cli.swarm import LocalSwarm  # noqa: E402
 
 HUGE = 16 << 30
 ATTACKS = (
@@ -130,7 +130,7 @@ def install(attack: str, arg: str, after: int) -> None:
             elif attack == "huge":
                 shard["size"] = HUGE
             elif attack in ("nan", "finite"):
-                from arceusd.checkpoint import step_dir
+                from arceusd.files.checkpoint import step_dir
 
                 path = step_dir(job.paths.checkpoints, step) / shard["name"]
                 shard["sha256"], shard["size"] = poison(path, float(arg) if attack == "finite" else float("nan"))
@@ -146,7 +146,7 @@ def install(attack: str, arg: str, after: int) -> None:
 
             await trio.sleep(float(arg))
         if attack in ("path", "mismatch") and msg.step in real_names:
-            from arceusd.checkpoint import step_dir
+            from arceusd.files.checkpoint import step_dir
 
             job = self.jobs.get(msg.job_id)
             if job is not None:
@@ -390,7 +390,7 @@ def main() -> None:
         sys.exit(f"ARCEUS_HOSTILE must be one of {ATTACKS}, got {attack!r}")
     if attack != "none":
         install(attack, os.environ.get("ARCEUS_HOSTILE_ARG", ""), int(os.environ.get("ARCEUS_HOSTILE_AFTER", "0")))
-    from arceusd.cli import main as arceusd_main
+    from arceusd.cli.commands import main as arceusd_main
 
     sys.argv = ["arceusd", *sys.argv[1:]]
     arceusd_main()

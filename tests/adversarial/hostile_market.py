@@ -11,7 +11,7 @@ cheat:
 ``ARCEUS_HOSTILE_NAP`` (seconds, optional) makes its stage workers sleep before every step (``worker.step``
 failpoint), so the job's checkpoints come seconds apart, as a real model's do.
 
-:class:`MarketSwarm` is a :class:`arceusd.swarm.LocalSwarm` whose daemon 0 (the job's owner and leader) runs this
+:class:`MarketSwarm` is a :class:`arceusd.cli.swarm.LocalSwarm` whose daemon 0 (the job's owner and leader) runs this
 module.
 """
 
@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from arceusd.swarm import LocalSwarm  # noqa: E402
+from arceusd.cli.swarm import LocalSwarm  # noqa: E402
 
 ATTACKS = ("none", "withhold", "zero")
 OWNER = 0
@@ -132,7 +132,7 @@ def main() -> None:
         sys.exit(f"ARCEUS_HOSTILE must be one of {ATTACKS}, got {attack!r}")
     if attack != "none":
         install(attack)
-    from arceusd.cli import main as arceusd_main
+    from arceusd.cli.commands import main as arceusd_main
 
     sys.argv = ["arceusd", *sys.argv[1:]]
     arceusd_main()

@@ -29,7 +29,7 @@ if str(ROOT) not in sys.path:
 
 import trio  # noqa: E402
 
-from arceusd.identity import Identity  # noqa: E402
+from arceusd.base.identity import Identity  # noqa: E402
 from arceusd.transport import open_transport  # noqa: E402
 from protocol import codec  # noqa: E402
 from protocol.envelope import seal_message  # noqa: E402

@@ -42,9 +42,9 @@ if str(ROOT) not in sys.path:
 import grpc  # noqa: E402
 import trio  # noqa: E402
 
-from arceusd.identity import Identity  # noqa: E402
+from arceusd.base.identity import Identity  # noqa: E402
 from arceusd.membership.config import local  # noqa: E402
-from arceusd.peers import PeerService  # noqa: E402
+from arceusd.network.peers import PeerService  # noqa: E402
 from arceusd.transport import CALL_METHOD, STREAM_METHOD, Stream, TransportError, open_transport  # noqa: E402
 from protocol import stream_auth as sa  # noqa: E402
 from protocol.errors import LocalProtocolError, RemoteProtocolError  # noqa: E402
@@ -187,7 +187,7 @@ def dense_empty_maps(size: int) -> bytes:
 
 
 async def dense_maps(target: str, count: int, mib: int, batch: int) -> dict[str, Any]:
-    from arceusd.peers import wall_ms
+    from arceusd.network.peers import wall_ms
     from protocol.envelope import seal
     from protocol.messages import schema_for_id
 

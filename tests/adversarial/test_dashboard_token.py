@@ -1,7 +1,7 @@
 """Issue 29 (b): ``arceusd dashboard`` opened the browser with the token URL as an argument, so another local
 user read the token from the process table; the daemon's log was mode 0644. Now the browser is given a 0600
 page in the state directory that leads on to the URL (``arceusd/dashboard/opener.py``) and the log is 0600
-(``arceusd/logs.py``). The test plays the other user: while ``arceusd dashboard --open`` runs with a browser
+(``arceusd/base/logs.py``). The test plays the other user: while ``arceusd dashboard --open`` runs with a browser
 that stays open, it reads every process's command line and environment in /proc (as the same user, which
 sees more than another would) and every file in the state directory that others may read."""
 

@@ -2,7 +2,7 @@
 a daemon by ~500 MiB, stalled ``status`` for 10 s and made its peers declare it dead: msgpack built the whole
 object tree (4 million maps a frame) on the event loop before any schema check or per-sender limit. Now the
 payload is read by its schema (``protocol/wire_reader.py``: a map where the schema wants something else is
-refused by its first byte) and the sender's rate limit applies before decoding (``arceusd/peers.py``)."""
+refused by its first byte) and the sender's rate limit applies before decoding (``arceusd/network/peers.py``)."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ from typing import Any, cast
 
 import pytest
 
-from arceusd.swarm import LocalSwarm
+from arceusd.cli.swarm import LocalSwarm
 from tests.adversarial.hostile_job import ABUSES, HOSTILE, LEADER, HostileSwarm
 from tests.adversarial.victim import Report, Watch, assert_healthy
 from tests.harness import Daemon, wait_for

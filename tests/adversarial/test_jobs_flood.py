@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from arceusd.announce_guard import AnnounceLimits
+from arceusd.network.announce_guard import AnnounceLimits
 from tests.adversarial.victim import Watch, assert_healthy, baseline, hostile, peer_address, start_daemon
 from tests.harness import ROOT, run_cli, wait_for
 

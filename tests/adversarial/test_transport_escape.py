@@ -1,5 +1,5 @@
 """Issue #19 item 10: ``arceusd peers`` once printed a stranger's ``device`` string raw, so its terminal escape
-sequences reached the user's terminal. Every human view now escapes remote strings (arceusd/text_safety.py)."""
+sequences reached the user's terminal. Every human view now escapes remote strings (arceusd/base/text_safety.py)."""
 
 from __future__ import annotations
 

@@ -81,7 +81,7 @@ class Watch:
         self._thread.join(timeout=10)
 
     def _run(self) -> None:
-        from arceusd.control import call
+        from arceusd.base.control import call
 
         r = self.report
         while not self._stop.is_set():

@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from arceusd.swarm import LocalSwarm, free_ports
+from arceusd.cli.swarm import LocalSwarm, free_ports
 from tests.harness import wait_for
 
 CHROMIUM = "/usr/bin/chromium"

@@ -14,7 +14,7 @@ from tokenizers import Tokenizer
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import arceus
-from arceusd.swarm import LocalSwarm
+from arceusd.cli.swarm import LocalSwarm
 
 pytestmark = [pytest.mark.slow]
 

@@ -132,7 +132,7 @@ def test_detach_stop_and_logs(tmp_path: Path) -> None:
 
 
 def test_start_without_service_manager_points_to_foreground(tmp_path: Path) -> None:
-    from arceusd import service
+    from arceusd.daemon import service
 
     try:
         service.detect()

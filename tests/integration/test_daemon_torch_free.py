@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from arceusd.swarm import LocalSwarm
+from arceusd.cli.swarm import LocalSwarm
 from tests.harness import Daemon, wait_for
 from tests.integration.test_recovery import job_of, submit, wait_end, wait_step, write_spec
 

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from arceusd.election import election_local
+from arceusd.cli.swarm import LocalSwarm
+from arceusd.elections.core import election_local
 from arceusd.membership.config import detection_bound, local
-from arceusd.swarm import LocalSwarm
 from tests.harness import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]

@@ -11,7 +11,7 @@ import time
 import pytest
 import trio
 
-from arceusd.identity import Identity
+from arceusd.base.identity import Identity
 from arceusd.transport import open_transport
 from arceusd.transport.gate_core import GateLimits
 from tests.integration.test_transport import echo_call, echo_stream, trio_test

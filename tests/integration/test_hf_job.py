@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from arceusd.swarm import LocalSwarm
+from arceusd.cli.swarm import LocalSwarm
 from tests.integration.test_recovery import submit, wait_end
 
 pytestmark = [pytest.mark.slow]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from arceusd.swarm import LocalSwarm
+from arceusd.cli.swarm import LocalSwarm
 from tests.integration.test_hf_job import CONFIG, _base, member_read_only_its_slice
 from tests.integration.test_recovery import submit, wait_end
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from arceusd.swarm import LocalSwarm
+from arceusd.cli.swarm import LocalSwarm
 from tests.harness import wait_for
 
 SPECS = Path(__file__).parent / "specs"
@@ -65,7 +65,7 @@ def check_distributed(s: LocalSwarm, job: dict[str, Any]) -> None:
     assert set(links) == ids - {job["owner"]}
     assert all(m["rtt_ms"] > 0 and m["bandwidth_mb_s"] > 0 and m["message_ms"] > 0 for m in links.values())
     # The owner committed a manifest signed with its key for the final step.
-    from arceusd.checkpoint import read_manifest, step_dir
+    from arceusd.files.checkpoint import read_manifest, step_dir
 
     owner = s.call(0, "status")["peer_id"]
     root = Path(job["model_path"]).parent / "checkpoints"
@@ -78,7 +78,7 @@ def test_mnist_mlp_across_three_daemons_reaches_95_percent(swarm3: LocalSwarm) -
     job = run_job(swarm3, SPECS / "mnist-mlp-3.toml", timeout=480)
     assert job["val_accuracy"] >= 0.95, job
     check_distributed(swarm3, job)
-    # the daemons of one machine share one measurement of it (arceusd.swarm.PROFILE_ENV): none measured again
+    # the daemons of one machine share one measurement of it (arceusd.cli.swarm.PROFILE_ENV): none measured again
     assert swarm3.profile is not None and swarm3.profile.is_file()
     shared = swarm3.profile.read_bytes()
     assert all((swarm3.state_dir(i) / "device_profile.json").read_bytes() == shared for i in range(3))

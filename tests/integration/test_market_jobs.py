@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
+from arceusd.cli.swarm import LocalSwarm
 from arceusd.market.timings import TIMINGS_FILE, JobTiming
-from arceusd.swarm import LocalSwarm
 from tests.harness import wait_for
 from tests.integration.test_recovery import assert_equals_failure_free, job_of, wait_end, wait_step, write_spec
 

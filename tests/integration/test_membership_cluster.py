@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from arceusd.cli.swarm import LocalSwarm
 from arceusd.membership.config import detection_bound, local
-from arceusd.swarm import LocalSwarm
 from tests.harness import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from arceusd.swarm import LocalSwarm
+from arceusd.cli.swarm import LocalSwarm
 from tests.harness import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from arceusd.swarm import LocalSwarm
+from arceusd.cli.swarm import LocalSwarm
 from tests.integration.test_recovery import wait_end
 
 pytestmark = [pytest.mark.slow]

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from arceusd.swarm import LocalSwarm
+from arceusd.cli.swarm import LocalSwarm
 from tests.harness import wait_for
 
 SHARED = Path(__file__).resolve().parents[2] / "data"

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from arceusd.swarm import LocalSwarm
+from arceusd.cli.swarm import LocalSwarm
 from tests.harness import wait_for
 from tests.integration.test_jobs import cli
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from arceusd.checkpoint import step_dir
-from arceusd.safetensors_io import load_bytes
+from arceusd.files.checkpoint import step_dir
+from arceusd.files.safetensors_io import load_bytes
 from arceusd.worker.protocol import (
     CheckpointEvent,
     DoneEvent,

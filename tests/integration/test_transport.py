@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import trio
 
-from arceusd.identity import Identity
+from arceusd.base.identity import Identity
 from arceusd.transport import MemoryNetwork, Stream, TransportConfig, TransportError, open_transport
 from protocol import stream_auth as sa
 from protocol.errors import LocalProtocolError, RemoteProtocolError
@@ -323,7 +323,7 @@ async def test_a_peer_that_starts_listening_is_reached_within_moments_grpc() -> 
     soon as it listens: the channel's reconnect backoff is short (``RECONNECT_BACKOFF_MS``). With gRPC's
     default (1 s, growing) every call in that second failed at once: probes suspected a healthy peer and a
     leave on SIGTERM never went out (CI: test_restarted_daemon_is_alive_everywhere_within_the_join_time)."""
-    from arceusd.swarm import free_ports
+    from arceusd.cli.swarm import free_ports
 
     port = free_ports(1)[0]
     address = f"127.0.0.1:{port}"
@@ -348,7 +348,7 @@ async def test_a_call_right_after_a_refused_one_dials_afresh_grpc() -> None:
     failing fast for the old channel's reconnect backoff (gRPC shares one subchannel, and its backoff, among the
     channels to an address unless each keeps its own). Daemons started together dial each other's seeds before
     they listen; a peer's first probe right after it listened failed this way, and the peer was suspected."""
-    from arceusd.swarm import free_ports
+    from arceusd.cli.swarm import free_ports
 
     port = free_ports(1)[0]
     address = f"127.0.0.1:{port}"

@@ -14,7 +14,7 @@ import pytest
 import torch
 import trio
 
-from arceusd.identity import Identity
+from arceusd.base.identity import Identity
 from arceusd.models.build import build_reference_model
 from arceusd.transport import Stream, open_transport
 from arceusd.worker.protocol import CheckpointEvent, DoneEvent, ErrorEvent, StepEvent

@@ -17,7 +17,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from arceusd.checkpoint import step_dir
+from arceusd.files.checkpoint import step_dir
 from arceusd.jobs.export import assemble
 from arceusd.jobs.spec import JobSpec
 from arceusd.models.build import build_blocks

@@ -8,7 +8,7 @@
 The control socket is a unix socket in the state directory, so the test talks to every daemon from the root
 namespace. Namespaces are always deleted and daemons always killed (also on failure).
 
-Known limit (arceusd/discovery.py, not this test's to fix): when both copies start in the same instant,
+Known limit (arceusd/network/discovery.py, not this test's to fix): when both copies start in the same instant,
 neither reported the other in about 1 run of 6 under load. Likely cause: both pass zeroconf's name probe for
 the shared instance name ``<peer id>._arceus._tcp.local.`` and each then resolves that name to its own record.
 A per-boot instance name (``<peer id>-<boot id>``), with the id compared from the TXT record, would close it.
@@ -29,8 +29,8 @@ from typing import Any
 
 import pytest
 
-from arceusd.control import ControlError, call
-from arceusd.identity import KEY_FILE_NAME, load_or_create_identity
+from arceusd.base.control import ControlError, call
+from arceusd.base.identity import KEY_FILE_NAME, load_or_create_identity
 from tests.harness import ROOT, wait_for
 from tests.netns.lan import Host, netns_available, virtual_lan
 

@@ -77,7 +77,7 @@ def lan_daemon(host: Host, state: Path) -> Iterator[subprocess.Popen[bytes]]:
 
 
 def states_of(state: Path) -> dict[str, str]:
-    from arceusd.control import call
+    from arceusd.base.control import call
 
     return {p["peer_id"]: p["state"] for p in call(state / "control.sock", "peers", timeout=5.0)}
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from arceusd.config import ConfigError, load_config
-from arceusd.swarm import worker_cpu_args
+from arceusd.cli.swarm import worker_cpu_args
+from arceusd.device.config import ConfigError, load_config
 from arceusd.worker.affinity import AffinityError, check_cpus, parse_cpu_list, pin_cpus
 from arceusd.worker.protocol import MemberConfig, StageConfig, WorkerConfig, WorkerProtocolError
 

@@ -1,4 +1,4 @@
-"""Fair shares of the announcement table (arceusd/announce_guard.py, issue 29 (c)): a flood of announcements
+"""Fair shares of the announcement table (arceusd/network/announce_guard.py, issue 29 (c)): a flood of announcements
 from many keys evicts its own, never the jobs of owners in our membership, and members' hosts and keys share
 the table."""
 
@@ -9,7 +9,7 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from arceusd.announce_guard import AnnounceGuard, AnnounceLimits, address_host, fair_victim
+from arceusd.network.announce_guard import AnnounceGuard, AnnounceLimits, address_host, fair_victim
 
 
 def _key(i: int) -> str:

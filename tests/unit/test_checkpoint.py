@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from arceusd.checkpoint import (
+from arceusd.base.identity import Identity
+from arceusd.files.checkpoint import (
     CheckpointError,
     Manifest,
     commit_manifest,
@@ -20,7 +21,6 @@ from arceusd.checkpoint import (
     step_dir,
     write_shard,
 )
-from arceusd.identity import Identity
 
 
 def _write_step(root: Path, step: int, leader: Identity, scale: float = 1.0) -> dict[str, dict[str, torch.Tensor]]:

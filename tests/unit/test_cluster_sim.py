@@ -17,7 +17,7 @@ import random
 
 import pytest
 
-from arceusd.election import Election, ElectionState
+from arceusd.elections.core import Election, ElectionState
 from arceusd.membership import detection_bound, local
 from arceusd.membership.events import Join
 from arceusd.membership.sim import Cluster, NetworkModel, SimNode, peer_name

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from arceusd.config import ConfigError, load_config, parse_host_port
-from arceusd.identity import IdentityError, load_or_create_identity, peer_id_from_public_key, verify_signature
+from arceusd.base.identity import IdentityError, load_or_create_identity, peer_id_from_public_key, verify_signature
+from arceusd.device.config import ConfigError, load_config, parse_host_port
 
 
 def test_presets_and_precedence(tmp_path: Path) -> None:

@@ -194,7 +194,7 @@ def test_eta_formats() -> None:
 def test_the_dashboard_config_keys(tmp_path: Path) -> None:
     import pytest
 
-    from arceusd.config import ConfigError, load_config
+    from arceusd.device.config import ConfigError, load_config
 
     assert (load_config(tmp_path).dashboard_host, load_config(tmp_path).dashboard_port) == ("127.0.0.1", 0)
     (tmp_path / "config.toml").write_text('dashboard_host = "0.0.0.0"\ndashboard_port = 8765\n')

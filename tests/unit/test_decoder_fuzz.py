@@ -14,7 +14,7 @@ import msgpack
 import pytest
 import torch
 
-from arceusd.identity import Identity
+from arceusd.base.identity import Identity
 from protocol import codec, compression, envelope
 from protocol.errors import RemoteProtocolError
 from protocol.messages import (

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from arceusd import demo
-from arceusd.cli import demo as demo_command
+from arceusd.cli import demo
+from arceusd.cli.commands import demo as demo_command
 
 
 def test_progress_bar_shows_steps_eta_and_figures() -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import hashlib
 
-from arceusd.announce_guard import AnnounceGuard, AnnounceLimits
-from arceusd.text_safety import safe_text, safe_tree
+from arceusd.base.text_safety import safe_text, safe_tree
+from arceusd.network.announce_guard import AnnounceGuard, AnnounceLimits
 from protocol.messages import JobAnnounce
 
 OWNER = "ab" * 16

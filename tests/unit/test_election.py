@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from arceusd.election import (
+from arceusd.elections.core import (
     BecameLeader,
     Election,
     ElectionError,

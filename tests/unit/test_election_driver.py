@@ -16,11 +16,11 @@ from typing import Any, cast
 import pytest
 import trio
 
-from arceusd.election import election_local
-from arceusd.election_driver import JobElections, load_terms, write_terms
-from arceusd.identity import Identity
+from arceusd.base.identity import Identity
+from arceusd.elections.core import election_local
+from arceusd.elections.driver import JobElections, load_terms, write_terms
 from arceusd.membership.config import local
-from arceusd.peers import PeerService, UnaryTransport
+from arceusd.network.peers import PeerService, UnaryTransport
 from arceusd.transport import Stream
 from arceusd.transport.memory import MemoryNetwork
 

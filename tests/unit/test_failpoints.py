@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from arceusd import failpoints
+from arceusd.base import failpoints
 from arceusd.jobs.manager import worker_device
 
 

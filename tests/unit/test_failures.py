@@ -1,9 +1,9 @@
-"""arceusd/failures.py: any exception reaching the command line becomes one line and an exit code."""
+"""arceusd/base/failures.py: any exception reaching the command line becomes one line and an exit code."""
 
 from __future__ import annotations
 
-from arceusd.config import ConfigError
-from arceusd.failures import EXIT_FAILURE, EXIT_STARTUP, StartupError, debug_requested, one_line
+from arceusd.base.failures import EXIT_FAILURE, EXIT_STARTUP, StartupError, debug_requested, one_line
+from arceusd.device.config import ConfigError
 
 
 def test_errors_written_for_the_user_are_found_inside_nested_groups() -> None:

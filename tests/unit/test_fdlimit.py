@@ -1,4 +1,4 @@
-"""Running out of descriptors never ends an accept loop (arceusd/fdlimit.py), and the control socket answers
+"""Running out of descriptors never ends an accept loop (arceusd/base/fdlimit.py), and the control socket answers
 again once descriptors are free (issue 29)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import textwrap
 import pytest
 import trio
 
-from arceusd.fdlimit import AcceptBackoff, accept
+from arceusd.base.fdlimit import AcceptBackoff, accept
 from tests.harness import ROOT
 
 
@@ -54,7 +54,7 @@ _CONTROL_AT_EMFILE = textwrap.dedent("""
     import os, resource, socket, sys, threading, time
     from pathlib import Path
     import trio
-    from arceusd.control import call, serve_control
+    from arceusd.base.control import call, serve_control
 
     async def status(_params):
         return "ok"

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from arceusd.cli import cli
+from arceusd.cli.commands import cli
 from arceusd.jobs.planning import Offer, make_job_plan
 from arceusd.jobs.spec import load_spec
 from arceusd.jobs.spec_types import JobSpec

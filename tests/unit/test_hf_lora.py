@@ -15,6 +15,7 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from arceusd.files.safetensors_io import save_bytes
 from arceusd.jobs.reslice import full_state, parse_shard, slice_state
 from arceusd.models.build import build_blocks, num_blocks
 from arceusd.models.hf.blocks import transformers_config
@@ -24,7 +25,6 @@ from arceusd.models.hf.lora import hold_base
 from arceusd.models.hf.lora_export import MERGED, write_lora_export
 from arceusd.models.hf.lora_keys import lora_tensors, peft_key
 from arceusd.models.hf.lora_spec import LoraSpec
-from arceusd.safetensors_io import save_bytes
 from arceusd.worker.engine import StageEngine
 from arceusd.worker.optim import AdamWConfig, LRSchedule, OptimizerConfig, SGDConfig
 from arceusd.worker.protocol import MemberConfig, StageConfig

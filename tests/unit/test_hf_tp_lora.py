@@ -17,6 +17,7 @@ import pytest
 import torch
 from peft import PeftModel, get_peft_model, set_peft_model_state_dict
 
+from arceusd.files.safetensors_io import save_bytes
 from arceusd.jobs.planning import Offer, encode_start, make_plan, verify_start, worker_stages
 from arceusd.jobs.reslice import full_state, parse_shard, slice_state
 from arceusd.jobs.spec import load_spec
@@ -27,7 +28,6 @@ from arceusd.models.hf.lora import hold_base
 from arceusd.models.hf.lora_export import write_lora_export
 from arceusd.models.hf.lora_keys import lora_tensors, peft_key
 from arceusd.models.hf.lora_spec import LoraSpec
-from arceusd.safetensors_io import save_bytes
 from arceusd.worker.collective import InMemoryAllReduce, TimedCollective
 from arceusd.worker.engine import StageEngine
 from arceusd.worker.hf_tensor_parallel import shard_hf_block

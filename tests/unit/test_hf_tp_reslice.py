@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from arceusd.files.safetensors_io import save_bytes
 from arceusd.jobs.reslice import full_state, parse_shard, slice_state
 from arceusd.models.build import build_blocks, num_blocks
 from arceusd.models.hf.config import HFModelConfig
-from arceusd.safetensors_io import save_bytes
 from arceusd.worker.collective import InMemoryAllReduce
 from arceusd.worker.protocol import MemberConfig, StageConfig
 from arceusd.worker.stage import StageSpec, build_stage

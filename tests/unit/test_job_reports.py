@@ -15,12 +15,12 @@ import pytest
 import trio
 import trio.testing
 
-from arceusd.identity import Identity
+from arceusd.base.identity import Identity
 from arceusd.jobs.core import events as e
 from arceusd.jobs.reports import KINDS, report_of_event
 from arceusd.jobs.shard_checks import ReportProblem
 from arceusd.membership.config import local
-from arceusd.peers import PeerService, UnaryTransport, wall_ms
+from arceusd.network.peers import PeerService, UnaryTransport, wall_ms
 from arceusd.transport import Stream
 from arceusd.transport.memory import MemoryNetwork
 from protocol import codec

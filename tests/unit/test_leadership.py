@@ -3,14 +3,14 @@ declared the live owner dead under load, its standby won a newer term with the t
 job without the owner; the owner, which never saw itself die, kept commanding. The members must refuse it naming
 the leader they follow, and the owner must then hand over instead of repartitioning until the job fails.
 
-The elections are the real pure cores (arceusd.election) wired by a small in-memory router with a fake clock;
+The elections are the real pure cores (arceusd.elections.core) wired by a small in-memory router with a fake clock;
 a message to a peer whose election does not count the sender as a member is dropped, as the driver does."""
 
 from __future__ import annotations
 
 import random
 
-from arceusd.election import (
+from arceusd.elections.core import (
     Election,
     ElectionAction,
     ElectionEvent,

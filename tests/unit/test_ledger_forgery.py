@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from arceusd.cli import cli
-from arceusd.identity import Identity, load_or_create_identity
+from arceusd.base.identity import Identity, load_or_create_identity
+from arceusd.cli.commands import cli
 from arceusd.market.authority import authorise, from_bytes
 from arceusd.market.ledger import (
     HEAD_FILE,

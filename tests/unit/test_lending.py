@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 import trio
 
+from arceusd.device.profile import CACHE_FILE, CACHE_VERSION, DeviceMeasurement
 from arceusd.jobs import lending
 from arceusd.jobs.lending import answerer, cached_lend, seen_lending
 from arceusd.jobs.memory_fit import MIB
 from arceusd.market.policy import Policy
 from arceusd.market.probes import Snapshot
 from arceusd.membership.events import MemberState
-from arceusd.profile import CACHE_FILE, CACHE_VERSION, DeviceMeasurement
 from protocol.lend_wire import LendQuery, LendReply
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from arceusd.base.logs import make_private, open_private_log, setup_logging
 from arceusd.dashboard import opener
-from arceusd.logs import make_private, open_private_log, setup_logging
 
 URL = "http://127.0.0.1:8123/tok3n_Secret-xyz/"
 

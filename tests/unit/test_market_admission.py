@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from arceusd.identity import Identity
+from arceusd.base.identity import Identity
 from arceusd.market.admission import (
     Member,
     Spend,

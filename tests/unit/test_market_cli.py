@@ -7,8 +7,8 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from arceusd.cli import cli
-from arceusd.identity import load_or_create_identity
+from arceusd.base.identity import load_or_create_identity
+from arceusd.cli.commands import cli
 from arceusd.market.ledger import Ledger
 from arceusd.market.receipts import countersign, sign_leader
 from tests.unit.test_market_receipts import DEV_B, JOB, LEADER, receipt

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from arceusd.identity import Identity
+from arceusd.base.identity import Identity
 from arceusd.market.authority import authorise
 from arceusd.market.collect import MAX_START, accept, kept_for, new_ones, page, to_entry, unique
 from arceusd.market.ledger import Ledger, bill, earnings

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import trio
 
-from arceusd.identity import Identity
+from arceusd.base.identity import Identity
 from arceusd.jobs.spec import parse_spec
 from arceusd.market.quote import step_flops
 from arceusd.market.receipts import Receipt, decode, encode, sign_leader

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from arceusd.config import load_config
+from arceusd.device.config import load_config
 from arceusd.market.policy import (
     DEFAULT_POLICY,
     LAPTOP,

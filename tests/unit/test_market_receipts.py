@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from arceusd.identity import Identity
+from arceusd.base.identity import Identity
 from arceusd.market.ledger import Ledger, LedgerError, bill, earnings, verify_file
 from arceusd.market.receipts import (
     PLAN_SLACK,

@@ -15,11 +15,10 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from arceusd.cli import cli
-from arceusd.cli_context import Context
-from arceusd.control import ControlError
-from arceusd.market.estimate import MEASURED, Estimate, device_guess, unmeasured_source
-from arceusd.profile import (
+from arceusd.base.control import ControlError
+from arceusd.cli.commands import cli
+from arceusd.cli.context import Context
+from arceusd.device.profile import (
     CACHE_FILE,
     CACHE_VERSION,
     MEASURING_NOTE,
@@ -28,6 +27,7 @@ from arceusd.profile import (
     is_measured,
     measuring_note,
 )
+from arceusd.market.estimate import MEASURED, Estimate, device_guess, unmeasured_source
 from tests.integration.test_recovery import write_spec
 
 
@@ -104,7 +104,7 @@ def test_a_command_that_waits_on_the_measurement_says_so_before_it_waits(
     monkeypatch.setattr(click, "echo", echo)
     monkeypatch.setattr(Context, "call", waits)
     monkeypatch.setattr("arceusd.market.estimate.call", waits_control)
-    monkeypatch.setattr("arceusd.cli_context.daemon_answers", lambda _path: True)
+    monkeypatch.setattr("arceusd.cli.context.daemon_answers", lambda _path: True)
     monkeypatch.setattr("arceusd.market.estimate.daemon_answers", lambda _path: True)
     spec = write_spec(tmp_path, steps=10, interval=5)
     args = {

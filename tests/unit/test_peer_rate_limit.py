@@ -9,9 +9,9 @@ from typing import Any, cast
 import trio
 import trio.testing
 
-from arceusd.identity import Identity
+from arceusd.base.identity import Identity
 from arceusd.membership.config import local
-from arceusd.peers import OTHER_RATE, PeerService, UnaryTransport, wall_ms
+from arceusd.network.peers import OTHER_RATE, PeerService, UnaryTransport, wall_ms
 from arceusd.transport import Stream
 from arceusd.transport.memory import MemoryNetwork
 from protocol.envelope import seal

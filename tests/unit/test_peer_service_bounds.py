@@ -9,10 +9,10 @@ from typing import cast
 
 import trio
 
-from arceusd.identity import Identity
+from arceusd.base.identity import Identity
 from arceusd.membership.config import local
 from arceusd.membership.events import SendGossip, Update, UpdateKind
-from arceusd.peers import MAX_UNVERIFIED_KEYS, PeerService, UnaryTransport
+from arceusd.network.peers import MAX_UNVERIFIED_KEYS, PeerService, UnaryTransport
 from protocol import codec
 from protocol.gossip import PeerHello
 

@@ -12,10 +12,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from arceusd.files.safetensors_io import save_bytes
 from arceusd.jobs import plausibility
 from arceusd.jobs.shard_scan import Magnitude, scan_shard
 from arceusd.jobs.spec_types import TrainingSpec
-from arceusd.safetensors_io import save_bytes
 
 
 def training(optimizer: str, **kw: object) -> TrainingSpec:

@@ -11,9 +11,7 @@ import pytest
 import trio
 import trio.testing
 
-from arceusd.models.config import GPTConfig, MLPConfig
-from arceusd.models.costs import block_costs
-from arceusd.profile import (
+from arceusd.device.profile import (
     CACHE_VERSION,
     REFERENCE_MODEL,
     Calibration,
@@ -29,6 +27,8 @@ from arceusd.profile import (
     parse_meminfo_available,
     to_device_profile,
 )
+from arceusd.models.config import GPTConfig, MLPConfig
+from arceusd.models.costs import block_costs
 
 MEMINFO = "MemTotal:       16315584 kB\nMemFree:          512000 kB\nMemAvailable:    8000000 kB\n"
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from arceusd.identity import Identity
+from arceusd.base.identity import Identity
 from protocol import codec, envelope
 from protocol.envelope import BROADCAST, HEADER_LEN, NO_JOB, SIG_LEN, open_envelope, open_message, seal
 from protocol.errors import LocalProtocolError, RemoteProtocolError

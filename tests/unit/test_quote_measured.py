@@ -15,7 +15,7 @@ import pytest
 import trio
 from click.testing import CliRunner
 
-from arceusd.cli import cli
+from arceusd.cli.commands import cli
 from arceusd.jobs.core import JobCore
 from arceusd.jobs.core import actions as a
 from arceusd.jobs.core import events as e

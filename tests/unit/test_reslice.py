@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from arceusd.checkpoint import Manifest, commit_manifest, write_shard
-from arceusd.identity import Identity
+from arceusd.base.identity import Identity
+from arceusd.files.checkpoint import Manifest, commit_manifest, write_shard
+from arceusd.files.safetensors_io import load_bytes, save_bytes
 from arceusd.jobs.recovery import (
     ResumeError,
     ResumePoint,
@@ -20,7 +21,6 @@ from arceusd.jobs.recovery import (
 from arceusd.jobs.reslice import ResliceError, full_state, parse_shard, slice_state
 from arceusd.models.build import build_reference_model, num_blocks
 from arceusd.models.config import GPTConfig, MLPConfig
-from arceusd.safetensors_io import load_bytes, save_bytes
 from arceusd.worker.protocol import MemberConfig, StageConfig
 
 GPT = GPTConfig(n_layer=2, n_head=4, n_embd=16, block_size=8, vocab_size=11)

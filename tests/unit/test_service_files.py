@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from arceusd import service
+from arceusd.daemon import service
 
 
 def test_systemd_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:

@@ -15,8 +15,8 @@ from typing import Any, cast
 import pytest
 import trio
 
-from arceusd.checkpoint import CheckpointError, Manifest, ShardRecord, commit_manifest, shard_file_name
-from arceusd.identity import Identity
+from arceusd.base.identity import Identity
+from arceusd.files.checkpoint import CheckpointError, Manifest, ShardRecord, commit_manifest, shard_file_name
 from arceusd.jobs import claims, shard_checks
 from arceusd.jobs.challenges import Timed
 from arceusd.jobs.job import Job, LeaderRecord
@@ -136,7 +136,7 @@ def test_offers_within_physical_bounds_and_stop_states() -> None:
 
 
 def test_the_plans_shapes_and_the_scan_find_a_nan_shard_and_a_misshapen_one(tmp_path: Path) -> None:
-    from arceusd.checkpoint import write_shard
+    from arceusd.files.checkpoint import write_shard
     from arceusd.jobs import filework
     from arceusd.jobs.planning import Offer, encode_start, make_plan
     from arceusd.jobs.shard_scan import ShardScanError, scan_shard

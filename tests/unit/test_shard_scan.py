@@ -13,9 +13,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from arceusd.files.safetensors_io import save_bytes
 from arceusd.jobs import shard_scan
 from arceusd.jobs.shard_scan import ShardScanError, scan_shard
-from arceusd.safetensors_io import save_bytes
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 SPECIALS = (float("nan"), float("inf"), float("-inf"))

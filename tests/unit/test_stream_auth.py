@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from arceusd.identity import Identity
+from arceusd.base.identity import Identity
 from protocol import stream_auth as sa
 from protocol.errors import LocalProtocolError, RemoteProtocolError
 

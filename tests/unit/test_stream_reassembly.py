@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 import trio
 
-from arceusd.identity import Identity
+from arceusd.base.identity import Identity
 from arceusd.transport.stream import Stream, TransportConfig, split_parts
 from protocol import stream_auth as sa
 from protocol.errors import RemoteProtocolError

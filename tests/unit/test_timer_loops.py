@@ -12,10 +12,10 @@ from typing import Any, cast
 
 import trio
 
-from arceusd.identity import Identity
+from arceusd.base.identity import Identity
 from arceusd.membership.config import local
 from arceusd.membership.events import Tick
-from arceusd.peers import PeerService, UnaryTransport
+from arceusd.network.peers import PeerService, UnaryTransport
 from arceusd.transport import Stream
 from arceusd.transport.memory import MemoryNetwork
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 import trio
 
-from arceusd.identity import Identity
+from arceusd.base.identity import Identity
 from arceusd.transport import MemoryNetwork, Stream
 from arceusd.worker.engine import EngineConfig, StageEngine, StepResult
 from arceusd.worker.links import LinkError

@@ -1,5 +1,5 @@
 """The job core: one job's lifecycle as a pure state machine (no I/O, no trio, no clock but the ``now`` it is
-given), in the style of :mod:`arceusd.membership.swim` and :mod:`arceusd.election`.
+given), in the style of :mod:`arceusd.membership.swim` and :mod:`arceusd.elections.core`.
 
 :class:`JobCore` holds what this device knows of one job (state, stamp, leader, committed step) and, while it
 leads, the leader's own state (:class:`LeaderState`: members, plan, reports, restarts, commit and ``go``

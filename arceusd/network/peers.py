@@ -38,7 +38,7 @@ from typing import Any, Protocol, TypeVar
 
 import trio
 
-from arceusd.identity import Identity, peer_id_from_public_key, verify_signature
+from arceusd.base.identity import Identity, peer_id_from_public_key, verify_signature
 from arceusd.membership.config import MembershipConfig
 from arceusd.membership.events import (
     AckReceived,

@@ -3,8 +3,8 @@
 Binding: ``listen_host:port``; when the default port is taken (another daemon on this machine) we fall back to a
 free port, log it and advertise that one (mDNS and ``arceusd status`` show it), because a fixed port is only
 needed for static seeds. A port given explicitly (``--port N``, ``port`` in config.toml) that is taken stops the
-start with one line naming the port and the fix (:class:`~arceusd.failures.StartupError`). The advertised address is
-``advertise_host`` or, when listening on all interfaces, the first non-virtual IPv4 address.
+start with one line naming the port and the fix (:class:`~arceusd.base.failures.StartupError`). The advertised
+address is ``advertise_host`` or, when listening on all interfaces, the first non-virtual IPv4 address.
 """
 
 from __future__ import annotations
@@ -15,15 +15,15 @@ from typing import Any
 
 import trio
 
-from arceusd.config import DEFAULT_PORT
-from arceusd.discovery import Announcement, DiscoveryStatus, candidate_addresses, serve_discovery
-from arceusd.election_driver import install_elections
-from arceusd.failures import StartupError, leaves
-from arceusd.fdlimit import nofile
+from arceusd.base.failures import StartupError, leaves
+from arceusd.base.fdlimit import nofile
+from arceusd.device.config import DEFAULT_PORT
+from arceusd.device.node import Node
+from arceusd.elections.driver import install_elections
 from arceusd.membership.config import MembershipConfig, lan, local
 from arceusd.membership.events import MemberState
-from arceusd.node import Node
-from arceusd.peers import PeerService
+from arceusd.network.discovery import Announcement, DiscoveryStatus, candidate_addresses, serve_discovery
+from arceusd.network.peers import PeerService
 from arceusd.transport import Stream, open_transport
 from arceusd.transport.gate_core import limits_for
 

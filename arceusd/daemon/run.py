@@ -1,7 +1,8 @@
 """The daemon: loads identity and config, opens every service in one nursery, and stops cleanly on a signal.
 
 Nothing else lives here. Each service is an ``async def serve_x(node, *, task_status)`` that reports readiness
-through ``nursery.start`` and registers its status section and control methods on the :class:`~arceusd.node.Node`.
+through ``nursery.start`` and registers its status section and control methods on the
+:class:`~arceusd.device.node.Node`.
 
 Shutdown: SIGTERM or SIGINT (or the ``shutdown`` control method) cancels the nursery; services clean up in their
 ``finally`` blocks (shielded, bounded) and the process exits 0 well within 5 s.
@@ -18,14 +19,14 @@ from typing import Any
 import trio
 
 from arceusd import __version__
-from arceusd.config import DaemonConfig
-from arceusd.control import serve_control
-from arceusd.failures import one_line
-from arceusd.fdlimit import raise_nofile
-from arceusd.identity import Identity, IdentityError, load_or_create_identity
-from arceusd.logs import setup_logging
-from arceusd.node import Node
-from arceusd.paths import StatePaths
+from arceusd.base.control import serve_control
+from arceusd.base.failures import one_line
+from arceusd.base.fdlimit import raise_nofile
+from arceusd.base.identity import Identity, IdentityError, load_or_create_identity
+from arceusd.base.logs import setup_logging
+from arceusd.base.paths import StatePaths
+from arceusd.device.config import DaemonConfig
+from arceusd.device.node import Node
 
 log = logging.getLogger("arceusd")
 
@@ -116,10 +117,10 @@ async def _main(config: DaemonConfig, identity: Identity) -> int:
 
 def _services() -> list[Any]:
     """The services a daemon runs, in start order (each ``async def (node, *, task_status)``)."""
+    from arceusd.daemon.network_service import serve_peer_network
     from arceusd.dashboard.service import serve_dashboard
     from arceusd.jobs.manager import serve_jobs
     from arceusd.market.service import serve_market
-    from arceusd.network import serve_peer_network
 
     return [serve_peer_network, serve_jobs, serve_market, serve_dashboard]
 

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from arceusd.control import ControlError, call
+from arceusd.base.control import ControlError, call
 from arceusd.worker.affinity import usable_cores
 
 PROFILE_ENV = "ARCEUSD_SWARM_PROFILE"

@@ -22,7 +22,7 @@ from typing import Any
 
 import trio
 
-from arceusd.fdlimit import AcceptBackoff, accept
+from arceusd.base.fdlimit import AcceptBackoff, accept
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The ``arceusd`` command line's context object: the state directory it acts on and the call to its daemon.
 
 Its own module so the command groups registered on the CLI (``arceusd.market.commands``,
-``arceusd.dashboard.commands``) use it without importing ``arceusd.cli``, which registers them (issue 32: that
+``arceusd.dashboard.commands``) use it without importing ``arceusd.cli.commands``, which registers them (issue 32: that
 was an import cycle).
 """
 
@@ -13,8 +13,8 @@ from typing import Any
 
 import click
 
-from arceusd.control import ControlError, NoDaemon, call, daemon_answers
-from arceusd.paths import StatePaths
+from arceusd.base.control import ControlError, NoDaemon, call, daemon_answers
+from arceusd.base.paths import StatePaths
 
 EXIT_NO_DAEMON = 3
 
@@ -38,8 +38,9 @@ class Context:
 
     def note_measuring(self) -> None:
         """Before a call that waits while the daemon measures this device (the first ``market``, ``submit``,
-        ``submit --quote``, ``join`` of the day): say so at once, on stderr (:func:`arceusd.profile.measuring_note`)."""
-        from arceusd.profile import is_measured, measuring_note
+        ``submit --quote``, ``join`` of the day): say so at once, on stderr
+        (:func:`arceusd.device.profile.measuring_note`)."""
+        from arceusd.device.profile import is_measured, measuring_note
 
         measured = is_measured(self.state_dir)
         note = measuring_note(measured, not measured and daemon_answers(self.paths.control_socket))

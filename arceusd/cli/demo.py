@@ -18,10 +18,10 @@ from typing import Any
 
 import click
 
+from arceusd.cli.swarm import LocalSwarm
 from arceusd.jobs.view import contribution_lines, render_job
-from arceusd.swarm import LocalSwarm
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "shakespeare-gpt.toml"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "shakespeare-gpt.toml"
 
 
 def demo_spec(directory: Path, steps: int) -> Path:

@@ -1,7 +1,7 @@
 """The ``arceusd`` command line: parses arguments into config and calls into the daemon or its control API.
 
 Every command that talks to a running daemon goes through the control socket in the state directory
-(:mod:`arceusd.control`); when no daemon runs, it says so in one line and exits non-zero.
+(:mod:`arceusd.base.control`); when no daemon runs, it says so in one line and exits non-zero.
 """
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ from typing import Any
 import click
 
 from arceusd import __version__
-from arceusd.cli_context import EXIT_NO_DAEMON, Context
-from arceusd.config import ConfigError, DaemonConfig, load_config
-from arceusd.control import ControlError, call
+from arceusd.base.control import ControlError, call
+from arceusd.base.identity import IdentityError, load_or_create_identity
+from arceusd.base.paths import default_state_dir
+from arceusd.base.text_safety import safe_text, safe_tree
+from arceusd.cli.context import EXIT_NO_DAEMON, Context
 from arceusd.dashboard.commands import register as _register_dashboard
-from arceusd.identity import IdentityError, load_or_create_identity
+from arceusd.device.config import ConfigError, DaemonConfig, load_config
 from arceusd.market.commands import register as _register_market
-from arceusd.paths import default_state_dir
-from arceusd.text_safety import safe_text, safe_tree
 
 pass_ctx = click.make_pass_decorator(Context)
 
@@ -134,13 +134,13 @@ def start(obj: Context, /, foreground: bool, detach: bool, **flags: Any) -> None
         raise click.UsageError("choose one of --foreground and --detach")
     config = _build_config(obj.state_dir, flags)
     if foreground:
-        from arceusd.daemon import run
+        from arceusd.daemon.run import run
 
         sys.exit(run(config))
     if detach:
         _start_detached(obj, flags)
         return
-    from arceusd import service
+    from arceusd.daemon import service
 
     obj.paths.ensure()
     try:
@@ -174,7 +174,7 @@ def _start_detached(obj: Context, flags: dict[str, Any]) -> None:
         str(log_file),
         *_forwarded_args(flags),
     ]
-    from arceusd.logs import open_private_log
+    from arceusd.base.logs import open_private_log
 
     with os.fdopen(open_private_log(Path(log_file)), "ab") as log:
         proc = subprocess.Popen(
@@ -201,7 +201,7 @@ def _start_detached(obj: Context, flags: dict[str, Any]) -> None:
 
 def _last_failure(log_file: Path) -> str | None:
     """The one-line reason a detached daemon printed when it failed at start (its stderr goes to the log)."""
-    from arceusd.logs import tail
+    from arceusd.base.logs import tail
 
     try:
         lines = tail(log_file, 20)
@@ -243,7 +243,7 @@ def _daemon_pid(obj: Context) -> int | None:
 @pass_ctx
 def stop(obj: Context, timeout: float) -> None:
     """Stop the daemon: the background service, or the foreground/detached process."""
-    from arceusd import service
+    from arceusd.daemon import service
 
     stopped = False
     try:
@@ -475,7 +475,7 @@ def show_id(obj: Context) -> None:
 @pass_ctx
 def logs(obj: Context, lines: int, follow: bool) -> None:
     """Show the tail of the daemon's log file."""
-    from arceusd.logs import tail
+    from arceusd.base.logs import tail
 
     path = obj.paths.log_file
     if not path.exists():
@@ -522,15 +522,15 @@ def logs(obj: Context, lines: int, follow: bool) -> None:
 )
 def demo(size: int, root: Path | None, steps: int) -> None:
     """A local swarm of daemons on loopback trains a character GPT on Tiny Shakespeare."""
-    from arceusd.demo import run_demo
+    from arceusd.cli.demo import run_demo
 
     run_demo(size, root, steps)
 
 
 def main() -> None:
     """The ``arceusd`` entry point: any failure is one line on stderr and a non-zero exit, a traceback only at
-    ``--log-level debug`` (:mod:`arceusd.failures`)."""
-    from arceusd.failures import debug_requested, one_line
+    ``--log-level debug`` (:mod:`arceusd.base.failures`)."""
+    from arceusd.base.failures import debug_requested, one_line
 
     debug = debug_requested(sys.argv[1:])
     if not debug:

@@ -1,6 +1,6 @@
-"""Per-job leader election over the peer service: the driver of the pure core in :mod:`arceusd.election`.
+"""Per-job leader election over the peer service: the driver of the pure core in :mod:`arceusd.elections.core`.
 
-Owns :class:`JobElections` (one :class:`~arceusd.election.Election` per tracked job), the durable term file
+Owns :class:`JobElections` (one :class:`~arceusd.elections.core.Election` per tracked job), the durable term file
 (``node.paths.terms``), the mapping between core actions/events and the wire messages of
 :mod:`protocol.election_wire`, one trio task that drives every election's timers, and the ``elections`` status
 section and control methods. Every decision is the core's; this module only moves bytes, time and files.
@@ -42,8 +42,8 @@ from typing import Any
 
 import trio
 
-from arceusd.control import RequestError
-from arceusd.election import (
+from arceusd.base.control import RequestError
+from arceusd.elections.core import (
     BecameLeader,
     Election,
     ElectionAction,
@@ -122,7 +122,7 @@ def write_terms(path: Path, terms: dict[str, tuple[int, str | None]]) -> None:
 class JobElections:
     """Every tracked job's election on this peer.
 
-    ``peers`` is a :class:`arceusd.peers.PeerService` (or anything with its ``register``/``request``/
+    ``peers`` is a :class:`arceusd.network.peers.PeerService` (or anything with its ``register``/``request``/
     ``membership``/``listeners``/``identity``). :meth:`run` must be running for messages to flow.
     """
 

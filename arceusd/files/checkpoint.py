@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from safetensors import SafetensorError
 
-from arceusd import failpoints
-from arceusd.identity import Identity, peer_id_from_public_key, verify_signature
+from arceusd.base import failpoints
+from arceusd.base.identity import Identity, peer_id_from_public_key, verify_signature
 
 if TYPE_CHECKING:  # torch is loaded by the functions that read or write tensors (workers, child processes):
     import torch  # the daemon uses the manifests and files only, and never imports torch
@@ -114,7 +114,7 @@ def write_shard(
     """Phase one: write one shard of step ``step`` atomically and return its record for the manifest."""
     if not SHARD_NAME.match(name):
         raise CheckpointError(f"shard name {name!r} must match {SHARD_NAME.pattern}")
-    from arceusd.safetensors_io import save_bytes as st_save
+    from arceusd.files.safetensors_io import save_bytes as st_save
 
     cpu = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
     data = st_save(cpu, metadata=dict(metadata or {}))
@@ -266,8 +266,8 @@ def load_step(
 ) -> LoadedCheckpoint:
     """Load step ``step``: manifest from the first root that has a valid one; each wanted shard from the first
     root where it hashes correctly (so a corrupt local shard falls back to a replica)."""
-    from arceusd.safetensors_io import SafetensorsHeaderError, read_metadata
-    from arceusd.safetensors_io import load_bytes as st_load
+    from arceusd.files.safetensors_io import SafetensorsHeaderError, read_metadata
+    from arceusd.files.safetensors_io import load_bytes as st_load
 
     trusted = list(trusted_signers)
     errors: list[str] = []

@@ -31,10 +31,10 @@ def leaves(exc: BaseException) -> list[BaseException]:
 
 def _expected() -> tuple[type[BaseException], ...]:
     """Errors whose message is written for the user (each module's own error type, and OSError's)."""
-    from arceusd.config import ConfigError
-    from arceusd.control import ControlError
-    from arceusd.discovery import DiscoveryError
-    from arceusd.identity import IdentityError
+    from arceusd.base.control import ControlError
+    from arceusd.base.identity import IdentityError
+    from arceusd.device.config import ConfigError
+    from arceusd.network.discovery import DiscoveryError
 
     return (StartupError, ConfigError, IdentityError, DiscoveryError, ControlError, OSError)
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 LABEL = "org.arceus.arceusd"
-UNIT_NAME = "arceusd.service"
+UNIT_NAME = "arceusd.daemon.service"
 
 
 class ServiceError(Exception):
@@ -34,7 +34,7 @@ class NoServiceManager(ServiceError):
 
 def template_dir(kind: str) -> Path:
     """The folder holding the ``systemd`` or ``launchd`` templates (source tree first, then installed data)."""
-    candidates = [Path(__file__).resolve().parent.parent / kind, Path(sys.prefix) / "share" / "arceus" / kind]
+    candidates = [Path(__file__).resolve().parents[2] / kind, Path(sys.prefix) / "share" / "arceus" / kind]
     for candidate in candidates:
         if candidate.is_dir():
             return candidate

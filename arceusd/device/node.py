@@ -1,7 +1,7 @@
 """The running node: what every service of one daemon shares (identity, config, clock origin, status sections).
 
 Services register a *status section* (a zero-argument callable returning JSON-friendly data) and control
-methods; ``arceusd status`` shows the union. This keeps :mod:`arceusd.daemon` down to opening services.
+methods; ``arceusd status`` shows the union. This keeps :mod:`arceusd.daemon.run` down to opening services.
 
 Every node answers the ``modules`` control method: the top-level packages loaded in the daemon's process (the
 daemon never imports torch: its tensor work runs in child processes; a test holds it to that).
@@ -19,16 +19,16 @@ from typing import TYPE_CHECKING, Any, Protocol
 import trio
 
 from arceusd import __version__
-from arceusd.config import DaemonConfig, config_summary
-from arceusd.control import Handler
-from arceusd.identity import Identity
-from arceusd.paths import StatePaths
+from arceusd.base.control import Handler
+from arceusd.base.identity import Identity
+from arceusd.base.paths import StatePaths
+from arceusd.device.config import DaemonConfig, config_summary
 
 if TYPE_CHECKING:
-    from arceusd.election_driver import JobElections
+    from arceusd.elections.driver import JobElections
     from arceusd.jobs.job import Job
     from arceusd.jobs.planning import Offer
-    from arceusd.peers import PeerService
+    from arceusd.network.peers import PeerService
 
 
 class JobService(Protocol):

@@ -1,0 +1,11 @@
+"""The plumbing every part of the daemon may use; it imports nothing else of the project (the lowest layer).
+
+- ``identity.py``      the Ed25519 device key, peer ids, signatures (``protocol/`` builds on it)
+- ``paths.py``         the state directory and the files in it
+- ``control.py``       the control socket (unix, mode 0600): the daemon's server side and the callers' ``call``
+- ``logs.py``          logging set-up for the daemon and the workers
+- ``failures.py``      how failures reach the user: one line and a non-zero exit, a traceback only at debug
+- ``failpoints.py``    named fault-injection points the tests switch on (``ARCEUS_FAILPOINTS``)
+- ``fdlimit.py``       the open-files limit raised at start; accept loops wait out EMFILE
+- ``text_safety.py``   escaping strings strangers sent before a view shows them
+"""

@@ -1,0 +1,70 @@
+"""The project's layers (issue 32; the picture is in docs/ARCHITECTURE.md, "The layers"): a module may import its
+own layer and those below it, never one above. The graph is the one ``test_import_cycles`` builds: module-level
+imports and those under ``if TYPE_CHECKING:`` (a type a lower layer names from a higher one is still a dependency
+a reader must follow upward), function-local imports left out.
+
+Each layer is a list of packages (a module belongs to the longest prefix that names it); every package's click
+commands (``<package>.commands``) belong to the command line's layer, whatever package holds them. A new package
+must be placed here: a module in no layer fails the test."""
+
+from __future__ import annotations
+
+from tests.unit.test_import_cycles import graph
+
+# Lowest first. Packages in one layer may import each other (no cycle among modules, test_import_cycles).
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("base", ("arceusd.base", "arceusd")),  # "arceusd" alone: the package's __init__ (its __version__)
+    ("wire and planning", ("protocol", "partitioner")),
+    ("files, models, data", ("arceusd.files", "arceusd.models", "arceusd.data")),
+    ("network", ("arceusd.transport", "arceusd.membership", "arceusd.network", "arceusd.elections")),
+    ("work", ("arceusd.device", "arceusd.jobs", "arceusd.worker", "arceusd.market", "arceusd.dashboard")),
+    ("daemon", ("arceusd.daemon",)),
+    ("command line", ("arceusd.cli", "arceusd.__main__", "arceus")),
+)
+COMMAND_LINE = len(LAYERS) - 1
+
+
+def layer_of(module: str, layers: tuple[tuple[str, tuple[str, ...]], ...] = LAYERS) -> int | None:
+    """The index of ``module``'s layer (0 the lowest), or None when no layer names it."""
+    if module.rsplit(".", 1)[-1] == "commands":
+        return len(layers) - 1
+    best: tuple[int, int] | None = None  # (prefix length, layer)
+    for index, (_name, prefixes) in enumerate(layers):
+        for prefix in prefixes:
+            if prefix == "arceusd" and module != "arceusd":
+                continue  # the root names only its own __init__, not everything under it
+            if (module == prefix or module.startswith(prefix + ".")) and (best is None or len(prefix) > best[0]):
+                best = (len(prefix), index)
+    return None if best is None else best[1]
+
+
+def upward(edges: dict[str, set[str]], layers: tuple[tuple[str, tuple[str, ...]], ...] = LAYERS) -> list[str]:
+    """Each import of a higher layer's module, as 'importer (layer) -> imported (layer)'."""
+    out = []
+    for importer in sorted(edges):
+        mine = layer_of(importer, layers)
+        for imported in sorted(edges[importer]):
+            theirs = layer_of(imported, layers)
+            if mine is not None and theirs is not None and theirs > mine:
+                out.append(f"{importer} ({layers[mine][0]}) -> {imported} ({layers[theirs][0]})")
+    return out
+
+
+def test_the_layer_check_finds_an_upward_import() -> None:
+    layers = (("low", ("p.low",)), ("high", ("p.high",)), ("cli", ("p.cli",)))
+    edges = {"p.low.a": {"p.high.b"}, "p.high.b": {"p.low.c"}, "p.low.c": set(), "p.high.commands": {"p.cli.x"}}
+    assert upward(edges, layers) == ["p.low.a (low) -> p.high.b (high)"], "commands modules sit in the top layer"
+    assert layer_of("p.high.commands", layers) == 2
+    assert layer_of("arceusd.jobs.core.states") == 4 and layer_of("arceusd") == 0 and layer_of("arceusd.cli") == 6
+
+
+def test_every_module_has_a_layer() -> None:
+    edges = graph()
+    assert len(edges) > 200, "the graph did not find the project's modules"
+    missing = sorted(m for m in edges if layer_of(m) is None)
+    assert missing == [], "modules in no layer (place their package in LAYERS): " + ", ".join(missing)
+
+
+def test_no_layer_imports_a_higher_one() -> None:
+    found = upward(graph())
+    assert found == [], "imports of a higher layer (module level and TYPE_CHECKING):\n" + "\n".join(found)
