@@ -1,8 +1,9 @@
 """The ``arceusd`` command line's context object: the state directory it acts on and the call to its daemon.
 
 Its own module so the command groups registered on the CLI (``arceusd.market.commands``,
-``arceusd.dashboard.commands``) use it without importing ``arceusd.cli.commands``, which registers them (issue 32: that
-was an import cycle).
+``arceusd.dashboard.commands``) name it without importing ``arceusd.cli.commands``, which registers them (issue 32:
+that was an import cycle); they name it under ``TYPE_CHECKING`` only, since importing this module runs
+``arceusd/cli/__init__.py``, which imports the commands.
 """
 
 from __future__ import annotations

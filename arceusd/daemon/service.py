@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 LABEL = "org.arceus.arceusd"
-UNIT_NAME = "arceusd.daemon.service"
+UNIT_NAME = "arceusd.service"
 
 
 class ServiceError(Exception):
