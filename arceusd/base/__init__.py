@@ -6,6 +6,7 @@
 - ``logs.py``          logging set-up for the daemon and the workers
 - ``failures.py``      how failures reach the user: one line and a non-zero exit, a traceback only at debug
 - ``failpoints.py``    named fault-injection points the tests switch on (``ARCEUS_FAILPOINTS``)
+- ``atomic_files.py``  writing a file whole or not at all (checkpoints, records, the quote's timings)
 - ``fdlimit.py``       the open-files limit raised at start; accept loops wait out EMFILE
 - ``text_safety.py``   escaping strings strangers sent before a view shows them
 """

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import shutil
 from collections.abc import Iterable, Mapping, Sequence
@@ -26,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from safetensors import SafetensorError
 
-from arceusd.base import failpoints
+from arceusd.base.atomic_files import atomic_write
 from arceusd.base.identity import Identity, peer_id_from_public_key, verify_signature
 
 if TYPE_CHECKING:  # torch is loaded by the functions that read or write tensors (workers, child processes):
@@ -79,33 +78,6 @@ class Manifest:
 
 def step_dir(root: Path, step: int) -> Path:
     return root / f"step-{step:010d}"
-
-
-def atomic_write(path: Path, data: bytes | memoryview, failpoint: str = "") -> None:
-    """Write ``data`` to ``path`` so that readers see the old file or the whole new one, never a part."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        view = memoryview(data)
-        while view:
-            written = os.write(fd, view)
-            view = view[written:]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    if failpoint:
-        failpoints.hit(failpoint)
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def write_shard(

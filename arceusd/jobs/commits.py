@@ -21,10 +21,10 @@ from typing import Any
 
 import trio
 
+from arceusd.base.atomic_files import atomic_write
 from arceusd.files.checkpoint import (
     Manifest,
     ShardRecord,
-    atomic_write,
     commit_manifest,
     file_matches,
     matches,

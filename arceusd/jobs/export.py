@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from arceusd.files.checkpoint import atomic_write
+from arceusd.base.atomic_files import atomic_write
 from arceusd.files.safetensors_io import save_bytes
 from arceusd.jobs.reslice import ResliceError, full_state, parse_shard
 from arceusd.models.build import build_reference_model

@@ -25,9 +25,9 @@ from typing import Any, Protocol
 
 import trio
 
+from arceusd.base.atomic_files import atomic_write
 from arceusd.base.control import RequestError
 from arceusd.device.node import Node
-from arceusd.files.checkpoint import atomic_write
 from arceusd.jobs import leadership
 from arceusd.jobs.core import Role, Stamp, actions, events
 from arceusd.jobs.job import TERMINAL, Job

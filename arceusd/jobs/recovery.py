@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from arceusd.base.atomic_files import atomic_write
 from arceusd.files.checkpoint import (
     SHARD_NAME,
     CheckpointError,
     ShardRecord,
-    atomic_write,
     committed_steps,
     file_matches,
     load_latest,

@@ -28,7 +28,8 @@ from typing import Any, Protocol
 
 import trio
 
-from arceusd.files.checkpoint import MANIFEST_NAME, SHARD_NAME, atomic_write, file_matches, matches, step_dir
+from arceusd.base.atomic_files import atomic_write
+from arceusd.files.checkpoint import MANIFEST_NAME, SHARD_NAME, file_matches, matches, step_dir
 from arceusd.jobs.initial_weights import (
     leader_weights,
     place_layout,

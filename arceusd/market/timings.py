@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from arceusd.files.checkpoint import atomic_write
+from arceusd.base.atomic_files import atomic_write
 from partitioner import Link
 
 TIMINGS_FILE = "job_timings.json"
