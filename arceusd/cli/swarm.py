@@ -95,21 +95,16 @@ class LocalSwarm:
         probe = [sys.executable, "-m", "arceusd.jobs.probe", str(self.profile.parent), "1"]  # (worker_threads' default)
         subprocess.run(probe, stdin=subprocess.DEVNULL, capture_output=True, env=self.env, timeout=300, check=True)
 
-    def _spawn(self, i: int) -> subprocess.Popen[bytes]:
-        seeds: list[str] = []
-        for j, port in enumerate(self.ports):
-            if j != i:
-                seeds += ["--peer", f"127.0.0.1:{port}"]
+    def daemon_command(self, i: int, module: str = "arceusd") -> list[str]:
+        """The command line that starts daemon ``i`` (``python -m module``, a stand-in for ``arceusd`` in the
+        adversarial tests) on its port and state folder, seeded with the others' addresses."""
+        seeds = [a for j, port in enumerate(self.ports) if j != i for a in ("--peer", f"127.0.0.1:{port}")]
         state = self.state_dir(i)
         state.mkdir(parents=True, exist_ok=True)
-        mine = state / "device_profile.json"
-        if self.profile is not None and self.profile.is_file() and not mine.exists():
-            shutil.copyfile(self.profile, mine)
-        log = state / "arceusd.log"
-        cmd = [
+        return [
             sys.executable,
             "-m",
-            "arceusd",
+            module,
             "--state-dir",
             str(state),
             "start",
@@ -122,10 +117,16 @@ class LocalSwarm:
             "--port",
             str(self.ports[i]),
             "--log-file",
-            str(log),
+            str(state / "arceusd.log"),
             *seeds,
             *self.extra_args,
         ]
+
+    def _spawn(self, i: int) -> subprocess.Popen[bytes]:
+        cmd = self.daemon_command(i)
+        mine = self.state_dir(i) / "device_profile.json"
+        if self.profile is not None and self.profile.is_file() and not mine.exists():
+            shutil.copyfile(self.profile, mine)
         if self.pin_workers:
             cmd += worker_cpu_args(i, self.size, usable_cores())
         return subprocess.Popen(

@@ -93,29 +93,8 @@ class MarketSwarm(LocalSwarm):
     def _spawn(self, i: int) -> subprocess.Popen[bytes]:
         if i != self.hostile:
             return super()._spawn(i)
-        seeds = [a for j, port in enumerate(self.ports) if j != i for a in ("--peer", f"127.0.0.1:{port}")]
+        cmd = self.daemon_command(i, self.module)
         state = self.state_dir(i)
-        state.mkdir(parents=True, exist_ok=True)
-        cmd = [
-            sys.executable,
-            "-m",
-            self.module,
-            "--state-dir",
-            str(state),
-            "start",
-            "--foreground",
-            "--preset",
-            self.preset,
-            "--host",
-            "127.0.0.1",
-            "--no-mdns",
-            "--port",
-            str(self.ports[i]),
-            "--log-file",
-            str(state / "arceusd.log"),
-            *seeds,
-            *self.extra_args,
-        ]
         return subprocess.Popen(
             cmd,
             stdin=subprocess.DEVNULL,
