@@ -26,7 +26,7 @@ from arceusd.models.hf.export import write_hf_export
 from arceusd.models.hf.keys import hf_key
 from arceusd.worker.protocol import StepEvent
 from arceusd.worker.tp_split import TPSplit
-from tests.integration.worker_harness import DATA, Layout, WorkerJob, make_spec, transformers_sgd_run
+from tests.integration.worker_harness import Layout, WorkerJob, stock_lm_spec, transformers_sgd_run
 
 pytestmark = pytest.mark.slow
 
@@ -46,31 +46,7 @@ CONFIG: dict[str, Any] = {
 
 
 def llama_spec(tmp: Path) -> JobSpec:
-    text = tmp / "text.txt"
-    text.write_text((DATA / "tinyshakespeare" / "input.txt").read_text()[:20000])
-    return make_spec(
-        {
-            "name": "tp-llama",
-            "seed": 5,
-            "model": {"type": "hf", "config": CONFIG, "block_size": 16},
-            "data": {
-                "kind": "tokens",
-                "path": str(text),
-                "tokenizer": str(DATA / "tokenizers" / "shakespeare-bpe.json"),
-                "val_fraction": 0.1,
-            },
-            "training": {
-                "steps": STEPS,
-                "batch_size": 8,
-                "micro_batches": 2,
-                "optimizer": "sgd",
-                "lr": 0.5,
-                "momentum": 0.9,
-                "grad_clip": 0.5,
-                "eval_iters": 1,
-            },
-        }
-    )
+    return stock_lm_spec(tmp, "tp-llama", CONFIG, STEPS)
 
 
 def transformers_run(spec: JobSpec) -> tuple[list[float], dict[str, torch.Tensor]]:

@@ -25,7 +25,7 @@ from arceusd.models.hf.keys import hf_key
 from arceusd.models.hf.lora_export import write_lora_export
 from arceusd.models.hf.lora_keys import peft_key
 from tests.integration.test_worker_hf_tp import CONFIG, STEPS, TOL, split_stage_state
-from tests.integration.worker_harness import DATA, make_spec, transformers_sgd_run
+from tests.integration.worker_harness import stock_lm_spec, transformers_sgd_run
 
 pytestmark = pytest.mark.slow
 
@@ -33,32 +33,7 @@ TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 
 
 def lora_spec(tmp: Path) -> JobSpec:
-    text = tmp / "text.txt"
-    text.write_text((DATA / "tinyshakespeare" / "input.txt").read_text()[:20000])
-    return make_spec(
-        {
-            "name": "tp-llama-lora",
-            "seed": 5,
-            "model": {"type": "hf", "config": CONFIG, "block_size": 16},
-            "data": {
-                "kind": "tokens",
-                "path": str(text),
-                "tokenizer": str(DATA / "tokenizers" / "shakespeare-bpe.json"),
-                "val_fraction": 0.1,
-            },
-            "lora": {"r": 4, "alpha": 8, "target_modules": TARGETS},
-            "training": {
-                "steps": STEPS,
-                "batch_size": 8,
-                "micro_batches": 2,
-                "optimizer": "sgd",
-                "lr": 0.5,
-                "momentum": 0.9,
-                "grad_clip": 0.5,
-                "eval_iters": 1,
-            },
-        }
-    )
+    return stock_lm_spec(tmp, "tp-llama-lora", CONFIG, STEPS, lora={"r": 4, "alpha": 8, "target_modules": TARGETS})
 
 
 def base_model(cfg: HFModelConfig, seed: int) -> PreTrainedModel:

@@ -26,7 +26,7 @@ from arceusd.models.hf.config import HFModelConfig
 from arceusd.models.hf.export import write_hf_export
 from arceusd.models.hf.keys import hf_key, tied_names
 from arceusd.worker.protocol import ReplicaSyncConfig, StepEvent
-from tests.integration.worker_harness import DATA, Layout, WorkerJob, make_spec, transformers_sgd_run
+from tests.integration.worker_harness import Layout, WorkerJob, stock_lm_spec, transformers_sgd_run
 
 pytestmark = pytest.mark.slow
 
@@ -61,31 +61,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
 def tied_spec(tmp: Path, name: str) -> JobSpec:
     """SGD with clipping below the gradient's norm (it sees a tied weight counted twice; AdamW would turn 1e-9
     noise on rare embedding rows into whole steps, as test_worker_exact says)."""
-    text = tmp / "text.txt"
-    text.write_text((DATA / "tinyshakespeare" / "input.txt").read_text()[:20000])
-    return make_spec(
-        {
-            "name": f"tied-{name}",
-            "seed": 5,
-            "model": {"type": "hf", "config": CONFIGS[name], "block_size": 16},
-            "data": {
-                "kind": "tokens",
-                "path": str(text),
-                "tokenizer": str(DATA / "tokenizers" / "shakespeare-bpe.json"),
-                "val_fraction": 0.1,
-            },
-            "training": {
-                "steps": STEPS,
-                "batch_size": 8,
-                "micro_batches": 2,
-                "optimizer": "sgd",
-                "lr": 0.5,
-                "momentum": 0.9,
-                "grad_clip": 0.5,
-                "eval_iters": 1,
-            },
-        }
-    )
+    return stock_lm_spec(tmp, f"tied-{name}", CONFIGS[name], STEPS)
 
 
 def transformers_run(spec: JobSpec) -> tuple[list[float], dict[str, torch.Tensor]]:

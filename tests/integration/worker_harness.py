@@ -60,6 +60,38 @@ def make_spec(doc: Mapping[str, Any]) -> JobSpec:
     return parse_spec(dict(doc), base_dir=ROOT, check_files=True)
 
 
+def stock_lm_spec(tmp: Path, name: str, config: Mapping[str, Any], steps: int, **sections: Any) -> JobSpec:
+    """A stock LM (``config``: its ``config.json`` as a dict) on 20,000 characters of Tiny Shakespeare and the
+    shipped BPE tokenizer, trained ``steps`` steps of SGD with momentum and clipping (exact to compare: clipping
+    below the gradient's norm, no AdamW noise on rare rows); ``sections``: more of the spec (``lora``)."""
+    text = tmp / "text.txt"
+    text.write_text(SHAKESPEARE.read_text()[:20000])
+    return make_spec(
+        {
+            "name": name,
+            "seed": 5,
+            "model": {"type": "hf", "config": dict(config), "block_size": 16},
+            "data": {
+                "kind": "tokens",
+                "path": str(text),
+                "tokenizer": str(DATA / "tokenizers" / "shakespeare-bpe.json"),
+                "val_fraction": 0.1,
+            },
+            **sections,
+            "training": {
+                "steps": steps,
+                "batch_size": 8,
+                "micro_batches": 2,
+                "optimizer": "sgd",
+                "lr": 0.5,
+                "momentum": 0.9,
+                "grad_clip": 0.5,
+                "eval_iters": 1,
+            },
+        }
+    )
+
+
 def mnist_spec(layer_sizes: Sequence[int], steps: int, *, batch: int = 32, micro: int = 4, **training: Any) -> JobSpec:
     return make_spec(
         {
