@@ -13,6 +13,7 @@ import contextlib
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal, Unpack, overload
@@ -91,15 +92,16 @@ class Client:
         Error handling: :class:`arceus.errors.SpecError` (one line per bad field, nothing sent),
         :class:`arceus.errors.NoDaemonError`, :class:`arceus.errors.DaemonError`.
         """
+        asked_at = time.time()  # the job's start as its quote times it: from the call, as the CLI's submit
         parsed = validate(spec, base_dir)
         n = _members(members, parsed)
         if quote:
             return estimate(self.state_dir, parsed, n)
         self.daemon_status()  # no daemon: say so before writing anything
         if not isinstance(spec, Mapping):  # the daemon reads the file itself
-            return self._send(Path(spec).expanduser(), n)
+            return self._send(Path(spec).expanduser(), n, asked_at)
         with self._job_folder(folder, parsed.name, keep=True) as where:
-            return self._send(spec_file(spec, where, base_dir), n)
+            return self._send(spec_file(spec, where, base_dir), n, asked_at)
 
     @overload
     def submit_model(
@@ -150,6 +152,7 @@ class Client:
         Error handling: :class:`arceus.errors.UnsupportedModelError` (another architecture, a slow tokenizer),
         :class:`arceus.errors.SpecError`, :class:`arceus.errors.NoDaemonError`, :class:`arceus.errors.DaemonError`.
         """
+        asked_at = time.time()
         job = ModelJob(data=Path(data), **choices)
         if not quote:
             self.daemon_status()  # no daemon: say so before writing the weights
@@ -159,7 +162,7 @@ class Client:
             n = _members(members, prepared.spec)
             if quote:
                 return estimate(self.state_dir, prepared.spec, n)
-            return self._send(prepared.spec_path, n)
+            return self._send(prepared.spec_path, n, asked_at)
 
     def job(self, job_id: str) -> Job:
         """The job ``job_id`` (or a unique prefix of it) this daemon knows."""
@@ -169,9 +172,13 @@ class Client:
         """Every job this daemon knows (owned, joined or announced), oldest first."""
         return [JobStatus.from_summary(j) for j in self.connection.call("jobs")]
 
-    def _send(self, spec_path: Path, members: int) -> Job:
+    def _send(self, spec_path: Path, members: int, asked_at: float) -> Job:
+        """Submit the spec file; ``asked_at``: when the caller asked (the job's start as the quote times it, as
+        the CLI's submit sends it: the daemon takes it when at most a minute earlier than its own clock)."""
         result = self.connection.call(
-            "submit", {"spec_path": str(spec_path.absolute()), "min_members": members}, timeout=120.0
+            "submit",
+            {"spec_path": str(spec_path.absolute()), "min_members": members, "asked_at": asked_at},
+            timeout=120.0,
         )
         return Job(self.connection, str(result["job_id"]))
 

@@ -3,6 +3,7 @@ that end with the job (or a bounded wait that runs out), wait's verdict, the exp
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -108,3 +109,30 @@ def test_load_gives_the_folder_of_an_export_that_is_not_a_transformers_model(tmp
     (tmp_path / "model.safetensors").write_bytes(b"")
     done = summary("done", 8, model_path=str(tmp_path / "model.safetensors"))
     assert arceus.Job(Scripted([done]), "ab" * 16).load() == tmp_path
+
+
+class Submits(Connection):
+    """Answers ``status`` and records ``submit``'s parameters."""
+
+    def __init__(self) -> None:
+        super().__init__("/nonexistent-state")
+        self.params: dict[str, Any] = {}
+
+    def call(self, method: str, params: dict[str, Any] | None = None, timeout: float = 10.0) -> Any:
+        if method == "status":
+            return {}
+        assert method == "submit" and params is not None
+        self.params = params
+        return {"job_id": "ab" * 16}
+
+
+def test_submit_sends_when_it_was_asked_as_the_cli_does() -> None:
+    """The quote times a job from the command (the CLI's submit sends ``asked_at``); the Python client's submit
+    sent none, so its jobs were timed from the daemon's answer (issue 31)."""
+    client = arceus.Client("/nonexistent-state")
+    client.connection = sent = Submits()
+    spec = Path(__file__).resolve().parents[2] / "examples" / "mnist-mlp.toml"
+    before = time.time()
+    job = client.submit(spec)
+    assert job.job_id == "ab" * 16
+    assert before <= sent.params["asked_at"] <= time.time(), sent.params
