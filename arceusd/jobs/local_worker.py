@@ -92,6 +92,7 @@ class LocalWorker:
             if grow is None:  # the plan the leader tells its spares (Starting.tell_spares): this device is one
                 job.mark_spare(header.term, header.epoch, told)
                 log.info("job %s: a spare of plan epoch %d: in no stage, paid nothing", job.job_id, header.epoch)
+                await self.ctx.drop_own_worker(job)  # a place in an older plan is gone: its worker stops
             return JobStartReply(msg.job_id, False, "start refused: this device has no place in the plan")
         if msg.standby and msg.standby not in replica_plan.peer_ids:
             return JobStartReply(msg.job_id, False, "start refused: the standby is not in the plan")
