@@ -73,6 +73,11 @@ def job_timing(job: Job, now: float) -> JobTiming | None:
         len(job.plan_peers()),
         slowest_link(job.leading.links),
         round(pause_of(points, step, pauses), 4),
+        tuple(
+            (peer, round(o.flops_per_s / max(job.leading.discounts.get(peer, 1.0), 1.0), 1), o.block_efficiency)
+            for peer, o in sorted(job.members.items())
+            if peer != job.core.me  # (a spare too: the plan left it out for its speed)
+        ),
     )
 
 

@@ -12,9 +12,10 @@ the start, end and step factor this daemon measured its past jobs to take, :mod:
 ``assumed`` names those it has not measured yet).
 
 The devices a forecast plans over: this device's measured offer (its cached profile, with its calibration) and,
-for each further device, one like it lending what the peer the daemon asked lends (peers tell their memory, not
-their speed: each is assumed as fast as this device, and the quote says so); links at the planner's defaults
-until the job measures them (``arceusd.jobs.planning.DEFAULT_BANDWIDTH``). The prices are the market's while the
+for each further device, one lending what the peer the daemon asked lends (peers tell their memory, not
+their speed: each is planned at the speed of a peer this daemon's past jobs ran with, as their plans took it:
+:func:`arceusd.market.timings.peer_speeds`; beyond those, as fast as this device, and the quote says so); links at
+the planner's defaults until the job measures them (``arceusd.jobs.planning.DEFAULT_BANDWIDTH``). The prices are the market's while the
 job runs: the demand the daemon sees with this job added, its devices no longer idle (as the leader prices each
 commit: ``MarketService.demand``).
 """
@@ -22,6 +23,7 @@ commit: ``MarketService.demand``).
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -36,7 +38,7 @@ from arceusd.market.admission import devices_for_memory
 from arceusd.market.forecast import Forecast, forecast
 from arceusd.market.pricing import CLOUD_PRICES_AS_OF, CLOUD_PRICES_SOURCE, NEUTRAL, TYPICAL_LAPTOP_FLOPS, Demand
 from arceusd.market.quote import Quote, job_flops, quote, quote_lines
-from arceusd.market.timings import read_timings
+from arceusd.market.timings import peer_speeds, read_timings
 from partitioner import PlanError
 
 
@@ -78,6 +80,8 @@ class Estimate:
     forecast: Forecast | None = None
     """The time and bill of the daemon's plan over the devices assumed (None: no plan fits; ``plan_error``)."""
     plan_error: str = ""
+    known_peers: int = 0
+    """Of the further devices, how many are planned at a speed this daemon measured (the rest: like this one)."""
 
     @property
     def seconds(self) -> float:
@@ -153,7 +157,7 @@ class Estimate:
         else:
             q = self.quote
             out.append(f"  work      {q.flops:.3g} FLOPs")
-            out.append(f"  devices   {_devices_line(self.devices, self.device)}")
+            out.append(f"  devices   {_devices_line(self.devices, self.device, self.known_peers)}")
             out += [f"  {line}" for line in self.forecast.lines()]
             out += [f"  warning   {p}" for p in self.problems()]
             out += [
@@ -189,32 +193,50 @@ class Estimate:
 MEASURED = "this device's measured profile"
 
 
-def _devices_line(n: int, d: DeviceGuess) -> str:
-    others = (
-        f"; the other {n - 1} assumed as fast (peers tell what they lend, not their speed), links at the "
-        f"planner's defaults until measured"
-        if n > 1
-        else ""
-    )
+def _devices_line(n: int, d: DeviceGuess, known: int = 0) -> str:
+    if n <= 1:
+        others = ""
+    else:
+        measured = min(known, n - 1)
+        assumed = n - 1 - measured
+        parts = []
+        if measured:
+            parts.append(
+                f"{measured} of the other {n - 1} at the speed this daemon's past jobs measured for their peers "
+                f"(offered, less what the leader measured them to run slower)"
+            )
+        if assumed:
+            parts.append(
+                f"{'the rest' if measured else f'the other {n - 1}'} assumed as fast as this device (peers tell "
+                f"what they lend, not their speed; no past job of this daemon ran with {'more' if measured else 'one'})"
+            )
+        others = "; " + "; ".join(parts) + "; links at the planner's defaults until measured"
     return f"{n} x {d.flops_per_s / 1e9:.1f} GFLOP/s at block efficiency {d.efficiency:.2f} ({d.source}{others})"
 
 
-def offers_for(device: DeviceGuess, n: int, lent: Lent | None) -> list[Offer]:
-    """The offers a forecast plans over: this device's (``this-device``) and ``n - 1`` like it (``peer-1``...), each
-    lending what a peer the daemon asked lends (else what this device lends)."""
+def offers_for(
+    device: DeviceGuess, n: int, lent: Lent | None, known: Sequence[tuple[str, float, float]] = ()
+) -> list[Offer]:
+    """The offers a forecast plans over: this device's (``this-device``) and ``n - 1`` more (``peer-1``...), each
+    lending what a peer the daemon asked lends (else what this device lends), at the speed and efficiency of a
+    peer this daemon's past jobs ran with (``known``: :func:`arceusd.market.timings.peer_speeds`, newest first),
+    else like this device."""
     peers = sorted(lent.peer_bytes, reverse=True) if lent is not None else []
     memory = device.memory_bytes or (8 << 30)
     out = []
     for i in range(n):
         lends = memory if i == 0 or i - 1 >= len(peers) or not peers[i - 1] else peers[i - 1]
+        flops, efficiency = device.flops_per_s, device.efficiency
+        if 0 < i <= len(known):
+            _, flops, efficiency = known[i - 1]
         out.append(
             Offer(
                 "this-device" if i == 0 else f"peer-{i}",
                 "",
-                device.flops_per_s,
+                flops,
                 lends,
                 device.kind,
-                min(max(device.efficiency, 1e-3), 1.0),
+                min(max(efficiency, 1e-3), 1.0),
                 device.dispatch_s,
                 device.adamw_s_per_param,
                 device.sgd_s_per_param,
@@ -311,21 +333,51 @@ def estimate(state_dir: Path, spec: JobSpec, members: int) -> Estimate:
         needs.max_price_per_hour,
     )
     running = Demand(demand.jobs_wanting, max(0, demand.idle_devices - n))  # its devices are busy while it runs
+    timings = read_timings(state_dir)
+    known = peer_speeds(timings)[: n - 1]
     try:
         fc: Forecast | None = forecast(
             spec,
-            offers_for(device, n, lent),
+            offers_for(device, n, lent, known),
             "this-device",
             running,
             first_job=first_job(state_dir, daemon),
-            timings=read_timings(state_dir),
+            timings=timings,
         )
         why = ""
     except PlanError as exc:
         fc, why = None, str(exc)
+    if fc is not None and n > 1:
+        fc = with_peers(fc, n - 1, len(known))
     return Estimate(
-        spec.name, q, n, device, demand, needs.memory_total_mib, for_memory, lends_mib, need, lent, daemon, fc, why
+        spec.name,
+        q,
+        n,
+        device,
+        demand,
+        needs.memory_total_mib,
+        for_memory,
+        lends_mib,
+        need,
+        lent,
+        daemon,
+        fc,
+        why,
+        len(known),
     )
+
+
+def with_peers(fc: Forecast, others: int, known: int) -> Forecast:
+    """``fc`` naming where its ``others`` further devices' speeds come from: ``known`` measured, the rest assumed
+    (``peers`` among its assumed terms)."""
+    if known >= others:
+        source = f"measured: {others} peer(s) at the speed this daemon's past jobs ran them"
+        return replace(fc, sources=(*fc.sources, ("peers", source)))
+    source = (
+        f"assumed: {others - known} of {others} peer(s) as fast as this device (this daemon's past jobs ran with "
+        f"{known} peer(s); peers tell what they lend, not their speed)"
+    )
+    return replace(fc, sources=(*fc.sources, ("peers", source)), assumed=(*fc.assumed, "peers"))
 
 
 __all__ = [
@@ -338,4 +390,5 @@ __all__ = [
     "offers_for",
     "seen_lending",
     "unmeasured_source",
+    "with_peers",
 ]

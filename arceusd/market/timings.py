@@ -21,7 +21,9 @@ fitted on one machine is wrong on another, so each daemon keeps what its own job
   0.5x for the MNIST MLP, measured on the same 2-core machine), the range likewise.
 
 The links between the quote's devices: the one this daemon measured to a member in its newest job that had one
-(:func:`measured_link`), else the planner's defaults.
+(:func:`measured_link`), else the planner's defaults. The quote's further devices: the peers its past jobs ran
+with, at the speed their plans took them (:func:`peer_speeds`: claimed, divided by how much slower the leader
+measured them), else as fast as this device (said to be assumed).
 
 When nothing is measured yet, the term is the 16-core machine's figure, said to be assumed (the quote's text and
 JSON name it), with a wider range (:data:`ASSUMED_LOW`, :data:`ASSUMED_HIGH`).
@@ -80,6 +82,9 @@ class JobTiming:
     pause_s: float = -1.0
     """What a checkpoint or an evaluation added to the run, per point that held one before the last step: the
     span from the first to the last step less the typical steps, over those points (-1: not measured)."""
+    peers: tuple[tuple[str, float, float], ...] = ()
+    """The job's other members as its plan took them: (peer id, FLOP/s, block efficiency), each member's offered
+    speed divided by what the leader measured it to run slower (``claims.discounted``): a quote's peers."""
 
 
 @dataclass(frozen=True)
@@ -233,11 +238,39 @@ def read_timings(state_dir: Path) -> list[JobTiming]:
                 int(r.get("devices", 0)),
                 _link(r.get("link")),
                 float(r.get("pause_s", -1.0)),
+                _peers(r.get("peers")),
             )
             for r in raw
         ]
     except (OSError, ValueError, KeyError, TypeError):
         return []
+
+
+MAX_PEERS = 64
+"""The most peers one timing keeps."""
+
+
+def _peers(raw: object) -> tuple[tuple[str, float, float], ...]:
+    if not isinstance(raw, list | tuple):
+        return ()
+    out = []
+    for row in raw[:MAX_PEERS]:
+        if isinstance(row, list | tuple) and len(row) == 3 and isinstance(row[0], str) and len(row[0]) <= 128:
+            flops, efficiency = float(row[1]), float(row[2])
+            if 0 < flops < 1e18 and 0 < efficiency <= 1.0:
+                out.append((row[0], flops, efficiency))
+    return tuple(out)
+
+
+def peer_speeds(records: Sequence[JobTiming]) -> list[tuple[str, float, float]]:
+    """The peers this daemon's jobs ran with, newest first, each once: (peer id, FLOP/s as its plan took it, block
+    efficiency). A quote plans its further devices at these speeds (issue 31: it assumed every peer as fast as
+    this device)."""
+    seen: dict[str, tuple[str, float, float]] = {}
+    for r in reversed(records):
+        for peer in r.peers:
+            seen.setdefault(peer[0], peer)
+    return list(seen.values())
 
 
 def _link(raw: object) -> tuple[float, float, float]:
@@ -275,6 +308,7 @@ __all__ = [
     "measured_link",
     "pause_of",
     "pause_term",
+    "peer_speeds",
     "read_timings",
     "record_timing",
     "start_term",
