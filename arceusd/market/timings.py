@@ -34,7 +34,7 @@ from __future__ import annotations
 import itertools
 import json
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -178,13 +178,53 @@ def end_term(records: Sequence[JobTiming], model: str, assumed_s: float) -> Term
     return _assumed(assumed_s, f"this daemon has finished no {model} job yet (measured on an idle 16-core machine)")
 
 
+SPREAD_LOW = 0.65
+SPREAD_HIGH = 1.5
+"""How far one job's step (and pauses) may fall from another run of the same job on the same machine, as shares
+of it, until this daemon has measured its own spread (:data:`SPREAD_SAMPLES`): on a 2-core machine shared with
+other work, the same char-GPT job's step measured 0.64-1.46x the one before it (its load changed meanwhile)."""
+SPREAD_SAMPLES = 4
+"""Like jobs' deviations from their group's median a measured spread needs (fewer: :data:`SPREAD_LOW`,
+:data:`SPREAD_HIGH`)."""
+SPREAD_FLOOR = 0.1
+"""A measured spread is at least this share either way (a few like jobs that happened to agree)."""
+
+
+def spread(records: Sequence[JobTiming], value: Callable[[JobTiming], float]) -> tuple[float, float, int]:
+    """How far this daemon's like jobs (same model, like predicted step) fell from each other: the lowest and
+    highest of each job's ``value`` over the median of its like jobs (those of its group with two or more), as
+    shares, and how many jobs that is; :data:`SPREAD_LOW`, :data:`SPREAD_HIGH` and 0 with fewer than
+    :data:`SPREAD_SAMPLES`. A term measured once (the same job's step, reused) is as uncertain as the machine
+    is noisy: its range is widened to this."""
+    measured = [r for r in list(records)[-KEEP:] if value(r) > 0]
+    shares = []
+    for r in measured:
+        group = [value(o) for o in measured if _like(o, r.model, r.predicted_step_s)]
+        if len(group) >= 2:
+            shares.append(value(r) / statistics.median(group))
+    if len(shares) < SPREAD_SAMPLES:
+        return SPREAD_LOW, SPREAD_HIGH, 0
+    return min(min(shares), 1.0 - SPREAD_FLOOR), max(max(shares), 1.0 + SPREAD_FLOOR), len(shares)
+
+
+def _widened(t: Term, low: float, high: float, samples: int) -> Term:
+    """``t`` with its range at least ``low`` to ``high`` times its value."""
+    how = (
+        f"a range at least the {low:.2f}-{high:.2f}x this daemon's {samples} like jobs fell from each other"
+        if samples
+        else f"a range at least {low:.2f}-{high:.2f}x: one run of a job against the next on a shared machine"
+    )
+    return Term(t.value, min(t.low, t.value * low), max(t.high, t.value * high), t.measured, f"{t.source}; {how}")
+
+
 def step_term(records: Sequence[JobTiming], model: str, predicted_step_s: float, assumed: float) -> Term:
     """The measured step over the plan's predicted step for a ``model`` job whose plan predicts
-    ``predicted_step_s``, from ``records`` of that model and a like predicted step (:data:`LIKE_STEP`); else
-    ``assumed``."""
+    ``predicted_step_s``, from ``records`` of that model and a like predicted step (:data:`LIKE_STEP`), its range
+    at least what like jobs fell from each other (:func:`spread`); else ``assumed``."""
     ratios = [r.step_ratio for r in records if r.step_ratio > 0 and _like(r, model, predicted_step_s)]
     if ratios:
-        return _term(ratios, f"{model} jobs' measured step over the plan's, of a like predicted step")
+        t = _term(ratios, f"{model} jobs' measured step over the plan's, of a like predicted step")
+        return _widened(t, *spread(records, lambda r: r.step_ratio))
     return _assumed(
         assumed,
         f"this daemon has finished no {model} job of a like predicted step yet (measured on an idle 16-core machine)",
@@ -208,9 +248,10 @@ def pause_term(records: Sequence[JobTiming], model: str, predicted_step_s: float
     batches). An MNIST MLP's checkpoints and evaluations added about nothing on a 2-core machine, where 0.15 s a
     checkpoint was assumed."""
     pauses = [r.pause_s for r in records if r.pause_s >= 0 and _like(r, model, predicted_step_s)]
-    return (
-        _term(pauses, f"{model} jobs' pause per checkpoint or evaluation, of a like predicted step") if pauses else None
-    )
+    if not pauses:
+        return None
+    t = _term(pauses, f"{model} jobs' pause per checkpoint or evaluation, of a like predicted step")
+    return _widened(t, *spread(records, lambda r: r.pause_s))
 
 
 def pause_of(points: Sequence[tuple[int, float]], step_s: float, pause_points: int) -> float:
@@ -311,6 +352,7 @@ __all__ = [
     "peer_speeds",
     "read_timings",
     "record_timing",
+    "spread",
     "start_term",
     "step_term",
     "typical_step",

@@ -28,7 +28,15 @@ from arceusd.market.needs import pay
 from arceusd.market.pricing import NEUTRAL
 from arceusd.market.quote import step_flops
 from arceusd.market.service import Market
-from arceusd.market.timings import JobTiming, read_timings, record_timing, start_term, typical_step
+from arceusd.market.timings import (
+    SPREAD_LOW,
+    JobTiming,
+    read_timings,
+    record_timing,
+    spread,
+    start_term,
+    typical_step,
+)
 from tests.unit.test_forecast import FAST, OWNER, PEER, gpt, offer
 from tests.unit.test_jobspec import EXAMPLES
 
@@ -54,8 +62,10 @@ def test_the_quote_takes_start_end_and_step_from_what_this_daemon_measured() -> 
     work = f.steps * f.step_s + f.checkpoints * f.checkpoint_s + f.evals * f.eval_s
     assert f.seconds == pytest.approx(1.4 + work + 1.0)
     assert f.low_s < f.seconds < f.high_s
-    at_lowest_factor = (f.steps * f.step_s + f.evals * f.eval_s) * 0.9 + f.checkpoints * f.checkpoint_s
-    assert f.low_s == pytest.approx(1.2 + at_lowest_factor * 0.8 + 0.9)  # the fastest past jobs' terms, -20 %
+    # the fastest past jobs' start and end; the step factor at least SPREAD_LOW of it (two like jobs: too few to
+    # say how far this machine's runs of a job fall apart), -20 %
+    at_lowest_factor = (f.steps * f.step_s + f.evals * f.eval_s) * SPREAD_LOW + f.checkpoints * f.checkpoint_s
+    assert f.low_s == pytest.approx(1.2 + at_lowest_factor * 0.8 + 0.9)
     assert sum("measured:" in line for line in f.lines()) == 3
     paused = forecast(spec, offers, OWNER, timings=[replace(r, pause_s=0.05) for r in past[:2]])
     assert paused.assumed == () and paused.pause_s == pytest.approx(0.05)  # an MLP's pauses: about nothing
@@ -198,3 +208,25 @@ def test_the_end_of_a_job_reaches_its_spares() -> None:
     core.handle(e.GoAnswered(core.stamp), 0.0)
     out = core.handle(e.Cancel(), 0.0)
     assert [x.peers for x in out if isinstance(x, a.StopWorkers)] == [(b, c)]
+
+
+def test_a_step_measured_once_gets_the_machines_spread_as_its_range() -> None:
+    """bench/quote.py: a char-GPT's step factor, measured on one earlier run of the job, was reused as a point
+    (its range collapsed to the one value): the next run's step came 0.64x and 1.46x of it on a shared 2-core
+    machine. A term measured once takes the spread this daemon measured between like jobs, or a wide default."""
+    spec, offers = gpt(), [offer(OWNER)]
+    predicted = forecast(spec, offers, OWNER).predicted_step_s
+    once = [JobTiming("GPTConfig", 1.0, 1.0, False, 2.0, 0.0, predicted, pause_s=0.5)]
+    f = forecast(spec, offers, OWNER, timings=once)
+    assert f.step_factor == pytest.approx(2.0)
+    step = dict(f.sources)["step"]
+    assert "(1.30 to 3.00)" in step and "0.65-1.50x" in step, step  # SPREAD_LOW, SPREAD_HIGH x 2.0
+    assert "0.33 to 0.75 s" in dict(f.sources)["pauses"]  # the pause measured once: likewise
+    work_low = spec.training.steps * predicted * 2.0 * 0.65 + f.evals * 0.5 * 0.65
+    assert f.low_s == pytest.approx(1.0 + work_low * 0.8 + 1.0)
+    # five like runs that fell 0.8-1.25x from their median: the range is what they measured
+    ratios = [1.6, 2.0, 2.0, 2.5, 2.0]
+    like = [JobTiming("GPTConfig", 1.0, 1.0, False, r, 0.0, predicted) for r in ratios]
+    assert spread(like, lambda r: r.step_ratio) == (pytest.approx(0.8), pytest.approx(1.25), 5)
+    g = forecast(spec, offers, OWNER, timings=like)
+    assert "(1.60 to 2.50)" in dict(g.sources)["step"] and "5 like jobs" in dict(g.sources)["step"]
