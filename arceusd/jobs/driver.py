@@ -38,7 +38,7 @@ from arceusd.jobs.core import events as e
 from arceusd.jobs.job import Job, Recovery
 from arceusd.jobs.transfers import job_weights, leader_data
 from arceusd.market.forecast import count_evals
-from arceusd.market.timings import JobTiming, pause_of, record_timing, typical_step
+from arceusd.market.timings import JobTiming, machine_load, pause_of, record_timing, typical_step
 from arceusd.membership.events import MemberState
 from protocol.job_wire import JobStop
 
@@ -73,6 +73,7 @@ def job_timing(job: Job, now: float) -> JobTiming | None:
         len(job.plan_peers()),
         slowest_link(job.leading.links),
         round(pause_of(points, step, pauses), 4),
+        machine_load(),
         tuple(
             (peer, round(o.flops_per_s / max(job.leading.discounts.get(peer, 1.0), 1.0), 1), o.block_efficiency)
             for peer, o in sorted(job.members.items())

@@ -15,9 +15,10 @@ The devices a forecast plans over: this device's measured offer (its cached prof
 for each further device, one lending what the peer the daemon asked lends (peers tell their memory, not
 their speed: each is planned at the speed of a peer this daemon's past jobs ran with, as their plans took it:
 :func:`arceusd.market.timings.peer_speeds`; beyond those, as fast as this device, and the quote says so); links at
-the planner's defaults until the job measures them (``arceusd.jobs.planning.DEFAULT_BANDWIDTH``). The prices are the market's while the
-job runs: the demand the daemon sees with this job added, its devices no longer idle (as the leader prices each
-commit: ``MarketService.demand``).
+the planner's defaults until the job measures them (``arceusd.jobs.planning.DEFAULT_BANDWIDTH``). The prices are
+the market's while the job runs: the demand the daemon sees with this job added, its devices no longer idle (as the
+leader prices each commit: ``MarketService.demand``). The machine's load now (:func:`machine_load`) stretches the
+range's top where it is busier than when the daemon's jobs ran.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from arceusd.market.admission import devices_for_memory
 from arceusd.market.forecast import Forecast, forecast
 from arceusd.market.pricing import CLOUD_PRICES_AS_OF, CLOUD_PRICES_SOURCE, NEUTRAL, TYPICAL_LAPTOP_FLOPS, Demand
 from arceusd.market.quote import Quote, job_flops, quote, quote_lines
-from arceusd.market.timings import peer_speeds, read_timings
+from arceusd.market.timings import machine_load, peer_speeds, read_timings
 from partitioner import PlanError
 
 
@@ -343,6 +344,7 @@ def estimate(state_dir: Path, spec: JobSpec, members: int) -> Estimate:
             running,
             first_job=first_job(state_dir, daemon),
             timings=timings,
+            load_now=machine_load(),
         )
         why = ""
     except PlanError as exc:

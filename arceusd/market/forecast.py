@@ -38,7 +38,9 @@ slowest this daemon measured, or an assumed factor's wider one) x (1 - :data:`LO
 the spread ``bench/quote.py`` measured between jobs on an idle machine, plus the start's and the end's ranges
 (measured: the fastest to the slowest past job; assumed: :data:`arceusd.market.timings.ASSUMED_LOW` to
 ``ASSUMED_HIGH`` of the figure). A machine busy with other work runs every step slower than its profile says (on 2
-cores at load 9-13, 2-4x): no range covers that.
+cores at load 9-13, 2-4x): the range's high end is stretched by the load per CPU now over the load when this
+daemon's jobs ran (:func:`arceusd.market.timings.busier`, at most 5x); the point is not (the 1-minute load says
+little of the next minute's).
 """
 
 from __future__ import annotations
@@ -51,7 +53,16 @@ from arceusd.jobs.planning import Offer, make_job_plan
 from arceusd.jobs.spec_types import JobSpec, MnistDataSpec
 from arceusd.market.needs import pay
 from arceusd.market.pricing import NEUTRAL, Demand
-from arceusd.market.timings import JobTiming, Term, end_term, measured_link, pause_term, start_term, step_term
+from arceusd.market.timings import (
+    JobTiming,
+    Term,
+    busier,
+    end_term,
+    measured_link,
+    pause_term,
+    start_term,
+    step_term,
+)
 from arceusd.models.costs import block_costs
 from partitioner import Link, ReplicaPlan
 
@@ -132,6 +143,9 @@ class Forecast:
     pause_s: float = -1.0
     """What a checkpoint or an evaluation adds, each, as this daemon measured it (-1: priced as
     ``checkpoint_s`` and ``eval_s``)."""
+    busier: float = 1.0
+    """How much slower the machine may run the job than when this daemon measured its jobs (its load now over
+    theirs: :func:`arceusd.market.timings.busier`); the range's high end is stretched by it."""
 
     @property
     def hours(self) -> float:
@@ -209,10 +223,12 @@ def forecast(
     links: Mapping[tuple[str, str], Link] | None = None,
     first_job: bool = False,
     timings: Sequence[JobTiming] = (),
+    load_now: float = 0.0,
 ) -> Forecast:
     """The forecast for ``spec`` on ``offers`` (``owner``'s among them), planned as the daemon plans it, paid at
     ``demand`` (the market's while the job runs); ``first_job``: the daemon has run no job since it started;
-    ``timings``: what this daemon measured its past jobs to take (:func:`arceusd.market.timings.read_timings`).
+    ``timings``: what this daemon measured its past jobs to take (:func:`arceusd.market.timings.read_timings`);
+    ``load_now``: the machine's load per CPU now (0: not known; :func:`arceusd.market.timings.machine_load`).
 
     Error handling: :class:`partitioner.PlanError` (what is missing) when no plan fits the offers."""
     if links is None and len(offers) > 1:
@@ -221,7 +237,7 @@ def forecast(
         if link is not None:
             links = {(a, b): link for i, a in enumerate(ids) for b in ids[i + 1 :]}
         _, rp = make_job_plan(spec, offers, rtt_s or {}, links, leader=owner)
-        f = from_plan(spec, rp, offers, owner, demand, first_job, timings)
+        f = from_plan(spec, rp, offers, owner, demand, first_job, timings, load_now)
         source = (
             f"round trip {1000 * link.rtt_s:.2f} ms, {link.bandwidth_bytes_per_s / 1e6:.0f} MB/s, "
             f"{1000 * link.message_s:.2f} ms a message, measured: this daemon's newest job with a member"
@@ -230,7 +246,7 @@ def forecast(
         )
         return replace(f, sources=(*f.sources, ("links", source)), assumed=f.assumed + (() if link else ("links",)))
     _, rp = make_job_plan(spec, offers, rtt_s or {}, links, leader=owner)
-    return from_plan(spec, rp, offers, owner, demand, first_job, timings)
+    return from_plan(spec, rp, offers, owner, demand, first_job, timings, load_now)
 
 
 def rest_usd(
@@ -276,6 +292,7 @@ def from_plan(
     demand: Demand = NEUTRAL,
     first_job: bool = False,
     timings: Sequence[JobTiming] = (),
+    load_now: float = 0.0,
 ) -> Forecast:
     """The forecast of ``spec`` under the plan ``rp`` (over ``offers``)."""
     t = spec.training
@@ -296,7 +313,8 @@ def from_plan(
     mid, least, most = (None, None, None) if pause is None else (pause.value, pause.low, pause.high)
     seconds = start.value + work(factor.value, mid) + end.value
     low_s = start.low + work(factor.low, least) * (1.0 - LOW_SHARE) + end.low
-    high_s = start.high + work(factor.high, most) * (1.0 + HIGH_SHARE) + end.high
+    slower, then = busier(timings, load_now)
+    high_s = start.high + work(factor.high, most) * (1.0 + HIGH_SHARE) * slower + end.high
     by_id = {o.peer_id: o for o in offers}
     cap = float(spec.needs.max_price_per_hour)
     paid = tuple(
@@ -308,7 +326,7 @@ def from_plan(
     billed_start = min(start.value, START_S) * (1.0 - UNBILLED_START_S / START_S)  # a first job waits unbilled
     usd = (work(factor.value, mid) + billed_start) * per_s
     low_usd = work(factor.low, least) * (1.0 - LOW_SHARE) * per_s
-    high_usd = (work(factor.high, most) * (1.0 + HIGH_SHARE) + billed_start) * per_s
+    high_usd = (work(factor.high, most) * (1.0 + HIGH_SHARE) * slower + billed_start) * per_s
     sources = (
         ("start", f"{start.value:.1f} s ({start.low:.1f} to {start.high:.1f} s), {start.source}"),
         ("end", f"{end.value:.1f} s ({end.low:.1f} to {end.high:.1f} s), {end.source}"),
@@ -321,6 +339,10 @@ def from_plan(
             else f"{pause.value:.2f} s each ({pause.low:.2f} to {pause.high:.2f} s), {pause.source}",
         ),
     )
+    if slower > 1.0:
+        against = f"against {then:.1f} when this daemon's jobs ran" if then > 0 else "against an idle machine's"
+        load = f"{load_now:.1f} per CPU now, {against}: up to {slower:.1f}x slower (the range's top)"
+        sources = (*sources, ("load", load))
     measured = (("start", start), ("end", end), ("step", factor))
     return Forecast(
         devices,
@@ -345,6 +367,7 @@ def from_plan(
         tuple(name for name, term in measured if not term.measured) + (("pauses",) if pause is None else ()),
         work(factor.value, mid) * per_s,
         -1.0 if pause is None else pause.value,
+        slower,
     )
 
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -82,6 +83,8 @@ class JobTiming:
     pause_s: float = -1.0
     """What a checkpoint or an evaluation added to the run, per point that held one before the last step: the
     span from the first to the last step less the typical steps, over those points (-1: not measured)."""
+    load: float = 0.0
+    """The machine's 1-minute load average per CPU when the job ended (:func:`machine_load`; 0: not recorded)."""
     peers: tuple[tuple[str, float, float], ...] = ()
     """The job's other members as its plan took them: (peer id, FLOP/s, block efficiency), each member's offered
     speed divided by what the leader measured it to run slower (``claims.discounted``): a quote's peers."""
@@ -279,12 +282,43 @@ def read_timings(state_dir: Path) -> list[JobTiming]:
                 int(r.get("devices", 0)),
                 _link(r.get("link")),
                 float(r.get("pause_s", -1.0)),
+                min(max(float(r.get("load", 0.0)), 0.0), MAX_LOAD),
                 _peers(r.get("peers")),
             )
             for r in raw
         ]
     except (OSError, ValueError, KeyError, TypeError):
         return []
+
+
+MAX_LOAD = 1000.0
+"""The highest load per CPU a timing keeps."""
+
+
+def machine_load() -> float:
+    """This machine's 1-minute load average per CPU (0: the platform does not say)."""
+    try:
+        return round(os.getloadavg()[0] / (os.cpu_count() or 1), 3)
+    except OSError:
+        return 0.0
+
+
+MAX_BUSIER = 5.0
+"""The most a busier machine stretches the quote's range (:func:`busier`)."""
+
+
+def busier(records: Sequence[JobTiming], load_now: float) -> tuple[float, float]:
+    """How much slower the machine may run a job now than when this daemon measured its jobs: the load per CPU
+    now over the median of theirs (each at least 1: a machine not fully used runs at its profile's speed), at
+    least 1 and at most :data:`MAX_BUSIER`; with the median load (0: none recorded; the assumed figures come from
+    an idle machine). The 1-minute load is a poor predictor of one job's step (other work comes and goes), so
+    the quote stretches its range's high end by it, not its point: bench/quote.py's 150-step char-GPT took 3.2x
+    its quote when the machine's load went from 1.6 to 6.6 per CPU."""
+    loads = [r.load for r in list(records)[-RECENT:] if r.load > 0]
+    then = statistics.median(loads) if loads else 0.0
+    if load_now <= 0:
+        return 1.0, then
+    return min(max(max(load_now, 1.0) / max(then, 1.0), 1.0), MAX_BUSIER), then
 
 
 MAX_PEERS = 64
@@ -342,10 +376,13 @@ __all__ = [
     "ASSUMED_LOW",
     "KEEP",
     "LIKE_STEP",
+    "MAX_BUSIER",
     "TIMINGS_FILE",
     "JobTiming",
     "Term",
+    "busier",
     "end_term",
+    "machine_load",
     "measured_link",
     "pause_of",
     "pause_term",

@@ -29,8 +29,11 @@ from arceusd.market.pricing import NEUTRAL
 from arceusd.market.quote import step_flops
 from arceusd.market.service import Market
 from arceusd.market.timings import (
+    MAX_BUSIER,
     SPREAD_LOW,
     JobTiming,
+    busier,
+    machine_load,
     read_timings,
     record_timing,
     spread,
@@ -230,3 +233,27 @@ def test_a_step_measured_once_gets_the_machines_spread_as_its_range() -> None:
     assert spread(like, lambda r: r.step_ratio) == (pytest.approx(0.8), pytest.approx(1.25), 5)
     g = forecast(spec, offers, OWNER, timings=like)
     assert "(1.60 to 2.50)" in dict(g.sources)["step"] and "5 like jobs" in dict(g.sources)["step"]
+
+
+def test_a_machine_busier_than_when_the_daemon_measured_stretches_the_ranges_top() -> None:
+    """bench/quote.py's 150-step char-GPT took 3.2x its quote when the shared machine's load rose from 1.6 to 6.6
+    per CPU after the daemon measured it; the range said nothing of that."""
+    spec, offers = gpt(), [offer(OWNER)]
+    predicted = forecast(spec, offers, OWNER).predicted_step_s
+    past = [JobTiming("GPTConfig", 1.0, 1.0, False, 2.0, 0.0, predicted, pause_s=0.5, load=1.5)]
+    calm = forecast(spec, offers, OWNER, timings=past, load_now=1.2)
+    busy = forecast(spec, offers, OWNER, timings=past, load_now=6.0)
+    assert calm.busier == 1.0 and "load" not in dict(calm.sources)
+    assert busy.busier == pytest.approx(4.0) and busy.seconds == pytest.approx(calm.seconds)  # the point stays
+    assert busy.low_s == pytest.approx(calm.low_s)
+    assert busy.high_s - 2.0 == pytest.approx((calm.high_s - 2.0) * 4.0)  # the work's top (start + end: 2 s)
+    assert busy.high_usd == pytest.approx(calm.high_usd)  # (one device: nothing billed)
+    assert "6.0 per CPU now, against 1.5" in dict(busy.sources)["load"]
+    assert busier(past, 30.0)[0] == MAX_BUSIER and busier([], 3.0) == (3.0, 0.0)
+    job = Job("ab" * 16, spec, b"", "h", OWNER, "", Path("/nonexistent"), JobCore.owned(OWNER, 20), total_steps=20)
+    job.first_step_at = job.created + 1.0
+    for step in range(1, 21):
+        job.record_loss(step, 2.0, at=job.created + 1.0 + 0.01 * step)
+    job.leading.record_checkpoint(20, at=job.created + 2.0)
+    timing = job_timing(job, job.created + 3.0)
+    assert timing is not None and timing.load == pytest.approx(machine_load(), abs=0.5)
