@@ -327,7 +327,7 @@ def from_plan(
     usd = (work(factor.value, mid) + billed_start) * per_s
     low_usd = work(factor.low, least) * (1.0 - LOW_SHARE) * per_s
     high_usd = (work(factor.high, most) * (1.0 + HIGH_SHARE) * slower + billed_start) * per_s
-    sources = (
+    sources: tuple[tuple[str, str], ...] = (
         ("start", f"{start.value:.1f} s ({start.low:.1f} to {start.high:.1f} s), {start.source}"),
         ("end", f"{end.value:.1f} s ({end.low:.1f} to {end.high:.1f} s), {end.source}"),
         ("step", f"x{factor.value:.2f} the plan's ({factor.low:.2f} to {factor.high:.2f}), {factor.source}"),

@@ -230,7 +230,7 @@ def test_a_step_measured_once_gets_the_machines_spread_as_its_range() -> None:
     # five like runs that fell 0.8-1.25x from their median: the range is what they measured
     ratios = [1.6, 2.0, 2.0, 2.5, 2.0]
     like = [JobTiming("GPTConfig", 1.0, 1.0, False, r, 0.0, predicted) for r in ratios]
-    assert spread(like, lambda r: r.step_ratio) == (pytest.approx(0.8), pytest.approx(1.25), 5)
+    assert spread(like, lambda r: r.step_ratio) == pytest.approx((0.8, 1.25, 5))
     g = forecast(spec, offers, OWNER, timings=like)
     assert "(1.60 to 2.50)" in dict(g.sources)["step"] and "5 like jobs" in dict(g.sources)["step"]
 
