@@ -98,7 +98,7 @@ class ControlMethods:
         job.directory.mkdir(parents=True, exist_ok=True)
         job.paths.spec.write_bytes(spec_bytes)
         self.ctx.jobs[jid] = job
-        job.members[self.ctx.node.identity.peer_id] = await self.ctx.offer()
+        job.offers[self.ctx.node.identity.peer_id] = await self.ctx.offer()
         self.ctx.persist(job)
         self.ctx.spawn(self.life.lead, job)
         self.ctx.spawn(warm_starts().warm_up, spec.model)  # torch imported while the members gather (issue 33)

@@ -175,24 +175,10 @@ class Driver:
         answers (``Refuse``, ``LetWorkerGo``)."""
         before = (job.role, job.state)
         out = job.core.handle(event, time.monotonic())
-        self._reconcile_members(job)
         self.execute(job, out)
         if job.role != Role.OWNER and (job.role, job.state) != before:
             self.ports.persist(job)  # a member's record of the job (arceusd.jobs.known): listed after a restart
         return out
-
-    def _reconcile_members(self, job: Job) -> None:
-        """The leader's offers (``job.members``) hold the same peers as its core: a member the core dropped
-        loses its offer (and is announced to again when it comes back); one whose offer was dropped here leaves
-        the core."""
-        lead = job.core.lead
-        if lead is None or not job.core.leads:
-            return
-        me = self.me
-        for peer in [p for p in job.members if p not in lead.members and p != me]:
-            del job.members[peer]
-            job.leading.announced.discard(peer)
-        lead.members &= set(job.members) | {me}
 
     def execute(self, job: Job, actions: list[a.Action]) -> None:
         untrack_after_stops = any(isinstance(x, a.UntrackElection) for x in actions) and any(

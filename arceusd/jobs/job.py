@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -112,7 +113,6 @@ class LeaderRecord:
     recoveries and commits it records. Empty on a device that never led the job."""
 
     # the leader's loop and the plan it starts
-    announced: set[str] = field(default_factory=set)  # peers the owner announced the job to
     queue: deque[actions.Action] = field(default_factory=deque)  # the core's long actions, run by the leader loop
     start_scope: trio.CancelScope | None = None  # while the leader starts a plan's workers
     go_addresses: dict[str, str] = field(default_factory=dict)  # the started workers' addresses (this epoch)
@@ -162,6 +162,33 @@ class LeaderRecord:
             del self.checkpoints[: len(self.checkpoints) - MAX_CHECKPOINTS]
 
 
+class MemberOffers(Mapping[str, "Offer"]):
+    """A read-only view: the offers (``job.offers``) of the peers the core holds as members (all offers on a
+    device that never led the job). Membership is the core's alone; this only pairs it with the objects."""
+
+    __slots__ = ("_core", "_offers")
+
+    def __init__(self, offers: dict[str, Offer], core: JobCore) -> None:
+        self._offers, self._core = offers, core
+
+    def _counts(self, peer: str) -> bool:
+        return self._core.lead is None or self._core.is_member(peer)
+
+    def __getitem__(self, peer: str) -> Offer:
+        if not self._counts(peer):
+            raise KeyError(peer)
+        return self._offers[peer]
+
+    def __contains__(self, peer: object) -> bool:
+        return isinstance(peer, str) and peer in self._offers and self._counts(peer)
+
+    def __iter__(self) -> Iterator[str]:
+        return (p for p in list(self._offers) if self._counts(p))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
 @dataclass
 class Job:
     job_id: str
@@ -172,7 +199,9 @@ class Job:
     owner_address: str
     directory: Path
     core: JobCore  # the lifecycle: role, state, stamp, leader, committed step, error (decides every transition)
-    members: dict[str, Offer] = field(default_factory=dict)  # peer -> its offer (the leader's: the core's peers)
+    offers: dict[str, Offer] = field(default_factory=dict)
+    """Peer -> its offer, as this device holds them (the objects). Who is a member is the core's
+    (``core.lead.members``): :attr:`members` shows the offers of the core's members."""
     told_members: tuple[str, ...] = ()
     """On a device that does not lead the job: its members as the leader last told this device (the answer to
     its join, each plan's start). ``members`` stays the leader's; :meth:`member_ids` shows whichever applies."""
@@ -204,7 +233,6 @@ class Job:
     model_path: str = ""
     worker: WorkerProcess | None = None
     local_stopped: trio.Event | None = None  # set once the worker this device last detached has stopped
-    went: tuple[int, WorkerProcess] | None = None  # the epoch and worker that this device's last go started
     created: float = field(default_factory=time.time)
     first_step_at: float = 0.0  # wall clock of this device's first training step (0: none yet)
     first_of_daemon: bool = False  # submitted here before any other job since this daemon started
@@ -217,7 +245,6 @@ class Job:
     work: dict[str, float] = field(default_factory=dict)  # peer -> sum of its share over those steps
     # leadership: the owner leads until it dies; then the plan's standby (elected) takes over
     leader_address: str = ""  # where the device this one takes commands from (core.leader) listens
-    standby: str = ""  # the current plan's standby (holds the data and the leader's shards)
     standby_data: dict[str, Any] | None = None  # on the standby: the data entry of its checked copy
     standby_offers: dict[str, Any] = field(default_factory=dict)  # on the standby: the plan members' offers
     sync_lock: trio.Lock = field(default_factory=trio.Lock)
@@ -322,6 +349,24 @@ class Job:
             core,
             total_steps=spec.training.steps,
         )
+
+    @property
+    def members(self) -> MemberOffers:
+        """The job's members with their offers: the core's members (while it holds the leader's state) whose
+        offers this device holds; on a device that never led the job, every offer it holds."""
+        return MemberOffers(self.offers, self.core)
+
+    def drop_member(self, peer: str) -> None:
+        """``peer`` is no member any more (it left, or the leader excluded it): the core drops it, and its offer
+        goes. The caller asks for the repartition when it was in the plan."""
+        self.core.drop_member(peer)
+        if peer != self.core.me:
+            self.offers.pop(peer, None)
+
+    @property
+    def standby(self) -> str:
+        """The current plan's standby (holds the data and the leader's shards): the core's."""
+        return self.core.standby
 
     @property
     def paths(self) -> JobPaths:

@@ -169,11 +169,13 @@ class Joining:
         new = msg.peer_id not in job.members
         if new and len(job.members) >= JOB_MEMBERS_MAX:
             return JoinReply(msg.job_id, False, f"the job has {len(job.members)} members, the most a job holds")
-        job.members[msg.peer_id] = offer
+        job.offers[msg.peer_id] = offer  # (a member once the core takes it in)
         if new:
-            log.info("job %s: %s joined (%d members)", job.job_id, msg.peer_id[:12], len(job.members))
+            log.info("job %s: %s joined (%d members)", job.job_id, msg.peer_id[:12], len(job.members) + 1)
         # a running job rebalances at its next checkpoint; a waiting one plans once the members lend the memory
-        self.life.feed(job, events.MemberJoined(msg.peer_id, enough_memory(job)))  # needs.memory_total_mib
+        self.life.feed(job, events.MemberJoined(msg.peer_id, enough_memory(job, offer)))  # needs.memory_total_mib
+        if not job.core.is_member(msg.peer_id):  # the core did not take it in (the job ended meanwhile)
+            job.offers.pop(msg.peer_id, None)
         if new:
             job.poke()
         return JoinReply(msg.job_id, True, "", tuple(sorted(job.members)))

@@ -99,14 +99,13 @@ class LocalWorker:
         verified = time.monotonic()
         await self.ctx.drop_own_worker(job)  # a newer epoch replaces whatever ran before
         stamp = Stamp(header.term, header.epoch)
-        self.life.feed(job, events.StartReceived(stamp))
+        self.life.feed(job, events.StartReceived(stamp, msg.standby))
         job.inputs = inputs
         job.plan, job.replica_plan = replica_plan.replicas[0], replica_plan
         job.replica_slots, job.data_shares, job.ring_generation = (
             (grow.slots, grow.shares, grow.generation) if grow is not None else ((), 0, 0)
         )
         job.shares = replica_flops_shares(replica_plan, inputs)
-        job.standby = msg.standby
         job.told_members = told or job.told_members
         job.spare_in = None  # a place in the plan
         self.ctx.track(job, list(job.plan_peers()), [header.sender, msg.standby])
@@ -216,16 +215,19 @@ class LocalWorker:
         for action in self.life.feed(job, events.GoReceived(Stamp(header.term, header.epoch))):
             if isinstance(action, actions.Refuse):
                 return JobAck(False, action.reason)
-            if isinstance(action, actions.LetWorkerGo):
-                await self.go(job, msg)
+            if isinstance(action, actions.LetWorkerGo):  # (the core let it go once in this epoch)
+                await self._let_go(job, msg)
         return JobAck(True)
 
     async def go(self, job: Job, msg: JobGo) -> None:
-        """Let this device's worker start (once per plan epoch: a ``go`` sent again after a lost answer is a
-        no-op)."""
-        if job.worker is None or job.went == (job.epoch, job.worker):
+        """The leader's own ``go``: let this device's worker start, once per plan epoch (the core's guard,
+        :meth:`arceusd.jobs.core.JobCore.let_go`: a ``go`` sent again is a no-op)."""
+        if job.worker is not None and job.core.let_go(job.epoch):
+            await self._let_go(job, msg)
+
+    async def _let_go(self, job: Job, msg: JobGo) -> None:
+        if job.worker is None:
             return
-        job.went = (job.epoch, job.worker)
         try:
             await job.worker.send({"cmd": "start", "addresses": {a.peer_id: a.address for a in msg.addresses}})
         except WorkerFailed as exc:
@@ -301,8 +303,7 @@ class LocalWorker:
         if job is None or not self.ctx.leads(job):
             return JobAck(False, "not the leader of that job")
         if msg.kind is ReportKind.LEAVE and header.sender in job.members:
-            del job.members[header.sender]
-            job.leading.announced.add(header.sender)  # do not invite it straight back
+            job.drop_member(header.sender)  # (not invited straight back)
             log.info("job %s: %s left", job.job_id, header.sender[:12])
             if header.sender in job.plan_peers():
                 self.life.request_restart(job, f"member {header.sender[:12]} left the job")

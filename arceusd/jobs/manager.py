@@ -176,7 +176,7 @@ class JobManager(JobContext):
         self.known = await trio.to_thread.run_sync(read_records, self.root)  # (arceusd.jobs.known)
         for job in await trio.to_thread.run_sync(self._restore_owned_jobs):
             self.jobs[job.job_id] = job
-            job.members[self.node.identity.peer_id] = await self.offer()
+            job.offers[self.node.identity.peer_id] = await self.offer()
             self.spawn(self.lead, job)
             log.info(
                 "job %s (%s): resuming as its owner from step %d (term %d)",
@@ -304,10 +304,9 @@ class JobManager(JobContext):
         return self.driver.feed(job, event)
 
     def announce_to_new_peers(self, job: Job) -> None:
-        for peer, address in self.peers.alive_peers().items():
-            if peer != self.node.identity.peer_id and peer not in job.leading.announced:
-                job.leading.announced.add(peer)
-                self.spawn(self.joining.announce, job, peer, address)
+        alive = self.peers.alive_peers()
+        for peer in job.core.to_announce(list(alive)):
+            self.spawn(self.joining.announce, job, peer, alive[peer])
 
     def request_restart(self, job: Job, reason: str) -> None:
         """Ask the core to repartition ``job`` (a leader's; the first reason wins until the new plan runs)."""
@@ -346,12 +345,12 @@ class JobManager(JobContext):
             return
         alive = self.peers.alive_peers()  # the members' offers as the leader last had them, at today's address
         old_plan = job.plan_peers()
-        job.members = {
+        job.offers = {
             p: replace(o, address=alive[p])
             for p, o in job.standby_offers.items()
             if p in alive and p in old_plan and p not in (old, me)
         }
-        job.members[me] = await self.offer()
+        job.offers[me] = await self.offer()
         step, _ = await trio.to_thread.run_sync(corrupt_shards, job.paths.checkpoints, sorted(job.leaders))
         if self.leads(job) or job.leader != old or job.core.terminal:
             return  # led, or another leader was elected, meanwhile
@@ -359,7 +358,7 @@ class JobManager(JobContext):
             "job %s: the leader %s is gone; taking over as its standby (from step %d)", job.job_id, old[:12], step
         )
         job.leader_address = self.node.addresses.get("peer", "")
-        self.feed(job, e.TakeoverReady(frozenset(job.members), step, tuple(p for p in old_plan if p != old)))
+        self.feed(job, e.TakeoverReady(frozenset(job.offers), step, tuple(p for p in old_plan if p != old)))
         self.spawn(self.lead, job)
 
     # ---------------------------------------------------------------------------------- checkpoints, the end
@@ -386,7 +385,6 @@ class JobManager(JobContext):
             return
         for job in list(self.jobs.values()):
             if self.leads(job):
-                job.leading.announced.discard(change.peer)  # announce again if it comes back
                 self.feed(job, e.MemberDead(change.peer, change.state.value))
             elif change.peer == job.leader and not job.core.terminal:
                 self.feed(job, e.LeaderGone(change.state.value))

@@ -79,8 +79,6 @@ class ReplicaDrops:
         if job.plan is not smaller.replicas[0]:
             job.leading.shard_shapes = {}  # another replica writes the shards now: its places' shapes
         job.replica_plan, job.plan = smaller, smaller.replicas[0]
-        if job.standby in devices:
-            job.standby = ""  # (the core chose no other: the next plan does)
         if job.inputs is not None:
             job.shares = replica_flops_shares(smaller, job.inputs)
         job.replica_drops.append(ReplicaDrop(reason, job.step, tuple(devices), len(smaller.replicas)))
@@ -173,7 +171,10 @@ class ReplicaDrops:
             return JobAck(False, "this device is in the dropped replica (its worker is stopped instead)")
         if not 0 <= msg.hold_at <= job.total_steps:
             return JobAck(False, f"hold at step {msg.hold_at}: not a step of the job")
-        self._apply(job, plan, msg.replicas, msg.index, f"the leader dropped replica {msg.index} of {msg.replicas}")
+        dropped = self._apply(
+            job, plan, msg.replicas, msg.index, f"the leader dropped replica {msg.index} of {msg.replicas}"
+        )
+        self.life.feed(job, events.ReplicaDropped(dropped))  # (a standby among them is none: the next plan's is)
         await self._tell_worker(job, msg.replicas, msg.index, msg.hold_at)
         return JobAck(True)
 

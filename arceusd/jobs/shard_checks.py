@@ -135,8 +135,7 @@ def exclude(job: Job, peer: str, refused: ReportRefused) -> str:
     job.leading.refused_reports[problem] = job.leading.refused_reports.get(problem, 0) + 1
     why = f"member {peer} excluded: {refused}"[:MAX_EXCLUDED_REASON]
     job.leading.excluded.setdefault(peer, why)
-    job.members.pop(peer, None)
-    job.leading.announced.add(peer)  # never invited back
+    job.drop_member(peer)  # never invited back
     return why
 
 

@@ -96,10 +96,10 @@ class Starting:
         job.plan = replica_plan.replicas[0]  # the first replica's devices write the checkpoint shards
         job.replica_slots, job.data_shares, job.ring_generation, job.serving_only = (), 0, 0, False
         job.shares = replica_flops_shares(replica_plan, inputs)
-        job.standby = choose_standby(job, me)
+        standby = choose_standby(job, me)
         _mark(job, "planned")
         self.life.feed(
-            job, events.PlanFound(job.plan_peers(), job.standby, tuple(r.peer_ids for r in replica_plan.replicas))
+            job, events.PlanFound(job.plan_peers(), standby, tuple(r.peer_ids for r in replica_plan.replicas))
         )
         if job.core.stamp != stamp:  # the core took the plan (a new epoch)
             job.leading.link_waits.clear()  # who waits on whom depends on the plan: judged afresh (claims)

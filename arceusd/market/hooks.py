@@ -50,11 +50,13 @@ def wants_timing(node: Any, job: Any) -> bool:
     return bool(beyond_cap(job, node.identity.peer_id))
 
 
-def enough_memory(job: Any) -> bool:
-    """Whether the members lend the job's ``needs.memory_total_mib`` between them (sets ``job.error`` if not)."""
+def enough_memory(job: Any, joining: Any = None) -> bool:
+    """Whether the members lend the job's ``needs.memory_total_mib`` between them (sets ``job.error`` if not);
+    ``joining``: the offer of a peer the core is about to take in, counted with them."""
     from arceusd.market.admission import memory_shortfall
 
-    short = memory_shortfall(int(job.spec.needs.memory_total_mib), (int(o.memory_bytes) for o in job.members.values()))
+    offers = dict(job.members) | ({} if joining is None else {joining.peer_id: joining})
+    short = memory_shortfall(int(job.spec.needs.memory_total_mib), (int(o.memory_bytes) for o in offers.values()))
     if short is not None:
         job.error = short
     return short is None

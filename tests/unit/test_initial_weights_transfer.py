@@ -47,7 +47,7 @@ def _job(spec: Any, directory: Path, me: str, leader: str, role: Role) -> Job:
         SimpleNamespace(start=4, end=5, devices=(MEMBER,)),
     )
     job.replica_plan = cast(Any, SimpleNamespace(replicas=(SimpleNamespace(stages=stages),)))
-    job.standby = STANDBY
+    core.standby = STANDBY  # (the core's: the leader chose it, a member was told it in the start)
     return job
 
 
@@ -102,7 +102,7 @@ def test_the_leader_serves_places_of_its_plan_only_and_the_whole_file_to_the_sta
 
 def test_the_standby_keeps_a_checked_whole_copy_and_serves_it_once_it_leads(tmp_path: Path) -> None:
     _, leader_job, standby, job = _pair(tmp_path, STANDBY)
-    job.standby = STANDBY
+    job.core.standby = STANDBY
     assert trio.run(standby.copy_weights, job, LEADER)
     assert job.paths.weights_copy.read_bytes() == (tmp_path / "w.safetensors").read_bytes()
     job.core.leader, job.core.role = STANDBY, Role.MEMBER  # it took over: it serves its copy

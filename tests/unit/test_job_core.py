@@ -148,7 +148,7 @@ def test_after_a_commit_another_replica_may_be_dropped_and_the_standby_follows()
     assert find(out, a.DropReplica) == [a.DropReplica(core.stamp, 1, 2, B, f"member {B[:12]} is dead")]
     assert find(out, a.TrackElection) == [a.TrackElection((ME,), (ME,))]
     assert state(core) == JobState.RUNNING
-    assert core.lead is not None and core.lead.standby == "" and core.lead.replicas == ((ME,),)
+    assert core.lead is not None and core.standby == "" and core.lead.replicas == ((ME,),)
     core.handle(e.WorkerFailed(core.stamp, ME, "oom"), 0.0)  # one pipeline left: a loss replans
     assert state(core) == JobState.RECOVERING
 
@@ -628,3 +628,28 @@ def test_a_final_commit_a_member_does_not_serve_excludes_it_instead_of_failing_t
     assert find(out, a.Exclude) and state(core) == JobState.RECOVERING
     core.handle(e.CommitFailed(core.stamp, 20, "not served", ME), 0.0)  # a stale or own failure: nothing
     assert state(core) == JobState.RECOVERING
+
+
+def test_the_core_owns_the_members_the_standby_and_the_go_guard() -> None:
+    """Issue 32 item 2: one owner per fact. Membership, whom the owner announced to, the plan's standby and the
+    "go only once" guard live in the core alone; the job's I/O reads them there."""
+    core = running(members=(ME, B, C), min_members=3)
+    assert core.members == frozenset({ME, B, C}) and core.standby == B
+    assert core.to_announce([ME, B, C, "d" * 32]) == [B, C, "d" * 32] and core.to_announce([B, "d" * 32]) == []
+    core.drop_member(C)  # it left (or its reports got it excluded): not invited straight back
+    assert not core.is_member(C) and core.to_announce([C]) == []
+    core.drop_member(ME)  # the leader stays
+    assert core.is_member(ME)
+    core.handle(e.MemberDead(B), 0.0)  # the core drops it: announced to again when it comes back
+    assert state(core) == JobState.RECOVERING and core.to_announce([B]) == [B]
+    assert core.let_go(7) and not core.let_go(7) and core.let_go(8)  # the leader's own go: once per epoch
+    member = JobCore(B, ME, 100)
+    member.handle(e.Joined(), 0.0)
+    member.handle(e.StartReceived(Stamp(2, 5), C), 0.0)
+    assert member.standby == C and member.members == frozenset()
+    assert find(member.handle(e.GoReceived(Stamp(2, 5)), 0.0), a.LetWorkerGo)
+    assert member.handle(e.GoReceived(Stamp(2, 5)), 0.0) == [] and not member.let_go(5)  # the same guard
+    member.handle(e.ReplicaDropped((B,)), 0.0)
+    assert member.standby == C
+    member.handle(e.ReplicaDropped((C, "d" * 32)), 0.0)  # the standby's replica: none until the next plan
+    assert member.standby == ""

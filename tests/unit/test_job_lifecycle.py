@@ -115,12 +115,12 @@ def leading_job(tmp_path: Path, total_steps: int = 100) -> Job:
     """An owner whose plan over itself and OTHER runs (its core as the leader's loop would have left it)."""
     spec = SimpleNamespace(checkpoint=SimpleNamespace(keep=2), name="t", base_dir=tmp_path)
     core = JobCore.owned(ME, total_steps)
+    job = Job(JOB, cast(Any, spec), b"{}", "0" * 64, ME, "127.0.0.1:1", tmp_path / JOB, core, total_steps=total_steps)
+    job.offers[ME] = cast(Any, SimpleNamespace(address="127.0.0.1:1"))
+    job.offers[OTHER] = cast(Any, SimpleNamespace(address="127.0.0.1:2"))
+    core.handle(e.MemberJoined(OTHER, memory_ok=False), 0.0)  # (the core takes it in; too little memory to plan)
     assert core.lead is not None
     core.state, core.stamp, core.lead.plan = JobState.RUNNING, Stamp(1, 1), (ME, OTHER)
-    core.lead.members.add(OTHER)
-    job = Job(JOB, cast(Any, spec), b"{}", "0" * 64, ME, "127.0.0.1:1", tmp_path / JOB, core, total_steps=total_steps)
-    job.members[ME] = cast(Any, SimpleNamespace(address="127.0.0.1:1"))
-    job.members[OTHER] = cast(Any, SimpleNamespace(address="127.0.0.1:2"))
     # a running plan whose one place is OTHER's (a commit without a running plan is moot)
     place = SimpleNamespace(shares=(SimpleNamespace(peer_id=OTHER),))
     cast(Any, job).plan = SimpleNamespace(peer_ids=(OTHER,), stages=(place,))

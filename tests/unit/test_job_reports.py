@@ -187,7 +187,8 @@ def test_a_leader_drops_and_counts_refused_reports_and_keeps_serving(tmp_path: P
             leader, member = await _service(nursery, net, 0), await _service(nursery, net, 1)
             me = member.identity.peer_id
             # two stages (the member's first), so that no step is complete and nothing is committed
-            job.members[me] = cast(Any, SimpleNamespace(address=member.address))
+            job.offers[me] = cast(Any, SimpleNamespace(address=member.address))
+            job.core.handle(e.MemberJoined(me, memory_ok=False), 0.0)
             cast(Any, job).plan = SimpleNamespace(
                 peer_ids=(me, OTHER),
                 stages=tuple(
@@ -279,7 +280,8 @@ def test_a_failure_and_a_leave_reach_the_leader_as_typed_reports(tmp_path: Path)
     assert ack.ok and fed == [e.WorkerFailed(job.core.stamp, OTHER, "x" * 300)]  # a bounded part of the message
     leave = JobReport(JOB, job.epoch, ReportKind.LEAVE)  # what control_methods.m_leave sends
     assert trio.run(mgr.local.on_report, header, leave).ok
-    assert OTHER not in job.members and OTHER in job.leading.announced and "left" in restarts[-1]
+    assert OTHER not in job.members and OTHER not in job.core.members and "left" in restarts[-1]
+    assert job.core.lead is not None and OTHER in job.core.lead.announced  # not invited straight back
 
 
 def test_a_witness_carries_its_devices_claims_to_the_leader(tmp_path: Path) -> None:

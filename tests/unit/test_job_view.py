@@ -12,6 +12,7 @@ import pytest
 
 from arceusd.jobs.claims import StageTime
 from arceusd.jobs.core import JobCore
+from arceusd.jobs.core import events as e
 from arceusd.jobs.job import STAGE_WINDOW, Job
 from arceusd.jobs.view import render_job
 from protocol.job_wire import JobReport, ReportKind
@@ -265,7 +266,8 @@ def test_a_member_shows_the_members_its_leader_told_it(tmp_path: Path) -> None:
     member.told_members = ("owner", "me", "other")
     assert member.summary()["members"] == ["me", "other", "owner"]
     leader = _job(tmp_path)
-    leader.members = cast(Any, {"owner": None, "m1": None})
+    leader.offers.update(cast(Any, {"owner": None, "m1": None}))
+    leader.core.handle(e.MemberJoined("m1", memory_ok=False), 0.0)
     leader.told_members = ("stale",)  # (it led before, or was told before it took over): its offers count
     assert leader.summary()["members"] == ["m1", "owner"]
 
@@ -274,7 +276,9 @@ def test_the_leader_names_the_members_its_plan_leaves_out_as_spares(tmp_path: Pa
     """Issue 31: a plan uses a device only where the step gets faster with it; the members left out are spares,
     and ``status JOB`` says so (none before a plan, none on a device that does not lead)."""
     job = _job(tmp_path)
-    job.members = cast(Any, {p: object() for p in ("owner", "a" * 32, "b" * 32)})
+    for peer in ("owner", "a" * 32, "b" * 32):
+        job.offers[peer] = cast(Any, object())
+        job.core.handle(e.MemberJoined(peer, memory_ok=False), 0.0)
     assert job.spares() == [] and "spares" not in render_job(job.summary(full=True))  # no plan yet
     before_the_plan = job.summary(full=True)
     job.plan = cast(Any, SimpleNamespace(peer_ids=("owner", "a" * 32)))

@@ -11,7 +11,7 @@ from typing import Any, cast
 from click.testing import CliRunner
 
 from arceusd.cli.commands import cli
-from arceusd.jobs.core import JobCore
+from arceusd.jobs.core import JobCore, events
 from arceusd.jobs.driver import job_timing
 from arceusd.jobs.job import Job
 from arceusd.market.estimate import DeviceGuess, offers_for, with_peers
@@ -30,7 +30,9 @@ def test_a_finished_job_keeps_its_peers_speeds_as_its_plan_took_them(tmp_path: P
     for step in range(1, 21):
         job.record_loss(step, 2.0, at=1003.0 + 0.01 * step)
     job.leading.record_checkpoint(20, at=1004.0)
-    job.members = {OWNER: offer(OWNER), PEER: offer(PEER), "third": offer("third", SLOW)}
+    job.offers = {OWNER: offer(OWNER), PEER: offer(PEER), "third": offer("third", SLOW)}
+    for peer in (PEER, "third"):
+        job.core.handle(events.MemberJoined(peer, memory_ok=False), 0.0)  # the core's members
     job.leading.discounts = {PEER: 2.0}  # the leader measured it twice as slow as it offered
     timing = job_timing(job, 1005.0)
     assert timing is not None

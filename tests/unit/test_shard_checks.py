@@ -19,6 +19,8 @@ from arceusd.base.identity import Identity
 from arceusd.files.checkpoint import CheckpointError, Manifest, ShardRecord, commit_manifest, shard_file_name
 from arceusd.jobs import claims, shard_checks
 from arceusd.jobs.challenges import Timed
+from arceusd.jobs.core import JobCore
+from arceusd.jobs.core import events as e
 from arceusd.jobs.job import Job, LeaderRecord
 from arceusd.jobs.reports import report_of_event
 from arceusd.jobs.transfers import Transfers
@@ -35,16 +37,14 @@ def fake_job() -> Job:
     stages = tuple(
         SimpleNamespace(start=i, end=i + 1, shares=(SimpleNamespace(peer_id=p),)) for i, p in enumerate(PEERS)
     )
-    job = cast(
-        Job,
-        SimpleNamespace(
-            plan=SimpleNamespace(stages=stages),
-            total_steps=100,
-            members={p: object() for p in PEERS},
-            leading=LeaderRecord(),
-            inputs=SimpleNamespace(blocks=(block(1000), block(4000), block(10))),
-        ),
-    )
+    core = JobCore.owned(PEERS[0], 100)
+    job = Job("j" * 32, cast(Any, SimpleNamespace()), b"", "h", PEERS[0], "127.0.0.1:1", Path("j"), core)
+    job.total_steps = 100
+    for p in PEERS:  # the members: their offers, and the core takes them in
+        job.offers[p] = cast(Any, object())
+        core.handle(e.MemberJoined(p, memory_ok=False), 0.0)
+    cast(Any, job).plan = SimpleNamespace(stages=stages)
+    job.inputs = cast(Any, SimpleNamespace(blocks=(block(1000), block(4000), block(10))))
     return job
 
 
@@ -94,7 +94,8 @@ def test_other_bad_reports_are_refused_and_exclusion_counts_and_names() -> None:
         shard_checks.check_checkpoint_report(job, "d" * 32, report(name))
     why = shard_checks.exclude(job, PEERS[2], info.value)
     assert PEERS[2] in why and PEERS[2] in job.leading.excluded and PEERS[2] not in job.members
-    assert job.leading.refused_reports == {"not_in_plan": 1} and PEERS[2] in job.leading.announced
+    assert job.core.lead is not None and PEERS[2] in job.core.lead.announced  # never invited back
+    assert job.leading.refused_reports == {"not_in_plan": 1}
 
 
 def test_a_download_is_bounded_by_the_known_size_not_the_senders_total() -> None:

@@ -10,7 +10,7 @@ from typing import Any, cast
 
 import trio
 
-from arceusd.jobs.core import Role, actions
+from arceusd.jobs.core import Role, actions, events
 from arceusd.jobs.job import Job
 from arceusd.jobs.local_worker import LocalWorker
 from arceusd.jobs.planning import encode_job_start, make_job_plan
@@ -39,7 +39,9 @@ def planned_job(tmp_path: Path, me: str) -> Job:
     else:
         job = Job.announced(JOB_ID, spec, b"spec", "h", LEADER, "", me, tmp_path)
         job.core.role = Role.MEMBER
-    job.members = {o.peer_id: o for o in offers}
+    job.offers = {o.peer_id: o for o in offers}
+    for o in offers:  # the leader's core takes them in (a member's shows every offer it holds)
+        job.core.handle(events.MemberJoined(o.peer_id, memory_ok=False), 0.0)
     job.inputs, job.replica_plan, job.plan = inputs, rp, rp.replicas[0]
     return job
 

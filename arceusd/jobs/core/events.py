@@ -205,9 +205,11 @@ class LeaveJob:
 
 @dataclass(frozen=True, slots=True)
 class StartReceived:
-    """Member: the leader's start of plan ``stamp`` passed every check; this device takes its place."""
+    """Member: the leader's start of plan ``stamp`` passed every check; this device takes its place (``standby``:
+    the plan's standby the start names)."""
 
     stamp: Stamp
+    standby: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,6 +217,13 @@ class StandbyCommitted:
     """Standby (or the owner handed the final checkpoint): this device holds committed checkpoint ``step``."""
 
     step: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaDropped:
+    """Member: the leader dropped the replica of ``devices`` and this device took the smaller plan."""
+
+    devices: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -312,6 +321,7 @@ Event = (
     | Joined
     | LeaveJob
     | StartReceived
+    | ReplicaDropped
     | StandbyCommitted
     | WorkerStarted
     | GoReceived
@@ -353,6 +363,7 @@ __all__ = [
     "PlanFound",
     "RegrowFailed",
     "Regrown",
+    "ReplicaDropped",
     "RestartAsked",
     "StandbyCommitted",
     "StartAnswered",

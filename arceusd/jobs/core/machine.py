@@ -52,8 +52,11 @@ class LeaderState:
 
     members: set[str] = field(default_factory=set)
     min_members: int = 1
+    announced: set[str] = field(default_factory=set)
+    """Peers the owner announced the job to; a member the core drops (dead, unreachable, excluded for its starts
+    or failures) leaves it, to be announced to again when it comes back; one that left or was excluded for its
+    reports stays (it is not invited back)."""
     plan: tuple[str, ...] = ()  # the current plan's devices (every replica's), in plan order; () when none
-    standby: str = ""
     resuming: bool = False
     committing: set[int] = field(default_factory=set)  # checkpoint steps of this plan whose commit was started
     restart_reason: str = ""
@@ -92,7 +95,8 @@ class JobCore:
     error: str = ""
     leaders: set[str] = field(default_factory=set)
     lead: LeaderState | None = None
-    went: int = -1  # the epoch this device's worker was let go in (a repeated go is a no-op)
+    went: int = -1  # the epoch this device's worker was let go in (a repeated go is a no-op: :meth:`let_go`)
+    standby: str = ""  # the current plan's standby (the leader chose it; a member was told it in the start)
 
     def __post_init__(self) -> None:
         self.leader = self.leader or self.owner
@@ -123,6 +127,46 @@ class JobCore:
     @property
     def terminal(self) -> bool:
         return self.state in TERMINAL
+
+    @property
+    def members(self) -> frozenset[str]:
+        """The job's members while this device holds the leader's state (the peers it plans over, itself
+        included); empty on a device that never led the job."""
+        return frozenset(self.lead.members) if self.lead is not None else frozenset()
+
+    def is_member(self, peer: str) -> bool:
+        return self.lead is not None and peer in self.lead.members
+
+    def drop_member(self, peer: str) -> None:
+        """``peer`` is no member any more (it left the job, or its reports got it excluded): the next plan goes on
+        without it, and it is not invited back. The caller asks for the repartition when it was in the plan. This
+        device stays."""
+        if self.lead is not None and peer != self.me:
+            self.lead.members.discard(peer)
+            self.lead.announced.add(peer)
+
+    def to_announce(self, alive: list[str]) -> list[str]:
+        """The peers among ``alive`` the owner announces the job to now (not yet told, or dropped since); they
+        count as announced from here."""
+        if self.lead is None:
+            return []
+        new = [p for p in alive if p != self.me and p not in self.lead.announced]
+        self.lead.announced.update(new)
+        return new
+
+    def _forget(self, peer: str) -> None:
+        """The core drops ``peer`` from the members (it is announced to again when it comes back)."""
+        assert self.lead is not None
+        self.lead.members.discard(peer)
+        self.lead.announced.discard(peer)
+
+    def let_go(self, epoch: int) -> bool:
+        """Whether this device's worker is let go in plan ``epoch`` now: once per epoch (a ``go`` sent again after
+        a lost answer, or the leader's own ``go`` repeated, is a no-op)."""
+        if self.went == epoch:
+            return False
+        self.went = epoch
+        return True
 
     def judge(self, sender: str, stamp: Stamp, *, epochs: bool = True) -> leadership.Verdict:
         """A member's verdict on a leader command stamped ``stamp`` (:func:`leadership.judge_command`)."""
@@ -163,6 +207,7 @@ class JobCore:
                 e.Joined,
                 e.LeaveJob,
                 e.StartReceived,
+                e.ReplicaDropped,
                 e.StandbyCommitted,
             ),
         ):
@@ -184,7 +229,10 @@ class JobCore:
             self.role, self.state = Role.SEEN, JobState.LEFT
             return [a.StopWorkers(self.stamp, (), JobState.LEFT.value)]
         if isinstance(event, e.StartReceived):
-            self.stamp = event.stamp
+            self.stamp, self.standby = event.stamp, event.standby
+            return []
+        if isinstance(event, e.ReplicaDropped):
+            self.standby = "" if self.standby in event.devices else self.standby
             return []
         if isinstance(event, e.StandbyCommitted):
             self.committed_step = max(self.committed_step, min(event.step, self.total_steps))
@@ -196,9 +244,8 @@ class JobCore:
         if isinstance(event, e.GoReceived):
             if event.stamp.epoch != self.stamp.epoch:
                 return [a.Refuse(f"go for epoch {event.stamp.epoch}, but this device started epoch {self.stamp.epoch}")]
-            if self.went == self.stamp.epoch:
+            if not self.let_go(self.stamp.epoch):
                 return []  # a go sent again after a lost answer
-            self.went = self.stamp.epoch
             self.state = JobState.RUNNING
             return [a.LetWorkerGo(self.stamp)]
         if isinstance(event, e.StopReceived):  # a known state only, never the sender's text (issue #19)
@@ -228,6 +275,7 @@ class JobCore:
             self.committed_step = event.committed_step
             self.state = JobState.RUNNING
             self.lead = LeaderState(set(event.members) | {self.me}, 1, plan=event.plan)
+            self.standby = ""  # (this device was it: the next plan chooses one)
             return self._request_restart(f"the leader {old[:12]} is gone; its standby {self.me[:12]} took over")
         if isinstance(event, e.OtherElected):
             if event.peer == self.me or not self.leads:
@@ -283,6 +331,7 @@ class JobCore:
             return self._request_restart(event.reason)
         if isinstance(event, (e.MemberDead, e.MemberLeft)):
             how = "left the job" if isinstance(event, e.MemberLeft) else f"is {event.how}"
+            lead.announced.discard(event.peer)  # announced to again when it comes back
             in_plan = event.peer in lead.plan
             if (
                 isinstance(event, e.MemberLeft)
@@ -294,7 +343,7 @@ class JobCore:
                     JobState.RECOVERING,
                 )
             ):
-                lead.members.discard(event.peer)  # (not in the plan: no spare to rebuild a replica on)
+                self._forget(event.peer)  # (not in the plan: no spare to rebuild a replica on)
             if self.state == JobState.RECOVERING and event.peer in lead.recovering_from:
                 return self._name_the_cause(f"member {event.peer[:12]} {how}")
             if in_plan or self.state == JobState.RECOVERING:
@@ -303,7 +352,8 @@ class JobCore:
         if isinstance(event, e.MembersReachable):
             if event.stamp != self.stamp or self.state != JobState.RECOVERING:
                 return []
-            lead.members = {p for p in lead.members if p in event.peers or p == self.me}
+            for peer in sorted(lead.members - event.peers - {self.me}):
+                self._forget(peer)
             return self._plan()
         if isinstance(event, e.PlanFound):
             return self._plan_found(event)
@@ -378,7 +428,7 @@ class JobCore:
             return self._finish(JobState.FAILED, "the plan leaves out the leader, who serves the data")
         self.stamp = self.stamp.next_epoch()
         self.state = JobState.STARTING
-        lead.plan, lead.standby, lead.replicas = event.peers, event.standby, event.replicas
+        lead.plan, self.standby, lead.replicas = event.peers, event.standby, event.replicas
         lead.committing, lead.go_attempts, lead.restart_reason = set(), 0, ""
         ranking = (self.me, event.standby) if event.standby else (self.me,)
         return [a.TrackElection(event.peers, ranking), a.SendStart(self.stamp, event.peers, lead.resuming)]
@@ -423,7 +473,7 @@ class JobCore:
                 continue
             count = lead.start_refusals[peer] = lead.start_refusals.get(peer, 0) + 1
             if count >= MAX_START_REFUSALS:
-                lead.members.discard(peer)
+                self._forget(peer)
                 out.append(a.Exclude(peer, f"it refused or failed {count} starts in a row"))
         return out
 
@@ -448,7 +498,7 @@ class JobCore:
         """``peer`` leaves the members, is named, and the job plans again without it from the last commit."""
         lead = self.lead
         assert lead is not None
-        lead.members.discard(peer)
+        self._forget(peer)
         lead.failed_first.pop(peer, None)
         lead.serve_failures.pop(peer, None)
         return [a.Exclude(peer, why), *self._request_restart(f"member {peer} excluded: {why}")]
@@ -497,7 +547,7 @@ class JobCore:
             lead.serve_failures.pop(peer, None)
         if event.step >= self.total_steps:
             return [a.Export(event.step)]
-        out: list[a.Action] = [a.SyncStandby(event.step)] if lead.standby else []
+        out: list[a.Action] = [a.SyncStandby(event.step)] if self.standby else []
         if lead.regrow and event.step == lead.regrow_at:  # the replicas left hold at this checkpoint
             lead.regrow, lead.regrow_at = False, 0
             return [*out, a.Regrow(self.stamp, event.step)]
@@ -578,14 +628,14 @@ class JobCore:
         dropped, count = lead.replicas[index], len(lead.replicas)
         retire = self.me in dropped  # our own replica: our worker serves the data to the others from now on
         if gone:  # dead or left: not a spare for the rebuild
-            lead.members.discard(peer)
+            self._forget(peer)
         lead.replicas = lead.replicas[:index] + lead.replicas[index + 1 :]
         lead.plan = tuple(p for devices in lead.replicas for p in devices)
         lead.dropped_at = self.committed_step
         # idle members (the dropped replica's others, say) rebuild it at the next commit, while the others hold
         lead.regrow = bool(lead.members - set(lead.plan) - {peer, self.me})
-        if lead.standby in dropped:
-            lead.standby = ""
+        if self.standby in dropped:
+            self.standby = ""
         return [
             a.DropReplica(self.stamp, index, count, peer, reason, hold=lead.regrow, retire=retire),
             a.StopWorkers(
@@ -599,7 +649,7 @@ class JobCore:
         """The job's election over the plan's devices and this leader (whose worker may only serve the data)."""
         lead = self.lead
         assert lead is not None
-        ranking = (self.me, lead.standby) if lead.standby else (self.me,)
+        ranking = (self.me, self.standby) if self.standby else (self.me,)
         return a.TrackElection(lead.plan if self.me in lead.plan else (*lead.plan, self.me), ranking)
 
     def _request_restart(self, reason: str) -> list[a.Action]:
