@@ -163,10 +163,14 @@ def start_term(
     if laters:
         return _term(laters, "jobs' start (submit to the first step)")
     floor = assumed_s * ASSUMED_LOW
-    if firsts:  # a later job starts faster: by the first job's wait, assumed
-        t = _term(firsts, f"first jobs' start, less an assumed first job's wait ({assumed_first_s:g} s)")
-        value = max(t.value - assumed_first_s, floor)
-        return Term(value, min(value, floor), t.high, t.measured, t.source)
+    if firsts:  # a later job starts faster, by the first job's wait, which the first alone does not say
+        t = _term(
+            firsts,
+            f"first jobs' start, less an assumed first job's wait ({assumed_first_s:g} s), at most the assumed "
+            f"{assumed_s:g} s (a first job's start says little of a later one's)",
+        )
+        value = min(max(t.value - assumed_first_s, floor), assumed_s)
+        return Term(value, min(value, floor), max(t.high, value), t.measured, t.source)
     why = "this daemon has finished no job yet (measured on an idle 16-core machine)"
     if first_job:
         return _assumed(assumed_s + assumed_first_s, f"{why}; its first job waits out an election timeout")
