@@ -2,7 +2,8 @@
 that torch does not warn about its absence, and no code of ours needs it).
 
 The format is small and fixed: an 8-byte little-endian header length, a JSON header naming each tensor's dtype,
-shape and ``data_offsets``, padded with spaces to 8-byte alignment, then the raw little-endian bytes. Reading goes
+shape and ``data_offsets``, padded with spaces to 8-byte alignment, then the raw little-endian bytes; the layout
+is :func:`arceusd.files.safetensors_image.layout`'s (torch-free: the daemon rebuilds images with it). Reading goes
 through ``safetensors.torch.load``, the library's own validating parser, so files we write are checked by the
 reference implementation in the tests.
 """
@@ -17,6 +18,7 @@ from collections.abc import Mapping
 import torch
 from safetensors.torch import load as _load
 
+from arceusd.files.safetensors_image import Part, layout
 from protocol.tensors import tensor_memoryview
 
 _DTYPES = {
@@ -37,27 +39,15 @@ def save_bytes(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] 
     """Serialise ``tensors`` (any device; copied to CPU) into safetensors bytes."""
     if sys.byteorder != "little":
         raise RuntimeError("safetensors writing is only implemented for little-endian machines")
-    header: dict[str, object] = {}
-    if metadata:
-        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
-    parts: list[memoryview] = []
-    offset = 0
+    parts: list[Part] = []
     for name in sorted(tensors):
         t = tensors[name].detach().to("cpu").contiguous()
         dtype = _DTYPES.get(t.dtype)
         if dtype is None:
             raise ValueError(f"tensor {name!r}: dtype {t.dtype} cannot be stored in safetensors here")
         view = tensor_memoryview(t.view(torch.uint8) if t.dtype == torch.bool else t)
-        header[name] = {"dtype": dtype, "shape": list(t.shape), "data_offsets": [offset, offset + len(view)]}
-        parts.append(view)
-        offset += len(view)
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)
-    out = bytearray(struct.pack("<Q", len(text)))
-    out += text
-    for view in parts:
-        out += view
-    return bytes(out)
+        parts.append(Part(name, dtype, tuple(t.shape), view))
+    return layout(parts, metadata)
 
 
 def load_bytes(data: bytes) -> dict[str, torch.Tensor]:

@@ -72,5 +72,6 @@ What each module owns:
   they waited on the other: one planned alone beside the leader), ``shard_checks`` and ``shard_scan``
   (checkpoint reports and shards: names from the plan, sizes bounded, finite values, expected shapes),
   ``plausibility`` (how far the optimizer can move a value between checkpoints: a shard past it is refused),
-  ``witnesses`` (data-parallel replicas: each replica's digest of what all hold alike, compared at each commit).
+  ``witnesses`` (data-parallel replicas: each replica's digest of what all hold alike, compared at each commit),
+  ``witness_shards`` (a DiLoCo dispute: the first replica's shard copied and its outer state read by the leader).
 """

@@ -133,6 +133,7 @@ class Commits:
             job.leading.reports.pop(done, None)
             job.leading.cursors.pop(done, None)
             job.leading.witnesses.pop(done, None)
+            job.leading.outer_witnesses.pop(done, None)
             job.leading.complete.pop(done, None)
         log.info("job %s: checkpoint %d committed", job.job_id, step)
         return None, stop, ""

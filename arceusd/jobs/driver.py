@@ -255,6 +255,7 @@ class Driver:
         job.leading.recoveries.append(recovery)
         job.plan, job.replica_plan, job.leading.reports = None, None, {}
         job.leading.witnesses, job.leading.complete, job.leading.go_addresses = {}, {}, {}
+        job.leading.outer_witnesses = {}
 
     def _recovery_cause(self, job: Job, action: a.RecoveryCause) -> None:
         log.warning("job %s: repartitioning: %s", job.job_id, action.reason)

@@ -123,6 +123,9 @@ class LeaderRecord:
     reports: dict[int, dict[str, dict[str, Any]]] = field(default_factory=dict)  # step -> peer -> shard
     cursors: dict[int, Any] = field(default_factory=dict)
     witnesses: dict[int, dict[str, str]] = field(default_factory=dict)  # step -> peer -> digest (replicas)
+    outer_witnesses: dict[int, dict[str, str]] = field(default_factory=dict)
+    """DiLoCo witness disputes: step -> first-replica device -> the witness its shard holds (jobs.witness_shards;
+    a step present but empty: being read)."""
     complete: dict[int, frozenset[str]] = field(default_factory=dict)
     """Checkpoint steps every device reported (shards and witnesses), with the other replicas' devices that hold
     what the first replica holds (empty for one pipeline): the step's commit was started."""

@@ -91,7 +91,7 @@ class Joining:
             if accepted or done:
                 self.ctx.follow_leader(job, leader)
                 job.plan, job.replica_plan, job.leading.reports = None, None, {}
-                job.leading.witnesses, job.leading.complete = {}, {}
+                job.leading.witnesses, job.leading.complete, job.leading.outer_witnesses = {}, {}, {}
                 log.info("job %s: %s", job.job_id, job.error)
             job.poke()
 

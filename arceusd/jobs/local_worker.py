@@ -19,7 +19,7 @@ from typing import Any
 
 import trio
 
-from arceusd.jobs import claims, probation, reports, shard_checks, witnesses
+from arceusd.jobs import claims, probation, reports, shard_checks, witness_shards, witnesses
 from arceusd.jobs.core import Role, Stamp, actions, events
 from arceusd.jobs.initial_weights import needs_weights, place_of, worker_spec_weights
 from arceusd.jobs.job import TERMINAL, Job
@@ -368,7 +368,12 @@ class LocalWorker:
             if len(digests) < len(job.plan_peers()):
                 return
             me = self.ctx.node.identity.peer_id
-            verdict = witnesses.judge(job, step, digests, me, witnesses.shard_digests(job, step))
+            outer = job.leading.outer_witnesses.get(step)
+            verdict = witnesses.judge(job, step, digests, me, witnesses.shard_digests(job, step), outer)
+            if verdict.unsettled and outer is None:  # DiLoCo: the first replica's shards settle it, once read
+                job.leading.outer_witnesses[step] = {}
+                self.ctx.spawn(self._read_outer, job, step, verdict.unsettled, job.core.stamp)
+                return
             if verdict.reason:
                 job.leading.complete[step] = frozenset()
                 for peer in verdict.odd:
@@ -388,6 +393,15 @@ class LocalWorker:
             self.life.request_restart(job, reason)
             return
         self.life.feed(job, events.CheckpointComplete(job.core.stamp, step))  # the core commits it, once
+
+    async def _read_outer(self, job: Job, step: int, peers: tuple[str, ...], stamp: Stamp) -> None:
+        """Read the witness each of ``peers`` (first-replica devices at places in dispute) holds in its shard of
+        ``step`` (:mod:`arceusd.jobs.witness_shards`), then judge the step again (unless the plan changed)."""
+        got = await witness_shards.outer_witnesses(self.ctx, job, step, peers)
+        if job.core.stamp != stamp or step in job.leading.complete or not self.ctx.leads(job):
+            return
+        job.leading.outer_witnesses[step] = got
+        self._when_complete(job, step)
 
     def _judge_claims(self, job: Job) -> str:
         """Once every device of the plan reported a checkpoint: judge each member's offered speed against its

@@ -25,8 +25,14 @@ every device of the plan reported (shards and witnesses) it compares them place 
   the dispute is settled as a job of one replica would trust that shard, and the job replans from the last
   commit without the odd device; nothing of the disputed interval is committed);
 - with DiLoCo (the witness is the outer anchor and momentum, not the shard's bytes) two replicas that differ at a
-  place the leader does not hold stay word against word: the job replans from the last commit without excluding
-  anyone (counted under ``refused_reports`` as ``replica_witness``).
+  place the leader does not hold are first left open (:attr:`Verdict.unsettled` names the first replica's device
+  there): the leader fetches that device's checkpoint shard of the step (checked against the digest and size it
+  reported) and rebuilds, without torch, the witness its outer tensors give
+  (:func:`arceusd.files.outer_witness.from_shard`, :mod:`arceusd.jobs.witness_shards`); judged again with those
+  (``outer``), the place is settled by the same rule as a shard's digest above: a first-replica device whose
+  witness is not what its own shard holds is the odd one, else the other replica's device is;
+- a place still split (DiLoCo, the shard could not be fetched or read) is word against word: the job replans from
+  the last commit without excluding anyone (counted under ``refused_reports`` as ``replica_witness``).
 
 Pure functions over the job record.
 """
@@ -74,11 +80,25 @@ def check_witness(job: Job, peer: str, report: JobReport) -> tuple[int, str]:
 @dataclass(frozen=True)
 class Verdict:
     """``alike``: the devices of the other replicas that hold what the first replica holds; ``odd``: devices
-    named as differing (three or more replicas); ``reason``: why the step is not committed (empty: commit)."""
+    named as differing; ``reason``: why the step is not committed (empty: commit); ``unsettled``: with DiLoCo,
+    the first replica's devices at split places whose shard (not yet read) can settle them."""
 
     alike: frozenset[str]
     odd: tuple[str, ...]
     reason: str
+    unsettled: tuple[str, ...] = ()
+
+
+def place(job: Job, peer: str) -> tuple[int, int] | None:
+    """``peer``'s place (stage, rank) in the plan's replicas (places are cut alike in every replica), or None."""
+    if job.replica_plan is None:
+        return None
+    for replica in job.replica_plan.replicas:
+        for s, stage in enumerate(replica.stages):
+            for r, share in enumerate(stage.shares):
+                if share.peer_id == peer:
+                    return s, r
+    return None
 
 
 def shard_digests(job: Job, step: int) -> dict[str, str]:
@@ -88,25 +108,33 @@ def shard_digests(job: Job, step: int) -> dict[str, str]:
 
 
 def judge(
-    job: Job, step: int, digests: Mapping[str, str], me: str = "", shards: Mapping[str, str] | None = None
+    job: Job,
+    step: int,
+    digests: Mapping[str, str],
+    me: str = "",
+    shards: Mapping[str, str] | None = None,
+    outer: Mapping[str, str] | None = None,
 ) -> Verdict:
     """Compare the replicas' witnesses of ``step`` place by place (see the module docstring); ``me``: the leader,
     whose own witness settles a place it holds; ``shards``: the first replica's reported shard digests
     (:func:`shard_digests`), which settle a place the leader does not hold when gradients are averaged every
-    step."""
+    step; ``outer``: with DiLoCo, the witness the leader rebuilt from a first-replica device's shard (its outer
+    anchor and momentum), which settles that device's place the same way."""
     rp = job.replica_plan
     if rp is None:
         raise ValueError("judging witnesses needs a plan with replicas (a bug: checked by replicated())")
-    backed = rp.sync_mode is ReplicaSyncMode.ALLREDUCE and shards is not None
+    diloco = rp.sync_mode is ReplicaSyncMode.DILOCO
+    backing = (outer if diloco else shards) or {}  # what the first replica's shard says it witnessed
     first = rp.replicas[0]
     alike: set[str] = set()
     odd: list[str] = []
     split: list[str] = []
+    unsettled: list[str] = []
     by_shard = False
     for s, stage in enumerate(first.stages):
         for r in range(len(stage.shares)):
             members = [replica.stages[s].shares[r].peer_id for replica in rp.replicas]  # cut alike: same places
-            held = shards.get(members[0], "") if backed and shards is not None else ""
+            held = backing.get(members[0], "")
             votes = Counter(digests.get(p, "") for p in members)
             top, count = votes.most_common(1)[0]
             if held and digests.get(members[0]) != held:  # its witness contradicts its own shard: it is the odd one
@@ -126,6 +154,8 @@ def judge(
                 alike.update(p for p in members[1:] if digests.get(p) == held)
             else:
                 split.append(f"stage {s} rank {r}")
+                if diloco:  # its shard, once read, settles it
+                    unsettled.append(members[0])
     if split:
         reason = (
             f"the replicas hold different states at step {step} ({', '.join(split)}); "
@@ -133,11 +163,13 @@ def judge(
         )
     elif odd:
         reason = f"member(s) {', '.join(p[:12] for p in odd)} diverged from the other replicas at step {step}"
-        if by_shard:
+        if by_shard and diloco:
+            reason += " (settled by the first replica's shard, whose outer anchor and momentum the leader read)"
+        elif by_shard:
             reason += " (settled by the first replica's shard, whose bytes the leader holds)"
     else:
         reason = ""
-    return Verdict(frozenset(alike), tuple(odd), reason)
+    return Verdict(frozenset(alike), tuple(odd), reason, tuple(unsettled))
 
 
-__all__ = ["Verdict", "check_witness", "judge", "replicated", "shard_digests"]
+__all__ = ["Verdict", "check_witness", "judge", "place", "replicated", "shard_digests"]

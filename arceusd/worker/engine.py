@@ -33,12 +33,13 @@ from dataclasses import dataclass, field
 
 import torch
 
+from arceusd.files.outer_witness import OUTER_ANCHOR, OUTER_MOMENTUM
 from arceusd.models.build import loss_sum
 from arceusd.worker.collective import TimedCollective
 from arceusd.worker.links import Links
 from arceusd.worker.microbatch import split_micro_batches
 from arceusd.worker.optim import LRSchedule, OptimizerConfig, SGDConfig, clip_grad_norm_global, make_optimizer
-from arceusd.worker.replicas import OUTER_ANCHOR, OUTER_MOMENTUM, ReplicaSync, SyncMode
+from arceusd.worker.replicas import ReplicaSync, SyncMode
 from arceusd.worker.schedule import (
     DEFER_WEIGHTS,
     Action,

@@ -54,6 +54,7 @@ from arceusd.base import failpoints
 from arceusd.base.identity import load_or_create_identity
 from arceusd.data.batches import BatchSource
 from arceusd.data.sampler import Cursor
+from arceusd.files import outer_witness
 from arceusd.files.checkpoint import shard_file_name, write_shard
 from arceusd.files.safetensors_io import load_bytes, save_bytes
 from arceusd.jobs.source import open_batch_source
@@ -92,8 +93,6 @@ from arceusd.worker.protocol import (
 )
 from arceusd.worker.replica_control import ReplicaCommand, ReplicaControl
 from arceusd.worker.replicas import (
-    OUTER_ANCHOR,
-    OUTER_MOMENTUM,
     DiLoCoConfig,
     ReplicaCodec,
     ReplicaConfig,
@@ -448,18 +447,16 @@ class Worker:
         the same bytes serialised here elsewhere); with DiLoCo, of the outer anchor and momentum."""
         if self.config.replica_sync is not None and self.config.replica_sync.mode == "diloco":
             tensors = {
-                k: v.detach().clone()
-                for k, v in self.engine.state_tensors().items()
-                if k.endswith((f".{OUTER_ANCHOR}", f".{OUTER_MOMENTUM}"))
+                k: v.detach().clone() for k, v in self.engine.state_tensors().items() if outer_witness.is_outer(k)
             }
-            metadata = {"step": str(step), "stage": str(self.stage), "rank": str(self.rank)}
+            metadata = outer_witness.metadata(step, self.stage, self.rank)  # what the leader rebuilds from a shard
         elif shard_digest is not None:
             self.events.emit(WitnessEvent(step, shard_digest))
             return
         else:
             tensors, metadata = self._shard(step)
         data = await trio.to_thread.run_sync(save_bytes, tensors, metadata)
-        self.events.emit(WitnessEvent(step, hashlib.sha256(data).hexdigest()))
+        self.events.emit(WitnessEvent(step, hashlib.sha256(data).hexdigest()))  # = outer_witness.digest_of
 
     def _evaluate(self, step: int, batches: list[Batch]) -> tuple[float, float | None]:
         """Forward-only pass of the eval batches through the pipeline (compute thread), all-reduced."""

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from arceusd.files.outer_witness import OUTER_ANCHOR, OUTER_MOMENTUM
 from arceusd.worker.links import LinkError
 from arceusd.worker.ring import RingChange, RingError, RingLink, ring_allreduce_
 from protocol.compression import Bf16Codec, Fp16Codec, Int8BlockCodec
@@ -57,8 +58,6 @@ RING_FAILURES = (RingError, LinkError)
 """What a broken ring raises: a peer gone or stopped (``LinkError``), a timeout or a bad frame (``RingError``)."""
 MAX_RING_CHANGES = 4
 """Smaller rings one sync may be redone over before it gives up."""
-OUTER_ANCHOR = "outer_anchor"
-OUTER_MOMENTUM = "outer_momentum"
 
 
 class SyncMode(enum.Enum):

@@ -7,8 +7,9 @@ checkpoint over the two honest devices and ends ``done`` with exactly the failur
 
 from __future__ import annotations
 
+import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
@@ -393,16 +394,27 @@ def run_blamed(
     tolerance: float = 1e-5,
     size: int = 3,
     lend_mib: tuple[int, ...] = (),
+    faster: Mapping[int, float] | None = None,
 ) -> dict[str, Any]:
     """Issue #29 item 6: ``attack`` from checkpoint step ``after`` on used to fail the job after its restarts,
     the attacker never named. Now the failure is pinned on it: it is excluded (``why`` in ``excluded``), the job
     plans again without it and ends ``done`` with the failure-free model. ``lend_mib``: each daemon's
-    ``lend_memory_mib``. Returns the job's first and last views, the leader's and the attacker's ids."""
+    ``lend_memory_mib``; ``faster``: daemon index -> how many times the swarm's shared measurement of this
+    machine its own says it computes (an honest offer, for a plan that does not hang on peer ids' order).
+    Returns the job's first and last views, the leader's and the attacker's ids."""
     s = HostileSwarm(tmp_path / "swarm", attack, arg, after=after, preset=SLOW_MACHINE, size=size)
     try:
         for i, mib in enumerate(lend_mib):
             s.state_dir(i).mkdir(parents=True, exist_ok=True)
             (s.state_dir(i) / "config.toml").write_text(f"lend_memory_mib = {mib}\n")
+        for i, factor in (faster or {}).items():
+            s._measure_once()  # the shared profile, which start() copies to the daemons that have none
+            assert s.profile is not None
+            measured = json.loads(s.profile.read_text())
+            for device in measured["devices"]:
+                device["flops_per_s"] *= factor
+            s.state_dir(i).mkdir(parents=True, exist_ok=True)
+            (s.state_dir(i) / s.profile.name).write_text(json.dumps(measured))
         s.start()
         s.wait_converged()
         hostile_peer = s.call(HOSTILE, "status")["peer_id"]
@@ -484,3 +496,61 @@ def test_a_wrong_witness_at_a_place_the_leader_does_not_hold_is_settled_by_the_f
     assert len(replicas) == 2 and len(place_of) == 4, replicas
     assert place_of[seen["hostile"]] != place_of[seen["leader"]], "the leader held the attacker's place"
     assert "first replica's shard" in seen["end"]["excluded"][seen["hostile"]], seen["end"]["excluded"]
+
+
+DILOCO_EXACT = """
+[training.diloco]
+inner_steps = 1
+outer_lr = 1.0
+outer_momentum = 0.0
+compression = "none"
+"""
+"""DiLoCo that computes what one process does (so a run with an exclusion can be held to the failure-free run):
+one inner SGD step without momentum from the anchor on each replica's part of the global batch, then an outer
+step of lr 1 without momentum sets the anchor to the replicas' mean, the full batch's SGD step. The witness is
+still the outer anchor and momentum (the last pseudo-gradient), not the shard's bytes."""
+
+
+@pytest.mark.timeout(900)
+def test_a_wrong_diloco_witness_at_a_place_the_leader_does_not_hold_is_settled_by_the_outer_state_in_the_shard(
+    tmp_path: Path,
+) -> None:
+    """With DiLoCo the witness is the outer anchor and momentum: at a place the leader does not hold, the leader
+    copies the first replica's shard of that place, rebuilds the witness its outer tensors give (no torch in the
+    daemon) and names who lied: the attacker's made-up witness differs from it (in the first replica it would
+    differ from its own shard: ``test_witnesses.py``). It used to be word against word: the job replanned, and a
+    member lying at every checkpoint failed it.
+
+    Two replicas of two stages on five daemons lending 4/4/3/3/3 MiB (the first layer needs a 4): the leader and
+    daemon 1 (its own measurement 1.5x the swarm's, so the four fastest always hold both 4 MiB devices) at the
+    first stage, the attacker (index 2, offering 3x its speed) and one 3 MiB daemon at the second, the last a
+    spare that takes the attacker's place (DiLoCo keeps the spec's two replicas: on four daemons the three left
+    could hold none)."""
+    spec = write_spec(tmp_path, steps=60, interval=20)
+    text = spec.read_text().replace("[training]\n", '[training]\nreplicas = 2\nsync = "diloco"\n')
+    text = text.replace("momentum = 0.9", "momentum = 0.0") + DILOCO_EXACT
+    spec.write_text(text.replace("layer_sizes = [784, 64, 32, 10]", "layer_sizes = [784, 256, 256, 10]"))
+    seen = run_blamed(
+        tmp_path,
+        spec,
+        "witness",
+        "3",
+        0,
+        "diverged from the other replicas",
+        tolerance=1e-4,
+        size=5,
+        lend_mib=(4, 4, 3, 3, 3),
+        faster={1: 1.5},
+    )
+    plans = [seen["first"]["plan"], seen["end"]["plan"]]
+    for plan in plans:
+        assert plan["sync"] == "diloco" and len(plan["replicas"]) == 2, plan
+    place_of = {
+        d["peer_id"]: (i, j)
+        for r in plans[0]["replicas"]
+        for i, st in enumerate(r["stages"])
+        for j, d in enumerate(st["devices"])
+    }
+    assert len(place_of) == 4 and place_of[seen["hostile"]] != place_of[seen["leader"]], plans[0]["replicas"]
+    why = seen["end"]["excluded"][seen["hostile"]]
+    assert "first replica's shard, whose outer anchor and momentum the leader read" in why, why

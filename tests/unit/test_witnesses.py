@@ -99,7 +99,7 @@ def test_with_two_replicas_a_place_the_leader_does_not_hold_is_settled_by_the_fi
     """Issue #29 item 6, the rest: where the leader holds neither place, the first replica's witness is the sha256
     of the shard it reported (bytes the leader fetches and checks): a witness that differs from it is the odd one;
     a first-replica device whose witness contradicts its own shard is. With DiLoCo (the witness is not the shard)
-    it stays word against word."""
+    its shard's digest says nothing (the next test: its outer state does)."""
     two = _job(2)
     assert two.replica_plan.sync_mode is ReplicaSyncMode.ALLREDUCE
     p0, p1 = _peers(two)
@@ -117,8 +117,41 @@ def test_with_two_replicas_a_place_the_leader_does_not_hold_is_settled_by_the_fi
     diloco = _job(2, sync="diloco")
     d0, d1 = _peers(diloco)
     assert diloco.replica_plan.sync_mode is ReplicaSyncMode.DILOCO
-    word = witnesses.judge(cast(Job, diloco), 50, {d0: A, d1: B}, leader, {d0: A})
+    word = witnesses.judge(cast(Job, diloco), 50, {d0: A, d1: B}, leader, {d0: A})  # a shard digest says nothing
     assert word.odd == () and "different states" in word.reason
+
+
+def test_with_diloco_a_place_the_leader_does_not_hold_is_settled_by_the_outer_state_in_the_first_replicas_shard() -> (
+    None
+):
+    """Issue #29 item 6, DiLoCo: the witness is the outer anchor and momentum. A split at a place the leader does
+    not hold is left open, naming the first replica's device whose shard settles it; judged again with the witness
+    the leader rebuilt from that shard, the same rule as a shard digest's names the odd device, and never the one
+    whose witness the shard backs. A shard that could not be read (``""``) leaves it word against word."""
+    diloco = _job(2, sync="diloco")
+    d0, d1 = _peers(diloco)
+    leader = "e" * 32  # holds neither place
+    shards = {d0: "c" * 64}  # its shard file's digest: not the DiLoCo witness
+    open_ = witnesses.judge(cast(Job, diloco), 50, {d0: A, d1: B}, leader, shards)
+    assert open_.unsettled == (d0,) and open_.odd == () and "different states" in open_.reason, open_
+    other = witnesses.judge(cast(Job, diloco), 50, {d0: A, d1: B}, leader, shards, {d0: A})
+    assert other.odd == (d1,) and other.unsettled == () and "first replica's shard" in other.reason, other
+    assert "outer anchor and momentum" in other.reason
+    liar = witnesses.judge(cast(Job, diloco), 50, {d0: B, d1: A}, leader, shards, {d0: A})  # not its own shard's
+    assert liar.odd == (d0,) and liar.reason, liar
+    both = witnesses.judge(cast(Job, diloco), 50, {d0: B, d1: B}, leader, shards, {d0: A})
+    assert both.odd == (d0,), both
+    unread = witnesses.judge(cast(Job, diloco), 50, {d0: A, d1: B}, leader, shards, {d0: ""})
+    assert unread.odd == () and "different states" in unread.reason, unread
+    alike = witnesses.judge(cast(Job, diloco), 50, {d0: A, d1: A}, leader, shards)
+    assert alike.reason == "" and alike.unsettled == () and alike.alike == {d1}
+    for held in (d0, d1):  # the leader's own witness settles its place: no shard is read
+        own = witnesses.judge(cast(Job, diloco), 50, {d0: A, d1: B}, held, shards)
+        assert own.unsettled == () and own.odd == ((d1,) if held == d0 else (d0,)), own
+    every_step = _job(2)
+    p0, p1 = _peers(every_step)
+    assert witnesses.judge(cast(Job, every_step), 50, {p0: A, p1: B}, leader, {}).unsettled == ()
+    assert witnesses.place(cast(Job, diloco), d1) == (0, 0) and witnesses.place(cast(Job, diloco), leader) is None
 
 
 def test_the_shard_digests_are_the_first_replicas_reported_ones() -> None:
