@@ -33,29 +33,37 @@ async def outer_witnesses(ctx: JobContext, job: Job, step: int, peers: Sequence[
     it reported, or not readable)."""
     out: dict[str, str] = {}
     for peer in peers:
-        out[peer] = ""
-        shard = job.leading.reports.get(step, {}).get(peer)
-        place = witnesses.place(job, peer)
-        if shard is None or place is None:
-            continue
-        record = ShardRecord(str(shard["name"]), str(shard["sha256"]), int(shard["size"]))  # checked at its report
-        data = None
-        with trio.move_on_after(fetch_deadline(record.size)):
-            data = await ctx.transfers.fetch_shard(job, peer, step, record)
-        if data is None or not matches(data, record):
-            log.warning(
-                "job %s: the shard of %s for step %d could not be copied as reported; the witnesses stay word "
-                "against word",
-                job.job_id,
-                peer[:12],
-                step,
-            )
-            continue
         try:
-            out[peer] = await trio.to_thread.run_sync(outer_witness.from_shard, data, step, *place)
-        except ImageError as exc:
-            log.warning("job %s: the shard of %s for step %d is unreadable: %s", job.job_id, peer[:12], step, exc)
+            out[peer] = await _outer_witness(ctx, job, step, peer)
+        except Exception:  # whatever went wrong: that place stays word against word, the step is never left waiting
+            log.exception("job %s: reading the shard of %s for step %d failed", job.job_id, peer[:12], step)
+            out[peer] = ""
     return out
+
+
+async def _outer_witness(ctx: JobContext, job: Job, step: int, peer: str) -> str:
+    """:func:`outer_witnesses` for one device (``""``: not copied as reported, or not readable)."""
+    shard = job.leading.reports.get(step, {}).get(peer)
+    place = witnesses.place(job, peer)
+    if shard is None or place is None:
+        return ""
+    record = ShardRecord(str(shard["name"]), str(shard["sha256"]), int(shard["size"]))  # checked at its report
+    data = None
+    with trio.move_on_after(fetch_deadline(record.size)):
+        data = await ctx.transfers.fetch_shard(job, peer, step, record)
+    if data is None or not matches(data, record):
+        log.warning(
+            "job %s: the shard of %s for step %d could not be copied as reported; the witnesses stay word against word",
+            job.job_id,
+            peer[:12],
+            step,
+        )
+        return ""
+    try:
+        return await trio.to_thread.run_sync(outer_witness.from_shard, data, step, *place)
+    except ImageError as exc:
+        log.warning("job %s: the shard of %s for step %d is unreadable: %s", job.job_id, peer[:12], step, exc)
+        return ""
 
 
 __all__ = ["outer_witnesses"]
