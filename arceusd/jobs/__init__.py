@@ -47,8 +47,9 @@ What each module owns:
   actions out), ``lifecycle`` (its pure decisions on a failed commit, an unacknowledged ``go``, an ended
   election) and ``leadership`` (who may command);
 - one job's record and its views: ``job`` (the ``Job`` record around its core, built by its three named
-  constructors ``Job.submitted`` / ``Job.restored`` / ``Job.announced``; what only its leader keeps in
-  ``LeaderRecord``, and ``arceusd status`` JSON), ``job_paths`` (every file of a job's folder, named once),
+  constructors ``Job.submitted`` / ``Job.restored`` / ``Job.announced``, and ``arceusd status`` JSON),
+  ``leader_record`` (what only its leader keeps, one small record per concern: its loop, the commits, the report
+  checks, the speed checks, probation), ``job_paths`` (every file of a job's folder, named once),
   ``view`` (the text);
 - the daemon's job service, a thin driver of the core: ``manager`` (the service, the leader's loop, member and
   leader changes, the takeover), ``driver`` (feeds the core and carries out its actions), a

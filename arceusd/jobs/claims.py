@@ -170,7 +170,7 @@ def seen_in_every_replica(job: Any, compute: Mapping[str, float], leader: str) -
     neighbours), capped by the leader's own step time: the replicas step together."""
     out: dict[str, float] = {}
     for the_plan in pipelines(job):
-        out.update(seen_by_neighbours(the_plan, job.leading.link_waits, compute, leader, own_step_total(job)))
+        out.update(seen_by_neighbours(the_plan, job.leading.speed.link_waits, compute, leader, own_step_total(job)))
     return out
 
 

@@ -90,7 +90,7 @@ class Commits:
         member whose shard could not be copied (or ``""``)."""
         root = job.paths.checkpoints
         records, names = [], {}
-        for peer, shard in sorted(job.leading.reports.get(step, {}).items()):
+        for peer, shard in sorted(job.leading.commits.reports.get(step, {}).items()):
             record = ShardRecord(str(shard["name"]), str(shard["sha256"]), int(shard["size"]))
             names[peer] = record.name
             path = step_dir(root, step) / record.name
@@ -120,21 +120,25 @@ class Commits:
             self.life.request_restart(job, refused)
         if refused is not None or self._commit_moot(job, stamp):
             return None, None, ""  # never committed
-        cursor = {"cursor": job.leading.cursors.get(step)}
+        cursor = {"cursor": job.leading.commits.cursors.get(step)}
         manifest = Manifest(job.job_id, stamp.term, stamp.epoch, step, tuple(records), cursor)
         try:
             await trio.to_thread.run_sync(self._commit_manifest, root, manifest, job.spec.checkpoint.keep)
         except Exception as exc:  # CheckpointError: a shard that does not match its report
             return f"checkpoint {step} not committed: {exc}", None, ""
         stop = on_commit(self.ctx.node, job, step, stamp.term, stamp.epoch)  # receipts; the reason a budget is spent
-        job.leading.record_checkpoint(step)
-        job.leading.committed_shards = {step: names}  # what the standby copies and the export reads
-        for done in [s for s in {*job.leading.reports, *job.leading.witnesses, *job.leading.complete} if s <= step]:
-            job.leading.reports.pop(done, None)
-            job.leading.cursors.pop(done, None)
-            job.leading.witnesses.pop(done, None)
-            job.leading.outer_witnesses.pop(done, None)
-            job.leading.complete.pop(done, None)
+        job.leading.commits.record_checkpoint(step)
+        job.leading.commits.committed_shards = {step: names}  # what the standby copies and the export reads
+        for done in [
+            s
+            for s in {*job.leading.commits.reports, *job.leading.commits.witnesses, *job.leading.commits.complete}
+            if s <= step
+        ]:
+            job.leading.commits.reports.pop(done, None)
+            job.leading.commits.cursors.pop(done, None)
+            job.leading.commits.witnesses.pop(done, None)
+            job.leading.commits.outer_witnesses.pop(done, None)
+            job.leading.commits.complete.pop(done, None)
         log.info("job %s: checkpoint %d committed", job.job_id, step)
         return None, stop, ""
 

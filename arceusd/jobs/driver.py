@@ -4,10 +4,10 @@ out the actions it returns. Decisions are the core's; this module only moves byt
 :meth:`Driver.feed` hands the core one event and runs what it answers. Quick actions run at once (log, persist,
 cancel a start in progress, detach and stop this device's worker, send stops, spawn a commit, the standby's sync
 or the export, track or leave the election). Long ones that must not overlap (plan, start the workers, send
-``go``, check which members answer before a repartition) are queued on the job (``job.leading.queue``) and run one at a
-time by the leader's loop (:meth:`Driver.run_queue`), each feeding back what came of it; a result of an older plan
-is dropped by the core. ``Refuse`` and ``LetWorkerGo`` are answers for the handler that fed the event: it finds
-them in the list :meth:`feed` returns.
+``go``, check which members answer before a repartition) are queued on the job (``job.leading.loop.queue``) and
+run one at a time by the leader's loop (:meth:`Driver.run_queue`), each feeding back what came of it; a result of
+an older plan is dropped by the core. ``Refuse`` and ``LetWorkerGo`` are answers for the handler that fed the
+event: it finds them in the list :meth:`feed` returns.
 
 Who carries out an action is looked up in an :class:`ActionTable` (issue 32: ports, not back-pointers): the
 composition root (:class:`arceusd.jobs.manager.JobManager`) registers the parts' handlers (planning, starting and
@@ -35,7 +35,8 @@ from arceusd.jobs import filework
 from arceusd.jobs.core import JobState, Role
 from arceusd.jobs.core import actions as a
 from arceusd.jobs.core import events as e
-from arceusd.jobs.job import Job, Recovery
+from arceusd.jobs.job import Job
+from arceusd.jobs.leader_record import Recovery
 from arceusd.jobs.transfers import job_weights, leader_data
 from arceusd.market.forecast import count_evals
 from arceusd.market.timings import JobTiming, machine_load, pause_of, record_timing, typical_step
@@ -52,8 +53,14 @@ def job_timing(job: Job, now: float) -> JobTiming | None:
     """What an owned job that ended ``done`` at ``now`` took: submit to its first step, its last commit to done,
     its typical step over the plan's prediction (None: a restored job, one that recovered, or one that never stepped or
     committed here: its figures are not a plain run's)."""
-    checkpoints = job.leading.checkpoints
-    if job.leading.recoveries or not job.first_step_at or not checkpoints or not job.history or job.history[0][0] != 1:
+    checkpoints = job.leading.commits.checkpoints
+    if (
+        job.leading.loop.recoveries
+        or not job.first_step_at
+        or not checkpoints
+        or not job.history
+        or job.history[0][0] != 1
+    ):
         return None  # (a restored job resumes past step 1)
     rp = job.replica_plan
     predicted = rp.predicted_step_time_s if rp is not None else 0.0
@@ -71,11 +78,11 @@ def job_timing(job: Job, now: float) -> JobTiming | None:
         round(now, 3),
         round(predicted, 6),
         len(job.plan_peers()),
-        slowest_link(job.leading.links),
+        slowest_link(job.leading.loop.links),
         round(pause_of(points, step, pauses), 4),
         machine_load(),
         tuple(
-            (peer, round(o.flops_per_s / max(job.leading.discounts.get(peer, 1.0), 1.0), 1), o.block_efficiency)
+            (peer, round(o.flops_per_s / max(job.leading.speed.discounts.get(peer, 1.0), 1.0), 1), o.block_efficiency)
             for peer, o in sorted(job.members.items())
             if peer != job.core.me  # (a spare too: the plan left it out for its speed)
         ),
@@ -83,7 +90,7 @@ def job_timing(job: Job, now: float) -> JobTiming | None:
 
 
 def slowest_link(links: dict[str, dict[str, float]]) -> tuple[float, float, float]:
-    """The slowest of the links a leader measured to its members (``job.leading.links``: ms, MB/s, ms) as
+    """The slowest of the links a leader measured to its members (``job.leading.loop.links``: ms, MB/s, ms) as
     (round trip s, bytes/s, per-message s); zeros when it measured none."""
     try:
         rows = [(v["rtt_ms"] / 1e3, v["bandwidth_mb_s"] * 1e6, v["message_ms"] / 1e3) for v in links.values()]
@@ -187,7 +194,7 @@ class Driver:
         queued = False
         for action in actions:
             if isinstance(action, LONG_ACTIONS):
-                job.leading.queue.append(action)
+                job.leading.loop.queue.append(action)
                 queued = True
             elif isinstance(action, a.StopWorkers):
                 self._stop_workers(job, action, untrack_after_stops)
@@ -206,13 +213,13 @@ class Driver:
         # Refuse and LetWorkerGo answer the message that caused them: the handler that fed it carries them out.
 
     def _cancel_start(self, job: Job, _: a.CancelStart) -> None:
-        job.leading.queue.clear()  # what was queued belongs to the plan being cut short
-        if job.leading.start_scope is not None:
-            job.leading.start_scope.cancel()
+        job.leading.loop.queue.clear()  # what was queued belongs to the plan being cut short
+        if job.leading.loop.start_scope is not None:
+            job.leading.loop.start_scope.cancel()
 
     def _exclude(self, job: Job, action: a.Exclude) -> None:
         log.warning("job %s: member %s excluded: %s", job.job_id, action.peer[:12], action.reason)
-        job.leading.excluded.setdefault(action.peer, f"member {action.peer} excluded: {action.reason}"[:300])
+        job.leading.checks.excluded.setdefault(action.peer, f"member {action.peer} excluded: {action.reason}"[:300])
 
     def _finish(self, job: Job, action: a.Finish) -> None:
         if action.error:
@@ -238,8 +245,8 @@ class Driver:
     # ------------------------------------------------------------------------------------------ the leader loop's
     async def run_queue(self, job: Job) -> None:
         """Run the queued long actions in order while this device leads the job."""
-        while job.leading.queue and self.ports.leads(job) and not job.core.terminal:
-            action = job.leading.queue.popleft()
+        while job.leading.loop.queue and self.ports.leads(job) and not job.core.terminal:
+            action = job.leading.loop.queue.popleft()
             handler = self.table.long.get(type(action))
             if handler is not None:
                 await handler(job, action)
@@ -248,18 +255,18 @@ class Driver:
         """A repartition begins: record it (the same incident keeps its start), forget the old plan."""
         log.warning("job %s: repartitioning: %s", job.job_id, action.reason)
         recovery = Recovery(action.reason, action.epoch, job.step)
-        previous = job.leading.recoveries[-1] if job.leading.recoveries else None
+        previous = job.leading.loop.recoveries[-1] if job.leading.loop.recoveries else None
         if previous is not None and previous.first_step_after_s is None:  # the same incident, another attempt
             recovery.began, recovery.began_at = previous.began, previous.began_at
             recovery.lost_step = previous.lost_step
-        job.leading.recoveries.append(recovery)
-        job.plan, job.replica_plan, job.leading.reports = None, None, {}
-        job.leading.witnesses, job.leading.complete, job.leading.go_addresses = {}, {}, {}
-        job.leading.outer_witnesses = {}
+        job.leading.loop.recoveries.append(recovery)
+        job.plan, job.replica_plan, job.leading.commits.reports = None, None, {}
+        job.leading.commits.witnesses, job.leading.commits.complete, job.leading.loop.go_addresses = {}, {}, {}
+        job.leading.commits.outer_witnesses = {}
 
     def _recovery_cause(self, job: Job, action: a.RecoveryCause) -> None:
         log.warning("job %s: repartitioning: %s", job.job_id, action.reason)
-        last = job.leading.recoveries[-1] if job.leading.recoveries else None
+        last = job.leading.loop.recoveries[-1] if job.leading.loop.recoveries else None
         if last is not None and last.first_step_after_s is None:
             last.reason = action.reason
 
@@ -336,7 +343,7 @@ class Driver:
     async def _export_committed(self, job: Job, step: int) -> None:
         """The final checkpoint is committed: hand it to the owner when this leader is not the owner, then
         assemble the model here."""
-        names = sorted(job.leading.committed_shards.get(step, {}).values())
+        names = sorted(job.leading.commits.committed_shards.get(step, {}).values())
         await self.sync_owner(job, step, names)
         folder = step_dir(job.paths.checkpoints, step)
         await self.export(job, step, [folder / name for name in names])

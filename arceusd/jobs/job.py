@@ -1,11 +1,14 @@
 """One job as this daemon knows it: its spec, members, plan, progress, and what it reports to users.
 
-Its lifecycle (role, state, the ``(term, epoch)`` stamp, leader, committed step, error) lives in one place, the
-job's :class:`arceusd.jobs.core.JobCore`, which decides every transition; :class:`Job` reads it (``job.state``,
-``job.term``, ...) and keeps what every device needs around it (offers, the plan's objects, the worker, progress,
-the ledger, the standby's copy); what only the job's leader keeps (its queue of long actions, the reports it
-gathers towards a commit, the members it measures and judges, recoveries and commits) is its
-:class:`LeaderRecord`, ``job.leading``. States (owner/leader): ``waiting`` -> ``planning`` -> ``starting`` ->
+Its lifecycle (role, state, the ``(term, epoch)`` stamp, leader, committed step, error), its members, the plan's
+standby and the "go only once" guard live in one place, the job's :class:`arceusd.jobs.core.JobCore`, which
+decides every transition; :class:`Job` reads them (``job.state``, ``job.term``, ``job.members``,
+``job.standby``, ...) and keeps what every device needs around it (the offers, the plan's objects, the worker,
+progress, the ledger, the standby's copy); what only the job's leader keeps besides (its queue of long actions,
+the reports it gathers towards a commit, the members it measures and judges, recoveries and commits) is its
+:class:`arceusd.jobs.leader_record.LeaderRecord`, ``job.leading``, one small record per concern.
+
+States (owner/leader): ``waiting`` -> ``planning`` -> ``starting`` ->
 ``running`` -> ``done``; ``recovering`` while it repartitions after a failure or to rebalance; ``paused`` when
 the survivors cannot hold the model (it resumes when capacity returns); ``failed`` / ``cancelled`` end it.
 Members mirror what the leader tells them (``announced``, ``joined``, ``starting``, ``running``,
@@ -23,11 +26,11 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from arceusd.jobs import challenges, claims
-from arceusd.jobs.core import actions
+from arceusd.jobs import claims
 from arceusd.jobs.core.machine import JobCore
 from arceusd.jobs.core.states import TERMINAL, JobState, Role, Stamp
 from arceusd.jobs.job_paths import JobPaths
+from arceusd.jobs.leader_record import LeaderRecord
 from arceusd.jobs.supervisor import WorkerProcess
 from arceusd.jobs.throughput import Speed, Throughput
 
@@ -46,43 +49,6 @@ the resolution (a 1,000,000-step job keeps between 50,000 and 100,000 points, a 
 
 STAGE_WINDOW = 20
 """Steps over which ``arceusd status JOB`` reports this device's measured step time and link waits."""
-
-MAX_CHECKPOINTS = 1000
-"""Committed checkpoints a leader's job record keeps (step, wall clock): the newest ones, for the timeline."""
-
-
-@dataclass
-class Recovery:
-    """One repartition: why, from which checkpoint step, and how long until training ran again."""
-
-    reason: str
-    epoch: int
-    lost_step: int
-    resumed_step: int = -1
-    began: float = field(default_factory=time.monotonic)
-    began_at: float = field(default_factory=time.time)  # wall clock, for tools comparing with their own events
-    first_step_after_s: float | None = None
-    # Where the time went: seconds from ``began`` to the end of each phase ("planned": members reached and
-    # the plan made; "sliced": the resume checkpoint re-sliced for it; "started": every worker listening;
-    # "went": every device told to go). Kept for the last attempt of the incident.
-    phases: dict[str, float] = field(default_factory=dict)
-
-    def mark(self, phase: str) -> None:
-        """Record that ``phase`` ended now."""
-        self.phases[phase] = round(time.monotonic() - self.began, 3)
-
-    def summary(self) -> dict[str, Any]:
-        return {
-            "reason": self.reason,
-            "epoch": self.epoch,
-            "lost_step": self.lost_step,
-            "resumed_step": self.resumed_step,
-            "recomputed_steps": max(0, self.lost_step - self.resumed_step),
-            "first_step_after_s": self.first_step_after_s,
-            "began_at": self.began_at,
-            "phases": dict(self.phases),
-            "first_step_at": None if self.first_step_after_s is None else self.began_at + self.first_step_after_s,
-        }
 
 
 @dataclass(frozen=True)
@@ -104,65 +70,6 @@ class ReplicaDrop:
             "replicas_left": self.replicas_left,
             "at": round(self.at, 3),
         }
-
-
-@dataclass
-class LeaderRecord:
-    """What a job's leader keeps beside its core (``job.leading``): the long actions its loop runs, the plan's
-    starts, the reports it gathers towards each commit, the members it measures and judges (issue #19), the
-    recoveries and commits it records. Empty on a device that never led the job."""
-
-    # the leader's loop and the plan it starts
-    queue: deque[actions.Action] = field(default_factory=deque)  # the core's long actions, run by the leader loop
-    start_scope: trio.CancelScope | None = None  # while the leader starts a plan's workers
-    go_addresses: dict[str, str] = field(default_factory=dict)  # the started workers' addresses (this epoch)
-    resume_files: dict[str, str] = field(default_factory=dict)  # peer -> its resume file name (this epoch)
-    links: dict[str, dict[str, float]] = field(default_factory=dict)  # its measured link to each member
-    recoveries: list[Recovery] = field(default_factory=list)
-    # reports towards a commit, and the commits
-    reports: dict[int, dict[str, dict[str, Any]]] = field(default_factory=dict)  # step -> peer -> shard
-    cursors: dict[int, Any] = field(default_factory=dict)
-    witnesses: dict[int, dict[str, str]] = field(default_factory=dict)  # step -> peer -> digest (replicas)
-    outer_witnesses: dict[int, dict[str, str]] = field(default_factory=dict)
-    """DiLoCo witness disputes: step -> first-replica device -> the witness its shard holds (jobs.witness_shards;
-    a step present but empty: being read)."""
-    complete: dict[int, frozenset[str]] = field(default_factory=dict)
-    """Checkpoint steps every device reported (shards and witnesses), with the other replicas' devices that hold
-    what the first replica holds (empty for one pipeline): the step's commit was started."""
-    committed_shards: dict[int, dict[str, str]] = field(default_factory=dict)  # step -> peer -> shard name
-    checkpoints: list[tuple[int, float]] = field(default_factory=list)  # committed (step, unix time)
-    shard_shapes: dict[int, dict[str, dict[str, tuple[int, ...]]]] = field(default_factory=dict)  # epoch -> plan's
-    initial_magnitudes: dict[str, float] = field(default_factory=dict)  # param -> largest initial |value|
-    magnitudes: dict[int, dict[str, float]] = field(default_factory=dict)  # step -> param -> largest |value| seen
-    # what it refused, and whom it excluded (shard_checks)
-    stale_reports: int = 0  # reports refused for an old plan epoch (e.g. from a peer that was declared dead)
-    refused_reports: dict[str, int] = field(default_factory=dict)  # jobs.shard_checks.ReportProblem -> count
-    excluded: dict[str, str] = field(default_factory=dict)  # peer -> why the leader excluded it
-    # the members' measured speed against their claims (claims)
-    measured: dict[str, tuple[float, float]] = field(default_factory=dict)  # peer -> (step s, predicted s)
-    waits: dict[str, float] = field(default_factory=dict)  # peer -> median link-wait seconds per step (its report)
-    link_waits: dict[str, claims.LinkWaits] = field(default_factory=dict)  # peer -> its waits
-    seen: dict[str, float] = field(default_factory=dict)  # peer -> its step seconds as its neighbours saw them
-    discounts: dict[str, float] = field(default_factory=dict)  # peer -> its offered speed is divided by
-    slow_reports: dict[str, int] = field(default_factory=dict)  # peer -> reports in a row that it overclaimed
-    timed: dict[str, challenges.Timed] = field(default_factory=dict)  # peer -> its speed challenge (speed_checks)
-    challenged: set[str] = field(default_factory=set)  # peers whose speed challenge was asked (once per job)
-    # members that contradict each other, and the one planned alone beside the leader (probation)
-    dispute_reports: dict[tuple[str, ...], int] = field(default_factory=dict)  # members -> reports in a row
-    probation: str = ""  # the member planned alone with the leader now
-    probation_reports: int = 0  # checkpoints of its probation plan judged so far
-    probed: set[str] = field(default_factory=set)  # members that were on probation (once per job)
-    cleared: set[str] = field(default_factory=set)  # ...and kept to their offers there
-    challenging: bool = False  # a round of speed challenges is running
-
-    def record_checkpoint(self, step: int, at: float | None = None) -> None:
-        """Checkpoint ``step`` was committed: keep it (and when) for the timeline, the newest
-        :data:`MAX_CHECKPOINTS` of them; a step not above the last one kept is not recorded twice."""
-        if self.checkpoints and step <= self.checkpoints[-1][0]:
-            return
-        self.checkpoints.append((step, time.time() if at is None else at))
-        if len(self.checkpoints) > MAX_CHECKPOINTS:
-            del self.checkpoints[: len(self.checkpoints) - MAX_CHECKPOINTS]
 
 
 class MemberOffers(Mapping[str, "Offer"]):
@@ -482,27 +389,27 @@ class Job:
                     "plan": self.plan_summary(),
                     "spares": self.spares(),
                     "contributions": self.contributions(),
-                    "recoveries": [r.summary() for r in self.leading.recoveries],
+                    "recoveries": [r.summary() for r in self.leading.loop.recoveries],
                     "model": type(self.spec.model).__name__,
                     "data": self.spec.data.kind,
                     "worker_pid": self.worker.pid if self.worker is not None else None,
-                    "stale_reports": self.leading.stale_reports,
+                    "stale_reports": self.leading.checks.stale_reports,
                     "standby": self.standby,
-                    "links": self.leading.links,
-                    "refused_reports": dict(self.leading.refused_reports),
-                    "excluded": dict(self.leading.excluded),
-                    "measured_step_s": {p: list(t) for p, t in self.leading.measured.items()},
-                    "discounted": {p: round(f, 2) for p, f in self.leading.discounts.items()},
-                    "speed_checks": {p: t.summary() for p, t in self.leading.timed.items()},
-                    "probation": self.leading.probation,
-                    "cleared": sorted(self.leading.cleared),
+                    "links": self.leading.loop.links,
+                    "refused_reports": dict(self.leading.checks.refused_reports),
+                    "excluded": dict(self.leading.checks.excluded),
+                    "measured_step_s": {p: list(t) for p, t in self.leading.speed.measured.items()},
+                    "discounted": {p: round(f, 2) for p, f in self.leading.speed.discounts.items()},
+                    "speed_checks": {p: t.summary() for p, t in self.leading.speed.timed.items()},
+                    "probation": self.leading.probation.member,
+                    "cleared": sorted(self.leading.probation.cleared),
                     "standby_ready": self.standby_data is not None,
                     "stage_timing": self.stage_timing(),
                     "stage_times": self.stage_times_by_device(me),
                     "ring_bytes": self.ring_bytes,
                     "dropped_replicas": [d.summary() for d in self.replica_drops],
                     "rebuilt_replicas": [{"step": step, "devices": list(d)} for step, d in self.rebuilt_replicas],
-                    "checkpoints": [{"step": s, "at": round(t, 3)} for s, t in self.leading.checkpoints],
+                    "checkpoints": [{"step": s, "at": round(t, 3)} for s, t in self.leading.commits.checkpoints],
                 }
             )
         return out
@@ -554,11 +461,11 @@ class Job:
         out: dict[str, dict[str, float | None]] = {
             peer: {
                 "compute_s": got,
-                "wait_s": self.leading.waits.get(peer),
+                "wait_s": self.leading.speed.waits.get(peer),
                 "predicted_s": predicted,
-                "seen_s": self.leading.seen.get(peer),
+                "seen_s": self.leading.speed.seen.get(peer),
             }
-            for peer, (got, predicted) in sorted(self.leading.measured.items())
+            for peer, (got, predicted) in sorted(self.leading.speed.measured.items())
         }
         own = claims.own_step_times(self, me) if me else {}
         if own:
@@ -566,7 +473,7 @@ class Job:
                 "compute_s": own["step_s"],
                 "wait_s": own.get("wait_s"),
                 "predicted_s": own["predicted_s"],
-                "seen_s": self.leading.seen.get(me),
+                "seen_s": self.leading.speed.seen.get(me),
             }
         return out
 
@@ -655,4 +562,4 @@ class Job:
             self.steps_done[peer] = self.steps_done.get(peer, 0) + steps
 
 
-__all__ = ["TERMINAL", "Job", "LeaderRecord", "Recovery"]
+__all__ = ["HISTORY_TAIL", "MAX_HISTORY", "STAGE_WINDOW", "TERMINAL", "Job", "MemberOffers", "ReplicaDrop"]

@@ -90,8 +90,9 @@ class Joining:
             self.life.feed(job, events.HandOverAnswered(leader, accepted, done))
             if accepted or done:
                 self.ctx.follow_leader(job, leader)
-                job.plan, job.replica_plan, job.leading.reports = None, None, {}
-                job.leading.witnesses, job.leading.complete, job.leading.outer_witnesses = {}, {}, {}
+                job.plan, job.replica_plan, job.leading.commits.reports = None, None, {}
+                job.leading.commits.witnesses, job.leading.commits.complete = {}, {}
+                job.leading.commits.outer_witnesses = {}
                 log.info("job %s: %s", job.job_id, job.error)
             job.poke()
 
@@ -144,7 +145,7 @@ class Joining:
             )
         if msg.flops_per_s <= 0 or msg.free_memory_bytes <= 0:
             return JoinReply(msg.job_id, False, "the offer must have positive speed and memory")
-        why = check_offer_bounds(msg.free_memory_bytes, msg.flops_per_s) or job.leading.excluded.get(msg.peer_id)
+        why = check_offer_bounds(msg.free_memory_bytes, msg.flops_per_s) or job.leading.checks.excluded.get(msg.peer_id)
         if why:  # a physically implausible offer, or a member excluded for a bad report (issue #19)
             return JoinReply(msg.job_id, False, f"refused: {why}")
         offer = Offer(

@@ -275,7 +275,7 @@ class LocalWorker:
         job.credit(1)
         if self.speed is not None:
             self.speed.on_step(job)
-        recovery = job.leading.recoveries[-1] if job.leading.recoveries else None
+        recovery = job.leading.loop.recoveries[-1] if job.leading.loop.recoveries else None
         if recovery is not None and recovery.first_step_after_s is None and recovery.epoch == job.epoch:
             recovery.first_step_after_s = round(time.monotonic() - recovery.began, 3)
             log.info("job %s: training again %.2f s after the failure", job.job_id, recovery.first_step_after_s)
@@ -309,7 +309,7 @@ class LocalWorker:
                 self.life.request_restart(job, f"member {header.sender[:12]} left the job")
             return JobAck(True)
         if header.sender not in job.plan_peers() or msg.epoch != job.epoch:
-            job.leading.stale_reports += 1
+            job.leading.checks.stale_reports += 1
             return JobAck(False, f"report from outside the current plan epoch ({msg.epoch}; now {job.epoch})")
         await self._handle_report(job, header.sender, msg)
         return JobAck(True)
@@ -332,15 +332,15 @@ class LocalWorker:
             except shard_checks.ReportRefused as refused:
                 self.life.request_restart(job, shard_checks.exclude(job, peer, refused))
                 return
-            job.leading.reports.setdefault(step, {})[peer] = shard
+            job.leading.commits.reports.setdefault(step, {})[peer] = shard
             if job.serving_only and step > job.step:  # a retired leader learns the progress from its members
                 job.credit(step - job.step)
                 job.step = step
-            claims.record_wait_time(job.leading.waits, peer, report)
-            claims.record_link_waits(job.leading.link_waits, peer, report)
-            claims.record_step_time(job.leading.measured, peer, report)
+            claims.record_wait_time(job.leading.speed.waits, peer, report)
+            claims.record_link_waits(job.leading.speed.link_waits, peer, report)
+            claims.record_step_time(job.leading.speed.measured, peer, report)
             if report.cursor is not None:
-                job.leading.cursors[step] = {"epoch": report.cursor.epoch, "step": report.cursor.step}
+                job.leading.commits.cursors[step] = {"epoch": report.cursor.epoch, "step": report.cursor.step}
             self._when_complete(job, step)
         elif kind is ReportKind.WITNESS:
             try:
@@ -348,34 +348,34 @@ class LocalWorker:
             except shard_checks.ReportRefused as refused:
                 self.life.request_restart(job, shard_checks.exclude(job, peer, refused))
                 return
-            job.leading.witnesses.setdefault(step, {})[peer] = digest
+            job.leading.commits.witnesses.setdefault(step, {})[peer] = digest
             # every replica's device says how fast it ran (the first replica's say it in their checkpoint too)
-            claims.record_wait_time(job.leading.waits, peer, report)
-            claims.record_link_waits(job.leading.link_waits, peer, report)
-            claims.record_step_time(job.leading.measured, peer, report)
+            claims.record_wait_time(job.leading.speed.waits, peer, report)
+            claims.record_link_waits(job.leading.speed.link_waits, peer, report)
+            claims.record_step_time(job.leading.speed.measured, peer, report)
             self._when_complete(job, step)
 
     def _when_complete(self, job: Job, step: int) -> None:
         """Once every device of the plan reported ``step`` (the first replica's shards; with replicas, every
         device's witness): compare the replicas, judge the claims, and commit (once per step)."""
-        if job.plan is None or step in job.leading.complete:
+        if job.plan is None or step in job.leading.commits.complete:
             return
-        if len(job.leading.reports.get(step, {})) < sum(len(s.shares) for s in job.plan.stages):
+        if len(job.leading.commits.reports.get(step, {})) < sum(len(s.shares) for s in job.plan.stages):
             return
         alike: frozenset[str] = frozenset()
         if witnesses.replicated(job):
-            digests = job.leading.witnesses.get(step, {})
+            digests = job.leading.commits.witnesses.get(step, {})
             if len(digests) < len(job.plan_peers()):
                 return
             me = self.ctx.node.identity.peer_id
-            outer = job.leading.outer_witnesses.get(step)
+            outer = job.leading.commits.outer_witnesses.get(step)
             verdict = witnesses.judge(job, step, digests, me, witnesses.shard_digests(job, step), outer)
             if verdict.unsettled and outer is None:  # DiLoCo: the first replica's shards settle it, once read
-                job.leading.outer_witnesses[step] = {}
+                job.leading.commits.outer_witnesses[step] = {}
                 self.ctx.spawn(self._read_outer, job, step, verdict.unsettled, job.core.stamp)
                 return
             if verdict.reason:
-                job.leading.complete[step] = frozenset()
+                job.leading.commits.complete[step] = frozenset()
                 for peer in verdict.odd:
                     if peer == me:
                         continue  # the leader does not exclude itself: the replan is the remedy
@@ -383,11 +383,11 @@ class LocalWorker:
                     shard_checks.exclude(job, peer, refused)
                 if not verdict.odd:
                     problem = shard_checks.ReportProblem.WITNESS.value
-                    job.leading.refused_reports[problem] = job.leading.refused_reports.get(problem, 0) + 1
+                    job.leading.checks.refused_reports[problem] = job.leading.checks.refused_reports.get(problem, 0) + 1
                 self.life.request_restart(job, verdict.reason)
                 return
             alike = verdict.alike
-        job.leading.complete[step] = alike
+        job.leading.commits.complete[step] = alike
         reason = self._judge_claims(job)
         if reason:  # planned again from the last commit: this checkpoint was paced by the overclaim
             self.life.request_restart(job, reason)
@@ -398,9 +398,9 @@ class LocalWorker:
         """Read the witness each of ``peers`` (first-replica devices at places in dispute) holds in its shard of
         ``step`` (:mod:`arceusd.jobs.witness_shards`), then judge the step again (unless the plan changed)."""
         got = await witness_shards.outer_witnesses(self.ctx, job, step, peers)
-        if job.core.stamp != stamp or step in job.leading.complete or not self.ctx.leads(job):
+        if job.core.stamp != stamp or step in job.leading.commits.complete or not self.ctx.leads(job):
             return
-        job.leading.outer_witnesses[step] = got
+        job.leading.commits.outer_witnesses[step] = got
         self._when_complete(job, step)
 
     def _judge_claims(self, job: Job) -> str:
@@ -409,25 +409,27 @@ class LocalWorker:
         :data:`claims.SUSTAINED_REPORTS` checkpoints in a row has its speed discounted (once per member); the
         restart reason, or ``""``."""
         me = self.ctx.node.identity.peer_id
-        compute = {peer: got for peer, (got, _) in job.leading.measured.items()}
-        job.leading.seen = claims.seen_in_every_replica(job, compute, me)
-        judged = claims.judged_times(job.leading.measured, job.leading.seen)
+        compute = {peer: got for peer, (got, _) in job.leading.speed.measured.items()}
+        job.leading.speed.seen = claims.seen_in_every_replica(job, compute, me)
+        judged = claims.judged_times(job.leading.speed.measured, job.leading.speed.seen)
         reasons = self.speed.judge(job) if self.speed is not None else []  # its own clock first
         step_s = claims.own_step_total(job)
         found = [
             pair
             for the_plan in claims.pipelines(job)
-            for pair in probation.disputes(the_plan, job.leading.link_waits, me, step_s)
+            for pair in probation.disputes(the_plan, job.leading.speed.link_waits, me, step_s)
         ]
         contradicted = probation.suspects(found)  # their neighbours' views say nothing: probation settles it
         for peer in sorted(judged):
             if peer in contradicted:
-                job.leading.slow_reports[peer] = 0
+                job.leading.speed.slow_reports[peer] = 0
                 continue
-            factor = claims.overclaim(judged, peer) if peer not in job.leading.discounts else None
-            job.leading.slow_reports[peer] = 0 if factor is None else job.leading.slow_reports.get(peer, 0) + 1
-            if factor is not None and job.leading.slow_reports[peer] >= claims.SUSTAINED_REPORTS:
-                job.leading.discounts[peer] = factor  # planned again at the speed it showed
+            factor = claims.overclaim(judged, peer) if peer not in job.leading.speed.discounts else None
+            job.leading.speed.slow_reports[peer] = (
+                0 if factor is None else job.leading.speed.slow_reports.get(peer, 0) + 1
+            )
+            if factor is not None and job.leading.speed.slow_reports[peer] >= claims.SUSTAINED_REPORTS:
+                job.leading.speed.discounts[peer] = factor  # planned again at the speed it showed
                 log.warning(
                     "job %s: %s ran %.1fx slower than its offer; planning again at its measured speed",
                     job.job_id,
@@ -439,7 +441,9 @@ class LocalWorker:
                     "other members); planning again at its measured speed"
                 )
         if job.plan is not None:
-            settled = probation.judge(job.leading, claims.pipelines(job), [] if reasons else found, me)
+            settled = probation.judge(
+                job.leading.probation, job.leading.speed.discounts, claims.pipelines(job), [] if reasons else found, me
+            )
             if settled and not reasons:
                 log.warning("job %s: %s", job.job_id, settled)
                 reasons.append(settled)

@@ -122,7 +122,7 @@ WAKE_BACKSTOP_S = 5.0
 
 def _standby_shards(job: Job, step: int) -> tuple[str, ...]:
     """The committed shards of ``step`` the standby lacks (all but its own)."""
-    shards = job.leading.committed_shards.get(step, {})
+    shards = job.leading.commits.committed_shards.get(step, {})
     return tuple(name for peer, name in sorted(shards.items()) if peer != job.standby)
 
 
@@ -287,7 +287,7 @@ class JobManager(JobContext):
             while not job.core.terminal and self.leads(job):
                 job.wake = trio.Event()
                 self.feed(job, e.Tick(memory_ok=enough_memory(job)))  # needs.memory_total_mib (market)
-                if job.leading.queue:
+                if job.leading.loop.queue:
                     await self.driver.run_queue(job)
                     continue
                 deadline = time.monotonic() + WAKE_BACKSTOP_S
@@ -297,7 +297,7 @@ class JobManager(JobContext):
                 with trio.move_on_at(trio.current_time() + max(0.0, deadline - time.monotonic())):
                     await job.wake.wait()
         finally:
-            job.leading.queue.clear()  # a device that stops leading carries out nothing of the old leader's plan
+            job.leading.loop.queue.clear()  # a device that stops leading carries out nothing of the old leader's plan
 
     def feed(self, job: Job, event: e.Event) -> list[a.Action]:
         """Hand ``job``'s core an event and carry out what it answers (:class:`arceusd.jobs.driver.Driver`)."""

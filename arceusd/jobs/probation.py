@@ -29,9 +29,12 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from arceusd.jobs import claims
+
+if TYPE_CHECKING:
+    from arceusd.jobs.leader_record import ProbationBook
 
 CONTRADICTION = 0.5
 """Two neighbours that each say they waited on the other at least this share of the leader's step contradict
@@ -89,41 +92,47 @@ def probation_offers(offers: Sequence[Any], leader: str, on_probation: str) -> l
     return [o for o in offers if o.peer_id in (leader, on_probation)]
 
 
-def judge(lead: Any, pipelines: Sequence[Any], found: Sequence[tuple[str, ...]], leader: str) -> str:
+def judge(
+    book: ProbationBook,
+    discounts: Mapping[str, float],
+    pipelines: Sequence[Any],
+    found: Sequence[tuple[str, ...]],
+    leader: str,
+) -> str:
     """After a checkpoint's claims were judged: the restart reason a probation begins or ends with, or ``""``.
 
-    ``lead``: the job's :class:`arceusd.jobs.job.LeaderRecord` (its ``probation``, ``probation_reports``,
-    ``probed``, ``cleared``, ``dispute_reports`` and ``discounts``); ``pipelines``: every pipeline of the plan
-    that wrote the checkpoint (each replica's); ``found``: this checkpoint's :func:`disputes`."""
-    on = lead.probation
+    ``book``: the leader's :class:`arceusd.jobs.leader_record.ProbationBook` (``job.leading.probation``);
+    ``discounts``: the members it discounted (``job.leading.speed.discounts``); ``pipelines``: every pipeline of
+    the plan that wrote the checkpoint (each replica's); ``found``: this checkpoint's :func:`disputes`."""
+    on = book.member
     if on:
-        if on in lead.discounts:  # the ordinary judgement caught it beside the leader (its restart is asked)
-            lead.probation = ""
+        if on in discounts:  # the ordinary judgement caught it beside the leader (its restart is asked)
+            book.member = ""
             return ""
         if not any({sh.peer_id for st in p.stages for sh in st.shares} == {leader, on} for p in pipelines):
-            lead.probation = ""  # the planner left one of them out, or made them replicas: the leader cannot see it
+            book.member = ""  # the planner left one of them out, or made them replicas: the leader cannot see it
             return f"member {on[:12]} could not be planned alone beside the leader; planning with every member again"
-        lead.probation_reports += 1
-        if lead.probation_reports < claims.SUSTAINED_REPORTS:
+        book.reports += 1
+        if book.reports < claims.SUSTAINED_REPORTS:
             return ""
-        lead.probation = ""
-        lead.cleared.add(on)
+        book.member = ""
+        book.cleared.add(on)
         return f"member {on[:12]} kept to its offer beside the leader; planning with every member again"
-    for pair in list(lead.dispute_reports):
+    for pair in list(book.disputes):
         if pair not in found:
-            del lead.dispute_reports[pair]
+            del book.disputes[pair]
     for pair in found:
-        lead.dispute_reports[pair] = lead.dispute_reports.get(pair, 0) + 1
-        if lead.dispute_reports[pair] < claims.SUSTAINED_REPORTS:
+        book.disputes[pair] = book.disputes.get(pair, 0) + 1
+        if book.disputes[pair] < claims.SUSTAINED_REPORTS:
             continue
-        left = [p for p in pair if p not in lead.probed and p not in lead.discounts]
+        left = [p for p in pair if p not in book.probed and p not in discounts]
         if not left:
             continue
         # the one farther from the leader first (the stage before it waits on all that is downstream)
         target = max(left, key=lambda p: (_distance(pipelines, p, leader), pair.index(p)))
-        lead.probation, lead.probation_reports = target, 0
-        lead.probed.add(target)
-        lead.dispute_reports.clear()
+        book.member, book.reports = target, 0
+        book.probed.add(target)
+        book.disputes.clear()
         named = ", ".join(p[:12] for p in pair[:-1]) + f" and {pair[-1][:12]}"
         return (
             f"members {named} each say they waited on the other; planning {target[:12]} alone beside the "

@@ -179,7 +179,7 @@ class Regrowing:
         spares = [
             p
             for p in self.ctx.peers.answering_peers()
-            if p in job.members and p not in plan.peer_ids and p != me and p not in job.leading.excluded
+            if p in job.members and p not in plan.peer_ids and p != me and p not in job.leading.checks.excluded
         ]
         need = len(plan.replicas[0].peer_ids)
         if not free or len(spares) < need:
@@ -188,7 +188,7 @@ class Regrowing:
         grown, position = grown_plan(plan, slots, slot, devices)
         grow = GrowStart(slot, tuple(sorted((*slots, slot))), shares, job.ring_generation + 1)
         files = await trio.to_thread.run_sync(_resume_files, job, action.step, grown, position)
-        job.leading.resume_files.update({p: f.name for p, f in files.items()})
+        job.leading.loop.resume_files.update({p: f.name for p, f in files.items()})
         self.ctx.transfers.grown(job, grown)  # a LoRA job's spares fetch their place's base weights from us
         start = JobStart(
             job.job_id,
@@ -221,12 +221,12 @@ class Regrowing:
         if refused or job.core.stamp != action.stamp:
             await self._stop(job, list(addresses))
             raise RegrowError("; ".join(refused) or "the plan changed")
-        job.leading.go_addresses.update(addresses)
+        job.leading.loop.go_addresses.update(addresses)
         go = JobGo(
             job.job_id,
             job.term,
             job.epoch,
-            tuple(PeerAddress(p, a) for p, a in sorted(job.leading.go_addresses.items())),
+            tuple(PeerAddress(p, a) for p, a in sorted(job.leading.loop.go_addresses.items())),
         )
         unacknowledged = await self.starting.send_go(
             job, go, list(devices), {p: job.members[p].address for p in devices}
@@ -314,7 +314,7 @@ class Regrowing:
         grown, position = grown_plan(plan, job.slots(), msg.slot, msg.devices)
         new = grown.replicas[position]
         if job.plan is not grown.replicas[0]:
-            job.leading.shard_shapes = {}  # another replica writes the shards now: its places' shapes
+            job.leading.checks.shard_shapes = {}  # another replica writes the shards now: its places' shapes
         job.replica_plan, job.plan = grown, grown.replicas[0]
         if job.inputs is not None:  # the ledger credits the rebuilt replica's devices from now on
             job.shares = replica_flops_shares(grown, job.inputs)

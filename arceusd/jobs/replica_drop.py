@@ -77,7 +77,7 @@ class ReplicaDrops:
         job.data_shares = job.data_shares or len(plan.replicas)
         job.replica_slots, job.ring_generation = slots[:index] + slots[index + 1 :], job.ring_generation + 1
         if job.plan is not smaller.replicas[0]:
-            job.leading.shard_shapes = {}  # another replica writes the shards now: its places' shapes
+            job.leading.checks.shard_shapes = {}  # another replica writes the shards now: its places' shapes
         job.replica_plan, job.plan = smaller, smaller.replicas[0]
         if job.inputs is not None:
             job.shares = replica_flops_shares(smaller, job.inputs)
@@ -121,10 +121,14 @@ class ReplicaDrops:
             return
         job.serving_only = job.serving_only or action.retire
         left = set(job.plan_peers())
-        for step in [s for s in job.leading.reports if s > job.committed_step]:  # uncommitted: only the plan's
-            job.leading.reports[step] = {p: r for p, r in job.leading.reports[step].items() if p in left}
-        for step in [s for s in job.leading.witnesses if s > job.committed_step]:
-            job.leading.witnesses[step] = {p: d for p, d in job.leading.witnesses[step].items() if p in left}
+        for step in [s for s in job.leading.commits.reports if s > job.committed_step]:  # uncommitted: only the plan's
+            job.leading.commits.reports[step] = {
+                p: r for p, r in job.leading.commits.reports[step].items() if p in left
+            }
+        for step in [s for s in job.leading.commits.witnesses if s > job.committed_step]:
+            job.leading.commits.witnesses[step] = {
+                p: d for p, d in job.leading.commits.witnesses[step].items() if p in left
+            }
         me = self.ctx.node.identity.peer_id
         hold_at = hold_step(job) if action.hold else 0
         self.life.feed(job, events.HoldAt(action.stamp, hold_at))

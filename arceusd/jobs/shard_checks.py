@@ -132,15 +132,15 @@ def exclude(job: Job, peer: str, refused: ReportRefused) -> str:
     """Count ``refused``, name ``peer`` as excluded from ``job`` and take it out of the members (it is not let
     back in: :func:`is_excluded`); returns the reason to repartition with."""
     problem = refused.problem.value
-    job.leading.refused_reports[problem] = job.leading.refused_reports.get(problem, 0) + 1
+    job.leading.checks.refused_reports[problem] = job.leading.checks.refused_reports.get(problem, 0) + 1
     why = f"member {peer} excluded: {refused}"[:MAX_EXCLUDED_REASON]
-    job.leading.excluded.setdefault(peer, why)
+    job.leading.checks.excluded.setdefault(peer, why)
     job.drop_member(peer)  # never invited back
     return why
 
 
 def is_excluded(job: Job, peer: str) -> bool:
-    return peer in job.leading.excluded
+    return peer in job.leading.checks.excluded
 
 
 async def plan_shapes(job: Job) -> dict[str, dict[str, tuple[int, ...]]]:
@@ -151,13 +151,13 @@ async def plan_shapes(job: Job) -> dict[str, dict[str, tuple[int, ...]]]:
         epoch, plan, inputs = job.epoch, job.plan, job.inputs
         if plan is None or inputs is None:
             raise RuntimeError("no plan is running to check the shards against")
-        shapes = job.leading.shard_shapes.get(epoch)
+        shapes = job.leading.checks.shard_shapes.get(epoch)
         if shapes is None:
             _, plan_data = encode_start(inputs, plan)
             shapes, initial = await filework.plan_shapes(job.spec_bytes, plan_data)
-            job.leading.initial_magnitudes = initial  # the job's initial values: the same for every plan
+            job.leading.checks.initial_magnitudes = initial  # the job's initial values: the same for every plan
             if job.epoch == epoch:
-                job.leading.shard_shapes = {epoch: shapes}  # only the current plan's
+                job.leading.checks.shard_shapes = {epoch: shapes}  # only the current plan's
         return shapes
 
 
@@ -198,7 +198,7 @@ async def check_contents(job: Job, folder: Path, step: int, me: str) -> str | No
     shapes = await plan_shapes(job)
     start, reference = await reference_magnitudes(job, folder.parent)
     reasons, found = [], {}
-    for peer, shard in sorted(job.leading.reports.get(step, {}).items()):
+    for peer, shard in sorted(job.leading.commits.reports.get(step, {}).items()):
         expected = shapes.get(peer)
         try:
             if expected is None:
@@ -212,14 +212,14 @@ async def check_contents(job: Job, folder: Path, step: int, me: str) -> str | No
             why = str(exc)
         refused = ReportRefused(ReportProblem.CONTENT, f"checkpoint {step}: {why}")
         if peer == me:  # this device's own worker: no one to exclude; the restarts are bounded
-            counts, key = job.leading.refused_reports, ReportProblem.CONTENT.value
+            counts, key = job.leading.checks.refused_reports, ReportProblem.CONTENT.value
             counts[key] = counts.get(key, 0) + 1
             reasons.append(f"this device's own shard failed its check: {refused}")
         else:
             reasons.append(exclude(job, peer, refused))
     if not reasons:  # the reference of the next check once this step is committed
-        job.leading.magnitudes = {s: m for s, m in job.leading.magnitudes.items() if s == start}
-        job.leading.magnitudes[step] = merge(found)
+        job.leading.checks.magnitudes = {s: m for s, m in job.leading.checks.magnitudes.items() if s == start}
+        job.leading.checks.magnitudes[step] = merge(found)
     return "; ".join(reasons)[: MAX_EXCLUDED_REASON * 2] if reasons else None
 
 
@@ -230,8 +230,8 @@ async def reference_magnitudes(job: Job, root: Path) -> tuple[int, dict[str, flo
     None when none can be had (its shards unreadable here): the values are then not judged."""
     start = job.committed_step
     if start == 0:
-        return 0, job.leading.initial_magnitudes or None
-    kept = job.leading.magnitudes.get(start)
+        return 0, job.leading.checks.initial_magnitudes or None
+    kept = job.leading.checks.magnitudes.get(start)
     if kept is not None:
         return start, kept
     try:
@@ -241,8 +241,8 @@ async def reference_magnitudes(job: Job, root: Path) -> tuple[int, dict[str, flo
             "job %s: checkpoint %d's values cannot be read to judge the next: %s", job.job_id, start, exc
         )
         return start, None
-    job.leading.magnitudes[start] = merge(found)
-    return start, job.leading.magnitudes[start]
+    job.leading.checks.magnitudes[start] = merge(found)
+    return start, job.leading.checks.magnitudes[start]
 
 
 __all__ = [

@@ -177,16 +177,16 @@ class SpeedChecks:
     def on_step(self, job: Job) -> None:
         """The leader's own worker ran a step: once the job runs slow, time the devices of its plan not timed
         yet (each once per job: the first plan's, then any that a later plan brings in)."""
-        if job.leading.challenging or job.plan is None or not self.ctx.leads(job):
+        if job.leading.speed.challenging or job.plan is None or not self.ctx.leads(job):
             return
         if len(job.stage_times) < FIRST_STEPS:
             return
-        untimed = [p for p in job.plan_peers() if p not in job.leading.challenged and p in job.members]
+        untimed = [p for p in job.plan_peers() if p not in job.leading.speed.challenged and p in job.members]
         total = claims.own_step_total(job)
         slow = total is not None and total - job.plan.predicted_step_time_s >= claims.MIN_EXCESS_S
         if not untimed or not (slow or hooks.wants_timing(self.ctx.node, job)):  # the market pays what it measured
             return
-        job.leading.challenging = True
+        job.leading.speed.challenging = True
         log.info(
             "job %s: running %.2f s a step against %.2f s planned; timing %d device(s)",
             job.job_id,
@@ -202,13 +202,13 @@ class SpeedChecks:
         try:
             await self._challenge_all(job, peers)
         finally:
-            job.leading.challenging = False
+            job.leading.speed.challenging = False
 
     async def _challenge_all(self, job: Job, peers: list[str]) -> None:
         me = self.ctx.node.identity.peer_id
         if job.plan is None:
             return
-        job.leading.challenged.update(peers)
+        job.leading.speed.challenged.update(peers)
         work = {sh.peer_id: (st.end - st.start) / len(st.shares) for st in job.plan.stages for sh in st.shares}
         members = sorted(
             (p for p in peers if p != me), key=lambda p: (-work.get(p, 0.0), -job.members[p].flops_per_s, p)
@@ -239,13 +239,13 @@ class SpeedChecks:
             return
         if "busy with another challenge" in timed.why:
             return  # another job's leader is timing it: not a refusal of this one
-        job.leading.timed[peer] = timed
-        factor = challenges.challenge_factor(job.leading.timed, peer) if peer != me else None
+        job.leading.speed.timed[peer] = timed
+        factor = challenges.challenge_factor(job.leading.speed.timed, peer) if peer != me else None
         if factor is not None and timed.why == "" and challenges.worth_confirming(factor):
             again = await self._time(job, peer)  # one hiccup is not a lie: the faster of two counts
             if again is not None and not again.why and again.seconds < timed.seconds:
-                job.leading.timed[peer] = again
-        kept = job.leading.timed[peer]
+                job.leading.speed.timed[peer] = again
+        kept = job.leading.speed.timed[peer]
         log.info(
             "job %s: %s ran its speed challenge %.1fx slower than its offer%s",
             job.job_id,
@@ -341,14 +341,14 @@ class SpeedChecks:
         and job); the restart reasons."""
         me = self.ctx.node.identity.peer_id
         reasons = []
-        for peer in sorted(job.leading.timed):
-            if peer == me or peer in job.leading.discounts or peer not in job.plan_peers():
+        for peer in sorted(job.leading.speed.timed):
+            if peer == me or peer in job.leading.speed.discounts or peer not in job.plan_peers():
                 continue
-            factor = challenges.challenge_factor(job.leading.timed, peer)
+            factor = challenges.challenge_factor(job.leading.speed.timed, peer)
             if factor is None:
                 continue
-            job.leading.discounts[peer] = factor
-            why = job.leading.timed[peer].why
+            job.leading.speed.discounts[peer] = factor
+            why = job.leading.speed.timed[peer].why
             log.warning(
                 "job %s: %s ran its speed challenge %.1fx slower than its offer%s; planning again at its "
                 "measured speed",

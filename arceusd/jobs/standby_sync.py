@@ -174,10 +174,10 @@ def choose_standby(job: Job, me: str) -> str:
     never one that was discounted or failed its challenge while another can stand by (issue #19: claims alone
     do not make a standby)."""
     others = [p for p in job.plan_peers() if p != me and p in job.members]
-    timed = job.leading.timed
+    timed = job.leading.speed.timed
     passed = {p for p, t in timed.items() if not t.why}
-    others = [p for p in others if p not in job.leading.discounts and not (p in timed and timed[p].why)] or others
-    others = [p for p in others if p in job.leading.measured or p in passed] or others
+    others = [p for p in others if p not in job.leading.speed.discounts and not (p in timed and timed[p].why)] or others
+    others = [p for p in others if p in job.leading.speed.measured or p in passed] or others
     if not others:
         return ""
     used = plan_memory(job)

@@ -56,12 +56,12 @@ class Starting:
         me = self.ctx.node.identity.peer_id
         rtt = {(me, p): (i.rtt_ms or 1.0) / 1000 for p, i in self.ctx.peers.info.items()}
         # a member measured far slower than it offered is planned at its measured speed (issue #19)
-        discounts = job.leading.discounts
+        discounts = job.leading.speed.discounts
         every = [claims.discounted(job.members[p], discounts.get(p, 1.0)) for p in sorted(job.members)]
         # a member two neighbours' words cannot judge is planned alone beside the leader for a while (probation)
-        offers = probation.probation_offers(every, me, job.leading.probation)
+        offers = probation.probation_offers(every, me, job.leading.probation.member)
         measured = await self._measure_links(job)
-        job.leading.links = {
+        job.leading.loop.links = {
             p: {
                 "rtt_ms": round(m.rtt_s * 1e3, 3),
                 "bandwidth_mb_s": round(m.bandwidth_bytes_per_s / 1e6, 2),
@@ -74,15 +74,15 @@ class Starting:
             try:
                 inputs, replica_plan = await trio.to_thread.run_sync(make_job_plan, job.spec, offers, rtt, links, me)
             except PlanError as exc:
-                if not job.leading.probation:
+                if not job.leading.probation.member:
                     raise
                 log.warning(
                     "job %s: no plan fits %s alone beside the leader (%s); planning with every member",
                     job.job_id,
-                    job.leading.probation[:12],
+                    job.leading.probation.member[:12],
                     exc,
                 )
-                job.leading.probation = ""
+                job.leading.probation.member = ""
                 offers = every
                 inputs, replica_plan = await trio.to_thread.run_sync(make_job_plan, job.spec, offers, rtt, links, me)
         except PlanError as exc:
@@ -102,8 +102,8 @@ class Starting:
             job, events.PlanFound(job.plan_peers(), standby, tuple(r.peer_ids for r in replica_plan.replicas))
         )
         if job.core.stamp != stamp:  # the core took the plan (a new epoch)
-            job.leading.link_waits.clear()  # who waits on whom depends on the plan: judged afresh (claims)
-            job.leading.seen.clear()
+            job.leading.speed.link_waits.clear()  # who waits on whom depends on the plan: judged afresh (claims)
+            job.leading.speed.seen.clear()
             self.ctx.spawn(shard_checks.prefetch_shapes, job)  # ready by the plan's first checkpoint
 
     async def start(self, job: Job, action: actions.SendStart) -> None:
@@ -124,11 +124,11 @@ class Starting:
             return
         _mark(job, "sliced")
         start_step = resume.step if resume is not None else 0
-        job.leading.resume_files = {p: f.name for p, f in resume.files.items()} if resume is not None else {}
+        job.leading.loop.resume_files = {p: f.name for p, f in resume.files.items()} if resume is not None else {}
         job.step = start_step
         job.cut_history(start_step)
-        if job.leading.recoveries and job.leading.recoveries[-1].epoch == job.epoch:
-            job.leading.recoveries[-1].resumed_step = start_step
+        if job.leading.loop.recoveries and job.leading.loop.recoveries[-1].epoch == job.epoch:
+            job.leading.loop.recoveries[-1].resumed_step = start_step
         start = JobStart(
             job.job_id,
             job.term,
@@ -141,7 +141,7 @@ class Starting:
             job.standby,
             members=tuple(sorted(job.members)),
         )
-        job.leading.go_addresses = addresses = {}
+        job.leading.loop.go_addresses = addresses = {}
         failures: list[tuple[str, str, str]] = []
         reach = {p: o.address for p, o in job.members.items()}  # as planned: a member may leave meanwhile
         planned = set(job.plan_peers())  # (job.spares() waits for the election to name this leader: not yet, here)
@@ -166,11 +166,11 @@ class Starting:
                 failures.append((peer, reply.reason, reply.follows))
 
         with trio.CancelScope() as scope:
-            job.leading.start_scope = scope
+            job.leading.loop.start_scope = scope
             async with trio.open_nursery() as nursery:
                 for peer in job.plan_peers():
                     nursery.start_soon(start_one, peer)
-        job.leading.start_scope = None
+        job.leading.loop.start_scope = None
         _mark(job, "started")
         if scope.cancelled_caught:
             failures.append(("", "a member of the new plan failed while it started", ""))
@@ -197,7 +197,7 @@ class Starting:
             job.job_id,
             action.stamp.term,
             action.stamp.epoch,
-            tuple(PeerAddress(p, a) for p, a in sorted(job.leading.go_addresses.items())),
+            tuple(PeerAddress(p, a) for p, a in sorted(job.leading.loop.go_addresses.items())),
         )
         reach = {p: o.address for p, o in job.members.items()}
         unacknowledged = await self.send_go(job, go, list(action.peers), reach)
@@ -209,7 +209,7 @@ class Starting:
             log.info(
                 "job %s running on %d devices (term %d, epoch %d, from step %d)",
                 job.job_id,
-                len(job.leading.go_addresses),
+                len(job.leading.loop.go_addresses),
                 job.term,
                 job.epoch,
                 job.step,
@@ -280,7 +280,7 @@ class Starting:
 
 def _mark(job: Job, phase: str) -> None:
     """The end of a start phase, in the running recovery's record (bench/recovery.py prints where time went)."""
-    recoveries = job.leading.recoveries
+    recoveries = job.leading.loop.recoveries
     if recoveries and recoveries[-1].first_step_after_s is None:
         recoveries[-1].mark(phase)
 

@@ -288,7 +288,7 @@ class Transfers:
         job = self.jobs.get(msg.job_id)
         if job is None or not self._leads(job):
             return JobAck(False, "not the leader of that job")
-        if msg.epoch != job.epoch or job.leading.resume_files.get(header.sender) != msg.name:
+        if msg.epoch != job.epoch or job.leading.loop.resume_files.get(header.sender) != msg.name:
             return JobAck(False, "that resume slice is not this device's in the current plan")
         return serve_chunk(job.paths.resume(msg.epoch) / msg.name, msg.offset)
 

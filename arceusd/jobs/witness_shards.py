@@ -43,7 +43,7 @@ async def outer_witnesses(ctx: JobContext, job: Job, step: int, peers: Sequence[
 
 async def _outer_witness(ctx: JobContext, job: Job, step: int, peer: str) -> str:
     """:func:`outer_witnesses` for one device (``""``: not copied as reported, or not readable)."""
-    shard = job.leading.reports.get(step, {}).get(peer)
+    shard = job.leading.commits.reports.get(step, {}).get(peer)
     place = witnesses.place(job, peer)
     if shard is None or place is None:
         return ""

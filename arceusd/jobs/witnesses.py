@@ -104,7 +104,7 @@ def place(job: Job, peer: str) -> tuple[int, int] | None:
 def shard_digests(job: Job, step: int) -> dict[str, str]:
     """The sha256 each first-replica device reported for its checkpoint shard of ``step`` (checked by
     :func:`arceusd.jobs.shard_checks.check_checkpoint_report`: 64 hex characters)."""
-    return {peer: str(shard["sha256"]) for peer, shard in job.leading.reports.get(step, {}).items()}
+    return {peer: str(shard["sha256"]) for peer, shard in job.leading.commits.reports.get(step, {}).items()}
 
 
 def judge(

@@ -28,8 +28,8 @@ async def may_auto_join(node: Any, job: Any) -> bool:
 
 
 def on_commit(node: Any, job: Any, step: int, term: int, epoch: int) -> str | None:
-    """Call after the manifest of ``step`` is committed, while ``job.leading.reports[step]`` still holds the devices'
-    shard reports and ``job.committed_step`` is still the previous commit. A reason: fail the job with it."""
+    """Call after the manifest of ``step`` is committed, while ``job.leading.commits.reports[step]`` still holds the
+    devices' shard reports and ``job.committed_step`` is still the previous commit. A reason: fail the job with it."""
     market = getattr(node, "market", None)
     return None if market is None else market.on_commit(job, step, term, epoch)
 

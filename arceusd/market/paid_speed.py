@@ -8,7 +8,7 @@ speed it measured (:func:`paid_flops`):
   time and checked is paid for what it showed, scaled by how much slower than their offers the other devices
   ran theirs beside the job (their median slowdown: they share the machine with the job), at most its offer;
 - a device whose challenge failed (wrong blocks, refused twice) is paid at its offer / ``MAX_DISCOUNT``;
-- a device the leader discounted (its step times or its challenge: ``job.leading.discounts``) is paid at the
+- a device the leader discounted (its step times or its challenge: ``job.leading.speed.discounts``) is paid at the
   discounted speed from then on, at most;
 - the leader's own device is paid at its offer (its challenge is the baseline the others are scaled by: on a
   loaded machine it runs ten times slower than its offer like every other device);
@@ -102,12 +102,12 @@ def paid_flops(offered: float, discount: float, challenge: Timed | None, scale: 
 
 def paid_speeds(job: Any, leader: str) -> dict[str, Paid]:
     """Every member of ``job``'s paid speed as its leader sees it now (``job.members``' offers,
-    ``job.leading.discounts`` and ``job.leading.timed``)."""
+    ``job.leading.speed.discounts`` and ``job.leading.speed.timed``)."""
     members: Mapping[str, Any] = job.members
     own = members.get(leader)
     limit = cap(float(own.flops_per_s) if own is not None else None)
-    timed: Mapping[str, Timed] = job.leading.timed
-    discounts: Mapping[str, float] = job.leading.discounts
+    timed: Mapping[str, Timed] = job.leading.speed.timed
+    discounts: Mapping[str, float] = job.leading.speed.discounts
     out = {
         peer: paid_flops(
             float(offer.flops_per_s), float(discounts.get(peer, 1.0)), timed.get(peer), baseline(timed, peer), limit
@@ -128,7 +128,7 @@ def beyond_cap(job: Any, leader: str) -> list[str]:
         p
         for p in job.plan_peers()
         if p in job.members
-        and p not in job.leading.challenged
+        and p not in job.leading.speed.challenged
         and float(job.members[p].flops_per_s) > TIME_ABOVE * limit
     ]
 

@@ -543,7 +543,8 @@ class Market:
         self.paid[job.job_id] = {peer: p.summary() for peer, p in speeds.items()}
         prices = {peer: pay(p.flops, cap, demand) for peer, p in speeds.items()}
         # the shard writers, and the other replicas' devices whose witness matched theirs (arceusd.jobs.witnesses)
-        reported = frozenset(job.leading.reports.get(step, {})) | job.leading.complete.get(step, frozenset())
+        book = job.leading.commits
+        reported = frozenset(book.reports.get(step, {})) | book.complete.get(step, frozenset())
         predicted = (
             job.replica_plan.predicted_step_time_s if job.replica_plan is not None else job.plan.predicted_step_time_s
         )

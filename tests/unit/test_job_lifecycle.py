@@ -154,7 +154,7 @@ def test_a_final_checkpoint_a_member_does_not_serve_excludes_it_on_the_retry(tmp
     final commit that fails with nobody to blame still fails the job after its retries: test_job_core.)"""
     mgr, elections = manager(tmp_path, FakePeers())
     job = leading_job(tmp_path)
-    job.leading.reports[100] = {OTHER: {"name": "shard-1.pt", "sha256": "0" * 64, "size": 3}}
+    job.leading.commits.reports[100] = {OTHER: {"name": "shard-1.pt", "sha256": "0" * 64, "size": 3}}
     fetches: list[int] = []
 
     async def fetch_shard(*_: Any) -> None:
@@ -164,7 +164,7 @@ def test_a_final_checkpoint_a_member_does_not_serve_excludes_it_on_the_retry(tmp
     mgr.transfers.fetch_shard = fetch_shard  # type: ignore[method-assign,assignment]
     run_with_nursery(mgr, complete(mgr, job, 100))
     assert len(fetches) == 2 < lifecycle.FINAL_COMMIT_ATTEMPTS
-    assert "shard serving failed 2 commits in a row" in job.leading.excluded[OTHER], job.leading.excluded
+    assert "shard serving failed 2 commits in a row" in job.leading.checks.excluded[OTHER], job.leading.checks.excluded
     assert job.state == "recovering" and not job.finished.is_set() and "shard-1.pt" in job.error
     assert elections.untracked == [], "the job goes on: it stays in its election"
 
@@ -172,7 +172,7 @@ def test_a_final_checkpoint_a_member_does_not_serve_excludes_it_on_the_retry(tmp
 def test_a_failed_intermediate_commit_is_not_retried_and_the_job_runs_on(tmp_path: Path) -> None:
     mgr, elections = manager(tmp_path, FakePeers())
     job = leading_job(tmp_path)
-    job.leading.reports[20] = {OTHER: {"name": "shard-1.pt", "sha256": "0" * 64, "size": 3}}
+    job.leading.commits.reports[20] = {OTHER: {"name": "shard-1.pt", "sha256": "0" * 64, "size": 3}}
 
     async def fetch_shard(*_: Any) -> None:
         return None
@@ -261,7 +261,7 @@ def test_a_commit_waiting_while_a_repartition_is_asked_for_does_nothing(tmp_path
     steps after an exclusion, and an empty manifest once the restart had cleared the reports)."""
     mgr, _ = manager(tmp_path, FakePeers())
     job = leading_job(tmp_path)
-    job.leading.reports[40] = {OTHER: {"name": "shard-1.pt", "sha256": "0" * 64, "size": 3}}
+    job.leading.commits.reports[40] = {OTHER: {"name": "shard-1.pt", "sha256": "0" * 64, "size": 3}}
     fetches: list[int] = []
 
     async def fetch_shard(*_: Any) -> None:
@@ -327,8 +327,8 @@ def test_a_restart_cuts_the_start_short_drops_the_old_plans_actions_and_checks_w
     job = leading_job(tmp_path)
     old = job.core.stamp
     scope = trio.CancelScope()
-    job.leading.start_scope = scope
-    job.leading.queue.append(a.SendGo(old, (ME, OTHER)))
+    job.leading.loop.start_scope = scope
+    job.leading.loop.queue.append(a.SendGo(old, (ME, OTHER)))
     worker = FakeWorker()
     job.worker = cast(Any, worker)
 
@@ -338,8 +338,8 @@ def test_a_restart_cuts_the_start_short_drops_the_old_plans_actions_and_checks_w
     run_with_nursery(mgr, fail)
     assert scope.cancel_called and job.worker is None
     assert job.state == "recovering" and job.core.stamp == old.next_term()
-    assert list(job.leading.queue) == [a.CheckReachable(job.core.stamp, (OTHER,))]
-    assert job.leading.recoveries[-1].reason.startswith("worker on bbbbbbbbbbbb failed")
+    assert list(job.leading.loop.queue) == [a.CheckReachable(job.core.stamp, (OTHER,))]
+    assert job.leading.loop.recoveries[-1].reason.startswith("worker on bbbbbbbbbbbb failed")
     stops = [(p, m) for p, m in peers.sent if type(m).__name__ == "JobStop"]
     assert [(p, m.term, m.reason) for p, m in stops] == [(OTHER, job.term, "replanning")]
 

@@ -232,27 +232,41 @@ def test_a_leader_drops_and_counts_refused_reports_and_keeps_serving(tmp_path: P
             nan = replace(good, step_s=math.nan, wait_s=math.inf, wait_up_s=-math.inf, predicted_s=math.nan)
             ack = await send(nan)
             assert isinstance(ack, JobAck) and ack.ok, ack
-            assert good.step is not None and me in job.leading.reports[good.step]
-            assert me not in job.leading.measured and me not in job.leading.waits and me not in job.leading.link_waits
+            assert good.step is not None and me in job.leading.commits.reports[good.step]
+            assert (
+                me not in job.leading.speed.measured
+                and me not in job.leading.speed.waits
+                and me not in job.leading.speed.link_waits
+            )
             # outside the codec's types and bounds: no answer, counted by the peer service, the job untouched
             for fields, reason in BAD_WIRE:
                 before = leader.rejected[reason]
                 assert await send_raw(_tampered(good, **fields)) == b"", fields
                 assert leader.rejected[reason] == before + 1, fields
             book = job.leading
-            assert book.refused_reports == {} and book.stale_reports == 0 and me not in book.excluded and not restarts
+            assert (
+                book.checks.refused_reports == {}
+                and book.checks.stale_reports == 0
+                and me not in book.checks.excluded
+                and not restarts
+            )
             # another plan epoch: stale, as ever
             stale = await send(replace(good, epoch=job.epoch + 1))
-            assert isinstance(stale, JobAck) and not stale.ok and job.leading.stale_reports == 1
+            assert isinstance(stale, JobAck) and not stale.ok and job.leading.checks.stale_reports == 1
             # still serving: the next good report is taken with its claims
             ack = await send(replace(good, step=40))
             assert isinstance(ack, JobAck) and ack.ok
-            assert me in job.leading.reports[40] and job.leading.measured[me] == (good.step_s, good.predicted_s)
-            assert job.leading.cursors[40] == EVENTS[ReportKind.CHECKPOINT]["cursor"]
+            assert me in job.leading.commits.reports[40] and job.leading.speed.measured[me] == (
+                good.step_s,
+                good.predicted_s,
+            )
+            assert job.leading.commits.cursors[40] == EVENTS[ReportKind.CHECKPOINT]["cursor"]
             # a negative size decodes, and the leader's check refuses it: counted, the sender excluded
             assert good.shard is not None
             await send(replace(good, step=60, shard=replace(good.shard, size=-1)))
-            seen.update(refused=dict(book.refused_reports), excluded=me in book.excluded, restarts=list(restarts))
+            seen.update(
+                refused=dict(book.checks.refused_reports), excluded=me in book.checks.excluded, restarts=list(restarts)
+            )
             nursery.cancel_scope.cancel()
 
     trio.run(main, clock=trio.testing.MockClock())
@@ -308,10 +322,14 @@ def test_a_witness_carries_its_devices_claims_to_the_leader(tmp_path: Path) -> N
     }
     report = report_of_event(JOB, job.epoch, event)
     trio.run(mgr.local._handle_report, job, second, report)
-    assert job.leading.witnesses[20] == {second: "cd" * 32}
+    assert job.leading.commits.witnesses[20] == {second: "cd" * 32}
     book = job.leading
-    assert book.measured[second] == (0.3, 0.1) and second in book.link_waits and book.waits[second] == 0.02
+    assert (
+        book.speed.measured[second] == (0.3, 0.1)
+        and second in book.speed.link_waits
+        and book.speed.waits[second] == 0.02
+    )
     stranger = "e" * 32  # no place in the replicas: refused before anything of it is kept
     mgr.request_restart = lambda job, reason: None  # type: ignore[method-assign]
     trio.run(mgr.local._handle_report, job, stranger, report)
-    assert stranger not in job.leading.measured and stranger not in job.leading.witnesses[20]
+    assert stranger not in job.leading.speed.measured and stranger not in job.leading.commits.witnesses[20]

@@ -91,21 +91,23 @@ def test_the_leader_keeps_its_committed_checkpoints_bounded_newest_last(
 ) -> None:
     """The timeline's checkpoints come from the job's record (``checkpoints`` in ``status JOB --json``): each
     commit once, with its wall-clock time, the newest MAX_CHECKPOINTS kept."""
-    from arceusd.jobs import job as job_module
+    from arceusd.jobs import leader_record
 
     job = _job(tmp_path)
-    job.leading.record_checkpoint(100, at=1000.0)
-    job.leading.record_checkpoint(100, at=1001.0)  # the same commit seen twice: once in the record
-    job.leading.record_checkpoint(50, at=1002.0)  # an older step after a newer one: not recorded
-    job.leading.record_checkpoint(200)
+    job.leading.commits.record_checkpoint(100, at=1000.0)
+    job.leading.commits.record_checkpoint(100, at=1001.0)  # the same commit seen twice: once in the record
+    job.leading.commits.record_checkpoint(50, at=1002.0)  # an older step after a newer one: not recorded
+    job.leading.commits.record_checkpoint(200)
     shown = job.summary(full=True)["checkpoints"]
     assert [c["step"] for c in shown] == [100, 200] and shown[0]["at"] == 1000.0
     assert abs(shown[1]["at"] - time.time()) < 60
-    monkeypatch.setattr(job_module, "MAX_CHECKPOINTS", 10)
+    monkeypatch.setattr(leader_record, "MAX_CHECKPOINTS", 10)
     for step in range(300, 5300, 100):
-        job.leading.record_checkpoint(step, at=float(step))
-    assert [s for s, _ in job.leading.checkpoints] == list(range(4300, 5300, 100))  # the newest 10, oldest first
-    assert job.leading.checkpoints[-1] == (5200, 5200.0)
+        job.leading.commits.record_checkpoint(step, at=float(step))
+    assert [s for s, _ in job.leading.commits.checkpoints] == list(
+        range(4300, 5300, 100)
+    )  # the newest 10, oldest first
+    assert job.leading.commits.checkpoints[-1] == (5200, 5200.0)
     assert "checkpoints" not in job.summary()  # the short view (status, jobs) stays short
 
 
@@ -156,11 +158,11 @@ def test_stage_times_cover_every_measured_device_and_this_device_from_its_own_st
         (other, _claims(step_s=0.03, wait_s=0.012, predicted_s=0.042)),
         (third, _claims(step_s=0.05, predicted_s=0.042, wait_s=-1.0)),
     ):
-        claims.record_step_time(job.leading.measured, peer, report)
-        claims.record_wait_time(job.leading.waits, peer, report)
+        claims.record_step_time(job.leading.speed.measured, peer, report)
+        claims.record_wait_time(job.leading.speed.waits, peer, report)
     for seconds, waited in [(0.05, 0.01), (0.5, 0.0), (0.06, 0.02)]:
         job.stage_times.append(StageTime(seconds, waited, 0.0, waited))
-    job.leading.seen = {other: 0.25}  # what its neighbours saw (claims.seen_by_neighbours)
+    job.leading.speed.seen = {other: 0.25}  # what its neighbours saw (claims.seen_by_neighbours)
     shown = job.summary(full=True, me=me)
     assert shown["stage_times"] == {
         me: {"compute_s": 0.04, "wait_s": 0.01, "predicted_s": pytest.approx(0.042), "seen_s": None},  # not 9 s
@@ -216,14 +218,14 @@ def test_status_shows_what_the_leader_measured_of_its_members_claims(tmp_path: P
 
     job = _job(tmp_path)
     honest, liar, forger = "a" * 32, "b" * 32, "c" * 32
-    job.leading.timed = {
+    job.leading.speed.timed = {
         honest: Timed(1e11, 1.5e10, 0.3),
         liar: Timed(1e13, 1.5e12, 10.0),
         forger: Timed(1e13, 1.5e12, 0.01, "block 3 is not the one its root committed to"),
     }
-    job.leading.discounts = {liar: 33.3, forger: 1000.0}
-    job.leading.excluded = {"d" * 32: "its shard has non-finite values"}
-    job.leading.probation, job.leading.cleared = "e" * 32, {"f" * 32}
+    job.leading.speed.discounts = {liar: 33.3, forger: 1000.0}
+    job.leading.checks.excluded = {"d" * 32: "its shard has non-finite values"}
+    job.leading.probation.member, job.leading.probation.cleared = "e" * 32, {"f" * 32}
     shown = render_job(job.summary(full=True))
     assert f"timed    {honest[:12]}  offered 100.0 GFLOP/s, measured 50.0 in 0.30 s (2.0x slower than offered)" in shown
     assert f"timed    {liar[:12]}  offered 10000.0 GFLOP/s, measured 150.0 in 10.00 s (66.7x slower" in shown

@@ -68,7 +68,7 @@ def test_a_1000x_liar_earns_at_most_1_5x_an_honest_member_before_and_after_it_is
 
 def job(members: dict[str, float], timed: dict[str, Timed] | None = None) -> SimpleNamespace:
     offers = {p: SimpleNamespace(flops_per_s=f) for p, f in members.items()}
-    leading = SimpleNamespace(timed=timed or {}, discounts={}, challenged=set(timed or {}))
+    leading = SimpleNamespace(speed=SimpleNamespace(timed=timed or {}, discounts={}, challenged=set(timed or {})))
     return SimpleNamespace(members=offers, leading=leading, plan_peers=lambda: tuple(members))
 
 
@@ -82,5 +82,5 @@ def test_the_leader_times_a_plan_device_offering_more_than_the_cap() -> None:
     assert paid["me"].flops == HONEST and paid["liar"].flops == HONEST, "the leader's own challenge is the baseline"
     timed = job({"me": HONEST, "liar": 1000 * HONEST}, {"me": Timed(HONEST, WORK, 0.15)})
     assert beyond_cap(timed, "me") == ["liar"]
-    timed.leading.challenged.add("liar")
+    timed.leading.speed.challenged.add("liar")
     assert beyond_cap(timed, "me") == [], "asked once per job"

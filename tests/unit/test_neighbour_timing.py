@@ -246,7 +246,7 @@ def test_every_replica_is_judged_within_its_own_pipeline() -> None:
         plan=first,
         replica_plan=SimpleNamespace(replicas=(first, second)),
         stage_times=deque([claims.StageTime(1.0, 0.0)]),
-        leading=SimpleNamespace(link_waits=waits),
+        leading=SimpleNamespace(speed=SimpleNamespace(link_waits=waits)),
     )
     assert claims.own_step_times(job, c)["predicted_s"] == pytest.approx(0.12)  # its replica's stage, not the first's
     assert claims.own_step_times(job, a)["predicted_s"] == pytest.approx(0.04)

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from arceusd.jobs import claims, probation
-from arceusd.jobs.job import LeaderRecord
+from arceusd.jobs.leader_record import ProbationBook
 from tests.unit.test_neighbour_timing import lw, plan_of
 
 
@@ -49,44 +49,44 @@ def test_the_neighbours_view_frames_the_honest_member_which_is_why_disputes_are_
 
 
 def test_a_dispute_puts_the_member_farther_from_the_leader_on_probation_then_the_other() -> None:
-    lead = LeaderRecord()
+    lead, discounts = ProbationBook(), dict[str, float]()
     found = probation.disputes(PLAN, BLAMING, "L", STEP_S)
-    assert probation.judge(lead, [PLAN], found, "L") == ""  # one report is not enough
-    reason = probation.judge(lead, [PLAN], found, "L")
-    assert lead.probation == "x" and "planning x alone beside the leader" in reason
+    assert probation.judge(lead, discounts, [PLAN], found, "L") == ""  # one report is not enough
+    reason = probation.judge(lead, discounts, [PLAN], found, "L")
+    assert lead.member == "x" and "planning x alone beside the leader" in reason
     offers = [SimpleNamespace(peer_id=p) for p in ("L", "v", "x")]
-    assert [o.peer_id for o in probation.probation_offers(offers, "L", lead.probation)] == ["L", "x"]
+    assert [o.peer_id for o in probation.probation_offers(offers, "L", lead.member)] == ["L", "x"]
     assert len(probation.probation_offers(offers, "L", "")) == 3
     assert len(probation.probation_offers(offers[:2], "L", "x")) == 2  # x left: every member's offer
     alone = _plan(("L",), ("x",))
-    assert probation.judge(lead, [alone], [], "L") == ""  # one checkpoint beside the leader
-    cleared = probation.judge(lead, [alone], [], "L")
-    assert "x kept to its offer beside the leader" in cleared and lead.cleared == {"x"} and not lead.probation
+    assert probation.judge(lead, discounts, [alone], [], "L") == ""  # one checkpoint beside the leader
+    cleared = probation.judge(lead, discounts, [alone], [], "L")
+    assert "x kept to its offer beside the leader" in cleared and lead.cleared == {"x"} and not lead.member
     # the dispute comes back: now the accuser goes on probation; after that nobody is left to try
-    probation.judge(lead, [PLAN], found, "L")
-    again = probation.judge(lead, [PLAN], found, "L")
-    on: str = lead.probation
+    probation.judge(lead, discounts, [PLAN], found, "L")
+    again = probation.judge(lead, discounts, [PLAN], found, "L")
+    on: str = lead.member
     assert "planning v alone" in again and on == "v"
-    lead.probation = ""
-    assert probation.judge(lead, [PLAN], found, "L") == ""
-    assert probation.judge(lead, [PLAN], found, "L") == "" and not lead.probation
+    lead.member = ""
+    assert probation.judge(lead, discounts, [PLAN], found, "L") == ""
+    assert probation.judge(lead, discounts, [PLAN], found, "L") == "" and not lead.member
 
 
 def test_a_probation_ends_when_the_member_is_caught_or_cannot_be_planned_beside_the_leader() -> None:
-    lead = LeaderRecord()
-    lead.probation = "x"
-    lead.discounts["x"] = 40.0  # the ordinary judgement caught it beside the leader
-    assert probation.judge(lead, [_plan(("L",), ("x",))], [], "L") == "" and not lead.probation
-    lead = LeaderRecord()
-    lead.probation = "x"
+    lead, discounts = ProbationBook(), dict[str, float]()
+    lead.member = "x"
+    discounts["x"] = 40.0  # the ordinary judgement caught it beside the leader
+    assert probation.judge(lead, discounts, [_plan(("L",), ("x",))], [], "L") == "" and not lead.member
+    lead, discounts = ProbationBook(), dict[str, float]()
+    lead.member = "x"
     alone = _plan(("x",))  # the planner left the leader out: the leader cannot see it
-    assert "could not be planned alone beside the leader" in probation.judge(lead, [alone], [], "L")
-    assert not lead.probation and "x" not in lead.cleared
-    lead = LeaderRecord()
-    lead.probation = "x"
+    assert "could not be planned alone beside the leader" in probation.judge(lead, discounts, [alone], [], "L")
+    assert not lead.member and "x" not in lead.cleared
+    lead, discounts = ProbationBook(), dict[str, float]()
+    lead.member = "x"
     replicas = [_plan(("L",)), _plan(("x",))]  # two replicas of one device each: nobody sees x
-    assert "could not be planned alone beside the leader" in probation.judge(lead, replicas, [], "L")
-    assert not lead.probation and "x" not in lead.cleared
+    assert "could not be planned alone beside the leader" in probation.judge(lead, discounts, replicas, [], "L")
+    assert not lead.member and "x" not in lead.cleared
 
 
 def test_a_tensor_parallel_group_whose_every_rank_waited_on_the_others_is_a_dispute() -> None:
@@ -99,8 +99,8 @@ def test_a_tensor_parallel_group_whose_every_rank_waited_on_the_others_is_a_disp
     assert probation.disputes(_plan(("L", "a")), lw({"L": (0, 0, 0.6), "a": (0, 0, 0.6)}), "L", STEP_S) == []
     three = lw({"L": (0, 0, 0.6), "a": (0, 0, 0.6), "b": (0, 0, 0.6)})
     assert probation.disputes(_plan(("L", "a", "b")), three, "L", STEP_S) == [("a", "b")]
-    lead = LeaderRecord()
+    lead, discounts = ProbationBook(), dict[str, float]()
     found = probation.disputes(group, both, "L", STEP_S)
-    probation.judge(lead, [group], found, "L")
-    assert "members a and b each say" in probation.judge(lead, [group], found, "L")
-    assert lead.probation == "b"  # same distance from the leader: the later rank first
+    probation.judge(lead, discounts, [group], found, "L")
+    assert "members a and b each say" in probation.judge(lead, discounts, [group], found, "L")
+    assert lead.member == "b"  # same distance from the leader: the later rank first

@@ -88,7 +88,7 @@ def test_the_daemon_keeps_what_its_finished_job_took_and_the_quote_reads_it(tmp_
     assert job_timing(job, 1100.0) is None  # it never stepped
     for step in range(1, t.steps + 1):
         job.record_loss(step, 2.0, at=1003.0 + 0.01 * (step - 1))
-    job.leading.record_checkpoint(t.steps, at=1030.0)
+    job.leading.commits.record_checkpoint(t.steps, at=1030.0)
     job.replica_plan = cast(Any, SimpleNamespace(predicted_step_time_s=0.005))
     timing = job_timing(job, 1032.5)
     assert timing is not None and timing.model == "GPTConfig" and timing.first
@@ -96,7 +96,7 @@ def test_the_daemon_keeps_what_its_finished_job_took_and_the_quote_reads_it(tmp_
     assert timing.step_ratio == pytest.approx(2.0) and timing.predicted_step_s == 0.005  # 0.01 s a step
     assert timing.link == (0.0, 0.0, 0.0)  # it measured no link (a job alone)
     assert timing.pause_s == pytest.approx(0.0)  # its checkpoints and evaluations added nothing here
-    job.leading.links = {"a": {"rtt_ms": 0.5, "bandwidth_mb_s": 80.0, "message_ms": 2.0}}
+    job.leading.loop.links = {"a": {"rtt_ms": 0.5, "bandwidth_mb_s": 80.0, "message_ms": 2.0}}
     linked = job_timing(job, 1032.5)
     assert linked is not None and linked.link == pytest.approx((5e-4, 8e7, 2e-3))
     two = [offer(OWNER), offer(PEER)]
@@ -258,6 +258,6 @@ def test_a_machine_busier_than_when_the_daemon_measured_stretches_the_ranges_top
     job.first_step_at = job.created + 1.0
     for step in range(1, 21):
         job.record_loss(step, 2.0, at=job.created + 1.0 + 0.01 * step)
-    job.leading.record_checkpoint(20, at=job.created + 2.0)
+    job.leading.commits.record_checkpoint(20, at=job.created + 2.0)
     timing = job_timing(job, job.created + 3.0)
     assert timing is not None and timing.load == pytest.approx(machine_load(), abs=0.5)

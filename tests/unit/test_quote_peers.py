@@ -29,11 +29,11 @@ def test_a_finished_job_keeps_its_peers_speeds_as_its_plan_took_them(tmp_path: P
     job.created, job.first_step_at = 1000.0, 1003.0
     for step in range(1, 21):
         job.record_loss(step, 2.0, at=1003.0 + 0.01 * step)
-    job.leading.record_checkpoint(20, at=1004.0)
+    job.leading.commits.record_checkpoint(20, at=1004.0)
     job.offers = {OWNER: offer(OWNER), PEER: offer(PEER), "third": offer("third", SLOW)}
     for peer in (PEER, "third"):
         job.core.handle(events.MemberJoined(peer, memory_ok=False), 0.0)  # the core's members
-    job.leading.discounts = {PEER: 2.0}  # the leader measured it twice as slow as it offered
+    job.leading.speed.discounts = {PEER: 2.0}  # the leader measured it twice as slow as it offered
     timing = job_timing(job, 1005.0)
     assert timing is not None
     assert timing.peers == ((PEER, FAST / 2, 0.7), ("third", SLOW, 0.7))

@@ -21,7 +21,8 @@ from arceusd.jobs import claims, shard_checks
 from arceusd.jobs.challenges import Timed
 from arceusd.jobs.core import JobCore
 from arceusd.jobs.core import events as e
-from arceusd.jobs.job import Job, LeaderRecord
+from arceusd.jobs.job import Job
+from arceusd.jobs.leader_record import LeaderRecord
 from arceusd.jobs.reports import report_of_event
 from arceusd.jobs.transfers import Transfers
 from protocol.job_wire import JobReport, ReportKind, ReportShard, ShardData
@@ -93,9 +94,9 @@ def test_other_bad_reports_are_refused_and_exclusion_counts_and_names() -> None:
     with pytest.raises(shard_checks.ReportRefused) as info:
         shard_checks.check_checkpoint_report(job, "d" * 32, report(name))
     why = shard_checks.exclude(job, PEERS[2], info.value)
-    assert PEERS[2] in why and PEERS[2] in job.leading.excluded and PEERS[2] not in job.members
+    assert PEERS[2] in why and PEERS[2] in job.leading.checks.excluded and PEERS[2] not in job.members
     assert job.core.lead is not None and PEERS[2] in job.core.lead.announced  # never invited back
-    assert job.leading.refused_reports == {"not_in_plan": 1}
+    assert job.leading.checks.refused_reports == {"not_in_plan": 1}
 
 
 def test_a_download_is_bounded_by_the_known_size_not_the_senders_total() -> None:
@@ -227,16 +228,16 @@ def test_step_times_are_reported_kept_and_the_standby_is_chosen_among_measured_m
     assert choose_standby(standby_job, PEERS[0]) == PEERS[1]  # the plan uses as much of each: the smaller claim
     standby_job.plan = cast(Any, SimpleNamespace(memory_bytes=((PEERS[1], 1 << 20), (PEERS[2], 1 << 21))))
     assert choose_standby(standby_job, PEERS[0]) == PEERS[2]  # nobody measured yet: the plan uses more of it
-    standby_job.leading.measured = times
+    standby_job.leading.speed.measured = times
     assert choose_standby(standby_job, PEERS[0]) == PEERS[1]  # the measured member, not the larger claim
-    standby_job.leading.measured = {}
-    standby_job.leading.timed = {PEERS[1]: Timed(1e9, 1e8, 0.2)}
+    standby_job.leading.speed.measured = {}
+    standby_job.leading.speed.timed = {PEERS[1]: Timed(1e9, 1e8, 0.2)}
     assert choose_standby(standby_job, PEERS[0]) == PEERS[1]  # its speed challenge passed: measured too
-    standby_job.leading.timed = {PEERS[1]: Timed(1e9, 1e8, 0.2), PEERS[2]: Timed(1e9, 1e8, 10.0, "forged")}
-    standby_job.leading.measured = {PEERS[2]: (0.1, 0.1)}
+    standby_job.leading.speed.timed = {PEERS[1]: Timed(1e9, 1e8, 0.2), PEERS[2]: Timed(1e9, 1e8, 10.0, "forged")}
+    standby_job.leading.speed.measured = {PEERS[2]: (0.1, 0.1)}
     assert choose_standby(standby_job, PEERS[0]) == PEERS[1]  # a failed challenge never stands by
-    standby_job.leading.timed = {}
-    standby_job.leading.discounts = {PEERS[2]: 50.0}
+    standby_job.leading.speed.timed = {}
+    standby_job.leading.speed.discounts = {PEERS[2]: 50.0}
     assert choose_standby(standby_job, PEERS[0]) == PEERS[1]  # nor a discounted member
 
 
@@ -258,5 +259,5 @@ def test_an_offer_of_8_tib_does_not_make_a_member_the_standby() -> None:
         ),
     )
     assert choose_standby(job, PEERS[0]) == PEERS[1]
-    job.leading.measured = {PEERS[1]: (0.1, 0.1), PEERS[2]: (0.1, 0.1)}
+    job.leading.speed.measured = {PEERS[1]: (0.1, 0.1), PEERS[2]: (0.1, 0.1)}
     assert choose_standby(job, PEERS[0]) == PEERS[1]

@@ -37,7 +37,7 @@ def _setup(serve: Any) -> tuple[Any, Any, str, bytes, list[tuple[str, int, str, 
     first = _peers(job)[0]
     data = _shard(0.5)
     report = {"name": "stage0-rank0.safetensors", "sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
-    job.leading = SimpleNamespace(reports={STEP: {first: report}})
+    job.leading = SimpleNamespace(commits=SimpleNamespace(reports={STEP: {first: report}}))
     job.job_id = "j" * 32
     asked: list[tuple[str, int, str, int]] = []
 

@@ -155,7 +155,8 @@ def test_with_diloco_a_place_the_leader_does_not_hold_is_settled_by_the_outer_st
 
 
 def test_the_shard_digests_are_the_first_replicas_reported_ones() -> None:
-    job = SimpleNamespace(leading=SimpleNamespace(reports={50: {"p": {"name": "s", "sha256": A, "size": 9}}}))
+    reports = {50: {"p": {"name": "s", "sha256": A, "size": 9}}}
+    job = SimpleNamespace(leading=SimpleNamespace(commits=SimpleNamespace(reports=reports)))
     assert witnesses.shard_digests(cast(Job, job), 50) == {"p": A}
     assert witnesses.shard_digests(cast(Job, job), 100) == {}
 
