@@ -39,11 +39,14 @@ planned alone beside the leader (:mod:`arceusd.jobs.probation`).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from protocol.job_wire import JobReport
+
+if TYPE_CHECKING:
+    from partitioner import Plan, Stage
 
 MAX_OFFER_MEMORY = 1 << 44
 """16 TiB: more memory than any one machine lends a job today; an offer above it is refused."""
@@ -158,7 +161,7 @@ def own_step_times(job: Any, me: str) -> dict[str, float]:
     }
 
 
-def pipelines(job: Any) -> list[Any]:
+def pipelines(job: Any) -> list[Plan]:
     """Every pipeline of the job's plan: each data-parallel replica's (the plan itself without replicas)."""
     if job.replica_plan is not None:
         return list(job.replica_plan.replicas)
@@ -211,7 +214,7 @@ BACKWARD_PER_FORWARD = 2.0
 neighbour waits only on its forward passes, about a third of its compute."""
 
 
-def _stage_view(stages: list[Any], k: int, waits: Mapping[str, LinkWaits]) -> tuple[float, list[str]] | None:
+def _stage_view(stages: Sequence[Stage], k: int, waits: Mapping[str, LinkWaits]) -> tuple[float, list[str]] | None:
     """Stage ``k``'s seconds per step as its pipeline neighbours saw it (the least of their views: the
     previous stage's wait for its gradients, the next stage's wait for its activations scaled to a whole
     step), and who saw it; None when a neighbour stage did not report or there is none."""
@@ -232,7 +235,7 @@ def _stage_view(stages: list[Any], k: int, waits: Mapping[str, LinkWaits]) -> tu
 
 
 def seen_by_neighbours(
-    plan: Any, waits: Mapping[str, LinkWaits], compute: Mapping[str, float], leader: str, step_s: float | None
+    plan: Plan, waits: Mapping[str, LinkWaits], compute: Mapping[str, float], leader: str, step_s: float | None
 ) -> dict[str, float]:
     """Each member's seconds per step as the devices it works with saw it, never more than ``step_s`` (the
     leader's own step time, on its own clock; None: nothing is seen). ``compute``: each device's reported

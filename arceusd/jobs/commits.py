@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
 
 import trio
 
@@ -142,7 +141,7 @@ class Commits:
         log.info("job %s: checkpoint %d committed", job.job_id, step)
         return None, stop, ""
 
-    def _commit_manifest(self, root: Path, manifest: Any, keep: int) -> None:
+    def _commit_manifest(self, root: Path, manifest: Manifest, keep: int) -> None:
         """Check the shards against ``manifest`` and sign it (a thread: file reads and hashing)."""
         commit_manifest(root, manifest, self.ctx.node.identity, keep)
 

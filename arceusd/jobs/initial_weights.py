@@ -19,13 +19,16 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from arceusd.jobs.job_paths import JobPaths
 from arceusd.jobs.spec_types import resolve_path
 from arceusd.models.hf.config import HFModelConfig
 from arceusd.models.hf.weights_check import MAX_HEADER_BYTES
 from arceusd.models.hf.weights_slice import SliceEntry, WeightsSliceError, place_keys, slice_layout, slice_size
+
+if TYPE_CHECKING:
+    from partitioner import ReplicaPlan
 
 """The standby's whole copy of the owner's weights file (what it serves and reads if it takes over)."""
 
@@ -61,7 +64,7 @@ def leader_weights(job_dir: Path, owner: bool, model: object, base_dir: Path | N
     return path if path.is_file() else None
 
 
-def place_of(replica_plan: Any, peer: str) -> tuple[int, int] | None:
+def place_of(replica_plan: ReplicaPlan, peer: str) -> tuple[int, int] | None:
     """The block range ``[start, end)`` of ``peer``'s stage in the plan (any replica), or None."""
     for the_plan in replica_plan.replicas:
         for stage in the_plan.stages:

@@ -156,7 +156,7 @@ class Job:
     # leadership: the owner leads until it dies; then the plan's standby (elected) takes over
     leader_address: str = ""  # where the device this one takes commands from (core.leader) listens
     standby_data: dict[str, Any] | None = None  # on the standby: the data entry of its checked copy
-    standby_offers: dict[str, Any] = field(default_factory=dict)  # on the standby: the plan members' offers
+    standby_offers: dict[str, Offer] = field(default_factory=dict)  # on the standby: the plan members' offers
     sync_lock: trio.Lock = field(default_factory=trio.Lock)
     shapes_lock: trio.Lock = field(default_factory=trio.Lock)  # one child computes a plan's shard shapes
     commit_lock: trio.Lock = field(default_factory=trio.Lock)  # the leader commits one checkpoint at a time
@@ -497,7 +497,7 @@ class Job:
             return None
         planned = {} if self.inputs is None else {d.peer_id: d.flops_per_s for d in self.inputs.devices}
 
-        def stages(the_plan: Any) -> list[dict[str, Any]]:
+        def stages(the_plan: Plan) -> list[dict[str, Any]]:
             return [
                 {
                     "index": s.index,

@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 import trio
 
@@ -68,6 +68,21 @@ class Recovery:
         }
 
 
+class ShardEntry(TypedDict):
+    """A member's checkpoint shard as its checked report described it (:mod:`arceusd.jobs.shard_checks`)."""
+
+    name: str
+    sha256: str
+    size: int
+
+
+class Cursor(TypedDict):
+    """Where the data sampler stood at a checkpoint (the first shard writer's report)."""
+
+    epoch: int
+    step: int
+
+
 @dataclass
 class LeaderLoop:
     """The leader's loop and the plan it starts (:mod:`arceusd.jobs.driver`, :mod:`arceusd.jobs.starting`)."""
@@ -85,8 +100,8 @@ class CommitBook:
     """The reports gathered towards each commit, and the commits (the leader's judging of reports in
     :mod:`arceusd.jobs.local_worker`, :mod:`arceusd.jobs.commits`)."""
 
-    reports: dict[int, dict[str, dict[str, Any]]] = field(default_factory=dict)  # step -> peer -> shard
-    cursors: dict[int, Any] = field(default_factory=dict)
+    reports: dict[int, dict[str, ShardEntry]] = field(default_factory=dict)  # step -> peer -> shard
+    cursors: dict[int, Cursor] = field(default_factory=dict)  # step -> the sampler's cursor
     witnesses: dict[int, dict[str, str]] = field(default_factory=dict)  # step -> peer -> digest (replicas)
     outer_witnesses: dict[int, dict[str, str]] = field(default_factory=dict)
     """DiLoCo witness disputes: step -> first-replica device -> the witness its shard holds (jobs.witness_shards;
@@ -163,10 +178,12 @@ class LeaderRecord:
 __all__ = [
     "MAX_CHECKPOINTS",
     "CommitBook",
+    "Cursor",
     "LeaderLoop",
     "LeaderRecord",
     "ProbationBook",
     "Recovery",
     "ReportChecks",
+    "ShardEntry",
     "SpeedBook",
 ]

@@ -15,7 +15,7 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -40,11 +40,14 @@ from arceusd.jobs.supervisor import WorkerFailed, WorkerProcess
 from arceusd.jobs.transfers import job_weights, leader_data
 from arceusd.jobs.warm_starts import preloads_for, warm_starts
 from arceusd.models.hf.weights_slice import WeightsSliceError
-from arceusd.worker.protocol import WorkerConfig
+from arceusd.worker.protocol import ResumeConfig, WorkerConfig
 from protocol.envelope import Header
 from protocol.errors import RemoteProtocolError
 from protocol.job_wire import JobAck, JobGo, JobReport, JobStart, JobStartReply, ReportKind
 from protocol.validation import member_ids
+
+if TYPE_CHECKING:
+    from partitioner import Plan
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +147,9 @@ class LocalWorker:
             )
         return reply
 
-    async def start_worker(self, job: Job, resume: Any = None, weights: Path | None = None) -> JobStartReply:
+    async def start_worker(
+        self, job: Job, resume: ResumeConfig | None = None, weights: Path | None = None
+    ) -> JobStartReply:
         """Start this device's worker for its place in ``job.replica_plan`` (its replica's stages; with
         replicas, every replica's stages and how they sync). ``weights``: a member's slice of the job's initial
         weights (:meth:`arceusd.jobs.transfers.Transfers.fetch_weights`); a leader's worker reads its whole file."""
@@ -455,7 +460,7 @@ def worker_device(kind: str) -> str:
     return kind if kind in ("cuda", "mps") else "cpu"
 
 
-def _schedule(job: Job, the_plan: Any) -> str:
+def _schedule(job: Job, the_plan: Plan) -> str:
     forced = job.spec.training.schedule
     return str(the_plan.schedule if forced == "auto" else forced)
 

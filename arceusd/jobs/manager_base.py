@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -49,7 +50,7 @@ class JobContext:
         self.node = node
         self.peers = peers
         self.jobs: dict[str, Job] = {}
-        self._offer: Any = None
+        self._offer: Offer | None = None
         self._nursery: trio.Nursery | None = None  # set by the service while it runs
         self.root = node.paths.jobs_dir
         self.transfers = Transfers(peers, self.jobs, node.identity.peer_id, self.elected)
@@ -94,7 +95,7 @@ class JobContext:
         known = known_jobs(self.known, job_receipts(self.node), self.node.identity.peer_id, self.jobs)
         return held + [k.summary() for k in known]
 
-    def spawn(self, fn: Any, *args: Any) -> None:
+    def spawn(self, fn: Callable[..., Awaitable[object]], *args: object) -> None:
         """Run ``fn(*args)`` in the manager's nursery; a failure is logged (and fails its job when it is the
         leader loop), never allowed to take the daemon down."""
         assert self._nursery is not None
@@ -111,7 +112,7 @@ class JobContext:
 
         self._nursery.start_soon(guarded)
 
-    async def offer(self) -> Any:
+    async def offer(self) -> Offer:
         """This device's offer (measured once in a child process, cached on disk for a day); the memory it lends
         is capped by ``lend_memory_mib`` when the device's owner set one."""
         if self._offer is None:

@@ -29,12 +29,14 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from arceusd.jobs import claims
 
 if TYPE_CHECKING:
     from arceusd.jobs.leader_record import ProbationBook
+    from arceusd.jobs.planning import Offer
+    from partitioner import Plan
 
 CONTRADICTION = 0.5
 """Two neighbours that each say they waited on the other at least this share of the leader's step contradict
@@ -42,7 +44,7 @@ each other (an honest pipeline's fill and drain make both wait a third of it at 
 
 
 def disputes(
-    plan: Any, waits: Mapping[str, claims.LinkWaits], leader: str, step_s: float | None
+    plan: Plan, waits: Mapping[str, claims.LinkWaits], leader: str, step_s: float | None
 ) -> list[tuple[str, ...]]:
     """Members that contradict each other, each waiting at least :data:`CONTRADICTION` of ``step_s`` (the
     leader's own step) and :data:`claims.MIN_EXCESS_S`:
@@ -74,7 +76,7 @@ def disputes(
     return found
 
 
-def _distance(pipelines: Sequence[Any], peer: str, leader: str) -> int:
+def _distance(pipelines: Sequence[Plan], peer: str, leader: str) -> int:
     """Stages between ``peer`` and the leader in ``peer``'s pipeline (the whole pipeline when the leader is in
     another replica's)."""
     for plan in pipelines:
@@ -84,7 +86,7 @@ def _distance(pipelines: Sequence[Any], peer: str, leader: str) -> int:
     return 0
 
 
-def probation_offers(offers: Sequence[Any], leader: str, on_probation: str) -> list[Any]:
+def probation_offers(offers: Sequence[Offer], leader: str, on_probation: str) -> list[Offer]:
     """The offers a plan is made from: only the leader's and the member on probation's while there is one (and
     both are members), every offer otherwise."""
     if not on_probation or not {leader, on_probation} <= {o.peer_id for o in offers}:
@@ -95,7 +97,7 @@ def probation_offers(offers: Sequence[Any], leader: str, on_probation: str) -> l
 def judge(
     book: ProbationBook,
     discounts: Mapping[str, float],
-    pipelines: Sequence[Any],
+    pipelines: Sequence[Plan],
     found: Sequence[tuple[str, ...]],
     leader: str,
 ) -> str:

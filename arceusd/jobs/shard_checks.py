@@ -28,7 +28,7 @@ import enum
 import logging
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -36,10 +36,14 @@ from arceusd.files.checkpoint import shard_file_name, step_dir
 from arceusd.jobs import filework
 from arceusd.jobs.core import JobState
 from arceusd.jobs.job import Job
+from arceusd.jobs.leader_record import ShardEntry
 from arceusd.jobs.planning import encode_start
 from arceusd.jobs.plausibility import implausible, merge
 from arceusd.jobs.shard_scan import ShardScanError, scan_all, scan_shard
 from protocol.job_wire import JobReport
+
+if TYPE_CHECKING:
+    from partitioner import Plan, PlanInputs
 
 SIZE_MARGIN = 2
 """A shard holds its share's parameters and optimizer state (what the planner's inputs count), plus a little."""
@@ -70,7 +74,7 @@ class ReportRefused(Exception):
         self.problem = problem
 
 
-def plan_position(plan: Any, peer: str) -> tuple[int, int] | None:
+def plan_position(plan: Plan, peer: str) -> tuple[int, int] | None:
     """``(stage, rank)`` of ``peer`` in ``plan`` (the order the workers use), or None when it holds no share."""
     for s, stage in enumerate(plan.stages):
         for r, share in enumerate(stage.shares):
@@ -79,13 +83,13 @@ def plan_position(plan: Any, peer: str) -> tuple[int, int] | None:
     return None
 
 
-def expected_shard_name(plan: Any, peer: str) -> str | None:
+def expected_shard_name(plan: Plan, peer: str) -> str | None:
     """The file name ``peer``'s worker writes its shard under in ``plan``."""
     position = plan_position(plan, peer)
     return None if position is None else shard_file_name(*position)
 
 
-def shard_size_bound(plan: Any, inputs: Any, peer: str) -> int | None:
+def shard_size_bound(plan: Plan, inputs: PlanInputs | None, peer: str) -> int | None:
     """The most bytes ``peer``'s shard may have under ``plan``: its stage's blocks' parameter and optimizer bytes
     (the planner's inputs, computed here from the spec) times :data:`SIZE_MARGIN`, plus :data:`HEADER_ALLOWANCE`.
     A tensor-parallel share holds part of that; a whole stage is the bound for each."""
@@ -97,7 +101,7 @@ def shard_size_bound(plan: Any, inputs: Any, peer: str) -> int | None:
     return int(state) * SIZE_MARGIN + HEADER_ALLOWANCE
 
 
-def check_checkpoint_report(job: Job, peer: str, report: JobReport) -> tuple[int, dict[str, Any]]:
+def check_checkpoint_report(job: Job, peer: str, report: JobReport) -> tuple[int, ShardEntry]:
     """The step and the shard record (name derived from the plan, size and digest checked) of ``peer``'s
     checkpoint report (its typed fields, as the codec bounded them); :class:`ReportRefused` names what is wrong."""
     if job.plan is None:
@@ -125,7 +129,7 @@ def check_checkpoint_report(job: Job, peer: str, report: JobReport) -> tuple[int
         )
     if _SHA256.fullmatch(shard.sha256) is None:
         raise ReportRefused(ReportProblem.DIGEST, "the shard's sha256 is not 64 lowercase hex characters")
-    return step, {"name": name, "sha256": shard.sha256, "size": shard.size}
+    return step, ShardEntry(name=name, sha256=shard.sha256, size=shard.size)
 
 
 def exclude(job: Job, peer: str, refused: ReportRefused) -> str:

@@ -12,11 +12,10 @@ sends the owner the final checkpoint the same way, and the owner exports the mod
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import trio
 
-from arceusd.files.checkpoint import MANIFEST_NAME, CheckpointError, parse_manifest, prune, step_dir
+from arceusd.files.checkpoint import MANIFEST_NAME, CheckpointError, Manifest, parse_manifest, prune, step_dir
 from arceusd.jobs import leadership
 from arceusd.jobs.core import Role
 from arceusd.jobs.core.events import FollowsOther, StandbyCommitted
@@ -138,7 +137,7 @@ class StandbySyncing:
                 await self.life.export(job, msg.step, [folder / r.name for r in manifest.shards])
         return JobAck(bool(job.model_path), job.error[:400])
 
-    async def _standby_copy(self, job: Job, leader: str, msg: StandbySync, manifest: Any) -> None:
+    async def _standby_copy(self, job: Job, leader: str, msg: StandbySync, manifest: Manifest) -> None:
         """Standby: copy the data and the initial weights (once) and the leader's shards of a committed step;
         each is checked before it is kept; the manifest is written last, so a step is complete here only when all
         of it is."""

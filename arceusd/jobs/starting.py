@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
 
 import trio
 
@@ -48,7 +47,7 @@ class Starting:
         self.life = life
         self.local = local
         self.commits = commits
-        self._links: dict[str, tuple[float, Any]] = {}  # peer -> (when measured, partitioner Link)
+        self._links: dict[str, tuple[float, Link]] = {}  # peer -> (when measured, partitioner Link)
 
     async def plan(self, job: Job) -> None:
         """The core's ``Plan``: plan over ``job.members`` and tell the core what came of it."""
@@ -239,13 +238,14 @@ class Starting:
             await one(peer)
         return unacknowledged
 
-    async def _measure_links(self, job: Job) -> dict[str, Any]:
+    async def _measure_links(self, job: Job) -> dict[str, Link]:
         """Leader: the link to each member, measured over the transport (``arceusd.device.profile.measure_link``: round
         trip, bandwidth, per-message cost) one member at a time, reused for :data:`LINK_TTL_S`. A member that
         does not echo in time keeps the defaults (round trip from membership, nominal bandwidth)."""
         from arceusd.device.profile import measure_link  # local: off the daemon's start
 
-        me, now, out = self.ctx.node.identity.peer_id, time.monotonic(), {}
+        me, now = self.ctx.node.identity.peer_id, time.monotonic()
+        out: dict[str, Link] = {}
         for peer in sorted(job.members):
             if peer == me:
                 continue

@@ -24,7 +24,7 @@ import os
 import shutil
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
@@ -38,7 +38,7 @@ from arceusd.jobs.initial_weights import (
     write_parts,
 )
 from arceusd.jobs.job import Job
-from arceusd.jobs.recovery import ResumeError, check_file
+from arceusd.jobs.recovery import ResumeError, ResumeFile, check_file
 from arceusd.jobs.spec_types import resolve_path
 from arceusd.models.hf.weights_slice import (
     WeightsSliceError,
@@ -62,7 +62,13 @@ from protocol.job_wire import (
     WeightsRequest,
 )
 
+if TYPE_CHECKING:
+    from partitioner import ReplicaPlan
+
 log = logging.getLogger(__name__)
+
+ChunkRequest = ShardRequest | ResumeRequest | DataRequest | WeightsRequest
+"""A request for one piece of a file another device serves (:meth:`Transfers.download`)."""
 
 MAX_DATA_FILE = 1 << 34
 """A data file the standby copies is checked against the spec's digest once whole; this bounds it until then."""
@@ -87,12 +93,12 @@ class Transfers:
         self.jobs = jobs
         self.me = me
         self._elected = elected
-        self._grown: dict[str, tuple[int, Any]] = {}  # job id -> (epoch, a grown plan its spares start in)
+        self._grown: dict[str, tuple[int, ReplicaPlan]] = {}  # job id -> (epoch, a grown plan its spares start in)
 
     def _leads(self, job: Job) -> bool:
         return job.leader == self.me
 
-    def grown(self, job: Job, replica_plan: Any) -> None:
+    def grown(self, job: Job, replica_plan: ReplicaPlan) -> None:
         """Leader: spares start in ``replica_plan`` (a dropped replica rebuilt, :mod:`arceusd.jobs.regrow`) in
         this epoch, before it becomes the job's plan: their places in it may fetch initial weights."""
         self._grown[job.job_id] = (job.epoch, replica_plan)
@@ -105,7 +111,9 @@ class Transfers:
         return place
 
     # ---------------------------------------------------------------------------------------------- fetching
-    async def download(self, job: Job, peer: str, address: str, request: Any, limit: int) -> bytes | None:
+    async def download(
+        self, job: Job, peer: str, address: str, request: Callable[[int], ChunkRequest], limit: int
+    ) -> bytes | None:
         """A file of at most ``limit`` bytes in :data:`SHARD_CHUNK` pieces: ``request(offset)`` is the message for
         the next piece. ``limit`` comes from what this device signed or computed (a manifest record, the plan's
         share, a resume record), never from the sender: a larger total is refused before the first byte is kept."""
@@ -140,7 +148,7 @@ class Transfers:
             job, peer, offer.address, lambda offset: ShardRequest(job.job_id, step, name, offset), record.size
         )
 
-    async def fetch_resume(self, job: Job, leader: str, step: int, mine: Any) -> Any:
+    async def fetch_resume(self, job: Job, leader: str, step: int, mine: ResumeFile) -> ResumeConfig:
         """Download this device's resume slice from the leader, check it, store it; its ResumeConfig."""
         data = await self.download(
             job,
@@ -228,13 +236,11 @@ class Transfers:
         for name in msg.shards:
             if await trio.to_thread.run_sync(file_matches, folder / name, records[name]):
                 continue
-            data = await self.download(
-                job,
-                leader,
-                job.leader_address,
-                lambda offset, n=name: ShardRequest(job.job_id, msg.step, n, offset),
-                records[name].size,
-            )
+
+            def piece(offset: int, n: str = name) -> ShardRequest:
+                return ShardRequest(job.job_id, msg.step, n, offset)
+
+            data = await self.download(job, leader, job.leader_address, piece, records[name].size)
             if data is None or not matches(data, records[name]):
                 return name
             await trio.to_thread.run_sync(atomic_write, folder / name, data)
@@ -249,13 +255,11 @@ class Transfers:
 
         folder = job.paths.data
         for index, name in enumerate(names):
-            data = await self.download(
-                job,
-                leader,
-                job.leader_address,
-                lambda offset, i=index: DataRequest(job.job_id, i, offset),
-                MAX_DATA_FILE,
-            )
+
+            def data_piece(offset: int, i: int = index) -> DataRequest:
+                return DataRequest(job.job_id, i, offset)
+
+            data = await self.download(job, leader, job.leader_address, data_piece, MAX_DATA_FILE)
             if data is None:
                 log.warning("job %s: the leader did not serve data file %s", job.job_id, name)
                 break

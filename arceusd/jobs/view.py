@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import math
 import textwrap
-from typing import Any
+from typing import Any, TypeGuard
 
 
-def _num(value: Any, fmt: str = ".4f") -> str:
+def _num(value: object, fmt: str = ".4f") -> str:
     return format(value, fmt) if isinstance(value, int | float) else "-"
 
 
-def _ms(seconds: Any) -> str:
+def _ms(seconds: object) -> str:
     return f"{seconds * 1000:.1f} ms" if isinstance(seconds, int | float) else "-"
 
 
-def block_range(blocks: Any) -> str:
+def block_range(blocks: object) -> str:
     """A stage's blocks as every view writes them: ``[start, end)`` from the plan as ``2-5`` (both ends held) or
     ``3`` (issue 31: the CLI, ``--watch`` and the dashboard wrote three forms, one of which read as overlapping
     stages); the dashboard's ``app.js`` ``blockRange`` follows the same rule."""
@@ -25,24 +25,24 @@ def block_range(blocks: Any) -> str:
     return f"{first}" if first == last else f"{first}-{last}"
 
 
-def _number(value: Any) -> bool:
+def _number(value: object) -> TypeGuard[int | float]:
     """Whether ``value`` is a finite int or float (not a bool): something a view writes as a figure."""
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def usd(value: Any) -> str:
+def usd(value: object) -> str:
     """Dollars as every view writes them: ``$0.0020`` (four places), ``-`` when there is no number."""
     return f"${value:.4f}" if _number(value) else "-"
 
 
-def usd_per_hour(value: Any) -> str:
+def usd_per_hour(value: object) -> str:
     """A price as every view writes it: ``$0.0020/h`` (issue 31: the dashboard printed ``$0.002``); the
     dashboard gets these strings from the server (``arceusd.dashboard.data``), it formats no price itself."""
     shown = usd(value)
     return shown + "/h" if shown != "-" else "-"
 
 
-def count(value: Any) -> str:
+def count(value: object) -> str:
     """A count as every view writes it: a whole number (``3``, never ``3.000``); ``-`` when there is none."""
     return str(int(value)) if _number(value) and value == int(value) else "-"
 

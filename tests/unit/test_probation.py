@@ -54,7 +54,7 @@ def test_a_dispute_puts_the_member_farther_from_the_leader_on_probation_then_the
     assert probation.judge(lead, discounts, [PLAN], found, "L") == ""  # one report is not enough
     reason = probation.judge(lead, discounts, [PLAN], found, "L")
     assert lead.member == "x" and "planning x alone beside the leader" in reason
-    offers = [SimpleNamespace(peer_id=p) for p in ("L", "v", "x")]
+    offers: list[Any] = [SimpleNamespace(peer_id=p) for p in ("L", "v", "x")]
     assert [o.peer_id for o in probation.probation_offers(offers, "L", lead.member)] == ["L", "x"]
     assert len(probation.probation_offers(offers, "L", "")) == 3
     assert len(probation.probation_offers(offers[:2], "L", "x")) == 2  # x left: every member's offer

@@ -55,7 +55,11 @@ def report(name: str, size: int = 500, step: int = 20, sha: str = "0" * 64) -> J
 
 def test_the_shard_name_comes_from_the_plan() -> None:
     job = fake_job()
-    assert shard_checks.expected_shard_name(job.plan, PEERS[1]) == shard_file_name(1, 0) == "stage1-rank0.safetensors"
+    assert (
+        shard_checks.expected_shard_name(cast(Any, job.plan), PEERS[1])
+        == shard_file_name(1, 0)
+        == "stage1-rank0.safetensors"
+    )
     step, shard = shard_checks.check_checkpoint_report(job, PEERS[1], report("stage1-rank0.safetensors"))
     assert (step, shard["name"], shard["size"]) == (20, "stage1-rank0.safetensors", 500)
     for bad in ("/root/.ssh/authorized_keys", "../../x.safetensors", "stage0-rank0.safetensors", ""):
@@ -66,7 +70,7 @@ def test_the_shard_name_comes_from_the_plan() -> None:
 
 def test_sizes_are_bounded_by_the_plans_share_and_a_16_gib_claim_is_refused() -> None:
     job = fake_job()
-    bound = shard_checks.shard_size_bound(job.plan, job.inputs, PEERS[0])
+    bound = shard_checks.shard_size_bound(cast(Any, job.plan), job.inputs, PEERS[0])
     assert bound == 2 * 2000 + shard_checks.HEADER_ALLOWANCE
     shard_checks.check_checkpoint_report(job, PEERS[0], report("stage0-rank0.safetensors", size=bound))
     for size in (bound + 1, 16 << 30, 0, -1, -(2**63)):  # a bool or a str is no size: the codec refuses it
