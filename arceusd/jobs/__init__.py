@@ -33,7 +33,7 @@ per checkpoint interval; the leader's own replica too, its worker then serving t
 train on, then spares rebuild it
 from the checkpoint the others hold at (core: HoldAt, Regrow -> regrow -> Regrown); a member that refuses
 two starts in a row is excluded (core: Exclude), as is one whose worker fails a plan first, or whose shard
-serving fails a commit (``CommitFailed.culprit``), twice in a row; the leader dead -> the elected standby takes over
+serving fails a commit (``CommitFailed.culprit``) or a DiLoCo witness dispute (``ShardWithheld``), twice in a row; the leader dead -> the elected standby takes over
 (manager.take_over -> core: TakeoverReady); an owner whose members follow another leader hands the job over
 (joining.hand_over -> core: HandOverAnswered).
 

@@ -405,7 +405,11 @@ class LocalWorker:
         got = await witness_shards.outer_witnesses(self.ctx, job, step, peers)
         if job.core.stamp != stamp or step in job.leading.commits.complete or not self.ctx.leads(job):
             return
-        job.leading.commits.outer_witnesses[step] = got
+        for peer, why in got.withheld.items():  # its serving blamed, as at a commit
+            self.life.feed(job, events.ShardWithheld(stamp, peer, why))
+        if job.core.stamp != stamp:
+            return  # excluded: the job plans again without it
+        job.leading.commits.outer_witnesses[step] = got.witnesses
         self._when_complete(job, step)
 
     def _judge_claims(self, job: Job) -> str:

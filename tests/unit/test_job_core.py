@@ -630,6 +630,23 @@ def test_a_final_commit_a_member_does_not_serve_excludes_it_instead_of_failing_t
     assert state(core) == JobState.RECOVERING
 
 
+def test_a_member_withholding_its_shard_at_two_witness_disputes_in_a_row_is_excluded() -> None:
+    """Issue #29 item 6, DiLoCo: a first-replica member that lies about its witness and does not serve the shard
+    that would settle it made every dispute word against word and spent the job's restarts. Each withheld shard
+    counts as a failed serving (once per spacing); twice with no commit between exclude it; a commit clears it."""
+    core = running(total=100, members=(ME, B, C), min_members=3)
+    assert core.handle(e.ShardWithheld(core.stamp, C, "not served"), 0.0) == []
+    assert core.handle(e.ShardWithheld(core.stamp, C, "not served"), 1.0) == []  # the same moment: once
+    assert core.handle(e.ShardWithheld(core.stamp, ME, "not served"), 30.0) == []  # never itself
+    assert core.handle(e.ShardWithheld(Stamp(0, 0), C, "not served"), 30.0) == []  # a stale plan's
+    checkpoint(core, 20)
+    core.handle(e.CommitDone(core.stamp, 20), 0.0)  # a commit between: counted afresh
+    assert core.handle(e.ShardWithheld(core.stamp, C, "not served"), 40.0) == []
+    out = core.handle(e.ShardWithheld(core.stamp, C, "shard x not served"), 60.0)
+    assert [x.peer for x in find(out, a.Exclude)] == [C] and state(core) == JobState.RECOVERING
+    assert "serving failed 2 times in a row (shard x not served)" in core.error
+
+
 def test_the_core_owns_the_members_the_standby_and_the_go_guard() -> None:
     """Issue 32 item 2: one owner per fact. Membership, whom the owner announced to, the plan's standby and the
     "go only once" guard live in the core alone; the job's I/O reads them there."""

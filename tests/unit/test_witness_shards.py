@@ -1,6 +1,6 @@
 """The leader's copy of a first-replica device's shard at a DiLoCo witness dispute (``arceusd.jobs.witness_shards``),
-against a fake transfer: the witness rebuilt from the bytes it served when they are what it reported, ``""`` (word
-against word) when they are not, when nothing came, or when copying failed."""
+against a fake transfer: the witness rebuilt from the bytes it served when they are what it reported; ``""`` (word
+against word) when they are not or nothing came (its serving blamed: ``withheld``), or when copying failed here."""
 
 from __future__ import annotations
 
@@ -39,6 +39,7 @@ def _setup(serve: Any) -> tuple[Any, Any, str, bytes, list[tuple[str, int, str, 
     report = {"name": "stage0-rank0.safetensors", "sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
     job.leading = SimpleNamespace(commits=SimpleNamespace(reports={STEP: {first: report}}))
     job.job_id = "j" * 32
+    job.members = {first: object()}
     asked: list[tuple[str, int, str, int]] = []
 
     async def fetch_shard(j: Any, peer: str, step: int, record: Any) -> bytes | None:
@@ -49,8 +50,8 @@ def _setup(serve: Any) -> tuple[Any, Any, str, bytes, list[tuple[str, int, str, 
     return ctx, job, first, data, asked
 
 
-def _read(ctx: Any, job: Any, peers: list[str]) -> dict[str, str]:
-    async def go() -> dict[str, str]:
+def _read(ctx: Any, job: Any, peers: list[str]) -> witness_shards.Read:
+    async def go() -> witness_shards.Read:
         return await witness_shards.outer_witnesses(cast(JobContext, ctx), cast(Job, job), STEP, peers)
 
     return trio.run(go)
@@ -61,7 +62,8 @@ def test_the_witness_is_rebuilt_from_the_shard_it_reported_and_asked_for_by_its_
     place = witnesses.place(cast(Job, job), first)
     assert place is not None
     got = _read(ctx, job, [first])
-    assert got == {first: outer_witness.from_shard(data, STEP, *place)} and got[first]
+    assert got.witnesses == {first: outer_witness.from_shard(data, STEP, *place)} and got.witnesses[first]
+    assert got.withheld == {}
     assert asked == [(first, STEP, "stage0-rank0.safetensors", len(data))]  # the name and size it reported
 
 
@@ -69,9 +71,14 @@ def test_a_shard_not_served_as_reported_or_not_at_all_leaves_the_dispute_open() 
     def boom(d: bytes) -> bytes:
         raise RuntimeError("the link broke")
 
-    for serve in (lambda d: None, lambda d: _shard(9.0), lambda d: d[:-1], boom):
+    for serve in (lambda d: None, lambda d: _shard(9.0), lambda d: d[:-1]):  # its doing: its serving is blamed
         ctx, job, first, _, _ = _setup(serve)
-        assert _read(ctx, job, [first]) == {first: ""}
+        got = _read(ctx, job, [first])
+        assert got.witnesses == {first: ""} and "was not served by" in got.withheld[first], got
+    ctx, job, first, _, _ = _setup(boom)  # this side's trouble: open, nobody blamed
+    assert _read(ctx, job, [first]) == witness_shards.Read({first: ""}, {})
     ctx, job, first, _, asked = _setup(lambda d: d)
     stranger = "f" * 32  # no report, no place: nothing is asked
-    assert _read(ctx, job, [stranger]) == {stranger: ""} and asked == []
+    assert _read(ctx, job, [stranger]) == witness_shards.Read({stranger: ""}, {}) and asked == []
+    job.members = {}  # it left the job: not asked, not blamed
+    assert _read(ctx, job, [first]) == witness_shards.Read({first: ""}, {}) and asked == []

@@ -147,6 +147,17 @@ class CommitDone:
 
 
 @dataclass(frozen=True, slots=True)
+class ShardWithheld:
+    """Leader: at a witness dispute of plan ``stamp`` (DiLoCo, a place it does not hold), the first replica's
+    device ``peer`` did not serve the checkpoint shard it reported (``error``): counted as a failure of its shard
+    serving, as a commit's is (``CommitFailed.culprit``)."""
+
+    stamp: Stamp
+    peer: str
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
 class CommitFailed:
     """Leader: committing checkpoint ``step`` of plan ``stamp`` failed with ``error``; ``culprit``: the member whose
     part failed it (its shard not served within its bound and time), or ``""`` when none can be named."""
@@ -313,6 +324,7 @@ Event = (
     | WorkerFailed
     | CommitDone
     | CommitFailed
+    | ShardWithheld
     | ExportDone
     | ExportFailed
     | Tick
@@ -365,6 +377,7 @@ __all__ = [
     "Regrown",
     "ReplicaDropped",
     "RestartAsked",
+    "ShardWithheld",
     "StandbyCommitted",
     "StartAnswered",
     "StartReceived",

@@ -384,6 +384,8 @@ class JobCore:
             return self._commit_done(event)
         if isinstance(event, e.CommitFailed):
             return self._commit_failed(event, now)
+        if isinstance(event, e.ShardWithheld):
+            return self._shard_withheld(event, now)
         if isinstance(event, e.HoldAt):
             if event.stamp == self.stamp and lead.regrow:
                 lead.regrow, lead.regrow_at = event.step > 0, event.step
@@ -574,6 +576,24 @@ class JobCore:
             lead.regrow, lead.regrow_at = False, 0
             return [a.ReleaseHold(self.stamp), *self._commit_failed_decision(event, attempt)]
         return self._commit_failed_decision(event, attempt)
+
+    def _shard_withheld(self, event: e.ShardWithheld, now: float) -> list[a.Action]:
+        """A shard not served at a witness dispute counts like one not served at a commit (once per
+        :data:`SERVE_BLAME_SPACING_S`; :data:`MAX_BLAMED_FAILURES` in a row, no commit between, exclude it): a
+        first-replica member that lies about its witness and withholds its shard no longer spends the job's
+        restarts."""
+        lead = self.lead
+        assert lead is not None
+        peer = event.peer
+        if event.stamp != self.stamp or peer == self.me or peer not in lead.plan:
+            return []
+        if now < lead.serve_blamed_at.get(peer, -1e18) + SERVE_BLAME_SPACING_S:
+            return []
+        lead.serve_blamed_at[peer] = now
+        count = lead.serve_failures[peer] = lead.serve_failures.get(peer, 0) + 1
+        if count < MAX_BLAMED_FAILURES:
+            return []
+        return self._exclude(peer, f"its shard serving failed {count} times in a row ({event.error[:200]})")
 
     def _counts_as_new_blame(self, culprit: str, event: e.CommitFailed, now: float) -> bool:
         """Whether this serving failure of ``culprit`` counts: once per :data:`SERVE_BLAME_SPACING_S` across
