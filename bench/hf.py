@@ -9,17 +9,25 @@ Part 2 (skipped with ``--no-swarm``): the swarm against the plain loop: 2 local 
 ``examples/llama-shakespeare.toml``'s model for a fixed time (tokens/s from ``status``, the job's one rate:
 ``arceusd.jobs.throughput``) against a plain ``transformers`` loop of the same model and batch given every core.
 
-    python bench/hf.py [--quick] [--no-swarm]
+With ``--device cuda`` (bf16 autocast, as a worker of a ``precision = "bf16"`` job trains): part 1 on the GPU
+with larger models; part 2 is one GPU daemon alone (a Llama of :data:`GPU_LLAMA`'s shape, ``precision = "bf16"``)
+against a plain ``transformers`` loop of the same model and batch on that GPU: goal at least 0.9x. About three
+minutes on an H100 (``bench/gpu_check.sh`` runs it).
+
+    python bench/hf.py [--quick] [--no-swarm] [--device cpu|cuda]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -100,29 +108,52 @@ class Plain(nn.Module):
         return self.model(input_ids=ids).logits  # type: ignore[no-any-return]
 
 
+DEVICE = "cpu"
+"""Where the bench trains (``--device``); on ``cuda`` every step runs under bf16 autocast."""
+
+
+@contextlib.contextmanager
+def precision() -> Iterator[None]:
+    """bf16 autocast on a GPU (the worker's ``precision = "bf16"``), nothing on the CPU."""
+    if DEVICE == "cpu":
+        yield
+    else:
+        with torch.autocast(DEVICE, dtype=torch.bfloat16):
+            yield
+
+
+def sync() -> None:
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
 class Trainer:
     """AdamW training steps of one model on fixed random ids."""
 
     def __init__(self, model: nn.Module, batch: int, context: int, vocab: int) -> None:
         gen = torch.Generator().manual_seed(0)
-        ids = torch.randint(0, vocab, (batch, context + 1), generator=gen)
+        ids = torch.randint(0, vocab, (batch, context + 1), generator=gen).to(DEVICE)
         self.x, self.y = ids[:, :-1], ids[:, 1:]
-        self.model = model
+        self.model = model.to(DEVICE)
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
         self.tokens = batch * context
         self.step()  # warm-up
+        self.step()
 
     def step(self) -> None:
         self.optimizer.zero_grad()
-        logits = self.model(self.x)
-        loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), self.y.reshape(-1))
+        with precision():
+            logits = self.model(self.x)
+            loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), self.y.reshape(-1))
         loss.backward()  # type: ignore[no-untyped-call]
         self.optimizer.step()
 
     def timed(self, steps: int) -> float:
+        sync()
         began = time.perf_counter()
         for _ in range(steps):
             self.step()
+        sync()
         return steps * self.tokens / (time.perf_counter() - began)
 
 
@@ -135,15 +166,27 @@ def compare(
     for _ in range(rounds):
         best_a = max(best_a, ta.timed(steps))
         best_b = max(best_b, tb.timed(steps))
+    del ta, tb
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()
     return best_a, best_b
 
 
 def part_one(quick: bool) -> None:
-    layers, width, heads, context, vocab, batch = (2, 256, 4, 128, 4096, 8) if quick else (6, 384, 6, 256, 8192, 8)
-    steps, rounds = (3, 3) if quick else (5, 5)
+    if DEVICE == "cuda":  # a GPT-2-small-like shape: the GPU busy, not launch-bound
+        layers, width, heads, context, vocab, batch = (
+            (4, 512, 8, 256, 8192, 16) if quick else (12, 768, 12, 512, 16384, 16)
+        )
+        steps, rounds = (5, 3) if quick else (10, 3)
+    else:
+        layers, width, heads, context, vocab, batch = (2, 256, 4, 128, 4096, 8) if quick else (6, 384, 6, 256, 8192, 8)
+        steps, rounds = (3, 3) if quick else (5, 5)
     torch.set_num_threads(os.cpu_count() or 1)
+    where = (
+        f"{torch.cuda.get_device_name()}, bf16 autocast" if DEVICE == "cuda" else f"{torch.get_num_threads()} threads"
+    )
     print(
-        f"part 1: one process, {torch.get_num_threads()} threads; {layers} layers x {width} wide, {heads} heads, "
+        f"part 1: one process, {where}; {layers} layers x {width} wide, {heads} heads, "
         f"context {context}, vocabulary {vocab}, batch {batch}; best of {rounds} alternating rounds of {steps} "
         f"AdamW steps"
     )
@@ -172,10 +215,10 @@ def part_one(quick: bool) -> None:
     )
 
 
-def swarm_tokens_per_s(spec: Path, root: Path, seconds: float) -> dict[str, Any]:
+def swarm_tokens_per_s(spec: Path, root: Path, seconds: float, size: int = 2) -> dict[str, Any]:
     from arceusd.cli.swarm import LocalSwarm
 
-    swarm = LocalSwarm(root, 2, ["--auto-join"], preset="lan")
+    swarm = LocalSwarm(root, size, ["--auto-join"], preset="lan")
     try:
         swarm.start()
         swarm.wait_converged(120)
@@ -188,7 +231,7 @@ def swarm_tokens_per_s(spec: Path, root: Path, seconds: float) -> dict[str, Any]
             "submit",
             str(spec),
             "--members",
-            "2",
+            str(size),
         ]
         out = subprocess.run(submit, capture_output=True, text=True, timeout=300, check=True)
         job_id = out.stdout.split()[2]
@@ -211,6 +254,7 @@ def swarm_tokens_per_s(spec: Path, root: Path, seconds: float) -> dict[str, Any]
             "counted_steps": steps,
             "elapsed": elapsed,
             "devices": len(job["members"]),
+            "device_line": swarm.call(0, "status").get("device"),
         }
     finally:
         swarm.close()
@@ -250,14 +294,128 @@ def part_two(quick: bool) -> None:
     print(f"  swarm/plain: {counted / plain:.2f}x")
 
 
+GPU_LLAMA = {
+    "model_type": "llama",
+    "vocab_size": 2048,
+    "hidden_size": 768,
+    "intermediate_size": 2048,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 12,
+    "num_key_value_heads": 4,
+    "max_position_embeddings": 1024,
+    "rms_norm_eps": 1e-05,
+    "tie_word_embeddings": False,
+}
+"""Part 2's model on a GPU: about 85 M parameters, the shipped tokenizer's vocabulary (a GPU step of batch
+:data:`GPU_BATCH` x 512 tokens is tens of milliseconds: the daemon's per-step work must not show)."""
+GPU_BATCH = 32
+GPU_CONTEXT = 512
+
+
+def gpu_spec(folder: Path, quick: bool) -> Path:
+    """A ``precision = "bf16"`` job of :data:`GPU_LLAMA` on Tiny Shakespeare, long enough to outlast the timing."""
+    config = {**GPU_LLAMA, "num_hidden_layers": 4} if quick else GPU_LLAMA
+    (folder / "config.json").write_text(json.dumps(config))
+    spec = folder / "gpu-llama.toml"
+    spec.write_text(
+        f"""name = "gpu-llama"
+seed = 7
+
+[model]
+type = "hf"
+config = "config.json"
+block_size = {GPU_CONTEXT}
+
+[data]
+kind = "tokens"
+path = "{ROOT / "data/tinyshakespeare/input.txt"}"
+tokenizer = "{ROOT / "data/tokenizers/shakespeare-bpe.json"}"
+format = "text"
+val_fraction = 0.1
+
+[training]
+steps = 100000
+batch_size = {GPU_BATCH}
+micro_batches = 1
+optimizer = "adamw"
+lr = 3e-4
+precision = "bf16"
+eval_interval_steps = 0
+
+[checkpoint]
+interval_steps = 100000
+"""
+    )
+    return spec
+
+
+def part_two_cuda(quick: bool) -> None:
+    """One GPU daemon alone against a plain ``transformers`` loop of the same model and batch on that GPU."""
+    from arceusd.jobs.source import open_batch_source
+    from arceusd.jobs.spec import load_spec
+
+    seconds = 15.0 if quick else 30.0
+    with tempfile.TemporaryDirectory(prefix="arceus-hf-bench-") as tmp:
+        spec_path = gpu_spec(Path(tmp), quick)
+        spec = load_spec(str(spec_path))
+        assert isinstance(spec.model, HFModelConfig)
+        tokens_per_step = spec.training.batch_size * spec.model.block_size
+        swarm = swarm_tokens_per_s(spec_path, Path(tmp) / "swarm", seconds, size=1)
+        counted = swarm["counted_steps"] * tokens_per_step / swarm["elapsed"]
+        trainer = Plain(spec.model).to(DEVICE)
+        optimizer = torch.optim.AdamW(trainer.parameters(), lr=spec.training.lr)
+        source = open_batch_source(spec)
+
+        def step(i: int) -> None:
+            x, y = source.batch(i)
+            optimizer.zero_grad()
+            with precision():
+                logits = trainer(x.to(DEVICE, non_blocking=True))
+                loss = nn.functional.cross_entropy(
+                    logits.reshape(-1, logits.shape[-1]).float(), y.to(DEVICE, non_blocking=True).reshape(-1)
+                )
+            loss.backward()  # type: ignore[no-untyped-call]
+            optimizer.step()
+
+        for i in range(3):  # warm-up, as the swarm's timing starts after its first steps
+            step(i)
+        sync()
+        began, done = time.perf_counter(), 0
+        while time.perf_counter() - began < seconds:
+            step(done)
+            done += 1
+            if done % 10 == 0:
+                sync()
+        sync()
+        plain = done * tokens_per_step / (time.perf_counter() - began)
+    params = sum(p.numel() for p in trainer.parameters())
+    status = swarm["status"]
+    print(
+        f"part 2: a Llama of {params / 1e6:.0f} M parameters, batch {spec.training.batch_size} x "
+        f"{spec.model.block_size} tokens, bf16; {seconds:.0f} s each, one after the other"
+    )
+    print(f"  the GPU daemon: {swarm['device_line']}")
+    print(
+        f"  one GPU daemon alone: {counted:,.0f} tokens/s from its step counter, "
+        f"{status if status is None else format(status, ',.0f')} from status"
+    )
+    print(f"  plain transformers loop on the same GPU: {plain:,.0f} tokens/s")
+    print(f"  daemon/plain: {counted / plain:.2f}x (goal at least 0.90x)")
+
+
 def main() -> int:
+    global DEVICE
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small models, short runs")
     parser.add_argument("--no-swarm", action="store_true", help="part 1 only (no daemons)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where to train (cuda: bf16)")
     args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device here; run on a GPU machine or use --device cpu")
+    DEVICE = args.device
     part_one(args.quick)
     if not args.no_swarm:
-        part_two(args.quick)
+        (part_two_cuda if DEVICE == "cuda" else part_two)(args.quick)
     return 0
 
 

@@ -318,6 +318,8 @@ def status(obj: Context, job: str | None, as_json: bool, watch: bool, interval: 
     click.echo(f"  state  {result['state_dir']}")
     for name, address in sorted(result["addresses"].items()):
         click.echo(f"  {name:<8} {address}")
+    if result.get("device"):
+        click.echo(f"  device {result['device']}")
     for line in _status_extras(result):
         click.echo(line)
 

@@ -10,7 +10,6 @@ address is ``advertise_host`` or, when listening on all interfaces, the first no
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 import trio
@@ -19,6 +18,7 @@ from arceusd.base.failures import StartupError, leaves
 from arceusd.base.fdlimit import nofile
 from arceusd.device.config import DEFAULT_PORT
 from arceusd.device.node import Node
+from arceusd.device.summary import device_summary
 from arceusd.elections.driver import install_elections
 from arceusd.membership.config import MembershipConfig, lan, local
 from arceusd.membership.events import MemberState
@@ -32,17 +32,6 @@ log = logging.getLogger(__name__)
 
 def membership_config(preset: str) -> MembershipConfig:
     return local() if preset == "local" else lan()
-
-
-def device_summary() -> str:
-    """A one-line description of this machine for peers (no torch here: the daemon never imports it)."""
-    cores = os.cpu_count() or 1
-    try:
-        pages, page_size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
-        mem = f", {pages * page_size / 2**30:.0f} GiB"
-    except (ValueError, OSError, AttributeError):
-        mem = ""
-    return f"{os.uname().sysname.lower()} {os.uname().machine}, {cores} cores{mem}"
 
 
 def advertised_host(node: Node) -> str:
@@ -108,11 +97,13 @@ async def _run_network(
     address = f"{advertised_host(node)}:{transport.port}"
     mconfig = membership_config(config.preset)
     # Not a member until the daemon has started every service (see PeerService.activate).
-    peers = PeerService(node.identity, transport, mconfig, address, node.boot_id, device_summary(), active=False)
+    device = device_summary(node.paths.root, node.config.devices)  # the GPU once measured (and re-sent then)
+    peers = PeerService(node.identity, transport, mconfig, address, node.boot_id, device, active=False)
     holder["peers"] = peers
     node.peers = peers
     node.addresses["peer"] = address
     node.sections["peers"] = peers.peers
+    node.sections["device"] = lambda: peers.device  # this machine's line, as its peers see it
     node.sections["membership"] = peers.counters
     node.sections["transport"] = transport.counters  # refused calls/streams/frames by reason, slots in use
     # transport.counters() copies under the transport's lock (grpc's threads count refusals concurrently)

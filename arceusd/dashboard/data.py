@@ -96,17 +96,20 @@ class NodeSnapshots:
     """The daemon's own answers, taken in-process (the control methods' handlers, ``Node.status``)."""
 
     def __init__(self, node: Any) -> None:
-        from arceusd.daemon.network_service import device_summary
-
         self.node = node
-        self.device = device_summary()  # this machine's hardware line, as its peers see it
         self._earnings: tuple[tuple[float, int], dict[str, Any] | None] = ((0.0, -1), None)
         self.samples = MachineSamples()
         self.prices: list[float] | None = None  # what the announced jobs pay this device (the latest listing)
         self.owner_seen = -math.inf  # when the device page last asked (monotonic): prices are read while it does
 
     async def status(self) -> dict[str, Any]:
-        return {**self.node.status(), "device": self.device}
+        from arceusd.device.summary import device_summary
+
+        # its "device": this machine's line as its peers see it (the GPU once measured)
+        status: dict[str, Any] = self.node.status()
+        if "device" not in status:  # (no peer network running)
+            status["device"] = device_summary(self.node.paths.root, self.node.config.devices)
+        return status
 
     async def job(self, job_id: str) -> dict[str, Any] | None:
         from arceusd.base.control import RequestError

@@ -19,6 +19,8 @@ from typing import Any, cast
 from arceusd.worker.affinity import AffinityError, check_cpus, parse_cpu_list
 
 PRESETS = ("lan", "local")
+DEVICE_KINDS = ("cpu", "cuda", "mps")
+"""What ``devices`` may name (``arceusd.device.profile.available_kinds``' kinds)."""
 DEFAULT_PORT = 47070
 
 
@@ -51,6 +53,9 @@ class DaemonConfig:
     """Where ``arceusd dashboard`` serves the web dashboard; loopback unless the owner asks otherwise."""
     dashboard_port: int = 0
     """The dashboard's port (0: any free port; the ``dashboard`` control method says which)."""
+    devices: tuple[str, ...] = ()
+    """The device kinds this daemon may lend (``["cpu"]``: the CPU only, on a machine with a GPU); empty: any
+    measured here, the fastest lent."""
 
     def __post_init__(self) -> None:
         if self.preset not in PRESETS:
@@ -71,6 +76,11 @@ class DaemonConfig:
             raise ConfigError(f"lend_memory_mib must be >= 0 (0 lends whatever is free), got {self.lend_memory_mib}")
         for peer in self.peers:
             parse_host_port(peer)
+        wrong = [k for k in self.devices if k not in DEVICE_KINDS]
+        if wrong or len(set(self.devices)) != len(self.devices):
+            raise ConfigError(
+                f"devices must be distinct kinds from {', '.join(DEVICE_KINDS)} (empty: any), got {list(self.devices)}"
+            )
 
 
 def parse_host_port(value: str) -> tuple[str, int]:
@@ -108,6 +118,7 @@ _FILE_KEYS: dict[str, type | tuple[type, ...]] = {
     "lend_memory_mib": int,
     "dashboard_host": str,
     "dashboard_port": int,
+    "devices": list,
     "policy": dict,
 }
 """``[policy]`` is the device owner's lending policy, read by ``arceusd.market.policy_file``, not a daemon
@@ -126,7 +137,8 @@ def _check_keys(data: dict[str, Any], source: str) -> dict[str, Any]:
             raise ConfigError(
                 f"{source}: {key} must be {getattr(expected, '__name__', expected)}, got {value!r}; fix that line"
             )
-        out[key] = tuple(str(p) for p in cast("list[object]", value)) if key == "peers" else value
+        listed = key in ("peers", "devices")
+        out[key] = tuple(str(p) for p in cast("list[object]", value)) if listed else value
     return out
 
 

@@ -451,6 +451,19 @@ def best_measurement(found: Sequence[DeviceMeasurement]) -> DeviceMeasurement:
     return max(found, key=lambda d: (d.flops_per_s, d.kind))
 
 
+def chosen_measurement(found: Sequence[DeviceMeasurement], kinds: Sequence[str] = ()) -> DeviceMeasurement:
+    """The device a daemon lends: the fastest of ``found`` whose kind is in ``kinds`` (the config's ``devices``;
+    empty: any). Raises ``ValueError`` naming the kinds when none of them was measured on this machine."""
+    allowed = [d for d in found if not kinds or d.kind in kinds]
+    if not allowed:
+        measured = ", ".join(d.kind for d in found) or "none"
+        raise ValueError(
+            f"devices = {list(kinds)} names no device of this machine (measured: {measured}); "
+            "fix `devices` in config.toml"
+        )
+    return best_measurement(allowed)
+
+
 def to_device_profile(
     m: DeviceMeasurement, peer_id: str, memory_fraction: float = 0.8, optimizer: str = "adamw"
 ) -> DeviceProfile:

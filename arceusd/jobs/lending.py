@@ -88,14 +88,14 @@ def cached_lend(node: Any) -> tuple[int, str] | None:
     """(memory lent, kind) from this device's cached measurement (``arceusd.device.profile``; the offer's memory is 80 %
     of what was free, capped by ``lend_memory_mib``), or None when there is none for its worker threads today."""
     from arceusd.device.profile import (  # local: off the daemon's start
-        best_measurement,
+        chosen_measurement,
         load_or_measure,
         to_device_profile,
     )
 
     try:
         found = load_or_measure(node.paths.root, threads=node.config.worker_threads, measure=_not_measured)
-        device = to_device_profile(best_measurement(found), "this-device")
+        device = to_device_profile(chosen_measurement(found, node.config.devices), "this-device")
     except (_NotMeasured, ValueError, OSError):
         return None
     memory = device.memory_bytes

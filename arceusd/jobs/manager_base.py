@@ -29,6 +29,7 @@ import trio
 from arceusd.base.atomic_files import atomic_write
 from arceusd.base.control import RequestError
 from arceusd.device.node import Node
+from arceusd.device.summary import device_summary
 from arceusd.jobs import leadership
 from arceusd.jobs.core import Role, Stamp, actions, events
 from arceusd.jobs.job import TERMINAL, Job
@@ -123,6 +124,7 @@ class JobContext:
                     "arceusd.jobs.probe",
                     str(self.node.paths.root),
                     str(self.node.config.worker_threads),
+                    ",".join(self.node.config.devices),
                 ],
                 capture_stdout=True,
                 capture_stderr=True,
@@ -145,6 +147,8 @@ class JobContext:
                 float(m.get("adamw_s_per_param", 0.0)),
                 float(m.get("sgd_s_per_param", 0.0)),
             )
+            if self.node.peers is not None:  # peers, status and the dashboard now name the measured device
+                self.node.peers.set_device(device_summary(self.node.paths.root, self.node.config.devices))
         return self._offer
 
     def find(self, job_ref: str) -> Job:

@@ -339,6 +339,19 @@ class PeerService:
         if hello is not None and hello.peer_id != peer:
             self.rejected["hello_other_peer"] += 1
 
+    def set_device(self, device: str) -> None:
+        """This device's summary changed (it was measured: its GPU is known now): keep it for later hellos and
+        say hello again to every alive member (at most :data:`MAX_UNVERIFIED_KEYS`), so their ``peers`` show it
+        (a hello is otherwise sent once, to a member new to the table)."""
+        if device == self.device:
+            return
+        self.device = device
+        if self._nursery is None:
+            return
+        members = sorted((p, a) for p, a in self.alive_peers().items() if p != self.identity.peer_id)
+        for _peer, address in members[:MAX_UNVERIFIED_KEYS]:
+            self._nursery.start_soon(self.hello, address)
+
     def _peer_at(self, address: str) -> str | None:
         return self._hello_addresses.get(address)
 

@@ -27,6 +27,7 @@ from protocol.lend_wire import LendQuery, LendReply
 class Config:
     worker_threads: int = 1
     lend_memory_mib: int = 0
+    devices: tuple[str, ...] = ()
 
 
 @dataclass
