@@ -58,9 +58,10 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import trio
 
@@ -112,6 +113,9 @@ from protocol.lend_wire import LendQuery
 from protocol.messages import JobAnnounce, JoinRequest
 
 log = logging.getLogger(__name__)
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 REJOIN_GRACE_S = 15.0
 """After the owner restarts, how long it waits for the job's old members to join again before planning."""
@@ -226,10 +230,12 @@ class JobManager(JobContext):
                 log.warning("not resuming the job in %s: %s", directory, exc)
         return restored
 
-    def _gated(self, handler: Any) -> Any:
-        async def wrapper(*args: Any) -> Any:
+    def _gated(self, handler: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+        """``handler``, answering once the owned jobs are restored."""
+
+        async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
             await self._ready.wait()
-            return await handler(*args)
+            return await handler(*args, **kwargs)
 
         return wrapper
 

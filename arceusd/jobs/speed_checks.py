@@ -33,7 +33,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 import trio
 
@@ -54,6 +54,15 @@ from protocol.job_wire import (
 )
 
 log = logging.getLogger(__name__)
+
+
+class Stamped(TypedDict):
+    """The job and plan stamp a leader's request to a member carries (:meth:`PeerService.request`'s keywords)."""
+
+    job_id: str
+    term: int
+    epoch: int
+
 
 FIRST_STEPS = 5
 """The leader's own steps it looks at before deciding the job runs slow."""
@@ -264,7 +273,7 @@ class SpeedChecks:
             return await self._time_self(offer.flops_per_s, size, rounds)
         wait = challenges.wait_for(offer.flops_per_s, size, rounds)
         challenge = secrets.token_hex(challenges.CHALLENGE_ID_LEN // 2)
-        kw: dict[str, Any] = {"job_id": job.job_id, "term": job.term, "epoch": job.epoch}
+        kw = Stamped(job_id=job.job_id, term=job.term, epoch=job.epoch)
         ready = await self.ctx.peers.request(
             offer.address,
             peer,

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import trio
 
 from arceusd.base.atomic_files import atomic_write
-from arceusd.files.checkpoint import MANIFEST_NAME, SHARD_NAME, file_matches, matches, step_dir
+from arceusd.files.checkpoint import MANIFEST_NAME, SHARD_NAME, ShardRecord, file_matches, matches, step_dir
 from arceusd.jobs.initial_weights import (
     leader_weights,
     place_layout,
@@ -228,7 +228,9 @@ class Transfers:
         log.warning("job %s: the leader's initial weights did not arrive intact; not standing by", job.job_id)
         return False
 
-    async def copy_step(self, job: Job, leader: str, msg: StandbySync, records: Mapping[str, Any]) -> str | None:
+    async def copy_step(
+        self, job: Job, leader: str, msg: StandbySync, records: Mapping[str, ShardRecord]
+    ) -> str | None:
         """Copy the leader's shards ``msg.shards`` of step ``msg.step`` (each checked against its manifest record;
         one already here and intact is kept), then the manifest, last: the step is complete here only when all
         of it is. Returns the name of a shard that did not arrive intact (nothing more is written then)."""
