@@ -41,12 +41,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from protocol.job_wire import JobReport
 
 if TYPE_CHECKING:
-    from partitioner import Plan, Stage
+    from partitioner import Plan, ReplicaPlan, Stage
 
 MAX_OFFER_MEMORY = 1 << 44
 """16 TiB: more memory than any one machine lends a job today; an offer above it is refused."""
@@ -130,12 +130,26 @@ class StageTime(NamedTuple):
     rank)."""
 
 
+class PlannedJob(Protocol):
+    """What the claims read of a job (:class:`arceusd.jobs.job.Job` fits): its plan, and this device's last
+    steps."""
+
+    @property
+    def plan(self) -> Plan | None: ...
+
+    @property
+    def replica_plan(self) -> ReplicaPlan | None: ...
+
+    @property
+    def stage_times(self) -> Sequence[StageTime]: ...
+
+
 def _median(values: list[float]) -> float:
     ordered = sorted(values)
     return ordered[len(ordered) // 2]
 
 
-def own_step_times(job: Any, me: str) -> dict[str, float]:
+def own_step_times(job: PlannedJob, me: str) -> dict[str, float]:
     """What this device's checkpoint report carries about its speed: the median compute seconds of its last
     steps (step time less link waits, from its worker's step events), the median waits (in all, for the previous
     stage's activations, for the next stage's gradients) and what the plan predicted (its stage's compute per
@@ -161,7 +175,7 @@ def own_step_times(job: Any, me: str) -> dict[str, float]:
     }
 
 
-def pipelines(job: Any) -> list[Plan]:
+def pipelines(job: PlannedJob) -> list[Plan]:
     """Every pipeline of the job's plan: each data-parallel replica's (the plan itself without replicas)."""
     if job.replica_plan is not None:
         return list(job.replica_plan.replicas)
@@ -177,7 +191,7 @@ def seen_in_every_replica(job: Any, compute: Mapping[str, float], leader: str) -
     return out
 
 
-def own_step_total(job: Any) -> float | None:
+def own_step_total(job: PlannedJob) -> float | None:
     """The median wall seconds of this device's own last steps (its own clock), or None before any."""
     return _median([t.total_s for t in job.stage_times]) if job.stage_times else None
 
