@@ -1,7 +1,7 @@
 """The Python client of the local daemon: submit jobs (a spec file, a dict, or a transformers model object) and
 get :class:`arceus.job.Job` handles, over the control channel the ``arceusd`` command line uses.
 
-Everything is checked here before anything is sent: the spec by :mod:`arceusd.jobs.spec` (the CLI's and the
+Everything is checked here before anything is sent: the spec by :mod:`arceusd.jobs.spec.schema` (the CLI's and the
 daemon's own checks), ``members`` as ``arceusd submit --members`` takes it (at least ``[needs] min_members``).
 A dict spec or a model's files are written to a job folder the caller names, or to a new folder under the state
 directory's ``submissions/``; the daemon reads the spec file from there, the same user on the same machine.
@@ -24,7 +24,7 @@ from arceus.job import Job
 from arceus.model_job import ModelChoices, ModelJob, default_name, prepare_model_job
 from arceus.specs import SpecInput, spec_file, validate
 from arceus.status import JobStatus
-from arceusd.jobs.spec import JobSpec
+from arceusd.jobs.spec.schema import JobSpec
 from arceusd.market.estimate import Estimate, estimate
 
 MAX_MEMBERS = 256

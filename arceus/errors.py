@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from arceusd.jobs.fields import SpecProblem
+from arceusd.jobs.spec.fields import SpecProblem
 
 if TYPE_CHECKING:  # a type only: status.py imports nothing from here
     from arceus.status import JobStatus

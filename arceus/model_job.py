@@ -1,5 +1,5 @@
 """A job spec for a stock ``transformers`` model object, a tokenizer and a data file (``[model] type = "hf"``,
-``[data] kind = "tokens"``: :mod:`arceusd.jobs.spec_hf`), written beside the model's files in a job folder.
+``[data] kind = "tokens"``: :mod:`arceusd.jobs.spec.hf`), written beside the model's files in a job folder.
 
 :func:`prepare_model_job` checks the architecture and the tokenizer first (one line each), writes config.json
 and tokenizer.json, validates the spec as ``arceusd submit`` would (so a bad field is reported before the
@@ -16,7 +16,7 @@ from typing import Any, TypedDict
 
 from arceus import hf_files
 from arceus.specs import spec_file, validate
-from arceusd.jobs.spec import JobSpec
+from arceusd.jobs.spec.schema import JobSpec
 
 DEFAULT_TRAINING: Mapping[str, Any] = {"steps": 100, "batch_size": 8, "optimizer": "adamw", "lr": 3e-4}
 """``[training]`` unless the caller's ``training`` says otherwise (key by key)."""

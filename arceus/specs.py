@@ -1,5 +1,5 @@
 """Job specs from Python: a spec file's path or a dict in the spec's schema, validated by the code
-``arceusd submit`` uses (:mod:`arceusd.jobs.spec`) before anything is sent.
+``arceusd submit`` uses (:mod:`arceusd.jobs.spec.schema`) before anything is sent.
 
 The daemon reads a spec from a file (the control channel carries its path, never code or pickles), so a dict is
 written as JSON into a folder first (:func:`spec_file`), its relative paths made absolute against ``base_dir``
@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from arceus.errors import SpecError
-from arceusd.jobs.fields import SpecProblem
-from arceusd.jobs.spec import JobSpec, JobSpecError, load_spec, parse_spec
-from arceusd.jobs.spec_types import resolve_path
+from arceusd.jobs.spec.fields import SpecProblem
+from arceusd.jobs.spec.parsed import resolve_path
+from arceusd.jobs.spec.schema import JobSpec, JobSpecError, load_spec, parse_spec
 
 SpecInput = str | os.PathLike[str] | Mapping[str, Any]
 """A spec file's path (TOML, or JSON by its ``.json`` suffix), or the spec as a dict."""

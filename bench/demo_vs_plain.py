@@ -30,8 +30,8 @@ import torch
 
 from arceusd.cli.demo import demo_spec
 from arceusd.cli.swarm import LocalSwarm
-from arceusd.jobs.source import open_batch_source
-from arceusd.jobs.spec import JobSpec, load_spec
+from arceusd.jobs.procs.source import open_batch_source
+from arceusd.jobs.spec.schema import JobSpec, load_spec
 from arceusd.models.build import build_reference_model, loss_mean
 from arceusd.models.config import GPTConfig
 

@@ -7,7 +7,7 @@ Part 1, one process, the same threads, one after the other (tokens/s of training
     (``arceusd.models.gpt``): goal at most 10 % slower.
 Part 2 (skipped with ``--no-swarm``): the swarm against the plain loop: 2 local daemons train
 ``examples/llama-shakespeare.toml``'s model for a fixed time (tokens/s from ``status``, the job's one rate:
-``arceusd.jobs.throughput``) against a plain ``transformers`` loop of the same model and batch given every core.
+``arceusd.jobs.record.throughput``) against a plain ``transformers`` loop of the same model and batch given every core.
 
 With ``--device cuda`` (bf16 autocast, as a worker of a ``precision = "bf16"`` job trains): part 1 on the GPU
 with larger models; part 2 is one GPU daemon alone (a Llama of :data:`GPU_LLAMA`'s shape, ``precision = "bf16"``)
@@ -261,8 +261,8 @@ def swarm_tokens_per_s(spec: Path, root: Path, seconds: float, size: int = 2) ->
 
 
 def part_two(quick: bool) -> None:
-    from arceusd.jobs.source import open_batch_source
-    from arceusd.jobs.spec import load_spec
+    from arceusd.jobs.procs.source import open_batch_source
+    from arceusd.jobs.spec.schema import load_spec
     from arceusd.models.build import loss_mean
 
     seconds = 60.0 if quick else 300.0
@@ -351,8 +351,8 @@ interval_steps = 100000
 
 def part_two_cuda(quick: bool) -> None:
     """One GPU daemon alone against a plain ``transformers`` loop of the same model and batch on that GPU."""
-    from arceusd.jobs.source import open_batch_source
-    from arceusd.jobs.spec import load_spec
+    from arceusd.jobs.procs.source import open_batch_source
+    from arceusd.jobs.spec.schema import load_spec
 
     seconds = 15.0 if quick else 30.0
     with tempfile.TemporaryDirectory(prefix="arceus-hf-bench-") as tmp:

@@ -8,7 +8,7 @@ costs ``arceusd.models.costs.block_costs`` and the planning inputs the leader bu
 micro-batches, tensor-parallel groups of up to 4 for the GPT, links of 1 ms and 100 MB/s) can place on N equal
 devices lending M each. Printed per N: the largest model's layers and parameters, its parameters over one
 device's largest (the ratio; goal >= 0.8 N), and how much of the N x M lent its training state uses
-(``arceusd.jobs.memory_fit``, the number ``arceusd submit`` refuses by). No daemons and no torch. Always exits 0
+(``arceusd.jobs.plans.memory_fit``, the number ``arceusd submit`` refuses by). No daemons and no torch. Always exits 0
 (``make bench`` runs it with ``--quick``); a ratio under the goal is marked ``BELOW GOAL``.
 
     python bench/memory.py [--quick] [--lend-mib M]
@@ -37,7 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from arceusd.jobs.memory_fit import MIB, blocks_memory
+from arceusd.jobs.plans.memory_fit import MIB, blocks_memory
 from arceusd.models.config import GPTConfig, ModelConfig
 from arceusd.models.costs import block_costs
 from arceusd.models.hf.config import hf_config_from_dict

@@ -9,7 +9,7 @@ For each configuration, measured in this run:
      share this machine, so by default all devices' children measure at once from a common start (median of
      15 calls: what each gets while the others work); ``--isolated`` measures each alone (best of 5), as a
      daemon on its own machine would;
-  2. build the plan inputs as the daemon does (``arceusd.jobs.planning.plan_inputs`` on the job spec and the
+  2. build the plan inputs as the daemon does (``arceusd.jobs.plans.planning.plan_inputs`` on the job spec and the
      offers) with the measured link, and plan (``partitioner.plan``);
   3. run ``python -m arceusd.worker`` processes for that plan (driven by the integration tests' daemon
      stand-in, ``tests/integration/worker_harness.py``), drop the warm-up steps, and take per step the slowest
@@ -468,7 +468,7 @@ def collect_steps(job: Any, warmup: int, steps: int, timeout: float) -> tuple[fl
 
 def run_config(config: Config, steps: int, warmup: int, together: bool = True) -> Outcome:
     from arceusd.device.profile import DeviceMeasurement
-    from arceusd.jobs.planning import Offer, plan_inputs, worker_stages
+    from arceusd.jobs.plans.planning import Offer, plan_inputs, worker_stages
     from arceusd.worker.protocol import StartCommand, StepEvent
     from partitioner import Link, LinkMatrix, plan
     from tests.integration.worker_harness import WorkerJob

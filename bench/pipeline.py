@@ -82,7 +82,7 @@ def _run_child(args: list[str], timeout: float) -> dict[str, Any]:
 def plain_child(steps: int, warmup: int) -> None:
     import torch
 
-    from arceusd.jobs.source import open_batch_source
+    from arceusd.jobs.procs.source import open_batch_source
     from arceusd.models.build import build_reference_model, loss_mean
 
     torch.set_num_threads(1)
@@ -154,7 +154,7 @@ def pippy_child(rank: int, port: int, schedule: str, steps: int, warmup: int) ->
     from torch import nn
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-    from arceusd.jobs.source import open_batch_source
+    from arceusd.jobs.procs.source import open_batch_source
     from arceusd.models.build import build_blocks, loss_mean
 
     torch.set_num_threads(1)

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from arceusd.base.control import ControlError
 from arceusd.cli.swarm import PROFILE_ENV, LocalSwarm
-from arceusd.jobs.spec_types import TrainingSpec
+from arceusd.jobs.spec.parsed import TrainingSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"

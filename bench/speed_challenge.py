@@ -1,4 +1,4 @@
-"""Speed challenge bench: what a leader-timed challenge (``arceusd/jobs/challenges.py``) costs, against plain
+"""Speed challenge bench: what a leader-timed challenge (``arceusd/jobs/judging/challenges.py``) costs, against plain
 matrix products of the same work run in the same script (the baseline).
 
 Usage: ``python bench/speed_challenge.py [--quick] [--threads N]``
@@ -27,7 +27,7 @@ if str(ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
-from arceusd.jobs import challenges  # noqa: E402
+from arceusd.jobs.judging import challenges  # noqa: E402
 from arceusd.worker import speed_challenge  # noqa: E402
 
 CPU = torch.device("cpu")

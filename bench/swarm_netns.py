@@ -53,7 +53,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from arceusd.base.identity import load_or_create_identity  # noqa: E402
-from arceusd.jobs.spec import JobSpec, parse_spec, to_dict  # noqa: E402
+from arceusd.jobs.spec.schema import JobSpec, parse_spec, to_dict  # noqa: E402
 from arceusd.worker.protocol import (  # noqa: E402
     DoneEvent,
     ErrorEvent,

@@ -27,7 +27,7 @@ id   type             max_size   meaning
 86   JobGrowReplica   64 KiB     leader -> the replicas left, holding at a checkpoint: the dropped replica was
                                  rebuilt (its slot, devices, worker addresses, ring generation), or ``release``
 87   SpeedChallenge   512        leader -> member: get ready for ``rounds`` products of ``size`` x ``size``
-                                 matrices (a JobAck once its child is loaded; :mod:`arceusd.jobs.challenges`)
+                                 matrices (a JobAck once its child is loaded; :mod:`arceusd.jobs.judging.challenges`)
 88   ChallengeGo      512        leader -> member: the seed; the leader's clock runs until the answer
 89   ChallengeRoot    512        member -> leader: the Merkle root of every product's blocks
 95   ChallengeOpen    1 KiB      leader -> member: the blocks (leaves) to show
@@ -38,7 +38,7 @@ id   type             max_size   meaning
 ==== ================ ========== =====================================================================
 
 ``JobStart.grow`` (JSON, empty for a plan's start) starts a spare device's worker in a dropped replica's slot, from
-a committed checkpoint, while the other replicas hold (``arceusd.jobs.regrow``).
+a committed checkpoint, while the other replicas hold (``arceusd.jobs.leader.regrow``).
 
 ``JobStart.members`` names the job's members as the leader holds them when it sends the start (at most
 :data:`JOB_MEMBERS_MAX`, each a peer id; :func:`protocol.validation.member_ids` checks them): what a member shows
@@ -61,7 +61,8 @@ seconds per step (checkpoint: ``step_s``, ``predicted_s``, ``wait_s``, ``wait_up
 ``group_wait_s``). The codec bounds every field and checks its type (an unknown kind is ``bad_enum``, a longer
 name ``too_long``: the report is dropped and counted under that reason, ``dropped.membership`` in ``arceusd
 status``); what the values mean (a shard name from the plan, a size within its bound, finite seconds) the
-leader checks (:mod:`arceusd.jobs.shard_checks`, :mod:`arceusd.jobs.witnesses`, :mod:`arceusd.jobs.claims`).
+leader checks (:mod:`arceusd.jobs.leader.shard_checks`, :mod:`arceusd.jobs.leader.witnesses`,
+:mod:`arceusd.jobs.judging.claims`).
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ id   type         max_size   meaning
 101  LendReply    256        the answer: the memory its offer lends a job (bytes; 0: none now) and its kind
 ==== ============ ========== ===========================================================================
 
-The answer is a stranger's word: the asker bounds it (``arceusd.jobs.claims.check_offer_bounds``) and uses it
-only to refuse a job that cannot fit on every device it sees (``arceusd.jobs.memory_fit``); a device that says
+The answer is a stranger's word: the asker bounds it (``arceusd.jobs.judging.claims.check_offer_bounds``) and uses it
+only to refuse a job that cannot fit on every device it sees (``arceusd.jobs.plans.memory_fit``); a device that says
 more than it lends only lets a job be announced that then waits for members, as it would without the question.
 """
 

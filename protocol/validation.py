@@ -4,7 +4,7 @@ The codec bounds sizes and types (:mod:`protocol.codec`); this module owns what 
 their exact format, hashes of their exact length. A check raises :class:`protocol.errors.RemoteProtocolError`
 whose ``reason`` is the counter key; the caller drops the message and counts it.
 
-Formats (see :mod:`arceusd.jobs.spec` and :mod:`arceusd.base.identity`): a peer id is 32 lowercase hex characters
+Formats (see :mod:`arceusd.jobs.spec.schema` and :mod:`arceusd.base.identity`): a peer id is 32 lowercase hex characters
 (``sha256(public key)[:16]``); a job id is 32 lowercase hex characters (the first 16 bytes of a sha256 over
 the spec hash, owner and a nonce); a spec hash is the 32 bytes of a sha256. Nothing else is accepted, so an
 id can be used as a file name (``jobs/<job id>``) and shown to a user as it is.

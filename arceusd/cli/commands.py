@@ -283,7 +283,7 @@ def _fmt_duration(seconds: float) -> str:
 @pass_ctx
 def status(obj: Context, job: str | None, as_json: bool, watch: bool, interval: float) -> None:
     """Show the daemon (peer id, version, uptime, addresses, peers, jobs), or one JOB in detail."""
-    from arceusd.jobs.view import render_job
+    from arceusd.jobs.record.view import render_job
 
     if watch and not as_json:  # the rich live view (arceusd.dashboard.watch)
         from arceusd.dashboard.watch import watch as live_view
@@ -347,7 +347,7 @@ def _echo_list(result: list[dict[str, Any]], as_json: bool, line: Any, empty: st
 
 def _status_extras(result: dict[str, Any]) -> list[str]:
     """Lines for sections added by services (peers, jobs); each service formats its own section."""
-    from arceusd.jobs.view import job_line
+    from arceusd.jobs.record.view import job_line
 
     lines: list[str] = []
     peers = result.get("peers")
@@ -381,7 +381,7 @@ def _status_extras(result: dict[str, Any]) -> list[str]:
 @pass_ctx
 def submit(obj: Context, spec: Path, members: int, watch: bool, quote: bool, as_json: bool) -> None:
     """Submit the job SPEC (TOML or JSON): this device becomes its owner and announces it."""
-    from arceusd.jobs.spec import JobSpecError, load_spec
+    from arceusd.jobs.spec.schema import JobSpecError, load_spec
 
     asked_at = time.time()  # the job's start as its quote times it: from the command, not from the daemon's answer
 
@@ -435,7 +435,7 @@ def leave(obj: Context, job: str) -> None:
 @pass_ctx
 def jobs(obj: Context, as_json: bool) -> None:
     """List the jobs this daemon knows (owned, joined or announced)."""
-    from arceusd.jobs.view import job_line
+    from arceusd.jobs.record.view import job_line
 
     _echo_list(obj.call("jobs"), as_json, job_line, "no jobs known (submit one with `arceusd submit job.toml`)")
 

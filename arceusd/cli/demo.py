@@ -19,7 +19,7 @@ from typing import Any
 import click
 
 from arceusd.cli.swarm import LocalSwarm
-from arceusd.jobs.view import contribution_lines, render_job
+from arceusd.jobs.record.view import contribution_lines, render_job
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "shakespeare-gpt.toml"
 

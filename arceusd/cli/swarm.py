@@ -92,7 +92,8 @@ class LocalSwarm:
         if self.profile is None or self.profile.is_file():
             return
         self.profile.parent.mkdir(parents=True, exist_ok=True)
-        probe = [sys.executable, "-m", "arceusd.jobs.probe", str(self.profile.parent), "1"]  # (worker_threads' default)
+        # "1": worker_threads' default
+        probe = [sys.executable, "-m", "arceusd.jobs.procs.probe", str(self.profile.parent), "1"]
         subprocess.run(probe, stdin=subprocess.DEVNULL, capture_output=True, env=self.env, timeout=300, check=True)
 
     def daemon_command(self, i: int, module: str = "arceusd") -> list[str]:

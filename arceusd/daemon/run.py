@@ -119,7 +119,7 @@ def _services() -> list[Any]:
     """The services a daemon runs, in start order (each ``async def (node, *, task_status)``)."""
     from arceusd.daemon.network_service import serve_peer_network
     from arceusd.dashboard.service import serve_dashboard
-    from arceusd.jobs.manager import serve_jobs
+    from arceusd.jobs.service.manager import serve_jobs
     from arceusd.market.service import serve_market
 
     return [serve_peer_network, serve_jobs, serve_market, serve_dashboard]

@@ -13,7 +13,7 @@ dashboard watches the job. Committed checkpoints and recoveries are in the job's
 of the steps (``history_at``), which give the loss chart its wall-clock axis and :func:`loss_csv` its rows.
 
 Figures reach the pages written (:func:`market_view`, :func:`earnings_view`: prices and counts by the CLI's own
-helpers in ``arceusd.jobs.view``); the device page's terms and whether each holds come from
+helpers in ``arceusd.jobs.record.view``); the device page's terms and whether each holds come from
 ``arceusd.market.policy.policy_terms``, and its form is checked by :func:`term_form` before the policy's own checks
 (``set_term``). :class:`MachineSamples` keeps the device's CPU and memory readings in a bounded ring, filled by
 :func:`keep_reading` while the dashboard serves.
@@ -361,7 +361,7 @@ def loss_csv(job: dict[str, Any], timeline: Timeline) -> str:
 
 def earnings_view(e: dict[str, Any] | None) -> dict[str, Any] | None:
     """This device's earnings with every figure written as ``arceusd earnings`` writes it (``$0.0020``)."""
-    from arceusd.jobs.view import count, usd
+    from arceusd.jobs.record.view import count, usd
 
     if not isinstance(e, dict) or e.get("error"):
         return e
@@ -380,7 +380,7 @@ def market_view(market: dict[str, Any] | None) -> dict[str, Any] | None:
     """The market listing with prices and counts written as ``arceusd market`` writes them: each job's
     ``price_shown`` (``$0.0020/h``), ``max_price_shown`` (``any`` without a cap), ``members_shown`` (``2 / 4``),
     and the demand's counts as whole numbers."""
-    from arceusd.jobs.view import count, usd_per_hour
+    from arceusd.jobs.record.view import count, usd_per_hour
 
     if not isinstance(market, dict):
         return market

@@ -5,7 +5,7 @@ and a thin loop (:func:`watch`) that asks the daemon every ``interval`` seconds 
 from the daemon goes through :func:`arceusd.base.text_safety.safe_tree` and into a ``rich.text.Text`` (never rich
 markup), so a stranger's device or job name can neither drive the terminal nor style the view.
 
-Steps/s, tokens/s and the ETA are the daemon's (:mod:`arceusd.jobs.throughput`: one rate over one window), the
+Steps/s, tokens/s and the ETA are the daemon's (:mod:`arceusd.jobs.record.throughput`: one rate over one window), the
 same figures ``status``, the dashboard and the Python API show; this view computes none of its own.
 """
 
@@ -23,7 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from arceusd.base.text_safety import safe_tree
-from arceusd.jobs.view import block_range
+from arceusd.jobs.record.view import block_range
 
 TERMINAL = ("done", "failed", "cancelled")
 

@@ -26,13 +26,13 @@ from arceusd.device.config import DaemonConfig, config_summary
 
 if TYPE_CHECKING:
     from arceusd.elections.driver import JobElections
-    from arceusd.jobs.job import Job
-    from arceusd.jobs.planning import Offer
+    from arceusd.jobs.plans.planning import Offer
+    from arceusd.jobs.record.job import Job
     from arceusd.network.peers import PeerService
 
 
 class JobService(Protocol):
-    """What the daemon's other services use of the job manager (``arceusd.jobs.manager.JobManager``): its jobs
+    """What the daemon's other services use of the job manager (``arceusd.jobs.service.manager.JobManager``): its jobs
     by id and this device's offer. A port, so this module imports nothing of the job layer, which imports it
     (issue 32: ``Node.jobs`` typed as the manager closed the job layer's import cycle through here)."""
 

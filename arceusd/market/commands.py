@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from arceusd.base.text_safety import safe_tree
-from arceusd.jobs.view import count, usd_per_hour
+from arceusd.jobs.record.view import count, usd_per_hour
 from arceusd.market.policy import PolicyError, lend_reasons
 from arceusd.market.policy_file import change_policy, load_policy
 from arceusd.market.probes import Snapshot, probe_for

@@ -5,7 +5,7 @@ Owns: which devices the quote assumes (this device's measured profile when cache
 typical laptop; as many as ``--members``, ``[needs] min_members`` and ``memory_total_mib`` ask, and as many as hold
 the model's training state), the demand the daemon's market sees now (neutral when no daemon answers), the memory
 the devices the daemon sees lend (its ``lending`` method; this device's cached profile alone when no daemon
-answers) against the training state's (:mod:`arceusd.jobs.memory_fit`), and the :class:`Estimate` that bundles
+answers) against the training state's (:mod:`arceusd.jobs.plans.memory_fit`), and the :class:`Estimate` that bundles
 them with the :class:`arceusd.market.quote.Quote` (the FLOPs' lower bound) and the
 :class:`arceusd.market.forecast.Forecast` (the time and bill it states: the daemon's plan over those devices, with
 the start, end and step factor this daemon measured its past jobs to take, :mod:`arceusd.market.timings`; the JSON's
@@ -15,7 +15,7 @@ The devices a forecast plans over: this device's measured offer (its cached prof
 for each further device, one lending what the peer the daemon asked lends (peers tell their memory, not
 their speed: each is planned at the speed of a peer this daemon's past jobs ran with, as their plans took it:
 :func:`arceusd.market.timings.peer_speeds`; beyond those, as fast as this device, and the quote says so); links at
-the planner's defaults until the job measures them (``arceusd.jobs.planning.DEFAULT_BANDWIDTH``). The prices are
+the planner's defaults until the job measures them (``arceusd.jobs.plans.planning.DEFAULT_BANDWIDTH``). The prices are
 the market's while the job runs: the demand the daemon sees with this job added, its devices no longer idle (as the
 leader prices each commit: ``MarketService.demand``). The machine's load now (:func:`machine_load`) stretches the
 range's top where it is busier than when the daemon's jobs ran.
@@ -32,9 +32,17 @@ from typing import Any
 from arceusd.base.control import ControlError, call, daemon_answers
 from arceusd.base.paths import StatePaths
 from arceusd.device.profile import CACHE_FILE
-from arceusd.jobs.memory_fit import Lent, TrainingMemory, devices_needed, fits, summary, training_memory, what_to_do
-from arceusd.jobs.planning import Offer
-from arceusd.jobs.spec_types import JobSpec
+from arceusd.jobs.plans.memory_fit import (
+    Lent,
+    TrainingMemory,
+    devices_needed,
+    fits,
+    summary,
+    training_memory,
+    what_to_do,
+)
+from arceusd.jobs.plans.planning import Offer
+from arceusd.jobs.spec.parsed import JobSpec
 from arceusd.market.admission import devices_for_memory
 from arceusd.market.forecast import Forecast, forecast
 from arceusd.market.pricing import CLOUD_PRICES_AS_OF, CLOUD_PRICES_SOURCE, NEUTRAL, TYPICAL_LAPTOP_FLOPS, Demand
@@ -73,7 +81,7 @@ class Estimate:
     """Devices of this one's memory that hold ``memory_total_mib`` (1 when the spec states none)."""
     lends_mib: int
     need: TrainingMemory | None = None
-    """The model's training state (:func:`arceusd.jobs.memory_fit.training_memory`)."""
+    """The model's training state (:func:`arceusd.jobs.plans.memory_fit.training_memory`)."""
     lent: Lent | None = None
     """What the devices the daemon sees lend (None: neither the daemon nor a measured profile says)."""
     daemon_running: bool = False

@@ -1,8 +1,9 @@
 """The forecast of a job's wall time and bill: the quote that holds (issue 31). Pure and torch-free.
 
 Owns the time and cost model ``arceusd submit --quote`` (and ``arceus.quote``) states, from the same cost model the
-planner uses: the daemon's plan for the devices that would take the job (:func:`arceusd.jobs.planning.make_job_plan`
-over their offers: measured FLOP/s, calibration and links) predicts a step time, and the job's wall time is
+planner uses: the daemon's plan for the devices that would take the job
+(:func:`arceusd.jobs.plans.planning.make_job_plan` over their offers: measured FLOP/s, calibration and links) predicts a
+step time, and the job's wall time is
 
     start (+ first job) + steps x step + checkpoints x checkpoint + evals x eval + end
 
@@ -49,8 +50,8 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from arceusd.jobs.planning import Offer, make_job_plan
-from arceusd.jobs.spec_types import JobSpec, MnistDataSpec
+from arceusd.jobs.plans.planning import Offer, make_job_plan
+from arceusd.jobs.spec.parsed import JobSpec, MnistDataSpec
 from arceusd.market.needs import pay
 from arceusd.market.pricing import NEUTRAL, Demand
 from arceusd.market.timings import (

@@ -12,7 +12,7 @@
   devices although the job does not run slow (the device is paid what it measured from then on).
 
 - :func:`job_receipts`: what this device's ledger holds of each job it took part in (a restarted daemon lists
-  those jobs: ``arceusd.jobs.known``).
+  those jobs: ``arceusd.jobs.record.known``).
 
 They do nothing when the market service is not running (``node.market`` is None); ``enough_memory`` needs no service.
 """

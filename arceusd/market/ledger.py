@@ -453,7 +453,7 @@ class JobReceipts:
 
 def job_receipts(entries: Iterable[SignedReceipt], me: str) -> dict[str, JobReceipts]:
     """The jobs ``me`` holds receipts for (as their device or their owner), each receipt once: what a restarted
-    daemon lists beside the jobs it still holds (``arceusd.jobs.known``)."""
+    daemon lists beside the jobs it still holds (``arceusd.jobs.record.known``)."""
     owners: dict[str, str] = {}
     counts: dict[str, int] = defaultdict(int)
     earned: dict[str, float] = defaultdict(float)

@@ -49,7 +49,7 @@ class JobNeeds:
 
     @classmethod
     def from_spec(cls, job_id: str, owner: str, spec: object, members: int) -> JobNeeds:
-        from arceusd.jobs.spec_types import JobSpec
+        from arceusd.jobs.spec.parsed import JobSpec
         from arceusd.models.costs import block_costs
         from arceusd.models.hf.config import HFModelConfig
 

@@ -4,7 +4,7 @@ A device's offer is its own word; a receipt priced at the offer pays a member th
 speed about 950 times an honest member's hourly price. So the leader prices each device's receipts from the
 speed it measured (:func:`paid_flops`):
 
-- a device whose speed challenge (``arceusd.jobs.challenges``: timed on the leader's clock) was answered in
+- a device whose speed challenge (``arceusd.jobs.judging.challenges``: timed on the leader's clock) was answered in
   time and checked is paid for what it showed, scaled by how much slower than their offers the other devices
   ran theirs beside the job (their median slowdown: they share the machine with the job), at most its offer;
 - a device whose challenge failed (wrong blocks, refused twice) is paid at its offer / ``MAX_DISCOUNT``;
@@ -28,8 +28,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from arceusd.jobs.challenges import MAX_WAIT_S, MIN_WAIT_S, WAIT_FACTOR, Timed
-from arceusd.jobs.claims import MAX_DISCOUNT
+from arceusd.jobs.judging.challenges import MAX_WAIT_S, MIN_WAIT_S, WAIT_FACTOR, Timed
+from arceusd.jobs.judging.claims import MAX_DISCOUNT
 from arceusd.market.pricing import TYPICAL_LAPTOP_FLOPS
 
 CAP_SLACK = 1.0

@@ -27,7 +27,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from arceusd.jobs.view import usd_per_hour
+from arceusd.jobs.record.view import usd_per_hour
 from arceusd.market.probes import Snapshot
 from arceusd.market.unpaid import GRACE_S
 

@@ -4,7 +4,7 @@
 Owns :class:`CostProgress` (pure, :func:`cost_progress`) and :func:`job_cost`, which reads the figures the leader
 keeps: what its receipts add up to and the dollars per step they measure (``arceusd.market.receipts.LeaderBook``,
 through ``MarketService.spend``), the job's ``needs.budget_usd`` and its measured rate of steps (its time left,
-``arceusd.jobs.throughput``). The cost to finish is the measured dollars per step x the steps left (unknown until
+``arceusd.jobs.record.throughput``). The cost to finish is the measured dollars per step x the steps left (unknown until
 the first checkpoint is paid); the time to finish is the measured time left plus the model's export (what this
 daemon measured its past jobs of that model to take, :func:`arceusd.market.timings.end_term`; else
 :func:`arceusd.market.forecast.end_seconds`). Only the job's leader holds the book: other devices show none.

@@ -53,7 +53,7 @@ class Quote:
 
 def step_flops(spec: object) -> float:
     """Training FLOPs of one step of a parsed job spec (forward + backward over the batch)."""
-    from arceusd.jobs.spec_types import JobSpec
+    from arceusd.jobs.spec.parsed import JobSpec
     from arceusd.models.costs import block_costs
 
     assert isinstance(spec, JobSpec)
@@ -63,7 +63,7 @@ def step_flops(spec: object) -> float:
 
 def job_flops(spec: object) -> float:
     """Training FLOPs of a parsed job spec (forward + backward, every step)."""
-    from arceusd.jobs.spec_types import JobSpec
+    from arceusd.jobs.spec.parsed import JobSpec
 
     assert isinstance(spec, JobSpec)
     return step_flops(spec) * spec.training.steps

@@ -40,7 +40,7 @@ import trio
 
 from arceusd.base.control import RequestError
 from arceusd.device.node import JobService, Node
-from arceusd.jobs.warm_starts import warm_starts
+from arceusd.jobs.procs.warm_starts import warm_starts
 from arceusd.market.admission import Member, Spend, budget_stop, devices_for_memory, join_refusal, projected_usd
 from arceusd.market.authority import AuthorityError, authorise, from_bytes
 from arceusd.market.collect import MAX_PAGES_PER_PEER, MAX_PEERS, ROUNDS_S, accept, kept_for, new_ones, page
@@ -542,7 +542,8 @@ class Market:
         speeds = paid_speeds(job, self.node.identity.peer_id)
         self.paid[job.job_id] = {peer: p.summary() for peer, p in speeds.items()}
         prices = {peer: pay(p.flops, cap, demand) for peer, p in speeds.items()}
-        # the shard writers, and the other replicas' devices whose witness matched theirs (arceusd.jobs.witnesses)
+        # the shard writers, and the other replicas' devices whose witness matched theirs
+        # (arceusd.jobs.leader.witnesses)
         book = job.leading.commits
         reported = frozenset(book.reports.get(step, {})) | book.complete.get(step, frozenset())
         predicted = (

@@ -4,7 +4,7 @@ The quote's start (submit to the first step) and end (the last commit to ``done`
 gathered and exported) do not scale with the steps: on an idle 16-core machine they took 3 s (+ 4.5 s on a
 daemon's first job) and 2.8 s for a char-GPT; on a quiet 2-core one the first step came after 1.7-3.6 s. A figure
 fitted on one machine is wrong on another, so each daemon keeps what its own jobs took: when a job it owns ends
-``done`` without a recovery, the driver (``arceusd.jobs.driver``) appends a :class:`JobTiming` to
+``done`` without a recovery, the driver (``arceusd.jobs.service.driver``) appends a :class:`JobTiming` to
 ``job_timings.json`` in its state directory (the newest :data:`KEEP`), and the quote (``arceusd.market.estimate``,
 :mod:`arceusd.market.forecast`) takes each term from there:
 

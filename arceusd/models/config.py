@@ -1,6 +1,6 @@
 """Declarative model configs, as named by job specs. A job never ships code: only these fields.
 
-Validation of user input happens in ``arceusd/jobs/spec.py``; these constructors check invariants and raise
+Validation of user input happens in ``arceusd/jobs/spec/schema.py``; these constructors check invariants and raise
 ``ValueError`` with a clear message.
 """
 

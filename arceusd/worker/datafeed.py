@@ -31,7 +31,7 @@ import torch
 import trio
 
 from arceusd.data.batches import BatchSource
-from arceusd.jobs.spec_types import JobSpec, MnistDataSpec
+from arceusd.jobs.spec.parsed import JobSpec, MnistDataSpec
 from arceusd.transport import Stream
 from arceusd.worker.protocol import WorkerConfig
 from protocol.errors import RemoteProtocolError

@@ -3,7 +3,7 @@
 Owns: :func:`hf_is_sharded`, :func:`shard_hf_tensor` and :func:`gather_hf_tensor`, by parameter name inside an
 ``HFDecoderBlock`` (``layer.self_attn.q_proj.weight``; the embedding's and the head's names are never split):
 the shards :mod:`arceusd.worker.hf_tensor_parallel` builds hold exactly these slices, and checkpoints and
-re-slicing (:mod:`arceusd.jobs.reslice`) cut and join parameters and their optimizer buffers (same shapes) with
+re-slicing (:mod:`arceusd.jobs.procs.reslice`) cut and join parameters and their optimizer buffers (same shapes) with
 them without importing transformers. A ``TPSplit`` counts key/value heads per rank for these models
 (:mod:`arceusd.worker.hf_tp_split`).
 

@@ -57,9 +57,9 @@ from arceusd.data.sampler import Cursor
 from arceusd.files import outer_witness
 from arceusd.files.checkpoint import shard_file_name, write_shard
 from arceusd.files.safetensors_io import load_bytes, save_bytes
-from arceusd.jobs.source import open_batch_source
-from arceusd.jobs.spec import JobSpec, spec_from_dict
-from arceusd.jobs.spec_types import TrainingSpec
+from arceusd.jobs.procs.source import open_batch_source
+from arceusd.jobs.spec.parsed import TrainingSpec
+from arceusd.jobs.spec.schema import JobSpec, spec_from_dict
 from arceusd.models.build import loss_sum, tied_pair
 from arceusd.models.config import MLPConfig
 from arceusd.transport import Stream, open_transport

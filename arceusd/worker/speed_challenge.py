@@ -1,4 +1,4 @@
-"""The torch side of a speed challenge (:mod:`arceusd.jobs.challenges`), run in a child process of the daemon.
+"""The torch side of a speed challenge (:mod:`arceusd.jobs.judging.challenges`), run in a child process of the daemon.
 
 ``python -m arceusd.worker.speed_challenge solve SIZE ROUNDS THREADS``: allocate, then print ``{"ready": true}``;
 read one JSON line ``{"seed": HEX}``, compute every round's product and its digests (:func:`digests`) and print
@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from arceusd.jobs.challenges import (
+from arceusd.jobs.judging.challenges import (
     BLOCK_ROWS,
     check_size,
     leaf_count,

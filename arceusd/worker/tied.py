@@ -17,7 +17,7 @@ resume starts both from the embedding's tensor again): the training of one proce
 whose gradient is the same sum.
 Clipping counts the weight once: the copy is not in the last stage's share of the global norm
 (``StageModule.norm_parameters``). Checkpoints and exports store the owner's tensor only
-(``arceusd/jobs/reslice.py``). DiLoCo replicas would average the two copies over different rings (different
+(``arceusd/jobs/procs/reslice.py``). DiLoCo replicas would average the two copies over different rings (different
 rounding), so a plan with both is refused (``StageEngine``).
 """
 

@@ -101,9 +101,9 @@ def poison(path: Path, value: float = float("nan")) -> tuple[str, int]:
 
 
 def install(attack: str, arg: str, after: int) -> None:
-    from arceusd.jobs import manager as manager_module
-    from arceusd.jobs.local_worker import LocalWorker
-    from arceusd.jobs.transfers import Transfers, serve_chunk
+    from arceusd.jobs.common.transfers import Transfers, serve_chunk
+    from arceusd.jobs.member.local_worker import LocalWorker
+    from arceusd.jobs.service import manager as manager_module
     from protocol.job_wire import ShardData
 
     real_report = LocalWorker._report
@@ -168,7 +168,7 @@ def install(attack: str, arg: str, after: int) -> None:
     if attack == "challenge-abuse":
         abuse_challenges()
     if attack in ("overclaim-hidden", "challenge-forge"):
-        from arceusd.jobs import claims
+        from arceusd.jobs.judging import claims
 
         real_times = claims.own_step_times
 
@@ -191,7 +191,7 @@ def install(attack: str, arg: str, after: int) -> None:
 
         claims.own_step_times = hidden_times
     if attack == "sandbag":
-        from arceusd.jobs import claims as claims_module
+        from arceusd.jobs.judging import claims as claims_module
 
         honest_times = claims_module.own_step_times
 
@@ -224,8 +224,8 @@ def install(attack: str, arg: str, after: int) -> None:
 def forge_challenges() -> None:
     """Answer speed challenges without computing: a random root, then random blocks with proofs of the right
     sizes (what a member that claims more speed than it has would try)."""
-    from arceusd.jobs import challenges
-    from arceusd.jobs.speed_checks import SpeedChecks
+    from arceusd.jobs.judging import challenges
+    from arceusd.jobs.leader.speed_checks import SpeedChecks
     from protocol.job_wire import ChallengeBlocks, ChallengeRoot, JobAck
 
     shapes: dict[str, tuple[int, int]] = {}
@@ -273,7 +273,7 @@ def abuse_challenges() -> None:
     """The leader side of ``challenge-abuse``: instead of timing its members, abuse their challenge handlers."""
     import secrets
 
-    from arceusd.jobs.speed_checks import SpeedChecks
+    from arceusd.jobs.leader.speed_checks import SpeedChecks
     from protocol.job_wire import ChallengeGo, ChallengeOpen, SpeedChallenge
 
     started: set[str] = set()

@@ -133,7 +133,7 @@ async def _refuse_stream(_stream: Stream) -> None:
 def _padded_spec(kib: int) -> tuple[bytes, bytes]:
     """A valid announced spec (the MNIST example's), padded with JSON whitespace to ``kib`` KiB, and its
     hash: the daemon parses it, so it is stored unless something bounds it."""
-    from arceusd.jobs.spec import load_spec, spec_hash, to_dict
+    from arceusd.jobs.spec.schema import load_spec, spec_hash, to_dict
 
     spec = load_spec(ROOT / "examples" / "mnist-mlp.toml")
     text = json.dumps(to_dict(spec), sort_keys=True).encode()

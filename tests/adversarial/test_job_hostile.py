@@ -187,7 +187,7 @@ def test_a_member_that_overstates_its_speed_is_planned_again_at_its_measured_spe
 ) -> None:
     """``overclaim``: its own step times give it away. ``overclaim-hidden``: it reports the step times its offer
     predicts, and is caught by what its neighbours in the pipeline measured (``seen_s``)."""
-    from arceusd.jobs import claims
+    from arceusd.jobs.judging import claims
 
     # a model whose stages take a good part of a second: what a lie about speed costs shows above the overheads
     # (with batch 256 an idle machine ran the liar's stage 0.1 s over its prediction, under claims.MIN_EXCESS_S)
@@ -266,7 +266,7 @@ def test_the_leader_times_each_member_and_plans_an_overclaimer_at_what_it_measur
     ``challenge-forge`` it answers at once with a made-up root and blocks: the blocks fail their proofs, and it
     is planned at its offer over :data:`claims.MAX_DISCOUNT`. Every device's figures are in ``status``; the job
     resumes exactly."""
-    from arceusd.jobs import claims
+    from arceusd.jobs.judging import claims
 
     # the timed challenge catches it, whatever its stages cost: 1536 wide at batch 768 (0.44x the overclaim tests'
     # FLOPs per step) ran these two in 172 s and 125 s on two cores; 2048 at 1024 ran past their 300 s limit
@@ -317,7 +317,8 @@ def test_a_leader_that_abuses_speed_challenges_is_refused_and_leaves_no_child_be
     and opens for challenges that do not exist, two at once and one whose seed never comes. Each member refuses
     what is out of bounds or out of order with a reason, keeps one challenge at a time, kills the child of the
     abandoned one within the ready time, keeps answering ``status`` within 1 s, and the job ends done."""
-    from arceusd.jobs import challenges, speed_checks
+    from arceusd.jobs.judging import challenges
+    from arceusd.jobs.leader import speed_checks
 
     spec = write_spec(tmp_path, steps=100, interval=20)
     s = HostileSwarm(tmp_path / "swarm", "challenge-abuse", hostile=LEADER)

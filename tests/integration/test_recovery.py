@@ -160,7 +160,7 @@ def assert_equals_failure_free(job: dict[str, Any], spec: Path, tolerance: float
     ``tolerance``: float rounding in other matmul splits, which grows with the layers' width)."""
     from safetensors.torch import load_file
 
-    from arceusd.jobs.spec import load_spec
+    from arceusd.jobs.spec.schema import load_spec
     from tests.integration.worker_harness import reference_run
 
     assert job["state"] == "done", f"job ended {job['state']}: {job['error']}"
@@ -263,7 +263,7 @@ def test_killed_leader_is_replaced_by_its_elected_standby(make_swarm: Any, tmp_p
         "the standby holds the data and a committed checkpoint",
     )
     before = s.call(k, "job", {"job_id": job_id})
-    from arceusd.jobs.recovery import corrupt_shards
+    from arceusd.jobs.plans.recovery import corrupt_shards
 
     step, missing = corrupt_shards(s.state_dir(k) / "jobs" / job_id / "checkpoints", [owner_view["owner"]])
     assert step >= 40 and missing == [], "the standby holds every shard of a signed checkpoint (a third copy)"

@@ -109,7 +109,7 @@ def test_two_replicas_through_daemons_equal_one_process_and_diloco_talks_less(
     import torch
     from safetensors.torch import load_file
 
-    from arceusd.jobs.spec import parse_spec
+    from arceusd.jobs.spec.schema import parse_spec
     from tests.integration.worker_harness import reference_run
 
     ids = {swarm2.call(i, "status")["peer_id"] for i in range(2)}

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from arceusd.jobs.fork_server import parse_order, parse_preload
-from arceusd.jobs.warm_starts import SUPPORTED, WarmStarts, preloads_for
+from arceusd.jobs.procs.fork_server import parse_order, parse_preload
+from arceusd.jobs.procs.warm_starts import SUPPORTED, WarmStarts, preloads_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not SUPPORTED, reason="fork server needs Linux pidfds")]
 
@@ -33,7 +33,7 @@ def test_programs_forked_from_the_server_get_their_stdin_stdout_stderr_and_exit_
         starts = WarmStarts()
         await started(starts)
         # filework reads its request from stdin: invalid JSON must reach it and be answered on stdout.
-        code, out, err = await starts.run("arceusd.jobs.filework", ["shapes"], b"not json")
+        code, out, err = await starts.run("arceusd.jobs.procs.filework", ["shapes"], b"not json")
         assert starts.warm == 1 and starts.cold == 0
         assert code == 1
         answer = json.loads(out.decode().strip().splitlines()[-1])
@@ -41,11 +41,11 @@ def test_programs_forked_from_the_server_get_their_stdin_stdout_stderr_and_exit_
         assert b"Traceback" in err  # its stderr went to the file it was given
         # the next program is forked at once (no refill), and its usage error is its own
         began = time.monotonic()
-        code, out, err = await starts.run("arceusd.jobs.filework", ["nope"], b"")
+        code, out, err = await starts.run("arceusd.jobs.procs.filework", ["nope"], b"")
         assert starts.warm == 2 and code == 1 and b"usage" in err
         assert time.monotonic() - began < 10.0  # a fork, not a torch import (wide margin for a busy machine)
         # a program that waits on its stdin: it is the server's child, and a kill ends it with -SIGKILL
-        proc = await starts.spawn("arceusd.jobs.filework", ["shapes"], tmp_path / "err")
+        proc = await starts.spawn("arceusd.jobs.procs.filework", ["shapes"], tmp_path / "err")
         assert starts.server_pid is not None and parent_of(proc.pid) == starts.server_pid
         assert proc.returncode is None
         proc.kill()
@@ -66,7 +66,7 @@ def test_a_dead_server_falls_back_to_a_cold_start() -> None:
         with trio.fail_after(10):
             while starts.server_pid is not None:  # the daemon notices the end of the server's socket
                 await trio.sleep(0.05)
-        code, out, _ = await starts.run("arceusd.jobs.filework", ["shapes"], b"[]")
+        code, out, _ = await starts.run("arceusd.jobs.procs.filework", ["shapes"], b"[]")
         assert starts.cold == 1 and starts.warm == 0 and code == 1 and b"error" in out
         assert not await starts.start(), "a failed server is not restarted at once"
         await starts.close()
@@ -77,12 +77,12 @@ def test_a_dead_server_falls_back_to_a_cold_start() -> None:
 def test_a_program_whose_server_died_ends_without_waiting_for_its_exit_code(tmp_path: Path) -> None:
     """A forked program outlives a killed server; once it exits, its wait ends at once with the lost code
     (no report can come), not after the time a loaded server gets to report one."""
-    from arceusd.jobs.warm_starts import LOST_EXIT_CODE, NOTICE_S
+    from arceusd.jobs.procs.warm_starts import LOST_EXIT_CODE, NOTICE_S
 
     async def main() -> None:
         starts = WarmStarts()
         await started(starts)
-        proc = await starts.spawn("arceusd.jobs.filework", ["shapes"], tmp_path / "err")  # reads its stdin first
+        proc = await starts.spawn("arceusd.jobs.procs.filework", ["shapes"], tmp_path / "err")  # reads its stdin first
         server = starts.server_pid
         assert server is not None and starts.warm == 1
         os.kill(server, signal.SIGKILL)
@@ -105,7 +105,7 @@ def test_the_first_program_starts_the_server_and_is_forked_once_it_imported() ->
     async def main() -> None:
         starts = WarmStarts()
         assert starts.server_pid is None
-        code, _, _ = await starts.run("arceusd.jobs.filework", ["nope"], b"")
+        code, _, _ = await starts.run("arceusd.jobs.procs.filework", ["nope"], b"")
         assert code == 1 and starts.cold == 0 and starts.warm == 1 and starts.server_pid is not None
         await starts.close()
 
@@ -121,7 +121,7 @@ def test_warming_up_for_a_job_starts_the_server_before_any_program() -> None:
         starts = WarmStarts()
         await starts.warm_up(MLPConfig((4, 2)))
         assert starts.server_pid is not None and starts.warm == starts.cold == 0
-        code, _, _ = await starts.run("arceusd.jobs.filework", ["nope"], b"")
+        code, _, _ = await starts.run("arceusd.jobs.procs.filework", ["nope"], b"")
         assert code == 1 and starts.warm == 1 and starts.cold == 0
         await starts.close()
 
@@ -156,12 +156,12 @@ def test_a_preload_imports_transformers_once_in_the_server_for_every_later_progr
     async def main() -> None:
         starts = WarmStarts()
         await started(starts)
-        await starts.run("arceusd.jobs.filework", ["nope"], b"")  # forked: the server has imported torch
+        await starts.run("arceusd.jobs.procs.filework", ["nope"], b"")  # forked: the server has imported torch
         server = starts.server_pid
         assert server is not None
         before = rss_mib(server)
         await starts.preload(preloads_for(llama))
-        await starts.run("arceusd.jobs.filework", ["nope"], b"")  # forked after the preload's import
+        await starts.run("arceusd.jobs.procs.filework", ["nope"], b"")  # forked after the preload's import
         grown = rss_mib(server) - before
         assert grown > 20, f"the server grew {grown:.0f} MiB: transformers was not imported"
         await starts.close()

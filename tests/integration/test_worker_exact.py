@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from arceusd.jobs.spec import JobSpec
+from arceusd.jobs.spec.schema import JobSpec
 from arceusd.worker.protocol import CheckpointEvent, EvalEvent, StepEvent
 from arceusd.worker.tensor_parallel import TPSplit
 from tests.integration.worker_harness import Layout, WorkerJob, gpt_spec, mnist_spec, reference_run

@@ -17,7 +17,7 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from arceusd.jobs.spec import JobSpec
+from arceusd.jobs.spec.schema import JobSpec
 from arceusd.models.build import build_blocks
 from arceusd.models.hf.blocks import transformers_config
 from arceusd.models.hf.config import HFModelConfig

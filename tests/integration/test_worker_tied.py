@@ -18,8 +18,8 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from arceusd.files.checkpoint import step_dir
-from arceusd.jobs.export import assemble
-from arceusd.jobs.spec import JobSpec
+from arceusd.jobs.procs.export import assemble
+from arceusd.jobs.spec.schema import JobSpec
 from arceusd.models.build import build_blocks
 from arceusd.models.hf.blocks import transformers_config
 from arceusd.models.hf.config import HFModelConfig

@@ -26,8 +26,8 @@ import torch
 from arceusd.base.identity import load_or_create_identity
 from arceusd.files.checkpoint import step_dir
 from arceusd.files.safetensors_io import load_bytes
-from arceusd.jobs.source import open_batch_source
-from arceusd.jobs.spec import JobSpec, parse_spec, to_dict
+from arceusd.jobs.procs.source import open_batch_source
+from arceusd.jobs.spec.schema import JobSpec, parse_spec, to_dict
 from arceusd.models.build import build_reference_model, loss_mean
 from arceusd.models.config import GPTConfig
 from arceusd.worker.protocol import (

@@ -18,8 +18,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 import arceus
 from arceus.model_job import ModelJob, prepare_model_job
 from arceus.specs import spec_file, validate
-from arceusd.jobs.spec import load_spec, spec_hash
-from arceusd.jobs.spec_types import TokensDataSpec
+from arceusd.jobs.spec.parsed import TokensDataSpec
+from arceusd.jobs.spec.schema import load_spec, spec_hash
 from arceusd.models.hf.config import HFModelConfig
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,5 +1,5 @@
-"""Auto-join's retries (:meth:`arceusd.jobs.joining.Joining.auto_join`): a refusal the leader marks as one that may
-pass soon (it holds this device dead: ``JoinReply.retry``) is asked again, backing off, a bounded number of times;
+"""Auto-join's retries (:meth:`arceusd.jobs.leader.joining.Joining.auto_join`): a refusal the leader marks as one that
+may pass soon (it holds this device dead: ``JoinReply.retry``) is asked again, backing off, a bounded number of times;
 an acceptance or a final refusal ends it at once. (A join that gave up at the first "held dead" refusal, after a
 loaded device's false death, left a job waiting for a member forever.)"""
 
@@ -11,9 +11,9 @@ import pytest
 import trio
 import trio.testing
 
-from arceusd.jobs import joining
-from arceusd.jobs.joining import AUTO_JOIN_ATTEMPTS, Joining
-from arceusd.jobs.manager_base import JobContext, Lifecycle
+from arceusd.jobs.common.manager_base import JobContext, Lifecycle
+from arceusd.jobs.leader import joining
+from arceusd.jobs.leader.joining import AUTO_JOIN_ATTEMPTS, Joining
 
 
 def _run(answers: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> int:

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from arceusd.jobs import challenges, claims
-from arceusd.jobs.challenges import Timed
+from arceusd.jobs.judging import challenges, claims
+from arceusd.jobs.judging.challenges import Timed
 from arceusd.worker import speed_challenge
 from tests.unit.test_neighbour_timing import lw, plan_of
 

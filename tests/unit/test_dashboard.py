@@ -165,7 +165,7 @@ def _text(renderable: Any) -> str:
 def test_the_terminal_view_draws_the_job_with_a_progress_bar_and_eta() -> None:
     job = synthetic_job(300)
     job["name"] = "[bold red]evil[/] \x1b[2J"
-    job.update(steps_per_s=20.0, eta_s=100.0)  # the daemon's figures (arceusd.jobs.throughput): 2000 to go
+    job.update(steps_per_s=20.0, eta_s=100.0)  # the daemon's figures (arceusd.jobs.record.throughput): 2000 to go
     text = _text(render_job(job))
     assert "[bold red]evil[/] \\x1b[2J" in text  # neither rich markup nor a terminal escape
     assert "ETA 1m40s" in text and "300/2300" in text and "20.00 steps/s" in text
@@ -174,7 +174,7 @@ def test_the_terminal_view_draws_the_job_with_a_progress_bar_and_eta() -> None:
     plan_rows = [[c.strip() for c in line.split("│")] for line in text.splitlines() if " / " in line]
     rows = [(c[c.index(p[:12]) - 2], c[c.index(p[:12]) - 1]) for p in PEERS for c in plan_rows if p[:12] in c]
     assert rows == [("0", "0-1"), ("1", "2"), ("1", "2"), ("2", "3-4")], (
-        "blocks as the CLI writes them (arceusd.jobs.view.block_range), not the plan's [start, end)"
+        "blocks as the CLI writes them (arceusd.jobs.record.view.block_range), not the plan's [start, end)"
     )
     for i, p in enumerate(PEERS):  # every device's row: its measured compute / wait per step
         row = next(line for line in text.splitlines() if p[:12] in line and " / " in line)
@@ -211,7 +211,7 @@ def test_the_dashboard_config_keys(tmp_path: Path) -> None:
 # --- issue 31: every number true (terms, prices, the wall clock, the machine) ----------------------------------------
 def test_prices_and_counts_are_written_as_the_cli_writes_them() -> None:
     from arceusd.dashboard.data import earnings_view, market_view
-    from arceusd.jobs.view import count, usd, usd_per_hour
+    from arceusd.jobs.record.view import count, usd, usd_per_hour
     from arceusd.market.commands import _market_line
 
     assert usd_per_hour(0.002) == "$0.0020/h" and usd(0.0123456) == "$0.0123" and usd_per_hour(None) == "-"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from arceusd.base import failpoints
-from arceusd.jobs.manager import worker_device
+from arceusd.jobs.service.manager import worker_device
 
 
 def test_off_unless_configured(monkeypatch: pytest.MonkeyPatch) -> None:

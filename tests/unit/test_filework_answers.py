@@ -1,4 +1,4 @@
-"""How the daemon reads a file-work child's answer (``arceusd.jobs.filework._run``): the last stdout line is the
+"""How the daemon reads a file-work child's answer (``arceusd.jobs.procs.filework._run``): the last stdout line is the
 answer; one that carries ``error`` fails the task with that line, a whole answer is kept even when the exit code
 read afterwards says otherwise (a loaded machine's fork server once made a finished re-slice fail a recovery with
 'resume failed: no reason given'), and no answer fails with the exit code and the child's stderr."""
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import trio
 
-from arceusd.jobs import filework
+from arceusd.jobs.procs import filework
 
 
 class FakeStarts:
@@ -18,7 +18,7 @@ class FakeStarts:
         self.answer = (code, out, err)
 
     async def run(self, module: str, argv: list[str], stdin: bytes) -> tuple[int, bytes, bytes]:
-        assert module == "arceusd.jobs.filework" and argv == ["resume"]
+        assert module == "arceusd.jobs.procs.filework" and argv == ["resume"]
         return self.answer
 
 

@@ -13,9 +13,9 @@ import pytest
 from click.testing import CliRunner
 
 from arceusd.cli.commands import cli
-from arceusd.jobs.planning import Offer, make_job_plan
-from arceusd.jobs.spec import load_spec
-from arceusd.jobs.spec_types import JobSpec
+from arceusd.jobs.plans.planning import Offer, make_job_plan
+from arceusd.jobs.spec.parsed import JobSpec
+from arceusd.jobs.spec.schema import load_spec
 from arceusd.market.admission import Spend
 from arceusd.market.forecast import (
     CHECKPOINT_S,
@@ -130,7 +130,7 @@ def test_status_and_watch_show_the_leaders_cost_figures() -> None:
     from rich.console import Console
 
     from arceusd.dashboard.watch import render_job as rich_job
-    from arceusd.jobs.view import render_job
+    from arceusd.jobs.record.view import render_job
 
     p = cost_progress(Spend(0.002, 0.00001), 0.01, 100, 300, 40.0, running=True)
     job: dict[str, Any] = {
@@ -156,7 +156,7 @@ def test_status_and_watch_show_the_leaders_cost_figures() -> None:
 def test_the_job_method_gives_the_cost_figures_on_the_leader_only() -> None:
     from types import SimpleNamespace
 
-    from arceusd.jobs.throughput import Speed
+    from arceusd.jobs.record.throughput import Speed
     from arceusd.market.progress import job_cost
 
     class Market:

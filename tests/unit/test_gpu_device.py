@@ -14,8 +14,8 @@ import pytest
 from arceusd.device.config import ConfigError, DaemonConfig, load_config
 from arceusd.device.profile import CACHE_FILE, CACHE_VERSION, DeviceMeasurement, chosen_measurement
 from arceusd.device.summary import MAX_SUMMARY, accelerator_parts, device_summary, format_summary, machine_line
-from arceusd.jobs.planning import Offer, make_plan
-from arceusd.jobs.spec import load_spec
+from arceusd.jobs.plans.planning import Offer, make_plan
+from arceusd.jobs.spec.schema import load_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 GIB = 1 << 30

@@ -16,7 +16,7 @@ from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dic
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from arceusd.files.safetensors_io import save_bytes
-from arceusd.jobs.reslice import full_state, parse_shard, slice_state
+from arceusd.jobs.procs.reslice import full_state, parse_shard, slice_state
 from arceusd.models.build import build_blocks, num_blocks
 from arceusd.models.hf.blocks import transformers_config
 from arceusd.models.hf.config import HFModelConfig

@@ -2,7 +2,7 @@
 stages, one stage's layers split over 2-3 ranks with their adapters (``arceusd/worker/hf_tensor_parallel.py``:
 ``lora_B`` by output rows on column-parallel projections, ``lora_A`` by input columns on row-parallel ones), train
 as one process with ``peft.get_peft_model`` on the same batches (fp32, CPU, 1e-4). The split checkpoint gathers
-into the whole adapters (``arceusd/jobs/reslice.py``), cuts back into each rank's slice, and exports in peft's
+into the whole adapters (``arceusd/jobs/procs/reslice.py``), cuts back into each rank's slice, and exports in peft's
 format. The ranks run in threads over the in-memory collective, as ``test_hf_tp_exact``.
 """
 
@@ -18,9 +18,9 @@ import torch
 from peft import PeftModel, get_peft_model, set_peft_model_state_dict
 
 from arceusd.files.safetensors_io import save_bytes
-from arceusd.jobs.planning import Offer, encode_start, make_plan, verify_start, worker_stages
-from arceusd.jobs.reslice import full_state, parse_shard, slice_state
-from arceusd.jobs.spec import load_spec
+from arceusd.jobs.plans.planning import Offer, encode_start, make_plan, verify_start, worker_stages
+from arceusd.jobs.procs.reslice import full_state, parse_shard, slice_state
+from arceusd.jobs.spec.schema import load_spec
 from arceusd.models.build import build_block, num_blocks
 from arceusd.models.hf.blocks import HFDecoderBlock
 from arceusd.models.hf.config import HFModelConfig

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from arceusd.jobs.planning import Offer, encode_start, make_plan, plan_inputs, verify_start, worker_stages
-from arceusd.jobs.spec import load_spec
+from arceusd.jobs.plans.planning import Offer, encode_start, make_plan, plan_inputs, verify_start, worker_stages
+from arceusd.jobs.spec.schema import load_spec
 from arceusd.models.costs import block_costs
 from arceusd.models.hf.config import HFModelConfig
 from arceusd.models.hf.lora_spec import LoraSpec

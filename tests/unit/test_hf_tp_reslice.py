@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from arceusd.files.safetensors_io import save_bytes
-from arceusd.jobs.reslice import full_state, parse_shard, slice_state
+from arceusd.jobs.procs.reslice import full_state, parse_shard, slice_state
 from arceusd.models.build import build_blocks, num_blocks
 from arceusd.models.hf.config import HFModelConfig
 from arceusd.worker.collective import InMemoryAllReduce

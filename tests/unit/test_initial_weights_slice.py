@@ -13,8 +13,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from arceusd.jobs.initial_weights import needs_weights, place_layout, standby_copies, worker_spec_weights
-from arceusd.jobs.spec import JobSpecError, load_spec, spec_from_dict, to_dict
+from arceusd.jobs.plans.initial_weights import needs_weights, place_layout, standby_copies, worker_spec_weights
+from arceusd.jobs.spec.schema import JobSpecError, load_spec, spec_from_dict, to_dict
 from arceusd.models.hf.config import HFModelConfig
 from arceusd.models.hf.keys import expected_tensors
 from arceusd.models.hf.lora_spec import LoraSpec

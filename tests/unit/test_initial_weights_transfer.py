@@ -1,4 +1,4 @@
-"""Initial weights between daemons (issue 30; ``arceusd/jobs/transfers.py``, torch-free): a member fetches only
+"""Initial weights between daemons (issue 30; ``arceusd/jobs/common/transfers.py``, torch-free): a member fetches only
 its place's tensors from the leader into its own job directory (the leader works out the place from its plan; the
 member names an offset only), the whole file goes to the standby alone and is checked against the signed
 ``weights_sha256``, and a standby's checked copy is what it serves once it leads."""
@@ -14,10 +14,10 @@ import pytest
 import trio
 from safetensors import safe_open
 
+from arceusd.jobs.common.transfers import Transfers, job_weights
 from arceusd.jobs.core import JobCore, JobState, Role, Stamp
-from arceusd.jobs.job import Job
-from arceusd.jobs.spec import load_spec
-from arceusd.jobs.transfers import Transfers, job_weights
+from arceusd.jobs.record.job import Job
+from arceusd.jobs.spec.schema import load_spec
 from arceusd.models.hf.weights_slice import WeightsSliceError, place_keys
 from protocol.job_wire import JobAck, ShardData, WeightsRequest
 from tests.unit import hf_cases

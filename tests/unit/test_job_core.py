@@ -11,11 +11,10 @@ from typing import TypeVar, cast
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from arceusd.jobs import lifecycle
-from arceusd.jobs.core import MAX_RESTARTS_PER_CHECKPOINT, TERMINAL, JobCore, JobState, Role, Stamp
+from arceusd.jobs.core import MAX_RESTARTS_PER_CHECKPOINT, TERMINAL, JobCore, JobState, Role, Stamp, lifecycle
 from arceusd.jobs.core import actions as a
 from arceusd.jobs.core import events as e
-from arceusd.jobs.leadership import Accept, AskElection, Refuse, refusal
+from arceusd.jobs.core.leadership import Accept, AskElection, Refuse, refusal
 
 ME, B, C = "a" * 32, "b" * 32, "c" * 32
 

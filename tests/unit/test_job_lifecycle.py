@@ -1,4 +1,4 @@
-"""The leader's decisions at a job's edges (arceusd.jobs.lifecycle), and the manager carrying them out.
+"""The leader's decisions at a job's edges (arceusd.jobs.core.lifecycle), and the manager carrying them out.
 
 The manager tests drive a real :class:`JobManager` in trio with a mock clock; only its boundaries are fakes (the
 node's identity and elections, a peer service that records what it sends, a shard fetch that fails, a worker
@@ -15,12 +15,11 @@ import pytest
 import trio
 import trio.testing
 
-from arceusd.jobs import lifecycle
-from arceusd.jobs.core import JobCore, JobState, Stamp
+from arceusd.jobs.core import JobCore, JobState, Stamp, lifecycle
 from arceusd.jobs.core import actions as a
 from arceusd.jobs.core import events as e
-from arceusd.jobs.job import Job
-from arceusd.jobs.manager import JobManager
+from arceusd.jobs.record.job import Job
+from arceusd.jobs.service.manager import JobManager
 from protocol.job_wire import JobAck, JobGo, PeerAddress
 
 ME, OTHER = "a" * 32, "b" * 32
@@ -101,7 +100,7 @@ def test_every_action_of_the_core_has_one_handler_or_is_answered_by_its_caller(t
     import typing
 
     from arceusd.jobs.core import actions
-    from arceusd.jobs.driver import LONG_ACTIONS
+    from arceusd.jobs.service.driver import LONG_ACTIONS
 
     m, _ = manager(tmp_path, FakePeers())
     table = m.driver.table

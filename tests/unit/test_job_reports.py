@@ -1,6 +1,6 @@
 """Job reports travel as typed messages (issue #18): a worker event becomes a :class:`JobReport` once
-(:func:`arceusd.jobs.reports.report_of_event`), every kind round-trips through the codec, the codec refuses a report
-outside its types and bounds, and a leader drops and counts what it refuses and goes on serving."""
+(:func:`arceusd.jobs.member.reports.report_of_event`), every kind round-trips through the codec, the codec refuses a
+report outside its types and bounds, and a leader drops and counts what it refuses and goes on serving."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ import trio.testing
 
 from arceusd.base.identity import Identity
 from arceusd.jobs.core import events as e
-from arceusd.jobs.reports import KINDS, report_of_event
-from arceusd.jobs.shard_checks import ReportProblem
+from arceusd.jobs.leader.shard_checks import ReportProblem
+from arceusd.jobs.member.reports import KINDS, report_of_event
 from arceusd.membership.config import local
 from arceusd.network.peers import PeerService, UnaryTransport, wall_ms
 from arceusd.transport import Stream

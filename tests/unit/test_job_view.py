@@ -10,11 +10,11 @@ from typing import Any, cast
 
 import pytest
 
-from arceusd.jobs.claims import StageTime
 from arceusd.jobs.core import JobCore
 from arceusd.jobs.core import events as e
-from arceusd.jobs.job import STAGE_WINDOW, Job
-from arceusd.jobs.view import render_job
+from arceusd.jobs.judging.claims import StageTime
+from arceusd.jobs.record.job import STAGE_WINDOW, Job
+from arceusd.jobs.record.view import render_job
 from protocol.job_wire import JobReport, ReportKind
 
 
@@ -61,7 +61,7 @@ def test_only_the_last_steps_count(tmp_path: Path) -> None:
 def test_status_shows_the_tail_and_the_dashboard_gets_the_whole_curve(tmp_path: Path) -> None:
     """``status JOB --json`` carries the last HISTORY_TAIL points; ``whole_history`` (the control method's
     ``history: "all"``, which the dashboard asks for) carries every one, so a 1,000-step curve is drawn whole."""
-    from arceusd.jobs.job import HISTORY_TAIL
+    from arceusd.jobs.record.job import HISTORY_TAIL
 
     job = _job(tmp_path)
     for step in range(1, 1001):
@@ -75,7 +75,7 @@ def test_status_shows_the_tail_and_the_dashboard_gets_the_whole_curve(tmp_path: 
 def test_a_long_history_keeps_the_whole_curve_at_a_bounded_size(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from arceusd.jobs import job as job_module
+    from arceusd.jobs.record import job as job_module
 
     monkeypatch.setattr(job_module, "MAX_HISTORY", 100)
     job = _job(tmp_path)
@@ -91,7 +91,7 @@ def test_the_leader_keeps_its_committed_checkpoints_bounded_newest_last(
 ) -> None:
     """The timeline's checkpoints come from the job's record (``checkpoints`` in ``status JOB --json``): each
     commit once, with its wall-clock time, the newest MAX_CHECKPOINTS kept."""
-    from arceusd.jobs import leader_record
+    from arceusd.jobs.record import leader_record
 
     job = _job(tmp_path)
     job.leading.commits.record_checkpoint(100, at=1000.0)
@@ -112,7 +112,7 @@ def test_the_leader_keeps_its_committed_checkpoints_bounded_newest_last(
 
 
 def test_a_reports_wait_is_kept_only_when_finite_and_within_bounds() -> None:
-    from arceusd.jobs import claims
+    from arceusd.jobs.judging import claims
 
     waits: dict[str, float] = {}
     claims.record_wait_time(waits, "a", _claims(wait_s=0.25))
@@ -130,7 +130,7 @@ def test_a_reports_wait_is_kept_only_when_finite_and_within_bounds() -> None:
 
 
 def test_stage_times_cover_every_measured_device_and_this_device_from_its_own_steps(tmp_path: Path) -> None:
-    from arceusd.jobs import claims
+    from arceusd.jobs.judging import claims
 
     me, other, third = "aa" * 16, "bb" * 16, "cc" * 16
     job = _job(tmp_path)
@@ -179,7 +179,7 @@ def test_stage_times_cover_every_measured_device_and_this_device_from_its_own_st
 
 
 def test_a_replicated_plan_shows_every_replica_its_sync_and_the_ring_bytes(tmp_path: Path) -> None:
-    from arceusd.jobs.planning import make_job_plan
+    from arceusd.jobs.plans.planning import make_job_plan
     from tests.unit.test_planning_replicas import FAST, _links, _offers, _spec
 
     job = _job(tmp_path)
@@ -197,8 +197,8 @@ def test_a_replicated_plan_shows_every_replica_its_sync_and_the_ring_bytes(tmp_p
         for r, replica in enumerate(job.replica_plan.replicas):
             assert f"replica {r} stage 0: blocks 0-" in text and replica.peer_ids[0][:12] in text
     # a dropped replica: the plan without it, and the drop named in status
-    from arceusd.jobs.job import ReplicaDrop
-    from arceusd.jobs.replica_drop import dropped_plan
+    from arceusd.jobs.leader.replica_drop import dropped_plan
+    from arceusd.jobs.record.job import ReplicaDrop
 
     assert job.replica_plan is not None
     lost = job.replica_plan.replicas[1].peer_ids
@@ -214,7 +214,7 @@ def test_a_replicated_plan_shows_every_replica_its_sync_and_the_ring_bytes(tmp_p
 
 
 def test_status_shows_what_the_leader_measured_of_its_members_claims(tmp_path: Path) -> None:
-    from arceusd.jobs.challenges import Timed
+    from arceusd.jobs.judging.challenges import Timed
 
     job = _job(tmp_path)
     honest, liar, forger = "a" * 32, "b" * 32, "c" * 32
@@ -241,7 +241,7 @@ def test_each_loss_point_keeps_the_time_it_was_seen_through_halving_and_a_resume
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``history_at`` (the dashboard's wall-clock axis and CSV) stays beside ``history``, point for point."""
-    from arceusd.jobs import job as job_module
+    from arceusd.jobs.record import job as job_module
 
     monkeypatch.setattr(job_module, "MAX_HISTORY", 100)
     job = _job(tmp_path)

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from arceusd.jobs.spec import (
+from arceusd.jobs.spec.parsed import MnistDataSpec, TextDataSpec
+from arceusd.jobs.spec.schema import (
     JobSpecError,
     canonical_json,
     job_id,
@@ -22,7 +23,6 @@ from arceusd.jobs.spec import (
     spec_hash,
     to_dict,
 )
-from arceusd.jobs.spec_types import MnistDataSpec, TextDataSpec
 from arceusd.models.config import GPTConfig, MLPConfig
 
 ROOT = Path(__file__).resolve().parents[2]

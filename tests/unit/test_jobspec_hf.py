@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from arceusd.jobs.spec import JobSpecError, load_spec, spec_from_dict, spec_hash, to_dict
-from arceusd.jobs.spec_types import TokensDataSpec
+from arceusd.jobs.spec.parsed import TokensDataSpec
+from arceusd.jobs.spec.schema import JobSpecError, load_spec, spec_from_dict, spec_hash, to_dict
 from arceusd.models.costs import block_costs
 from arceusd.models.hf.config import HFModelConfig
 from tests.unit import hf_cases
@@ -76,7 +76,7 @@ def test_an_unsupported_config_is_one_clear_line(
 def test_a_tied_config_trains_and_its_replicas_sync_every_step(tmp_path: Path) -> None:
     """Tied embeddings split across stages sum their gradients every step (worker/tied.py): 'auto' plans replicas
     that all-reduce every step, and 'diloco' (each copy averaged on its own ring) is refused in one line."""
-    from arceusd.jobs.planning import _replica_choices
+    from arceusd.jobs.plans.planning import _replica_choices
     from arceusd.market.needs import JobNeeds
     from arceusd.models.hf.config import num_hf_blocks
     from arceusd.models.hf.keys import param_count

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from arceusd.jobs.spec import JobSpecError, load_spec, parse_spec, spec_from_dict, spec_hash, to_dict
+from arceusd.jobs.spec.schema import JobSpecError, load_spec, parse_spec, spec_from_dict, spec_hash, to_dict
 from arceusd.models.costs import block_costs
 from arceusd.models.hf.config import HFModelConfig
 from arceusd.models.hf.lora_keys import lora_blocks, lora_tensors, peft_key
@@ -148,8 +148,8 @@ def test_costs_count_the_base_held_and_only_the_adapters_trained() -> None:
 
 def test_the_lora_spec_modules_import_no_torch() -> None:
     code = (
-        "import sys; import arceusd.jobs.spec_lora, arceusd.models.hf.lora_keys, arceusd.models.hf.lora_costs; "
-        "import arceusd.jobs.spec; assert 'torch' not in sys.modules and 'peft' not in sys.modules"
+        "import sys; import arceusd.jobs.spec.lora, arceusd.models.hf.lora_keys, arceusd.models.hf.lora_costs; "
+        "import arceusd.jobs.spec.schema; assert 'torch' not in sys.modules and 'peft' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from arceusd.jobs.spec import JobSpecError, parse_spec, spec_from_dict, spec_hash, to_dict
-from arceusd.jobs.spec_types import DiLoCoSpec
+from arceusd.jobs.spec.parsed import DiLoCoSpec
+from arceusd.jobs.spec.schema import JobSpecError, parse_spec, spec_from_dict, spec_hash, to_dict
 from tests.unit.test_jobspec import ROOT, mnist_doc
 
 

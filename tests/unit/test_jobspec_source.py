@@ -11,8 +11,8 @@ import torch
 
 from arceusd.data.batches import MnistBatches, TextBatches
 from arceusd.data.errors import DataError
-from arceusd.jobs.source import open_batch_source
-from arceusd.jobs.spec import load_spec, spec_from_dict, to_dict
+from arceusd.jobs.procs.source import open_batch_source
+from arceusd.jobs.spec.schema import load_spec, spec_from_dict, to_dict
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"

@@ -11,10 +11,10 @@ from typing import Any, cast
 import pytest
 
 from arceusd.jobs.core import JobCore, JobState, Role
-from arceusd.jobs.job import Job
-from arceusd.jobs.job_paths import MEMBER_FILE
-from arceusd.jobs.known import KnownJob, known_jobs, member_record, parse_record, read_records
-from arceusd.jobs.view import job_line
+from arceusd.jobs.plans.job_paths import MEMBER_FILE
+from arceusd.jobs.record.job import Job
+from arceusd.jobs.record.known import KnownJob, known_jobs, member_record, parse_record, read_records
+from arceusd.jobs.record.view import job_line
 from arceusd.market.ledger import JobReceipts, job_receipts
 from arceusd.market.receipts import countersign, sign_leader
 from tests.unit.test_market_receipts import DEV_A, DEV_B, JOB, LEADER, filled, receipt

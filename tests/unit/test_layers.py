@@ -68,3 +68,40 @@ def test_every_module_has_a_layer() -> None:
 def test_no_layer_imports_a_higher_one() -> None:
     found = upward(graph())
     assert found == [], "imports of a higher layer (module level and TYPE_CHECKING):\n" + "\n".join(found)
+
+
+# Inside arceusd.jobs, lowest first (the map is in arceusd/jobs/__init__.py): the spec and the pure judging import
+# nothing of the job's I/O; the core only those two; nothing below the leader's, the member's and the service's
+# side imports them. leader/ and member/ share a layer: local_worker holds the leader's taking of reports, and
+# starting starts the local worker.
+JOB_LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("spec", ("arceusd.jobs.spec",)),
+    ("judging", ("arceusd.jobs.judging",)),
+    ("core", ("arceusd.jobs.core",)),
+    ("plans", ("arceusd.jobs.plans",)),
+    ("child processes", ("arceusd.jobs.procs",)),
+    ("record", ("arceusd.jobs.record",)),
+    ("common", ("arceusd.jobs.common",)),
+    ("leader and member", ("arceusd.jobs.leader", "arceusd.jobs.member")),
+    ("service", ("arceusd.jobs.service",)),
+)
+
+
+def jobs_edges() -> dict[str, set[str]]:
+    """The graph's edges among arceusd.jobs' modules (its own __init__, a map with no imports, left out)."""
+    inside = "arceusd.jobs."
+    return {m: {d for d in ds if d.startswith(inside)} for m, ds in graph().items() if m.startswith(inside)}
+
+
+def test_every_jobs_module_has_a_room() -> None:
+    edges = jobs_edges()
+    assert len(edges) > 50, "the graph did not find the jobs modules"
+    missing = sorted(m for m in edges if layer_of(m, JOB_LAYERS) is None)
+    assert missing == [], "jobs modules in no subpackage of JOB_LAYERS (place them): " + ", ".join(missing)
+
+
+def test_no_jobs_room_imports_a_higher_one() -> None:
+    edges = jobs_edges()
+    assert layer_of("arceusd.jobs.core.machine", JOB_LAYERS) == 2, "the core sits above the spec and the judging"
+    found = upward(edges, JOB_LAYERS)
+    assert found == [], "jobs imports of a higher room (module level and TYPE_CHECKING):\n" + "\n".join(found)

@@ -1,4 +1,4 @@
-"""Who may command a job (arceusd.jobs.leadership), and the interleaving that failed a job in CI: membership
+"""Who may command a job (arceusd.jobs.core.leadership), and the interleaving that failed a job in CI: membership
 declared the live owner dead under load, its standby won a newer term with the third member and re-tracked the
 job without the owner; the owner, which never saw itself die, kept commanding. The members must refuse it naming
 the leader they follow, and the owner must then hand over instead of repartitioning until the job fails.
@@ -25,7 +25,7 @@ from arceusd.elections.core import (
     VoteRequested,
     election_local,
 )
-from arceusd.jobs.leadership import (
+from arceusd.jobs.core.leadership import (
     Accept,
     AskElection,
     Go,

@@ -1,4 +1,4 @@
-"""What a device says it lends (``arceusd.jobs.lending``): from its cached measurement without torch, capped by
+"""What a device says it lends (``arceusd.jobs.service.lending``): from its cached measurement without torch, capped by
 ``lend_memory_mib``, 0 while its owner has the machine back; and what a submit counts of its peers' answers."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import pytest
 import trio
 
 from arceusd.device.profile import CACHE_FILE, CACHE_VERSION, DeviceMeasurement
-from arceusd.jobs import lending
-from arceusd.jobs.lending import answerer, cached_lend, seen_lending
-from arceusd.jobs.memory_fit import MIB
+from arceusd.jobs.plans.memory_fit import MIB
+from arceusd.jobs.service import lending
+from arceusd.jobs.service.lending import answerer, cached_lend, seen_lending
 from arceusd.market.policy import Policy
 from arceusd.market.probes import Snapshot
 from arceusd.membership.events import MemberState

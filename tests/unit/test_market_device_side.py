@@ -15,7 +15,7 @@ import pytest
 import trio
 
 from arceusd.base.identity import Identity
-from arceusd.jobs.spec import parse_spec
+from arceusd.jobs.spec.schema import parse_spec
 from arceusd.market.quote import step_flops
 from arceusd.market.receipts import Receipt, decode, encode, sign_leader
 from arceusd.market.service import Market

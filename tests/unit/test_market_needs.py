@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from arceusd.jobs.spec import parse_spec
+from arceusd.jobs.spec.schema import parse_spec
 from arceusd.market.needs import DeviceOffer, JobNeeds, Unfit, demand_in_view, match, pay
 from arceusd.market.policy import LAPTOP, Policy, Reason
 from arceusd.market.pricing import CLOUD_GPUS, TYPICAL_LAPTOP_FLOPS, Demand, price_per_hour

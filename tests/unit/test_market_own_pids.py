@@ -12,7 +12,7 @@ from typing import Any, cast
 
 import trio
 
-from arceusd.jobs.supervisor import WorkerProcess
+from arceusd.jobs.procs.supervisor import WorkerProcess
 from arceusd.market.service import own_pids
 
 

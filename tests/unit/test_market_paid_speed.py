@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from arceusd.jobs.challenges import Timed
-from arceusd.jobs.claims import MAX_DISCOUNT
+from arceusd.jobs.judging.challenges import Timed
+from arceusd.jobs.judging.claims import MAX_DISCOUNT
 from arceusd.market.needs import pay
 from arceusd.market.paid_speed import baseline, beyond_cap, cap, paid_flops, paid_speeds, timed_out
 

@@ -1,4 +1,4 @@
-"""A job's training-state memory (``arceusd.jobs.memory_fit``): a lower bound of every plan's memory, the refusal
+"""A job's training-state memory (``arceusd.jobs.plans.memory_fit``): a lower bound of every plan's memory, the refusal
 line with its numbers, and the quote's memory lines."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from arceusd.jobs.memory_fit import (
+from arceusd.jobs.plans.memory_fit import (
     MIB,
     Lent,
     TrainingMemory,
@@ -19,9 +19,9 @@ from arceusd.jobs.memory_fit import (
     refusal,
     training_memory,
 )
-from arceusd.jobs.planning import Offer, make_plan
-from arceusd.jobs.spec import parse_spec
-from arceusd.jobs.spec_types import JobSpec
+from arceusd.jobs.plans.planning import Offer, make_plan
+from arceusd.jobs.spec.parsed import JobSpec
+from arceusd.jobs.spec.schema import parse_spec
 from arceusd.market.estimate import estimate
 from arceusd.models.config import GPTConfig
 from arceusd.models.costs import gpt_block_costs

@@ -1,6 +1,6 @@
 """A member's step time as its neighbours in the pipeline see it (issue #19: the leader measures, it does not
-believe): the engine splits its link waits by direction, and :func:`arceusd.jobs.claims.seen_by_neighbours` finds
-the stage both neighbours wait on, whatever that stage says of itself."""
+believe): the engine splits its link waits by direction, and :func:`arceusd.jobs.judging.claims.seen_by_neighbours`
+finds the stage both neighbours wait on, whatever that stage says of itself."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from arceusd.jobs import claims
+from arceusd.jobs.judging import claims
 from arceusd.worker.engine import StageEngine, StepResult
 from arceusd.worker.optim import LRSchedule
 from arceusd.worker.schedule import ScheduleKind

@@ -12,9 +12,9 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from arceusd.jobs.planning import Offer, make_plan
-from arceusd.jobs.spec import load_spec
-from arceusd.jobs.spec_types import JobSpec
+from arceusd.jobs.plans.planning import Offer, make_plan
+from arceusd.jobs.spec.parsed import JobSpec
+from arceusd.jobs.spec.schema import load_spec
 from partitioner import Plan, PlanError
 
 SPEC = Path(__file__).resolve().parents[1] / "integration" / "specs" / "tiny-gpt-3.toml"

@@ -1,6 +1,6 @@
 """The daemon's planning step with calibrated offers: what goes into the plan inputs, and what a member checks.
 
-``arceusd.jobs.planning`` is pure: these run the leader's ``make_plan`` and the member's ``verify_start`` on a
+``arceusd.jobs.plans.planning`` is pure: these run the leader's ``make_plan`` and the member's ``verify_start`` on a
 spec parsed without data files (the facts a spec from the wire carries)."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from arceusd.jobs.planning import Offer, PlanRefused, encode_start, make_plan, plan_inputs, verify_start
-from arceusd.jobs.spec import spec_from_dict
-from arceusd.jobs.spec_types import JobSpec
+from arceusd.jobs.plans.planning import Offer, PlanRefused, encode_start, make_plan, plan_inputs, verify_start
+from arceusd.jobs.spec.parsed import JobSpec
+from arceusd.jobs.spec.schema import spec_from_dict
 from partitioner import inputs_to_dict
 
 GIB = 1 << 30
@@ -93,7 +93,7 @@ def test_member_verifies_the_plan_and_refuses_a_misstated_calibration() -> None:
 
 
 def test_measured_links_replace_the_defaults_and_member_pairs_take_the_slower_leader_link() -> None:
-    from arceusd.jobs.planning import DEFAULT_BANDWIDTH, estimated_links
+    from arceusd.jobs.plans.planning import DEFAULT_BANDWIDTH, estimated_links
     from partitioner import Link
 
     c = Offer("c" * 32, "h:3", 8e10, 4 * GIB)
@@ -129,7 +129,7 @@ def test_an_offer_from_the_wire_is_checked_field_by_field() -> None:
 
 
 def test_a_member_accepts_a_plan_rating_it_slower_than_it_offered_never_faster() -> None:
-    from arceusd.jobs import claims
+    from arceusd.jobs.judging import claims
 
     spec = _spec("adamw")
     offers = _offers()
@@ -145,7 +145,7 @@ def test_a_member_accepts_a_plan_rating_it_slower_than_it_offered_never_faster()
 
 
 def test_overclaim_is_judged_against_the_other_members_not_the_machine() -> None:
-    from arceusd.jobs import claims
+    from arceusd.jobs.judging import claims
 
     # everyone 2-3x slower than planned (a busy machine): nobody overclaimed
     busy = {"a": (0.30, 0.10), "b": (0.25, 0.10), "c": (0.20, 0.10)}

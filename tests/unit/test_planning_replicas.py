@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from arceusd.jobs.planning import Offer, make_replica_plan, replica_sync_config, worker_replicas
-from arceusd.jobs.spec import parse_spec
-from arceusd.jobs.spec_types import JobSpec
+from arceusd.jobs.plans.planning import Offer, make_replica_plan, replica_sync_config, worker_replicas
+from arceusd.jobs.spec.parsed import JobSpec
+from arceusd.jobs.spec.schema import parse_spec
 from arceusd.worker.protocol import MemberConfig, ReplicaSyncConfig, WorkerConfig
 from partitioner import Link, PlanError, ReplicaSyncMode
 from tests.unit.test_jobspec import ROOT, mnist_doc
@@ -109,7 +109,7 @@ def test_the_jobs_compression_compresses_the_gradient_allreduce() -> None:
 def test_members_recompute_the_replica_plan_and_refuse_a_changed_one() -> None:
     import dataclasses
 
-    from arceusd.jobs.planning import (
+    from arceusd.jobs.plans.planning import (
         PlanRefused,
         encode_job_start,
         make_job_plan,
@@ -148,7 +148,7 @@ def test_members_recompute_the_replica_plan_and_refuse_a_changed_one() -> None:
 
 
 def test_the_leader_who_serves_the_data_is_in_every_replica_plan_and_members_check_it() -> None:
-    from arceusd.jobs.planning import PlanRefused, encode_job_start, make_job_plan, verify_job_start
+    from arceusd.jobs.plans.planning import PlanRefused, encode_job_start, make_job_plan, verify_job_start
 
     offers = [Offer(f"{i:032x}", f"127.0.0.1:{9000 + i}", 1e10 / (1 + i), 4 * GIB) for i in range(3)]
     slowest = offers[-1].peer_id

@@ -1,5 +1,5 @@
-"""How far training can move a parameter (arceusd/jobs/plausibility.py, issue #29 item 8): the bound holds for the
-real optimizers driven by the worst gradients we can make (huge, sign-flipping, sparse), the scan's magnitude
+"""How far training can move a parameter (arceusd/jobs/judging/plausibility.py, issue #29 item 8): the bound holds for
+the real optimizers driven by the worst gradients we can make (huge, sign-flipping, sparse), the scan's magnitude
 bracket holds in every float dtype, and a shard of 1e30 is refused while the honest shards of a run pass."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from arceusd.files.safetensors_io import save_bytes
-from arceusd.jobs import plausibility
-from arceusd.jobs.shard_scan import Magnitude, scan_shard
-from arceusd.jobs.spec_types import TrainingSpec
+from arceusd.jobs.judging import plausibility
+from arceusd.jobs.judging.shard_scan import Magnitude, scan_shard
+from arceusd.jobs.spec.parsed import TrainingSpec
 
 
 def training(optimizer: str, **kw: object) -> TrainingSpec:

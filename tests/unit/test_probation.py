@@ -1,14 +1,15 @@
 """Two members that each say they waited on the other (issue #19: a member that slows the job on purpose and
 blames its neighbour): found, kept out of the neighbours' judgement, and settled by planning one of them alone
-beside the leader (``arceusd/jobs/probation.py``)."""
+beside the leader (``arceusd/jobs/leader/probation.py``)."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 from typing import Any
 
-from arceusd.jobs import claims, probation
-from arceusd.jobs.leader_record import ProbationBook
+from arceusd.jobs.judging import claims
+from arceusd.jobs.leader import probation
+from arceusd.jobs.record.leader_record import ProbationBook
 from tests.unit.test_neighbour_timing import lw, plan_of
 
 

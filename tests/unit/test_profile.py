@@ -96,13 +96,13 @@ def test_a_cache_taken_at_another_thread_count_is_measured_again(tmp_path: Path)
 
 
 def test_the_probe_measures_at_the_workers_thread_count(tmp_path: Path) -> None:
-    """The daemon's probe child (``python -m arceusd.jobs.probe DIR THREADS``) measures with the stage
+    """The daemon's probe child (``python -m arceusd.jobs.procs.probe DIR THREADS``) measures with the stage
     workers' torch threads and caches them; a bad count is refused with a message."""
     import subprocess
     import sys
 
     root = Path(__file__).resolve().parents[2]
-    run = [sys.executable, "-m", "arceusd.jobs.probe", str(tmp_path)]
+    run = [sys.executable, "-m", "arceusd.jobs.procs.probe", str(tmp_path)]
     done = subprocess.run([*run, "1"], capture_output=True, text=True, timeout=120, cwd=root)
     assert done.returncode == 0, done.stderr
     offer = json.loads(done.stdout.strip().splitlines()[-1])

@@ -19,9 +19,9 @@ from arceusd.cli.commands import cli
 from arceusd.jobs.core import JobCore
 from arceusd.jobs.core import actions as a
 from arceusd.jobs.core import events as e
-from arceusd.jobs.driver import job_timing
-from arceusd.jobs.job import Job
-from arceusd.jobs.view import job_line, render_job
+from arceusd.jobs.record.job import Job
+from arceusd.jobs.record.view import job_line, render_job
+from arceusd.jobs.service.driver import job_timing
 from arceusd.market.admission import Member, Spend, projected_usd
 from arceusd.market.forecast import FIRST_JOB_S, START_S, forecast, rest_usd
 from arceusd.market.needs import pay

@@ -12,8 +12,8 @@ from click.testing import CliRunner
 
 from arceusd.cli.commands import cli
 from arceusd.jobs.core import JobCore, events
-from arceusd.jobs.driver import job_timing
-from arceusd.jobs.job import Job
+from arceusd.jobs.record.job import Job
+from arceusd.jobs.service.driver import job_timing
 from arceusd.market.estimate import DeviceGuess, offers_for, with_peers
 from arceusd.market.forecast import forecast
 from arceusd.market.timings import JobTiming, peer_speeds, read_timings, record_timing

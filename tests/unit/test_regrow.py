@@ -1,5 +1,5 @@
-"""Rebuilding a dropped replica on a spare member (``arceusd.jobs.regrow``, issue 22): what the spare's start says
-and how it checks the plan, where the replicas left hold, and how a device left takes the rebuilt replica in."""
+"""Rebuilding a dropped replica on a spare member (``arceusd.jobs.leader.regrow``, issue 22): what the spare's start
+says and how it checks the plan, where the replicas left hold, and how a device left takes the rebuilt replica in."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from typing import Any, cast
 import pytest
 import trio
 
-from arceusd.jobs.planning import PlanRefused, encode_job_start, make_job_plan, verify_grown_start
-from arceusd.jobs.regrow import GrowStart, grown_plan
-from arceusd.jobs.replica_drop import dropped_plan, hold_step
+from arceusd.jobs.leader.regrow import GrowStart, grown_plan
+from arceusd.jobs.leader.replica_drop import dropped_plan, hold_step
+from arceusd.jobs.plans.planning import PlanRefused, encode_job_start, make_job_plan, verify_grown_start
 from partitioner.replicas import cut_alike, replica_plan_bytes, with_devices
 from protocol.job_wire import JobGrowReplica, PeerAddress
 from tests.unit.test_job_lifecycle import JOB, ME, OTHER, FakePeers, manager

@@ -1,4 +1,4 @@
-"""A member's side of a replica drop (``arceusd.jobs.replica_drop``): the leader's ``JobDropReplica`` is checked
+"""A member's side of a replica drop (``arceusd.jobs.leader.replica_drop``): the leader's ``JobDropReplica`` is checked
 against the member's own plan before it is used, and only then does its worker hear of it (issue 22)."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 import trio
 
 from arceusd.jobs.core import JobCore, JobState, Role, Stamp
-from arceusd.jobs.job import Job
-from arceusd.jobs.replica_drop import dropped_plan
+from arceusd.jobs.leader.replica_drop import dropped_plan
+from arceusd.jobs.record.job import Job
 from partitioner.replicas import ReplicaPlan, ReplicaSyncMode
 from protocol.envelope import Header
 from protocol.job_wire import JobAck, JobDropReplica

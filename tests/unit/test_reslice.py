@@ -11,14 +11,14 @@ import torch
 from arceusd.base.identity import Identity
 from arceusd.files.checkpoint import Manifest, commit_manifest, write_shard
 from arceusd.files.safetensors_io import load_bytes, save_bytes
-from arceusd.jobs.recovery import (
+from arceusd.jobs.plans.recovery import (
     ResumeError,
     ResumePoint,
     check_file,
     corrupt_shards,
     prepare_resume,
 )
-from arceusd.jobs.reslice import ResliceError, full_state, parse_shard, slice_state
+from arceusd.jobs.procs.reslice import ResliceError, full_state, parse_shard, slice_state
 from arceusd.models.build import build_reference_model, num_blocks
 from arceusd.models.config import GPTConfig, MLPConfig
 from arceusd.worker.protocol import MemberConfig, StageConfig

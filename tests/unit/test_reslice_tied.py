@@ -7,7 +7,7 @@ import itertools
 
 import torch
 
-from arceusd.jobs.reslice import Shard, full_state, slice_state
+from arceusd.jobs.procs.reslice import Shard, full_state, slice_state
 from arceusd.models.build import num_blocks
 from arceusd.models.hf.config import HFModelConfig
 from arceusd.worker.engine import EngineConfig, StageEngine

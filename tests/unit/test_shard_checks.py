@@ -1,6 +1,6 @@
 """Issue #19 job items, unit level: a checkpoint report's name is the plan's and its size within the plan's bound
-(arceusd/jobs/shard_checks.py), a download is bounded by what this device knows (transfers), offers within
-physical bounds and a JobStop sets known states only (arceusd/jobs/claims.py), and the shapes a plan implies
+(arceusd/jobs/leader/shard_checks.py), a download is bounded by what this device knows (transfers), offers within
+physical bounds and a JobStop sets known states only (arceusd/jobs/judging/claims.py), and the shapes a plan implies
 (filework ``shapes``, a child process) with the daemon's scan (shard_scan) find a NaN shard and a misshapen one."""
 
 from __future__ import annotations
@@ -17,14 +17,15 @@ import trio
 
 from arceusd.base.identity import Identity
 from arceusd.files.checkpoint import CheckpointError, Manifest, ShardRecord, commit_manifest, shard_file_name
-from arceusd.jobs import claims, shard_checks
-from arceusd.jobs.challenges import Timed
+from arceusd.jobs.common.transfers import Transfers
 from arceusd.jobs.core import JobCore
 from arceusd.jobs.core import events as e
-from arceusd.jobs.job import Job
-from arceusd.jobs.leader_record import LeaderRecord
-from arceusd.jobs.reports import report_of_event
-from arceusd.jobs.transfers import Transfers
+from arceusd.jobs.judging import claims
+from arceusd.jobs.judging.challenges import Timed
+from arceusd.jobs.leader import shard_checks
+from arceusd.jobs.member.reports import report_of_event
+from arceusd.jobs.record.job import Job
+from arceusd.jobs.record.leader_record import LeaderRecord
 from protocol.job_wire import JobReport, ReportKind, ReportShard, ShardData
 
 PEERS = ("a" * 32, "b" * 32, "c" * 32)
@@ -143,10 +144,10 @@ def test_offers_within_physical_bounds_and_stop_states() -> None:
 
 def test_the_plans_shapes_and_the_scan_find_a_nan_shard_and_a_misshapen_one(tmp_path: Path) -> None:
     from arceusd.files.checkpoint import write_shard
-    from arceusd.jobs import filework
-    from arceusd.jobs.planning import Offer, encode_start, make_plan
-    from arceusd.jobs.shard_scan import ShardScanError, scan_shard
-    from arceusd.jobs.spec import load_spec, to_dict
+    from arceusd.jobs.judging.shard_scan import ShardScanError, scan_shard
+    from arceusd.jobs.plans.planning import Offer, encode_start, make_plan
+    from arceusd.jobs.procs import filework
+    from arceusd.jobs.spec.schema import load_spec, to_dict
     from arceusd.models.build import build_reference_model
     from tests.adversarial.hostile_job import poison
     from tests.integration.test_recovery import write_spec
@@ -181,7 +182,7 @@ def test_the_plans_shapes_and_the_scan_find_a_nan_shard_and_a_misshapen_one(tmp_
 def test_step_times_are_reported_kept_and_the_standby_is_chosen_among_measured_members() -> None:
     from collections import deque
 
-    from arceusd.jobs.standby_sync import choose_standby
+    from arceusd.jobs.leader.standby_sync import choose_standby
 
     stage = SimpleNamespace(shares=(SimpleNamespace(peer_id=PEERS[1]),), compute_s=0.01, optimizer_s=0.002)
     plan = SimpleNamespace(stages=(stage,), micro_batches=4, peer_ids=PEERS)
@@ -248,7 +249,7 @@ def test_step_times_are_reported_kept_and_the_standby_is_chosen_among_measured_m
 def test_an_offer_of_8_tib_does_not_make_a_member_the_standby() -> None:
     """Issue #29 item 7: the standby (who receives the owner's data set) is ranked by the memory the plan uses on
     it, what its worker shows by running, never by its offer: 8 TiB offered beside 16 GiB changes nothing."""
-    from arceusd.jobs.standby_sync import choose_standby
+    from arceusd.jobs.leader.standby_sync import choose_standby
 
     members = {
         PEERS[0]: SimpleNamespace(memory_bytes=16 << 30),

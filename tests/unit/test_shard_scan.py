@@ -1,4 +1,4 @@
-"""The daemon's torch-free shard scan (arceusd/jobs/shard_scan.py): it agrees with torch on which tensors hold a
+"""The daemon's torch-free shard scan (arceusd/jobs/judging/shard_scan.py): it agrees with torch on which tensors hold a
 NaN or an infinity in every float dtype a shard may hold, checks the parameters' names and shapes, and refuses
 a header that lies about where its tensors are before reading any value."""
 
@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from arceusd.files.safetensors_io import save_bytes
-from arceusd.jobs import shard_scan
-from arceusd.jobs.shard_scan import ShardScanError, scan_shard
+from arceusd.jobs.judging import shard_scan
+from arceusd.jobs.judging.shard_scan import ShardScanError, scan_shard
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 SPECIALS = (float("nan"), float("inf"), float("-inf"))

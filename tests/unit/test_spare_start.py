@@ -11,11 +11,11 @@ from typing import Any, cast
 import trio
 
 from arceusd.jobs.core import Role, actions, events
-from arceusd.jobs.job import Job
-from arceusd.jobs.local_worker import LocalWorker
-from arceusd.jobs.planning import encode_job_start, make_job_plan
-from arceusd.jobs.spec import load_spec
-from arceusd.jobs.starting import Starting
+from arceusd.jobs.leader.starting import Starting
+from arceusd.jobs.member.local_worker import LocalWorker
+from arceusd.jobs.plans.planning import encode_job_start, make_job_plan
+from arceusd.jobs.record.job import Job
+from arceusd.jobs.spec.schema import load_spec
 from protocol.envelope import Header
 from protocol.job_wire import JobStart, JobStartReply
 from tests.unit.test_forecast import offer

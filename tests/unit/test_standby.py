@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from arceusd.jobs.datafacts import mnist_facts, text_facts
-from arceusd.jobs.planning import Offer
-from arceusd.jobs.standby import (
+from arceusd.jobs.plans.planning import Offer
+from arceusd.jobs.plans.standby import (
     StandbyError,
     check_copy,
     check_names,
@@ -20,6 +19,7 @@ from arceusd.jobs.standby import (
     offers_from_wire,
     offers_to_wire,
 )
+from arceusd.jobs.spec.datafacts import mnist_facts, text_facts
 
 SHARED = Path(__file__).resolve().parents[2] / "data"
 TEXT = SHARED / "tinyshakespeare" / "input.txt"

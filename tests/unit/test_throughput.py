@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from arceusd.jobs.throughput import Speed, Throughput
+from arceusd.jobs.record.throughput import Speed, Throughput
 
 
 def test_every_figure_is_the_step_rate_times_what_a_step_holds() -> None:
@@ -34,7 +34,7 @@ def test_the_window_forgets_old_steps_and_a_resume_starts_again() -> None:
 
 
 def test_a_stages_blocks_read_the_same_everywhere() -> None:
-    from arceusd.jobs.view import block_range
+    from arceusd.jobs.record.view import block_range
 
     assert block_range([2, 6]) == "2-5" and block_range([3, 4]) == "3", "[start, end) as the blocks held"
     assert block_range("0-3") == "?" and block_range([1]) == "?"

@@ -1,6 +1,7 @@
-"""The leader's copy of a first-replica device's shard at a DiLoCo witness dispute (``arceusd.jobs.witness_shards``),
-against a fake transfer: the witness rebuilt from the bytes it served when they are what it reported; ``""`` (word
-against word) when they are not or nothing came (its serving blamed: ``withheld``), or when copying failed here."""
+"""The leader's copy of a first-replica device's shard at a DiLoCo witness dispute
+(``arceusd.jobs.leader.witness_shards``), against a fake transfer: the witness rebuilt from the bytes it served when
+they are what it reported; ``""`` (word against word) when they are not or nothing came (its serving blamed:
+``withheld``), or when copying failed here."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ import trio
 
 from arceusd.files import outer_witness
 from arceusd.files.safetensors_io import save_bytes
-from arceusd.jobs import witness_shards, witnesses
-from arceusd.jobs.job import Job
-from arceusd.jobs.manager_base import JobContext
+from arceusd.jobs.common.manager_base import JobContext
+from arceusd.jobs.leader import witness_shards, witnesses
+from arceusd.jobs.record.job import Job
 from tests.unit.test_witnesses import _job, _peers
 
 STEP = 50

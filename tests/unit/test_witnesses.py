@@ -1,4 +1,5 @@
-"""The leader's checks of data-parallel replicas' witnesses (``arceusd.jobs.witnesses``), on real replica plans."""
+"""The leader's checks of data-parallel replicas' witnesses (``arceusd.jobs.leader.witnesses``), on real replica
+plans."""
 
 from __future__ import annotations
 
@@ -7,10 +8,10 @@ from typing import Any, cast
 
 import pytest
 
-from arceusd.jobs import witnesses
-from arceusd.jobs.job import Job
-from arceusd.jobs.planning import make_job_plan
-from arceusd.jobs.shard_checks import ReportProblem, ReportRefused
+from arceusd.jobs.leader import witnesses
+from arceusd.jobs.leader.shard_checks import ReportProblem, ReportRefused
+from arceusd.jobs.plans.planning import make_job_plan
+from arceusd.jobs.record.job import Job
 from partitioner.replicas import ReplicaSyncMode
 from protocol.job_wire import JobReport, ReportKind
 from tests.unit.test_planning_replicas import FAST, _links, _offers, _spec

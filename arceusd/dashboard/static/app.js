@@ -196,7 +196,7 @@ function range(v) {
   return String(v ?? "");
 }
 
-// A stage's [start, end) blocks as every view writes them (arceusd/jobs/view.py block_range): "2-5" or "3".
+// A stage's [start, end) blocks as every view writes them (arceusd/jobs/record/view.py block_range): "2-5" or "3".
 function blockRange(v) {
   if (!Array.isArray(v) || v.length !== 2) return "?";
   return v[1] - 1 === v[0] ? `${v[0]}` : `${v[0]}-${v[1] - 1}`;
@@ -449,7 +449,7 @@ function renderMarket(m) {
   const rows = market ? market.jobs || [] : [];
   main.append(section("Announced jobs", "wide", rows.length ? table(
     ["job", "owner", "state", "members", "highest price /h", "asking /h", "qualifies", "why not"],
-    // prices and counts come written from the server, as `arceusd market` writes them (arceusd/jobs/view.py)
+    // prices and counts come written from the server, as `arceusd market` writes them (arceusd/jobs/record/view.py)
     rows.map((j) => [jobLink(j), short(j.owner), String(j.state), String(j.members_shown),
       el("td", { class: "max-price" }, String(j.max_price_shown)), el("td", { class: "price" }, String(j.price_shown)),
       el("td", { class: j.qualifies ? "yes" : "no" }, j.qualifies ? "yes" : "no"), (j.reasons || []).join("; ")]))

@@ -1,6 +1,6 @@
 """What happens to a job, as the job core (:class:`arceusd.jobs.core.machine.JobCore`) is told it.
 
-The driver (:class:`arceusd.jobs.manager.JobManager`) turns messages, membership changes, worker events, timers
+The driver (:class:`arceusd.jobs.service.manager.JobManager`) turns messages, membership changes, worker events, timers
 and the results of the actions it carried out into these; each is a frozen value, so a test writes a job's life
 as a list of them. Peers are peer ids (hex strings); stamps are the ``(term, epoch)`` of the plan an event is
 about: the core drops results of an older plan.
@@ -89,7 +89,7 @@ class GoAnswered:
 @dataclass(frozen=True, slots=True)
 class CheckpointComplete:
     """Leader: every device of plan ``stamp`` reported checkpoint ``step`` (its shard, or with replicas its
-    witness), the reports passed their checks and the replicas agree (:mod:`arceusd.jobs.witnesses`)."""
+    witness), the reports passed their checks and the replicas agree (:mod:`arceusd.jobs.leader.witnesses`)."""
 
     stamp: Stamp
     step: int

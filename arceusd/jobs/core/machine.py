@@ -7,9 +7,9 @@ attempts). :meth:`JobCore.handle` takes an event (:mod:`arceusd.jobs.core.events
 (:mod:`arceusd.jobs.core.actions`) for the driver to carry out; every transition is decided here. Results of an
 older plan (a stamp that is not the current one) are dropped, and a job in a terminal state takes no event.
 
-The decisions at a job's edges come from :mod:`arceusd.jobs.lifecycle` (a failed final commit is retried, then
+The decisions at a job's edges come from :mod:`arceusd.jobs.core.lifecycle` (a failed final commit is retried, then
 fails the job; a lost ``go`` is resent, then the plan restarts; an ended job leaves its election) and
-:mod:`arceusd.jobs.leadership` (whom a member obeys; a member that follows someone else makes the owner hand
+:mod:`arceusd.jobs.core.leadership` (whom a member obeys; a member that follows someone else makes the owner hand
 over). The restart limit is :data:`MAX_RESTARTS_PER_CHECKPOINT`.
 """
 
@@ -17,11 +17,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from arceusd.jobs import leadership, lifecycle
-from arceusd.jobs.claims import stop_state
 from arceusd.jobs.core import actions as a
 from arceusd.jobs.core import events as e
+from arceusd.jobs.core import leadership, lifecycle
 from arceusd.jobs.core.states import LEADING_STATES, TERMINAL, JobState, Role, Stamp
+from arceusd.jobs.judging.claims import stop_state
 
 MAX_RESTARTS_PER_CHECKPOINT = 4
 """Repartitions that resume from the same checkpoint before the job is declared failed."""

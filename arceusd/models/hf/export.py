@@ -3,7 +3,7 @@
 Owns: :func:`write_hf_export`: ``config.json`` (the library's own, via ``save_pretrained``), ``model.safetensors``
 under the architecture's keys (``model.layers.0.self_attn.q_proj.weight``; a tied head is not stored twice, as
 the library saves it: the embedding's key holds the weight, and the head's copy a plan that splits the two ends
-trains, bit-identical to it, is dropped when the shards are gathered, ``arceusd/jobs/reslice.py``) and, given a
+trains, bit-identical to it, is dropped when the shards are gathered, ``arceusd/jobs/procs/reslice.py``) and, given a
 tokenizer.json, ``tokenizer.json`` + ``tokenizer_config.json`` so that ``AutoModelForCausalLM.from_pretrained(dir)``
 and ``AutoTokenizer.from_pretrained(dir)`` load it.
 :func:`hf_state` maps Arceus' reference-model names (``"<block>.<local name>"``) to those keys.

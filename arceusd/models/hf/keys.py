@@ -8,7 +8,7 @@ are checked against :func:`expected_tensors` and exports are written with :func:
 Tied embeddings (``tie_word_embeddings``): the checkpoint stores the weight once, under the embedding's key, so
 :func:`block_tensors` lists no ``lm_head.weight`` for a tied head. A stage that holds the head but not block 0
 trains its own copy of the weight all the same (``lm_head.weight``, :func:`tied_names`); the copy is never
-written under a key of its own (``export.py``, ``arceusd/jobs/reslice.py``).
+written under a key of its own (``export.py``, ``arceusd/jobs/procs/reslice.py``).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 that travel, and the file the member keeps (torch-free: the daemon runs all of it).
 
 A stock LM's initial weights (``[model] weights``, a safetensors file under the architecture's keys) stay on the
-job's owner. When the spec is read there (:mod:`arceusd.jobs.spec_hf`), :func:`digest_file` hashes the file and,
+job's owner. When the spec is read there (:mod:`arceusd.jobs.spec.hf`), :func:`digest_file` hashes the file and,
 in the same pass, every tensor's raw bytes: the spec's canonical form records ``weights_tensors`` (key ->
 ``[dtype, sha256]``) beside ``weights_sha256``, so the job's signed identity covers each tensor. A member of a
 plan then needs only the tensors its place builds from (:func:`place_keys`: its stage's blocks; a tied head

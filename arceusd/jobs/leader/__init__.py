@@ -1,0 +1,19 @@
+"""The leader's side of a job (the owner's too, where it says so): the I/O of the core's actions and the judging of
+what members report. Same layer as :mod:`arceusd.jobs.member` (they import each other); below the service.
+
+- :mod:`~arceusd.jobs.leader.joining`: the owner's announcements, a device's join, the leader's answer to a join,
+  the owner's hand-over to the leader its members follow;
+- :mod:`~arceusd.jobs.leader.starting`: plan, start and ``go`` (a plan epoch);
+- :mod:`~arceusd.jobs.leader.commits`: checkpoint commits, and repairing a damaged committed step;
+- :mod:`~arceusd.jobs.leader.shard_checks`: a member's checkpoint report and shard checked; a failing member
+  excluded;
+- :mod:`~arceusd.jobs.leader.witnesses`: data-parallel replicas' witnesses compared at each checkpoint;
+- :mod:`~arceusd.jobs.leader.witness_shards`: the first replica's shards read at a DiLoCo witness dispute;
+- :mod:`~arceusd.jobs.leader.probation`: two neighbours that each say they waited on the other, settled by planning
+  one alone beside the leader (pure, on the leader's :class:`ProbationBook`);
+- :mod:`~arceusd.jobs.leader.speed_checks`: speed challenges over the wire (the member's answer too);
+- :mod:`~arceusd.jobs.leader.standby_sync`: the standby's copy after each commit, the owner's copy of the final
+  checkpoint (the standby's receiving side too);
+- :mod:`~arceusd.jobs.leader.replica_drop`: a replica whose device is gone dropped (both sides);
+- :mod:`~arceusd.jobs.leader.regrow`: a dropped replica rebuilt on spare members (both sides).
+"""

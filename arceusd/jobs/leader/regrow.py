@@ -1,0 +1,347 @@
+"""Rebuilding a dropped data-parallel replica on spare members while the replicas left hold (issue 22).
+
+When a replica is dropped and idle members could take its place, the job core asks the replicas left to hold after
+a checkpoint step (:func:`arceusd.jobs.leader.replica_drop.hold_step`); once that checkpoint is committed it answers
+:class:`arceusd.jobs.core.actions.Regrow`, which :meth:`Regrowing.regrow` carries out on the leader's loop:
+
+1. spare members (alive, else suspected: never one declared dead; not excluded, in the plan nowhere) take the
+   places of the first replica's devices (:func:`partitioner.replicas.with_devices`: the same cuts) in a free slot
+   (a share of each batch);
+2. each gets a ``JobStart`` with the grown plan and :class:`GrowStart` (its slot, the slots, the shares, the
+   ring generation), and as its resume file the committed shard of its place (the state every replica holds
+   alike at that step); it checks the plan (:func:`arceusd.jobs.plans.planning.verify_grown_start`) and starts its
+   worker there;
+3. ``go`` to the new workers, then :class:`protocol.job_wire.JobGrowReplica` to every device left (and this
+   device's worker): each checks it against its own plan (:meth:`Regrowing.on_grow`) and tells its worker, which
+   grows its ring and goes on. The core takes the replica back (``Regrown``).
+
+Anything failing on the way (too few spares, a refused start, no ``go``) stops the new workers and releases the
+hold (``release``: the replicas left go on without it), and the core hears ``RegrowFailed``. No worker of the
+replicas left restarts, and nothing committed is run again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import shutil
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import trio
+
+from arceusd.files.checkpoint import CheckpointError, read_manifest, step_dir
+from arceusd.jobs.common.manager_base import JobContext, Lifecycle
+from arceusd.jobs.core import actions, events
+from arceusd.jobs.plans.planning import replica_flops_shares
+from arceusd.jobs.plans.recovery import ResumeFile, ResumePoint, file_name
+from arceusd.jobs.procs.supervisor import WorkerFailed
+from arceusd.jobs.record.job import Job
+from partitioner import inputs_bytes, replica_plan_bytes
+from partitioner.replicas import ReplicaPlan, with_devices
+from protocol.envelope import Header
+from protocol.job_wire import JobAck, JobGo, JobGrowReplica, JobStart, JobStartReply, JobStop, PeerAddress
+
+if TYPE_CHECKING:
+    from arceusd.jobs.leader.starting import Starting
+
+log = logging.getLogger(__name__)
+
+GROW_TIMEOUT_S = 10.0
+"""How long the leader waits for a device left to acknowledge the rebuilt replica."""
+MAX_SLOTS = 1024
+
+
+class RegrowError(Exception):
+    """The dropped replica cannot be rebuilt now (the message says why); the replicas left go on without it."""
+
+
+@dataclass(frozen=True)
+class GrowStart:
+    """What a spare's ``JobStart.grow`` says: the ``slot`` it takes, the ``slots`` of every replica of the grown
+    plan (increasing), the ``shares`` of each batch, and the ring ``generation`` it starts in."""
+
+    slot: int
+    slots: tuple[int, ...]
+    shares: int
+    generation: int
+
+    @property
+    def position(self) -> int:
+        return self.slots.index(self.slot)
+
+    def to_wire(self) -> bytes:
+        return json.dumps(
+            {"slot": self.slot, "slots": list(self.slots), "shares": self.shares, "generation": self.generation},
+            separators=(",", ":"),
+        ).encode()
+
+    @staticmethod
+    def from_wire(data: bytes) -> GrowStart | None:
+        """``None`` for a plan's start (empty); ``ValueError`` for anything malformed or out of bounds."""
+        if not data:
+            return None
+        try:
+            d = json.loads(data)
+            slot, slots, shares, generation = d["slot"], tuple(d["slots"]), d["shares"], d["generation"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"malformed grow description: {exc}") from None
+        if not all(type(v) is int for v in (slot, shares, generation, *slots)):
+            raise ValueError("a grow description holds integers only")
+        if not 2 <= len(slots) <= shares <= MAX_SLOTS or list(slots) != sorted(set(slots)) or slots[0] < 0:
+            raise ValueError(f"grow slots {list(slots)[:8]} of {shares} shares: 2 or more increasing slots below it")
+        if slot not in slots or slots[-1] >= shares or not 1 <= generation <= MAX_SLOTS:
+            raise ValueError(f"grow slot {slot} or generation {generation} out of range")
+        return GrowStart(slot, slots, shares, generation)
+
+
+def grown_plan(
+    plan: ReplicaPlan, slots: tuple[int, ...], slot: int, devices: tuple[str, ...]
+) -> tuple[ReplicaPlan, int]:
+    """``plan`` (its replicas in ``slots``) with a replica of the first's cuts on ``devices`` in ``slot``; the grown
+    plan and the new replica's position. ``ValueError`` when it does not fit."""
+    if slot in slots or len(slots) != len(plan.replicas):
+        raise ValueError(f"slot {slot} is taken (slots {list(slots)})")
+    if set(devices) & set(plan.peer_ids):
+        raise ValueError("a device of the rebuilt replica is in the plan already")
+    new = with_devices(plan.replicas[0], devices)
+    position = sorted((*slots, slot)).index(slot)
+    return dataclasses.replace(plan, replicas=(*plan.replicas[:position], new, *plan.replicas[position:])), position
+
+
+def _resume_files(job: Job, step: int, plan: ReplicaPlan, position: int) -> dict[str, ResumeFile]:
+    """The committed shard of each place, linked (or copied) for the new replica's device there, described by the
+    step's signed manifest (what we signed, not read again; blocking: a thread). ``RegrowError`` when the step's
+    manifest does not verify or lacks a shard."""
+    folder = step_dir(job.paths.checkpoints, step)
+    try:
+        manifest, _ = read_manifest(folder, sorted(job.leaders))
+    except CheckpointError as exc:
+        raise RegrowError(f"checkpoint {step}: {exc}") from None
+    records = {r.name: r for r in manifest.shards}
+    target = job.paths.resume(job.epoch)
+    target.mkdir(parents=True, exist_ok=True)
+    out = {}
+    for s, stage in enumerate(plan.replicas[position].stages):
+        for r, share in enumerate(stage.shares):
+            record = records.get(file_name(s, r))
+            if record is None:
+                raise RegrowError(f"checkpoint {step} has no shard of stage {s} rank {r}")
+            name = f"grow-{step}-{record.name}"
+            (target / name).unlink(missing_ok=True)
+            try:
+                os.link(folder / record.name, target / name)
+            except OSError:  # another file system, or links not allowed there
+                shutil.copyfile(folder / record.name, target / name)
+            out[share.peer_id] = ResumeFile(name, record.sha256, record.size)
+    return out
+
+
+class Regrowing:
+    """Both sides of a replica's rebuild (see the module docstring)."""
+
+    def __init__(self, ctx: JobContext, life: Lifecycle, starting: Starting) -> None:
+        self.ctx = ctx
+        self.life = life
+        self.starting = starting
+
+    # -- the leader -----------------------------------------------------------------------------------------
+
+    async def regrow(self, job: Job, action: actions.Regrow) -> None:
+        """The core's ``Regrow`` (the leader's loop): rebuild, or release the hold; feed back what came of it."""
+        try:
+            position, devices = await self._rebuild(job, action)
+        except RegrowError as exc:
+            log.warning("job %s: the dropped replica is not rebuilt: %s", job.job_id, exc)
+            await self.release(job)
+            self.life.feed(job, events.RegrowFailed(action.stamp, str(exc)))
+            return
+        log.info(
+            "job %s: the dropped replica was rebuilt on %s from step %d",
+            job.job_id,
+            ", ".join(p[:12] for p in devices),
+            action.step,
+        )
+        self.life.feed(job, events.Regrown(action.stamp, position, devices))
+
+    async def _rebuild(self, job: Job, action: actions.Regrow) -> tuple[int, tuple[str, ...]]:
+        plan, inputs = job.replica_plan, job.inputs
+        if plan is None or inputs is None or job.core.stamp != action.stamp:
+            raise RegrowError("the plan changed")
+        slots, shares = job.slots(), job.data_shares or len(job.slots())
+        free = sorted(set(range(shares)) - set(slots))
+        me = self.ctx.node.identity.peer_id  # (its worker serves the data: not a spare, even when retired)
+        # the alive first, then suspects (a loaded member is often suspected for a moment: it answers the start
+        # or is refused like any other)
+        spares = [
+            p
+            for p in self.ctx.peers.answering_peers()
+            if p in job.members and p not in plan.peer_ids and p != me and p not in job.leading.checks.excluded
+        ]
+        need = len(plan.replicas[0].peer_ids)
+        if not free or len(spares) < need:
+            raise RegrowError(f"{len(spares)} spare member(s) answer; a replica needs {need}")
+        slot, devices = free[0], tuple(spares[:need])
+        grown, position = grown_plan(plan, slots, slot, devices)
+        grow = GrowStart(slot, tuple(sorted((*slots, slot))), shares, job.ring_generation + 1)
+        files = await trio.to_thread.run_sync(_resume_files, job, action.step, grown, position)
+        job.leading.loop.resume_files.update({p: f.name for p, f in files.items()})
+        self.ctx.transfers.grown(job, grown)  # a LoRA job's spares fetch their place's base weights from us
+        start = JobStart(
+            job.job_id,
+            job.term,
+            job.epoch,
+            job.spec_bytes,
+            replica_plan_bytes(grown),
+            inputs_bytes(inputs),
+            action.step,
+            ResumePoint(action.step, files).to_wire(),
+            job.standby,
+            grow.to_wire(),
+            tuple(sorted(job.members)),
+        )
+        addresses: dict[str, str] = {}
+        refused: list[str] = []
+
+        async def start_one(peer: str) -> None:
+            got = await self.ctx.peers.request(
+                job.members[peer].address, peer, start, timeout=240.0, job_id=job.job_id, term=job.term, epoch=job.epoch
+            )
+            if isinstance(got, JobStartReply) and got.accepted:
+                addresses[peer] = got.worker_address
+            else:
+                refused.append(f"{peer[:12]}: {got.reason if isinstance(got, JobStartReply) else 'no answer'}")
+
+        async with trio.open_nursery() as nursery:
+            for peer in devices:
+                nursery.start_soon(start_one, peer)
+        if refused or job.core.stamp != action.stamp:
+            await self._stop(job, list(addresses))
+            raise RegrowError("; ".join(refused) or "the plan changed")
+        job.leading.loop.go_addresses.update(addresses)
+        go = JobGo(
+            job.job_id,
+            job.term,
+            job.epoch,
+            tuple(PeerAddress(p, a) for p, a in sorted(job.leading.loop.go_addresses.items())),
+        )
+        unacknowledged = await self.starting.send_go(
+            job, go, list(devices), {p: job.members[p].address for p in devices}
+        )
+        if unacknowledged:
+            await self._stop(job, list(devices))
+            raise RegrowError(f"go not acknowledged by {', '.join(p[:12] for p in unacknowledged)}")
+        message = JobGrowReplica(
+            job.job_id,
+            action.step,
+            slot,
+            grow.generation,
+            devices,
+            tuple(PeerAddress(p, addresses[p]) for p in devices),
+        )
+        left = [p for p in plan.peer_ids if p != self.ctx.node.identity.peer_id]
+        await self.grow_here(job, message)
+        async with trio.open_nursery() as nursery:
+            for peer in left:
+                nursery.start_soon(self._send, job, peer, message)
+        return position, devices
+
+    async def release(self, job: Job) -> None:
+        """No rebuild: the replicas left (and this device's worker) go on."""
+        message = JobGrowReplica(job.job_id, 0, release=True)
+        await self._go_on(job)
+        plan = job.replica_plan
+        if plan is None:
+            return
+        async with trio.open_nursery() as nursery:
+            for peer in plan.peer_ids:
+                if peer != self.ctx.node.identity.peer_id:
+                    nursery.start_soon(self._send, job, peer, message)
+
+    async def _send(self, job: Job, peer: str, message: JobGrowReplica) -> None:
+        offer = job.members.get(peer)
+        if offer is None:
+            return
+        answer = await self.ctx.peers.request(
+            offer.address, peer, message, timeout=GROW_TIMEOUT_S, job_id=job.job_id, term=job.term, epoch=job.epoch
+        )
+        if not isinstance(answer, JobAck) or not answer.ok:
+            why = answer.reason if isinstance(answer, JobAck) else "no answer"
+            log.warning("job %s: %s did not take the rebuilt replica: %s", job.job_id, peer[:12], why[:200])
+
+    async def _stop(self, job: Job, peers: list[str]) -> None:
+        stop = JobStop(job.job_id, job.term, "replanning")
+        for peer in peers:
+            offer = job.members.get(peer)
+            if offer is not None:
+                await self.ctx.peers.request(
+                    offer.address, peer, stop, timeout=GROW_TIMEOUT_S, job_id=job.job_id, term=job.term, epoch=job.epoch
+                )
+
+    # -- every device left (the leader for itself too) -----------------------------------------------------
+
+    async def on_grow(self, header: Header, msg: JobGrowReplica) -> JobAck:
+        job = await self.ctx.commanded(header, msg.job_id)
+        if isinstance(job, JobAck):
+            return job
+        if msg.release:
+            await self._go_on(job)
+            return JobAck(True)
+        try:
+            await self.grow_here(job, msg)
+        except ValueError as exc:
+            return JobAck(False, str(exc))
+        return JobAck(True)
+
+    async def grow_here(self, job: Job, msg: JobGrowReplica) -> None:
+        """Take the rebuilt replica into this device's plan and tell its worker; ``ValueError`` (nothing changed)
+        when it does not fit that plan."""
+        plan = job.replica_plan
+        if plan is None:
+            raise ValueError("this device runs no plan of that job")
+        shares = job.data_shares or len(plan.replicas)
+        if msg.generation != job.ring_generation + 1 or not 0 <= msg.slot < shares:
+            raise ValueError(
+                f"a rebuild in ring generation {msg.generation}, slot {msg.slot}, does not follow this "
+                f"device's generation {job.ring_generation} of {shares} slots"
+            )
+        addresses = {a.peer_id: a.address for a in msg.addresses}
+        if set(addresses) != set(msg.devices):
+            raise ValueError("the rebuilt replica's addresses do not match its devices")
+        grown, position = grown_plan(plan, job.slots(), msg.slot, msg.devices)
+        new = grown.replicas[position]
+        if job.plan is not grown.replicas[0]:
+            job.leading.checks.shard_shapes = {}  # another replica writes the shards now: its places' shapes
+        job.replica_plan, job.plan = grown, grown.replicas[0]
+        if job.inputs is not None:  # the ledger credits the rebuilt replica's devices from now on
+            job.shares = replica_flops_shares(grown, job.inputs)
+        job.replica_slots = tuple(sorted((*job.slots(), msg.slot)))
+        job.data_shares, job.ring_generation = shares, msg.generation
+        job.rebuilt_replicas.append((msg.step, tuple(msg.devices)))
+        worker = job.worker
+        if worker is None:
+            return
+        try:
+            await worker.send(
+                {
+                    "cmd": "grow_replica",
+                    "step": msg.step,
+                    "slot": msg.slot,
+                    "generation": msg.generation,
+                    "stages": [[sh.peer_id for sh in st.shares] for st in new.stages],
+                    "addresses": addresses,
+                }
+            )
+        except WorkerFailed as exc:
+            log.warning("job %s: the worker is gone before the rebuild: %s", job.job_id, exc)
+
+    async def _go_on(self, job: Job) -> None:
+        if job.worker is not None:
+            with contextlib.suppress(WorkerFailed):  # gone: its own failure report follows
+                await job.worker.send({"cmd": "go_on"})
+
+
+__all__ = ["GROW_TIMEOUT_S", "GrowStart", "RegrowError", "Regrowing", "grown_plan"]

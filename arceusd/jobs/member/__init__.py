@@ -1,0 +1,8 @@
+"""The member's side of a job: this device's stage worker and what it reports. Same layer as
+:mod:`arceusd.jobs.leader` (they import each other); below the service.
+
+- :mod:`~arceusd.jobs.member.local_worker`: this device's stage worker started on the leader's command, let go,
+  followed, its events reported (and, its second half, the leader taking those reports);
+- :mod:`~arceusd.jobs.member.reports`: a worker's event as the typed ``JobReport`` the leader takes, made once on
+  the worker's device.
+"""

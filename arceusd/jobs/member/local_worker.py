@@ -1,0 +1,475 @@
+"""This device's stage worker: start it on the leader's command, let it go, follow its events, report them.
+
+A member answers the leader's :class:`protocol.job_wire.JobStart` by verifying the plan itself, fetching its
+resume slice and starting its worker process (:class:`arceusd.jobs.procs.supervisor.WorkerProcess`), and the
+:class:`protocol.job_wire.JobGo` by handing the worker its neighbours' addresses. From then on it follows the
+worker's events: steps update the job's progress here; checkpoints, witnesses, the end and failures are reported
+to the leader as typed :class:`protocol.job_wire.JobReport` values (:mod:`arceusd.jobs.member.reports`; handled in place
+when this device leads). The leader's side of those reports is here too: a failure or a departure asks for a
+repartition, a checkpoint that every stage reported is committed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from arceusd.jobs.common.manager_base import JobContext, Lifecycle
+from arceusd.jobs.common.transfers import job_weights, leader_data
+from arceusd.jobs.core import Role, Stamp, actions, events
+from arceusd.jobs.judging import claims
+from arceusd.jobs.leader import probation, shard_checks, witness_shards, witnesses
+from arceusd.jobs.leader.speed_checks import SpeedChecks
+from arceusd.jobs.member import reports
+from arceusd.jobs.plans.initial_weights import needs_weights, place_of, worker_spec_weights
+from arceusd.jobs.plans.planning import (
+    PlanRefused,
+    replica_flops_shares,
+    replica_peers,
+    replica_sync_config,
+    verify_grown_start,
+    verify_job_start,
+    worker_replicas,
+    worker_stages,
+)
+from arceusd.jobs.plans.recovery import ResumeError, ResumePoint
+from arceusd.jobs.procs.supervisor import WorkerFailed, WorkerProcess
+from arceusd.jobs.procs.warm_starts import preloads_for, warm_starts
+from arceusd.jobs.record.job import TERMINAL, Job
+from arceusd.models.hf.weights_slice import WeightsSliceError
+from arceusd.worker.protocol import ResumeConfig, WorkerConfig
+from protocol.envelope import Header
+from protocol.errors import RemoteProtocolError
+from protocol.job_wire import JobAck, JobGo, JobReport, JobStart, JobStartReply, ReportKind
+from protocol.validation import member_ids
+
+if TYPE_CHECKING:
+    from partitioner import Plan
+
+log = logging.getLogger(__name__)
+
+
+class LocalWorker:
+    """Starting and following this device's stage worker, and the leader's handling of the workers' reports."""
+
+    def __init__(self, ctx: JobContext, life: Lifecycle, speed: SpeedChecks | None = None) -> None:
+        self.ctx = ctx
+        self.life = life
+        self.speed = speed  # the leader's timed challenges of its members (issue #19)
+
+    async def on_start(self, header: Header, msg: JobStart) -> JobStartReply:
+        from arceusd.jobs.leader.regrow import GrowStart  # local: a cycle at the top (regrow -> starting -> here)
+
+        job = self.ctx.jobs.get(msg.job_id)
+        if job is None:
+            return JobStartReply(msg.job_id, False, "unknown job")
+        began = time.monotonic()
+        why = await self.ctx.check_leader(header, job)
+        if why is not None:
+            return JobStartReply(msg.job_id, False, why.reason, follows=why.follows)
+        if job.role not in (Role.MEMBER, Role.OWNER):
+            return JobStartReply(msg.job_id, False, "this device has not joined the job")
+        if msg.spec != job.spec_bytes:
+            return JobStartReply(msg.job_id, False, "the spec differs from the announced one")
+        try:
+            told = member_ids(msg.members)  # the job's members as the leader holds them
+            resume = ResumePoint.from_wire(msg.resume)
+            grow = GrowStart.from_wire(msg.grow)  # a spare rebuilding a dropped replica (arceusd.jobs.leader.regrow)
+            if grow is not None:
+                inputs, replica_plan = await trio.to_thread.run_sync(
+                    verify_grown_start, job.spec, msg.inputs, msg.plan, await self.ctx.offer(), grow.position
+                )
+            else:
+                inputs, replica_plan = await trio.to_thread.run_sync(
+                    verify_job_start, job.spec, msg.inputs, msg.plan, await self.ctx.offer(), header.sender
+                )
+        except (PlanRefused, ResumeError, ValueError, RemoteProtocolError) as exc:
+            log.warning("job %s: refusing the start: %s", job.job_id, exc)
+            return JobStartReply(msg.job_id, False, f"start refused: {exc}")
+        if resume is not None and resume.step != msg.resume_step:
+            return JobStartReply(msg.job_id, False, "start refused: the resume step is inconsistent")
+        if self.ctx.node.identity.peer_id not in replica_plan.peer_ids:
+            if grow is None:  # the plan the leader tells its spares (Starting.tell_spares): this device is one
+                job.mark_spare(header.term, header.epoch, told)
+                log.info("job %s: a spare of plan epoch %d: in no stage, paid nothing", job.job_id, header.epoch)
+                await self.ctx.drop_own_worker(job)  # a place in an older plan is gone: its worker stops
+            return JobStartReply(msg.job_id, False, "start refused: this device has no place in the plan")
+        if msg.standby and msg.standby not in replica_plan.peer_ids:
+            return JobStartReply(msg.job_id, False, "start refused: the standby is not in the plan")
+        verified = time.monotonic()
+        await self.ctx.drop_own_worker(job)  # a newer epoch replaces whatever ran before
+        stamp = Stamp(header.term, header.epoch)
+        self.life.feed(job, events.StartReceived(stamp, msg.standby))
+        job.inputs = inputs
+        job.plan, job.replica_plan = replica_plan.replicas[0], replica_plan
+        job.replica_slots, job.data_shares, job.ring_generation = (
+            (grow.slots, grow.shares, grow.generation) if grow is not None else ((), 0, 0)
+        )
+        job.shares = replica_flops_shares(replica_plan, inputs)
+        job.told_members = told or job.told_members
+        job.spare_in = None  # a place in the plan
+        self.ctx.track(job, list(job.plan_peers()), [header.sender, msg.standby])
+        local = None
+        if resume is not None:
+            mine = resume.files.get(self.ctx.node.identity.peer_id)
+            if mine is None:
+                return JobStartReply(msg.job_id, False, "start refused: no resume slice for this device")
+            try:
+                local = await self.ctx.transfers.fetch_resume(job, header.sender, resume.step, mine)
+            except (ResumeError, OSError) as exc:
+                return JobStartReply(msg.job_id, False, f"could not get the resume slice: {exc}")
+        weights = None
+        if needs_weights(job.spec.model, resume is not None) and not self.ctx.leads(job):
+            place = place_of(replica_plan, self.ctx.node.identity.peer_id)
+            try:  # only its place's tensors, checked against the signed spec (arceusd.jobs.plans.initial_weights)
+                weights = await self.ctx.transfers.fetch_weights(job, header.sender, place or (0, 0))
+            except (WeightsSliceError, OSError) as exc:
+                log.warning("job %s: %s", job.job_id, exc)
+                return JobStartReply(msg.job_id, False, f"could not get the initial weights: {exc}")
+        job.step = msg.resume_step
+        fetched = time.monotonic()
+        reply = await self.start_worker(job, local, weights)
+        if reply.accepted:
+            self.life.feed(job, events.WorkerStarted(stamp))
+            # where a slow start went (issue 33; bench/recovery.py prints these lines)
+            log.info(
+                "job %s: worker of epoch %d listening %.3f s after the start came (plan verified %.3f s, "
+                "resume slice fetched %.3f s, worker started %.3f s)",
+                job.job_id,
+                job.epoch,
+                time.monotonic() - began,
+                verified - began,
+                fetched - verified,
+                time.monotonic() - fetched,
+            )
+        return reply
+
+    async def start_worker(
+        self, job: Job, resume: ResumeConfig | None = None, weights: Path | None = None
+    ) -> JobStartReply:
+        """Start this device's worker for its place in ``job.replica_plan`` (its replica's stages; with
+        replicas, every replica's stages and how they sync). ``weights``: a member's slice of the job's initial
+        weights (:meth:`arceusd.jobs.common.transfers.Transfers.fetch_weights`); a leader's worker reads its whole
+        file."""
+        rp = job.replica_plan
+        if rp is None:
+            return JobStartReply(job.job_id, False, "no plan to start a worker for")
+        _, the_plan = replica_peers(rp, self.ctx.node.identity.peer_id)
+
+        job.directory.mkdir(parents=True, exist_ok=True)
+        host = self.ctx.node.addresses.get("peer", "127.0.0.1:0").rpartition(":")[0]
+        spec_dict = json.loads(job.spec_bytes)
+        if self.ctx.leads(job):
+            spec_dict["data"] = leader_data(job)
+        if self.ctx.leads(job):  # the owner's file, or a standby's checked copy once it took over
+            weights = job_weights(job)
+        if weights is None and needs_weights(job.spec.model, resume is not None):
+            return JobStartReply(job.job_id, False, "this device holds none of the job's initial weights")
+        worker_spec_weights(spec_dict, weights if needs_weights(job.spec.model, resume is not None) else None)
+        offer = await self.ctx.offer()
+        config = WorkerConfig(
+            job_id=job.job_id,
+            term=job.term,
+            epoch=job.epoch,
+            spec=spec_dict,
+            stages=worker_stages(the_plan),
+            micro_batches=the_plan.micro_batches,
+            schedule=_schedule(job, the_plan),
+            peer_id=self.ctx.node.identity.peer_id,
+            state_dir=str(self.ctx.node.paths.root),
+            listen_host=self.ctx.node.config.listen_host,
+            owner=job.leader,
+            checkpoint_dir=str(job.paths.checkpoints),
+            checkpoint_interval=job.spec.checkpoint.interval_steps,
+            total_steps=job.total_steps,
+            threads=self.ctx.node.config.worker_threads,
+            cpus=self.ctx.node.config.worker_cpus,
+            resume=resume,
+            device=worker_device(offer.kind),
+            replicas=worker_replicas(rp),
+            replica_sync=replica_sync_config(job.spec, rp),
+            replica_slots=job.replica_slots,
+            data_shares=job.data_shares,
+            ring_generation=job.ring_generation,
+        )
+        path = job.paths.worker_config(job.epoch)
+        path.write_text(config.to_json())
+        if job.local_stopped is not None:  # the previous plan's worker is on its way out: let it go first
+            with trio.move_on_after(5.0):
+                await job.local_stopped.wait()
+        # a stock transformers model: the fork server imports transformers once, for this worker and every later
+        # one, re-slicing and export of the job (arceusd.jobs.procs.fork_server)
+        await warm_starts().preload(preloads_for(job.spec.model))
+        worker = WorkerProcess(path, job.paths.worker_log)
+        job.worker = worker
+        job.stage_times.clear()  # a new plan: its stage times are not the old one's
+        try:
+            port = await worker.start()
+        except WorkerFailed as exc:
+            if job.worker is worker:
+                job.worker = None
+            return JobStartReply(job.job_id, False, str(exc)[-1500:])
+        return JobStartReply(job.job_id, True, "", f"{host}:{port}")
+
+    async def on_go(self, header: Header, msg: JobGo) -> JobAck:
+        job = await self.ctx.commanded(header, msg.job_id)
+        if isinstance(job, JobAck):
+            return job
+        for action in self.life.feed(job, events.GoReceived(Stamp(header.term, header.epoch))):
+            if isinstance(action, actions.Refuse):
+                return JobAck(False, action.reason)
+            if isinstance(action, actions.LetWorkerGo):  # (the core let it go once in this epoch)
+                await self._let_go(job, msg)
+        return JobAck(True)
+
+    async def go(self, job: Job, msg: JobGo) -> None:
+        """The leader's own ``go``: let this device's worker start, once per plan epoch (the core's guard,
+        :meth:`arceusd.jobs.core.JobCore.let_go`: a ``go`` sent again is a no-op)."""
+        if job.worker is not None and job.core.let_go(job.epoch):
+            await self._let_go(job, msg)
+
+    async def _let_go(self, job: Job, msg: JobGo) -> None:
+        if job.worker is None:
+            return
+        try:
+            await job.worker.send({"cmd": "start", "addresses": {a.peer_id: a.address for a in msg.addresses}})
+        except WorkerFailed as exc:
+            log.warning("job %s: the worker is gone before go: %s", job.job_id, exc)
+        self.ctx.spawn(self._follow_worker, job, job.worker, job.epoch)
+
+    async def _follow_worker(self, job: Job, worker: WorkerProcess, epoch: int) -> None:
+        finished = False
+        try:
+            async for event in worker.events():
+                if job.worker is not worker:
+                    break  # replaced by a newer plan epoch: its events no longer count
+                kind = event.get("event")
+                if kind == "step":
+                    self._on_step(job, event)
+                    job.throughput.add(time.monotonic(), job.step)
+                elif kind == "eval":
+                    job.val_loss = float(event["val_loss"])
+                    job.val_accuracy = event.get("val_accuracy")
+                elif kind in ("checkpoint", "witness", "done", "error"):
+                    finished = finished or kind in ("done", "error")
+                    await self._report(job, epoch, event)
+        except WorkerFailed as exc:
+            job.error = str(exc)
+        code = await worker.kill()
+        if job.worker is not worker or finished or job.state in TERMINAL:
+            return
+        await self._report(
+            job, epoch, {"event": "lost", "message": f"the worker exited with code {code}: {worker.log_tail(3)}"}
+        )
+
+    def _on_step(self, job: Job, event: dict[str, Any]) -> None:
+        # the event names the step index just run; job.step counts completed steps
+        job.step, job.loss, job.lr = int(event["step"]) + 1, float(event["loss"]), float(event["lr"])
+        job.record_loss(job.step, job.loss)
+        job.ring_bytes = max(0, int(event.get("ring_bytes", 0)))
+        job.stage_times.append(
+            claims.StageTime(
+                *(
+                    float(event.get(k, 0.0))
+                    for k in ("seconds", "wait_seconds", "wait_up_seconds", "wait_down_seconds", "group_wait_seconds")
+                )
+            )
+        )
+        job.credit(1)
+        if self.speed is not None:
+            self.speed.on_step(job)
+        recovery = job.leading.loop.recoveries[-1] if job.leading.loop.recoveries else None
+        if recovery is not None and recovery.first_step_after_s is None and recovery.epoch == job.epoch:
+            recovery.first_step_after_s = round(time.monotonic() - recovery.began, 3)
+            log.info("job %s: training again %.2f s after the failure", job.job_id, recovery.first_step_after_s)
+
+    async def _report(self, job: Job, epoch: int, event: dict[str, Any]) -> None:
+        """A worker event for the leader, typed once here (:func:`arceusd.jobs.member.reports.report_of_event`): handled
+        in place when this device leads, sent as that :class:`JobReport` from a member."""
+        me = self.ctx.node.identity.peer_id
+        if event.get("event") in ("checkpoint", "witness"):  # its measured speed beside the plan's (issue #19)
+            event = {**event, **claims.own_step_times(job, me)}
+        try:
+            report = reports.report_of_event(job.job_id, epoch, event)
+        except ValueError as exc:
+            log.warning("job %s: a worker event no report can carry: %s", job.job_id, exc)
+            return
+        if self.ctx.leads(job):
+            await self._handle_report(job, me, report)
+            return
+        await self.ctx.peers.request(
+            job.leader_address, job.leader, report, timeout=30.0, job_id=job.job_id, term=job.term, epoch=epoch
+        )
+
+    async def on_report(self, header: Header, msg: JobReport) -> JobAck:
+        job = self.ctx.jobs.get(msg.job_id)
+        if job is None or not self.ctx.leads(job):
+            return JobAck(False, "not the leader of that job")
+        if msg.kind is ReportKind.LEAVE and header.sender in job.members:
+            job.drop_member(header.sender)  # (not invited straight back)
+            log.info("job %s: %s left", job.job_id, header.sender[:12])
+            if header.sender in job.plan_peers():
+                self.life.request_restart(job, f"member {header.sender[:12]} left the job")
+            return JobAck(True)
+        if header.sender not in job.plan_peers() or msg.epoch != job.epoch:
+            job.leading.checks.stale_reports += 1
+            return JobAck(False, f"report from outside the current plan epoch ({msg.epoch}; now {job.epoch})")
+        await self._handle_report(job, header.sender, msg)
+        return JobAck(True)
+
+    async def _handle_report(self, job: Job, peer: str, report: JobReport) -> None:
+        """The leader's side of ``peer``'s report (its typed fields as the codec bounded them, or this device's
+        own): a failure asks for a repartition; a checkpoint's shard and a witness are checked, kept, and the step
+        committed once every device reported; a report that fails its checks excludes its sender."""
+        kind = report.kind
+        if kind in (ReportKind.ERROR, ReportKind.LOST):
+            # A worker's failure is usually a neighbour's: a killed process breaks its links. The core drops
+            # that worker's replica (the others go on) or repartitions; a job that fails again and again at the
+            # same checkpoint gives up.
+            self.life.feed(
+                job, events.WorkerFailed(job.core.stamp, peer, report.message[:300], lost=kind is ReportKind.LOST)
+            )
+        elif kind is ReportKind.CHECKPOINT:
+            try:  # the name from the plan, the size within its bound (issue #19)
+                step, shard = shard_checks.check_checkpoint_report(job, peer, report)
+            except shard_checks.ReportRefused as refused:
+                self.life.request_restart(job, shard_checks.exclude(job, peer, refused))
+                return
+            job.leading.commits.reports.setdefault(step, {})[peer] = shard
+            if job.serving_only and step > job.step:  # a retired leader learns the progress from its members
+                job.credit(step - job.step)
+                job.step = step
+            claims.record_wait_time(job.leading.speed.waits, peer, report)
+            claims.record_link_waits(job.leading.speed.link_waits, peer, report)
+            claims.record_step_time(job.leading.speed.measured, peer, report)
+            if report.cursor is not None:
+                job.leading.commits.cursors[step] = {"epoch": report.cursor.epoch, "step": report.cursor.step}
+            self._when_complete(job, step)
+        elif kind is ReportKind.WITNESS:
+            try:
+                step, digest = witnesses.check_witness(job, peer, report)
+            except shard_checks.ReportRefused as refused:
+                self.life.request_restart(job, shard_checks.exclude(job, peer, refused))
+                return
+            job.leading.commits.witnesses.setdefault(step, {})[peer] = digest
+            # every replica's device says how fast it ran (the first replica's say it in their checkpoint too)
+            claims.record_wait_time(job.leading.speed.waits, peer, report)
+            claims.record_link_waits(job.leading.speed.link_waits, peer, report)
+            claims.record_step_time(job.leading.speed.measured, peer, report)
+            self._when_complete(job, step)
+
+    def _when_complete(self, job: Job, step: int) -> None:
+        """Once every device of the plan reported ``step`` (the first replica's shards; with replicas, every
+        device's witness): compare the replicas, judge the claims, and commit (once per step)."""
+        if job.plan is None or step in job.leading.commits.complete:
+            return
+        if len(job.leading.commits.reports.get(step, {})) < sum(len(s.shares) for s in job.plan.stages):
+            return
+        alike: frozenset[str] = frozenset()
+        if witnesses.replicated(job):
+            digests = job.leading.commits.witnesses.get(step, {})
+            if len(digests) < len(job.plan_peers()):
+                return
+            me = self.ctx.node.identity.peer_id
+            outer = job.leading.commits.outer_witnesses.get(step)
+            verdict = witnesses.judge(job, step, digests, me, witnesses.shard_digests(job, step), outer)
+            if verdict.unsettled and outer is None:  # DiLoCo: the first replica's shards settle it, once read
+                job.leading.commits.outer_witnesses[step] = {}
+                self.ctx.spawn(self._read_outer, job, step, verdict.unsettled, job.core.stamp)
+                return
+            if verdict.reason:
+                job.leading.commits.complete[step] = frozenset()
+                for peer in verdict.odd:
+                    if peer == me:
+                        continue  # the leader does not exclude itself: the replan is the remedy
+                    refused = shard_checks.ReportRefused(shard_checks.ReportProblem.WITNESS, verdict.reason)
+                    shard_checks.exclude(job, peer, refused)
+                if not verdict.odd:
+                    problem = shard_checks.ReportProblem.WITNESS.value
+                    job.leading.checks.refused_reports[problem] = job.leading.checks.refused_reports.get(problem, 0) + 1
+                self.life.request_restart(job, verdict.reason)
+                return
+            alike = verdict.alike
+        job.leading.commits.complete[step] = alike
+        reason = self._judge_claims(job)
+        if reason:  # planned again from the last commit: this checkpoint was paced by the overclaim
+            self.life.request_restart(job, reason)
+            return
+        self.life.feed(job, events.CheckpointComplete(job.core.stamp, step))  # the core commits it, once
+
+    async def _read_outer(self, job: Job, step: int, peers: tuple[str, ...], stamp: Stamp) -> None:
+        """Read the witness each of ``peers`` (first-replica devices at places in dispute) holds in its shard of
+        ``step`` (:mod:`arceusd.jobs.leader.witness_shards`), then judge the step again (unless the plan changed)."""
+        got = await witness_shards.outer_witnesses(self.ctx, job, step, peers)
+        if job.core.stamp != stamp or step in job.leading.commits.complete or not self.ctx.leads(job):
+            return
+        for peer, why in got.withheld.items():  # its serving blamed, as at a commit
+            self.life.feed(job, events.ShardWithheld(stamp, peer, why))
+        if job.core.stamp != stamp:
+            return  # excluded: the job plans again without it
+        job.leading.commits.outer_witnesses[step] = got.witnesses
+        self._when_complete(job, step)
+
+    def _judge_claims(self, job: Job) -> str:
+        """Once every device of the plan reported a checkpoint: judge each member's offered speed against its
+        step times, as it reported them and as its neighbours saw them (issue #19). A member that overclaimed in
+        :data:`claims.SUSTAINED_REPORTS` checkpoints in a row has its speed discounted (once per member); the
+        restart reason, or ``""``."""
+        me = self.ctx.node.identity.peer_id
+        compute = {peer: got for peer, (got, _) in job.leading.speed.measured.items()}
+        job.leading.speed.seen = claims.seen_in_every_replica(job, compute, me)
+        judged = claims.judged_times(job.leading.speed.measured, job.leading.speed.seen)
+        reasons = self.speed.judge(job) if self.speed is not None else []  # its own clock first
+        step_s = claims.own_step_total(job)
+        found = [
+            pair
+            for the_plan in claims.pipelines(job)
+            for pair in probation.disputes(the_plan, job.leading.speed.link_waits, me, step_s)
+        ]
+        contradicted = probation.suspects(found)  # their neighbours' views say nothing: probation settles it
+        for peer in sorted(judged):
+            if peer in contradicted:
+                job.leading.speed.slow_reports[peer] = 0
+                continue
+            factor = claims.overclaim(judged, peer) if peer not in job.leading.speed.discounts else None
+            job.leading.speed.slow_reports[peer] = (
+                0 if factor is None else job.leading.speed.slow_reports.get(peer, 0) + 1
+            )
+            if factor is not None and job.leading.speed.slow_reports[peer] >= claims.SUSTAINED_REPORTS:
+                job.leading.speed.discounts[peer] = factor  # planned again at the speed it showed
+                log.warning(
+                    "job %s: %s ran %.1fx slower than its offer; planning again at its measured speed",
+                    job.job_id,
+                    peer[:12],
+                    factor,
+                )
+                reasons.append(
+                    f"member {peer[:12]} ran {factor:.1f}x slower than its offer (measured against the "
+                    "other members); planning again at its measured speed"
+                )
+        if job.plan is not None:
+            settled = probation.judge(
+                job.leading.probation, job.leading.speed.discounts, claims.pipelines(job), [] if reasons else found, me
+            )
+            if settled and not reasons:
+                log.warning("job %s: %s", job.job_id, settled)
+                reasons.append(settled)
+        return "; ".join(reasons)
+
+
+def worker_device(kind: str) -> str:
+    """The torch device a worker trains on, from this device's measured kind (cpu, cuda or mps)."""
+    return kind if kind in ("cuda", "mps") else "cpu"
+
+
+def _schedule(job: Job, the_plan: Plan) -> str:
+    forced = job.spec.training.schedule
+    return str(the_plan.schedule if forced == "auto" else forced)
+
+
+__all__ = ["LocalWorker", "worker_device"]

@@ -1,0 +1,412 @@
+"""Jobs in the daemon: the lifecycle and leadership of each job this device owns, leads or serves.
+
+Roles: the *owner* submitted the job (it holds the data and gets the model); *members* joined it. The job's
+*leader* coordinates planning, starting, checkpoint commits and repartitions; it serves the data and signs the
+checkpoints. The owner leads while it lives. Each plan names a *standby* member, which receives the data set
+once and, after every commit, the signed manifest and the other workers' shards. The job's election
+(:mod:`arceusd.elections.core`, the leader ranked first, the standby second) lets the standby win a new term once
+membership declares the leader dead and a majority of the plan agrees; it then leads (:meth:`JobManager.take_over`):
+gathers the survivors' shards, re-slices, and carries on to the end (the model is saved on it). Without a
+majority, or without a standby that holds the data, the members pause until the owner returns. An owner that
+returns after its standby took over is told by its members who leads (``follows``) and joins that leader
+as a member; so is an owner that membership declared dead while it lived (a stall under load): its members refuse
+its commands naming the leader they follow (:mod:`arceusd.jobs.core.leadership`), and it joins that leader instead of
+repartitioning until the job fails. Either way the leader hands the owner the final checkpoint and the owner
+exports the model too (it is the user's).
+Each repartition starts a new term and plan epoch; every leader command carries (job, term, epoch) and members
+refuse older ones and any sender that is neither their leader nor the election's winner of a newer term.
+
+Lifecycle (owner): ``waiting`` (announce to every live peer, collect joins until ``min_members``) ->
+``planning`` (partitioner over the members' offers; no fit -> back to ``waiting`` with the reason) ->
+``starting`` (every member verifies the plan and starts its worker) -> ``running`` (workers train; checkpoint
+shards are reported, copied to the owner and committed under a signed manifest) -> ``done`` (the model is
+exported on the owner) or ``failed`` with a message.
+
+Recovery: a plan member found dead or leaving (membership), or a worker lost or failing, makes the leader
+``recovering``: stop the old workers, plan over the live members, re-slice the newest verified checkpoint for
+the new plan (:mod:`arceusd.jobs.plans.recovery`), and start again from that step: nothing skipped, nothing applied
+twice. If the live members cannot hold the model the job is ``paused`` and resumes when capacity returns. A device
+that joins a running job gets work at the next committed checkpoint (a rebalance).
+
+Nothing of a job spec is code: members parse the spec with :func:`arceusd.jobs.spec.schema.spec_from_dict` (no files)
+and recompute the plan before starting anything.
+
+Every decision above is the job core's (:mod:`arceusd.jobs.core`: a pure state machine per job, fed events,
+returning actions); this module is its trio driver: the service (:meth:`JobManager.run`, restoring owned jobs
+after a restart), the leader's loop (tell the core time passed, run the long actions it queued one at a time,
+wait on the job's wake), and the events membership and the election bring (member changes, a new leader, the
+standby's takeover). :mod:`arceusd.jobs.service.driver` feeds the core and carries out its actions. The rest lives
+beside it, composed (each part an object handed the shared context and the lifecycle it calls back into,
+:class:`arceusd.jobs.common.manager_base.Lifecycle`):
+
+- :mod:`arceusd.jobs.common.manager_base`: the shared state (:class:`JobContext`, which the manager is), the manager's
+  nursery, this device's offer, and whom it follows as leader (the check of a leader's command);
+- :mod:`arceusd.jobs.service.control_methods`: the control-socket methods (``submit``, ``join``, ``jobs``, ``job``,
+  ``cancel``, ``leave``), ``JobManager.control``;
+- :mod:`arceusd.jobs.member.local_worker`: starting and following this device's stage worker, and the workers' reports,
+  ``JobManager.local``;
+- :mod:`arceusd.jobs.leader.standby_sync`: the leader's syncs to its standby and to the owner, ``JobManager.standbys``;
+- :mod:`arceusd.jobs.leader.commits`: committing checkpoints and repairing a damaged one, ``JobManager.commits``;
+- :mod:`arceusd.jobs.leader.joining`: announcements, joins and the owner's hand-over, ``JobManager.joining``;
+- :mod:`arceusd.jobs.leader.starting`: planning a plan epoch and starting it (start, ``go``), ``JobManager.starting``;
+- :mod:`arceusd.jobs.service.driver`: feeding the job core and carrying out its actions, ``JobManager.driver``;
+- :mod:`arceusd.jobs.common.transfers`: serving and fetching files between daemons (shards, resume slices, the data).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, ParamSpec, TypeVar
+
+import trio
+
+from arceusd.device.node import Node
+from arceusd.files.checkpoint import committed_steps
+from arceusd.jobs.common.manager_base import JobContext
+from arceusd.jobs.core import JobState, Role
+from arceusd.jobs.core import actions as a
+from arceusd.jobs.core import events as e
+from arceusd.jobs.leader.commits import Commits
+from arceusd.jobs.leader.joining import Joining
+from arceusd.jobs.leader.regrow import Regrowing
+from arceusd.jobs.leader.replica_drop import ReplicaDrops
+from arceusd.jobs.leader.speed_checks import SpeedChecks
+from arceusd.jobs.leader.standby_sync import StandbySyncing
+from arceusd.jobs.leader.starting import Starting
+from arceusd.jobs.member.local_worker import LocalWorker, worker_device
+from arceusd.jobs.plans.initial_weights import standby_copies
+from arceusd.jobs.plans.job_paths import JobPaths
+from arceusd.jobs.plans.recovery import corrupt_shards
+from arceusd.jobs.record.job import TERMINAL, Job
+from arceusd.jobs.record.known import read_records
+from arceusd.jobs.service.control_methods import ControlMethods
+from arceusd.jobs.service.driver import ActionTable, Driver
+from arceusd.jobs.service.lending import answerer
+from arceusd.market.hooks import enough_memory
+from arceusd.membership.events import MemberChanged, MemberState
+from arceusd.network.peers import PeerService
+from protocol.envelope import Header
+from protocol.job_wire import (
+    ChallengeGo,
+    ChallengeOpen,
+    DataRequest,
+    JobAck,
+    JobDropReplica,
+    JobGo,
+    JobGrowReplica,
+    JobReport,
+    JobStart,
+    JobStop,
+    LinkEcho,
+    ResumeRequest,
+    ShardRequest,
+    SpeedChallenge,
+    StandbySync,
+    WeightsRequest,
+)
+from protocol.lend_wire import LendQuery
+from protocol.messages import JobAnnounce, JoinRequest
+
+log = logging.getLogger(__name__)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+REJOIN_GRACE_S = 15.0
+"""After the owner restarts, how long it waits for the job's old members to join again before planning."""
+
+WAKE_BACKSTOP_S = 5.0
+"""The longest the leader loop sleeps without being woken: a safety net, not the way it learns of changes."""
+
+
+def _standby_shards(job: Job, step: int) -> tuple[str, ...]:
+    """The committed shards of ``step`` the standby lacks (all but its own)."""
+    shards = job.leading.commits.committed_shards.get(step, {})
+    return tuple(name for peer, name in sorted(shards.items()) if peer != job.standby)
+
+
+class JobManager(JobContext):
+    """Every job this daemon knows: the service, and the lifecycle of the jobs it owns or leads (the
+    :class:`arceusd.jobs.common.manager_base.Lifecycle` its parts call back into). The parts are composed, each handed
+    the shared context (this manager) and the lifecycle: ``control`` (the control-socket methods), ``local``
+    (this device's stage worker and the workers' reports), ``standbys`` (the standby's and the owner's copies),
+    ``commits`` (checkpoint commits), ``joining`` (announcements and joins), ``starting`` (plan and start)."""
+
+    def __init__(self, node: Node, peers: PeerService) -> None:
+        super().__init__(node, peers)
+        self.life = self
+        self.control = ControlMethods(self, self)
+        self.speed = SpeedChecks(self)
+        self.local = LocalWorker(self, self, self.speed)
+        self.standbys = StandbySyncing(self, self)
+        self.commits = Commits(self, self)
+        self.joining = Joining(self, self)
+        self.starting = Starting(self, self, self.local, self.commits)
+        self.drops = ReplicaDrops(self, self)
+        self.regrow = Regrowing(self, self, self.starting)
+        self.driver = Driver(
+            self, self._action_table(), node.identity.peer_id, node.paths.root, self.standbys.sync_owner
+        )
+        self._ready = trio.Event()  # set once the job modules are imported and owned jobs restored
+
+    def _action_table(self) -> ActionTable:
+        """Who carries out the core's actions (the driver adds its own): each part registered here, the one
+        place that knows them all."""
+        table, spawn = ActionTable(), self.spawn
+        table.on(a.Announce, lambda job, _: self.announce_to_new_peers(job))
+        table.on(a.TrackElection, lambda job, x: self.track(job, list(x.members), list(x.ranking)))
+        table.on(a.Commit, lambda job, x: spawn(self.commits.commit, job, x))
+        table.on(
+            a.SyncStandby, lambda job, x: spawn(self.standbys.sync_standby, job, x.step, _standby_shards(job, x.step))
+        )
+        table.on(a.PrepareTakeover, lambda job, _: spawn(self.take_over, job))
+        table.on(a.HandOver, lambda job, x: spawn(self.joining.hand_over, job, x.leader))
+        table.on(a.DropReplica, self.drops.drop)
+        table.on(a.ReleaseHold, lambda job, _: spawn(self.regrow.release, job))
+        table.on_long(a.Plan, lambda job, _: self.starting.plan(job))
+        table.on_long(a.SendStart, self.starting.start)
+        table.on_long(a.SendGo, self.starting.go_round)
+        table.on_long(a.Regrow, self.regrow.regrow)
+        return table
+
+    async def _load_modules(self) -> None:
+        """Restore the jobs this device owns. The job modules are torch-free (tensor work runs in child
+        processes, :mod:`arceusd.jobs.procs.filework`), so nothing here stalls the event loop on an import."""
+        self.known = await trio.to_thread.run_sync(read_records, self.root)  # (arceusd.jobs.record.known)
+        for job in await trio.to_thread.run_sync(self._restore_owned_jobs):
+            self.jobs[job.job_id] = job
+            job.offers[self.node.identity.peer_id] = await self.offer()
+            self.spawn(self.lead, job)
+            log.info(
+                "job %s (%s): resuming as its owner from step %d (term %d)",
+                job.job_id,
+                job.spec.name,
+                job.committed_step,
+                job.term,
+            )
+        self._ready.set()
+
+    def _restore_owned_jobs(self) -> list[Job]:
+        """Jobs this device owns that had not ended when it stopped (crash, reboot): they resume from their
+        newest committed checkpoint once members rejoin. A job whose saved state does not verify is skipped
+        with a warning, never half-restored."""
+        from arceusd.jobs.spec.schema import (  # local: off the daemon's start (a thread)
+            JobSpecError,
+            parse_spec,
+            spec_hash,
+        )
+
+        restored: list[Job] = []
+        if not self.root.is_dir():
+            return restored
+        for directory in sorted(self.root.iterdir()):
+            paths = JobPaths(directory)
+            if not paths.owner_record.is_file():
+                continue
+            try:
+                saved = json.loads(paths.owner_record.read_bytes())
+                spec_bytes = paths.spec.read_bytes()
+                spec = parse_spec(json.loads(spec_bytes), base_dir=Path(saved["base_dir"]), source=str(paths.spec))
+                if saved["job_id"] != directory.name or spec_hash(spec) != saved["spec_hash"]:
+                    raise ValueError("the saved spec does not match the job's id or hash")
+                if saved["owner"] != self.node.identity.peer_id:
+                    raise ValueError("owned by another identity")
+                if saved["state"] in TERMINAL:
+                    continue
+                committed = committed_steps(paths.checkpoints)
+                restored.append(
+                    Job.restored(
+                        saved,
+                        spec,
+                        spec_bytes,
+                        self.node.addresses.get("peer", ""),
+                        paths,
+                        committed_step=committed[-1] if committed else 0,
+                        gather_until=time.monotonic() + REJOIN_GRACE_S,
+                    )
+                )
+            except (OSError, ValueError, KeyError, TypeError, JobSpecError) as exc:
+                log.warning("not resuming the job in %s: %s", directory, exc)
+        return restored
+
+    def _gated(self, handler: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+        """``handler``, answering once the owned jobs are restored."""
+
+        async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+            await self._ready.wait()
+            return await handler(*args, **kwargs)
+
+        return wrapper
+
+    # ---------------------------------------------------------------------------------------------- service
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        peers, gate = self.peers, self._gated
+        peers.register(JobAnnounce, gate(self.joining.on_announce))
+        peers.register(JoinRequest, gate(self.joining.on_join_request))
+        peers.register(JobStart, gate(self.local.on_start))
+        peers.register(JobGo, gate(self.local.on_go))
+        peers.register(JobStop, gate(self._on_stop))
+        peers.register(JobDropReplica, gate(self.drops.on_drop))
+        peers.register(JobGrowReplica, gate(self.regrow.on_grow))
+        peers.register(JobReport, gate(self.local.on_report))
+        peers.register(SpeedChallenge, gate(self.speed.on_challenge))
+        peers.register(ChallengeGo, gate(self.speed.on_go))
+        peers.register(ChallengeOpen, gate(self.speed.on_open))
+        peers.register(ShardRequest, gate(self.transfers.on_shard_request))
+        peers.register(ResumeRequest, gate(self.transfers.on_resume_request))
+        peers.register(StandbySync, gate(self.standbys.on_standby_sync))
+        peers.register(DataRequest, gate(self.transfers.on_data_request))
+        peers.register(WeightsRequest, gate(self.transfers.on_weights_request))
+        peers.register(LinkEcho, self.starting.on_link_echo)
+        peers.register(LendQuery, gate(answerer(self)))  # what this device lends (arceusd.jobs.service.lending)
+        peers.listeners.append(self._on_member_changed)
+        if self.node.elections is not None:
+            self.node.elections.on_leader_change(self._on_leader_change)
+        self.node.methods.update({name: gate(method) for name, method in self.control.methods().items()})
+        self.node.sections["jobs"] = self.listing
+        self.node.sections["announcements"] = self.joining.announced.summary
+        self.node.shutdown_hooks.append(self._stop_all_workers)
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._load_modules)
+                task_status.started()
+                await trio.sleep_forever()
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(5):
+                await self._stop_all_workers()
+
+    async def _stop_all_workers(self) -> None:
+        for job in self.jobs.values():
+            if job.worker is not None:
+                await job.worker.stop(grace=2.0)
+
+    # ---------------------------------------------------------------------------------------------- leader
+    async def lead(self, job: Job) -> None:
+        """The leader's loop for one job: tell the core time passed (it plans when enough members joined, and
+        the owner announces to new peers), run the long actions it queued (plan, start, ``go``, the check of
+        who answers before a repartition) one at a time, and wait. It waits on ``job.wake``, which what concerns
+        the loop sets (:meth:`Job.poke`: a join, a queued action, a leader change, a peer alive, the end), or
+        until the owner's rejoin grace ends; :data:`WAKE_BACKSTOP_S` bounds what a missed wake could cost."""
+        try:
+            while not job.core.terminal and self.leads(job):
+                job.wake = trio.Event()
+                self.feed(job, e.Tick(memory_ok=enough_memory(job)))  # needs.memory_total_mib (market)
+                if job.leading.loop.queue:
+                    await self.driver.run_queue(job)
+                    continue
+                deadline = time.monotonic() + WAKE_BACKSTOP_S
+                lead = job.core.lead
+                if lead is not None and lead.gather_until and job.state in (JobState.WAITING, JobState.PAUSED):
+                    deadline = min(deadline, lead.gather_until)
+                with trio.move_on_at(trio.current_time() + max(0.0, deadline - time.monotonic())):
+                    await job.wake.wait()
+        finally:
+            job.leading.loop.queue.clear()  # a device that stops leading carries out nothing of the old leader's plan
+
+    def feed(self, job: Job, event: e.Event) -> list[a.Action]:
+        """Hand ``job``'s core an event and carry out what it answers (:class:`arceusd.jobs.service.driver.Driver`)."""
+        return self.driver.feed(job, event)
+
+    def announce_to_new_peers(self, job: Job) -> None:
+        alive = self.peers.alive_peers()
+        for peer in job.core.to_announce(list(alive)):
+            self.spawn(self.joining.announce, job, peer, alive[peer])
+
+    def request_restart(self, job: Job, reason: str) -> None:
+        """Ask the core to repartition ``job`` (a leader's; the first reason wins until the new plan runs)."""
+        self.feed(job, e.RestartAsked(reason))
+
+    async def join(self, job: Job) -> dict[str, Any]:
+        return await self.joining.join(job)
+
+    # ---------------------------------------------------------------------------------------------- takeover
+    def _on_leader_change(self, job_id: str, leader: tuple[str, int] | None) -> None:
+        """The job's election chose a leader: the standby takes over; a leader that lost steps down."""
+        self.leader_changed(job_id)
+        job = self.jobs.get(job_id)
+        if job is None or leader is None or job.core.terminal:
+            return
+        me, (peer, term) = self.node.identity.peer_id, leader
+        if peer == me and not self.leads(job):
+            holds = job.standby == me and job.standby_data is not None and job.plan is not None
+            holds = holds and (not standby_copies(job.spec.model) or job.paths.weights_copy.is_file())
+            if not self.feed(job, e.TakeoverElected(term, holds)):
+                log.warning(
+                    "job %s: elected, but this device holds no checked copy of the data (or the initial weights); "
+                    "not leading",
+                    job_id,
+                )
+        elif peer != me and self.leads(job):
+            log.warning("job %s: %s was elected leader (term %d); stepping down", job_id, peer[:12], term)
+            self.feed(job, e.OtherElected(peer, term))
+            self.follow_leader(job, peer)
+
+    async def take_over(self, job: Job) -> None:
+        """Standby elected after the leader died: gather the survivors and the newest intact checkpoint, then
+        lead them from it (the core repartitions)."""
+        me, old = self.node.identity.peer_id, job.leader
+        if job.plan is None:
+            return
+        alive = self.peers.alive_peers()  # the members' offers as the leader last had them, at today's address
+        old_plan = job.plan_peers()
+        job.offers = {
+            p: replace(o, address=alive[p])
+            for p, o in job.standby_offers.items()
+            if p in alive and p in old_plan and p not in (old, me)
+        }
+        job.offers[me] = await self.offer()
+        step, _ = await trio.to_thread.run_sync(corrupt_shards, job.paths.checkpoints, sorted(job.leaders))
+        if self.leads(job) or job.leader != old or job.core.terminal:
+            return  # led, or another leader was elected, meanwhile
+        log.warning(
+            "job %s: the leader %s is gone; taking over as its standby (from step %d)", job.job_id, old[:12], step
+        )
+        job.leader_address = self.node.addresses.get("peer", "")
+        self.feed(job, e.TakeoverReady(frozenset(job.offers), step, tuple(p for p in old_plan if p != old)))
+        self.spawn(self.lead, job)
+
+    # ---------------------------------------------------------------------------------- checkpoints, the end
+    async def export(self, job: Job, step: int, paths: list[Path]) -> None:
+        await self.driver.export(job, step, paths)
+
+    async def _on_stop(self, header: Header, msg: JobStop) -> JobAck:
+        job = self.jobs.get(msg.job_id)
+        if job is None:
+            return JobAck(False, "unknown job")
+        why = await self.check_leader(header, job, epochs=False)
+        if why is not None:
+            return JobAck(False, "not from this job's leader", why.follows)
+        self.feed(job, e.StopReceived(msg.reason))  # a known state only, never the sender's text (issue #19)
+        return JobAck(True)
+
+    def _on_member_changed(self, change: MemberChanged) -> None:
+        if change.state is MemberState.ALIVE and change.previous is not MemberState.ALIVE:
+            for job in self.jobs.values():  # a peer new or back: the owner's leader loop announces the job to it
+                if self.leads(job) and job.role == Role.OWNER and not job.core.terminal:
+                    job.poke()
+            return
+        if change.state not in (MemberState.DEAD, MemberState.LEFT):
+            return
+        for job in list(self.jobs.values()):
+            if self.leads(job):
+                self.feed(job, e.MemberDead(change.peer, change.state.value))
+            elif change.peer == job.leader and not job.core.terminal:
+                self.feed(job, e.LeaderGone(change.state.value))
+
+
+async def serve_jobs(node: Node, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    """Daemon service: the job manager (needs the peer network service started first)."""
+    if node.peers is None:
+        raise RuntimeError("serve_jobs needs the peer network (serve_peer_network) to start first")
+    manager = JobManager(node, node.peers)
+    node.jobs = manager
+    await manager.run(task_status=task_status)
+
+
+__all__ = ["JobManager", "serve_jobs", "worker_device"]
