@@ -22,7 +22,7 @@ import logging
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NotRequired, Protocol, TypedDict
 
 import trio
 
@@ -41,6 +41,16 @@ from protocol.envelope import Header
 from protocol.job_wire import JobAck
 
 log = logging.getLogger(__name__)
+
+
+class JoinResult(TypedDict):
+    """What asking to join a job came to (the control method ``join``; ``retry``: the leader asks to try again
+    later, absent where this device owns the job)."""
+
+    job_id: str
+    accepted: bool
+    reason: str
+    retry: NotRequired[bool]
 
 
 class JobContext:
@@ -267,7 +277,7 @@ class Lifecycle(Protocol):
     def feed(self, job: Job, event: events.Event) -> list[actions.Action]:
         """Hand ``job``'s core an event and carry out what it answers; the actions (for a handler's answer)."""
 
-    async def join(self, job: Job) -> dict[str, Any]:
+    async def join(self, job: Job) -> JoinResult:
         """Ask the job's leader to take this device in as a member."""
 
     def request_restart(self, job: Job, reason: str) -> None:

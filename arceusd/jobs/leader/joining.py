@@ -14,12 +14,11 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Any
 
 import trio
 
 from arceusd.base.control import RequestError
-from arceusd.jobs.common.manager_base import JobContext, Lifecycle
+from arceusd.jobs.common.manager_base import JobContext, JoinResult, Lifecycle
 from arceusd.jobs.core import JobState, Role, events, leadership
 from arceusd.jobs.judging.claims import check_offer_bounds
 from arceusd.jobs.plans.planning import Offer
@@ -249,9 +248,9 @@ class Joining:
             # device's false death, then a join that gave up at once, left a job waiting for a member forever)
             await trio.sleep(min(4.0, 0.5 * 2**attempt))
 
-    async def join(self, job: Job) -> dict[str, Any]:
+    async def join(self, job: Job) -> JoinResult:
         if job.role == Role.OWNER:
-            return {"job_id": job.job_id, "accepted": True, "reason": "this device owns the job"}
+            return JoinResult(job_id=job.job_id, accepted=True, reason="this device owns the job")
         member = self.ctx.peers.membership.members.get(job.leader)
         if member is not None and member.address:
             job.leader_address = member.address
@@ -263,7 +262,7 @@ class Joining:
         if reply.accepted:
             self.life.feed(job, events.Joined())
             self.ctx.spawn(warm_starts().warm_up, job.spec.model)  # torch imported before any start (issue 33)
-        return {"job_id": job.job_id, "accepted": reply.accepted, "reason": reply.reason, "retry": reply.retry}
+        return JoinResult(job_id=job.job_id, accepted=reply.accepted, reason=reply.reason, retry=reply.retry)
 
 
 __all__ = ["Joining"]

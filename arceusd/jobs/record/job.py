@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import trio
 
@@ -51,6 +51,25 @@ STAGE_WINDOW = 20
 """Steps over which ``arceusd status JOB`` reports this device's measured step time and link waits."""
 
 
+class DropSummary(TypedDict):
+    """A replica drop as ``arceusd status JOB --json`` shows it (``dropped_replicas``)."""
+
+    reason: str
+    step: int
+    devices: list[str]
+    replicas_left: int
+    at: float
+
+
+class Contribution(TypedDict):
+    """One device's row of the ledger (``contributions``)."""
+
+    peer_id: str
+    share: float
+    steps: int
+    tflop: float
+
+
 @dataclass(frozen=True)
 class ReplicaDrop:
     """A data-parallel replica dropped because one of its devices was lost (the others trained on)."""
@@ -62,7 +81,7 @@ class ReplicaDrop:
     replicas_left: int
     at: float = field(default_factory=time.time)
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> DropSummary:
         return {
             "reason": self.reason,
             "step": self.step,
@@ -537,7 +556,7 @@ class Job:
             )
         return out
 
-    def contributions(self) -> list[dict[str, Any]]:
+    def contributions(self) -> list[Contribution]:
         """The ledger: each device's share of the model's FLOPs under the plan(s) it worked in, the steps it
         took part in, and the work that adds up to (shares change when the job is repartitioned)."""
         if self.inputs is None:
@@ -562,4 +581,14 @@ class Job:
             self.steps_done[peer] = self.steps_done.get(peer, 0) + steps
 
 
-__all__ = ["HISTORY_TAIL", "MAX_HISTORY", "STAGE_WINDOW", "TERMINAL", "Job", "MemberOffers", "ReplicaDrop"]
+__all__ = [
+    "HISTORY_TAIL",
+    "MAX_HISTORY",
+    "STAGE_WINDOW",
+    "TERMINAL",
+    "Contribution",
+    "DropSummary",
+    "Job",
+    "MemberOffers",
+    "ReplicaDrop",
+]

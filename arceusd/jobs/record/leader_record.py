@@ -24,7 +24,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import TypedDict
 
 import trio
 
@@ -33,6 +33,20 @@ from arceusd.jobs.judging import challenges, claims
 
 MAX_CHECKPOINTS = 1000
 """Committed checkpoints a leader's job record keeps (step, wall clock): the newest ones, for the timeline."""
+
+
+class RecoverySummary(TypedDict):
+    """One recovery as ``arceusd status JOB --json`` shows it (``recoveries``)."""
+
+    reason: str
+    epoch: int
+    lost_step: int
+    resumed_step: int
+    recomputed_steps: int
+    first_step_after_s: float | None
+    began_at: float
+    phases: dict[str, float]
+    first_step_at: float | None
 
 
 @dataclass
@@ -55,7 +69,7 @@ class Recovery:
         """Record that ``phase`` ended now."""
         self.phases[phase] = round(time.monotonic() - self.began, 3)
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> RecoverySummary:
         return {
             "reason": self.reason,
             "epoch": self.epoch,
@@ -185,6 +199,7 @@ __all__ = [
     "LeaderRecord",
     "ProbationBook",
     "Recovery",
+    "RecoverySummary",
     "ReportChecks",
     "ShardEntry",
     "SpeedBook",

@@ -20,7 +20,7 @@ from typing import Any
 import trio
 
 from arceusd.base.control import RequestError
-from arceusd.jobs.common.manager_base import JobContext, Lifecycle
+from arceusd.jobs.common.manager_base import JobContext, JoinResult, Lifecycle
 from arceusd.jobs.core import Role, events
 from arceusd.jobs.plans.memory_fit import refusal, training_memory
 from arceusd.jobs.procs.warm_starts import warm_starts
@@ -110,7 +110,7 @@ class ControlMethods:
         lent = await seen_lending(self.ctx)
         return {"own_bytes": lent.own_bytes, "peer_bytes": list(lent.peer_bytes), "unanswered": lent.unanswered}
 
-    async def m_join(self, params: dict[str, Any]) -> dict[str, Any]:
+    async def m_join(self, params: dict[str, Any]) -> JoinResult:
         job = self.ctx.find(str(params.get("job_id", "")))
         return await self.life.join(job)
 

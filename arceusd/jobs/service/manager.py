@@ -61,13 +61,13 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, ParamSpec, TypeVar
+from typing import ParamSpec, TypeVar
 
 import trio
 
 from arceusd.device.node import Node
 from arceusd.files.checkpoint import committed_steps
-from arceusd.jobs.common.manager_base import JobContext
+from arceusd.jobs.common.manager_base import JobContext, JoinResult
 from arceusd.jobs.core import JobState, Role
 from arceusd.jobs.core import actions as a
 from arceusd.jobs.core import events as e
@@ -322,7 +322,7 @@ class JobManager(JobContext):
         """Ask the core to repartition ``job`` (a leader's; the first reason wins until the new plan runs)."""
         self.feed(job, e.RestartAsked(reason))
 
-    async def join(self, job: Job) -> dict[str, Any]:
+    async def join(self, job: Job) -> JoinResult:
         return await self.joining.join(job)
 
     # ---------------------------------------------------------------------------------------------- takeover
