@@ -63,6 +63,30 @@ def test_a_text_copy_is_checked_against_the_spec_digest(tmp_path: Path) -> None:
         check_copy(copy, None)
 
 
+def test_a_tokens_copy_is_the_text_and_its_tokenizer_each_checked(tmp_path: Path) -> None:
+    """A stock LM's data set (issue 30): the text and the tokenizer.json, each against its own digest. Read as
+    MNIST before, a tokens copy never checked, so no standby of a Hugging Face job was ever ready to take over."""
+    from arceusd.data.text_files import file_sha256
+
+    tokenizer = SHARED / "tokenizers" / "shakespeare-bpe.json"
+    if not TEXT.is_file() or not tokenizer.is_file():
+        pytest.skip("the bundled Tiny Shakespeare or its tokenizer is not there")
+    digest, tokenizer_digest = file_sha256(TEXT), file_sha256(tokenizer)
+    entry = {"kind": "tokens", "path": str(TEXT), "tokenizer": str(tokenizer), "val_fraction": 0.1}
+    assert data_files(entry) == [TEXT, tokenizer]
+    copy = copy_entry(tmp_path, entry, ["input.txt", "tokenizer.json"])
+    assert copy["tokenizer"] == str(tmp_path / "data" / "tokenizer.json")
+    (tmp_path / "data").mkdir()
+    shutil.copy(TEXT, copy["path"])
+    shutil.copy(tokenizer, copy["tokenizer"])
+    check_copy(copy, digest, tokenizer_digest)
+    with pytest.raises(StandbyError, match="tokenizer copy's digest"):
+        check_copy(copy, digest, "0" * 64)
+    shutil.copy(TEXT, copy["tokenizer"])
+    with pytest.raises(StandbyError, match="tokenizer copy's digest"):
+        check_copy(copy, digest, tokenizer_digest)
+
+
 def test_an_mnist_copy_is_both_files_in_order(tmp_path: Path) -> None:
     folder = SHARED / "mnist"
     if not folder.is_dir():

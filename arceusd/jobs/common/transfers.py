@@ -269,7 +269,8 @@ class Transfers:
         else:
             entry = copy_entry(job.directory, json.loads(job.spec_bytes)["data"], names)
             try:
-                await trio.to_thread.run_sync(check_copy, entry, job.spec.data.sha256)
+                tokenizer_sha256 = getattr(job.spec.data, "tokenizer_sha256", None)  # (a tokens data set)
+                await trio.to_thread.run_sync(check_copy, entry, job.spec.data.sha256, tokenizer_sha256)
                 job.standby_data = entry
                 log.info("job %s: holding a checked copy of the data as the standby", job.job_id)
                 return True

@@ -83,23 +83,28 @@ def copy_entry(job_dir: Path, data: Mapping[str, Any], names: Sequence[str]) -> 
 
 
 def data_digest(data: Mapping[str, Any]) -> str:
-    """The content digest the spec's ``data.sha256`` states, computed from the files of ``data``."""
+    """The content digest the spec's ``data.sha256`` states, computed from the files of ``data`` (a tokens data
+    set's: its text file's; the tokenizer has its own, :func:`check_copy`)."""
     files = data_files(data)
-    if data.get("kind") == "text":
+    if data.get("kind") in ("text", "tokens"):
         return file_sha256(files[0])
     return mnist_facts(files[0].parent, files[0].name, files[1].name).sha256
 
 
-def check_copy(data: Mapping[str, Any], expected_sha256: str | None) -> None:
-    """Raise :class:`StandbyError` unless the copy's digest is the spec's."""
+def check_copy(data: Mapping[str, Any], expected_sha256: str | None, tokenizer_sha256: str | None = None) -> None:
+    """Raise :class:`StandbyError` unless the copy's digest is the spec's (and, for a tokens data set, its
+    tokenizer's the spec's ``data.tokenizer_sha256``)."""
     if not expected_sha256:
         raise StandbyError("the spec states no data digest, so a copy cannot be checked")
     try:
         got = data_digest(data)
+        got_tokenizer = file_sha256(data_files(data)[1]) if data.get("kind") == "tokens" else None
     except (OSError, ValueError) as exc:
         raise StandbyError(f"the data copy cannot be read: {exc}") from None
     if got != expected_sha256:
         raise StandbyError(f"the data copy's digest is {got}, the spec says {expected_sha256}: refused")
+    if data.get("kind") == "tokens" and got_tokenizer != tokenizer_sha256:
+        raise StandbyError(f"the tokenizer copy's digest is {got_tokenizer}, the spec says {tokenizer_sha256}: refused")
 
 
 OFFER_FIELDS = frozenset(f.name for f in dataclasses.fields(Offer))
