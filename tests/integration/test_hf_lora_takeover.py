@@ -4,7 +4,7 @@ standby, it replans over the two and the job ends done there; its export (the ad
 with ``PeftModel.from_pretrained`` on the base and gives the logits of the merged model it wrote beside them.
 
 It found that a standby of a ``tokens`` data set (every Hugging Face job) never became ready: its copy was checked
-as MNIST (``arceusd.jobs.standby.data_digest``), so such a job could not survive its leader. On the shared 2-core
+as MNIST (``arceusd.jobs.plans.standby.data_digest``), so such a job could not survive its leader. On the shared 2-core
 machine (28 Nov, load 8-10) it took 86 s and 128 s (the workers' start under load is most of it)."""
 
 from __future__ import annotations
