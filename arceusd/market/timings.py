@@ -185,11 +185,12 @@ def end_term(records: Sequence[JobTiming], model: str, assumed_s: float) -> Term
     return _assumed(assumed_s, f"this daemon has finished no {model} job yet (measured on an idle 16-core machine)")
 
 
-SPREAD_LOW = 0.65
-SPREAD_HIGH = 1.5
-"""How far one job's step (and pauses) may fall from another run of the same job on the same machine, as shares
+SPREAD_LOW = 0.33
+SPREAD_HIGH = 1.7
+"""How far one job's step factor (and pauses) may fall from an earlier like job's on the same machine, as shares
 of it, until this daemon has measured its own spread (:data:`SPREAD_SAMPLES`): on a 2-core machine shared with
-other work, the same char-GPT job's step measured 0.64-1.46x the one before it (its load changed meanwhile)."""
+other sessions' test suites (load 3-29), bench/quote.py's jobs measured 0.33-1.66x the factor of the like job
+before them (8 pairs over 4 runs; its load changed meanwhile)."""
 SPREAD_SAMPLES = 4
 """Like jobs' deviations from their group's median a measured spread needs (fewer: :data:`SPREAD_LOW`,
 :data:`SPREAD_HIGH`)."""
