@@ -196,6 +196,8 @@ def test_a_leader_drops_and_counts_refused_reports_and_keeps_serving(tmp_path: P
                     for i, p in enumerate((me, OTHER))
                 ),
             )
+            assert job.core.lead is not None
+            job.core.lead.plan = (me, OTHER)  # the plan's devices: the core's
             block = SimpleNamespace(param_bytes=4096, optimizer_bytes=4096)
             cast(Any, job).inputs = SimpleNamespace(blocks=(block,) * 2)
             mgr.jobs[JOB] = job

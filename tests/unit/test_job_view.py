@@ -191,7 +191,7 @@ def test_a_replicated_plan_shows_every_replica_its_sync_and_the_ring_bytes(tmp_p
         plan = shown["plan"]
         assert len(plan["replicas"]) == 2 and plan["sync"] == job.replica_plan.sync_mode.value
         assert plan["predicted_step_time_s"] == job.replica_plan.predicted_step_time_s
-        assert set(job.plan_peers()) == {o.peer_id for o in _offers(2)}
+        assert set(job.planned_peers()) == {o.peer_id for o in _offers(2)}  # (the objects; the core holds none)
         text = render_job({**shown, "model": "mlp", "data": "mnist"})
         assert f"2 data-parallel replicas, {expected}; this device sent 3.5 MB to its ring" in text
         for r, replica in enumerate(job.replica_plan.replicas):
@@ -283,7 +283,8 @@ def test_the_leader_names_the_members_its_plan_leaves_out_as_spares(tmp_path: Pa
         job.core.handle(e.MemberJoined(peer, memory_ok=False), 0.0)
     assert job.spares() == [] and "spares" not in render_job(job.summary(full=True))  # no plan yet
     before_the_plan = job.summary(full=True)
-    job.plan = cast(Any, SimpleNamespace(peer_ids=("owner", "a" * 32)))
+    job.core.handle(e.Tick(), 0.0)  # enough members: the core plans
+    job.core.handle(e.PlanFound(("owner", "a" * 32), "a" * 32, ()), 0.0)  # the plan leaves b out
     assert job.spares() == ["b" * 32]
     shown = render_job({**before_the_plan, "spares": job.spares()})
     assert f"spares   {'b' * 12}: not in the plan" in shown

@@ -227,7 +227,7 @@ def test_step_times_are_reported_kept_and_the_standby_is_chosen_among_measured_m
     standby_job = cast(
         Job,
         SimpleNamespace(
-            plan_peers=lambda: PEERS, members=members, leading=LeaderRecord(), plan=used, replica_plan=None
+            planned_peers=lambda: PEERS, members=members, leading=LeaderRecord(), plan=used, replica_plan=None
         ),
     )
     assert choose_standby(standby_job, PEERS[0]) == PEERS[1]  # the plan uses as much of each: the smaller claim
@@ -260,7 +260,7 @@ def test_an_offer_of_8_tib_does_not_make_a_member_the_standby() -> None:
     job = cast(
         Job,
         SimpleNamespace(
-            plan_peers=lambda: PEERS, members=members, leading=LeaderRecord(), plan=the_plan, replica_plan=None
+            planned_peers=lambda: PEERS, members=members, leading=LeaderRecord(), plan=the_plan, replica_plan=None
         ),
     )
     assert choose_standby(job, PEERS[0]) == PEERS[1]

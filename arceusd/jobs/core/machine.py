@@ -129,6 +129,12 @@ class JobCore:
         return self.state in TERMINAL
 
     @property
+    def plan_devices(self) -> tuple[str, ...]:
+        """The current plan's devices (every replica's, in plan order) while this device holds the leader's
+        state; () without a plan."""
+        return self.lead.plan if self.lead is not None else ()
+
+    @property
     def members(self) -> frozenset[str]:
         """The job's members while this device holds the leader's state (the peers it plans over, itself
         included); empty on a device that never led the job."""

@@ -153,7 +153,7 @@ class Regrowing:
     async def regrow(self, job: Job, action: actions.Regrow) -> None:
         """The core's ``Regrow`` (the leader's loop): rebuild, or release the hold; feed back what came of it."""
         try:
-            position, devices = await self._rebuild(job, action)
+            _, devices = await self._rebuild(job, action)
         except RegrowError as exc:
             log.warning("job %s: the dropped replica is not rebuilt: %s", job.job_id, exc)
             await self.release(job)
@@ -165,7 +165,6 @@ class Regrowing:
             ", ".join(p[:12] for p in devices),
             action.step,
         )
-        self.life.feed(job, events.Regrown(action.stamp, position, devices))
 
     async def _rebuild(self, job: Job, action: actions.Regrow) -> tuple[int, tuple[str, ...]]:
         plan, inputs = job.replica_plan, job.inputs
@@ -244,6 +243,9 @@ class Regrowing:
         )
         left = [p for p in plan.peer_ids if p != self.ctx.node.identity.peer_id]
         await self.grow_here(job, message)
+        # the core takes the replica back now, before the others are told: the plan's devices (the core's) hold
+        # the rebuilt replica as soon as its workers may report
+        self.life.feed(job, events.Regrown(action.stamp, position, devices))
         async with trio.open_nursery() as nursery:
             for peer in left:
                 nursery.start_soon(self._send, job, peer, message)

@@ -175,7 +175,7 @@ def choose_standby(job: Job, me: str) -> str:
     speed was measured in the job (its step times reported, or its speed challenge passed) when there are any,
     never one that was discounted or failed its challenge while another can stand by (issue #19: claims alone
     do not make a standby)."""
-    others = [p for p in job.plan_peers() if p != me and p in job.members]
+    others = [p for p in job.planned_peers() if p != me and p in job.members]  # (before the core takes the plan)
     timed = job.leading.speed.timed
     passed = {p for p, t in timed.items() if not t.why}
     others = [p for p in others if p not in job.leading.speed.discounts and not (p in timed and timed[p].why)] or others

@@ -106,7 +106,7 @@ class Starting:
         standby = choose_standby(job, me)
         _mark(job, "planned")
         self.life.feed(
-            job, events.PlanFound(job.plan_peers(), standby, tuple(r.peer_ids for r in replica_plan.replicas))
+            job, events.PlanFound(job.planned_peers(), standby, tuple(r.peer_ids for r in replica_plan.replicas))
         )
         if job.core.stamp != stamp:  # the core took the plan (a new epoch)
             job.leading.speed.link_waits.clear()  # who waits on whom depends on the plan: judged afresh (claims)

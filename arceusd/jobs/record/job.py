@@ -436,9 +436,10 @@ class Job:
     def spares(self) -> list[str]:
         """The members the leader's plan leaves out (the step is predicted faster without them): unpaid, they
         take a place when one is lost. Empty on a device that does not lead the job, or before a plan."""
-        if self.leader != self.core.me or self.plan is None:
+        plan = self.plan_peers()
+        if self.leader != self.core.me or not plan:
             return []
-        return sorted(set(self.members) - set(self.plan_peers()))
+        return sorted(set(self.members) - set(plan))
 
     def is_spare(self) -> bool:
         """Whether this device is a member the leader's current plan leaves out (it was sent the plan and holds
@@ -497,7 +498,15 @@ class Job:
         return out
 
     def plan_peers(self) -> tuple[str, ...]:
-        """Every device of the current plan, in every replica (empty without a plan)."""
+        """Every device of the current plan, in every replica, in plan order (empty without a plan): while this
+        device leads, the core's (it decides them: a plan found, a replica dropped or rebuilt); otherwise those of
+        the plan its leader sent (:meth:`planned_peers`)."""
+        if self.core.leads:
+            return self.core.plan_devices
+        return self.planned_peers()
+
+    def planned_peers(self) -> tuple[str, ...]:
+        """The devices of the plan objects this device holds (the leader's before it hands them to its core)."""
         if self.plan is None:
             return ()
         if self.replica_plan is not None:
