@@ -505,7 +505,7 @@ class WitnessEvent:
     """A data-parallel replica's digest of the state every replica holds alike at a checkpoint step: with the
     gradients averaged every step, its checkpoint shard's bytes (the first replica's writes them; the sha256 is
     the shard's); with DiLoCo, the outer anchor and momentum. The leader
-    compares the replicas' digests place by place (``arceusd.jobs.leader.shard_checks.check_witness``)."""
+    compares the replicas' digests place by place (``arceusd.jobs.leader.witnesses.check_witness``)."""
 
     step: int
     digest: str

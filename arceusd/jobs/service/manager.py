@@ -1,37 +1,14 @@
-"""Jobs in the daemon: the lifecycle and leadership of each job this device owns, leads or serves.
+"""Jobs in the daemon: the service that owns, leads or serves each job this device takes part in.
 
-Roles: the *owner* submitted the job (it holds the data and gets the model); *members* joined it. The job's
-*leader* coordinates planning, starting, checkpoint commits and repartitions; it serves the data and signs the
-checkpoints. The owner leads while it lives. Each plan names a *standby* member, which receives the data set
-once and, after every commit, the signed manifest and the other workers' shards. The job's election
-(:mod:`arceusd.elections.core`, the leader ranked first, the standby second) lets the standby win a new term once
-membership declares the leader dead and a majority of the plan agrees; it then leads (:meth:`JobManager.take_over`):
-gathers the survivors' shards, re-slices, and carries on to the end (the model is saved on it). Without a
-majority, or without a standby that holds the data, the members pause until the owner returns. An owner that
-returns after its standby took over is told by its members who leads (``follows``) and joins that leader
-as a member; so is an owner that membership declared dead while it lived (a stall under load): its members refuse
-its commands naming the leader they follow (:mod:`arceusd.jobs.core.leadership`), and it joins that leader instead of
-repartitioning until the job fails. Either way the leader hands the owner the final checkpoint and the owner
-exports the model too (it is the user's).
-Each repartition starts a new term and plan epoch; every leader command carries (job, term, epoch) and members
-refuse older ones and any sender that is neither their leader nor the election's winner of a newer term.
+Roles: the *owner* submitted the job (it holds the data and gets the model); *members* joined it; the job's
+*leader* (the owner while it lives, else the plan's *standby* the job's election made leader) coordinates planning,
+starting, checkpoint commits and repartitions, serves the data and signs the checkpoints. Each repartition starts a
+new term and plan epoch; every leader command carries (job, term, epoch) and members refuse older ones and any
+sender that is neither their leader nor the election's winner of a newer term. The whole flow (submit, announce,
+join, plan, start, go, checkpoints, export, done; recovery, replicas dropped and rebuilt, the takeover, the owner's
+hand-over and its copy of the final checkpoint) is mapped once, in docs/ARCHITECTURE.md, "A job's life".
 
-Lifecycle (owner): ``waiting`` (announce to every live peer, collect joins until ``min_members``) ->
-``planning`` (partitioner over the members' offers; no fit -> back to ``waiting`` with the reason) ->
-``starting`` (every member verifies the plan and starts its worker) -> ``running`` (workers train; checkpoint
-shards are reported, copied to the owner and committed under a signed manifest) -> ``done`` (the model is
-exported on the owner) or ``failed`` with a message.
-
-Recovery: a plan member found dead or leaving (membership), or a worker lost or failing, makes the leader
-``recovering``: stop the old workers, plan over the live members, re-slice the newest verified checkpoint for
-the new plan (:mod:`arceusd.jobs.plans.recovery`), and start again from that step: nothing skipped, nothing applied
-twice. If the live members cannot hold the model the job is ``paused`` and resumes when capacity returns. A device
-that joins a running job gets work at the next committed checkpoint (a rebalance).
-
-Nothing of a job spec is code: members parse the spec with :func:`arceusd.jobs.spec.schema.spec_from_dict` (no files)
-and recompute the plan before starting anything.
-
-Every decision above is the job core's (:mod:`arceusd.jobs.core`: a pure state machine per job, fed events,
+Every decision is the job core's (:mod:`arceusd.jobs.core`: a pure state machine per job, fed events,
 returning actions); this module is its trio driver: the service (:meth:`JobManager.run`, restoring owned jobs
 after a restart), the leader's loop (tell the core time passed, run the long actions it queued one at a time,
 wait on the job's wake), and the events membership and the election bring (member changes, a new leader, the
