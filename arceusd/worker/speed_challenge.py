@@ -1,6 +1,6 @@
 """The torch side of a speed challenge (:mod:`arceusd.jobs.judging.challenges`), run in a child process of the daemon.
 
-``python -m arceusd.worker.speed_challenge solve SIZE ROUNDS THREADS``: allocate, then print ``{"ready": true}``;
+``python -m arceusd.worker.speed_challenge solve SIZE ROUNDS THREADS KIND``: allocate, then print ``{"ready": true}``;
 read one JSON line ``{"seed": HEX}``, compute every round's product and its digests (:func:`digests`) and print
 ``{"root": HEX}`` (the Merkle root over blocks of :data:`BLOCK_ROWS` rows' digests); read ``{"open": [LEAF,
 ...]}`` and print ``{"blocks": [HEX, ...], "proofs": [[HEX, ...], ...]}`` (each opened block's float32 digests
@@ -116,8 +116,18 @@ def max_error(size: int, seed: int, opened: list[int], blocks: list[bytes]) -> f
     return worst
 
 
-def _device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+SOLVE_KINDS = ("cpu", "cuda", "mps")
+"""The device kinds a challenge may be solved on: the kind of the offer this device lends (its ``devices`` config
+key may keep a job off a GPU the machine has; the challenge must time what the job gets)."""
+
+
+def _device(kind: str) -> torch.device:
+    """``kind``'s device when torch has one here, else the CPU (an offer names only kinds its probe found)."""
+    if kind == "cuda" and torch.cuda.is_available():
+        return torch.device("cuda")
+    if kind == "mps" and torch.backends.mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
 
 
 def _say(obj: dict[str, Any]) -> None:
@@ -135,9 +145,9 @@ def _read() -> dict[str, Any]:
     return got
 
 
-def _solve_main(size: int, rounds: int, threads: int) -> None:
+def _solve_main(size: int, rounds: int, threads: int, kind: str) -> None:
     torch.set_num_threads(threads)
-    device = _device()
+    device = _device(kind)
     digests(1, 0, 0, BLOCK_ROWS, size, device)  # warm the kernels before the clock starts
     _say({"ready": True})
     seed = seed_value(str(_read()["seed"]))
@@ -168,16 +178,19 @@ def _verify_main() -> None:
 
 def main() -> None:
     args = sys.argv[1:]
-    if args[:1] == ["solve"] and len(args) == 4 and all(a.isdigit() for a in args[1:]):
-        size, rounds, threads = (int(a) for a in args[1:])
+    if args[:1] == ["solve"] and len(args) == 5 and all(a.isdigit() for a in args[1:4]) and args[4] in SOLVE_KINDS:
+        size, rounds, threads = (int(a) for a in args[1:4])
         why = check_size(size, rounds)
         if why:
             sys.exit(why)
-        _solve_main(size, rounds, max(1, threads))
+        _solve_main(size, rounds, max(1, threads), args[4])
     elif args == ["verify"]:
         _verify_main()
     else:
-        sys.exit("usage: python -m arceusd.worker.speed_challenge solve SIZE ROUNDS THREADS | verify")
+        kinds = ", ".join(SOLVE_KINDS)
+        sys.exit(
+            f"usage: python -m arceusd.worker.speed_challenge solve SIZE ROUNDS THREADS KIND | verify (KIND: {kinds})"
+        )
 
 
 if __name__ == "__main__":

@@ -165,7 +165,11 @@ def test_the_child_process_solves_opens_and_checks_as_the_daemon_drives_it() -> 
     size, rounds = 256, 2
     cmd = [sys.executable, "-m", "arceusd.worker.speed_challenge"]
     proc = subprocess.Popen(
-        [*cmd, "solve", str(size), str(rounds), "1"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT
+        [*cmd, "solve", str(size), str(rounds), "1", "cpu"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
     )
     try:
         assert proc.stdin is not None
@@ -201,8 +205,27 @@ def test_the_child_process_solves_opens_and_checks_as_the_daemon_drives_it() -> 
     )
     assert json.loads(done.stdout)["error"] < 1e-5
     # a shape out of bounds is refused with one line
-    bad = subprocess.run([*cmd, "solve", "300", "1", "1"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    bad = subprocess.run([*cmd, "solve", "300", "1", "1", "cpu"], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert bad.returncode != 0 and "challenge size 300" in bad.stderr
+    # a device kind it does not know is refused with the usage line
+    bad = subprocess.run([*cmd, "solve", "256", "1", "1", "tpu"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert bad.returncode != 0 and "KIND: cpu, cuda, mps" in bad.stderr
+
+
+def test_a_challenge_is_solved_on_the_kind_this_device_lends_not_on_any_gpu_the_machine_has(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A daemon with ``devices = ["cpu"]`` on a GPU machine lends its CPU: its challenge must time the CPU (it ran
+    on the GPU whenever torch saw one)."""
+    import torch
+
+    from arceusd.worker import speed_challenge
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert speed_challenge._device("cpu") == torch.device("cpu")
+    assert speed_challenge._device("cuda") == torch.device("cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert speed_challenge._device("cuda") == torch.device("cpu")  # an offer names only kinds its probe found
 
 
 def test_a_member_refuses_a_request_out_of_bounds_with_one_line() -> None:

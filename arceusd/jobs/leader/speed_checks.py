@@ -37,6 +37,7 @@ from typing import Any, TypedDict
 
 import trio
 
+from arceusd.base.control import RequestError
 from arceusd.jobs.common.manager_base import JobContext
 from arceusd.jobs.judging import challenges, claims
 from arceusd.jobs.judging.challenges import Timed
@@ -89,9 +90,11 @@ class ChallengeChild:
         self._buffer = bytearray()
 
     @classmethod
-    async def start(cls, size: int, rounds: int, threads: int) -> ChallengeChild:
+    async def start(cls, size: int, rounds: int, threads: int, kind: str) -> ChallengeChild:
+        """The child, solving on ``kind`` (the kind of the offer this device lends: what a job would run on)."""
+        command = ["solve", str(size), str(rounds), str(threads), kind]
         process = await trio.lowlevel.open_process(
-            [sys.executable, "-m", "arceusd.worker.speed_challenge", "solve", str(size), str(rounds), str(threads)],
+            [sys.executable, "-m", "arceusd.worker.speed_challenge", *command],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -327,10 +330,18 @@ class SpeedChecks:
             return f"its blocks are wrong (relative error {error:.2g})"
         return ""
 
+    async def _kind(self) -> str:
+        """The device kind this daemon lends (its measured offer's, cached since it joined or led the job): a
+        challenge is solved where this device's jobs run, not on a GPU its ``devices`` key keeps them off."""
+        try:
+            return (await self.ctx.offer()).kind
+        except RequestError as exc:
+            raise ChildError(f"this device is not measured: {exc}") from exc
+
     async def _time_self(self, offered: float, size: int, rounds: int) -> Timed | None:
         """This device's own challenge, timed alike (the baseline)."""
         try:
-            child = await ChallengeChild.start(size, rounds, self.ctx.node.config.worker_threads)
+            child = await ChallengeChild.start(size, rounds, self.ctx.node.config.worker_threads, await self._kind())
         except (ChildError, OSError) as exc:
             log.warning("cannot time this device: %s", exc)
             return None
@@ -384,7 +395,9 @@ class SpeedChecks:
         if self._pending is not None:
             return JobAck(False, "busy with another challenge")
         try:
-            child = await ChallengeChild.start(msg.size, msg.rounds, self.ctx.node.config.worker_threads)
+            child = await ChallengeChild.start(
+                msg.size, msg.rounds, self.ctx.node.config.worker_threads, await self._kind()
+            )
         except (ChildError, OSError) as exc:
             return JobAck(False, f"cannot run the challenge: {exc}"[:200])
         if self._pending is not None:  # another took the place while this one loaded
