@@ -41,6 +41,7 @@ from pathlib import Path
 
 from arceusd.base.atomic_files import atomic_write
 from partitioner import Link
+from partitioner.inputs import MAX_BLOCK_EFFICIENCY
 
 TIMINGS_FILE = "job_timings.json"
 KEEP = 40
@@ -337,7 +338,7 @@ def _peers(raw: object) -> tuple[tuple[str, float, float], ...]:
     for row in raw[:MAX_PEERS]:
         if isinstance(row, list | tuple) and len(row) == 3 and isinstance(row[0], str) and len(row[0]) <= 128:
             flops, efficiency = float(row[1]), float(row[2])
-            if 0 < flops < 1e18 and 0 < efficiency <= 1.0:
+            if 0 < flops < 1e18 and 0 < efficiency <= MAX_BLOCK_EFFICIENCY:  # (a block may beat the benchmark)
                 out.append((row[0], flops, efficiency))
     return tuple(out)
 
