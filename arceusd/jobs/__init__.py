@@ -15,8 +15,8 @@ The subpackages, lowest first: each may import the ones listed before it, never 
     record/    one job as this daemon knows it (Job; what its leader keeps: leader_record), known jobs,
                throughput, views
     common/    what the leader's and the member's parts share: the context (manager_base), transfers
-    leader/    the leader's (and owner's) side: joining, starting, commits, shard checks, witnesses,
-               witness shards, probation, speed checks, standby sync, replica drop, regrow
+    leader/    the leader's (and owner's) side: joining, starting, report intake, commits, shard checks,
+               witnesses, witness shards, probation, speed checks, standby sync, replica drop, regrow
     member/    the member's side: its local worker and reports (one layer with leader/: they import
                each other)
     service/   the composition: the manager, the driver of the core's actions, the control-socket

@@ -201,7 +201,7 @@ def test_a_leader_drops_and_counts_refused_reports_and_keeps_serving(tmp_path: P
             block = SimpleNamespace(param_bytes=4096, optimizer_bytes=4096)
             cast(Any, job).inputs = SimpleNamespace(blocks=(block,) * 2)
             mgr.jobs[JOB] = job
-            leader.register(JobReport, mgr.local.on_report)
+            leader.register(JobReport, mgr.intake.on_report)
 
             async def send(report: JobReport) -> Any:
                 return await member.request(
@@ -291,11 +291,11 @@ def test_a_failure_and_a_leave_reach_the_leader_as_typed_reports(tmp_path: Path)
     mgr.feed = feed  # type: ignore[method-assign,assignment]
     header = cast(Header, SimpleNamespace(sender=OTHER))
     error = report_of_event(JOB, job.epoch, {"event": "error", "message": "x" * 1000})
-    ack = trio.run(mgr.local.on_report, header, error)
+    ack = trio.run(mgr.intake.on_report, header, error)
     # the core decides what a failed worker means (its replica dropped, or a repartition)
     assert ack.ok and fed == [e.WorkerFailed(job.core.stamp, OTHER, "x" * 300)]  # a bounded part of the message
     leave = JobReport(JOB, job.epoch, ReportKind.LEAVE)  # what control_methods.m_leave sends
-    assert trio.run(mgr.local.on_report, header, leave).ok
+    assert trio.run(mgr.intake.on_report, header, leave).ok
     assert OTHER not in job.members and OTHER not in job.core.members and "left" in restarts[-1]
     assert job.core.lead is not None and OTHER in job.core.lead.announced  # not invited straight back
 
@@ -323,7 +323,7 @@ def test_a_witness_carries_its_devices_claims_to_the_leader(tmp_path: Path) -> N
         "wait_down_s": 0.01,
     }
     report = report_of_event(JOB, job.epoch, event)
-    trio.run(mgr.local._handle_report, job, second, report)
+    trio.run(mgr.intake.take, job, second, report)
     assert job.leading.commits.witnesses[20] == {second: "cd" * 32}
     book = job.leading
     assert (
@@ -333,5 +333,5 @@ def test_a_witness_carries_its_devices_claims_to_the_leader(tmp_path: Path) -> N
     )
     stranger = "e" * 32  # no place in the replicas: refused before anything of it is kept
     mgr.request_restart = lambda job, reason: None  # type: ignore[method-assign]
-    trio.run(mgr.local._handle_report, job, stranger, report)
+    trio.run(mgr.intake.take, job, stranger, report)
     assert stranger not in job.leading.speed.measured and stranger not in job.leading.commits.witnesses[20]

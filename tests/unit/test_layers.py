@@ -72,8 +72,8 @@ def test_no_layer_imports_a_higher_one() -> None:
 
 # Inside arceusd.jobs, lowest first (the map is in arceusd/jobs/__init__.py): the spec and the pure judging import
 # nothing of the job's I/O; the core only those two; nothing below the leader's, the member's and the service's
-# side imports them. leader/ and member/ share a layer: local_worker holds the leader's taking of reports, and
-# starting starts the local worker.
+# side imports them. leader/ and member/ share a layer: the member's local_worker hands this device's own
+# reports to the leader's report_intake, and starting starts the local worker.
 JOB_LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("spec", ("arceusd.jobs.spec",)),
     ("judging", ("arceusd.jobs.judging",)),

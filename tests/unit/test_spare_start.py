@@ -113,7 +113,7 @@ def test_a_member_left_out_of_the_new_plan_says_it_is_a_spare_and_stops_its_old_
     )
     header = cast(Header, SimpleNamespace(sender=LEADER, term=1, epoch=2))
     start = JobStart(JOB_ID, 1, 2, b"spec", plan_data, inputs_data, members=(LEADER, SLOW, SLOWER))
-    reply = trio.run(LocalWorker(cast(Any, ctx), cast(Any, None)).on_start, header, start)
+    reply = trio.run(LocalWorker(cast(Any, ctx), cast(Any, None), cast(Any, None)).on_start, header, start)
     assert not reply.accepted and "no place in the plan" in reply.reason
     assert job.is_spare() and job.spare_in == (1, 2)
     assert stopped == [0.5] and job.worker is None

@@ -9,7 +9,8 @@ device follows as a job's leader: the check of a leader's command (:meth:`JobCon
 
 The manager is a ``JobContext`` and composes its parts, each an object of its own module that is handed the
 context and the :class:`Lifecycle`: the control-socket methods (:mod:`arceusd.jobs.service.control_methods`), this
-device's stage worker and the workers' reports (:mod:`arceusd.jobs.member.local_worker`), the standby and owner
+device's stage worker and its reports (:mod:`arceusd.jobs.member.local_worker`), the leader's intake of them
+(:mod:`arceusd.jobs.leader.report_intake`), the standby and owner
 synchronisation (:mod:`arceusd.jobs.leader.standby_sync`). :class:`Lifecycle` is what they call back into (leading,
 restarting, feeding the job's core, exporting the model), implemented by the
 manager.

@@ -4,6 +4,8 @@ what members report. Same layer as :mod:`arceusd.jobs.member` (they import each 
 - :mod:`~arceusd.jobs.leader.joining`: the owner's announcements, a device's join, the leader's answer to a join,
   the owner's hand-over to the leader its members follow;
 - :mod:`~arceusd.jobs.leader.starting`: plan, start and ``go`` (a plan epoch);
+- :mod:`~arceusd.jobs.leader.report_intake`: members' reports taken (a failure or departure to the core; a
+  checkpoint's shard and a witness checked and kept; the claims judged and the step committed once all reported);
 - :mod:`~arceusd.jobs.leader.commits`: checkpoint commits, and repairing a damaged committed step;
 - :mod:`~arceusd.jobs.leader.shard_checks`: a member's checkpoint report and shard checked; a failing member
   excluded;

@@ -1,6 +1,6 @@
 """Committing a job's checkpoints on its leader, and repairing a committed step whose local copy is damaged.
 
-Once every device of the plan reported a checkpoint step (:mod:`arceusd.jobs.member.local_worker`), the job core asks
+Once every device of the plan reported a checkpoint step (:mod:`arceusd.jobs.leader.report_intake`), the job core asks
 for its commit (``Commit``) and the leader carries it out (:meth:`Commits.commit`), one step at a time in step
 order: it copies every shard here (bounded by the size checked in the report), checks their contents
 (:mod:`arceusd.jobs.leader.shard_checks`), signs the manifest and issues the market's receipts

@@ -2,7 +2,7 @@
 :mod:`arceusd.jobs.leader` (they import each other); below the service.
 
 - :mod:`~arceusd.jobs.member.local_worker`: this device's stage worker started on the leader's command, let go,
-  followed, its events reported (and, its second half, the leader taking those reports);
+  followed, its events reported (the leader takes them in :mod:`arceusd.jobs.leader.report_intake`);
 - :mod:`~arceusd.jobs.member.reports`: a worker's event as the typed ``JobReport`` the leader takes, made once on
   the worker's device.
 """

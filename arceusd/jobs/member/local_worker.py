@@ -4,9 +4,8 @@ A member answers the leader's :class:`protocol.job_wire.JobStart` by verifying t
 resume slice and starting its worker process (:class:`arceusd.jobs.procs.supervisor.WorkerProcess`), and the
 :class:`protocol.job_wire.JobGo` by handing the worker its neighbours' addresses. From then on it follows the
 worker's events: steps update the job's progress here; checkpoints, witnesses, the end and failures are reported
-to the leader as typed :class:`protocol.job_wire.JobReport` values (:mod:`arceusd.jobs.member.reports`; handled in place
-when this device leads). The leader's side of those reports is here too: a failure or a departure asks for a
-repartition, a checkpoint that every stage reported is committed.
+to the leader as typed :class:`protocol.job_wire.JobReport` values (:mod:`arceusd.jobs.member.reports`; taken in
+place when this device leads). The leader's side of those reports: :mod:`arceusd.jobs.leader.report_intake`.
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from arceusd.jobs.common.manager_base import JobContext, Lifecycle
 from arceusd.jobs.common.transfers import job_weights, leader_data
 from arceusd.jobs.core import Role, Stamp, actions, events
 from arceusd.jobs.judging import claims
-from arceusd.jobs.leader import probation, shard_checks, witness_shards, witnesses
+from arceusd.jobs.leader.report_intake import TakeReport
 from arceusd.jobs.leader.speed_checks import SpeedChecks
 from arceusd.jobs.member import reports
 from arceusd.jobs.plans.initial_weights import needs_weights, place_of, worker_spec_weights
@@ -45,7 +44,7 @@ from arceusd.models.hf.weights_slice import WeightsSliceError
 from arceusd.worker.protocol import ResumeConfig, WorkerConfig
 from protocol.envelope import Header
 from protocol.errors import RemoteProtocolError
-from protocol.job_wire import JobAck, JobGo, JobReport, JobStart, JobStartReply, ReportKind
+from protocol.job_wire import JobAck, JobGo, JobStart, JobStartReply
 from protocol.validation import member_ids
 
 if TYPE_CHECKING:
@@ -55,11 +54,14 @@ log = logging.getLogger(__name__)
 
 
 class LocalWorker:
-    """Starting and following this device's stage worker, and the leader's handling of the workers' reports."""
+    """Starting and following this device's stage worker, and reporting its events to the leader (``take``:
+    the leader's side, :meth:`arceusd.jobs.leader.report_intake.ReportIntake.take`, for this device's own reports
+    when it leads)."""
 
-    def __init__(self, ctx: JobContext, life: Lifecycle, speed: SpeedChecks | None = None) -> None:
+    def __init__(self, ctx: JobContext, life: Lifecycle, take: TakeReport, speed: SpeedChecks | None = None) -> None:
         self.ctx = ctx
         self.life = life
+        self.take = take
         self.speed = speed  # the leader's timed challenges of its members (issue #19)
 
     async def on_start(self, header: Header, msg: JobStart) -> JobStartReply:
@@ -290,7 +292,7 @@ class LocalWorker:
 
     async def _report(self, job: Job, epoch: int, event: dict[str, Any]) -> None:
         """A worker event for the leader, typed once here (:func:`arceusd.jobs.member.reports.report_of_event`): handled
-        in place when this device leads, sent as that :class:`JobReport` from a member."""
+        in place when this device leads, sent as that :class:`protocol.job_wire.JobReport` from a member."""
         me = self.ctx.node.identity.peer_id
         if event.get("event") in ("checkpoint", "witness"):  # its measured speed beside the plan's (issue #19)
             event = {**event, **claims.own_step_times(job, me)}
@@ -300,166 +302,11 @@ class LocalWorker:
             log.warning("job %s: a worker event no report can carry: %s", job.job_id, exc)
             return
         if self.ctx.leads(job):
-            await self._handle_report(job, me, report)
+            await self.take(job, me, report)
             return
         await self.ctx.peers.request(
             job.leader_address, job.leader, report, timeout=30.0, job_id=job.job_id, term=job.term, epoch=epoch
         )
-
-    async def on_report(self, header: Header, msg: JobReport) -> JobAck:
-        job = self.ctx.jobs.get(msg.job_id)
-        if job is None or not self.ctx.leads(job):
-            return JobAck(False, "not the leader of that job")
-        if msg.kind is ReportKind.LEAVE and header.sender in job.members:
-            job.drop_member(header.sender)  # (not invited straight back)
-            log.info("job %s: %s left", job.job_id, header.sender[:12])
-            if header.sender in job.plan_peers():
-                self.life.request_restart(job, f"member {header.sender[:12]} left the job")
-            return JobAck(True)
-        if header.sender not in job.plan_peers() or msg.epoch != job.epoch:
-            job.leading.checks.stale_reports += 1
-            return JobAck(False, f"report from outside the current plan epoch ({msg.epoch}; now {job.epoch})")
-        await self._handle_report(job, header.sender, msg)
-        return JobAck(True)
-
-    async def _handle_report(self, job: Job, peer: str, report: JobReport) -> None:
-        """The leader's side of ``peer``'s report (its typed fields as the codec bounded them, or this device's
-        own): a failure asks for a repartition; a checkpoint's shard and a witness are checked, kept, and the step
-        committed once every device reported; a report that fails its checks excludes its sender."""
-        kind = report.kind
-        if kind in (ReportKind.ERROR, ReportKind.LOST):
-            # A worker's failure is usually a neighbour's: a killed process breaks its links. The core drops
-            # that worker's replica (the others go on) or repartitions; a job that fails again and again at the
-            # same checkpoint gives up.
-            self.life.feed(
-                job, events.WorkerFailed(job.core.stamp, peer, report.message[:300], lost=kind is ReportKind.LOST)
-            )
-        elif kind is ReportKind.CHECKPOINT:
-            try:  # the name from the plan, the size within its bound (issue #19)
-                step, shard = shard_checks.check_checkpoint_report(job, peer, report)
-            except shard_checks.ReportRefused as refused:
-                self.life.request_restart(job, shard_checks.exclude(job, peer, refused))
-                return
-            job.leading.commits.reports.setdefault(step, {})[peer] = shard
-            if job.serving_only and step > job.step:  # a retired leader learns the progress from its members
-                job.credit(step - job.step)
-                job.step = step
-            claims.record_wait_time(job.leading.speed.waits, peer, report)
-            claims.record_link_waits(job.leading.speed.link_waits, peer, report)
-            claims.record_step_time(job.leading.speed.measured, peer, report)
-            if report.cursor is not None:
-                job.leading.commits.cursors[step] = {"epoch": report.cursor.epoch, "step": report.cursor.step}
-            self._when_complete(job, step)
-        elif kind is ReportKind.WITNESS:
-            try:
-                step, digest = witnesses.check_witness(job, peer, report)
-            except shard_checks.ReportRefused as refused:
-                self.life.request_restart(job, shard_checks.exclude(job, peer, refused))
-                return
-            job.leading.commits.witnesses.setdefault(step, {})[peer] = digest
-            # every replica's device says how fast it ran (the first replica's say it in their checkpoint too)
-            claims.record_wait_time(job.leading.speed.waits, peer, report)
-            claims.record_link_waits(job.leading.speed.link_waits, peer, report)
-            claims.record_step_time(job.leading.speed.measured, peer, report)
-            self._when_complete(job, step)
-
-    def _when_complete(self, job: Job, step: int) -> None:
-        """Once every device of the plan reported ``step`` (the first replica's shards; with replicas, every
-        device's witness): compare the replicas, judge the claims, and commit (once per step)."""
-        if job.plan is None or step in job.leading.commits.complete:
-            return
-        if len(job.leading.commits.reports.get(step, {})) < sum(len(s.shares) for s in job.plan.stages):
-            return
-        alike: frozenset[str] = frozenset()
-        if witnesses.replicated(job):
-            digests = job.leading.commits.witnesses.get(step, {})
-            if len(digests) < len(job.plan_peers()):
-                return
-            me = self.ctx.node.identity.peer_id
-            outer = job.leading.commits.outer_witnesses.get(step)
-            verdict = witnesses.judge(job, step, digests, me, witnesses.shard_digests(job, step), outer)
-            if verdict.unsettled and outer is None:  # DiLoCo: the first replica's shards settle it, once read
-                job.leading.commits.outer_witnesses[step] = {}
-                self.ctx.spawn(self._read_outer, job, step, verdict.unsettled, job.core.stamp)
-                return
-            if verdict.reason:
-                job.leading.commits.complete[step] = frozenset()
-                for peer in verdict.odd:
-                    if peer == me:
-                        continue  # the leader does not exclude itself: the replan is the remedy
-                    refused = shard_checks.ReportRefused(shard_checks.ReportProblem.WITNESS, verdict.reason)
-                    shard_checks.exclude(job, peer, refused)
-                if not verdict.odd:
-                    problem = shard_checks.ReportProblem.WITNESS.value
-                    job.leading.checks.refused_reports[problem] = job.leading.checks.refused_reports.get(problem, 0) + 1
-                self.life.request_restart(job, verdict.reason)
-                return
-            alike = verdict.alike
-        job.leading.commits.complete[step] = alike
-        reason = self._judge_claims(job)
-        if reason:  # planned again from the last commit: this checkpoint was paced by the overclaim
-            self.life.request_restart(job, reason)
-            return
-        self.life.feed(job, events.CheckpointComplete(job.core.stamp, step))  # the core commits it, once
-
-    async def _read_outer(self, job: Job, step: int, peers: tuple[str, ...], stamp: Stamp) -> None:
-        """Read the witness each of ``peers`` (first-replica devices at places in dispute) holds in its shard of
-        ``step`` (:mod:`arceusd.jobs.leader.witness_shards`), then judge the step again (unless the plan changed)."""
-        got = await witness_shards.outer_witnesses(self.ctx, job, step, peers)
-        if job.core.stamp != stamp or step in job.leading.commits.complete or not self.ctx.leads(job):
-            return
-        for peer, why in got.withheld.items():  # its serving blamed, as at a commit
-            self.life.feed(job, events.ShardWithheld(stamp, peer, why))
-        if job.core.stamp != stamp:
-            return  # excluded: the job plans again without it
-        job.leading.commits.outer_witnesses[step] = got.witnesses
-        self._when_complete(job, step)
-
-    def _judge_claims(self, job: Job) -> str:
-        """Once every device of the plan reported a checkpoint: judge each member's offered speed against its
-        step times, as it reported them and as its neighbours saw them (issue #19). A member that overclaimed in
-        :data:`claims.SUSTAINED_REPORTS` checkpoints in a row has its speed discounted (once per member); the
-        restart reason, or ``""``."""
-        me = self.ctx.node.identity.peer_id
-        compute = {peer: got for peer, (got, _) in job.leading.speed.measured.items()}
-        job.leading.speed.seen = claims.seen_in_every_replica(job, compute, me)
-        judged = claims.judged_times(job.leading.speed.measured, job.leading.speed.seen)
-        reasons = self.speed.judge(job) if self.speed is not None else []  # its own clock first
-        step_s = claims.own_step_total(job)
-        found = [
-            pair
-            for the_plan in claims.pipelines(job)
-            for pair in probation.disputes(the_plan, job.leading.speed.link_waits, me, step_s)
-        ]
-        contradicted = probation.suspects(found)  # their neighbours' views say nothing: probation settles it
-        for peer in sorted(judged):
-            if peer in contradicted:
-                job.leading.speed.slow_reports[peer] = 0
-                continue
-            factor = claims.overclaim(judged, peer) if peer not in job.leading.speed.discounts else None
-            job.leading.speed.slow_reports[peer] = (
-                0 if factor is None else job.leading.speed.slow_reports.get(peer, 0) + 1
-            )
-            if factor is not None and job.leading.speed.slow_reports[peer] >= claims.SUSTAINED_REPORTS:
-                job.leading.speed.discounts[peer] = factor  # planned again at the speed it showed
-                log.warning(
-                    "job %s: %s ran %.1fx slower than its offer; planning again at its measured speed",
-                    job.job_id,
-                    peer[:12],
-                    factor,
-                )
-                reasons.append(
-                    f"member {peer[:12]} ran {factor:.1f}x slower than its offer (measured against the "
-                    "other members); planning again at its measured speed"
-                )
-        if job.plan is not None:
-            settled = probation.judge(
-                job.leading.probation, job.leading.speed.discounts, claims.pipelines(job), [] if reasons else found, me
-            )
-            if settled and not reasons:
-                log.warning("job %s: %s", job.job_id, settled)
-                reasons.append(settled)
-        return "; ".join(reasons)
 
 
 def worker_device(kind: str) -> str:

@@ -6,7 +6,7 @@ written by one part of the leader's side:
   recoveries (:mod:`arceusd.jobs.service.driver`, :mod:`arceusd.jobs.leader.starting`,
   :mod:`arceusd.jobs.leader.regrow`).
 - :class:`CommitBook` (``job.leading.commits``): the members' checkpoint reports and witnesses gathered towards
-  each commit, and the commits (the leader's judging of reports in :mod:`arceusd.jobs.member.local_worker`;
+  each commit, and the commits (the leader's judging of reports in :mod:`arceusd.jobs.leader.report_intake`;
   :mod:`arceusd.jobs.leader.commits`).
 - :class:`ReportChecks` (``job.leading.checks``): what the leader refused, whom it excluded, and the shard shapes
   and magnitudes it checks reports against (:mod:`arceusd.jobs.leader.shard_checks`).
@@ -114,7 +114,7 @@ class LeaderLoop:
 @dataclass
 class CommitBook:
     """The reports gathered towards each commit, and the commits (the leader's judging of reports in
-    :mod:`arceusd.jobs.member.local_worker`, :mod:`arceusd.jobs.leader.commits`)."""
+    :mod:`arceusd.jobs.leader.report_intake`, :mod:`arceusd.jobs.leader.commits`)."""
 
     reports: dict[int, dict[str, ShardEntry]] = field(default_factory=dict)  # step -> peer -> shard
     cursors: dict[int, Cursor] = field(default_factory=dict)  # step -> the sampler's cursor

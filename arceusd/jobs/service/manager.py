@@ -20,8 +20,10 @@ beside it, composed (each part an object handed the shared context and the lifec
   nursery, this device's offer, and whom it follows as leader (the check of a leader's command);
 - :mod:`arceusd.jobs.service.control_methods`: the control-socket methods (``submit``, ``join``, ``jobs``, ``job``,
   ``cancel``, ``leave``), ``JobManager.control``;
-- :mod:`arceusd.jobs.member.local_worker`: starting and following this device's stage worker, and the workers' reports,
+- :mod:`arceusd.jobs.member.local_worker`: starting and following this device's stage worker, and its reports,
   ``JobManager.local``;
+- :mod:`arceusd.jobs.leader.report_intake`: the leader taking members' reports (and its own worker's),
+  ``JobManager.intake``;
 - :mod:`arceusd.jobs.leader.standby_sync`: the leader's syncs to its standby and to the owner, ``JobManager.standbys``;
 - :mod:`arceusd.jobs.leader.commits`: committing checkpoints and repairing a damaged one, ``JobManager.commits``;
 - :mod:`arceusd.jobs.leader.joining`: announcements, joins and the owner's hand-over, ``JobManager.joining``;
@@ -52,6 +54,7 @@ from arceusd.jobs.leader.commits import Commits
 from arceusd.jobs.leader.joining import Joining
 from arceusd.jobs.leader.regrow import Regrowing
 from arceusd.jobs.leader.replica_drop import ReplicaDrops
+from arceusd.jobs.leader.report_intake import ReportIntake
 from arceusd.jobs.leader.speed_checks import SpeedChecks
 from arceusd.jobs.leader.standby_sync import StandbySyncing
 from arceusd.jobs.leader.starting import Starting
@@ -111,15 +114,17 @@ class JobManager(JobContext):
     """Every job this daemon knows: the service, and the lifecycle of the jobs it owns or leads (the
     :class:`arceusd.jobs.common.manager_base.Lifecycle` its parts call back into). The parts are composed, each handed
     the shared context (this manager) and the lifecycle: ``control`` (the control-socket methods), ``local``
-    (this device's stage worker and the workers' reports), ``standbys`` (the standby's and the owner's copies),
-    ``commits`` (checkpoint commits), ``joining`` (announcements and joins), ``starting`` (plan and start)."""
+    (this device's stage worker and its reports), ``intake`` (the leader taking members' reports), ``standbys``
+    (the standby's and the owner's copies), ``commits`` (checkpoint commits), ``joining`` (announcements and
+    joins), ``starting`` (plan and start)."""
 
     def __init__(self, node: Node, peers: PeerService) -> None:
         super().__init__(node, peers)
         self.life = self
         self.control = ControlMethods(self, self)
         self.speed = SpeedChecks(self)
-        self.local = LocalWorker(self, self, self.speed)
+        self.intake = ReportIntake(self, self, self.speed)
+        self.local = LocalWorker(self, self, self.intake.take, self.speed)
         self.standbys = StandbySyncing(self, self)
         self.commits = Commits(self, self)
         self.joining = Joining(self, self)
@@ -230,7 +235,7 @@ class JobManager(JobContext):
         peers.register(JobStop, gate(self._on_stop))
         peers.register(JobDropReplica, gate(self.drops.on_drop))
         peers.register(JobGrowReplica, gate(self.regrow.on_grow))
-        peers.register(JobReport, gate(self.local.on_report))
+        peers.register(JobReport, gate(self.intake.on_report))
         peers.register(SpeedChallenge, gate(self.speed.on_challenge))
         peers.register(ChallengeGo, gate(self.speed.on_go))
         peers.register(ChallengeOpen, gate(self.speed.on_open))
