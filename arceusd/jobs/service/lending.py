@@ -13,8 +13,9 @@ never measured measures itself first (a torch child: seconds). Answers are bound
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
+from typing import NoReturn, Protocol
 
 import trio
 
@@ -27,13 +28,83 @@ from protocol.lend_wire import LendQuery, LendReply
 log = logging.getLogger(__name__)
 
 
+class _Identity(Protocol):
+    @property
+    def peer_id(self) -> str: ...
+
+
+class _Paths(Protocol):
+    @property
+    def root(self) -> Path: ...
+
+
+class _Config(Protocol):
+    @property
+    def worker_threads(self) -> int: ...
+
+    @property
+    def lend_memory_mib(self) -> int: ...
+
+    @property
+    def devices(self) -> tuple[str, ...]: ...
+
+
+class LendingNode(Protocol):
+    """What this module reads of the daemon's node (``arceusd.device.node.Node`` fits; its ``market``, when it
+    has one, is looked up by name)."""
+
+    @property
+    def identity(self) -> _Identity: ...
+
+    @property
+    def paths(self) -> _Paths: ...
+
+    @property
+    def config(self) -> _Config: ...
+
+
+class _Member(Protocol):
+    @property
+    def address(self) -> str: ...
+
+    @property
+    def state(self) -> MemberState: ...
+
+
+class _Membership(Protocol):
+    @property
+    def members(self) -> Mapping[str, _Member]: ...
+
+
+class LendingPeers(Protocol):
+    """What this module uses of the peer service (``arceusd.network.peers.PeerService`` fits)."""
+
+    @property
+    def membership(self) -> _Membership: ...
+
+    async def request(self, address: str, peer: str, msg: object, timeout: float) -> object: ...
+
+
+class LentOffer(Protocol):
+    """What this module reads of an offer (``arceusd.jobs.plans.planning.Offer`` fits)."""
+
+    @property
+    def memory_bytes(self) -> int: ...
+
+    @property
+    def kind(self) -> str: ...
+
+
 class LendingContext(Protocol):
     """What this module uses of the job manager (``arceusd.jobs.common.manager_base.JobContext`` fits)."""
 
-    node: Any
-    peers: Any
+    @property
+    def node(self) -> LendingNode: ...
 
-    async def offer(self) -> Any: ...
+    @property
+    def peers(self) -> LendingPeers: ...
+
+    async def offer(self) -> LentOffer: ...
 
 
 ASK_TIMEOUT_S = 5.0
@@ -42,7 +113,7 @@ MAX_ASKED = 64
 """The most peers one submit asks; the others count as unknown."""
 
 
-def seen_peers(peers: Any) -> dict[str, str]:
+def seen_peers(peers: LendingPeers) -> dict[str, str]:
     """peer id -> address of every member this daemon holds alive or suspects (a suspect is most often alive:
     a busy machine answers its probes late)."""
     return {
@@ -80,11 +151,11 @@ class _NotMeasured(Exception):
     pass
 
 
-def _not_measured() -> list[Any]:
+def _not_measured() -> NoReturn:
     raise _NotMeasured
 
 
-def cached_lend(node: Any) -> tuple[int, str] | None:
+def cached_lend(node: LendingNode) -> tuple[int, str] | None:
     """(memory lent, kind) from this device's cached measurement (``arceusd.device.profile``; the offer's memory is 80 %
     of what was free, capped by ``lend_memory_mib``), or None when there is none for its worker threads today."""
     from arceusd.device.profile import (  # local: off the daemon's start
@@ -104,7 +175,7 @@ def cached_lend(node: Any) -> tuple[int, str] | None:
     return memory, device.kind
 
 
-def lends_now(node: Any) -> bool:
+def lends_now(node: LendingNode) -> bool:
     """Whether this device's owner lets it lend now (no market service: yes)."""
     market = getattr(node, "market", None)
     if market is None:
@@ -112,10 +183,10 @@ def lends_now(node: Any) -> bool:
     return not owner_back(market.policy, market.snapshot)
 
 
-def answerer(ctx: LendingContext) -> Callable[[Any, LendQuery], Awaitable[LendReply]]:
+def answerer(ctx: LendingContext) -> Callable[[object, LendQuery], Awaitable[LendReply]]:
     """The peer handler answering a :class:`LendQuery` with what this device lends."""
 
-    async def answer(_header: Any, _msg: LendQuery) -> LendReply:
+    async def answer(_header: object, _msg: LendQuery) -> LendReply:
         cached = cached_lend(ctx.node)
         if cached is None:
             offer = await ctx.offer()
