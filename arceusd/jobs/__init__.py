@@ -13,7 +13,7 @@ The subpackages, lowest first: each may import the ones listed before it, never 
     procs/     the torch child processes and the daemon's side of them: fork server, warm starts,
                the stage worker's supervisor, filework (re-slice, export), probe, the batch source
     record/    one job as this daemon knows it (Job; what its leader keeps: leader_record), known jobs,
-               throughput, views
+               throughput, views (the report figures status shows: report_fields)
     common/    what the leader's and the member's parts share: the context (manager_base), transfers
     leader/    the leader's (and owner's) side: joining, starting, report intake, commits, shard checks,
                witnesses, witness shards, probation, speed checks, standby sync, replica drop, regrow

@@ -325,6 +325,7 @@ def test_a_witness_carries_its_devices_claims_to_the_leader(tmp_path: Path) -> N
     report = report_of_event(JOB, job.epoch, event)
     trio.run(mgr.intake.take, job, second, report)
     assert job.leading.commits.witnesses[20] == {second: "cd" * 32}
+    assert job.leading.commits.latest[second] is report  # kept as it came: status shows its figures
     book = job.leading
     assert (
         book.speed.measured[second] == (0.3, 0.1)

@@ -13,8 +13,11 @@ import pytest
 from arceusd.jobs.core import JobCore
 from arceusd.jobs.core import events as e
 from arceusd.jobs.judging.claims import StageTime
+from arceusd.jobs.member.reports import report_of_event
 from arceusd.jobs.record.job import STAGE_WINDOW, Job
+from arceusd.jobs.record.report_fields import SHOWN_REPORT_FIELDS, Form
 from arceusd.jobs.record.view import render_job
+from protocol import codec
 from protocol.job_wire import JobReport, ReportKind
 
 
@@ -312,3 +315,40 @@ def test_a_recovery_reason_is_shown_in_full(tmp_path: Path) -> None:
     flat = " ".join(line.strip() for line in shown.splitlines())
     assert reason in flat and flat.count(dead) >= 4, shown
     assert all(len(line) <= 120 for line in shown.splitlines()), shown
+
+
+def test_a_members_checkpoint_report_reaches_status_through_the_one_table_of_shown_fields(tmp_path: Path) -> None:
+    """The walk-through of docs/ARCHITECTURE.md ("one more figure in a member's checkpoint report"): a worker's
+    event becomes a report (member/reports.report_of_event), crosses the wire (the codec), is kept as it came by
+    the leader (job.leading.commits.latest, as ReportIntake.take keeps it) and every row of SHOWN_REPORT_FIELDS
+    reaches both the JSON (member_reports) and the text of status, under its label (issue 32)."""
+    job = _job(tmp_path)
+    peer = "a" * 32
+    event = {
+        "event": "checkpoint",
+        "step": 40,
+        "shard": {"name": "stage0.safetensors", "sha256": "ab" * 32, "size": 10},
+        "step_s": 0.0123,
+        "predicted_s": 0.01,
+        "wait_s": 0.002,
+        "wait_up_s": 0.001,
+        "wait_down_s": 0.001,
+        "group_wait_s": 0.0005,
+    }
+    sent = report_of_event(job.job_id, job.epoch, event)
+    came = codec.decode_as(JobReport, codec.encode(sent))
+    assert came == sent
+    job.leading.commits.latest[peer] = came
+    shown = job.summary(full=True)
+    figures = shown["member_reports"][peer]
+    assert set(figures) == {f.name for f in SHOWN_REPORT_FIELDS}  # every row of the table, none other
+    assert all(figures[f.name] == getattr(came, f.name) for f in SHOWN_REPORT_FIELDS)
+    text = render_job(shown)
+    line = next(x for x in text.splitlines() if x.startswith(f"  reported {peer[:12]}"))
+    assert all(f.label in line for f in SHOWN_REPORT_FIELDS)
+    assert "at step 40" in line and "step 12.3 ms" in line and "group wait 0.5 ms" in line
+    assert all(isinstance(f.form, Form) for f in SHOWN_REPORT_FIELDS)
+    job.leading.commits.latest[peer] = replace(came, step_s=float("nan"), wait_s=None, predicted_s=-1.0)
+    # not finite, unset, or out of its bound: not shown
+    again = job.summary(full=True)["member_reports"][peer]
+    assert not {"step_s", "wait_s", "predicted_s"} & set(again) and again["step"] == 40

@@ -73,6 +73,7 @@ class ReportIntake:
                 self.life.request_restart(job, shard_checks.exclude(job, peer, refused))
                 return
             job.leading.commits.reports.setdefault(step, {})[peer] = shard
+            job.leading.commits.latest[peer] = report  # as it came: status shows its figures (record/report_fields)
             if job.serving_only and step > job.step:  # a retired leader learns the progress from its members
                 job.credit(step - job.step)
                 job.step = step
@@ -89,6 +90,7 @@ class ReportIntake:
                 self.life.request_restart(job, shard_checks.exclude(job, peer, refused))
                 return
             job.leading.commits.witnesses.setdefault(step, {})[peer] = digest
+            job.leading.commits.latest[peer] = report
             # every replica's device says how fast it ran (the first replica's say it in their checkpoint too)
             claims.record_wait_time(job.leading.speed.waits, peer, report)
             claims.record_link_waits(job.leading.speed.link_waits, peer, report)

@@ -7,5 +7,7 @@
   concern: its loop, the commits, the report checks, the speed checks, probation;
 - :mod:`~arceusd.jobs.record.known`: jobs a restarted daemon knows only from its own files (``arceusd jobs``);
 - :mod:`~arceusd.jobs.record.throughput`: steps/s, samples/s, tokens/s and the time left, from the step counter;
-- :mod:`~arceusd.jobs.record.view`: the text of ``arceusd jobs`` and ``arceusd status JOB``.
+- :mod:`~arceusd.jobs.record.view`: the text of ``arceusd jobs`` and ``arceusd status JOB``;
+- :mod:`~arceusd.jobs.record.report_fields`: the one table of members' report figures that ``status JOB`` shows
+  (its JSON and its text both read it).
 """

@@ -32,6 +32,7 @@ from arceusd.jobs.judging import claims
 from arceusd.jobs.plans.job_paths import JobPaths
 from arceusd.jobs.procs.supervisor import WorkerProcess
 from arceusd.jobs.record.leader_record import LeaderRecord
+from arceusd.jobs.record.report_fields import report_figures
 from arceusd.jobs.record.throughput import Speed, Throughput
 
 if TYPE_CHECKING:
@@ -418,6 +419,7 @@ class Job:
                     "refused_reports": dict(self.leading.checks.refused_reports),
                     "excluded": dict(self.leading.checks.excluded),
                     "measured_step_s": {p: list(t) for p, t in self.leading.speed.measured.items()},
+                    "member_reports": report_figures(self.leading.commits.latest),
                     "discounted": {p: round(f, 2) for p, f in self.leading.speed.discounts.items()},
                     "speed_checks": {p: t.summary() for p, t in self.leading.speed.timed.items()},
                     "probation": self.leading.probation.member,

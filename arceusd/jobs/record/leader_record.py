@@ -30,6 +30,7 @@ import trio
 
 from arceusd.jobs.core import actions
 from arceusd.jobs.judging import challenges, claims
+from protocol.job_wire import JobReport
 
 MAX_CHECKPOINTS = 1000
 """Committed checkpoints a leader's job record keeps (step, wall clock): the newest ones, for the timeline."""
@@ -119,6 +120,8 @@ class CommitBook:
     reports: dict[int, dict[str, ShardEntry]] = field(default_factory=dict)  # step -> peer -> shard
     cursors: dict[int, Cursor] = field(default_factory=dict)  # step -> the sampler's cursor
     witnesses: dict[int, dict[str, str]] = field(default_factory=dict)  # step -> peer -> digest (replicas)
+    latest: dict[str, JobReport] = field(default_factory=dict)  # peer -> its latest checkpoint or witness report
+    # as it came, once checked: what status shows of it (arceusd.jobs.record.report_fields)
     outer_witnesses: dict[int, dict[str, str]] = field(default_factory=dict)
     """DiLoCo witness disputes: step -> first-replica device -> the witness its shard holds (jobs.witness_shards;
     a step present but empty: being read)."""

@@ -6,6 +6,8 @@ import math
 import textwrap
 from typing import Any, TypeGuard
 
+from arceusd.jobs.record.report_fields import report_lines
+
 
 def _num(value: object, fmt: str = ".4f") -> str:
     return format(value, fmt) if isinstance(value, int | float) else "-"
@@ -170,7 +172,7 @@ def render_job(j: dict[str, Any]) -> str:
             f"  measured {timing['step_time_s'] * 1000:.1f} ms/step on this device (median of the last "
             f"{timing['steps']}), {timing['wait_fraction']:.0%} of it waiting on links"
         )
-    lines += contribution_lines(j) + claim_lines(j)
+    lines += contribution_lines(j) + report_lines(j) + claim_lines(j)
     if j.get("committed_step"):
         lines.append(f"  checkpoint  step {j['committed_step']} committed")
     for r in j.get("recoveries") or []:
