@@ -60,6 +60,11 @@ def check_distributed(s: LocalSwarm, job: dict[str, Any]) -> None:
     assert timing["steps"] > 0 and timing["step_time_s"] > 0 and 0.0 <= timing["wait_fraction"] < 1.0, timing
     shown = cli(s.state_dir(0), "status", job["job_id"])
     assert shown.returncode == 0 and "ms/step on this device" in shown.stdout, shown.stdout + shown.stderr
+    # Every device's latest checkpoint report, as the leader kept it, shown through the one table of report
+    # fields (arceusd.jobs.record.report_fields): the final step's, in the JSON and a line each in the text.
+    reported = job["member_reports"]
+    assert set(reported) == ids and all(r["step"] == job["total_steps"] for r in reported.values()), reported
+    assert all(f"reported {p[:12]}  at step {job['total_steps']}" in shown.stdout for p in ids), shown.stdout
     # The leader measured its link to each member over the transport for the plan.
     links = job["links"]
     assert set(links) == ids - {job["owner"]}
