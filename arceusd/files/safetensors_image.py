@@ -77,9 +77,15 @@ def entries(data: bytes) -> tuple[dict[str, Entry], int]:
         header = json.loads(data[8 : 8 + n])
     except ValueError:
         raise ImageError("its header is not JSON") from None
+    return described(header, len(data) - 8 - n), 8 + n
+
+
+def described(header: object, body: int) -> dict[str, Entry]:
+    """Each tensor's description in a parsed (untrusted) safetensors ``header``, checked against the ``body``
+    bytes that follow it: dtypes known, shapes of at most :data:`MAX_RANK` non-negative sizes, offsets inside the
+    body and as long as the shape needs. :class:`ImageError` says what is wrong."""
     if not isinstance(header, dict):
         raise ImageError("its header is not an object")
-    body = len(data) - 8 - n
     out: dict[str, Entry] = {}
     for name, entry in header.items():
         if name == "__metadata__":
@@ -103,9 +109,9 @@ def entries(data: bytes) -> tuple[dict[str, Entry], int]:
             raise ImageError(f"tensor {name[:80]!r} has malformed data offsets")
         begin, end = offsets
         if not 0 <= begin <= end <= body or end - begin != math.prod(shape) * ITEM_BYTES[str(dtype)]:
-            raise ImageError(f"tensor {name[:80]!r} does not fit the image (offsets {begin}..{end})")
+            raise ImageError(f"tensor {name[:80]!r} does not fit the file (offsets {begin}..{end})")
         out[str(name)] = Entry(str(dtype), tuple(shape), begin, end)
-    return out, 8 + n
+    return out
 
 
 __all__ = ["ITEM_BYTES", "Entry", "ImageError", "Part", "entries", "layout"]

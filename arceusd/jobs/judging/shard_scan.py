@@ -27,11 +27,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import NamedTuple
 
+from arceusd.files.safetensors_image import ITEM_BYTES, ImageError, described
+
 Shapes = Mapping[str, tuple[int, ...]]
 """Parameter name (``param.blocks.<i>.<name>``) -> shape."""
-
-ITEM_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
-"""The safetensors dtypes a shard may hold, and their sizes."""
 
 
 def _table(test: object) -> bytes:
@@ -109,38 +108,6 @@ class ShardScanError(ValueError):
     """The shard is not what its place in the plan implies; the message says what is wrong."""
 
 
-def _entries(header: object, body: int) -> dict[str, tuple[str, tuple[int, ...], int, int]]:
-    """name -> (dtype, shape, begin, end) of a parsed header, each checked against the body's ``body`` bytes."""
-    if not isinstance(header, dict):
-        raise ShardScanError("its safetensors header is not an object")
-    out: dict[str, tuple[str, tuple[int, ...], int, int]] = {}
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        if not isinstance(entry, dict):
-            raise ShardScanError(f"tensor {name[:80]!r} has no description")
-        dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-        if dtype not in ITEM_BYTES:
-            raise ShardScanError(f"tensor {name[:80]!r} has an unknown dtype {str(dtype)[:20]!r}")
-        if (
-            not isinstance(shape, list)
-            or len(shape) > 8
-            or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
-        ):
-            raise ShardScanError(f"tensor {name[:80]!r} has a malformed shape")
-        if (
-            not isinstance(offsets, list)
-            or len(offsets) != 2
-            or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
-        ):
-            raise ShardScanError(f"tensor {name[:80]!r} has malformed data offsets")
-        begin, end = offsets
-        if not 0 <= begin <= end <= body or end - begin != math.prod(shape) * ITEM_BYTES[str(dtype)]:
-            raise ShardScanError(f"tensor {name[:80]!r} does not fit the file (offsets {begin}..{end})")
-        out[str(name)] = (str(dtype), tuple(shape), begin, end)
-    return out
-
-
 def _non_finite(data: bytes, dtype: str) -> bool:
     """Whether the little-endian floats in ``data`` (a whole number of them) hold a NaN or an infinity."""
     item, top, rest, top_table, rest_table = _EXPONENT[dtype]
@@ -184,7 +151,10 @@ def scan_shard(path: Path, expected: Shapes | None) -> dict[str, Magnitude]:
             header = json.loads(fh.read(n))
         except ValueError:
             raise ShardScanError("its safetensors header is not JSON") from None
-        entries = _entries(header, size - 8 - n)
+        try:
+            entries = described(header, size - 8 - n)
+        except ImageError as exc:
+            raise ShardScanError(str(exc)) from None
         got = {k: shape for k, (_, shape, _, _) in entries.items() if k.startswith("param.")}
         want = got if expected is None else {k: tuple(v) for k, v in expected.items()}
         if got != want:
