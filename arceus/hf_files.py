@@ -83,7 +83,7 @@ def write_text_files(model: Any, tokenizer: Any, folder: Path) -> None:
 def write_weights(model: Any, folder: Path) -> Path:
     """The model's parameters as ``folder/model.safetensors`` under its own key names; a tied weight once, under
     the embedding's key (``named_parameters`` names a shared parameter once, by its first name)."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save_file  # torch: only to write weights
 
     tensors = {name: p.detach().to("cpu").contiguous() for name, p in model.named_parameters()}
     path = folder / WEIGHTS_FILE

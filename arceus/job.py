@@ -95,7 +95,7 @@ class Job:
         folder = self.export_path()
         if not (folder / "config.json").is_file() or importlib.util.find_spec("transformers") is None:
             return folder
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM  # transformers: only for a stock model
 
         return AutoModelForCausalLM.from_pretrained(str(folder))
 

@@ -272,8 +272,7 @@ def decoder_for(codec_id: int) -> Decoder:
     """The decode function of a codec id; RemoteProtocolError ``unknown_codec`` for an unknown one."""
     if codec_id == CODEC_RAW:
         return _decode_raw
-    # Imported here: protocol.compression imports this module.
-    from protocol.compression import DECODERS
+    from protocol.compression import DECODERS  # cycle: protocol.tensors <-> protocol.compression
 
     dec = DECODERS.get(codec_id)
     if dec is None:

@@ -11,12 +11,20 @@ from __future__ import annotations
 import errno
 from collections.abc import Sequence
 
+from arceusd.base.control import ControlError
+from arceusd.base.identity import IdentityError
+
 EXIT_FAILURE = 1
 EXIT_STARTUP = 2
 
 
 class StartupError(Exception):
     """The daemon cannot start as configured; the message says what went wrong and what to do."""
+
+
+class UserError(Exception):
+    """An error of a higher layer whose message is written for the user (a bad ``config.toml``, mDNS that cannot
+    run): :func:`one_line` prints it as it is. Its modules subclass it, so this one imports none of them."""
 
 
 def leaves(exc: BaseException) -> list[BaseException]:
@@ -31,12 +39,7 @@ def leaves(exc: BaseException) -> list[BaseException]:
 
 def _expected() -> tuple[type[BaseException], ...]:
     """Errors whose message is written for the user (each module's own error type, and OSError's)."""
-    from arceusd.base.control import ControlError
-    from arceusd.base.identity import IdentityError
-    from arceusd.device.config import ConfigError
-    from arceusd.network.discovery import DiscoveryError
-
-    return (StartupError, ConfigError, IdentityError, DiscoveryError, ControlError, OSError)
+    return (StartupError, UserError, IdentityError, ControlError, OSError)
 
 
 def one_line(exc: BaseException) -> tuple[str, int]:

@@ -19,12 +19,19 @@ import click
 
 from arceusd import __version__
 from arceusd.base.control import ControlError, call
+from arceusd.base.failures import debug_requested, one_line
 from arceusd.base.identity import IdentityError, load_or_create_identity
+from arceusd.base.logs import open_private_log, tail
 from arceusd.base.paths import default_state_dir
 from arceusd.base.text_safety import safe_text, safe_tree
 from arceusd.cli.context import EXIT_NO_DAEMON, Context
+from arceusd.cli.demo import run_demo
+from arceusd.daemon import service
 from arceusd.dashboard.commands import register as _register_dashboard
 from arceusd.device.config import ConfigError, DaemonConfig, load_config
+from arceusd.jobs.record.view import job_line, render_job
+from arceusd.jobs.spec.schema import JobSpecError, load_spec
+from arceusd.market.commands import print_quote
 from arceusd.market.commands import register as _register_market
 
 pass_ctx = click.make_pass_decorator(Context)
@@ -134,13 +141,12 @@ def start(obj: Context, /, foreground: bool, detach: bool, **flags: Any) -> None
         raise click.UsageError("choose one of --foreground and --detach")
     config = _build_config(obj.state_dir, flags)
     if foreground:
-        from arceusd.daemon.run import run
+        from arceusd.daemon.run import run  # heavy: the whole daemon (0.3 s), off the CLI's quick commands
 
         sys.exit(run(config))
     if detach:
         _start_detached(obj, flags)
         return
-    from arceusd.daemon import service
 
     obj.paths.ensure()
     try:
@@ -174,7 +180,6 @@ def _start_detached(obj: Context, flags: dict[str, Any]) -> None:
         str(log_file),
         *_forwarded_args(flags),
     ]
-    from arceusd.base.logs import open_private_log
 
     with os.fdopen(open_private_log(Path(log_file)), "ab") as log:
         proc = subprocess.Popen(
@@ -201,8 +206,6 @@ def _start_detached(obj: Context, flags: dict[str, Any]) -> None:
 
 def _last_failure(log_file: Path) -> str | None:
     """The one-line reason a detached daemon printed when it failed at start (its stderr goes to the log)."""
-    from arceusd.base.logs import tail
-
     try:
         lines = tail(log_file, 20)
     except OSError:
@@ -243,8 +246,6 @@ def _daemon_pid(obj: Context) -> int | None:
 @pass_ctx
 def stop(obj: Context, timeout: float) -> None:
     """Stop the daemon: the background service, or the foreground/detached process."""
-    from arceusd.daemon import service
-
     stopped = False
     try:
         manager = service.uninstall()
@@ -283,10 +284,8 @@ def _fmt_duration(seconds: float) -> str:
 @pass_ctx
 def status(obj: Context, job: str | None, as_json: bool, watch: bool, interval: float) -> None:
     """Show the daemon (peer id, version, uptime, addresses, peers, jobs), or one JOB in detail."""
-    from arceusd.jobs.record.view import render_job
-
     if watch and not as_json:  # the rich live view (arceusd.dashboard.watch)
-        from arceusd.dashboard.watch import watch as live_view
+        from arceusd.dashboard.watch import watch as live_view  # rich: only for --watch, off the CLI's start
 
         try:
             return live_view(obj.call, job, interval)
@@ -347,8 +346,6 @@ def _echo_list(result: list[dict[str, Any]], as_json: bool, line: Any, empty: st
 
 def _status_extras(result: dict[str, Any]) -> list[str]:
     """Lines for sections added by services (peers, jobs); each service formats its own section."""
-    from arceusd.jobs.record.view import job_line
-
     lines: list[str] = []
     peers = result.get("peers")
     if isinstance(peers, list):
@@ -381,8 +378,6 @@ def _status_extras(result: dict[str, Any]) -> list[str]:
 @pass_ctx
 def submit(obj: Context, spec: Path, members: int, watch: bool, quote: bool, as_json: bool) -> None:
     """Submit the job SPEC (TOML or JSON): this device becomes its owner and announces it."""
-    from arceusd.jobs.spec.schema import JobSpecError, load_spec
-
     asked_at = time.time()  # the job's start as its quote times it: from the command, not from the daemon's answer
 
     try:
@@ -393,8 +388,6 @@ def submit(obj: Context, spec: Path, members: int, watch: bool, quote: bool, as_
     if as_json and not quote:
         raise click.UsageError("--json goes with --quote (submit prints its job id; `arceusd status JOB --json`)")
     if quote:
-        from arceusd.market.commands import print_quote
-
         return print_quote(obj, parsed, members, as_json)
     obj.note_measuring()  # the daemon measures this device before it takes the job (its offer, what it lends)
     result = obj.call(
@@ -435,8 +428,6 @@ def leave(obj: Context, job: str) -> None:
 @pass_ctx
 def jobs(obj: Context, as_json: bool) -> None:
     """List the jobs this daemon knows (owned, joined or announced)."""
-    from arceusd.jobs.record.view import job_line
-
     _echo_list(obj.call("jobs"), as_json, job_line, "no jobs known (submit one with `arceusd submit job.toml`)")
 
 
@@ -477,8 +468,6 @@ def show_id(obj: Context) -> None:
 @pass_ctx
 def logs(obj: Context, lines: int, follow: bool) -> None:
     """Show the tail of the daemon's log file."""
-    from arceusd.base.logs import tail
-
     path = obj.paths.log_file
     if not path.exists():
         raise click.ClickException(
@@ -524,16 +513,12 @@ def logs(obj: Context, lines: int, follow: bool) -> None:
 )
 def demo(size: int, root: Path | None, steps: int) -> None:
     """A local swarm of daemons on loopback trains a character GPT on Tiny Shakespeare."""
-    from arceusd.cli.demo import run_demo
-
     run_demo(size, root, steps)
 
 
 def main() -> None:
     """The ``arceusd`` entry point: any failure is one line on stderr and a non-zero exit, a traceback only at
     ``--log-level debug`` (:mod:`arceusd.base.failures`)."""
-    from arceusd.base.failures import debug_requested, one_line
-
     debug = debug_requested(sys.argv[1:])
     if not debug:
         os.environ.setdefault("GRPC_VERBOSITY", "NONE")  # grpc's C core would print a taken port's bind error too

@@ -16,6 +16,7 @@ import click
 
 from arceusd.base.control import ControlError, NoDaemon, call, daemon_answers
 from arceusd.base.paths import StatePaths
+from arceusd.device.profile import is_measured, measuring_note
 
 EXIT_NO_DAEMON = 3
 
@@ -41,8 +42,6 @@ class Context:
         """Before a call that waits while the daemon measures this device (the first ``market``, ``submit``,
         ``submit --quote``, ``join`` of the day): say so at once, on stderr
         (:func:`arceusd.device.profile.measuring_note`)."""
-        from arceusd.device.profile import is_measured, measuring_note
-
         measured = is_measured(self.state_dir)
         note = measuring_note(measured, not measured and daemon_answers(self.paths.control_socket))
         if note is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -20,6 +21,7 @@ import click
 
 from arceusd.cli.swarm import LocalSwarm
 from arceusd.jobs.record.view import contribution_lines, render_job
+from arceusd.models.config import GPTConfig
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "shakespeare-gpt.toml"
 
@@ -40,12 +42,11 @@ def demo_spec(directory: Path, steps: int) -> Path:
 
 
 def sample(model_path: Path, length: int = 400, seed: int = 0) -> str:
-    import torch
-    from safetensors.torch import load_file
+    import torch  # torch: only once the demo has trained
+    from safetensors.torch import load_file  # torch
 
-    from arceusd.models.build import build_reference_model
-    from arceusd.models.config import GPTConfig
-    from arceusd.models.generate import generate
+    from arceusd.models.build import build_reference_model  # torch
+    from arceusd.models.generate import generate  # torch
 
     description = json.loads((model_path.parent / "model.json").read_text())
     fields = {k: v for k, v in description["model"].items() if k != "type"}
@@ -93,8 +94,6 @@ def run_demo(size: int, root: Path | None, steps: int) -> None:
 def _follow(swarm: LocalSwarm, job_id: str) -> dict[str, Any]:
     """Show the plan once, then the job's progress until it ends: a progress bar with an ETA in a terminal (rich),
     a line per change otherwise (a log, a pipe). Returns the job's final record."""
-    import sys
-
     shown_plan = False
     last_line = ""
     tty = sys.stdout.isatty()
@@ -127,7 +126,7 @@ def _follow(swarm: LocalSwarm, job_id: str) -> dict[str, Any]:
 
 
 def _progress_bar(console: Any = None) -> Any:
-    from rich.progress import (
+    from rich.progress import (  # rich: off the CLI's start
         BarColumn,
         MofNCompleteColumn,
         Progress,

@@ -25,8 +25,12 @@ from arceusd.base.fdlimit import raise_nofile
 from arceusd.base.identity import Identity, IdentityError, load_or_create_identity
 from arceusd.base.logs import setup_logging
 from arceusd.base.paths import StatePaths
+from arceusd.daemon.network_service import serve_peer_network
+from arceusd.dashboard.service import serve_dashboard
 from arceusd.device.config import DaemonConfig
 from arceusd.device.node import Node
+from arceusd.jobs.service.manager import serve_jobs
+from arceusd.market.service import serve_market
 
 log = logging.getLogger("arceusd")
 
@@ -117,11 +121,6 @@ async def _main(config: DaemonConfig, identity: Identity) -> int:
 
 def _services() -> list[Any]:
     """The services a daemon runs, in start order (each ``async def (node, *, task_status)``)."""
-    from arceusd.daemon.network_service import serve_peer_network
-    from arceusd.dashboard.service import serve_dashboard
-    from arceusd.jobs.service.manager import serve_jobs
-    from arceusd.market.service import serve_market
-
     return [serve_peer_network, serve_jobs, serve_market, serve_dashboard]
 
 

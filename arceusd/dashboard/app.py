@@ -30,6 +30,7 @@ import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from importlib import resources
 from typing import Any
+from urllib.parse import urlsplit
 
 import trio
 from starlette.applications import Starlette
@@ -89,8 +90,6 @@ def own_origins(server: tuple[str, int] | None) -> set[str]:
 def origin_refusal(origin: str | None, referer: str | None, server: tuple[str, int] | None) -> str | None:
     """Why a POST is not from a page of this dashboard (None: it is): its ``Origin`` header, else the origin of
     its ``Referer``, must be one of :func:`own_origins`."""
-    from urllib.parse import urlsplit
-
     claimed = origin
     if not claimed and referer:
         parts = urlsplit(referer)

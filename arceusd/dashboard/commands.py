@@ -16,6 +16,8 @@ from typing import Any
 
 import click
 
+from arceusd.dashboard.opener import open_in_browser, write_opener
+
 
 def _can_open() -> bool:
     if os.environ.get("CI") or not sys.stdout.isatty():
@@ -36,8 +38,6 @@ def dashboard_command(obj: Any, no_open: bool, force_open: bool, as_json: bool) 
         return
     click.echo(result["url"])
     if not no_open and (force_open or _can_open()):
-        from arceusd.dashboard.opener import open_in_browser, write_opener
-
         try:
             page = write_opener(obj.paths.root, result["url"])
         except OSError as exc:

@@ -28,8 +28,18 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
+from urllib.parse import parse_qs
 
 import trio
+
+from arceusd.base.control import RequestError
+from arceusd.device.profile import parse_meminfo_available
+from arceusd.device.summary import device_summary
+from arceusd.jobs.record.view import count, usd, usd_per_hour
+from arceusd.market.ledger import LEDGER_FILE, earnings, verify_file
+from arceusd.market.policy import lend_reasons, policy_terms
+from arceusd.market.policy_file import change_policy
+from arceusd.market.probes import parse_proc_stat
 
 log = logging.getLogger(__name__)
 
@@ -103,8 +113,6 @@ class NodeSnapshots:
         self.owner_seen = -math.inf  # when the device page last asked (monotonic): prices are read while it does
 
     async def status(self) -> dict[str, Any]:
-        from arceusd.device.summary import device_summary
-
         # its "device": this machine's line as its peers see it (the GPU once measured)
         status: dict[str, Any] = self.node.status()
         if "device" not in status:  # (no peer network running)
@@ -112,8 +120,6 @@ class NodeSnapshots:
         return status
 
     async def job(self, job_id: str) -> dict[str, Any] | None:
-        from arceusd.base.control import RequestError
-
         handler = self.node.methods.get("job")
         if handler is None:
             return None
@@ -124,8 +130,6 @@ class NodeSnapshots:
         return result
 
     async def market(self) -> dict[str, Any] | None:
-        from arceusd.base.control import RequestError
-
         handler = self.node.methods.get("market")
         if handler is None:
             return None
@@ -146,8 +150,6 @@ class NodeSnapshots:
         }
         market = getattr(self.node, "market", None)
         if market is not None:
-            from arceusd.market.policy import lend_reasons, policy_terms
-
             reasons = lend_reasons(market.policy, market.snapshot)
             terms = policy_terms(market.policy, market.snapshot, int(self.node.config.worker_threads), self.prices)
             out["policy"] = {
@@ -160,8 +162,6 @@ class NodeSnapshots:
         return out
 
     async def set_term(self, key: str, value: str) -> None:
-        from arceusd.market.policy_file import change_policy
-
         await trio.to_thread.run_sync(change_policy, self.node.paths.config, [f"{key}={value}"], "the dashboard")
         market = getattr(self.node, "market", None)
         if market is not None:
@@ -175,8 +175,6 @@ class NodeSnapshots:
 
     async def _read(self) -> dict[str, Any] | None:
         """This device's earnings from its ledger (verified in a thread, cached while the file is unchanged)."""
-        from arceusd.market.ledger import LEDGER_FILE, earnings, verify_file
-
         path = self.node.config.state_dir / LEDGER_FILE
         try:
             st = path.stat()
@@ -361,8 +359,6 @@ def loss_csv(job: dict[str, Any], timeline: Timeline) -> str:
 
 def earnings_view(e: dict[str, Any] | None) -> dict[str, Any] | None:
     """This device's earnings with every figure written as ``arceusd earnings`` writes it (``$0.0020``)."""
-    from arceusd.jobs.record.view import count, usd
-
     if not isinstance(e, dict) or e.get("error"):
         return e
     hours = e.get("device_hours")
@@ -380,8 +376,6 @@ def market_view(market: dict[str, Any] | None) -> dict[str, Any] | None:
     """The market listing with prices and counts written as ``arceusd market`` writes them: each job's
     ``price_shown`` (``$0.0020/h``), ``max_price_shown`` (``any`` without a cap), ``members_shown`` (``2 / 4``),
     and the demand's counts as whole numbers."""
-    from arceusd.jobs.record.view import count, usd_per_hour
-
     if not isinstance(market, dict):
         return market
     rows = []
@@ -403,8 +397,6 @@ def term_form(body: bytes) -> tuple[str, str]:
     """The key and value of the device page's form (``key=...&value=...``, URL-encoded), checked before the
     policy's own checks: a known term's key, one of each, a value of at most :data:`MAX_TERM_VALUE` printable
     characters. ``ValueError`` says in one line what was wrong and what to send."""
-    from urllib.parse import parse_qs
-
     try:
         fields = parse_qs(body.decode("utf-8"), keep_blank_values=True, strict_parsing=True, max_num_fields=4)
     except (UnicodeDecodeError, ValueError):
@@ -442,8 +434,6 @@ def cpu_percent(before: tuple[int, int] | None, after: tuple[int, int] | None) -
 
 def memory_percent(meminfo: str | None) -> float | None:
     """Memory in use (``MemTotal`` less ``MemAvailable`` of ``/proc/meminfo``), in percent."""
-    from arceusd.device.profile import parse_meminfo_available
-
     if meminfo is None:
         return None
     available = parse_meminfo_available(meminfo)
@@ -469,8 +459,6 @@ class MachineSamples:
 
     def add(self, at: float, proc_stat: str | None, meminfo: str | None, owner_cpu: float | None) -> None:
         """A reading from ``/proc/stat`` and ``/proc/meminfo`` texts (the CPU use is since the previous one)."""
-        from arceusd.market.probes import parse_proc_stat
-
         ticks = parse_proc_stat(proc_stat) if proc_stat is not None else None
         cpu, self._ticks = cpu_percent(self._ticks, ticks), ticks
         owner = float(owner_cpu) if owner_cpu is not None and _finite(owner_cpu) else None

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import html
 import os
+import webbrowser
 from pathlib import Path
 
 OPENER_NAME = "dashboard.html"
@@ -55,8 +56,6 @@ def write_opener(state_dir: Path, url: str) -> Path:
 
 def open_in_browser(page: Path) -> bool:
     """Open ``page`` (a local file) in the user's browser; True when one was started."""
-    import webbrowser
-
     return webbrowser.open(page.resolve().as_uri())
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import trio
 
 from arceusd.base.control import RequestError
+from arceusd.dashboard.data import NodeSnapshots, keep_reading
 from arceusd.device.node import Node
 
 log = logging.getLogger(__name__)
@@ -44,11 +45,10 @@ class Dashboard:
         async with self.lock:
             if self.port is not None:
                 return
-            from hypercorn.config import Config
-            from hypercorn.trio import serve
+            from hypercorn.config import Config  # hypercorn: started lazily
+            from hypercorn.trio import serve  # hypercorn
 
-            from arceusd.dashboard.app import build_app
-            from arceusd.dashboard.data import NodeSnapshots, keep_reading
+            from arceusd.dashboard.app import build_app  # starlette: started lazily
 
             config = Config()
             host = f"[{self.host}]" if ":" in self.host else self.host

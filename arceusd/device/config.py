@@ -16,6 +16,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, cast
 
+from arceusd.base.failures import UserError
 from arceusd.worker.affinity import AffinityError, check_cpus, parse_cpu_list
 
 PRESETS = ("lan", "local")
@@ -24,7 +25,7 @@ DEVICE_KINDS = ("cpu", "cuda", "mps")
 DEFAULT_PORT = 47070
 
 
-class ConfigError(Exception):
+class ConfigError(UserError):
     """The configuration is invalid; the message names the key and what is allowed."""
 
 

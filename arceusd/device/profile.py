@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from arceusd.models.config import GPTConfig, MLPConfig
+from arceusd.models.costs import block_costs
 from partitioner.inputs import MAX_BLOCK_EFFICIENCY, DeviceProfile, Link
 
 ModelConfig = MLPConfig | GPTConfig
@@ -136,7 +137,7 @@ def cpu_free_memory(meminfo_path: str = "/proc/meminfo") -> int:
 
 # --- compute ----------------------------------------------------------------------------------------------
 def available_kinds() -> tuple[str, ...]:
-    import torch
+    import torch  # torch: only to measure
 
     kinds = ["cpu"]
     if torch.cuda.is_available():
@@ -148,7 +149,7 @@ def available_kinds() -> tuple[str, ...]:
 
 
 def _sync(kind: str) -> None:
-    import torch
+    import torch  # torch: only to measure
 
     if kind == "cuda":
         torch.cuda.synchronize()
@@ -167,7 +168,7 @@ def measure_device(
 
     Error handling: raises ``ValueError`` for an unknown or unavailable kind.
     """
-    import torch
+    import torch  # torch: only to measure
 
     if kind not in available_kinds():
         raise ValueError(f"device kind {kind!r} is not available here (available: {available_kinds()})")
@@ -206,7 +207,7 @@ def chain_blocks(model: ModelConfig) -> tuple[int, ...]:
     ``MAX_CHAIN_LAYERS`` transformer blocks and its head; an MLP's first ``4 x MAX_CHAIN_LAYERS`` layers.
     Several distinct blocks in a row, not one block over and over: a stage's weights do not all stay in cache
     between its blocks, and the calibration should pay for that as the stage does."""
-    from arceusd.models.build import num_blocks
+    from arceusd.models.build import num_blocks  # torch
 
     n = num_blocks(model)
     if isinstance(model, GPTConfig):
@@ -222,7 +223,7 @@ def _tiny_like(model: ModelConfig) -> ModelConfig:
 
 
 def _chain_input(model: ModelConfig, micro_batch: int, device: str, gen: torch.Generator) -> torch.Tensor:
-    import torch
+    import torch  # torch: only to measure
 
     if isinstance(model, GPTConfig):
         return torch.randint(0, model.vocab_size, (micro_batch, model.block_size), generator=gen).to(device)
@@ -235,9 +236,9 @@ def _time_chain(
     """Seconds of one forward + backward of ``chain_blocks(model)`` at ``micro_batch`` samples, as a stage
     runs it (through the loss when the chain ends with the model's last block, else from a gradient of the
     output's shape), once per repeat after a warm-up; and the chain's parameters (their gradients set)."""
-    import torch
+    import torch  # torch: only to measure
 
-    from arceusd.models.build import build_block, loss_sum, num_blocks
+    from arceusd.models.build import build_block, loss_sum, num_blocks  # torch
 
     gen = torch.Generator().manual_seed(0)
     indices = chain_blocks(model)
@@ -281,7 +282,7 @@ def _optimizer_s_per_param(
     clock: Callable[[], float],
 ) -> tuple[float, float]:
     """(AdamW, SGD) seconds per parameter of the worker's own optimizers stepping ``params`` (with grads)."""
-    from arceusd.worker.optim import AdamWConfig, SGDConfig, make_optimizer
+    from arceusd.worker.optim import AdamWConfig, SGDConfig, make_optimizer  # torch
 
     numel = sum(p.numel() for p in params) or 1
     out = []
@@ -316,7 +317,7 @@ def measure_calibration(
     Error handling: ``ValueError`` for an unavailable kind, a non-positive speed, micro-batch or repeat count,
     or an unknown ``stat``.
     """
-    import torch
+    import torch  # torch: only to measure
 
     if kind not in available_kinds():
         raise ValueError(f"device kind {kind!r} is not available here (available: {available_kinds()})")
@@ -347,8 +348,6 @@ def calibration_from_timings(
 
     Fits the cost model's compute term, (FLOPs x micro_batch) / (flops_per_s x efficiency) + dispatch per
     block, to the chain. Pure (tested with made-up timings)."""
-    from arceusd.models.costs import block_costs
-
     if not (tiny_s >= 0 and real_s >= 0):
         raise ValueError(f"timings must be >= 0, got {tiny_s} and {real_s}")
     indices = chain_blocks(model)

@@ -58,7 +58,7 @@ def format_summary(machine: str, accelerators: Sequence[str]) -> str:
 def measured_devices(cache_dir: Path) -> list[tuple[str, str, int]]:
     """(kind, name, free memory) of each device in ``cache_dir``'s cached measurement, however old (a name and
     a size do not go stale as a speed does); empty when there is none or it is unreadable. Read here without
-    ``arceusd.device.profile`` (which brings the planner and the models' configs): the daemon's start stays light."""
+    ``arceusd.device.profile`` (which brings the planner and the models' configs)."""
     try:
         data = json.loads((Path(cache_dir) / CACHE_FILE).read_text())
         found = [(d["kind"], d["name"], d["memory_bytes"]) for d in data["devices"][:MAX_DEVICES]]

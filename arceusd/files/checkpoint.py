@@ -86,7 +86,7 @@ def write_shard(
     """Phase one: write one shard of step ``step`` atomically and return its record for the manifest."""
     if not SHARD_NAME.match(name):
         raise CheckpointError(f"shard name {name!r} must match {SHARD_NAME.pattern}")
-    from arceusd.files.safetensors_io import save_bytes as st_save
+    from arceusd.files.safetensors_io import save_bytes as st_save  # torch: child processes only
 
     cpu = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
     data = st_save(cpu, metadata=dict(metadata or {}))
@@ -238,8 +238,8 @@ def load_step(
 ) -> LoadedCheckpoint:
     """Load step ``step``: manifest from the first root that has a valid one; each wanted shard from the first
     root where it hashes correctly (so a corrupt local shard falls back to a replica)."""
-    from arceusd.files.safetensors_io import SafetensorsHeaderError, read_metadata
-    from arceusd.files.safetensors_io import load_bytes as st_load
+    from arceusd.files.safetensors_io import SafetensorsHeaderError, read_metadata  # torch: child processes only
+    from arceusd.files.safetensors_io import load_bytes as st_load  # torch
 
     trusted = list(trusted_signers)
     errors: list[str] = []

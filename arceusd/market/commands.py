@@ -16,8 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from arceusd.base.identity import IdentityError, key_path, load_or_create_identity
 from arceusd.base.text_safety import safe_tree
 from arceusd.jobs.record.view import count, usd_per_hour
+from arceusd.market.estimate import estimate
+from arceusd.market.ledger import LEDGER_FILE, bill, earnings, verify_file
 from arceusd.market.policy import PolicyError, lend_reasons
 from arceusd.market.policy_file import change_policy, load_policy
 from arceusd.market.probes import Snapshot, probe_for
@@ -94,8 +97,6 @@ def print_quote(obj: Context, spec: Any, members: int, as_json: bool = False) ->
     """``arceusd submit --quote``: the estimate for ``spec`` on ``members`` devices like this one (more when
     ``needs.memory_total_mib`` takes more of them), and what in ``[needs]`` it cannot meet
     (:func:`arceusd.market.estimate.estimate`, which ``arceus.quote`` asks too); ``as_json``: as one JSON object."""
-    from arceusd.market.estimate import estimate
-
     obj.note_measuring()  # what the devices lend is asked of the daemon, which measures this device first
     est = estimate(obj.state_dir, spec, members)
     if as_json:
@@ -140,8 +141,6 @@ def market_command(obj: Context, as_json: bool) -> None:
 
 def _own_key(obj: Context) -> bytes | None:
     """This daemon's public key, when its state directory has one (its own ledger must be kept by it)."""
-    from arceusd.base.identity import IdentityError, key_path, load_or_create_identity
-
     if not key_path(obj.state_dir).exists():
         return None
     try:
@@ -151,8 +150,6 @@ def _own_key(obj: Context) -> bytes | None:
 
 
 def _ledger_entries(obj: Context) -> list[Any]:
-    from arceusd.market.ledger import LEDGER_FILE, verify_file
-
     path = obj.state_dir / LEDGER_FILE
     if not path.exists():
         return []
@@ -170,8 +167,6 @@ def _ledger_entries(obj: Context) -> list[Any]:
 @click.pass_obj
 def earnings_command(obj: Context, as_json: bool) -> None:
     """What this device earned: its countersigned receipts by job, by day and in total, in dollars."""
-    from arceusd.base.identity import IdentityError, load_or_create_identity
-    from arceusd.market.ledger import earnings
 
     try:
         me = load_or_create_identity(obj.state_dir).peer_id
@@ -200,8 +195,6 @@ def bill_command(obj: Context, job: str, as_json: bool) -> None:
     """What JOB (an id or a unique prefix) costs its owner: the devices' countersigned receipts (the owner's own
     device is not billed). The whole bill is in the owner's ledger; on another device it is that device's part
     only, and says so."""
-    from arceusd.base.identity import IdentityError, load_or_create_identity
-    from arceusd.market.ledger import bill
 
     try:
         me = load_or_create_identity(obj.state_dir).peer_id
@@ -242,8 +235,6 @@ def bill_command(obj: Context, job: str, as_json: bool) -> None:
 def verify_ledger_command(obj: Context, file: Path) -> None:
     """Check a ledger FILE and its signed head: the hash chain, the keeper's signature of every line, every
     receipt's signatures, and that each receipt's leader is its job's owner or one the owner authorised."""
-    from arceusd.market.ledger import LEDGER_FILE, verify_file
-
     own = file.resolve() == (obj.state_dir / LEDGER_FILE).resolve()
     verified = verify_file(file, _own_key(obj) if own else None)
     if not verified.ok:

@@ -21,6 +21,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from arceusd.market.admission import memory_shortfall
+from arceusd.market.paid_speed import beyond_cap
+
 
 async def may_auto_join(node: Any, job: Any) -> bool:
     market = getattr(node, "market", None)
@@ -45,7 +48,6 @@ def wants_timing(node: Any, job: Any) -> bool:
     """Whether the market wants ``job``'s untimed plan devices timed now (one offers more than the cap)."""
     if getattr(node, "market", None) is None:
         return False
-    from arceusd.market.paid_speed import beyond_cap
 
     return bool(beyond_cap(job, node.identity.peer_id))
 
@@ -53,8 +55,6 @@ def wants_timing(node: Any, job: Any) -> bool:
 def enough_memory(job: Any, joining: Any = None) -> bool:
     """Whether the members lend the job's ``needs.memory_total_mib`` between them (sets ``job.error`` if not);
     ``joining``: the offer of a peer the core is about to take in, counted with them."""
-    from arceusd.market.admission import memory_shortfall
-
     offers = dict(job.members) | ({} if joining is None else {joining.peer_id: joining})
     short = memory_shortfall(int(job.spec.needs.memory_total_mib), (int(o.memory_bytes) for o in offers.values()))
     if short is not None:

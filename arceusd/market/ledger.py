@@ -40,7 +40,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from arceusd.base.identity import Identity, peer_id_from_public_key, verify_signature
+from arceusd.base.identity import Identity, load_or_create_identity, peer_id_from_public_key, verify_signature
 from arceusd.market.authority import AuthorityError, SignedAuthorisation, from_bytes, leader_allowed
 from arceusd.market.collect import unique
 from arceusd.market.receipts import ReceiptError, SignedReceipt, billed, decode, encode
@@ -320,8 +320,6 @@ class Ledger:
     def open(cls, state_dir: Path, keeper: Identity | None = None) -> Ledger:
         """The ledger of ``state_dir``, kept by ``keeper`` (default: the state directory's identity)."""
         if keeper is None:
-            from arceusd.base.identity import load_or_create_identity
-
             keeper = load_or_create_identity(state_dir)
         path = state_dir / LEDGER_FILE
         if path.exists():

@@ -20,9 +20,12 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from arceusd.jobs.spec.parsed import JobSpec
 from arceusd.market.policy import JobFacts, Policy, Refusal, cores_within, evaluate
 from arceusd.market.pricing import NEUTRAL, Demand, price_per_hour
 from arceusd.market.probes import Snapshot
+from arceusd.models.costs import block_costs
+from arceusd.models.hf.config import HFModelConfig
 
 
 @dataclass(frozen=True)
@@ -49,9 +52,6 @@ class JobNeeds:
 
     @classmethod
     def from_spec(cls, job_id: str, owner: str, spec: object, members: int) -> JobNeeds:
-        from arceusd.jobs.spec.parsed import JobSpec
-        from arceusd.models.costs import block_costs
-        from arceusd.models.hf.config import HFModelConfig
 
         assert isinstance(spec, JobSpec)
         params = sum(c.param_bytes for c in block_costs(spec.model)) // 4

@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -301,8 +302,6 @@ class MacProbe:
 def probe_for(root: str, own_pids: Callable[[], Iterable[int]] = lambda: (), platform: str | None = None) -> Probe:
     """The probe for this machine; a non-empty ``root`` reads that folder instead (Linux formats, or macOS
     command outputs when it holds ``commands/pmset-g-batt``)."""
-    import sys
-
     if root:
         base = Path(root)
         if (base / "commands" / "pmset-g-batt").exists():

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from arceusd.jobs.spec.parsed import JobSpec
 from arceusd.market.pricing import CLOUD_GPUS, NEUTRAL, Demand, price_per_hour
+from arceusd.models.costs import block_costs
 
 
 @dataclass(frozen=True)
@@ -53,8 +55,6 @@ class Quote:
 
 def step_flops(spec: object) -> float:
     """Training FLOPs of one step of a parsed job spec (forward + backward over the batch)."""
-    from arceusd.jobs.spec.parsed import JobSpec
-    from arceusd.models.costs import block_costs
 
     assert isinstance(spec, JobSpec)
     per_sample = sum(c.forward_flops_per_sample + c.backward_flops_per_sample for c in block_costs(spec.model))
@@ -63,8 +63,6 @@ def step_flops(spec: object) -> float:
 
 def job_flops(spec: object) -> float:
     """Training FLOPs of a parsed job spec (forward + backward, every step)."""
-    from arceusd.jobs.spec.parsed import JobSpec
-
     assert isinstance(spec, JobSpec)
     return step_flops(spec) * spec.training.steps
 

@@ -63,11 +63,13 @@ from arceusd.market.receipts import (
     countersign,
     decode,
     device_check,
+    encode,
     most_per_step_usd,
     sign_leader,
 )
 from arceusd.market.timings import read_timings
 from arceusd.market.unpaid import PayWatch, leave_reason, unpaid
+from arceusd.models.costs import block_costs
 from partitioner import PlanError
 from protocol.market_wire import ReceiptBatch, ReceiptOffer, ReceiptReply, ReceiptsRequest
 
@@ -626,7 +628,6 @@ class Market:
             return ["the receipt names another owner"]
         if not self.ledger.authorised(r.job_id, r.owner, r.leader):
             return [f"the job's owner has not authorised {r.leader[:12]} to sign its receipts"]
-        from arceusd.models.costs import block_costs
 
         per_sample = sum(c.forward_flops_per_sample + c.backward_flops_per_sample for c in block_costs(job.spec.model))
         record = DeviceRecord(
@@ -766,8 +767,6 @@ class Market:
 
 
 def decode_body(s: SignedReceipt) -> bytes:
-    from arceusd.market.receipts import encode
-
     return encode(s.receipt)
 
 

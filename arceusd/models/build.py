@@ -25,6 +25,8 @@ from torch import nn
 from arceusd.models.config import GPTConfig, MLPConfig, ModelConfig
 from arceusd.models.gpt import build_gpt_block, gpt_num_blocks
 from arceusd.models.hf.config import HFModelConfig, num_hf_blocks
+from arceusd.models.hf.keys import tied_names
+from arceusd.models.hf.lora import add_lora
 from arceusd.models.mlp import build_mlp_block, mlp_num_blocks
 
 
@@ -50,8 +52,6 @@ def build_block(config: ModelConfig, index: int, seed: int, weights: Path | None
 
         block = build_hf_block(config, index, seed, weights)
         if config.lora is not None:  # adapters on a frozen base: only they are parameters (hf/lora.py)
-            from arceusd.models.hf.lora import add_lora
-
             add_lora(block, config, index, seed)
         return block
     raise TypeError(f"unknown model config type {type(config).__name__}; expected MLPConfig or GPTConfig")
@@ -75,7 +75,7 @@ def tie_blocks(config: ModelConfig, blocks: dict[int, nn.Module], seed: int, wei
     """Share tied parameters between the blocks one process holds (a stock LM's tied embedding and head); a
     head without its embedding gets a copy of the embedding's initial tensor (``seed`` / ``weights``)."""
     if isinstance(config, HFModelConfig) and config.tied:
-        from arceusd.models.hf.blocks import tie_hf_blocks
+        from arceusd.models.hf.blocks import tie_hf_blocks  # transformers: only for these models
 
         tie_hf_blocks(config, blocks, seed, weights)
 
@@ -111,7 +111,6 @@ def tied_pair(config: ModelConfig) -> TiedPair | None:
     (nothing tied, or a LoRA job's frozen base)."""
     if not isinstance(config, HFModelConfig) or config.lora is not None:
         return None
-    from arceusd.models.hf.keys import tied_names
 
     names = tied_names(config)
     if names is None:

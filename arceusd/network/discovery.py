@@ -39,6 +39,7 @@ from zeroconf import (
     Zeroconf,
 )
 
+from arceusd.base.failures import UserError
 from protocol import PROTOCOL_VERSION
 
 log = logging.getLogger(__name__)
@@ -69,7 +70,7 @@ VIRTUAL_PREFIXES = (
 _PEER_ID = re.compile(r"^[0-9a-f]{32}$")
 
 
-class DiscoveryError(Exception):
+class DiscoveryError(UserError):
     """mDNS cannot run as configured; the message says what to do instead."""
 
 

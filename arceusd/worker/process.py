@@ -62,6 +62,7 @@ from arceusd.jobs.spec.parsed import TrainingSpec
 from arceusd.jobs.spec.schema import JobSpec, spec_from_dict
 from arceusd.models.build import loss_sum, tied_pair
 from arceusd.models.config import MLPConfig
+from arceusd.models.hf.lora import hold_base
 from arceusd.transport import Stream, open_transport
 from arceusd.worker.affinity import pin_cpus
 from arceusd.worker.collective import TimedCollective
@@ -217,8 +218,6 @@ class Worker:
         )
         t = self.spec.training
         if getattr(self.spec.model, "lora", None) is not None and t.precision == "bf16":
-            from arceusd.models.hf.lora import hold_base
-
             hold_base(module, torch.bfloat16)  # a LoRA job's frozen base: what bf16 autocast computes with
         self.replica = config.slot_of()  # this worker's replica slot: its share of each batch
         self.control = ReplicaControl(self)

@@ -134,7 +134,7 @@ def build_stage(
             block = shard_transformer_block(block, tp[0], tp[1], spec.rank, tp[2])
         if hf_tp is not None and 0 < i < num_blocks(config) - 1:  # a decoder layer
             from arceusd.models.hf.blocks import HFDecoderBlock  # imports transformers: only for these models
-            from arceusd.worker.hf_tensor_parallel import shard_hf_block
+            from arceusd.worker.hf_tensor_parallel import shard_hf_block  # transformers: only for these models
 
             assert isinstance(block, HFDecoderBlock)
             block = shard_hf_block(block, hf_tp[0], hf_tp[1], spec.rank, hf_tp[2])

@@ -38,6 +38,7 @@ from arceusd.jobs.plans.initial_weights import (
     write_parts,
 )
 from arceusd.jobs.plans.recovery import ResumeError, ResumeFile, check_file
+from arceusd.jobs.plans.standby import StandbyError, check_copy, copy_entry, data_files
 from arceusd.jobs.record.job import Job
 from arceusd.jobs.spec.parsed import resolve_path
 from arceusd.models.hf.weights_slice import (
@@ -252,9 +253,6 @@ class Transfers:
     async def copy_data(self, job: Job, leader: str, names: tuple[str, ...]) -> bool:
         """Standby: download the leader's data files and check them against the spec's digest; a copy that
         does not arrive whole or does not match is removed, never kept half-written."""
-        # local: off the daemon's start
-        from arceusd.jobs.plans.standby import StandbyError, check_copy, copy_entry
-
         folder = job.paths.data
         for index, name in enumerate(names):
 
@@ -324,8 +322,6 @@ class Transfers:
         return ShardData(slice_size(layout), data)
 
     async def on_data_request(self, header: Header, msg: DataRequest) -> ShardData | JobAck:
-        from arceusd.jobs.plans.standby import data_files  # local: off the daemon's start
-
         job = self.jobs.get(msg.job_id)
         if job is None or not self._leads(job) or header.sender != job.standby:
             return JobAck(False, "the data goes to the job's standby only")

@@ -24,6 +24,7 @@ from arceusd.jobs.judging.claims import check_offer_bounds
 from arceusd.jobs.plans.planning import Offer
 from arceusd.jobs.procs.warm_starts import warm_starts
 from arceusd.jobs.record.job import TERMINAL, Job
+from arceusd.jobs.spec.schema import JobSpecError, spec_from_dict, spec_hash
 from arceusd.market.hooks import enough_memory, join_refusal, may_auto_join
 from arceusd.membership.events import MemberState
 from arceusd.network.announce_guard import AnnounceGuard, address_host
@@ -180,9 +181,6 @@ class Joining:
         return JoinReply(msg.job_id, True, "", tuple(sorted(job.members)))
 
     async def on_announce(self, header: Header, msg: JobAnnounce) -> JobAck:
-        # local: the spec parser stays off the daemon's start (manager._load_modules loads it in a thread)
-        from arceusd.jobs.spec.schema import JobSpecError, spec_from_dict, spec_hash
-
         refused = self.announced.admit(header.sender, msg, known=msg.job_id in self.ctx.jobs, now=time.monotonic())
         if refused is not None:
             return JobAck(False, refused)

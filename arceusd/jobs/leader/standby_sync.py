@@ -21,6 +21,7 @@ from arceusd.jobs.common.transfers import leader_data
 from arceusd.jobs.core import Role, leadership
 from arceusd.jobs.core.events import FollowsOther, StandbyCommitted
 from arceusd.jobs.plans.initial_weights import standby_copies
+from arceusd.jobs.plans.standby import StandbyError, check_names, data_files, offers_from_wire, offers_to_wire
 from arceusd.jobs.record.job import Job
 from protocol.envelope import Header
 from protocol.job_wire import JobAck, StandbySync
@@ -39,8 +40,6 @@ class StandbySyncing:
         """Leader: tell the standby that ``step`` is committed (the signed manifest), the shards to copy from us
         (every one but its own: then each shard has three copies, its writer's, ours and the standby's), and the
         data set's files, so it can lead if we die."""
-        from arceusd.jobs.plans.standby import data_files, offers_to_wire  # local: off the daemon's start
-
         standby = job.standby
         offer = job.members.get(standby)
         if not standby or offer is None:
@@ -65,12 +64,6 @@ class StandbySyncing:
                 self.life.feed(job, FollowsOther(leader, standby))  # with most of the job saying so: hand over
 
     async def on_standby_sync(self, header: Header, msg: StandbySync) -> JobAck:
-        from arceusd.jobs.plans.standby import (  # local: off the daemon's start
-            StandbyError,
-            check_names,
-            offers_from_wire,
-        )
-
         job = self.ctx.jobs.get(msg.job_id)
         if job is None:
             return JobAck(False, "unknown job")

@@ -17,6 +17,7 @@ import time
 
 import trio
 
+from arceusd.device.profile import measure_link
 from arceusd.jobs.common.manager_base import JobContext, Lifecycle
 from arceusd.jobs.core import JobState, actions, events
 from arceusd.jobs.judging import claims
@@ -250,8 +251,6 @@ class Starting:
         """Leader: the link to each member, measured over the transport (``arceusd.device.profile.measure_link``: round
         trip, bandwidth, per-message cost) one member at a time, reused for :data:`LINK_TTL_S`. A member that
         does not echo in time keeps the defaults (round trip from membership, nominal bandwidth)."""
-        from arceusd.device.profile import measure_link  # local: off the daemon's start
-
         me, now = self.ctx.node.identity.peer_id, time.monotonic()
         out: dict[str, Link] = {}
         for peer in sorted(job.members):

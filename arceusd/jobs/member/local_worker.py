@@ -65,7 +65,7 @@ class LocalWorker:
         self.speed = speed  # the leader's timed challenges of its members (issue #19)
 
     async def on_start(self, header: Header, msg: JobStart) -> JobStartReply:
-        from arceusd.jobs.leader.regrow import GrowStart  # local: a cycle at the top (regrow -> starting -> here)
+        from arceusd.jobs.leader.regrow import GrowStart  # cycle: member.local_worker <-> leader.regrow (via starting)
 
         job = self.ctx.jobs.get(msg.job_id)
         if job is None:

@@ -120,8 +120,8 @@ def prepare_resume(
     """
     import torch  # this and the two below load torch: run in a child (arceusd.jobs.procs.filework)
 
-    from arceusd.files.safetensors_io import save_bytes
-    from arceusd.jobs.procs.reslice import full_state, slice_state
+    from arceusd.files.safetensors_io import save_bytes  # torch
+    from arceusd.jobs.procs.reslice import full_state, slice_state  # torch
 
     loaded = load_latest([job_dir / "checkpoints", *replica_roots], trusted)
     if loaded is None:

@@ -33,6 +33,7 @@ from arceusd.jobs.plans import recovery
 from arceusd.jobs.plans.planning import plan_from_start, worker_stages
 from arceusd.jobs.plans.recovery import ResumeFile, ResumePoint
 from arceusd.jobs.procs.warm_starts import warm_starts
+from arceusd.jobs.spec.schema import spec_from_dict
 from arceusd.models.config import GPTConfig, MLPConfig
 from arceusd.models.hf.config import HFModelConfig
 from partitioner import plan_from_bytes
@@ -144,11 +145,11 @@ async def plan_shapes(
 
 
 # ------------------------------------------------------------------------------------------------ the child
-# The imports inside these functions load torch (or transformers), or the spec parser (kept off the daemon's start):
+# The imports inside these functions load torch (or transformers):
 # the daemon imports this module for its side above.
 def _non_finite(tensors: Any) -> str | None:
     """The first tensor name holding a NaN or an infinity, or None."""
-    import torch
+    import torch  # torch: the child only
 
     for key, tensor in tensors.items():
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
@@ -157,11 +158,10 @@ def _non_finite(tensors: Any) -> str | None:
 
 
 def _shapes(request: dict[str, Any]) -> dict[str, Any]:
-    import torch
+    import torch  # torch: the child only
 
-    from arceusd.jobs.procs.reslice import slice_state
-    from arceusd.jobs.spec.schema import spec_from_dict
-    from arceusd.models.build import build_reference_model
+    from arceusd.jobs.procs.reslice import slice_state  # torch
+    from arceusd.models.build import build_reference_model  # torch
 
     spec = spec_from_dict(json.loads(request["spec"]))
     stages = worker_stages(plan_from_bytes(base64.b64decode(request["plan"])))
@@ -181,7 +181,6 @@ def _shapes(request: dict[str, Any]) -> dict[str, Any]:
 
 def _resume(request: dict[str, Any]) -> dict[str, Any]:
     started = time.monotonic()
-    from arceusd.jobs.spec.schema import spec_from_dict
 
     spec = spec_from_dict(json.loads(request["spec"]))
     # data-parallel replicas: every replica's devices get the slice of their place
@@ -211,8 +210,7 @@ def _resume(request: dict[str, Any]) -> dict[str, Any]:
 
 
 def _export(request: dict[str, Any]) -> dict[str, Any]:
-    from arceusd.jobs.procs.export import assemble, write_model
-    from arceusd.jobs.spec.schema import spec_from_dict
+    from arceusd.jobs.procs.export import assemble, write_model  # torch: only the export child
 
     spec = spec_from_dict(json.loads(request["spec"]))
     state = assemble(spec.model, [Path(p).read_bytes() for p in request["paths"]])
@@ -221,19 +219,19 @@ def _export(request: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"the assembled model holds non-finite values ({where}); it is not saved")
     extra: dict[str, Any] = {"job_id": request["job_id"], "step": int(request["step"]), "name": spec.name}
     if isinstance(spec.model, HFModelConfig):  # a folder transformers' from_pretrained loads
-        from arceusd.models.hf.export import write_hf_export
+        from arceusd.models.hf.export import write_hf_export  # transformers: only a stock model's export
 
         tokenizer = Path(request["vocab_path"]) if request.get("vocab_path") else None
         folder = Path(request["job_dir"]) / "export"
         if spec.model.lora is not None:  # the adapters in peft's format (and the merged model when asked)
-            from arceusd.models.hf.lora_export import write_lora_export
+            from arceusd.models.hf.lora_export import write_lora_export  # peft: only a LoRA export
 
             weights = Path(request["weights"]) if request.get("weights") else None
             path = write_lora_export(folder, spec.model, state, tokenizer, spec.seed, weights)
             return {"model_path": str(path)}
         return {"model_path": str(write_hf_export(folder, spec.model, state, tokenizer))}
     if request.get("vocab_path"):
-        from arceusd.data.text import load_text
+        from arceusd.data.text import load_text  # torch
 
         extra["vocab"] = "".join(load_text(Path(request["vocab_path"])).vocab.chars)
     return {"model_path": str(write_model(Path(request["job_dir"]), spec.model, state, extra))}

@@ -59,16 +59,16 @@ imports gives the import the daemon's priority back (the order waits on it)."""
 def _preload() -> None:
     """Import what the programs import at start (torch: most of the cost). Not transformers: it costs seconds of
     CPU beside training in every training daemon; a stock-model worker imports it itself."""
-    import torch
-    from torch import nn
+    import torch  # torch: the server preloads it for its forks
+    from torch import nn  # torch
 
-    import arceusd.jobs.plans.planning
+    import arceusd.jobs.plans.planning  # preloads (this group): the forks' modules
     import arceusd.jobs.plans.recovery
     import arceusd.jobs.procs.filework
     import arceusd.jobs.procs.reslice
     import arceusd.jobs.spec.schema
     import arceusd.worker.process  # noqa: F401
-    from arceusd.models.init import materialize
+    from arceusd.models.init import materialize  # torch
 
     # what torch imports on first use: a meta module's materializing imports sympy (through torch's shape
     # reasoning), 0.6 s quiet and 2-3 s under load in every worker and re-slicing child built after a recovery.

@@ -26,6 +26,7 @@ from arceusd.jobs.plans.memory_fit import refusal, training_memory
 from arceusd.jobs.procs.warm_starts import warm_starts
 from arceusd.jobs.record.job import Job
 from arceusd.jobs.service.lending import seen_lending
+from arceusd.jobs.spec.schema import JobSpecError, job_id, load_spec, spec_hash, to_dict
 from arceusd.market.progress import job_cost
 from protocol.job_wire import JobAck, JobReport, ReportKind
 
@@ -55,9 +56,6 @@ class ControlMethods:
         }
 
     async def m_submit(self, params: dict[str, Any]) -> dict[str, Any]:
-        # local: the spec parser stays off the daemon's start (manager._load_modules loads it in a thread)
-        from arceusd.jobs.spec.schema import JobSpecError, job_id, load_spec, spec_hash, to_dict
-
         submitted = time.time()  # the job's start, as the quote times it (arceusd.market.timings)
         asked = params.get("asked_at")  # when the command began, on this machine's clock (the CLI's submit)
         if isinstance(asked, (int, float)) and submitted - ASKED_WITHIN_S <= float(asked) <= submitted:

@@ -19,6 +19,7 @@ from typing import NoReturn, Protocol
 
 import trio
 
+from arceusd.device.profile import chosen_measurement, load_or_measure, to_device_profile
 from arceusd.jobs.judging.claims import check_offer_bounds
 from arceusd.jobs.plans.memory_fit import Lent
 from arceusd.market.policy import owner_back
@@ -158,12 +159,6 @@ def _not_measured() -> NoReturn:
 def cached_lend(node: LendingNode) -> tuple[int, str] | None:
     """(memory lent, kind) from this device's cached measurement (``arceusd.device.profile``; the offer's memory is 80 %
     of what was free, capped by ``lend_memory_mib``), or None when there is none for its worker threads today."""
-    from arceusd.device.profile import (  # local: off the daemon's start
-        chosen_measurement,
-        load_or_measure,
-        to_device_profile,
-    )
-
     try:
         found = load_or_measure(node.paths.root, threads=node.config.worker_threads, measure=_not_measured)
         device = to_device_profile(chosen_measurement(found, node.config.devices), "this-device")

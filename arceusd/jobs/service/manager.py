@@ -67,6 +67,7 @@ from arceusd.jobs.record.known import read_records
 from arceusd.jobs.service.control_methods import ControlMethods
 from arceusd.jobs.service.driver import ActionTable, Driver
 from arceusd.jobs.service.lending import answerer
+from arceusd.jobs.spec.schema import JobSpecError, parse_spec, spec_hash
 from arceusd.market.hooks import enough_memory
 from arceusd.membership.events import MemberChanged, MemberState
 from arceusd.network.peers import PeerService
@@ -177,12 +178,6 @@ class JobManager(JobContext):
         """Jobs this device owns that had not ended when it stopped (crash, reboot): they resume from their
         newest committed checkpoint once members rejoin. A job whose saved state does not verify is skipped
         with a warning, never half-restored."""
-        from arceusd.jobs.spec.schema import (  # local: off the daemon's start (a thread)
-            JobSpecError,
-            parse_spec,
-            spec_hash,
-        )
-
         restored: list[Job] = []
         if not self.root.is_dir():
             return restored

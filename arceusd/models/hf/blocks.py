@@ -38,6 +38,7 @@ from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
 
 from arceusd.models.hf.config import HFModelConfig, num_hf_blocks
 from arceusd.models.hf.keys import block_tensors
+from arceusd.models.hf.weights import load_block_tensors
 from arceusd.models.init import block_generator, fill_normal
 
 _LAYERS: dict[str, Any] = {
@@ -174,8 +175,6 @@ def build_hf_block(config: HFModelConfig, index: int, seed: int, weights: Path |
     if weights is None:
         _init(module, config, block_generator(seed, index))
     else:
-        from arceusd.models.hf.weights import load_block_tensors
-
         tensors = load_block_tensors(weights, config, index)
         with torch.no_grad():
             for name, p in module.named_parameters():

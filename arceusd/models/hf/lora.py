@@ -84,7 +84,7 @@ def freeze_base(block: nn.Module) -> None:
 
 
 def _matmul_module(module: nn.Module) -> bool:
-    from transformers.pytorch_utils import Conv1D
+    from transformers.pytorch_utils import Conv1D  # transformers: only LoRA jobs' workers
 
     # a tensor-parallel rank's row-parallel projection says so (``matmul_weight``: hf_tensor_parallel.py)
     return isinstance(module, nn.Linear | Conv1D) or bool(getattr(module, "matmul_weight", False))

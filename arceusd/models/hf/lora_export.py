@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from arceusd.models.build import build_block
 from arceusd.models.hf.config import HFModelConfig, num_hf_blocks
 from arceusd.models.hf.lora_keys import ADAPTER, adapted_modules, lora_blocks, lora_tensors, peft_key
 from arceusd.models.hf.tokenizer_files import tokenizer_config
@@ -54,8 +55,6 @@ def merged_state(
 ) -> dict[str, torch.Tensor]:
     """The base's parameters (``"<block>.<local>"``, rebuilt from ``weights`` or ``seed``) with the adapters of
     ``state`` merged into their layers' weights."""
-    from arceusd.models.build import build_block
-
     assert config.lora is not None
     base = replace(config, lora=None)
     out: dict[str, torch.Tensor] = {}
@@ -72,7 +71,7 @@ def merged_state(
 
 
 def _write_adapter_config(directory: Path, config: HFModelConfig) -> None:
-    from peft import LoraConfig
+    from peft import LoraConfig  # peft: only a LoRA export
 
     assert config.lora is not None
     lora = config.lora
@@ -96,7 +95,7 @@ def write_lora_export(
     weights: Path | None,
 ) -> Path:
     """Write the export folder (see the module docstring); returns the adapter weights' path."""
-    from arceusd.models.hf.export import write_hf_export
+    from arceusd.models.hf.export import write_hf_export  # transformers: only a LoRA export
 
     assert config.lora is not None
     directory.mkdir(parents=True, exist_ok=True)
