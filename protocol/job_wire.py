@@ -98,7 +98,7 @@ class JobStart:
     resume_step: int = 0
     resume: bytes = field(default=b"", metadata={"max_len": 64 * 1024})
     standby: str = field(default="", metadata=_ID)
-    grow: bytes = field(default=b"", metadata={"max_len": 4096})  # a dropped replica rebuilt: JSON (regrow.GrowStart)
+    grow: bytes = field(default=b"", metadata={"max_len": 4096})  # a dropped replica rebuilt: JSON (plans.grow_start)
     members: tuple[str, ...] = field(default=(), metadata={"max_len": JOB_MEMBERS_MAX})  # the job's member ids
 
 

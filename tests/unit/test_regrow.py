@@ -10,8 +10,9 @@ from typing import Any, cast
 import pytest
 import trio
 
-from arceusd.jobs.leader.regrow import GrowStart, grown_plan
+from arceusd.jobs.leader.regrow import grown_plan
 from arceusd.jobs.leader.replica_drop import dropped_plan, hold_step
+from arceusd.jobs.plans.grow_start import GrowStart
 from arceusd.jobs.plans.planning import PlanRefused, encode_job_start, make_job_plan, verify_grown_start
 from partitioner.replicas import cut_alike, replica_plan_bytes, with_devices
 from protocol.job_wire import JobGrowReplica, PeerAddress

@@ -7,10 +7,10 @@ a checkpoint step (:func:`arceusd.jobs.leader.replica_drop.hold_step`); once tha
 1. spare members (alive, else suspected: never one declared dead; not excluded, in the plan nowhere) take the
    places of the first replica's devices (:func:`partitioner.replicas.with_devices`: the same cuts) in a free slot
    (a share of each batch);
-2. each gets a ``JobStart`` with the grown plan and :class:`GrowStart` (its slot, the slots, the shares, the
-   ring generation), and as its resume file the committed shard of its place (the state every replica holds
-   alike at that step); it checks the plan (:func:`arceusd.jobs.plans.planning.verify_grown_start`) and starts its
-   worker there;
+2. each gets a ``JobStart`` with the grown plan and :class:`~arceusd.jobs.plans.grow_start.GrowStart` (its slot,
+   the slots, the shares, the ring generation), and as its resume file the committed shard of its place (the
+   state every replica holds alike at that step); it checks the plan
+   (:func:`arceusd.jobs.plans.planning.verify_grown_start`) and starts its worker there;
 3. ``go`` to the new workers, then :class:`protocol.job_wire.JobGrowReplica` to every device left (and this
    device's worker): each checks it against its own plan (:meth:`Regrowing.on_grow`) and tells its worker, which
    grows its ring and goes on. The core takes the replica back (``Regrown``).
@@ -24,11 +24,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import os
 import shutil
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import trio
@@ -36,6 +34,7 @@ import trio
 from arceusd.files.checkpoint import CheckpointError, read_manifest, step_dir
 from arceusd.jobs.common.manager_base import JobContext, Lifecycle
 from arceusd.jobs.core import actions, events
+from arceusd.jobs.plans.grow_start import GrowStart
 from arceusd.jobs.plans.planning import replica_flops_shares
 from arceusd.jobs.plans.recovery import ResumeFile, ResumePoint, file_name
 from arceusd.jobs.procs.supervisor import WorkerFailed
@@ -52,50 +51,10 @@ log = logging.getLogger(__name__)
 
 GROW_TIMEOUT_S = 10.0
 """How long the leader waits for a device left to acknowledge the rebuilt replica."""
-MAX_SLOTS = 1024
 
 
 class RegrowError(Exception):
     """The dropped replica cannot be rebuilt now (the message says why); the replicas left go on without it."""
-
-
-@dataclass(frozen=True)
-class GrowStart:
-    """What a spare's ``JobStart.grow`` says: the ``slot`` it takes, the ``slots`` of every replica of the grown
-    plan (increasing), the ``shares`` of each batch, and the ring ``generation`` it starts in."""
-
-    slot: int
-    slots: tuple[int, ...]
-    shares: int
-    generation: int
-
-    @property
-    def position(self) -> int:
-        return self.slots.index(self.slot)
-
-    def to_wire(self) -> bytes:
-        return json.dumps(
-            {"slot": self.slot, "slots": list(self.slots), "shares": self.shares, "generation": self.generation},
-            separators=(",", ":"),
-        ).encode()
-
-    @staticmethod
-    def from_wire(data: bytes) -> GrowStart | None:
-        """``None`` for a plan's start (empty); ``ValueError`` for anything malformed or out of bounds."""
-        if not data:
-            return None
-        try:
-            d = json.loads(data)
-            slot, slots, shares, generation = d["slot"], tuple(d["slots"]), d["shares"], d["generation"]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ValueError(f"malformed grow description: {exc}") from None
-        if not all(type(v) is int for v in (slot, shares, generation, *slots)):
-            raise ValueError("a grow description holds integers only")
-        if not 2 <= len(slots) <= shares <= MAX_SLOTS or list(slots) != sorted(set(slots)) or slots[0] < 0:
-            raise ValueError(f"grow slots {list(slots)[:8]} of {shares} shares: 2 or more increasing slots below it")
-        if slot not in slots or slots[-1] >= shares or not 1 <= generation <= MAX_SLOTS:
-            raise ValueError(f"grow slot {slot} or generation {generation} out of range")
-        return GrowStart(slot, slots, shares, generation)
 
 
 def grown_plan(
@@ -346,4 +305,4 @@ class Regrowing:
                 await job.worker.send({"cmd": "go_on"})
 
 
-__all__ = ["GROW_TIMEOUT_S", "GrowStart", "RegrowError", "Regrowing", "grown_plan"]
+__all__ = ["GROW_TIMEOUT_S", "RegrowError", "Regrowing", "grown_plan"]

@@ -25,6 +25,7 @@ from arceusd.jobs.judging import claims
 from arceusd.jobs.leader.report_intake import TakeReport
 from arceusd.jobs.leader.speed_checks import SpeedChecks
 from arceusd.jobs.member import reports
+from arceusd.jobs.plans.grow_start import GrowStart
 from arceusd.jobs.plans.initial_weights import needs_weights, place_of, worker_spec_weights
 from arceusd.jobs.plans.planning import (
     PlanRefused,
@@ -65,8 +66,6 @@ class LocalWorker:
         self.speed = speed  # the leader's timed challenges of its members (issue #19)
 
     async def on_start(self, header: Header, msg: JobStart) -> JobStartReply:
-        from arceusd.jobs.leader.regrow import GrowStart  # cycle: member.local_worker <-> leader.regrow (via starting)
-
         job = self.ctx.jobs.get(msg.job_id)
         if job is None:
             return JobStartReply(msg.job_id, False, "unknown job")

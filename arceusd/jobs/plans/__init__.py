@@ -9,5 +9,7 @@ and the core of ``arceusd.jobs``.
   a child process), and the resume description on the wire;
 - :mod:`~arceusd.jobs.plans.initial_weights`: where a stock LM's initial weights are, and which part each device
   needs;
-- :mod:`~arceusd.jobs.plans.standby`: the standby's files (what a standby needs to lead).
+- :mod:`~arceusd.jobs.plans.standby`: the standby's files (what a standby needs to lead);
+- :mod:`~arceusd.jobs.plans.grow_start`: what a spare's start in a dropped replica's place says (its slot, the
+  slots, the shares, the ring generation).
 """
