@@ -36,9 +36,11 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey  
 
 from arceusd.base.identity import Identity  # noqa: E402
 from protocol import codec, compression, envelope  # noqa: E402
+from protocol.decoding import decode_tensor_frame  # noqa: E402
+from protocol.error_feedback import ErrorFeedback  # noqa: E402
 from protocol.messages import Ping  # noqa: E402
 from protocol.replay import ReplayGuard  # noqa: E402
-from protocol.tensors import RAW, TensorCodec, decode_tensor_frame, encode_tensor_frame  # noqa: E402
+from protocol.tensors import RAW, TensorCodec, encode_tensor_frame  # noqa: E402
 
 NUMEL = 1 << 20  # 4 MiB of float32
 CONTROL_TARGET = 5000  # signed seal+open per second (issue #3)
@@ -92,7 +94,7 @@ def codec_rows(quick: bool) -> list[dict[str, Any]]:
                 "rel_err": float(err.norm() / x.norm()),
             }
         )
-    ef = compression.ErrorFeedback(compression.TopKCodec(ratio=0.01))
+    ef = ErrorFeedback(compression.TopKCodec(ratio=0.01))
     secs = _best(lambda: decode_tensor_frame(ef.encode(x)), reps)
     rows.append(
         {

@@ -12,8 +12,8 @@ id  codec        wire bytes per element      error bound (documented per class, 
 
 All lossy codecs take a floating logical dtype (float32, float16, bfloat16); the frame header records it and
 the receiver gets that dtype back. Decoders check parameters and body length before allocating anything.
-:class:`ErrorFeedback` wraps any codec with a residual (Seide et al. 2014, Stich et al. 2018): what was not
-sent this step is added to the next step's input.
+:class:`protocol.error_feedback.ErrorFeedback` wraps any codec with a residual: what was not sent this step is
+added to the next step's input. A frame of any codec is decoded by :mod:`protocol.decoding`.
 """
 
 from __future__ import annotations
@@ -30,9 +30,6 @@ from protocol.tensors import (
     Buffer,
     Decoder,
     Shape,
-    TensorCodec,
-    decode_tensor_frame,
-    encode_tensor_frame,
     itemsize,
     tensor_from_bytes,
     tensor_memoryview,
@@ -48,7 +45,7 @@ _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
 
 
-def _require_float(dtype: torch.dtype, name: str) -> None:
+def require_float(dtype: torch.dtype, name: str) -> None:
     if dtype not in FLOAT_DTYPES:
         raise LocalProtocolError("codec_dtype", f"the {name} codec compresses floating tensors, not {dtype}")
 
@@ -78,7 +75,7 @@ class Fp16Codec:
     codec_id = CODEC_FP16
 
     def encode(self, t: torch.Tensor) -> tuple[bytes, list[Buffer]]:
-        _require_float(t.dtype, "fp16")
+        require_float(t.dtype, "fp16")
         h = t.to(torch.float16)
         # Cheap screen first (a max is ~15x cheaper than the elementwise test); values in (65504, 65520)
         # still round to 65504, so only then look for finite values that became inf.
@@ -106,7 +103,7 @@ class Bf16Codec:
     codec_id = CODEC_BF16
 
     def encode(self, t: torch.Tensor) -> tuple[bytes, list[Buffer]]:
-        _require_float(t.dtype, "bf16")
+        require_float(t.dtype, "bf16")
         return b"", [tensor_memoryview(t.to(torch.bfloat16))]
 
 
@@ -139,7 +136,7 @@ class Int8BlockCodec:
         self.block_size = block_size
 
     def encode(self, t: torch.Tensor) -> tuple[bytes, list[Buffer]]:
-        _require_float(t.dtype, "int8-block")
+        require_float(t.dtype, "int8-block")
         x = t.reshape(-1).to(torch.float32)
         n, b = x.numel(), self.block_size
         nb = -(-n // b)
@@ -206,7 +203,7 @@ class TopKCodec:
         return min(k, numel)
 
     def encode(self, t: torch.Tensor) -> tuple[bytes, list[Buffer]]:
-        _require_float(t.dtype, "top-k")
+        require_float(t.dtype, "top-k")
         x = t.reshape(-1)
         if x.numel() > 2**31 - 1:
             raise LocalProtocolError("too_large", "top-k indexes with int32: split the tensor")
@@ -233,40 +230,6 @@ def _decode_topk(params: bytes, body: memoryview, dtype: torch.dtype, shape: Sha
     out = torch.zeros(n, dtype=dtype)
     out[idx.long()] = vals
     return out.reshape(shape)
-
-
-# ----------------------------------------------------------------------------------------------------
-# error feedback
-# ----------------------------------------------------------------------------------------------------
-
-
-class ErrorFeedback:
-    """Stateful wrapper: ``acc = t + residual``; send ``codec(acc)``; ``residual = acc - decoded``.
-
-    The residual is kept in float32 and its shape is fixed by the first call (one object per tensor
-    stream). ``decoded + residual == acc`` holds exactly for top-k (sent positions are exact, others zero)."""
-
-    def __init__(self, codec: TensorCodec) -> None:
-        self.codec = codec
-        self.residual: torch.Tensor | None = None
-
-    def encode(self, t: torch.Tensor) -> bytes:
-        """The tensor frame for ``t`` plus the carried residual; updates the residual."""
-        _require_float(t.dtype, "error-feedback")
-        r = self.residual
-        if r is not None and r.shape != t.shape:
-            raise LocalProtocolError(
-                "shape_changed",
-                f"residual shape {list(r.shape)} != {list(t.shape)}; use one object per stream",
-            )
-        acc = t.detach().to(torch.float32) + (r if r is not None else 0.0)
-        frame = encode_tensor_frame(acc.to(t.dtype), self.codec)
-        decoded = decode_tensor_frame(frame).to(torch.float32)
-        self.residual = acc - decoded
-        return frame
-
-    def reset(self) -> None:
-        self.residual = None
 
 
 DECODERS: dict[int, Decoder] = {

@@ -20,7 +20,7 @@ returns ``[header, body view]`` without copying; :func:`encode_tensor_frame` joi
 copies the body once into a fresh, aligned, writable tensor with a single memcpy (``torch.frombuffer`` over
 received bytes would alias an immutable and possibly misaligned buffer).
 
-Error handling: :func:`decode_tensor_frame` raises :class:`RemoteProtocolError` (``bad_tensor_frame``,
+Error handling: :func:`protocol.decoding.decode_tensor_frame` raises :class:`RemoteProtocolError` (``bad_tensor_frame``,
 ``bad_dtype``, ``bad_shape``, ``tensor_too_large``, ``unexpected_shape``, ``unexpected_dtype``,
 ``unknown_codec``, ``length_mismatch`` and codec-specific reasons) before allocating anything sized by the
 peer beyond the validated ``numel * itemsize <= max_bytes``. Encoding an unsupported dtype, a non-CPU tensor
@@ -170,7 +170,7 @@ class RawCodec:
         return b"", [tensor_memoryview(t)]
 
 
-def _decode_raw(params: bytes, body: memoryview, dtype: torch.dtype, shape: Shape) -> torch.Tensor:
+def decode_raw(params: bytes, body: memoryview, dtype: torch.dtype, shape: Shape) -> torch.Tensor:
     if params:
         raise RemoteProtocolError("bad_codec_params", "the raw codec takes no parameters")
     return tensor_from_bytes(body, dtype, shape)
@@ -244,37 +244,3 @@ def read_tensor_header(frame: Buffer, *, max_bytes: int = limits.TENSOR_MAX_BYTE
         raise RemoteProtocolError("tensor_too_large", f"{dtype} {list(shape)} is {nbytes} bytes > {max_bytes}")
     params = bytes(mv[end - plen : end])
     return TensorHeader(dtype=dtype, shape=shape, codec_id=codec_id, params=params, body_offset=end)
-
-
-def decode_tensor_frame(
-    frame: Buffer,
-    *,
-    expected_shape: Shape | None = None,
-    expected_dtype: torch.dtype | None = None,
-    max_bytes: int = limits.TENSOR_MAX_BYTES,
-) -> torch.Tensor:
-    """Validate and decode a frame into a new tensor of the frame's logical dtype and shape.
-
-    ``expected_shape``/``expected_dtype`` (the plan's) are compared before anything is allocated."""
-    head = read_tensor_header(frame, max_bytes=max_bytes)
-    if expected_shape is not None and head.shape != tuple(expected_shape):
-        raise RemoteProtocolError(
-            "unexpected_shape", f"got shape {list(head.shape)}, the plan expects {list(expected_shape)}"
-        )
-    if expected_dtype is not None and head.dtype != expected_dtype:
-        raise RemoteProtocolError("unexpected_dtype", f"got {head.dtype}, the plan expects {expected_dtype}")
-    mv = memoryview(frame).cast("B")
-    body = mv[head.body_offset :]
-    return decoder_for(head.codec_id)(head.params, body, head.dtype, head.shape)
-
-
-def decoder_for(codec_id: int) -> Decoder:
-    """The decode function of a codec id; RemoteProtocolError ``unknown_codec`` for an unknown one."""
-    if codec_id == CODEC_RAW:
-        return _decode_raw
-    from protocol.compression import DECODERS  # cycle: protocol.tensors <-> protocol.compression
-
-    dec = DECODERS.get(codec_id)
-    if dec is None:
-        raise RemoteProtocolError("unknown_codec", f"tensor codec {codec_id} is unknown")
-    return dec

@@ -34,8 +34,9 @@ from arceusd.data.batches import BatchSource
 from arceusd.jobs.spec.parsed import JobSpec, MnistDataSpec
 from arceusd.transport import Stream
 from arceusd.worker.protocol import WorkerConfig
+from protocol.decoding import decoder_for
 from protocol.errors import RemoteProtocolError
-from protocol.tensors import RAW, decoder_for, encode_tensor_parts, read_tensor_header
+from protocol.tensors import RAW, encode_tensor_parts, read_tensor_header
 
 PARTS = ("inputs", "targets")
 KINDS = ("train", "eval")

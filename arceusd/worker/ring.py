@@ -30,7 +30,8 @@ from typing import Protocol
 import torch
 
 from arceusd.worker.collective import DEFAULT_TIMEOUT_S
-from protocol.tensors import RAW, TensorCodec, decode_tensor_frame, encode_tensor_frame
+from protocol.decoding import decode_tensor_frame
+from protocol.tensors import RAW, TensorCodec, encode_tensor_frame
 
 
 class RingLink(Protocol):

@@ -54,8 +54,9 @@ from arceusd.worker.links import LinkError
 from arceusd.worker.protocol import WorkerConfig
 from arceusd.worker.ring_links import RING_KIND, StreamOpener, WireRing, WireRingLink
 from arceusd.worker.route_queues import RouteQueues
+from protocol.decoding import decoder_for
 from protocol.errors import RemoteProtocolError
-from protocol.tensors import RAW, TensorCodec, decoder_for, encode_tensor_parts, read_tensor_header
+from protocol.tensors import RAW, TensorCodec, encode_tensor_parts, read_tensor_header
 
 PHASE_TRAIN = 0
 PHASE_EVAL = 1

@@ -16,6 +16,7 @@ import torch
 
 from arceusd.base.identity import Identity
 from protocol import codec, compression, envelope
+from protocol.decoding import decode_tensor_frame
 from protocol.errors import RemoteProtocolError
 from protocol.messages import (
     BoolT,
@@ -33,7 +34,7 @@ from protocol.messages import (
     schema_of,
 )
 from protocol.replay import ReplayGuard
-from protocol.tensors import DTYPE_CODES, RAW, TensorCodec, decode_tensor_frame, encode_tensor_frame
+from protocol.tensors import DTYPE_CODES, RAW, TensorCodec, encode_tensor_frame
 
 SEED = 20240601
 PER_INPUT_LIMIT_S = 0.5

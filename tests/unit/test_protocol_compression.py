@@ -8,8 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from protocol import compression
+from protocol.decoding import decode_tensor_frame
+from protocol.error_feedback import ErrorFeedback
 from protocol.errors import LocalProtocolError
-from protocol.tensors import decode_tensor_frame, encode_tensor_frame
+from protocol.tensors import encode_tensor_frame
 
 seeds = st.integers(0, 2**31)
 sizes = st.integers(1, 3000)
@@ -89,7 +91,7 @@ def test_topk_sends_largest_exactly(n: int, seed: int, ratio: float) -> None:
 @settings(max_examples=40, deadline=None)
 @given(st.integers(2, 500), seeds, st.integers(1, 6))
 def test_error_feedback_carries_exactly_what_was_not_sent(n: int, seed: int, steps: int) -> None:
-    ef = compression.ErrorFeedback(compression.TopKCodec(k=max(1, n // 10)))
+    ef = ErrorFeedback(compression.TopKCodec(k=max(1, n // 10)))
     total_in = torch.zeros(n, dtype=torch.float64)
     total_out = torch.zeros(n, dtype=torch.float64)
     for step in range(steps):
@@ -106,7 +108,7 @@ def test_error_feedback_carries_exactly_what_was_not_sent(n: int, seed: int, ste
 
 
 def test_error_feedback_shape_is_fixed() -> None:
-    ef = compression.ErrorFeedback(compression.TopKCodec(k=1))
+    ef = ErrorFeedback(compression.TopKCodec(k=1))
     ef.encode(torch.ones(3))
     with pytest.raises(LocalProtocolError):
         ef.encode(torch.ones(4))

@@ -13,12 +13,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from protocol import compression, limits, tensors
+from protocol.decoding import decode_tensor_frame
 from protocol.errors import LocalProtocolError, RemoteProtocolError
 from protocol.tensors import (
     DTYPE_CODES,
     RAW,
     TensorCodec,
-    decode_tensor_frame,
     encode_tensor_frame,
     encode_tensor_parts,
     tensor_memoryview,
