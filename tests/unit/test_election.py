@@ -220,3 +220,31 @@ def test_a_new_plans_members_keep_the_leader_and_its_term() -> None:
         fresh = Election("job", "c", kept, CFG, random.Random(1), now, 1, None, ranking=ranking)
         fresh.carry_over(follower, now)
         assert fresh.leader is None and fresh.state is ElectionState.PAUSED
+
+
+def test_a_standby_without_its_copies_never_stands_and_the_leader_seen_again_leads_on() -> None:
+    """A standby that holds no checked copy of the data yet tracks the job without itself in its ranking
+    (``leadership.own_ranking``): with its leader declared dead by a loaded machine's membership it does not
+    campaign (elected, it could not lead, and the leader that stepped down for it never stood again: the job
+    stalled), and the leader, seen again, is the candidate of every view."""
+    from arceusd.jobs.core.leadership import own_ranking
+
+    assert own_ranking("b", ["c", "b"], ready_to_lead=False) == ["c"]
+    assert own_ranking("b", ["c", "b"], ready_to_lead=True) == ["c", "b"]
+    assert own_ranking("c", ["c", "b"], ready_to_lead=False) == ["c", "b"], "the leader always stands"
+    assert own_ranking("a", ["c", "b", ""], ready_to_lead=False) == ["c", "b"], "a voter keeps the job's ranking"
+    standby = ranked("b", tuple(own_ranking("b", ["c", "b"], ready_to_lead=False)))
+    out = standby.handle(ViewChanged(frozenset({"a", "b"})), 10.0)  # membership declared 'c' dead
+    out += standby.handle(ElectionTick(), 20.0)
+    assert not [x for x in out if isinstance(x, SendVoteRequest)] and standby.state is not ElectionState.LEADER
+    # 'c' is seen again: it is the candidate of the standby's view and of the voter's, and wins their votes
+    standby.handle(ViewChanged(frozenset({"a", "b", "c"})), 21.0)
+    voter = ranked("a", ("c", "b"))
+    for peer in (standby, voter):
+        assert peer.candidate() == "c"
+        replies = [x for x in peer.handle(VoteRequested("c", "job", 1, True), 21.0) if isinstance(x, SendVoteReply)]
+        assert replies and replies[0].granted
+    # with its copies checked it stands second again, as before
+    ready = ranked("b", tuple(own_ranking("b", ["c", "b"], ready_to_lead=True)))
+    asked = [x for x in ready.handle(ViewChanged(frozenset({"a", "b"})), 10.0) if isinstance(x, SendVoteRequest)]
+    assert {r.to for r in asked} == {"a", "c"}

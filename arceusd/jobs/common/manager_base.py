@@ -33,6 +33,7 @@ from arceusd.device.node import Node
 from arceusd.device.summary import device_summary
 from arceusd.jobs.common.transfers import Transfers
 from arceusd.jobs.core import Role, Stamp, actions, events, leadership
+from arceusd.jobs.plans.initial_weights import standby_copies
 from arceusd.jobs.plans.planning import Offer
 from arceusd.jobs.record.job import TERMINAL, Job
 from arceusd.jobs.record.known import KnownJob, known_jobs, member_record
@@ -68,6 +69,7 @@ class JobContext:
         self.life: Lifecycle | None = None  # the manager, once built: a failed leader loop fails its job
         self.known: dict[str, KnownJob] = {}  # jobs this daemon's records name (read once, at its start)
         self._leader_waiters: dict[str, list[trio.Event]] = {}  # job id -> elected() calls waiting for a change
+        self._tracked: dict[str, tuple[list[str], list[str]]] = {}  # job id -> members, ranking asked for
 
     def persist(self, job: Job) -> None:
         """The durable record of a job: the owner's (enough to resume it after this daemon restarts), a
@@ -254,13 +256,29 @@ class JobContext:
         return job.leader == self.node.identity.peer_id
 
     def track(self, job: Job, members: list[str], ranking: list[str]) -> None:
-        """Elect the job's leader among the plan's members: the leader first, then the standby."""
+        """Elect the job's leader among the plan's members: the leader first, then the standby; this device
+        stands as the standby only once it holds what leading needs (:func:`leadership.own_ranking`;
+        :meth:`standby_ready` tracks again when its copies are checked)."""
         if self.node.elections is None:
             return
+        self._tracked[job.job_id] = (list(members), list(ranking))
+        own = leadership.own_ranking(self.node.identity.peer_id, ranking, self.holds_standby_copy(job))
         try:
-            self.node.elections.track(job.job_id, members, [p for p in ranking if p])
+            self.node.elections.track(job.job_id, members, own)
         except ValueError as exc:
             log.warning("job %s: cannot track its election: %s", job.job_id, exc)
+
+    def holds_standby_copy(self, job: Job) -> bool:
+        """Whether this device is the job's standby and holds the checked copies a take-over leads from (the
+        data; a LoRA job's initial weights too)."""
+        holds = job.standby == self.node.identity.peer_id and job.standby_data is not None and job.plan is not None
+        return holds and (not standby_copies(job.spec.model) or job.paths.weights_copy.is_file())
+
+    def standby_ready(self, job: Job) -> None:
+        """The standby's copies are checked: track the job's election again, this device now standing second."""
+        tracked = self._tracked.get(job.job_id)
+        if tracked is not None and self.node.elections is not None and job.job_id in self.node.elections.jobs():
+            self.track(job, *tracked)
 
     def untrack(self, job: Job) -> None:
         """The job is over here: stop taking part in its election (no more heartbeats, votes or takeovers)."""

@@ -2,8 +2,9 @@
 
 Owns the member's verdict on a leader command (:func:`judge_command`), the refusal that names the leader a
 member follows (:class:`Refuse` with ``follows``, sent as the typed ``follows`` field of ``JobAck`` and
-``JobStartReply`` and checked by :func:`followed_leader`), and the leader's decision after a round of start
-commands (:func:`start_outcome`). The job core (:mod:`arceusd.jobs.core`) and the manager's parts ask them.
+``JobStartReply`` and checked by :func:`followed_leader`), the leader's decision after a round of start
+commands (:func:`start_outcome`) and the election ranking a device stands with (:func:`own_ranking`). The job
+core (:mod:`arceusd.jobs.core`) and the manager's parts ask them.
 
 Why refusals name the leader: membership may declare a live owner dead (a daemon stalled for a second under
 load is enough with the ``local`` timings). Its standby then wins a newer election term with the other member
@@ -126,3 +127,18 @@ __all__ = [
     "refusal",
     "start_outcome",
 ]
+
+
+def own_ranking(me: str, ranking: Iterable[str], ready_to_lead: bool) -> list[str]:
+    """The election ranking this device tracks a job with: the job's (its leader, then its standby), less this
+    device when it is ranked behind the leader but cannot lead yet (``ready_to_lead``: it holds no checked copy
+    of the data, or of the initial weights a LoRA standby keeps, before the leader's first sync).
+
+    Only the first live member of a device's own ranking campaigns, so a standby that cannot lead never stands:
+    while its leader looks dead (a daemon stalled under load is enough), the job waits for the leader to be seen
+    again. Elected anyway, it declined to lead (nothing to lead from) and kept the term, and the leader, which
+    had stepped down for it, never stood again: the job stalled for good."""
+    out = [p for p in ranking if p]
+    if not ready_to_lead and me in out[1:]:
+        out.remove(me)
+    return out

@@ -144,6 +144,8 @@ class StandbySyncing:
             weights_missing = standby_copies(job.spec.model) and not job.paths.weights_copy.is_file()
             if weights_missing and not await self.ctx.transfers.copy_weights(job, leader):
                 return
+            if data_missing or weights_missing:  # it may lead now: it stands in the job's election
+                self.ctx.standby_ready(job)
             failed = await self.ctx.transfers.copy_step(job, leader, msg, {r.name: r for r in manifest.shards})
             if failed is not None:
                 log.warning(

@@ -59,7 +59,6 @@ from arceusd.jobs.leader.speed_checks import SpeedChecks
 from arceusd.jobs.leader.standby_sync import StandbySyncing
 from arceusd.jobs.leader.starting import Starting
 from arceusd.jobs.member.local_worker import LocalWorker, worker_device
-from arceusd.jobs.plans.initial_weights import standby_copies
 from arceusd.jobs.plans.job_paths import JobPaths
 from arceusd.jobs.plans.recovery import corrupt_shards
 from arceusd.jobs.record.job import TERMINAL, Job
@@ -311,9 +310,7 @@ class JobManager(JobContext):
             return
         me, (peer, term) = self.node.identity.peer_id, leader
         if peer == me and not self.leads(job):
-            holds = job.standby == me and job.standby_data is not None and job.plan is not None
-            holds = holds and (not standby_copies(job.spec.model) or job.paths.weights_copy.is_file())
-            if not self.feed(job, e.TakeoverElected(term, holds)):
+            if not self.feed(job, e.TakeoverElected(term, self.holds_standby_copy(job))):
                 log.warning(
                     "job %s: elected, but this device holds no checked copy of the data (or the initial weights); "
                     "not leading",
