@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from arceusd.cli.swarm import LocalSwarm
+from arceusd.jobs.plans.job_paths import WEIGHTS_COPY_NAME
 from tests.integration.test_hf_job import CONFIG, _base, member_read_only_its_slice
 from tests.integration.test_recovery import submit, wait_end
 
@@ -69,7 +70,12 @@ def test_daemons_fine_tune_lora_adapters_whose_export_loads_in_peft(tmp_path: Pa
         folder = Path(end["model_path"]).parent
         shards = sorted(folder.parent.glob("checkpoints/step-*/stage*.safetensors"))
         member_configs = sorted((s.state_dir(1) / "jobs" / job_id).glob("worker-*.json"))
-        member_files = sorted((s.state_dir(1) / "jobs" / job_id / "weights").iterdir())
+        weights_dir = s.state_dir(1) / "jobs" / job_id / "weights"
+        # the standby of a LoRA job also keeps the whole frozen base, checked, to lead and export from after a
+        # take-over (job_paths.weights_copy); its worker reads only its place's slice
+        if end["standby"] == s.call(1, "status")["peer_id"]:
+            assert (weights_dir / WEIGHTS_COPY_NAME).is_file(), sorted(weights_dir.iterdir())
+        member_files = sorted(p for p in weights_dir.iterdir() if p.name != WEIGHTS_COPY_NAME)
     finally:
         s.close()
     member_read_only_its_slice(tmp_path / "base.safetensors", s.state_dir(1), member_configs, member_files)
