@@ -6,8 +6,9 @@
 #
 # The machine has torch (CUDA), transformers, peft, tokenizers, grpcio, msgpack, click, rich, pytest, hypothesis
 # and safetensors, and no internet: the daemon's other dependencies come from the wheels in .whl/ (ignored by git,
-# carried with the tree), installed into $SITE (default /tmp/site). Nothing is installed in editable mode: the
-# repository runs from PYTHONPATH. Everything goes to stdout and, with $OUT set, to $OUT/gpu.txt; the two-daemon
+# carried with the tree), installed into the interpreter's own site-packages: the worker harness of the tests
+# starts its processes with a PYTHONPATH of its own, so wheels in a --target folder were not found by them (seen
+# on an H200, 2026-11-28). Nothing is installed in editable mode: the repository runs from PYTHONPATH. Everything goes to stdout and, with $OUT set, to $OUT/gpu.txt; the two-daemon
 # test's `peers` / `status` / job view land in $OUT/gpu-swarm/.
 #
 # Steps (each under its own timeout; a failed step is reported and the next one still runs; the exit status is
@@ -17,7 +18,6 @@
 #   3. python3 bench/hf.py --device cuda                            (part 1 on the GPU, part 2: one GPU daemon alone)
 set -u
 cd "$(dirname "$0")/.."
-SITE=${SITE:-/tmp/site}
 PYTEST_TIMEOUT=${PYTEST_TIMEOUT:-190}
 BENCH_TIMEOUT=${BENCH_TIMEOUT:-190}
 BENCH_ARGS=${BENCH_ARGS:---device cuda}
@@ -42,12 +42,12 @@ step() {  # step NAME SECONDS COMMAND...: run it under a timeout, say how it end
     return 0
 }
 
-echo "=== install the wheels of .whl/ into $SITE"
-if ! python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl; then
+echo "=== install the wheels of .whl/ into the interpreter's site-packages"
+if ! python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade .whl/*.whl; then
     echo "=== installing the wheels failed (is .whl/ carried with the tree?)"
     exit 3
 fi
-export PYTHONPATH=$PWD:$SITE
+export PYTHONPATH=$PWD
 export PYTHONUNBUFFERED=1
 
 echo "=== the machine"

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from arceusd.base.text_safety import safe_text
+from arceusd.device.profile import CACHE_FILE
 
 MAX_SUMMARY = 200
 """The longest summary sent (``PeerHello.device``'s wire bound)."""
@@ -22,8 +23,6 @@ MAX_NAME = 64
 """The longest device name kept of a measurement (a driver's name is a few words)."""
 MAX_DEVICES = 16
 """The most devices of a measurement named."""
-CACHE_FILE = "device_profile.json"
-"""``arceusd.device.profile.CACHE_FILE`` (not imported: see :func:`measured_devices`)."""
 
 
 def machine_line() -> str:
@@ -57,8 +56,7 @@ def format_summary(machine: str, accelerators: Sequence[str]) -> str:
 
 def measured_devices(cache_dir: Path) -> list[tuple[str, str, int]]:
     """(kind, name, free memory) of each device in ``cache_dir``'s cached measurement, however old (a name and
-    a size do not go stale as a speed does); empty when there is none or it is unreadable. Read here without
-    ``arceusd.device.profile`` (which brings the planner and the models' configs)."""
+    a size do not go stale as a speed does); empty when there is none or it is unreadable."""
     try:
         data = json.loads((Path(cache_dir) / CACHE_FILE).read_text())
         found = [(d["kind"], d["name"], d["memory_bytes"]) for d in data["devices"][:MAX_DEVICES]]
