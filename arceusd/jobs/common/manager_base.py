@@ -282,6 +282,7 @@ class JobContext:
 
     def untrack(self, job: Job) -> None:
         """The job is over here: stop taking part in its election (no more heartbeats, votes or takeovers)."""
+        self._tracked.pop(job.job_id, None)
         if self.node.elections is not None and job.job_id in self.node.elections.jobs():
             self.node.elections.untrack(job.job_id)
             log.info("job %s: %s; left its election", job.job_id, job.state)
