@@ -15,7 +15,6 @@ import dataclasses
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -24,6 +23,7 @@ import torch
 
 from arceusd.cli.swarm import PROFILE_ENV, LocalSwarm
 from arceusd.device.profile import CACHE_FILE, CACHE_VERSION, DeviceMeasurement
+from tests.harness import run_cli
 from tests.integration.test_recovery import wait_end
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,12 +32,7 @@ H100 = "NVIDIA H100 80GB HBM3"
 
 
 def cli(state_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "arceusd", "--state-dir", str(state_dir), *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return run_cli(state_dir, *args, timeout=120)
 
 
 def write_profile(state: Path, found: list[DeviceMeasurement]) -> None:
