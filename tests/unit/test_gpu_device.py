@@ -92,9 +92,3 @@ def test_a_gpu_beside_a_one_thread_cpu_is_planned_alone() -> None:
     _inputs, both = make_plan(every_spec, [gpu, cpu], {}, include=gpu.peer_id)
     assert {d for stage in both.stages for d in stage.devices} == {gpu.peer_id, cpu.peer_id}
     assert alone.predicted_step_time_s < both.predicted_step_time_s, "the GPU alone is the faster plan"
-
-
-def test_the_summary_names_the_profiles_cache_file() -> None:
-    from arceusd.device import profile, summary
-
-    assert summary.CACHE_FILE == profile.CACHE_FILE, "the summary reads the file the probe writes"
