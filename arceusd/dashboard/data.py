@@ -35,6 +35,7 @@ import trio
 from arceusd.base.control import RequestError
 from arceusd.device.profile import parse_meminfo_available
 from arceusd.device.summary import device_summary
+from arceusd.jobs.core.states import TERMINAL
 from arceusd.jobs.record.view import count, usd, usd_per_hour
 from arceusd.market.ledger import LEDGER_FILE, earnings, verify_file
 from arceusd.market.policy import lend_reasons, policy_terms
@@ -315,13 +316,24 @@ def step_times(job: dict[str, Any]) -> dict[int, float]:
     }
 
 
+def standby_note(job: dict[str, Any]) -> str:
+    """What the job page writes after the standby's id: ``ready`` once it holds its checked copies (``standby_ready``
+    of ``status JOB --json``), ``syncing`` before; nothing without a standby, and nothing once the job ended (a
+    finished job's standby read "(syncing)" for good, issue 31: nothing is synced after the end)."""
+    if not job.get("standby") or job.get("state") in {s.value for s in TERMINAL}:
+        return ""
+    return "ready" if job.get("standby_ready") is True else "syncing"
+
+
 def job_view(job: dict[str, Any], timeline: Timeline, max_points: int = MAX_POINTS) -> dict[str, Any]:
     """The job page's data: the job JSON with its history bounded for drawing (each point's wall-clock time in
-    ``history_at``, None where unknown), the validation points, and the job record's committed checkpoints
-    (``{"step", "at"}``, those whose step is an integer)."""
+    ``history_at``, None where unknown), the validation points, the job record's committed checkpoints
+    (``{"step", "at"}``, those whose step is an integer) and what is written beside the standby
+    (:func:`standby_note`)."""
     history = job.get("history") or []
     times = step_times(job)
     out = dict(job)
+    out["standby_note"] = standby_note(job)
     out["history"] = downsample(history, max_points)
     out["history_at"] = [times.get(int(p[0])) for p in out["history"]]
     out["history_points"] = len(history)
@@ -491,6 +503,7 @@ __all__ = [
     "loss_csv",
     "market_view",
     "memory_percent",
+    "standby_note",
     "step_times",
     "term_form",
 ]

@@ -345,3 +345,20 @@ def test_a_term_is_changed_only_from_the_dashboards_own_origin_and_a_bad_value_c
         assert _get(origin + "/tok-123/job/ffff/loss.csv")[0] == 404
 
     _serve(check)
+
+
+def test_a_finished_jobs_standby_is_not_syncing() -> None:
+    """Issue 31: after the job ended the job page still wrote "(syncing)" beside the standby (nothing is synced
+    after the end). The note is the view's (``job_view``'s ``standby_note``); the page writes it and has no rule
+    of its own."""
+    standby = "b" * 32
+    running = {"job_id": JOB_ID, "state": "running", "standby": standby, "standby_ready": False, "history": []}
+    assert job_view(running, Timeline())["standby_note"] == "syncing"
+    assert job_view({**running, "standby_ready": True}, Timeline())["standby_note"] == "ready"
+    for ended in ("done", "failed", "cancelled"):
+        for ready in (False, True):
+            view = job_view({**running, "state": ended, "standby_ready": ready}, Timeline())
+            assert view["standby_note"] == "", (ended, ready)
+    assert job_view({**running, "standby": ""}, Timeline())["standby_note"] == "", "no standby, no note"
+    page = (Path(__file__).parents[2] / "arceusd" / "dashboard" / "static" / "app.js").read_text()
+    assert "job.standby_note" in page and "syncing" not in page, "the page writes the view's note"

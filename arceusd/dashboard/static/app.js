@@ -332,8 +332,7 @@ function renderJob(job, me) {
     ["tokens/s", el("span", { id: "tokens" }, num(job.tokens_per_s, 0))], ["samples/s", num(job.samples_per_s, 1)],
     ["steps/s", num(job.steps_per_s, 2)], ["time left", job.eta_s == null ? "–" : `${Math.round(job.eta_s)} s`],
     ["learning rate", num(job.lr, 6)], ["epoch / term", `${job.epoch} / ${job.term}`],
-    ["leader", short(job.leader)], ["standby", !job.standby ? "–" : ["done", "failed", "cancelled"].includes(job.state) ? short(job.standby)
-      : short(job.standby) + (job.standby_ready ? " (ready)" : " (syncing)")],
+    ["leader", short(job.leader)], ["standby", !job.standby ? "–" : short(job.standby) + (job.standby_note ? ` (${job.standby_note})` : "")],
     ["committed checkpoint", String(job.committed_step ?? "–")], ["model", `${job.model} on ${job.data}`],
     ...(job.spare ? [["this device", "spare: in no stage, paid nothing, takes a place if one is lost"]] : []),
     ...costRows(job.cost),
