@@ -123,11 +123,16 @@ class LocalSwarm:
             *self.extra_args,
         ]
 
-    def _spawn(self, i: int) -> subprocess.Popen[bytes]:
-        cmd = self.daemon_command(i)
+    def share_profile(self, i: int) -> None:
+        """Give daemon ``i`` the shared measurement of this machine unless it has a profile of its own."""
         mine = self.state_dir(i) / "device_profile.json"
         if self.profile is not None and self.profile.is_file() and not mine.exists():
+            mine.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(self.profile, mine)
+
+    def _spawn(self, i: int) -> subprocess.Popen[bytes]:
+        cmd = self.daemon_command(i)
+        self.share_profile(i)
         if self.pin_workers:
             cmd += worker_cpu_args(i, self.size, usable_cores())
         return subprocess.Popen(

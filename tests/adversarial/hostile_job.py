@@ -352,6 +352,7 @@ class HostileSwarm(LocalSwarm):
         if i != self.hostile:
             return super()._spawn(i)
         cmd = self.daemon_command(i, "tests.adversarial.hostile_job")
+        self.share_profile(i)  # its offers are then multiples of the honest daemons' (it measured itself, under load)
         state = self.state_dir(i)
         return subprocess.Popen(
             cmd,

@@ -7,7 +7,6 @@ checkpoint over the two honest devices and ends ``done`` with exactly the failur
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -19,6 +18,16 @@ import pytest
 
 from arceusd.cli.swarm import LocalSwarm
 from tests.adversarial.hostile_job import ABUSES, HOSTILE, LEADER, HostileSwarm
+from tests.adversarial.job_cases import (
+    DILOCO_PLACES,
+    WITNESS_PLACES,
+    big_spec,
+    place_of,
+    placed,
+    prepare,
+    replica_of,
+    replicas_spec,
+)
 from tests.adversarial.victim import Report, Watch, assert_healthy
 from tests.harness import Daemon, wait_for
 from tests.integration.test_recovery import assert_equals_failure_free, job_of, submit, wait_end, write_spec
@@ -78,8 +87,7 @@ def run_attack(
     assert all(p.poll() is None for p in s.procs), "a daemon exited (the hostile one included)"
     assert hostile_peer in end["excluded"], f"the attacker is not named in status: {end['excluded']}"
     assert end["refused_reports"].get(problem, 0) >= 1, end["refused_reports"]
-    placed = {d["peer_id"] for stage in end["plan"]["stages"] for d in stage["devices"]}
-    assert hostile_peer not in placed, "the excluded member is out of the plan"
+    assert hostile_peer not in placed(end["plan"]), "the excluded member is out of the plan"
     # (a member briefly declared dead while the workers import torch may cause an earlier, unrelated recovery)
     named = [r for r in end["recoveries"] if hostile_peer in r["reason"] and "excluded" in r["reason"]]
     assert named, f"no recovery names the attacker: {end['recoveries']}"
@@ -147,8 +155,9 @@ def test_an_offer_beyond_physical_bounds_is_refused_at_the_join(swarm_of: Any, t
     job_id = submit(s, spec, members=2)
     end = wait_end(s, job_id, timeout=240)
     assert all(p.poll() is None for p in s.procs), "a daemon exited"
-    placed = {d["peer_id"] for stage in end["plan"]["stages"] for d in stage["devices"]}
-    assert hostile_peer not in placed and hostile_peer not in end["members"], "the 2^50-byte offer was taken"
+    assert hostile_peer not in placed(end["plan"]) and hostile_peer not in end["members"], (
+        "the 2^50-byte offer was taken"
+    )
     assert end["standby"] != hostile_peer
     assert_equals_failure_free(end, spec)
 
@@ -168,8 +177,8 @@ def test_a_member_that_refuses_every_start_is_excluded_and_the_job_ends_without_
     assert end["state"] == "done", end
     assert all(p.poll() is None for p in s.procs), "a daemon exited"
     assert "refused or failed 2 starts in a row" in end["excluded"].get(hostile_peer, ""), end["excluded"]
-    placed = {d["peer_id"] for stage in end["plan"]["stages"] for d in stage["devices"]}
-    assert hostile_peer not in placed and len(placed) == 2 and hostile_peer not in end["members"]
+    planned = placed(end["plan"])
+    assert hostile_peer not in planned and len(planned) == 2 and hostile_peer not in end["members"]
     assert watch.report.status_max_s < 1.0, watch.report
     assert_equals_failure_free(end, spec)
 
@@ -236,28 +245,6 @@ def hostile_job(tmp_path: Path, spec: Path, attack: str, arg: str) -> Iterator[S
         yield SimpleNamespace(swarm=s, hostile=hostile_peer, first=first, end=end)
     finally:
         s.close()
-
-
-def big_spec(tmp_path: Path, steps: int, interval: int, width: int, batch: int, calm: bool = False) -> Path:
-    """The MLP spec with three hidden layers of ``width`` and batches of ``batch`` (a lie about speed shows above
-    the overheads only on a model whose steps take a good part of a second).
-
-    ``calm``: SGD at lr 0.02, momentum 0.5 instead of 0.05 and 0.9, for a test that compares the result with the
-    failure-free run closely. At 0.05/0.9 and width 512, training is chaotic in its first 50 steps: a 1e-7
-    relative change of the weights at step 20 (what another plan's matmul split does) moves the weights at step
-    100 by 5e-3, more than a lost step at step 90 does (3e-3), so no tolerance told a rounding from a lost step
-    and a run failed in CI at 1e-4 (3.5e-3). Calm: rounding 5e-5, a lost step at least 8e-4 (measured with the
-    reference loop of ``tests.integration.worker_harness``)."""
-    spec = write_spec(tmp_path, steps=steps, interval=interval)
-    text = spec.read_text().replace(
-        "layer_sizes = [784, 64, 32, 10]", f"layer_sizes = [784, {width}, {width}, {width}, 10]"
-    )
-    if calm:
-        text = text.replace("lr = 0.05\nmomentum = 0.9", "lr = 0.02\nmomentum = 0.5")
-        assert "momentum = 0.5" in text
-    spec.write_text(text.replace("batch_size = 64", f"batch_size = {batch}"))
-    assert f"{width}, {width}" in spec.read_text() and f"batch_size = {batch}" in spec.read_text()
-    return spec
 
 
 @pytest.mark.parametrize("attack", ["overclaim-hidden", "challenge-forge"])
@@ -407,17 +394,7 @@ def run_blamed(
     Returns the job's first and last views, the leader's and the attacker's ids."""
     s = HostileSwarm(tmp_path / "swarm", attack, arg, after=after, preset=SLOW_MACHINE, size=size)
     try:
-        for i, mib in enumerate(lend_mib):
-            s.state_dir(i).mkdir(parents=True, exist_ok=True)
-            (s.state_dir(i) / "config.toml").write_text(f"lend_memory_mib = {mib}\n")
-        for i, factor in (faster or {}).items():
-            s._measure_once()  # the shared profile, which start() copies to the daemons that have none
-            assert s.profile is not None
-            measured = json.loads(s.profile.read_text())
-            for device in measured["devices"]:
-                device["flops_per_s"] *= factor
-            s.state_dir(i).mkdir(parents=True, exist_ok=True)
-            (s.state_dir(i) / s.profile.name).write_text(json.dumps(measured))
+        prepare(s, lend_mib, faster)
         s.start()
         s.wait_converged()
         hostile_peer = s.call(HOSTILE, "status")["peer_id"]
@@ -425,23 +402,11 @@ def run_blamed(
         first = wait_for(lambda: (v := job_of(s, job_id)).get("plan") and v, 240, 0.2, "the first plan")
         end = wait_end(s, job_id, timeout=840)  # (two busy cores: a member may look dead while torch loads)
         assert all(p.poll() is None for p in s.procs), "a daemon exited"
-        placed_first = {
-            d["peer_id"]
-            for r in first["plan"].get("replicas", [first["plan"]])
-            for st in r["stages"]
-            for d in st["devices"]
-        }
-        assert hostile_peer in placed_first, "the attacker was not in the first plan: nothing was tested"
+        assert hostile_peer in placed(first["plan"]), "the attacker was not in the first plan: nothing was tested"
         assert end["state"] == "done", (end["error"], end["excluded"], end["recoveries"])
         assert why in end["excluded"].get(hostile_peer, ""), end["excluded"]
         assert list(end["excluded"]) == [hostile_peer], "an honest member was excluded"
-        placed = {
-            d["peer_id"]
-            for r in end["plan"].get("replicas", [end["plan"]])
-            for st in r["stages"]
-            for d in st["devices"]
-        }
-        assert hostile_peer not in placed and hostile_peer not in end["members"]
+        assert hostile_peer not in placed(end["plan"]) and hostile_peer not in end["members"]
         assert_equals_failure_free(end, spec, tolerance=tolerance)
         return {"first": first, "end": end, "leader": s.call(LEADER, "status")["peer_id"], "hostile": hostile_peer}
     finally:
@@ -469,9 +434,7 @@ def test_a_wrong_witness_with_two_replicas_is_settled_by_the_leaders_own_and_the
     the other; the third member spare):
     the attacker's made-up witness differs from the leader's own, which settles it; it used to be word against
     word, the job replanned until it failed."""
-    spec = write_spec(tmp_path, steps=60, interval=20)
-    text = spec.read_text().replace("[training]\n", '[training]\nreplicas = 2\nsync = "every_step"\n')
-    spec.write_text(text.replace("layer_sizes = [784, 64, 32, 10]", "layer_sizes = [784, 64, 10]"))
+    spec = replicas_spec(tmp_path, steps=60, layers="[784, 64, 10]")
     run_blamed(tmp_path, spec, "witness", "3", 0, "diverged from the other replicas", tolerance=1e-4)
 
 
@@ -479,81 +442,66 @@ def test_a_wrong_witness_with_two_replicas_is_settled_by_the_leaders_own_and_the
 def test_a_wrong_witness_at_a_place_the_leader_does_not_hold_is_settled_by_the_first_replicas_shard(
     tmp_path: Path,
 ) -> None:
-    """Two replicas of two places (stages or tensor ranks) on four daemons: the attacker's place is not the
-    leader's, so no witness of the leader's own can settle it; the first replica's reported shard digest does
-    (the attacker's made-up witness differs from it, or, in the first replica, from its own shard). It used to be
-    word against word."""
-    spec = write_spec(tmp_path, steps=60, interval=20)
-    text = spec.read_text().replace("[training]\n", '[training]\nreplicas = 2\nsync = "every_step"\n')
-    spec.write_text(text.replace("layer_sizes = [784, 64, 32, 10]", "layer_sizes = [784, 256, 256, 10]"))
-    # its training state needs about 4.3 MiB, its first layer 3.8: two devices a replica, the leader (4 MiB) at
-    # the first layer, the attacker (3 MiB, index 2) at the rest
-    lend = (4, 4, 3, 3)
-    seen = run_blamed(
-        tmp_path, spec, "witness", "3", 0, "diverged from the other replicas", tolerance=1e-4, size=4, lend_mib=lend
-    )
-    replicas = seen["first"]["plan"]["replicas"]
-    place_of = {  # (stage, rank): stages or tensor ranks, whichever the planner chose for four devices
-        d["peer_id"]: (i, j) for r in replicas for i, st in enumerate(r["stages"]) for j, d in enumerate(st["devices"])
-    }
-    assert len(replicas) == 2 and len(place_of) == 4, replicas
-    assert place_of[seen["hostile"]] != place_of[seen["leader"]], "the leader held the attacker's place"
-    assert "first replica's shard" in seen["end"]["excluded"][seen["hostile"]], seen["end"]["excluded"]
-
-
-DILOCO_EXACT = """
-[training.diloco]
-inner_steps = 1
-outer_lr = 1.0
-outer_momentum = 0.0
-compression = "none"
-"""
-"""DiLoCo that computes what one process does (so a run with an exclusion can be held to the failure-free run):
-one inner SGD step without momentum from the anchor on each replica's part of the global batch, then an outer
-step of lr 1 without momentum sets the anchor to the replicas' mean, the full batch's SGD step. The witness is
-still the outer anchor and momentum (the last pseudo-gradient), not the shard's bytes."""
-
-
-@pytest.mark.timeout(900)
-def test_a_wrong_diloco_witness_at_a_place_the_leader_does_not_hold_is_settled_by_the_outer_state_in_the_shard(
-    tmp_path: Path,
-) -> None:
-    """With DiLoCo the witness is the outer anchor and momentum: at a place the leader does not hold, the leader
-    copies the first replica's shard of that place, rebuilds the witness its outer tensors give (no torch in the
-    daemon) and names who lied: the attacker's made-up witness differs from it (in the first replica it would
-    differ from its own shard: ``test_witnesses.py``). It used to be word against word: the job replanned, and a
-    member lying at every checkpoint failed it.
-
-    Two replicas of two stages on five daemons lending 4/4/3/3/3 MiB (the first layer needs a 4): the leader and
-    daemon 1 (its own measurement 1.5x the swarm's, so the four fastest always hold both 4 MiB devices) at the
-    first stage, the attacker (index 2, offering 3x its speed) and one 3 MiB daemon at the second, the last a
-    spare that takes the attacker's place (DiLoCo keeps the spec's two replicas: on four daemons the three left
-    could hold none)."""
-    spec = write_spec(tmp_path, steps=60, interval=20)
-    text = spec.read_text().replace("[training]\n", '[training]\nreplicas = 2\nsync = "diloco"\n')
-    text = text.replace("momentum = 0.9", "momentum = 0.0") + DILOCO_EXACT
-    spec.write_text(text.replace("layer_sizes = [784, 64, 32, 10]", "layer_sizes = [784, 256, 256, 10]"))
+    """Two replicas of two places (stages or tensor ranks) on four daemons (:data:`WITNESS_PLACES`): the
+    attacker's place is not the leader's, so no witness of the leader's own can settle it; the first replica's
+    reported shard digest does (the attacker's made-up witness differs from it, or, in the first replica, from
+    its own shard). It used to be word against word."""
+    spec = replicas_spec(tmp_path, steps=60, layers="[784, 256, 256, 10]")
+    where = WITNESS_PLACES
     seen = run_blamed(
         tmp_path,
         spec,
         "witness",
-        "3",
+        where.arg,
         0,
         "diverged from the other replicas",
         tolerance=1e-4,
-        size=5,
-        lend_mib=(4, 4, 3, 3, 3),
-        faster={1: 1.5},
+        size=where.size,
+        lend_mib=where.lend_mib,
+    )
+    plan = seen["first"]["plan"]
+    places = place_of(plan)  # (stage, rank): stages or tensor ranks, whichever the planner chose for four devices
+    assert len(plan["replicas"]) == 2 and len(places) == 4, plan["replicas"]
+    assert places[seen["hostile"]] != places[seen["leader"]], "the leader held the attacker's place"
+    assert "first replica's shard" in seen["end"]["excluded"][seen["hostile"]], seen["end"]["excluded"]
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("replica", [1, 0], ids=["second-replica", "first-replica"])
+def test_a_wrong_diloco_witness_at_a_place_the_leader_does_not_hold_is_settled_by_the_outer_state_in_the_shard(
+    tmp_path: Path, replica: int
+) -> None:
+    """With DiLoCo the witness is the outer anchor and momentum: at a place the leader does not hold, the leader
+    copies the first replica's shard of that place, rebuilds the witness its outer tensors give (no torch in the
+    daemon) and names who lied. It used to be word against word: the job replanned, and a member lying at every
+    checkpoint failed it.
+
+    Two replicas of two stages on five daemons, the attacker at the second stage (a place the leader never
+    holds), the fifth daemon a spare that takes its place (DiLoCo keeps the spec's two replicas: on four daemons
+    the three left could hold none); :data:`DILOCO_PLACES` puts the attacker in the ``replica`` asked for.
+    ``second-replica``: its made-up witness differs from the one the leader rebuilt from the first replica's
+    shard at its place. ``first-replica``: it writes that shard itself; its made-up witness contradicts the outer
+    state of its own shard, which names it (its shard is never committed: the job replans from the last commit
+    without it)."""
+    spec = replicas_spec(tmp_path, steps=60, layers="[784, 256, 256, 10]", sync="diloco")
+    where = DILOCO_PLACES[replica]
+    seen = run_blamed(
+        tmp_path,
+        spec,
+        "witness",
+        where.arg,
+        0,
+        "diverged from the other replicas",
+        tolerance=1e-4,
+        size=where.size,
+        lend_mib=where.lend_mib,
+        faster=where.faster,
     )
     plans = [seen["first"]["plan"], seen["end"]["plan"]]
     for plan in plans:
         assert plan["sync"] == "diloco" and len(plan["replicas"]) == 2, plan
-    place_of = {
-        d["peer_id"]: (i, j)
-        for r in plans[0]["replicas"]
-        for i, st in enumerate(r["stages"])
-        for j, d in enumerate(st["devices"])
-    }
-    assert len(place_of) == 4 and place_of[seen["hostile"]] != place_of[seen["leader"]], plans[0]["replicas"]
+    places = place_of(plans[0])
+    assert len(places) == 4 and places[seen["hostile"]] != places[seen["leader"]], plans[0]["replicas"]
+    assert replica_of(plans[0])[seen["hostile"]] == replica, ("the attacker is not where this case puts it", plans[0])
     why = seen["end"]["excluded"][seen["hostile"]]
     assert "first replica's shard, whose outer anchor and momentum the leader read" in why, why
