@@ -195,11 +195,21 @@ def make_optimizer(named_params: Iterable[tuple[str, nn.Parameter]], config: Opt
 
 
 def local_grad_sq_norm(params: Iterable[torch.Tensor]) -> float:
-    """Sum of squared gradient entries over ``params`` (those without a gradient count as zero)."""
-    total = 0.0
+    """Sum of squared gradient entries over ``params`` (those without a gradient count as zero).
+
+    Each gradient's norm is taken in float32 on its own device (torch's multi-tensor ``_foreach_norm``, as
+    ``clip_grad_norm_`` does), and the squares are summed in float64 with **one** read back to the host: a read
+    per tensor stalled a GPU stage once per parameter every step (a job reports its gradient norm every step).
+    """
+    by_device: dict[torch.device, list[torch.Tensor]] = {}
     for p in params:
         if p.grad is not None:
-            total += float(torch.linalg.vector_norm(p.grad.detach().float(), 2.0).item()) ** 2
+            g = p.grad.detach()
+            by_device.setdefault(g.device, []).append(g if g.dtype == torch.float32 else g.float())
+    total = 0.0
+    for grads in by_device.values():
+        norms = torch.stack(torch._foreach_norm(grads, 2.0))  # (n,) float32 on that device
+        total += float(norms.double().square().sum().item())
     return total
 
 
@@ -213,10 +223,10 @@ def clip_grads(params: Sequence[torch.Tensor], total_sq_norm: float, max_norm: f
     total_norm = math.sqrt(total_sq_norm)
     coef = min(1.0, max_norm / (total_norm + 1e-6))
     if coef < 1.0:
-        with torch.no_grad():
-            for p in params:
-                if p.grad is not None:
-                    p.grad.mul_(coef)
+        grads = [p.grad for p in params if p.grad is not None]
+        if grads:
+            with torch.no_grad():
+                torch._foreach_mul_(grads, coef)
     return total_norm
 
 

@@ -185,3 +185,19 @@ def test_a_tied_model_split_across_stages_trains_exactly_as_one_process(
     owner = hf_key(cfg, 0, "wte.weight" if cfg.is_gpt2 else "embed_tokens.weight")
     assert torch.equal(got[1][owner], got[1]["lm_head.weight"])  # the two copies, bit for bit
     assert got[1][owner].data_ptr() != got[1]["lm_head.weight"].data_ptr()  # really two tensors on two stages
+
+
+def test_gpt2_blocks_compute_gelu_new_in_one_fused_kernel() -> None:
+    """GPT-2's ``gelu_new`` runs as torch's fused tanh GELU (one kernel, not seven): the library's function, the
+    same values."""
+    from transformers.activations import NewGELUActivation
+
+    from arceusd.models.hf.blocks import HFDecoderBlock, TanhGELU, build_hf_block
+
+    block = build_hf_block(hf_cases.config("gpt2"), 1, seed=SEED)
+    assert isinstance(block, HFDecoderBlock)
+    mlp = block.layer.get_submodule("mlp")
+    act = mlp.act
+    assert isinstance(act, TanhGELU)
+    x = torch.randn(4096, generator=torch.Generator().manual_seed(5)) * 4
+    torch.testing.assert_close(act(x), NewGELUActivation()(x), rtol=1e-6, atol=1e-6)

@@ -176,3 +176,26 @@ def test_micro_batches_cover_batch_and_last_is_smaller() -> None:
     assert torch.equal(torch.cat(split_micro_batches(t, 3)), t)
     with pytest.raises(ValueError):
         micro_batch_sizes(3, 4)
+
+
+def test_the_gradient_norm_reads_back_to_the_host_once_per_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read per tensor stalled a GPU stage once per parameter every step: one read for all of them."""
+    from arceusd.worker.optim import local_grad_sq_norm
+
+    model = _model(6)
+    model(torch.randn(4, 6, generator=torch.Generator().manual_seed(3))).pow(2).sum().backward()
+    params = list(model.parameters())
+    assert len(params) == 4
+    expected = sum(float(p.grad.double().square().sum()) for p in params if p.grad is not None)
+    reads = 0
+    item = torch.Tensor.item
+
+    def counted(self: torch.Tensor) -> object:
+        nonlocal reads
+        reads += 1
+        return item(self)
+
+    monkeypatch.setattr(torch.Tensor, "item", counted)
+    total = local_grad_sq_norm(params)
+    assert reads == 1
+    assert total == pytest.approx(expected, rel=1e-6)
