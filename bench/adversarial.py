@@ -19,14 +19,20 @@ with no flood, and counts the honest jobs ``arceusd market`` still lists (``benc
 against a daemon at 1,024 open files beside a no-attack run, and what the peer port's gate costs a call
 (``bench/adversarial_fds.py``).
 
-``--jobs`` measures the job attacks instead (items 1, 3 and 4: ``tests/adversarial/hostile_job.py``, a real daemon
-as a member of a 3-daemon MLP training job whose reports and shards lie from checkpoint step 40 on; issue 29's
-1e30 in the final shard, a shard served as 16 GiB, every checkpoint answered with an error, an 8 TiB offer, and a
-made-up witness in a job of two replicas (with its own honest run); and a member offering 100 times its speed
-whose reports cover it, or that forges its speed challenges, on a job of 2048-wide layers): per attack a fresh
-swarm trains the job; the owner's peak RSS and ``status`` latency over the whole
-job, the job's wall time and its end (state, who was excluded or discounted), beside the same job with an honest
-member (``none``).
+``--jobs`` measures the job attacks instead (``bench/adversarial_jobs.py``): per attack a fresh swarm on loopback
+trains a job with one hostile member (``tests/adversarial/hostile_job.py``, a real daemon whose reports, shards,
+offers or witnesses lie; items 1, 3, 4 and 5 of issue 19, and issue 29's 1e30 shard, a shard served as 16 GiB,
+every checkpoint answered with an error, an 8 TiB offer, a 2^50-byte offer, a member offering 100x its speed
+with honest reports, covering reports or forged speed challenges, one napping and blaming its neighbour, and a
+made-up witness with two replicas: beside the leader, at a place the leader does not hold, and with DiLoCo in
+the second and in the first replica), beside the same job with an honest member: the owner's peak RSS and
+``status`` latency over the whole job, the job's wall time, its end, and pass/fail. ``--only NAME`` runs the rows
+whose name holds NAME (and their job's honest run).
+
+``--secrets`` measures what another local user and a ledger forger can do (``bench/adversarial_secrets.py``): the
+dashboard's token looked for in every process's command line and environment while ``arceusd dashboard --open``
+runs (beside a control process that holds it), and each forgery of an owner's ledger against ``verify-ledger``,
+``bill`` and a daemon started on it (beside the honest ledger).
 
 ``--market`` measures issue 29's marketplace attacks beside their no-attack runs (``bench/adversarial_market.py``):
 what a member offering 1,000 times its speed earns against an honest member, and when members leave an owner that
@@ -39,9 +45,7 @@ import argparse
 import sys
 import tempfile
 import time
-from functools import partial
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -82,82 +86,6 @@ def _row(name: str, b: Report, a: Report, took: float) -> str:
     return f"{name:<20} {rss}   {p50}   {top}  {took:5.1f} s{failures}"
 
 
-def _converged(s: Any) -> bool:
-    return all(sum(p["state"] == "alive" for p in s.call(i, "peers")) == 2 for i in range(3))
-
-
-def job_attacks(quick: bool) -> int:
-    """The job attacks, each against a fresh 3-daemon swarm training the same job (see the module docstring)."""
-    from types import SimpleNamespace
-    from typing import cast
-
-    from tests.adversarial.hostile_job import HostileSwarm
-    from tests.harness import Daemon, wait_for
-    from tests.integration.test_recovery import submit, wait_end, write_spec
-
-    steps = 60 if quick else 100
-    base: Report | None = None
-    print(f"{'attack':<24} {'RSS MiB':>8} {'ratio':>6} {'status p50 ms':>14} {'max ms':>8} {'job s':>6}  end")
-    # (attack, job): the claims attacks train 2048-wide layers on batches of 1024 (a lie about speed shows
-    # above the overheads only there), against an honest run of that job; the witness attack two replicas of a
-    # smaller MLP (issue 29 item 6), against an honest run of it; the others the small MLP
-    for attack, job in (
-        ("none", "small"),
-        ("path", "small"),
-        ("huge", "small"),
-        ("nan", "small"),
-        ("finite", "small"),
-        ("serve-big", "small"),
-        ("checkpoint-error", "small"),
-        ("bigmem", "small"),
-        ("none", "big"),
-        ("overclaim-hidden", "big"),
-        ("challenge-forge", "big"),
-        ("none", "replicas"),
-        ("witness", "replicas"),
-    ):
-        heavy = job == "big"
-        if attack == "none":
-            base = None
-        with tempfile.TemporaryDirectory(prefix="arceus-adv-job-") as tmp:
-            spec = write_spec(Path(tmp), steps=steps, interval=20)
-            if heavy:
-                text = spec.read_text().replace("[784, 64, 32, 10]", "[784, 2048, 2048, 2048, 10]")
-                spec.write_text(text.replace("batch_size = 64", "batch_size = 1024"))
-            if job == "replicas":
-                text = spec.read_text().replace("[training]\n", '[training]\nreplicas = 2\nsync = "every_step"\n')
-                spec.write_text(text.replace("[784, 64, 32, 10]", "[784, 64, 10]"))
-            outside = Path(tmp) / "outside" / "x.safetensors"
-            arg = {"finite": "1e30", "witness": "3"}.get(attack, "100" if heavy else str(outside))
-            after = {"finite": steps, "witness": 0, "bigmem": 0}.get(attack, 0 if heavy else 40)
-            s = HostileSwarm(Path(tmp) / "swarm", attack, arg, after=after)
-            try:
-                s.start()
-                wait_for(partial(_converged, s), 30, 0.2, "swarm converged")
-                hostile = str(s.call(2, "status")["peer_id"])
-                owner = cast(Daemon, SimpleNamespace(pid=s.procs[0].pid, state_dir=s.state_dir(0), proc=s.procs[0]))
-                began = time.monotonic()
-                with Watch(owner) as w:
-                    job_id = submit(s, spec)
-                    end = wait_end(s, job_id, timeout=300)
-                took = time.monotonic() - began
-            finally:
-                s.close()
-            base = base or w.report
-            excluded = ",".join(p[:8] for p in end.get("excluded", {}))
-            discounted = ",".join(f"{p[:8]}:{f:g}" for p, f in end.get("discounted", {}).items())
-            name = f"{attack}{'' if job == 'small' else f' ({job})'}"
-            print(
-                f"{name:<24} {w.report.peak_rss_mib:8.1f} {_ratio(w.report.peak_rss_mib, base.peak_rss_mib)} "
-                f"{(_p50(w.report) or 0) * 1e3:14.2f} {w.report.status_max_s * 1e3:8.2f} {took:6.1f}  "
-                f"{end['state']} excluded={excluded or '-'} discounted={discounted or '-'} "
-                f"refused={end.get('refused_reports')} escaped={outside.exists()} "
-                f"standby={str(end.get('standby'))[:8]} hostile={hostile[:8]}",
-                flush=True,
-            )
-    return 0
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description="peak RSS and status latency of a daemon under each attack")
     parser.add_argument("--quick", action="store_true", help="shorter attacks (make bench)")
@@ -165,9 +93,17 @@ def main() -> int:
     parser.add_argument("--fds", action="store_true", help="silent connections at 1,024 open files (issue 29)")
     parser.add_argument("--fair", action="store_true", help="an announce flood beside two honest jobs (issue 29)")
     parser.add_argument("--market", action="store_true", help="the marketplace attacks (issue 29)")
+    parser.add_argument("--secrets", action="store_true", help="the dashboard token and ledger forgeries (issue 29)")
+    parser.add_argument("--only", default="", metavar="NAME", help="with --jobs: the rows whose name holds NAME")
     args = parser.parse_args()
     if args.jobs:
-        return job_attacks(args.quick)
+        from adversarial_jobs import job_attacks  # bench/adversarial_jobs.py, beside this script
+
+        return job_attacks(args.quick, args.only)
+    if args.secrets:
+        from adversarial_secrets import secret_attacks  # bench/adversarial_secrets.py, beside this script
+
+        return secret_attacks(args.quick)
     if args.fds:
         from adversarial_fds import fd_attacks  # bench/adversarial_fds.py, beside this script
 
