@@ -10,7 +10,7 @@ from typing import Any, cast
 
 import trio
 
-from arceusd.jobs.core import Role, actions, events
+from arceusd.jobs.core import Role, Stamp, actions, events
 from arceusd.jobs.leader.starting import Starting
 from arceusd.jobs.member.local_worker import LocalWorker
 from arceusd.jobs.plans.planning import encode_job_start, make_job_plan
@@ -113,7 +113,9 @@ def test_a_member_left_out_of_the_new_plan_says_it_is_a_spare_and_stops_its_old_
     )
     header = cast(Header, SimpleNamespace(sender=LEADER, term=1, epoch=2))
     start = JobStart(JOB_ID, 1, 2, b"spec", plan_data, inputs_data, members=(LEADER, SLOW, SLOWER))
-    reply = trio.run(LocalWorker(cast(Any, ctx), cast(Any, None), cast(Any, None)).on_start, header, start)
+    life = SimpleNamespace(feed=lambda j, event: j.core.handle(event, 0.0))
+    reply = trio.run(LocalWorker(cast(Any, ctx), cast(Any, life), cast(Any, None)).on_start, header, start)
     assert not reply.accepted and "no place in the plan" in reply.reason
     assert job.is_spare() and job.spare_in == (1, 2)
+    assert job.core.stamp == Stamp(1, 2), "the plan's stamp and standby: whom it follows if the leader dies"
     assert stopped == [0.5] and job.worker is None

@@ -201,8 +201,10 @@ class JobContext:
 
         Acceptable: from our leader, not older than what we have (``epochs=False``: only the term counts); or
         with a newer term from the peer the job's election made leader (a standby that took over), which then
-        becomes our leader. A refusal because we follow another peer names it (:func:`leadership.refusal`), so
-        a leader that was replaced while membership thought it dead learns whom to join."""
+        becomes our leader; on a spare, which is in no election, from the standby its gone leader named
+        (:func:`leadership.spare_may_follow`). A refusal because we follow another peer names it
+        (:func:`leadership.refusal`), so a leader that was replaced while membership thought it dead learns whom to
+        join."""
         verdict = leadership.judge_command(
             header.sender, header.term, header.epoch, job.leader, job.term, job.epoch, epochs
         )
@@ -210,6 +212,11 @@ class JobContext:
             return None
         if isinstance(verdict, leadership.Refuse):
             return verdict
+        gone = job.leader not in self.peers.answering_peers()
+        if leadership.spare_may_follow(header.sender, job.standby, job.is_spare(), gone):
+            log.info("job %s: a spare; following %s, the standby of its gone leader", job.job_id, header.sender[:12])
+            self.follow_leader(job, header.sender, Stamp(header.term, job.epoch))
+            return None
         if await self.elected(job, header.sender):
             log.info("job %s: following %s, elected leader (term %d)", job.job_id, header.sender[:12], header.term)
             self.follow_leader(job, header.sender, Stamp(header.term, job.epoch))

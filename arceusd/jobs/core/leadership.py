@@ -3,7 +3,8 @@
 Owns the member's verdict on a leader command (:func:`judge_command`), the refusal that names the leader a
 member follows (:class:`Refuse` with ``follows``, sent as the typed ``follows`` field of ``JobAck`` and
 ``JobStartReply`` and checked by :func:`followed_leader`), the leader's decision after a round of start
-commands (:func:`start_outcome`) and the election ranking a device stands with (:func:`own_ranking`). The job
+commands (:func:`start_outcome`), the election ranking a device stands with (:func:`own_ranking`) and when a
+spare, which is in no election, follows the standby that took over (:func:`spare_may_follow`). The job
 core (:mod:`arceusd.jobs.core`) and the manager's parts ask them.
 
 Why refusals name the leader: membership may declare a live owner dead (a daemon stalled for a second under
@@ -75,6 +76,18 @@ def judge_command(
     return refusal(leader, our_term)
 
 
+def spare_may_follow(sender: str, standby: str, spare: bool, leader_gone: bool) -> bool:
+    """Whether a spare takes a newer term's commands from ``sender`` without the job's election's word.
+
+    A spare is in no stage, so it takes part in no election (the election is the plan's devices') and learns of
+    no new leader: the standby that took over was refused with "this device follows <the dead leader>", and the
+    spare the old leader had accepted was lost to the job (issue 31). It is not taken on the sender's word:
+    only the standby its leader's last start named can have been elected (the election ranks the leader first,
+    the standby second, and members outside that ranking never lead), and only once the leader is gone from
+    this device's view too (``leader_gone``: neither alive nor suspect), as the election itself requires."""
+    return spare and leader_gone and bool(standby) and sender == standby
+
+
 @dataclass(frozen=True, slots=True)
 class Go:
     """Every member started: send go."""
@@ -125,6 +138,7 @@ __all__ = [
     "followed_leader",
     "judge_command",
     "refusal",
+    "spare_may_follow",
     "start_outcome",
 ]
 

@@ -46,7 +46,7 @@ class StandbySyncing:
             return
         manifest = await trio.to_thread.run_sync((step_dir(job.paths.checkpoints, step) / MANIFEST_NAME).read_bytes)
         names = tuple(p.name for p in data_files(leader_data(job)))
-        offers = offers_to_wire(job.members[p] for p in sorted(job.members) if p in job.plan_peers())
+        offers = offers_to_wire(job.members[p] for p in sorted(job.members))  # the plan's and its spares
         sync = StandbySync(job.job_id, step, manifest, shards, names, offers)
         reply = await self.ctx.peers.request(
             offer.address, standby, sync, timeout=10.0, job_id=job.job_id, term=job.term, epoch=job.epoch
@@ -82,7 +82,7 @@ class StandbySyncing:
                 raise CheckpointError("the sync names shards the manifest does not list")
             if job.standby_data is None:
                 check_names(job.spec.data.kind, msg.data_files)
-            offers = offers_from_wire(msg.offers, job.plan_peers())
+            offers = offers_from_wire(msg.offers, job.plan_peers(), job.told_members)
         except (CheckpointError, StandbyError) as exc:
             log.warning("job %s: refusing a standby sync: %s", job.job_id, exc)
             return JobAck(False, f"refused: {exc}")

@@ -97,6 +97,9 @@ class LocalWorker:
         if self.ctx.node.identity.peer_id not in replica_plan.peer_ids:
             if grow is None:  # the plan the leader tells its spares (Starting.tell_spares): this device is one
                 job.mark_spare(header.term, header.epoch, told)
+                # the plan's stamp and standby: whom it follows if the leader dies (leadership.spare_may_follow)
+                standby = msg.standby if msg.standby in replica_plan.peer_ids else ""
+                self.life.feed(job, events.StartReceived(Stamp(header.term, header.epoch), standby))
                 log.info("job %s: a spare of plan epoch %d: in no stage, paid nothing", job.job_id, header.epoch)
                 await self.ctx.drop_own_worker(job)  # a place in an older plan is gone: its worker stops
             return JobStartReply(msg.job_id, False, "start refused: this device has no place in the plan")

@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -111,14 +111,16 @@ OFFER_FIELDS = frozenset(f.name for f in dataclasses.fields(Offer))
 
 
 def offers_to_wire(offers: Iterable[Offer]) -> bytes:
-    """The plan members' offers for the standby (what it plans with if it takes over), as JSON."""
+    """The members' offers for the standby (what it plans with if it takes over: the plan's and the spares'),
+    as JSON."""
     return json.dumps([dataclasses.asdict(o) for o in offers], sort_keys=True, separators=(",", ":")).encode()
 
 
-def offers_from_wire(data: bytes, members: Iterable[str]) -> dict[str, Offer]:
-    """Parse :func:`offers_to_wire` output; every offer must be a plan member's and plausible, else
-    :class:`StandbyError` saying which field is wrong."""
-    allowed = set(members)
+def offers_from_wire(data: bytes, plan: Iterable[str], told: Iterable[str] = ()) -> dict[str, Offer]:
+    """Parse :func:`offers_to_wire` output; every offer must be a member's the standby knows from its leader (a
+    device of the ``plan`` it was started with, or one of the members that start named, ``told``: the spares
+    among them) and plausible, else :class:`StandbyError` saying which field is wrong."""
+    allowed = {*plan, *told}
     try:
         raw = json.loads(data)
     except ValueError as exc:
@@ -139,13 +141,28 @@ def offers_from_wire(data: bytes, members: Iterable[str]) -> dict[str, Offer]:
             raise StandbyError("offer field memory_bytes must be an integer")
         offer = Offer(**item)
         if offer.peer_id not in allowed:
-            raise StandbyError(f"an offer names {offer.peer_id[:12]}, who is not in the plan")
+            raise StandbyError(f"an offer names {offer.peer_id[:12]}, who is not a member the leader named")
         try:
             offer.check()  # the same rule as a join's offer
         except ValueError as exc:
             raise StandbyError(str(exc)) from None
         out[offer.peer_id] = offer
     return out
+
+
+def takeover_offers(
+    offers: Mapping[str, Offer], alive: Mapping[str, str], old_leader: str, me: str, admits: Callable[[str], bool]
+) -> dict[str, Offer]:
+    """Whom a standby that takes over leads, besides itself: of the offers its leader synced (checked by
+    :func:`offers_from_wire`), the old plan's devices and its spares (members the plan left out, which the old
+    leader had accepted) alive in this device's view, at the address membership has for them now, that the
+    spec's admission lets in; never the old leader. Before, only the old plan's devices were kept: a spare was
+    never in the job's election, so it was lost to the new leader (issue 31)."""
+    return {
+        p: dataclasses.replace(o, address=alive[p])
+        for p, o in offers.items()
+        if p in alive and p not in (old_leader, me) and admits(p)
+    }
 
 
 __all__ = [
@@ -158,4 +175,5 @@ __all__ = [
     "data_files",
     "offers_from_wire",
     "offers_to_wire",
+    "takeover_offers",
 ]

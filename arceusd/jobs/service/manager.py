@@ -38,7 +38,6 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import ParamSpec, TypeVar
 
@@ -61,6 +60,7 @@ from arceusd.jobs.leader.starting import Starting
 from arceusd.jobs.member.local_worker import LocalWorker, worker_device
 from arceusd.jobs.plans.job_paths import JobPaths
 from arceusd.jobs.plans.recovery import corrupt_shards
+from arceusd.jobs.plans.standby import takeover_offers
 from arceusd.jobs.record.job import TERMINAL, Job
 from arceusd.jobs.record.known import read_records
 from arceusd.jobs.service.control_methods import ControlMethods
@@ -329,11 +329,7 @@ class JobManager(JobContext):
             return
         alive = self.peers.alive_peers()  # the members' offers as the leader last had them, at today's address
         old_plan = job.plan_peers()
-        job.offers = {
-            p: replace(o, address=alive[p])
-            for p, o in job.standby_offers.items()
-            if p in alive and p in old_plan and p not in (old, me)
-        }
+        job.offers = takeover_offers(job.standby_offers, alive, old, me, job.spec.admission.admits)
         job.offers[me] = await self.offer()
         step, _ = await trio.to_thread.run_sync(corrupt_shards, job.paths.checkpoints, sorted(job.leaders))
         if self.leads(job) or job.leader != old or job.core.terminal:
