@@ -190,12 +190,12 @@ def planned_speed(view: dict[str, Any], peer: str) -> float | None:
     )
 
 
-@pytest.mark.parametrize("attack", ["overclaim", "overclaim-hidden"])
 def test_a_member_that_overstates_its_speed_is_planned_again_at_its_measured_speed(
-    swarm_of: Any, tmp_path: Path, attack: str
+    swarm_of: Any, tmp_path: Path
 ) -> None:
-    """``overclaim``: its own step times give it away. ``overclaim-hidden``: it reports the step times its offer
-    predicts, and is caught by what its neighbours in the pipeline measured (``seen_s``)."""
+    """``overclaim``: its own step times give it away. (``overclaim-hidden``, whose reports say its stage took
+    what its offer predicts, was a second case here: the same swarm and attack as the timed-challenge test's
+    below, where the leader's challenge caught it too; that test now holds its checks.)"""
     from arceusd.jobs.judging import claims
 
     # a model whose stages take a good part of a second: what a lie about speed costs shows above the overheads
@@ -203,7 +203,7 @@ def test_a_member_that_overstates_its_speed_is_planned_again_at_its_measured_spe
     spec = big_spec(tmp_path, steps=60, interval=20, width=2048, batch=1024)
     # memberlist's timings: three workers of 2048-wide layers fill both cores, and with the local ones the daemons,
     # starved for a second, declared each other dead again and again (a take-over, the owner left paused)
-    s = swarm_of(attack, "100", preset=SLOW_MACHINE)
+    s = swarm_of("overclaim", "100", preset=SLOW_MACHINE)
     hostile_peer = s.call(HOSTILE, "status")["peer_id"]
     job_id = submit(s, spec)
     first = wait_for(lambda: (v := job_of(s, job_id)).get("plan") and v, 120, 0.2, "the first plan")
@@ -211,9 +211,6 @@ def test_a_member_that_overstates_its_speed_is_planned_again_at_its_measured_spe
     assert all(p.poll() is None for p in s.procs), "a daemon exited"
     assert end["discounted"].get(hostile_peer, 0.0) > claims.RELATIVE_SLOW, (end["discounted"], end["measured_step_s"])
     assert list(end["discounted"]) == [hostile_peer], "an honest member was discounted"
-    if attack == "overclaim-hidden":  # its own figures said it kept to its offer: the neighbours' caught it
-        assert end["measured_step_s"][hostile_peer][0] <= end["measured_step_s"][hostile_peer][1] * 1.001, end
-        assert any("slower than its offer" in r["reason"] for r in end["recoveries"])
     named = [
         r for r in end["recoveries"] if hostile_peer[:12] in r["reason"] and "slower than its offer" in r["reason"]
     ]
@@ -254,7 +251,8 @@ def test_the_leader_times_each_member_and_plans_an_overclaimer_at_what_it_measur
     against word) catches it, before its step times could (they need two reports in a row: step 60 here). With
     ``challenge-forge`` it answers at once with a made-up root and blocks: the blocks fail their proofs, and it
     is planned at its offer over :data:`claims.MAX_DISCOUNT`. Every device's figures are in ``status``; the job
-    resumes exactly."""
+    resumes exactly. (``overclaim-hidden`` is also the overstating test's hidden case: its recovery says the
+    member ran slower than its offer, and its reports said it kept to it.)"""
     from arceusd.jobs.judging import claims
 
     # the timed challenge catches it, whatever its stages cost: 1536 wide at batch 768 (0.44x the overclaim tests'
@@ -269,6 +267,7 @@ def test_the_leader_times_each_member_and_plans_an_overclaimer_at_what_it_measur
         assert list(end["discounted"]) == [hostile_peer], (end["discounted"], checks)
         named = [r["reason"] for r in end["recoveries"] if hostile_peer[:12] in r["reason"]]
         assert named and "timed speed challenge" in named[0], end["recoveries"]
+        assert "slower than its offer" in named[0], end["recoveries"]
         if attack == "challenge-forge":
             assert "not the one its root committed to" in checks[hostile_peer]["failed"], checks
             assert end["discounted"][hostile_peer] == claims.MAX_DISCOUNT
