@@ -14,11 +14,12 @@ The subpackages, lowest first: each may import the ones listed before it, never 
                the stage worker's supervisor, filework (re-slice, export), probe, the batch source
     record/    one job as this daemon knows it (Job; what its leader keeps: leader_record), known jobs,
                throughput, views (the report figures status shows: report_fields)
-    common/    what the leader's and the member's parts share: the context (manager_base), transfers
+    common/    what the leader's and the member's parts share: the shapes of their ports (ports), the
+               context the manager is (manager_base), transfers
     leader/    the leader's (and owner's) side: joining, starting, report intake, commits, shard checks,
                witnesses, witness shards, probation, speed checks, standby sync, replica drop, regrow
-    member/    the member's side: its local worker and reports (one layer with leader/: they import
-               each other)
+    member/    the member's side: its local worker and reports (one layer with leader/; neither imports
+               the other: each calls the other through its port)
     service/   the composition: the manager, the driver of the core's actions, the control-socket
                methods, lending
 

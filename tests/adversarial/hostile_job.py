@@ -118,7 +118,7 @@ def install(attack: str, arg: str, after: int) -> None:
         if attack == "witness" and kind == "witness" and int(event["step"]) >= after:
             print(f"hostile: a made-up witness for step {event['step']}", file=sys.stderr, flush=True)
             event = {**event, "digest": os.urandom(32).hex()}
-        if event.get("event") == "checkpoint" and not self.ctx.leads(job) and int(event["step"]) >= after:
+        if event.get("event") == "checkpoint" and not self.ports.leads(job) and int(event["step"]) >= after:
             shard = dict(event["shard"])
             step = int(event["step"])
             real_names[step] = shard["name"]
@@ -279,13 +279,13 @@ def abuse_challenges() -> None:
     started: set[str] = set()
 
     def on_step(self: Any, job: Any) -> None:
-        if job.job_id in started or job.plan is None or not self.ctx.leads(job) or len(job.stage_times) < 3:
+        if job.job_id in started or job.plan is None or not self.ports.leads(job) or len(job.stage_times) < 3:
             return
         started.add(job.job_id)
-        self.ctx.spawn(abuse, self, job)
+        self.ports.spawn(abuse, self, job)
 
     async def abuse(self: Any, job: Any) -> None:
-        me = self.ctx.node.identity.peer_id
+        me = self.ports.me
         for peer in [p for p in job.plan_peers() if p != me and p in job.members]:
             await abuse_one(self, job, peer)
 
@@ -308,7 +308,7 @@ def abuse_challenges() -> None:
         assert tuple(c for c, _ in cases) == ABUSES
         kw = {"job_id": jid, "term": job.term, "epoch": job.epoch}
         for case, msg in cases:
-            answer = await self.ctx.peers.request(job.members[peer].address, peer, msg, 40.0, **kw)
+            answer = await self.ports.peers.request(job.members[peer].address, peer, msg, 40.0, **kw)
             ok, reason = getattr(answer, "ok", type(answer).__name__), getattr(answer, "reason", "")
             print(f"hostile: answer {peer[:12]} {case}: {ok} {reason[:80]}", file=sys.stderr, flush=True)
 

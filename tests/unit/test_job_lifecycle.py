@@ -7,6 +7,7 @@ that records its commands).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
@@ -90,6 +91,7 @@ def manager(tmp_path: Path, peers: FakePeers) -> tuple[JobManager, FakeElections
         identity=SimpleNamespace(peer_id=ME),
         elections=elections,
         addresses={"peer": "127.0.0.1:1"},
+        config=SimpleNamespace(worker_threads=1, auto_join=False),  # read once, as the parts' ports are built
     )
     return JobManager(node, peers), elections  # type: ignore[arg-type]
 
@@ -160,7 +162,7 @@ def test_a_final_checkpoint_a_member_does_not_serve_excludes_it_on_the_retry(tmp
         fetches.append(1)
         return None
 
-    mgr.transfers.fetch_shard = fetch_shard  # type: ignore[method-assign,assignment]
+    mgr.commits.ports = replace(mgr.commits.ports, fetch_shard=fetch_shard)  # the commits' port
     run_with_nursery(mgr, complete(mgr, job, 100))
     assert len(fetches) == 2 < lifecycle.FINAL_COMMIT_ATTEMPTS
     assert "shard serving failed 2 commits in a row" in job.leading.checks.excluded[OTHER], job.leading.checks.excluded
@@ -176,7 +178,7 @@ def test_a_failed_intermediate_commit_is_not_retried_and_the_job_runs_on(tmp_pat
     async def fetch_shard(*_: Any) -> None:
         return None
 
-    mgr.transfers.fetch_shard = fetch_shard  # type: ignore[method-assign,assignment]
+    mgr.commits.ports = replace(mgr.commits.ports, fetch_shard=fetch_shard)  # the commits' port
     run_with_nursery(mgr, complete(mgr, job, 20))
     assert job.state == "running" and "shard-1.pt" in job.error
     assert elections.untracked == []
@@ -267,7 +269,7 @@ def test_a_commit_waiting_while_a_repartition_is_asked_for_does_nothing(tmp_path
         fetches.append(1)
         return None
 
-    mgr.transfers.fetch_shard = fetch_shard  # type: ignore[method-assign,assignment]
+    mgr.commits.ports = replace(mgr.commits.ports, fetch_shard=fetch_shard)  # the commits' port
     waited = job.core.stamp
 
     async def excluded_then_commit() -> None:

@@ -16,9 +16,11 @@ import trio
 import trio.testing
 
 from arceusd.base.identity import Identity
+from arceusd.jobs.core import actions as a
 from arceusd.jobs.core import events as e
 from arceusd.jobs.leader.shard_checks import ReportProblem
 from arceusd.jobs.member.reports import KINDS, report_of_event
+from arceusd.jobs.record.job import Job
 from arceusd.membership.config import local
 from arceusd.network.peers import PeerService, UnaryTransport, wall_ms
 from arceusd.transport import Stream
@@ -179,7 +181,7 @@ def test_a_leader_drops_and_counts_refused_reports_and_keeps_serving(tmp_path: P
     job = leading_job(tmp_path)
     seen: dict[str, Any] = {}
     restarts: list[str] = []
-    mgr.request_restart = lambda job, reason: restarts.append(reason)  # type: ignore[method-assign]
+    mgr.intake.ports = replace(mgr.intake.ports, request_restart=lambda job, reason: restarts.append(reason))
 
     async def main() -> None:
         net = MemoryNetwork()
@@ -282,13 +284,13 @@ def test_a_failure_and_a_leave_reach_the_leader_as_typed_reports(tmp_path: Path)
     mgr.jobs[JOB] = job
     restarts: list[str] = []
     fed: list[e.Event] = []
-    mgr.request_restart = lambda job, reason: restarts.append(reason)  # type: ignore[method-assign]
 
-    def feed(job: object, event: e.Event) -> list[object]:
+    def feed(job: Job, event: e.Event) -> list[a.Action]:
         fed.append(event)
         return []
 
-    mgr.feed = feed  # type: ignore[method-assign,assignment]
+    # the intake's port: what it calls of the manager (issue 32)
+    mgr.intake.ports = replace(mgr.intake.ports, request_restart=lambda job, reason: restarts.append(reason), feed=feed)
     header = cast(Header, SimpleNamespace(sender=OTHER))
     error = report_of_event(JOB, job.epoch, {"event": "error", "message": "x" * 1000})
     ack = trio.run(mgr.intake.on_report, header, error)
@@ -333,6 +335,6 @@ def test_a_witness_carries_its_devices_claims_to_the_leader(tmp_path: Path) -> N
         and book.speed.waits[second] == 0.02
     )
     stranger = "e" * 32  # no place in the replicas: refused before anything of it is kept
-    mgr.request_restart = lambda job, reason: None  # type: ignore[method-assign]
+    mgr.intake.ports = replace(mgr.intake.ports, request_restart=lambda job, reason: None)
     trio.run(mgr.intake.take, job, stranger, report)
     assert stranger not in job.leading.speed.measured and stranger not in job.leading.commits.witnesses[20]

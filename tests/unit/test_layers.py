@@ -72,8 +72,9 @@ def test_no_layer_imports_a_higher_one() -> None:
 
 # Inside arceusd.jobs, lowest first (the map is in arceusd/jobs/__init__.py): the spec and the pure judging import
 # nothing of the job's I/O; the core only those two; nothing below the leader's, the member's and the service's
-# side imports them. leader/ and member/ share a layer: the member's local_worker hands this device's own
-# reports to the leader's report_intake, and starting starts the local worker.
+# side imports them. leader/ and member/ share a layer and import nothing of each other (SEPARATE_ROOMS): where one
+# side calls the other (this device's own reports taken by the leader's report_intake, its own worker started by
+# the leader's starting) the call is a callable in the caller's port (issue 32), wired by the service.
 JOB_LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("spec", ("arceusd.jobs.spec",)),
     ("judging", ("arceusd.jobs.judging",)),
@@ -105,3 +106,34 @@ def test_no_jobs_room_imports_a_higher_one() -> None:
     assert layer_of("arceusd.jobs.core.machine", JOB_LAYERS) == 2, "the core sits above the spec and the judging"
     found = upward(edges, JOB_LAYERS)
     assert found == [], "jobs imports of a higher room (module level and TYPE_CHECKING):\n" + "\n".join(found)
+
+
+SEPARATE_ROOMS: tuple[tuple[str, str], ...] = (("arceusd.jobs.leader", "arceusd.jobs.member"),)
+"""Rooms of one layer that import nothing of each other, in either direction."""
+
+
+def crossing(edges: dict[str, set[str]], rooms: tuple[tuple[str, str], ...] = SEPARATE_ROOMS) -> list[str]:
+    """Each import between two rooms that must stay apart, as 'importer -> imported'."""
+
+    def inside(module: str, room: str) -> bool:
+        return module == room or module.startswith(room + ".")
+
+    return [
+        f"{importer} -> {imported}"
+        for importer in sorted(edges)
+        for imported in sorted(edges[importer])
+        for one, other in rooms
+        if (inside(importer, one) and inside(imported, other)) or (inside(importer, other) and inside(imported, one))
+    ]
+
+
+def test_the_crossing_check_finds_an_import_either_way() -> None:
+    edges = {"p.a.x": {"p.b.y"}, "p.b.y": {"p.c"}, "p.b.z": {"p.a"}, "p.ab.w": {"p.b.y"}}
+    assert crossing(edges, (("p.a", "p.b"),)) == ["p.a.x -> p.b.y", "p.b.z -> p.a"], "p.ab is not inside p.a"
+
+
+def test_the_leader_and_the_member_import_nothing_of_each_other() -> None:
+    found = crossing(jobs_edges())
+    assert found == [], "imports between the leader's and the member's side (module level and TYPE_CHECKING):\n" + (
+        "\n".join(found)
+    )

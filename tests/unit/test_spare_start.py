@@ -58,17 +58,17 @@ def test_the_plans_start_is_sent_to_the_members_it_leaves_out(tmp_path: Path) ->
     job = planned_job(tmp_path, LEADER)
     spawned: list[tuple[Any, tuple[Any, ...]]] = []
     fed: list[Any] = []
-    ctx = SimpleNamespace(
-        node=SimpleNamespace(identity=SimpleNamespace(peer_id=LEADER)),
-        spawn=lambda fn, *args: spawned.append((fn, args)),
-    )
 
-    async def start_worker(_job: Job, _resume: Any) -> JobStartReply:
+    async def start_worker(_job: Job, _resume: Any, _weights: Any) -> JobStartReply:
         return JobStartReply(JOB_ID, True, "", "127.0.0.1:1")
 
-    local = SimpleNamespace(start_worker=start_worker)
-    life = SimpleNamespace(feed=lambda _job, event: fed.append(event))
-    starting = Starting(cast(Any, ctx), cast(Any, life), cast(Any, local), cast(Any, None))
+    ports = SimpleNamespace(  # what Starting.start calls of its port
+        me=LEADER,
+        spawn=lambda fn, *args: spawned.append((fn, args)),
+        feed=lambda _job, event: fed.append(event),
+        start_own_worker=start_worker,
+    )
+    starting = Starting(cast(Any, ports))
     trio.run(starting.start, job, actions.SendStart(job.core.stamp, (LEADER,), False))
     told = [args for fn, args in spawned if getattr(fn, "__name__", "") == "tell_spares"]
     assert len(told) == 1, spawned
@@ -104,17 +104,17 @@ def test_a_member_left_out_of_the_new_plan_says_it_is_a_spare_and_stops_its_old_
         if worker is not None:
             await worker.stop(grace=0.5)
 
-    ctx = SimpleNamespace(
+    ports = SimpleNamespace(  # what LocalWorker.on_start calls of its port
         jobs={JOB_ID: job},
         check_leader=check_leader,
         offer=own_offer,
         drop_own_worker=drop_own_worker,
-        node=SimpleNamespace(identity=SimpleNamespace(peer_id=SLOW)),
+        feed=lambda j, event: j.core.handle(event, 0.0),
+        me=SLOW,
     )
     header = cast(Header, SimpleNamespace(sender=LEADER, term=1, epoch=2))
     start = JobStart(JOB_ID, 1, 2, b"spec", plan_data, inputs_data, members=(LEADER, SLOW, SLOWER))
-    life = SimpleNamespace(feed=lambda j, event: j.core.handle(event, 0.0))
-    reply = trio.run(LocalWorker(cast(Any, ctx), cast(Any, life), cast(Any, None)).on_start, header, start)
+    reply = trio.run(LocalWorker(cast(Any, ports)).on_start, header, start)
     assert not reply.accepted and "no place in the plan" in reply.reason
     assert job.is_spare() and job.spare_in == (1, 2)
     assert job.core.stamp == Stamp(1, 2), "the plan's stamp and standby: whom it follows if the leader dies"

@@ -44,8 +44,8 @@ def test_the_standby_is_synced_the_spares_offers_and_keeps_those_its_leader_name
         sent.append(msg)
         return JobAck(True)
 
-    ctx = SimpleNamespace(peers=SimpleNamespace(request=request))
-    trio.run(StandbySyncing(cast(Any, ctx), cast(Any, None)).sync_standby, job, 4, ())
+    ports = SimpleNamespace(peers=SimpleNamespace(request=request))  # what sync_standby calls of its port
+    trio.run(StandbySyncing(cast(Any, ports)).sync_standby, job, 4, ())
     assert len(sent) == 1
     # the standby knows the plan it was started with and the members that start named (JobStart.members)
     kept = offers_from_wire(sent[0].offers, job.plan_peers(), tuple(sorted(job.members)))

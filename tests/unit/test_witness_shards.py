@@ -14,7 +14,6 @@ import trio
 
 from arceusd.files import outer_witness
 from arceusd.files.safetensors_io import save_bytes
-from arceusd.jobs.common.manager_base import JobContext
 from arceusd.jobs.leader import witness_shards, witnesses
 from arceusd.jobs.record.job import Job
 from tests.unit.test_witnesses import _job, _peers
@@ -53,7 +52,7 @@ def _setup(serve: Any) -> tuple[Any, Any, str, bytes, list[tuple[str, int, str, 
 
 def _read(ctx: Any, job: Any, peers: list[str]) -> witness_shards.Read:
     async def go() -> witness_shards.Read:
-        return await witness_shards.outer_witnesses(cast(JobContext, ctx), cast(Job, job), STEP, peers)
+        return await witness_shards.outer_witnesses(ctx.transfers.fetch_shard, cast(Job, job), STEP, peers)
 
     return trio.run(go)
 

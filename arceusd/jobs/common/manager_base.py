@@ -1,19 +1,17 @@
-"""The job manager's shared state and helpers, and the lifecycle its parts call back into.
+"""The job manager's shared state and helpers.
 
-:class:`JobContext` holds what the parts of :class:`arceusd.jobs.service.manager.JobManager` share: the node and the
-peer network, the jobs by id, this device's offer, the manager's nursery (:meth:`JobContext.spawn`), the file
-transfers (:class:`arceusd.jobs.common.transfers.Transfers`), the durable record of a job (the owner's to resume it, a
-member's to list it after a restart: :mod:`arceusd.jobs.record.known`) and the jobs listing. It also owns whom this
-device follows as a job's leader: the check of a leader's command (:meth:`JobContext.check_leader` over
+:class:`JobContext` holds what the job service shares: the node and the peer network, the jobs by id, this device's
+offer, the manager's nursery (:meth:`JobContext.spawn`), the file transfers
+(:class:`arceusd.jobs.common.transfers.Transfers`), the durable record of a job (the owner's to resume it, a member's
+to list it after a restart: :mod:`arceusd.jobs.record.known`) and the jobs listing. It also owns whom this device
+follows as a job's leader: the check of a leader's command (:meth:`JobContext.check_leader` over
 :mod:`arceusd.jobs.core.leadership`), the election's answer and tracking.
 
-The manager is a ``JobContext`` and composes its parts, each an object of its own module that is handed the
-context and the :class:`Lifecycle`: the control-socket methods (:mod:`arceusd.jobs.service.control_methods`), this
-device's stage worker and its reports (:mod:`arceusd.jobs.member.local_worker`), the leader's intake of them
-(:mod:`arceusd.jobs.leader.report_intake`), the standby and owner
-synchronisation (:mod:`arceusd.jobs.leader.standby_sync`). :class:`Lifecycle` is what they call back into (leading,
-restarting, feeding the job's core, exporting the model), implemented by the
-manager.
+The manager (:class:`arceusd.jobs.service.manager.JobManager`) is a ``JobContext``; its parts are not handed it:
+each gets a port of its own (a frozen dataclass of exactly the callables and values it uses, declared beside it;
+the shared shapes are in :mod:`arceusd.jobs.common.ports`), built by the manager from these methods. The one
+call back into the manager left here is :attr:`JobContext.life` (:class:`Lifecycle`): a leader loop that fails
+fails its job.
 """
 
 from __future__ import annotations
@@ -22,8 +20,7 @@ import json
 import logging
 import sys
 from collections.abc import Awaitable, Callable
-from pathlib import Path
-from typing import Any, NotRequired, Protocol, TypedDict
+from typing import Any, Protocol
 
 import trio
 
@@ -43,16 +40,6 @@ from protocol.envelope import Header
 from protocol.job_wire import JobAck
 
 log = logging.getLogger(__name__)
-
-
-class JoinResult(TypedDict):
-    """What asking to join a job came to (the control method ``join``; ``retry``: the leader asks to try again
-    later, absent where this device owns the job)."""
-
-    job_id: str
-    accepted: bool
-    reason: str
-    retry: NotRequired[bool]
 
 
 class JobContext:
@@ -296,22 +283,14 @@ class JobContext:
 
 
 class Lifecycle(Protocol):
-    """What the manager's parts call back into; implemented by :class:`arceusd.jobs.service.manager.JobManager`."""
+    """What :meth:`JobContext.spawn` calls back into when a leader loop fails; implemented by
+    :class:`arceusd.jobs.service.manager.JobManager`."""
 
     async def lead(self, job: Job) -> None:
         """The leader's loop for one job."""
 
     def feed(self, job: Job, event: events.Event) -> list[actions.Action]:
         """Hand ``job``'s core an event and carry out what it answers; the actions (for a handler's answer)."""
-
-    async def join(self, job: Job) -> JoinResult:
-        """Ask the job's leader to take this device in as a member."""
-
-    def request_restart(self, job: Job, reason: str) -> None:
-        """Ask the core to repartition ``job``."""
-
-    async def export(self, job: Job, step: int, paths: list[Path]) -> None:
-        """Assemble the model from the shards at ``paths`` and finish the job."""
 
 
 __all__ = ["JobContext", "Lifecycle"]

@@ -1,5 +1,6 @@
 """The leader's side of a job (the owner's too, where it says so): the I/O of the core's actions and the judging of
-what members report. Same layer as :mod:`arceusd.jobs.member` (they import each other); below the service.
+what members report. Same layer as :mod:`arceusd.jobs.member`, and imports nothing of it (this device's own
+worker is reached through :class:`~arceusd.jobs.leader.starting.StartingPorts`); below the service.
 
 - :mod:`~arceusd.jobs.leader.joining`: the owner's announcements, a device's join, the leader's answer to a join,
   the owner's hand-over to the leader its members follow;

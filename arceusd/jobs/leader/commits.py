@@ -16,11 +16,14 @@ shard whose local copy is missing or corrupt.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import trio
 
 from arceusd.base.atomic_files import atomic_write
+from arceusd.base.identity import Identity
 from arceusd.files.checkpoint import (
     Manifest,
     ShardRecord,
@@ -29,12 +32,11 @@ from arceusd.files.checkpoint import (
     matches,
     step_dir,
 )
-from arceusd.jobs.common.manager_base import JobContext, Lifecycle
+from arceusd.jobs.common.ports import Feed, FetchShard, Leads, RequestRestart
 from arceusd.jobs.core import Stamp, actions, events
 from arceusd.jobs.leader import shard_checks
 from arceusd.jobs.plans.recovery import corrupt_shards
 from arceusd.jobs.record.job import Job
-from arceusd.market.hooks import on_commit
 
 log = logging.getLogger(__name__)
 
@@ -51,12 +53,29 @@ def fetch_deadline(size: int) -> float:
     return FETCH_BASE_S + size / FETCH_MIN_BYTES_PER_S
 
 
+@dataclass(frozen=True)
+class CommitsPorts:
+    """What :class:`Commits` uses, built by the composition root (issue 32: a port, not the manager)."""
+
+    me: str
+    """This device's peer id."""
+    identity: Identity
+    """This device's key (the manifest is signed with it)."""
+    feed: Feed
+    request_restart: RequestRestart
+    leads: Leads
+    fetch_shard: FetchShard
+    """A member's shard of a step, copied from it (:mod:`arceusd.jobs.common.transfers`)."""
+    on_commit: Callable[[Job, int, int, int], str | None]
+    """The market's receipts for a committed step: ``(job, step, term, epoch)``; a reason to fail the job
+    (``arceusd.market.hooks.on_commit``)."""
+
+
 class Commits:
     """The leader's checkpoint commits (see the module docstring)."""
 
-    def __init__(self, ctx: JobContext, life: Lifecycle) -> None:
-        self.ctx = ctx
-        self.life = life
+    def __init__(self, ports: CommitsPorts) -> None:
+        self.ports = ports
 
     async def commit(self, job: Job, action: actions.Commit) -> None:
         """The core's ``Commit``: after ``action.delay_s`` (a retry), commit the step (:meth:`_commit_once`) and
@@ -72,16 +91,16 @@ class Commits:
                 return
             if error is not None:
                 log.warning("job %s: checkpoint %d not committed: %s", job.job_id, action.step, error)
-                self.life.feed(job, events.CommitFailed(action.stamp, action.step, error, culprit))
+                self.ports.feed(job, events.CommitFailed(action.stamp, action.step, error, culprit))
                 return
-            self.life.feed(job, events.CommitDone(action.stamp, action.step))
+            self.ports.feed(job, events.CommitDone(action.stamp, action.step))
             if stop is not None and action.step < job.total_steps:
-                self.life.feed(job, events.Fail(stop))  # the job's budget is spent (market)
+                self.ports.feed(job, events.Fail(stop))  # the job's budget is spent (market)
 
     def _commit_moot(self, job: Job, stamp: Stamp) -> bool:
         """Whether a commit of plan ``stamp`` no longer counts: a repartition began (a member failed, was
         excluded or left: the new plan resumes from the last commit before it), or the job ended."""
-        return job.core.stamp != stamp or job.plan is None or job.core.terminal or not self.ctx.leads(job)
+        return job.core.stamp != stamp or job.plan is None or job.core.terminal or not self.ports.leads(job)
 
     async def _commit_once(self, job: Job, step: int, stamp: Stamp) -> tuple[str | None, str | None, str]:
         """Copy every shard of ``step`` to the leader, check it, sign the manifest, issue the receipts. Returns
@@ -93,9 +112,9 @@ class Commits:
             record = ShardRecord(str(shard["name"]), str(shard["sha256"]), int(shard["size"]))
             names[peer] = record.name
             path = step_dir(root, step) / record.name
-            if peer != self.ctx.node.identity.peer_id and not await trio.to_thread.run_sync(file_matches, path, record):
+            if peer != self.ports.me and not await trio.to_thread.run_sync(file_matches, path, record):
                 with trio.move_on_after(fetch_deadline(record.size)):
-                    data = await self.ctx.transfers.fetch_shard(job, peer, step, record)
+                    data = await self.ports.fetch_shard(job, peer, step, record)
                 if data is None:  # refused (more than its report said), not served, or too slowly: its doing
                     return (
                         (
@@ -112,11 +131,11 @@ class Commits:
         if job.plan is None or len(records) != sum(len(st.shares) for st in job.plan.stages):
             return f"checkpoint {step} has {len(records)} shard(s), not one per place in the plan", None, ""
         try:
-            refused = await shard_checks.check_contents(job, step_dir(root, step), step, self.ctx.node.identity.peer_id)
+            refused = await shard_checks.check_contents(job, step_dir(root, step), step, self.ports.me)
         except (OSError, RuntimeError) as exc:  # this device's trouble (FileworkError too): nobody is excluded
             return f"checkpoint {step} not checked: {exc}", None, ""
         if refused is not None and not self._commit_moot(job, stamp):  # a non-finite or misshapen shard
-            self.life.request_restart(job, refused)
+            self.ports.request_restart(job, refused)
         if refused is not None or self._commit_moot(job, stamp):
             return None, None, ""  # never committed
         cursor = {"cursor": job.leading.commits.cursors.get(step)}
@@ -125,7 +144,7 @@ class Commits:
             await trio.to_thread.run_sync(self._commit_manifest, root, manifest, job.spec.checkpoint.keep)
         except Exception as exc:  # CheckpointError: a shard that does not match its report
             return f"checkpoint {step} not committed: {exc}", None, ""
-        stop = on_commit(self.ctx.node, job, step, stamp.term, stamp.epoch)  # receipts; the reason a budget is spent
+        stop = self.ports.on_commit(job, step, stamp.term, stamp.epoch)  # receipts; the reason a budget is spent
         job.leading.commits.record_checkpoint(step)
         job.leading.commits.committed_shards = {step: names}  # what the standby copies and the export reads
         for done in [
@@ -143,7 +162,7 @@ class Commits:
 
     def _commit_manifest(self, root: Path, manifest: Manifest, keep: int) -> None:
         """Check the shards against ``manifest`` and sign it (a thread: file reads and hashing)."""
-        commit_manifest(root, manifest, self.ctx.node.identity, keep)
+        commit_manifest(root, manifest, self.ports.identity, keep)
 
     async def repair_checkpoint(self, job: Job) -> list[Path]:
         """Copy from members every shard of the newest committed step whose local copy is missing or corrupt;
@@ -161,9 +180,9 @@ class Commits:
                 step,
             )
             for peer in sorted(job.members):
-                if peer == self.ctx.node.identity.peer_id:
+                if peer == self.ports.me:
                     continue
-                data = await self.ctx.transfers.fetch_shard(job, peer, step, record)
+                data = await self.ports.fetch_shard(job, peer, step, record)
                 if data is not None and matches(data, record):
                     await trio.to_thread.run_sync(atomic_write, step_dir(replicas, step) / record.name, data)
                     break

@@ -14,20 +14,24 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
 
 import trio
 
 from arceusd.base.control import RequestError
-from arceusd.jobs.common.manager_base import JobContext, JoinResult, Lifecycle
+from arceusd.jobs.common.ports import Feed, JoinResult, Leads, OwnOffer, Spawn
 from arceusd.jobs.core import JobState, Role, events, leadership
 from arceusd.jobs.judging.claims import check_offer_bounds
 from arceusd.jobs.plans.planning import Offer
 from arceusd.jobs.procs.warm_starts import warm_starts
 from arceusd.jobs.record.job import TERMINAL, Job
 from arceusd.jobs.spec.schema import JobSpecError, spec_from_dict, spec_hash
-from arceusd.market.hooks import enough_memory, join_refusal, may_auto_join
+from arceusd.market.hooks import enough_memory
 from arceusd.membership.events import MemberState
 from arceusd.network.announce_guard import AnnounceGuard, address_host
+from arceusd.network.peers import PeerService
 from protocol.envelope import Header
 from protocol.errors import RemoteProtocolError
 from protocol.job_wire import JOB_MEMBERS_MAX, JobAck
@@ -40,27 +44,52 @@ AUTO_JOIN_ATTEMPTS = 8
 """How many times an auto-join asks (backing off 0.5 s to 4 s: about 20 s in all)."""
 
 
+@dataclass(frozen=True)
+class JoiningPorts:
+    """What :class:`Joining` uses, built by the composition root (issue 32: a port, not the manager)."""
+
+    me: str
+    """This device's peer id."""
+    jobs: dict[str, Job]
+    """The jobs this daemon holds, by id (an announced job is added here, a stale one evicted)."""
+    root: Path
+    """This daemon's jobs folder (an announced job's folder is in it)."""
+    auto_join: bool
+    """Whether this device joins announced jobs on its own (the daemon's ``auto_join``)."""
+    feed: Feed
+    leads: Leads
+    spawn: Spawn
+    offer: OwnOffer
+    follow_leader: Callable[[Job, str], None]
+    """Take the job's commands from that peer."""
+    peers: PeerService
+    """The peer network (announces, joins, the hand-over; who is a member)."""
+    join_refusal: Callable[[Job, Offer], Awaitable[str | None]]
+    """The job's needs and budget against a joining offer; a reason to refuse it (``arceusd.market.hooks``)."""
+    may_auto_join: Callable[[Job], Awaitable[bool]]
+    """This device's lending policy on an announced job (``arceusd.market.hooks``)."""
+
+
 class Joining:
     """Announcements, joins and the owner's hand-over (see the module docstring)."""
 
-    def __init__(self, ctx: JobContext, life: Lifecycle) -> None:
-        self.ctx = ctx
-        self.life = life
+    def __init__(self, ports: JoiningPorts) -> None:
+        self.ports = ports
         self.announced = AnnounceGuard()  # bounds and validates what strangers announce
 
     async def announce(self, job: Job, peer: str, address: str) -> None:
         msg = JobAnnounce(job.job_id, job.owner, bytes.fromhex(job.spec_hash), job.spec_bytes)
-        reply = await self.ctx.peers.request(address, peer, msg, timeout=10.0, job_id=job.job_id)
+        reply = await self.ports.peers.request(address, peer, msg, timeout=10.0, job_id=job.job_id)
         leader = leadership.followed_leader(reply.follows) if isinstance(reply, JobAck) and not reply.ok else None
         if leader is not None:
-            self.life.feed(job, events.FollowsOther(leader, peer))  # a majority saying so: the owner hands over
+            self.ports.feed(job, events.FollowsOther(leader, peer))  # a majority saying so: the owner hands over
 
     async def hand_over(self, job: Job, leader: str) -> None:
         """Owner, back after its standby took the job over: ask that leader to take this device in as a member
         (its signed answer confirms it leads). A finished job is recorded as finished there."""
-        me = self.ctx.node.identity.peer_id
+        me = self.ports.me
         async with job.sync_lock:
-            if not self.ctx.leads(job) or job.role != Role.OWNER or leader == me or job.state in TERMINAL:
+            if not self.ports.leads(job) or job.role != Role.OWNER or leader == me or job.state in TERMINAL:
                 return
             lead = job.core.lead
             known = set(job.plan_peers()) | set(job.members) | (set(lead.expected) if lead is not None else set())
@@ -68,12 +97,12 @@ class Joining:
                 log.warning(
                     "job %s: a peer says %s leads it, who was never a member; not handing over", job.job_id, leader[:12]
                 )
-                self.life.feed(job, events.HandOverAnswered(leader, False))
+                self.ports.feed(job, events.HandOverAnswered(leader, False))
                 return
-            member = self.ctx.peers.membership.members.get(leader)
+            member = self.ports.peers.membership.members.get(leader)
             if member is None or not member.address:
                 log.warning("job %s: a member says %s leads it, who is not a live peer here", job.job_id, leader[:12])
-                self.life.feed(job, events.HandOverAnswered(leader, False))
+                self.ports.feed(job, events.HandOverAnswered(leader, False))
                 return
             reply = await self.request_join(job, leader, member.address)
             accepted, done = reply is not None and reply.accepted, reply is not None and reply.done
@@ -86,9 +115,9 @@ class Joining:
                 )
             # The core follows the leader with a stamp of (0, 0): terms and epochs count the leader's commands;
             # ours (raised by our own repartitions while we still thought we led) say nothing about its.
-            self.life.feed(job, events.HandOverAnswered(leader, accepted, done))
+            self.ports.feed(job, events.HandOverAnswered(leader, accepted, done))
             if accepted or done:
-                self.ctx.follow_leader(job, leader)
+                self.ports.follow_leader(job, leader)
                 job.plan, job.replica_plan, job.leading.commits.reports = None, None, {}
                 job.leading.commits.witnesses, job.leading.commits.complete = {}, {}
                 job.leading.commits.outer_witnesses = {}
@@ -96,11 +125,11 @@ class Joining:
             job.poke()
 
     async def request_join(self, job: Job, leader: str, address: str) -> JoinReply | None:
-        offer = await self.ctx.offer()
+        offer = await self.ports.offer()
         host, _, port = offer.address.rpartition(":")
         request = JoinRequest(
             job.job_id,
-            self.ctx.node.identity.peer_id,
+            self.ports.me,
             Address(host, int(port)),
             offer.memory_bytes,
             offer.flops_per_s,
@@ -111,7 +140,7 @@ class Joining:
             offer.message_s,
             offer.kind,
         )
-        reply = await self.ctx.peers.request(address, leader, request, timeout=10.0, job_id=job.job_id)
+        reply = await self.ports.peers.request(address, leader, request, timeout=10.0, job_id=job.job_id)
         if not isinstance(reply, JoinReply):
             return None
         if reply.accepted:  # the job's members as the leader holds them: what this device shows as its members
@@ -122,8 +151,8 @@ class Joining:
         return reply
 
     async def on_join_request(self, header: Header, msg: JoinRequest) -> JoinReply:
-        job = self.ctx.jobs.get(msg.job_id)
-        if job is None or not self.ctx.leads(job):
+        job = self.ports.jobs.get(msg.job_id)
+        if job is None or not self.ports.leads(job):
             return JoinReply(msg.job_id, False, "this device does not lead that job")
         if header.sender != msg.peer_id:
             return JoinReply(msg.job_id, False, "a join must come from the joining device itself")
@@ -132,7 +161,7 @@ class Joining:
             return JoinReply(msg.job_id, False, "not admitted by the job's owner")
         if job.state in TERMINAL:
             return JoinReply(msg.job_id, False, f"the job is {job.state.value}", done=job.state == JobState.DONE)
-        held = self.ctx.peers.membership.members.get(msg.peer_id)
+        held = self.ports.peers.membership.members.get(msg.peer_id)
         if held is not None and held.state in (MemberState.DEAD, MemberState.LEFT):
             # a join sent before it died and delivered after the leader dropped it would bring it back as a new
             # member (a rebalance at the next checkpoint, onto a device that is gone)
@@ -163,7 +192,7 @@ class Joining:
             offer.check()
         except ValueError as exc:
             return JoinReply(msg.job_id, False, f"the offer is not usable: {exc}")
-        refused = await join_refusal(self.ctx.node, job, offer)  # the job's needs and budget (arceusd.market)
+        refused = await self.ports.join_refusal(job, offer)  # the job's needs and budget (arceusd.market)
         if refused is not None:
             return JoinReply(msg.job_id, False, refused[:1000])
         new = msg.peer_id not in job.members
@@ -173,7 +202,7 @@ class Joining:
         if new:
             log.info("job %s: %s joined (%d members)", job.job_id, msg.peer_id[:12], len(job.members) + 1)
         # a running job rebalances at its next checkpoint; a waiting one plans once the members lend the memory
-        self.life.feed(job, events.MemberJoined(msg.peer_id, enough_memory(job, offer)))  # needs.memory_total_mib
+        self.ports.feed(job, events.MemberJoined(msg.peer_id, enough_memory(job, offer)))  # needs.memory_total_mib
         if not job.core.is_member(msg.peer_id):  # the core did not take it in (the job ended meanwhile)
             job.offers.pop(msg.peer_id, None)
         if new:
@@ -181,18 +210,18 @@ class Joining:
         return JoinReply(msg.job_id, True, "", tuple(sorted(job.members)))
 
     async def on_announce(self, header: Header, msg: JobAnnounce) -> JobAck:
-        refused = self.announced.admit(header.sender, msg, known=msg.job_id in self.ctx.jobs, now=time.monotonic())
+        refused = self.announced.admit(header.sender, msg, known=msg.job_id in self.ports.jobs, now=time.monotonic())
         if refused is not None:
             return JobAck(False, refused)
         if header.sender != msg.owner:
             return JobAck(False, "an announcement must come from the job's owner")
-        known = self.ctx.jobs.get(msg.job_id)
+        known = self.ports.jobs.get(msg.job_id)
         if known is not None:
             if known.role == Role.MEMBER and known.leader != msg.owner:
                 # the owner is back after its standby took over: it joins the leader we follow
                 return JobAck(False, f"this device follows {known.leader[:12]}", follows=known.leader)
             if known.role == Role.MEMBER and known.state not in TERMINAL:
-                self.ctx.spawn(self.auto_join, known)  # the owner lost us (we were declared dead): join again
+                self.ports.spawn(self.auto_join, known)  # the owner lost us (we were declared dead): join again
             return JobAck(True)
         try:
             spec = spec_from_dict(json.loads(msg.spec))
@@ -201,7 +230,7 @@ class Joining:
             return JobAck(False, self.announced.refuse("bad_spec"))
         if spec_hash(spec) != msg.spec_hash.hex():
             return JobAck(False, self.announced.refuse("spec_hash_mismatch"))
-        member = self.ctx.peers.membership.members.get(msg.owner)
+        member = self.ports.peers.membership.members.get(msg.owner)
         owner_address = member.address if member is not None else ""
         job = Job.announced(
             msg.job_id,
@@ -210,29 +239,29 @@ class Joining:
             msg.spec_hash.hex(),
             msg.owner,
             owner_address,
-            self.ctx.node.identity.peer_id,
-            self.ctx.root,
+            self.ports.me,
+            self.ports.root,
         )
-        self.ctx.jobs[msg.job_id] = job
+        self.ports.jobs[msg.job_id] = job
         # fair shares of the table: an owner in our membership (it answers our probes there) before a key
         # that only said hello, then by its address host and key (arceusd.network.announce_guard)
         trusted = member is not None and member.state in (MemberState.ALIVE, MemberState.SUSPECT)
         for old in self.announced.added(msg.job_id, msg.owner, member=trusted, host=address_host(owner_address)):
-            stale = self.ctx.jobs.get(old)
+            stale = self.ports.jobs.get(old)
             if stale is not None and stale.role == Role.SEEN and stale.state == JobState.ANNOUNCED:
-                del self.ctx.jobs[old]
-        if msg.job_id not in self.ctx.jobs:
+                del self.ports.jobs[old]
+        if msg.job_id not in self.ports.jobs:
             return JobAck(False, "announce_evicted")  # the table is full of jobs with a better claim to it
         log.info("job %s (%s) announced by %s", msg.job_id, spec.name, msg.owner[:12])
-        if self.ctx.node.config.auto_join:
-            self.ctx.spawn(self.auto_join, job)
+        if self.ports.auto_join:
+            self.ports.spawn(self.auto_join, job)
         return JobAck(True)
 
     async def auto_join(self, job: Job) -> None:
         """Join an announced job; an owner that does not answer yet (e.g. still restoring its jobs after a
         restart), or refuses for now (``JoinReply.retry``), is asked again a few times, backing off. The device's
         policy and the job's needs decide first (``arceusd.market``)."""
-        if not await may_auto_join(self.ctx.node, job):
+        if not await self.ports.may_auto_join(job):
             return
         for attempt in range(AUTO_JOIN_ATTEMPTS):
             try:
@@ -249,7 +278,7 @@ class Joining:
     async def join(self, job: Job) -> JoinResult:
         if job.role == Role.OWNER:
             return JoinResult(job_id=job.job_id, accepted=True, reason="this device owns the job")
-        member = self.ctx.peers.membership.members.get(job.leader)
+        member = self.ports.peers.membership.members.get(job.leader)
         if member is not None and member.address:
             job.leader_address = member.address
             if job.leader == job.owner:
@@ -258,8 +287,8 @@ class Joining:
         if reply is None:
             raise RequestError(f"the job's leader {job.leader[:12]} did not answer")
         if reply.accepted:
-            self.life.feed(job, events.Joined())
-            self.ctx.spawn(warm_starts().warm_up, job.spec.model)  # torch imported before any start (issue 33)
+            self.ports.feed(job, events.Joined())
+            self.ports.spawn(warm_starts().warm_up, job.spec.model)  # torch imported before any start (issue 33)
         return JoinResult(job_id=job.job_id, accepted=reply.accepted, reason=reply.reason, retry=reply.retry)
 
 

@@ -27,25 +27,24 @@ import dataclasses
 import logging
 import os
 import shutil
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 import trio
 
 from arceusd.files.checkpoint import CheckpointError, read_manifest, step_dir
-from arceusd.jobs.common.manager_base import JobContext, Lifecycle
+from arceusd.jobs.common.ports import Commanded, Feed
 from arceusd.jobs.core import actions, events
 from arceusd.jobs.plans.grow_start import GrowStart
 from arceusd.jobs.plans.planning import replica_flops_shares
 from arceusd.jobs.plans.recovery import ResumeFile, ResumePoint, file_name
 from arceusd.jobs.procs.supervisor import WorkerFailed
 from arceusd.jobs.record.job import Job
+from arceusd.network.peers import PeerService
 from partitioner import inputs_bytes, replica_plan_bytes
 from partitioner.replicas import ReplicaPlan, with_devices
 from protocol.envelope import Header
 from protocol.job_wire import JobAck, JobGo, JobGrowReplica, JobStart, JobStartReply, JobStop, PeerAddress
-
-if TYPE_CHECKING:
-    from arceusd.jobs.leader.starting import Starting
 
 log = logging.getLogger(__name__)
 
@@ -99,13 +98,27 @@ def _resume_files(job: Job, step: int, plan: ReplicaPlan, position: int) -> dict
     return out
 
 
+@dataclass(frozen=True)
+class RegrowingPorts:
+    """What :class:`Regrowing` uses, built by the composition root (issue 32: a port, not the manager)."""
+
+    me: str
+    """This device's peer id."""
+    feed: Feed
+    commanded: Commanded
+    peers: PeerService
+    """The peer network (the spares that answer; starts, ``go`` and the grown plan told)."""
+    grown: Callable[[Job, ReplicaPlan], None]
+    """The grown plan's places served their base weights from here (``Transfers.grown``)."""
+    send_go: Callable[[Job, JobGo, list[str], dict[str, str]], Awaitable[dict[str, str]]]
+    """``go`` sent in plan order; the devices that did not acknowledge it, with why (``Starting.send_go``)."""
+
+
 class Regrowing:
     """Both sides of a replica's rebuild (see the module docstring)."""
 
-    def __init__(self, ctx: JobContext, life: Lifecycle, starting: Starting) -> None:
-        self.ctx = ctx
-        self.life = life
-        self.starting = starting
+    def __init__(self, ports: RegrowingPorts) -> None:
+        self.ports = ports
 
     # -- the leader -----------------------------------------------------------------------------------------
 
@@ -116,7 +129,7 @@ class Regrowing:
         except RegrowError as exc:
             log.warning("job %s: the dropped replica is not rebuilt: %s", job.job_id, exc)
             await self.release(job)
-            self.life.feed(job, events.RegrowFailed(action.stamp, str(exc)))
+            self.ports.feed(job, events.RegrowFailed(action.stamp, str(exc)))
             return
         log.info(
             "job %s: the dropped replica was rebuilt on %s from step %d",
@@ -131,12 +144,12 @@ class Regrowing:
             raise RegrowError("the plan changed")
         slots, shares = job.slots(), job.data_shares or len(job.slots())
         free = sorted(set(range(shares)) - set(slots))
-        me = self.ctx.node.identity.peer_id  # (its worker serves the data: not a spare, even when retired)
+        me = self.ports.me  # (its worker serves the data: not a spare, even when retired)
         # the alive first, then suspects (a loaded member is often suspected for a moment: it answers the start
         # or is refused like any other)
         spares = [
             p
-            for p in self.ctx.peers.answering_peers()
+            for p in self.ports.peers.answering_peers()
             if p in job.members and p not in plan.peer_ids and p != me and p not in job.leading.checks.excluded
         ]
         need = len(plan.replicas[0].peer_ids)
@@ -147,7 +160,7 @@ class Regrowing:
         grow = GrowStart(slot, tuple(sorted((*slots, slot))), shares, job.ring_generation + 1)
         files = await trio.to_thread.run_sync(_resume_files, job, action.step, grown, position)
         job.leading.loop.resume_files.update({p: f.name for p, f in files.items()})
-        self.ctx.transfers.grown(job, grown)  # a LoRA job's spares fetch their place's base weights from us
+        self.ports.grown(job, grown)  # a LoRA job's spares fetch their place's base weights from us
         start = JobStart(
             job.job_id,
             job.term,
@@ -165,7 +178,7 @@ class Regrowing:
         refused: list[str] = []
 
         async def start_one(peer: str) -> None:
-            got = await self.ctx.peers.request(
+            got = await self.ports.peers.request(
                 job.members[peer].address, peer, start, timeout=240.0, job_id=job.job_id, term=job.term, epoch=job.epoch
             )
             if isinstance(got, JobStartReply) and got.accepted:
@@ -186,9 +199,7 @@ class Regrowing:
             job.epoch,
             tuple(PeerAddress(p, a) for p, a in sorted(job.leading.loop.go_addresses.items())),
         )
-        unacknowledged = await self.starting.send_go(
-            job, go, list(devices), {p: job.members[p].address for p in devices}
-        )
+        unacknowledged = await self.ports.send_go(job, go, list(devices), {p: job.members[p].address for p in devices})
         if unacknowledged:
             await self._stop(job, list(devices))
             raise RegrowError(f"go not acknowledged by {', '.join(p[:12] for p in unacknowledged)}")
@@ -200,11 +211,11 @@ class Regrowing:
             devices,
             tuple(PeerAddress(p, addresses[p]) for p in devices),
         )
-        left = [p for p in plan.peer_ids if p != self.ctx.node.identity.peer_id]
+        left = [p for p in plan.peer_ids if p != self.ports.me]
         await self.grow_here(job, message)
         # the core takes the replica back now, before the others are told: the plan's devices (the core's) hold
         # the rebuilt replica as soon as its workers may report
-        self.life.feed(job, events.Regrown(action.stamp, position, devices))
+        self.ports.feed(job, events.Regrown(action.stamp, position, devices))
         async with trio.open_nursery() as nursery:
             for peer in left:
                 nursery.start_soon(self._send, job, peer, message)
@@ -219,14 +230,14 @@ class Regrowing:
             return
         async with trio.open_nursery() as nursery:
             for peer in plan.peer_ids:
-                if peer != self.ctx.node.identity.peer_id:
+                if peer != self.ports.me:
                     nursery.start_soon(self._send, job, peer, message)
 
     async def _send(self, job: Job, peer: str, message: JobGrowReplica) -> None:
         offer = job.members.get(peer)
         if offer is None:
             return
-        answer = await self.ctx.peers.request(
+        answer = await self.ports.peers.request(
             offer.address, peer, message, timeout=GROW_TIMEOUT_S, job_id=job.job_id, term=job.term, epoch=job.epoch
         )
         if not isinstance(answer, JobAck) or not answer.ok:
@@ -238,14 +249,14 @@ class Regrowing:
         for peer in peers:
             offer = job.members.get(peer)
             if offer is not None:
-                await self.ctx.peers.request(
+                await self.ports.peers.request(
                     offer.address, peer, stop, timeout=GROW_TIMEOUT_S, job_id=job.job_id, term=job.term, epoch=job.epoch
                 )
 
     # -- every device left (the leader for itself too) -----------------------------------------------------
 
     async def on_grow(self, header: Header, msg: JobGrowReplica) -> JobAck:
-        job = await self.ctx.commanded(header, msg.job_id)
+        job = await self.ports.commanded(header, msg.job_id)
         if isinstance(job, JobAck):
             return job
         if msg.release:

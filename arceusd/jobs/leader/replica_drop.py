@@ -19,14 +19,16 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from dataclasses import dataclass
 
 import trio
 
-from arceusd.jobs.common.manager_base import JobContext, Lifecycle
+from arceusd.jobs.common.ports import Commanded, Feed, RequestRestart, Spawn
 from arceusd.jobs.core import actions, events
 from arceusd.jobs.plans.planning import replica_flops_shares
 from arceusd.jobs.procs.supervisor import WorkerFailed
 from arceusd.jobs.record.job import Job, ReplicaDrop
+from arceusd.network.peers import PeerService
 from partitioner.replicas import ReplicaPlan, ReplicaSyncMode
 from protocol.envelope import Header
 from protocol.job_wire import JobAck, JobDropReplica
@@ -62,12 +64,25 @@ def dropped_plan(plan: ReplicaPlan, count: int, index: int) -> ReplicaPlan:
     return dataclasses.replace(plan, replicas=replicas[:index] + replicas[index + 1 :])
 
 
+@dataclass(frozen=True)
+class ReplicaDropsPorts:
+    """What :class:`ReplicaDrops` uses, built by the composition root (issue 32: a port, not the manager)."""
+
+    me: str
+    """This device's peer id."""
+    feed: Feed
+    request_restart: RequestRestart
+    spawn: Spawn
+    commanded: Commanded
+    peers: PeerService
+    """The peer network (the drop told to each device left)."""
+
+
 class ReplicaDrops:
     """Both sides of a replica drop (see the module docstring)."""
 
-    def __init__(self, ctx: JobContext, life: Lifecycle) -> None:
-        self.ctx = ctx
-        self.life = life
+    def __init__(self, ports: ReplicaDropsPorts) -> None:
+        self.ports = ports
 
     def _apply(self, job: Job, plan: ReplicaPlan, count: int, index: int, reason: str) -> tuple[str, ...]:
         """Take the smaller plan; returns the dropped replica's devices."""
@@ -117,7 +132,7 @@ class ReplicaDrops:
             dropped = self._apply(job, plan, action.count, action.index, action.reason)
         except ValueError as exc:  # the core and the job's plan disagree: a bug, but the job can replan
             log.error("job %s: cannot drop a replica: %s", job.job_id, exc)
-            self.life.request_restart(job, f"dropping a replica failed ({exc})")
+            self.ports.request_restart(job, f"dropping a replica failed ({exc})")
             return
         job.serving_only = job.serving_only or action.retire
         left = set(job.plan_peers())
@@ -129,9 +144,9 @@ class ReplicaDrops:
             job.leading.commits.witnesses[step] = {
                 p: d for p, d in job.leading.commits.witnesses[step].items() if p in left
             }
-        me = self.ctx.node.identity.peer_id
+        me = self.ports.me
         hold_at = hold_step(job) if action.hold else 0
-        self.life.feed(job, events.HoldAt(action.stamp, hold_at))
+        self.ports.feed(job, events.HoldAt(action.stamp, hold_at))
         message = JobDropReplica(job.job_id, action.count, action.index, hold_at)
         peers = [(p, job.members[p].address) for p in sorted(left) if p != me and p in job.members]
         log.info(
@@ -147,10 +162,10 @@ class ReplicaDrops:
                 for peer, address in peers:
                     nursery.start_soon(self._send, job, peer, address, message)
 
-        self.ctx.spawn(tell)
+        self.ports.spawn(tell)
 
     async def _send(self, job: Job, peer: str, address: str, message: JobDropReplica) -> None:
-        answer = await self.ctx.peers.request(
+        answer = await self.ports.peers.request(
             address, peer, message, timeout=DROP_TIMEOUT_S, job_id=job.job_id, term=job.term, epoch=job.epoch
         )
         if not isinstance(answer, JobAck) or not answer.ok:
@@ -160,13 +175,13 @@ class ReplicaDrops:
     # -- a member -------------------------------------------------------------------------------------------
 
     async def on_drop(self, header: Header, msg: JobDropReplica) -> JobAck:
-        job = await self.ctx.commanded(header, msg.job_id)
+        job = await self.ports.commanded(header, msg.job_id)
         if isinstance(job, JobAck):
             return job
         plan = job.replica_plan
         if plan is None:
             return JobAck(False, "this device runs no plan of that job")
-        me = self.ctx.node.identity.peer_id
+        me = self.ports.me
         try:
             smaller = dropped_plan(plan, msg.replicas, msg.index)
         except ValueError as exc:
@@ -178,7 +193,7 @@ class ReplicaDrops:
         dropped = self._apply(
             job, plan, msg.replicas, msg.index, f"the leader dropped replica {msg.index} of {msg.replicas}"
         )
-        self.life.feed(job, events.ReplicaDropped(dropped))  # (a standby among them is none: the next plan's is)
+        self.ports.feed(job, events.ReplicaDropped(dropped))  # (a standby among them is none: the next plan's is)
         await self._tell_worker(job, msg.replicas, msg.index, msg.hold_at)
         return JobAck(True)
 

@@ -12,41 +12,54 @@ sender. Where this sits in a job's life: docs/ARCHITECTURE.md, "A job's life".
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
-from arceusd.jobs.common.manager_base import JobContext, Lifecycle
+from arceusd.jobs.common.ports import Feed, FetchShard, Leads, RequestRestart, Spawn
 from arceusd.jobs.core import Stamp, events
 from arceusd.jobs.judging import claims
 from arceusd.jobs.leader import probation, shard_checks, witness_shards, witnesses
-from arceusd.jobs.leader.speed_checks import SpeedChecks
 from arceusd.jobs.record.job import Job
 from protocol.envelope import Header
 from protocol.job_wire import JobAck, JobReport, ReportKind
 
 log = logging.getLogger(__name__)
 
-TakeReport = Callable[[Job, str, JobReport], Awaitable[None]]
-"""The leader's side of one report from a device of the plan (:meth:`ReportIntake.take`): what the member's side
-calls for this device's own worker when it leads."""
+
+@dataclass(frozen=True)
+class ReportIntakePorts:
+    """What :class:`ReportIntake` uses, built by the composition root (issue 32: a port, not the manager)."""
+
+    me: str
+    """This device's peer id."""
+    jobs: Mapping[str, Job]
+    """The jobs this daemon holds, by id."""
+    feed: Feed
+    request_restart: RequestRestart
+    leads: Leads
+    spawn: Spawn
+    fetch_shard: FetchShard
+    """A member's shard, read at a DiLoCo witness dispute (:mod:`arceusd.jobs.leader.witness_shards`)."""
+    judge_speeds: Callable[[Job], list[str]]
+    """The leader's timed challenges judged (``SpeedChecks.judge``): the restart reasons they give."""
 
 
 class ReportIntake:
-    """The leader taking members' reports: ``on_report`` (the wire handler) and ``take`` (a report let in)."""
+    """The leader taking members' reports: ``on_report`` (the wire handler) and ``take`` (a report let in; this
+    device's own reports come to it through :class:`arceusd.jobs.member.local_worker.LocalWorkerPorts.take`)."""
 
-    def __init__(self, ctx: JobContext, life: Lifecycle, speed: SpeedChecks | None = None) -> None:
-        self.ctx = ctx
-        self.life = life
-        self.speed = speed  # the leader's timed challenges of its members (issue #19)
+    def __init__(self, ports: ReportIntakePorts) -> None:
+        self.ports = ports
 
     async def on_report(self, header: Header, msg: JobReport) -> JobAck:
-        job = self.ctx.jobs.get(msg.job_id)
-        if job is None or not self.ctx.leads(job):
+        job = self.ports.jobs.get(msg.job_id)
+        if job is None or not self.ports.leads(job):
             return JobAck(False, "not the leader of that job")
         if msg.kind is ReportKind.LEAVE and header.sender in job.members:
             job.drop_member(header.sender)  # (not invited straight back)
             log.info("job %s: %s left", job.job_id, header.sender[:12])
             if header.sender in job.plan_peers():
-                self.life.request_restart(job, f"member {header.sender[:12]} left the job")
+                self.ports.request_restart(job, f"member {header.sender[:12]} left the job")
             return JobAck(True)
         if header.sender not in job.plan_peers() or msg.epoch != job.epoch:
             job.leading.checks.stale_reports += 1
@@ -63,14 +76,14 @@ class ReportIntake:
             # A worker's failure is usually a neighbour's: a killed process breaks its links. The core drops
             # that worker's replica (the others go on) or repartitions; a job that fails again and again at the
             # same checkpoint gives up.
-            self.life.feed(
+            self.ports.feed(
                 job, events.WorkerFailed(job.core.stamp, peer, report.message[:300], lost=kind is ReportKind.LOST)
             )
         elif kind is ReportKind.CHECKPOINT:
             try:  # the name from the plan, the size within its bound (issue #19)
                 step, shard = shard_checks.check_checkpoint_report(job, peer, report)
             except shard_checks.ReportRefused as refused:
-                self.life.request_restart(job, shard_checks.exclude(job, peer, refused))
+                self.ports.request_restart(job, shard_checks.exclude(job, peer, refused))
                 return
             job.leading.commits.reports.setdefault(step, {})[peer] = shard
             job.leading.commits.latest[peer] = report  # as it came: status shows its figures (record/report_fields)
@@ -87,7 +100,7 @@ class ReportIntake:
             try:
                 step, digest = witnesses.check_witness(job, peer, report)
             except shard_checks.ReportRefused as refused:
-                self.life.request_restart(job, shard_checks.exclude(job, peer, refused))
+                self.ports.request_restart(job, shard_checks.exclude(job, peer, refused))
                 return
             job.leading.commits.witnesses.setdefault(step, {})[peer] = digest
             job.leading.commits.latest[peer] = report
@@ -109,12 +122,12 @@ class ReportIntake:
             digests = job.leading.commits.witnesses.get(step, {})
             if len(digests) < len(job.plan_peers()):
                 return
-            me = self.ctx.node.identity.peer_id
+            me = self.ports.me
             outer = job.leading.commits.outer_witnesses.get(step)
             verdict = witnesses.judge(job, step, digests, me, witnesses.shard_digests(job, step), outer)
             if verdict.unsettled and outer is None:  # DiLoCo: the first replica's shards settle it, once read
                 job.leading.commits.outer_witnesses[step] = {}
-                self.ctx.spawn(self._read_outer, job, step, verdict.unsettled, job.core.stamp)
+                self.ports.spawn(self._read_outer, job, step, verdict.unsettled, job.core.stamp)
                 return
             if verdict.reason:
                 job.leading.commits.complete[step] = frozenset()
@@ -126,24 +139,24 @@ class ReportIntake:
                 if not verdict.odd:
                     problem = shard_checks.ReportProblem.WITNESS.value
                     job.leading.checks.refused_reports[problem] = job.leading.checks.refused_reports.get(problem, 0) + 1
-                self.life.request_restart(job, verdict.reason)
+                self.ports.request_restart(job, verdict.reason)
                 return
             alike = verdict.alike
         job.leading.commits.complete[step] = alike
         reason = self._judge_claims(job)
         if reason:  # planned again from the last commit: this checkpoint was paced by the overclaim
-            self.life.request_restart(job, reason)
+            self.ports.request_restart(job, reason)
             return
-        self.life.feed(job, events.CheckpointComplete(job.core.stamp, step))  # the core commits it, once
+        self.ports.feed(job, events.CheckpointComplete(job.core.stamp, step))  # the core commits it, once
 
     async def _read_outer(self, job: Job, step: int, peers: tuple[str, ...], stamp: Stamp) -> None:
         """Read the witness each of ``peers`` (first-replica devices at places in dispute) holds in its shard of
         ``step`` (:mod:`arceusd.jobs.leader.witness_shards`), then judge the step again (unless the plan changed)."""
-        got = await witness_shards.outer_witnesses(self.ctx, job, step, peers)
-        if job.core.stamp != stamp or step in job.leading.commits.complete or not self.ctx.leads(job):
+        got = await witness_shards.outer_witnesses(self.ports.fetch_shard, job, step, peers)
+        if job.core.stamp != stamp or step in job.leading.commits.complete or not self.ports.leads(job):
             return
         for peer, why in got.withheld.items():  # its serving blamed, as at a commit
-            self.life.feed(job, events.ShardWithheld(stamp, peer, why))
+            self.ports.feed(job, events.ShardWithheld(stamp, peer, why))
         if job.core.stamp != stamp:
             return  # excluded: the job plans again without it
         job.leading.commits.outer_witnesses[step] = got.witnesses
@@ -154,11 +167,11 @@ class ReportIntake:
         step times, as it reported them and as its neighbours saw them (issue #19). A member that overclaimed in
         :data:`claims.SUSTAINED_REPORTS` checkpoints in a row has its speed discounted (once per member); the
         restart reason, or ``""``."""
-        me = self.ctx.node.identity.peer_id
+        me = self.ports.me
         compute = {peer: got for peer, (got, _) in job.leading.speed.measured.items()}
         job.leading.speed.seen = claims.seen_in_every_replica(job, compute, me)
         judged = claims.judged_times(job.leading.speed.measured, job.leading.speed.seen)
-        reasons = self.speed.judge(job) if self.speed is not None else []  # its own clock first
+        reasons = self.ports.judge_speeds(job)  # its own clock first
         step_s = claims.own_step_total(job)
         found = [
             pair
@@ -196,4 +209,4 @@ class ReportIntake:
         return "; ".join(reasons)
 
 
-__all__ = ["ReportIntake", "TakeReport"]
+__all__ = ["ReportIntake", "ReportIntakePorts"]

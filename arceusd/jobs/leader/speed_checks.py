@@ -32,17 +32,18 @@ import secrets
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
 import trio
 
 from arceusd.base.control import RequestError
-from arceusd.jobs.common.manager_base import JobContext
+from arceusd.jobs.common.ports import Commanded, Leads, OwnOffer, Spawn
 from arceusd.jobs.judging import challenges, claims
 from arceusd.jobs.judging.challenges import Timed
 from arceusd.jobs.record.job import Job
-from arceusd.market import hooks
+from arceusd.network.peers import PeerService
 from protocol.envelope import Header
 from protocol.job_wire import (
     CHALLENGE_BLOCK_MAX,
@@ -177,11 +178,29 @@ class Pending:
     went: bool = False
 
 
+@dataclass(frozen=True)
+class SpeedCheckPorts:
+    """What :class:`SpeedChecks` uses, built by the composition root (issue 32: a port, not the manager)."""
+
+    me: str
+    """This device's peer id."""
+    leads: Leads
+    spawn: Spawn
+    offer: OwnOffer
+    commanded: Commanded
+    peers: PeerService
+    """The peer network (challenges sent, and their seeds and openings)."""
+    worker_threads: int
+    """The threads a challenge's child process may use (the daemon's ``worker_threads``)."""
+    wants_timing: Callable[[Job], bool]
+    """Whether the market wants the job's untimed devices timed now (``arceusd.market.hooks.wants_timing``)."""
+
+
 class SpeedChecks:
     """The leader's timed challenges of a job's devices, and a member's answers to them."""
 
-    def __init__(self, ctx: JobContext) -> None:
-        self.ctx = ctx
+    def __init__(self, ports: SpeedCheckPorts) -> None:
+        self.ports = ports
         self._pending: Pending | None = None
 
     # -- a leader -------------------------------------------------------------------------------------------
@@ -189,14 +208,14 @@ class SpeedChecks:
     def on_step(self, job: Job) -> None:
         """The leader's own worker ran a step: once the job runs slow, time the devices of its plan not timed
         yet (each once per job: the first plan's, then any that a later plan brings in)."""
-        if job.leading.speed.challenging or job.plan is None or not self.ctx.leads(job):
+        if job.leading.speed.challenging or job.plan is None or not self.ports.leads(job):
             return
         if len(job.stage_times) < FIRST_STEPS:
             return
         untimed = [p for p in job.plan_peers() if p not in job.leading.speed.challenged and p in job.members]
         total = claims.own_step_total(job)
         slow = total is not None and total - job.plan.predicted_step_time_s >= claims.MIN_EXCESS_S
-        if not untimed or not (slow or hooks.wants_timing(self.ctx.node, job)):  # the market pays what it measured
+        if not untimed or not (slow or self.ports.wants_timing(job)):  # the market pays what it measured
             return
         job.leading.speed.challenging = True
         log.info(
@@ -206,7 +225,7 @@ class SpeedChecks:
             job.plan.predicted_step_time_s,
             len(untimed),
         )
-        self.ctx.spawn(self.challenge_all, job, untimed)
+        self.ports.spawn(self.challenge_all, job, untimed)
 
     async def challenge_all(self, job: Job, peers: list[str]) -> None:
         """Time ``peers``, one at a time: this device first (the baseline), then the members doing the most
@@ -217,7 +236,7 @@ class SpeedChecks:
             job.leading.speed.challenging = False
 
     async def _challenge_all(self, job: Job, peers: list[str]) -> None:
-        me = self.ctx.node.identity.peer_id
+        me = self.ports.me
         if job.plan is None:
             return
         job.leading.speed.challenged.update(peers)
@@ -238,12 +257,12 @@ class SpeedChecks:
                 await self._time_and_keep(job, peer, None)
 
     def _still_leading(self, job: Job) -> bool:
-        return job.state.value not in ("done", "failed", "cancelled") and self.ctx.leads(job)
+        return job.state.value not in ("done", "failed", "cancelled") and self.ports.leads(job)
 
     async def _time_and_keep(self, job: Job, peer: str, refused: list[str] | None) -> None:
         """Time ``peer`` and keep the result (a first refusal or no answer is put in ``refused`` to ask again;
         with ``refused`` None, a refusal counts as a failed challenge, no answer as no result)."""
-        me = self.ctx.node.identity.peer_id
+        me = self.ports.me
         timed = await self._time(job, peer)
         if timed is None or (timed.why.startswith(REFUSED) and refused is not None):
             if refused is not None:
@@ -272,12 +291,12 @@ class SpeedChecks:
             return None
         size, rounds = challenges.challenge_size(offer.flops_per_s)
         work = challenges.challenge_flops(size, rounds)
-        if peer == self.ctx.node.identity.peer_id:
+        if peer == self.ports.me:
             return await self._time_self(offer.flops_per_s, size, rounds)
         wait = challenges.wait_for(offer.flops_per_s, size, rounds)
         challenge = secrets.token_hex(challenges.CHALLENGE_ID_LEN // 2)
         kw = Stamped(job_id=job.job_id, term=job.term, epoch=job.epoch)
-        ready = await self.ctx.peers.request(
+        ready = await self.ports.peers.request(
             offer.address,
             peer,
             SpeedChallenge(job.job_id, challenge, size, rounds, wait),
@@ -290,12 +309,12 @@ class SpeedChecks:
             return Timed(offer.flops_per_s, work, wait, f"{REFUSED}: {ready.reason[:100]}")
         seed = challenges.new_seed()
         began = time.monotonic()
-        root = await self.ctx.peers.request(offer.address, peer, ChallengeGo(job.job_id, challenge, seed), wait, **kw)
+        root = await self.ports.peers.request(offer.address, peer, ChallengeGo(job.job_id, challenge, seed), wait, **kw)
         seconds = time.monotonic() - began
         if not isinstance(root, ChallengeRoot) or root.challenge != challenge or len(root.root) != 64:
             return Timed(offer.flops_per_s, work, max(seconds, wait))  # no answer in time: it ran at most this fast
         leaves = challenges.blocks_to_open(size, rounds)
-        shown = await self.ctx.peers.request(
+        shown = await self.ports.peers.request(
             offer.address, peer, ChallengeOpen(job.job_id, challenge, leaves), REPLY_S + wait, **kw
         )
         why = await self._check_shown(shown, challenge, size, rounds, seed, leaves, root.root)
@@ -334,14 +353,14 @@ class SpeedChecks:
         """The device kind this daemon lends (its measured offer's, cached since it joined or led the job): a
         challenge is solved where this device's jobs run, not on a GPU its ``devices`` key keeps them off."""
         try:
-            return (await self.ctx.offer()).kind
+            return (await self.ports.offer()).kind
         except RequestError as exc:
             raise ChildError(f"this device is not measured: {exc}") from exc
 
     async def _time_self(self, offered: float, size: int, rounds: int) -> Timed | None:
         """This device's own challenge, timed alike (the baseline)."""
         try:
-            child = await ChallengeChild.start(size, rounds, self.ctx.node.config.worker_threads, await self._kind())
+            child = await ChallengeChild.start(size, rounds, self.ports.worker_threads, await self._kind())
         except (ChildError, OSError) as exc:
             log.warning("cannot time this device: %s", exc)
             return None
@@ -359,7 +378,7 @@ class SpeedChecks:
     def judge(self, job: Job) -> list[str]:
         """At a checkpoint: discount every member whose challenge ran far slower than its offer (once per member
         and job); the restart reasons."""
-        me = self.ctx.node.identity.peer_id
+        me = self.ports.me
         reasons = []
         for peer in sorted(job.leading.speed.timed):
             if peer == me or peer in job.leading.speed.discounts or peer not in job.plan_peers():
@@ -386,7 +405,7 @@ class SpeedChecks:
     # -- a member -------------------------------------------------------------------------------------------
 
     async def on_challenge(self, header: Header, msg: SpeedChallenge) -> JobAck:
-        job = await self.ctx.commanded(header, msg.job_id)
+        job = await self.ports.commanded(header, msg.job_id)
         if isinstance(job, JobAck):
             return job
         why = challenges.check_request(msg.challenge, msg.size, msg.rounds, msg.deadline_s)
@@ -395,9 +414,7 @@ class SpeedChecks:
         if self._pending is not None:
             return JobAck(False, "busy with another challenge")
         try:
-            child = await ChallengeChild.start(
-                msg.size, msg.rounds, self.ctx.node.config.worker_threads, await self._kind()
-            )
+            child = await ChallengeChild.start(msg.size, msg.rounds, self.ports.worker_threads, await self._kind())
         except (ChildError, OSError) as exc:
             return JobAck(False, f"cannot run the challenge: {exc}"[:200])
         if self._pending is not None:  # another took the place while this one loaded
@@ -412,7 +429,7 @@ class SpeedChecks:
             trio.CancelScope(deadline=trio.current_time() + challenges.READY_S + REPLY_S),
         )
         self._pending = pending
-        self.ctx.spawn(self._expire, pending)
+        self.ports.spawn(self._expire, pending)
         return JobAck(True)
 
     async def _expire(self, pending: Pending) -> None:

@@ -12,29 +12,54 @@ sends the owner the final checkpoint the same way, and the owner exports the mod
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
 
 import trio
 
 from arceusd.files.checkpoint import MANIFEST_NAME, CheckpointError, Manifest, parse_manifest, prune, step_dir
-from arceusd.jobs.common.manager_base import JobContext, Lifecycle
-from arceusd.jobs.common.transfers import leader_data
+from arceusd.jobs.common.ports import CheckLeader, Feed, Leads, Spawn
+from arceusd.jobs.common.transfers import Transfers, leader_data
 from arceusd.jobs.core import Role, leadership
 from arceusd.jobs.core.events import FollowsOther, StandbyCommitted
 from arceusd.jobs.plans.initial_weights import standby_copies
 from arceusd.jobs.plans.standby import StandbyError, check_names, data_files, offers_from_wire, offers_to_wire
 from arceusd.jobs.record.job import Job
+from arceusd.network.peers import PeerService
 from protocol.envelope import Header
 from protocol.job_wire import JobAck, StandbySync
 
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class StandbySyncingPorts:
+    """What :class:`StandbySyncing` uses, built by the composition root (issue 32: a port, not the manager)."""
+
+    me: str
+    """This device's peer id."""
+    jobs: Mapping[str, Job]
+    """The jobs this daemon holds, by id."""
+    feed: Feed
+    leads: Leads
+    spawn: Spawn
+    check_leader: CheckLeader
+    export: Callable[[Job, int, list[Path]], Awaitable[None]]
+    """The model assembled from a step's shards and the job finished (the driver's export)."""
+    standby_ready: Callable[[Job], None]
+    """The standby's copies are checked: it stands second in the job's election."""
+    peers: PeerService
+    """The peer network (the standby's and the owner's syncs)."""
+    transfers: Transfers
+    """Copies of a step's shards, the data and the initial weights, from the leader."""
+
+
 class StandbySyncing:
     """The leader's syncs to its standby and to the owner, and their receiving ends."""
 
-    def __init__(self, ctx: JobContext, life: Lifecycle) -> None:
-        self.ctx = ctx
-        self.life = life
+    def __init__(self, ports: StandbySyncingPorts) -> None:
+        self.ports = ports
 
     async def sync_standby(self, job: Job, step: int, shards: tuple[str, ...]) -> None:
         """Leader: tell the standby that ``step`` is committed (the signed manifest), the shards to copy from us
@@ -48,7 +73,7 @@ class StandbySyncing:
         names = tuple(p.name for p in data_files(leader_data(job)))
         offers = offers_to_wire(job.members[p] for p in sorted(job.members))  # the plan's and its spares
         sync = StandbySync(job.job_id, step, manifest, shards, names, offers)
-        reply = await self.ctx.peers.request(
+        reply = await self.ports.peers.request(
             offer.address, standby, sync, timeout=10.0, job_id=job.job_id, term=job.term, epoch=job.epoch
         )
         if not (isinstance(reply, JobAck) and reply.ok):
@@ -60,19 +85,19 @@ class StandbySyncing:
                 getattr(reply, "reason", "no answer"),
             )
             leader = leadership.followed_leader(reply.follows) if isinstance(reply, JobAck) else None
-            if leader is not None and leader != self.ctx.node.identity.peer_id:
-                self.life.feed(job, FollowsOther(leader, standby))  # with most of the job saying so: hand over
+            if leader is not None and leader != self.ports.me:
+                self.ports.feed(job, FollowsOther(leader, standby))  # with most of the job saying so: hand over
 
     async def on_standby_sync(self, header: Header, msg: StandbySync) -> JobAck:
-        job = self.ctx.jobs.get(msg.job_id)
+        job = self.ports.jobs.get(msg.job_id)
         if job is None:
             return JobAck(False, "unknown job")
-        why = await self.ctx.check_leader(header, job, epochs=False)
+        why = await self.ports.check_leader(header, job, epochs=False)
         if why is not None:
             return JobAck(False, why.reason, why.follows)
-        if job.role == Role.OWNER and not self.ctx.leads(job):
+        if job.role == Role.OWNER and not self.ports.leads(job):
             return await self._receive_final(job, header.sender, msg)
-        if job.standby != self.ctx.node.identity.peer_id:
+        if job.standby != self.ports.me:
             return JobAck(False, "this device is not the job's standby")
         try:
             manifest, _ = parse_manifest(msg.manifest, sorted(job.leaders), "the leader's manifest")
@@ -87,7 +112,7 @@ class StandbySyncing:
             log.warning("job %s: refusing a standby sync: %s", job.job_id, exc)
             return JobAck(False, f"refused: {exc}")
         job.standby_offers = offers
-        self.ctx.spawn(self._standby_copy, job, header.sender, msg, manifest)
+        self.ports.spawn(self._standby_copy, job, header.sender, msg, manifest)
         return JobAck(True)
 
     async def sync_owner(self, job: Job, step: int, names: list[str]) -> None:
@@ -96,11 +121,11 @@ class StandbySyncing:
         lands on the owner's disk as well. The owner copies, checks and exports before it answers; a failure
         only costs the owner its copy (the model is still saved here)."""
         offer = job.members.get(job.owner)
-        if job.owner == self.ctx.node.identity.peer_id or offer is None:
+        if job.owner == self.ports.me or offer is None:
             return
         manifest = await trio.to_thread.run_sync((step_dir(job.paths.checkpoints, step) / MANIFEST_NAME).read_bytes)
         sync = StandbySync(job.job_id, step, manifest, tuple(names))
-        reply = await self.ctx.peers.request(
+        reply = await self.ports.peers.request(
             offer.address, job.owner, sync, timeout=60.0, job_id=job.job_id, term=job.term, epoch=job.epoch
         )
         if not (isinstance(reply, JobAck) and reply.ok):
@@ -125,12 +150,12 @@ class StandbySyncing:
             return JobAck(False, f"refused: {exc}")
         folder = step_dir(job.paths.checkpoints, msg.step)
         async with job.sync_lock:
-            failed = await self.ctx.transfers.copy_step(job, leader, msg, {r.name: r for r in manifest.shards})
+            failed = await self.ports.transfers.copy_step(job, leader, msg, {r.name: r for r in manifest.shards})
             if failed is not None:
                 return JobAck(False, f"shard {failed} of step {msg.step} did not arrive intact")
-            self.life.feed(job, StandbyCommitted(msg.step))
+            self.ports.feed(job, StandbyCommitted(msg.step))
             if not job.model_path:  # "" until exported (a repeated sync exports once)
-                await self.life.export(job, msg.step, [folder / r.name for r in manifest.shards])
+                await self.ports.export(job, msg.step, [folder / r.name for r in manifest.shards])
         return JobAck(bool(job.model_path), job.error[:400])
 
     async def _standby_copy(self, job: Job, leader: str, msg: StandbySync, manifest: Manifest) -> None:
@@ -139,21 +164,21 @@ class StandbySyncing:
         of it is."""
         async with job.sync_lock:
             data_missing = job.standby_data is None and bool(msg.data_files)
-            if data_missing and not await self.ctx.transfers.copy_data(job, leader, msg.data_files):
+            if data_missing and not await self.ports.transfers.copy_data(job, leader, msg.data_files):
                 return
             weights_missing = standby_copies(job.spec.model) and not job.paths.weights_copy.is_file()
-            if weights_missing and not await self.ctx.transfers.copy_weights(job, leader):
+            if weights_missing and not await self.ports.transfers.copy_weights(job, leader):
                 return
             if data_missing or weights_missing:  # it may lead now: it stands in the job's election
-                self.ctx.standby_ready(job)
-            failed = await self.ctx.transfers.copy_step(job, leader, msg, {r.name: r for r in manifest.shards})
+                self.ports.standby_ready(job)
+            failed = await self.ports.transfers.copy_step(job, leader, msg, {r.name: r for r in manifest.shards})
             if failed is not None:
                 log.warning(
                     "job %s: the leader's shard %s of step %d did not arrive intact", job.job_id, failed, msg.step
                 )
                 return
             await trio.to_thread.run_sync(prune, job.paths.checkpoints, job.spec.checkpoint.keep)
-            self.life.feed(job, StandbyCommitted(msg.step))
+            self.ports.feed(job, StandbyCommitted(msg.step))
 
 
 def plan_memory(job: Job) -> dict[str, int]:

@@ -14,17 +14,18 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
 
 import trio
 
 from arceusd.device.profile import measure_link
-from arceusd.jobs.common.manager_base import JobContext, Lifecycle
+from arceusd.jobs.common.ports import Feed, Spawn
 from arceusd.jobs.core import JobState, actions, events
 from arceusd.jobs.judging import claims
 from arceusd.jobs.leader import probation, shard_checks
-from arceusd.jobs.leader.commits import Commits
 from arceusd.jobs.leader.standby_sync import choose_standby
-from arceusd.jobs.member.local_worker import LocalWorker
 from arceusd.jobs.plans.planning import (
     PlanError,
     encode_job_start,
@@ -34,6 +35,7 @@ from arceusd.jobs.plans.planning import (
 )
 from arceusd.jobs.procs import filework
 from arceusd.jobs.record.job import Job
+from arceusd.network.peers import PeerService
 from arceusd.worker.protocol import ResumeConfig
 from partitioner import Link
 from protocol.envelope import Header
@@ -48,21 +50,38 @@ LINK_TTL_S = 600.0
 again."""
 
 
+@dataclass(frozen=True)
+class StartingPorts:
+    """What :class:`Starting` uses, built by the composition root (issue 32: a port, not the manager). This
+    device's own worker is reached through two callables, so the leader's side imports nothing of
+    :mod:`arceusd.jobs.member`."""
+
+    me: str
+    """This device's peer id."""
+    feed: Feed
+    spawn: Spawn
+    peers: PeerService
+    """The peer network (starts, ``go``, link echoes; the round trips it measured; who is a member)."""
+    start_own_worker: Callable[[Job, ResumeConfig | None, Path | None], Awaitable[JobStartReply]]
+    """Start this device's worker for its place in the plan (``LocalWorker.start_worker``)."""
+    go_own_worker: Callable[[Job, JobGo], Awaitable[None]]
+    """Let this device's worker go (``LocalWorker.go``)."""
+    repair_checkpoint: Callable[[Job], Awaitable[list[Path]]]
+    """The newest committed step's damaged shards copied from members (``Commits.repair_checkpoint``)."""
+
+
 class Starting:
     """The leader's planning and starting of a plan epoch (see the module docstring)."""
 
-    def __init__(self, ctx: JobContext, life: Lifecycle, local: LocalWorker, commits: Commits) -> None:
-        self.ctx = ctx
-        self.life = life
-        self.local = local
-        self.commits = commits
+    def __init__(self, ports: StartingPorts) -> None:
+        self.ports = ports
         self._links: dict[str, tuple[float, Link]] = {}  # peer -> (when measured, partitioner Link)
 
     async def plan(self, job: Job) -> None:
         """The core's ``Plan``: plan over ``job.members`` and tell the core what came of it."""
         stamp = job.core.stamp
-        me = self.ctx.node.identity.peer_id
-        rtt = {(me, p): (i.rtt_ms or 1.0) / 1000 for p, i in self.ctx.peers.info.items()}
+        me = self.ports.me
+        rtt = {(me, p): (i.rtt_ms or 1.0) / 1000 for p, i in self.ports.peers.info.items()}
         # a member measured far slower than it offered is planned at its measured speed (issue #19)
         discounts = job.leading.speed.discounts
         every = [claims.discounted(job.members[p], discounts.get(p, 1.0)) for p in sorted(job.members)]
@@ -96,7 +115,7 @@ class Starting:
         except PlanError as exc:
             if job.core.stamp == stamp:
                 log.warning("job %s: no plan fits the %d member(s): %s", job.job_id, len(offers), exc)
-                self.life.feed(job, events.NoPlanFits(str(exc)))
+                self.ports.feed(job, events.NoPlanFits(str(exc)))
             return
         if job.core.stamp != stamp or job.state != JobState.PLANNING:
             return  # repartitioned or ended while planning: the core plans again when it is time
@@ -106,24 +125,24 @@ class Starting:
         job.shares = replica_flops_shares(replica_plan, inputs)
         standby = choose_standby(job, me)
         _mark(job, "planned")
-        self.life.feed(
+        self.ports.feed(
             job, events.PlanFound(job.planned_peers(), standby, tuple(r.peer_ids for r in replica_plan.replicas))
         )
         if job.core.stamp != stamp:  # the core took the plan (a new epoch)
             job.leading.speed.link_waits.clear()  # who waits on whom depends on the plan: judged afresh (claims)
             job.leading.speed.seen.clear()
-            self.ctx.spawn(shard_checks.prefetch_shapes, job)  # ready by the plan's first checkpoint
+            self.ports.spawn(shard_checks.prefetch_shapes, job)  # ready by the plan's first checkpoint
 
     async def start(self, job: Job, action: actions.SendStart) -> None:
         """The core's ``SendStart``: slice the resume checkpoint for the new plan (a child process), send every
         member its start (each verifies the plan itself and starts its worker), and tell the core who refused."""
-        me = self.ctx.node.identity.peer_id
+        me = self.ports.me
         if job.inputs is None or job.replica_plan is None or job.core.stamp != action.stamp:
             return  # the plan it starts is gone (a repartition began): the core plans again
         inputs_data, plan_data = encode_job_start(job.spec, job.inputs, job.replica_plan)
         resume = None
         if action.resuming:
-            replicas = await self.commits.repair_checkpoint(job)
+            replicas = await self.ports.repair_checkpoint(job)
             _mark(job, "checked")
             resume = await filework.prepare_resume(
                 job.directory, job.spec_bytes, plan_data, job.epoch, sorted(job.leaders), replicas
@@ -153,18 +172,18 @@ class Starting:
         failures: list[tuple[str, str, str]] = []
         reach = {p: o.address for p, o in job.members.items()}  # as planned: a member may leave meanwhile
         planned = set(job.plan_peers())  # (job.spares() waits for the election to name this leader: not yet, here)
-        self.ctx.spawn(self.tell_spares, job, start, {p: a for p, a in reach.items() if p not in planned and p != me})
+        self.ports.spawn(self.tell_spares, job, start, {p: a for p, a in reach.items() if p not in planned and p != me})
 
         async def start_one(peer: str) -> None:
             if peer == me:
                 local = None
                 if resume is not None:
                     local = ResumeConfig(start_step, str(resume.directory / resume.files[me].name), resume.cursor)
-                reply = await self.local.start_worker(job, local)
+                reply = await self.ports.start_own_worker(job, local, None)
             elif peer not in reach:
                 reply = JobStartReply(job.job_id, False, "no longer a member")
             else:
-                got = await self.ctx.peers.request(
+                got = await self.ports.peers.request(
                     reach[peer], peer, start, timeout=240.0, job_id=job.job_id, term=job.term, epoch=job.epoch
                 )
                 reply = got if isinstance(got, JobStartReply) else JobStartReply(job.job_id, False, "no answer")
@@ -182,7 +201,7 @@ class Starting:
         _mark(job, "started")
         if scope.cancelled_caught:
             failures.append(("", "a member of the new plan failed while it started", ""))
-        self.life.feed(job, events.StartAnswered(action.stamp, tuple(failures)))
+        self.ports.feed(job, events.StartAnswered(action.stamp, tuple(failures)))
 
     async def tell_spares(self, job: Job, start: JobStart, spares: dict[str, str]) -> None:
         """Send the plan's start to the members it leaves out, beside the plan's own starts (nothing waits on
@@ -190,7 +209,7 @@ class Starting:
         daemon). Their answers (a refusal: no place) change nothing."""
 
         async def tell(peer: str, address: str) -> None:
-            await self.ctx.peers.request(
+            await self.ports.peers.request(
                 address, peer, start, timeout=SPARE_TELL_TIMEOUT_S, job_id=job.job_id, term=job.term, epoch=job.epoch
             )
 
@@ -212,7 +231,7 @@ class Starting:
         _mark(job, "went")
         if unacknowledged and job.core.stamp == action.stamp:
             log.warning("job %s: go not acknowledged by %s", job.job_id, ", ".join(p[:12] for p in unacknowledged))
-        self.life.feed(job, events.GoAnswered(action.stamp, unacknowledged))
+        self.ports.feed(job, events.GoAnswered(action.stamp, unacknowledged))
         if job.state == JobState.RUNNING and job.core.stamp == action.stamp and not unacknowledged:
             log.info(
                 "job %s running on %d devices (term %d, epoch %d, from step %d)",
@@ -225,14 +244,14 @@ class Starting:
 
     async def send_go(self, job: Job, go: JobGo, peers: list[str], reach: dict[str, str]) -> dict[str, str]:
         """Send ``go`` to ``peers`` in plan order (as before); the ones that did not acknowledge it, with why."""
-        me = self.ctx.node.identity.peer_id
+        me = self.ports.me
         unacknowledged: dict[str, str] = {}
 
         async def one(peer: str) -> None:
             if peer == me:
-                await self.local.go(job, go)
+                await self.ports.go_own_worker(job, go)
                 return
-            reply = await self.ctx.peers.request(
+            reply = await self.ports.peers.request(
                 reach[peer], peer, go, timeout=30.0, job_id=job.job_id, term=job.term, epoch=job.epoch
             )
             if not isinstance(reply, JobAck):
@@ -251,7 +270,7 @@ class Starting:
         """Leader: the link to each member, measured over the transport (``arceusd.device.profile.measure_link``: round
         trip, bandwidth, per-message cost) one member at a time, reused for :data:`LINK_TTL_S`. A member that
         does not echo in time keeps the defaults (round trip from membership, nominal bandwidth)."""
-        me, now = self.ctx.node.identity.peer_id, time.monotonic()
+        me, now = self.ports.me, time.monotonic()
         out: dict[str, Link] = {}
         for peer in sorted(job.members):
             if peer == me:
@@ -263,7 +282,7 @@ class Starting:
             address = job.members[peer].address
 
             async def echo(data: bytes, peer: str = peer, address: str = address) -> bytes:
-                reply = await self.ctx.peers.request(address, peer, LinkEcho(data), timeout=10.0)
+                reply = await self.ports.peers.request(address, peer, LinkEcho(data), timeout=10.0)
                 if not isinstance(reply, LinkEcho):
                     raise ValueError(f"{peer[:12]} did not echo")
                 return reply.payload
@@ -280,7 +299,7 @@ class Starting:
         return out
 
     async def on_link_echo(self, header: Header, msg: LinkEcho) -> LinkEcho | JobAck:
-        if header.sender not in self.ctx.peers.membership.members:
+        if header.sender not in self.ports.peers.membership.members:
             return JobAck(False, "echoes are for peers in the membership view")
         return LinkEcho(msg.payload)
 

@@ -23,7 +23,7 @@ import trio
 from arceusd.files import outer_witness
 from arceusd.files.checkpoint import ShardRecord, matches
 from arceusd.files.safetensors_image import ImageError
-from arceusd.jobs.common.manager_base import JobContext
+from arceusd.jobs.common.ports import FetchShard
 from arceusd.jobs.leader import witnesses
 from arceusd.jobs.leader.commits import fetch_deadline
 from arceusd.jobs.record.job import Job
@@ -44,7 +44,7 @@ class Read:
     withheld: dict[str, str]
 
 
-async def outer_witnesses(ctx: JobContext, job: Job, step: int, peers: Sequence[str]) -> Read:
+async def outer_witnesses(fetch_shard: FetchShard, job: Job, step: int, peers: Sequence[str]) -> Read:
     """The witness each of ``peers``' reported checkpoint shard of ``step`` holds (``""``: not copied in time,
     not what it reported, or not readable), and which of them withheld it."""
     out: dict[str, str] = {}
@@ -52,7 +52,7 @@ async def outer_witnesses(ctx: JobContext, job: Job, step: int, peers: Sequence[
     for peer in peers:
         out[peer] = ""
         try:
-            out[peer] = await _outer_witness(ctx, job, step, peer)
+            out[peer] = await _outer_witness(fetch_shard, job, step, peer)
         except Withheld as exc:
             log.warning("job %s: %s; the witnesses stay word against word", job.job_id, exc)
             withheld[peer] = str(exc)
@@ -61,7 +61,7 @@ async def outer_witnesses(ctx: JobContext, job: Job, step: int, peers: Sequence[
     return Read(out, withheld)
 
 
-async def _outer_witness(ctx: JobContext, job: Job, step: int, peer: str) -> str:
+async def _outer_witness(fetch_shard: FetchShard, job: Job, step: int, peer: str) -> str:
     """:func:`outer_witnesses` for one device (``""``: no report or place, or not readable); raises
     :class:`Withheld`."""
     shard = job.leading.commits.reports.get(step, {}).get(peer)
@@ -71,7 +71,7 @@ async def _outer_witness(ctx: JobContext, job: Job, step: int, peer: str) -> str
     record = ShardRecord(str(shard["name"]), str(shard["sha256"]), int(shard["size"]))  # checked at its report
     data = None
     with trio.move_on_after(fetch_deadline(record.size)):
-        data = await ctx.transfers.fetch_shard(job, peer, step, record)
+        data = await fetch_shard(job, peer, step, record)
     if data is None or not matches(data, record):
         raise Withheld(
             f"the shard {record.name} of step {step} was not served by {peer[:12]} as it reported it (within "

@@ -13,17 +13,18 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import trio
 
-from arceusd.jobs.common.manager_base import JobContext, Lifecycle
+from arceusd.device.config import DaemonConfig
+from arceusd.jobs.common.ports import CheckLeader, Commanded, Feed, Leads, OwnOffer, Spawn, TakeReport
 from arceusd.jobs.common.transfers import job_weights, leader_data
 from arceusd.jobs.core import Role, Stamp, actions, events
 from arceusd.jobs.judging import claims
-from arceusd.jobs.leader.report_intake import TakeReport
-from arceusd.jobs.leader.speed_checks import SpeedChecks
 from arceusd.jobs.member import reports
 from arceusd.jobs.plans.grow_start import GrowStart
 from arceusd.jobs.plans.initial_weights import needs_weights, place_of, worker_spec_weights
@@ -37,11 +38,12 @@ from arceusd.jobs.plans.planning import (
     worker_replicas,
     worker_stages,
 )
-from arceusd.jobs.plans.recovery import ResumeError, ResumePoint
+from arceusd.jobs.plans.recovery import ResumeError, ResumeFile, ResumePoint
 from arceusd.jobs.procs.supervisor import WorkerFailed, WorkerProcess
 from arceusd.jobs.procs.warm_starts import preloads_for, warm_starts
 from arceusd.jobs.record.job import TERMINAL, Job
 from arceusd.models.hf.weights_slice import WeightsSliceError
+from arceusd.network.peers import PeerService
 from arceusd.worker.protocol import ResumeConfig, WorkerConfig
 from protocol.envelope import Header
 from protocol.errors import RemoteProtocolError
@@ -54,23 +56,56 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class LocalWorker:
-    """Starting and following this device's stage worker, and reporting its events to the leader (``take``:
-    the leader's side, :meth:`arceusd.jobs.leader.report_intake.ReportIntake.take`, for this device's own reports
-    when it leads)."""
+@dataclass(frozen=True)
+class LocalWorkerPorts:
+    """What :class:`LocalWorker` uses, built by the composition root (issue 32: a port, not the manager)."""
 
-    def __init__(self, ctx: JobContext, life: Lifecycle, take: TakeReport, speed: SpeedChecks | None = None) -> None:
-        self.ctx = ctx
-        self.life = life
-        self.take = take
-        self.speed = speed  # the leader's timed challenges of its members (issue #19)
+    me: str
+    """This device's peer id."""
+    jobs: Mapping[str, Job]
+    """The jobs this daemon holds, by id."""
+    feed: Feed
+    leads: Leads
+    spawn: Spawn
+    offer: OwnOffer
+    check_leader: CheckLeader
+    commanded: Commanded
+    drop_own_worker: Callable[[Job], Awaitable[None]]
+    """Stop this device's worker of the job, if any (it is detached first)."""
+    track: Callable[[Job, list[str], list[str]], None]
+    """Stand in the job's election: ``(job, members, ranking)``."""
+    fetch_resume: Callable[[Job, str, int, ResumeFile], Awaitable[ResumeConfig]]
+    """This device's resume slice of a step, from the leader (:mod:`arceusd.jobs.common.transfers`)."""
+    fetch_weights: Callable[[Job, str, tuple[int, int]], Awaitable[Path]]
+    """This device's place's initial weights, from the leader (:mod:`arceusd.jobs.common.transfers`)."""
+    peers: PeerService
+    """The peer network (a report sent to the leader)."""
+    addresses: Mapping[str, str]
+    """This daemon's listening addresses (``peer``: the worker listens on its host)."""
+    state_root: Path
+    """This daemon's state folder (the worker's)."""
+    config: DaemonConfig
+    """The daemon's configuration (the worker's host, threads and CPUs)."""
+    take: TakeReport
+    """The leader's side of a report, for this device's own when it leads (``ReportIntake.take``)."""
+    on_step: Callable[[Job], None]
+    """A step of this device's worker ran: the leader's speed checks (``SpeedChecks.on_step``) look at it."""
+
+
+class LocalWorker:
+    """Starting and following this device's stage worker, and reporting its events to the leader (``ports.take``:
+    the leader's side, for this device's own reports when it leads). Imports nothing of :mod:`arceusd.jobs.leader`:
+    what it calls there is in its port."""
+
+    def __init__(self, ports: LocalWorkerPorts) -> None:
+        self.ports = ports
 
     async def on_start(self, header: Header, msg: JobStart) -> JobStartReply:
-        job = self.ctx.jobs.get(msg.job_id)
+        job = self.ports.jobs.get(msg.job_id)
         if job is None:
             return JobStartReply(msg.job_id, False, "unknown job")
         began = time.monotonic()
-        why = await self.ctx.check_leader(header, job)
+        why = await self.ports.check_leader(header, job)
         if why is not None:
             return JobStartReply(msg.job_id, False, why.reason, follows=why.follows)
         if job.role not in (Role.MEMBER, Role.OWNER):
@@ -83,32 +118,32 @@ class LocalWorker:
             grow = GrowStart.from_wire(msg.grow)  # a spare rebuilding a dropped replica (arceusd.jobs.leader.regrow)
             if grow is not None:
                 inputs, replica_plan = await trio.to_thread.run_sync(
-                    verify_grown_start, job.spec, msg.inputs, msg.plan, await self.ctx.offer(), grow.position
+                    verify_grown_start, job.spec, msg.inputs, msg.plan, await self.ports.offer(), grow.position
                 )
             else:
                 inputs, replica_plan = await trio.to_thread.run_sync(
-                    verify_job_start, job.spec, msg.inputs, msg.plan, await self.ctx.offer(), header.sender
+                    verify_job_start, job.spec, msg.inputs, msg.plan, await self.ports.offer(), header.sender
                 )
         except (PlanRefused, ResumeError, ValueError, RemoteProtocolError) as exc:
             log.warning("job %s: refusing the start: %s", job.job_id, exc)
             return JobStartReply(msg.job_id, False, f"start refused: {exc}")
         if resume is not None and resume.step != msg.resume_step:
             return JobStartReply(msg.job_id, False, "start refused: the resume step is inconsistent")
-        if self.ctx.node.identity.peer_id not in replica_plan.peer_ids:
+        if self.ports.me not in replica_plan.peer_ids:
             if grow is None:  # the plan the leader tells its spares (Starting.tell_spares): this device is one
                 job.mark_spare(header.term, header.epoch, told)
                 # the plan's stamp and standby: whom it follows if the leader dies (leadership.spare_may_follow)
                 standby = msg.standby if msg.standby in replica_plan.peer_ids else ""
-                self.life.feed(job, events.StartReceived(Stamp(header.term, header.epoch), standby))
+                self.ports.feed(job, events.StartReceived(Stamp(header.term, header.epoch), standby))
                 log.info("job %s: a spare of plan epoch %d: in no stage, paid nothing", job.job_id, header.epoch)
-                await self.ctx.drop_own_worker(job)  # a place in an older plan is gone: its worker stops
+                await self.ports.drop_own_worker(job)  # a place in an older plan is gone: its worker stops
             return JobStartReply(msg.job_id, False, "start refused: this device has no place in the plan")
         if msg.standby and msg.standby not in replica_plan.peer_ids:
             return JobStartReply(msg.job_id, False, "start refused: the standby is not in the plan")
         verified = time.monotonic()
-        await self.ctx.drop_own_worker(job)  # a newer epoch replaces whatever ran before
+        await self.ports.drop_own_worker(job)  # a newer epoch replaces whatever ran before
         stamp = Stamp(header.term, header.epoch)
-        self.life.feed(job, events.StartReceived(stamp, msg.standby))
+        self.ports.feed(job, events.StartReceived(stamp, msg.standby))
         job.inputs = inputs
         job.plan, job.replica_plan = replica_plan.replicas[0], replica_plan
         job.replica_slots, job.data_shares, job.ring_generation = (
@@ -117,21 +152,21 @@ class LocalWorker:
         job.shares = replica_flops_shares(replica_plan, inputs)
         job.told_members = told or job.told_members
         job.spare_in = None  # a place in the plan
-        self.ctx.track(job, list(job.plan_peers()), [header.sender, msg.standby])
+        self.ports.track(job, list(job.plan_peers()), [header.sender, msg.standby])
         local = None
         if resume is not None:
-            mine = resume.files.get(self.ctx.node.identity.peer_id)
+            mine = resume.files.get(self.ports.me)
             if mine is None:
                 return JobStartReply(msg.job_id, False, "start refused: no resume slice for this device")
             try:
-                local = await self.ctx.transfers.fetch_resume(job, header.sender, resume.step, mine)
+                local = await self.ports.fetch_resume(job, header.sender, resume.step, mine)
             except (ResumeError, OSError) as exc:
                 return JobStartReply(msg.job_id, False, f"could not get the resume slice: {exc}")
         weights = None
-        if needs_weights(job.spec.model, resume is not None) and not self.ctx.leads(job):
-            place = place_of(replica_plan, self.ctx.node.identity.peer_id)
+        if needs_weights(job.spec.model, resume is not None) and not self.ports.leads(job):
+            place = place_of(replica_plan, self.ports.me)
             try:  # only its place's tensors, checked against the signed spec (arceusd.jobs.plans.initial_weights)
-                weights = await self.ctx.transfers.fetch_weights(job, header.sender, place or (0, 0))
+                weights = await self.ports.fetch_weights(job, header.sender, place or (0, 0))
             except (WeightsSliceError, OSError) as exc:
                 log.warning("job %s: %s", job.job_id, exc)
                 return JobStartReply(msg.job_id, False, f"could not get the initial weights: {exc}")
@@ -139,7 +174,7 @@ class LocalWorker:
         fetched = time.monotonic()
         reply = await self.start_worker(job, local, weights)
         if reply.accepted:
-            self.life.feed(job, events.WorkerStarted(stamp))
+            self.ports.feed(job, events.WorkerStarted(stamp))
             # where a slow start went (issue 33; bench/recovery.py prints these lines)
             log.info(
                 "job %s: worker of epoch %d listening %.3f s after the start came (plan verified %.3f s, "
@@ -163,19 +198,19 @@ class LocalWorker:
         rp = job.replica_plan
         if rp is None:
             return JobStartReply(job.job_id, False, "no plan to start a worker for")
-        _, the_plan = replica_peers(rp, self.ctx.node.identity.peer_id)
+        _, the_plan = replica_peers(rp, self.ports.me)
 
         job.directory.mkdir(parents=True, exist_ok=True)
-        host = self.ctx.node.addresses.get("peer", "127.0.0.1:0").rpartition(":")[0]
+        host = self.ports.addresses.get("peer", "127.0.0.1:0").rpartition(":")[0]
         spec_dict = json.loads(job.spec_bytes)
-        if self.ctx.leads(job):
+        if self.ports.leads(job):
             spec_dict["data"] = leader_data(job)
-        if self.ctx.leads(job):  # the owner's file, or a standby's checked copy once it took over
+        if self.ports.leads(job):  # the owner's file, or a standby's checked copy once it took over
             weights = job_weights(job)
         if weights is None and needs_weights(job.spec.model, resume is not None):
             return JobStartReply(job.job_id, False, "this device holds none of the job's initial weights")
         worker_spec_weights(spec_dict, weights if needs_weights(job.spec.model, resume is not None) else None)
-        offer = await self.ctx.offer()
+        offer = await self.ports.offer()
         config = WorkerConfig(
             job_id=job.job_id,
             term=job.term,
@@ -184,15 +219,15 @@ class LocalWorker:
             stages=worker_stages(the_plan),
             micro_batches=the_plan.micro_batches,
             schedule=_schedule(job, the_plan),
-            peer_id=self.ctx.node.identity.peer_id,
-            state_dir=str(self.ctx.node.paths.root),
-            listen_host=self.ctx.node.config.listen_host,
+            peer_id=self.ports.me,
+            state_dir=str(self.ports.state_root),
+            listen_host=self.ports.config.listen_host,
             owner=job.leader,
             checkpoint_dir=str(job.paths.checkpoints),
             checkpoint_interval=job.spec.checkpoint.interval_steps,
             total_steps=job.total_steps,
-            threads=self.ctx.node.config.worker_threads,
-            cpus=self.ctx.node.config.worker_cpus,
+            threads=self.ports.config.worker_threads,
+            cpus=self.ports.config.worker_cpus,
             resume=resume,
             device=worker_device(offer.kind),
             replicas=worker_replicas(rp),
@@ -221,10 +256,10 @@ class LocalWorker:
         return JobStartReply(job.job_id, True, "", f"{host}:{port}")
 
     async def on_go(self, header: Header, msg: JobGo) -> JobAck:
-        job = await self.ctx.commanded(header, msg.job_id)
+        job = await self.ports.commanded(header, msg.job_id)
         if isinstance(job, JobAck):
             return job
-        for action in self.life.feed(job, events.GoReceived(Stamp(header.term, header.epoch))):
+        for action in self.ports.feed(job, events.GoReceived(Stamp(header.term, header.epoch))):
             if isinstance(action, actions.Refuse):
                 return JobAck(False, action.reason)
             if isinstance(action, actions.LetWorkerGo):  # (the core let it go once in this epoch)
@@ -244,7 +279,7 @@ class LocalWorker:
             await job.worker.send({"cmd": "start", "addresses": {a.peer_id: a.address for a in msg.addresses}})
         except WorkerFailed as exc:
             log.warning("job %s: the worker is gone before go: %s", job.job_id, exc)
-        self.ctx.spawn(self._follow_worker, job, job.worker, job.epoch)
+        self.ports.spawn(self._follow_worker, job, job.worker, job.epoch)
 
     async def _follow_worker(self, job: Job, worker: WorkerProcess, epoch: int) -> None:
         finished = False
@@ -285,8 +320,7 @@ class LocalWorker:
             )
         )
         job.credit(1)
-        if self.speed is not None:
-            self.speed.on_step(job)
+        self.ports.on_step(job)  # the leader's speed checks (issue #19)
         recovery = job.leading.loop.recoveries[-1] if job.leading.loop.recoveries else None
         if recovery is not None and recovery.first_step_after_s is None and recovery.epoch == job.epoch:
             recovery.first_step_after_s = round(time.monotonic() - recovery.began, 3)
@@ -295,7 +329,7 @@ class LocalWorker:
     async def _report(self, job: Job, epoch: int, event: dict[str, Any]) -> None:
         """A worker event for the leader, typed once here (:func:`arceusd.jobs.member.reports.report_of_event`): handled
         in place when this device leads, sent as that :class:`protocol.job_wire.JobReport` from a member."""
-        me = self.ctx.node.identity.peer_id
+        me = self.ports.me
         if event.get("event") in ("checkpoint", "witness"):  # its measured speed beside the plan's (issue #19)
             event = {**event, **claims.own_step_times(job, me)}
         try:
@@ -303,10 +337,10 @@ class LocalWorker:
         except ValueError as exc:
             log.warning("job %s: a worker event no report can carry: %s", job.job_id, exc)
             return
-        if self.ctx.leads(job):
-            await self.take(job, me, report)
+        if self.ports.leads(job):
+            await self.ports.take(job, me, report)
             return
-        await self.ctx.peers.request(
+        await self.ports.peers.request(
             job.leader_address, job.leader, report, timeout=30.0, job_id=job.job_id, term=job.term, epoch=epoch
         )
 

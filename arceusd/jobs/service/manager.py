@@ -13,8 +13,10 @@ returning actions); this module is its trio driver: the service (:meth:`JobManag
 after a restart), the leader's loop (tell the core time passed, run the long actions it queued one at a time,
 wait on the job's wake), and the events membership and the election bring (member changes, a new leader, the
 standby's takeover). :mod:`arceusd.jobs.service.driver` feeds the core and carries out its actions. The rest lives
-beside it, composed (each part an object handed the shared context and the lifecycle it calls back into,
-:class:`arceusd.jobs.common.manager_base.Lifecycle`):
+beside it, composed: this is the composition root. Each part is handed a port of its own (issue 32: ports, not
+back-pointers), a frozen dataclass declared beside the part holding exactly what it calls (``LocalWorkerPorts``,
+``ReportIntakePorts``, ``StartingPorts``, ...; the shared shapes in :mod:`arceusd.jobs.common.ports`), which
+:meth:`JobManager.__init__` builds from its own methods, the node and the other parts; no part holds the manager:
 
 - :mod:`arceusd.jobs.common.manager_base`: the shared state (:class:`JobContext`, which the manager is), the manager's
   nursery, this device's offer, and whom it follows as leader (the check of a leader's command);
@@ -38,6 +40,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
 from typing import ParamSpec, TypeVar
 
@@ -45,29 +48,32 @@ import trio
 
 from arceusd.device.node import Node
 from arceusd.files.checkpoint import committed_steps
-from arceusd.jobs.common.manager_base import JobContext, JoinResult
+from arceusd.jobs.common.manager_base import JobContext
+from arceusd.jobs.common.ports import JoinResult
 from arceusd.jobs.core import JobState, Role
 from arceusd.jobs.core import actions as a
 from arceusd.jobs.core import events as e
-from arceusd.jobs.leader.commits import Commits
-from arceusd.jobs.leader.joining import Joining
-from arceusd.jobs.leader.regrow import Regrowing
-from arceusd.jobs.leader.replica_drop import ReplicaDrops
-from arceusd.jobs.leader.report_intake import ReportIntake
-from arceusd.jobs.leader.speed_checks import SpeedChecks
-from arceusd.jobs.leader.standby_sync import StandbySyncing
-from arceusd.jobs.leader.starting import Starting
-from arceusd.jobs.member.local_worker import LocalWorker, worker_device
+from arceusd.jobs.leader.commits import Commits, CommitsPorts
+from arceusd.jobs.leader.joining import Joining, JoiningPorts
+from arceusd.jobs.leader.regrow import Regrowing, RegrowingPorts
+from arceusd.jobs.leader.replica_drop import ReplicaDrops, ReplicaDropsPorts
+from arceusd.jobs.leader.report_intake import ReportIntake, ReportIntakePorts
+from arceusd.jobs.leader.speed_checks import SpeedCheckPorts, SpeedChecks
+from arceusd.jobs.leader.standby_sync import StandbySyncing, StandbySyncingPorts
+from arceusd.jobs.leader.starting import Starting, StartingPorts
+from arceusd.jobs.member.local_worker import LocalWorker, LocalWorkerPorts, worker_device
 from arceusd.jobs.plans.job_paths import JobPaths
 from arceusd.jobs.plans.recovery import corrupt_shards
 from arceusd.jobs.plans.standby import takeover_offers
 from arceusd.jobs.record.job import TERMINAL, Job
 from arceusd.jobs.record.known import read_records
-from arceusd.jobs.service.control_methods import ControlMethods
+from arceusd.jobs.service.control_methods import ControlMethods, ControlMethodsPorts
 from arceusd.jobs.service.driver import ActionTable, Driver
-from arceusd.jobs.service.lending import answerer
+from arceusd.jobs.service.lending import answerer, seen_lending
 from arceusd.jobs.spec.schema import JobSpecError, parse_spec, spec_hash
+from arceusd.market import hooks
 from arceusd.market.hooks import enough_memory
+from arceusd.market.progress import job_cost
 from arceusd.membership.events import MemberChanged, MemberState
 from arceusd.network.peers import PeerService
 from protocol.envelope import Header
@@ -111,26 +117,136 @@ def _standby_shards(job: Job, step: int) -> tuple[str, ...]:
 
 
 class JobManager(JobContext):
-    """Every job this daemon knows: the service, and the lifecycle of the jobs it owns or leads (the
-    :class:`arceusd.jobs.common.manager_base.Lifecycle` its parts call back into). The parts are composed, each handed
-    the shared context (this manager) and the lifecycle: ``control`` (the control-socket methods), ``local``
-    (this device's stage worker and its reports), ``intake`` (the leader taking members' reports), ``standbys``
-    (the standby's and the owner's copies), ``commits`` (checkpoint commits), ``joining`` (announcements and
-    joins), ``starting`` (plan and start)."""
+    """Every job this daemon knows: the service, and the lifecycle of the jobs it owns or leads. The parts are
+    composed, each handed its port (built in ``__init__``, in the order the parts call each other: speed checks,
+    intake, the local worker, standby syncs, commits, joining, the control methods, starting, replica drops and
+    rebuilds): ``control`` (the control-socket methods), ``local`` (this device's stage worker and its reports),
+    ``intake`` (the leader taking members' reports), ``standbys`` (the standby's and the owner's copies),
+    ``commits`` (checkpoint commits), ``joining`` (announcements and joins), ``starting`` (plan and start),
+    ``drops`` and ``regrow`` (a replica dropped and rebuilt), ``speed`` (speed challenges)."""
 
     def __init__(self, node: Node, peers: PeerService) -> None:
         super().__init__(node, peers)
         self.life = self
-        self.control = ControlMethods(self, self)
-        self.speed = SpeedChecks(self)
-        self.intake = ReportIntake(self, self, self.speed)
-        self.local = LocalWorker(self, self, self.intake.take, self.speed)
-        self.standbys = StandbySyncing(self, self)
-        self.commits = Commits(self, self)
-        self.joining = Joining(self, self)
-        self.starting = Starting(self, self, self.local, self.commits)
-        self.drops = ReplicaDrops(self, self)
-        self.regrow = Regrowing(self, self, self.starting)
+        me, transfers = node.identity.peer_id, self.transfers
+        self.speed = SpeedChecks(
+            SpeedCheckPorts(
+                me,
+                self.leads,
+                self.spawn,
+                self.offer,
+                self.commanded,
+                peers,
+                node.config.worker_threads,
+                partial(hooks.wants_timing, node),
+            )
+        )
+        self.intake = ReportIntake(
+            ReportIntakePorts(
+                me,
+                self.jobs,
+                self.feed,
+                self.request_restart,
+                self.leads,
+                self.spawn,
+                transfers.fetch_shard,
+                self.speed.judge,
+            )
+        )
+        self.local = LocalWorker(
+            LocalWorkerPorts(
+                me,
+                self.jobs,
+                self.feed,
+                self.leads,
+                self.spawn,
+                self.offer,
+                self.check_leader,
+                self.commanded,
+                self.drop_own_worker,
+                self.track,
+                transfers.fetch_resume,
+                transfers.fetch_weights,
+                peers,
+                node.addresses,
+                node.paths.root,
+                node.config,
+                self.intake.take,
+                self.speed.on_step,
+            )
+        )
+        self.standbys = StandbySyncing(
+            StandbySyncingPorts(
+                me,
+                self.jobs,
+                self.feed,
+                self.leads,
+                self.spawn,
+                self.check_leader,
+                self.export,
+                self.standby_ready,
+                peers,
+                transfers,
+            )
+        )
+        self.commits = Commits(
+            CommitsPorts(
+                me,
+                node.identity,
+                self.feed,
+                self.request_restart,
+                self.leads,
+                transfers.fetch_shard,
+                partial(hooks.on_commit, node),
+            )
+        )
+        self.joining = Joining(
+            JoiningPorts(
+                me,
+                self.jobs,
+                self.root,
+                node.config.auto_join,
+                self.feed,
+                self.leads,
+                self.spawn,
+                self.offer,
+                self.follow_leader,
+                peers,
+                partial(hooks.join_refusal, node),
+                partial(hooks.may_auto_join, node),
+            )
+        )
+        self.control = ControlMethods(
+            ControlMethodsPorts(
+                me,
+                node.addresses,
+                self.jobs,
+                self.root,
+                self.feed,
+                self.leads,
+                self.spawn,
+                self.offer,
+                self.find,
+                self.listing,
+                self.persist,
+                self.lead,
+                self.join,
+                partial(seen_lending, self),
+                partial(job_cost, node),
+                peers,
+            )
+        )
+        self.starting = Starting(
+            StartingPorts(
+                me, self.feed, self.spawn, peers, self.local.start_worker, self.local.go, self.commits.repair_checkpoint
+            )
+        )
+        self.drops = ReplicaDrops(
+            ReplicaDropsPorts(me, self.feed, self.request_restart, self.spawn, self.commanded, peers)
+        )
+        self.regrow = Regrowing(
+            RegrowingPorts(me, self.feed, self.commanded, peers, transfers.grown, self.starting.send_go)
+        )
         self.driver = Driver(
             self, self._action_table(), node.identity.peer_id, node.paths.root, self.standbys.sync_owner
         )
