@@ -15,8 +15,8 @@ and ``go`` in :mod:`arceusd.jobs.leader.starting`; commits in :mod:`arceusd.jobs
 owner's copies in :mod:`arceusd.jobs.leader.standby_sync`; the hand-over in :mod:`arceusd.jobs.leader.joining`; replica
 drops and rebuilds; announcing, the election and the take-over of the manager itself), the driver its own (recoveries,
 the export in a child process: :func:`arceusd.jobs.procs.filework.export_model`, the end). Besides the table the driver
-is handed only what it uses (:class:`DriverPorts`): this device's id and state folder, the peer service, and the
-manager's persist, spawn, leads and untrack.
+is handed only what it uses: this device's id and state folder, and its port (:class:`DriverPorts`, a frozen dataclass
+the composition root builds): the peer service, and the manager's persist, spawn, leads and untrack.
 """
 
 from __future__ import annotations
@@ -26,11 +26,12 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import trio
 
 from arceusd.files.checkpoint import step_dir
+from arceusd.jobs.common.ports import Leads, Spawn
 from arceusd.jobs.common.transfers import job_weights, leader_data
 from arceusd.jobs.core import JobState, Role
 from arceusd.jobs.core import actions as a
@@ -135,19 +136,19 @@ class ActionTable:
         self.long[kind] = handler
 
 
-class DriverPorts(Protocol):
-    """What the driver uses of the job manager besides the action table: the peer service (who is alive, the
-    handshake, requests) and the manager's own bookkeeping."""
+@dataclass(frozen=True)
+class DriverPorts:
+    """What the driver uses of the job manager besides the action table, built by the composition root (issue 32:
+    a port, not the manager): the peer service (the handshake of who answers, the stops) and the manager's own
+    bookkeeping."""
 
     peers: PeerService
-
-    def persist(self, job: Job) -> None: ...
-
-    def spawn(self, fn: Callable[..., Awaitable[object]], *args: object) -> None: ...
-
-    def leads(self, job: Job) -> bool: ...
-
-    def untrack(self, job: Job) -> None: ...
+    persist: Callable[[Job], None]
+    """The job's durable record written."""
+    spawn: Spawn
+    leads: Leads
+    untrack: Callable[[Job], None]
+    """Leave the job's election."""
 
 
 class Driver:

@@ -13,9 +13,10 @@ never measured measures itself first (a torch child: seconds). Answers are bound
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn, Protocol
+from typing import Any, NoReturn, Protocol
 
 import trio
 
@@ -97,7 +98,7 @@ class LentOffer(Protocol):
 
 
 class LendingContext(Protocol):
-    """What this module uses of the job manager (``arceusd.jobs.common.manager_base.JobContext`` fits)."""
+    """What this module uses of the job service (:class:`LendingPorts`, built by the composition root, fits)."""
 
     @property
     def node(self) -> LendingNode: ...
@@ -106,6 +107,16 @@ class LendingContext(Protocol):
     def peers(self) -> LendingPeers: ...
 
     async def offer(self) -> LentOffer: ...
+
+
+@dataclass(frozen=True)
+class LendingPorts:
+    """A :class:`LendingContext` the composition root builds (issue 32: a port, not the manager): the node, the peer
+    network and this device's offer."""
+
+    node: LendingNode
+    peers: LendingPeers
+    offer: Callable[[], Coroutine[Any, Any, LentOffer]]
 
 
 ASK_TIMEOUT_S = 5.0
@@ -196,6 +207,7 @@ __all__ = [
     "ASK_TIMEOUT_S",
     "MAX_ASKED",
     "LendingContext",
+    "LendingPorts",
     "answerer",
     "cached_lend",
     "lends_now",

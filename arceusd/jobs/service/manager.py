@@ -68,8 +68,8 @@ from arceusd.jobs.plans.standby import takeover_offers
 from arceusd.jobs.record.job import TERMINAL, Job
 from arceusd.jobs.record.known import read_records
 from arceusd.jobs.service.control_methods import ControlMethods, ControlMethodsPorts
-from arceusd.jobs.service.driver import ActionTable, Driver
-from arceusd.jobs.service.lending import answerer, seen_lending
+from arceusd.jobs.service.driver import ActionTable, Driver, DriverPorts
+from arceusd.jobs.service.lending import LendingPorts, answerer, seen_lending
 from arceusd.jobs.spec.schema import JobSpecError, parse_spec, spec_hash
 from arceusd.market import hooks
 from arceusd.market.hooks import enough_memory
@@ -216,6 +216,7 @@ class JobManager(JobContext):
                 partial(hooks.may_auto_join, node),
             )
         )
+        self.lending = LendingPorts(node, peers, self.offer)  # what this device and its peers lend
         self.control = ControlMethods(
             ControlMethodsPorts(
                 me,
@@ -231,7 +232,7 @@ class JobManager(JobContext):
                 self.persist,
                 self.lead,
                 self.join,
-                partial(seen_lending, self),
+                partial(seen_lending, self.lending),
                 partial(job_cost, node),
                 peers,
             )
@@ -248,7 +249,11 @@ class JobManager(JobContext):
             RegrowingPorts(me, self.feed, self.commanded, peers, transfers.grown, self.starting.send_go)
         )
         self.driver = Driver(
-            self, self._action_table(), node.identity.peer_id, node.paths.root, self.standbys.sync_owner
+            DriverPorts(peers, self.persist, self.spawn, self.leads, self.untrack),
+            self._action_table(),
+            me,
+            node.paths.root,
+            self.standbys.sync_owner,
         )
         self._ready = trio.Event()  # set once the job modules are imported and owned jobs restored
 
@@ -355,7 +360,7 @@ class JobManager(JobContext):
         peers.register(DataRequest, gate(self.transfers.on_data_request))
         peers.register(WeightsRequest, gate(self.transfers.on_weights_request))
         peers.register(LinkEcho, self.starting.on_link_echo)
-        peers.register(LendQuery, gate(answerer(self)))  # what this device lends (arceusd.jobs.service.lending)
+        peers.register(LendQuery, gate(answerer(self.lending)))  # what this device lends (arceusd.jobs.service.lending)
         peers.listeners.append(self._on_member_changed)
         if self.node.elections is not None:
             self.node.elections.on_leader_change(self._on_leader_change)
