@@ -13,7 +13,8 @@ reports, whose reports cover it, or that forges its speed challenges); ``calm``,
 napping 0.5 s a step and blaming its neighbour); ``replicas``, two replicas of one device each (a made-up
 witness, the leader holding the other place); ``places``, two replicas of two places on four daemons (a made-up
 witness at a place the leader does not hold); ``diloco``, the same with DiLoCo on five daemons, the attacker in
-the second replica and in the first (its witness contradicting its own shard). ``--quick`` leaves out the
+the second replica and in the first (its witness contradicting its own shard; and, ``witness-withhold``, serving
+that shard as 16 GiB so that nothing settles the dispute). ``--quick`` leaves out the
 ``calm``, ``places`` and ``diloco`` jobs (four and five daemons, or 100 steps of 512-wide layers: minutes each on
 two cores); ``--only`` picks rows by name. Every swarm of a run shares one measurement of the machine
 (``arceusd.cli.swarm.PROFILE_ENV``, as the tests do), so offers are multiples of one speed.
@@ -80,6 +81,7 @@ def cases(steps: int) -> list[JobCase]:
         JobCase("none", "diloco", "clean"),
         JobCase("witness", "diloco", "excluded", replica=1),
         JobCase("witness", "diloco", "excluded", replica=0),
+        JobCase("witness-withhold", "diloco", "excluded", replica=0),
     ]
 
 
@@ -140,7 +142,7 @@ def run_case(case: JobCase, steps: int) -> tuple[Report, float, str, bool]:
 
     where = {"places": WITNESS_PLACES, "diloco": DILOCO_PLACES[case.replica or 0]}.get(case.job)
     size = where.size if where else 3
-    arg = where.arg if where and case.attack == "witness" else case.arg
+    arg = where.arg if where and case.attack.startswith("witness") else case.arg
     # memberlist's timings where the tests use them: workers of wide layers or four and five daemons fill both
     # cores, and with the local ones the daemons declared each other dead again and again
     preset = "lan" if where or case.job in ("big", "calm") else "local"

@@ -19,6 +19,9 @@ from the first). Attacks (issue #19 items 1, 3, 4 and 5):
 * ``checkpoint-error``: at each checkpoint the member reports its worker failed instead (issue #29 item 6);
 * ``witness``: with replicas, the member's witnesses are made up (well-formed) digests (issue #29 item 6); it
   offers ``ARCEUS_HOSTILE_ARG`` times its speed (a few times: far below a discount) to be planned over a spare;
+* ``witness-withhold``: as ``witness``, and the member serves a 16 GiB total for any shard asked for (in the
+  first replica of a DiLoCo job, the shard the leader copies to settle the dispute: its word alone against the
+  other replica's);
 * ``bigmem``: the member offers 8 TiB of memory (within the physical bound; issue #29 item 7);
 * ``claims``: the member offers 2^50 bytes of memory and 10^20 FLOP/s;
 * ``overclaim``: the member offers ``ARCEUS_HOSTILE_ARG`` times its measured speed (within physical bounds), so
@@ -71,6 +74,7 @@ ATTACKS = (
     "serve-slow",
     "checkpoint-error",
     "witness",
+    "witness-withhold",
     "bigmem",
     "claims",
     "overclaim",
@@ -115,7 +119,7 @@ def install(attack: str, arg: str, after: int) -> None:
         if attack == "checkpoint-error" and kind == "checkpoint" and int(event["step"]) >= after:
             print(f"hostile: an error for checkpoint {event['step']}", file=sys.stderr, flush=True)
             event = {"event": "error", "message": "checkpoint failed: the disk is full"}
-        if attack == "witness" and kind == "witness" and int(event["step"]) >= after:
+        if attack in ("witness", "witness-withhold") and kind == "witness" and int(event["step"]) >= after:
             print(f"hostile: a made-up witness for step {event['step']}", file=sys.stderr, flush=True)
             event = {**event, "digest": os.urandom(32).hex()}
         if event.get("event") == "checkpoint" and not self.ports.leads(job) and int(event["step"]) >= after:
@@ -139,7 +143,7 @@ def install(attack: str, arg: str, after: int) -> None:
         await real_report(self, job, epoch, event)
 
     async def serve(self: Any, header: Any, msg: Any) -> Any:
-        if attack in ("huge", "serve-big") and msg.step >= after:
+        if attack in ("huge", "serve-big", "witness-withhold") and msg.step >= after:
             return ShardData(HUGE, b"\0" * min(1 << 20, HUGE - msg.offset))
         if attack == "serve-slow" and msg.step >= after:
             import trio
@@ -205,14 +209,22 @@ def install(attack: str, arg: str, after: int) -> None:
             return {**times, "wait_s": times["wait_s"] + float(arg), side: times[side] + float(arg)}
 
         claims_module.own_step_times = blaming
-    if attack in ("claims", "overclaim", "overclaim-hidden", "challenge-forge", "bigmem", "witness"):
+    if attack in (
+        "claims",
+        "overclaim",
+        "overclaim-hidden",
+        "challenge-forge",
+        "bigmem",
+        "witness",
+        "witness-withhold",
+    ):
         real_offer = manager_module.JobManager.offer
 
         async def offer(self: Any) -> Any:
             honest = await real_offer(self)
             if attack == "bigmem":
                 return replace(honest, memory_bytes=8 << 40)
-            if attack == "witness":
+            if attack in ("witness", "witness-withhold"):
                 return replace(honest, flops_per_s=honest.flops_per_s * float(arg or 1))
             if attack != "claims":
                 return replace(honest, flops_per_s=honest.flops_per_s * float(arg))

@@ -466,9 +466,13 @@ def test_a_wrong_witness_at_a_place_the_leader_does_not_hold_is_settled_by_the_f
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("replica", [1, 0], ids=["second-replica", "first-replica"])
+@pytest.mark.parametrize(
+    ("replica", "attack"),
+    [(1, "witness"), (0, "witness"), (0, "witness-withhold")],
+    ids=["second-replica", "first-replica", "first-replica-withholds"],
+)
 def test_a_wrong_diloco_witness_at_a_place_the_leader_does_not_hold_is_settled_by_the_outer_state_in_the_shard(
-    tmp_path: Path, replica: int
+    tmp_path: Path, replica: int, attack: str
 ) -> None:
     """With DiLoCo the witness is the outer anchor and momentum: at a place the leader does not hold, the leader
     copies the first replica's shard of that place, rebuilds the witness its outer tensors give (no torch in the
@@ -481,16 +485,19 @@ def test_a_wrong_diloco_witness_at_a_place_the_leader_does_not_hold_is_settled_b
     ``second-replica``: its made-up witness differs from the one the leader rebuilt from the first replica's
     shard at its place. ``first-replica``: it writes that shard itself; its made-up witness contradicts the outer
     state of its own shard, which names it (its shard is never committed: the job replans from the last commit
-    without it)."""
+    without it). ``first-replica-withholds``: it also serves its shard as 16 GiB, so the leader cannot read it
+    and the dispute is word against word: the job replans, and the withheld shard counts as a failure of its
+    serving, twice in a row (no commit between) excluding it (it used to spend the job's restarts)."""
     spec = replicas_spec(tmp_path, steps=60, layers="[784, 256, 256, 10]", sync="diloco")
     where = DILOCO_PLACES[replica]
+    withholds = attack == "witness-withhold"
     seen = run_blamed(
         tmp_path,
         spec,
-        "witness",
+        attack,
         where.arg,
         0,
-        "diverged from the other replicas",
+        "its shard serving failed 2 times in a row" if withholds else "diverged from the other replicas",
         tolerance=1e-4,
         size=where.size,
         lend_mib=where.lend_mib,
@@ -503,4 +510,10 @@ def test_a_wrong_diloco_witness_at_a_place_the_leader_does_not_hold_is_settled_b
     assert len(places) == 4 and places[seen["hostile"]] != places[seen["leader"]], plans[0]["replicas"]
     assert replica_of(plans[0])[seen["hostile"]] == replica, ("the attacker is not where this case puts it", plans[0])
     why = seen["end"]["excluded"][seen["hostile"]]
-    assert "first replica's shard, whose outer anchor and momentum the leader read" in why, why
+    assert withholds or "first replica's shard, whose outer anchor and momentum the leader read" in why, why
+    if withholds:  # the first dispute left word against word, the second excluded it (it took four disputes,
+        # or failed the job, when a withheld shard counted once per 10 s: these came 3.5 s apart)
+        assert seen["end"]["refused_reports"].get("replica_witness", 0) >= 1, seen["end"]["refused_reports"]
+        reasons = [r["reason"] for r in seen["end"]["recoveries"]]
+        named = [i for i, r in enumerate(reasons) if seen["hostile"] in r and "excluded" in r]
+        assert named and named[0] <= 2, reasons  # (one more: a member a loaded machine declared dead)

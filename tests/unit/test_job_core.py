@@ -646,6 +646,19 @@ def test_a_member_withholding_its_shard_at_two_witness_disputes_in_a_row_is_excl
     assert "serving failed 2 times in a row (shard x not served)" in core.error
 
 
+def test_a_shard_withheld_at_disputes_in_two_plans_counts_twice_however_soon() -> None:
+    """Each witness dispute whose shard was withheld ends its plan: the next plan's is another incident, counted
+    even within the blame spacing (disputes of a small DiLoCo job came 3.5 s apart: the spacing counted one in
+    three and the job failed after its restarts, end to end in ``test_job_hostile.py``)."""
+    core = running(total=100, members=(ME, B, C), min_members=3)
+    assert core.handle(e.ShardWithheld(core.stamp, C, "not served"), 0.0) == []
+    core.handle(e.RestartAsked("the replicas hold different states at step 20"), 0.0)  # word against word
+    replan(core, (ME, B, C))
+    out = core.handle(e.ShardWithheld(core.stamp, C, "not served again"), 3.5)
+    assert [x.peer for x in find(out, a.Exclude)] == [C] and state(core) == JobState.RECOVERING
+    assert "serving failed 2 times in a row (not served again)" in core.error
+
+
 def test_the_core_owns_the_members_the_standby_and_the_go_guard() -> None:
     """Issue 32 item 2: one owner per fact. Membership, whom the owner announced to, the plan's standby and the
     "go only once" guard live in the core alone; the job's I/O reads them there."""

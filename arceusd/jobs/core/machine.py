@@ -78,6 +78,7 @@ class LeaderState:
     failure_seen: Stamp | None = None  # the plan whose first worker failure was counted
     serve_failures: dict[str, int] = field(default_factory=dict)  # peer -> commits in a row its serving failed
     serve_blamed_at: dict[str, float] = field(default_factory=dict)  # peer -> when its serving was last counted
+    withheld_seen: dict[str, Stamp] = field(default_factory=dict)  # peer -> the plan whose withheld shard counted
 
 
 @dataclass
@@ -584,17 +585,21 @@ class JobCore:
         return self._commit_failed_decision(event, attempt)
 
     def _shard_withheld(self, event: e.ShardWithheld, now: float) -> list[a.Action]:
-        """A shard not served at a witness dispute counts like one not served at a commit (once per
-        :data:`SERVE_BLAME_SPACING_S`; :data:`MAX_BLAMED_FAILURES` in a row, no commit between, exclude it): a
-        first-replica member that lies about its witness and withholds its shard no longer spends the job's
-        restarts."""
+        """A shard not served at a witness dispute counts like one not served at a commit
+        (:data:`MAX_BLAMED_FAILURES` in a row, no commit between, exclude it): a first-replica member that lies
+        about its witness and withholds its shard no longer spends the job's restarts. It counts once per plan
+        (each such dispute ends its plan) or, within one plan, once per :data:`SERVE_BLAME_SPACING_S`: with the
+        spacing alone, disputes 3.5 s apart (a small DiLoCo job's replans) counted one in three, and the member
+        was excluded at the job's fourth restart, or the job failed at its fifth first."""
         lead = self.lead
         assert lead is not None
         peer = event.peer
         if event.stamp != self.stamp or peer == self.me or peer not in lead.plan:
             return []
-        if now < lead.serve_blamed_at.get(peer, -1e18) + SERVE_BLAME_SPACING_S:
+        same_plan = lead.withheld_seen.get(peer) == event.stamp
+        if same_plan and now < lead.serve_blamed_at.get(peer, -1e18) + SERVE_BLAME_SPACING_S:
             return []
+        lead.withheld_seen[peer] = event.stamp
         lead.serve_blamed_at[peer] = now
         count = lead.serve_failures[peer] = lead.serve_failures.get(peer, 0) + 1
         if count < MAX_BLAMED_FAILURES:
