@@ -261,7 +261,8 @@ def test_a_lost_go_is_resent_then_the_plan_restarts() -> None:
 
 def test_a_member_takes_go_once_per_epoch_and_refuses_another_epoch() -> None:
     member = JobCore(B, ME, 100, Role.MEMBER, JobState.JOINED, Stamp(1, 1))
-    member.handle(e.WorkerStarted(Stamp(1, 1)), 0.0)
+    member.handle(e.StartReceived(Stamp(1, 1)), 0.0)
+    assert member.handle(e.WorkerStarted(Stamp(1, 1)), 0.0) == []
     assert state(member) == JobState.STARTING
     assert member.handle(e.GoReceived(Stamp(1, 1)), 0.0) == [a.LetWorkerGo(Stamp(1, 1))]
     assert member.handle(e.GoReceived(Stamp(1, 1)), 0.0) == []  # resent after a lost answer: a no-op
@@ -676,6 +677,7 @@ def test_the_core_owns_the_members_the_standby_and_the_go_guard() -> None:
     member.handle(e.Joined(), 0.0)
     member.handle(e.StartReceived(Stamp(2, 5), C), 0.0)
     assert member.standby == C and member.members == frozenset()
+    member.handle(e.WorkerStarted(Stamp(2, 5)), 0.0)
     assert find(member.handle(e.GoReceived(Stamp(2, 5)), 0.0), a.LetWorkerGo)
     assert member.handle(e.GoReceived(Stamp(2, 5)), 0.0) == [] and not member.let_go(5)  # the same guard
     member.handle(e.ReplicaDropped((B,)), 0.0)

@@ -239,14 +239,17 @@ class ReplicaDropped:
 
 @dataclass(frozen=True, slots=True)
 class WorkerStarted:
-    """Member: this device's worker for plan ``stamp`` started (it waits for ``go``)."""
+    """Member: this device's worker for plan ``stamp`` started (it waits for ``go``). Refused when a stop came
+    since the plan's :class:`StartReceived` (the leader gone, a stop, leaving): that worker is stopped, the start
+    refused."""
 
     stamp: Stamp
 
 
 @dataclass(frozen=True, slots=True)
 class GoReceived:
-    """Member: the leader's ``go`` for plan ``stamp``."""
+    """Member: the leader's ``go`` for plan ``stamp``; refused unless this device holds that plan's started
+    worker."""
 
     stamp: Stamp
 

@@ -97,6 +97,8 @@ class JobCore:
     leaders: set[str] = field(default_factory=set)
     lead: LeaderState | None = None
     went: int = -1  # the epoch this device's worker was let go in (a repeated go is a no-op: :meth:`let_go`)
+    starting: Stamp | None = None  # member: the plan whose start it carries out (a local stop cuts it short)
+    held: Stamp | None = None  # member: the plan whose started worker it holds (a local stop lets it go)
     standby: str = ""  # the current plan's standby (the leader chose it; a member was told it in the start)
 
     def __post_init__(self) -> None:
@@ -193,7 +195,15 @@ class JobCore:
 
     # ------------------------------------------------------------------------------------------ events
     def handle(self, event: e.Event, now: float) -> list[a.Action]:
-        """Feed one event that happened at ``now``; the actions to carry out, in order."""
+        """Feed one event that happened at ``now``; the actions to carry out, in order. One that stops this
+        device's worker also ends a start in progress here and the hold on the started worker: that start's
+        answer is then refused (:class:`events.WorkerStarted`), and so is a ``go`` for its plan."""
+        out = self._handle(event, now)
+        if any(isinstance(x, a.StopWorkers) and x.local for x in out):
+            self.starting = self.held = None
+        return out
+
+    def _handle(self, event: e.Event, now: float) -> list[a.Action]:
         if self.terminal:
             return [a.Refuse(f"the job is {self.state.value}")] if isinstance(event, e.GoReceived) else []
         if isinstance(event, e.Cancel):
@@ -235,8 +245,10 @@ class JobCore:
         if isinstance(event, e.LeaveJob):
             self.role, self.state = Role.SEEN, JobState.LEFT
             return [a.StopWorkers(self.stamp, (), JobState.LEFT.value)]
-        if isinstance(event, e.StartReceived):
+        if isinstance(event, e.StartReceived):  # (the previous plan's worker was dropped before it)
             self.stamp, self.standby = event.stamp, event.standby
+            self.starting, self.held = event.stamp, None
+            self.went = -1  # a new worker takes its go, even in the epoch an earlier one went in (a rebuilt replica)
             return []
         if isinstance(event, e.ReplicaDropped):
             self.standby = "" if self.standby in event.devices else self.standby
@@ -245,12 +257,22 @@ class JobCore:
             self.committed_step = max(self.committed_step, min(event.step, self.total_steps))
             return []
         if isinstance(event, e.WorkerStarted):
+            if event.stamp != self.starting:  # stopped, or replaced by a newer start, while its worker started
+                why = f": {self.error}" if self.error else ""
+                return [
+                    a.Refuse(f"the start of plan epoch {event.stamp.epoch} was stopped while its worker started{why}")
+                ]
+            self.starting, self.held = None, event.stamp
             if event.stamp == self.stamp:
                 self.state = JobState.STARTING
             return []
         if isinstance(event, e.GoReceived):
             if event.stamp.epoch != self.stamp.epoch:
                 return [a.Refuse(f"go for epoch {event.stamp.epoch}, but this device started epoch {self.stamp.epoch}")]
+            if self.held is None or self.held.epoch != event.stamp.epoch:  # never acknowledge a go no worker takes
+                return [
+                    a.Refuse(f"this device holds no worker for plan epoch {event.stamp.epoch} (its start was stopped)")
+                ]
             if not self.let_go(self.stamp.epoch):
                 return []  # a go sent again after a lost answer
             self.state = JobState.RUNNING

@@ -173,8 +173,12 @@ class LocalWorker:
         job.step = msg.resume_step
         fetched = time.monotonic()
         reply = await self.start_worker(job, local, weights)
-        if reply.accepted:
-            self.ports.feed(job, events.WorkerStarted(stamp))
+        if reply.accepted:  # (job.worker is the worker just started: start_worker checked it, nothing awaited since)
+            for action in self.ports.feed(job, events.WorkerStarted(stamp)):
+                if isinstance(action, actions.Refuse):  # a stop came while it started: no worker outlives it
+                    log.warning("job %s: %s", job.job_id, action.reason)
+                    await self.ports.drop_own_worker(job)
+                    return JobStartReply(msg.job_id, False, action.reason)
             # where a slow start went (issue 33; bench/recovery.py prints these lines)
             log.info(
                 "job %s: worker of epoch %d listening %.3f s after the start came (plan verified %.3f s, "
@@ -253,6 +257,9 @@ class LocalWorker:
             if job.worker is worker:
                 job.worker = None
             return JobStartReply(job.job_id, False, str(exc)[-1500:])
+        if job.worker is not worker:  # detached while it started (a stop, a newer plan): never answer for it
+            await worker.stop(grace=0.5)
+            return JobStartReply(job.job_id, False, "the start was stopped while the worker started")
         return JobStartReply(job.job_id, True, "", f"{host}:{port}")
 
     async def on_go(self, header: Header, msg: JobGo) -> JobAck:
@@ -263,6 +270,8 @@ class LocalWorker:
             if isinstance(action, actions.Refuse):
                 return JobAck(False, action.reason)
             if isinstance(action, actions.LetWorkerGo):  # (the core let it go once in this epoch)
+                if job.worker is None:  # (the core holds no plan whose worker was detached: a bug if reached)
+                    return JobAck(False, f"this device holds no worker for plan epoch {msg.epoch}")
                 await self._let_go(job, msg)
         return JobAck(True)
 

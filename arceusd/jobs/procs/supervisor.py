@@ -37,6 +37,7 @@ class WorkerProcess:
         self.process: ChildProcess | None = None
         self.port: int | None = None
         self._buffer = bytearray()
+        self._stopped = False  # stop() or kill() was called: a start still spawning must not bring it up
 
     @property
     def os_pid(self) -> int | None:
@@ -52,21 +53,32 @@ class WorkerProcess:
         return int(self.process.pid)
 
     async def start(self, timeout: float = 180.0) -> int:
-        """Spawn the worker and wait for its ``listening`` event; return its transport port."""
+        """Spawn the worker and wait for its ``listening`` event; return its transport port. A stop asked for
+        while it starts (before its process exists too: the spawn waits on the fork server, seconds under load)
+        ends the start with :class:`WorkerFailed` and leaves no process behind, nor does a cancelled start."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         # forked from the fork server when it runs (torch already imported: off a recovery's critical path)
         argv = ["--config", str(self.config_path)]
+        if self._stopped:
+            raise WorkerFailed("the worker was stopped before it started")
         self.process = await warm_starts().spawn("arceusd.worker", argv, self.log_path)
-        with trio.move_on_after(timeout):
-            async for event in self.events():
-                if event.get("event") == "listening":
-                    self.port = int(event["port"])
-                    return self.port
-                if event.get("event") == "error":
-                    raise WorkerFailed(f"worker failed at start: {event.get('message')}")
-            raise WorkerFailed(f"worker exited before listening:\n{self.log_tail()}")
-        await self.kill()
-        raise WorkerFailed(f"worker did not start listening within {timeout:.0f} s:\n{self.log_tail()}")
+        try:
+            if self._stopped:
+                raise WorkerFailed("the worker was stopped while it started")
+            with trio.move_on_after(timeout):
+                async for event in self.events():
+                    if event.get("event") == "listening":
+                        self.port = int(event["port"])
+                        return self.port
+                    if event.get("event") == "error":
+                        raise WorkerFailed(f"worker failed at start: {event.get('message')}")
+                if self._stopped:  # (it read the stop, or was killed, before it listened)
+                    raise WorkerFailed("the worker was stopped while it started")
+                raise WorkerFailed(f"worker exited before listening:\n{self.log_tail()}")
+            raise WorkerFailed(f"worker did not start listening within {timeout:.0f} s:\n{self.log_tail()}")
+        except BaseException:  # failed, stopped or cancelled before listening: no worker outlives its start
+            await self.kill()
+            raise
 
     async def send(self, command: dict[str, Any]) -> None:
         if self.process is None or self.process.stdin is None:
@@ -100,7 +112,9 @@ class WorkerProcess:
             yield json.loads(text)
 
     async def stop(self, grace: float = 10.0) -> int | None:
-        """Ask the worker to stop, then kill it if it does not exit within ``grace`` seconds."""
+        """Ask the worker to stop, then kill it if it does not exit within ``grace`` seconds (one still being
+        spawned is killed as soon as it exists: :meth:`start`)."""
+        self._stopped = True
         if self.process is None:
             return None
         if self.process.returncode is None:
@@ -111,6 +125,7 @@ class WorkerProcess:
         return await self.kill()
 
     async def kill(self) -> int | None:
+        self._stopped = True
         if self.process is None:
             return None
         if self.process.returncode is None:
