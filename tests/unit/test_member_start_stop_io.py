@@ -21,7 +21,7 @@ import trio
 
 from arceusd.jobs.core import Role, events
 from arceusd.jobs.member import local_worker
-from arceusd.jobs.member.local_worker import LocalWorker
+from arceusd.jobs.member.local_worker import LocalWorker, LocalWorkerPorts
 from arceusd.jobs.plans.planning import encode_job_start, make_job_plan
 from arceusd.jobs.procs import supervisor
 from arceusd.jobs.procs.supervisor import WorkerFailed, WorkerProcess
@@ -130,24 +130,6 @@ def member_parts(job: Job, tmp_path: Path, spawn: Any) -> tuple[LocalWorker, Dri
     async def request(*_args: Any, **_kw: Any) -> None:  # a report to the leader (a worker lost at the end)
         return None
 
-    node = SimpleNamespace(
-        identity=SimpleNamespace(peer_id=ME),
-        addresses={"peer": "127.0.0.1:9"},
-        config=SimpleNamespace(listen_host="127.0.0.1", worker_threads=1, worker_cpus=()),
-        paths=SimpleNamespace(root=tmp_path),
-    )
-    ctx = SimpleNamespace(
-        jobs={JOB_ID: job},
-        node=node,
-        check_leader=check_leader,
-        offer=own_offer,
-        drop_own_worker=drop_own_worker,
-        commanded=commanded,
-        track=lambda *_: None,
-        leads=lambda j: j.leader == ME,
-        spawn=spawn,
-        peers=SimpleNamespace(request=request),
-    )
     ports = SimpleNamespace(
         peers=SimpleNamespace(alive_peers=lambda: set()),
         persist=lambda _job: None,
@@ -156,7 +138,27 @@ def member_parts(job: Job, tmp_path: Path, spawn: Any) -> tuple[LocalWorker, Dri
         untrack=lambda _job: None,
     )
     driver = Driver(cast(Any, ports), ActionTable(), ME, tmp_path, cast(Any, None))
-    return LocalWorker(cast(Any, ctx), cast(Any, driver), cast(Any, None)), driver
+    worker_ports = LocalWorkerPorts(
+        me=ME,
+        jobs={JOB_ID: job},
+        feed=driver.feed,
+        leads=lambda j: j.leader == ME,
+        spawn=spawn,
+        offer=own_offer,
+        check_leader=cast(Any, check_leader),
+        commanded=commanded,
+        drop_own_worker=drop_own_worker,
+        track=lambda *_: None,
+        fetch_resume=cast(Any, None),
+        fetch_weights=cast(Any, None),
+        peers=cast(Any, SimpleNamespace(request=request)),
+        addresses={"peer": "127.0.0.1:9"},
+        state_root=tmp_path,
+        config=cast(Any, SimpleNamespace(listen_host="127.0.0.1", worker_threads=1, worker_cpus=())),
+        take=cast(Any, None),
+        on_step=lambda _job: None,
+    )
+    return LocalWorker(worker_ports), driver
 
 
 @pytest.mark.parametrize("gate", ["spawn", "preload"])
