@@ -77,7 +77,8 @@ def cases(steps: int) -> list[JobCase]:
         JobCase("none", "replicas", "clean"),
         JobCase("witness", "replicas", "excluded", "3"),
         JobCase("none", "places", "clean"),
-        JobCase("witness", "places", "excluded"),
+        JobCase("witness", "places", "excluded", replica=1),
+        JobCase("witness", "places", "excluded", replica=0),
         JobCase("none", "diloco", "clean"),
         JobCase("witness", "diloco", "excluded", replica=1),
         JobCase("witness", "diloco", "excluded", replica=0),
@@ -140,7 +141,8 @@ def run_case(case: JobCase, steps: int) -> tuple[Report, float, str, bool]:
     from tests.harness import Daemon, wait_for
     from tests.integration.test_recovery import job_of, submit, wait_end
 
-    where = {"places": WITNESS_PLACES, "diloco": DILOCO_PLACES[case.replica or 0]}.get(case.job)
+    replica = 1 if case.replica is None else case.replica
+    where = {"places": WITNESS_PLACES[replica], "diloco": DILOCO_PLACES[replica]}.get(case.job)
     size = where.size if where else 3
     arg = where.arg if where and case.attack.startswith("witness") else case.arg
     # memberlist's timings where the tests use them: workers of wide layers or four and five daemons fill both

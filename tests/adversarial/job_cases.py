@@ -81,9 +81,15 @@ class Placement:
         return len(self.lend_mib)
 
 
-WITNESS_PLACES = Placement("3", (4, 4, 3, 3))
+WITNESS_PLACES = {
+    1: Placement("3", (4, 4, 3, 3), {1: 1.5}, replica=1),
+    0: Placement("1.2", (4, 4, 3, 3), {1: 1.5, 3: 1.5}, replica=0),
+}
 """Two replicas of two places on four daemons, on ``[784, 256, 256, 10]`` (its training state needs about 4.3 MiB,
-its first layer 3.8): the leader (4 MiB) at the first layer, the attacker (3 MiB, offering 3x) at the rest."""
+its first layer 3.8): a 4 MiB device at the first layer of each replica, the attacker (3 MiB) at the rest, dealt as
+in :data:`DILOCO_PLACES` without the spare. (Without daemon 1's 1.5x the plan hung on the peer ids' order: dealt by
+speed, it put the attacker in the first replica when daemon 3's id was the smallest, else by memory in the
+second.)"""
 
 DILOCO_PLACES = {
     1: Placement("3", (4, 4, 3, 3, 3), {1: 1.5}, replica=1),

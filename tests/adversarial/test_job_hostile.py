@@ -438,15 +438,18 @@ def test_a_wrong_witness_with_two_replicas_is_settled_by_the_leaders_own_and_the
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.parametrize("replica", [1, 0], ids=["second-replica", "first-replica"])
 def test_a_wrong_witness_at_a_place_the_leader_does_not_hold_is_settled_by_the_first_replicas_shard(
-    tmp_path: Path,
+    tmp_path: Path, replica: int
 ) -> None:
     """Two replicas of two places (stages or tensor ranks) on four daemons (:data:`WITNESS_PLACES`): the
     attacker's place is not the leader's, so no witness of the leader's own can settle it; the first replica's
-    reported shard digest does (the attacker's made-up witness differs from it, or, in the first replica, from
-    its own shard). It used to be word against word."""
+    reported shard digest does: ``second-replica``, the attacker's made-up witness differs from it;
+    ``first-replica``, the attacker writes that shard and its witness contradicts its own shard's digest (the
+    shard is never committed). It used to be word against word. The three left train as one replica (averaging
+    every step, fewer replicas are planned when the spec's no longer fit)."""
     spec = replicas_spec(tmp_path, steps=60, layers="[784, 256, 256, 10]")
-    where = WITNESS_PLACES
+    where = WITNESS_PLACES[replica]
     seen = run_blamed(
         tmp_path,
         spec,
@@ -457,11 +460,13 @@ def test_a_wrong_witness_at_a_place_the_leader_does_not_hold_is_settled_by_the_f
         tolerance=1e-4,
         size=where.size,
         lend_mib=where.lend_mib,
+        faster=where.faster,
     )
     plan = seen["first"]["plan"]
     places = place_of(plan)  # (stage, rank): stages or tensor ranks, whichever the planner chose for four devices
     assert len(plan["replicas"]) == 2 and len(places) == 4, plan["replicas"]
     assert places[seen["hostile"]] != places[seen["leader"]], "the leader held the attacker's place"
+    assert replica_of(plan)[seen["hostile"]] == replica, ("the attacker is not where this case puts it", plan)
     assert "first replica's shard" in seen["end"]["excluded"][seen["hostile"]], seen["end"]["excluded"]
 
 
