@@ -3,7 +3,7 @@
 A spare is in no stage, so it is in no election (the job's election is its plan's devices'). Before, the leader
 synced its standby only the plan's offers (the standby took over without the spare) and the spare, asked by the
 new leader at a newer term, found no election naming it and refused ("this device follows <the dead leader>").
-Now the sync carries every member's offer (checked: plausible, and a member the leader's start named), the
+Now the sync carries every member's offer (checked: plausible; kept if a member the leader's start named), the
 standby leads the spares alive in its view that the spec admits, and a spare follows the standby its leader named
 once that leader is gone from its own view, never another peer. Over fakes of the manager's context (the plan,
 the spec and the job are real)."""
@@ -15,14 +15,13 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
-import pytest
 import trio
 
 from arceusd.files.checkpoint import MANIFEST_NAME, step_dir
 from arceusd.jobs.common.manager_base import JobContext
 from arceusd.jobs.core import Stamp, events, leadership
 from arceusd.jobs.leader.standby_sync import StandbySyncing
-from arceusd.jobs.plans.standby import StandbyError, offers_from_wire, takeover_offers
+from arceusd.jobs.plans.standby import offers_from_wire, takeover_offers
 from protocol.envelope import Header
 from protocol.job_wire import JobAck, StandbySync
 from tests.unit.test_spare_start import JOB_ID, LEADER, SLOW, SLOWER, planned_job
@@ -51,8 +50,9 @@ def test_the_standby_is_synced_the_spares_offers_and_keeps_those_its_leader_name
     kept = offers_from_wire(sent[0].offers, job.plan_peers(), tuple(sorted(job.members)))
     assert set(kept) == {LEADER, SLOW, SLOWER}, "the spares' offers travel with the plan's"
     assert kept[SLOWER] == job.members[SLOWER]
-    with pytest.raises(StandbyError, match="not a member the leader named"):
-        offers_from_wire(sent[0].offers, job.plan_peers(), (LEADER, SLOW))  # a member it was never told of
+    # a member no start named yet (it joined the leader since): left out, and the rest of the sync still holds
+    # (refusing the whole sync left the standby without the checkpoint, seen in the killed-leader take-over)
+    assert set(offers_from_wire(sent[0].offers, job.plan_peers(), (LEADER, SLOW))) == {LEADER, SLOW}
 
 
 def test_the_new_leader_leads_the_spares_alive_and_admitted_at_their_address_now(tmp_path: Path) -> None:

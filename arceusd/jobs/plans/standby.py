@@ -117,9 +117,11 @@ def offers_to_wire(offers: Iterable[Offer]) -> bytes:
 
 
 def offers_from_wire(data: bytes, plan: Iterable[str], told: Iterable[str] = ()) -> dict[str, Offer]:
-    """Parse :func:`offers_to_wire` output; every offer must be a member's the standby knows from its leader (a
-    device of the ``plan`` it was started with, or one of the members that start named, ``told``: the spares
-    among them) and plausible, else :class:`StandbyError` saying which field is wrong."""
+    """Parse :func:`offers_to_wire` output: every offer must be plausible, else :class:`StandbyError` saying which
+    field is wrong; only the offers of members the standby knows from its leader are kept (a device of the
+    ``plan`` it was started with, or one of the members that start named, ``told``: the spares among them). Others
+    are left out, not refused: a member that joined the leader since its last start is in the leader's sync
+    before any start names it (refusing the whole sync for it left the standby without the checkpoint)."""
     allowed = {*plan, *told}
     try:
         raw = json.loads(data)
@@ -140,13 +142,12 @@ def offers_from_wire(data: bytes, plan: Iterable[str], told: Iterable[str] = ())
         if isinstance(item["memory_bytes"], bool) or not isinstance(item["memory_bytes"], int):
             raise StandbyError("offer field memory_bytes must be an integer")
         offer = Offer(**item)
-        if offer.peer_id not in allowed:
-            raise StandbyError(f"an offer names {offer.peer_id[:12]}, who is not a member the leader named")
         try:
             offer.check()  # the same rule as a join's offer
         except ValueError as exc:
             raise StandbyError(str(exc)) from None
-        out[offer.peer_id] = offer
+        if offer.peer_id in allowed:
+            out[offer.peer_id] = offer
     return out
 
 
