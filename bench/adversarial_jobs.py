@@ -207,7 +207,7 @@ def _job_rows(quick: bool, only: str) -> int:
     base: dict[str, tuple[Report, float]] = {}
     failed = 0
     print(
-        f"{'attack':<36} {'RSS MiB':>8} {'ratio':>6} {'status p50 ms':>14} {'max ms':>8} {'job s':>6} {'ratio':>6}"
+        f"{'attack':<42} {'RSS MiB':>8} {'ratio':>6} {'status p50 ms':>14} {'max ms':>8} {'job s':>6} {'ratio':>6}"
         "  verdict  end"
     )
     for case in cases(steps):
@@ -221,7 +221,7 @@ def _job_rows(quick: bool, only: str) -> int:
         b_report, b_took = base.get(case.job, (None, None))
         failed += not ok
         print(
-            f"{case.name:<36} {report.peak_rss_mib:8.1f} "
+            f"{case.name:<42} {report.peak_rss_mib:8.1f} "
             f"{_ratio(report.peak_rss_mib, b_report.peak_rss_mib if b_report else None)} "
             f"{(_p50(report) or 0) * 1e3:14.2f} {report.status_max_s * 1e3:8.2f} {took:6.1f} {_ratio(took, b_took)}"
             f"  {'pass' if ok else 'FAIL'}     {said}",
