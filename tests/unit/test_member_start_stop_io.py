@@ -30,6 +30,7 @@ from arceusd.jobs.service.driver import ActionTable, Driver
 from arceusd.jobs.spec.schema import load_spec, to_dict
 from protocol.envelope import Header
 from protocol.job_wire import JobGo, JobStart
+from tests.unit.member_port_fakes import port_fakes
 from tests.unit.test_forecast import offer
 from tests.unit.test_jobspec import EXAMPLES
 
@@ -113,16 +114,7 @@ def member_job(tmp_path: Path) -> tuple[Job, JobStart]:
 
 
 def member_parts(job: Job, tmp_path: Path, spawn: Any) -> tuple[LocalWorker, Driver]:
-    async def check_leader(_header: Header, _job: Job) -> None:
-        return None
-
-    async def own_offer() -> Any:
-        return job.offers[ME]
-
-    async def drop_own_worker(j: Job) -> None:  # the manager's: stop and forget the worker
-        worker, j.worker = j.worker, None
-        if worker is not None:
-            await worker.stop(grace=0.5)
+    fakes = port_fakes(job.offers[ME])
 
     async def commanded(_header: Header, _job_id: str) -> Job:
         return job
@@ -144,10 +136,10 @@ def member_parts(job: Job, tmp_path: Path, spawn: Any) -> tuple[LocalWorker, Dri
         feed=driver.feed,
         leads=lambda j: j.leader == ME,
         spawn=spawn,
-        offer=own_offer,
-        check_leader=cast(Any, check_leader),
+        offer=fakes.offer,
+        check_leader=cast(Any, fakes.check_leader),
         commanded=commanded,
-        drop_own_worker=drop_own_worker,
+        drop_own_worker=fakes.drop_own_worker,
         track=lambda *_: None,
         fetch_resume=cast(Any, None),
         fetch_weights=cast(Any, None),

@@ -18,6 +18,7 @@ from arceusd.jobs.record.job import Job
 from arceusd.jobs.spec.schema import load_spec
 from protocol.envelope import Header
 from protocol.job_wire import JobStart, JobStartReply
+from tests.unit.member_port_fakes import port_fakes
 from tests.unit.test_forecast import offer
 from tests.unit.test_jobspec import EXAMPLES
 
@@ -93,22 +94,12 @@ def test_a_member_left_out_of_the_new_plan_says_it_is_a_spare_and_stops_its_old_
 
     job.worker = cast(Any, OldWorker())
 
-    async def check_leader(_header: Header, _job: Job) -> None:
-        return None
-
-    async def own_offer() -> Any:
-        return job.members[SLOW]
-
-    async def drop_own_worker(j: Job) -> None:  # the manager's: stop and forget the worker
-        worker, j.worker = j.worker, None
-        if worker is not None:
-            await worker.stop(grace=0.5)
-
+    fakes = port_fakes(job.members[SLOW])
     ports = SimpleNamespace(  # what LocalWorker.on_start calls of its port
         jobs={JOB_ID: job},
-        check_leader=check_leader,
-        offer=own_offer,
-        drop_own_worker=drop_own_worker,
+        check_leader=fakes.check_leader,
+        offer=fakes.offer,
+        drop_own_worker=fakes.drop_own_worker,
         feed=lambda j, event: j.core.handle(event, 0.0),
         me=SLOW,
     )
