@@ -5,7 +5,8 @@ Owns: :func:`hf_is_sharded`, :func:`shard_hf_tensor` and :func:`gather_hf_tensor
 the shards :mod:`arceusd.worker.hf_tensor_parallel` builds hold exactly these slices, and checkpoints and
 re-slicing (:mod:`arceusd.jobs.procs.reslice`) cut and join parameters and their optimizer buffers (same shapes) with
 them without importing transformers. A ``TPSplit`` counts key/value heads per rank for these models
-(:mod:`arceusd.worker.hf_tp_split`).
+(:mod:`arceusd.worker.hf_tp_split`). The tables of which tensors are cut, along which dimension, and a rank's
+index ranges are torch-free, in :mod:`arceusd.models.hf.weights_chunks` (initial weights are cut by them too):
 
 * q rows / k, v rows (llama, qwen2, mistral), by the rank's query heads / key/value heads; ``o_proj``'s columns
   by query heads; ``gate_proj``/``up_proj`` rows and ``down_proj`` columns by MLP columns;
@@ -28,32 +29,12 @@ import torch
 
 from arceusd.models.hf.config import HFModelConfig
 from arceusd.models.hf.lora_keys import ADAPTER
+from arceusd.models.hf.weights_chunks import TP_SPLIT_GPT2, TP_SPLIT_LLAMA, SplitBy, rank_ranges
 from arceusd.worker.hf_tp_split import HFTPSplit, hf_split
 from arceusd.worker.tp_split import TPSplit
 
-# name inside an HFDecoderBlock -> (dimension it is split along, what it is split by)
-_LLAMA = {
-    "layer.self_attn.q_proj.weight": (0, "heads"),
-    "layer.self_attn.q_proj.bias": (0, "heads"),
-    "layer.self_attn.k_proj.weight": (0, "kv"),
-    "layer.self_attn.k_proj.bias": (0, "kv"),
-    "layer.self_attn.v_proj.weight": (0, "kv"),
-    "layer.self_attn.v_proj.bias": (0, "kv"),
-    "layer.self_attn.o_proj.weight": (1, "heads"),
-    "layer.mlp.gate_proj.weight": (0, "columns"),
-    "layer.mlp.gate_proj.bias": (0, "columns"),
-    "layer.mlp.up_proj.weight": (0, "columns"),
-    "layer.mlp.up_proj.bias": (0, "columns"),
-    "layer.mlp.down_proj.weight": (1, "columns"),
-}
-_GPT2 = {
-    "layer.attn.c_attn.weight": (-1, "qkv"),
-    "layer.attn.c_attn.bias": (-1, "qkv"),
-    "layer.attn.c_proj.weight": (0, "heads"),
-    "layer.mlp.c_fc.weight": (-1, "columns"),
-    "layer.mlp.c_fc.bias": (-1, "columns"),
-    "layer.mlp.c_proj.weight": (0, "columns"),
-}
+_LLAMA, _GPT2 = TP_SPLIT_LLAMA, TP_SPLIT_GPT2
+"""name inside an HFDecoderBlock -> (dimension it is split along, what it is split by), by architecture."""
 
 
 _LORA_A, _LORA_B = f".lora_A.{ADAPTER}.weight", f".lora_B.{ADAPTER}.weight"
@@ -90,19 +71,9 @@ def hf_is_sharded(name: str, config: HFModelConfig) -> bool:
     return _layout(name, config) is not None
 
 
-def _ranges(kind: str, config: HFModelConfig, split: HFTPSplit, rank: int) -> list[tuple[int, int]]:
+def _ranges(kind: str, config: HFModelConfig, split: HFTPSplit, rank: int) -> tuple[tuple[int, int], ...]:
     """The index ranges (along the split dimension) of rank ``rank``'s part of a tensor split by ``kind``."""
-    hd = config.head_dim
-    if kind == "columns":
-        return [split.column_range(rank)]
-    if kind == "kv":
-        k0, k1 = split.kv_range(rank)
-        return [(k0 * hd, k1 * hd)]
-    h0, h1 = split.head_range(rank)
-    if kind == "heads":
-        return [(h0 * hd, h1 * hd)]
-    width = config.hidden  # gpt2's fused q, k, v sections of c_attn
-    return [(sec * width + h0 * hd, sec * width + h1 * hd) for sec in range(3)]
+    return rank_ranges(SplitBy(kind), config, split.kv_heads, split.columns, rank)
 
 
 def shard_hf_tensor(name: str, full: torch.Tensor, config: HFModelConfig, split: TPSplit, rank: int) -> torch.Tensor:
