@@ -1,4 +1,4 @@
-"""Wire messages of the job lifecycle (ids 70-89 and 95-97, append-only). Announce/join use ids 30-32 of
+"""Wire messages of the job lifecycle (ids 70-89 and 95-98, append-only). Announce/join use ids 30-32 of
 :mod:`protocol.messages`.
 
 ==== ================ ========== =====================================================================
@@ -35,6 +35,9 @@ id   type             max_size   meaning
 97   WeightsRequest   1 KiB      member -> leader: a chunk of this member's place's initial weights for (job,
                                  epoch) (their raw bytes in the order the signed spec implies), or, ``whole``,
                                  standby -> leader: a chunk of the whole weights file
+98   StandbyHeld      512        standby -> leader: this device holds committed checkpoint ``step``, every shard
+                                 (and the data, once) copied and checked: it can lead from there (the leader's
+                                 ``status`` says "ready at step S" only from this, issue 31)
 ==== ================ ========== =====================================================================
 
 ``JobStart.grow`` (JSON, empty for a plan's start) starts a spare device's worker in a dropped replica's slot, from
@@ -231,6 +234,15 @@ class StandbySync:
     shards: tuple[str, ...] = field(default=(), metadata={"max_len": 64})
     data_files: tuple[str, ...] = field(default=(), metadata={"max_len": 4})
     offers: bytes = field(default=b"", metadata={"max_len": 12 * 1024})
+
+
+@message(98, max_size=512)
+@dataclass(frozen=True)
+class StandbyHeld:
+    """Standby -> leader, after a :class:`StandbySync`'s copies are checked: it holds committed ``step``."""
+
+    job_id: str = field(metadata=_ID)
+    step: int
 
 
 @message(81, max_size=1024)

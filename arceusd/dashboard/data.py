@@ -35,8 +35,7 @@ import trio
 from arceusd.base.control import RequestError
 from arceusd.device.profile import parse_meminfo_available
 from arceusd.device.summary import device_summary
-from arceusd.jobs.core.states import TERMINAL
-from arceusd.jobs.record.view import count, usd, usd_per_hour
+from arceusd.jobs.record.view import count, standby_note, usd, usd_per_hour
 from arceusd.market.ledger import LEDGER_FILE, earnings, verify_file
 from arceusd.market.policy import lend_reasons, policy_terms
 from arceusd.market.policy_file import change_policy
@@ -314,15 +313,6 @@ def step_times(job: dict[str, Any]) -> dict[int, float]:
         for p, t in zip(history, at, strict=True)
         if isinstance(p, list | tuple) and len(p) >= 2 and _finite(p[0]) and _finite(t)
     }
-
-
-def standby_note(job: dict[str, Any]) -> str:
-    """What the job page writes after the standby's id: ``ready`` once it holds its checked copies (``standby_ready``
-    of ``status JOB --json``), ``syncing`` before; nothing without a standby, and nothing once the job ended (a
-    finished job's standby read "(syncing)" for good, issue 31: nothing is synced after the end)."""
-    if not job.get("standby") or job.get("state") in {s.value for s in TERMINAL}:
-        return ""
-    return "ready" if job.get("standby_ready") is True else "syncing"
 
 
 def job_view(job: dict[str, Any], timeline: Timeline, max_points: int = MAX_POINTS) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from arceusd.base.text_safety import safe_tree
-from arceusd.jobs.record.view import block_range
+from arceusd.jobs.record.view import block_range, standby_text
 
 TERMINAL = ("done", "failed", "cancelled")
 
@@ -109,7 +109,7 @@ def render_job(job: dict[str, Any]) -> RenderableType:
         Text("leader", style="dim"),
         _t(str(job.get("leader", ""))[:12]),
         Text("standby", style="dim"),
-        _t(str(job.get("standby") or "-")[:12]),
+        _t(standby_text(job)),
         Text("checkpoint", style="dim"),
         _t(job.get("committed_step")),
     )

@@ -267,6 +267,15 @@ def test_killed_leader_is_replaced_by_its_elected_standby(make_swarm: Any, tmp_p
         "the standby holds the data and a committed checkpoint",
     )
     before = s.call(k, "job", {"job_id": job_id})
+    # The leader knows it too (issue 31: its own views said "syncing" for good): the standby confirmed a commit.
+    wait_for(
+        lambda: (job_of(s, job_id).get("standby_step") or 0) >= 40, 30, 0.1, "the leader saw the standby's confirm"
+    )
+    from arceusd.jobs.record.view import render_job
+
+    leader_view = job_of(s, job_id)
+    assert leader_view["standby_ready"] is True, leader_view
+    assert f"standby  {standby[:12]} (ready at step {leader_view['standby_step']})" in render_job(leader_view)
     from arceusd.jobs.plans.recovery import corrupt_shards
 
     step, missing = corrupt_shards(s.state_dir(k) / "jobs" / job_id / "checkpoints", [owner_view["owner"]])

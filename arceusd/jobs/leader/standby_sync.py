@@ -28,7 +28,7 @@ from arceusd.jobs.plans.standby import StandbyError, check_names, data_files, of
 from arceusd.jobs.record.job import Job
 from arceusd.network.peers import PeerService
 from protocol.envelope import Header
-from protocol.job_wire import JobAck, StandbySync
+from protocol.job_wire import JobAck, StandbyHeld, StandbySync
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +87,20 @@ class StandbySyncing:
             leader = leadership.followed_leader(reply.follows) if isinstance(reply, JobAck) else None
             if leader is not None and leader != self.ports.me:
                 self.ports.feed(job, FollowsOther(leader, standby))  # with most of the job saying so: hand over
+
+    async def on_standby_held(self, header: Header, msg: StandbyHeld) -> JobAck:
+        """Leader: the standby says it holds committed checkpoint ``msg.step`` (its copies checked); kept as the
+        newest such step of that standby (``job.leading.commits.standby_held``), what ``status`` calls ready."""
+        job = self.ports.jobs.get(msg.job_id)
+        if job is None or not self.ports.leads(job):
+            return JobAck(False, "not the leader of that job")
+        why = held_refusal(job, header.sender, msg.step)
+        if why:
+            return JobAck(False, why)
+        held = job.leading.commits.standby_held
+        if held is None or held[0] != header.sender or held[1] < msg.step:
+            job.leading.commits.standby_held = (header.sender, msg.step)
+        return JobAck(True)
 
     async def on_standby_sync(self, header: Header, msg: StandbySync) -> JobAck:
         job = self.ports.jobs.get(msg.job_id)
@@ -179,6 +193,30 @@ class StandbySyncing:
                 return
             await trio.to_thread.run_sync(prune, job.paths.checkpoints, job.spec.checkpoint.keep)
             self.ports.feed(job, StandbyCommitted(msg.step))
+        self.ports.spawn(self._tell_held, job, leader, msg.step)
+
+    async def _tell_held(self, job: Job, leader: str, step: int) -> None:
+        """Standby: tell the leader that committed ``step`` is held here (:meth:`on_standby_held`); without an
+        answer it only shows "syncing" a commit longer."""
+        if job.leader != leader:
+            return
+        reply = await self.ports.peers.request(
+            job.leader_address, leader, StandbyHeld(job.job_id, step), timeout=10.0, job_id=job.job_id, term=job.term
+        )
+        if not (isinstance(reply, JobAck) and reply.ok):
+            log.info(
+                "job %s: the leader did not take step %d as held: %s", job.job_id, step, getattr(reply, "reason", "")
+            )
+
+
+def held_refusal(job: Job, sender: str, step: int) -> str:
+    """Why the leader does not take ``sender``'s word that it holds checkpoint ``step`` ("" when it does): only
+    the job's standby, of a step this leader committed."""
+    if sender != job.standby:
+        return "that device is not the job's standby"
+    if not 0 < step <= job.committed_step:
+        return f"step {step} is not a checkpoint this leader committed (the last is {job.committed_step})"
+    return ""
 
 
 def plan_memory(job: Job) -> dict[str, int]:
@@ -210,4 +248,4 @@ def choose_standby(job: Job, me: str) -> str:
     return str(min(others, key=lambda p: (-shown(p), job.members[p].memory_bytes, p)))
 
 
-__all__ = ["StandbySyncing", "choose_standby", "plan_memory"]
+__all__ = ["StandbySyncing", "choose_standby", "held_refusal", "plan_memory"]

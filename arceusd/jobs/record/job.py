@@ -424,7 +424,8 @@ class Job:
                     "speed_checks": {p: t.summary() for p, t in self.leading.speed.timed.items()},
                     "probation": self.leading.probation.member,
                     "cleared": sorted(self.leading.probation.cleared),
-                    "standby_ready": self.standby_data is not None,
+                    "standby_ready": self.standby_ready(),
+                    "standby_step": self.standby_step(),
                     "stage_timing": self.stage_timing(),
                     "stage_times": self.stage_times_by_device(me),
                     "ring_bytes": self.ring_bytes,
@@ -434,6 +435,23 @@ class Job:
                 }
             )
         return out
+
+    def standby_step(self) -> int | None:
+        """The newest committed step the job's standby holds, as this device knows it: on the leader, what the
+        standby confirmed (``StandbyHeld``: its copies checked); on the standby, its own copy; None otherwise."""
+        if self.leader == self.core.me:
+            held = self.leading.commits.standby_held
+            return held[1] if held is not None and held[0] == self.standby else None
+        mine = self.standby == self.core.me and self.standby_data is not None and self.committed_step > 0
+        return self.committed_step if mine else None
+
+    def standby_ready(self) -> bool:
+        """Whether the job's standby could lead: on the leader, once the standby confirmed a committed checkpoint
+        (issue 31: the leader's own view said "syncing" for good, and after a take-over its old standby copy
+        spoke for the new standby); elsewhere, whether this device holds its checked standby copies."""
+        if self.leader == self.core.me:
+            return self.standby_step() is not None
+        return self.standby_data is not None
 
     def spares(self) -> list[str]:
         """The members the leader's plan leaves out (the step is predicted faster without them): unpaid, they

@@ -130,6 +130,9 @@ class CommitBook:
     what the first replica holds (empty for one pipeline): the step's commit was started."""
     committed_shards: dict[int, dict[str, str]] = field(default_factory=dict)  # step -> peer -> shard name
     checkpoints: list[tuple[int, float]] = field(default_factory=list)  # committed (step, unix time)
+    standby_held: tuple[str, int] | None = None
+    """The standby and the newest committed step it said it holds (``StandbyHeld``, after its copies were
+    checked): what the leader knows of its standby's readiness (issue 31: it showed "syncing" for good)."""
 
     def record_checkpoint(self, step: int, at: float | None = None) -> None:
         """Checkpoint ``step`` was committed: keep it (and when) for the timeline, the newest

@@ -6,6 +6,7 @@ import math
 import textwrap
 from typing import Any, TypeGuard
 
+from arceusd.jobs.core.states import TERMINAL
 from arceusd.jobs.record.report_fields import report_lines
 
 
@@ -51,6 +52,31 @@ def count(value: object) -> str:
 
 SPARE = "in no stage, paid nothing, takes a place if one is lost"
 """What a spare's own daemon says of it (a member the leader's plan leaves out: ``Job.is_spare``)."""
+
+
+ENDED = frozenset(state.value for state in TERMINAL)
+"""A job's states after which nothing is synced to its standby."""
+
+
+def standby_note(j: dict[str, Any]) -> str:
+    """What every view writes after the standby's id (``j``: ``status JOB --json``): ``ready at step S`` once
+    the standby holds committed checkpoint ``S`` (on the leader: the standby confirmed it, ``standby_step``),
+    ``ready`` when it holds its checked copies and no step is known, ``syncing`` before; nothing without a
+    standby or once the job ended (issue 31: the leader's views said "syncing" for good, even after the end)."""
+    if not j.get("standby") or j.get("state") in ENDED:
+        return ""
+    if j.get("standby_ready") is not True:
+        return "syncing"
+    step = j.get("standby_step")
+    return f"ready at step {step}" if isinstance(step, int) and not isinstance(step, bool) else "ready"
+
+
+def standby_text(j: dict[str, Any]) -> str:
+    """The standby as the CLI and ``--watch`` write it: its short id and :func:`standby_note` (``-``: none)."""
+    if not j.get("standby"):
+        return "-"
+    note = standby_note(j)
+    return f"{str(j['standby'])[:12]} ({note})" if note else str(j["standby"])[:12]
 
 
 def wrapped(line: str, width: int = 110) -> list[str]:
@@ -175,6 +201,8 @@ def render_job(j: dict[str, Any]) -> str:
     lines += contribution_lines(j) + report_lines(j) + claim_lines(j)
     if j.get("committed_step"):
         lines.append(f"  checkpoint  step {j['committed_step']} committed")
+    if j.get("standby") and j.get("state") not in ENDED:
+        lines.append(f"  standby  {standby_text(j)}")
     for r in j.get("recoveries") or []:
         after = r.get("first_step_after_s")
         timing = f"training again after {after:.1f} s" if isinstance(after, int | float) else "in progress"

@@ -92,6 +92,7 @@ from protocol.job_wire import (
     ResumeRequest,
     ShardRequest,
     SpeedChallenge,
+    StandbyHeld,
     StandbySync,
     WeightsRequest,
 )
@@ -357,6 +358,7 @@ class JobManager(JobContext):
         peers.register(ShardRequest, gate(self.transfers.on_shard_request))
         peers.register(ResumeRequest, gate(self.transfers.on_resume_request))
         peers.register(StandbySync, gate(self.standbys.on_standby_sync))
+        peers.register(StandbyHeld, gate(self.standbys.on_standby_held))
         peers.register(DataRequest, gate(self.transfers.on_data_request))
         peers.register(WeightsRequest, gate(self.transfers.on_weights_request))
         peers.register(LinkEcho, self.starting.on_link_echo)
