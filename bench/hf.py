@@ -14,7 +14,7 @@ with larger models; part 2 is one GPU daemon alone (a Llama of :data:`GPU_LLAMA`
 against a plain ``transformers`` loop of the same model and batch on that GPU: goal at least 0.9x. About three
 minutes on an H100 (``bench/gpu_check.sh`` runs it).
 
-    python bench/hf.py [--quick] [--no-swarm] [--device cpu|cuda]
+    python bench/hf.py [--quick] [--no-swarm | --swarm-only] [--device cpu|cuda]
 """
 
 from __future__ import annotations
@@ -22,12 +22,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,10 +38,17 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM
 
-from arceusd.models.build import build_reference_model
+from arceusd.cli.swarm import LocalSwarm
+from arceusd.jobs.procs.source import open_batch_source
+from arceusd.jobs.spec.schema import load_spec
+from arceusd.models.build import build_reference_model, loss_mean
 from arceusd.models.config import GPTConfig
 from arceusd.models.hf.blocks import build_hf_block, tie_hf_blocks, transformers_config
 from arceusd.models.hf.config import HFModelConfig, hf_config_from_dict, num_hf_blocks
+from arceusd.worker.engine import EngineConfig, StageEngine
+from arceusd.worker.links import InMemoryFabric
+from arceusd.worker.process import SpecLR, optimizer_config
+from arceusd.worker.stage import StageSpec, build_stage
 
 ROOT = Path(__file__).resolve().parent.parent
 LLAMA_EXAMPLE = ROOT / "examples" / "llama-shakespeare.toml"
@@ -216,7 +224,6 @@ def part_one(quick: bool) -> None:
 
 
 def swarm_tokens_per_s(spec: Path, root: Path, seconds: float, size: int = 2) -> dict[str, Any]:
-    from arceusd.cli.swarm import LocalSwarm
 
     swarm = LocalSwarm(root, size, ["--auto-join"], preset="lan")
     try:
@@ -262,9 +269,6 @@ def swarm_tokens_per_s(spec: Path, root: Path, seconds: float, size: int = 2) ->
 
 
 def part_two(quick: bool) -> None:
-    from arceusd.jobs.procs.source import open_batch_source
-    from arceusd.jobs.spec.schema import load_spec
-    from arceusd.models.build import loss_mean
 
     seconds = 60.0 if quick else 300.0
     spec = load_spec(str(LLAMA_EXAMPLE))
@@ -350,10 +354,75 @@ interval_steps = 100000
     return spec
 
 
+def timed_loop(step: Callable[[int], None], seconds: float) -> float:
+    """Steps per second of ``step(0), step(1), ...`` for about ``seconds``, after three untimed warm-up steps (the
+    swarm's timing, too, starts after its first steps)."""
+    for i in range(3):
+        step(i)
+    sync()
+    began, done = time.perf_counter(), 0
+    while time.perf_counter() - began < seconds:
+        step(done)
+        done += 1
+        if done % 10 == 0:
+            sync()
+    sync()
+    return done / (time.perf_counter() - began)
+
+
+def engine_steps_per_s(spec: Any, seconds: float) -> float:
+    """The stage worker's engine (``StageEngine.run_step``: one stage holding every block, bf16 autocast, the
+    spec's AdamW and learning rate, the grad norm the worker always takes) on the spec's batches, in this process:
+    what a GPU daemon alone would train at if its worker loop and the daemon cost nothing."""
+
+    t = spec.training
+    module = build_stage(spec.model, spec.seed, StageSpec(0, num_hf_blocks(spec.model)))
+    engine = StageEngine(
+        module,
+        InMemoryFabric([1]).links(0),
+        EngineConfig(
+            stage=0,
+            num_stages=1,
+            num_micro_batches=1,
+            optimizer=optimizer_config(t),
+            lr_schedule=SpecLR(max_lr=t.lr, training=t),
+            max_grad_norm=t.grad_clip if t.grad_clip > 0 else math.inf,
+            autocast_bf16=True,
+            device=DEVICE,
+        ),
+    )
+    source = open_batch_source(spec)
+
+    def step(i: int) -> None:
+        engine.run_step(*source.batch(i))
+
+    rate = timed_loop(step, seconds)
+    return rate
+
+
+def plain_steps_per_s(spec: Any, seconds: float) -> tuple[float, int]:
+    """A plain ``transformers`` training loop of the spec's model on its batches: steps per second, parameters."""
+
+    trainer = Plain(spec.model).to(DEVICE)
+    optimizer = torch.optim.AdamW(trainer.parameters(), lr=spec.training.lr)
+    source = open_batch_source(spec)
+
+    def step(i: int) -> None:
+        x, y = source.batch(i)
+        optimizer.zero_grad()
+        with precision():
+            logits = trainer(x.to(DEVICE, non_blocking=True))
+            loss = nn.functional.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]).float(), y.to(DEVICE, non_blocking=True).reshape(-1)
+            )
+        loss.backward()  # type: ignore[no-untyped-call]
+        optimizer.step()
+
+    return timed_loop(step, seconds), sum(p.numel() for p in trainer.parameters())
+
+
 def part_two_cuda(quick: bool) -> None:
     """One GPU daemon alone against a plain ``transformers`` loop of the same model and batch on that GPU."""
-    from arceusd.jobs.procs.source import open_batch_source
-    from arceusd.jobs.spec.schema import load_spec
 
     seconds = 15.0 if quick else 30.0
     with tempfile.TemporaryDirectory(prefix="arceus-hf-bench-") as tmp:
@@ -363,33 +432,9 @@ def part_two_cuda(quick: bool) -> None:
         tokens_per_step = spec.training.batch_size * spec.model.block_size
         swarm = swarm_tokens_per_s(spec_path, Path(tmp) / "swarm", seconds, size=1)
         counted = swarm["counted_steps"] * tokens_per_step / swarm["elapsed"]
-        trainer = Plain(spec.model).to(DEVICE)
-        optimizer = torch.optim.AdamW(trainer.parameters(), lr=spec.training.lr)
-        source = open_batch_source(spec)
-
-        def step(i: int) -> None:
-            x, y = source.batch(i)
-            optimizer.zero_grad()
-            with precision():
-                logits = trainer(x.to(DEVICE, non_blocking=True))
-                loss = nn.functional.cross_entropy(
-                    logits.reshape(-1, logits.shape[-1]).float(), y.to(DEVICE, non_blocking=True).reshape(-1)
-                )
-            loss.backward()  # type: ignore[no-untyped-call]
-            optimizer.step()
-
-        for i in range(3):  # warm-up, as the swarm's timing starts after its first steps
-            step(i)
-        sync()
-        began, done = time.perf_counter(), 0
-        while time.perf_counter() - began < seconds:
-            step(done)
-            done += 1
-            if done % 10 == 0:
-                sync()
-        sync()
-        plain = done * tokens_per_step / (time.perf_counter() - began)
-    params = sum(p.numel() for p in trainer.parameters())
+        plain_rate, params = plain_steps_per_s(spec, seconds)
+        plain = plain_rate * tokens_per_step
+        engine_alone = engine_steps_per_s(spec, seconds) * tokens_per_step
     status = swarm["status"]
     print(
         f"part 2: a Llama of {params / 1e6:.0f} M parameters, batch {spec.training.batch_size} x "
@@ -401,6 +446,10 @@ def part_two_cuda(quick: bool) -> None:
         f"{status if status is None else format(status, ',.0f')} from status"
     )
     print(f"  plain transformers loop on the same GPU: {plain:,.0f} tokens/s")
+    print(
+        f"  the worker's engine in one process (no daemon, no worker loop): {engine_alone:,.0f} tokens/s, "
+        f"{engine_alone / plain:.2f}x the plain loop"
+    )
     print(f"  daemon/plain: {counted / plain:.2f}x (goal at least 0.90x)")
     # Where a gap lies: the worker's own step (its engine's run_step, median) against the daemon's interval
     # between steps (the worker loop: data, events, the thread hop) and the plain loop's step.
@@ -418,12 +467,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small models, short runs")
     parser.add_argument("--no-swarm", action="store_true", help="part 1 only (no daemons)")
+    parser.add_argument("--swarm-only", action="store_true", help="part 2 only")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where to train (cuda: bf16)")
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: torch sees no CUDA device here; run on a GPU machine or use --device cpu")
     DEVICE = args.device
-    part_one(args.quick)
+    if not args.swarm_only:
+        part_one(args.quick)
     if not args.no_swarm:
         (part_two_cuda if DEVICE == "cuda" else part_two)(args.quick)
     return 0

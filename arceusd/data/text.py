@@ -107,8 +107,13 @@ def context_windows(data: torch.Tensor, offsets: torch.Tensor, block_size: int) 
             f"window offsets must lie in 0..{data.numel() - block_size - 1} for {data.numel()} tokens "
             f"and block_size {block_size}"
         )
-    idx = offsets.to(torch.int64).unsqueeze(1) + torch.arange(block_size).unsqueeze(0)
-    return data[idx], data[idx + 1]
+    # One gather of each window with its next token, by ``index_select`` over the flat positions: advanced
+    # indexing (``data[idx]``) of the same positions takes 10-100x longer with more than one intra-op thread (10 ms
+    # against 0.1 ms for 32 x 512 tokens on 2 cores), and on the job owner this runs every step beside the engine.
+    n = offsets.numel()
+    positions = offsets.to(torch.int64).unsqueeze(1) + torch.arange(block_size + 1).unsqueeze(0)  # (B, T+1)
+    windows = data.index_select(0, positions.reshape(-1)).view(n, block_size + 1)
+    return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
 
 
 def window_count(length: int, block_size: int) -> int:

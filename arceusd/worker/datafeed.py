@@ -39,6 +39,8 @@ from protocol.errors import RemoteProtocolError
 from protocol.tensors import RAW, encode_tensor_parts, read_tensor_header
 
 PARTS = ("inputs", "targets")
+RECENT_BATCHES = 4
+"""Training batches the owner's :class:`DataServer` keeps (the prefetchers ask at most a step or two ahead)."""
 KINDS = ("train", "eval")
 MNIST_EVAL_BATCH = 1000
 """Eval batch size of MNIST jobs (``open_batch_source``'s default); every worker derives the count from it."""
@@ -89,6 +91,9 @@ class DataServer:
         """Peers whose data stream ended (they fetched all they needed)."""
         self._changed = trio.Event()
         self._slots: dict[str, int] = {}  # peers of a rebuilt replica -> its slot (the rest: the config's)
+        self._recent: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        """The last :data:`RECENT_BATCHES` training batches by step: a step's inputs and targets (and every
+        replica's share) are asked for separately, within a step or two of each other; computed once."""
 
     def admit(self, slot: int, inputs: list[str], targets: list[str]) -> None:
         """A rebuilt replica of ``slot``: its first stage's ``inputs`` and last stage's ``targets`` peers fetch
@@ -121,7 +126,7 @@ class DataServer:
         if request.kind == "train":
             if request.index >= self.total_steps:
                 raise RemoteProtocolError("bad_data_request", f"step {request.index} >= {self.total_steps}")
-            x, y = self.source.batch(request.index)
+            x, y = self._train_batch(request.index)
             whole = x if request.part == "inputs" else y
             count = self.config.share_count()
             if count == 1:
@@ -138,6 +143,16 @@ class DataServer:
             raise RemoteProtocolError("bad_data_request", f"eval batch {request.index} of {len(self._eval)}")
         x, y = self._eval[request.index]
         return x if request.part == "inputs" else y
+
+    def _train_batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Step ``step``'s whole training batch, from :attr:`_recent` or the source (read-only to callers)."""
+        batch = self._recent.get(step)
+        if batch is None:
+            batch = self.source.batch(step)
+            self._recent[step] = batch
+            while len(self._recent) > RECENT_BATCHES:  # bounded: the oldest step goes first
+                del self._recent[min(self._recent)]
+        return batch
 
     async def serve(self, stream: Stream) -> None:
         """Answer one client's requests until it closes the stream; refuse a peer not entitled to a part."""

@@ -67,3 +67,32 @@ def test_a_rebuilt_replicas_devices_get_its_slots_share() -> None:
     x, y = Source().batch(3)
     assert torch.equal(server.get(Request("train", 3, "inputs"), "c"), x.chunk(2)[1])
     assert torch.equal(server.get(Request("train", 3, "targets"), "d"), y.chunk(2)[1])
+
+
+class CountingSource(Source):
+    """Counts the batches it computes."""
+
+    def __init__(self) -> None:
+        self.computed: list[int] = []
+
+    def batch(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        self.computed.append(k)
+        return super().batch(k)
+
+
+def test_a_steps_batch_is_computed_once_for_its_inputs_targets_and_shares() -> None:
+    server = _server()
+    source = CountingSource()
+    server.source = cast(Any, source)
+    for step in range(6):  # each step: both parts for both replicas, the next step's inputs prefetched between
+        for peer in ("a", "b"):
+            server.get(Request("train", step, "inputs"), peer)
+        server.get(Request("train", step + 1, "inputs"), "a")
+        for peer in ("a", "b"):
+            assert torch.equal(
+                server.get(Request("train", step, "targets"), peer), torch.arange(4).chunk(2)[0 if peer == "a" else 1]
+            )
+    assert source.computed == list(range(7))
+    assert len(server._recent) <= 4  # bounded
+    server.get(Request("train", 0, "inputs"), "a")  # an old step again (a resumed replica): computed anew, alike
+    assert source.computed[-1] == 0
