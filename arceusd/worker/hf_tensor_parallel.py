@@ -1,6 +1,7 @@
 """Megatron-style tensor parallelism of a stock ``transformers`` decoder layer (gpt2, llama, qwen2, mistral).
 
-Owns: :func:`shard_hf_block` (rank ``r``'s shard of an :class:`~arceusd.models.hf.blocks.HFDecoderBlock`) and
+Owns: :func:`shard_hf_block` (rank ``r``'s shard of an :class:`~arceusd.models.hf.blocks.HFDecoderBlock`),
+:func:`load_shard_weights` (a shard's initial weights, from a member's slice holding only its shards) and
 :func:`gather_hf_block`; the by-name :func:`shard_hf_tensor` / :func:`gather_hf_tensor` / :func:`hf_is_sharded`
 (checkpoints, optimizer state of a parameter's shape) live in :mod:`arceusd.worker.hf_tp_tensors` (no
 transformers import) and are re-exported here.
@@ -47,10 +48,12 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
+from safetensors import safe_open
 from torch import nn
 from transformers import PretrainedConfig
 from transformers.models.gpt2.modeling_gpt2 import GPT2Attention, GPT2Block
@@ -58,6 +61,7 @@ from transformers.pytorch_utils import Conv1D
 
 from arceusd.models.hf.blocks import _LAYERS, HFDecoderBlock, transformers_config
 from arceusd.models.hf.config import HFModelConfig
+from arceusd.models.hf.keys import block_tensors, hf_key
 from arceusd.models.hf.lora import freeze_base
 from arceusd.models.hf.lora_keys import ADAPTER, adapted_modules
 from arceusd.models.hf.lora_spec import LoraSpec
@@ -340,6 +344,41 @@ def shard_hf_block(
     return shard
 
 
+def load_shard_weights(
+    shard: TPHFDecoderBlock, path: Path, config: HFModelConfig, index: int, split: TPSplit, rank: int
+) -> None:
+    """Copy block ``index``'s initial weights from the safetensors file ``path`` into rank ``rank``'s ``shard``
+    (a LoRA job's frozen base included; its adapters stay as drawn from the seed). The file holds each split
+    tensor either as this rank's shard (a member's slice, :mod:`arceusd.models.hf.weights_slice`) or whole (the
+    owner's file: cut here); the replicated ones whole. ``ValueError`` (one line) for a missing tensor or a
+    shape that is neither."""
+    own = block_tensors(config, index)
+    targets = {**dict(shard.named_parameters()), **_frozen(shard)}
+    found: set[str] = set()
+    with safe_open(str(path), framework="pt") as f:
+        keys = set(f.keys())
+        for name, t in targets.items():
+            local = name.replace(".base_layer.", ".", 1)
+            if local not in own:  # an adapter (drawn from the seed), not an initial weight
+                continue
+            key = hf_key(config, index, local)
+            if key not in keys:
+                raise ValueError(f"initial weights {path}: missing {key} (block {index}); the file does not match")
+            src = f.get_tensor(key)
+            if tuple(src.shape) == own[local] and tuple(src.shape) != tuple(t.shape):
+                src = shard_hf_tensor(local, src, config, split, rank)
+            if src.shape != t.shape:
+                raise ValueError(
+                    f"initial weights {path}: {key} has shape {list(src.shape)}; rank {rank} holds "
+                    f"{list(t.shape)} of {list(own[local])}"
+                )
+            with torch.no_grad():
+                t.copy_(src)
+            found.add(local)
+    if found != set(own):
+        raise RuntimeError(f"block {index}: the shard holds no {sorted(set(own) - found)[:3]} (a bug)")
+
+
 def _frozen(block: nn.Module) -> dict[str, torch.Tensor]:
     """The block's buffers but the rotary module's (shared with the unsplit block, nothing to slice)."""
     return {n: b for n, b in block.named_buffers() if not n.startswith("rotary.")}
@@ -365,6 +404,7 @@ __all__ = [
     "gather_hf_block",
     "gather_hf_tensor",
     "hf_is_sharded",
+    "load_shard_weights",
     "shard_hf_block",
     "shard_hf_tensor",
 ]

@@ -3,7 +3,9 @@
 A worker builds only its blocks (each from ``(seed, index)``; see ``arceusd/models/init.py``). In a
 tensor-parallel stage every ``TransformerBlock`` (a stock LM's decoder layer: ``hf_tensor_parallel.py``) is
 built, sharded and dropped one at a time, so at most one full block is ever materialised; non-splittable
-blocks (embedding, head, MLP layers) are replicated on every rank.
+blocks (embedding, head, MLP layers) are replicated on every rank. With a stock LM's initial weights a split
+layer's shard reads them after it is cut (``load_shard_weights``): a member's slice holds only its rank's shards
+of the split tensors (``arceusd/models/hf/weights_slice.py``), the owner's file every tensor whole.
 Parameter names are ``"blocks.<global block index>.<name inside the block>"``, stable across re-plans
 (checkpoints). A slice holding one end of a tied weight (a stock LM's embedding without its head, or the head
 without the embedding) says so in ``StageModule.tied`` (``tied.py``: the engine sums its gradient with the
@@ -129,15 +131,18 @@ def build_stage(
             raise ValueError("tensor parallelism needs a GPT or a stock LM (an MLP has no splittable blocks)")
     blocks: dict[int, nn.Module] = {}
     for i in range(spec.start, spec.end):
-        block = build_block(config, i, seed, weights)
+        split_layer = hf_tp is not None and 0 < i < num_blocks(config) - 1  # a decoder layer, split
+        block = build_block(config, i, seed, None if split_layer else weights)
         if tp is not None and isinstance(block, TransformerBlock):
             block = shard_transformer_block(block, tp[0], tp[1], spec.rank, tp[2])
-        if hf_tp is not None and 0 < i < num_blocks(config) - 1:  # a decoder layer
+        if hf_tp is not None and split_layer:
             from arceusd.models.hf.blocks import HFDecoderBlock  # imports transformers: only for these models
-            from arceusd.worker.hf_tensor_parallel import shard_hf_block  # transformers: only for these models
+            from arceusd.worker.hf_tensor_parallel import load_shard_weights, shard_hf_block  # (transformers)
 
             assert isinstance(block, HFDecoderBlock)
             block = shard_hf_block(block, hf_tp[0], hf_tp[1], spec.rank, hf_tp[2])
+            if weights is not None:  # a member's slice holds only this rank's shards: read into the shard
+                load_shard_weights(block, weights, hf_tp[0], i, hf_tp[1], spec.rank)
         blocks[i] = block
     tie_blocks(config, blocks, seed, weights)
     tied = tied_end(config, spec.start, spec.end)

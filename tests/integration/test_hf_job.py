@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from arceusd.cli.swarm import LocalSwarm
-from tests.integration.test_recovery import submit, wait_end
+from tests.integration.test_recovery import job_of, submit, wait_end
 
 pytestmark = [pytest.mark.slow]
 
@@ -57,7 +57,7 @@ interval_steps = 8
 """
 
 
-def _base(path: Path) -> None:
+def _base(path: Path, raw: dict[str, object] = CONFIG) -> None:
     """The base: the architecture's initial tensors of another seed, under its own keys."""
     from safetensors.torch import save_file
 
@@ -65,7 +65,7 @@ def _base(path: Path) -> None:
     from arceusd.models.hf.config import hf_config_from_dict
     from arceusd.models.hf.keys import hf_key
 
-    config = hf_config_from_dict(CONFIG, 32)
+    config = hf_config_from_dict(raw, 32)
     save_file(
         {
             hf_key(config, i, k): p.detach().contiguous()
@@ -86,8 +86,8 @@ def member_read_only_its_slice(weights_file: Path, state: Path, configs: list[Pa
     from arceusd.models.hf.weights_slice import digest_file, place_keys
 
     assert configs and files
-    table = digest_file(weights_file)[1]
     config = hf_config_from_dict(CONFIG, 32)
+    table = digest_file(weights_file, config)[1]
     read = []
     for path in configs:
         worker = json.loads(path.read_text())
@@ -144,3 +144,70 @@ def test_daemons_train_a_tiny_llama_whose_export_loads_in_transformers(tmp_path:
     with torch.no_grad():
         out = model.generate(ids, max_new_tokens=8, do_sample=False)
     assert out.shape[1] > ids.shape[1] and isinstance(tok.decode(out[0]), str)
+
+
+TP_CONFIG = {**CONFIG, "num_hidden_layers": 1, "num_key_value_heads": 4}
+"""One decoder layer (embedding | layer | head): four devices that must all work split it (the only block that
+splits), each rank with its own query/key/value heads and MLP columns."""
+TP_MEMBERS = 4
+
+
+@pytest.mark.timeout(600)
+def test_a_tensor_parallel_member_receives_and_holds_only_its_shards_of_the_initial_weights(tmp_path: Path) -> None:
+    """Issue 30: a member on a tensor-parallel stage receives from the owner only its shard of each split tensor
+    (its chunk digests, then its chunks: the daemon's log counts the bytes) and keeps only that, in the shapes
+    its split layer holds; the job trains to the end from those weights."""
+    from safetensors import safe_open
+
+    from arceusd.models.hf.config import hf_config_from_dict
+    from arceusd.models.hf.weights_slice import digest_file, place_keys, slice_layout, slice_size
+
+    (tmp_path / "config.json").write_text(json.dumps(TP_CONFIG))
+    (tmp_path / "shakespeare.txt").write_text((ROOT / "data" / "tinyshakespeare" / "input.txt").read_text()[:20000])
+    config = hf_config_from_dict(TP_CONFIG, 32)
+    _base(tmp_path / "init.safetensors", TP_CONFIG)
+    spec = tmp_path / "job.toml"
+    text = SPEC.format(tokenizer=ROOT / "data" / "tokenizers" / "shakespeare-bpe.json")
+    spec.write_text(text.replace("steps = 24", "steps = 8").replace("interval_steps = 8", "interval_steps = 4"))
+    s = LocalSwarm(
+        tmp_path / "swarm", TP_MEMBERS, ["--auto-join"], preset="lan", env={"ARCEUS_TOKEN_CACHE": str(tmp_path / "t")}
+    )
+    try:
+        s.start()
+        s.wait_converged()
+        job_id = submit(s, spec, members=TP_MEMBERS)
+        end = wait_end(s, job_id, timeout=450)
+        assert end["state"] == "done", end
+        owner = job_of(s, job_id)["owner"]
+        dirs = [(s.state_dir(i), s.state_dir(i) / "jobs" / job_id) for i in range(s.size)]
+    finally:
+        s.close()
+    table = digest_file(tmp_path / "init.safetensors", config)[1]
+    whole = slice_size(slice_layout(config, place_keys(config, 1, 2, table), table))
+    ranks = 0
+    for state, job_dir in dirs:
+        for path in sorted(job_dir.glob("worker-*.json")):
+            worker = json.loads(path.read_text())
+            if worker["peer_id"] == owner or "weights" not in worker["spec"]["model"]:
+                continue  # the owner reads its own whole file; a start from a checkpoint reads no initial weights
+            stage = next(st for st in worker["stages"] if any(m["peer_id"] == worker["peer_id"] for m in st["members"]))
+            if len(stage["members"]) < 2:
+                continue
+            members = stage["members"]
+            rank = [m["peer_id"] for m in members].index(worker["peer_id"])
+            split = (tuple(m["heads"] for m in members), tuple(m["columns"] for m in members), rank)
+            layout = slice_layout(config, place_keys(config, stage["start"], stage["end"], table), table, split)
+            with safe_open(worker["spec"]["model"]["weights"], framework="pt") as f:
+                for e in layout:  # the shard, in the shape the rank's layer holds
+                    assert tuple(f.get_slice(e.key).get_shape()) == e.kept_shape, e.key
+            shards = sum(e.kept_nbytes for e in layout)
+            received = slice_size(layout)
+            line = (
+                f"received {received} bytes of initial weights for blocks [{stage['start']}, {stage['end']}) as "
+                f"tensor-parallel rank {rank}; keeping {shards} bytes of tensors"
+            )
+            assert line in (state / "arceusd.log").read_text(), line
+            assert received == shards + sum(32 * e.chunks.count for e in layout if e.chunks is not None)
+            assert shards < whole * 0.8 and received < whole, (shards, received, whole)
+            ranks += 1
+    assert ranks, "no member was a tensor-parallel rank fetching initial weights"

@@ -214,5 +214,5 @@ def test_digests_a_peer_gives_must_be_the_configs_count_and_hash_to_the_signed_v
     with pytest.raises(ChunkError, match=f"gave {c.count - 1} chunk digests of {key}; the config cuts it in"):
         check_chunk_digests(key, digests[:-1], c, signed, "the leader")
     forged = ("0" * 64, *digests[1:])
-    with pytest.raises(ChunkError, match="do not match the job's signed digest; refused"):
+    with pytest.raises(ChunkError, match="that do not match the job's signed digest; refused"):
         check_chunk_digests(key, forged, c, signed, "the leader")

@@ -13,12 +13,14 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from arceusd.jobs.plans.initial_weights import needs_weights, place_layout, standby_copies, worker_spec_weights
+from arceusd.jobs.plans.initial_weights import Place, needs_weights, place_layout, standby_copies, worker_spec_weights
 from arceusd.jobs.spec.schema import JobSpecError, load_spec, spec_from_dict, to_dict
+from arceusd.models.hf import weights_slice
 from arceusd.models.hf.config import HFModelConfig
 from arceusd.models.hf.keys import expected_tensors
 from arceusd.models.hf.lora_spec import LoraSpec
 from arceusd.models.hf.weights import load_block_tensors
+from arceusd.models.hf.weights_chunks import chunk_digests, chunking, chunks_root
 from arceusd.models.hf.weights_slice import (
     SliceEntry,
     WeightsSliceError,
@@ -46,26 +48,31 @@ def _weights(path: Path, cfg: HFModelConfig, drop: tuple[str, ...] = (), bf16: s
     return tensors
 
 
-def _table(path: Path) -> dict[str, tuple[str, str]]:
-    return digest_file(path)[1]
+def _table(path: Path, cfg: HFModelConfig) -> dict[str, tuple[str, str]]:
+    return digest_file(path, cfg)[1]
 
 
 def _served(path: Path, cfg: HFModelConfig, start: int, end: int) -> tuple[bytes, tuple[SliceEntry, ...]]:
-    table = _table(path)
+    table = _table(path, cfg)
     layout = slice_layout(cfg, place_keys(cfg, start, end, table), table)
     size = slice_size(layout)
     data = b"".join(read_slice(path, layout, o, 1000) for o in range(0, size, 1000))  # in chunks, as served
     return data, layout
 
 
-def test_digests_cover_the_file_and_each_tensor_in_one_pass(tmp_path: Path) -> None:
+def test_digests_cover_the_file_and_each_tensor_in_one_pass(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = hf_cases.config("llama")
     tensors = _weights(tmp_path / "w.safetensors", cfg, bf16="model.norm.weight")
-    whole, table = digest_file(tmp_path / "w.safetensors")
+    whole, table = digest_file(tmp_path / "w.safetensors", cfg)
     assert whole == hashlib.sha256((tmp_path / "w.safetensors").read_bytes()).hexdigest()
     assert set(table) == set(tensors)
     norm = tensors["model.norm.weight"]
     assert table["model.norm.weight"] == ("BF16", hashlib.sha256(norm.view(torch.int16).numpy().tobytes()).hexdigest())
+    for key in ("model.layers.0.self_attn.o_proj.weight", "model.layers.2.mlp.up_proj.weight"):  # a split cuts
+        c = chunking(cfg, key)  # them: signed as the root of their chunks' digests
+        assert c is not None and table[key] == ("F32", chunks_root(chunk_digests(tensors[key].numpy().tobytes(), c, 4)))
+    monkeypatch.setattr(weights_slice, "_READ", 16)  # rows longer than a read: each chunk's part read on its own
+    assert digest_file(tmp_path / "w.safetensors", cfg) == (whole, table)
 
 
 def test_a_middle_stage_gets_its_layers_tensors_only_and_its_worker_reads_them(tmp_path: Path) -> None:
@@ -92,7 +99,7 @@ def test_a_middle_stage_gets_its_layers_tensors_only_and_its_worker_reads_them(t
 def test_a_head_reads_the_embedding_when_tied_or_when_the_file_stores_no_head(tmp_path: Path) -> None:
     tied = hf_cases.config("gpt2", tie_word_embeddings=True)
     _weights(tmp_path / "t.safetensors", tied)
-    assert place_keys(tied, 3, 4, _table(tmp_path / "t.safetensors")) == (
+    assert place_keys(tied, 3, 4, _table(tmp_path / "t.safetensors", tied)) == (
         "transformer.ln_f.bias",
         "transformer.ln_f.weight",
         "transformer.wpe.weight",  # block 0 is built to copy its embedding (tie_hf_blocks)
@@ -100,7 +107,7 @@ def test_a_head_reads_the_embedding_when_tied_or_when_the_file_stores_no_head(tm
     )
     untied = hf_cases.config("llama")
     _weights(tmp_path / "u.safetensors", untied, drop=("lm_head.weight",))
-    assert place_keys(untied, 4, 5, _table(tmp_path / "u.safetensors")) == (
+    assert place_keys(untied, 4, 5, _table(tmp_path / "u.safetensors", untied)) == (
         "model.embed_tokens.weight",
         "model.norm.weight",
     )
@@ -125,7 +132,7 @@ def test_a_tampered_slice_is_refused_with_one_line_naming_the_tensor(tmp_path: P
     with pytest.raises(WeightsSliceError, match="bytes where the signed tensors are"):
         assemble_slice(data + b"\0", layout)
     # a leader whose file holds another dtype under the same key (same size: F16 for BF16) serves nothing
-    table = dict(_table(tmp_path / "w.safetensors"))
+    table = dict(_table(tmp_path / "w.safetensors", cfg))
     key = layout[0].key
     table[key] = ("F16", table[key][1])
     relabelled = slice_layout(cfg, [key], table)
@@ -148,12 +155,12 @@ def test_the_spec_signs_each_tensor_and_a_spec_from_the_wire_must_carry_the_dige
     assert isinstance(spec.model, HFModelConfig) and spec.model.weights_tensors is not None
     wire = to_dict(spec)
     table = wire["model"]["weights_tensors"]
-    assert {k: tuple(v) for k, v in table.items()} == _table(tmp_path / "w.safetensors")
+    assert {k: tuple(v) for k, v in table.items()} == _table(tmp_path / "w.safetensors", cfg)
     assert spec_from_dict(json.loads(json.dumps(wire))) == spec
     assert not standby_copies(spec.model)  # a takeover resumes from a checkpoint: it holds every trained tensor
     lora = dataclasses.replace(spec.model, lora=LoraSpec(r=4, alpha=8, targets=("q_proj",), dropout=0.0, merge=False))
     assert standby_copies(lora) and needs_weights(lora, resuming=True) and not needs_weights(spec.model, True)
-    layout = place_layout(spec.model, 1, 2)
+    layout = place_layout(spec.model, Place(1, 2))
     assert [e.key for e in layout] == sorted(k for k in table if k.startswith("model.layers.0."))
     del wire["model"]["weights_tensors"]
     with pytest.raises(JobSpecError, match=r"model\.weights_tensors: missing"):

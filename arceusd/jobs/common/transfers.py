@@ -31,6 +31,7 @@ import trio
 from arceusd.base.atomic_files import atomic_write
 from arceusd.files.checkpoint import MANIFEST_NAME, SHARD_NAME, ShardRecord, file_matches, matches, step_dir
 from arceusd.jobs.plans.initial_weights import (
+    Place,
     leader_weights,
     place_layout,
     place_of,
@@ -95,6 +96,10 @@ class Transfers:
         self.me = me
         self._elected = elected
         self._grown: dict[str, tuple[int, ReplicaPlan]] = {}  # job id -> (epoch, a grown plan its spares start in)
+        self.weights_received = 0
+        """Bytes of initial weights this device received and kept as a member (chunk digests included)."""
+        self.weights_refused = 0
+        """Initial-weight slices refused: a tensor, chunk or digest list that did not match the signed spec."""
 
     def _leads(self, job: Job) -> bool:
         return job.leader == self.me
@@ -104,7 +109,7 @@ class Transfers:
         this epoch, before it becomes the job's plan: their places in it may fetch initial weights."""
         self._grown[job.job_id] = (job.epoch, replica_plan)
 
-    def _place(self, job: Job, peer: str) -> tuple[int, int] | None:
+    def _place(self, job: Job, peer: str) -> Place | None:
         place = place_of(job.replica_plan, peer) if job.replica_plan is not None else None
         epoch, grown = self._grown.get(job.job_id, (-1, None))
         if place is None and epoch == job.epoch and grown is not None:
@@ -165,13 +170,15 @@ class Transfers:
         await trio.to_thread.run_sync(atomic_write, path, data)
         return ResumeConfig(step, str(path), None)
 
-    async def fetch_weights(self, job: Job, leader: str, place: tuple[int, int]) -> Path:
-        """Download this device's slice of the job's initial weights (the tensors blocks ``place`` are built
-        from) from the leader, check every tensor against the signed spec's digests and keep it as this device's
-        own safetensors file (a file kept from an earlier plan of the same place is checked and used again);
-        its path. :class:`WeightsSliceError` (one line) when the leader serves anything else."""
-        layout = await trio.to_thread.run_sync(place_layout, job.spec.model, *place)
-        path = job.paths.weights_slice(*place)
+    async def fetch_weights(self, job: Job, leader: str, place: Place) -> Path:
+        """Download this device's slice of the job's initial weights (the tensors the blocks of ``place`` are
+        built from; a tensor-parallel rank's shards of the split ones) from the leader, check every tensor (every
+        chunk) against the signed spec's digests and keep it as this device's own safetensors file (a whole-tensor
+        file kept from an earlier plan of the same place is checked and used again); its path.
+        :class:`WeightsSliceError` (one line) when the leader serves anything else; counted in
+        ``weights_refused``."""
+        layout = await trio.to_thread.run_sync(place_layout, job.spec.model, place)
+        path = job.paths.weights_slice(place.start, place.end)
         if not await trio.to_thread.run_sync(slice_file_matches, path, layout):
             data = await self.download(
                 job,
@@ -182,8 +189,22 @@ class Transfers:
             )
             if data is None:
                 raise WeightsSliceError("the leader did not serve this device's initial weights")
-            await trio.to_thread.run_sync(check_slice, data, layout, f"the leader {leader[:12]}")
-            await trio.to_thread.run_sync(write_parts, path, (slice_header(layout), data))
+            try:
+                kept = await trio.to_thread.run_sync(check_slice, data, layout, f"the leader {leader[:12]}")
+            except WeightsSliceError:
+                self.weights_refused += 1
+                raise
+            await trio.to_thread.run_sync(write_parts, path, (slice_header(layout), *kept))
+            self.weights_received += len(data)
+            log.info(
+                "job %s: received %d bytes of initial weights for blocks [%d, %d)%s; keeping %d bytes of tensors",
+                job.job_id,
+                len(data),
+                place.start,
+                place.end,
+                f" as tensor-parallel rank {place.split[2]}" if place.split is not None else "",
+                sum(e.kept_nbytes for e in layout),
+            )
         for old in path.parent.glob("blocks-*.safetensors"):  # one place at a time: the others are stale
             if old != path:
                 old.unlink(missing_ok=True)
@@ -314,7 +335,7 @@ class Transfers:
         if msg.epoch != job.epoch or place is None or msg.offset < 0:
             return JobAck(False, "that device has no place in the current plan")
         try:
-            layout = await trio.to_thread.run_sync(place_layout, job.spec.model, *place)
+            layout = await trio.to_thread.run_sync(place_layout, job.spec.model, place)
             data = await trio.to_thread.run_sync(read_slice, path, layout, msg.offset, SHARD_CHUNK)
         except (OSError, WeightsSliceError) as exc:
             log.warning("job %s: cannot serve initial weights: %s", job.job_id, exc)

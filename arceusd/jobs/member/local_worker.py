@@ -27,7 +27,7 @@ from arceusd.jobs.core import Role, Stamp, actions, events
 from arceusd.jobs.judging import claims
 from arceusd.jobs.member import reports
 from arceusd.jobs.plans.grow_start import GrowStart
-from arceusd.jobs.plans.initial_weights import needs_weights, place_of, worker_spec_weights
+from arceusd.jobs.plans.initial_weights import Place, needs_weights, place_of, worker_spec_weights
 from arceusd.jobs.plans.planning import (
     PlanRefused,
     replica_flops_shares,
@@ -76,7 +76,7 @@ class LocalWorkerPorts:
     """Stand in the job's election: ``(job, members, ranking)``."""
     fetch_resume: Callable[[Job, str, int, ResumeFile], Awaitable[ResumeConfig]]
     """This device's resume slice of a step, from the leader (:mod:`arceusd.jobs.common.transfers`)."""
-    fetch_weights: Callable[[Job, str, tuple[int, int]], Awaitable[Path]]
+    fetch_weights: Callable[[Job, str, Place], Awaitable[Path]]
     """This device's place's initial weights, from the leader (:mod:`arceusd.jobs.common.transfers`)."""
     peers: PeerService
     """The peer network (a report sent to the leader)."""
@@ -166,7 +166,7 @@ class LocalWorker:
         if needs_weights(job.spec.model, resume is not None) and not self.ports.leads(job):
             place = place_of(replica_plan, self.ports.me)
             try:  # only its place's tensors, checked against the signed spec (arceusd.jobs.plans.initial_weights)
-                weights = await self.ports.fetch_weights(job, header.sender, place or (0, 0))
+                weights = await self.ports.fetch_weights(job, header.sender, place or Place(0, 0))
             except (WeightsSliceError, OSError) as exc:
                 log.warning("job %s: %s", job.job_id, exc)
                 return JobStartReply(msg.job_id, False, f"could not get the initial weights: {exc}")

@@ -5,7 +5,8 @@ owner). The owner's worker reads that file directly; so does the worker of a LoR
 from the whole copy it keeps (``<job>/weights/model.safetensors``, copied with the data at the first checkpoint
 it stands by for and checked against the signed ``weights_sha256``; :func:`standby_copies`: a standby takes over
 from a committed checkpoint, so only a frozen base is still needed then). Every other member holds only its
-place's tensors: at each plan's start it fetches them from the leader
+place's tensors (a tensor-parallel rank: only its shards of the split ones): at each plan's start it fetches them
+from the leader
 (:meth:`arceusd.jobs.common.transfers.Transfers.fetch_weights`), checks each against the digests the signed spec records
 (``weights_tensors``, :mod:`arceusd.models.hf.weights_slice`) and keeps them as
 ``<job>/weights/blocks-<start>-<end>.safetensors``; its worker reads that file. A start that resumes from a
@@ -18,10 +19,12 @@ File names here are this device's own (from block indices it verified), never a 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from arceusd.jobs.plans.job_paths import JobPaths
+from arceusd.jobs.plans.planning import worker_stages
 from arceusd.jobs.spec.parsed import resolve_path
 from arceusd.models.hf.config import HFModelConfig
 from arceusd.models.hf.weights_check import MAX_HEADER_BYTES
@@ -64,22 +67,37 @@ def leader_weights(job_dir: Path, owner: bool, model: object, base_dir: Path | N
     return path if path.is_file() else None
 
 
-def place_of(replica_plan: ReplicaPlan, peer: str) -> tuple[int, int] | None:
-    """The block range ``[start, end)`` of ``peer``'s stage in the plan (any replica), or None."""
+@dataclass(frozen=True)
+class Place:
+    """A device's place in a plan: its stage's blocks ``[start, end)`` and, on a tensor-parallel stage, the split
+    (key/value heads and MLP columns per rank, as the worker's ``TPSplit``) and its rank in it."""
+
+    start: int
+    end: int
+    split: tuple[tuple[int, ...], tuple[int, ...], int] | None = None
+
+
+def place_of(replica_plan: ReplicaPlan, peer: str) -> Place | None:
+    """``peer``'s place in the plan (any replica; the split as :func:`worker_stages` gives its worker), or None."""
     for the_plan in replica_plan.replicas:
-        for stage in the_plan.stages:
-            if peer in stage.devices:
-                return int(stage.start), int(stage.end)
+        for stage in worker_stages(the_plan):
+            ids = [m.peer_id for m in stage.members]
+            if peer in ids:
+                split = stage.split()
+                if split is None:
+                    return Place(int(stage.start), int(stage.end))
+                return Place(int(stage.start), int(stage.end), (split.heads, split.columns, ids.index(peer)))
     return None
 
 
-def place_layout(model: object, start: int, end: int) -> tuple[SliceEntry, ...]:
-    """The tensors (signed dtypes, digests; shapes from the config) the blocks ``[start, end)`` are built from."""
+def place_layout(model: object, place: Place) -> tuple[SliceEntry, ...]:
+    """The tensors (signed dtypes, digests; shapes from the config) the blocks of ``place`` are built from; a
+    tensor-parallel rank's split tensors as its shards (:mod:`arceusd.models.hf.weights_slice`)."""
     m = weights_model(model)
     if m is None or m.weights_tensors is None:
         raise WeightsSliceError("the job has no signed initial weights")
     table = {k: (d, h) for k, d, h in m.weights_tensors}
-    return slice_layout(m, place_keys(m, start, end, table), table)
+    return slice_layout(m, place_keys(m, place.start, place.end, table), table, place.split)
 
 
 def whole_limit(model: object) -> int:
@@ -120,6 +138,7 @@ def worker_spec_weights(spec_dict: dict[str, Any], path: Path | None) -> None:
 
 
 __all__ = [
+    "Place",
     "leader_weights",
     "needs_weights",
     "place_layout",

@@ -6,8 +6,9 @@ Owns::
     [model]  type = "hf", config = "config.json" (a path, relative to the spec's folder; or the config inline as
              a table, the form a spec travels in), block_size (training context length), weights? (a safetensors
              file under the architecture's keys), weights_sha256? and weights_tensors? (the file's digest and
-             each tensor's, key -> [dtype, sha256]: recorded when the file is read; members check the slice
-             they receive against them, arceusd/models/hf/weights_slice.py)
+             each tensor's, key -> [dtype, sha256] (a tensor a tensor-parallel split cuts: the root of its chunks'
+             digests): recorded when the file is read; members check the slice they receive against them,
+             arceusd/models/hf/weights_slice.py)
     [data]   kind = "tokens", path, tokenizer (a tokenizers tokenizer.json), format ("text" | "jsonl"),
              text_field ("text"), val_fraction, sha256?, tokenizer_sha256?
 
@@ -100,7 +101,7 @@ def parse_hf_model(
         if problems:
             return None
         try:  # the file's digest and each tensor's, in one pass: members check their slices against these
-            actual, table = digest_file(path)
+            actual, table = digest_file(path, config)
         except (OSError, WeightsSliceError) as e:
             r.problem("model.weights", f"cannot read {path}: {e}")
             return None

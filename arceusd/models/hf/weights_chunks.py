@@ -21,8 +21,7 @@ raw bytes each, in order), so the signed table keeps one value per tensor. A ran
 that value (:func:`check_chunk_digests`: exactly the config's count), each chunk it receives against its digest
 and size, and cuts its shard, as the worker's split holds it (:func:`assemble_shard`).
 
-Not yet wired (issue 30): the signed table still records each tensor's sha256 and a member receives whole
-tensors (:mod:`arceusd.models.hf.weights_slice`).
+:mod:`arceusd.models.hf.weights_slice` signs, serves and checks initial weights with these.
 """
 
 from __future__ import annotations
@@ -38,6 +37,9 @@ from arceusd.models.hf.keys import Shape, expected_tensors
 
 COLUMN_CHUNKS = 64
 """The most chunks an MLP tensor is cut into along its columns."""
+
+DIGEST_BYTES = 32
+"""A chunk digest as it travels (raw sha256)."""
 
 
 class SplitBy(enum.StrEnum):
@@ -224,7 +226,7 @@ def check_chunk_digests(key: str, digests: Sequence[str], c: Chunking, signed: s
     if len(digests) != c.count:
         raise ChunkError(f"{source} gave {len(digests)} chunk digests of {key}; the config cuts it in {c.count}")
     if chunks_root(digests) != signed:
-        raise ChunkError(f"the chunk digests {source} gave for {key} do not match the job's signed digest; refused")
+        raise ChunkError(f"{source} gave chunk digests of {key} that do not match the job's signed digest; refused")
 
 
 def shard_shape(c: Chunking, ranges: Sequence[tuple[int, int]]) -> Shape:
@@ -276,6 +278,7 @@ def assemble_shard(
 
 __all__ = [
     "COLUMN_CHUNKS",
+    "DIGEST_BYTES",
     "TP_SPLIT_GPT2",
     "TP_SPLIT_LLAMA",
     "ChunkError",
