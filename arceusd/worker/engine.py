@@ -27,6 +27,7 @@ average and before clipping, and both use the sum. DiLoCo replicas with such a s
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,7 +39,16 @@ from arceusd.models.build import loss_sum
 from arceusd.worker.collective import TimedCollective
 from arceusd.worker.links import Links
 from arceusd.worker.microbatch import split_micro_batches
-from arceusd.worker.optim import LRSchedule, OptimizerConfig, SGDConfig, clip_grad_norm_global, make_optimizer
+from arceusd.worker.optim import (
+    LRSchedule,
+    OptimizerConfig,
+    SGDConfig,
+    clip_grad_norm_global,
+    clip_grads_on_device,
+    device_grad_sq_norm,
+    make_optimizer,
+)
+from arceusd.worker.pending_step import PendingStep, StepResult
 from arceusd.worker.replicas import ReplicaSync, SyncMode
 from arceusd.worker.schedule import (
     DEFER_WEIGHTS,
@@ -98,30 +108,6 @@ class EngineConfig:
             raise ValueError(f"max_grad_norm must be positive or None, got {self.max_grad_norm}")
 
 
-@dataclass(frozen=True)
-class StepResult:
-    step: int
-    """The step just completed (0-based)."""
-    loss: float
-    """Full-batch mean loss of this step (before the update), identical on every stage."""
-    grad_norm: float | None
-    """Global gradient norm before clipping (``None`` when clipping is off)."""
-    lr: float
-    wait_s: float = 0.0
-    """Seconds this stage spent blocked on its links (receiving activations or gradients, the step's scalar
-    exchange): the pipeline's bubble plus any wait for a slower neighbour or a slow link."""
-    wait_up_s: float = 0.0
-    """Of ``wait_s``, the seconds spent waiting for the previous stage's activations."""
-    wait_down_s: float = 0.0
-    """Of ``wait_s``, the seconds spent waiting for the next stage's gradients. The leader sets these beside the
-    neighbours' own figures: a stage both neighbours wait on is the slow one, whatever it says of itself."""
-    group_wait_s: float = 0.0
-    """Seconds inside the tensor-parallel group's all-reduces (not in ``wait_s``: they happen inside the forward
-    and backward passes): waiting for the group's slowest rank. Zero without a group timer."""
-    optimizer_s: float = 0.0
-    """Seconds of the optimizer step (clipping included)."""
-
-
 class StageEngine:
     """One pipeline stage (or one tensor-parallel rank of it)."""
 
@@ -165,11 +151,20 @@ class StageEngine:
             replicas.start(list(self.module.parameters()))
         if replicas is not None and replicas.mode is SyncMode.ALLREDUCE:  # overlap the all-reduce with backward
             replicas.attach(list(self.module.parameters()), config.num_micro_batches)
+        self.solo = config.num_stages == 1 and replicas is None and self.tied is None and not module.tensor_parallel
+        """The only worker of its job: its step's scalars never cross a link, so they stay on the device until the
+        caller reads them (:meth:`launch_step`, ``pending_step.py``)."""
 
     # -- public API ------------------------------------------------------------------------------------------
 
     def run_step(self, inputs: torch.Tensor | None = None, targets: torch.Tensor | None = None) -> StepResult:
         """One training step. First stage: pass ``inputs``; last stage: ``targets``; others: nothing."""
+        return self.launch_step(inputs, targets).result()
+
+    def launch_step(self, inputs: torch.Tensor | None = None, targets: torch.Tensor | None = None) -> PendingStep:
+        """:meth:`run_step` that returns once the step is queued on the device: a :attr:`solo` worker on a GPU
+        reads its loss and gradient norm when it asks for :meth:`PendingStep.result` (after queueing the next
+        step, say); every other worker's result is read already (its scalars crossed a link)."""
         m = self.config.num_micro_batches
         if self.is_first != (inputs is not None):
             raise ValueError(f"stage {self.config.stage}: inputs go to the first stage and only there")
@@ -185,7 +180,7 @@ class StageEngine:
         if self.group_timer is not None:
             self.group_timer.take()
         actions = self._schedule()
-        result: StepResult | None = None
+        result: PendingStep | None = None
         for action in actions:
             if isinstance(action, RecvActivation | RecvGrad):
                 began = time.perf_counter()
@@ -270,7 +265,14 @@ class StageEngine:
         t = self.compression.decode(t) if self.compression is not None else t
         return t.to(self.device)
 
-    def _execute(self, action: Action, run: _StepState) -> StepResult | None:
+    def _local(self, t: torch.Tensor) -> torch.Tensor:
+        """A batch's tensor on this stage's device; to a GPU through pinned memory, without waiting for the work
+        queued before it (a plain copy waits for the whole queue: the previous step's update, this forward)."""
+        if self.device.type == "cuda" and t.device.type == "cpu":
+            return t.pin_memory().to(self.device, non_blocking=True)
+        return t.to(self.device)
+
+    def _execute(self, action: Action, run: _StepState) -> PendingStep | None:
         if isinstance(action, RecvActivation):
             x = self._decode(self.links.recv_activation(action.micro_batch))
             if x.is_floating_point():
@@ -278,7 +280,7 @@ class StageEngine:
             run.received[action.micro_batch] = x
         elif isinstance(action, Forward):
             i = action.micro_batch
-            x = run.inputs[i].to(self.device) if self.is_first else run.received.pop(i)
+            x = self._local(run.inputs[i]) if self.is_first else run.received.pop(i)
             with self._autocast():
                 y = self.module(x)
             run.stash[i] = (x, y)
@@ -288,7 +290,7 @@ class StageEngine:
         elif isinstance(action, ComputeLoss):
             i = action.micro_batch
             y = run.stash[i][1]
-            run.losses[i] = self.loss_fn(y, run.targets[i].to(self.device)) / run.num_targets
+            run.losses[i] = self.loss_fn(y, self._local(run.targets[i])) / run.num_targets
         elif isinstance(action, RecvGrad):
             run.grads[action.micro_batch] = self._decode(self.links.recv_grad(action.micro_batch))
         elif isinstance(action, Backward):
@@ -312,7 +314,7 @@ class StageEngine:
             torch.autograd.backward(root, grad)
         x, _ = run.stash.pop(i)
         if self.is_last:
-            run.loss_sum += float(run.losses.pop(i).item())
+            run.add_loss(run.losses.pop(i))
         if not self.is_first:
             run.input_grads[i] = self._input_grad(i, x.grad)
 
@@ -332,7 +334,7 @@ class StageEngine:
         run.deferred[i] = pending
         run.input_grads[i] = self._input_grad(i, gx)
         if self.is_last:
-            run.loss_sum += float(run.losses.pop(i).item())
+            run.add_loss(run.losses.pop(i))
 
     def _input_grad(self, i: int, gx: torch.Tensor | None) -> torch.Tensor:
         if gx is None:
@@ -347,9 +349,11 @@ class StageEngine:
         pending.run()
         run.stash.pop(i)
 
-    def _optimizer_step(self, run: _StepState) -> StepResult:
+    def _optimizer_step(self, run: _StepState) -> PendingStep:
         lr = self.config.lr_schedule(self.step) if self.config.lr_schedule else self.config.optimizer.lr
         began, waited = time.perf_counter(), run.wait_s
+        if self.solo:
+            return self._solo_update(run, lr, began)
 
         def exchange(values: tuple[float, ...]) -> list[float]:  # the step's one scalar all-reduce, timed
             t0 = time.perf_counter()
@@ -358,7 +362,7 @@ class StageEngine:
             return sums
 
         grad_norm = None
-        report = run.loss_sum if (self.is_last and self.sends) else 0.0
+        report = float(run.loss_acc) if (self.is_last and self.sends and run.loss_acc is not None) else 0.0
         if self.replicas is not None and self.replicas.mode is SyncMode.ALLREDUCE:
             began_sync = time.perf_counter()
             report = self.replicas.average_grads(list(self.module.parameters()), report)
@@ -402,7 +406,26 @@ class StageEngine:
             group_wait_s=self.group_timer.take() if self.group_timer is not None else 0.0,
         )
         self.step += 1
-        return result
+        return PendingStep(result)
+
+    def _solo_update(self, run: _StepState, lr: float, began: float) -> PendingStep:
+        """The update of the job's only worker: its sums are its own (no exchange), so the gradient norm, the
+        clipping and the loss stay on the device (``optim.clip_grads_on_device``: the same gradients as the
+        exchanging path's, to the bit) and are read when the caller asks (``pending_step.py``)."""
+        if run.loss_acc is None:
+            raise RuntimeError("a one-stage step ended without a loss")  # pragma: no cover - schedule bug
+        norm = None
+        if self.config.max_grad_norm is not None:
+            sq = device_grad_sq_norm(self.module.norm_parameters())
+            if sq is None:  # no parameter has a gradient (a frozen base without adapters here)
+                sq = torch.zeros((), dtype=torch.float64, device=self.device)
+            norm = clip_grads_on_device(list(self.module.parameters()), sq, self.config.max_grad_norm)
+        self.optimizer.step(lr)
+        template = StepResult(
+            step=self.step, loss=math.nan, grad_norm=None, lr=lr, optimizer_s=time.perf_counter() - began
+        )
+        self.step += 1
+        return PendingStep(template, run.loss_acc, norm)
 
 
 @dataclass
@@ -419,7 +442,13 @@ class _StepState:
     losses: dict[int, torch.Tensor] = field(default_factory=dict)
     deferred: dict[int, PendingWeights] = field(default_factory=dict)
     """Micro-batches whose parameters' gradients wait for ``WeightGrad``."""
-    loss_sum: float = 0.0
+    loss_acc: torch.Tensor | None = None
+    """The micro-batches' losses summed in float64 on the device (last stage), read once per step: the sum of their
+    Python floats to the bit."""
     wait_s: float = 0.0
     wait_up_s: float = 0.0
     wait_down_s: float = 0.0
+
+    def add_loss(self, loss: torch.Tensor) -> None:
+        value = loss.detach().double()
+        self.loss_acc = value if self.loss_acc is None else self.loss_acc + value

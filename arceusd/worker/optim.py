@@ -194,6 +194,37 @@ def make_optimizer(named_params: Iterable[tuple[str, nn.Parameter]], config: Opt
     raise TypeError(f"unknown optimizer config {type(config).__name__}; expected SGDConfig or AdamWConfig")
 
 
+def device_grad_sq_norm(params: Iterable[torch.Tensor]) -> torch.Tensor | None:
+    """:func:`local_grad_sq_norm` of parameters on **one** device, left there: a float64 scalar tensor (None when
+    no parameter has a gradient), read back by the caller when it suits it (a worker alone on a GPU reads it with
+    the step's loss, after the next step is queued: ``engine.py``). The same operations as
+    :func:`local_grad_sq_norm`, so the same value to the bit."""
+    grads = [p.grad.detach() for p in params if p.grad is not None]
+    if not grads:
+        return None
+    if len({g.device for g in grads}) != 1:
+        raise ValueError("device_grad_sq_norm takes parameters on one device; use local_grad_sq_norm")
+    grads = [g if g.dtype == torch.float32 else g.float() for g in grads]
+    return torch.stack(torch._foreach_norm(grads, 2.0)).double().square().sum()
+
+
+def clip_grads_on_device(params: Sequence[torch.Tensor], sq_norm: torch.Tensor, max_norm: float) -> torch.Tensor:
+    """:func:`clip_grads` without reading the norm back: the coefficient ``min(1, max_norm / (norm + 1e-6))`` is
+    computed on the device in float64 (as :func:`clip_grads` does in Python) and every gradient is multiplied by it
+    (a product by exactly 1 changes nothing), so the gradients match :func:`clip_grads`' to the bit. Returns the
+    norm, a float64 scalar tensor on the device."""
+    if max_norm <= 0:
+        raise ValueError(f"max_norm must be positive, got {max_norm}")
+    norm = sq_norm.sqrt()
+    if math.isfinite(max_norm):
+        grads = [p.grad for p in params if p.grad is not None]
+        if grads:
+            coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+            with torch.no_grad():
+                torch._foreach_mul_(grads, coef.float())  # float32, as the Python scalar becomes
+    return norm
+
+
 def local_grad_sq_norm(params: Iterable[torch.Tensor]) -> float:
     """Sum of squared gradient entries over ``params`` (those without a gradient count as zero).
 

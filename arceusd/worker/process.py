@@ -7,8 +7,11 @@ job, listen on the transport and say ``listening``. On ``start`` (every worker's
 of ``WireFabric`` (each to the peer id the plan names there: another peer answering is refused), then train steps
 ``[resume.step or 0, total_steps)``:
 
-- each step: the next batch from the prefetcher (stage 0: inputs, last stage: targets), ``run_step`` in a
-  worker thread (the engine blocks on the links; the trio loop stays free to move frames), a ``step`` event;
+- each step: the next batch from the prefetcher (stage 0: inputs, last stage: targets), ``launch_step`` in a
+  worker thread (the engine blocks on the links; the trio loop stays free to move frames), a ``step`` event: at
+  once, or, for the job's only worker (``StageEngine.solo``), after the next step is queued, so a GPU is never
+  left idle while the worker reports (``pending_step.py``; a step with a checkpoint or an evaluation after it is
+  reported at once);
 - after ``c`` completed steps with ``c % checkpoint_interval == 0`` (interval > 0) or ``c == total_steps``:
   write this worker's shard ``stage{s}-rank{r}.safetensors`` under ``checkpoint_dir/step-<c>/`` (tensors =
   ``StageEngine.state_tensors()``, safetensors metadata = the slice and its tensor-parallel split, so the
@@ -70,6 +73,7 @@ from arceusd.worker.datafeed import Batch, DataClient, DataServer, Prefetcher, e
 from arceusd.worker.engine import EngineConfig, StageEngine
 from arceusd.worker.links import LinkError
 from arceusd.worker.optim import AdamWConfig, LRSchedule, OptimizerConfig, SGDConfig
+from arceusd.worker.pending_step import PendingStep
 from arceusd.worker.protocol import (
     CheckpointEvent,
     Command,
@@ -171,6 +175,21 @@ def replica_config(count: int, sync: ReplicaSyncConfig, one_core: bool = False) 
 
 def shard_name(stage: int, rank: int) -> str:
     return shard_file_name(stage, rank)
+
+
+@dataclass
+class _StepLoop:
+    """The training loop's figures per step, and the step queued but not yet reported."""
+
+    samples: int
+    """This replica's share of the global batch."""
+    block: int
+    """Tokens per sample (an MLP's sample is one example: 1)."""
+    n_eval: int
+    in_flight: tuple[PendingStep, float] | None = None
+    """A step queued on the device and not yet reported, with the time it began."""
+    reported_at: float = 0.0
+    """When the last step was reported (``time.perf_counter``)."""
 
 
 class EventWriter:
@@ -340,17 +359,19 @@ class Worker:
                 nursery.cancel_scope.cancel()
 
     async def _train(self, nursery: trio.Nursery, client: DataClient | None) -> None:
-        cfg, t = self.config, self.spec.training
+        cfg = self.config
         prefetch = Prefetcher(client, self.is_first, self.is_last, self.start_step, cfg.total_steps)
         nursery.start_soon(prefetch.run)
-        samples = t.batch_size // cfg.share_count()  # this replica's share of the global batch
-        tokens = samples * int(getattr(self.spec.model, "block_size", 1))  # an MLP's sample is one example
-        n_eval = eval_batch_count(self.spec)
+        loop = _StepLoop(
+            samples=self.spec.training.batch_size // cfg.share_count(),  # this replica's share of the global batch
+            block=int(getattr(self.spec.model, "block_size", 1)),  # an MLP's sample is one example
+            n_eval=eval_batch_count(self.spec),
+        )
         step = self.start_step
         try:
             with self.control.training:
                 for step in range(self.start_step, cfg.total_steps):
-                    await self._step(step, prefetch, samples, tokens, n_eval)
+                    await self._step(step, prefetch, loop)
         except (LinkError, RingError) as exc:  # a neighbour of this replica is gone
             if not await self.control.retire_after(exc):
                 raise
@@ -358,25 +379,60 @@ class Worker:
             print(f"stage worker: retired at step {step} (its replica was dropped); serving the data", file=sys.stderr)
         self.events.emit(DoneEvent(step if self.control.retired.is_set() else cfg.total_steps))
 
-    async def _step(self, step: int, prefetch: Prefetcher, samples: int, tokens: int, n_eval: int) -> None:
-        """One training step, its checkpoint, witness and evaluation, and a hold for a rebuild after it."""
-        cfg, t = self.config, self.spec.training
+    async def _step(self, step: int, prefetch: Prefetcher, loop: _StepLoop) -> None:
+        """One training step queued; the previous step reported once this one is queued behind it (a worker alone
+        on a GPU keeps it busy while it reports: ``pending_step.py``); this step reported at once, with its
+        checkpoint, witness and evaluation and a hold for a rebuild after it, when it has any of those."""
         failpoints.hit("worker.step")
         x, y = await prefetch.next(step)
         began = time.perf_counter()
         self.fabric.phase, self.fabric.step = PHASE_TRAIN, step
-        result = await trio.to_thread.run_sync(self.engine.run_step, x, y, abandon_on_cancel=True)
+        pending = await trio.to_thread.run_sync(self.engine.launch_step, x, y, abandon_on_cancel=True)
+        if loop.in_flight is not None:
+            await self._report(loop)
+        loop.in_flight = (pending, began)
+        done = step + 1
+        cfg, t = self.config, self.spec.training
+        checkpoint = done == cfg.total_steps or (cfg.checkpoint_interval and done % cfg.checkpoint_interval == 0)
+        evaluate = checkpoint or (t.eval_interval_steps and done % t.eval_interval_steps == 0)
+        if checkpoint or evaluate or not self.engine.solo:
+            await self._report(loop)
+        ring = self.fabric.ring
+        if checkpoint and ring.first_replica == self.replica:  # replicas hold the same stage state: the first's
+            shard_digest = await self._checkpoint(done)  # is the shard (replica 0's, until it is dropped)
+        else:
+            shard_digest = None
+        if checkpoint and len(ring.replicas) > 1:  # every replica: what it holds alike, for the leader
+            await self._witness(done, shard_digest)
+        if evaluate and loop.n_eval:
+            batches = await prefetch.eval_batches(loop.n_eval)
+            loss, acc = await trio.to_thread.run_sync(self._evaluate, done, batches, abandon_on_cancel=True)
+            self.events.emit(EvalEvent(done, loss, acc))
+        if checkpoint and done == self.control.hold_at and done < cfg.total_steps:
+            await self.control.hold(done)
+
+    async def _report(self, loop: _StepLoop) -> None:
+        """The step in flight's ``step`` event (its loss read back now), or the error of a step that diverged. Its
+        seconds: from its start, or from the previous report when it queued behind that step (its own time on the
+        device, in a steady run)."""
+        assert loop.in_flight is not None
+        pending, began = loop.in_flight
+        loop.in_flight = None
+        result = await trio.to_thread.run_sync(pending.result, abandon_on_cancel=True)
         if not (math.isfinite(result.loss) and math.isfinite(result.grad_norm or 0.0)):
-            raise RuntimeError(f"step {step}: loss {result.loss} is not finite; training diverged")
+            raise RuntimeError(f"step {result.step}: loss {result.loss} is not finite; training diverged")
+        now = time.perf_counter()
+        seconds = now - max(began, loop.reported_at)
+        loop.reported_at = now
         self.events.emit(
             StepEvent(
-                step,
+                result.step,
                 result.loss,
                 result.lr,
                 float(result.grad_norm or 0.0),
-                samples,
-                tokens,
-                time.perf_counter() - began,
+                loop.samples,
+                loop.samples * loop.block,
+                seconds,
                 result.wait_s,
                 result.optimizer_s,
                 self.fabric.ring_bytes,
@@ -385,21 +441,6 @@ class Worker:
                 result.group_wait_s,
             )
         )
-        done = step + 1
-        checkpoint = done == cfg.total_steps or (cfg.checkpoint_interval and done % cfg.checkpoint_interval == 0)
-        evaluate = checkpoint or (t.eval_interval_steps and done % t.eval_interval_steps == 0)
-        shard_digest = None
-        ring = self.fabric.ring
-        if checkpoint and ring.first_replica == self.replica:  # replicas hold the same stage state: the first's
-            shard_digest = await self._checkpoint(done)  # is the shard (replica 0's, until it is dropped)
-        if checkpoint and len(ring.replicas) > 1:  # every replica: what it holds alike, for the leader
-            await self._witness(done, shard_digest)
-        if evaluate and n_eval:
-            batches = await prefetch.eval_batches(n_eval)
-            loss, acc = await trio.to_thread.run_sync(self._evaluate, done, batches, abandon_on_cancel=True)
-            self.events.emit(EvalEvent(done, loss, acc))
-        if checkpoint and done == self.control.hold_at and done < cfg.total_steps:
-            await self.control.hold(done)
 
     def _shard(self, step: int) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
         """This worker's checkpoint shard of ``step``: its state tensors (copied) and the shard's metadata."""

@@ -80,6 +80,27 @@ def test_gpt_with_a_tensor_parallel_stage_equals_plain_loop(tmp_path: Path) -> N
         assert all(n > 0 for n in norms)
 
 
+def test_a_worker_alone_equals_plain_loop_and_reports_each_step_before_its_checkpoint(tmp_path: Path) -> None:
+    """The job's only worker reports a step after queueing the next (``pending_step.py``): still every step, in
+    order, each before the checkpoint or evaluation that follows it, with the plain loop's losses (clipping on)."""
+    steps = 5
+    spec = gpt_spec(
+        steps, micro=2, grad_clip=0.5, optimizer="sgd", lr=0.1, momentum=0.9, weight_decay=0.0, eval_interval_steps=3
+    )
+    with WorkerJob(tmp_path, spec, [(0, 4, None)], checkpoint_interval=2) as job:
+        job.start()
+        job.run(timeout=60)
+        _check_exact(job, spec, steps)
+        (w,) = job.workers
+        order = [(type(e).__name__, e.step) for e in w.events if isinstance(e, StepEvent | CheckpointEvent | EvalEvent)]
+        for kind, step in order:
+            if kind != "StepEvent":  # a checkpoint or an evaluation after `step` steps: that step reported first
+                assert ("StepEvent", step - 1) in order[: order.index((kind, step))], order
+        assert [e.step for e in w.of(CheckpointEvent)] == [2, 4, 5]
+        assert [e.step for e in w.of(EvalEvent)] == [2, 3, 4, 5]
+        assert all(e.seconds > 0 and e.grad_norm > 0 for e in w.of(StepEvent))
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (none on this machine)")
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 def test_one_worker_on_cuda_and_one_on_cpu_equal_plain_loop(tmp_path: Path, schedule: str) -> None:
