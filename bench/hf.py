@@ -47,6 +47,7 @@ from arceusd.models.hf.blocks import build_hf_block, tie_hf_blocks, transformers
 from arceusd.models.hf.config import HFModelConfig, hf_config_from_dict, num_hf_blocks
 from arceusd.worker.engine import EngineConfig, StageEngine
 from arceusd.worker.links import InMemoryFabric
+from arceusd.worker.pending_step import PendingStep
 from arceusd.worker.process import SpecLR, optimizer_config
 from arceusd.worker.stage import StageSpec, build_stage
 
@@ -371,9 +372,10 @@ def timed_loop(step: Callable[[int], None], seconds: float) -> float:
 
 
 def engine_steps_per_s(spec: Any, seconds: float) -> float:
-    """The stage worker's engine (``StageEngine.run_step``: one stage holding every block, bf16 autocast, the
-    spec's AdamW and learning rate, the grad norm the worker always takes) on the spec's batches, in this process:
-    what a GPU daemon alone would train at if its worker loop and the daemon cost nothing."""
+    """The stage worker's engine (``StageEngine.launch_step``: one stage holding every block, bf16 autocast, the
+    spec's AdamW and learning rate, the grad norm the worker always takes; a step's figures read once the next is
+    queued, as the worker reads them) on the spec's batches, in this process: what a GPU daemon alone would train
+    at if its worker loop and the daemon cost nothing."""
 
     t = spec.training
     module = build_stage(spec.model, spec.seed, StageSpec(0, num_hf_blocks(spec.model)))
@@ -392,12 +394,14 @@ def engine_steps_per_s(spec: Any, seconds: float) -> float:
         ),
     )
     source = open_batch_source(spec)
+    queued: list[PendingStep] = []
 
-    def step(i: int) -> None:
-        engine.run_step(*source.batch(i))
+    def step(i: int) -> None:  # as the worker does: step i's figures read once step i + 1 is queued
+        queued.append(engine.launch_step(*source.batch(i)))
+        if len(queued) > 1:
+            queued.pop(0).result()
 
-    rate = timed_loop(step, seconds)
-    return rate
+    return timed_loop(step, seconds)
 
 
 def plain_steps_per_s(spec: Any, seconds: float) -> tuple[float, int]:
