@@ -122,7 +122,9 @@ def test_the_ranks_of_a_group_wait_for_its_slow_rank_and_it_waits_for_none() -> 
     }
     # each rank's own compute, as its report says: its step less its waits on links and in the group
     own = {f"r{r}": median([took - res.wait_s - res.group_wait_s for res, took in runs[(1, r)][1:]]) for r in range(3)}
-    assert own["r1"] > 0.5 * slow > max(own["r0"], own["r2"]), own  # told truly, its own figure shows it
+    # told truly, its own figure shows it: the delay on top of what every rank computes alike (that part grows with
+    # the machine's load: 85 ms at load 15 on 2 cores, above a fixed bound of 75 ms)
+    assert own["r1"] - max(own["r0"], own["r2"]) > 0.5 * slow, own
     seen = claims.seen_by_neighbours(plan, waits, own, "L", 10.0)
     assert seen["r1"] > 0.5 * slow and seen["r0"] < 0.25 * slow and seen["r2"] < 0.25 * slow, seen
 
