@@ -106,23 +106,37 @@ class Term:
 
 SKIP_STEPS = 3
 """The first steps a typical step leaves out (a worker's first steps allocate and warm up)."""
-TRIM = 0.1
-"""The share of the slowest step intervals a typical step leaves out: those that held a checkpoint or an
-evaluation (the quote prices them apart) and hiccups of a busy machine."""
 
 
-def typical_step(points: Sequence[tuple[int, float]]) -> float:
-    """A step as the job took it, from its (step, wall time) points: the mean time per step between consecutive
-    points, less the first :data:`SKIP_STEPS` steps and the slowest :data:`TRIM` of the intervals (0: too few
-    points to say). A 30-step job's span from its first to its last step measured twice its 300-step run's step
-    on the same machine (its first steps were slow); the trimmed mean of its intervals does not."""
-    per = sorted(
-        (t2 - t1) / (s2 - s1)
+def pause_steps(steps: int, checkpoint_interval: int, eval_interval: int) -> frozenset[int]:
+    """The steps before the last after which a checkpoint or an evaluation runs (``arceusd.worker.process``): its
+    pause falls in the interval from that step to the next."""
+    every = [i for i in (checkpoint_interval, eval_interval) if i > 0]
+    return frozenset(s for i in every for s in range(i, steps, i))
+
+
+def _held(s1: int, s2: int, pauses: frozenset[int]) -> bool:
+    """Whether the interval from step ``s1`` to ``s2`` holds a pause (a checkpoint or an evaluation after one of
+    its steps)."""
+    return any(s1 <= p < s2 for p in pauses)
+
+
+def typical_step(points: Sequence[tuple[int, float]], pauses: frozenset[int] = frozenset()) -> float:
+    """A step as the job took it, from its (step, wall time) points: the time per step over the intervals past
+    the first :data:`SKIP_STEPS` steps that hold no pause (``pauses``: :func:`pause_steps`; 0: fewer than three
+    such intervals). A 30-step job's span from its first to its last step measured twice its 300-step run's step
+    on the same machine (its first steps were slow); without them it does not. A busy machine's hiccups stay in
+    (issue 31: trimming the slowest tenth of the intervals moved them into the pauses, which the quote then
+    multiplied by another job's count of checkpoints: a 300-step char-GPT's 2 pauses measured 11 s each, of which
+    a checkpoint took 0.9 s; an MNIST job's pause measured over 1 point was quoted over 16)."""
+    kept = [
+        (s2 - s1, t2 - t1)
         for (s1, t1), (s2, t2) in itertools.pairwise(points)
-        if s2 > s1 and s1 > SKIP_STEPS and t2 >= t1
-    )
-    kept = per[: max(1, int(len(per) * (1.0 - TRIM)))] if len(per) >= 3 else []
-    return statistics.fmean(kept) if kept else 0.0
+        if s2 > s1 and s1 > SKIP_STEPS and t2 >= t1 and not _held(s1, s2, pauses)
+    ]
+    if len(kept) < 3:
+        return 0.0
+    return sum(t for _, t in kept) / sum(n for n, _ in kept)
 
 
 def _term(values: Sequence[float], what: str) -> Term:
@@ -263,13 +277,20 @@ def pause_term(records: Sequence[JobTiming], model: str, predicted_step_s: float
     return _widened(t, *spread(records, lambda r: r.pause_s))
 
 
-def pause_of(points: Sequence[tuple[int, float]], step_s: float, pause_points: int) -> float:
-    """:attr:`JobTiming.pause_s` of a run whose (step, wall time) ``points`` hold ``pause_points`` checkpoints or
-    evaluations before the last step, at a typical step ``step_s`` (-1: not enough to say)."""
-    if len(points) < 2 or step_s <= 0 or pause_points <= 0:
+def pause_of(points: Sequence[tuple[int, float]], step_s: float, pauses: frozenset[int]) -> float:
+    """:attr:`JobTiming.pause_s` of a run whose (step, wall time) ``points`` hold a checkpoint or an evaluation
+    after each step of ``pauses`` (:func:`pause_steps`), at a typical step ``step_s``: what each interval holding
+    one took beyond its steps, per pause (-1: none to say). The rest of the run (a busy machine's hiccups) is in
+    the typical step: it grows with the steps, not with the checkpoints."""
+    if step_s <= 0:
         return -1.0
-    (s1, t1), (s2, t2) = points[0], points[-1]
-    return max(t2 - t1 - (s2 - s1) * step_s, 0.0) / pause_points
+    extra, held = 0.0, 0
+    for (s1, t1), (s2, t2) in itertools.pairwise(points):
+        n = sum(1 for p in pauses if s1 <= p < s2)
+        if s2 > s1 and s1 > SKIP_STEPS and t2 >= t1 and n:
+            extra += max(t2 - t1 - (s2 - s1) * step_s, 0.0)
+            held += n
+    return extra / held if held else -1.0
 
 
 def read_timings(state_dir: Path) -> list[JobTiming]:
@@ -391,6 +412,7 @@ __all__ = [
     "machine_load",
     "measured_link",
     "pause_of",
+    "pause_steps",
     "pause_term",
     "peer_speeds",
     "read_timings",

@@ -39,8 +39,7 @@ from arceusd.jobs.core import events as e
 from arceusd.jobs.procs import filework
 from arceusd.jobs.record.job import Job
 from arceusd.jobs.record.leader_record import Recovery
-from arceusd.market.forecast import count_evals
-from arceusd.market.timings import JobTiming, machine_load, pause_of, record_timing, typical_step
+from arceusd.market.timings import JobTiming, machine_load, pause_of, pause_steps, record_timing, typical_step
 from arceusd.membership.events import MemberState
 from protocol.job_wire import JobStop
 
@@ -66,10 +65,10 @@ def job_timing(job: Job, now: float) -> JobTiming | None:
     rp = job.replica_plan
     predicted = rp.predicted_step_time_s if rp is not None else 0.0
     points = [(s, at) for (s, _), at in zip(job.history, job.history_at, strict=False)]
-    step = typical_step(points)
+    t = job.spec.training  # the steps after which a checkpoint or an evaluation ran, before the last
+    pauses = pause_steps(t.steps, job.spec.checkpoint.interval_steps, t.eval_interval_steps)
+    step = typical_step(points, pauses)
     ratio = step / predicted if predicted > 0 else 0.0
-    t = job.spec.training  # the points that held a checkpoint or an evaluation, before the last step
-    pauses = count_evals(t.steps, job.spec.checkpoint.interval_steps, t.eval_interval_steps) - 1
     return JobTiming(
         type(job.spec.model).__name__,
         round(job.first_step_at - job.created, 3),
