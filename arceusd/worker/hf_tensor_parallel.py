@@ -1,10 +1,10 @@
 """Megatron-style tensor parallelism of a stock ``transformers`` decoder layer (gpt2, llama, qwen2, mistral).
 
 Owns: :func:`shard_hf_block` (rank ``r``'s shard of an :class:`~arceusd.models.hf.blocks.HFDecoderBlock`),
-:func:`load_shard_weights` (a shard's initial weights, from a member's slice holding only its shards) and
-:func:`gather_hf_block`; the by-name :func:`shard_hf_tensor` / :func:`gather_hf_tensor` / :func:`hf_is_sharded`
-(checkpoints, optimizer state of a parameter's shape) live in :mod:`arceusd.worker.hf_tp_tensors` (no
-transformers import) and are re-exported here.
+:func:`build_hf_shard` / :func:`load_shard_weights` (a shard built at its size from initial weights, a member's
+slice holding only its shards) and :func:`gather_hf_block`; the by-name :func:`shard_hf_tensor` /
+:func:`gather_hf_tensor` / :func:`hf_is_sharded` (checkpoints, optimizer state of a parameter's shape) live in
+:mod:`arceusd.worker.hf_tp_tensors` (no transformers import) and are re-exported here.
 
 A shard is the installed library's own layer class and forward, built for the rank's share:
 
@@ -57,6 +57,7 @@ from safetensors import safe_open
 from torch import nn
 from transformers import PretrainedConfig
 from transformers.models.gpt2.modeling_gpt2 import GPT2Attention, GPT2Block
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 from transformers.pytorch_utils import Conv1D
 
 from arceusd.models.hf.blocks import _LAYERS, HFDecoderBlock, transformers_config
@@ -344,6 +345,29 @@ def shard_hf_block(
     return shard
 
 
+def build_hf_shard(
+    config: HFModelConfig, index: int, split: TPSplit, rank: int, group: Collective, weights: Path
+) -> TPHFDecoderBlock:
+    """Rank ``rank``'s shard of decoder block ``index`` built at its own size, its tensors read from ``weights``
+    (:func:`load_shard_weights`): no full layer is ever built. The same module as :func:`shard_hf_block` cuts
+    from the full block read from ``weights``. Not for a LoRA job (its adapters are drawn whole from the seed,
+    then cut: :func:`shard_hf_block`)."""
+    if config.lora is not None:
+        raise ValueError("a LoRA layer's shard is cut from the full block (its adapters are drawn whole)")
+    hsplit = hf_split(split, config)
+    if group.world_size != split.world_size or group.rank != rank:
+        raise ValueError(
+            f"collective is rank {group.rank} of {group.world_size}, split wants rank {rank} of {split.world_size}"
+        )
+    layer = _rank_layer(config, index - 1, hsplit, rank, group)
+    _enter_hooks(layer, config, group, {})
+    tc = transformers_config(config)
+    rotary = None if config.is_gpt2 else LlamaRotaryEmbedding(tc)  # type: ignore[arg-type]  # as blocks.py builds it
+    shard = TPHFDecoderBlock(config, layer, rotary)
+    load_shard_weights(shard, weights, config, index, split, rank)
+    return shard
+
+
 def load_shard_weights(
     shard: TPHFDecoderBlock, path: Path, config: HFModelConfig, index: int, split: TPSplit, rank: int
 ) -> None:
@@ -401,6 +425,7 @@ __all__ = [
     "RowParallelConv1D",
     "RowParallelLoRA",
     "TPHFDecoderBlock",
+    "build_hf_shard",
     "gather_hf_block",
     "gather_hf_tensor",
     "hf_is_sharded",

@@ -4,8 +4,9 @@ A worker builds only its blocks (each from ``(seed, index)``; see ``arceusd/mode
 tensor-parallel stage every ``TransformerBlock`` (a stock LM's decoder layer: ``hf_tensor_parallel.py``) is
 built, sharded and dropped one at a time, so at most one full block is ever materialised; non-splittable
 blocks (embedding, head, MLP layers) are replicated on every rank. With a stock LM's initial weights a split
-layer's shard reads them after it is cut (``load_shard_weights``): a member's slice holds only its rank's shards
-of the split tensors (``arceusd/models/hf/weights_slice.py``), the owner's file every tensor whole.
+layer is built at its rank's size and reads them (``build_hf_shard``; a LoRA job's layer is cut from the full
+block, its adapters drawn whole, then its base read: ``load_shard_weights``): a member's slice holds only its
+rank's shards of the split tensors (``arceusd/models/hf/weights_slice.py``), the owner's file every tensor whole.
 Parameter names are ``"blocks.<global block index>.<name inside the block>"``, stable across re-plans
 (checkpoints). A slice holding one end of a tied weight (a stock LM's embedding without its head, or the head
 without the embedding) says so in ``StageModule.tied`` (``tied.py``: the engine sums its gradient with the
@@ -132,6 +133,11 @@ def build_stage(
     blocks: dict[int, nn.Module] = {}
     for i in range(spec.start, spec.end):
         split_layer = hf_tp is not None and 0 < i < num_blocks(config) - 1  # a decoder layer, split
+        if hf_tp is not None and split_layer and weights is not None and hf_tp[0].lora is None:
+            from arceusd.worker.hf_tensor_parallel import build_hf_shard  # transformers: only for these models
+
+            blocks[i] = build_hf_shard(hf_tp[0], i, hf_tp[1], spec.rank, hf_tp[2], weights)  # at its own size
+            continue
         block = build_block(config, i, seed, None if split_layer else weights)
         if tp is not None and isinstance(block, TransformerBlock):
             block = shard_transformer_block(block, tp[0], tp[1], spec.rank, tp[2])
@@ -141,7 +147,7 @@ def build_stage(
 
             assert isinstance(block, HFDecoderBlock)
             block = shard_hf_block(block, hf_tp[0], hf_tp[1], spec.rank, hf_tp[2])
-            if weights is not None:  # a member's slice holds only this rank's shards: read into the shard
+            if weights is not None:  # a LoRA job: the base from the weights (whole or this rank's shards)
                 load_shard_weights(block, weights, hf_tp[0], i, hf_tp[1], spec.rank)
         blocks[i] = block
     tie_blocks(config, blocks, seed, weights)

@@ -1,6 +1,7 @@
 """A tensor-parallel rank's initial weights (issue 30): its slice holds only its shards of the split tensors (and
 the replicated ones whole), and the worker builds from it exactly the shard it builds from the owner's whole file
-(``arceusd/models/hf/weights_slice.py``, ``load_shard_weights`` in ``arceusd/worker/hf_tensor_parallel.py``)."""
+(``arceusd/models/hf/weights_slice.py``; ``build_hf_shard`` in ``arceusd/worker/hf_tensor_parallel.py`` builds
+the layer at the rank's size, the same module the full layer cut gives)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from arceusd.models.build import build_block
+from arceusd.models.hf.blocks import HFDecoderBlock
 from arceusd.models.hf.config import HFModelConfig
 from arceusd.models.hf.keys import block_tensors, hf_key
 from arceusd.models.hf.lora_spec import LoraSpec
@@ -23,6 +26,7 @@ from arceusd.models.hf.weights_slice import (
     slice_size,
 )
 from arceusd.worker.collective import InMemoryAllReduce
+from arceusd.worker.hf_tensor_parallel import shard_hf_block
 from arceusd.worker.hf_tp_tensors import shard_hf_tensor
 from arceusd.worker.stage import StageSpec, build_stage
 from arceusd.worker.tp_split import TPSplit
@@ -87,6 +91,19 @@ def test_a_rank_built_from_its_shards_equals_the_rank_cut_from_the_whole_file(
         assert a.keys() == b.keys() and len(a) > 10
         for n in a:
             assert torch.equal(a[n], b[n]), n
+        for index in range(start, end):  # what cutting the full block read from the whole file gives (the old way)
+            full = build_block(cfg, index, 0, path)
+            assert isinstance(full, HFDecoderBlock)
+            cut = shard_hf_block(full, cfg, split, rank, group.rank_view(rank))
+            built = from_shards.blocks[str(index)]
+            assert repr(built) == repr(cut)
+            mine_buffers, cut_buffers = dict(built.named_buffers()), dict(cut.named_buffers())  # rotary's included
+            assert mine_buffers.keys() == cut_buffers.keys()
+            assert all(torch.equal(mine_buffers[n], cut_buffers[n]) for n in mine_buffers)
+            ref = _state(cut)
+            assert ref.keys() == {n.removeprefix(f"blocks.{index}.") for n in a if n.startswith(f"blocks.{index}.")}
+            for n, t in ref.items():
+                assert torch.equal(a[f"blocks.{index}.{n}"], t), n
         # and both hold the initial weights, not the seed's draw (a LoRA base is a buffer under base_layer)
         q = "layer.attn.c_attn" if cfg.is_gpt2 else "layer.self_attn.q_proj"
         base = f"blocks.{start}.{q}.base_layer.weight" if lora else f"blocks.{start}.{q}.weight"
