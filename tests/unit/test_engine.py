@@ -15,9 +15,10 @@ import torch
 from arceusd.models.build import build_reference_model, loss_mean, num_blocks
 from arceusd.models.config import GPTConfig, MLPConfig, ModelConfig
 from arceusd.worker.collective import InMemoryAllReduce, TimedCollective
-from arceusd.worker.engine import Compression, EngineConfig, StageEngine, StepResult
+from arceusd.worker.engine import Compression, EngineConfig, StageEngine
 from arceusd.worker.links import InMemoryFabric
 from arceusd.worker.optim import AdamWConfig, LRSchedule, OptimizerConfig, SGDConfig
+from arceusd.worker.pending_step import StepResult
 from arceusd.worker.schedule import ScheduleKind, WeightGrad
 from arceusd.worker.stage import StageSpec, build_stage
 from arceusd.worker.tensor_parallel import TPSplit, TPTransformerBlock, gather_transformer_block

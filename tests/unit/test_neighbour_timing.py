@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 
 from arceusd.jobs.judging import claims
-from arceusd.worker.engine import StageEngine, StepResult
+from arceusd.worker.engine import StageEngine
 from arceusd.worker.optim import LRSchedule
+from arceusd.worker.pending_step import StepResult
 from arceusd.worker.schedule import ScheduleKind
 from arceusd.worker.tensor_parallel import TPSplit
 from protocol.job_wire import JobReport, ReportKind

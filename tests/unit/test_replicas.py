@@ -13,9 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from arceusd.worker.collective import InMemoryAllReduce
-from arceusd.worker.engine import EngineConfig, StageEngine, StepResult
+from arceusd.worker.engine import EngineConfig, StageEngine
 from arceusd.worker.links import InMemoryFabric
 from arceusd.worker.optim import LRSchedule
+from arceusd.worker.pending_step import StepResult
 from arceusd.worker.replicas import (
     DiLoCoConfig,
     ReplicaCodec,

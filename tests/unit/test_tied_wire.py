@@ -16,9 +16,10 @@ import torch
 import trio
 
 from arceusd.models.hf.keys import hf_key, tied_names
-from arceusd.worker.engine import EngineConfig, StageEngine, StepResult
+from arceusd.worker.engine import EngineConfig, StageEngine
 from arceusd.worker.links import LinkError
 from arceusd.worker.optim import SGDConfig
+from arceusd.worker.pending_step import StepResult
 from arceusd.worker.schedule import ScheduleKind
 from arceusd.worker.stage import StageSpec, build_stage
 from arceusd.worker.wire_links import WireFabric

@@ -17,9 +17,10 @@ import trio
 
 from arceusd.base.identity import Identity
 from arceusd.transport import MemoryNetwork, Stream
-from arceusd.worker.engine import EngineConfig, StageEngine, StepResult
+from arceusd.worker.engine import EngineConfig, StageEngine
 from arceusd.worker.links import LinkError
 from arceusd.worker.optim import AdamWConfig, LRSchedule
+from arceusd.worker.pending_step import StepResult
 from arceusd.worker.protocol import MemberConfig, StageConfig, WorkerConfig
 from arceusd.worker.route_queues import RouteQueues
 from arceusd.worker.schedule import ScheduleKind
