@@ -14,8 +14,9 @@ step time, and the job's wall time is
   0.55-0.65x for the MNIST MLP; a model kind not measured takes 1). The planner's cost model misses that much
   (``arceusd.device.profile``'s calibration is its to fix).
 - ``start``: submit to the first step (the members' joins, the plan, the links measured, the stage workers started
-  from a warm worker server), and ``end``: the last commit to ``done`` (the last evaluation, the model gathered and
-  exported): what this daemon measured its own past jobs to take. Until it has measured them, the figures of an
+  from a warm worker server) and the first steps' warm-up beyond typical steps (``timings.warmup_of``), and
+  ``end``: the last commit to ``done`` (the last evaluation, the model gathered and exported): what this daemon
+  measured its own past jobs to take. Until it has measured them, the figures of an
   idle 16-core machine, said to be assumed: :data:`START_S` (2.9-3.8 s measured there; 0.3-3.3 s on a 2-core
   machine), :data:`FIRST_JOB_S` more on a daemon's first job since it started (its first election waits out a
   timeout; 7.7-10.0 s in all there) and :data:`END_BY_MODEL`.

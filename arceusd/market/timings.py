@@ -65,7 +65,7 @@ class JobTiming:
     model: str
     """The model config's class name (``GPTConfig``, ``MLPConfig``, ...)."""
     start_s: float
-    """Submit to the first step."""
+    """Submit to the first step, and the warm-up of the first steps beyond typical ones (:func:`warmup_of`)."""
     end_s: float
     """The last commit to ``done``."""
     first: bool
@@ -105,7 +105,16 @@ class Term:
 
 
 SKIP_STEPS = 3
-"""The first steps a typical step leaves out (a worker's first steps allocate and warm up)."""
+WARMUP_STEPS = 20
+"""A worker's first steps allocate and warm up: on a 2-core machine an MNIST MLP's steps 5-20 took 3-6x its
+later ones, a char-GPT's 1.3x (bench/quote.py, 28 Nov). A typical step leaves out the first :func:`warmup_steps`;
+what they took beyond it is the job's warm-up (:func:`warmup_of`), a fixed cost the quote's start carries."""
+
+
+def warmup_steps(last_step: int) -> int:
+    """The warm-up of a run to ``last_step``: its first fifth, at least :data:`SKIP_STEPS` and at most
+    :data:`WARMUP_STEPS` steps."""
+    return max(SKIP_STEPS, min(WARMUP_STEPS, last_step // 5))
 
 
 def pause_steps(steps: int, checkpoint_interval: int, eval_interval: int) -> frozenset[int]:
@@ -123,16 +132,17 @@ def _held(s1: int, s2: int, pauses: frozenset[int]) -> bool:
 
 def typical_step(points: Sequence[tuple[int, float]], pauses: frozenset[int] = frozenset()) -> float:
     """A step as the job took it, from its (step, wall time) points: the time per step over the intervals past
-    the first :data:`SKIP_STEPS` steps that hold no pause (``pauses``: :func:`pause_steps`; 0: fewer than three
+    the warm-up (:func:`warmup_steps`) that hold no pause (``pauses``: :func:`pause_steps`; 0: fewer than three
     such intervals). A 30-step job's span from its first to its last step measured twice its 300-step run's step
     on the same machine (its first steps were slow); without them it does not. A busy machine's hiccups stay in
     (issue 31: trimming the slowest tenth of the intervals moved them into the pauses, which the quote then
     multiplied by another job's count of checkpoints: a 300-step char-GPT's 2 pauses measured 11 s each, of which
     a checkpoint took 0.9 s; an MNIST job's pause measured over 1 point was quoted over 16)."""
+    skip = warmup_steps(points[-1][0]) if points else SKIP_STEPS
     kept = [
         (s2 - s1, t2 - t1)
         for (s1, t1), (s2, t2) in itertools.pairwise(points)
-        if s2 > s1 and s1 > SKIP_STEPS and t2 >= t1 and not _held(s1, s2, pauses)
+        if s2 > s1 and s1 > skip and t2 >= t1 and not _held(s1, s2, pauses)
     ]
     if len(kept) < 3:
         return 0.0
@@ -171,12 +181,12 @@ def start_term(
     firsts = [r.start_s for r in records if r.first]
     laters = [r.start_s for r in records if not r.first]
     if first_job and firsts:
-        return _term(firsts, "first jobs' start (submit to the first step)")
+        return _term(firsts, "first jobs' start (submit to the first step, and its warm-up)")
     if first_job and laters:  # a first job waits out an election timeout more, at most
         t = _term(laters, "jobs' start, plus an assumed first job's wait")
         return Term(t.value + assumed_first_s, t.low, t.high + assumed_first_s, t.measured, t.source)
     if laters:
-        return _term(laters, "jobs' start (submit to the first step)")
+        return _term(laters, "jobs' start (submit to the first step, and its warm-up)")
     floor = assumed_s * ASSUMED_LOW
     if firsts:  # a later job starts faster, by the first job's wait, which the first alone does not say
         t = _term(
@@ -285,12 +295,24 @@ def pause_of(points: Sequence[tuple[int, float]], step_s: float, pauses: frozens
     if step_s <= 0:
         return -1.0
     extra, held = 0.0, 0
+    skip = warmup_steps(points[-1][0]) if points else SKIP_STEPS
     for (s1, t1), (s2, t2) in itertools.pairwise(points):
         n = sum(1 for p in pauses if s1 <= p < s2)
-        if s2 > s1 and s1 > SKIP_STEPS and t2 >= t1 and n:
+        if s2 > s1 and s1 > skip and t2 >= t1 and n:
             extra += max(t2 - t1 - (s2 - s1) * step_s, 0.0)
             held += n
     return extra / held if held else -1.0
+
+
+def warmup_of(points: Sequence[tuple[int, float]], step_s: float) -> float:
+    """What a run's warm-up (its first :func:`warmup_steps`) took beyond as many typical steps ``step_s``, from its
+    (step, wall time) points (0: not enough to say). The driver adds it to the job's start: a fixed cost, which a
+    step factor would have charged again per step of a longer job."""
+    if len(points) < 2 or step_s <= 0:
+        return 0.0
+    skip = warmup_steps(points[-1][0])
+    (s1, t1), end = points[0], next(((s, t) for s, t in points if s > skip), points[-1])
+    return max(end[1] - t1 - (end[0] - s1) * step_s, 0.0)
 
 
 def read_timings(state_dir: Path) -> list[JobTiming]:
@@ -421,4 +443,6 @@ __all__ = [
     "start_term",
     "step_term",
     "typical_step",
+    "warmup_of",
+    "warmup_steps",
 ]

@@ -41,6 +41,7 @@ from arceusd.market.timings import (
     spread,
     start_term,
     typical_step,
+    warmup_of,
 )
 from tests.unit.test_forecast import FAST, OWNER, PEER, gpt, offer
 from tests.unit.test_jobspec import EXAMPLES
@@ -211,30 +212,35 @@ def test_a_typical_step_leaves_out_the_first_steps_and_the_pauses() -> None:
     assert pause_of(points, 0.01, frozenset()) == -1.0  # no checkpoint before the last step: nothing to say
 
 
-def _run(steps: int, checkpoint_interval: int) -> list[tuple[int, float]]:
+def _run(steps: int, checkpoint_interval: int, warm: int = 3) -> list[tuple[int, float]]:
     """A run's (step, wall time) points on a busy machine: 0.1 s a step, a hiccup of 0.3 s every 10 steps
-    (other work), 1 s a checkpoint, slow first steps."""
+    (other work), 1 s a checkpoint, the first ``warm`` steps 0.5 s each."""
     pauses = pause_steps(steps, checkpoint_interval, 0)
     at, points = 0.0, []
     for step in range(1, steps + 1):
-        at += 0.5 if step <= 3 else 0.1 + (0.3 if step % 10 == 5 else 0.0) + (1.0 if step - 1 in pauses else 0.0)
+        busy = 0.1 + (0.3 if step % 10 == 5 else 0.0) + (1.0 if step - 1 in pauses else 0.0)
+        at += 0.5 if step <= warm else busy
         points.append((step, at))
     return points
 
 
-def test_a_longer_job_is_quoted_its_hiccups_by_the_steps_and_its_pauses_by_the_checkpoints() -> None:
+@pytest.mark.parametrize("warm", [3, 12])
+def test_a_longer_job_is_quoted_its_hiccups_by_the_steps_and_its_pauses_by_the_checkpoints(warm: int) -> None:
     """bench/quote.py at load 12 (28 Nov): the typical step left out the slowest tenth of the intervals, a busy
     machine's hiccups, and the pause took them in (a 300-step char-GPT's 2 checkpoints measured 11 s each, of
     which the checkpoint interval held 0.9 s), so the quote multiplied them by the next job's count of
     checkpoints: an MNIST job's pause measured at 1 checkpoint (0.26 s) was quoted 16 times (4.1 s against 1.8 s).
+    The first steps' warm-up (an MNIST MLP's steps 5-20 took 3-6x its later ones) is a fixed cost, in the start.
     Measured on a 100-step job with one checkpoint, a 300-step job with 14 is quoted within 2%."""
-    short = _run(100, 50)
+    short = _run(100, 50, warm)
     pauses = pause_steps(100, 50, 0)
     step = typical_step(short, pauses)
     pause = pause_of(short, step, pauses)
     assert step == pytest.approx(0.13, rel=0.05) and pause == pytest.approx(1.0, rel=0.05)
-    long = _run(300, 20)
-    quoted = (300 - 1) * step + len(pause_steps(300, 20, 0)) * pause  # first to last step, as the quote adds it
+    assert warmup_of(short, step) == pytest.approx(warm * 0.5 - warm * step, abs=0.5)
+    long = _run(300, 20, warm)
+    # first to last step as the quote adds it: the warm-up (the start's), the steps, the checkpoints
+    quoted = warmup_of(short, step) + (300 - 1) * step + len(pause_steps(300, 20, 0)) * pause
     assert quoted == pytest.approx(long[-1][1] - long[0][1], rel=0.02)
 
 

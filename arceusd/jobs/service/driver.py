@@ -39,7 +39,15 @@ from arceusd.jobs.core import events as e
 from arceusd.jobs.procs import filework
 from arceusd.jobs.record.job import Job
 from arceusd.jobs.record.leader_record import Recovery
-from arceusd.market.timings import JobTiming, machine_load, pause_of, pause_steps, record_timing, typical_step
+from arceusd.market.timings import (
+    JobTiming,
+    machine_load,
+    pause_of,
+    pause_steps,
+    record_timing,
+    typical_step,
+    warmup_of,
+)
 from arceusd.membership.events import MemberState
 from protocol.job_wire import JobStop
 
@@ -71,7 +79,7 @@ def job_timing(job: Job, now: float) -> JobTiming | None:
     ratio = step / predicted if predicted > 0 else 0.0
     return JobTiming(
         type(job.spec.model).__name__,
-        round(job.first_step_at - job.created, 3),
+        round(job.first_step_at - job.created + warmup_of(points, step), 3),  # what comes before its typical pace
         round(max(now - checkpoints[-1][1], 0.0), 3),
         job.first_of_daemon,
         round(ratio, 4),
