@@ -41,7 +41,8 @@ id   type             max_size   meaning
 ==== ================ ========== =====================================================================
 
 ``JobStart.grow`` (JSON, empty for a plan's start) starts a spare device's worker in a dropped replica's slot, from
-a committed checkpoint, while the other replicas hold (``arceusd.jobs.leader.regrow``).
+a committed checkpoint, while the other replicas hold (``arceusd.jobs.leader.regrow``; a device left takes
+``JobGrowReplica`` in ``arceusd.jobs.member.replica_changes``).
 
 ``JobStart.members`` names the job's members as the leader holds them when it sends the start (at most
 :data:`JOB_MEMBERS_MAX`, each a peer id; :func:`protocol.validation.member_ids` checks them): what a member shows

@@ -237,7 +237,7 @@ def forge_challenges() -> None:
     """Answer speed challenges without computing: a random root, then random blocks with proofs of the right
     sizes (what a member that claims more speed than it has would try)."""
     from arceusd.jobs.judging import challenges
-    from arceusd.jobs.leader.speed_checks import SpeedChecks
+    from arceusd.jobs.member.speed_answers import SpeedAnswers
     from protocol.job_wire import ChallengeBlocks, ChallengeRoot, JobAck
 
     shapes: dict[str, tuple[int, int]] = {}
@@ -259,9 +259,9 @@ def forge_challenges() -> None:
             tuple(os.urandom(32 * depth) for _ in msg.leaves),
         )
 
-    SpeedChecks.on_challenge = on_challenge  # type: ignore[method-assign]
-    SpeedChecks.on_go = on_go  # type: ignore[method-assign]
-    SpeedChecks.on_open = on_open  # type: ignore[method-assign]
+    SpeedAnswers.on_challenge = on_challenge  # type: ignore[method-assign]
+    SpeedAnswers.on_go = on_go  # type: ignore[method-assign]
+    SpeedAnswers.on_open = on_open  # type: ignore[method-assign]
 
 
 ABUSES = (

@@ -306,7 +306,6 @@ def test_a_leader_that_abuses_speed_challenges_is_refused_and_leaves_no_child_be
     what is out of bounds or out of order with a reason, keeps one challenge at a time, kills the child of the
     abandoned one within the ready time, keeps answering ``status`` within 1 s, and the job ends done."""
     from arceusd.jobs.judging import challenges
-    from arceusd.jobs.leader import speed_checks
 
     spec = write_spec(tmp_path, steps=100, interval=20)
     s = HostileSwarm(tmp_path / "swarm", "challenge-abuse", hostile=LEADER)
@@ -330,7 +329,7 @@ def test_a_leader_that_abuses_speed_challenges_is_refused_and_leaves_no_child_be
             wait_for(lambda: len(answered()) == 2 * len(ABUSES), 120, 0.5, "every abuse answered")
             member_pids = [s.procs[1].pid, s.procs[2].pid]
             assert challenge_children(member_pids), "the pending challenge's child is not running"
-            limit = challenges.READY_S + speed_checks.REPLY_S + 20
+            limit = challenges.READY_S + challenges.REPLY_S + 20
             wait_for(lambda: not challenge_children(member_pids), limit, 0.5, "the abandoned challenge's child ended")
         assert end["state"] == "done", end
         assert all(p.poll() is None for p in s.procs), "a daemon exited"

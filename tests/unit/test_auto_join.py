@@ -1,4 +1,4 @@
-"""Auto-join's retries (:meth:`arceusd.jobs.leader.joining.Joining.auto_join`): a refusal the leader marks as one that
+"""Auto-join's retries (:meth:`arceusd.jobs.member.join.Joiner.auto_join`): a refusal the leader marks as one that
 may pass soon (it holds this device dead: ``JoinReply.retry``) is asked again, backing off, a bounded number of times;
 an acceptance or a final refusal ends it at once. (A join that gave up at the first "held dead" refusal, after a
 loaded device's false death, left a job waiting for a member forever.)"""
@@ -12,14 +12,14 @@ import pytest
 import trio
 import trio.testing
 
-from arceusd.jobs.leader.joining import AUTO_JOIN_ATTEMPTS, Joining
+from arceusd.jobs.member.join import AUTO_JOIN_ATTEMPTS, Joiner
 
 
 def _run(answers: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> int:
     async def may(*_: object) -> bool:
         return True
 
-    part = Joining(cast(Any, SimpleNamespace(may_auto_join=may)))  # its port: only what auto_join calls
+    part = Joiner(cast(Any, SimpleNamespace(may_auto_join=may)))  # its port: only what auto_join calls
     asked = []
 
     async def join(_job: object) -> dict[str, Any]:

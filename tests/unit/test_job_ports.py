@@ -12,7 +12,10 @@ import pytest
 
 from tests.unit.test_job_lifecycle import FakePeers, manager
 
-PARTS = ("control", "speed", "intake", "local", "standbys", "commits", "joining", "starting", "drops", "regrow")
+PARTS = (
+    *("control", "speed", "intake", "commits", "standbys", "drops", "joining", "starting", "regrow"),  # the leader's
+    *("local", "answers", "copies", "replicas", "joiner"),  # the member's
+)
 
 
 def test_every_part_gets_a_frozen_port_and_none_holds_the_manager(tmp_path: Path) -> None:
@@ -41,3 +44,4 @@ def test_a_ports_callables_reach_the_manager_they_were_built_from(tmp_path: Path
     assert mgr.local.ports.take == mgr.intake.take and mgr.local.ports.on_step == mgr.speed.on_step
     assert mgr.starting.ports.start_own_worker == mgr.local.start_worker
     assert mgr.regrow.ports.send_go == mgr.starting.send_go
+    assert mgr.joining.ports.request_join == mgr.joiner.request_join, "the owner's hand-over joins as a member does"

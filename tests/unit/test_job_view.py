@@ -200,7 +200,7 @@ def test_a_replicated_plan_shows_every_replica_its_sync_and_the_ring_bytes(tmp_p
         for r, replica in enumerate(job.replica_plan.replicas):
             assert f"replica {r} stage 0: blocks 0-" in text and replica.peer_ids[0][:12] in text
     # a dropped replica: the plan without it, and the drop named in status
-    from arceusd.jobs.leader.replica_drop import dropped_plan
+    from arceusd.jobs.common.replica_change import dropped_plan
     from arceusd.jobs.record.job import ReplicaDrop
 
     assert job.replica_plan is not None

@@ -9,6 +9,9 @@ must be placed here: a module in no layer fails the test."""
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 from tests.unit.test_import_cycles import graph
 
 # Lowest first. Packages in one layer may import each other (no cycle among modules, test_import_cycles).
@@ -137,3 +140,54 @@ def test_the_leader_and_the_member_import_nothing_of_each_other() -> None:
     assert found == [], "imports between the leader's and the member's side (module level and TYPE_CHECKING):\n" + (
         "\n".join(found)
     )
+
+
+# Who receives which job message (the rooms by role, issue 32): a handler (a function taking the sender's ``Header``
+# and one of these messages) of what only members receive is never in leader/, and of what only the leader receives
+# never in member/; every message the composition root registers is in one of the three sets.
+MEMBER_RECEIVES = frozenset(
+    {"JobAnnounce", "JobStart", "JobGo", "JobStop", "JobDropReplica", "JobGrowReplica", "StandbySync", "LinkEcho"}
+    | {"SpeedChallenge", "ChallengeGo", "ChallengeOpen"}
+)
+LEADER_RECEIVES = frozenset({"JoinRequest", "JobReport", "StandbyHeld"})
+EITHER_RECEIVES = frozenset({"ShardRequest", "ResumeRequest", "DataRequest", "WeightsRequest", "LendQuery"})
+JOBS = Path(__file__).resolve().parents[2] / "arceusd" / "jobs"
+
+
+def handlers(source: str) -> list[tuple[str, str]]:
+    """(function, message type) for each function of ``source`` whose parameters are annotated ``Header`` and a
+    message type (a name in the three sets above)."""
+    known = MEMBER_RECEIVES | LEADER_RECEIVES | EITHER_RECEIVES
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names = [ast.unparse(a.annotation).strip("'\"") for a in node.args.args if a.annotation is not None]
+            if "Header" in names:
+                out += [(node.name, n) for n in names if n in known]
+    return out
+
+
+def test_the_handler_check_finds_a_handler() -> None:
+    source = (
+        "class A:\n    async def on_x(self, header: Header, msg: JobStart) -> None: ...\n    def f(self, m: JobGo): ..."
+    )
+    assert handlers(source) == [("on_x", "JobStart")], "only a function that takes the sender's Header is a handler"
+
+
+def test_no_room_handles_a_message_the_other_side_receives() -> None:
+    found = []
+    for room, foreign in (("leader", MEMBER_RECEIVES), ("member", LEADER_RECEIVES)):
+        for path in sorted((JOBS / room).glob("*.py")):
+            found += [f"{room}/{path.name}: {f} takes {m}" for f, m in handlers(path.read_text()) if m in foreign]
+    assert found == [], "handlers in the wrong room (move them to the side that receives the message):\n" + (
+        "\n".join(found)
+    )
+    manager = ast.parse((JOBS / "service" / "manager.py").read_text())
+    registered = {
+        ast.unparse(call.args[0])
+        for call in ast.walk(manager)
+        if isinstance(call, ast.Call) and ast.unparse(call.func).endswith("peers.register") and call.args
+    }
+    assert len(registered) > 15, "the manager's registrations were not found"
+    unplaced = registered - MEMBER_RECEIVES - LEADER_RECEIVES - EITHER_RECEIVES
+    assert not unplaced, f"messages the manager registers that no set above places: {sorted(unplaced)}"

@@ -1,5 +1,6 @@
-"""Rebuilding a dropped replica on a spare member (``arceusd.jobs.leader.regrow``, issue 22): what the spare's start
-says and how it checks the plan, where the replicas left hold, and how a device left takes the rebuilt replica in."""
+"""Rebuilding a dropped replica on a spare member (``arceusd.jobs.leader.regrow``; a device left's side:
+``arceusd.jobs.member.replica_changes``, issue 22): what the spare's start says and how it checks the plan, where the
+replicas left hold, and how a device left takes the rebuilt replica in."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from typing import Any, cast
 import pytest
 import trio
 
-from arceusd.jobs.leader.regrow import grown_plan
-from arceusd.jobs.leader.replica_drop import dropped_plan, hold_step
+from arceusd.jobs.common.replica_change import dropped_plan, grown_plan
+from arceusd.jobs.leader.replica_drop import hold_step
 from arceusd.jobs.plans.grow_start import GrowStart
 from arceusd.jobs.plans.planning import PlanRefused, encode_job_start, make_job_plan, verify_grown_start
 from partitioner.replicas import cut_alike, replica_plan_bytes, with_devices
@@ -105,7 +106,7 @@ def test_a_device_left_takes_the_rebuilt_replica_in_and_tells_its_worker(tmp_pat
     free = next(i for i in range(3) if i not in job.replica_slots)
     before = [r.peer_ids for r in job.replica_plan.replicas]
     grow = JobGrowReplica(JOB, 200, free, 2, (SPARE,), (PeerAddress(SPARE, "127.0.0.1:7"),))
-    ack = trio.run(mgr.regrow.on_grow, _header(), grow)
+    ack = trio.run(mgr.replicas.on_grow, _header(), grow)
     assert ack.ok, ack
     after = [r.peer_ids for r in job.replica_plan.replicas]
     assert sorted(after) == sorted([*before, (SPARE,)]) and after[sorted((*job.replica_slots,)).index(free)] == (SPARE,)
@@ -130,10 +131,10 @@ def test_a_device_left_takes_the_rebuilt_replica_in_and_tells_its_worker(tmp_pat
         (dataclasses.replace(grow, generation=3, slot=5), "does not follow"),
         (dataclasses.replace(grow, generation=3, devices=(ME,), addresses=(PeerAddress(ME, "127.0.0.1:8"),)), "taken"),
     ):
-        answer = trio.run(mgr.regrow.on_grow, _header(), bad)
+        answer = trio.run(mgr.replicas.on_grow, _header(), bad)
         assert not answer.ok and why in answer.reason, (bad, answer)
     assert len(worker.commands) == 1
-    released = trio.run(mgr.regrow.on_grow, _header(), JobGrowReplica(JOB, 0, release=True))
+    released = trio.run(mgr.replicas.on_grow, _header(), JobGrowReplica(JOB, 0, release=True))
     assert released.ok and worker.commands[-1] == {"cmd": "go_on"}
-    stranger = trio.run(mgr.regrow.on_grow, _header(sender=THIRD), JobGrowReplica(JOB, 0, release=True))
+    stranger = trio.run(mgr.replicas.on_grow, _header(sender=THIRD), JobGrowReplica(JOB, 0, release=True))
     assert not stranger.ok and len(worker.commands) == 2

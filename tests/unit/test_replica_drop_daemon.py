@@ -1,5 +1,5 @@
-"""A member's side of a replica drop (``arceusd.jobs.leader.replica_drop``): the leader's ``JobDropReplica`` is checked
-against the member's own plan before it is used, and only then does its worker hear of it (issue 22)."""
+"""A member's side of a replica drop (``arceusd.jobs.member.replica_changes``): the leader's ``JobDropReplica`` is
+checked against the member's own plan before it is used, and only then does its worker hear of it (issue 22)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from typing import Any, cast
 import pytest
 import trio
 
+from arceusd.jobs.common.replica_change import dropped_plan
 from arceusd.jobs.core import JobCore, JobState, Role, Stamp
-from arceusd.jobs.leader.replica_drop import dropped_plan
 from arceusd.jobs.record.job import Job
 from partitioner.replicas import ReplicaPlan, ReplicaSyncMode
 from protocol.envelope import Header
@@ -57,7 +57,7 @@ def test_a_drop_from_the_leader_shrinks_the_plan_and_tells_the_worker_once(tmp_p
     mgr, _ = manager(tmp_path, FakePeers())
     job, worker = member_job(tmp_path)
     mgr.jobs[JOB] = job
-    ack = trio.run(mgr.drops.on_drop, _header(), JobDropReplica(JOB, 3, 2))
+    ack = trio.run(mgr.replicas.on_drop, _header(), JobDropReplica(JOB, 3, 2))
     assert ack == JobAck(True)
     assert job.replica_plan is not None and [r.peer_ids for r in job.replica_plan.replicas] == [(OTHER,), (ME,)]
     assert worker.commands == [{"cmd": "drop_replica", "replicas": 3, "index": 2, "hold_at": 0}]
@@ -66,7 +66,7 @@ def test_a_drop_from_the_leader_shrinks_the_plan_and_tells_the_worker_once(tmp_p
     assert drop.devices == (THIRD, FOURTH) and drop.step == 57 and drop.replicas_left == 2
     assert drop.summary()["devices"] == [THIRD, FOURTH]
     # the same drop again (a retry, a replay): it no longer fits this plan, nothing changes
-    again = trio.run(mgr.drops.on_drop, _header(), JobDropReplica(JOB, 3, 2))
+    again = trio.run(mgr.replicas.on_drop, _header(), JobDropReplica(JOB, 3, 2))
     assert not again.ok and "does not fit a plan of 2 replicas" in again.reason
     assert len(worker.commands) == 1 and len(job.replica_drops) == 1
 
@@ -89,7 +89,7 @@ def test_a_drop_that_does_not_fit_is_refused_and_changes_nothing(
     job, worker = member_job(tmp_path)
     mgr.jobs[JOB] = job
     before = job.replica_plan
-    ack = trio.run(mgr.drops.on_drop, header, msg)
+    ack = trio.run(mgr.replicas.on_drop, header, msg)
     assert not ack.ok and why in ack.reason, ack
     assert job.replica_plan is before and worker.commands == [] and job.replica_drops == []
 

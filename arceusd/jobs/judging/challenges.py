@@ -28,7 +28,8 @@ The leader challenges itself the same way (its own child, timed alike), so how m
 every device ran while training beside the challenge is known, and a member is judged against the others
 (:func:`challenge_factor`), as the job's step times are (:func:`arceusd.jobs.judging.claims.overclaim`).
 
-Pure functions: hashing, sizes, the judgement. The trio part is :mod:`arceusd.jobs.leader.speed_checks`.
+Pure functions: hashing, sizes, the judgement. The trio parts: the leader's :mod:`arceusd.jobs.leader.speed_checks`,
+the member's :mod:`arceusd.jobs.member.speed_answers`, their child :mod:`arceusd.jobs.procs.challenge_child`.
 """
 
 from __future__ import annotations
@@ -63,6 +64,9 @@ MAX_WAIT_S = 60.0
 """...but never longer than this; a member that has not answered by then ran at most its work over this time."""
 READY_S = 30.0
 """How long a member may take to load its child (torch) before it is ready, and the leader waits for it."""
+REPLY_S = 10.0
+"""How long the leader waits for a member's ready and blocks answers (beyond the ready time); a member ends a challenge
+whose seed has not come within ``READY_S + REPLY_S`` of its request."""
 ROUND_EXCESS_S = 0.25
 """A challenge counts against a member only when it took at least this long over its offer's time (a few
 milliseconds of round trip and pipes do not make a liar)."""

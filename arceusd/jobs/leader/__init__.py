@@ -2,8 +2,8 @@
 what members report. Same layer as :mod:`arceusd.jobs.member`, and imports nothing of it (this device's own
 worker is reached through :class:`~arceusd.jobs.leader.starting.StartingPorts`); below the service.
 
-- :mod:`~arceusd.jobs.leader.joining`: the owner's announcements, a device's join, the leader's answer to a join,
-  the owner's hand-over to the leader its members follow;
+- :mod:`~arceusd.jobs.leader.joining`: the owner's announcements, the leader's answer to a join, the owner's
+  hand-over to the leader its members follow (a device's own join: :mod:`arceusd.jobs.member.join`);
 - :mod:`~arceusd.jobs.leader.starting`: plan, start and ``go`` (a plan epoch);
 - :mod:`~arceusd.jobs.leader.report_intake`: members' reports taken (a failure or departure to the core; a
   checkpoint's shard and a witness checked and kept; the claims judged and the step committed once all reported);
@@ -14,9 +14,13 @@ worker is reached through :class:`~arceusd.jobs.leader.starting.StartingPorts`);
 - :mod:`~arceusd.jobs.leader.witness_shards`: the first replica's shards read at a DiLoCo witness dispute;
 - :mod:`~arceusd.jobs.leader.probation`: two neighbours that each say they waited on the other, settled by planning
   one alone beside the leader (pure, on the leader's :class:`ProbationBook`);
-- :mod:`~arceusd.jobs.leader.speed_checks`: speed challenges over the wire (the member's answer too);
-- :mod:`~arceusd.jobs.leader.standby_sync`: the standby's copy after each commit, the owner's copy of the final
-  checkpoint (the standby's receiving side too);
-- :mod:`~arceusd.jobs.leader.replica_drop`: a replica whose device is gone dropped (both sides);
-- :mod:`~arceusd.jobs.leader.regrow`: a dropped replica rebuilt on spare members (both sides).
+- :mod:`~arceusd.jobs.leader.speed_checks`: each device of the plan timed in a speed challenge, and judged;
+- :mod:`~arceusd.jobs.leader.standby_sync`: the standby's copy sent after each commit, the owner's copy of the final
+  checkpoint; the standby chosen;
+- :mod:`~arceusd.jobs.leader.replica_drop`: a replica whose device is gone dropped, the devices left told;
+- :mod:`~arceusd.jobs.leader.regrow`: a dropped replica rebuilt on spare members.
+
+Every message here is one the leader sends or receives; what a member receives (``JobStart``, ``JobGo``,
+``SpeedChallenge``, ``StandbySync``, ``JobDropReplica``, ...) is handled in :mod:`arceusd.jobs.member`
+(``test_no_room_handles_a_message_the_other_side_receives`` in ``tests/unit/test_layers.py``).
 """

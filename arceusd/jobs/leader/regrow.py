@@ -12,8 +12,10 @@ a checkpoint step (:func:`arceusd.jobs.leader.replica_drop.hold_step`); once tha
    state every replica holds alike at that step); it checks the plan
    (:func:`arceusd.jobs.plans.planning.verify_grown_start`) and starts its worker there;
 3. ``go`` to the new workers, then :class:`protocol.job_wire.JobGrowReplica` to every device left (and this
-   device's worker): each checks it against its own plan (:meth:`Regrowing.on_grow`) and tells its worker, which
-   grows its ring and goes on. The core takes the replica back (``Regrown``).
+   device's worker): each checks it against its own plan
+   (:meth:`arceusd.jobs.member.replica_changes.ReplicaChanges.on_grow`; the leader for itself:
+   :func:`arceusd.jobs.common.replica_change.grow_here`) and tells its worker, which grows its ring and goes on.
+   The core takes the replica back (``Regrown``).
 
 Anything failing on the way (too few spares, a refused start, no ``go``) stops the new workers and releases the
 hold (``release``: the replicas left go on without it), and the core hears ``RegrowFailed``. No worker of the
@@ -22,8 +24,6 @@ replicas left restarts, and nothing committed is run again.
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import logging
 import os
 import shutil
@@ -33,17 +33,15 @@ from dataclasses import dataclass
 import trio
 
 from arceusd.files.checkpoint import CheckpointError, read_manifest, step_dir
-from arceusd.jobs.common.ports import Commanded, Feed
+from arceusd.jobs.common.ports import Feed
+from arceusd.jobs.common.replica_change import go_on, grow_here, grown_plan
 from arceusd.jobs.core import actions, events
 from arceusd.jobs.plans.grow_start import GrowStart
-from arceusd.jobs.plans.planning import replica_flops_shares
 from arceusd.jobs.plans.recovery import ResumeFile, ResumePoint, file_name
-from arceusd.jobs.procs.supervisor import WorkerFailed
 from arceusd.jobs.record.job import Job
 from arceusd.network.peers import PeerService
 from partitioner import inputs_bytes, replica_plan_bytes
-from partitioner.replicas import ReplicaPlan, with_devices
-from protocol.envelope import Header
+from partitioner.replicas import ReplicaPlan
 from protocol.job_wire import JobAck, JobGo, JobGrowReplica, JobStart, JobStartReply, JobStop, PeerAddress
 
 log = logging.getLogger(__name__)
@@ -54,20 +52,6 @@ GROW_TIMEOUT_S = 10.0
 
 class RegrowError(Exception):
     """The dropped replica cannot be rebuilt now (the message says why); the replicas left go on without it."""
-
-
-def grown_plan(
-    plan: ReplicaPlan, slots: tuple[int, ...], slot: int, devices: tuple[str, ...]
-) -> tuple[ReplicaPlan, int]:
-    """``plan`` (its replicas in ``slots``) with a replica of the first's cuts on ``devices`` in ``slot``; the grown
-    plan and the new replica's position. ``ValueError`` when it does not fit."""
-    if slot in slots or len(slots) != len(plan.replicas):
-        raise ValueError(f"slot {slot} is taken (slots {list(slots)})")
-    if set(devices) & set(plan.peer_ids):
-        raise ValueError("a device of the rebuilt replica is in the plan already")
-    new = with_devices(plan.replicas[0], devices)
-    position = sorted((*slots, slot)).index(slot)
-    return dataclasses.replace(plan, replicas=(*plan.replicas[:position], new, *plan.replicas[position:])), position
 
 
 def _resume_files(job: Job, step: int, plan: ReplicaPlan, position: int) -> dict[str, ResumeFile]:
@@ -105,7 +89,6 @@ class RegrowingPorts:
     me: str
     """This device's peer id."""
     feed: Feed
-    commanded: Commanded
     peers: PeerService
     """The peer network (the spares that answer; starts, ``go`` and the grown plan told)."""
     grown: Callable[[Job, ReplicaPlan], None]
@@ -115,12 +98,11 @@ class RegrowingPorts:
 
 
 class Regrowing:
-    """Both sides of a replica's rebuild (see the module docstring)."""
+    """The leader's side of a replica's rebuild (see the module docstring; a member's:
+    :mod:`arceusd.jobs.member.replica_changes`)."""
 
     def __init__(self, ports: RegrowingPorts) -> None:
         self.ports = ports
-
-    # -- the leader -----------------------------------------------------------------------------------------
 
     async def regrow(self, job: Job, action: actions.Regrow) -> None:
         """The core's ``Regrow`` (the leader's loop): rebuild, or release the hold; feed back what came of it."""
@@ -212,7 +194,7 @@ class Regrowing:
             tuple(PeerAddress(p, addresses[p]) for p in devices),
         )
         left = [p for p in plan.peer_ids if p != self.ports.me]
-        await self.grow_here(job, message)
+        await grow_here(job, message)
         # the core takes the replica back now, before the others are told: the plan's devices (the core's) hold
         # the rebuilt replica as soon as its workers may report
         self.ports.feed(job, events.Regrown(action.stamp, position, devices))
@@ -224,7 +206,7 @@ class Regrowing:
     async def release(self, job: Job) -> None:
         """No rebuild: the replicas left (and this device's worker) go on."""
         message = JobGrowReplica(job.job_id, 0, release=True)
-        await self._go_on(job)
+        await go_on(job)
         plan = job.replica_plan
         if plan is None:
             return
@@ -253,67 +235,5 @@ class Regrowing:
                     offer.address, peer, stop, timeout=GROW_TIMEOUT_S, job_id=job.job_id, term=job.term, epoch=job.epoch
                 )
 
-    # -- every device left (the leader for itself too) -----------------------------------------------------
 
-    async def on_grow(self, header: Header, msg: JobGrowReplica) -> JobAck:
-        job = await self.ports.commanded(header, msg.job_id)
-        if isinstance(job, JobAck):
-            return job
-        if msg.release:
-            await self._go_on(job)
-            return JobAck(True)
-        try:
-            await self.grow_here(job, msg)
-        except ValueError as exc:
-            return JobAck(False, str(exc))
-        return JobAck(True)
-
-    async def grow_here(self, job: Job, msg: JobGrowReplica) -> None:
-        """Take the rebuilt replica into this device's plan and tell its worker; ``ValueError`` (nothing changed)
-        when it does not fit that plan."""
-        plan = job.replica_plan
-        if plan is None:
-            raise ValueError("this device runs no plan of that job")
-        shares = job.data_shares or len(plan.replicas)
-        if msg.generation != job.ring_generation + 1 or not 0 <= msg.slot < shares:
-            raise ValueError(
-                f"a rebuild in ring generation {msg.generation}, slot {msg.slot}, does not follow this "
-                f"device's generation {job.ring_generation} of {shares} slots"
-            )
-        addresses = {a.peer_id: a.address for a in msg.addresses}
-        if set(addresses) != set(msg.devices):
-            raise ValueError("the rebuilt replica's addresses do not match its devices")
-        grown, position = grown_plan(plan, job.slots(), msg.slot, msg.devices)
-        new = grown.replicas[position]
-        if job.plan is not grown.replicas[0]:
-            job.leading.checks.shard_shapes = {}  # another replica writes the shards now: its places' shapes
-        job.replica_plan, job.plan = grown, grown.replicas[0]
-        if job.inputs is not None:  # the ledger credits the rebuilt replica's devices from now on
-            job.shares = replica_flops_shares(grown, job.inputs)
-        job.replica_slots = tuple(sorted((*job.slots(), msg.slot)))
-        job.data_shares, job.ring_generation = shares, msg.generation
-        job.rebuilt_replicas.append((msg.step, tuple(msg.devices)))
-        worker = job.worker
-        if worker is None:
-            return
-        try:
-            await worker.send(
-                {
-                    "cmd": "grow_replica",
-                    "step": msg.step,
-                    "slot": msg.slot,
-                    "generation": msg.generation,
-                    "stages": [[sh.peer_id for sh in st.shares] for st in new.stages],
-                    "addresses": addresses,
-                }
-            )
-        except WorkerFailed as exc:
-            log.warning("job %s: the worker is gone before the rebuild: %s", job.job_id, exc)
-
-    async def _go_on(self, job: Job) -> None:
-        if job.worker is not None:
-            with contextlib.suppress(WorkerFailed):  # gone: its own failure report follows
-                await job.worker.send({"cmd": "go_on"})
-
-
-__all__ = ["GROW_TIMEOUT_S", "RegrowError", "Regrowing", "grown_plan"]
+__all__ = ["GROW_TIMEOUT_S", "RegrowError", "Regrowing", "RegrowingPorts"]

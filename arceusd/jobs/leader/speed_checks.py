@@ -1,6 +1,7 @@
-"""Speed challenges over the wire and in child processes (the pure part: :mod:`arceusd.jobs.judging.challenges`).
+"""The leader's speed challenges of a job's devices, over the wire and in child processes (the pure part:
+:mod:`arceusd.jobs.judging.challenges`).
 
-Leader side (:meth:`SpeedChecks.on_step`, :meth:`SpeedChecks.judge`): once the job runs at least
+The leader's side (:meth:`SpeedChecks.on_step`, :meth:`SpeedChecks.judge`): once the job runs at least
 :data:`arceusd.jobs.judging.claims.MIN_EXCESS_S` a step slower than its plan said (the leader's own step times, on its
 own clock, over :data:`FIRST_STEPS` steps), or a plan device offers more than the market pays an unmeasured
 device for (``arceusd.market.hooks.wants_timing``: it is paid what it measured), the leader times every device
@@ -16,11 +17,8 @@ next checkpoint a member whose challenge ran far slower than its offer, against 
 discounted and planned again (:func:`challenges.challenge_factor`), like a member caught by its step times;
 ``speed_checks`` in ``arceusd status JOB`` shows every result.
 
-Member side: one challenge at a time on this device (another is refused as busy), only from the job's leader at
-its term and epoch, its request checked (:func:`challenges.check_request`); the child is killed once it showed the
-blocks, when the seed does not come within :data:`challenges.READY_S` + :data:`REPLY_S` seconds of being
-ready, or when the work and the open take longer than the ``deadline_s`` the leader said it waits (at most
-:data:`challenges.MAX_WAIT_S`).
+The member's side, its answers: :mod:`arceusd.jobs.member.speed_answers`; the challenge's child, which both
+sides run: :mod:`arceusd.jobs.procs.challenge_child`.
 """
 
 from __future__ import annotations
@@ -29,22 +27,20 @@ import json
 import logging
 import math
 import secrets
-import subprocess
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypedDict
+from typing import TypedDict
 
 import trio
 
-from arceusd.base.control import RequestError
-from arceusd.jobs.common.ports import Commanded, Leads, OwnOffer, Spawn
+from arceusd.jobs.common.ports import Leads, OwnOffer, Spawn
 from arceusd.jobs.judging import challenges, claims
 from arceusd.jobs.judging.challenges import Timed
+from arceusd.jobs.procs.challenge_child import ChallengeChild, ChildError, lent_kind
 from arceusd.jobs.record.job import Job
 from arceusd.network.peers import PeerService
-from protocol.envelope import Header
 from protocol.job_wire import (
     CHALLENGE_BLOCK_MAX,
     ChallengeBlocks,
@@ -68,81 +64,11 @@ class Stamped(TypedDict):
 
 FIRST_STEPS = 5
 """The leader's own steps it looks at before deciding the job runs slow."""
-MAX_LINE = 1 << 20
-"""The longest line a challenge child may print (at most 16 opened blocks of 64 bytes and their proofs, in hex)."""
 VERIFY_S = 60.0
 """How long the leader's own check of opened blocks may take."""
-REPLY_S = 10.0
-"""How long the leader waits for a member's ready and blocks answers (beyond the ready time)."""
 REFUSED_RETRY_S = 5.0
 """A member that refused its challenge (or did not answer) is asked once more this long after the others."""
 REFUSED = "refused the challenge"
-
-
-class ChildError(Exception):
-    """A challenge child failed, printed something unexpected, or took too long."""
-
-
-class ChallengeChild:
-    """A ``python -m arceusd.worker.speed_challenge solve`` child: JSON lines in and out."""
-
-    def __init__(self, process: trio.Process) -> None:
-        self.process = process
-        self._buffer = bytearray()
-
-    @classmethod
-    async def start(cls, size: int, rounds: int, threads: int, kind: str) -> ChallengeChild:
-        """The child, solving on ``kind`` (the kind of the offer this device lends: what a job would run on)."""
-        command = ["solve", str(size), str(rounds), str(threads), kind]
-        process = await trio.lowlevel.open_process(
-            [sys.executable, "-m", "arceusd.worker.speed_challenge", *command],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-        )
-        child = cls(process)
-        try:
-            await child.expect("ready", challenges.READY_S)
-        except BaseException:
-            await child.close()
-            raise
-        return child
-
-    async def say(self, obj: dict[str, Any]) -> None:
-        assert self.process.stdin is not None
-        try:
-            await self.process.stdin.send_all(json.dumps(obj).encode() + b"\n")
-        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            raise ChildError("the challenge child is gone") from exc
-
-    async def expect(self, key: str, timeout: float) -> dict[str, Any]:
-        """The child's next line (a JSON object that has ``key``), within ``timeout`` seconds."""
-        assert self.process.stdout is not None
-        with trio.move_on_after(timeout) as scope:
-            while b"\n" not in self._buffer:
-                chunk = await self.process.stdout.receive_some(1 << 20)
-                if not chunk:
-                    raise ChildError("the challenge child exited")
-                self._buffer += chunk
-                if len(self._buffer) > MAX_LINE:
-                    raise ChildError("the challenge child printed too long a line")
-        if scope.cancelled_caught:
-            raise ChildError(f"the challenge child did not answer {key!r} within {timeout:.0f} s")
-        line, _, rest = bytes(self._buffer).partition(b"\n")
-        self._buffer = bytearray(rest)
-        try:
-            got = json.loads(line)
-        except ValueError as exc:
-            raise ChildError("the challenge child printed something that is not JSON") from exc
-        if not isinstance(got, dict) or key not in got:
-            raise ChildError(f"the challenge child did not say {key!r}")
-        return got
-
-    async def close(self) -> None:
-        with trio.CancelScope(shield=True):
-            if self.process.returncode is None:
-                self.process.kill()
-            await self.process.wait()
 
 
 async def check_blocks(size: int, rounds: int, seed: str, leaves: tuple[int, ...], blocks: list[bytes]) -> float:
@@ -165,19 +91,6 @@ async def check_blocks(size: int, rounds: int, seed: str, leaves: tuple[int, ...
     return math.nan
 
 
-@dataclass
-class Pending:
-    """The challenge this device is answering (one at a time)."""
-
-    challenge: str
-    job_id: str
-    leader: str
-    child: ChallengeChild
-    deadline_s: float  # how long the leader waits for the root once it sent the seed
-    scope: trio.CancelScope  # its deadline ends the challenge (the child killed)
-    went: bool = False
-
-
 @dataclass(frozen=True)
 class SpeedCheckPorts:
     """What :class:`SpeedChecks` uses, built by the composition root (issue 32: a port, not the manager)."""
@@ -187,7 +100,6 @@ class SpeedCheckPorts:
     leads: Leads
     spawn: Spawn
     offer: OwnOffer
-    commanded: Commanded
     peers: PeerService
     """The peer network (challenges sent, and their seeds and openings)."""
     worker_threads: int
@@ -197,13 +109,11 @@ class SpeedCheckPorts:
 
 
 class SpeedChecks:
-    """The leader's timed challenges of a job's devices, and a member's answers to them."""
+    """The leader's timed challenges of a job's devices (a member's answers:
+    :mod:`arceusd.jobs.member.speed_answers`)."""
 
     def __init__(self, ports: SpeedCheckPorts) -> None:
         self.ports = ports
-        self._pending: Pending | None = None
-
-    # -- a leader -------------------------------------------------------------------------------------------
 
     def on_step(self, job: Job) -> None:
         """The leader's own worker ran a step: once the job runs slow, time the devices of its plan not timed
@@ -300,7 +210,7 @@ class SpeedChecks:
             offer.address,
             peer,
             SpeedChallenge(job.job_id, challenge, size, rounds, wait),
-            challenges.READY_S + REPLY_S,
+            challenges.READY_S + challenges.REPLY_S,
             **kw,
         )
         if not isinstance(ready, JobAck):
@@ -315,7 +225,7 @@ class SpeedChecks:
             return Timed(offer.flops_per_s, work, max(seconds, wait))  # no answer in time: it ran at most this fast
         leaves = challenges.blocks_to_open(size, rounds)
         shown = await self.ports.peers.request(
-            offer.address, peer, ChallengeOpen(job.job_id, challenge, leaves), REPLY_S + wait, **kw
+            offer.address, peer, ChallengeOpen(job.job_id, challenge, leaves), challenges.REPLY_S + wait, **kw
         )
         why = await self._check_shown(shown, challenge, size, rounds, seed, leaves, root.root)
         if why is None:
@@ -349,18 +259,12 @@ class SpeedChecks:
             return f"its blocks are wrong (relative error {error:.2g})"
         return ""
 
-    async def _kind(self) -> str:
-        """The device kind this daemon lends (its measured offer's, cached since it joined or led the job): a
-        challenge is solved where this device's jobs run, not on a GPU its ``devices`` key keeps them off."""
-        try:
-            return (await self.ports.offer()).kind
-        except RequestError as exc:
-            raise ChildError(f"this device is not measured: {exc}") from exc
-
     async def _time_self(self, offered: float, size: int, rounds: int) -> Timed | None:
         """This device's own challenge, timed alike (the baseline)."""
         try:
-            child = await ChallengeChild.start(size, rounds, self.ports.worker_threads, await self._kind())
+            child = await ChallengeChild.start(
+                size, rounds, self.ports.worker_threads, await lent_kind(self.ports.offer)
+            )
         except (ChildError, OSError) as exc:
             log.warning("cannot time this device: %s", exc)
             return None
@@ -401,85 +305,3 @@ class SpeedChecks:
                 f"speed challenge{f' ({why})' if why else ''}; planning again at its measured speed"
             )
         return reasons
-
-    # -- a member -------------------------------------------------------------------------------------------
-
-    async def on_challenge(self, header: Header, msg: SpeedChallenge) -> JobAck:
-        job = await self.ports.commanded(header, msg.job_id)
-        if isinstance(job, JobAck):
-            return job
-        why = challenges.check_request(msg.challenge, msg.size, msg.rounds, msg.deadline_s)
-        if why:
-            return JobAck(False, why)
-        if self._pending is not None:
-            return JobAck(False, "busy with another challenge")
-        try:
-            child = await ChallengeChild.start(msg.size, msg.rounds, self.ports.worker_threads, await self._kind())
-        except (ChildError, OSError) as exc:
-            return JobAck(False, f"cannot run the challenge: {exc}"[:200])
-        if self._pending is not None:  # another took the place while this one loaded
-            await child.close()
-            return JobAck(False, "busy with another challenge")
-        pending = Pending(
-            msg.challenge,
-            msg.job_id,
-            header.sender,
-            child,
-            msg.deadline_s,
-            trio.CancelScope(deadline=trio.current_time() + challenges.READY_S + REPLY_S),
-        )
-        self._pending = pending
-        self.ports.spawn(self._expire, pending)
-        return JobAck(True)
-
-    async def _expire(self, pending: Pending) -> None:
-        """End ``pending`` when its scope's deadline passes (the seed did not come; the work or the open took
-        longer than the leader said it would wait)."""
-        with pending.scope:
-            await trio.sleep_forever()
-        await self._end(pending)
-
-    async def _end(self, pending: Pending) -> None:
-        if self._pending is pending:
-            self._pending = None
-        pending.scope.cancel()
-        await pending.child.close()
-
-    def _current(self, header: Header, job_id: str, challenge: str) -> Pending | None:
-        pending = self._pending
-        if pending is None or pending.challenge != challenge or pending.job_id != job_id:
-            return None
-        return pending if pending.leader == header.sender else None
-
-    async def on_go(self, header: Header, msg: ChallengeGo) -> ChallengeRoot | JobAck:
-        pending = self._current(header, msg.job_id, msg.challenge)
-        if pending is None or pending.went:
-            return JobAck(False, "no such challenge waiting for its seed")
-        why = challenges.check_seed(msg.seed)
-        if why:
-            await self._end(pending)
-            return JobAck(False, why)
-        pending.went = True
-        pending.scope.deadline = trio.current_time() + 2 * pending.deadline_s + REPLY_S  # the work, then the open
-        try:
-            await pending.child.say({"seed": msg.seed})
-            root = str((await pending.child.expect("root", pending.deadline_s))["root"])
-        except ChildError as exc:
-            await self._end(pending)
-            return JobAck(False, str(exc))
-        return ChallengeRoot(msg.challenge, root[:64])
-
-    async def on_open(self, header: Header, msg: ChallengeOpen) -> ChallengeBlocks | JobAck:
-        pending = self._current(header, msg.job_id, msg.challenge)
-        if pending is None or not pending.went:
-            return JobAck(False, "no such challenge answered")
-        try:
-            await pending.child.say({"open": list(msg.leaves)})
-            shown = await pending.child.expect("blocks", REPLY_S + pending.deadline_s)
-            blocks = tuple(bytes.fromhex(str(b)) for b in shown["blocks"])
-            proofs = tuple(b"".join(bytes.fromhex(str(h)) for h in p) for p in shown["proofs"])
-        except (ChildError, ValueError, TypeError, KeyError) as exc:
-            return JobAck(False, f"cannot show the blocks: {exc}"[:200])
-        finally:
-            await self._end(pending)
-        return ChallengeBlocks(msg.challenge, blocks, proofs)

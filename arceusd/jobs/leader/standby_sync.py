@@ -5,26 +5,26 @@ manifest, the shards to copy from the leader and (once) the data set's files and
 (checked against the signed ``weights_sha256``), so the standby can lead if the leader dies
 (:mod:`arceusd.jobs.plans.standby` owns the file side). A leader that is not the job's owner (its standby took over)
 sends the owner the final checkpoint the same way, and the owner exports the model too. The bytes travel through
-:class:`arceusd.jobs.common.transfers.Transfers`; this module owns who sends what when, and what the receiver accepts.
+:class:`arceusd.jobs.common.transfers.Transfers`; this module owns who sends what when, the leader's side, and the
+standby's word that it holds a step (:class:`protocol.job_wire.StandbyHeld`, :func:`held_refusal`); what the receiver
+accepts and copies is :mod:`arceusd.jobs.member.standby_copy`.
 :func:`choose_standby` picks the plan member that stands by.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 import trio
 
-from arceusd.files.checkpoint import MANIFEST_NAME, CheckpointError, Manifest, parse_manifest, prune, step_dir
-from arceusd.jobs.common.ports import CheckLeader, Feed, Leads, Spawn
-from arceusd.jobs.common.transfers import Transfers, leader_data
-from arceusd.jobs.core import Role, leadership
-from arceusd.jobs.core.events import FollowsOther, StandbyCommitted
-from arceusd.jobs.plans.initial_weights import standby_copies
-from arceusd.jobs.plans.standby import StandbyError, check_names, data_files, offers_from_wire, offers_to_wire
+from arceusd.files.checkpoint import MANIFEST_NAME, step_dir
+from arceusd.jobs.common.ports import Feed, Leads
+from arceusd.jobs.common.transfers import leader_data
+from arceusd.jobs.core import leadership
+from arceusd.jobs.core.events import FollowsOther
+from arceusd.jobs.plans.standby import data_files, offers_to_wire
 from arceusd.jobs.record.job import Job
 from arceusd.network.peers import PeerService
 from protocol.envelope import Header
@@ -43,20 +43,13 @@ class StandbySyncingPorts:
     """The jobs this daemon holds, by id."""
     feed: Feed
     leads: Leads
-    spawn: Spawn
-    check_leader: CheckLeader
-    export: Callable[[Job, int, list[Path]], Awaitable[None]]
-    """The model assembled from a step's shards and the job finished (the driver's export)."""
-    standby_ready: Callable[[Job], None]
-    """The standby's copies are checked: it stands second in the job's election."""
     peers: PeerService
     """The peer network (the standby's and the owner's syncs)."""
-    transfers: Transfers
-    """Copies of a step's shards, the data and the initial weights, from the leader."""
 
 
 class StandbySyncing:
-    """The leader's syncs to its standby and to the owner, and their receiving ends."""
+    """The leader's syncs to its standby and to the owner (their receiving ends:
+    :mod:`arceusd.jobs.member.standby_copy`)."""
 
     def __init__(self, ports: StandbySyncingPorts) -> None:
         self.ports = ports
@@ -102,33 +95,6 @@ class StandbySyncing:
             job.leading.commits.standby_held = (header.sender, msg.step)
         return JobAck(True)
 
-    async def on_standby_sync(self, header: Header, msg: StandbySync) -> JobAck:
-        job = self.ports.jobs.get(msg.job_id)
-        if job is None:
-            return JobAck(False, "unknown job")
-        why = await self.ports.check_leader(header, job, epochs=False)
-        if why is not None:
-            return JobAck(False, why.reason, why.follows)
-        if job.role == Role.OWNER and not self.ports.leads(job):
-            return await self._receive_final(job, header.sender, msg)
-        if job.standby != self.ports.me:
-            return JobAck(False, "this device is not the job's standby")
-        try:
-            manifest, _ = parse_manifest(msg.manifest, sorted(job.leaders), "the leader's manifest")
-            if manifest.job_id != job.job_id or manifest.step != msg.step:
-                raise CheckpointError("the manifest is for another job or step")
-            if not set(msg.shards) <= {r.name for r in manifest.shards}:
-                raise CheckpointError("the sync names shards the manifest does not list")
-            if job.standby_data is None:
-                check_names(job.spec.data.kind, msg.data_files)
-            offers = offers_from_wire(msg.offers, job.plan_peers(), job.told_members)
-        except (CheckpointError, StandbyError) as exc:
-            log.warning("job %s: refusing a standby sync: %s", job.job_id, exc)
-            return JobAck(False, f"refused: {exc}")
-        job.standby_offers = offers
-        self.ports.spawn(self._standby_copy, job, header.sender, msg, manifest)
-        return JobAck(True)
-
     async def sync_owner(self, job: Job, step: int, names: list[str]) -> None:
         """A leader that is not the job's owner (its standby took over): hand the owner, when it joined this
         leader, the final checkpoint (the signed manifest and its shards' names) before exporting, so the model
@@ -148,64 +114,6 @@ class StandbySyncing:
                 job.job_id,
                 job.owner[:12],
                 getattr(reply, "reason", "no answer"),
-            )
-
-    async def _receive_final(self, job: Job, leader: str, msg: StandbySync) -> JobAck:
-        """Owner that handed its job over: copy the final checkpoint from the leader, check every shard against
-        the leader's signed manifest, and export the model here (the answer says whether that worked)."""
-        try:
-            manifest, _ = parse_manifest(msg.manifest, sorted(job.leaders), "the leader's manifest")
-            if manifest.job_id != job.job_id or manifest.step != msg.step or msg.step < job.total_steps:
-                raise CheckpointError("the owner takes the final checkpoint of its own job only")
-            if set(msg.shards) != {r.name for r in manifest.shards}:
-                raise CheckpointError("the sync must name exactly the manifest's shards")
-        except CheckpointError as exc:
-            log.warning("job %s: refusing the final checkpoint: %s", job.job_id, exc)
-            return JobAck(False, f"refused: {exc}")
-        folder = step_dir(job.paths.checkpoints, msg.step)
-        async with job.sync_lock:
-            failed = await self.ports.transfers.copy_step(job, leader, msg, {r.name: r for r in manifest.shards})
-            if failed is not None:
-                return JobAck(False, f"shard {failed} of step {msg.step} did not arrive intact")
-            self.ports.feed(job, StandbyCommitted(msg.step))
-            if not job.model_path:  # "" until exported (a repeated sync exports once)
-                await self.ports.export(job, msg.step, [folder / r.name for r in manifest.shards])
-        return JobAck(bool(job.model_path), job.error[:400])
-
-    async def _standby_copy(self, job: Job, leader: str, msg: StandbySync, manifest: Manifest) -> None:
-        """Standby: copy the data and the initial weights (once) and the leader's shards of a committed step;
-        each is checked before it is kept; the manifest is written last, so a step is complete here only when all
-        of it is."""
-        async with job.sync_lock:
-            data_missing = job.standby_data is None and bool(msg.data_files)
-            if data_missing and not await self.ports.transfers.copy_data(job, leader, msg.data_files):
-                return
-            weights_missing = standby_copies(job.spec.model) and not job.paths.weights_copy.is_file()
-            if weights_missing and not await self.ports.transfers.copy_weights(job, leader):
-                return
-            if data_missing or weights_missing:  # it may lead now: it stands in the job's election
-                self.ports.standby_ready(job)
-            failed = await self.ports.transfers.copy_step(job, leader, msg, {r.name: r for r in manifest.shards})
-            if failed is not None:
-                log.warning(
-                    "job %s: the leader's shard %s of step %d did not arrive intact", job.job_id, failed, msg.step
-                )
-                return
-            await trio.to_thread.run_sync(prune, job.paths.checkpoints, job.spec.checkpoint.keep)
-            self.ports.feed(job, StandbyCommitted(msg.step))
-        self.ports.spawn(self._tell_held, job, leader, msg.step)
-
-    async def _tell_held(self, job: Job, leader: str, step: int) -> None:
-        """Standby: tell the leader that committed ``step`` is held here (:meth:`on_standby_held`); without an
-        answer it only shows "syncing" a commit longer."""
-        if job.leader != leader:
-            return
-        reply = await self.ports.peers.request(
-            job.leader_address, leader, StandbyHeld(job.job_id, step), timeout=10.0, job_id=job.job_id, term=job.term
-        )
-        if not (isinstance(reply, JobAck) and reply.ok):
-            log.info(
-                "job %s: the leader did not take step %d as held: %s", job.job_id, step, getattr(reply, "reason", "")
             )
 
 

@@ -38,7 +38,6 @@ from arceusd.jobs.record.job import Job
 from arceusd.network.peers import PeerService
 from arceusd.worker.protocol import ResumeConfig
 from partitioner import Link
-from protocol.envelope import Header
 from protocol.job_wire import JobAck, JobGo, JobStart, JobStartReply, LinkEcho, PeerAddress
 
 log = logging.getLogger(__name__)
@@ -269,7 +268,8 @@ class Starting:
     async def _measure_links(self, job: Job) -> dict[str, Link]:
         """Leader: the link to each member, measured over the transport (``arceusd.device.profile.measure_link``: round
         trip, bandwidth, per-message cost) one member at a time, reused for :data:`LINK_TTL_S`. A member that
-        does not echo in time keeps the defaults (round trip from membership, nominal bandwidth)."""
+        does not echo in time keeps the defaults (round trip from membership, nominal bandwidth). The member's echo:
+        :mod:`arceusd.jobs.member.link_echo`."""
         me, now = self.ports.me, time.monotonic()
         out: dict[str, Link] = {}
         for peer in sorted(job.members):
@@ -297,11 +297,6 @@ class Starting:
             self._links[peer] = (now, link)
             out[peer] = link
         return out
-
-    async def on_link_echo(self, header: Header, msg: LinkEcho) -> LinkEcho | JobAck:
-        if header.sender not in self.ports.peers.membership.members:
-            return JobAck(False, "echoes are for peers in the membership view")
-        return LinkEcho(msg.payload)
 
 
 def _mark(job: Job, phase: str) -> None:

@@ -10,13 +10,14 @@ spec's ``data.sha256``, and stores them where a leader keeps them. The job's ele
 and the standby second, so when membership declares the leader dead and a majority of the plan agrees, the
 standby wins the next term, re-slices its own complete copy (any shard it lacks, it fetches from the survivors)
 and carries on
-(:meth:`arceusd.jobs.service.manager.JobManager._take_over`).
+(:meth:`arceusd.jobs.service.manager.JobManager.take_over`).
 
 This module owns the file side of that: which files a leader's data set consists of, where the standby keeps
 its copy and what its worker's data entry then says, the check of the copy, and the members' offers (with
 their measured calibration) that the leader hands the standby to plan with if it takes over. File work only;
 the daemon runs it in a thread: the copying in :mod:`arceusd.jobs.common.transfers`, the synchronisation that decides
-what is sent in :mod:`arceusd.jobs.leader.standby_sync`.
+what is sent in :mod:`arceusd.jobs.leader.standby_sync`, what the standby accepts in
+:mod:`arceusd.jobs.member.standby_copy`.
 """
 
 from __future__ import annotations

@@ -10,5 +10,6 @@ imports torch). Below the job's record: imports only spec, judging, core and pla
 - :mod:`~arceusd.jobs.procs.reslice`: re-slicing a committed checkpoint for a new plan (torch, in filework's child);
 - :mod:`~arceusd.jobs.procs.export`: the finished model as ``model.safetensors`` (torch, in filework's child);
 - :mod:`~arceusd.jobs.procs.probe`: ``python -m arceusd.jobs.procs.probe``: this device measured, its offer printed;
+- :mod:`~arceusd.jobs.procs.challenge_child`: a speed challenge's solving child (both sides of a challenge run one);
 - :mod:`~arceusd.jobs.procs.source`: a spec's batch source (torch, in the worker process).
 """

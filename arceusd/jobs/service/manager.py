@@ -16,22 +16,28 @@ standby's takeover). :mod:`arceusd.jobs.service.driver` feeds the core and carri
 beside it, composed: this is the composition root. Each part is handed a port of its own (issue 32: ports, not
 back-pointers), a frozen dataclass declared beside the part holding exactly what it calls (``LocalWorkerPorts``,
 ``ReportIntakePorts``, ``StartingPorts``, ...; the shared shapes in :mod:`arceusd.jobs.common.ports`), which
-:meth:`JobManager.__init__` builds from its own methods, the node and the other parts; no part holds the manager:
+:meth:`JobManager.__init__` builds from its own methods, the node and the other parts; no part holds the manager.
+The parts, in the order ``__init__`` builds them (each group a method, the attribute each is kept in):
 
-- :mod:`arceusd.jobs.common.manager_base`: the shared state (:class:`JobContext`, which the manager is), the manager's
-  nursery, this device's offer, and whom it follows as leader (the check of a leader's command);
-- :mod:`arceusd.jobs.service.control_methods`: the control-socket methods (``submit``, ``join``, ``jobs``, ``job``,
-  ``cancel``, ``leave``), ``JobManager.control``;
-- :mod:`arceusd.jobs.member.local_worker`: starting and following this device's stage worker, and its reports,
-  ``JobManager.local``;
-- :mod:`arceusd.jobs.leader.report_intake`: the leader taking members' reports (and its own worker's),
-  ``JobManager.intake``;
-- :mod:`arceusd.jobs.leader.standby_sync`: the leader's syncs to its standby and to the owner, ``JobManager.standbys``;
-- :mod:`arceusd.jobs.leader.commits`: committing checkpoints and repairing a damaged one, ``JobManager.commits``;
-- :mod:`arceusd.jobs.leader.joining`: announcements, joins and the owner's hand-over, ``JobManager.joining``;
-- :mod:`arceusd.jobs.leader.starting`: planning a plan epoch and starting it (start, ``go``), ``JobManager.starting``;
-- :mod:`arceusd.jobs.service.driver`: feeding the job core and carrying out its actions, ``JobManager.driver``;
-- :mod:`arceusd.jobs.common.transfers`: serving and fetching files between daemons (shards, resume slices, the data).
+- the leader's parts of a running job (``_leader_running``): :mod:`arceusd.jobs.leader.speed_checks` (``speed``),
+  :mod:`arceusd.jobs.leader.report_intake` (``intake``: members' reports, this device's own too),
+  :mod:`arceusd.jobs.leader.commits` (``commits``), :mod:`arceusd.jobs.leader.standby_sync` (``standbys``: the
+  standby's and the owner's copies sent), :mod:`arceusd.jobs.leader.replica_drop` (``drops``);
+- the member's side (``_member_side``; it calls the leader's intake and speed checks for this device's own worker):
+  :mod:`arceusd.jobs.member.local_worker` (``local``), :mod:`arceusd.jobs.member.speed_answers` (``answers``),
+  :mod:`arceusd.jobs.member.standby_copy` (``copies``), :mod:`arceusd.jobs.member.replica_changes` (``replicas``),
+  :mod:`arceusd.jobs.member.join` (``joiner``), :mod:`arceusd.jobs.member.link_echo` (a function);
+- the leader's parts that form the plan's workers (``_leader_forming``; they call the member's side: this device's
+  own worker, its join): :mod:`arceusd.jobs.leader.joining` (``joining``), :mod:`arceusd.jobs.leader.starting`
+  (``starting``), :mod:`arceusd.jobs.leader.regrow` (``regrow``);
+- the service: :mod:`arceusd.jobs.service.control_methods` (``control``: the control-socket methods ``submit``,
+  ``join``, ``jobs``, ``job``, ``cancel``, ``leave``), :mod:`arceusd.jobs.service.lending` (``lending``),
+  :mod:`arceusd.jobs.service.driver` (``driver``: feeding the job core and carrying out its actions, each part's
+  handler registered in :meth:`JobManager._action_table`).
+
+Shared by all: :mod:`arceusd.jobs.common.manager_base` (:class:`JobContext`, which the manager is: the state, the
+nursery, this device's offer, whom it follows as leader) and :mod:`arceusd.jobs.common.transfers` (files between
+daemons). :meth:`JobManager.run` registers who answers each peer message: the leader's, the member's, both.
 """
 
 from __future__ import annotations
@@ -61,7 +67,12 @@ from arceusd.jobs.leader.report_intake import ReportIntake, ReportIntakePorts
 from arceusd.jobs.leader.speed_checks import SpeedCheckPorts, SpeedChecks
 from arceusd.jobs.leader.standby_sync import StandbySyncing, StandbySyncingPorts
 from arceusd.jobs.leader.starting import Starting, StartingPorts
+from arceusd.jobs.member.join import Joiner, JoinerPorts
+from arceusd.jobs.member.link_echo import on_link_echo
 from arceusd.jobs.member.local_worker import LocalWorker, LocalWorkerPorts, worker_device
+from arceusd.jobs.member.replica_changes import ReplicaChanges, ReplicaChangesPorts
+from arceusd.jobs.member.speed_answers import SpeedAnswers, SpeedAnswersPorts
+from arceusd.jobs.member.standby_copy import StandbyCopies, StandbyCopiesPorts
 from arceusd.jobs.plans.job_paths import JobPaths
 from arceusd.jobs.plans.recovery import corrupt_shards
 from arceusd.jobs.plans.standby import takeover_offers
@@ -119,24 +130,56 @@ def _standby_shards(job: Job, step: int) -> tuple[str, ...]:
 
 class JobManager(JobContext):
     """Every job this daemon knows: the service, and the lifecycle of the jobs it owns or leads. The parts are
-    composed, each handed its port (built in ``__init__``, in the order the parts call each other: speed checks,
-    intake, the local worker, standby syncs, commits, joining, the control methods, starting, replica drops and
-    rebuilds): ``control`` (the control-socket methods), ``local`` (this device's stage worker and its reports),
-    ``intake`` (the leader taking members' reports), ``standbys`` (the standby's and the owner's copies),
-    ``commits`` (checkpoint commits), ``joining`` (announcements and joins), ``starting`` (plan and start),
-    ``drops`` and ``regrow`` (a replica dropped and rebuilt), ``speed`` (speed challenges)."""
+    composed, each handed its port, built in ``__init__`` in three groups (the module docstring maps them): the
+    leader's parts of a running job, the member's side, the leader's parts that form the plan's workers."""
 
     def __init__(self, node: Node, peers: PeerService) -> None:
         super().__init__(node, peers)
         self.life = self
-        me, transfers = node.identity.peer_id, self.transfers
+        me = node.identity.peer_id
+        self._leader_running(node)  # what a running job's members (this device's own worker too) report to
+        self._member_side(node)  # this device as a member (its worker's reports and steps go to the parts above)
+        self._leader_forming(node)  # joins, plan and start, a rebuild (they call the member's side: this device's)
+        self.lending = LendingPorts(node, peers, self.offer)  # what this device and its peers lend
+        self.control = ControlMethods(
+            ControlMethodsPorts(
+                me,
+                node.addresses,
+                self.jobs,
+                self.root,
+                self.feed,
+                self.leads,
+                self.spawn,
+                self.offer,
+                self.find,
+                self.listing,
+                self.persist,
+                self.lead,
+                self.join,
+                partial(seen_lending, self.lending),
+                partial(job_cost, node),
+                peers,
+            )
+        )
+        self.driver = Driver(
+            DriverPorts(peers, self.persist, self.spawn, self.leads, self.untrack),
+            self._action_table(),
+            me,
+            node.paths.root,
+            self.standbys.sync_owner,
+        )
+        self._ready = trio.Event()  # set once the job modules are imported and owned jobs restored
+
+    def _leader_running(self, node: Node) -> None:
+        """The leader's parts of a running job: speed checks, report intake, commits, the standby's and the owner's
+        syncs, replica drops."""
+        me, peers, transfers = node.identity.peer_id, self.peers, self.transfers
         self.speed = SpeedChecks(
             SpeedCheckPorts(
                 me,
                 self.leads,
                 self.spawn,
                 self.offer,
-                self.commanded,
                 peers,
                 node.config.worker_threads,
                 partial(hooks.wants_timing, node),
@@ -154,6 +197,24 @@ class JobManager(JobContext):
                 self.speed.judge,
             )
         )
+        self.commits = Commits(
+            CommitsPorts(
+                me,
+                node.identity,
+                self.feed,
+                self.request_restart,
+                self.leads,
+                transfers.fetch_shard,
+                partial(hooks.on_commit, node),
+            )
+        )
+        self.standbys = StandbySyncing(StandbySyncingPorts(me, self.jobs, self.feed, self.leads, peers))
+        self.drops = ReplicaDrops(ReplicaDropsPorts(me, self.feed, self.request_restart, self.spawn, peers))
+
+    def _member_side(self, node: Node) -> None:
+        """This device as a member: its stage worker, its answers to speed challenges, the standby's copies, the
+        leader's replica changes taken in, announcements and joins."""
+        me, peers, transfers = node.identity.peer_id, self.peers, self.transfers
         self.local = LocalWorker(
             LocalWorkerPorts(
                 me,
@@ -176,8 +237,11 @@ class JobManager(JobContext):
                 self.speed.on_step,
             )
         )
-        self.standbys = StandbySyncing(
-            StandbySyncingPorts(
+        self.answers = SpeedAnswers(
+            SpeedAnswersPorts(self.spawn, self.offer, self.commanded, node.config.worker_threads)
+        )
+        self.copies = StandbyCopies(
+            StandbyCopiesPorts(
                 me,
                 self.jobs,
                 self.feed,
@@ -186,56 +250,39 @@ class JobManager(JobContext):
                 self.check_leader,
                 self.export,
                 self.standby_ready,
-                peers,
                 transfers,
+                peers,
             )
         )
-        self.commits = Commits(
-            CommitsPorts(
-                me,
-                node.identity,
-                self.feed,
-                self.request_restart,
-                self.leads,
-                transfers.fetch_shard,
-                partial(hooks.on_commit, node),
-            )
-        )
-        self.joining = Joining(
-            JoiningPorts(
+        self.replicas = ReplicaChanges(ReplicaChangesPorts(me, self.feed, self.commanded))
+        self.joiner = Joiner(
+            JoinerPorts(
                 me,
                 self.jobs,
                 self.root,
                 node.config.auto_join,
                 self.feed,
-                self.leads,
                 self.spawn,
                 self.offer,
-                self.follow_leader,
                 peers,
-                partial(hooks.join_refusal, node),
                 partial(hooks.may_auto_join, node),
             )
         )
-        self.lending = LendingPorts(node, peers, self.offer)  # what this device and its peers lend
-        self.control = ControlMethods(
-            ControlMethodsPorts(
+
+    def _leader_forming(self, node: Node) -> None:
+        """The leader's parts that form the plan's workers: joins answered and the owner's hand-over (it joins as a
+        member does), plan and start (this device's own worker too), a dropped replica rebuilt."""
+        me, peers = node.identity.peer_id, self.peers
+        self.joining = Joining(
+            JoiningPorts(
                 me,
-                node.addresses,
                 self.jobs,
-                self.root,
                 self.feed,
                 self.leads,
-                self.spawn,
-                self.offer,
-                self.find,
-                self.listing,
-                self.persist,
-                self.lead,
-                self.join,
-                partial(seen_lending, self.lending),
-                partial(job_cost, node),
+                self.follow_leader,
                 peers,
+                partial(hooks.join_refusal, node),
+                self.joiner.request_join,
             )
         )
         self.starting = Starting(
@@ -243,20 +290,7 @@ class JobManager(JobContext):
                 me, self.feed, self.spawn, peers, self.local.start_worker, self.local.go, self.commits.repair_checkpoint
             )
         )
-        self.drops = ReplicaDrops(
-            ReplicaDropsPorts(me, self.feed, self.request_restart, self.spawn, self.commanded, peers)
-        )
-        self.regrow = Regrowing(
-            RegrowingPorts(me, self.feed, self.commanded, peers, transfers.grown, self.starting.send_go)
-        )
-        self.driver = Driver(
-            DriverPorts(peers, self.persist, self.spawn, self.leads, self.untrack),
-            self._action_table(),
-            me,
-            node.paths.root,
-            self.standbys.sync_owner,
-        )
-        self._ready = trio.Event()  # set once the job modules are imported and owned jobs restored
+        self.regrow = Regrowing(RegrowingPorts(me, self.feed, peers, self.transfers.grown, self.starting.send_go))
 
     def _action_table(self) -> ActionTable:
         """Who carries out the core's actions (the driver adds its own): each part registered here, the one
@@ -344,31 +378,34 @@ class JobManager(JobContext):
     # ---------------------------------------------------------------------------------------------- service
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         peers, gate = self.peers, self._gated
-        peers.register(JobAnnounce, gate(self.joining.on_announce))
+        # what the leader (or the owner) receives
         peers.register(JoinRequest, gate(self.joining.on_join_request))
+        peers.register(JobReport, gate(self.intake.on_report))
+        peers.register(StandbyHeld, gate(self.standbys.on_standby_held))
+        # what a member (or a peer the owner announces to) receives
+        peers.register(JobAnnounce, gate(self.joiner.on_announce))
+        peers.register(LinkEcho, partial(on_link_echo, peers))
         peers.register(JobStart, gate(self.local.on_start))
         peers.register(JobGo, gate(self.local.on_go))
         peers.register(JobStop, gate(self._on_stop))
-        peers.register(JobDropReplica, gate(self.drops.on_drop))
-        peers.register(JobGrowReplica, gate(self.regrow.on_grow))
-        peers.register(JobReport, gate(self.intake.on_report))
-        peers.register(SpeedChallenge, gate(self.speed.on_challenge))
-        peers.register(ChallengeGo, gate(self.speed.on_go))
-        peers.register(ChallengeOpen, gate(self.speed.on_open))
+        peers.register(JobDropReplica, gate(self.replicas.on_drop))
+        peers.register(JobGrowReplica, gate(self.replicas.on_grow))
+        peers.register(SpeedChallenge, gate(self.answers.on_challenge))
+        peers.register(ChallengeGo, gate(self.answers.on_go))
+        peers.register(ChallengeOpen, gate(self.answers.on_open))
+        peers.register(StandbySync, gate(self.copies.on_standby_sync))
+        # files, both ways (arceusd.jobs.common.transfers), and what this device lends (arceusd.jobs.service.lending)
         peers.register(ShardRequest, gate(self.transfers.on_shard_request))
         peers.register(ResumeRequest, gate(self.transfers.on_resume_request))
-        peers.register(StandbySync, gate(self.standbys.on_standby_sync))
-        peers.register(StandbyHeld, gate(self.standbys.on_standby_held))
         peers.register(DataRequest, gate(self.transfers.on_data_request))
         peers.register(WeightsRequest, gate(self.transfers.on_weights_request))
-        peers.register(LinkEcho, self.starting.on_link_echo)
-        peers.register(LendQuery, gate(answerer(self.lending)))  # what this device lends (arceusd.jobs.service.lending)
+        peers.register(LendQuery, gate(answerer(self.lending)))
         peers.listeners.append(self._on_member_changed)
         if self.node.elections is not None:
             self.node.elections.on_leader_change(self._on_leader_change)
         self.node.methods.update({name: gate(method) for name, method in self.control.methods().items()})
         self.node.sections["jobs"] = self.listing
-        self.node.sections["announcements"] = self.joining.announced.summary
+        self.node.sections["announcements"] = self.joiner.announced.summary
         self.node.shutdown_hooks.append(self._stop_all_workers)
         try:
             async with trio.open_nursery() as nursery:
@@ -422,7 +459,7 @@ class JobManager(JobContext):
         self.feed(job, e.RestartAsked(reason))
 
     async def join(self, job: Job) -> JoinResult:
-        return await self.joining.join(job)
+        return await self.joiner.join(job)
 
     # ---------------------------------------------------------------------------------------------- takeover
     def _on_leader_change(self, job_id: str, leader: tuple[str, int] | None) -> None:
