@@ -304,15 +304,20 @@ def pause_of(points: Sequence[tuple[int, float]], step_s: float, pauses: frozens
     return extra / held if held else -1.0
 
 
-def warmup_of(points: Sequence[tuple[int, float]], step_s: float) -> float:
+def warmup_of(points: Sequence[tuple[int, float]], step_s: float, pauses: frozenset[int] = frozenset()) -> float:
     """What a run's warm-up (its first :func:`warmup_steps`) took beyond as many typical steps ``step_s``, from its
-    (step, wall time) points (0: not enough to say). The driver adds it to the job's start: a fixed cost, which a
-    step factor would have charged again per step of a longer job."""
+    (step, wall time) points, less the intervals that hold a pause (``pauses``: the quote counts those apart; 0:
+    not enough to say). The driver adds it to the job's start: a fixed cost, which a step factor would have
+    charged again per step of a longer job."""
     if len(points) < 2 or step_s <= 0:
         return 0.0
     skip = warmup_steps(points[-1][0])
-    (s1, t1), end = points[0], next(((s, t) for s, t in points if s > skip), points[-1])
-    return max(end[1] - t1 - (end[0] - s1) * step_s, 0.0)
+    extra = sum(
+        t2 - t1 - (s2 - s1) * step_s
+        for (s1, t1), (s2, t2) in itertools.pairwise(points)
+        if s1 <= skip and s2 > s1 and not _held(s1, s2, pauses)
+    )
+    return max(extra, 0.0)
 
 
 def read_timings(state_dir: Path) -> list[JobTiming]:

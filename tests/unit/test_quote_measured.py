@@ -237,11 +237,18 @@ def test_a_longer_job_is_quoted_its_hiccups_by_the_steps_and_its_pauses_by_the_c
     step = typical_step(short, pauses)
     pause = pause_of(short, step, pauses)
     assert step == pytest.approx(0.13, rel=0.05) and pause == pytest.approx(1.0, rel=0.05)
-    assert warmup_of(short, step) == pytest.approx(warm * 0.5 - warm * step, abs=0.5)
+    warmup = warmup_of(short, step, pauses)
+    assert warmup == pytest.approx(warm * 0.5 - warm * step, abs=0.5)
     long = _run(300, 20, warm)
     # first to last step as the quote adds it: the warm-up (the start's), the steps, the checkpoints
-    quoted = warmup_of(short, step) + (300 - 1) * step + len(pause_steps(300, 20, 0)) * pause
+    quoted = warmup + (300 - 1) * step + len(pause_steps(300, 20, 0)) * pause
     assert quoted == pytest.approx(long[-1][1] - long[0][1], rel=0.02)
+    # and the other way, from the long job (a checkpoint in its warm-up is counted as a checkpoint, once)
+    long_pauses = pause_steps(300, 20, 0)
+    step = typical_step(long, long_pauses)
+    warmup, pause = warmup_of(long, step, long_pauses), pause_of(long, step, long_pauses)
+    quoted = warmup + (100 - 1) * step + len(pauses) * pause
+    assert quoted == pytest.approx(short[-1][1] - short[0][1], rel=0.03)
 
 
 def test_the_end_of_a_job_reaches_its_spares() -> None:

@@ -79,7 +79,7 @@ def job_timing(job: Job, now: float) -> JobTiming | None:
     ratio = step / predicted if predicted > 0 else 0.0
     return JobTiming(
         type(job.spec.model).__name__,
-        round(job.first_step_at - job.created + warmup_of(points, step), 3),  # what comes before its typical pace
+        round(job.first_step_at - job.created + warmup_of(points, step, pauses), 3),  # before its typical pace
         round(max(now - checkpoints[-1][1], 0.0), 3),
         job.first_of_daemon,
         round(ratio, 4),
