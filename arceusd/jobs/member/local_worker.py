@@ -2,7 +2,8 @@
 
 A member answers the leader's :class:`protocol.job_wire.JobStart` by verifying the plan itself, fetching its
 resume slice and starting its worker process (:class:`arceusd.jobs.procs.supervisor.WorkerProcess`), and the
-:class:`protocol.job_wire.JobGo` by handing the worker its neighbours' addresses. From then on it follows the
+:class:`protocol.job_wire.JobGo` by handing the worker its neighbours' addresses (a
+:class:`protocol.job_wire.JobStop` stops it: the core's ``StopReceived``). From then on it follows the
 worker's events: steps update the job's progress here; checkpoints, witnesses, the end and failures are reported
 to the leader as typed :class:`protocol.job_wire.JobReport` values (:mod:`arceusd.jobs.member.reports`; taken in
 place when this device leads). The leader's side of those reports: :mod:`arceusd.jobs.leader.report_intake`.
@@ -47,7 +48,7 @@ from arceusd.network.peers import PeerService
 from arceusd.worker.protocol import ResumeConfig, WorkerConfig
 from protocol.envelope import Header
 from protocol.errors import RemoteProtocolError
-from protocol.job_wire import JobAck, JobGo, JobStart, JobStartReply
+from protocol.job_wire import JobAck, JobGo, JobStart, JobStartReply, JobStop
 from protocol.validation import member_ids
 
 if TYPE_CHECKING:
@@ -273,6 +274,18 @@ class LocalWorker:
                 if job.worker is None:  # (the core holds no plan whose worker was detached: a bug if reached)
                     return JobAck(False, f"this device holds no worker for plan epoch {msg.epoch}")
                 await self._let_go(job, msg)
+        return JobAck(True)
+
+    async def on_stop(self, header: Header, msg: JobStop) -> JobAck:
+        """The leader stopped the plan (``replanning``, or the state the job ended in): the core's ``StopReceived``
+        stops this device's worker and takes a known state only (a term's command; any epoch)."""
+        job = self.ports.jobs.get(msg.job_id)
+        if job is None:
+            return JobAck(False, "unknown job")
+        why = await self.ports.check_leader(header, job, epochs=False)
+        if why is not None:
+            return JobAck(False, "not from this job's leader", why.follows)
+        self.ports.feed(job, events.StopReceived(msg.reason))  # a known state only, never the sender's text (issue #19)
         return JobAck(True)
 
     async def go(self, job: Job, msg: JobGo) -> None:

@@ -1,7 +1,7 @@
 """Jobs a restarted daemon knows only from its own files: what ``arceusd jobs`` lists for them (issue 31).
 
 A daemon holds a job in memory while it takes part; after a restart it restores only the jobs it owns that had
-not ended (:meth:`arceusd.jobs.service.manager.JobManager._restore_owned_jobs`), so a member forgot every job it earned
+not ended (:func:`owned_to_resume`, from the owner's record), so a member forgot every job it earned
 from, and an owner its finished jobs, although the ledger holds their receipts. So a member keeps a small record
 of each job it joins (:data:`MEMBER_FILE` in the job's directory: name, owner, state, steps, members; rewritten
 as the job's state changes here, :func:`member_record`), the owner's ``owner.json`` carries the same, and a
@@ -17,19 +17,22 @@ from __future__ import annotations
 import json
 import logging
 import math
+import time
 from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from arceusd.files.checkpoint import committed_steps
 from arceusd.jobs.core.states import TERMINAL, JobState, Role
 from arceusd.jobs.plans.job_paths import JobPaths
+from arceusd.jobs.record.job import Job
 from arceusd.jobs.record.throughput import Speed
+from arceusd.jobs.spec.schema import JobSpecError, parse_spec, spec_hash
 from protocol.job_wire import JOB_MEMBERS_MAX
 from protocol.validation import is_hex_id
 
 if TYPE_CHECKING:
-    from arceusd.jobs.record.job import Job
     from arceusd.market.ledger import JobReceipts
 
 log = logging.getLogger(__name__)
@@ -204,4 +207,43 @@ def read_records(root: Path) -> dict[str, KnownJob]:
     return out
 
 
-__all__ = ["KnownJob", "known_jobs", "member_record", "parse_record", "read_records"]
+def owned_to_resume(root: Path, me: str, address: str, grace_s: float) -> list[Job]:
+    """The jobs under the jobs directory ``root`` that this device (``me``, listening at ``address``) owns and that
+    had not ended when it stopped (crash, reboot), from the owner's records (blocking: a thread): they resume from
+    their newest committed checkpoint once members rejoin, waiting for them ``grace_s`` seconds. A job whose saved
+    state does not verify is skipped with a warning, never half-restored."""
+    restored: list[Job] = []
+    if not root.is_dir():
+        return restored
+    for directory in sorted(root.iterdir()):
+        paths = JobPaths(directory)
+        if not paths.owner_record.is_file():
+            continue
+        try:
+            saved = json.loads(paths.owner_record.read_bytes())
+            spec_bytes = paths.spec.read_bytes()
+            spec = parse_spec(json.loads(spec_bytes), base_dir=Path(saved["base_dir"]), source=str(paths.spec))
+            if saved["job_id"] != directory.name or spec_hash(spec) != saved["spec_hash"]:
+                raise ValueError("the saved spec does not match the job's id or hash")
+            if saved["owner"] != me:
+                raise ValueError("owned by another identity")
+            if saved["state"] in TERMINAL:
+                continue
+            committed = committed_steps(paths.checkpoints)
+            restored.append(
+                Job.restored(
+                    saved,
+                    spec,
+                    spec_bytes,
+                    address,
+                    paths,
+                    committed_step=committed[-1] if committed else 0,
+                    gather_until=time.monotonic() + grace_s,
+                )
+            )
+        except (OSError, ValueError, KeyError, TypeError, JobSpecError) as exc:
+            log.warning("not resuming the job in %s: %s", directory, exc)
+    return restored
+
+
+__all__ = ["KnownJob", "known_jobs", "member_record", "owned_to_resume", "parse_record", "read_records"]

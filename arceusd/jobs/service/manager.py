@@ -24,9 +24,10 @@ The parts, in the order ``__init__`` builds them (each group a method, the attri
   :mod:`arceusd.jobs.leader.commits` (``commits``), :mod:`arceusd.jobs.leader.standby_sync` (``standbys``: the
   standby's and the owner's copies sent), :mod:`arceusd.jobs.leader.replica_drop` (``drops``);
 - the member's side (``_member_side``; it calls the leader's intake and speed checks for this device's own worker):
-  :mod:`arceusd.jobs.member.local_worker` (``local``), :mod:`arceusd.jobs.member.speed_answers` (``answers``),
-  :mod:`arceusd.jobs.member.standby_copy` (``copies``), :mod:`arceusd.jobs.member.replica_changes` (``replicas``),
-  :mod:`arceusd.jobs.member.join` (``joiner``), :mod:`arceusd.jobs.member.link_echo` (a function);
+  :mod:`arceusd.jobs.member.local_worker` (``local``: this device's worker started, let go, stopped),
+  :mod:`arceusd.jobs.member.speed_answers` (``answers``), :mod:`arceusd.jobs.member.standby_copy` (``copies``),
+  :mod:`arceusd.jobs.member.replica_changes` (``replicas``), :mod:`arceusd.jobs.member.join` (``joiner``),
+  :mod:`arceusd.jobs.member.link_echo` (a function);
 - the leader's parts that form the plan's workers (``_leader_forming``; they call the member's side: this device's
   own worker, its join): :mod:`arceusd.jobs.leader.joining` (``joining``), :mod:`arceusd.jobs.leader.starting`
   (``starting``), :mod:`arceusd.jobs.leader.regrow` (``regrow``);
@@ -42,7 +43,6 @@ daemons). :meth:`JobManager.run` registers who answers each peer message: the le
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -53,7 +53,6 @@ from typing import ParamSpec, TypeVar
 import trio
 
 from arceusd.device.node import Node
-from arceusd.files.checkpoint import committed_steps
 from arceusd.jobs.common.manager_base import JobContext
 from arceusd.jobs.common.ports import JoinResult
 from arceusd.jobs.core import JobState, Role
@@ -73,26 +72,22 @@ from arceusd.jobs.member.local_worker import LocalWorker, LocalWorkerPorts, work
 from arceusd.jobs.member.replica_changes import ReplicaChanges, ReplicaChangesPorts
 from arceusd.jobs.member.speed_answers import SpeedAnswers, SpeedAnswersPorts
 from arceusd.jobs.member.standby_copy import StandbyCopies, StandbyCopiesPorts
-from arceusd.jobs.plans.job_paths import JobPaths
 from arceusd.jobs.plans.recovery import corrupt_shards
 from arceusd.jobs.plans.standby import takeover_offers
-from arceusd.jobs.record.job import TERMINAL, Job
-from arceusd.jobs.record.known import read_records
+from arceusd.jobs.record.job import Job
+from arceusd.jobs.record.known import owned_to_resume, read_records
 from arceusd.jobs.service.control_methods import ControlMethods, ControlMethodsPorts
 from arceusd.jobs.service.driver import ActionTable, Driver, DriverPorts
 from arceusd.jobs.service.lending import LendingPorts, answerer, seen_lending
-from arceusd.jobs.spec.schema import JobSpecError, parse_spec, spec_hash
 from arceusd.market import hooks
 from arceusd.market.hooks import enough_memory
 from arceusd.market.progress import job_cost
 from arceusd.membership.events import MemberChanged, MemberState
 from arceusd.network.peers import PeerService
-from protocol.envelope import Header
 from protocol.job_wire import (
     ChallengeGo,
     ChallengeOpen,
     DataRequest,
-    JobAck,
     JobDropReplica,
     JobGo,
     JobGrowReplica,
@@ -313,12 +308,14 @@ class JobManager(JobContext):
         return table
 
     async def _load_modules(self) -> None:
-        """Restore the jobs this device owns. The job modules are torch-free (tensor work runs in child
-        processes, :mod:`arceusd.jobs.procs.filework`), so nothing here stalls the event loop on an import."""
+        """Restore the jobs this device owns (:func:`arceusd.jobs.record.known.owned_to_resume`). The job modules are
+        torch-free (tensor work runs in child processes, :mod:`arceusd.jobs.procs.filework`), so nothing here stalls
+        the event loop on an import."""
         self.known = await trio.to_thread.run_sync(read_records, self.root)  # (arceusd.jobs.record.known)
-        for job in await trio.to_thread.run_sync(self._restore_owned_jobs):
+        me, address = self.node.identity.peer_id, self.node.addresses.get("peer", "")
+        for job in await trio.to_thread.run_sync(owned_to_resume, self.root, me, address, REJOIN_GRACE_S):
             self.jobs[job.job_id] = job
-            job.offers[self.node.identity.peer_id] = await self.offer()
+            job.offers[me] = await self.offer()
             self.spawn(self.lead, job)
             log.info(
                 "job %s (%s): resuming as its owner from step %d (term %d)",
@@ -328,43 +325,6 @@ class JobManager(JobContext):
                 job.term,
             )
         self._ready.set()
-
-    def _restore_owned_jobs(self) -> list[Job]:
-        """Jobs this device owns that had not ended when it stopped (crash, reboot): they resume from their
-        newest committed checkpoint once members rejoin. A job whose saved state does not verify is skipped
-        with a warning, never half-restored."""
-        restored: list[Job] = []
-        if not self.root.is_dir():
-            return restored
-        for directory in sorted(self.root.iterdir()):
-            paths = JobPaths(directory)
-            if not paths.owner_record.is_file():
-                continue
-            try:
-                saved = json.loads(paths.owner_record.read_bytes())
-                spec_bytes = paths.spec.read_bytes()
-                spec = parse_spec(json.loads(spec_bytes), base_dir=Path(saved["base_dir"]), source=str(paths.spec))
-                if saved["job_id"] != directory.name or spec_hash(spec) != saved["spec_hash"]:
-                    raise ValueError("the saved spec does not match the job's id or hash")
-                if saved["owner"] != self.node.identity.peer_id:
-                    raise ValueError("owned by another identity")
-                if saved["state"] in TERMINAL:
-                    continue
-                committed = committed_steps(paths.checkpoints)
-                restored.append(
-                    Job.restored(
-                        saved,
-                        spec,
-                        spec_bytes,
-                        self.node.addresses.get("peer", ""),
-                        paths,
-                        committed_step=committed[-1] if committed else 0,
-                        gather_until=time.monotonic() + REJOIN_GRACE_S,
-                    )
-                )
-            except (OSError, ValueError, KeyError, TypeError, JobSpecError) as exc:
-                log.warning("not resuming the job in %s: %s", directory, exc)
-        return restored
 
     def _gated(self, handler: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
         """``handler``, answering once the owned jobs are restored."""
@@ -387,7 +347,7 @@ class JobManager(JobContext):
         peers.register(LinkEcho, partial(on_link_echo, peers))
         peers.register(JobStart, gate(self.local.on_start))
         peers.register(JobGo, gate(self.local.on_go))
-        peers.register(JobStop, gate(self._on_stop))
+        peers.register(JobStop, gate(self.local.on_stop))
         peers.register(JobDropReplica, gate(self.replicas.on_drop))
         peers.register(JobGrowReplica, gate(self.replicas.on_grow))
         peers.register(SpeedChallenge, gate(self.answers.on_challenge))
@@ -504,16 +464,6 @@ class JobManager(JobContext):
     # ---------------------------------------------------------------------------------- checkpoints, the end
     async def export(self, job: Job, step: int, paths: list[Path]) -> None:
         await self.driver.export(job, step, paths)
-
-    async def _on_stop(self, header: Header, msg: JobStop) -> JobAck:
-        job = self.jobs.get(msg.job_id)
-        if job is None:
-            return JobAck(False, "unknown job")
-        why = await self.check_leader(header, job, epochs=False)
-        if why is not None:
-            return JobAck(False, "not from this job's leader", why.follows)
-        self.feed(job, e.StopReceived(msg.reason))  # a known state only, never the sender's text (issue #19)
-        return JobAck(True)
 
     def _on_member_changed(self, change: MemberChanged) -> None:
         if change.state is MemberState.ALIVE and change.previous is not MemberState.ALIVE:
