@@ -31,6 +31,8 @@ def test_the_standby_note_says_ready_at_the_step_the_standby_holds() -> None:
     assert standby_note({**running, "standby_ready": True, "standby_step": 40}) == "ready at step 40"
     assert standby_note({**running, "standby_ready": True, "standby_step": True}) == "ready", "a bool is no step"
     assert standby_note({**running, "standby_ready": "yes"}) == "syncing", "only true is ready"
+    assert standby_note({**running, "standby_ready": None}) == "", "a device that is not told says nothing"
+    assert standby_text({**running, "standby_ready": None}) == "b" * 12
     for ended in ("done", "failed", "cancelled"):
         assert standby_note({**running, "state": ended, "standby_ready": True, "standby_step": 40}) == ""
     assert standby_note({**running, "standby": ""}) == "" and standby_text({**running, "standby": ""}) == "-"
@@ -68,8 +70,21 @@ def test_the_leader_says_ready_once_its_standby_confirmed_a_commit(tmp_path: Pat
     # a new standby starts over: the old one's word is not its own
     job.core.standby = SLOWER
     assert job.standby_step() is None and not job.standby_ready()
-    # a device that leads no more answers nothing of it
+    # a device that leads no more answers nothing of it, and is not told: its views say nothing of the standby
     job.core.standby = SLOW
     assert _held(job, SLOW, 60) == JobAck(True)
     job.core.leader = SLOW
     assert _held(job, SLOW, 60) == JobAck(False, "not the leader of that job")
+    assert job.standby_ready() is None and job.standby_step() is None
+    assert "standby  bbbbbbbbbbbb\n" in render_job({**job.summary(full=True), "state": "running"}) + "\n"
+
+
+def test_the_standby_says_what_it_holds_itself(tmp_path: Path) -> None:
+    job = planned_job(tmp_path, SLOW)  # the standby's own record
+    job.core.standby = SLOW
+    assert job.standby_ready() is False and job.standby_step() is None, "no copies yet: syncing"
+    job.standby_data = cast(Any, object())  # (its checked copy of the data)
+    job.core.committed_step = 40
+    assert job.standby_ready() is True and job.standby_step() == 40
+    job.core.standby = SLOWER  # a later plan named another: this device is not told of that one
+    assert job.standby_ready() is None and job.standby_step() is None

@@ -445,13 +445,16 @@ class Job:
         mine = self.standby == self.core.me and self.standby_data is not None and self.committed_step > 0
         return self.committed_step if mine else None
 
-    def standby_ready(self) -> bool:
+    def standby_ready(self) -> bool | None:
         """Whether the job's standby could lead: on the leader, once the standby confirmed a committed checkpoint
         (issue 31: the leader's own view said "syncing" for good, and after a take-over its old standby copy
-        spoke for the new standby); elsewhere, whether this device holds its checked standby copies."""
+        spoke for the new standby); on the standby, whether it holds its checked copies; None on any other device
+        (it is not told: its views say nothing of it rather than "syncing")."""
         if self.leader == self.core.me:
             return self.standby_step() is not None
-        return self.standby_data is not None
+        if self.standby == self.core.me:
+            return self.standby_data is not None
+        return None
 
     def spares(self) -> list[str]:
         """The members the leader's plan leaves out (the step is predicted faster without them): unpaid, they

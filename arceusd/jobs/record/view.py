@@ -62,10 +62,12 @@ def standby_note(j: dict[str, Any]) -> str:
     """What every view writes after the standby's id (``j``: ``status JOB --json``): ``ready at step S`` once
     the standby holds committed checkpoint ``S`` (on the leader: the standby confirmed it, ``standby_step``),
     ``ready`` when it holds its checked copies and no step is known, ``syncing`` before; nothing without a
-    standby or once the job ended (issue 31: the leader's views said "syncing" for good, even after the end)."""
-    if not j.get("standby") or j.get("state") in ENDED:
+    standby, once the job ended, or on a device that is not told (``standby_ready`` None: neither the leader nor
+    the standby) (issue 31: the leader's views said "syncing" for good, even after the end)."""
+    ready = j.get("standby_ready")
+    if not j.get("standby") or j.get("state") in ENDED or ready is None:
         return ""
-    if j.get("standby_ready") is not True:
+    if ready is not True:
         return "syncing"
     step = j.get("standby_step")
     return f"ready at step {step}" if isinstance(step, int) and not isinstance(step, bool) else "ready"
