@@ -266,3 +266,27 @@ def test_an_offer_of_8_tib_does_not_make_a_member_the_standby() -> None:
     assert choose_standby(job, PEERS[0]) == PEERS[1]
     job.leading.speed.measured = {PEERS[1]: (0.1, 0.1), PEERS[2]: (0.1, 0.1)}
     assert choose_standby(job, PEERS[0]) == PEERS[1]
+
+
+def test_shapes_computed_for_a_plan_a_replica_drop_replaced_are_not_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replica drop (or rebuild) changes the plan in the same epoch and clears the shapes; the shapes a child was
+    computing for the plan before it must not be kept for the new one (they named the dropped replica's devices,
+    and the next commit excluded every device left as "holding no place in the plan")."""
+    from arceusd.jobs.procs import filework
+
+    job = fake_job()
+    before = job.plan
+    after = cast(Any, SimpleNamespace(stages=()))
+
+    async def shapes_of(_spec: bytes, plan_data: object) -> tuple[dict[str, Any], dict[str, float]]:
+        if plan_data is before:  # the drop lands while the child computes the old plan's shapes
+            job.plan, job.leading.checks.shard_shapes = after, {}
+            return {PEERS[0]: {}}, {}
+        return {PEERS[1]: {}}, {}
+
+    monkeypatch.setattr(shard_checks, "encode_start", lambda _inputs, plan: (None, plan))
+    monkeypatch.setattr(filework, "plan_shapes", shapes_of)
+    assert trio.run(shard_checks.plan_shapes, job) == {PEERS[0]: {}}, "the caller gets what it asked for"
+    assert job.leading.checks.shard_shapes == {}, "the old plan's shapes are not kept for the new plan"
+    assert trio.run(shard_checks.plan_shapes, job) == {PEERS[1]: {}}
+    assert job.leading.checks.shard_shapes == {job.epoch: {PEERS[1]: {}}}, "the new plan's are"

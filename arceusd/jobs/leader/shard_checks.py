@@ -160,7 +160,7 @@ async def plan_shapes(job: Job) -> dict[str, dict[str, tuple[int, ...]]]:
             _, plan_data = encode_start(inputs, plan)
             shapes, initial = await filework.plan_shapes(job.spec_bytes, plan_data)
             job.leading.checks.initial_magnitudes = initial  # the job's initial values: the same for every plan
-            if job.epoch == epoch:
+            if job.epoch == epoch and job.plan is plan:  # (a replica dropped or rebuilt meanwhile: not its shapes)
                 job.leading.checks.shard_shapes = {epoch: shapes}  # only the current plan's
         return shapes
 
