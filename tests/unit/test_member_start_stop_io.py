@@ -18,9 +18,11 @@ from typing import Any, cast
 
 import pytest
 import trio
+import trio.testing
 
 from arceusd.jobs.core import Role, events
 from arceusd.jobs.member import local_worker
+from arceusd.jobs.member.joins_in_flight import JoinsInFlight
 from arceusd.jobs.member.local_worker import LocalWorker, LocalWorkerPorts
 from arceusd.jobs.plans.planning import encode_job_start, make_job_plan
 from arceusd.jobs.procs import supervisor
@@ -98,22 +100,26 @@ class GatedStarts:
         return self.children[-1]
 
 
-def member_job(tmp_path: Path) -> tuple[Job, JobStart]:
-    """The MNIST example over the leader and this device, equally fast: the plan gives this device a stage."""
+def member_job(tmp_path: Path, joined: bool = True) -> tuple[Job, JobStart]:
+    """The MNIST example over the leader and this device, equally fast: the plan gives this device a stage
+    (``joined``: this device has joined it)."""
     spec = load_spec(EXAMPLES / "mnist-mlp.toml")
     offers = [offer(LEADER, 1e9), replace(offer(ME, 1e9), address="127.0.0.1:9")]
     inputs, rp = make_job_plan(spec, offers, {}, None, leader=LEADER)
     assert ME in rp.peer_ids, rp.peer_ids
     spec_bytes = json.dumps(to_dict(spec), sort_keys=True).encode()
     job = Job.announced(JOB_ID, spec, spec_bytes, "h", LEADER, "", ME, tmp_path)
-    job.core.handle(events.Joined(), 0.0)
-    assert job.core.role == Role.MEMBER
+    if joined:
+        job.core.handle(events.Joined(), 0.0)
+        assert job.core.role == Role.MEMBER
     job.offers = {o.peer_id: o for o in offers}
     inputs_data, plan_data = encode_job_start(spec, inputs, rp)
     return job, JobStart(JOB_ID, 1, 2, spec_bytes, plan_data, inputs_data, members=(LEADER, ME))
 
 
-def member_parts(job: Job, tmp_path: Path, spawn: Any) -> tuple[LocalWorker, Driver]:
+def member_parts(
+    job: Job, tmp_path: Path, spawn: Any, joins: JoinsInFlight | None = None
+) -> tuple[LocalWorker, Driver]:
     fakes = port_fakes(job.offers[ME])
 
     async def commanded(_header: Header, _job_id: str) -> Job:
@@ -149,6 +155,7 @@ def member_parts(job: Job, tmp_path: Path, spawn: Any) -> tuple[LocalWorker, Dri
         config=cast(Any, SimpleNamespace(listen_host="127.0.0.1", worker_threads=1, worker_cpus=())),
         take=cast(Any, None),
         on_step=lambda _job: None,
+        joins=joins or JoinsInFlight(),
     )
     return LocalWorker(worker_ports), driver
 
@@ -213,6 +220,54 @@ def test_an_undisturbed_member_start_is_accepted_and_its_worker_takes_the_go(
 
     trio.run(main)
     assert [json.loads(s)["cmd"] for s in sent] == ["start"]
+
+
+def test_a_start_that_overtakes_the_answer_to_this_devices_join_waits_for_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The leader accepted the join and started at once; the start is taken before the join task has fed the
+    answer to the core: it waits for the join to settle and is accepted (it was refused, "this device has not
+    joined the job", and the leader repartitioned). With no join in flight, a device that never joined is refused
+    at once."""
+    starts = GatedStarts("none")
+    monkeypatch.setattr(supervisor, "warm_starts", lambda: starts)
+    monkeypatch.setattr(local_worker, "warm_starts", lambda: starts)
+    job, start = member_job(tmp_path, joined=False)
+    header = cast(Header, SimpleNamespace(sender=LEADER, term=1, epoch=2))
+    joins = JoinsInFlight()
+    replies: list[Any] = []
+
+    async def main() -> None:
+        with trio.fail_after(LIMIT_S):
+            async with trio.open_nursery() as nursery:
+                worker, driver = member_parts(job, tmp_path, nursery.start_soon, joins)
+                refused = await worker.on_start(header, start)  # no join asked: refused at once
+                assert not refused.accepted and "has not joined" in refused.reason, refused
+                answered = trio.Event()
+
+                async def join() -> None:  # the join task: asks, then (after the start arrived) feeds the answer
+                    with joins.asking(JOB_ID):
+                        await answered.wait()
+                        driver.feed(job, events.Joined())
+
+                async def take_start() -> None:
+                    replies.append(await worker.on_start(header, start))
+
+                nursery.start_soon(join)
+                await trio.testing.wait_all_tasks_blocked()
+                nursery.start_soon(take_start)
+                await trio.testing.wait_all_tasks_blocked()
+                assert not replies, "the start was judged before the join settled"
+                answered.set()
+                while not replies:  # bounded by fail_after
+                    await trio.sleep(0.01)
+                for child in starts.children:
+                    child.kill()
+
+    trio.run(main)
+    (reply,) = replies
+    assert reply.accepted, reply
+    assert job.core.role == Role.MEMBER
 
 
 async def _record(sent: list[bytes], data: bytes) -> None:

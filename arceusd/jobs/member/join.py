@@ -22,6 +22,7 @@ import trio
 from arceusd.base.control import RequestError
 from arceusd.jobs.common.ports import Feed, JoinResult, OwnOffer, Spawn
 from arceusd.jobs.core import JobState, Role, events
+from arceusd.jobs.member.joins_in_flight import JoinsInFlight
 from arceusd.jobs.procs.warm_starts import warm_starts
 from arceusd.jobs.record.job import TERMINAL, Job
 from arceusd.jobs.spec.schema import JobSpecError, spec_from_dict, spec_hash
@@ -59,6 +60,8 @@ class JoinerPorts:
     """The peer network (joins asked for; who is a member, at which address)."""
     may_auto_join: Callable[[Job], Awaitable[bool]]
     """This device's lending policy on an announced job (``arceusd.market.hooks``)."""
+    joins: JoinsInFlight
+    """This device's joins not yet settled (a start that overtakes a join's answer waits for it)."""
 
 
 class Joiner:
@@ -168,11 +171,13 @@ class Joiner:
             job.leader_address = member.address
             if job.leader == job.owner:
                 job.owner_address = member.address
-        reply = await self.request_join(job, job.leader, job.leader_address)
-        if reply is None:
-            raise RequestError(f"the job's leader {job.leader[:12]} did not answer")
+        with self.ports.joins.asking(job.job_id):  # a start that overtakes the answer waits for it (JoinsInFlight)
+            reply = await self.request_join(job, job.leader, job.leader_address)
+            if reply is None:
+                raise RequestError(f"the job's leader {job.leader[:12]} did not answer")
+            if reply.accepted:
+                self.ports.feed(job, events.Joined())
         if reply.accepted:
-            self.ports.feed(job, events.Joined())
             self.ports.spawn(warm_starts().warm_up, job.spec.model)  # torch imported before any start (issue 33)
         return JoinResult(job_id=job.job_id, accepted=reply.accepted, reason=reply.reason, retry=reply.retry)
 

@@ -27,6 +27,7 @@ from arceusd.jobs.common.transfers import job_weights, leader_data
 from arceusd.jobs.core import Role, Stamp, actions, events
 from arceusd.jobs.judging import claims
 from arceusd.jobs.member import reports
+from arceusd.jobs.member.joins_in_flight import JoinsInFlight
 from arceusd.jobs.plans.grow_start import GrowStart
 from arceusd.jobs.plans.initial_weights import Place, needs_weights, place_of, worker_spec_weights
 from arceusd.jobs.plans.planning import (
@@ -91,6 +92,8 @@ class LocalWorkerPorts:
     """The leader's side of a report, for this device's own when it leads (``ReportIntake.take``)."""
     on_step: Callable[[Job], None]
     """A step of this device's worker ran: the leader's speed checks (``SpeedChecks.on_step``) look at it."""
+    joins: JoinsInFlight
+    """This device's joins not yet settled: a start for a job whose join is in flight waits for it."""
 
 
 class LocalWorker:
@@ -109,6 +112,8 @@ class LocalWorker:
         why = await self.ports.check_leader(header, job)
         if why is not None:
             return JobStartReply(msg.job_id, False, why.reason, follows=why.follows)
+        if job.role not in (Role.MEMBER, Role.OWNER) and self.ports.joins.pending(job.job_id):
+            await self.ports.joins.settled(job.job_id)  # the leader's start overtook the answer to our join
         if job.role not in (Role.MEMBER, Role.OWNER):
             return JobStartReply(msg.job_id, False, "this device has not joined the job")
         if msg.spec != job.spec_bytes:

@@ -67,6 +67,7 @@ from arceusd.jobs.leader.speed_checks import SpeedCheckPorts, SpeedChecks
 from arceusd.jobs.leader.standby_sync import StandbySyncing, StandbySyncingPorts
 from arceusd.jobs.leader.starting import Starting, StartingPorts
 from arceusd.jobs.member.join import Joiner, JoinerPorts
+from arceusd.jobs.member.joins_in_flight import JoinsInFlight
 from arceusd.jobs.member.link_echo import on_link_echo
 from arceusd.jobs.member.local_worker import LocalWorker, LocalWorkerPorts, worker_device
 from arceusd.jobs.member.replica_changes import ReplicaChanges, ReplicaChangesPorts
@@ -132,6 +133,7 @@ class JobManager(JobContext):
         super().__init__(node, peers)
         self.life = self
         me = node.identity.peer_id
+        self.joins = JoinsInFlight()  # this device's joins not yet settled: a start that overtakes one waits
         self._leader_running(node)  # what a running job's members (this device's own worker too) report to
         self._member_side(node)  # this device as a member (its worker's reports and steps go to the parts above)
         self._leader_forming(node)  # joins, plan and start, a rebuild (they call the member's side: this device's)
@@ -230,6 +232,7 @@ class JobManager(JobContext):
                 node.config,
                 self.intake.take,
                 self.speed.on_step,
+                self.joins,
             )
         )
         self.answers = SpeedAnswers(
@@ -261,6 +264,7 @@ class JobManager(JobContext):
                 self.offer,
                 peers,
                 partial(hooks.may_auto_join, node),
+                self.joins,
             )
         )
 
