@@ -78,9 +78,11 @@ def test_an_owner_that_does_not_pay_is_left_by_every_honest_member_each_saying_w
 ) -> None:
     """The members' policy gives receipts 15 s (``receipt_grace_s``; the default minute would need a long job):
     each member leaves once its third checkpoint is unpaid that long, having worked at most that much past it."""
-    interval, limit, nap, grace = 20, Policy().unpaid_checkpoints, 0.5, 15.0
-    spec = write_spec(tmp_path, steps=120, interval=interval)  # the members leave near step 90 (checkpoint 60 + 15 s)
-    s = MarketSwarm(tmp_path / "swarm", attack, nap=nap)  # a checkpoint every 10 s or so
+    interval, limit, nap, grace = 15, Policy().unpaid_checkpoints, 0.5, 15.0
+    # the members leave after the fourth unpaid checkpoint (step 60) and its grace (15 s, 30 steps): near step 90-100
+    # of 120 (with a checkpoint every 20 steps they left near 110: at step 108 in one run, a thin margin)
+    spec = write_spec(tmp_path, steps=120, interval=interval)
+    s = MarketSwarm(tmp_path / "swarm", attack, nap=nap)  # a checkpoint every 7.5 s or so
     try:
         for i in (1, 2):
             s.state_dir(i).mkdir(parents=True, exist_ok=True)
