@@ -19,7 +19,7 @@
 set -u
 cd "$(dirname "$0")/.."
 PYTEST_TIMEOUT=${PYTEST_TIMEOUT:-190}
-BENCH_TIMEOUT=${BENCH_TIMEOUT:-190}
+BENCH_TIMEOUT=${BENCH_TIMEOUT:-240}
 BENCH_ARGS=${BENCH_ARGS:---device cuda}
 OUT=${OUT:-}
 if [ -n "$OUT" ]; then
