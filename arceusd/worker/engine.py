@@ -6,9 +6,11 @@ each micro-batch's loss is ``loss_sum / targets.numel()`` so the accumulated gra
 gradient. Then the action list from ``schedule.py`` runs; ``OptimizerStep`` all-reduces the squared gradient
 norm (if ``max_grad_norm`` is set) together with the loss in one ``allreduce_scalars`` exchange (so every
 stage reports the loss, and no stage waits for another's optimizer step), clips globally, and steps the
-optimizer with the step's learning rate.
+optimizer with the step's learning rate. The job's only worker (``solo``: one stage, no tensor-parallel group, no
+replicas) has no one to exchange with: its norm, clipping and loss stay on the device, and ``launch_step`` returns
+before they are read back (``pending_step.py``), so its caller can queue the next step first.
 
-Blocking and single-threaded: a trio worker runs ``run_step`` in a thread (``trio.to_thread.run_sync``) and
+Blocking and single-threaded: a trio worker runs ``launch_step`` in a thread (``trio.to_thread.run_sync``) and
 implements ``Links`` with ``trio.from_thread.run``. Tensor-parallel ranks of a stage run identical action
 lists; only rank 0 sends. Optional: bf16 autocast for the forward, a ``Compression`` codec pair applied to
 every sent tensor (encode before ``send_*``, decode after ``recv_*``), and the torch device (``"cpu"``,
@@ -162,9 +164,9 @@ class StageEngine:
         return self.launch_step(inputs, targets).result()
 
     def launch_step(self, inputs: torch.Tensor | None = None, targets: torch.Tensor | None = None) -> PendingStep:
-        """:meth:`run_step` that returns once the step is queued on the device: a :attr:`solo` worker on a GPU
-        reads its loss and gradient norm when it asks for :meth:`PendingStep.result` (after queueing the next
-        step, say); every other worker's result is read already (its scalars crossed a link)."""
+        """:meth:`run_step` that returns once the step is queued on the device: a :attr:`solo` worker's loss and
+        gradient norm are read when it asks for :meth:`PendingStep.result` (after queueing the next step, say);
+        every other worker's result is read already (its scalars crossed a link)."""
         m = self.config.num_micro_batches
         if self.is_first != (inputs is not None):
             raise ValueError(f"stage {self.config.stage}: inputs go to the first stage and only there")

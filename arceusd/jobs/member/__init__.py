@@ -5,6 +5,8 @@ replica change) is in :mod:`arceusd.jobs.common`.
 
 - :mod:`~arceusd.jobs.member.join`: an announcement taken, a join asked for by hand or automatically (the leader's
   answer: :mod:`arceusd.jobs.leader.joining`);
+- :mod:`~arceusd.jobs.member.joins_in_flight`: the joins asked for and not yet settled (a start that overtakes the
+  answer to one waits for it);
 - :mod:`~arceusd.jobs.member.local_worker`: this device's stage worker started on the leader's command, let go,
   followed, its events reported (the leader takes them in :mod:`arceusd.jobs.leader.report_intake`);
 - :mod:`~arceusd.jobs.member.reports`: a worker's event as the typed ``JobReport`` the leader takes, made once on

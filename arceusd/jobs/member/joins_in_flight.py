@@ -36,9 +36,6 @@ class JoinsInFlight:
             if self._settled.get(job_id) is settled:
                 del self._settled[job_id]
 
-    def pending(self, job_id: str) -> bool:
-        return job_id in self._settled
-
     async def settled(self, job_id: str, timeout_s: float = SETTLE_WAIT_S) -> None:
         """Wait until this device's join of ``job_id`` settled, at most ``timeout_s``; at once if none is in
         flight."""

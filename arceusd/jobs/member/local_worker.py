@@ -112,8 +112,8 @@ class LocalWorker:
         why = await self.ports.check_leader(header, job)
         if why is not None:
             return JobStartReply(msg.job_id, False, why.reason, follows=why.follows)
-        if job.role not in (Role.MEMBER, Role.OWNER) and self.ports.joins.pending(job.job_id):
-            await self.ports.joins.settled(job.job_id)  # the leader's start overtook the answer to our join
+        if job.role not in (Role.MEMBER, Role.OWNER):
+            await self.ports.joins.settled(job.job_id)  # the leader's start overtook the answer to our join, if any
         if job.role not in (Role.MEMBER, Role.OWNER):
             return JobStartReply(msg.job_id, False, "this device has not joined the job")
         if msg.spec != job.spec_bytes:
