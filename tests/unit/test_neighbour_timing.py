@@ -24,6 +24,11 @@ from tests.unit.test_engine import CASES, GPT, OPTIMIZERS, Case, _batches, build
 SLEEP_S = 0.05
 """Added to every forward of the slow stage's micro-batches (4 a step)."""
 
+GROUP_SLEEP_S = 0.15
+"""Added to every forward of the slow tensor-parallel rank's micro-batches (3 a step). Larger than ``SLEEP_S``:
+five engine threads share 2 cores, so the slow rank itself waits at some of its group's collectives for a partner
+the scheduler set aside (40 ms a step seen in CI, above a quarter of 3 x 50 ms); the delay must dwarf that noise."""
+
 
 def _waits(**seconds: Any) -> JobReport:
     """A checkpoint report carrying only these waits."""
@@ -106,12 +111,12 @@ def test_the_ranks_of_a_group_wait_for_its_slow_rank_and_it_waits_for_none() -> 
     )
     opt = OPTIMIZERS["sgd"]
     engines = build_engines(case, ScheduleKind.GPIPE, opt, LRSchedule(max_lr=opt.lr), None, group_timers=True)
-    engines[1][1].module.register_forward_pre_hook(lambda _m, _a: time.sleep(SLEEP_S))
+    engines[1][1].module.register_forward_pre_hook(lambda _m, _a: time.sleep(GROUP_SLEEP_S))
     batches = _batches(GPT, case.batch) * 2
     runs = run_all(engines, batches)
     steps = range(1, len(batches))
     group_wait = {r: median([runs[(1, r)][i][0].group_wait_s for i in steps]) for r in range(3)}
-    slow = SLEEP_S * case.micro_batches
+    slow = GROUP_SLEEP_S * case.micro_batches
     assert group_wait[0] > 0.5 * slow and group_wait[2] > 0.5 * slow, group_wait  # waiting for rank 1
     assert group_wait[1] < 0.25 * slow, group_wait  # rank 1 waits for nobody
     assert all(runs[(0, 0)][i][0].group_wait_s == 0.0 for i in steps)  # no group, nothing counted
