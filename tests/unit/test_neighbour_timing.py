@@ -21,13 +21,14 @@ from arceusd.worker.tensor_parallel import TPSplit
 from protocol.job_wire import JobReport, ReportKind
 from tests.unit.test_engine import CASES, GPT, OPTIMIZERS, Case, _batches, build_engines
 
-SLEEP_S = 0.05
-"""Added to every forward of the slow stage's micro-batches (4 a step)."""
+SLEEP_S = 0.1
+"""Added to every forward of the slow stage's micro-batches (4 a step): large beside the scheduling noise of
+threads on 2 cores, which the "waits on neither" bound (a quarter of the delay) must hold."""
 
 GROUP_SLEEP_S = 0.15
-"""Added to every forward of the slow tensor-parallel rank's micro-batches (3 a step). Larger than ``SLEEP_S``:
-five engine threads share 2 cores, so the slow rank itself waits at some of its group's collectives for a partner
-the scheduler set aside (40 ms a step seen in CI, above a quarter of 3 x 50 ms); the delay must dwarf that noise."""
+"""Added to every forward of the slow tensor-parallel rank's micro-batches (3 a step). Five
+engine threads share 2 cores, so the slow rank itself waits at some of its group's collectives for a partner the
+scheduler set aside (40 ms a step seen in CI, above a quarter of 3 x 50 ms); the delay must dwarf that noise."""
 
 
 def _waits(**seconds: Any) -> JobReport:
