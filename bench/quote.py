@@ -42,8 +42,9 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 GOAL = 0.25
 SETTLE_S = 30.0
-"""Seconds the bench lets the daemons settle before the first job: a daemon warms its worker server (torch
-imported once) after it starts; a job submitted at once pays that import (about 20 s here) on top of the quote."""
+"""Seconds the bench lets the daemons settle before the first job (their own start-up work done). A daemon's fork
+server, which imports torch once for every worker, starts with its first job: the first-* jobs pay that import (3 s
+on a quiet 2-core machine), which the daemon measures and a later job's quote leaves out."""
 
 
 @dataclass(frozen=True)
@@ -260,7 +261,7 @@ def main() -> None:
     try:
         swarm.start(timeout=120.0)
         swarm.wait_converged(60.0)
-        time.sleep(SETTLE_S)  # a daemon that has run a while: its worker server has imported torch
+        time.sleep(SETTLE_S)  # daemons that have run a while
         for case in ([] if args.no_warmup else list(WARMUPS)) + cases:
             results.append(run_case(swarm, case, root))
             print(f"{case.name}: {results[-1]}", file=sys.stderr, flush=True)

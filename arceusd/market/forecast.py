@@ -18,8 +18,9 @@ step time, and the job's wall time is
   ``end``: the last commit to ``done`` (the last evaluation, the model gathered and exported): what this daemon
   measured its own past jobs to take. Until it has measured them, the figures of an
   idle 16-core machine, said to be assumed: :data:`START_S` (2.9-3.8 s measured there; 0.3-3.3 s on a 2-core
-  machine), :data:`FIRST_JOB_S` more on a daemon's first job since it started (its first election waits out a
-  timeout; 7.7-10.0 s in all there) and :data:`END_BY_MODEL`.
+  machine), :data:`FIRST_JOB_S` more on a daemon's first job since it started (its first worker waits for the
+  daemon's fork server, started with that job, to import torch; 7.7-10.0 s in all there, 3 s of it on a quiet 2-core
+  machine) and :data:`END_BY_MODEL`.
 - ``checkpoint`` and ``eval``: what a checkpoint or an evaluation adds, per point that holds one, as this daemon
   measured it for jobs of the model with a like predicted step; until then priced: :data:`CHECKPOINT_S` per
   commit (every ``checkpoint.interval_steps`` and the last step: the shards written, reported and the manifest
@@ -71,7 +72,8 @@ from partitioner import Link, ReplicaPlan
 START_S = 3.0
 """Submit to the first step on a daemon that has run a job before (``bench/quote.py``: 2.9-3.8 s)."""
 FIRST_JOB_S = 4.5
-"""What a daemon's first job since it started pays more to its first step (``bench/quote.py``: 7.7-10.0 s in all)."""
+"""What a daemon's first job since it started pays more to its first step, until the daemon measured it: its worker
+waits for the fork server, started with the job, to import torch (``bench/quote.py``: 7.7-10.0 s in all)."""
 UNBILLED_START_S = 2.0
 """Of the start, the part before the leader starts its book (the joins, the election): not billed."""
 END_S = 2.0

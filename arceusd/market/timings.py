@@ -9,7 +9,8 @@ fitted on one machine is wrong on another, so each daemon keeps what its own job
 :mod:`arceusd.market.forecast`) takes each term from there:
 
 - start: the median of the daemon's past jobs of the same kind (a first job since the daemon started, or a later
-  one; a later job with only first jobs measured takes theirs less an assumed first job's wait) of the same model
+  one; a later job with only first jobs measured takes theirs less what their worker waited for the fork server
+  to import torch, measured, else an assumed wait) of the same model
   on as many devices, else on as many devices (each starts a worker, builds its part of the model and measures
   its links: on a 2-core machine 0.3 s for the MNIST MLP and 1.5-2.8 s for a char-GPT on one device, 1.9-3.3 s on
   two), the range from the fastest to the slowest of them;
@@ -89,6 +90,9 @@ class JobTiming:
     peers: tuple[tuple[str, float, float], ...] = ()
     """The job's other members as its plan took them: (peer id, FLOP/s, block efficiency), each member's offered
     speed divided by what the leader measured it to run slower (``claims.discounted``): a quote's peers."""
+    server_wait_s: float = 0.0
+    """Of ``start_s``, what its first worker waited for this daemon's fork server to import torch (a daemon's
+    first job: the server starts with it; ``arceusd.jobs.procs.warm_starts``): a later job does not pay it."""
 
 
 @dataclass(frozen=True)
@@ -175,19 +179,32 @@ def start_term(
     """The start of a ``model`` job on ``devices`` (``first_job``: the daemon's first since it started) from
     ``records`` (of that model on as many devices where there are some, else on as many devices: each starts a
     worker, builds its part of the model and measures its links); else ``assumed_s`` (+ ``assumed_first_s`` on a
-    first job)."""
+    first job). A daemon's first job waits for its fork server to import torch (the server starts with the first
+    job: :attr:`JobTiming.server_wait_s`, 3.0 s on a quiet 2-core machine, 6 s beside other work); a later job
+    does not, so its start is a first job's less that wait where it was measured."""
+    waits = [r.server_wait_s for r in records if r.first and r.server_wait_s > 0]  # (any model: torch's import)
     same = [r for r in records if r.devices == devices]
     records = [r for r in same if r.model == model] or same or records
     firsts = [r.start_s for r in records if r.first]
     laters = [r.start_s for r in records if not r.first]
     if first_job and firsts:
         return _term(firsts, "first jobs' start (submit to the first step, and its warm-up)")
-    if first_job and laters:  # a first job waits out an election timeout more, at most
-        t = _term(laters, "jobs' start, plus an assumed first job's wait")
-        return Term(t.value + assumed_first_s, t.low, t.high + assumed_first_s, t.measured, t.source)
+    if first_job and laters:  # a first job waits for the fork server's import of torch more
+        if waits:
+            wait = statistics.median(waits)
+            t = _term(laters, f"jobs' start, plus the {wait:.1f} s a first job's worker waited for torch's import")
+        else:
+            wait = assumed_first_s
+            t = _term(laters, "jobs' start, plus an assumed first job's wait for torch's import")
+        return Term(t.value + wait, t.low, t.high + wait, t.measured, t.source)
     if laters:
         return _term(laters, "jobs' start (submit to the first step, and its warm-up)")
     floor = assumed_s * ASSUMED_LOW
+    measured_waits = [r.start_s - r.server_wait_s for r in records if r.first and r.server_wait_s > 0]
+    if measured_waits:  # a later job starts without the first job's wait for the fork server, measured
+        return _term(
+            measured_waits, "first jobs' start less what their worker waited for torch's import (a later job's)"
+        )
     if firsts:  # a later job starts faster, by the first job's wait, which the first alone does not say
         t = _term(
             firsts,
@@ -198,7 +215,7 @@ def start_term(
         return Term(value, min(value, floor), max(t.high, value), t.measured, t.source)
     why = "this daemon has finished no job yet (measured on an idle 16-core machine)"
     if first_job:
-        return _assumed(assumed_s + assumed_first_s, f"{why}; its first job waits out an election timeout")
+        return _assumed(assumed_s + assumed_first_s, f"{why}; its first job waits for the fork server to import torch")
     return _assumed(assumed_s, why)
 
 
@@ -338,6 +355,7 @@ def read_timings(state_dir: Path) -> list[JobTiming]:
                 float(r.get("pause_s", -1.0)),
                 min(max(float(r.get("load", 0.0)), 0.0), MAX_LOAD),
                 _peers(r.get("peers")),
+                min(max(float(r.get("server_wait_s", 0.0)), 0.0), float(r["start_s"])),
             )
             for r in raw
         ]

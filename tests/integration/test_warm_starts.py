@@ -100,13 +100,19 @@ def test_a_program_whose_server_died_ends_without_waiting_for_its_exit_code(tmp_
 
 def test_the_first_program_starts_the_server_and_is_forked_once_it_imported() -> None:
     """No import paid twice: the first program waits for the server's import (at the daemon's priority) instead
-    of importing torch itself beside it."""
+    of importing torch itself beside it. How long it waited is measured (a daemon's first job pays it to start:
+    the quote's start, ``arceusd.market.timings``); a later program does not wait and does not change it."""
 
     async def main() -> None:
         starts = WarmStarts()
-        assert starts.server_pid is None
+        assert starts.server_pid is None and starts.import_wait_s == 0.0
+        began = trio.current_time()
         code, _, _ = await starts.run("arceusd.jobs.procs.filework", ["nope"], b"")
         assert code == 1 and starts.cold == 0 and starts.warm == 1 and starts.server_pid is not None
+        waited = starts.import_wait_s
+        assert 0.2 < waited <= trio.current_time() - began, waited  # torch's import: seconds, not a fork's ms
+        await starts.run("arceusd.jobs.procs.filework", ["nope"], b"")
+        assert starts.import_wait_s == waited and starts.warm == 2
         await starts.close()
 
     trio.run(main)

@@ -153,6 +153,11 @@ class WarmStarts:
         self._early: dict[int, int] = {}
         self._preloaded: set[str] = set()
         self._failed_at = -math.inf
+        self._forked = False  # the running server has answered an order (its import was done)
+        self.import_wait_s = 0.0
+        """How long the first order to the newest server waited for its answer: the rest of its import of torch,
+        which a daemon's first job pays to start (0: none measured). The quote's start counts it
+        (``arceusd.market.timings``: a later job does not pay it)."""
 
     @property
     def server_pid(self) -> int | None:
@@ -180,7 +185,7 @@ class WarmStarts:
         finally:
             theirs.close()
         self._sock = trio.socket.from_stdlib_socket(ours)
-        self._preloaded = set()
+        self._preloaded, self._forked = set(), False
         self._send_reply, self._replies = _reply_channel()  # nothing an earlier server said reaches this one's orders
         trio.lowlevel.spawn_system_task(self._read, self._sock, self._send_reply)
         return True
@@ -279,8 +284,11 @@ class WarmStarts:
                     return None
                 fds = array.array("i", [stdin_r, stdout_w, err])
                 await sock.sendmsg([order], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds.tobytes())])
+                sent = trio.current_time()
                 with trio.move_on_after(ORDER_TIMEOUT_S):
                     reply = await self._replies.receive()
+                if reply is not None and not self._forked:
+                    self._forked, self.import_wait_s = True, round(trio.current_time() - sent, 3)
                 if reply is None:
                     await self._broken(f"it did not fork within {ORDER_TIMEOUT_S:.0f} s")
         except OSError as exc:

@@ -123,7 +123,7 @@ class ControlMethods:
             self.ports.addresses.get("peer", ""),
             self.ports.root,
             min_members=min_members,
-            first_of_daemon=not self.ports.jobs,  # (its first election waits out a timeout: the quote's start)
+            first_of_daemon=not self.ports.jobs,  # (its first worker waits for torch's import: the quote's start)
             created=submitted,
         )
         job.directory.mkdir(parents=True, exist_ok=True)

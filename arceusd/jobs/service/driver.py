@@ -37,6 +37,7 @@ from arceusd.jobs.core import JobState, Role
 from arceusd.jobs.core import actions as a
 from arceusd.jobs.core import events as e
 from arceusd.jobs.procs import filework
+from arceusd.jobs.procs.warm_starts import warm_starts
 from arceusd.jobs.record.job import Job
 from arceusd.jobs.record.leader_record import Recovery
 from arceusd.market.timings import (
@@ -94,6 +95,7 @@ def job_timing(job: Job, now: float) -> JobTiming | None:
             for peer, o in sorted(job.members.items())
             if peer != job.core.me  # (a spare too: the plan left it out for its speed)
         ),
+        warm_starts().import_wait_s if job.first_of_daemon else 0.0,  # (the fork server started with it)
     )
 
 
