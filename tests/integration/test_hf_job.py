@@ -180,6 +180,7 @@ def test_a_tensor_parallel_member_receives_and_holds_only_its_shards_of_the_init
         assert end["state"] == "done", end
         owner = job_of(s, job_id)["owner"]
         dirs = [(s.state_dir(i), s.state_dir(i) / "jobs" / job_id) for i in range(s.size)]
+        counted = {s.state_dir(i): s.call(i, "status")["transfers"] for i in range(s.size)}  # (status --json)
     finally:
         s.close()
     table = digest_file(tmp_path / "init.safetensors", config)[1]
@@ -209,5 +210,6 @@ def test_a_tensor_parallel_member_receives_and_holds_only_its_shards_of_the_init
             assert line in (state / "arceusd.log").read_text(), line
             assert received == shards + sum(32 * e.chunks.count for e in layout if e.chunks is not None)
             assert shards < whole * 0.8 and received < whole, (shards, received, whole)
+            assert counted[state] == {"weights_received_bytes": received, "weights_refused": 0}, counted[state]
             ranks += 1
     assert ranks, "no member was a tensor-parallel rank fetching initial weights"

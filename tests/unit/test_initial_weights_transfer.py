@@ -173,3 +173,4 @@ def test_a_tensor_parallel_rank_receives_only_its_shards_and_refuses_a_tampered_
     assert "\n" not in line and line.endswith("; refused"), line
     assert line.startswith(f"the leader {LEADER[:12]} served chunk 0 of {layout[first].key} not matching the job's")
     assert member.weights_refused == 1 and member.weights_received == shards + digests
+    assert member.counters() == {"weights_received_bytes": shards + digests, "weights_refused": 1}  # (status)

@@ -101,6 +101,11 @@ class Transfers:
         self.weights_refused = 0
         """Initial-weight slices refused: a tensor, chunk or digest list that did not match the signed spec."""
 
+    def counters(self) -> dict[str, int]:
+        """What this device received and refused of its members' initial weights (``status --json``'s
+        ``transfers`` section)."""
+        return {"weights_received_bytes": self.weights_received, "weights_refused": self.weights_refused}
+
     def _leads(self, job: Job) -> bool:
         return job.leader == self.me
 

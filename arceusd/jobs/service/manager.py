@@ -370,6 +370,7 @@ class JobManager(JobContext):
         self.node.methods.update({name: gate(method) for name, method in self.control.methods().items()})
         self.node.sections["jobs"] = self.listing
         self.node.sections["announcements"] = self.joiner.announced.summary
+        self.node.sections["transfers"] = self.transfers.counters
         self.node.shutdown_hooks.append(self._stop_all_workers)
         try:
             async with trio.open_nursery() as nursery:
