@@ -24,6 +24,7 @@ from arceusd.base.identity import IdentityError, load_or_create_identity
 from arceusd.base.logs import open_private_log, tail
 from arceusd.base.paths import default_state_dir
 from arceusd.base.text_safety import safe_text, safe_tree
+from arceusd.cli.began import process_began
 from arceusd.cli.context import EXIT_NO_DAEMON, Context
 from arceusd.cli.demo import run_demo
 from arceusd.daemon import service
@@ -378,7 +379,7 @@ def _status_extras(result: dict[str, Any]) -> list[str]:
 @pass_ctx
 def submit(obj: Context, spec: Path, members: int, watch: bool, quote: bool, as_json: bool) -> None:
     """Submit the job SPEC (TOML or JSON): this device becomes its owner and announces it."""
-    asked_at = time.time()  # the job's start as its quote times it: from the command, not from the daemon's answer
+    asked_at = process_began()  # the job's start as its quote times it: from the command, its imports included
 
     try:
         parsed = load_spec(spec)  # the same checks the daemon makes, with the same messages, before anything is sent
