@@ -1,4 +1,6 @@
-"""Issue #19's soak: about two minutes of attacks interleaved against a 3-daemon training job.
+"""Issue #19's soak: attacks interleaved against a 3-daemon training job for :data:`SOAK_S` and until the job ended
+(75 s: each of the six attacks two or three times; measured 16 attacks, the job done after 31 s of them. It was
+120 s, 23 attacks, most of them after the job had ended).
 
 One member of the job is hostile (tests/adversarial/hostile_job.py: its shards hold NaN from checkpoint step 40
 on); meanwhile strangers attack the job's owner from their own processes, one after another in a loop
@@ -26,7 +28,7 @@ from tests.harness import ROOT, Daemon
 from tests.integration.test_recovery import assert_equals_failure_free, submit, write_spec
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
-SOAK_S = 120.0
+SOAK_S = 75.0
 
 
 def attacks(target: str, victim: str) -> list[list[str]]:
@@ -54,15 +56,16 @@ def test_two_minutes_of_interleaved_attacks_against_a_training_job(tmp_path: Pat
         with Watch(owner) as base_watch:
             time.sleep(1.5)
         ran: list[int] = []
+        ended: float | None = None
         with Watch(owner) as watch:
             job_id = submit(s, spec)
             began = time.monotonic()
             plan = attacks(target, s.call(1, "status")["peer_id"])
-            while time.monotonic() - began < SOAK_S or s.call(0, "job", {"job_id": job_id})["state"] not in (
-                "done",
-                "failed",
-                "cancelled",
-            ):
+            while True:
+                if ended is None and s.call(0, "job", {"job_id": job_id})["state"] in ("done", "failed", "cancelled"):
+                    ended = time.monotonic() - began
+                if ended is not None and time.monotonic() - began >= SOAK_S:
+                    break
                 assert time.monotonic() - began < 360, "the job did not end within 6 minutes under attack"
                 if time.monotonic() - began < SOAK_S:
                     cmd = plan[len(ran) % len(plan)]
@@ -70,6 +73,7 @@ def test_two_minutes_of_interleaved_attacks_against_a_training_job(tmp_path: Pat
                 else:
                     time.sleep(0.5)
         end = s.call(0, "job", {"job_id": job_id})
+        print(f"\nmeasured: {len(ran)} attacks in {SOAK_S:.0f} s; the job ended after {ended:.1f} s")
         assert len(ran) >= len(plan), f"only {len(ran)} attacks ran"
         # the 60 MiB calls alone vary from +0 to +211 MiB (test_transport_big_calls); 435 MiB peak measured
         assert_healthy(watch.report, base_watch.report, rss_extra_mib=800)
