@@ -4,7 +4,7 @@ For each configuration, measured in this run:
   1. profile every device with ``arceusd.device.profile.measure_device`` (the daemon's own 512x512 matmul benchmark)
      and ``measure_calibration`` (block efficiency, dispatch and optimizer cost, on the job's own model shape
      and micro-batch size) in a child process pinned to the thread count its worker will use, and measure the
-     link between workers (rtt, bandwidth, cost per message) with ``arceusd.device.profile.measure_link`` over the
+     link between workers (rtt, bandwidth, cost per message) with ``arceusd.device.link_probe.measure_link`` over the
      real authenticated transport (unary echo). The "devices"
      share this machine, so by default all devices' children measure at once from a common start (median of
      15 calls: what each gets while the others work); ``--isolated`` measures each alone (best of 5), as a
@@ -309,7 +309,7 @@ def link_child() -> None:
     import trio
 
     from arceusd.base.identity import Identity
-    from arceusd.device.profile import measure_link
+    from arceusd.device.link_probe import measure_link
     from arceusd.transport import Stream, open_transport
 
     async def echo(request: bytes) -> bytes:

@@ -19,7 +19,7 @@ from typing import Any
 import trio
 
 from arceusd import __version__
-from arceusd.base.control import serve_control
+from arceusd.base.control_server import serve_control
 from arceusd.base.failures import one_line
 from arceusd.base.fdlimit import raise_nofile
 from arceusd.base.identity import Identity, IdentityError, load_or_create_identity

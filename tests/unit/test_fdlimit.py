@@ -54,7 +54,8 @@ _CONTROL_AT_EMFILE = textwrap.dedent("""
     import os, resource, socket, sys, threading, time
     from pathlib import Path
     import trio
-    from arceusd.base.control import call, serve_control
+    from arceusd.base.control import call
+    from arceusd.base.control_server import serve_control
 
     async def status(_params):
         return "ok"

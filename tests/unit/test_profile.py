@@ -11,6 +11,7 @@ import pytest
 import trio
 import trio.testing
 
+from arceusd.device.link_probe import measure_link
 from arceusd.device.profile import (
     CACHE_VERSION,
     REFERENCE_MODEL,
@@ -23,7 +24,6 @@ from arceusd.device.profile import (
     load_or_measure,
     measure_calibration,
     measure_device,
-    measure_link,
     parse_meminfo_available,
     to_device_profile,
 )

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import trio
 
-from arceusd.device.profile import measure_link
+from arceusd.device.link_probe import measure_link
 from arceusd.jobs.common.ports import Feed, Spawn
 from arceusd.jobs.core import JobState, actions, events
 from arceusd.jobs.judging import claims
@@ -266,10 +266,10 @@ class Starting:
         return unacknowledged
 
     async def _measure_links(self, job: Job) -> dict[str, Link]:
-        """Leader: the link to each member, measured over the transport (``arceusd.device.profile.measure_link``: round
-        trip, bandwidth, per-message cost) one member at a time, reused for :data:`LINK_TTL_S`. A member that
-        does not echo in time keeps the defaults (round trip from membership, nominal bandwidth). The member's echo:
-        :mod:`arceusd.jobs.member.link_echo`."""
+        """Leader: the link to each member, measured over the transport
+        (``arceusd.device.link_probe.measure_link``: round trip, bandwidth, per-message cost) one member at a time,
+        reused for :data:`LINK_TTL_S`. A member that does not echo in time keeps the defaults (round trip from
+        membership, nominal bandwidth). The member's echo: :mod:`arceusd.jobs.member.link_echo`."""
         me, now = self.ports.me, time.monotonic()
         out: dict[str, Link] = {}
         for peer in sorted(job.members):

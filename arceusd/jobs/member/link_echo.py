@@ -1,6 +1,7 @@
 """A member's echo of the leader's link measurement (the leader measures each link before it plans,
-:meth:`arceusd.jobs.leader.starting.Starting._measure_links` over :func:`arceusd.device.profile.measure_link`): a peer
-in this device's membership view gets its payload back; anyone else is refused."""
+:meth:`arceusd.jobs.leader.starting.Starting._measure_links` over
+:func:`arceusd.device.link_probe.measure_link`): a peer in this device's membership view gets its payload back;
+anyone else is refused."""
 
 from __future__ import annotations
 

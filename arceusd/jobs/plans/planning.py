@@ -6,7 +6,7 @@ what it reported, and re-runs the partitioner (``partitioner.verify``): a member
 match byte for byte.
 
 Links: the leader measures its link to each member over the transport (round trip, bandwidth, per-message cost;
-``arceusd.device.profile.measure_link`` in the job manager) and estimates a link between two members from their links
+``arceusd.device.link_probe.measure_link`` in the job manager) and estimates a link between two members from their links
 to it (:func:`estimated_links`). Where nothing was measured, the round trip is the membership layer's and the
 bandwidth :data:`DEFAULT_BANDWIDTH`. Whatever was used is stated in the plan inputs, which everyone verifies.
 
