@@ -6,7 +6,10 @@ cheat:
 
 * ``none``: an honest owner (the baseline, through the same module);
 * ``withhold``: the owner leads and trains the job but never sends a receipt to a member (it keeps its own);
-* ``zero``: the owner sends every receipt priced at $0/h.
+* ``zero``: the owner sends every receipt priced at $0/h;
+* ``split``: both at once, in one job: the owner withholds the receipts of the members whose peer ids the file
+  ``ARCEUS_HOSTILE_ARG`` lists (one a line, read at each commit: the test writes it once it knows them) and sends
+  every other member's priced at $0/h.
 
 ``ARCEUS_HOSTILE_NAP`` (seconds, optional) makes its stage workers sleep before every step (``worker.step``
 failpoint), so the job's checkpoints come seconds apart, as a real model's do.
@@ -29,21 +32,38 @@ if str(ROOT) not in sys.path:
 
 from arceusd.cli.swarm import LocalSwarm  # noqa: E402
 
-ATTACKS = ("none", "withhold", "zero")
+ATTACKS = ("none", "withhold", "zero", "split")
 OWNER = 0
 
 
+def withheld(attack: str) -> frozenset[str] | None:
+    """The members whose receipts the owner withholds (None: every member's)."""
+    if attack != "split":
+        return None
+    path = Path(os.environ.get("ARCEUS_HOSTILE_ARG", ""))
+    return frozenset(path.read_text().split()) if path.is_file() else frozenset()
+
+
 def install(attack: str) -> None:
+    from dataclasses import replace
+
     from arceusd.market import service
     from arceusd.market.receipts import countersign
 
-    if attack == "withhold":
+    if attack in ("withhold", "split"):
+        real_settle = service.Market._settle
 
         async def settle(
             self: Any, job: Any, signed: list[Any], addresses: dict[str, str], authority: bytes = b""
         ) -> None:
-            me = self.node.identity.peer_id
+            me, victims = self.node.identity.peer_id, withheld(attack)
+            if victims is not None:  # split: the other members' ($0) receipts go out as an honest owner's do
+                await real_settle(
+                    self, job, [s for s in signed if s.receipt.device not in victims], addresses, authority
+                )
             for s in signed:
+                if victims is not None and s.receipt.device not in victims:
+                    continue
                 if s.receipt.device == me:
                     self._append(countersign(self.node.identity, s))
                 else:
@@ -62,6 +82,18 @@ def install(attack: str) -> None:
 
         service.pay = pay  # type: ignore[attr-defined]  # the name the market service prices receipts with
         print("hostile: every receipt priced at $0", file=sys.stderr, flush=True)
+    if attack == "split":
+        real_commit = service.Market._commit
+
+        def commit(self: Any, *args: Any, **kw: Any) -> Any:
+            c = real_commit(self, *args, **kw)
+            victims = withheld(attack) or frozenset()
+            return replace(c, prices={peer: p if peer in victims else 0.0 for peer, p in c.prices.items()})
+
+        service.Market._commit = commit  # type: ignore[method-assign]
+        print(
+            "hostile: the listed members' receipts withheld, every other one priced at $0", file=sys.stderr, flush=True
+        )
 
 
 class MarketSwarm(LocalSwarm):
