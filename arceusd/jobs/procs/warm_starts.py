@@ -150,7 +150,8 @@ class WarmStarts:
         self._lock = trio.Lock()
         self._send_reply, self._replies = _reply_channel()
         self._running: dict[int, ForkedProcess] = {}
-        self._early: dict[int, int] = {}
+        self._replied: set[int] = set()  # pids the server answered an order with, not yet registered in _running
+        self._early: dict[int, int] = {}  # their exit reports, come before their registration (a fast program)
         self._preloaded: set[str] = set()
         self._failed_at = -math.inf
         self._forked = False  # the running server has answered an order (its import was done)
@@ -306,6 +307,7 @@ class WarmStarts:
             return None
         proc = ForkedProcess(pid, trio.lowlevel.FdStream(stdin_w), trio.lowlevel.FdStream(stdout_r))
         self._running[pid] = proc
+        self._replied.discard(pid)
         if pid in self._early:
             proc.reported(self._early.pop(pid))
         trio.lowlevel.spawn_system_task(self._watch, proc)
@@ -315,7 +317,8 @@ class WarmStarts:
         try:
             await proc.watch()
         finally:
-            self._running.pop(proc.pid, None)
+            if self._running.get(proc.pid) is proc:  # (a newer program may hold its pid by now)
+                del self._running[proc.pid]
 
     async def _read(self, sock: trio.socket.SocketType, replies: trio.MemorySendChannel[Reply]) -> None:
         """The server's answers (in order of the orders) and exit reports, until it ends."""
@@ -323,17 +326,28 @@ class WarmStarts:
             while data := await sock.recv(4096):
                 message = json.loads(data)
                 if "exit" in message:
-                    pid, code = int(message["exit"]), int(message["code"])
-                    if pid in self._running:
-                        self._running[pid].reported(code)
-                    elif len(self._early) < 4096:
-                        self._early[pid] = code
+                    self._exit_reported(int(message["exit"]), int(message["code"]))
                 else:
+                    if isinstance(message, dict) and isinstance(message.get("pid"), int):
+                        self._replied.add(message["pid"])
                     await replies.send(message if isinstance(message, dict) else {"error": "not an object"})
         except (OSError, ValueError, TypeError, trio.ClosedResourceError) as exc:
             log.debug("the fork server's socket: %s", exc)
         if self._sock is sock:
             await self._broken("it exited")
+
+    def _exit_reported(self, pid: int, code: int) -> None:
+        """The server reaped ``pid`` with ``code``: tell its program, or keep the code for a program the server
+        just answered an order with (its report may come before the daemon registered it). A report of any other
+        pid is dropped: a program whose code came after :data:`NOTICE_S` (it ended with :data:`LOST_EXIT_CODE`)
+        would otherwise leave its code behind, for the next program the kernel gives that pid (after 32,768 on
+        a default Linux), which would end at once with that stale code."""
+        if pid in self._running:
+            self._running[pid].reported(code)
+        elif pid in self._replied and len(self._early) < 4096:
+            self._early[pid] = code
+        else:
+            log.debug("the fork server reported pid %d (code %d), which no program of this daemon holds", pid, code)
 
     async def _broken(self, why: str) -> None:
         server, sock = self._server, self._sock
@@ -344,6 +358,8 @@ class WarmStarts:
             log.warning("the fork server stopped (%s): programs start cold", why)
             self._failed_at = trio.current_time()
         sock.close()
+        self._replied.clear()
+        self._early.clear()
         for proc in list(self._running.values()):
             proc.server_gone()
         if server is not None:
