@@ -2,7 +2,9 @@
 
 - ``identity.py``      the Ed25519 device key, peer ids, signatures (``protocol/`` builds on it)
 - ``paths.py``         the state directory and the files in it
-- ``control.py``       the control socket (unix, mode 0600): the daemon's server side and the callers' ``call``
+- ``control.py``       the control socket (unix, mode 0600): its framing, errors and the callers' blocking ``call``
+                       (no trio: a command of the CLI starts without it)
+- ``control_server.py`` the daemon's side of that socket (trio)
 - ``logs.py``          logging set-up for the daemon and the workers
 - ``failures.py``      how failures reach the user: one line and a non-zero exit, a traceback only at debug
 - ``failpoints.py``    named fault-injection points the tests switch on (``ARCEUS_FAILPOINTS``)
