@@ -19,7 +19,6 @@ from arceusd.cli.commands import cli
 from arceusd.jobs.core import JobCore
 from arceusd.jobs.core import actions as a
 from arceusd.jobs.core import events as e
-from arceusd.jobs.procs.warm_starts import warm_starts
 from arceusd.jobs.record.job import Job
 from arceusd.jobs.record.view import job_line, render_job
 from arceusd.jobs.service.driver import job_timing
@@ -221,14 +220,9 @@ def test_the_fork_servers_wait_is_kept_with_a_first_jobs_timing_and_read_back_bo
         job.record_loss(step, 2.0, at=1004.0 + 0.01 * (step - 1))
     job.leading.commits.record_checkpoint(t.steps, at=1030.0)
     job.replica_plan = cast(Any, SimpleNamespace(predicted_step_time_s=0.005))
-    starts = warm_starts()
-    before, starts.import_wait_s = starts.import_wait_s, 2.5
-    try:
-        later = job_timing(job, 1031.0)
-        job.first_of_daemon = True
-        first = job_timing(job, 1031.0)
-    finally:
-        starts.import_wait_s = before
+    later = job_timing(job, 1031.0, 2.5)
+    job.first_of_daemon = True
+    first = job_timing(job, 1031.0, 2.5)
     assert later is not None and later.server_wait_s == 0.0  # a later job: the server was running
     assert first is not None and first.server_wait_s == 2.5 and first.start_s == pytest.approx(4.0)
     state = tmp_path / "state"

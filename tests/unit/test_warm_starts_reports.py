@@ -30,14 +30,14 @@ def test_a_late_report_of_a_program_no_longer_held_is_dropped_not_kept_for_the_p
     32,768 on a default Linux: within one test suite here) took it as its own exit code at once."""
     starts = WarmStarts()
     starts._exit_reported(4242, 1)  # nobody holds 4242, and the server answered no order with it
-    assert starts._early == {}
-    starts._replied.add(77)  # the server answered an order with 77; its exit report overtook the registration
+    assert starts._unregistered == {}
+    starts._unregistered[77] = None  # the server answered an order with 77; its exit report overtook the registration
     starts._exit_reported(77, 0)
-    assert starts._early == {77: 0}
+    assert starts._unregistered == {77: 0}
     held = Program(5)
     starts._running[5] = cast(Any, held)
     starts._exit_reported(5, -9)
-    assert held.codes == [-9] and 5 not in starts._early
+    assert held.codes == [-9] and 5 not in starts._unregistered
 
 
 def test_a_program_that_ends_leaves_a_newer_program_with_its_pid_in_place() -> None:

@@ -150,8 +150,9 @@ class WarmStarts:
         self._lock = trio.Lock()
         self._send_reply, self._replies = _reply_channel()
         self._running: dict[int, ForkedProcess] = {}
-        self._replied: set[int] = set()  # pids the server answered an order with, not yet registered in _running
-        self._early: dict[int, int] = {}  # their exit reports, come before their registration (a fast program)
+        self._unregistered: dict[int, int | None] = {}
+        """Pids the server answered an order with, not yet in ``_running``, and the exit code of each whose report
+        came first (a fast program), else None."""
         self._preloaded: set[str] = set()
         self._failed_at = -math.inf
         self._forked = False  # the running server has answered an order (its import was done)
@@ -307,9 +308,9 @@ class WarmStarts:
             return None
         proc = ForkedProcess(pid, trio.lowlevel.FdStream(stdin_w), trio.lowlevel.FdStream(stdout_r))
         self._running[pid] = proc
-        self._replied.discard(pid)
-        if pid in self._early:
-            proc.reported(self._early.pop(pid))
+        early = self._unregistered.pop(pid, None)
+        if early is not None:
+            proc.reported(early)
         trio.lowlevel.spawn_system_task(self._watch, proc)
         return proc
 
@@ -328,8 +329,9 @@ class WarmStarts:
                 if "exit" in message:
                     self._exit_reported(int(message["exit"]), int(message["code"]))
                 else:
-                    if isinstance(message, dict) and isinstance(message.get("pid"), int):
-                        self._replied.add(message["pid"])
+                    pid = message.get("pid") if isinstance(message, dict) else None
+                    if isinstance(pid, int) and len(self._unregistered) < 4096:
+                        self._unregistered[pid] = None
                     await replies.send(message if isinstance(message, dict) else {"error": "not an object"})
         except (OSError, ValueError, TypeError, trio.ClosedResourceError) as exc:
             log.debug("the fork server's socket: %s", exc)
@@ -344,8 +346,8 @@ class WarmStarts:
         a default Linux), which would end at once with that stale code."""
         if pid in self._running:
             self._running[pid].reported(code)
-        elif pid in self._replied and len(self._early) < 4096:
-            self._early[pid] = code
+        elif pid in self._unregistered:
+            self._unregistered[pid] = code
         else:
             log.debug("the fork server reported pid %d (code %d), which no program of this daemon holds", pid, code)
 
@@ -358,8 +360,7 @@ class WarmStarts:
             log.warning("the fork server stopped (%s): programs start cold", why)
             self._failed_at = trio.current_time()
         sock.close()
-        self._replied.clear()
-        self._early.clear()
+        self._unregistered.clear()
         for proc in list(self._running.values()):
             proc.server_gone()
         if server is not None:

@@ -58,10 +58,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def job_timing(job: Job, now: float) -> JobTiming | None:
-    """What an owned job that ended ``done`` at ``now`` took: submit to its first step, its last commit to done,
-    its typical step over the plan's prediction (None: a restored job, one that recovered, or one that never stepped or
-    committed here: its figures are not a plain run's)."""
+def job_timing(job: Job, now: float, import_wait_s: float = 0.0) -> JobTiming | None:
+    """What an owned job that ended ``done`` at ``now`` took: submit to its first step (of it, ``import_wait_s`` its
+    worker waited for the fork server to import torch, counted on the daemon's first job only: the server starts
+    with it), its last commit to done, its typical step over the plan's prediction (None: a restored job, one that
+    recovered, or one that never stepped or committed here: its figures are not a plain run's)."""
     checkpoints = job.leading.commits.checkpoints
     if (
         job.leading.loop.recoveries
@@ -95,7 +96,7 @@ def job_timing(job: Job, now: float) -> JobTiming | None:
             for peer, o in sorted(job.members.items())
             if peer != job.core.me  # (a spare too: the plan left it out for its speed)
         ),
-        warm_starts().import_wait_s if job.first_of_daemon else 0.0,  # (the fork server started with it)
+        import_wait_s if job.first_of_daemon else 0.0,
     )
 
 
@@ -244,7 +245,7 @@ class Driver:
     def _record_timing(self, job: Job) -> None:
         """What the job's start, end and steps took on this daemon, kept for its quotes
         (:mod:`arceusd.market.timings`)."""
-        timing = job_timing(job, time.time())
+        timing = job_timing(job, time.time(), warm_starts().import_wait_s)
         if timing is None:
             return
         try:
