@@ -295,20 +295,29 @@ def test_the_leader_times_each_member_and_plans_an_overclaimer_at_what_it_measur
         assert_equals_failure_free(end, spec, tolerance=1e-2)
 
 
-def challenge_children(parents: list[int]) -> list[int]:
-    """Speed challenge child processes of these daemons."""
-    found = []
+def challenge_children(daemons: list[int]) -> list[int]:
+    """Speed challenge child processes of these daemons: forked by a daemon's fork server (its grandchild, named
+    for the program: its command line is the server's) or, where there is none, started cold (its child)."""
+    from arceusd.jobs.procs.challenge_child import MODULE
+    from arceusd.jobs.procs.fork_server import PROGRAMS
+
+    table: dict[int, tuple[int, str, bytes]] = {}
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
             cmdline = (proc / "cmdline").read_bytes()
+            name = (proc / "comm").read_text().strip()
             ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
         except (OSError, ValueError, IndexError):
             continue
-        if ppid in parents and b"arceusd.worker.speed_challenge" in cmdline:
-            found.append(int(proc.name))
-    return found
+        table[int(proc.name)] = (ppid, name, cmdline)
+    return [
+        pid
+        for pid, (ppid, name, cmdline) in table.items()
+        if (ppid in daemons and MODULE.encode() in cmdline)
+        or (table.get(ppid, (0, "", b""))[0] in daemons and name == PROGRAMS[MODULE])
+    ]
 
 
 def test_a_leader_that_abuses_speed_challenges_is_refused_and_leaves_no_child_behind(tmp_path: Path) -> None:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -196,3 +198,60 @@ def test_a_preload_names_only_the_modules_it_may() -> None:
 def test_an_order_names_only_the_daemons_own_programs(order: bytes) -> None:
     with pytest.raises(ValueError):
         parse_order(order)
+
+
+def test_a_speed_challenge_is_forked_ready_in_well_under_a_cold_start_and_solves_and_checks_alike() -> None:
+    """A speed challenge's child is the fork server's (torch imported already): it says "ready" in far less than
+    the cold start of the same program takes beside it (a cold one's import, over the leader's 30 s ready wait
+    on a loaded machine, judged an honest member a refuser), its process is named for ``ps``, it answers as the
+    cold program does, and the leader's check of opened blocks runs warm too and finds them exact."""
+    from arceusd.jobs.judging import challenges
+    from arceusd.jobs.procs import challenge_child
+    from arceusd.jobs.procs.challenge_child import ChallengeChild, check_blocks_in_child
+    from arceusd.jobs.procs.fork_server import PROGRAMS
+    from arceusd.jobs.procs.warm_starts import ForkedProcess, warm_starts
+
+    size, rounds = 256, 2
+
+    async def main() -> None:
+        starts = warm_starts()
+        assert await starts.start()
+        await starts.run("arceusd.jobs.procs.filework", ["nope"], b"")  # the server's import is done
+        began = trio.current_time()
+        cold = await trio.lowlevel.open_process(
+            [sys.executable, "-m", challenge_child.MODULE, "solve", str(size), str(rounds), "1", "cpu"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
+        cold_child = ChallengeChild(cold)
+        await cold_child.expect("ready", 120)
+        cold_s = trio.current_time() - began
+        warm_before = starts.warm
+        began = trio.current_time()
+        child = await ChallengeChild.start(size, rounds, 1, "cpu")
+        warm_s = trio.current_time() - began
+        try:
+            assert starts.warm == warm_before + 1 and isinstance(child.process, ForkedProcess)
+            name = Path(f"/proc/{child.process.pid}/comm").read_text().strip()
+            assert name == PROGRAMS[challenge_child.MODULE] and parent_of(child.process.pid) == starts.server_pid
+            assert warm_s < cold_s / 3, (warm_s, cold_s)
+            seed = challenges.new_seed()
+            roots = []
+            for each in (child, cold_child):
+                await each.say({"seed": seed})
+                roots.append((await each.expect("root", 120))["root"])
+            assert roots[0] == roots[1]  # the same bits from a fork as from a cold start
+            opened = list(challenges.blocks_to_open(size, rounds, count=4))
+            await child.say({"open": opened})
+            blocks = (await child.expect("blocks", 60))["blocks"]
+            request = {"size": size, "rounds": rounds, "seed": seed, "open": opened, "blocks": blocks}
+            warm_checks = starts.warm
+            code, out, _ = await check_blocks_in_child(json.dumps(request).encode() + b"\n")
+            assert code == 0 and json.loads(out)["error"] < 1e-5 and starts.warm == warm_checks + 1
+            assert await child.process.wait() == 0
+        finally:
+            await child.close()
+            await cold_child.close()
+            await starts.close()
+
+    trio.run(main)

@@ -27,7 +27,6 @@ import json
 import logging
 import math
 import secrets
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,7 +37,7 @@ import trio
 from arceusd.jobs.common.ports import Leads, OwnOffer, Spawn
 from arceusd.jobs.judging import challenges, claims
 from arceusd.jobs.judging.challenges import Timed
-from arceusd.jobs.procs.challenge_child import ChallengeChild, ChildError, lent_kind
+from arceusd.jobs.procs.challenge_child import ChallengeChild, ChildError, check_blocks_in_child, lent_kind
 from arceusd.jobs.record.job import Job
 from arceusd.network.peers import PeerService
 from protocol.job_wire import (
@@ -80,14 +79,13 @@ async def check_blocks(size: int, rounds: int, seed: str, leaves: tuple[int, ...
         + b"\n"
     )
     with trio.move_on_after(VERIFY_S):
-        command = [sys.executable, "-m", "arceusd.worker.speed_challenge", "verify"]
-        result = await trio.run_process(command, stdin=request, capture_stdout=True, capture_stderr=True, check=False)
-        if result.returncode == 0:
+        code, out, err = await check_blocks_in_child(request)
+        if code == 0:
             try:
-                return float(json.loads(result.stdout.decode().strip().splitlines()[-1])["error"])
+                return float(json.loads(out.decode().strip().splitlines()[-1])["error"])
             except (ValueError, KeyError, IndexError):
                 pass
-        log.warning("checking a speed challenge failed: %s", result.stderr.decode(errors="replace")[-300:])
+        log.warning("checking a speed challenge failed: %s", err.decode(errors="replace")[-300:])
     return math.nan
 
 

@@ -7,9 +7,9 @@ started, fed JSON lines, read, killed. Both sides of a challenge run one: the me
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+import os
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -17,6 +17,9 @@ import trio
 from arceusd.base.control import RequestError
 from arceusd.jobs.judging import challenges
 from arceusd.jobs.plans.planning import Offer
+from arceusd.jobs.procs.warm_starts import ChildProcess, warm_starts
+
+MODULE = "arceusd.worker.speed_challenge"
 
 MAX_LINE = 1 << 20
 """The longest line a challenge child may print (at most 16 opened blocks of 64 bytes and their proofs, in hex)."""
@@ -29,21 +32,17 @@ class ChildError(Exception):
 class ChallengeChild:
     """A ``python -m arceusd.worker.speed_challenge solve`` child: JSON lines in and out."""
 
-    def __init__(self, process: trio.Process) -> None:
+    def __init__(self, process: ChildProcess) -> None:
         self.process = process
         self._buffer = bytearray()
 
     @classmethod
     async def start(cls, size: int, rounds: int, threads: int, kind: str) -> ChallengeChild:
-        """The child, solving on ``kind`` (the kind of the offer this device lends: what a job would run on)."""
+        """The child, solving on ``kind`` (the kind of the offer this device lends: what a job would run on); forked
+        from the daemon's fork server (torch imported already: ready in milliseconds, where a cold start's import
+        took over :data:`challenges.READY_S` on a loaded machine), else started cold."""
         command = ["solve", str(size), str(rounds), str(threads), kind]
-        process = await trio.lowlevel.open_process(
-            [sys.executable, "-m", "arceusd.worker.speed_challenge", *command],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-        )
-        child = cls(process)
+        child = cls(await warm_starts().spawn(MODULE, command, Path(os.devnull)))
         try:
             await child.expect("ready", challenges.READY_S)
         except BaseException:
@@ -97,4 +96,10 @@ async def lent_kind(offer: Callable[[], Awaitable[Offer]]) -> str:
         raise ChildError(f"this device is not measured: {exc}") from exc
 
 
-__all__ = ["MAX_LINE", "ChallengeChild", "ChildError", "lent_kind"]
+async def check_blocks_in_child(request: bytes) -> tuple[int, bytes, bytes]:
+    """``python -m arceusd.worker.speed_challenge verify`` on ``request`` (warm where it can be): exit code, stdout,
+    stderr."""
+    return await warm_starts().run(MODULE, ["verify"], request)
+
+
+__all__ = ["MAX_LINE", "MODULE", "ChallengeChild", "ChildError", "check_blocks_in_child", "lent_kind"]

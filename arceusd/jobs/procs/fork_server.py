@@ -1,18 +1,20 @@
 """The fork server: one child process per training daemon that has imported torch and the torch-side modules, and
-forks each of the daemon's torch programs (a stage worker, a filework task) from that state.
+forks each of the daemon's torch programs (a stage worker, a filework task, a speed challenge) from that state.
 
 Why: every recovery starts new children (re-slicing the checkpoint, then the stage worker), and each used to pay
 the interpreter's start and torch's import (2.5 s of CPU here, more under load) on the critical path from a lost
 member to the first step after it (issue 33). A pool of pre-started interpreters (the first answer) paid a whole
 import for every program it ever started, ready or not, and kept two idle ones per daemon: in a 3-daemon job test
 35 % more CPU than cold starts. A fork costs milliseconds and copies nothing until written: the import is paid once
-per daemon, and every program after it starts warm.
+per daemon, and every program after it starts warm. A speed challenge's child started cold paid the import
+inside the leader's ready wait (over 30 s at a load of 8-10 on two cores: an honest member was judged to refuse).
 
 Protocol (``python -m arceusd.jobs.procs.fork_server``; its stdin is one end of a ``SOCK_SEQPACKET`` socket pair whose
 other end only the daemon that started it holds; one message per datagram):
 
 - the daemon sends an order, JSON ``{"module": M, "argv": [...]}`` with :data:`PROGRAMS` naming every ``M`` this
-  server runs, and three file descriptors in ``SCM_RIGHTS``: the program's stdin, stdout and stderr;
+  server runs (a stage worker, a filework task, a speed challenge), and three file descriptors in ``SCM_RIGHTS``:
+  the program's stdin, stdout and stderr;
 - the server forks; it answers ``{"pid": N}`` (or ``{"error": why}``, with nothing started), and later
   ``{"exit": N, "code": C}`` when it reaped that program (``C`` as ``Popen.returncode``: negative for a signal);
 - or the daemon sends ``{"preload": [modules]}`` (no descriptors, no answer), each one of :data:`PRELOADS`: the
@@ -43,8 +45,13 @@ import threading
 import traceback
 from typing import NoReturn
 
-PROGRAMS = ("arceusd.worker", "arceusd.jobs.procs.filework")
-"""The programs this server forks: the daemon's own torch children, never anything else."""
+PROGRAMS = {
+    "arceusd.worker": "arceus-worker",
+    "arceusd.jobs.procs.filework": "arceus-filework",
+    "arceusd.worker.speed_challenge": "arceus-speed",
+}
+"""The programs this server forks (the daemon's own torch children, never anything else), each with the name its
+process takes (``ps``, ``top``, ``/proc/PID/comm``: at most 15 bytes): its command line is still the server's."""
 PRELOADS = ("arceusd.models.hf.blocks", "arceusd.models.hf.lora", "arceusd.models.hf.lora_export")
 """What the daemon may ask the server to import beforehand (transformers and peft come with them)."""
 MAX_ORDER = 64 * 1024
@@ -131,10 +138,17 @@ def _run_program(module: str, argv: list[str]) -> int:
     return code
 
 
+def _name_process(module: str) -> None:
+    """Give the forked process its program's name (:data:`PROGRAMS`), where the kernel lets it."""
+    with contextlib.suppress(OSError), open("/proc/self/comm", "w") as comm:
+        comm.write(PROGRAMS[module])
+
+
 def _become(program: tuple[str, list[str]], fds: list[int], priority: int, keep_closed: list[int]) -> NoReturn:
     """In the forked child: become the program on ``fds`` (stdin, stdout, stderr) and exit with its code."""
     code = 1
     try:
+        _name_process(program[0])
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         for fd in keep_closed:
