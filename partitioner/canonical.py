@@ -122,6 +122,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         "memory_bytes": [[p, b] for p, b in plan.memory_bytes],
         "stages": [_stage_to_dict(s) for s in plan.stages],
         **({"sync_s": plan.sync_s} if plan.sync_s != 0.0 else {}),
+        **({"in_flight_cap": plan.in_flight_cap} if plan.in_flight_cap else {}),  # (older plans keep their bytes)
     }
 
 
@@ -179,7 +180,15 @@ def plan_from_dict(d: dict[str, Any]) -> Plan:
         inputs_hash=str(d["inputs_hash"]),
         format_version=int(d["format_version"]),
         sync_s=float(d.get("sync_s", 0.0)),
+        in_flight_cap=_in_flight_cap(d),
     )
+
+
+def _in_flight_cap(d: dict[str, Any]) -> int:
+    cap = int(d.get("in_flight_cap", 0))
+    if not 0 <= cap <= int(d["micro_batches"]):
+        raise ValueError(f"in_flight_cap {cap} is not within 0..micro_batches")
+    return cap
 
 
 def plan_bytes(plan: Plan) -> bytes:

@@ -35,6 +35,16 @@ s (the worker's 1F1B runs one look-ahead forward on every stage but the last: mi
 stage defers the weights' gradients of its last 2 micro-batches: min(2, m), 1 for a lone stage, counted as 2;
 ``tests/unit/test_schedule.py`` checks this against the worker's schedules). GPipe is
 chosen when it fits (simpler, same predicted time here), else 1F1B, else the placement is infeasible.
+
+Capped 1F1B (only when no plan fits otherwise: ``search.plan``): every stage keeps at most ``c`` micro-batches
+in flight (``Plan.in_flight_cap``; the worker's warm-up is cut to ``c - 1`` forwards and no backward defers its
+weights), so a stage's stash is ``min(in_flight_1f1b(S - s, m), c)``. It costs time: stage s cannot start
+micro-batch i + c before micro-batch i came back through every later stage, so the first stage, which waits
+on the whole chain, runs at most c micro-batches per ``sum_s t_s``: the pipeline takes at least
+``ceil(m / c) * sum_s t_s`` (exact for c = 1, every micro-batch alone through the chain and back; below the
+uncapped figure once c reaches the number of stages), and the step is the larger of the two plus the optimizer
+and the sync. A capped plan trains the same values as the uncapped one: the same forwards and backwards in the
+same micro-batch order.
 """
 
 from __future__ import annotations
@@ -48,6 +58,15 @@ from partitioner.plan import DeviceShare, Plan, Stage
 from partitioner.splits import proportional_split
 
 INF = math.inf
+
+
+def capped_pipeline_s(m: int, cap: int, times: Sequence[float], uncapped: float) -> float:
+    """The forward and backward passes of a step whose stages keep at most ``cap`` micro-batches in flight (0:
+    no cap): the uncapped figure, or ``ceil(m / cap)`` trips through every stage when that is longer."""
+    if cap <= 0:
+        return uncapped
+    trips = -(-m // cap)
+    return max(uncapped, trips * sum(times))
 
 
 def in_flight_1f1b(stages_to_end: int, m: int) -> int:
@@ -271,8 +290,9 @@ class CostModel:
         return self._inputs_hash
 
     # --- whole plans --------------------------------------------------------------------------------------
-    def evaluate(self, stages: Sequence[tuple[Sequence[int], int, int]], m: int) -> Plan | None:
-        """Build the plan for ``stages`` = [(device indices, start, end), ...] and ``m`` micro-batches.
+    def evaluate(self, stages: Sequence[tuple[Sequence[int], int, int]], m: int, in_flight_cap: int = 0) -> Plan | None:
+        """Build the plan for ``stages`` = [(device indices, start, end), ...] and ``m`` micro-batches; with
+        ``in_flight_cap`` > 0, capped 1F1B (module docstring).
 
         Returns None when the placement is infeasible (memory, missing link, unsplittable block, batch not
         divisible by m). Raises ``ValueError`` when the stages do not cover the blocks contiguously or reuse a
@@ -314,9 +334,13 @@ class CostModel:
         times = [c + a + t for c, a, t in parts]
         schedule = "gpipe"
         in_flight = [m] * n_stages
-        if not all(self.fits(g, j0, j1, b, m) for g, (_, j0, j1) in zip(groups, stages, strict=True)):
+        if in_flight_cap > 0 or not all(
+            self.fits(g, j0, j1, b, m) for g, (_, j0, j1) in zip(groups, stages, strict=True)
+        ):
             schedule = "1f1b"
             in_flight = [in_flight_1f1b(n_stages - s, m) for s in range(n_stages)]
+            if in_flight_cap > 0:
+                in_flight = [min(n, in_flight_cap) for n in in_flight]
             if not all(
                 self.fits(g, j0, j1, b, in_flight[s])
                 for s, (g, (_, j0, j1)) in enumerate(zip(groups, stages, strict=True))
@@ -325,7 +349,7 @@ class CostModel:
         sync = self.sync_s(groups[0].head, [d for g in groups for d in g.members])
         if sync is None:
             return None
-        pipeline = (m - 1) * max(times) + sum(times)
+        pipeline = capped_pipeline_s(m, in_flight_cap, times, (m - 1) * max(times) + sum(times))
         step = pipeline + max(optimizer) + sync
         bubble = 1.0 - (m * sum(times)) / (n_stages * pipeline) if pipeline > 0 else 0.0
         out_stages: list[Stage] = []
@@ -368,4 +392,5 @@ class CostModel:
             memory_bytes=tuple(sorted(memory.items())),
             inputs_hash=self.hash(),
             sync_s=sync,
+            in_flight_cap=in_flight_cap,
         )

@@ -37,15 +37,19 @@ def _placements(cm: CostModel, max_tp: int) -> Iterator[_Stages]:
 
 
 def exhaustive_plan(inputs: PlanInputs) -> Plan | None:
-    """The plan with the least predicted step time over all placements, or None if nothing is feasible."""
+    """The plan with the least predicted step time over all placements, or None if nothing is feasible; as the
+    search does, capped 1F1B (``cost.py``) only when nothing fits uncapped, and then the largest cap that fits."""
     cm = CostModel(inputs)
     any_tp = any(c >= 2 for c in cm.tp_cap)
     max_tp = min(cm.training.max_tensor_parallel, cm.n) if any_tp else 1
-    best: Plan | None = None
     counts = cm.training.usable_micro_batch_counts()
-    for stages in _placements(cm, max_tp):
-        for m in counts:
-            p = cm.evaluate(stages, m)
-            if p is not None and (best is None or p.predicted_step_time_s < best.predicted_step_time_s):
-                best = p
-    return best
+    for cap in (0, *range(max(counts, default=1) - 1, 0, -1)):
+        best: Plan | None = None
+        for stages in _placements(cm, max_tp):
+            for m in counts:
+                p = cm.evaluate(stages, m, cap) if cap < m else None
+                if p is not None and (best is None or p.predicted_step_time_s < best.predicted_step_time_s):
+                    best = p
+        if best is not None:
+            return best
+    return None

@@ -68,6 +68,10 @@ class Plan:
     format_version: int = PLAN_FORMAT_VERSION
     sync_s: float = 0.0
     """Per step: the scalar exchange (gradient norm and loss) over the first stage's head."""
+    in_flight_cap: int = 0
+    """1F1B only: at most this many micro-batches in flight on any stage (its stash), fewer than the schedule's
+    warm-up keeps, because the model fits the devices no other way (``cost.py``: slower, as a stage waits for a
+    gradient before its next forward); 0: the schedule's own."""
 
     @property
     def peer_ids(self) -> tuple[str, ...]:

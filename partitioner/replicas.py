@@ -259,7 +259,7 @@ def _replicated(
         index = {d.peer_id: i for i, d in enumerate(sub.devices)}
         rank_of = {p: i for i, p in enumerate(groups[0])}
         stages = [(tuple(index[g[rank_of[p]]] for p in s.devices), s.start, s.end) for s in first.stages]
-        other = cm.evaluate(stages, first.micro_batches)
+        other = cm.evaluate(stages, first.micro_batches, first.in_flight_cap)  # every replica runs one schedule
         if other is None or not _same_slices(first, other):
             return None
         plans.append(other)

@@ -10,6 +10,11 @@ runs backwards over block suffixes, so when a stage is prepended its stash count
 checked exactly (a hard constraint). Labels are pruned against the best complete plan found so far (also
 across micro-batch counts) with an admissible lower bound for the blocks still to place.
 
+When no plan fits, the search runs again with capped 1F1B (``cost.py``: at most c micro-batches in flight on any
+stage, for c from m - 1 down to 1) and takes the first c that fits: a model larger than the devices' memory holds
+with the pipeline's full warm-up still trains, more slowly, where the devices hold its weights and one
+micro-batch's activations per stage.
+
 Devices used, two modes:
 - exact (n <= ``EXACT_MAX_DEVICES``): the state holds the *set* of devices used by the suffix and the head
   of its first stage; every subset (of size <= max_tensor_parallel) of the unused devices may form the next
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from functools import partial
 from typing import cast
 
 from partitioner.cost import CostModel, GroupInfo
@@ -113,12 +119,17 @@ def _search_m(
     best_speed: float,
     max_labels: int = 0,
     final_ctx: int | None = None,
+    in_flight_cap: int = 0,
 ) -> tuple[float, _Label] | None:
     """Best (objective, label) for m micro-batches that beats ``incumbent``, or None.
 
     ``max_labels`` > 0 keeps at most that many labels per state (heuristic, fast); 0 keeps the Pareto set.
     ``final_ctx`` (set mode): only complete plans whose used-device mask equals it are accepted.
+    ``in_flight_cap`` > 0: capped 1F1B (``cost.py``): every stage stashes at most that many micro-batches, and
+    the pipeline takes at least ``ceil(m / cap)`` trips through the stages (still at least the uncapped
+    objective, so the pruning bounds stay admissible).
     """
+    trips = -(-m // in_flight_cap) if in_flight_cap > 0 else 0
     n_blocks = len(cm.blocks)
     b = cm.micro_batch_size(m)
     lb_rest = [cm.total_flops_pref[j] * b / best_speed for j in range(n_blocks + 1)]
@@ -166,12 +177,17 @@ def _search_m(
                         stash_n = kk + 1  # in_flight_1f1b(kk, m), inlined (hot loop)
                         if stash_n > m:
                             stash_n = m
+                        if trips and stash_n > in_flight_cap:
+                            stash_n = in_flight_cap
                         if stash_n > fit:
                             continue
                         big = label[0] if label[0] > t else t
                         total = label[1] + t
                         slowest = label[3] if label[3] > opt else opt
-                        val = (m - 1) * big + total + slowest
+                        pipe = (m - 1) * big + total
+                        if trips and trips * total > pipe:  # capped_pipeline_s, inlined
+                            pipe = trips * total
+                        val = pipe + slowest
                         if val + rest >= inc:
                             continue
                         dominated = False
@@ -239,28 +255,39 @@ def plan(inputs: PlanInputs, exact_max_devices: int = EXACT_MAX_DEVICES) -> Plan
     final_ctx = (1 << cm.n) - 1 if exact and cm.training.use_all_devices else None
     fastest = sorted(cm.speeds, reverse=True)
     best_speed = sum(fastest[:max_tp])
-    best_plan: Plan | None = None
-    # Largest micro-batch count first: it usually wins, so its plan gives a tight bound for the others.
-    for m in sorted(counts, reverse=True):
-        bound = math.inf if best_plan is None else best_plan.predicted_step_time_s * (1 + 1e-9)
-        # a quick pass with one label per state gives a good bound, then the full (or capped) pass
-        quick = _search_m(cm, m, terminal, preds, bound, best_speed, max_labels=1, final_ctx=final_ctx)
-        if quick is not None:
-            bound = min(bound, quick[0] * (1 + 1e-12))
-        found = _search_m(cm, m, terminal, preds, bound, best_speed, max_labels=cap, final_ctx=final_ctx) or quick
-        if found is None:
-            continue
-        candidate = cm.evaluate(_stages_of(found[1]), m)
-        if candidate is None:  # cannot happen: the DP checks the same constraints; guard against a bug loudly
-            raise PlanError(f"internal error: DP produced an infeasible placement for m={m}")
-        if best_plan is None or (candidate.predicted_step_time_s, m) <= (
-            best_plan.predicted_step_time_s,
-            best_plan.micro_batches,
-        ):
-            best_plan = candidate
-    if best_plan is None:
-        raise PlanError(explain_infeasible(cm, max_tp))
-    return best_plan
+
+    def best(in_flight_cap: int) -> Plan | None:
+        best_plan: Plan | None = None
+        # Largest micro-batch count first: it usually wins, so its plan gives a tight bound for the others.
+        for m in sorted(counts, reverse=True):
+            if in_flight_cap >= m:
+                continue  # no stage holds more than m: the cap would change nothing
+            bound = math.inf if best_plan is None else best_plan.predicted_step_time_s * (1 + 1e-9)
+            # a quick pass with one label per state gives a good bound, then the full (or capped) pass
+            search = partial(_search_m, cm, m, terminal, preds, final_ctx=final_ctx, in_flight_cap=in_flight_cap)
+            quick = search(bound, best_speed, max_labels=1)
+            if quick is not None:
+                bound = min(bound, quick[0] * (1 + 1e-12))
+            found = search(bound, best_speed, max_labels=cap) or quick
+            if found is None:
+                continue
+            candidate = cm.evaluate(_stages_of(found[1]), m, in_flight_cap)
+            if candidate is None:  # cannot happen: the DP checks the same constraints; guard against a bug loudly
+                raise PlanError(f"internal error: DP produced an infeasible placement for m={m}")
+            if best_plan is None or (candidate.predicted_step_time_s, m) <= (
+                best_plan.predicted_step_time_s,
+                best_plan.micro_batches,
+            ):
+                best_plan = candidate
+        return best_plan
+
+    # uncapped first; only a model that fits no such plan is planned with fewer micro-batches in flight, the
+    # most that fits (the fewer, the slower: cost.py's capped 1F1B)
+    for in_flight_cap in (0, *range(max(counts) - 1, 0, -1)):
+        found_plan = best(in_flight_cap)
+        if found_plan is not None:
+            return found_plan
+    raise PlanError(explain_infeasible(cm, max_tp))
 
 
 def _size(n: float, digits: int = 1) -> str:

@@ -121,7 +121,9 @@ def render_job(job: dict[str, Any]) -> RenderableType:
     if isinstance(plan, dict):
         table = Table(
             title=Text(
-                f"plan: {plan.get('schedule')}, {plan.get('micro_batches')} micro-batches, "
+                f"plan: {plan.get('schedule')}, {plan.get('micro_batches')} micro-batches"
+                + (f" (at most {plan['in_flight_cap']} in flight, to fit memory)" if plan.get("in_flight_cap") else "")
+                + ", "
                 f"predicted {1000 * float(plan.get('predicted_step_time_s') or 0):.1f} ms/step"
             ),
             expand=False,

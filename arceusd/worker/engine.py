@@ -100,6 +100,8 @@ class EngineConfig:
     device: str = "cpu"
     defer_weights: bool = DEFER_WEIGHTS
     """Some backwards send the input's gradient before computing the weights' gradients (``schedule.py``)."""
+    max_in_flight: int = 0
+    """1F1B: at most this many micro-batches stashed at once (the plan's ``in_flight_cap``); 0: no cap."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.stage < self.num_stages:
@@ -202,7 +204,14 @@ class StageEngine:
     def _schedule(self) -> tuple[Action, ...]:
         """This stage's action list for one step."""
         c = self.config
-        return build_schedule(c.schedule, c.stage, c.num_stages, c.num_micro_batches, defer_weights=c.defer_weights)
+        return build_schedule(
+            c.schedule,
+            c.stage,
+            c.num_stages,
+            c.num_micro_batches,
+            defer_weights=c.defer_weights,
+            max_in_flight=c.max_in_flight,
+        )
 
     def param_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.module.parameters())

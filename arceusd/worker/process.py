@@ -134,6 +134,8 @@ class SpecLR(LRSchedule):
 def defer_weights(config: WorkerConfig) -> bool:
     """Whether this job's backwards defer weights' gradients: where the timed replay of the schedule with the
     plan's stage times says it pays (equal stages assumed when the start command carries no times)."""
+    if config.max_in_flight:
+        return False  # a capped 1F1B defers none: a deferred micro-batch keeps its stash (schedule.one_f_one_b)
     times = [st.micro_batch_s for st in config.stages]
     known = [t for t in times if t is not None]
     return deferring_pays(
@@ -268,6 +270,7 @@ class Worker:
                 autocast_bf16=t.precision == "bf16",
                 device=config.device,
                 defer_weights=defer_weights(config),
+                max_in_flight=config.max_in_flight,
             ),
             replicas=replicas,
             group_timer=group,

@@ -205,6 +205,9 @@ class WorkerConfig:
     ring_generation: int = 0
     """The generation of the replica ring this worker starts in (``ring_links.py``; more than 0 when it rebuilds a
     dropped replica)."""
+    max_in_flight: int = 0
+    """1F1B: at most this many micro-batches stashed at once on any stage (the plan's ``in_flight_cap``: the model
+    fits its devices no other way); 0: the schedule's own."""
 
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULES:
@@ -233,6 +236,10 @@ class WorkerConfig:
             )
         if self.total_steps < 1 or self.micro_batches < 1 or self.threads < 1:
             raise WorkerProtocolError("total_steps, micro_batches and threads must all be >= 1")
+        if not 0 <= self.max_in_flight <= self.micro_batches:
+            raise WorkerProtocolError(
+                f"max_in_flight must be within 0..micro_batches ({self.micro_batches}), got {self.max_in_flight}"
+            )
         if self.checkpoint_interval < 0:
             raise WorkerProtocolError("checkpoint_interval must be >= 0 (0: only at the end)")
         try:
@@ -409,6 +416,7 @@ class WorkerConfig:
             replica_slots=tuple(_int_list(d, "replica_slots", w)),
             data_shares=_int(d, "data_shares", w) if "data_shares" in d else 0,
             ring_generation=_int(d, "ring_generation", w) if "ring_generation" in d else 0,
+            max_in_flight=_int(d, "max_in_flight", w) if "max_in_flight" in d else 0,
         )
 
 

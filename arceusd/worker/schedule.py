@@ -231,14 +231,23 @@ def one_f_one_b(
     lookahead: int = LOOKAHEAD,
     *,
     defer_weights: bool = DEFER_WEIGHTS,
+    max_in_flight: int = 0,
 ) -> tuple[Action, ...]:
     """PipeDream-flush 1F1B with ``lookahead`` extra warm-up forwards (0: the textbook schedule): warm-up
-    forwards, steady one-forward-one-backward, drain backwards, the deferred weight passes."""
+    forwards, steady one-forward-one-backward, drain backwards, the deferred weight passes. ``max_in_flight``
+    > 0 (the plan's ``in_flight_cap``: a model that fits no other way): at most that many micro-batches stashed
+    at once, so at most ``max_in_flight - 1`` warm-up forwards and no deferred weights (a deferred micro-batch
+    keeps its stash). The warm-ups still shrink from the first stage to the last, so no stage waits on a
+    forward its successor has not been sent (``simulate``), and the backwards run in the same order."""
     _check(stage, num_stages, num_micro_batches)
     if lookahead < 0:
         raise ValueError(f"lookahead must be >= 0, got {lookahead}")
+    if max_in_flight < 0:
+        raise ValueError(f"max_in_flight must be >= 0 (0: no cap), got {max_in_flight}")
     m = num_micro_batches
     warmup = one_f_one_b_warmup(stage, num_stages, m, lookahead)
+    if max_in_flight:
+        warmup, defer_weights = min(warmup, max_in_flight - 1), False
     deferred = _deferred(ScheduleKind.ONE_F_ONE_B, stage, num_stages, m, defer_weights)
     acts: list[Action] = []
     for i in range(warmup):
@@ -258,16 +267,18 @@ def build_schedule(
     num_micro_batches: int,
     *,
     defer_weights: bool = DEFER_WEIGHTS,
+    max_in_flight: int = 0,
 ) -> tuple[Action, ...]:
     """The action list of ``stage`` for the named schedule (``"gpipe"`` or ``"1f1b"``); ``defer_weights``: some
-    backwards defer their weights' gradients (:func:`deferred_micro_batches`)."""
+    backwards defer their weights' gradients (:func:`deferred_micro_batches`); ``max_in_flight``: 1F1B's cap on
+    stashed micro-batches (:func:`one_f_one_b`; GPipe, which a spec may force, stashes all of them)."""
     try:
         k = ScheduleKind(kind)
     except ValueError:
         raise ValueError(f"unknown schedule {kind!r}; expected 'gpipe' or '1f1b'") from None
     if k is ScheduleKind.GPIPE:
         return gpipe(stage, num_stages, num_micro_batches, defer_weights=defer_weights)
-    return one_f_one_b(stage, num_stages, num_micro_batches, defer_weights=defer_weights)
+    return one_f_one_b(stage, num_stages, num_micro_batches, defer_weights=defer_weights, max_in_flight=max_in_flight)
 
 
 def max_in_flight(actions: Sequence[Action]) -> int:

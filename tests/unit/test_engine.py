@@ -19,7 +19,7 @@ from arceusd.worker.engine import Compression, EngineConfig, StageEngine
 from arceusd.worker.links import InMemoryFabric
 from arceusd.worker.optim import AdamWConfig, LRSchedule, OptimizerConfig, SGDConfig
 from arceusd.worker.pending_step import StepResult
-from arceusd.worker.schedule import ScheduleKind, WeightGrad
+from arceusd.worker.schedule import ScheduleKind, WeightGrad, max_in_flight
 from arceusd.worker.stage import StageSpec, build_stage
 from arceusd.worker.tensor_parallel import TPSplit, TPTransformerBlock, gather_transformer_block
 from arceusd.worker.tied import InMemoryTiedPair
@@ -97,6 +97,7 @@ def build_engines(
     defer_weights: bool = True,
     devices: Sequence[str] | None = None,
     group_timers: bool = False,
+    max_in_flight: int = 0,
 ) -> list[list[StageEngine]]:
     """``devices``: each stage's torch device (all its ranks alike); None: all on the CPU. ``group_timers``: a
     tensor-parallel rank's group is a :class:`TimedCollective` and its engine reports ``group_wait_s``."""
@@ -121,6 +122,7 @@ def build_engines(
                 autocast_bf16=autocast_bf16,
                 defer_weights=defer_weights,
                 device=devices[s] if devices is not None else "cpu",
+                max_in_flight=max_in_flight,
             )
             link = tied.end(module.tied.copy) if module.tied is not None else None
             ranks.append(StageEngine(module, fabric.links(s, r), config, compression, group_timer=timer, tied=link))
@@ -347,6 +349,29 @@ def test_deferred_weights_change_no_result(case_name: str, kind: ScheduleKind) -
         assert loss_a == pytest.approx(loss_b, rel=1e-6) and norm_a == pytest.approx(norm_b, rel=1e-5)
     for name, tensor in split_params.items():  # AdamW turns the rounding of a ~0 gradient (a key's bias) into ~lr
         torch.testing.assert_close(tensor, whole_params[name], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("case_name", ["mlp-3", "gpt-3-tp"])
+def test_capped_1f1b_holds_fewer_micro_batches_and_trains_the_same_bits(case_name: str) -> None:
+    """A plan's ``in_flight_cap`` (a model that fits its devices no other way): each stage stashes at most that
+    many micro-batches, and the job trains exactly what uncapped 1F1B does (same forwards and backwards in the
+    same micro-batch order; neither defers weights here, as a capped schedule does not)."""
+    case, opt = CASES[case_name], OPTIMIZERS["adamw"]
+    lr = LRSchedule(max_lr=opt.lr)
+    runs = []
+    for cap in (0, 1, 2):
+        engines = build_engines(case, ScheduleKind.ONE_F_ONE_B, opt, lr, 0.5, defer_weights=False, max_in_flight=cap)
+        held = [max_in_flight(ranks[0]._schedule()) for ranks in engines]
+        if cap:
+            assert max(held) == cap, held
+        else:
+            assert max(held) > 2, held  # the uncapped first stage holds more: the cap changes the schedule
+        results = drive(engines, _batches(case.model, case.batch))
+        runs.append(([(r.loss, r.grad_norm) for r in results], gathered_params(case, engines)))
+    (figures, params), *capped = runs
+    for capped_figures, capped_params in capped:
+        assert capped_figures == figures
+        assert all(torch.equal(tensor, capped_params[name]) for name, tensor in params.items())
 
 
 def test_step_results_say_how_long_each_stage_waited_on_its_links() -> None:

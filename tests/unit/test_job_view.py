@@ -154,6 +154,7 @@ def test_stage_times_cover_every_measured_device_and_this_device_from_its_own_st
         schedule="1f1b",
         predicted_step_time_s=0.1,
         bubble_fraction=0.2,
+        in_flight_cap=0,
         peer_ids=(me, other, third),
     )
     for peer, report in (

@@ -67,6 +67,9 @@ def check_plan_invariants(p: Plan, inputs: PlanInputs) -> None:
                 assert all(sh.heads[i] >= 1 for sh in s.shares if blocks[j].heads)
                 assert all(sh.mlp_columns[i] >= 1 for sh in s.shares if blocks[j].mlp_columns)
         in_1f1b = in_flight_1f1b(len(p.stages) - s.index, p.micro_batches)
+        if p.in_flight_cap:  # capped 1F1B (a model that fits no other way)
+            assert p.schedule == "1f1b" and p.in_flight_cap < p.micro_batches
+            in_1f1b = min(in_1f1b, p.in_flight_cap)
         expect_stash = p.micro_batches if p.schedule == "gpipe" else in_1f1b
         assert s.stash_micro_batches == expect_stash
         if len(s.devices) == 1:  # independent memory recomputation for whole-block stages
@@ -84,9 +87,10 @@ def check_plan_invariants(p: Plan, inputs: PlanInputs) -> None:
     times = [s.time_s for s in p.stages]
     optimizer = max(s.optimizer_s for s in p.stages)
     assert (p.sync_s > 0) == (len(used) > 1 and any(lk.rtt_s or lk.message_s for _, _, lk in inputs.links.links))
-    assert p.predicted_step_time_s == pytest.approx(
-        (p.micro_batches - 1) * max(times) + sum(times) + optimizer + p.sync_s
-    )
+    pipeline = (p.micro_batches - 1) * max(times) + sum(times)
+    if p.in_flight_cap:  # at most cap micro-batches per trip through every stage
+        pipeline = max(pipeline, -(-p.micro_batches // p.in_flight_cap) * sum(times))
+    assert p.predicted_step_time_s == pytest.approx(pipeline + optimizer + p.sync_s)
     assert 0.0 <= p.bubble_fraction < 1.0
 
 

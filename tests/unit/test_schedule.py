@@ -128,6 +128,27 @@ def test_no_deadlock_with_one_buffered_message_per_direction(kind: ScheduleKind)
         assert result.finished, (kind, S, m, result)
 
 
+def test_capped_1f1b_stashes_at_most_its_cap_keeps_the_order_and_never_deadlocks() -> None:
+    """The plan's ``in_flight_cap`` (``partitioner/cost.py``'s capped 1F1B): every stage holds at most the cap
+    (what the planner's memory counts: ``min(in_flight_1f1b, cap)``), no backward defers its weights, the
+    forwards and backwards run in micro-batch order as uncapped, and the stages finish with one buffered message
+    per direction."""
+    for S, m in GRID:
+        for cap in range(1, m):
+            schedules = [build_schedule("1f1b", s, S, m, max_in_flight=cap) for s in range(S)]
+            for s, acts in enumerate(schedules):
+                assert max_in_flight(acts) <= min(cap, in_flight_1f1b(S - s, m)), (S, m, cap, s)
+                assert not any(isinstance(a, WeightGrad) for a in acts)
+                assert [a.micro_batch for a in acts if isinstance(a, Backward)] == list(range(m))
+                assert [a.micro_batch for a in acts if isinstance(a, Forward)] == list(range(m))
+            assert simulate(schedules, capacity=1).finished, (S, m, cap)
+    # where the cap is below the warm-up, it is what the first stage holds
+    assert max_in_flight(build_schedule("1f1b", 0, 4, 8, max_in_flight=2)) == 2
+    assert build_schedule("gpipe", 0, 2, 4, max_in_flight=1) == build_schedule("gpipe", 0, 2, 4)
+    with pytest.raises(ValueError, match="max_in_flight"):
+        one_f_one_b(0, 2, 4, max_in_flight=-1)
+
+
 def test_gpipe_survives_rendezvous_and_simulator_detects_deadlock() -> None:
     for S, m in GRID:
         assert simulate([build_schedule("gpipe", s, S, m) for s in range(S)], capacity=0).finished

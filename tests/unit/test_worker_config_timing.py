@@ -3,6 +3,7 @@ from them whether deferring weights' gradients pays (``process.defer_weights``).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -56,3 +57,18 @@ def test_the_worker_defers_on_even_stages_and_not_behind_a_lopsided_bottleneck()
     assert not defer_weights(_config([0.05]))  # a lone stage has nothing to overlap
     # the last stage is the bottleneck by far and never waits: its split would only cost
     assert not defer_weights(_config([0.01, 0.2]))
+
+
+def test_a_capped_plan_reaches_the_worker_which_then_defers_nothing() -> None:
+    """The plan's ``in_flight_cap`` travels in the start command (an older command has none: no cap); a capped
+    worker defers no weights (a deferred micro-batch would keep its stash past the cap); a cap above the
+    micro-batches is refused."""
+    capped = dataclasses.replace(_config([0.05, 0.05]), max_in_flight=2)
+    assert WorkerConfig.from_json(capped.to_json()).max_in_flight == 2
+    raw = json.loads(capped.to_json())
+    del raw["max_in_flight"]
+    assert WorkerConfig.from_dict(raw).max_in_flight == 0
+    assert defer_weights(_config([0.05, 0.05])) and not defer_weights(capped)
+    raw["max_in_flight"] = 9
+    with pytest.raises(WorkerProtocolError, match="max_in_flight"):
+        WorkerConfig.from_dict(raw)

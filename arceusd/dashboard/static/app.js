@@ -342,7 +342,8 @@ function renderJob(job, me) {
     el("p", { class: "small" }, el("a", { href: "job/" + encodeURIComponent(String(job.job_id || "")) + "/loss.csv",
       id: "loss-csv", download: "" }, "download the loss history (CSV: step, time, loss, validation)"))));
   main.append(section("The plan: stages across devices", "wide", planDrawing(job, me),
-    el("p", { class: "muted" }, job.plan ? `${job.plan.schedule}, ${job.plan.micro_batches} micro-batches; ` +
+    el("p", { class: "muted" }, job.plan ? `${job.plan.schedule}, ${job.plan.micro_batches} micro-batches` +
+      (job.plan.in_flight_cap ? ` (at most ${Number(job.plan.in_flight_cap)} in flight, to fit memory)` : "") + "; " +
       "each device: median compute (solid) and link waiting (light) per step, the plan's predicted compute as a tick" : "")));
   main.append(section("Compute against waiting", "", stageTiming(job, me)));
   main.append(section("Recoveries", "", (job.recoveries || []).length ? table(["reason", "lost step", "resumed", "first step after"],

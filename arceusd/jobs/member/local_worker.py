@@ -245,6 +245,7 @@ class LocalWorker:
             replica_slots=job.replica_slots,
             data_shares=job.data_shares,
             ring_generation=job.ring_generation,
+            max_in_flight=the_plan.in_flight_cap if _schedule(job, the_plan) == "1f1b" else 0,
         )
         path = job.paths.worker_config(job.epoch)
         path.write_text(config.to_json())

@@ -569,6 +569,7 @@ class Job:
         out: dict[str, Any] = {
             "schedule": self.plan.schedule,
             "micro_batches": self.plan.micro_batches,
+            "in_flight_cap": self.plan.in_flight_cap,  # (0: none; the model fits its devices no other way)
             "predicted_step_time_s": self.plan.predicted_step_time_s,
             "bubble_fraction": self.plan.bubble_fraction,
             "stages": stages(self.plan),

@@ -150,7 +150,9 @@ def render_job(j: dict[str, Any]) -> str:
     plan = j.get("plan")
     if plan:
         lines.append(
-            f"  plan     {plan['schedule']}, {plan['micro_batches']} micro-batches, predicted "
+            f"  plan     {plan['schedule']}, {plan['micro_batches']} micro-batches"
+            + (f" (at most {plan['in_flight_cap']} in flight, to fit memory)" if plan.get("in_flight_cap") else "")
+            + ", predicted "
             f"{plan['predicted_step_time_s'] * 1000:.1f} ms/step, "
             f"bubble {plan['bubble_fraction']:.0%}"
         )
