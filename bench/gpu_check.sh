@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 30, item 8 on a CUDA machine, in one run (under 7 minutes on an H100): the CUDA tests, the bf16 bench, and
+# Issue 30, item 8 on a CUDA machine, in one run (under 8 minutes on an H100): the CUDA tests, the bf16 bench, and
 # what `arceusd peers` / `status` show of a GPU daemon beside a CPU-only one.
 #
 #   bash bench/gpu_check.sh          # from the repository root (any cwd works: it changes to the root)
@@ -16,10 +16,12 @@
 #   1. install the wheels; print nvidia-smi -L and the versions;
 #   2. python3 -m pytest -q -x -k cuda -p no:cacheprovider        (every CUDA test, the two-daemon one included)
 #   3. python3 bench/hf.py --device cuda                            (part 1 on the GPU, part 2: one GPU daemon alone)
+#   4. python3 bench/hf.py --device cuda --overhead                 (the engine's fixed cost per step, launch-bound)
 set -u
 cd "$(dirname "$0")/.."
 PYTEST_TIMEOUT=${PYTEST_TIMEOUT:-190}
 BENCH_TIMEOUT=${BENCH_TIMEOUT:-240}
+OVERHEAD_TIMEOUT=${OVERHEAD_TIMEOUT:-90}
 BENCH_ARGS=${BENCH_ARGS:---device cuda}
 OUT=${OUT:-}
 if [ -n "$OUT" ]; then
@@ -82,6 +84,7 @@ for f in peers status_gpu status_cpu job; do
 done
 # shellcheck disable=SC2086  # BENCH_ARGS is a list of flags
 step "bench/hf.py" "$BENCH_TIMEOUT" python3 bench/hf.py $BENCH_ARGS
+step "bench/hf.py --overhead" "$OVERHEAD_TIMEOUT" python3 bench/hf.py --device cuda --overhead
 
 echo
 echo "=== gpu_check: exit $status after $(($(date +%s) - began)) s"

@@ -14,7 +14,11 @@ with larger models; part 2 is one GPU daemon alone (a Llama of :data:`GPU_LLAMA`
 against a plain ``transformers`` loop of the same model and batch on that GPU: goal at least 0.9x. About three
 minutes on an H100 (``bench/gpu_check.sh`` runs it).
 
-    python bench/hf.py [--quick] [--no-swarm | --swarm-only] [--device cpu|cuda]
+``--overhead``: only the engine's fixed cost per step: the solo engine against a plain loop of the same tiny model
+(:data:`OVERHEAD_MODEL`), batch, AdamW, clipping and precision, alternating rounds in one process (half a minute
+on two CPU cores; ``bench/gpu_check.sh`` runs it on the GPU too, where the model is launch-bound).
+
+    python bench/hf.py [--quick] [--no-swarm | --swarm-only | --overhead] [--device cpu|cuda]
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from arceusd.models.hf.blocks import build_hf_block, tie_hf_blocks, transformers
 from arceusd.models.hf.config import HFModelConfig, hf_config_from_dict, num_hf_blocks
 from arceusd.worker.engine import EngineConfig, StageEngine
 from arceusd.worker.links import InMemoryFabric
+from arceusd.worker.optim import AdamWConfig, LRSchedule, OptimizerConfig
 from arceusd.worker.pending_step import PendingStep
 from arceusd.worker.process import SpecLR, optimizer_config
 from arceusd.worker.stage import StageSpec, build_stage
@@ -371,6 +376,43 @@ def timed_loop(step: Callable[[int], None], seconds: float) -> float:
     return done / (time.perf_counter() - began)
 
 
+def solo_engine(
+    model: HFModelConfig,
+    seed: int,
+    optimizer: OptimizerConfig,
+    lr_schedule: LRSchedule,
+    max_grad_norm: float,
+    bf16: bool,
+) -> StageEngine:
+    """The engine of a job's only worker, as ``process.py`` builds it: one stage holding every block on
+    :data:`DEVICE` (``max_grad_norm``: ``inf`` when the spec does not clip: the worker always takes the norm)."""
+    module = build_stage(model, seed, StageSpec(0, num_hf_blocks(model)))
+    config = EngineConfig(
+        stage=0,
+        num_stages=1,
+        num_micro_batches=1,
+        optimizer=optimizer,
+        lr_schedule=lr_schedule,
+        max_grad_norm=max_grad_norm,
+        autocast_bf16=bf16,
+        device=DEVICE,
+    )
+    return StageEngine(module, InMemoryFabric([1]).links(0), config)
+
+
+def lagged_steps(engine: StageEngine, lag: bool = True) -> Callable[[torch.Tensor, torch.Tensor], None]:
+    """A step function running ``engine.launch_step`` as the worker does: a step's figures read once the next is
+    queued (``lag``), else at once (the worker before ``pending_step.py``)."""
+    queued: list[PendingStep] = []
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> None:
+        queued.append(engine.launch_step(x, y))
+        if len(queued) > (1 if lag else 0):
+            queued.pop(0).result()
+
+    return step
+
+
 def engine_steps_per_s(spec: Any, seconds: float, lag: bool = True) -> float:
     """The stage worker's engine (``StageEngine.launch_step``: one stage holding every block, bf16 autocast, the
     spec's AdamW and learning rate, the grad norm the worker always takes) on the spec's batches, in this process:
@@ -379,30 +421,17 @@ def engine_steps_per_s(spec: Any, seconds: float, lag: bool = True) -> float:
     ``pending_step.py``), the baseline the lag is measured against in the same run."""
 
     t = spec.training
-    module = build_stage(spec.model, spec.seed, StageSpec(0, num_hf_blocks(spec.model)))
-    engine = StageEngine(
-        module,
-        InMemoryFabric([1]).links(0),
-        EngineConfig(
-            stage=0,
-            num_stages=1,
-            num_micro_batches=1,
-            optimizer=optimizer_config(t),
-            lr_schedule=SpecLR(max_lr=t.lr, training=t),
-            max_grad_norm=t.grad_clip if t.grad_clip > 0 else math.inf,
-            autocast_bf16=True,
-            device=DEVICE,
-        ),
+    engine = solo_engine(
+        spec.model,
+        spec.seed,
+        optimizer_config(t),
+        SpecLR(max_lr=t.lr, training=t),
+        t.grad_clip if t.grad_clip > 0 else math.inf,
+        bf16=True,
     )
     source = open_batch_source(spec)
-    queued: list[PendingStep] = []
-
-    def step(i: int) -> None:  # as the worker does: step i's figures read once step i + 1 is queued
-        queued.append(engine.launch_step(*source.batch(i)))
-        if len(queued) > (1 if lag else 0):
-            queued.pop(0).result()
-
-    return timed_loop(step, seconds)
+    run = lagged_steps(engine, lag)
+    return timed_loop(lambda i: run(*source.batch(i)), seconds)
 
 
 def plain_steps_per_s(spec: Any, seconds: float) -> tuple[float, int]:
@@ -424,6 +453,95 @@ def plain_steps_per_s(spec: Any, seconds: float) -> tuple[float, int]:
         optimizer.step()
 
     return timed_loop(step, seconds), sum(p.numel() for p in trainer.parameters())
+
+
+OVERHEAD_MODEL = (12, 32, 2, 16, 128, 2)
+"""``--overhead``'s Llama: layers, width, heads, context, vocabulary, batch: a step of a few milliseconds on one CPU
+thread (and launch-bound on a GPU), so what the engine adds per step is most of what differs."""
+
+
+def plain_adamw(params: Iterator[nn.Parameter], c: AdamWConfig) -> torch.optim.Optimizer:
+    """``torch.optim.AdamW`` as a tuned plain loop sets it: the fused kernel (foreach where there is none)."""
+    kwargs: dict[str, Any] = {"lr": c.lr, "betas": (c.beta1, c.beta2), "eps": c.eps, "weight_decay": c.weight_decay}
+    try:
+        return torch.optim.AdamW(list(params), fused=True, **kwargs)
+    except RuntimeError:  # pragma: no cover - no fused kernel for this device or torch
+        return torch.optim.AdamW(list(params), foreach=True, **kwargs)
+
+
+def ms_per_step(
+    step: Callable[[torch.Tensor, torch.Tensor], None], batches: list[Any], steps: int
+) -> tuple[float, float]:
+    """Milliseconds a step of ``step`` over ``batches``: wall-clock, and this process's CPU time (what a busy
+    shared machine's other processes do not inflate: the fixed cost measured on the CPU)."""
+    sync()
+    began, cpu = time.perf_counter(), time.process_time()
+    for i in range(steps):
+        step(*batches[i % len(batches)])
+    sync()
+    return (time.perf_counter() - began) * 1000 / steps, (time.process_time() - cpu) * 1000 / steps
+
+
+def part_overhead(quick: bool) -> tuple[float, float]:
+    """The engine's fixed cost per step (``--overhead``): the solo engine (as part 2 runs it alone: one stage,
+    ``launch_step`` with the lagged read, AdamW, clipping at 1.0) against a plain ``transformers`` loop of the same
+    model, batch, AdamW (torch's fused kernel), clipping (``clip_grad_norm_``, foreach) and precision (bf16 autocast
+    on a GPU), in one process, on a model so small that a step is a few milliseconds: alternating rounds (the
+    machine is shared: medians, and each round's ratio; on the CPU also in CPU time, which the neighbours do not
+    inflate). Returns the medians in ms (engine, plain): wall-clock on a GPU, CPU time on the CPU."""
+    layers, width, heads, context, vocab, batch = OVERHEAD_MODEL
+    rounds, steps = (5, 10) if quick else (9, 25)
+    threads = torch.get_num_threads()
+    if DEVICE == "cpu":
+        torch.set_num_threads(1)  # the per-step work is one thread's; fewer threads, less noise from the neighbours
+    config = llama_config(layers, width, heads, context, vocab)
+    optimizer, clip = AdamWConfig(lr=1e-3), 1.0
+    engine = lagged_steps(solo_engine(config, 0, optimizer, LRSchedule(max_lr=optimizer.lr), clip, DEVICE == "cuda"))
+    model = Plain(config).to(DEVICE)
+    plain_optimizer = plain_adamw(model.parameters(), optimizer)
+
+    def plain(x: torch.Tensor, y: torch.Tensor) -> None:
+        plain_optimizer.zero_grad()
+        with precision():
+            logits = model(x.to(DEVICE, non_blocking=True))
+            loss = nn.functional.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]).float(), y.to(DEVICE, non_blocking=True).reshape(-1)
+            )
+        loss.backward()  # type: ignore[no-untyped-call]
+        nn.utils.clip_grad_norm_(model.parameters(), clip, foreach=True)
+        plain_optimizer.step()
+
+    gen = torch.Generator().manual_seed(0)
+    ids = [torch.randint(0, vocab, (batch, context + 1), generator=gen) for _ in range(8)]
+    batches = [(t[:, :-1], t[:, 1:]) for t in ids]  # on the CPU, as the worker gets them
+    # the plain loop's already pinned on a GPU (a DataLoader's pin_memory): the engine pins its own every step
+    pinned = [(x.pin_memory(), y.pin_memory()) for x, y in batches] if DEVICE == "cuda" else batches
+    ms_per_step(engine, batches, 5)  # warm-up
+    ms_per_step(plain, pinned, 5)
+    ours, theirs = [], []
+    for _ in range(rounds):
+        ours.append(ms_per_step(engine, batches, steps))
+        theirs.append(ms_per_step(plain, pinned, steps))
+    where = (
+        f"{torch.cuda.get_device_name()}, bf16 autocast" if DEVICE == "cuda" else f"{torch.get_num_threads()} thread"
+    )
+    torch.set_num_threads(threads)
+    print(
+        f"overhead: a Llama of {layers} layers x {width} wide, context {context}, vocabulary {vocab}, batch {batch} "
+        f"({where}); {rounds} alternating rounds of {steps} steps; the solo engine against a plain loop"
+    )
+    medians = []
+    for kind, k in (("wall-clock", 0), ("CPU time", 1)):
+        a = sorted(o[k] for o in ours)[rounds // 2]
+        b = sorted(t[k] for t in theirs)[rounds // 2]
+        ratios = sorted(t[k] / o[k] for o, t in zip(ours, theirs, strict=True))
+        medians.append((a, b))
+        print(
+            f"  {kind}: the engine {a:.2f} ms/step, the plain loop {b:.2f} (medians): {a - b:+.2f} ms a step; "
+            f"the engine's rate {b / a:.2f}x the plain loop's (rounds: {ratios[0]:.2f}x-{ratios[-1]:.2f}x)"
+        )
+    med_ours, med_theirs = medians[0] if DEVICE == "cuda" else medians[1]
+    return med_ours, med_theirs
 
 
 def part_two_cuda(quick: bool) -> None:
@@ -475,11 +593,17 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="small models, short runs")
     parser.add_argument("--no-swarm", action="store_true", help="part 1 only (no daemons)")
     parser.add_argument("--swarm-only", action="store_true", help="part 2 only")
+    parser.add_argument(
+        "--overhead", action="store_true", help="only the engine's fixed cost per step against a plain loop"
+    )
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where to train (cuda: bf16)")
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: torch sees no CUDA device here; run on a GPU machine or use --device cpu")
     DEVICE = args.device
+    if args.overhead:
+        part_overhead(args.quick)
+        return 0
     if not args.swarm_only:
         part_one(args.quick)
     if not args.no_swarm:

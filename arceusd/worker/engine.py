@@ -146,16 +146,21 @@ class StageEngine:
         self.compression = compression
         self.loss_fn = loss_fn
         self.optimizer = make_optimizer(self.module.named_parameters(), config.optimizer)
+        self._params = tuple(self.module.parameters())
+        """The stage's parameters, its norm's share and whether it is split, read once: walking the module tree
+        for them (and for ``train()``) cost milliseconds a step on a 12-layer model."""
+        self._norm_params = tuple(self.module.norm_parameters())
+        self._tensor_parallel = module.tensor_parallel
         self.step = 0
         self.is_first = config.stage == 0
         self.is_last = config.stage == config.num_stages - 1
         self.sends = module.rank == 0
         self.replicas = replicas
         if replicas is not None and replicas.mode is SyncMode.DILOCO:
-            replicas.start(list(self.module.parameters()))
+            replicas.start(list(self._params))
         if replicas is not None and replicas.mode is SyncMode.ALLREDUCE:  # overlap the all-reduce with backward
-            replicas.attach(list(self.module.parameters()), config.num_micro_batches)
-        self.solo = config.num_stages == 1 and replicas is None and self.tied is None and not module.tensor_parallel
+            replicas.attach(list(self._params), config.num_micro_batches)
+        self.solo = config.num_stages == 1 and replicas is None and self.tied is None and not self._tensor_parallel
         """The only worker of its job: its step's scalars never cross a link, so they stay on the device until the
         caller reads them (:meth:`launch_step`, ``pending_step.py``)."""
 
@@ -179,7 +184,8 @@ class StageEngine:
             targets=split_micro_batches(targets, m) if targets is not None else [],
             num_targets=targets.numel() if targets is not None else 0,
         )
-        self.module.train()
+        if not self.module.training:  # an evaluation left it in eval mode (it sets train() back itself)
+            self.module.train()
         self.optimizer.zero_grad()
         if self.group_timer is not None:
             self.group_timer.take()
@@ -305,7 +311,7 @@ class StageEngine:
         elif isinstance(action, RecvGrad):
             run.grads[action.micro_batch] = self._decode(self.links.recv_grad(action.micro_batch))
         elif isinstance(action, Backward):
-            if action.defer_weights and not self.module.tensor_parallel:
+            if action.defer_weights and not self._tensor_parallel:
                 self._backward_input(action.micro_batch, run)
             else:  # a tensor-parallel stage runs its backwards whole: the split is untested with its collectives
                 self._backward(action.micro_batch, run)
@@ -341,7 +347,7 @@ class StageEngine:
         """Only the gradient of the stage's input (sent at once); the parameters' wait for ``WeightGrad``."""
         x, _ = run.stash[i]
         root, grad = self._root(i, run)
-        gx, pending = backward_input(root, grad, x, list(self.module.parameters()))
+        gx, pending = backward_input(root, grad, x, list(self._params))
         run.deferred[i] = pending
         run.input_grads[i] = self._input_grad(i, gx)
         if self.is_last:
@@ -376,7 +382,7 @@ class StageEngine:
         report = float(run.loss_acc) if (self.is_last and self.sends and run.loss_acc is not None) else 0.0
         if self.replicas is not None and self.replicas.mode is SyncMode.ALLREDUCE:
             began_sync = time.perf_counter()
-            report = self.replicas.average_grads(list(self.module.parameters()), report)
+            report = self.replicas.average_grads(list(self._params), report)
             run.wait_s += time.perf_counter() - began_sync
         if self.tied is not None and self.module.tied is not None:  # one weight: both ends use the summed gradient
             began_tied = time.perf_counter()
@@ -391,8 +397,8 @@ class StageEngine:
                 return total_sq
 
             grad_norm = clip_grad_norm_global(
-                list(self.module.parameters()),
-                self.module.norm_parameters(),
+                list(self._params),
+                self._norm_params,
                 self.config.max_grad_norm,
                 reduce_with_loss,
             )
@@ -402,7 +408,7 @@ class StageEngine:
         self.optimizer.step(lr)
         if self.replicas is not None:  # DiLoCo's outer sync every h steps: a wait on the ring, not compute
             began_outer = time.perf_counter()
-            self.replicas.after_step(list(self.module.parameters()), self.step + 1)
+            self.replicas.after_step(list(self._params), self.step + 1)
             run.wait_s += time.perf_counter() - began_outer
         spent = time.perf_counter() - began - (run.wait_s - waited)
         result = StepResult(
@@ -427,10 +433,10 @@ class StageEngine:
             raise RuntimeError("a one-stage step ended without a loss")  # pragma: no cover - schedule bug
         norm = None
         if self.config.max_grad_norm is not None:
-            sq = device_grad_sq_norm(self.module.norm_parameters())
+            sq = device_grad_sq_norm(self._norm_params)
             if sq is None:  # no parameter has a gradient (a frozen base without adapters here)
                 sq = torch.zeros((), dtype=torch.float64, device=self.device)
-            norm = clip_grads_on_device(list(self.module.parameters()), sq, self.config.max_grad_norm)
+            norm = clip_grads_on_device(self._params, sq, self.config.max_grad_norm)
         self.optimizer.step(lr)
         template = StepResult(
             step=self.step, loss=math.nan, grad_norm=None, lr=lr, optimizer_s=time.perf_counter() - began

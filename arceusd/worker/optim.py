@@ -134,6 +134,12 @@ class AdamW(StageOptimizer):
         self.exp_avg_sq: dict[str, torch.Tensor] = {}
         self.fused: bool | None = None
         """Whether the fused kernel ran (None before the first step)."""
+        self._steps: dict[str, torch.Tensor] = {}
+        """Each parameter's step count as the kernel reads it (a float32 scalar on the parameter's device), kept
+        from step to step as ``torch.optim.AdamW``'s ``state["step"]`` is: the kernel increments it itself."""
+        self._held: dict[str, int] = {}
+        """The count each of :attr:`_steps` holds; one that is not :attr:`step_count` is set before the update
+        (after ``load_state_tensors``, or for a parameter that had no gradient on a step)."""
 
     @torch.no_grad()
     def step(self, lr: float) -> None:
@@ -152,12 +158,29 @@ class AdamW(StageOptimizer):
             self._update(names, lr, fused=False)
         self.step_count += 1
 
+    def _step_tensors(self, names: list[str]) -> list[torch.Tensor]:
+        """The step count of each of ``names``' parameters, as a tensor on its device holding
+        :attr:`step_count` (every parameter of a stage has taken every step: a checkpoint restores
+        ``step_count``). Kept from step to step and set on the device (``fill_``, a kernel): a tensor made from a
+        Python number on a GPU (``torch.tensor(n, device=...)``) is a copy from pageable memory, which waits for
+        every kernel queued before it: one wait per parameter per step drained the GPU at each update."""
+        out = []
+        for n in names:
+            t = self._steps.get(n)
+            if t is None:
+                p = self.params[n]
+                t = self._steps[n] = torch.full((), float(self.step_count), dtype=torch.float32, device=p.device)
+            elif self._held.get(n) != self.step_count:
+                t.fill_(float(self.step_count))
+            out.append(t)
+        return out
+
     def _update(self, names: list[str], lr: float, *, fused: bool) -> None:
         c = self.config
         params: list[torch.Tensor] = [self.params[n] for n in names]
-        # Every parameter of a stage has taken every step (a checkpoint restores step_count); torch's kernel
-        # reads the count from a tensor per parameter and increments it itself.
-        steps = [torch.tensor(float(self.step_count), device=p.device) for p in params]
+        steps = self._step_tensors(names)
+        for n in names:  # unknown until the kernel has counted the step (a failed call may have counted some)
+            self._held.pop(n, None)
         torch_adamw(
             params,
             [p.grad for p in params if p.grad is not None],
@@ -175,6 +198,7 @@ class AdamW(StageOptimizer):
             eps=c.eps,
             maximize=False,
         )
+        self._held.update(dict.fromkeys(names, self.step_count + 1))  # torch's kernel incremented them
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         out = {f"{n}.exp_avg": t for n, t in self.exp_avg.items()}

@@ -133,6 +133,67 @@ def test_adamw_resumed_from_its_state_continues_exactly() -> None:
         assert torch.equal(a, b)
 
 
+def test_adamw_keeps_each_step_count_on_the_device_and_steps_as_a_fresh_count_would() -> None:
+    """The step counts torch's kernel reads are kept from step to step and set on the device (a tensor made from a
+    Python number on a GPU waits for the whole queue: once per parameter per step): the fused kernel's step makes
+    no tensor from Python data after the first step, and the parameters equal, to the bit, those of the functional
+    ``adamw`` fed a fresh count every step (the optimizer before), through a step on which one parameter has no
+    gradient, a resume at another step count, and the foreach fallback."""
+    from torch.optim.adamw import adamw as torch_adamw
+
+    from tests.unit.test_solo_engine import DeviceWaits
+
+    config = AdamWConfig(lr=0.01, weight_decay=0.1)
+    for fused in (True, False):
+        model, ref = _model(0), _model(0)
+        opt = AdamW(model.named_parameters(), config)
+        opt.fused = None if fused else False
+        names = [n for n, _ in ref.named_parameters()]
+        avg = {n: torch.zeros_like(p) for n, p in ref.named_parameters()}
+        avg_sq = {n: torch.zeros_like(p) for n, p in ref.named_parameters()}
+        count = 0
+        for step in range(7):
+            if step == 4:  # a resume at another step count: the kept counts are set to it
+                opt.load_state_tensors(opt.state_tensors(), 10)
+                count = 10
+            gen = torch.Generator().manual_seed(200 + step)
+            x, y = torch.randn(8, 6, generator=gen), torch.randn(8, 3, generator=gen)
+            for m in (model, ref):
+                m.zero_grad(set_to_none=True)
+                ((m(x) - y) ** 2).mean().backward()
+                if step == 2:  # the last bias has no gradient on this step
+                    m[2].bias.grad = None
+            waits = DeviceWaits()
+            with waits:
+                opt.step(config.lr)
+            if fused and step > 0:  # (torch's own foreach path makes one for CPU counts only)
+                assert waits.seen == [], step
+            with torch.no_grad():
+                have = [n for n, p in ref.named_parameters() if p.grad is not None]
+                params = dict(ref.named_parameters())
+                torch_adamw(
+                    [params[n] for n in have],
+                    [params[n].grad for n in have],  # type: ignore[misc]
+                    [avg[n] for n in have],
+                    [avg_sq[n] for n in have],
+                    [],
+                    [torch.tensor(float(count)) for _ in have],
+                    foreach=not fused,
+                    fused=fused,
+                    amsgrad=False,
+                    beta1=config.beta1,
+                    beta2=config.beta2,
+                    lr=config.lr,
+                    weight_decay=config.weight_decay,
+                    eps=config.eps,
+                    maximize=False,
+                )
+            count += 1
+            for n, a, b in zip(names, model.parameters(), ref.parameters(), strict=True):
+                assert torch.equal(a, b), (fused, step, n)
+        assert opt.fused is fused and opt.step_count == 13
+
+
 def test_global_clipping_over_split_parameters_matches_clip_grad_norm() -> None:
     for max_norm in (0.05, 1e3):
         full, split = _model(3), _model(3)

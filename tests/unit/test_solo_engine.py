@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from arceusd.models.config import GPTConfig
 from arceusd.worker.engine import EngineConfig, StageEngine
@@ -56,6 +57,39 @@ def test_a_launched_step_is_read_when_asked_and_once() -> None:
     r0, r1 = first.result(), second.result()
     assert r0 is first.result()  # read once
     assert math.isfinite(r0.loss) and r0.loss != r1.loss and r0.grad_norm and r1.grad_norm
+
+
+class DeviceWaits(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """Counts the operations that, on a GPU, wait for the device: a read back to the host (``item``, ``float``,
+    ``bool`` of a tensor, ``nonzero``, ``equal``) or a tensor made from Python data (a copy from pageable
+    memory). On the CPU they run as anywhere, so the count is the one a GPU run would wait on."""
+
+    READS = ("_local_scalar_dense", "nonzero", "is_nonzero", "equal", "lift_fresh", "lift_fresh_copy")
+
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.seen: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if func.overloadpacket.__name__ in self.READS:
+            self.seen.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("clip", [0.05, math.inf])
+def test_a_solo_step_queues_without_waiting_for_the_device(clip: float) -> None:
+    """Nothing in a launched step of the job's only worker waits for the device (forward, loss, backward, norm,
+    clipping, AdamW: a step tensor made per parameter drained the GPU at every update): it waits only when its
+    figures are read. An evaluation's eval mode does not outlive the next step."""
+    engine = _engine(clip, 2)
+    engine.run_step(*_batch(0))  # the first step makes the optimizer's state
+    engine.module.eval()
+    waits = DeviceWaits()
+    with waits:
+        pending = [engine.launch_step(*_batch(step)) for step in (1, 2)]
+    assert waits.seen == []
+    assert engine.module.training
+    assert all(math.isfinite(p.result().loss) for p in pending)
 
 
 def test_device_norm_and_clipping_match_the_host_functions() -> None:
