@@ -16,7 +16,7 @@ import pytest
 import trio
 
 from arceusd.jobs.procs.fork_server import parse_order, parse_preload
-from arceusd.jobs.procs.warm_starts import SUPPORTED, WarmStarts, preloads_for
+from arceusd.jobs.procs.warm_starts import SUPPORTED, ForkedProcess, WarmStarts, preloads_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not SUPPORTED, reason="fork server needs Linux pidfds")]
 
@@ -252,6 +252,55 @@ def test_a_speed_challenge_is_forked_ready_in_well_under_a_cold_start_and_solves
         finally:
             await child.close()
             await cold_child.close()
+            await starts.close()
+
+    trio.run(main)
+
+
+def children_of(pid: int | None) -> list[int]:
+    """The live (not zombie) child processes of ``pid``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid and fields[0] != "Z":
+                found.append(int(entry.name))
+    return found
+
+
+def test_an_order_cancelled_while_it_waits_for_its_fork_leaves_the_next_program_its_own_pid() -> None:
+    """A start cancelled between sending its order and the server's answer (the server still importing: seconds)
+    must not leave that answer for the next order: the next program would be given the cancelled one's pid (its
+    exit code, its kill going to another process). Each program's pid is the process holding its pipes."""
+
+    async def main() -> None:
+        starts = WarmStarts()
+        with trio.move_on_after(0.05) as scope:  # the server imports for seconds: the order waits, cancelled
+            await starts.spawn("arceusd.worker.speed_challenge", ["solve", "256", "1", "1", "cpu"], Path(os.devnull))
+        assert scope.cancelled_caught
+        proc = await starts.spawn("arceusd.worker.speed_challenge", ["solve", "256", "1", "1", "cpu"], Path(os.devnull))
+        try:
+            assert isinstance(proc, ForkedProcess)
+            assert parent_of(proc.pid) == starts.server_pid
+            assert isinstance(proc.stdout, trio.lowlevel.FdStream)
+            ours = os.readlink(f"/proc/self/fd/{proc.stdout.fileno()}")  # the pipe this program writes to
+            for _ in range(100):  # (just forked, it may not have taken its pipes yet)
+                if os.readlink(f"/proc/{proc.pid}/fd/1") == ours:
+                    break
+                await trio.sleep(0.1)
+            assert os.readlink(f"/proc/{proc.pid}/fd/1") == ours, "the program's pid is another process's"
+            # and the cancelled start's program is not left running (killed once its answer came)
+            for _ in range(100):
+                if children_of(starts.server_pid) == [proc.pid]:
+                    break
+                await trio.sleep(0.1)
+            assert children_of(starts.server_pid) == [proc.pid]
+        finally:
+            proc.kill()
+            await proc.wait()
             await starts.close()
 
     trio.run(main)

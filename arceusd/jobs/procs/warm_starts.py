@@ -287,7 +287,10 @@ class WarmStarts:
                 fds = array.array("i", [stdin_r, stdout_w, err])
                 await sock.sendmsg([order], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds.tobytes())])
                 sent = trio.current_time()
-                with trio.move_on_after(ORDER_TIMEOUT_S):
+                # once the order is out, its answer is taken here whatever happens to the caller: an answer left
+                # unread went to the next order, whose program was then given this one's pid (its exit code;
+                # its kill sent to another process)
+                with trio.CancelScope(shield=True), trio.move_on_after(ORDER_TIMEOUT_S):
                     reply = await self._replies.receive()
                 if reply is not None and not self._forked:
                     self._forked, self.import_wait_s = True, round(trio.current_time() - sent, 3)
@@ -312,6 +315,11 @@ class WarmStarts:
         if early is not None:
             proc.reported(early)
         trio.lowlevel.spawn_system_task(self._watch, proc)
+        try:
+            await trio.lowlevel.checkpoint_if_cancelled()  # a caller cancelled while its answer came: no program
+        except BaseException:
+            proc.kill()
+            raise
         return proc
 
     async def _watch(self, proc: ForkedProcess) -> None:
