@@ -41,6 +41,7 @@ def test_programs_forked_from_the_server_get_their_stdin_stdout_stderr_and_exit_
         answer = json.loads(out.decode().strip().splitlines()[-1])
         assert "JSONDecodeError" in answer["error"]
         assert b"Traceback" in err  # its stderr went to the file it was given
+        assert err.startswith(b"Traceback") and b"found in sys.modules" not in err  # (no runpy warning first)
         # the next program is forked at once (no refill), and its usage error is its own
         began = time.monotonic()
         code, out, err = await starts.run("arceusd.jobs.procs.filework", ["nope"], b"")

@@ -43,6 +43,7 @@ import socket
 import sys
 import threading
 import traceback
+import warnings
 from typing import NoReturn
 
 PROGRAMS = {
@@ -123,6 +124,12 @@ def _received_fds(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
 def _run_program(module: str, argv: list[str]) -> int:
     """Run ``module`` as ``python -m`` would: its exit code (a traceback and 1 for an uncaught exception)."""
     sys.argv = [module, *argv]
+    # runpy warns that a module the server preloaded is in sys.modules before it runs as __main__ (as it should:
+    # a fresh copy runs, as under python -m); the warning opened every forked filework's stderr, and so every
+    # failure's message in the daemon's log, where it read like the cause
+    warnings.filterwarnings(
+        "ignore", message=r".* found in sys\.modules after import of package", category=RuntimeWarning
+    )
     try:
         runpy.run_module(module, run_name="__main__", alter_sys=True)
         code: int = 0
