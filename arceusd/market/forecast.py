@@ -150,6 +150,9 @@ class Forecast:
     busier: float = 1.0
     """How much slower the machine may run the job than when this daemon measured its jobs (its load now over
     theirs: :func:`arceusd.market.timings.busier`); the range's high end is stretched by it."""
+    in_flight_cap: int = 0
+    """The plan's cap on micro-batches in flight (``partitioner.Plan.in_flight_cap``: the model fits these devices
+    no other way, and its predicted step is the slower for it); 0: none."""
 
     @property
     def hours(self) -> float:
@@ -170,8 +173,9 @@ class Forecast:
     def lines(self) -> list[str]:
         """The forecast for people (``arceusd submit --quote``)."""
         return [
-            f"plan      {len(self.devices)} device(s), predicted {1000 * self.predicted_step_s:.1f} ms/step "
-            f"(the planner's model)",
+            f"plan      {len(self.devices)} device(s), "
+            + (f"at most {self.in_flight_cap} micro-batch(es) in flight to fit memory, " if self.in_flight_cap else "")
+            + f"predicted {1000 * self.predicted_step_s:.1f} ms/step (the planner's model)",
             f"time      {_secs(self.seconds)} ({_secs(self.low_s)} to {_secs(self.high_s)}): start {self.start_s:.1f} s"
             f" + {self.steps} steps x {1000 * self.step_s:.1f} ms + {self._pauses()} + end {self.end_s:.1f} s",
             f"cost      ${self.usd:.6f} (${self.low_usd:.6f} to ${self.high_usd:.6f}) for {len(self.paid)} paid "
@@ -372,6 +376,7 @@ def from_plan(
         work(factor.value, mid) * per_s,
         -1.0 if pause is None else pause.value,
         slower,
+        max(plan.in_flight_cap for plan in rp.replicas),
     )
 
 

@@ -120,6 +120,8 @@ def test_four_devices_train_what_one_device_refuses(tmp_path: Path) -> None:
         # a model whose activations need fewer micro-batches in flight: planned so, and trained to the end
         deep = tmp_path / "deep.toml"
         deep.write_text(DEEP_SPEC)
+        quoted = cli(swarm.state_dir(0), "submit", str(deep), "--quote", "--members", "4")
+        assert "at most 2 micro-batch(es) in flight to fit memory" in quoted.stdout, quoted.stdout
         submitted = cli(swarm.state_dir(0), "submit", str(deep), "--members", "4")
         assert submitted.returncode == 0, submitted.stderr
         end = wait_end(swarm, submitted.stdout.split()[2], timeout=180)
