@@ -201,3 +201,44 @@ def test_gpt2_blocks_compute_gelu_new_in_one_fused_kernel() -> None:
     assert isinstance(act, TanhGELU)
     x = torch.randn(4096, generator=torch.Generator().manual_seed(5)) * 4
     torch.testing.assert_close(act(x), NewGELUActivation()(x), rtol=1e-6, atol=1e-6)
+
+
+def test_a_rotary_block_computes_cos_and_sin_once_per_length() -> None:
+    """A Llama-style block computes its rotary ``cos``/``sin`` once per sequence length, device and dtype (a
+    stage's every layer recomputed them every step; the library's model does once per forward): the same outputs
+    and gradients, to the bit, as a block computing them afresh; a new length, dtype or a move recomputes; a
+    forward in inference mode keeps nothing (its tensors could not be saved for a training step's backward)."""
+    from arceusd.models.hf.blocks import HFDecoderBlock, build_hf_block
+
+    cfg = hf_cases.config("llama")
+    block, fresh = build_hf_block(cfg, 1, seed=SEED), build_hf_block(cfg, 1, seed=SEED)
+    assert isinstance(block, HFDecoderBlock) and isinstance(fresh, HFDecoderBlock) and block.rotary is not None
+    calls = 0
+    rotary_forward = block.rotary.forward
+
+    def counted(*args: object, **kwargs: object) -> object:
+        nonlocal calls
+        calls += 1
+        return rotary_forward(*args, **kwargs)
+
+    block.rotary.forward = counted
+    gen = torch.Generator().manual_seed(11)
+    for step, length in enumerate((cfg.block_size, cfg.block_size, cfg.block_size, cfg.block_size - 3)):
+        x = torch.randn(2, length, cfg.hidden, generator=gen)
+        xa, xb = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+        fresh._rope = None  # afresh every time
+        ya, yb = block(xa), fresh(xb)
+        assert torch.equal(ya, yb), step
+        ya.square().sum().backward()
+        yb.square().sum().backward()
+        assert xa.grad is not None and xb.grad is not None and torch.equal(xa.grad, xb.grad), step
+        for (name, p), q in zip(block.named_parameters(), fresh.parameters(), strict=True):
+            assert p.grad is not None and q.grad is not None and torch.equal(p.grad, q.grad), (step, name)
+    assert calls == 2  # once for each length
+    block.double()  # a new dtype and frequencies' tensor
+    block(torch.randn(2, 5, cfg.hidden, dtype=torch.float64, generator=gen))
+    assert calls == 3
+    block._rope = None
+    with torch.inference_mode():
+        block(torch.randn(2, 5, cfg.hidden, dtype=torch.float64, generator=gen))
+    assert block._rope is None and calls == 4

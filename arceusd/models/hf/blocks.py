@@ -102,22 +102,40 @@ class HFEmbedding(nn.Module):
         return x
 
 
+RopeCosSin = tuple[torch.Tensor, torch.Tensor]
+
+
 class HFDecoderBlock(nn.Module):
-    """One decoder layer of the library's class; rotary embeddings computed here, per stage."""
+    """One decoder layer of the library's class; rotary embeddings computed here, once for each sequence length,
+    device and dtype: the same positions every step give the same ``cos``/``sin``, which the library's model
+    computes once per forward (here a stage's every layer recomputed them every step: a dozen kernels a layer)."""
 
     def __init__(self, config: HFModelConfig, layer: nn.Module, rotary: nn.Module | None) -> None:
         super().__init__()
         self.gpt2 = config.is_gpt2
         self.layer = layer
         self.rotary = rotary
+        self._rope: tuple[tuple[int, torch.device, torch.dtype], torch.Tensor, torch.Tensor, RopeCosSin] | None = None
+        """((length, device, dtype), the frequencies' tensor, positions, (cos, sin)) of the last forward: not a
+        buffer (neither saved nor moved; ``.to()`` replaces the frequencies' tensor, so a moved block recomputes)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gpt2:
             out: torch.Tensor = self.layer(x, attention_mask=None)  # (B, T, C)
             return out
         assert self.rotary is not None
-        pos = torch.arange(x.shape[1], device=x.device).unsqueeze(0)  # (1, T)
-        cos_sin = self.rotary(x, pos)  # each (1, T, hd)
+        key, inv_freq = (x.shape[1], x.device, x.dtype), cast(torch.Tensor, self.rotary.inv_freq)
+        cached = self._rope
+        if cached is not None and cached[0] == key and cached[1] is inv_freq:
+            pos, cos_sin = cached[2], cached[3]
+        else:
+            pos = torch.arange(x.shape[1], device=x.device).unsqueeze(0)  # (1, T)
+            cos_sin = cast(RopeCosSin, self.rotary(x, pos))  # each (1, T, hd)
+            # A RoPE that rescales with the length it sees (dynamic, longrope) is recomputed every time; an
+            # inference tensor could not be saved for a later training step's backward.
+            static = not any(kind in str(getattr(self.rotary, "rope_type", "")) for kind in ("dynamic", "longrope"))
+            if static and not torch.is_inference_mode_enabled():
+                self._rope = (key, inv_freq, pos, cos_sin)
         y: torch.Tensor = self.layer(x, attention_mask=None, position_ids=pos, position_embeddings=cos_sin)
         return y
 
