@@ -43,7 +43,7 @@ def exhaustive_plan(inputs: PlanInputs) -> Plan | None:
     any_tp = any(c >= 2 for c in cm.tp_cap)
     max_tp = min(cm.training.max_tensor_parallel, cm.n) if any_tp else 1
     counts = cm.training.usable_micro_batch_counts()
-    for cap in (0, *range(max(counts, default=1) - 1, 0, -1)):
+    for cap in (0, *range(min(max(counts, default=1) - 1, cm.n), 0, -1)):
         best: Plan | None = None
         for stages in _placements(cm, max_tp):
             for m in counts:

@@ -282,8 +282,9 @@ def plan(inputs: PlanInputs, exact_max_devices: int = EXACT_MAX_DEVICES) -> Plan
         return best_plan
 
     # uncapped first; only a model that fits no such plan is planned with fewer micro-batches in flight, the
-    # most that fits (the fewer, the slower: cost.py's capped 1F1B)
-    for in_flight_cap in (0, *range(max(counts) - 1, 0, -1)):
+    # most that fits (the fewer, the slower: cost.py's capped 1F1B); no stage of n devices holds more than n + 1
+    # (its look-ahead), so a larger cap changes nothing
+    for in_flight_cap in (0, *range(min(max(counts) - 1, cm.n), 0, -1)):
         found_plan = best(in_flight_cap)
         if found_plan is not None:
             return found_plan
