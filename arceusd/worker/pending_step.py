@@ -3,9 +3,9 @@
 Owns how a worker reads a step's scalars (loss, gradient norm) without stalling the device. A read of a GPU tensor
 waits for everything queued before it, so a worker that read its loss at the end of every step left the GPU idle
 while it prepared and launched the next step (Python-heavy: a Hugging Face forward), which a plain training loop
-hides by queueing ahead. A worker alone in its job (``StageEngine.solo``) copies the step's scalars to the host as
-soon as they are computed (``non_blocking``, before the optimizer's update is queued) and records a CUDA event
-after the copy; :meth:`PendingStep.result` waits for that event only, never for work queued later. So the worker
+hides by queueing ahead. A worker alone in its job (``StageEngine.solo``) queues a copy of the step's scalars to
+the host (``non_blocking``, into pinned memory, after the step's update) and records a CUDA event after the copy;
+:meth:`PendingStep.result` waits for that event only, never for work queued later. So the worker
 may queue step ``k + 1`` before it reports step ``k`` (``process.py``), and the read costs nothing once step ``k``
 has finished. On the CPU, and for a worker whose scalars crossed the wire (already on the host), the values are
 there at once.
