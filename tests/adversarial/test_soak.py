@@ -1,6 +1,6 @@
-"""Issue #19's soak: attacks interleaved against a 3-daemon training job for :data:`SOAK_S` and until the job ended
-(75 s: each of the six attacks two or three times; measured 16 attacks, the job done after 31 s of them. It was
-120 s, 23 attacks, most of them after the job had ended).
+"""Issue #19's soak: attacks interleaved against a 3-daemon training job, one after another for as long as the job
+runs, each of them at least once. It was 75 s of them whatever the job did (and 120 s before that), the rest
+after the job had ended: 12-16 attacks in 75 s, the job done after 26-55 s of them.
 
 One member of the job is hostile (tests/adversarial/hostile_job.py: its shards hold NaN from checkpoint step 40
 on); meanwhile strangers attack the job's owner from their own processes, one after another in a loop
@@ -28,7 +28,6 @@ from tests.harness import ROOT, Daemon
 from tests.integration.test_recovery import assert_equals_failure_free, submit, write_spec
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
-SOAK_S = 75.0
 
 
 def attacks(target: str, victim: str) -> list[list[str]]:
@@ -44,7 +43,7 @@ def attacks(target: str, victim: str) -> list[list[str]]:
     ]
 
 
-def test_two_minutes_of_interleaved_attacks_against_a_training_job(tmp_path: Path) -> None:
+def test_attacks_interleaved_against_a_training_job_for_as_long_as_it_runs(tmp_path: Path) -> None:
     spec = write_spec(tmp_path, steps=160, interval=20)
     s = HostileSwarm(tmp_path / "swarm", "nan", after=40)
     try:
@@ -61,19 +60,14 @@ def test_two_minutes_of_interleaved_attacks_against_a_training_job(tmp_path: Pat
             job_id = submit(s, spec)
             began = time.monotonic()
             plan = attacks(target, s.call(1, "status")["peer_id"])
-            while True:
+            while ended is None or len(ran) < len(plan):
+                assert time.monotonic() - began < 360, "the job did not end within 6 minutes under attack"
+                cmd = plan[len(ran) % len(plan)]
+                ran.append(subprocess.run(cmd, cwd=ROOT, capture_output=True, timeout=120).returncode)
                 if ended is None and s.call(0, "job", {"job_id": job_id})["state"] in ("done", "failed", "cancelled"):
                     ended = time.monotonic() - began
-                if ended is not None and time.monotonic() - began >= SOAK_S:
-                    break
-                assert time.monotonic() - began < 360, "the job did not end within 6 minutes under attack"
-                if time.monotonic() - began < SOAK_S:
-                    cmd = plan[len(ran) % len(plan)]
-                    ran.append(subprocess.run(cmd, cwd=ROOT, capture_output=True, timeout=120).returncode)
-                else:
-                    time.sleep(0.5)
         end = s.call(0, "job", {"job_id": job_id})
-        print(f"\nmeasured: {len(ran)} attacks in {SOAK_S:.0f} s; the job ended after {ended:.1f} s")
+        print(f"\nmeasured: {len(ran)} attacks in {time.monotonic() - began:.0f} s; the job ended after {ended:.1f} s")
         assert len(ran) >= len(plan), f"only {len(ran)} attacks ran"
         # the 60 MiB calls alone vary from +0 to +211 MiB (test_transport_big_calls); 435 MiB peak measured
         assert_healthy(watch.report, base_watch.report, rss_extra_mib=800)
