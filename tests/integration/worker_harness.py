@@ -51,6 +51,11 @@ DATA = ROOT / "data"
 MNIST_DIR = DATA / "mnist"
 SHAKESPEARE = DATA / "tinyshakespeare" / "input.txt"
 
+START_S = 120.0
+"""How long the workers of a job may take to say they listen: each is a cold ``python -m arceusd.worker`` that
+imports torch, all at once on two cores. At 30 s, with three workers beside other work (load 6-7), the
+tensor-parallel and 3-worker exactness tests timed out before any worker had listened (3 of 6 runs)."""
+
 Layout = Sequence[tuple[int, int, TPSplit | None]]
 """(start, end, tensor-parallel split or None) per stage."""
 
@@ -320,7 +325,7 @@ class WorkerJob:
         self._spawn_one(w)
         return w
 
-    def wait_listening(self, timeout: float = 30.0) -> dict[str, str]:
+    def wait_listening(self, timeout: float = START_S) -> dict[str, str]:
         deadline = time.monotonic() + timeout
         for w in self.workers:
             ev = w.next_event(deadline)
@@ -329,7 +334,7 @@ class WorkerJob:
             w.port = ev.port
         return {w.peer_id: f"127.0.0.1:{w.port}" for w in self.workers}
 
-    def start(self, addresses: Mapping[str, str] | None = None, timeout: float = 30.0) -> dict[str, str]:
+    def start(self, addresses: Mapping[str, str] | None = None, timeout: float = START_S) -> dict[str, str]:
         """Spawn, wait for every 'listening', send 'start' (``addresses`` overrides the real ones)."""
         self.spawn()
         real = self.wait_listening(timeout)
