@@ -141,6 +141,23 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
+def plain_step(
+    model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, clip: float | None = None
+) -> None:
+    """One step of a plain training loop: forward (bf16 autocast on a GPU), cross-entropy, backward, clipping
+    (foreach) when ``clip`` is given, the optimizer. ``x``/``y`` may be on the CPU (copied without blocking)."""
+    optimizer.zero_grad()
+    with precision():
+        logits = model(x.to(DEVICE, non_blocking=True))
+        loss = nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]).float(), y.to(DEVICE, non_blocking=True).reshape(-1)
+        )
+    loss.backward()  # type: ignore[no-untyped-call]
+    if clip is not None:
+        nn.utils.clip_grad_norm_(model.parameters(), clip, foreach=True)
+    optimizer.step()
+
+
 class Trainer:
     """AdamW training steps of one model on fixed random ids."""
 
@@ -155,12 +172,7 @@ class Trainer:
         self.step()
 
     def step(self) -> None:
-        self.optimizer.zero_grad()
-        with precision():
-            logits = self.model(self.x)
-            loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), self.y.reshape(-1))
-        loss.backward()  # type: ignore[no-untyped-call]
-        self.optimizer.step()
+        plain_step(self.model, self.optimizer, self.x, self.y)
 
     def timed(self, steps: int) -> float:
         sync()
@@ -441,18 +453,9 @@ def plain_steps_per_s(spec: Any, seconds: float) -> tuple[float, int]:
     optimizer = torch.optim.AdamW(trainer.parameters(), lr=spec.training.lr)
     source = open_batch_source(spec)
 
-    def step(i: int) -> None:
-        x, y = source.batch(i)
-        optimizer.zero_grad()
-        with precision():
-            logits = trainer(x.to(DEVICE, non_blocking=True))
-            loss = nn.functional.cross_entropy(
-                logits.reshape(-1, logits.shape[-1]).float(), y.to(DEVICE, non_blocking=True).reshape(-1)
-            )
-        loss.backward()  # type: ignore[no-untyped-call]
-        optimizer.step()
-
-    return timed_loop(step, seconds), sum(p.numel() for p in trainer.parameters())
+    return timed_loop(lambda i: plain_step(trainer, optimizer, *source.batch(i)), seconds), sum(
+        p.numel() for p in trainer.parameters()
+    )
 
 
 OVERHEAD_MODEL = (12, 32, 2, 16, 128, 2)
@@ -501,15 +504,7 @@ def part_overhead(quick: bool) -> tuple[float, float]:
     plain_optimizer = plain_adamw(model.parameters(), optimizer)
 
     def plain(x: torch.Tensor, y: torch.Tensor) -> None:
-        plain_optimizer.zero_grad()
-        with precision():
-            logits = model(x.to(DEVICE, non_blocking=True))
-            loss = nn.functional.cross_entropy(
-                logits.reshape(-1, logits.shape[-1]).float(), y.to(DEVICE, non_blocking=True).reshape(-1)
-            )
-        loss.backward()  # type: ignore[no-untyped-call]
-        nn.utils.clip_grad_norm_(model.parameters(), clip, foreach=True)
-        plain_optimizer.step()
+        plain_step(model, plain_optimizer, x, y, clip)
 
     gen = torch.Generator().manual_seed(0)
     ids = [torch.randint(0, vocab, (batch, context + 1), generator=gen) for _ in range(8)]

@@ -69,6 +69,13 @@ def capped_pipeline_s(m: int, cap: int, times: Sequence[float], uncapped: float)
     return max(uncapped, trips * sum(times))
 
 
+def in_flight_caps(counts: Sequence[int], devices: int) -> tuple[int, ...]:
+    """The caps on micro-batches in flight a planner tries, in order: none (0) first, then from the most that can
+    change anything down to 1. Below the largest micro-batch count, and at most ``devices``: a stage of a plan
+    over n devices holds at most n + 1 (its look-ahead), so a larger cap changes nothing."""
+    return (0, *range(min(max(counts, default=1) - 1, devices), 0, -1))
+
+
 def in_flight_1f1b(stages_to_end: int, m: int) -> int:
     """Micro-batches a stage stashes in the worker's 1F1B, given how many stages there are from it to the last
     (itself included): ``min(k + 1, m)`` for every stage but the last (its look-ahead forward), ``min(2, m)`` for

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from itertools import combinations
 
-from partitioner.cost import CostModel
+from partitioner.cost import CostModel, in_flight_caps
 from partitioner.inputs import PlanInputs
 from partitioner.plan import Plan
 
@@ -43,7 +43,7 @@ def exhaustive_plan(inputs: PlanInputs) -> Plan | None:
     any_tp = any(c >= 2 for c in cm.tp_cap)
     max_tp = min(cm.training.max_tensor_parallel, cm.n) if any_tp else 1
     counts = cm.training.usable_micro_batch_counts()
-    for cap in (0, *range(min(max(counts, default=1) - 1, cm.n), 0, -1)):
+    for cap in in_flight_caps(counts, cm.n):
         best: Plan | None = None
         for stages in _placements(cm, max_tp):
             for m in counts:

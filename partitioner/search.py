@@ -11,7 +11,8 @@ checked exactly (a hard constraint). Labels are pruned against the best complete
 across micro-batch counts) with an admissible lower bound for the blocks still to place.
 
 When no plan fits, the search runs again with capped 1F1B (``cost.py``: at most c micro-batches in flight on any
-stage, for c from m - 1 down to 1) and takes the first c that fits: a model larger than the devices' memory holds
+stage, for c from the most that can change anything down to 1: ``cost.in_flight_caps``) and takes the first c that
+fits: a model larger than the devices' memory holds
 with the pipeline's full warm-up still trains, more slowly, where the devices hold its weights and one
 micro-batch's activations per stage.
 
@@ -35,7 +36,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import cast
 
-from partitioner.cost import CostModel, GroupInfo
+from partitioner.cost import CostModel, GroupInfo, in_flight_caps
 from partitioner.inputs import PlanInputs
 from partitioner.order import chain_order
 from partitioner.plan import Plan, PlanError
@@ -282,9 +283,8 @@ def plan(inputs: PlanInputs, exact_max_devices: int = EXACT_MAX_DEVICES) -> Plan
         return best_plan
 
     # uncapped first; only a model that fits no such plan is planned with fewer micro-batches in flight, the
-    # most that fits (the fewer, the slower: cost.py's capped 1F1B); no stage of n devices holds more than n + 1
-    # (its look-ahead), so a larger cap changes nothing
-    for in_flight_cap in (0, *range(min(max(counts) - 1, cm.n), 0, -1)):
+    # most that fits (the fewer, the slower: cost.py's capped 1F1B)
+    for in_flight_cap in in_flight_caps(counts, cm.n):
         found_plan = best(in_flight_cap)
         if found_plan is not None:
             return found_plan

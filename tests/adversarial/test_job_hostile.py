@@ -31,6 +31,7 @@ from tests.adversarial.job_cases import (
 from tests.adversarial.victim import Report, Watch, assert_healthy
 from tests.harness import Daemon, wait_for
 from tests.integration.test_recovery import assert_equals_failure_free, job_of, submit, wait_end, write_spec
+from tests.procfs import name_of, processes
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 ATTACK_FROM_STEP = 40
@@ -308,22 +309,19 @@ def challenge_children(daemons: list[int]) -> list[int]:
     from arceusd.jobs.procs.challenge_child import MODULE
     from arceusd.jobs.procs.fork_server import PROGRAMS
 
-    table: dict[int, tuple[int, str, bytes]] = {}
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
+    table = processes()
+
+    def cold(pid: int) -> bool:
         try:
-            cmdline = (proc / "cmdline").read_bytes()
-            name = (proc / "comm").read_text().strip()
-            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        table[int(proc.name)] = (ppid, name, cmdline)
+            return MODULE.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return False
+
     return [
         pid
-        for pid, (ppid, name, cmdline) in table.items()
-        if (ppid in daemons and MODULE.encode() in cmdline)
-        or (table.get(ppid, (0, "", b""))[0] in daemons and name == PROGRAMS[MODULE])
+        for pid, (parent, _) in table.items()
+        if (parent in daemons and cold(pid))
+        or (table.get(parent, (0, ""))[0] in daemons and name_of(pid) == PROGRAMS[MODULE])
     ]
 
 

@@ -13,6 +13,7 @@ import pytest
 from arceusd.cli.swarm import LocalSwarm
 from arceusd.membership.config import detection_bound, local
 from tests.harness import wait_for
+from tests.procfs import stat_fields
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 N = 5
@@ -84,7 +85,8 @@ def test_sigstop_shorter_than_suspicion_is_not_declared_dead(swarm: LocalSwarm) 
 
 
 def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    fields = stat_fields(pid)
+    assert fields is not None, f"process {pid} is gone"
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 

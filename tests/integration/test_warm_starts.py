@@ -17,12 +17,9 @@ import trio
 
 from arceusd.jobs.procs.fork_server import parse_order, parse_preload
 from arceusd.jobs.procs.warm_starts import SUPPORTED, ForkedProcess, WarmStarts, preloads_for
+from tests.procfs import children_of, name_of, parent_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not SUPPORTED, reason="fork server needs Linux pidfds")]
-
-
-def parent_of(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
 async def started(starts: WarmStarts) -> None:
@@ -233,8 +230,10 @@ def test_a_speed_challenge_is_forked_ready_in_well_under_a_cold_start_and_solves
         warm_s = trio.current_time() - began
         try:
             assert starts.warm == warm_before + 1 and isinstance(child.process, ForkedProcess)
-            name = Path(f"/proc/{child.process.pid}/comm").read_text().strip()
-            assert name == PROGRAMS[challenge_child.MODULE] and parent_of(child.process.pid) == starts.server_pid
+            assert (
+                name_of(child.process.pid) == PROGRAMS[challenge_child.MODULE]
+                and parent_of(child.process.pid) == starts.server_pid
+            )
             assert warm_s < cold_s / 3, (warm_s, cold_s)
             seed = challenges.new_seed()
             roots = []
@@ -256,20 +255,6 @@ def test_a_speed_challenge_is_forked_ready_in_well_under_a_cold_start_and_solves
             await starts.close()
 
     trio.run(main)
-
-
-def children_of(pid: int | None) -> list[int]:
-    """The live (not zombie) child processes of ``pid``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid and fields[0] != "Z":
-                found.append(int(entry.name))
-    return found
 
 
 def test_an_order_cancelled_while_it_waits_for_its_fork_leaves_the_next_program_its_own_pid() -> None:
